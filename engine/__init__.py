@@ -1,0 +1,1 @@
+"""Text generation: GGUF reading, tokenizer and chat template, model families, sampling, generation."""

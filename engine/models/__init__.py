@@ -1,0 +1,1 @@
+"""Model families, one file per GGUF `general.architecture`, each exporting ModelArgs and Model."""

@@ -1,0 +1,1 @@
+"""Pipelines around the engine (speech, images, music). Empty until the media issues land."""

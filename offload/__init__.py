@@ -1,0 +1,10 @@
+"""Where bytes live and how they move: byte ranges over files, mmap views, quantized weights.
+
+`offload` knows byte ranges and residency, not file formats: GGUF semantics live in `engine.gguf`,
+which hands `ByteRange`s down to this package.
+"""
+
+from .ranges import ByteRange, MappedFile
+from .weights import QuantWeight
+
+__all__ = ["ByteRange", "MappedFile", "QuantWeight"]

@@ -1,0 +1,109 @@
+"""Layering, packaging and size rules of DESIGN §2, checked by parsing every module."""
+
+import ast
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("kernels", "offload", "engine", "media", "app")
+# Imports point downward only: app -> media -> engine -> offload -> kernels.
+ALLOWED = {
+    "kernels": set(),
+    "offload": {"kernels"},
+    "engine": {"kernels", "offload"},
+    "media": {"kernels", "offload", "engine"},
+    "app": {"kernels", "offload", "engine", "media"},
+}
+# Third-party imports each layer may use (stdlib is always allowed).
+THIRD_PARTY = {
+    "kernels": {"torch", "triton", "numpy"},
+    "offload": {"torch", "numpy", "psutil"},
+    "engine": {"torch", "numpy", "gguf", "tokenizers", "jinja2"},
+    "media": {"torch", "numpy", "soundfile", "soxr"},
+    "app": {"torch", "numpy", "fastapi", "uvicorn", "textual", "huggingface_hub", "pydantic"},
+}
+LINE_CAP = 500
+
+
+def _modules(pkg):
+    return sorted((ROOT / pkg).rglob("*.py"))
+
+
+def _imports(path):
+    tree = ast.parse(path.read_text(), filename=str(path))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            yield node.module
+
+
+def test_import_arrows_point_down():
+    import sys
+
+    stdlib = set(sys.stdlib_module_names)
+    bad = []
+    for pkg in PACKAGES:
+        for path in _modules(pkg):
+            for name in _imports(path):
+                top = name.split(".")[0]
+                if top == "localllm":
+                    target = name.split(".")[1] if "." in name else ""
+                    if target != pkg and target not in ALLOWED[pkg]:
+                        bad.append(f"{path.relative_to(ROOT)} imports {name}")
+                elif top in PACKAGES:
+                    bad.append(f"{path.relative_to(ROOT)} imports bare {name}")
+                elif top not in stdlib and top not in THIRD_PARTY[pkg]:
+                    bad.append(f"{path.relative_to(ROOT)} imports third-party {name}")
+    assert not bad, "\n".join(bad)
+
+
+def test_every_package_is_listed_in_pyproject():
+    cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    listed = set(cfg["tool"]["setuptools"]["packages"])
+    mapping = cfg["tool"]["setuptools"]["package-dir"]
+    assert mapping == {f"localllm.{p}": p for p in PACKAGES}
+    found = set()
+    for pkg in PACKAGES:
+        for init in (ROOT / pkg).rglob("__init__.py"):
+            rel = init.parent.relative_to(ROOT).parts
+            found.add(".".join(("localllm", *rel)))
+    assert found == listed, f"missing: {found - listed}, stale: {listed - found}"
+
+
+def test_no_namespace_init_and_no_root_conftest():
+    assert not (ROOT / "localllm" / "__init__.py").exists()
+    assert not (ROOT / "conftest.py").exists()
+
+
+def test_file_size_cap():
+    big = []
+    for pkg in (*PACKAGES, "tests"):
+        for path in (ROOT / pkg).rglob("*.py"):
+            if path.name.endswith("_table.py"):
+                continue  # generated data tables are exempt
+            n = len(path.read_text().splitlines())
+            if n > LINE_CAP:
+                big.append(f"{path.relative_to(ROOT)}: {n} lines")
+    assert not big, "\n".join(big)
+
+
+def test_every_module_has_a_docstring():
+    missing = []
+    for pkg in PACKAGES:
+        for path in _modules(pkg):
+            tree = ast.parse(path.read_text())
+            if not ast.get_docstring(tree):
+                missing.append(str(path.relative_to(ROOT)))
+    assert not missing, missing
+
+
+def test_only_app_reads_the_environment():
+    bad = []
+    for pkg in ("kernels", "offload", "engine", "media"):
+        for path in _modules(pkg):
+            text = path.read_text()
+            if "os.environ" in text or "os.getenv" in text:
+                bad.append(str(path.relative_to(ROOT)))
+    assert not bad, bad

@@ -1,0 +1,1 @@
+"""GGUF container reading: metadata and tensors over an mmap, split files, clear errors."""

@@ -1,1 +1,25 @@
-"""Model families, one file per GGUF `general.architecture`, each exporting ModelArgs and Model."""
+"""Model families, one file per GGUF `general.architecture`, each exporting ModelArgs and Model.
+
+`model_module(arch)` finds the file by name; the alias table maps architectures that share a file.
+"""
+
+import importlib
+from types import ModuleType
+
+# Architectures served by another family's file (same tensor layout and math).
+ALIASES = {"mistral": "llama", "smollm": "llama"}
+SUPPORTED = ("llama", "gemma3", "qwen2", "qwen3", "phi3")
+
+
+class UnsupportedArchitectureError(ValueError):
+    """The GGUF names an architecture no model file implements."""
+
+
+def model_module(arch: str) -> ModuleType:
+    name = ALIASES.get(arch, arch)
+    if name not in SUPPORTED:
+        known = ", ".join(sorted((*SUPPORTED, *ALIASES)))
+        raise UnsupportedArchitectureError(
+            f"unsupported model architecture '{arch}' (supported: {known})"
+        )
+    return importlib.import_module(f"{__name__}.{name}")

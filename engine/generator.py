@@ -1,0 +1,112 @@
+"""One-request text generation over a dense KV cache: load a GGUF, prefill, decode, stream ids.
+
+This is the Foundation runner: it owns the KV cache and the model and runs on the CPU. The paged,
+batched engine of DESIGN §3 replaces its loop; the model interface (`ids, positions, batch, kv`)
+already has that engine's shape.
+"""
+
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from .batch import BatchMeta, KVCache
+from .gguf import GGUFModel, open_gguf
+from .loader import build_model
+from .sampling import Sampler, SamplingParams
+from .tokenizer import Tokenizer
+
+PREFILL_CHUNK = 512  # tokens per prefill forward: bounds activation memory on long prompts
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationStats:
+    prompt_tokens: int
+    generated_tokens: int
+    prefill_seconds: float
+    decode_seconds: float
+
+
+class Generator:
+    """A loaded model plus tokenizer that generates for one sequence at a time."""
+
+    def __init__(self, gguf: GGUFModel, model: nn.Module, tokenizer: Tokenizer, load_seconds: float):
+        self.gguf, self.model, self.tokenizer = gguf, model, tokenizer
+        self.load_seconds = load_seconds
+        self.context_length = model.args.context_length
+        self.last_stats: GenerationStats | None = None
+
+    @classmethod
+    def load(cls, path: str, precise: bool = False) -> "Generator":
+        """Open `path` (a .gguf, or any shard of a split model) and build model and tokenizer.
+
+        `precise=True` keeps every matmul in float32 (the reference path used by tests).
+        """
+        t0 = time.perf_counter()
+        gguf = open_gguf(path)
+        try:
+            tokenizer = Tokenizer.from_gguf_metadata(gguf.metadata)
+            model = build_model(gguf, precise=precise)
+        except BaseException:
+            gguf.close()
+            raise
+        return cls(gguf, model, tokenizer, time.perf_counter() - t0)
+
+    def close(self) -> None:
+        self.gguf.close()
+
+    def _cache(self, max_len: int) -> KVCache:
+        layers, kv_heads, head_dim = self.model.kv_shape()
+        return KVCache(layers, 1, kv_heads, max_len, head_dim)
+
+    def _forward(self, ids: Sequence[int], start: int, kv: KVCache) -> torch.Tensor:
+        """Hidden states for `ids` placed at positions start.. in slot 0."""
+        t = len(ids)
+        positions = torch.arange(start, start + t)
+        batch = BatchMeta.single(t, start + t)
+        return self.model(torch.tensor(ids, dtype=torch.long), positions, batch, kv)
+
+    @torch.inference_mode()
+    def score(self, ids: Sequence[int]) -> torch.Tensor:
+        """Teacher-forced logits [len(ids), vocab]: row t predicts token t+1."""
+        kv = self._cache(len(ids))
+        rows = []
+        for s in range(0, len(ids), PREFILL_CHUNK):
+            rows.append(self.model.logits(self._forward(ids[s : s + PREFILL_CHUNK], s, kv)))
+        return torch.cat(rows)
+
+    @torch.inference_mode()
+    def stream(self, prompt: Sequence[int], params: SamplingParams) -> Iterator[int]:
+        """Yield generated token ids until max_tokens, an end-of-generation token or the context ends."""
+        if not prompt:
+            raise ValueError("the prompt is empty (no tokens to condition on)")
+        if len(prompt) >= self.context_length:
+            raise ValueError(
+                f"prompt of {len(prompt)} tokens does not fit the context of {self.context_length}"
+            )
+        budget = min(params.max_tokens, self.context_length - len(prompt))
+        kv = self._cache(len(prompt) + budget)
+        sampler = Sampler(params)
+        eog = self.tokenizer.eog_ids
+        t0 = time.perf_counter()
+        for s in range(0, len(prompt), PREFILL_CHUNK):
+            hidden = self._forward(prompt[s : s + PREFILL_CHUNK], s, kv)
+        logits = self.model.logits(hidden[-1:])[0]
+        t1 = time.perf_counter()
+        n = 0
+        try:
+            while n < budget:
+                token = sampler(logits)
+                if token in eog and not params.ignore_eos:
+                    break
+                n += 1
+                yield token
+                if n == budget:
+                    break
+                pos = len(prompt) + n - 1
+                logits = self.model.logits(self._forward([token], pos, kv))[0]
+        finally:
+            t2 = time.perf_counter()
+            self.last_stats = GenerationStats(len(prompt), n, t1 - t0, t2 - t1)

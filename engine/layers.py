@@ -1,0 +1,170 @@
+"""Shared layers that model files compose: keep-quant linear/embedding, RMSNorm, attention, MLP.
+
+Weights arrive as `QuantWeight`s and stay in their ggml encoding; every loadable module implements
+`load_tensor(suffix, weight)` so that loading a GGUF is a walk over tensor names (see `loader`).
+Per-architecture knowledge stays in the model files, never here.
+"""
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from localllm.kernels.quant.dequant import dequantize
+from localllm.kernels.quant.linear import prepare_linear
+from localllm.offload import QuantWeight
+
+from .batch import BatchMeta, KVCache
+
+
+def dense(w: QuantWeight) -> torch.Tensor:
+    """A small tensor (norm weights, biases) expanded to float32 in its logical shape."""
+    return dequantize(w.data, w.qtype).reshape(w.shape)
+
+
+class QuantLinear(nn.Module):
+    """y = x @ W.T (+ b) with W kept as raw ggml blocks; the kernel dequantizes inside the matmul."""
+
+    def __init__(self, in_features: int, out_features: int, precise: bool = False):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.precise = precise
+        self.weight: QuantWeight | None = None
+        self.bias: torch.Tensor | None = None
+        self._prepared = None
+
+    def load_tensor(self, suffix: str, w: QuantWeight) -> None:
+        if suffix == "bias":
+            self.bias = dense(w).reshape(self.out_features)
+            return
+        if suffix != "weight":
+            raise KeyError(suffix)
+        if tuple(w.shape) != (self.out_features, self.in_features):
+            raise ValueError(
+                f"expected shape {(self.out_features, self.in_features)}, got {tuple(w.shape)}"
+            )
+        self.weight = w
+        self._prepared = prepare_linear(w.data, w.qtype, w.shape, precise=self.precise)
+
+    @property
+    def loaded(self) -> bool:
+        return self._prepared is not None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self._prepared.matmul(x.reshape(-1, self.in_features))
+        y = y.reshape(*x.shape[:-1], self.out_features)
+        return y + self.bias if self.bias is not None else y
+
+
+class QuantEmbedding(nn.Module):
+    """Token embedding table kept quantized: only the looked-up rows are dequantized."""
+
+    def __init__(self, num_embeddings: int, dim: int):
+        super().__init__()
+        self.num_embeddings, self.dim = num_embeddings, dim
+        self.weight: QuantWeight | None = None
+
+    def load_tensor(self, suffix: str, w: QuantWeight) -> None:
+        if suffix != "weight" or tuple(w.shape) != (self.num_embeddings, self.dim):
+            raise ValueError(f"expected weight {(self.num_embeddings, self.dim)}, got {w.shape}")
+        self.weight = w
+
+    @property
+    def loaded(self) -> bool:
+        return self.weight is not None
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return dequantize(self.weight.data[ids], self.weight.qtype)
+
+
+class RMSNorm(nn.Module):
+    """x / rms(x) * w over the last dim (GGUF files already fold gemma's +1 into w)."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = torch.ones(dim)
+        self.loaded = False
+
+    def load_tensor(self, suffix: str, w: QuantWeight) -> None:
+        if suffix != "weight" or w.shape[-1] != self.weight.shape[0]:
+            raise ValueError(f"expected norm weight of {self.weight.shape[0]}, got {w.shape}")
+        self.weight = dense(w)
+        self.loaded = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+class GatedMLP(nn.Module):
+    """ffn_down(act(ffn_gate(x)) * ffn_up(x)): SwiGLU with silu, GeGLU with tanh-gelu."""
+
+    def __init__(self, dim: int, hidden: int, act: str = "silu", precise: bool = False):
+        super().__init__()
+        self.ffn_gate = QuantLinear(dim, hidden, precise)
+        self.ffn_up = QuantLinear(dim, hidden, precise)
+        self.ffn_down = QuantLinear(hidden, dim, precise)
+        self.act = act
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        g = self.ffn_gate(x)
+        g = F.silu(g) if self.act == "silu" else F.gelu(g, approximate="tanh")
+        return self.ffn_down(g * self.ffn_up(x))
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    positions: torch.Tensor,
+    batch: BatchMeta,
+    kv: KVCache,
+    layer: int,
+    scale: float,
+    window: int | None = None,
+    softcap: float | None = None,
+) -> torch.Tensor:
+    """Causal GQA attention over a dense cache; q [T, H, D], k/v [T, KV, D] -> [T, H, Dv].
+
+    Writes this step's k/v into the cache slot of each sequence first, then attends to the
+    sequence's whole context. `window` keeps only the last `window` keys (sliding window);
+    `softcap` squashes scores with cap * tanh(s / cap).
+    """
+    kc, vc = kv.k[layer], kv.v[layer]
+    out = q.new_empty(q.shape[0], q.shape[1], v.shape[-1])
+    for b in range(batch.num_seqs):
+        s, e = batch.query_start[b], batch.query_start[b + 1]
+        slot, n = batch.slots[b], batch.seq_lens[b]
+        pos = positions[s:e]
+        kc[slot, :, pos] = k[s:e].transpose(0, 1)
+        vc[slot, :, pos] = v[s:e].transpose(0, 1)
+        qb = q[s:e].transpose(0, 1)  # [H, t, D]
+        keys, vals = kc[slot, :, :n], vc[slot, :, :n]  # [KV, n, D]
+        mask = _mask(pos, n, window)
+        if softcap is None:
+            o = F.scaled_dot_product_attention(
+                qb, keys, vals, attn_mask=mask, scale=scale, enable_gqa=True
+            )
+        else:
+            group = qb.shape[0] // keys.shape[0]
+            keys, vals = keys.repeat_interleave(group, 0), vals.repeat_interleave(group, 0)
+            scores = (qb @ keys.transpose(-1, -2)) * scale
+            scores = softcap * torch.tanh(scores / softcap)
+            if mask is not None:
+                scores = scores.masked_fill(~mask, -math.inf)
+            o = scores.softmax(-1) @ vals
+        out[s:e] = o.transpose(0, 1)
+    return out
+
+
+def _mask(pos: torch.Tensor, n: int, window: int | None) -> torch.Tensor | None:
+    """Boolean [t, n] mask (True = attend); None when every query may see every key."""
+    t = pos.shape[0]
+    if t == 1 and (window is None or n <= window):
+        return None  # decode step: the last query sees the whole context
+    keys = torch.arange(n, device=pos.device)
+    mask = keys[None, :] <= pos[:, None]
+    if window is not None:
+        mask &= keys[None, :] > pos[:, None] - window
+    return mask

@@ -1,0 +1,69 @@
+"""Build a model from a GGUF file: pick the family by architecture, then a walk over tensor names.
+
+Each GGUF tensor `a.b.c.weight` goes to the module at path `a.b.c` (after the family's aliases)
+through its `load_tensor`. Unknown tensors and modules left unloaded are errors, not silence.
+"""
+
+import torch
+from torch import nn
+
+from .gguf import GGUFModel
+from .layers import dense
+from .models import model_module
+
+
+class ModelLoadError(ValueError):
+    """The GGUF's tensors do not fit the architecture's model (missing, extra or misshapen)."""
+
+
+def build_model(gguf: GGUFModel, precise: bool = False) -> nn.Module:
+    """Instantiate and load the model described by `gguf` (weights stay quantized)."""
+    mod = model_module(gguf.architecture or "")
+    if "token_embd.weight" not in gguf.tensors:
+        raise ModelLoadError(f"{gguf.path}: no 'token_embd.weight' tensor")
+    vocab_size = gguf.tensors["token_embd.weight"].shape[0]
+    try:
+        args = mod.ModelArgs.from_gguf(gguf.metadata, vocab_size)
+    except KeyError as e:
+        raise ModelLoadError(f"{gguf.path}: {e.args[0]}") from None
+    model = mod.Model(args, precise=precise)
+    aliases = getattr(model, "tensor_aliases", {})
+    optional = set(getattr(model, "optional_tensors", ()))
+    extra: dict[str, torch.Tensor] = {}
+    for name in gguf.tensors:
+        path, _, suffix = name.rpartition(".")
+        target = _find(model, _alias(path, aliases))
+        if target is None:
+            if name not in optional:
+                raise ModelLoadError(f"{gguf.path}: unexpected tensor '{name}' for {args.arch}")
+            extra[name] = dense(gguf.weight(name))
+            continue
+        try:
+            target.load_tensor(suffix, gguf.weight(name))
+        except (KeyError, ValueError) as e:
+            raise ModelLoadError(f"{gguf.path}: tensor '{name}': {e}") from None
+    missing = [
+        n
+        for n, m in model.named_modules()
+        if hasattr(m, "load_tensor") and not m.loaded and f"{n}.weight" not in optional
+    ]
+    if missing:
+        raise ModelLoadError(f"{gguf.path}: missing tensors: {', '.join(missing[:8])}")
+    model.finish_load(extra)
+    return model.eval()
+
+
+def _alias(path: str, aliases: dict[str, str]) -> str:
+    parts = path.split(".")
+    if parts[0] == "blk" and len(parts) > 2:
+        rest = ".".join(parts[2:])
+        return f"blk.{parts[1]}.{aliases.get(rest, rest)}"
+    return aliases.get(path, path)
+
+
+def _find(model: nn.Module, path: str) -> nn.Module | None:
+    try:
+        m = model.get_submodule(path)
+    except AttributeError:
+        return None
+    return m if hasattr(m, "load_tensor") else None

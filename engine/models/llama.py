@@ -1,0 +1,121 @@
+"""The `llama` GGUF architecture: Llama 2/3, Mistral, SmolLM and their relatives.
+
+Pre-norm decoder: RMSNorm -> GQA attention with NORM-style rope (the converter permutes Q/K for
+it) -> residual; RMSNorm -> SwiGLU -> residual. Optional llama3 frequency factors (`rope_freqs`),
+tied output embedding when `output.weight` is absent.
+"""
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..batch import BatchMeta, KVCache
+from ..layers import GatedMLP, QuantEmbedding, QuantLinear, RMSNorm, attention
+from ..rope import RopeConfig, Rotary
+from .common import arch_key, rope_scale
+
+
+@dataclass(frozen=True)
+class ModelArgs:
+    arch: str
+    vocab_size: int
+    dim: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    hidden_dim: int
+    norm_eps: float
+    rope_base: float
+    rope_dims: int
+    rope_linear_scale: float
+    context_length: int
+
+    @classmethod
+    def from_gguf(cls, meta: dict[str, Any], vocab_size: int) -> "ModelArgs":
+        k = arch_key(meta)
+        n_heads = k("attention.head_count")
+        dim = k("embedding_length")
+        head_dim = k("attention.key_length", dim // n_heads)
+        return cls(
+            arch=meta["general.architecture"],
+            vocab_size=vocab_size,
+            dim=dim,
+            n_layers=k("block_count"),
+            n_heads=n_heads,
+            n_kv_heads=k("attention.head_count_kv", n_heads),
+            head_dim=head_dim,
+            hidden_dim=k("feed_forward_length"),
+            norm_eps=k("attention.layer_norm_rms_epsilon", 1e-5),
+            rope_base=k("rope.freq_base", 10000.0),
+            rope_dims=k("rope.dimension_count", head_dim),
+            rope_linear_scale=rope_scale(meta),
+            context_length=k("context_length", 4096),
+        )
+
+
+class Block(nn.Module):
+    def __init__(self, args: ModelArgs, precise: bool):
+        super().__init__()
+        hd = args.head_dim
+        self.args = args
+        self.attn_norm = RMSNorm(args.dim, args.norm_eps)
+        self.attn_q = QuantLinear(args.dim, args.n_heads * hd, precise)
+        self.attn_k = QuantLinear(args.dim, args.n_kv_heads * hd, precise)
+        self.attn_v = QuantLinear(args.dim, args.n_kv_heads * hd, precise)
+        self.attn_output = QuantLinear(args.n_heads * hd, args.dim, precise)
+        self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
+        self.mlp = GatedMLP(args.dim, args.hidden_dim, "silu", precise)
+
+    def forward(self, x, positions, cos_sin, rotary, batch, kv, layer):
+        a = self.args
+        h = self.attn_norm(x)
+        q = self.attn_q(h).view(-1, a.n_heads, a.head_dim)
+        k = self.attn_k(h).view(-1, a.n_kv_heads, a.head_dim)
+        v = self.attn_v(h).view(-1, a.n_kv_heads, a.head_dim)
+        q, k = rotary.apply(q, *cos_sin), rotary.apply(k, *cos_sin)
+        o = attention(q, k, v, positions, batch, kv, layer, scale=a.head_dim**-0.5)
+        x = x + self.attn_output(o.reshape(-1, a.n_heads * a.head_dim))
+        return x + self.mlp(self.ffn_norm(x))
+
+
+class Model(nn.Module):
+    # GGUF names the MLP tensors at block level; our GatedMLP sits one module deeper.
+    tensor_aliases = {"ffn_gate": "mlp.ffn_gate", "ffn_up": "mlp.ffn_up", "ffn_down": "mlp.ffn_down"}
+    optional_tensors = ("rope_freqs.weight", "output.weight")
+
+    def __init__(self, args: ModelArgs, precise: bool = False):
+        super().__init__()
+        self.args = args
+        self.token_embd = QuantEmbedding(args.vocab_size, args.dim)
+        self.blk = nn.ModuleList(Block(args, precise) for _ in range(args.n_layers))
+        self.output_norm = RMSNorm(args.dim, args.norm_eps)
+        self.output = QuantLinear(args.dim, args.vocab_size, precise)
+        self.rotary = None
+
+    def finish_load(self, extra: dict[str, torch.Tensor]) -> None:
+        """Called by the loader after every tensor is in place."""
+        if not self.output.loaded:  # tied embeddings
+            self.output.load_tensor("weight", self.token_embd.weight)
+        a = self.args
+        cfg = RopeConfig(a.rope_dims, a.rope_base, neox=False, linear_scale=a.rope_linear_scale)
+        self.rotary = Rotary(cfg, extra.get("rope_freqs.weight"))
+
+    def kv_shape(self) -> tuple[int, int, int]:
+        """(layers, kv heads, head dim) for the runner's cache allocation."""
+        return self.args.n_layers, self.args.n_kv_heads, self.args.head_dim
+
+    def forward(
+        self, ids: torch.Tensor, positions: torch.Tensor, batch: BatchMeta, kv: KVCache
+    ) -> torch.Tensor:
+        """Hidden states [T, dim] after the final norm."""
+        x = self.token_embd(ids)
+        cos_sin = self.rotary.cos_sin(positions)
+        for i, blk in enumerate(self.blk):
+            x = blk(x, positions, cos_sin, self.rotary, batch, kv, i)
+        return self.output_norm(x)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.output(hidden)

@@ -1,5 +1,7 @@
-"""GGUF (ggml) quantization formats: the block table, torch dequant references, keep-quant matmul."""
+"""GGUF (ggml) quantization formats: the block table, torch dequant references, keep-quant
+matmul."""
 
-from .types import QuantType, block_geometry, row_nbytes
+from localllm.kernels.quant.dequant import DEQUANT_TYPES, dequantize
+from localllm.kernels.quant.types import QuantType, block_geometry, row_nbytes
 
-__all__ = ["QuantType", "block_geometry", "row_nbytes"]
+__all__ = ["DEQUANT_TYPES", "QuantType", "block_geometry", "dequantize", "row_nbytes"]

@@ -1,6 +1,7 @@
 """The ggml tensor-type table: ids and block geometry (elements per block, bytes per block).
 
-One table for every consumer; values are the GGUF container format's, checked against `gguf` in tests.
+One table for every consumer; values are the GGUF container format's, checked against `gguf`
+in tests.
 """
 
 from enum import IntEnum
@@ -39,6 +40,7 @@ class QuantType(IntEnum):
     TQ1_0 = 34
     TQ2_0 = 35
     MXFP4 = 39
+    NVFP4 = 40
 
 
 # (elements per block, bytes per block)
@@ -75,6 +77,7 @@ _GEOMETRY: dict[QuantType, tuple[int, int]] = {
     QuantType.TQ1_0: (256, 54),
     QuantType.TQ2_0: (256, 66),
     QuantType.MXFP4: (32, 17),
+    QuantType.NVFP4: (64, 36),
 }
 
 
@@ -87,5 +90,6 @@ def row_nbytes(qtype: QuantType, n_elements: int) -> int:
     """Bytes taken by `n_elements` consecutive values; they must fill whole blocks."""
     block, nbytes = block_geometry(qtype)
     if n_elements % block:
-        raise ValueError(f"{QuantType(qtype).name}: {n_elements} elements is not a multiple of {block}")
+        name = QuantType(qtype).name
+        raise ValueError(f"{name}: {n_elements} elements is not a multiple of {block}")
     return n_elements // block * nbytes

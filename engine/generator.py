@@ -47,8 +47,8 @@ class Generator:
         t0 = time.perf_counter()
         gguf = open_gguf(path)
         try:
-            tokenizer = Tokenizer.from_gguf_metadata(gguf.metadata)
             model = build_model(gguf, precise=precise)
+            tokenizer = Tokenizer.from_gguf_metadata(gguf.metadata)
         except BaseException:
             gguf.close()
             raise

@@ -14,11 +14,15 @@ import numpy as np
 from gguf import GGUFValueType as VT
 from gguf.gguf_writer import GGUFValue
 
+from localllm.engine.gguf import GGUFModel
 from localllm.kernels.quant import QuantType, block_geometry
+from localllm.offload import ByteRange
 
 __all__ = [
     "GGUFValue",
+    "assert_matches_reader",
     "f32_tensor_info",
+    "random_blocks",
     "raw_gguf",
     "raw_kv",
     "raw_string",
@@ -104,6 +108,13 @@ def write_gguf(
     return path
 
 
+def random_blocks(qtype: QuantType, shape: tuple[int, ...], seed: int = 0):
+    """`(raw uint8 blocks, qtype, shape)` of random bytes, a quantized tensor for write_gguf."""
+    block, nbytes = block_geometry(qtype)
+    n = int(np.prod(shape[:-1])) * shape[-1] // block * nbytes
+    return np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8), qtype, shape
+
+
 def raw_string(s: str | bytes) -> bytes:
     """A GGUF string: u64 byte length then the bytes."""
     b = s.encode() if isinstance(s, str) else s
@@ -149,3 +160,46 @@ def raw_gguf(
 def f32_tensor_info(name: str, n: int, offset: int) -> bytes:
     """Shorthand used by the error tests: a 1-D F32 tensor of n elements."""
     return raw_tensor_info(name, [n], int(QuantType.F32), offset)
+
+
+def _reader_value(field):
+    """gguf.GGUFReader's field as our representation (flat arrays only)."""
+    main = field.types[0]
+    if main is VT.STRING:
+        return bytes(field.parts[-1]).decode("utf-8")
+    if main is not VT.ARRAY:
+        v = field.parts[-1].tolist()[0]
+        return bool(v) if main is VT.BOOL else v
+    assert len(field.types) == 2, "nested arrays are compared separately"
+    if field.types[1] is VT.STRING:
+        return [bytes(field.parts[i]).decode("utf-8") for i in field.data]
+    return np.concatenate([field.parts[i] for i in field.data]) if field.data else None
+
+
+def _assert_same_value(ours, ref, key):
+    if isinstance(ref, np.ndarray):
+        assert isinstance(ours, np.ndarray), key
+        assert ours.ndim == 1 and ours.dtype == ref.dtype.newbyteorder("="), key
+        np.testing.assert_array_equal(ours, ref, err_msg=key)
+    else:
+        assert type(ours) is type(ref) and ours == ref, (key, ours, ref)
+
+
+def assert_matches_reader(model: GGUFModel, path, ref: gguf.GGUFReader | None = None):
+    """Every metadata value and tensor info of `model` equals what gguf.GGUFReader reports."""
+    ref = ref or gguf.GGUFReader(path)
+    keys = [k for k in ref.fields if not k.startswith("GGUF.")]
+    assert list(model.metadata) == keys
+    for key in keys:
+        field = ref.fields[key]
+        if field.types[0] is VT.ARRAY and len(field.types) > 2:
+            continue  # GGUFReader flattens nested arrays; checked against the written values
+        _assert_same_value(model.metadata[key], _reader_value(field), key)
+    assert list(model.tensors) == [t.name for t in ref.tensors]
+    for t in ref.tensors:
+        info = model.tensors[t.name]
+        assert info.qtype == int(t.tensor_type)
+        assert info.shape == tuple(reversed(t.shape.tolist()))
+        assert info.range == ByteRange(str(path), int(t.data_offset), int(t.n_bytes))
+        w = model.weight(t.name)
+        assert w.data.numpy().tobytes() == t.data.tobytes(), t.name

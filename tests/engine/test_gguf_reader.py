@@ -2,16 +2,23 @@
 
 import struct
 
-import gguf
 import numpy as np
 import pytest
 import torch
 from gguf import GGUFValueType as VT
 
-from localllm.engine.gguf import GGUFModel, TensorInfo, open_gguf
+from localllm.engine.gguf import TensorInfo, open_gguf
 from localllm.kernels.quant import QuantType, block_geometry
-from localllm.offload import ByteRange, QuantWeight
-from tests.engine.gguf_fixtures import GGUFValue, raw_gguf, raw_kv, raw_string, write_gguf
+from localllm.offload import QuantWeight
+from tests.engine.gguf_fixtures import (
+    GGUFValue,
+    assert_matches_reader,
+    random_blocks,
+    raw_gguf,
+    raw_kv,
+    raw_string,
+    write_gguf,
+)
 
 ALL_TYPES = {
     "t.u8": GGUFValue(200, VT.UINT8),
@@ -46,56 +53,6 @@ ALL_TYPES = {
 }
 
 
-def _reader_value(field):
-    """gguf.GGUFReader's field as our representation (flat arrays only)."""
-    main = field.types[0]
-    if main is VT.STRING:
-        return bytes(field.parts[-1]).decode("utf-8")
-    if main is not VT.ARRAY:
-        v = field.parts[-1].tolist()[0]
-        return bool(v) if main is VT.BOOL else v
-    assert len(field.types) == 2, "nested arrays are compared separately"
-    if field.types[1] is VT.STRING:
-        return [bytes(field.parts[i]).decode("utf-8") for i in field.data]
-    return np.concatenate([field.parts[i] for i in field.data]) if field.data else None
-
-
-def _assert_same_value(ours, ref, key):
-    if isinstance(ref, np.ndarray):
-        assert isinstance(ours, np.ndarray), key
-        assert ours.ndim == 1 and ours.dtype == ref.dtype.newbyteorder("="), key
-        np.testing.assert_array_equal(ours, ref, err_msg=key)
-    else:
-        assert type(ours) is type(ref) and ours == ref, (key, ours, ref)
-
-
-def assert_matches_reader(model: GGUFModel, path):
-    """Every metadata value and tensor info of `model` equals what gguf.GGUFReader reports."""
-    ref = gguf.GGUFReader(path)
-    keys = [k for k in ref.fields if not k.startswith("GGUF.")]
-    assert list(model.metadata) == keys
-    for key in keys:
-        field = ref.fields[key]
-        if field.types[0] is VT.ARRAY and len(field.types) > 2:
-            continue  # GGUFReader flattens nested arrays; checked against the written values
-        _assert_same_value(model.metadata[key], _reader_value(field), key)
-    assert list(model.tensors) == [t.name for t in ref.tensors]
-    for t in ref.tensors:
-        info = model.tensors[t.name]
-        assert info.qtype == int(t.tensor_type)
-        assert info.shape == tuple(reversed(t.shape.tolist()))
-        assert info.range == ByteRange(str(path), int(t.data_offset), int(t.n_bytes))
-        w = model.weight(t.name)
-        assert w.data.numpy().tobytes() == t.data.tobytes(), t.name
-
-
-def _quant(qtype, shape, seed=0):
-    block, nbytes = block_geometry(qtype)
-    n = int(np.prod(shape[:-1])) * shape[-1] // block * nbytes
-    raw = np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8)
-    return raw, qtype, shape
-
-
 def _tensors():
     rng = np.random.default_rng(1)
     return {
@@ -103,11 +60,11 @@ def _tensors():
         "f16": rng.standard_normal((2, 3, 4)).astype(np.float16),
         "vec": rng.standard_normal(7).astype(np.float32),
         "i32": np.arange(6, dtype=np.int32).reshape(2, 3),
-        "q4_0": _quant(QuantType.Q4_0, (4, 64), 2),
-        "q4_k": _quant(QuantType.Q4_K, (3, 512), 3),
-        "q8_0_4d": _quant(QuantType.Q8_0, (2, 1, 3, 32), 4),
-        "iq2_xs": _quant(QuantType.IQ2_XS, (1, 256), 5),
-        "mxfp4": _quant(QuantType.MXFP4, (2, 64), 6),
+        "q4_0": random_blocks(QuantType.Q4_0, (4, 64), 2),
+        "q4_k": random_blocks(QuantType.Q4_K, (3, 512), 3),
+        "q8_0_4d": random_blocks(QuantType.Q8_0, (2, 1, 3, 32), 4),
+        "iq2_xs": random_blocks(QuantType.IQ2_XS, (1, 256), 5),
+        "mxfp4": random_blocks(QuantType.MXFP4, (2, 64), 6),
     }
 
 
@@ -246,3 +203,9 @@ def test_empty_arrays_and_bool_bytes(tmp_path):
     assert meta["e.str"] == [] and meta["e.arr"] == []
     assert meta["b.two"] is True
     assert meta["b.arr"].dtype == np.bool_ and meta["b.arr"].tolist() == [False, True, True]
+
+
+def test_value_type_ids_match_gguf():
+    from localllm.engine.gguf.values import ValueType
+
+    assert {t.name: t.value for t in ValueType} == {t.name: t.value for t in VT}

@@ -33,7 +33,11 @@ class TensorInfo:
 
 
 class GGUFModel:
-    """An opened GGUF model: metadata of the first shard, tensors of all shards, mapped files."""
+    """An opened GGUF model (built by `open_gguf`).
+
+    `path` is the first shard, `shards` all of them in order; `metadata` comes from the first
+    shard (values as described in values.py); `tensors` spans every shard, in file order.
+    """
 
     def __init__(self, shards: list[tuple[MappedFile, ParsedFile]]):
         first = shards[0][1]

@@ -37,6 +37,7 @@ def expect_error(tmp_path, content: bytes, *patterns: str, name="bad.gguf") -> s
 
 
 def test_not_a_file(tmp_path):
+    assert issubclass(GGUFError, ValueError)
     with pytest.raises(GGUFError, match=r"nope.gguf: cannot open GGUF file \(No such file"):
         open_gguf(tmp_path / "nope.gguf")
     with pytest.raises(GGUFError, match="not a regular file"):

@@ -15,6 +15,7 @@ class RopeConfig:
     base: float = 10000.0
     neox: bool = False  # True: rotate halves; False: rotate adjacent pairs
     linear_scale: float = 1.0  # positions are divided by this ("linear" rope scaling)
+    attn_factor: float = 1.0  # cos/sin magnitude (LongRoPE/YaRN attention factor, llama.cpp mscale)
 
 
 class Rotary:
@@ -25,12 +26,15 @@ class Rotary:
         exponent = torch.arange(0, cfg.dims, 2, dtype=torch.float64) / cfg.dims
         inv_freq = 1.0 / (cfg.base**exponent)
         if freq_factors is not None:
-            # llama3-style scaling ships per-frequency divisors as the rope_freqs tensor.
+            # llama3-style scaling (rope_freqs) and LongRoPE (rope_factors_*) ship per-frequency
+            # divisors of the angle.
             inv_freq = inv_freq / freq_factors.to(torch.float64)
         self.inv_freq = (inv_freq / cfg.linear_scale).to(torch.float32)
 
     def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         angles = positions.to(torch.float32)[:, None] * self.inv_freq[None, :]  # [T, dims/2]
+        if self.cfg.attn_factor != 1.0:
+            return angles.cos() * self.cfg.attn_factor, angles.sin() * self.cfg.attn_factor
         return angles.cos(), angles.sin()
 
     def apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -2,6 +2,16 @@
 matmul."""
 
 from localllm.kernels.quant.dequant import DEQUANT_TYPES, dequantize
+from localllm.kernels.quant.linear import PreparedLinear, prepare_linear, quant_matmul_reference
 from localllm.kernels.quant.types import QuantType, block_geometry, row_nbytes
 
-__all__ = ["DEQUANT_TYPES", "QuantType", "block_geometry", "dequantize", "row_nbytes"]
+__all__ = [
+    "DEQUANT_TYPES",
+    "PreparedLinear",
+    "QuantType",
+    "block_geometry",
+    "dequantize",
+    "prepare_linear",
+    "quant_matmul_reference",
+    "row_nbytes",
+]

@@ -1,7 +1,7 @@
 """Dequant references for the K-quants (256-element super-blocks): Q2_K, Q3_K, Q4_K, Q5_K, Q6_K.
 
 Same float32 operation order as gguf-py's numpy code, so results match it bit for bit.
-`k_scale_min` is public because the Q4_K int4pack repack (linear_int4.py) reuses it.
+`k_scales`, `q4_k_codes` and `q5_k_codes` are public: the int4pack repack (affine.py) uses them.
 """
 
 import torch
@@ -43,7 +43,8 @@ def k_scale_min(sc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return scale, mins
 
 
-def _k_scales(b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def k_scales(b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q4_K/Q5_K per-32 factors d*scale and dmin*min, float32 [n, 8, 1] each."""
     n = b.shape[0]
     sc, mn = k_scale_min(b[:, 4:16])
     d = (f16(b, 0) * sc.float()).reshape(n, 8, 1)
@@ -52,19 +53,27 @@ def _k_scales(b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def q4_k(b: torch.Tensor) -> torch.Tensor:
+    d, dm = k_scales(b)
+    return (d * q4_k_codes(b).float() - dm).reshape(b.shape[0], 256)
+
+
+def q4_k_codes(b: torch.Tensor) -> torch.Tensor:
+    """The 256 unsigned 4-bit codes of Q4_K blocks, uint8 [n, 8, 32] (per 32-value sub-block)."""
     n = b.shape[0]
-    d, dm = _k_scales(b)
-    q = split_bits(b[:, 16:144].reshape(n, 4, 32), (0, 4), 0x0F, dim=2).reshape(n, 8, 32)
-    return (d * q.float() - dm).reshape(n, 256)
+    return split_bits(b[:, 16:144].reshape(n, 4, 32), (0, 4), 0x0F, dim=2).reshape(n, 8, 32)
+
+
+def q5_k_codes(b: torch.Tensor) -> torch.Tensor:
+    """The 256 unsigned 5-bit codes of Q5_K blocks, uint8 [n, 8, 32]."""
+    n = b.shape[0]
+    ql = split_bits(b[:, 48:176].reshape(n, 4, 32), (0, 4), 0x0F, dim=2).reshape(n, 8, 32)
+    qh = split_bits(b[:, 16:48].reshape(n, 1, 32), tuple(range(8)), 1, dim=2).reshape(n, 8, 32)
+    return ql | (qh << 4)
 
 
 def q5_k(b: torch.Tensor) -> torch.Tensor:
-    n = b.shape[0]
-    d, dm = _k_scales(b)
-    ql = split_bits(b[:, 48:176].reshape(n, 4, 32), (0, 4), 0x0F, dim=2).reshape(n, 8, 32)
-    qh = split_bits(b[:, 16:48].reshape(n, 1, 32), tuple(range(8)), 1, dim=2).reshape(n, 8, 32)
-    q = (ql | (qh << 4)).float()
-    return (d * q - dm).reshape(n, 256)
+    d, dm = k_scales(b)
+    return (d * q5_k_codes(b).float() - dm).reshape(b.shape[0], 256)
 
 
 def q6_k(b: torch.Tensor) -> torch.Tensor:

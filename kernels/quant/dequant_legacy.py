@@ -36,19 +36,20 @@ def q4_1(b: torch.Tensor) -> torch.Tensor:
     return f16(b, 0) * q + f16(b, 2)
 
 
-def _five_bit(b: torch.Tensor, qh_at: int, qs_at: int) -> torch.Tensor:
+def five_bit_codes(b: torch.Tensor, qh_at: int, qs_at: int) -> torch.Tensor:
+    """The 32 unsigned 5-bit codes of Q5_0/Q5_1 blocks, int64 [n, 32]."""
     # bit i of the 32-bit qh word is the fifth bit of element i
     qh = (u32(b, qh_at, 1) >> torch.arange(32, device=b.device)) & 1
     return nibbles(b[:, qs_at : qs_at + 16]).to(torch.int64) | (qh << 4)
 
 
 def q5_0(b: torch.Tensor) -> torch.Tensor:
-    q = _five_bit(b, 2, 6) - 16
+    q = five_bit_codes(b, 2, 6) - 16
     return f16(b, 0) * q.float()
 
 
 def q5_1(b: torch.Tensor) -> torch.Tensor:
-    q = _five_bit(b, 4, 8).float()
+    q = five_bit_codes(b, 4, 8).float()
     return f16(b, 0) * q + f16(b, 2)
 
 

@@ -1,0 +1,100 @@
+"""Keep-quant linear layers: `prepare_linear` picks, per ggml type and device, how a weight is
+held and multiplied; `quant_matmul_reference` is the plain-torch oracle.
+
+CPU policy (measured on a 2-core Zen 3, AVX2; tests/perf/RESULTS.md "Quant linear on CPU"):
+see POLICY below. Every strategy returns float32 for float32 input; `precise=True` forces the
+exact fp32 path (the same values as dequantize + fp32 matmul) for tests and references.
+"""
+
+from types import MappingProxyType
+from typing import Protocol
+
+import torch
+
+from localllm.kernels.quant.affine import CODE_BITS
+from localllm.kernels.quant.dequant import dequantize
+from localllm.kernels.quant.linear_dense import DenseBf16Linear, DequantTilesLinear, Float32Linear
+from localllm.kernels.quant.linear_int4 import Int4PackLinear
+from localllm.kernels.quant.types import QuantType, block_geometry
+
+# Calls with at least this many rows leave the bf16 kernels for fp32 GEMM on row tiles
+# dequantized per call (Zen 3 has no bf16 dot product: bf16 GEMM is slower than fp32).
+INT4_EXACT_FROM_T = 32  # int4pack: unpacking costs ~2 ms per 1M weights, amortised from here
+BF16_FP32_FROM_T = 8  # dense bf16: widening bf16 to fp32 is cheap
+
+# CPU strategy per type; types not listed use "dequant_tiles" (exact, keeps the raw blocks).
+POLICY: MappingProxyType[QuantType, str] = MappingProxyType(
+    {
+        QuantType.F32: "dense_f32",
+        QuantType.BF16: "dense_bf16",
+        QuantType.Q4_0: "int4pack",
+        QuantType.Q4_1: "int4pack",
+        QuantType.Q4_K: "int4pack",
+        QuantType.Q5_0: "dense_bf16",
+        QuantType.Q5_1: "dense_bf16",
+        QuantType.Q5_K: "dense_bf16",
+        QuantType.Q8_0: "dense_bf16",
+        QuantType.Q6_K: "dense_bf16",
+    }
+)
+STRATEGIES = ("int4pack", "dense_bf16", "dequant_tiles", "dense_f32")
+
+
+class PreparedLinear(Protocol):
+    """A weight [N, K] ready for y = x @ W.T: float32 [..., K] -> float32 [..., N]."""
+
+    kind: str  # the strategy, e.g. "int4pack1", "dense_bf16", "dequant_tiles"
+    nbytes: int  # bytes held by this object (views of the caller's raw data included)
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor: ...
+
+
+def choose_strategy(qtype: QuantType, shape: tuple[int, int], device: torch.device) -> str:
+    """The default strategy for a weight (see POLICY); off CPU every type dequantizes per call."""
+    qtype = QuantType(qtype)
+    if torch.device(device).type != "cpu":
+        return "dequant_tiles"
+    strategy = POLICY.get(qtype, "dequant_tiles")
+    if strategy == "int4pack" and (shape[0] % 16 or shape[1] % 32):
+        return "dense_bf16"
+    return strategy
+
+
+def prepare_linear(
+    data: torch.Tensor,
+    qtype: QuantType,
+    shape: tuple[int, int],
+    precise: bool = False,
+    strategy: str | None = None,
+) -> PreparedLinear:
+    """Prepare raw ggml blocks (uint8 [N, row_bytes]) of a weight of logical shape (N, K).
+
+    `strategy` overrides the policy (benchmarks, tests). With `precise`, results equal
+    dequantize + fp32 matmul up to fp32 summation order.
+    """
+    qtype, shape = QuantType(qtype), (int(shape[0]), int(shape[1]))
+    block, nbytes = block_geometry(qtype)
+    if data.dtype != torch.uint8 or data.numel() != shape[0] * shape[1] // block * nbytes:
+        raise ValueError(f"{qtype.name} data {tuple(data.shape)} does not hold a {shape} weight")
+    data = data.reshape(shape[0], -1)
+    strategy = strategy or choose_strategy(qtype, shape, data.device)
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown strategy {strategy!r}; one of {STRATEGIES}")
+    if precise and strategy in ("dense_bf16",):
+        strategy = "dense_f32" if qtype == QuantType.F32 else "dequant_tiles"
+    if strategy == "int4pack":
+        if qtype not in CODE_BITS:
+            raise ValueError(f"{qtype.name} has no int4pack form")
+        return Int4PackLinear(data, qtype, shape, exact_from_t=0 if precise else INT4_EXACT_FROM_T)
+    if strategy == "dense_bf16":
+        return DenseBf16Linear(data, qtype, shape, fp32_from_t=BF16_FP32_FROM_T)
+    if strategy == "dense_f32":
+        return Float32Linear(dequantize(data, qtype).reshape(shape))
+    return DequantTilesLinear(data, qtype, shape)
+
+
+def quant_matmul_reference(
+    x: torch.Tensor, data: torch.Tensor, qtype: QuantType, shape: tuple[int, int]
+) -> torch.Tensor:
+    """x @ dequantize(data).reshape(shape).T in float32: the oracle for every strategy."""
+    return x.float() @ dequantize(data, qtype).reshape(shape).T

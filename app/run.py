@@ -54,7 +54,7 @@ def handle(args: argparse.Namespace) -> int:
     out = sys.stdout
     wrote_newline = True
     for token in gen.stream(ids, params):
-        text = detok.feed(token)
+        text = detok.add(token)
         if text:
             out.write(text)
             out.flush()

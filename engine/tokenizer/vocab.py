@@ -1,0 +1,211 @@
+"""The vocabulary as a GGUF file describes it, with llama.cpp's reading of the metadata.
+
+`Vocab.from_metadata` turns the `tokenizer.*` keys into plain fields: token texts, scores, per-token
+attribute flags, special ids and the add-BOS/EOS/space-prefix switches. Where a GGUF leaves a key
+out, the default is the one llama.cpp (the reference GGUF engine) uses, so both engines see the same
+tokenizer. llama.cpp also patches token attributes by name (an `<|im_end|>` stored as a normal token
+is still a control token, `<unusedN>` controls are unused, ...): those rules live in
+`special_names.py`.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from enum import IntFlag
+from typing import Any
+
+import numpy as np
+
+from localllm.engine.tokenizer.special_names import apply_name_rules
+
+log = logging.getLogger(__name__)
+
+KEY = "tokenizer.ggml."
+
+
+class Attr(IntFlag):
+    """Token attributes, bit for bit llama.cpp's `llama_token_attr`."""
+
+    UNDEFINED = 0
+    UNKNOWN = 1 << 0
+    UNUSED = 1 << 1
+    NORMAL = 1 << 2
+    CONTROL = 1 << 3
+    USER_DEFINED = 1 << 4
+    BYTE = 1 << 5
+    LSTRIP = 1 << 7
+    RSTRIP = 1 << 8
+
+
+# GGUF `tokenizer.ggml.token_type` values (gguf.TokenType) -> attribute.
+_TYPE_TO_ATTR = {
+    0: Attr.UNDEFINED,
+    1: Attr.NORMAL,
+    2: Attr.UNKNOWN,
+    3: Attr.CONTROL,
+    4: Attr.USER_DEFINED,
+    5: Attr.UNUSED,
+    6: Attr.BYTE,
+}
+
+# Pre-tokenizer names for which llama.cpp adds BOS unless the file says otherwise.
+_PRE_ADDS_BOS = frozenset(
+    {
+        "llama3",
+        "llama-v3",
+        "llama-bpe",
+        "falcon3",
+        "falcon-h1",
+        "pixtral",
+        "midm-2.0",
+        "lfm2",
+        "jina-v5-nano",
+        "tekken",
+        "chameleon",
+    }
+)
+
+SUPPORTED_MODELS = ("gpt2", "llama")
+
+
+class VocabError(ValueError):
+    """The GGUF tokenizer metadata is missing, malformed or of an unsupported kind."""
+
+
+@dataclass(frozen=True, eq=False)
+class Vocab:
+    """Everything the tokenizer needs from the GGUF metadata, already validated."""
+
+    model: str  # "gpt2" (byte-level BPE) or "llama" (SentencePiece-style, merged by score)
+    pre: str  # `tokenizer.ggml.pre`, "default" when absent
+    tokens: list[str]
+    token_to_id: dict[str, int]
+    scores: np.ndarray | None  # float32 per token, SentencePiece only
+    attrs: np.ndarray  # int32 Attr flags per token, after llama.cpp's name rules
+    merges: list[str] | None  # "left right" strings, BPE only
+    bos_id: int | None
+    eos_id: int | None
+    eot_id: int | None
+    eom_id: int | None
+    unk_id: int | None
+    pad_id: int | None
+    eog_ids: frozenset[int]
+    add_bos: bool
+    add_eos: bool
+    add_space_prefix: bool
+    chat_template: str | None
+
+    @property
+    def size(self) -> int:
+        return len(self.tokens)
+
+    @classmethod
+    def from_metadata(cls, meta: dict[str, Any]) -> Vocab:
+        model = meta.get(KEY + "model")
+        if model is None:
+            raise VocabError("GGUF metadata has no tokenizer.ggml.model: no tokenizer in this file")
+        if model not in SUPPORTED_MODELS:
+            raise VocabError(
+                f"unsupported tokenizer model {model!r} (supported: {SUPPORTED_MODELS})"
+            )
+        tokens = _string_list(meta, KEY + "tokens")
+        n = len(tokens)
+        if n == 0:
+            raise VocabError("tokenizer.ggml.tokens is empty")
+        # llama.cpp renames empty tokens so that every text maps back to one id.
+        tokens = [t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
+        scores = _numeric(meta, KEY + "scores", n, np.float32)
+        types = _numeric(meta, KEY + "token_type", n, np.int32)
+        attrs = np.full(n, int(Attr.NORMAL), np.int32)
+        if types is not None:
+            lut = np.zeros(8, np.int32)
+            for t, a in _TYPE_TO_ATTR.items():
+                lut[t] = int(a)
+            attrs = lut[np.clip(types, 0, 7)]  # unknown type numbers read as UNDEFINED (slot 7)
+        pre = meta.get(KEY + "pre") or "default"
+        spm = model == "llama"
+        merges = None
+        if not spm:
+            merges = _string_list(meta, KEY + "merges")
+        # llama.cpp defaults per vocab kind, then the file's keys win.
+        defaults = (1, 2, 0) if spm else (11, 11, None)
+        ids = {
+            "bos": _special(meta, "bos_token_id", defaults[0], n),
+            "eos": _special(meta, "eos_token_id", defaults[1], n),
+            "unk": _special(meta, "unknown_token_id", defaults[2], n),
+            "eot": _special(meta, "eot_token_id", None, n),
+            "eom": _special(meta, "eom_token_id", None, n),
+            "pad": _special(meta, "padding_token_id", None, n),
+        }
+        add_bos = _flag(meta, "add_bos_token", spm or pre in _PRE_ADDS_BOS)
+        add_eos = _flag(meta, "add_eos_token", False)
+        add_space_prefix = _flag(meta, "add_space_prefix", spm)
+        # llama.cpp's text -> id map: the last duplicate wins.
+        index = dict(zip(tokens, range(n), strict=True))
+        eog, ids = apply_name_rules(tokens, index, attrs, ids, str(meta.get("general.name", "")))
+        template = meta.get("tokenizer.chat_template")
+        return cls(
+            model=model,
+            pre=str(pre),
+            tokens=tokens,
+            token_to_id=index,
+            scores=scores,
+            attrs=attrs,
+            merges=merges,
+            bos_id=ids["bos"],
+            eos_id=ids["eos"],
+            eot_id=ids["eot"],
+            eom_id=ids["eom"],
+            unk_id=ids["unk"],
+            pad_id=ids["pad"],
+            eog_ids=frozenset(eog),
+            add_bos=add_bos,
+            add_eos=add_eos,
+            add_space_prefix=add_space_prefix,
+            chat_template=template if isinstance(template, str) and template else None,
+        )
+
+
+def _string_list(meta: dict[str, Any], key: str) -> list[str]:
+    value = meta.get(key)
+    if value is None:
+        raise VocabError(f"GGUF metadata has no {key}")
+    if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
+        raise VocabError(f"{key} must be an array of strings")
+    return value
+
+
+def _numeric(meta: dict[str, Any], key: str, n: int, dtype: type) -> np.ndarray | None:
+    value = meta.get(key)
+    if value is None:
+        return None
+    try:
+        arr = np.asarray(value, dtype=dtype)
+    except (TypeError, ValueError) as e:
+        raise VocabError(f"{key} must be a numeric array") from e
+    if arr.ndim != 1 or len(arr) < n:
+        raise VocabError(f"{key} has {arr.size} entries for {n} tokens")
+    return arr[:n]
+
+
+def _special(meta: dict[str, Any], name: str, default: int | None, n: int) -> int | None:
+    if default is not None and default >= n:
+        default = None
+    value = meta.get(KEY + name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise VocabError(f"{KEY + name} must be an integer")
+    if not 0 <= value < n:
+        # llama.cpp keeps its default for an out-of-range id rather than failing the load.
+        log.warning(
+            "%s%s = %d is outside the vocabulary of %d tokens; ignored", KEY, name, value, n
+        )
+        return default
+    return value
+
+
+def _flag(meta: dict[str, Any], name: str, default: bool) -> bool:
+    value = meta.get(KEY + name)
+    return default if value is None else bool(value)

@@ -27,6 +27,8 @@ class GenerationStats:
     generated_tokens: int
     prefill_seconds: float
     decode_seconds: float
+    finish_reason: str  # "stop" (end-of-generation token), "length" (budget or context)
+    stop_token: int | None  # the end-of-generation token that stopped it, if any
 
 
 class Generator:
@@ -68,14 +70,16 @@ class Generator:
         batch = BatchMeta.single(t, start + t)
         return self.model(torch.tensor(ids, dtype=torch.long), positions, batch, kv)
 
-    @torch.inference_mode()
     def score(self, ids: Sequence[int]) -> torch.Tensor:
         """Teacher-forced logits [len(ids), vocab]: row t predicts token t+1."""
+        return torch.cat(list(self.score_blocks(ids)))
+
+    @torch.inference_mode()
+    def score_blocks(self, ids: Sequence[int], chunk: int = PREFILL_CHUNK) -> Iterator[torch.Tensor]:
+        """`score` one prefill chunk at a time (a 262k vocabulary makes full logits huge)."""
         kv = self._cache(len(ids))
-        rows = []
-        for s in range(0, len(ids), PREFILL_CHUNK):
-            rows.append(self.model.logits(self._forward(ids[s : s + PREFILL_CHUNK], s, kv)))
-        return torch.cat(rows)
+        for s in range(0, len(ids), chunk):
+            yield self.model.logits(self._forward(ids[s : s + chunk], s, kv))
 
     @torch.inference_mode()
     def stream(self, prompt: Sequence[int], params: SamplingParams) -> Iterator[int]:
@@ -95,11 +99,12 @@ class Generator:
             hidden = self._forward(prompt[s : s + PREFILL_CHUNK], s, kv)
         logits = self.model.logits(hidden[-1:])[0]
         t1 = time.perf_counter()
-        n = 0
+        n, stop = 0, None
         try:
             while n < budget:
                 token = sampler(logits)
                 if token in eog and not params.ignore_eos:
+                    stop = token
                     break
                 n += 1
                 yield token
@@ -109,4 +114,5 @@ class Generator:
                 logits = self.model.logits(self._forward([token], pos, kv))[0]
         finally:
             t2 = time.perf_counter()
-            self.last_stats = GenerationStats(len(prompt), n, t1 - t0, t2 - t1)
+            reason = "stop" if stop is not None else "length"
+            self.last_stats = GenerationStats(len(prompt), n, t1 - t0, t2 - t1, reason, stop)

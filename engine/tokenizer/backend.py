@@ -12,16 +12,20 @@ added-token matching), so the `tokenizers` model never sees them.
 
 from __future__ import annotations
 
+import gc
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import models
 
+from localllm.engine.tokenizer.attrs import Attr
 from localllm.engine.tokenizer.pretokenize import byte_level_pre_tokenizer, pre_tokenizer_spec
 from localllm.engine.tokenizer.special import SpecialSplitter, SpecialToken
 from localllm.engine.tokenizer.spm_merges import derive_merges
-from localllm.engine.tokenizer.vocab import Attr, Vocab
+from localllm.engine.tokenizer.vocab import Vocab
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +38,8 @@ class Encoder:
     def __init__(self, vocab: Vocab) -> None:
         self._vocab = vocab
         self._spm = vocab.model == "llama"
-        self._hf = _build_spm(vocab) if self._spm else _build_bpe(vocab)
+        with _gc_paused():
+            self._hf = _build_spm(vocab) if self._spm else _build_bpe(vocab)
         self._batch = getattr(self._hf, "encode_batch_fast", self._hf.encode_batch)
         self._splitters: dict[bool, SpecialSplitter] = {}
 
@@ -79,6 +84,19 @@ class Encoder:
             else:
                 out.append(p)
         return out
+
+
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    """The build allocates about a million tuples (merges) next to a 262k-entry vocabulary: the
+    cyclic collector would walk all of them again and again for nothing (none form cycles)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def _build_spm(vocab: Vocab) -> HFTokenizer:

@@ -123,8 +123,10 @@ class ChatTemplate:
             "add_generation_prompt": add_generation_prompt,
             "tools": tools,
         }
-        # Room for the prompt data itself plus the template's own text, at least the set cap.
-        limit = max(self.max_output_chars, 2 * value_size(context, 1 << 62) + len(self.source))
+        # Room for the prompt data itself plus the template's own text, at least the set cap. The
+        # estimate stops counting at 16x the cap, which also bounds its own work.
+        input_size = value_size(context, 16 * self.max_output_chars)
+        limit = max(self.max_output_chars, 2 * input_size + len(self.source))
         self._env.start(self.time_limit_s, limit)
         try:
             out: list[str] = []

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from localllm.engine.tokenizer.vocab import Attr, Vocab
+from localllm.engine.tokenizer.attrs import Attr
+from localllm.engine.tokenizer.vocab import Vocab
 
 _TEXT_ATTRS = Attr.CONTROL | Attr.USER_DEFINED | Attr.UNKNOWN
 

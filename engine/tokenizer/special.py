@@ -9,7 +9,8 @@ lstrip/rstrip also eat the ASCII whitespace next to them.
 
 Occurrences are found with one regex compiled from a trie of the special texts (Gemma has ~6k of
 them), used as a lookahead so that it reports the longest special token starting at each position;
-every other special token starting there is a prefix of that one.
+every other special token starting there is a prefix of that one. That gives the (few) special
+texts present; each is then cut out with `str.find`, in llama.cpp's order.
 """
 
 from __future__ import annotations
@@ -57,6 +58,27 @@ def _trie_pattern(texts: Iterable[str]) -> str:
     return build(trie)
 
 
+class _Spans:
+    """Disjoint (start, end, id) spans kept sorted; id None marks whitespace eaten by a strip."""
+
+    def __init__(self) -> None:
+        self.starts: list[int] = []
+        self.items: list[tuple[int, int, int | None]] = []
+
+    def overlap(self, a: int, b: int) -> tuple[int, int, int | None] | None:
+        i = bisect_right(self.starts, a) - 1
+        if i >= 0 and self.items[i][1] > a:
+            return self.items[i]
+        if i + 1 < len(self.items) and self.items[i + 1][0] < b:
+            return self.items[i + 1]
+        return None
+
+    def add(self, a: int, b: int, token_id: int | None) -> None:
+        i = bisect_right(self.starts, a)
+        self.starts.insert(i, a)
+        self.items.insert(i, (a, b, token_id))
+
+
 class SpecialSplitter:
     """Cuts special tokens out of text; `split` returns raw strings and token ids in order."""
 
@@ -84,52 +106,47 @@ class SpecialSplitter:
     def split(self, text: str) -> list[str | int]:
         if self._pattern is None or not text:
             return [text] if text else []
-        occurrences = []
-        for m in self._pattern.finditer(text):
-            start, longest = m.start(), m.group(1)
-            for k in range(1, len(longest) + 1):
-                hit = self._by_text.get(longest[:k])
-                if hit is not None:
-                    occurrences.append((hit[0], start, start + k, hit[1]))
-        if not occurrences:
+        # The special texts present: every one is a prefix of the longest match at its position.
+        longest = {m.group(1) for m in self._pattern.finditer(text)}
+        present = {
+            hit
+            for match in longest
+            for k in range(1, len(match) + 1)
+            if (hit := self._by_text.get(match[:k])) is not None
+        }
+        if not present:
             return [text]
-        occurrences.sort(key=lambda o: (o[0], o[1]))
-        return self._assemble(text, self._accept(text, occurrences))
+        spans = _Spans()
+        for _, tok in sorted(present, key=lambda h: h[0]):
+            self._cut(text, tok, spans)
+        return self._assemble(text, spans.items)
 
     @staticmethod
-    def _accept(text: str, occurrences: list) -> list[tuple[int, int, int | None]]:
-        """Accepted (start, end, id) spans; id None marks whitespace eaten by lstrip/rstrip."""
-        starts: list[int] = []
-        spans: list[tuple[int, int, int | None]] = []
-
-        def free(a: int, b: int) -> bool:
-            i = bisect_right(starts, a) - 1
-            if i >= 0 and spans[i][1] > a:
-                return False
-            return i + 1 >= len(spans) or spans[i + 1][0] >= b
-
-        def add(a: int, b: int, token_id: int | None) -> None:
-            i = bisect_right(starts, a)
-            starts.insert(i, a)
-            spans.insert(i, (a, b, token_id))
-
-        for _, start, end, tok in occurrences:
-            if not free(start, end):
+    def _cut(text: str, tok: SpecialToken, spans: _Spans) -> None:
+        """llama.cpp's pass for one special token: every occurrence in the still-raw text."""
+        n = len(tok.text)
+        pos = text.find(tok.text)
+        while pos >= 0:
+            end = pos + n
+            hit = spans.overlap(pos, end)
+            if hit is not None:
+                # Inside a cut-out span: resume after it; straddling its start: try one further.
+                pos = text.find(tok.text, hit[1] if pos >= hit[0] else pos + 1)
                 continue
-            add(start, end, tok.id)
+            spans.add(pos, end, tok.id)
             if tok.rstrip:
                 j = end
-                while j < len(text) and text[j] in _ASCII_SPACE and free(j, j + 1):
+                while j < len(text) and text[j] in _ASCII_SPACE and spans.overlap(j, j + 1) is None:
                     j += 1
                 if j > end:
-                    add(end, j, None)
+                    spans.add(end, j, None)
             if tok.lstrip:
-                j = start
-                while j > 0 and text[j - 1] in _ASCII_SPACE and free(j - 1, j):
+                j = pos
+                while j > 0 and text[j - 1] in _ASCII_SPACE and spans.overlap(j - 1, j) is None:
                     j -= 1
-                if j < start:
-                    add(j, start, None)
-        return spans
+                if j < pos:
+                    spans.add(j, pos, None)
+            pos = text.find(tok.text, end)
 
     @staticmethod
     def _assemble(text: str, spans: list[tuple[int, int, int | None]]) -> list[str | int]:

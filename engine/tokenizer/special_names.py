@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import numpy as np
 
-CONTROL = 1 << 3
-UNUSED = 1 << 1
-NORMAL = 1 << 2
-USER_DEFINED = 1 << 4
-UNKNOWN = 1 << 0
-RSTRIP = 1 << 8
-SPECIAL_ATTRS = CONTROL | USER_DEFINED | UNKNOWN
+from localllm.engine.tokenizer.attrs import Attr
+
+CONTROL = int(Attr.CONTROL)
+UNUSED = int(Attr.UNUSED)
+NORMAL = int(Attr.NORMAL)
+USER_DEFINED = int(Attr.USER_DEFINED)
+RSTRIP = int(Attr.RSTRIP)
+SPECIAL_ATTRS = int(Attr.CONTROL | Attr.USER_DEFINED | Attr.UNKNOWN)
 
 # Texts that name an end-of-turn token when the file gives no tokenizer.ggml.eot_token_id.
 EOT_NAMES = (
@@ -104,21 +105,39 @@ def _first_id(index: dict[str, int], names: tuple[str, ...]) -> int | None:
     return min(found) if found else None
 
 
+ALL_NAMES = frozenset(
+    {*EOT_NAMES, *EOM_NAMES, *EOG_NAMES, *ALWAYS_RENDERED, "</s>", "<unk>", "<s>"}.union(
+        *FIM_NAMES.values()
+    )
+)
+
+
+def _name_index(tokens: list[str]) -> dict[str, int]:
+    """Ids of the known names present, the last duplicate winning as in llama.cpp's map.
+
+    A set intersection runs in C; building a full text -> id map would cost ~10x more.
+    """
+    found = ALL_NAMES.intersection(tokens)
+    if not found:
+        return {}
+    reverse = tokens[::-1]
+    return {name: len(tokens) - 1 - reverse.index(name) for name in found}
+
+
 def apply_name_rules(
     tokens: list[str],
-    index: dict[str, int],
     attrs: np.ndarray,
     ids: dict[str, int | None],
     model_name: str,
 ) -> tuple[set[int], dict[str, int | None]]:
     """Patch `attrs` in place by token name and return (EOG ids, special ids with EOT/EOM filled).
 
-    `index` maps token text to id (the last duplicate wins, as in llama.cpp's map).
 
     llama.cpp scans an unordered map and takes the first match; we take the lowest id, which is the
     same whenever a vocabulary has only one of the candidate texts (the usual case).
     """
     ids = dict(ids)
+    index = _name_index(tokens)
 
     def force_control(i: int) -> None:
         attrs[i] |= CONTROL

@@ -15,9 +15,10 @@ from typing import Any
 
 import numpy as np
 
+from localllm.engine.tokenizer.attrs import Attr
 from localllm.engine.tokenizer.backend import Encoder
 from localllm.engine.tokenizer.pieces import build_pieces
-from localllm.engine.tokenizer.vocab import Attr, Vocab
+from localllm.engine.tokenizer.vocab import Vocab
 
 # Tokens that render as nothing when special tokens are skipped (llama.cpp's `special=False`).
 _HIDDEN = int(Attr.CONTROL | Attr.UNKNOWN)

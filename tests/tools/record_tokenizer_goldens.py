@@ -167,7 +167,13 @@ def vocab_gguf(src: str, dst: str) -> None:
     import gguf
     import numpy as np
 
-    reader = gguf.GGUFReader(src)
+    # A truncated file (first slice of a split model) has all metadata but not the tensor data the
+    # reader checks: read a copy whose header says there are no tensors.
+    data = bytearray(Path(src).read_bytes())
+    data[8:16] = (0).to_bytes(8, "little")  # GGUF v2/v3: magic, version, then the tensor count
+    tmp = Path(dst).with_suffix(".header.tmp")
+    tmp.write_bytes(data)
+    reader = gguf.GGUFReader(tmp)
     arch = str(reader.fields["general.architecture"].contents())
     writer = gguf.GGUFWriter(dst, arch)
     for field in reader.fields.values():
@@ -187,6 +193,7 @@ def vocab_gguf(src: str, dst: str) -> None:
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+    tmp.unlink()
 
 
 def main(argv: list[str]) -> None:

@@ -50,7 +50,7 @@ def handle(args: argparse.Namespace) -> int:
         print(f"localllm: loaded {path.name} in {gen.load_seconds:.2f} s", file=sys.stderr)
     use_chat = args.chat if args.chat is not None else tok.chat_template is not None
     ids = prompt_ids(tok, prompt, chat=use_chat, system=args.system)
-    detok = IncrementalDetokenizer(tok)
+    detok = IncrementalDetokenizer(tok, prompt_ids=ids)
     out = sys.stdout
     wrote_newline = True
     for token in gen.stream(ids, params):

@@ -9,7 +9,7 @@ import logging
 import sys
 import traceback
 
-from . import run as run_cmd
+from localllm.app import run as run_cmd
 
 
 def build_parser() -> argparse.ArgumentParser:

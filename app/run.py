@@ -16,23 +16,28 @@ def add_parser(sub) -> None:
     p.add_argument("--seed", type=int, default=None, help="RNG seed for reproducible sampling")
     p.add_argument("--ignore-eos", action="store_true", help="keep going past end-of-generation")
     chat = p.add_mutually_exclusive_group()
-    chat.add_argument("--chat", dest="chat", action="store_true", default=None,
-                      help="apply the model's chat template (default when it has one)")
+    chat.add_argument(
+        "--chat",
+        dest="chat",
+        action="store_true",
+        default=None,
+        help="apply the model's chat template (default when it has one)",
+    )
     chat.add_argument("--no-chat", dest="chat", action="store_false", help="raw completion")
     p.add_argument("-s", "--system", help="system prompt (chat mode)")
     p.add_argument("--precise", action="store_true", help="float32 reference matmuls (slower)")
-    p.add_argument("-v", "--verbose", action="store_true",
-                   help="print load time and tokens/s to stderr")
+    p.add_argument(
+        "-v", "--verbose", action="store_true", help="print load time and tokens/s to stderr"
+    )
     p.set_defaults(handler=handle)
 
 
 def handle(args: argparse.Namespace) -> int:
+    from localllm.app.model_path import resolve_model
     from localllm.engine.generator import Generator
     from localllm.engine.prompt import prompt_ids
     from localllm.engine.sampling import SamplingParams
     from localllm.engine.tokenizer import IncrementalDetokenizer
-
-    from .model_path import resolve_model
 
     prompt = args.prompt
     if prompt is None or prompt == "-":
@@ -40,8 +45,13 @@ def handle(args: argparse.Namespace) -> int:
             raise ValueError("no prompt given (pass it as an argument or on stdin)")
         prompt = sys.stdin.read()
     params = SamplingParams(
-        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
-        seed=args.seed, max_tokens=args.max_tokens, ignore_eos=args.ignore_eos,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        min_p=args.min_p,
+        seed=args.seed,
+        max_tokens=args.max_tokens,
+        ignore_eos=args.ignore_eos,
     )
     path = resolve_model(args.model)
     gen = Generator.load(str(path), precise=args.precise)

@@ -1,1 +1,1 @@
-"""Text generation: GGUF reading, tokenizer and chat template, model families, sampling, generation."""
+"""Text generation: GGUF reading, tokenizer and chat template, model families, sampling."""

@@ -12,11 +12,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .batch import BatchMeta, KVCache
-from .gguf import GGUFModel, open_gguf
-from .loader import build_model
-from .sampling import Sampler, SamplingParams
-from .tokenizer import Tokenizer
+from localllm.engine.batch import BatchMeta, KVCache
+from localllm.engine.gguf import GGUFModel, open_gguf
+from localllm.engine.loader import build_model
+from localllm.engine.sampling import Sampler, SamplingParams
+from localllm.engine.tokenizer import Tokenizer
 
 PREFILL_CHUNK = 512  # tokens per prefill forward: bounds activation memory on long prompts
 
@@ -34,7 +34,9 @@ class GenerationStats:
 class Generator:
     """A loaded model plus tokenizer that generates for one sequence at a time."""
 
-    def __init__(self, gguf: GGUFModel, model: nn.Module, tokenizer: Tokenizer, load_seconds: float):
+    def __init__(
+        self, gguf: GGUFModel, model: nn.Module, tokenizer: Tokenizer, load_seconds: float
+    ):
         self.gguf, self.model, self.tokenizer = gguf, model, tokenizer
         self.load_seconds = load_seconds
         self.context_length = model.args.context_length
@@ -75,7 +77,9 @@ class Generator:
         return torch.cat(list(self.score_blocks(ids)))
 
     @torch.inference_mode()
-    def score_blocks(self, ids: Sequence[int], chunk: int = PREFILL_CHUNK) -> Iterator[torch.Tensor]:
+    def score_blocks(
+        self, ids: Sequence[int], chunk: int = PREFILL_CHUNK
+    ) -> Iterator[torch.Tensor]:
         """`score` one prefill chunk at a time (a 262k vocabulary makes full logits huge)."""
         kv = self._cache(len(ids))
         for s in range(0, len(ids), chunk):
@@ -83,7 +87,7 @@ class Generator:
 
     @torch.inference_mode()
     def stream(self, prompt: Sequence[int], params: SamplingParams) -> Iterator[int]:
-        """Yield generated token ids until max_tokens, an end-of-generation token or the context ends."""
+        """Yield generated ids until max_tokens, an end-of-generation token or the context ends."""
         if not prompt:
             raise ValueError("the prompt is empty (no tokens to condition on)")
         if len(prompt) >= self.context_length:

@@ -11,11 +11,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from localllm.engine.batch import BatchMeta, KVCache
 from localllm.kernels.quant.dequant import dequantize
 from localllm.kernels.quant.linear import prepare_linear
 from localllm.offload import QuantWeight
-
-from .batch import BatchMeta, KVCache
 
 
 def dense(w: QuantWeight) -> torch.Tensor:
@@ -24,7 +23,7 @@ def dense(w: QuantWeight) -> torch.Tensor:
 
 
 class QuantLinear(nn.Module):
-    """y = x @ W.T (+ b) with W kept as raw ggml blocks; the kernel dequantizes inside the matmul."""
+    """y = x @ W.T (+ b) with W kept as raw ggml blocks; the kernel dequantizes in the matmul."""
 
     def __init__(self, in_features: int, out_features: int, precise: bool = False):
         super().__init__()

@@ -7,9 +7,9 @@ through its `load_tensor`. Unknown tensors and modules left unloaded are errors,
 import torch
 from torch import nn
 
-from .gguf import GGUFModel
-from .layers import dense
-from .models import model_module
+from localllm.engine.gguf import GGUFModel
+from localllm.engine.layers import dense
+from localllm.engine.models import model_module
 
 
 class ModelLoadError(ValueError):

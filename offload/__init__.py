@@ -4,7 +4,7 @@
 which hands `ByteRange`s down to this package.
 """
 
-from .ranges import ByteRange, MappedFile
-from .weights import QuantWeight
+from localllm.offload.ranges import ByteRange, MappedFile
+from localllm.offload.weights import QuantWeight
 
 __all__ = ["ByteRange", "MappedFile", "QuantWeight"]

@@ -5,8 +5,7 @@ from dataclasses import dataclass
 import torch
 
 from localllm.kernels.quant import QuantType, block_geometry
-
-from .ranges import ByteRange
+from localllm.offload.ranges import ByteRange
 
 
 @dataclass(frozen=True, slots=True)

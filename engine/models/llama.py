@@ -6,15 +6,15 @@ tied output embedding when `output.weight` is absent.
 """
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
-from ..batch import BatchMeta, KVCache
-from ..layers import GatedMLP, QuantEmbedding, QuantLinear, RMSNorm, attention
-from ..rope import RopeConfig, Rotary
-from .common import arch_key, rope_scale
+from localllm.engine.batch import BatchMeta, KVCache
+from localllm.engine.layers import GatedMLP, QuantEmbedding, QuantLinear, RMSNorm, attention
+from localllm.engine.models.common import arch_key, rope_scale
+from localllm.engine.rope import RopeConfig, Rotary
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,11 @@ class Block(nn.Module):
 
 class Model(nn.Module):
     # GGUF names the MLP tensors at block level; our GatedMLP sits one module deeper.
-    tensor_aliases = {"ffn_gate": "mlp.ffn_gate", "ffn_up": "mlp.ffn_up", "ffn_down": "mlp.ffn_down"}
+    tensor_aliases: ClassVar[dict[str, str]] = {
+        "ffn_gate": "mlp.ffn_gate",
+        "ffn_up": "mlp.ffn_up",
+        "ffn_down": "mlp.ffn_down",
+    }
     optional_tensors = ("rope_freqs.weight", "output.weight")
 
     def __init__(self, args: ModelArgs, precise: bool = False):

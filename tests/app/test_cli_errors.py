@@ -5,6 +5,7 @@ import sys
 
 import gguf
 import numpy as np
+
 from localllm.app.cli import main
 
 
@@ -45,7 +46,7 @@ def test_not_a_gguf(tmp_path, capsys):
 
 def test_truncated_real_model(smollm2_path, tmp_path, capsys):
     cut = tmp_path / "cut.gguf"
-    cut.write_bytes(smollm2_path.read_bytes()[: 3_000_000])
+    cut.write_bytes(smollm2_path.read_bytes()[:3_000_000])
     code, out, err = _run(["-m", str(cut), "hi"], capsys)
     _assert_one_line_error(code, out, err, "cut.gguf")
 
@@ -54,7 +55,7 @@ def test_bitflipped_header(smollm2_path, tmp_path, capsys):
     data = bytearray(smollm2_path.read_bytes()[:2_000_000])
     rng = np.random.default_rng(7)
     flipped = tmp_path / "flip.gguf"
-    for trial in range(5):
+    for _ in range(5):
         buf = bytearray(data)
         for pos in rng.integers(0, 4096, size=3):
             buf[pos] ^= 1 << int(rng.integers(0, 8))

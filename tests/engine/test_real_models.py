@@ -1,10 +1,11 @@
 """Real quantized models against llama.cpp: prompt tokens, greedy continuations, teacher forcing.
 
-The goldens in tests/data/goldens were recorded from llama.cpp (tests/tools/record_llamacpp_goldens.py)
-on the same GGUF files; tests/tools/golden_metrics.py computes the figures. llama.cpp quantizes
-activations to 8 bits inside its dot products, so exact long greedy equality is not required:
-up to the first divergence the tokens must be equal, and wherever llama.cpp's choice and ours
-differ, the two must be within 0.5 nats in llama.cpp's own log-probabilities.
+The goldens in tests/data/goldens were recorded from llama.cpp on the same GGUF files
+(tests/tools/record_llamacpp_goldens.py); tests/tools/golden_metrics.py computes the figures.
+llama.cpp quantizes activations to 8 bits inside its dot products, so exact long greedy
+equality is not required: up to the first divergence the tokens must be equal, and wherever
+llama.cpp's choice and ours differ, the two must be within 0.5 nats in llama.cpp's own
+log-probabilities.
 """
 
 import json
@@ -42,7 +43,7 @@ def _greedy(gen: Generator, prompt_ids: list[int], n: int) -> list[int]:
 
 
 def test_prompt_tokens_and_chat_rendering_match(model):
-    name, gen, golden = model
+    _, gen, golden = model
     tok = gen.tokenizer
     for p in golden["greedy"]["prompts"]:
         if p["kind"] == "chat":
@@ -70,8 +71,8 @@ def test_greedy_continuations_follow_llamacpp(model):
 
 
 def test_every_llamacpp_greedy_step_is_near_our_top1(model):
-    """Teacher-force llama.cpp's greedy sequences: its token within 0.5 nats of our best each step."""
-    name, gen, golden = model
+    """Teacher-force llama.cpp's greedy runs: its token within 0.5 nats of our best, every step."""
+    _, gen, golden = model
     for p in golden["greedy"]["prompts"]:
         ids, first, n = gm.greedy_sequence(p)
         rows = gen.score(ids)[first : first + n].numpy()

@@ -1,9 +1,13 @@
 """Keep-quant linear layers: `prepare_linear` picks, per ggml type and device, how a weight is
 held and multiplied; `quant_matmul_reference` is the plain-torch oracle.
 
-CPU policy (measured on a 2-core Zen 3, AVX2; tests/perf/RESULTS.md "Quant linear on CPU"):
-see POLICY below. Every strategy returns float32 for float32 input; `precise=True` forces the
-exact fp32 path (the same values as dequantize + fp32 matmul) for tests and references.
+CPU policy, chosen by measurement on a 2-core Zen 3 (tests/perf/RESULTS.md, "Quant linear on
+CPU"; tests/perf/bench_quant_linear.py):
+- Q4_0/Q4_1/Q4_K: int4pack, 0.875 B/weight. T < 64: torch's int4 kernel with bf16 x (fastest
+  GEMV, ~3e-3 relative error); T >= 64: unpack to fp32 tiles (= gguf dequant) + fp32 GEMM.
+- Q5_*/Q8_0/Q6_K/BF16: a bf16 copy, 2 B/weight. T < 8: bf16 GEMV; T >= 8: fp32 GEMM on tiles.
+- F32 as is; every other type keeps its raw blocks and dequantizes row tiles per call.
+Float32 in, float32 out. `precise=True` takes the exact path (dequantize + fp32 matmul values).
 """
 
 from types import MappingProxyType
@@ -19,7 +23,7 @@ from localllm.kernels.quant.types import QuantType, block_geometry
 
 # Calls with at least this many rows leave the bf16 kernels for fp32 GEMM on row tiles
 # dequantized per call (Zen 3 has no bf16 dot product: bf16 GEMM is slower than fp32).
-INT4_EXACT_FROM_T = 32  # int4pack: unpacking costs ~2 ms per 1M weights, amortised from here
+INT4_EXACT_FROM_T = 64  # int4pack: unpacking costs ~1.2 ms per 1M weights; measured crossover 48-64
 BF16_FP32_FROM_T = 8  # dense bf16: widening bf16 to fp32 is cheap
 
 # CPU strategy per type; types not listed use "dequant_tiles" (exact, keeps the raw blocks).

@@ -144,13 +144,21 @@ def time_case(data, qtype, shape, ts, rounds):
     return table
 
 
+def q8_activations(x: torch.Tensor) -> torch.Tensor:
+    """x rounded as llama.cpp's CPU dot products see it: Q8_0 blocks of 32 (int8, scale max/127)."""
+    b = x.reshape(x.shape[0], -1, 32)
+    d = b.abs().amax(-1, keepdim=True) / 127
+    return (torch.round(b / torch.where(d == 0, 1, d)) * d).reshape(x.shape)
+
+
 def accuracy(data, qtype, shape):
     n, k = shape
     rows = min(n, 2048)
     part = data[:rows]
     x = torch.randn(8, k)
     ref = quant_matmul_reference(x, part, qtype, (rows, k))
-    out = {}
+    q8 = quant_matmul_reference(q8_activations(x), part, qtype, (rows, k))
+    out = {"llama.cpp-like q8 x": ((q8 - ref).norm() / ref.norm()).item()}
     for label, strategy, method, _, _ in paths_for(qtype, n):
         p = prepare_linear(part, qtype, (rows, k), strategy=strategy)
         y = _call(p, method)(x)
@@ -200,6 +208,8 @@ def main():
                     cells.append(f"{med[0]:.3g} ({med[1]:.3g})" if med else "")
                 bpw = next(v[2] for (lbl, _), v in table.items() if lbl == label)
                 print(f"| {label} | {bpw:.3f} | {acc[label]:.1e} | " + " | ".join(cells) + " |")
+            q8 = acc["llama.cpp-like q8 x"]
+            print(f"| (reference: x rounded to Q8_0 blocks, as llama.cpp) | | {q8:.1e} |")
             for t in ts:
                 chosen = policy_label(w.qtype, (n, k), t)
                 best = min((v[0], lbl) for (lbl, tt), v in table.items() if tt == t)

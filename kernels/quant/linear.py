@@ -5,7 +5,8 @@ CPU policy, chosen by measurement on a 2-core Zen 3 (tests/perf/RESULTS.md, "Qua
 CPU"; tests/perf/bench_quant_linear.py):
 - Q4_0/Q4_1/Q4_K: int4pack, 0.875 B/weight. T < 64: torch's int4 kernel with bf16 x (fastest
   GEMV, ~3e-3 relative error); T >= 64: unpack to fp32 tiles (= gguf dequant) + fp32 GEMM.
-- Q5_*/Q8_0/Q6_K/BF16: a bf16 copy, 2 B/weight. T < 8: bf16 GEMV; T >= 8: fp32 GEMM on tiles.
+- Q5_*/Q8_0/Q6_K: an fp16 copy (bf16 if out of range), 2 B/weight, ~3e-4 relative error;
+  F16/BF16 files are used as they are. T < 8: half GEMV; T >= 8: fp32 GEMM on widened tiles.
 - F32 as is; every other type keeps its raw blocks and dequantizes row tiles per call.
 Float32 in, float32 out. `precise=True` takes the exact path (dequantize + fp32 matmul values).
 """
@@ -17,14 +18,14 @@ import torch
 
 from localllm.kernels.quant.affine import CODE_BITS
 from localllm.kernels.quant.dequant import dequantize
-from localllm.kernels.quant.linear_dense import DenseBf16Linear, DequantTilesLinear, Float32Linear
+from localllm.kernels.quant.linear_dense import DenseHalfLinear, DequantTilesLinear, Float32Linear
 from localllm.kernels.quant.linear_int4 import Int4PackLinear
 from localllm.kernels.quant.types import QuantType, block_geometry
 
-# Calls with at least this many rows leave the bf16 kernels for fp32 GEMM on row tiles
-# dequantized per call (Zen 3 has no bf16 dot product: bf16 GEMM is slower than fp32).
+# Calls with at least this many rows leave the bf16/fp16 kernels for fp32 GEMM on row tiles
+# decoded per call (Zen 3 has no half-precision dot product: half GEMM is slower than fp32).
 INT4_EXACT_FROM_T = 64  # int4pack: unpacking costs ~1.2 ms per 1M weights; measured crossover 48-64
-BF16_FP32_FROM_T = 8  # dense bf16: widening bf16 to fp32 is cheap
+HALF_FP32_FROM_T = 8  # dense fp16/bf16: widening to fp32 is cheap
 
 # CPU strategy per type; types not listed use "dequant_tiles" (exact, keeps the raw blocks).
 POLICY: MappingProxyType[QuantType, str] = MappingProxyType(
@@ -34,14 +35,15 @@ POLICY: MappingProxyType[QuantType, str] = MappingProxyType(
         QuantType.Q4_0: "int4pack",
         QuantType.Q4_1: "int4pack",
         QuantType.Q4_K: "int4pack",
-        QuantType.Q5_0: "dense_bf16",
-        QuantType.Q5_1: "dense_bf16",
-        QuantType.Q5_K: "dense_bf16",
-        QuantType.Q8_0: "dense_bf16",
-        QuantType.Q6_K: "dense_bf16",
+        QuantType.F16: "dense_f16",
+        QuantType.Q5_0: "dense_f16",
+        QuantType.Q5_1: "dense_f16",
+        QuantType.Q5_K: "dense_f16",
+        QuantType.Q8_0: "dense_f16",
+        QuantType.Q6_K: "dense_f16",
     }
 )
-STRATEGIES = ("int4pack", "dense_bf16", "dequant_tiles", "dense_f32")
+STRATEGIES = ("int4pack", "dense_f16", "dense_bf16", "dequant_tiles", "dense_f32")
 
 
 class PreparedLinear(Protocol):
@@ -60,7 +62,7 @@ def choose_strategy(qtype: QuantType, shape: tuple[int, int], device: torch.devi
         return "dequant_tiles"
     strategy = POLICY.get(qtype, "dequant_tiles")
     if strategy == "int4pack" and (shape[0] % 16 or shape[1] % 32):
-        return "dense_bf16"
+        return "dense_f16"
     return strategy
 
 
@@ -84,14 +86,15 @@ def prepare_linear(
     strategy = strategy or choose_strategy(qtype, shape, data.device)
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}; one of {STRATEGIES}")
-    if precise and strategy in ("dense_bf16",):
+    if precise and strategy in ("dense_f16", "dense_bf16"):
         strategy = "dense_f32" if qtype == QuantType.F32 else "dequant_tiles"
     if strategy == "int4pack":
         if qtype not in CODE_BITS:
             raise ValueError(f"{qtype.name} has no int4pack form")
         return Int4PackLinear(data, qtype, shape, exact_from_t=0 if precise else INT4_EXACT_FROM_T)
-    if strategy == "dense_bf16":
-        return DenseBf16Linear(data, qtype, shape, fp32_from_t=BF16_FP32_FROM_T)
+    if strategy in ("dense_f16", "dense_bf16"):
+        dtype = torch.float16 if strategy == "dense_f16" else torch.bfloat16
+        return DenseHalfLinear(data, qtype, shape, HALF_FP32_FROM_T, dtype)
     if strategy == "dense_f32":
         return Float32Linear(dequantize(data, qtype).reshape(shape))
     return DequantTilesLinear(data, qtype, shape)

@@ -5,7 +5,8 @@ Tolerances (relative Frobenius error of y against the fp32 reference):
   (only fp32 summation order differs);
 - bf16 paths (int4pack bf16 kernel; dense bf16 at any T, its weights are bf16): 1e-2; bf16
   keeps 8 significant bits of x and of the weights or scales, measured 1.5e-3 to 3e-3 on
-  gaussian data (tests/perf/RESULTS.md).
+  gaussian data (tests/perf/RESULTS.md);
+- fp16 paths (dense fp16 at any T): 2e-3; 11 significant bits, measured 2e-4 to 4e-4.
 """
 
 import zlib
@@ -24,7 +25,7 @@ from localllm.kernels.quant.linear import (
     quant_matmul_reference,
 )
 
-EXACT_TOL, BF16_TOL = 1e-5, 1e-2
+EXACT_TOL, F16_TOL, BF16_TOL = 1e-5, 2e-3, 1e-2
 GGUF_QUANTIZABLE = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "TQ1_0", "TQ2_0", "MXFP4", "BF16"}
 FAST_TYPES = ["Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q5_1", "Q5_K", "Q8_0", "Q6_K", "BF16", "F32"]
 
@@ -58,6 +59,8 @@ def expected_tol(prep, t: int, precise: bool) -> float:
         return EXACT_TOL
     if prep.kind == "dense_bf16":  # the weights themselves are rounded to bf16
         return BF16_TOL
+    if prep.kind == "dense_f16":
+        return F16_TOL
     if prep.kind.startswith("int4pack") and t < prep.exact_from_t:
         return BF16_TOL
     return EXACT_TOL
@@ -76,7 +79,9 @@ def test_default_policy_matches_reference(name, t, precise, make_blocks):
     assert err <= expected_tol(prep, t, precise), (prep.kind, err)
 
 
-@pytest.mark.parametrize("strategy", ["int4pack", "dense_bf16", "dequant_tiles", "dense_f32"])
+@pytest.mark.parametrize(
+    "strategy", ["int4pack", "dense_f16", "dense_bf16", "dequant_tiles", "dense_f32"]
+)
 @pytest.mark.parametrize("name", sorted(t.name for t in CODE_BITS))
 def test_every_strategy_on_integer_code_types(name, strategy, make_blocks):
     n, k = 48, 256
@@ -134,7 +139,7 @@ def test_tiles_and_leading_dims(make_blocks):
     data = weight("Q4_K", n, k, make_blocks)
     x = torch.randn(2, 3, k)
     ref = quant_matmul_reference(x.reshape(-1, k), data, QuantType.Q4_K, (n, k)).reshape(2, 3, n)
-    for strategy in ("int4pack", "dense_bf16", "dequant_tiles"):
+    for strategy in ("int4pack", "dense_f16", "dequant_tiles"):
         prep = prepare_linear(data, QuantType.Q4_K, (n, k), strategy=strategy, precise=True)
         y = prep.matmul(x)
         assert y.shape == (2, 3, n)
@@ -144,7 +149,7 @@ def test_tiles_and_leading_dims(make_blocks):
 def test_rows_not_a_multiple_of_16_fall_back(make_blocks):
     n, k = 24, 256
     data = weight("Q4_0", n, k, make_blocks)
-    assert choose_strategy(QuantType.Q4_0, (n, k), torch.device("cpu")) == "dense_bf16"
+    assert choose_strategy(QuantType.Q4_0, (n, k), torch.device("cpu")) == "dense_f16"
     prep = prepare_linear(data, QuantType.Q4_0, (n, k))
     x = torch.randn(3, k)
     assert rel_err(prep.matmul(x), quant_matmul_reference(x, data, QuantType.Q4_0, (n, k))) < 1e-2
@@ -153,12 +158,12 @@ def test_rows_not_a_multiple_of_16_fall_back(make_blocks):
 def test_memory_held_per_weight(make_blocks):
     n, k = 256, 512
     bytes_per_weight = {}
-    for name, strategy in [("Q4_K", "int4pack"), ("Q5_0", "int4pack"), ("Q8_0", "dense_bf16")]:
+    for name, strategy in [("Q4_K", "int4pack"), ("Q5_0", "int4pack"), ("Q8_0", "dense_f16")]:
         data = weight(name, n, k, make_blocks)
         prep = prepare_linear(data, QuantType[name], (n, k), strategy=strategy)
         bytes_per_weight[prep.kind] = prep.nbytes / (n * k)
     # packed codes 0.5 B/plane + bf16 scale/zero 0.125 B/plane + fp32 a, b 0.25 B
-    assert bytes_per_weight == {"int4pack1": 0.875, "int4pack2": 1.5, "dense_bf16": 2.0}
+    assert bytes_per_weight == {"int4pack1": 0.875, "int4pack2": 1.5, "dense_f16": 2.0}
 
 
 def test_bad_arguments(make_blocks):
@@ -191,6 +196,22 @@ def test_real_smollm2_weights(smollm2_path):
 def test_policy_per_device_and_type():
     cpu, gpu = torch.device("cpu"), torch.device("cuda")
     assert choose_strategy(QuantType.Q4_K, (640, 1024), cpu) == "int4pack"
-    assert choose_strategy(QuantType.Q6_K, (640, 2048), cpu) == "dense_bf16"
+    assert choose_strategy(QuantType.Q6_K, (640, 2048), cpu) == "dense_f16"
     assert choose_strategy(QuantType.IQ2_XS, (640, 2048), cpu) == "dequant_tiles"
     assert choose_strategy(QuantType.Q4_K, (640, 1024), gpu) == "dequant_tiles"
+
+
+def test_fp16_range_guards():
+    n, k = 32, 256
+    gen = torch.Generator().manual_seed(3)
+    big = (torch.randn(n, k, generator=gen) * 1e5).contiguous()  # beyond fp16's 65504
+    data = big.view(torch.uint8).reshape(n, -1)
+    prep = prepare_linear(data, QuantType.F32, (n, k), strategy="dense_f16")
+    assert prep.kind == "dense_bf16"  # the weights do not fit fp16, so bf16 was kept
+    # activations that would overflow fp16 inside the GEMV take the fp32 path instead
+    w = weight("Q8_0", n, k, None)
+    prep = prepare_linear(w, QuantType.Q8_0, (n, k), strategy="dense_f16")
+    assert prep.kind == "dense_f16"
+    x = torch.randn(1, k, generator=gen) * 1e5
+    y, ref = prep.matmul(x), quant_matmul_reference(x, w, QuantType.Q8_0, (n, k))
+    assert rel_err(y, ref) <= F16_TOL  # finite and close (rel_err checks finiteness)

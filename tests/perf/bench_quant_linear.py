@@ -28,7 +28,7 @@ from localllm.engine.gguf import open_gguf
 from localllm.kernels.quant import QuantType
 from localllm.kernels.quant.affine import CODE_BITS
 from localllm.kernels.quant.linear import (
-    BF16_FP32_FROM_T,
+    HALF_FP32_FROM_T,
     INT4_EXACT_FROM_T,
     choose_strategy,
     prepare_linear,
@@ -81,8 +81,9 @@ def paths_for(qtype: QuantType, n: int):
     if qtype in CODE_BITS:
         out += [("int4pack/bf16", "int4pack", "matmul_bf16", 1, 10**9)]
         out += [("int4pack/exact", "int4pack", "matmul_exact", 1, 10**9)]
-    out += [("bf16/gemv", "dense_bf16", "matmul_bf16", 1, 64)]
-    out += [("bf16/fp32tiles", "dense_bf16", "matmul_fp32_tiles", 1, 10**9)]
+    out += [("f16/gemv", "dense_f16", "matmul_half", 1, 64)]
+    out += [("f16/fp32tiles", "dense_f16", "matmul_fp32_tiles", 1, 10**9)]
+    out += [("bf16/gemv", "dense_bf16", "matmul_half", 1, 64)]
     out += [("dequant_tiles", "dequant_tiles", "matmul", 1, 10**9)]
     if n < HUGE_ROWS:
         out += [("dense_f32", "dense_f32", "matmul", 1, 10**9)]
@@ -94,8 +95,9 @@ def policy_label(qtype: QuantType, shape, t: int) -> str:
     strategy = choose_strategy(qtype, shape, torch.device("cpu"))
     if strategy == "int4pack":
         return "int4pack/exact" if t >= INT4_EXACT_FROM_T else "int4pack/bf16"
-    if strategy == "dense_bf16":
-        return "bf16/fp32tiles" if t >= BF16_FP32_FROM_T else "bf16/gemv"
+    if strategy in ("dense_f16", "dense_bf16"):
+        half = strategy.removeprefix("dense_")
+        return "f16/fp32tiles" if t >= HALF_FP32_FROM_T else f"{half}/gemv"
     return strategy
 
 

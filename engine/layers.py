@@ -48,12 +48,53 @@ class QuantLinear(nn.Module):
 
     @property
     def loaded(self) -> bool:
-        return self._prepared is not None
+        return self.weight is not None
+
+    def release_kernel(self) -> None:
+        """Drop the prepared kernel weight once a FusedLinear computes this layer."""
+        self._prepared = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self._prepared.matmul(x.reshape(-1, self.in_features))
         y = y.reshape(*x.shape[:-1], self.out_features)
         return y + self.bias if self.bias is not None else y
+
+
+class FusedLinear(nn.Module):
+    """Several QuantLinears that read the same input, run as one matmul over stacked rows.
+
+    The parts keep their QuantWeights (residency still sees every GGUF tensor); only the prepared
+    kernel weight is shared, so decode makes one kernel call instead of three (q/k/v) or two
+    (gate/up). Stacking raw ggml rows is exact: blocks never straddle rows.
+    """
+
+    def __init__(self, parts: list[QuantLinear]):
+        super().__init__()
+        w0 = parts[0].weight
+        self.sizes = [p.out_features for p in parts]
+        data = torch.cat([p.weight.data for p in parts])
+        shape = (sum(self.sizes), parts[0].in_features)
+        self._prepared = prepare_linear(data, w0.qtype, shape, precise=parts[0].precise)
+        biases = [p.bias if p.bias is not None else torch.zeros(p.out_features) for p in parts]
+        has_bias = any(p.bias is not None for p in parts)
+        self.bias = torch.cat(biases) if has_bias else None
+        self.in_features = parts[0].in_features
+        for p in parts:
+            p.release_kernel()
+
+    @staticmethod
+    def fusable(parts: list[QuantLinear]) -> bool:
+        """Same ggml type and input size (the stacked rows must form one valid tensor)."""
+        w = [p.weight for p in parts]
+        return all(x is not None and x.qtype == w[0].qtype for x in w) and all(
+            p.in_features == parts[0].in_features for p in parts
+        )
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        y = self._prepared.matmul(x.reshape(-1, self.in_features))
+        if self.bias is not None:
+            y = y + self.bias
+        return y.split(self.sizes, dim=-1)
 
 
 class QuantEmbedding(nn.Module):
@@ -93,7 +134,8 @@ class RMSNorm(nn.Module):
         self.loaded = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+        # One fused op instead of five: decode is dominated by per-op overhead on CPU.
+        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
 
 
 class GatedMLP(nn.Module):
@@ -105,11 +147,21 @@ class GatedMLP(nn.Module):
         self.ffn_up = QuantLinear(dim, hidden, precise)
         self.ffn_down = QuantLinear(hidden, dim, precise)
         self.act = act
+        self.gate_up: FusedLinear | None = None
+
+    def fuse(self) -> None:
+        """Run gate and up as one matmul when their encodings allow (call after loading)."""
+        parts = [self.ffn_gate, self.ffn_up]
+        if FusedLinear.fusable(parts):
+            self.gate_up = FusedLinear(parts)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        g = self.ffn_gate(x)
+        if self.gate_up is not None:
+            g, u = self.gate_up(x)
+        else:
+            g, u = self.ffn_gate(x), self.ffn_up(x)
         g = F.silu(g) if self.act == "silu" else F.gelu(g, approximate="tanh")
-        return self.ffn_down(g * self.ffn_up(x))
+        return self.ffn_down(g * u)
 
 
 def attention(
@@ -126,21 +178,24 @@ def attention(
 ) -> torch.Tensor:
     """Causal GQA attention over a dense cache; q [T, H, D], k/v [T, KV, D] -> [T, H, Dv].
 
-    Writes this step's k/v into the cache slot of each sequence first, then attends to the
-    sequence's whole context. `window` keeps only the last `window` keys (sliding window);
-    `softcap` squashes scores with cap * tanh(s / cap).
+    Writes this step's k/v into the cache slot of each sequence first (the new tokens are the
+    last ones of the sequence), then attends to its whole context. `window` keeps only the last
+    `window` keys (sliding window); `softcap` squashes scores with cap * tanh(s / cap).
     """
     kc, vc = kv.k[layer], kv.v[layer]
     out = q.new_empty(q.shape[0], q.shape[1], v.shape[-1])
     for b in range(batch.num_seqs):
         s, e = batch.query_start[b], batch.query_start[b + 1]
-        slot, n = batch.slots[b], batch.seq_lens[b]
-        pos = positions[s:e]
-        kc[slot, :, pos] = k[s:e].transpose(0, 1)
-        vc[slot, :, pos] = v[s:e].transpose(0, 1)
+        slot, n, t = batch.slots[b], batch.seq_lens[b], e - s
+        kc[slot, :, n - t : n] = k[s:e].transpose(0, 1)
+        vc[slot, :, n - t : n] = v[s:e].transpose(0, 1)
+        if t == 1:
+            lo = max(0, n - window) if window else 0
+            out[s] = _decode_one(q[s], kc[slot, :, lo:n], vc[slot, :, lo:n], scale, softcap)
+            continue
         qb = q[s:e].transpose(0, 1)  # [H, t, D]
         keys, vals = kc[slot, :, :n], vc[slot, :, :n]  # [KV, n, D]
-        mask = _mask(pos, n, window)
+        mask = _mask(positions[s:e], n, window)
         if softcap is None:
             o = F.scaled_dot_product_attention(
                 qb, keys, vals, attn_mask=mask, scale=scale, enable_gqa=True
@@ -157,11 +212,21 @@ def attention(
     return out
 
 
+def _decode_one(q, keys, vals, scale, softcap):
+    """One query token: q [H, D] over keys/vals [KV, n, D], query heads grouped per KV head.
+
+    Three batched matmuls instead of SDPA's GQA path, which repeats K/V for every query head.
+    """
+    kvh = keys.shape[0]
+    qg = q.view(kvh, -1, q.shape[-1])  # [KV, G, D]
+    scores = torch.bmm(qg, keys.transpose(1, 2)) * scale  # [KV, G, n]
+    if softcap is not None:
+        scores = softcap * torch.tanh(scores / softcap)
+    return torch.bmm(scores.softmax(-1), vals).view(q.shape[0], -1)
+
+
 def _mask(pos: torch.Tensor, n: int, window: int | None) -> torch.Tensor | None:
-    """Boolean [t, n] mask (True = attend); None when every query may see every key."""
-    t = pos.shape[0]
-    if t == 1 and (window is None or n <= window):
-        return None  # decode step: the last query sees the whole context
+    """Boolean [t, n] mask (True = attend)."""
     keys = torch.arange(n, device=pos.device)
     mask = keys[None, :] <= pos[:, None]
     if window is not None:

@@ -12,7 +12,14 @@ import torch
 from torch import nn
 
 from localllm.engine.batch import BatchMeta, KVCache
-from localllm.engine.layers import GatedMLP, QuantEmbedding, QuantLinear, RMSNorm, attention
+from localllm.engine.layers import (
+    FusedLinear,
+    GatedMLP,
+    QuantEmbedding,
+    QuantLinear,
+    RMSNorm,
+    attention,
+)
 from localllm.engine.models.common import arch_key, rope_scale
 from localllm.engine.rope import RopeConfig, Rotary
 
@@ -68,13 +75,24 @@ class Block(nn.Module):
         self.attn_output = QuantLinear(args.n_heads * hd, args.dim, precise)
         self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
         self.mlp = GatedMLP(args.dim, args.hidden_dim, "silu", precise)
+        self.qkv: FusedLinear | None = None
+
+    def fuse(self) -> None:
+        parts = [self.attn_q, self.attn_k, self.attn_v]
+        if FusedLinear.fusable(parts):
+            self.qkv = FusedLinear(parts)
+        self.mlp.fuse()
 
     def forward(self, x, positions, cos_sin, rotary, batch, kv, layer):
         a = self.args
         h = self.attn_norm(x)
-        q = self.attn_q(h).view(-1, a.n_heads, a.head_dim)
-        k = self.attn_k(h).view(-1, a.n_kv_heads, a.head_dim)
-        v = self.attn_v(h).view(-1, a.n_kv_heads, a.head_dim)
+        if self.qkv is not None:
+            q, k, v = self.qkv(h)
+        else:
+            q, k, v = self.attn_q(h), self.attn_k(h), self.attn_v(h)
+        q = q.reshape(-1, a.n_heads, a.head_dim)
+        k = k.reshape(-1, a.n_kv_heads, a.head_dim)
+        v = v.reshape(-1, a.n_kv_heads, a.head_dim)
         q, k = rotary.apply(q, *cos_sin), rotary.apply(k, *cos_sin)
         o = attention(q, k, v, positions, batch, kv, layer, scale=a.head_dim**-0.5)
         x = x + self.attn_output(o.reshape(-1, a.n_heads * a.head_dim))
@@ -106,6 +124,8 @@ class Model(nn.Module):
         a = self.args
         cfg = RopeConfig(a.rope_dims, a.rope_base, neox=False, linear_scale=a.rope_linear_scale)
         self.rotary = Rotary(cfg, extra.get("rope_freqs.weight"))
+        for blk in self.blk:
+            blk.fuse()
 
     def kv_shape(self) -> tuple[int, int, int]:
         """(layers, kv heads, head dim) for the runner's cache allocation."""

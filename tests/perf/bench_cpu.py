@@ -101,8 +101,10 @@ def main() -> None:
     for k in (f"pp{args.pp}", f"tg{args.tg}"):
         a, b = ll[k]["tok_s"]["median"], us[k]["tok_s"]["median"]
         print(f"{k}: llama.cpp {a:.1f} tok/s, localllm {b:.1f} tok/s, ratio {b / a:.2f}")
-    print(f"load: llama.cpp {ll['load_s']:.2f} s, localllm {us['load_s']:.2f} s; peak RSS "
-          f"llama.cpp {ll['peak_rss_mib']:.0f} MiB, localllm {us['peak_rss_mib']:.0f} MiB")
+    print(
+        f"load: llama.cpp {ll['load_s']:.2f} s, localllm {us['load_s']:.2f} s; peak RSS "
+        f"llama.cpp {ll['peak_rss_mib']:.0f} MiB, localllm {us['peak_rss_mib']:.0f} MiB"
+    )
 
 
 if __name__ == "__main__":

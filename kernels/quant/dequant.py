@@ -65,6 +65,10 @@ _BLOCK_FNS: MappingProxyType[QuantType, Callable[[torch.Tensor], torch.Tensor]] 
 DEQUANT_TYPES: frozenset[QuantType] = frozenset(_BLOCK_FNS)
 
 
+class UnsupportedQuantError(ValueError):
+    """A tensor uses a ggml type with no known decoding (e.g. Q8_1, Q8_K: llama.cpp-internal)."""
+
+
 def dequantize(data: torch.Tensor, qtype: QuantType) -> torch.Tensor:
     """uint8 [..., row_bytes] in ggml encoding -> float32 [..., row_elements].
 
@@ -73,7 +77,9 @@ def dequantize(data: torch.Tensor, qtype: QuantType) -> torch.Tensor:
     qtype = QuantType(qtype)
     fn = _BLOCK_FNS.get(qtype)
     if fn is None:
-        raise NotImplementedError(f"no dequant for ggml type {qtype.name}")
+        raise UnsupportedQuantError(
+            f"ggml type {qtype.name} has no dequantization (gguf-py cannot decode it either)"
+        )
     block, nbytes = block_geometry(qtype)
     lead = tuple(data.shape[:-1])
     if data.dim() == 0:

@@ -12,6 +12,7 @@ from gguf import GGMLQuantizationType as G
 from gguf import quants
 
 from localllm.kernels.quant import DEQUANT_TYPES, QuantType, block_geometry, dequantize
+from localllm.kernels.quant.dequant import UnsupportedQuantError
 
 ALL_TYPES = sorted(t.name for t in DEQUANT_TYPES)
 
@@ -82,7 +83,7 @@ def test_bad_input_is_rejected():
         dequantize(torch.zeros(2, 19, dtype=torch.uint8), QuantType.Q4_0)
     with pytest.raises(TypeError):
         dequantize(torch.zeros(2, 18, dtype=torch.int8), QuantType.Q4_0)
-    with pytest.raises(NotImplementedError):
+    with pytest.raises(UnsupportedQuantError):
         dequantize(torch.zeros(1, 40, dtype=torch.uint8), QuantType.Q8_1)
 
 

@@ -42,12 +42,13 @@ def ours(model: str, threads: int, reps: int, pp: int, tg: int) -> dict:
     assert len(ids) == pp, "text too short for the prompt length"
     pp_rates, tg_rates = [], []
     greedy = SamplingParams(temperature=0.0, max_tokens=tg, ignore_eos=True)
-    gen.score(ids[:64])  # warm-up, as llama-bench does: first-call allocations are not speed
+    one = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+    list(gen.stream(ids[:64], one))  # warm-up, as llama-bench does: first-call allocations
     list(gen.stream(ids[:16], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)))
     for _ in range(reps):
-        t = time.perf_counter()
-        gen.score(ids)  # computes logits for every position: slightly more than pp needs
-        pp_rates.append(pp / (time.perf_counter() - t))
+        # pp: prefill only (logits for the last position, as llama.cpp computes them)
+        list(gen.stream(ids, one))
+        pp_rates.append(pp / gen.last_stats.prefill_seconds)
         n = sum(1 for _ in gen.stream(ids[:16], greedy))
         tg_rates.append(n / gen.last_stats.decode_seconds)
     return {

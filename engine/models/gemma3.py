@@ -143,6 +143,8 @@ class Model(nn.Module):
         glob = RopeConfig(a.rope_dims, a.rope_base, neox=True, linear_scale=a.rope_linear_scale)
         self.rotary_global = Rotary(glob)
         self.rotary_local = Rotary(RopeConfig(a.rope_dims, a.rope_base_local, neox=True))
+        for blk in self.blk:
+            blk.mlp.fuse()  # gate and up share an encoding in real files: one matmul
 
     def kv_shape(self) -> tuple[int, int, int]:
         """(layers, kv heads, head dim) for the runner's cache allocation."""

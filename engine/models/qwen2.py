@@ -110,6 +110,8 @@ class Model(nn.Module):
         a = self.args
         cfg = RopeConfig(a.head_dim, a.rope_base, neox=True, linear_scale=a.rope_linear_scale)
         self.rotary = Rotary(cfg)
+        for blk in self.blk:
+            blk.mlp.fuse()
 
     def kv_shape(self) -> tuple[int, int, int]:
         """(layers, kv heads, head dim) for the runner's cache allocation."""

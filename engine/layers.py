@@ -90,11 +90,13 @@ class FusedLinear(nn.Module):
             p.in_features == parts[0].in_features for p in parts
         )
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def project(self, x: torch.Tensor) -> torch.Tensor:
+        """The stacked outputs [T, sum(sizes)], parts side by side in the order given."""
         y = self._prepared.matmul(x.reshape(-1, self.in_features))
-        if self.bias is not None:
-            y = y + self.bias
-        return y.split(self.sizes, dim=-1)
+        return y + self.bias if self.bias is not None else y
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return self.project(x).split(self.sizes, dim=-1)
 
 
 class QuantEmbedding(nn.Module):

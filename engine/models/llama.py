@@ -86,14 +86,17 @@ class Block(nn.Module):
     def forward(self, x, positions, cos_sin, rotary, batch, kv, layer):
         a = self.args
         h = self.attn_norm(x)
+        nq, nkv, hd = a.n_heads, a.n_kv_heads, a.head_dim
         if self.qkv is not None:
-            q, k, v = self.qkv(h)
+            # q and k sit side by side in the fused output: rotate them in one call.
+            y = self.qkv.project(h)
+            qk = rotary.apply(y[:, : (nq + nkv) * hd].reshape(-1, nq + nkv, hd), *cos_sin)
+            q, k = qk.split([nq, nkv], dim=1)
+            v = y[:, (nq + nkv) * hd :].reshape(-1, nkv, hd)
         else:
-            q, k, v = self.attn_q(h), self.attn_k(h), self.attn_v(h)
-        q = q.reshape(-1, a.n_heads, a.head_dim)
-        k = k.reshape(-1, a.n_kv_heads, a.head_dim)
-        v = v.reshape(-1, a.n_kv_heads, a.head_dim)
-        q, k = rotary.apply(q, *cos_sin), rotary.apply(k, *cos_sin)
+            q = rotary.apply(self.attn_q(h).reshape(-1, nq, hd), *cos_sin)
+            k = rotary.apply(self.attn_k(h).reshape(-1, nkv, hd), *cos_sin)
+            v = self.attn_v(h).reshape(-1, nkv, hd)
         o = attention(q, k, v, positions, batch, kv, layer, scale=a.head_dim**-0.5)
         x = x + self.attn_output(o.reshape(-1, a.n_heads * a.head_dim))
         return x + self.mlp(self.ffn_norm(x))

@@ -9,14 +9,15 @@ Optional final logit soft-capping. The GGUF norm weights already include Gemma's
 
 import math
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 from torch import nn
 
 from localllm.engine.batch import BatchMeta, KVCache
-from localllm.engine.layers import GatedMLP, QuantEmbedding, QuantLinear, RMSNorm, attention
+from localllm.engine.layers import GatedMLP, QuantLinear, RMSNorm, attention
 from localllm.engine.models.common import arch_key, rope_scale
+from localllm.engine.models.decoder import Decoder
 from localllm.engine.rope import RopeConfig, Rotary
 
 # llama.cpp: without `rope.freq_base_swa`, local layers keep the trained default of 10000.
@@ -116,39 +117,22 @@ class Block(nn.Module):
         return x + self.post_ffw_norm(self.mlp(self.ffn_norm(x)))
 
 
-class Model(nn.Module):
-    # GGUF names the MLP tensors at block level; our GatedMLP sits one module deeper.
-    tensor_aliases: ClassVar[dict[str, str]] = {
-        "ffn_gate": "mlp.ffn_gate",
-        "ffn_up": "mlp.ffn_up",
-        "ffn_down": "mlp.ffn_down",
-    }
-    optional_tensors = ("output.weight",)
-
+class Model(Decoder):
     def __init__(self, args: ModelArgs, precise: bool = False):
-        super().__init__()
-        self.args = args
-        self.token_embd = QuantEmbedding(args.vocab_size, args.dim)
-        self.blk = nn.ModuleList(Block(args, i, precise) for i in range(args.n_layers))
-        self.output_norm = RMSNorm(args.dim, args.norm_eps)
-        self.output = QuantLinear(args.dim, args.vocab_size, precise)
+        blocks = [Block(args, i, precise) for i in range(args.n_layers)]
+        super().__init__(args, blocks, precise)
         self.embed_scale = math.sqrt(args.dim)
         self.rotary_global = self.rotary_local = None
 
     def finish_load(self, extra: dict[str, torch.Tensor]) -> None:
         """Called by the loader after every tensor is in place."""
-        if not self.output.loaded:  # tied embeddings (every released Gemma 3)
-            self.output.load_tensor("weight", self.token_embd.weight)
+        self.tie_output()  # every released Gemma 3 ties its output to the embedding
         a = self.args
         glob = RopeConfig(a.rope_dims, a.rope_base, neox=True, linear_scale=a.rope_linear_scale)
         self.rotary_global = Rotary(glob)
         self.rotary_local = Rotary(RopeConfig(a.rope_dims, a.rope_base_local, neox=True))
         for blk in self.blk:
             blk.mlp.fuse()  # gate and up share an encoding in real files: one matmul
-
-    def kv_shape(self) -> tuple[int, int, int]:
-        """(layers, kv heads, head dim) for the runner's cache allocation."""
-        return self.args.n_layers, self.args.n_kv_heads, self.args.head_dim
 
     def forward(
         self, ids: torch.Tensor, positions: torch.Tensor, batch: BatchMeta, kv: KVCache

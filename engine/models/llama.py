@@ -6,21 +6,20 @@ tied output embedding when `output.weight` is absent.
 """
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 from torch import nn
 
-from localllm.engine.batch import BatchMeta, KVCache
 from localllm.engine.layers import (
     FusedLinear,
     GatedMLP,
-    QuantEmbedding,
     QuantLinear,
     RMSNorm,
     attention,
 )
 from localllm.engine.models.common import arch_key, rope_scale
+from localllm.engine.models.decoder import Decoder
 from localllm.engine.rope import RopeConfig, Rotary
 
 
@@ -102,47 +101,17 @@ class Block(nn.Module):
         return x + self.mlp(self.ffn_norm(x))
 
 
-class Model(nn.Module):
-    # GGUF names the MLP tensors at block level; our GatedMLP sits one module deeper.
-    tensor_aliases: ClassVar[dict[str, str]] = {
-        "ffn_gate": "mlp.ffn_gate",
-        "ffn_up": "mlp.ffn_up",
-        "ffn_down": "mlp.ffn_down",
-    }
+class Model(Decoder):
     optional_tensors = ("rope_freqs.weight", "output.weight")
 
     def __init__(self, args: ModelArgs, precise: bool = False):
-        super().__init__()
-        self.args = args
-        self.token_embd = QuantEmbedding(args.vocab_size, args.dim)
-        self.blk = nn.ModuleList(Block(args, precise) for _ in range(args.n_layers))
-        self.output_norm = RMSNorm(args.dim, args.norm_eps)
-        self.output = QuantLinear(args.dim, args.vocab_size, precise)
-        self.rotary = None
+        super().__init__(args, [Block(args, precise) for _ in range(args.n_layers)], precise)
 
     def finish_load(self, extra: dict[str, torch.Tensor]) -> None:
         """Called by the loader after every tensor is in place."""
-        if not self.output.loaded:  # tied embeddings
-            self.output.load_tensor("weight", self.token_embd.weight)
+        self.tie_output()
         a = self.args
         cfg = RopeConfig(a.rope_dims, a.rope_base, neox=False, linear_scale=a.rope_linear_scale)
         self.rotary = Rotary(cfg, extra.get("rope_freqs.weight"))
         for blk in self.blk:
             blk.fuse()
-
-    def kv_shape(self) -> tuple[int, int, int]:
-        """(layers, kv heads, head dim) for the runner's cache allocation."""
-        return self.args.n_layers, self.args.n_kv_heads, self.args.head_dim
-
-    def forward(
-        self, ids: torch.Tensor, positions: torch.Tensor, batch: BatchMeta, kv: KVCache
-    ) -> torch.Tensor:
-        """Hidden states [T, dim] after the final norm."""
-        x = self.token_embd(ids)
-        cos_sin = self.rotary.cos_sin(positions)
-        for i, blk in enumerate(self.blk):
-            x = blk(x, positions, cos_sin, self.rotary, batch, kv, i)
-        return self.output_norm(x)
-
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.output(hidden)

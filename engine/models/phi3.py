@@ -8,15 +8,15 @@ Sliding window: llama.cpp disables it for phi3 whatever the metadata says, and s
 """
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from localllm.engine.batch import BatchMeta, KVCache
-from localllm.engine.layers import QuantEmbedding, QuantLinear, RMSNorm, attention
+from localllm.engine.layers import QuantLinear, RMSNorm, attention
 from localllm.engine.models.common import arch_key, rope_scale
+from localllm.engine.models.decoder import Decoder
 from localllm.engine.rope import RopeConfig, Rotary
 
 ROPE_LONG, ROPE_SHORT = "rope_factors_long.weight", "rope_factors_short.weight"
@@ -92,22 +92,16 @@ class Block(nn.Module):
         return x + self.ffn_down(F.silu(gate) * up)
 
 
-class Model(nn.Module):
+class Model(Decoder):
+    tensor_aliases: ClassVar[dict[str, str]] = {}  # phi3's MLP tensors live on the block itself
     optional_tensors = ("output.weight", ROPE_LONG, ROPE_SHORT)
 
     def __init__(self, args: ModelArgs, precise: bool = False):
-        super().__init__()
-        self.args = args
-        self.token_embd = QuantEmbedding(args.vocab_size, args.dim)
-        self.blk = nn.ModuleList(Block(args, precise) for _ in range(args.n_layers))
-        self.output_norm = RMSNorm(args.dim, args.norm_eps)
-        self.output = QuantLinear(args.dim, args.vocab_size, precise)
-        self.rotary = None
+        super().__init__(args, [Block(args, precise) for _ in range(args.n_layers)], precise)
 
     def finish_load(self, extra: dict[str, torch.Tensor]) -> None:
         """Called by the loader after every tensor is in place."""
-        if not self.output.loaded:  # tied embeddings
-            self.output.load_tensor("weight", self.token_embd.weight)
+        self.tie_output()
         a = self.args
         # llama.cpp picks the long factors when the context exceeds the original one; with its
         # default context (the trained one) that is the model's context_length.
@@ -123,20 +117,3 @@ class Model(nn.Module):
             attn_factor=a.rope_attn_factor,
         )
         self.rotary = Rotary(cfg, factors)
-
-    def kv_shape(self) -> tuple[int, int, int]:
-        """(layers, kv heads, head dim) for the runner's cache allocation."""
-        return self.args.n_layers, self.args.n_kv_heads, self.args.head_dim
-
-    def forward(
-        self, ids: torch.Tensor, positions: torch.Tensor, batch: BatchMeta, kv: KVCache
-    ) -> torch.Tensor:
-        """Hidden states [T, dim] after the final norm."""
-        x = self.token_embd(ids)
-        cos_sin = self.rotary.cos_sin(positions)
-        for i, blk in enumerate(self.blk):
-            x = blk(x, positions, cos_sin, self.rotary, batch, kv, i)
-        return self.output_norm(x)
-
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.output(hidden)

@@ -1,0 +1,55 @@
+"""The skeleton every decoder family shares: embedding, a stack of blocks, final norm, output head.
+
+Families subclass `Decoder`, pass their blocks and set up rope in `finish_load`; everything
+architecture-specific stays in the family file.
+"""
+
+from typing import ClassVar
+
+import torch
+from torch import nn
+
+from localllm.engine.batch import BatchMeta, KVCache
+from localllm.engine.layers import QuantEmbedding, QuantLinear, RMSNorm
+from localllm.engine.rope import Rotary
+
+
+class Decoder(nn.Module):
+    # GGUF names the MLP tensors at block level; GatedMLP sits one module deeper.
+    tensor_aliases: ClassVar[dict[str, str]] = {
+        "ffn_gate": "mlp.ffn_gate",
+        "ffn_up": "mlp.ffn_up",
+        "ffn_down": "mlp.ffn_down",
+    }
+    optional_tensors: ClassVar[tuple[str, ...]] = ("output.weight",)
+
+    def __init__(self, args, blocks: list[nn.Module], precise: bool = False):
+        super().__init__()
+        self.args = args
+        self.token_embd = QuantEmbedding(args.vocab_size, args.dim)
+        self.blk = nn.ModuleList(blocks)
+        self.output_norm = RMSNorm(args.dim, args.norm_eps)
+        self.output = QuantLinear(args.dim, args.vocab_size, precise)
+        self.rotary: Rotary | None = None
+
+    def tie_output(self) -> None:
+        """Reuse the embedding table as the output head when the file has no `output.weight`."""
+        if not self.output.loaded:
+            self.output.load_tensor("weight", self.token_embd.weight)
+
+    def kv_shape(self) -> tuple[int, int, int]:
+        """(layers, kv heads, head dim) for the runner's cache allocation."""
+        return self.args.n_layers, self.args.n_kv_heads, self.args.head_dim
+
+    def forward(
+        self, ids: torch.Tensor, positions: torch.Tensor, batch: BatchMeta, kv: KVCache
+    ) -> torch.Tensor:
+        """Hidden states [T, dim] after the final norm."""
+        x = self.token_embd(ids)
+        cos_sin = self.rotary.cos_sin(positions)
+        for i, blk in enumerate(self.blk):
+            x = blk(x, positions, cos_sin, self.rotary, batch, kv, i)
+        return self.output_norm(x)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.output(hidden)

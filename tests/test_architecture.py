@@ -18,7 +18,7 @@ ALLOWED = {
 THIRD_PARTY = {
     "kernels": {"torch", "triton", "numpy"},
     "offload": {"torch", "numpy", "psutil"},
-    "engine": {"torch", "numpy", "gguf", "tokenizers", "jinja2"},
+    "engine": {"torch", "numpy", "gguf", "tokenizers", "jinja2", "llguidance"},
     "media": {"torch", "numpy", "soundfile", "soxr"},
     "app": {"torch", "numpy", "fastapi", "uvicorn", "textual", "huggingface_hub", "pydantic"},
 }

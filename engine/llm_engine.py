@@ -1,0 +1,228 @@
+"""The engine: requests in, one step at a time, outputs out (DESIGN §3).
+
+`step()` is the whole loop body: schedule -> run the model -> update the requests -> detokenize.
+It is synchronous and single-threaded on purpose; `AsyncEngine` runs it on the one thread that
+owns the device, `LLM` runs it inline.
+"""
+
+import itertools
+import logging
+import time
+from collections.abc import Iterable, Sequence
+
+from localllm.engine.config import EngineArgs, plan_kv
+from localllm.engine.core.kv_manager import KVCacheManager
+from localllm.engine.core.outputs import RequestOutput
+from localllm.engine.core.request import Request
+from localllm.engine.core.scheduler import Scheduler, SchedulerConfig
+from localllm.engine.gguf import open_gguf
+from localllm.engine.kv_cache import PagedKVCache
+from localllm.engine.loader import build_model
+from localllm.engine.ngram import NgramProposer
+from localllm.engine.output_processor import PromptGroup, RequestState
+from localllm.engine.runner import ModelRunner
+from localllm.engine.sampling_params import SamplingParams
+from localllm.engine.structured import GrammarCompiler
+from localllm.engine.tokenizer import Tokenizer
+from localllm.offload.memory import available_bytes
+
+log = logging.getLogger(__name__)
+
+
+class LLMEngine:
+    def __init__(self, model: str, args: EngineArgs | None = None):
+        args = args or EngineArgs()
+        self.args = args
+        t0 = time.perf_counter()
+        self.gguf = open_gguf(model)
+        try:
+            self.model = build_model(self.gguf, precise=args.precise)
+            self.tokenizer = Tokenizer.from_gguf_metadata(self.gguf.metadata)
+        except BaseException:
+            self.gguf.close()
+            raise
+        self.vocab_size = self.model.args.vocab_size
+        layers, kv_heads, head_dim = self.model.kv_shape()
+        dtype = "f32" if args.precise and args.kv_cache_dtype == "f16" else args.kv_cache_dtype
+        per_block = PagedKVCache.bytes_per_block(layers, args.block_size, kv_heads, head_dim, dtype)
+        plan = plan_kv(args, self.model.args.context_length, per_block, available_bytes())
+        self.kv_plan = plan
+        self.max_model_len = plan.max_model_len
+        self.kv_cache = PagedKVCache(
+            layers, plan.num_blocks, args.block_size, kv_heads, head_dim, dtype=dtype
+        )
+        self.kv_manager = KVCacheManager(
+            args.block_size, plan.num_blocks, enable_caching=args.enable_prefix_caching
+        )
+        config = SchedulerConfig(
+            max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            max_model_len=self.max_model_len,
+        )
+        self.scheduler = Scheduler(config, self.kv_manager)
+        self.runner = ModelRunner(self.model, self.kv_cache, self.kv_manager.get_block_ids)
+        self.proposer = (
+            NgramProposer(args.num_speculative_tokens, args.ngram_max, args.ngram_min)
+            if args.num_speculative_tokens
+            else None
+        )
+        self.grammars = GrammarCompiler(self.tokenizer, self.vocab_size)
+        self.groups: dict[str, PromptGroup] = {}
+        self.states: dict[str, RequestState] = {}  # child request id -> its text state
+        self.delta: dict[str, bool] = {}
+        self._ids = itertools.count()
+        self.load_seconds = time.perf_counter() - t0
+
+    # -- requests ---------------------------------------------------------------------------
+
+    def tokenize(self, prompt: str | Sequence[int]) -> list[int]:
+        if isinstance(prompt, str):
+            return self.tokenizer.encode(prompt, add_special=True, parse_special=True)
+        return list(prompt)
+
+    def add_request(
+        self,
+        request_id: str | None,
+        prompt: str | Sequence[int],
+        params: SamplingParams | None = None,
+        *,
+        cache_salt: str | None = None,
+        delta: bool = False,
+        arrival_time: float | None = None,
+    ) -> str:
+        """Queue a request; every check happens here, so a bad one fails before any decoding."""
+        params = params or SamplingParams()
+        request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
+        if request_id in self.groups:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        ids = self.tokenize(prompt)
+        self._validate(ids, params)
+        grammar = self.grammars.compile(params.structured) if params.structured else None
+        max_tokens = self.max_model_len - len(ids)
+        if params.max_tokens is not None:
+            max_tokens = min(max_tokens, params.max_tokens)
+        states = []
+        for i in range(params.n):
+            rid = request_id if params.n == 1 else f"{request_id}#{i}"
+            req = Request(
+                rid,
+                ids,
+                params,
+                eos_ids=frozenset(self.tokenizer.eog_ids),
+                max_tokens=max_tokens,
+                cache_salt=cache_salt,
+                index=i,
+                arrival_time=arrival_time,
+            )
+            if grammar is not None:
+                req.grammar = grammar.matcher()
+            if params.prompt_logprobs is not None:
+                req.prompt_logprobs = [None]
+            if i > 0:
+                req.fork_of = states[0].req
+            states.append(RequestState(req, self.tokenizer, request_id))
+        text = prompt if isinstance(prompt, str) else None
+        self.groups[request_id] = PromptGroup(request_id, text, states)
+        self.delta[request_id] = delta
+        for s in states:
+            self.states[s.req.request_id] = s
+            self.scheduler.add_request(s.req)
+        return request_id
+
+    def _validate(self, ids: list[int], params: SamplingParams) -> None:
+        if not ids:
+            raise ValueError("the prompt is empty (no tokens to condition on)")
+        if len(ids) >= self.max_model_len:
+            raise ValueError(
+                f"prompt of {len(ids)} tokens does not fit the context of {self.max_model_len} "
+                "(it needs room for at least one generated token)"
+            )
+        v = self.vocab_size
+        named = [
+            ("prompt", ids),
+            ("stop_token_ids", params.stop_token_ids),
+            ("allowed_token_ids", params.allowed_token_ids or ()),
+            ("banned_token_ids", params.banned_token_ids or ()),
+            ("logit_bias", list(params.logit_bias or ())),
+        ]
+        for name, values in named:
+            bad = [t for t in values if not 0 <= t < v]
+            if bad:
+                raise ValueError(f"{name} has token id {bad[0]} outside the vocabulary 0..{v - 1}")
+
+    def abort_request(self, request_ids: str | Iterable[str]) -> None:
+        if isinstance(request_ids, str):
+            request_ids = [request_ids]
+        for rid in request_ids:
+            group = self.groups.get(rid)
+            if group is None:
+                continue
+            for s in group.states:
+                self.scheduler.finish(s.req, "abort")
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.groups)
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        """One engine step; returns an output for every request that changed."""
+        sched = self.scheduler.schedule()
+        sampled = {}
+        if not sched.empty:
+            try:
+                result = self.runner.execute(sched)
+            except Exception as e:  # one bad step must not take the engine down
+                log.exception("engine step failed")
+                for req in sched.requests:
+                    req.error = f"{type(e).__name__}: {e}"
+                    self.scheduler.finish(req, "error")
+            else:
+                sampled = result.sampled
+                for rid, lps in result.prompt_logprobs.items():
+                    self.states[rid].req.prompt_logprobs.extend(lps)
+                ids = {rid: [t.token_id for t in toks] for rid, toks in sampled.items()}
+                self.scheduler.update_from_output(sched, ids)
+        now = time.monotonic()
+        changed: dict[str, set[int]] = {}
+        for rid, toks in sampled.items():
+            state = self.states.get(rid)
+            if state is None:
+                continue
+            req = state.req
+            if req.metrics.first_token_time is None:
+                req.metrics.first_token_time = now
+            req.metrics.last_token_time = now
+            req.metrics.num_generated = req.num_output_tokens
+            state.add_tokens(toks, lambda why, stop, r=req: self.scheduler.finish(r, why, stop))
+            changed.setdefault(state.group_id, set()).add(req.index)
+        self._propose()
+        return self._collect(changed)
+
+    def _propose(self) -> None:
+        if self.proposer is None:
+            return
+        for req in self.scheduler.running:
+            if req.grammar is not None or req.num_computed_tokens != req.num_tokens - 1:
+                continue
+            room = min(req.max_tokens - req.num_output_tokens, self.max_model_len - req.num_tokens)
+            req.spec_token_ids = self.proposer.propose(req.token_ids, limit=room - 1)
+
+    def _collect(self, changed: dict[str, set[int]]) -> list[RequestOutput]:
+        outputs = []
+        # Finished without new tokens this step (abort, error): report them too.
+        for gid, group in list(self.groups.items()):
+            if gid not in changed and not group.finished:
+                continue
+            outputs.append(group.output(self.delta[gid], changed.get(gid, set())))
+            if group.finished:
+                del self.groups[gid]
+                del self.delta[gid]
+                for s in group.states:
+                    self.states.pop(s.req.request_id, None)
+        return outputs
+
+    def close(self) -> None:
+        for gid in list(self.groups):
+            self.abort_request(gid)
+        self.gguf.close()

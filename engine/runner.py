@@ -1,0 +1,143 @@
+"""The model runner: turns a scheduled step into one forward pass over a flat token batch.
+
+It owns the device state (the model and the paged KV tensors), builds the batch metadata (block
+tables, slot mapping, query offsets), computes logits only for the rows that need them (the last
+known token of each request, draft tokens being verified, prompt-logprob positions) and samples.
+Draft verification is exact: a draft token is kept only if the target samples exactly it, and
+randomness is drawn one row at a time so a seeded request draws the same numbers with or without
+speculation.
+"""
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from localllm.engine.batch import BatchMeta
+from localllm.engine.core.outputs import PositionLogprobs
+from localllm.engine.core.request import Request
+from localllm.engine.core.scheduler import SchedulerOutput
+from localllm.engine.kv_cache import PagedKVCache
+from localllm.engine.sampler import SampledToken, Sampler, SamplingRow, prompt_logprobs
+
+
+@dataclass(slots=True)
+class RunnerOutput:
+    # request_id -> tokens accepted this step (empty when a prompt chunk did not reach its end)
+    sampled: dict[str, list[SampledToken]] = field(default_factory=dict)
+    # request_id -> logprobs of prompt positions computed this step
+    prompt_logprobs: dict[str, list[PositionLogprobs]] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class _Rows:
+    """Where each request's logits rows sit in the flat hidden states."""
+
+    sample: dict[str, list[int]] = field(default_factory=dict)
+    prompt: dict[str, tuple[list[int], list[int]]] = field(default_factory=dict)  # rows, targets
+
+
+class ModelRunner:
+    def __init__(self, model: nn.Module, kv: PagedKVCache, block_ids):
+        self.model = model
+        self.kv = kv
+        self.block_ids = block_ids  # request -> its block table (the KV manager's view)
+        self.sampler = Sampler()
+        self.device = torch.device("cpu")
+
+    @torch.inference_mode()
+    def execute(self, sched: SchedulerOutput) -> RunnerOutput:
+        ids, positions, rows, batch = self._prepare(sched)
+        hidden = self.model(ids, positions, batch, self.kv)
+        out = RunnerOutput()
+        wanted = [r for rs in rows.sample.values() for r in rs]
+        wanted += [r for rs, _ in rows.prompt.values() for r in rs]
+        if not wanted:
+            return out
+        logits = self.model.logits(hidden[torch.tensor(wanted)]).float()
+        offset = {r: i for i, r in enumerate(wanted)}
+        reqs = {r.request_id: r for r in sched.requests}
+        for rid, (prows, targets) in rows.prompt.items():
+            k = reqs[rid].params.prompt_logprobs
+            out.prompt_logprobs[rid] = prompt_logprobs(
+                logits[[offset[r] for r in prows]], targets, k
+            )
+        self._sample(sched, reqs, rows, logits, offset, out)
+        return out
+
+    def _prepare(self, sched: SchedulerOutput):
+        bs = self.kv.block_size
+        ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        query_start, seq_lens, tables = [0], [], []
+        rows = _Rows()
+        for req in sched.requests:
+            rid = req.request_id
+            n = sched.num_scheduled_tokens[rid]
+            start = req.num_computed_tokens
+            spec = sched.spec_tokens.get(rid, [])
+            toks = (req.token_ids + spec)[start : start + n]
+            table = self.block_ids(req)
+            base = len(ids)
+            ids += toks
+            positions += range(start, start + n)
+            slots += [table[p // bs] * bs + p % bs for p in range(start, start + n)]
+            query_start.append(len(ids))
+            seq_lens.append(start + n)
+            tables.append(tuple(table))
+            if start + n >= req.num_tokens:
+                # The last known token predicts the next one; each draft predicts the one after it.
+                first = base + (req.num_tokens - 1 - start)
+                rows.sample[rid] = list(range(first, base + n))
+            self._prompt_rows(req, start, n, base, rows)
+        batch = BatchMeta(
+            query_start=tuple(query_start),
+            seq_lens=tuple(seq_lens),
+            block_tables=tuple(tables),
+            slot_mapping=torch.tensor(slots, dtype=torch.long),
+            block_size=bs,
+        )
+        return torch.tensor(ids, dtype=torch.long), torch.tensor(positions), rows, batch
+
+    @staticmethod
+    def _prompt_rows(req: Request, start: int, n: int, base: int, rows: _Rows) -> None:
+        if req.params.prompt_logprobs is None:
+            return
+        # Position p predicts prompt token p + 1; positions already reported are skipped
+        # (a preempted request recomputes its prompt).
+        first = max(start, len(req.prompt_logprobs) - 1, 0)
+        last = min(start + n, req.num_prompt_tokens - 1)
+        if first >= last:
+            return
+        prow = [base + p - start for p in range(first, last)]
+        rows.prompt[req.request_id] = (prow, req.prompt_token_ids[first + 1 : last + 1])
+
+    def _sample(self, sched, reqs, rows: _Rows, logits, offset, out: RunnerOutput) -> None:
+        order = list(rows.sample)
+        if not order:
+            return
+        # First row of every request in one batched call, then drafts one row at a time.
+        first_rows = [self._row(reqs[rid], []) for rid in order]
+        first = self.sampler(logits[[offset[rows.sample[rid][0]] for rid in order]], first_rows)
+        for rid, tok in zip(order, first, strict=True):
+            req, accepted = reqs[rid], [tok]
+            spec = sched.spec_tokens.get(rid, [])
+            for j, draft in enumerate(spec):
+                if accepted[-1].token_id != draft:
+                    break
+                row = self._row(req, spec[: j + 1])
+                accepted += self.sampler(logits[[offset[rows.sample[rid][j + 1]]]], [row])
+            out.sampled[rid] = accepted
+
+    @staticmethod
+    def _row(req: Request, drafts: list[int]) -> SamplingRow:
+        allowed = req.grammar.allowed() if req.grammar is not None else None
+        return SamplingRow(
+            params=req.params,
+            rng=req.rng,
+            prompt_ids=req.prompt_token_ids,
+            output_ids=req.output_token_ids + drafts if drafts else req.output_token_ids,
+            eos_ids=req.eos_ids,
+            allowed=allowed,
+        )

@@ -23,7 +23,7 @@ from localllm.engine.output_processor import PromptGroup, RequestState
 from localllm.engine.runner import ModelRunner
 from localllm.engine.sampling_params import SamplingParams
 from localllm.engine.structured import GrammarCompiler
-from localllm.engine.tokenizer import Tokenizer
+from localllm.engine.tokenizer import ChatTemplate, Tokenizer
 from localllm.offload.memory import available_bytes
 
 log = logging.getLogger(__name__)
@@ -71,6 +71,7 @@ class LLMEngine:
         self.states: dict[str, RequestState] = {}  # child request id -> its text state
         self.delta: dict[str, bool] = {}
         self._ids = itertools.count()
+        self._chat_template: ChatTemplate | None = None
         self.load_seconds = time.perf_counter() - t0
 
     # -- requests ---------------------------------------------------------------------------
@@ -226,3 +227,21 @@ class LLMEngine:
         for gid in list(self.groups):
             self.abort_request(gid)
         self.gguf.close()
+
+    def chat_prompt(
+        self,
+        messages: Sequence[dict],
+        *,
+        add_generation_prompt: bool = True,
+        tools: Sequence[dict] | None = None,
+        **template_kwargs,
+    ) -> list[int]:
+        """Token ids of `messages` through the model's chat template (ChatML when it has none)."""
+        if self._chat_template is None:
+            self._chat_template = ChatTemplate.for_tokenizer(self.tokenizer)
+        t = self._chat_template
+        text = t.render(
+            messages, add_generation_prompt=add_generation_prompt, tools=tools, **template_kwargs
+        )
+        add_bos = not (t.bos_token and text.startswith(t.bos_token))
+        return self.tokenizer.encode(text, add_special=add_bos, parse_special=True)

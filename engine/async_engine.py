@@ -1,0 +1,215 @@
+"""`AsyncEngine`: one thread owns the engine (and the device); asyncio callers talk to it by queue.
+
+The server and the TUI never touch the model directly. `generate()` sends an "add" command and
+returns an async stream of deltas; leaving the stream early (a client disconnect, a cancelled task)
+aborts the request. `shutdown()` either lets in-flight requests finish or aborts them, then joins
+the thread.
+"""
+
+import asyncio
+import logging
+import queue
+import threading
+import uuid
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from localllm.engine.config import EngineArgs
+from localllm.engine.core.outputs import RequestOutput
+from localllm.engine.llm_engine import LLMEngine
+from localllm.engine.sampling_params import SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+class EngineDeadError(RuntimeError):
+    """The engine thread has stopped; no new requests are taken."""
+
+
+@dataclass(slots=True)
+class _Stream:
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue
+
+
+class AsyncEngine:
+    def __init__(self, engine: LLMEngine):
+        self.engine = engine
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._streams: dict[str, _Stream] = {}
+        self._lock = threading.Lock()
+        self._closing = False
+        self._thread = threading.Thread(target=self._loop, name="localllm-engine", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def from_model(cls, model: str, **engine_args: Any) -> "AsyncEngine":
+        return cls(LLMEngine(model, EngineArgs(**engine_args)))
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.max_model_len
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive() and not self._closing
+
+    # -- caller side (any event loop thread) -------------------------------------------------
+
+    async def generate(
+        self,
+        prompt: str | Sequence[int],
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+        *,
+        cache_salt: str | None = None,
+    ) -> AsyncIterator[RequestOutput]:
+        """Stream deltas (new text and ids per completion) until the request finishes.
+
+        A bad request raises here, before the first output; the engine keeps serving others.
+        """
+        if not self.alive:
+            raise EngineDeadError("the engine is shut down")
+        rid = request_id or uuid.uuid4().hex
+        loop = asyncio.get_running_loop()
+        stream = _Stream(loop, asyncio.Queue())
+        added: asyncio.Future = loop.create_future()
+        with self._lock:
+            if rid in self._streams:
+                raise ValueError(f"request id {rid!r} is already in use")
+            self._streams[rid] = stream
+        self._commands.put(("add", (rid, prompt, params, cache_salt), added))
+        finished = False
+        try:
+            await added  # raises the validation error, if any
+            while True:
+                item = await stream.queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                finished = item.finished
+                yield item
+                if finished:
+                    return
+        finally:
+            with self._lock:
+                self._streams.pop(rid, None)
+            if not finished:
+                self.abort(rid)
+
+    async def chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+        cache_salt: str | None = None,
+    ) -> AsyncIterator[RequestOutput]:
+        """`generate` on the conversation rendered with the model's chat template."""
+        ids = self.engine.chat_prompt(messages, tools=tools, **dict(chat_template_kwargs or {}))
+        async for out in self.generate(ids, params, request_id, cache_salt=cache_salt):
+            yield out
+
+    def abort(self, request_id: str) -> None:
+        self._commands.put(("abort", request_id, None))
+
+    def shutdown(self, abort: bool = True, timeout: float | None = 30.0) -> None:
+        """Stop the engine thread: abort in-flight requests, or (abort=False) let them finish."""
+        if not self._thread.is_alive():
+            return
+        self._closing = True
+        self._commands.put(("stop", abort, None))
+        self._thread.join(timeout)
+
+    # -- engine thread ------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        engine = self.engine
+        stopping = False
+        while True:
+            idle = not engine.has_unfinished_requests()
+            if stopping and idle:
+                break
+            try:
+                cmd = self._commands.get(block=idle)
+            except queue.Empty:
+                cmd = None
+            while cmd is not None:
+                stopping |= self._handle(cmd)
+                try:
+                    cmd = self._commands.get_nowait()
+                except queue.Empty:
+                    cmd = None
+            if not engine.has_unfinished_requests():
+                continue
+            try:
+                outputs = engine.step()
+            except Exception as e:  # a bug, not a bad request: fail everyone, keep running
+                log.exception("engine step crashed")
+                for rid in list(engine.groups):
+                    engine.abort_request(rid)
+                    self._deliver_error(rid, RuntimeError(f"engine step failed: {e}"))
+                engine.groups.clear()
+                continue
+            for out in outputs:
+                self._deliver(out.request_id, out)
+        self._fail_all(EngineDeadError("the engine is shut down"))
+
+    def _handle(self, cmd) -> bool:
+        kind, payload, fut = cmd
+        if kind == "add":
+            rid, prompt, params, salt = payload
+            try:
+                self.engine.add_request(rid, prompt, params, cache_salt=salt, delta=True)
+            except Exception as e:
+                self._resolve(rid, fut, e)
+            else:
+                self._resolve(rid, fut, None)
+        elif kind == "abort":
+            self.engine.abort_request(payload)
+        elif kind == "stop":
+            if payload:
+                self.engine.abort_request(list(self.engine.groups))
+            return True
+        return False
+
+    def _resolve(self, rid: str, fut: asyncio.Future, error: Exception | None) -> None:
+        stream = self._streams.get(rid)
+        if stream is None:
+            if error is None:
+                self.engine.abort_request(rid)  # the caller left before the add landed
+            return
+
+        def done():
+            if fut.done():
+                return
+            if error is None:
+                fut.set_result(None)
+            else:
+                fut.set_exception(error)
+
+        stream.loop.call_soon_threadsafe(done)
+
+    def _deliver(self, rid: str, item) -> None:
+        with self._lock:
+            stream = self._streams.get(rid)
+        if stream is not None:
+            try:
+                stream.loop.call_soon_threadsafe(stream.queue.put_nowait, item)
+            except RuntimeError:  # the caller's loop is closed
+                self.engine.abort_request(rid)
+
+    def _deliver_error(self, rid: str, error: BaseException) -> None:
+        self._deliver(rid, error)
+
+    def _fail_all(self, error: BaseException) -> None:
+        with self._lock:
+            rids = list(self._streams)
+        for rid in rids:
+            self._deliver(rid, error)

@@ -119,7 +119,9 @@ class Scheduler:
         if src.finished or src.status is not RequestStatus.RUNNING:
             req.fork_of = None  # the sibling is gone: compute the prompt itself
             return True
-        return src.num_computed_tokens >= src.num_prompt_tokens
+        # The blocks a fork shares (full ones, short of the last prompt token) must hold KV already.
+        shared = (req.num_prompt_tokens - 1) // self.kv.block_size * self.kv.block_size
+        return src.num_computed_tokens >= shared
 
     def _add_to_batch(self, out: SchedulerOutput, req: Request, n: int) -> None:
         out.requests.append(req)

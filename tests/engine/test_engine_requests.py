@@ -1,0 +1,153 @@
+"""Per-request controls through the whole engine on the real SmolLM2: seeds, stops, logprobs,
+min/max tokens, chat, usage and timings, and bad input that fails early and hurts no one."""
+
+import math
+
+import pytest
+
+from localllm.engine import LLM, SamplingParams
+from localllm.engine.structured import StructuredOutputError
+from tests.engine.engine_fixtures import PROMPTS, greedy, texts
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def llm(smollm2_path):
+    with LLM(str(smollm2_path), max_num_seqs=16) as llm:
+        yield llm
+
+
+def test_seeded_sampling_reproducible_across_runs_and_batches(llm):
+    p = SamplingParams(temperature=0.9, top_p=0.95, seed=1234, max_tokens=24, ignore_eos=True)
+    alone = texts(llm, [PROMPTS[1]], p)[0]
+    again = texts(llm, [PROMPTS[1]], p)[0]
+    mixed = [SamplingParams(temperature=1.0, seed=i, max_tokens=30) for i in range(7)]
+    in_batch = llm.generate([*PROMPTS[:7], PROMPTS[1]], [*mixed, p])[-1].outputs[0].text
+    assert alone == again == in_batch
+    other = texts(llm, [PROMPTS[1]], SamplingParams(**{**_fields(p), "seed": 99}))[0]
+    assert other != alone
+
+
+def _fields(p: SamplingParams) -> dict:
+    return {f: getattr(p, f) for f in p.__dataclass_fields__}
+
+
+def test_stop_string_split_across_tokens(llm):
+    full = texts(llm, [PROMPTS[0]], greedy(24))[0]
+    # A stop string that straddles two tokens of the greedy continuation.
+    words = full.split()
+    assert len(words) > 3
+    stop = words[2][-2:] + " " + words[3][:2]
+    assert stop in full
+    out = llm.generate([PROMPTS[0]], greedy(24, stop=[stop]))[0].outputs[0]
+    assert out.text == full[: full.index(stop)]
+    assert (out.finish_reason, out.stop_reason) == ("stop", stop)
+    out = llm.generate([PROMPTS[0]], greedy(24, stop=[stop], include_stop_str_in_output=True))
+    assert out[0].outputs[0].text == full[: full.index(stop) + len(stop)]
+
+
+def test_stop_token_ids_and_max_tokens(llm):
+    want = llm.generate([PROMPTS[2]], greedy(16))[0].outputs[0].token_ids
+    out = llm.generate([PROMPTS[2]], greedy(16, stop_token_ids=[want[5]]))[0].outputs[0]
+    first = want.index(want[5])
+    assert out.token_ids == want[: first + 1] and out.stop_reason == want[5]
+    out = llm.generate([PROMPTS[2]], greedy(5))[0].outputs[0]
+    assert out.token_ids == want[:5] and out.finish_reason == "length"
+
+
+def test_min_tokens_defers_eos(llm):
+    prompt = [{"role": "user", "content": "Say just the word yes."}]
+    short = llm.chat(prompt, SamplingParams(temperature=0, max_tokens=40))[0].outputs[0]
+    assert short.finish_reason == "stop"  # the model ends on its own
+    n = len(short.token_ids)
+    longer = llm.chat(prompt, SamplingParams(temperature=0, max_tokens=40, min_tokens=n + 5))
+    out = longer[0].outputs[0]
+    assert len(out.token_ids) >= n + 5
+    assert not (set(out.token_ids[: n + 5]) & set(llm.tokenizer.eog_ids))
+
+
+def test_logprobs_agree_with_prompt_logprobs(llm):
+    out = llm.generate([PROMPTS[6]], greedy(8, logprobs=3))[0]
+    comp = out.outputs[0]
+    assert len(comp.logprobs) == 8
+    for tok, pos in zip(comp.token_ids, comp.logprobs, strict=True):
+        assert pos[tok].rank == 1  # greedy picks the most likely token
+        assert len(pos) == 3
+    # Scoring prompt + output as a prompt gives the same numbers.
+    ids = out.prompt_token_ids + comp.token_ids
+    scored = llm.generate([ids], greedy(1, prompt_logprobs=1))[0].prompt_logprobs
+    assert scored[0] is None and len(scored) == len(ids)
+    n = len(out.prompt_token_ids)
+    for i, tok in enumerate(comp.token_ids):
+        a, b = comp.logprobs[i][tok].logprob, scored[n + i][tok].logprob
+        assert math.isclose(a, b, abs_tol=2e-3), (i, a, b)
+    assert comp.cumulative_logprob == pytest.approx(
+        sum(p[t].logprob for t, p in zip(comp.token_ids, comp.logprobs, strict=True))
+    )
+
+
+def test_usage_and_timings(llm):
+    out = llm.generate([PROMPTS[3]], greedy(6))[0]
+    assert out.usage.prompt_tokens == len(out.prompt_token_ids)
+    assert out.usage.completion_tokens == 6
+    m = out.metrics
+    assert 0 <= m.queue_time <= m.ttft <= m.e2e and m.tpot > 0
+
+
+def test_chat_applies_template(llm):
+    msgs = [{"role": "user", "content": "What is 2+2?"}]
+    out = llm.chat(msgs, SamplingParams(temperature=0, max_tokens=12))[0]
+    prompt = llm.tokenizer.decode(out.prompt_token_ids)
+    assert "<|im_start|>user" in prompt and prompt.rstrip().endswith("<|im_start|>assistant")
+    assert "4" in out.outputs[0].text
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"temperature": -1},
+        {"top_p": 1.5},
+        {"top_p": 0},
+        {"n": 0},
+        {"min_p": 2},
+        {"typical_p": 0},
+        {"max_tokens": 0},
+        {"min_tokens": 5, "max_tokens": 2},
+        {"logprobs": 50},
+        {"presence_penalty": 3},
+        {"repetition_penalty": 0},
+        {"stop": [""]},
+        {"allowed_token_ids": []},
+    ],
+)
+def test_invalid_sampling_values(kw):
+    with pytest.raises(ValueError):
+        SamplingParams(**kw)
+
+
+def test_bad_requests_fail_early_and_others_keep_going(llm):
+    eng = llm.engine
+    ok = eng.add_request("ok", PROMPTS[0], greedy(6))
+    with pytest.raises(ValueError, match="does not fit the context"):
+        eng.add_request("long", list(range(5, 5 + eng.max_model_len)), greedy(4))
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        eng.add_request("oov", PROMPTS[0], greedy(4, logit_bias={10**7: 1.0}))
+    with pytest.raises(ValueError, match="empty"):
+        eng.add_request("empty", [], greedy(4))
+    impossible = {"type": "string", "minLength": 5, "maxLength": 2}
+    with pytest.raises(StructuredOutputError):
+        eng.add_request("g", PROMPTS[0], greedy(4, structured=_json(impossible)))
+    with pytest.raises(ValueError, match="already in use"):
+        eng.add_request("ok", PROMPTS[0], greedy(4))
+    done = []
+    while eng.has_unfinished_requests():
+        done += [o for o in eng.step() if o.finished]
+    assert [o.request_id for o in done] == [ok]
+    assert len(done[0].outputs[0].token_ids) == 6
+
+
+def _json(schema):
+    from localllm.engine.sampling_params import StructuredOutputParams
+
+    return StructuredOutputParams(json=schema)

@@ -59,7 +59,7 @@ def test_leaving_the_stream_aborts(engine):
         assert "leaver" not in engine.engine.groups
         return await _collect(engine, PROMPTS[0], greedy(4))
 
-    text, ids, last = asyncio.run(main())
+    _text, ids, last = asyncio.run(main())
     assert len(ids) == 4 and last.finished
 
 
@@ -76,7 +76,7 @@ def test_abort_by_id_and_bad_request_alone(engine):
             await _collect(engine, list(range(3, 3 + engine.max_model_len)), greedy(2))
         return await task, await good
 
-    (vtext, vids, vlast), (gtext, gids, glast) = asyncio.run(main())
+    (_vtext, vids, vlast), (_gtext, gids, glast) = asyncio.run(main())
     assert vlast.finished and vlast.outputs[-1].finish_reason == "abort" and len(vids) < 400
     assert len(gids) == 8 and glast.outputs[-1].finish_reason == "length"
 
@@ -93,7 +93,7 @@ def test_shutdown_lets_work_finish_or_aborts(smollm2_path):
             await _collect(eng, PROMPTS[0], greedy(2))
         return result
 
-    text, ids, last = asyncio.run(main())
+    _text, ids, last = asyncio.run(main())
     assert len(ids) == 10 and last.outputs[-1].finish_reason == "length"
 
     eng2 = AsyncEngine.from_model(str(smollm2_path))
@@ -110,5 +110,5 @@ def test_shutdown_lets_work_finish_or_aborts(smollm2_path):
 
 def test_sampling_params_default(engine):
     # vLLM's defaults: temperature 1, max_tokens 16
-    _, ids, last = asyncio.run(_collect(engine, PROMPTS[0], SamplingParams(ignore_eos=True)))
+    _, ids, _last = asyncio.run(_collect(engine, PROMPTS[0], SamplingParams(ignore_eos=True)))
     assert len(ids) == 16

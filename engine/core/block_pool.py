@@ -119,7 +119,7 @@ class BlockPool:
         return out
 
     def get_cached_block(self, h: BlockHash) -> KVBlock | None:
-        return self.cached.get(h) if self.enable_caching else None
+        return self.cached.get(h)  # always empty with caching off: cache_block is a no-op
 
     def touch(self, blocks: Iterable[KVBlock]) -> None:
         for block in blocks:

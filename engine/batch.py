@@ -1,58 +1,72 @@
-"""Batch metadata and the dense KV cache that model forwards receive explicitly.
+"""Batch metadata that model forwards receive explicitly: flat tokens laid over the KV pages.
 
 Tokens of all sequences in a step are laid out flat ([T]); `BatchMeta` says which slice belongs to
-which sequence, which KV-cache slot it uses and how long the sequence is after the step. Model files
-never allocate caches: the runner (here `Generator`) owns `KVCache` and passes it in.
+which sequence, which blocks of the paged KV cache hold its context, in which cache slot each new
+token's k/v goes and how long each sequence is after the step. The new tokens of a sequence are its
+last ones. Model files never allocate caches: the runner owns the `PagedKVCache` and passes it in.
 """
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class BatchMeta:
     """Per-step layout of a flat token batch (host-side ints: the CPU path loops over sequences)."""
 
     query_start: tuple[int, ...]  # B+1 offsets into the flat token axis
-    slots: tuple[int, ...]  # KV-cache row of each sequence
-    seq_lens: tuple[int, ...]  # tokens in each sequence's context after this step
+    seq_lens: tuple[int, ...]  # each sequence's context length after this step
+    block_tables: tuple[tuple[int, ...], ...]  # each sequence's KV block ids, in order
+    slot_mapping: torch.Tensor  # [T] int64: block_id * block_size + offset of each new token
+    block_size: int
+
+    def __post_init__(self) -> None:
+        b = len(self.seq_lens)
+        if len(self.query_start) != b + 1 or len(self.block_tables) != b:
+            raise ValueError("query_start needs B+1 offsets and block_tables B tables")
+        if self.slot_mapping.shape != (self.query_start[-1],):
+            raise ValueError(
+                f"slot_mapping has shape {tuple(self.slot_mapping.shape)}, "
+                f"expected ({self.query_start[-1]},)"
+            )
+        for i, (n, table) in enumerate(zip(self.seq_lens, self.block_tables, strict=True)):
+            if len(table) * self.block_size < n:
+                raise ValueError(f"sequence {i}: {len(table)} blocks cannot hold {n} tokens")
 
     @property
     def num_seqs(self) -> int:
-        return len(self.slots)
+        return len(self.seq_lens)
 
     @staticmethod
-    def single(num_new: int, seq_len: int, slot: int = 0) -> "BatchMeta":
-        """One sequence that appends `num_new` tokens, reaching `seq_len` tokens in context."""
-        return BatchMeta(query_start=(0, num_new), slots=(slot,), seq_lens=(seq_len,))
+    def contiguous(
+        num_new: int, seq_len: int, block_size: int, first_block: int = 0
+    ) -> "BatchMeta":
+        """One sequence whose blocks are first_block, first_block+1, ..., appending `num_new`
+        tokens to reach `seq_len` in context."""
+        table = tuple(range(first_block, first_block - (-seq_len // block_size)))
+        base = first_block * block_size
+        slots = torch.arange(base + seq_len - num_new, base + seq_len)
+        return BatchMeta((0, num_new), (seq_len,), (table,), slots, block_size)
 
-
-class KVCache:
-    """Dense per-layer K/V tensors shaped [slots, kv_heads, max_len, head_dim]."""
-
-    def __init__(
-        self,
-        num_layers: int,
-        num_slots: int,
-        num_kv_heads: int,
-        max_len: int,
-        head_dim: int,
-        dtype: torch.dtype = torch.float32,
-        device: torch.device | str = "cpu",
-        v_head_dim: int | None = None,
-    ):
-        vd = v_head_dim or head_dim
-        self.max_len = max_len
-        self.k = [
-            torch.zeros(num_slots, num_kv_heads, max_len, head_dim, dtype=dtype, device=device)
-            for _ in range(num_layers)
-        ]
-        self.v = [
-            torch.zeros(num_slots, num_kv_heads, max_len, vd, dtype=dtype, device=device)
-            for _ in range(num_layers)
-        ]
-
-    @property
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (*self.k, *self.v))
+    @staticmethod
+    def from_tables(
+        num_new: Sequence[int],
+        seq_lens: Sequence[int],
+        block_tables: Sequence[Sequence[int]],
+        block_size: int,
+    ) -> "BatchMeta":
+        """Several sequences: sequence b appends num_new[b] tokens to reach seq_lens[b]; the slot
+        mapping follows from its block table."""
+        starts, slots = [0], []
+        for t, n, table in zip(num_new, seq_lens, block_tables, strict=True):
+            starts.append(starts[-1] + t)
+            slots += [table[p // block_size] * block_size + p % block_size for p in range(n - t, n)]
+        return BatchMeta(
+            tuple(starts),
+            tuple(seq_lens),
+            tuple(tuple(t) for t in block_tables),
+            torch.tensor(slots, dtype=torch.long),
+            block_size,
+        )

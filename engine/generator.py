@@ -1,8 +1,8 @@
-"""One-request text generation over a dense KV cache: load a GGUF, prefill, decode, stream ids.
+"""One-request text generation over a paged KV cache: load a GGUF, prefill, decode, stream ids.
 
-This is the Foundation runner: it owns the KV cache and the model and runs on the CPU. The paged,
-batched engine of DESIGN §3 replaces its loop; the model interface (`ids, positions, batch, kv`)
-already has that engine's shape.
+This is the Foundation runner: it owns the KV cache (one sequence, one contiguous block table) and
+the model and runs on the CPU. The batched engine of DESIGN §3 replaces its loop; the model
+interface (`ids, positions, batch, kv`) already has that engine's shape.
 """
 
 import time
@@ -12,13 +12,15 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from localllm.engine.batch import BatchMeta, KVCache
+from localllm.engine.batch import BatchMeta
 from localllm.engine.gguf import GGUFModel, open_gguf
+from localllm.engine.kv_cache import PagedKVCache
 from localllm.engine.loader import build_model
 from localllm.engine.sampling import Sampler, SamplingParams
 from localllm.engine.tokenizer import Tokenizer
 
 PREFILL_CHUNK = 512  # tokens per prefill forward: bounds activation memory on long prompts
+KV_BLOCK = 16  # tokens per KV block; one sequence's blocks are consecutive, read as a view
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,18 +37,26 @@ class Generator:
     """A loaded model plus tokenizer that generates for one sequence at a time."""
 
     def __init__(
-        self, gguf: GGUFModel, model: nn.Module, tokenizer: Tokenizer, load_seconds: float
+        self,
+        gguf: GGUFModel,
+        model: nn.Module,
+        tokenizer: Tokenizer,
+        load_seconds: float,
+        kv_dtype: str = "f32",
     ):
         self.gguf, self.model, self.tokenizer = gguf, model, tokenizer
         self.load_seconds = load_seconds
+        # f32 by default: the greedy goldens and accuracy figures were recorded with f32 KV.
+        self.kv_dtype = kv_dtype
         self.context_length = model.args.context_length
         self.last_stats: GenerationStats | None = None
 
     @classmethod
-    def load(cls, path: str, precise: bool = False) -> "Generator":
+    def load(cls, path: str, precise: bool = False, kv_dtype: str = "f32") -> "Generator":
         """Open `path` (a .gguf, or any shard of a split model) and build model and tokenizer.
 
-        `precise=True` keeps every matmul in float32 (the reference path used by tests).
+        `precise=True` keeps every matmul in float32 (the reference path used by tests);
+        `kv_dtype` is the KV cache format ("f32", "f16", "bf16", "q8_0", "fp8").
         """
         t0 = time.perf_counter()
         gguf = open_gguf(path)
@@ -56,20 +66,21 @@ class Generator:
         except BaseException:
             gguf.close()
             raise
-        return cls(gguf, model, tokenizer, time.perf_counter() - t0)
+        return cls(gguf, model, tokenizer, time.perf_counter() - t0, kv_dtype)
 
     def close(self) -> None:
         self.gguf.close()
 
-    def _cache(self, max_len: int) -> KVCache:
+    def _cache(self, max_len: int) -> PagedKVCache:
         layers, kv_heads, head_dim = self.model.kv_shape()
-        return KVCache(layers, 1, kv_heads, max_len, head_dim)
+        blocks = -(-max_len // KV_BLOCK)
+        return PagedKVCache(layers, blocks, KV_BLOCK, kv_heads, head_dim, dtype=self.kv_dtype)
 
-    def _forward(self, ids: Sequence[int], start: int, kv: KVCache) -> torch.Tensor:
-        """Hidden states for `ids` placed at positions start.. in slot 0."""
+    def _forward(self, ids: Sequence[int], start: int, kv: PagedKVCache) -> torch.Tensor:
+        """Hidden states for `ids` placed at positions start.. of the one sequence (blocks 0..)."""
         t = len(ids)
         positions = torch.arange(start, start + t)
-        batch = BatchMeta.single(t, start + t)
+        batch = BatchMeta.contiguous(t, start + t, KV_BLOCK)
         return self.model(torch.tensor(ids, dtype=torch.long), positions, batch, kv)
 
     def score(self, ids: Sequence[int]) -> torch.Tensor:

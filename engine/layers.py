@@ -5,13 +5,12 @@ Weights arrive as `QuantWeight`s and stay in their ggml encoding; every loadable
 Per-architecture knowledge stays in the model files, never here.
 """
 
-import math
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from localllm.engine.batch import BatchMeta, KVCache
+from localllm.engine.batch import BatchMeta
+from localllm.engine.kv_cache import PagedKVCache
 from localllm.kernels.quant.dequant import dequantize
 from localllm.kernels.quant.linear import prepare_linear
 from localllm.offload import QuantWeight
@@ -172,65 +171,18 @@ def attention(
     v: torch.Tensor,
     positions: torch.Tensor,
     batch: BatchMeta,
-    kv: KVCache,
+    kv: PagedKVCache,
     layer: int,
     scale: float,
     window: int | None = None,
     softcap: float | None = None,
 ) -> torch.Tensor:
-    """Causal GQA attention over a dense cache; q [T, H, D], k/v [T, KV, D] -> [T, H, Dv].
+    """Causal GQA attention over the paged cache; q [T, H, D], k/v [T, KV, D] -> [T, H, Dv].
 
-    Writes this step's k/v into the cache slot of each sequence first (the new tokens are the
-    last ones of the sequence), then attends to its whole context. `window` keeps only the last
-    `window` keys (sliding window); `softcap` squashes scores with cap * tanh(s / cap).
+    Writes this step's k/v at the batch's slots first, then each sequence attends to its whole
+    context (its new tokens are its last ones, so `positions` is implied by `batch.seq_lens`).
+    `window` keeps only the last `window` keys (sliding window); `softcap` squashes scores with
+    cap * tanh(s / cap).
     """
-    kc, vc = kv.k[layer], kv.v[layer]
-    out = q.new_empty(q.shape[0], q.shape[1], v.shape[-1])
-    for b in range(batch.num_seqs):
-        s, e = batch.query_start[b], batch.query_start[b + 1]
-        slot, n, t = batch.slots[b], batch.seq_lens[b], e - s
-        kc[slot, :, n - t : n] = k[s:e].transpose(0, 1)
-        vc[slot, :, n - t : n] = v[s:e].transpose(0, 1)
-        if t == 1:
-            lo = max(0, n - window) if window else 0
-            out[s] = _decode_one(q[s], kc[slot, :, lo:n], vc[slot, :, lo:n], scale, softcap)
-            continue
-        qb = q[s:e].transpose(0, 1)  # [H, t, D]
-        keys, vals = kc[slot, :, :n], vc[slot, :, :n]  # [KV, n, D]
-        mask = _mask(positions[s:e], n, window)
-        if softcap is None:
-            o = F.scaled_dot_product_attention(
-                qb, keys, vals, attn_mask=mask, scale=scale, enable_gqa=True
-            )
-        else:
-            group = qb.shape[0] // keys.shape[0]
-            keys, vals = keys.repeat_interleave(group, 0), vals.repeat_interleave(group, 0)
-            scores = (qb @ keys.transpose(-1, -2)) * scale
-            scores = softcap * torch.tanh(scores / softcap)
-            if mask is not None:
-                scores = scores.masked_fill(~mask, -math.inf)
-            o = scores.softmax(-1) @ vals
-        out[s:e] = o.transpose(0, 1)
-    return out
-
-
-def _decode_one(q, keys, vals, scale, softcap):
-    """One query token: q [H, D] over keys/vals [KV, n, D], query heads grouped per KV head.
-
-    Three batched matmuls instead of SDPA's GQA path, which repeats K/V for every query head.
-    """
-    kvh = keys.shape[0]
-    qg = q.view(kvh, -1, q.shape[-1])  # [KV, G, D]
-    scores = torch.bmm(qg, keys.transpose(1, 2)) * scale  # [KV, G, n]
-    if softcap is not None:
-        scores = softcap * torch.tanh(scores / softcap)
-    return torch.bmm(scores.softmax(-1), vals).view(q.shape[0], -1)
-
-
-def _mask(pos: torch.Tensor, n: int, window: int | None) -> torch.Tensor | None:
-    """Boolean [t, n] mask (True = attend)."""
-    keys = torch.arange(n, device=pos.device)
-    mask = keys[None, :] <= pos[:, None]
-    if window is not None:
-        mask &= keys[None, :] > pos[:, None] - window
-    return mask
+    kv.write(layer, k, v, batch.slot_mapping)
+    return kv.attend(layer, q, batch, scale, window, softcap)

@@ -9,7 +9,8 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from localllm.engine.batch import BatchMeta, KVCache
+from localllm.engine.batch import BatchMeta
+from localllm.engine.kv_cache import PagedKVCache
 from localllm.engine.layers import QuantEmbedding, QuantLinear, RMSNorm
 from localllm.engine.rope import Rotary
 
@@ -42,7 +43,7 @@ class Decoder(nn.Module):
         return self.args.n_layers, self.args.n_kv_heads, self.args.head_dim
 
     def forward(
-        self, ids: torch.Tensor, positions: torch.Tensor, batch: BatchMeta, kv: KVCache
+        self, ids: torch.Tensor, positions: torch.Tensor, batch: BatchMeta, kv: PagedKVCache
     ) -> torch.Tensor:
         """Hidden states [T, dim] after the final norm."""
         x = self.token_embd(ids)

@@ -14,7 +14,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from localllm.engine.batch import BatchMeta, KVCache
+from localllm.engine.batch import BatchMeta
+from localllm.engine.kv_cache import PagedKVCache
 from localllm.engine.layers import GatedMLP, QuantLinear, RMSNorm, attention
 from localllm.engine.models.common import arch_key, rope_scale
 from localllm.engine.models.decoder import Decoder
@@ -135,7 +136,7 @@ class Model(Decoder):
             blk.mlp.fuse()  # gate and up share an encoding in real files: one matmul
 
     def forward(
-        self, ids: torch.Tensor, positions: torch.Tensor, batch: BatchMeta, kv: KVCache
+        self, ids: torch.Tensor, positions: torch.Tensor, batch: BatchMeta, kv: PagedKVCache
     ) -> torch.Tensor:
         """Hidden states [T, dim] after the final norm."""
         x = self.token_embd(ids) * self.embed_scale

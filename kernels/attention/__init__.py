@@ -1,1 +1,30 @@
 """Attention over a paged KV cache: plain-torch reference ops (triton variants plug in on GPU)."""
+
+from localllm.kernels.attention.kv_quant import (
+    KV_DTYPES,
+    decode_kv,
+    dequantize_fp8,
+    dequantize_q8_0,
+    encode_kv,
+    q8_group,
+    quantize_fp8,
+    quantize_q8_0,
+    scale_shape,
+    vector_nbytes,
+)
+from localllm.kernels.attention.paged import paged_attention, write_paged
+
+__all__ = [
+    "KV_DTYPES",
+    "decode_kv",
+    "dequantize_fp8",
+    "dequantize_q8_0",
+    "encode_kv",
+    "paged_attention",
+    "q8_group",
+    "quantize_fp8",
+    "quantize_q8_0",
+    "scale_shape",
+    "vector_nbytes",
+    "write_paged",
+]

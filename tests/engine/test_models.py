@@ -11,9 +11,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from localllm.engine.batch import BatchMeta, KVCache
+from localllm.engine.batch import BatchMeta
 from localllm.engine.generator import Generator
 from localllm.engine.gguf import open_gguf
+from localllm.engine.kv_cache import PagedKVCache
 from localllm.engine.loader import ModelLoadError, build_model
 from localllm.engine.sampling import SamplingParams
 from tests.engine.tiny_models import SPECS, TinySpec, longrope_factors, write_tiny_gguf
@@ -107,16 +108,23 @@ def tokens(n: int, seed: int = 1, vocab: int = 256) -> list[int]:
     return torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
-def new_cache(model, slots: int, max_len: int) -> KVCache:
+BLOCK = 4  # small blocks: a 40-token sequence spans many, some of them partly filled
+
+
+def new_cache(model, num_blocks: int, dtype: str = "f32") -> PagedKVCache:
     layers, kv_heads, head_dim = model.kv_shape()
-    return KVCache(layers, slots, kv_heads, max_len, head_dim)
+    return PagedKVCache(layers, num_blocks, BLOCK, kv_heads, head_dim, dtype=dtype)
+
+
+def one_seq(num_new: int, seq_len: int) -> BatchMeta:
+    return BatchMeta.contiguous(num_new, seq_len, BLOCK)
 
 
 @torch.inference_mode()
 def full_logits(model, ids: list[int]) -> torch.Tensor:
     """Logits of every position from one forward over the whole sequence."""
     n = len(ids)
-    h = model(torch.tensor(ids), torch.arange(n), BatchMeta.single(n, n), new_cache(model, 1, n))
+    h = model(torch.tensor(ids), torch.arange(n), one_seq(n, n), new_cache(model, -(-n // BLOCK)))
     return model.logits(h)
 
 
@@ -156,10 +164,10 @@ def test_cached_decode_matches_full_recompute(family, ours):
     model = ours(family)[1]
     ids = tokens(SEQ_LEN, seed=2)
     want = full_logits(model, ids)
-    kv = new_cache(model, 1, SEQ_LEN)
+    kv = new_cache(model, SEQ_LEN // BLOCK)
     bounds = [0, 13, 20, *range(21, SEQ_LEN + 1)]
     for s, e in itertools.pairwise(bounds):
-        h = model(torch.tensor(ids[s:e]), torch.arange(s, e), BatchMeta.single(e - s, e), kv)
+        h = model(torch.tensor(ids[s:e]), torch.arange(s, e), one_seq(e - s, e), kv)
         err = (model.logits(h) - want[s:e]).abs().max().item()
         assert err < CACHE_TOL, f"{family}: tokens {s}..{e}: {err:.2e}"
 
@@ -167,14 +175,16 @@ def test_cached_decode_matches_full_recompute(family, ours):
 @pytest.mark.parametrize("family", FAMILIES)
 @torch.inference_mode()
 def test_batch_of_two_matches_each_alone(family, ours):
-    """Two sequences of different lengths in one flat forward, then a mixed prefill+decode step."""
+    """Two sequences of different lengths in one flat forward, then a mixed prefill+decode step,
+    over interleaved, out-of-order block tables."""
     model = ours(family)[1]
     a, b = tokens(11, seed=3), tokens(23, seed=4)
-    kv = new_cache(model, 2, 32)
-    # step 1: all of `a` in slot 1, the first 17 of `b` in slot 0
+    kv = new_cache(model, 12)
+    table_a, table_b = (7, 2, 10), (5, 0, 9, 3, 11, 1)  # 3 x 4 >= 12 and 6 x 4 >= 23 tokens
+    # step 1: all of `a`, the first 17 of `b`
     ids = torch.tensor(a + b[:17])
     pos = torch.cat((torch.arange(11), torch.arange(17)))
-    h = model(ids, pos, BatchMeta((0, 11, 28), slots=(1, 0), seq_lens=(11, 17)), kv)
+    h = model(ids, pos, BatchMeta.from_tables((11, 17), (11, 17), (table_a, table_b), BLOCK), kv)
     out = model.logits(h)
     want_a, want_b = full_logits(model, a), full_logits(model, b)
     assert (out[:11] - want_a).abs().max() < CACHE_TOL
@@ -183,7 +193,7 @@ def test_batch_of_two_matches_each_alone(family, ours):
     a2 = [*a, b[0]]
     ids = torch.tensor([a2[11], *b[17:]])
     pos = torch.tensor([11, *range(17, 23)])
-    h = model(ids, pos, BatchMeta((0, 1, 7), slots=(1, 0), seq_lens=(12, 23)), kv)
+    h = model(ids, pos, BatchMeta.from_tables((1, 6), (12, 23), (table_a, table_b), BLOCK), kv)
     out = model.logits(h)
     assert (out[0] - full_logits(model, a2)[11]).abs().max() < CACHE_TOL
     assert (out[1:] - want_b[17:]).abs().max() < CACHE_TOL
@@ -196,10 +206,10 @@ def test_sliding_window_decode_matches_reference(family, ours, reference):
     spec, model = SPECS[family], ours(family)[1]
     ids = tokens(4 * spec.window, seed=5)
     want = hf_logits(reference(family), ids)
-    kv = new_cache(model, 1, len(ids))
+    kv = new_cache(model, -(-len(ids) // BLOCK))
     rows = []
     for t, token in enumerate(ids):
-        h = model(torch.tensor([token]), torch.tensor([t]), BatchMeta.single(1, t + 1), kv)
+        h = model(torch.tensor([token]), torch.tensor([t]), one_seq(1, t + 1), kv)
         rows.append(model.logits(h))
     err = (torch.cat(rows) - want).abs().max().item()
     assert err < LOGIT_TOL, f"{family}: decode past the window: {err:.2e}"

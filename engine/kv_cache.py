@@ -1,0 +1,108 @@
+"""The paged KV cache: per-layer block tensors in a storage dtype, written by slot, read by table.
+
+Each layer holds K and V as [num_blocks, block_size, kv_heads, head_dim] (plus scales for the 8-bit
+formats, see `localllm.kernels.attention.kv_quant`). Which blocks belong to which sequence is the
+caller's business (`BatchMeta.block_tables`); this class only stores and attends. The runner sizes
+`num_blocks` from a memory budget with `bytes_per_block`.
+"""
+
+import torch
+
+from localllm.engine.batch import BatchMeta
+from localllm.kernels.attention import (
+    KV_DTYPES,
+    encode_kv,
+    paged_attention,
+    scale_shape,
+    vector_nbytes,
+    write_paged,
+)
+
+
+class PagedKVCache:
+    """K/V blocks of every layer; dtype is one of "f32", "f16", "bf16", "q8_0", "fp8"."""
+
+    def __init__(
+        self,
+        num_layers: int,
+        num_blocks: int,
+        block_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: str = "f16",
+        device: torch.device | str = "cpu",
+        v_head_dim: int | None = None,
+    ):
+        vd = v_head_dim or head_dim
+        self.num_blocks, self.block_size, self.dtype = num_blocks, block_size, dtype
+        store = KV_DTYPES.get(dtype)
+        if store is None:
+            raise ValueError(f"unknown KV dtype {dtype!r}: expected one of {sorted(KV_DTYPES)}")
+        lead = (num_blocks, block_size, num_kv_heads)
+
+        def alloc(d: int) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
+            vals = [torch.zeros(*lead, d, dtype=store, device=device) for _ in range(num_layers)]
+            sc = scale_shape(dtype, d)
+            if sc is None:
+                return vals, None
+            shape, sdt = sc
+            return vals, [torch.zeros(*lead, *shape, dtype=sdt, device=device) for _ in vals]
+
+        self.k, self.k_scales = alloc(head_dim)
+        self.v, self.v_scales = alloc(vd)
+
+    @staticmethod
+    def bytes_per_block(
+        num_layers: int,
+        block_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: str,
+        v_head_dim: int | None = None,
+    ) -> int:
+        """Bytes one block takes over all layers (K and V, scales included)."""
+        per_token = vector_nbytes(dtype, head_dim) + vector_nbytes(dtype, v_head_dim or head_dim)
+        return num_layers * block_size * num_kv_heads * per_token
+
+    @property
+    def nbytes(self) -> int:
+        tensors = [*self.k, *self.v, *(self.k_scales or ()), *(self.v_scales or ())]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    def write(
+        self, layer: int, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor
+    ) -> None:
+        """Store k/v [T, KV, D] of the new tokens at their slots (block * block_size + offset)."""
+        kq, ks = encode_kv(k, self.dtype)
+        vq, vs = encode_kv(v, self.dtype)
+        write_paged(self.k[layer], kq, slot_mapping)
+        write_paged(self.v[layer], vq, slot_mapping)
+        if ks is not None:
+            write_paged(self.k_scales[layer], ks, slot_mapping)
+            write_paged(self.v_scales[layer], vs, slot_mapping)
+
+    def attend(
+        self,
+        layer: int,
+        q: torch.Tensor,
+        batch: BatchMeta,
+        scale: float,
+        window: int | None = None,
+        softcap: float | None = None,
+    ) -> torch.Tensor:
+        """Causal GQA attention of q [T, H, D] (the last tokens of each sequence) -> [T, H, Dv]."""
+        if batch.block_size != self.block_size:
+            raise ValueError(f"batch block size {batch.block_size} != cache {self.block_size}")
+        return paged_attention(
+            q,
+            self.k[layer],
+            self.v[layer],
+            batch.query_start,
+            batch.seq_lens,
+            batch.block_tables,
+            scale,
+            window,
+            softcap,
+            self.k_scales[layer] if self.k_scales else None,
+            self.v_scales[layer] if self.v_scales else None,
+        )

@@ -1,0 +1,151 @@
+"""Plain-torch paged attention reference: KV writes by slot mapping, causal GQA over block tables.
+
+A layer's cache is a tensor [num_blocks, block_size, kv_heads, head_dim] (the layout flash/paged
+kernels use); token p of a sequence lives in block `table[p // block_size]` at offset
+`p % block_size`, i.e. slot `table[p // block_size] * block_size + p % block_size`. 8-bit caches
+carry a scales tensor shaped like the values up to the head axis (see `kv_quant`).
+
+The new queries of a sequence are its LAST tokens: with t queries and context length n, query i sits
+at position n - t + i. Each sequence gathers the blocks it needs (a zero-copy view when the ids are
+consecutive, one index_select otherwise), decodes them to the query dtype and runs dense math.
+"""
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from localllm.kernels.attention.kv_quant import decode_kv
+
+
+def write_paged(cache: torch.Tensor, values: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """cache[slot // block_size, slot % block_size] = values[i] for each slot_mapping[i].
+
+    cache [num_blocks, block_size, *rest], values [T, *rest] (already in the cache dtype or
+    castable), slot_mapping [T] int64.
+    """
+    flat = cache.view(-1, *cache.shape[2:])
+    values = values.to(cache.dtype)
+    if cache.dtype == torch.float8_e4m3fn:  # index_copy_ has no float8 CPU kernel: copy the bytes
+        flat, values = flat.view(torch.uint8), values.view(torch.uint8)
+    flat.index_copy_(0, slot_mapping, values)
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    query_start: Sequence[int],
+    seq_lens: Sequence[int],
+    block_tables: Sequence[Sequence[int]],
+    scale: float,
+    window: int | None = None,
+    softcap: float | None = None,
+    k_scales: torch.Tensor | None = None,
+    v_scales: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Causal GQA attention of each sequence's new queries over its paged context.
+
+    q [T, H, D] (sequence b owns rows query_start[b]:query_start[b+1]); k_cache/v_cache
+    [num_blocks, block_size, KV, D|Dv] in a float, int8 (q8_0) or float8 (fp8) format with their
+    scales; H must be a multiple of KV. `window` keeps the last `window` keys of each query (key
+    positions > query position - window); `softcap` squashes scores to cap * tanh(s / cap).
+    Returns [T, H, Dv] in q's dtype.
+    """
+    bs = k_cache.shape[1]
+    out = q.new_empty(q.shape[0], q.shape[1], v_cache.shape[-1])
+    for b, n in enumerate(seq_lens):
+        s, e = query_start[b], query_start[b + 1]
+        t = e - s
+        if t == 0:  # a sequence with no new tokens this step
+            continue
+        lo = max(0, n - t + 1 - window) if window else 0  # first key any query here can see
+        b0, b1 = lo // bs, (n - 1) // bs + 1
+        ids = tuple(block_tables[b][b0:b1])
+        if len(ids) != b1 - b0:
+            raise ValueError(f"sequence {b}: block table too short for {n} tokens")
+        off = lo - b0 * bs
+        keys = _gather(k_cache, k_scales, ids, off, n - lo, q.dtype)  # [m, KV, D]
+        vals = _gather(v_cache, v_scales, ids, off, n - lo, q.dtype)
+        if t == 1:
+            out[s] = _decode_one(q[s], keys, vals, scale, softcap)
+        else:
+            out[s:e] = _chunk(q[s:e], keys, vals, n - t - lo, scale, window, softcap)
+    return out
+
+
+def _gather(
+    cache: torch.Tensor,
+    scales: torch.Tensor | None,
+    ids: tuple[int, ...],
+    off: int,
+    m: int,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """Tokens off..off+m of the concatenated blocks `ids`, decoded to `dtype`: [m, KV, D]."""
+    first = ids[0]
+    if ids == tuple(range(first, first + len(ids))):
+        parts = [cache[first : first + len(ids)]]  # consecutive ids: a view, no copy
+        if scales is not None:
+            parts.append(scales[first : first + len(ids)])
+    else:
+        index = torch.tensor(ids, dtype=torch.long, device=cache.device)
+        parts = [cache.index_select(0, index)]
+        if scales is not None:
+            parts.append(scales.index_select(0, index))
+    parts = [p.flatten(0, 1)[off : off + m] for p in parts]
+    return decode_kv(parts[0], parts[1] if scales is not None else None, dtype)
+
+
+def _decode_one(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    vals: torch.Tensor,
+    scale: float,
+    softcap: float | None,
+) -> torch.Tensor:
+    """One query token: q [H, D] over keys/vals [m, KV, D], query heads grouped per KV head.
+
+    Two batched matmuls (batch = KV head) instead of SDPA's GQA path, which repeats K/V for every
+    query head; decode on CPU is bound by per-op overhead.
+    """
+    kvh = keys.shape[1]
+    qg = q.reshape(kvh, -1, q.shape[-1])  # [KV, G, D]
+    scores = torch.bmm(qg, keys.permute(1, 2, 0)) * scale  # [KV, G, m]
+    if softcap is not None:
+        scores = softcap * torch.tanh(scores / softcap)
+    return torch.bmm(scores.softmax(-1), vals.transpose(0, 1)).reshape(q.shape[0], -1)
+
+
+def _chunk(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    vals: torch.Tensor,
+    q0: int,
+    scale: float,
+    window: int | None,
+    softcap: float | None,
+) -> torch.Tensor:
+    """t queries [t, H, D] at key offsets q0..q0+t-1 over keys/vals [m, KV, D] -> [t, H, Dv]."""
+    qb, kb, vb = q.transpose(0, 1), keys.transpose(0, 1), vals.transpose(0, 1)
+    mask = _mask(q0, q.shape[0], keys.shape[0], window, q.device)
+    if softcap is None:
+        o = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask, scale=scale, enable_gqa=True)
+    else:
+        group = qb.shape[0] // kb.shape[0]
+        kb, vb = kb.repeat_interleave(group, 0), vb.repeat_interleave(group, 0)
+        scores = (qb @ kb.transpose(-1, -2)) * scale
+        scores = softcap * torch.tanh(scores / softcap)
+        scores = scores.masked_fill(~mask, -torch.inf)
+        o = scores.softmax(-1) @ vb
+    return o.transpose(0, 1)
+
+
+def _mask(q0: int, t: int, m: int, window: int | None, device: torch.device) -> torch.Tensor:
+    """Boolean [t, m] (True = attend): key j is visible to query i if j <= q0 + i, in window."""
+    keys = torch.arange(m, device=device)
+    qpos = torch.arange(q0, q0 + t, device=device)
+    mask = keys[None, :] <= qpos[:, None]
+    if window:
+        mask &= keys[None, :] > qpos[:, None] - window
+    return mask

@@ -252,3 +252,25 @@ def test_missing_tensor_is_a_load_error(family, missing, tmp_path):
     path = write_tiny_gguf(tmp_path / "m.gguf", SPECS[family], drop=(missing,))
     with open_gguf(path) as g, pytest.raises(ModelLoadError, match=missing.rsplit(".", 1)[0]):
         build_model(g)
+
+
+# About twice the max measured over the families (f16 3.3e-3, bf16 2.4e-2, q8_0 7.1e-2, fp8 0.33):
+# random tiny models have no outlier structure, so this only bounds the plumbing, not quality.
+KV_TOL = {"f16": 0.01, "bf16": 0.06, "q8_0": 0.15, "fp8": 0.7}
+
+
+@pytest.mark.parametrize("dtype", list(KV_TOL))
+@pytest.mark.parametrize("family", FAMILIES)
+@torch.inference_mode()
+def test_low_precision_kv_stays_close(family, dtype, ours):
+    """A 13-token prefill then decode with KV stored as `dtype`: logits near the f32-KV ones."""
+    model = ours(family)[1]
+    ids = tokens(SEQ_LEN, seed=7)
+    want = full_logits(model, ids)
+    kv = new_cache(model, SEQ_LEN // BLOCK, dtype)
+    bounds = [0, 13, *range(14, SEQ_LEN + 1)]
+    errs = []
+    for s, e in itertools.pairwise(bounds):
+        h = model(torch.tensor(ids[s:e]), torch.arange(s, e), one_seq(e - s, e), kv)
+        errs.append((model.logits(h) - want[s:e]).abs().max().item())
+    assert 0 < max(errs) < KV_TOL[dtype], f"{family} {dtype}: {max(errs):.2e}"

@@ -43,15 +43,15 @@ class KVPlan:
 
 
 def plan_kv(args: EngineArgs, model_context: int, bytes_per_block: int, available: int) -> KVPlan:
-    """Blocks for the KV pool: enough for max_num_seqs full contexts if a quarter of free memory
-    allows, never less than one full context; the context shrinks when even that does not fit
-    in half of free memory."""
+    """Blocks for the KV pool: one full context or 1,024 tokens per sequence, whichever is more,
+    within a quarter of free memory; never less than one full context unless that does not fit
+    in half of free memory, and then the context shrinks."""
     bs = args.block_size
     max_len = min(args.max_model_len or model_context, model_context)
     if args.kv_cache_memory is not None:
         blocks = args.kv_cache_memory // bytes_per_block
     else:
-        want = args.max_num_seqs * -(-max_len // bs)
+        want = -(-max(max_len, args.max_num_seqs * 1024) // bs)
         blocks = min(want, max(available // 4, 0) // bytes_per_block)
         blocks = max(blocks, min(-(-max_len // bs), (available // 2) // bytes_per_block))
     if blocks < 2:

@@ -188,6 +188,8 @@ FILTERS = [
     dict(typical_p=0.5),
     dict(top_k=12, typical_p=0.8, top_p=0.9, min_p=0.05),
     dict(top_p=0.6, min_p=0.1, temperature=0.5),
+    dict(top_k=20, min_p=0.3),
+    dict(typical_p=0.95, top_p=0.95, min_p=0.25),
     dict(typical_p=0.9, temperature=2.0),
 ]
 
@@ -208,9 +210,12 @@ def test_candidates_equal_reference(kw):
 
 
 def test_top_k_ties_go_to_the_lower_id():
-    x = torch.tensor([1.0, 3.0, 3.0, 0.0, 3.0, 3.0])
-    assert candidates(x, SamplingParams(top_k=2))[0].tolist() == [1, 2]
-    assert candidates(x, SamplingParams(top_k=10))[0].tolist() == [1, 2, 4, 5, 0, 3]
+    x = torch.tensor([1.0, 3.0, 2.0, 0.0, 4.0, 3.0, 3.0])
+    assert candidates(x, SamplingParams(top_k=2))[0].tolist() == [4, 1]
+    assert candidates(x, SamplingParams(top_k=4))[0].tolist() == [4, 1, 5, 6]
+    assert candidates(x, SamplingParams(top_k=10))[0].tolist() == [4, 1, 5, 6, 2, 0, 3]
+    x[[0, 1, 2, 3, 5]] = -INF  # fewer finite ids than k: all of them, masked ones never
+    assert candidates(x, SamplingParams(top_k=3))[0].tolist() == [4, 6]
 
 
 def test_temperature_only_changes_the_final_distribution():
@@ -394,6 +399,7 @@ def test_logprobs_zero_gives_only_the_chosen_token():
 def test_prompt_logprobs_exact(monkeypatch):
     g = torch.Generator().manual_seed(8)
     logits = torch.randn(6, 25, generator=g)
+    logits[4] = 0.0  # all tied: ranks and the top k by id
     targets = [3, 0, 24, 7, 7, 11]
     got = prompt_logprobs(logits, targets, 4)
     lp = torch.log_softmax(logits, -1)
@@ -405,6 +411,7 @@ def test_prompt_logprobs_exact(monkeypatch):
         }
         assert {k: (v.logprob, v.rank) for k, v in got[i].items()} == want
         assert next(iter(got[i])) == t  # the target is listed first
+    assert list(got[4]) == [7, 0, 1, 2, 3] and got[4][7].rank == 8
     monkeypatch.setattr(sampler_mod, "_CHUNK_ELEMENTS", 50)  # two rows a chunk
     assert prompt_logprobs(logits, targets, 4) == got
     assert [list(d) for d in prompt_logprobs(logits, targets, 0)] == [[t] for t in targets]

@@ -58,7 +58,10 @@ def test_partial_that_is_not_a_stop_is_released():
     assert c.add("ab ST") == ("ab ", None)
     assert c.add("ART") == ("START", None)  # not a stop after all: released
     assert c.add(" S") == (" ", None)
-    assert c.flush() == "S"
+    assert c.add("TX") == ("STX", None)  # only a tail that can still grow into "STOP" is held
+    assert c.add("SX") == ("SX", None)
+    assert c.add("STO") == ("", None)
+    assert c.flush() == "STO"
 
 
 def test_overlapping_prefix_is_rechecked():

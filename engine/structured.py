@@ -26,7 +26,7 @@ from localllm.engine.tokenizer import Tokenizer
 MAX_SPEC_CHARS = 1 << 20  # larger schemas / grammars are refused before any parsing
 # Whitespace between JSON tokens: at most 16 characters per gap, enough for pretty-printing,
 # and a model cannot loop on blanks forever. A schema's own "x-guidance" options override this.
-_JSON_DEFAULTS = {"whitespace_pattern": r"[\x20\x0A\x0D\x09]{1,16}"}
+JSON_WHITESPACE = r"[\x20\x0A\x0D\x09]{1,16}"
 # Safe (alphanumeric) characters stay literal in a choice regex; anything else is hex-escaped.
 _REGEX_SAFE = re.compile(r"[0-9A-Za-z_]")
 
@@ -75,7 +75,9 @@ def _schema_grammar(schema: str | dict, what: str) -> str:
         raise StructuredOutputError(f"{what} must be a JSON object, not {type(schema).__name__}")
     try:
         _check_size(json.dumps(schema), what)
-        return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=_JSON_DEFAULTS)
+        return llguidance.LLMatcher.grammar_from_json_schema(
+            schema, defaults={"whitespace_pattern": JSON_WHITESPACE}
+        )
     except (ValueError, TypeError, RecursionError) as e:
         raise StructuredOutputError(f"{what} is not a valid JSON schema: {e}") from None
 
@@ -122,8 +124,13 @@ class GrammarCompiler:
         self._lltok: llguidance.LLTokenizer | None = None
         self._lock = threading.Lock()
 
+    def warm_up(self) -> None:
+        """Build the token table now (e.g. in a thread while weights load)."""
+        _ = self.lltokenizer
+
     @property
     def lltokenizer(self) -> llguidance.LLTokenizer:
+        """llguidance's view of the vocabulary, built once."""
         if self._lltok is None:
             with self._lock:
                 if self._lltok is None:
@@ -149,7 +156,7 @@ class GrammarCompiler:
 
 def _any_text(matcher: GrammarMatcher) -> bool:
     """Does the matcher allow any token besides the end-of-generation ones?"""
-    allowed = matcher.allowed()
+    allowed = matcher.allowed().numpy()
     allowed[list(matcher.eos_ids)] = False
     return bool(allowed.any())
 
@@ -202,6 +209,7 @@ class GrammarMatcher:
 
     def accept(self, token_id: int) -> bool:
         """Advance by one token; False (state unchanged) if it is not allowed here."""
+        token_id = int(token_id)
         if not 0 <= token_id < self.vocab_size or self._ll.is_error():
             return False
         word = int(self.bitmask()[token_id >> 5])

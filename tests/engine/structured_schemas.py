@@ -264,7 +264,13 @@ def _format_ok(fmt: str, s: str) -> bool:
     raise ValueError(f"format {fmt!r} is not checked by this validator")
 
 
-_PY_TYPES = {"string": str, "boolean": bool, "null": type(None), "object": dict, "array": list}
+_PY_TYPES = (
+    ("string", str),
+    ("boolean", bool),
+    ("null", type(None)),
+    ("object", dict),
+    ("array", list),
+)
 
 
 def _type_ok(t: str, v: Any) -> bool:
@@ -272,7 +278,7 @@ def _type_ok(t: str, v: Any) -> bool:
         return isinstance(v, int) and not isinstance(v, bool)
     if t == "number":
         return isinstance(v, int | float) and not isinstance(v, bool)
-    return isinstance(v, _PY_TYPES[t])
+    return isinstance(v, dict(_PY_TYPES)[t])
 
 
 def _same(a: Any, b: Any) -> bool:

@@ -13,6 +13,7 @@ import json
 import random
 import re
 
+import numpy as np
 import pytest
 import torch
 
@@ -37,11 +38,12 @@ class Vocab:
         self.pieces = [tokenizer.piece(i) for i in range(n)] + [b""] * EXTRA_ROWS
         self.eog = sorted(tokenizer.eog_ids)
         special = {i for i in range(n) if tokenizer.is_special(i)}
+        self.control = sorted(special - set(self.eog))  # never text, never allowed
         self.by_piece: dict[bytes, list[int]] = {}  # ordinary tokens by their bytes
         for i, p in enumerate(self.pieces):
             if p and i not in special:
                 self.by_piece.setdefault(p, []).append(i)
-        self.eos_mask = torch.zeros(self.size, dtype=torch.bool)
+        self.eos_mask = np.zeros(self.size, dtype=np.bool_)
         self.eos_mask[self.eog] = True
         # Pools that push a walk towards its end: close a container, close a string, leave an
         # email's local part, take one byte at a time.
@@ -52,8 +54,8 @@ class Vocab:
             (0.85, self._where(lambda p: len(p) == 1)),
         )
 
-    def _where(self, pred) -> torch.Tensor:
-        out = torch.zeros(self.size, dtype=torch.bool)
+    def _where(self, pred) -> np.ndarray:
+        out = np.zeros(self.size, dtype=np.bool_)
         out[[i for p, ids in self.by_piece.items() if pred(p) for i in ids]] = True
         return out
 
@@ -61,7 +63,7 @@ class Vocab:
         return self.compiler.compile(Spec(**kw))
 
     def text(self, ids: list[int]) -> str:
-        return b"".join(self.pieces[i] for i in ids).decode("utf-8")
+        return self.tok.decode_bytes(ids).decode("utf-8")  # strict: a walk ends on whole UTF-8
 
 
 @pytest.fixture(scope="module")
@@ -80,18 +82,21 @@ def walk(v: Vocab, grammar, seed: int) -> list[int]:
     rng = random.Random(seed)
     out: list[int] = []
     for _ in range(MAX_STEPS):
-        allowed = m.allowed()
-        assert allowed.dtype == torch.bool and allowed.shape == (v.size,)
+        mask = m.allowed()
+        assert mask.dtype == torch.bool and mask.shape == (v.size,)
+        allowed = mask.numpy()  # numpy: small single-threaded ops, fast on a busy machine
         assert allowed.any(), f"no token allowed after {v.text(out)!r}: {m.error}"
+        assert not allowed[v.control].any() and not allowed[v.tok.vocab_size :].any()
+        eos_ok = allowed & v.eos_mask
         text_ok = allowed & ~v.eos_mask
-        if (allowed & v.eos_mask).any() and (not text_ok.any() or rng.random() < 0.7):
-            t = int((allowed & v.eos_mask).nonzero()[0])
+        if eos_ok.any() and (not text_ok.any() or rng.random() < 0.7):
+            t = int(np.flatnonzero(eos_ok)[0])
         else:
             r = rng.random()
             pool = next((p for hi, p in v.pools if r < hi), None)
             if pool is not None and (text_ok & pool).any():
                 text_ok = text_ok & pool
-            t = rng.choice(text_ok.nonzero().view(-1).tolist())
+            t = int(rng.choice(np.flatnonzero(text_ok)))
         assert m.accept(t), f"allowed token {t} refused: {m.error}"
         if t in v.eog:
             assert m.is_terminated and m.error is None
@@ -340,6 +345,11 @@ def test_rollback_of_eos_where_text_may_continue(smol):
     assert m.accept(smol.tok.encode("b", add_special=False)[0])
     m.rollback(2)
     assert torch.equal(m.allowed(), smol.compile(regex="ab+").matcher().allowed())
+
+
+def test_compiler_checks_vocab_size(smol):
+    with pytest.raises(ValueError):
+        GrammarCompiler(smol.tok, smol.tok.vocab_size - 1)
 
 
 def test_matchers_are_independent(smol):

@@ -74,7 +74,11 @@ def _schema_grammar(schema: str | dict, what: str) -> str:
     if not isinstance(schema, dict):
         raise StructuredOutputError(f"{what} must be a JSON object, not {type(schema).__name__}")
     try:
-        _check_size(json.dumps(schema), what)
+        text = json.dumps(schema)
+    except (ValueError, TypeError, RecursionError) as e:
+        raise StructuredOutputError(f"{what} cannot be written as JSON: {e}") from None
+    _check_size(text, what)
+    try:
         return llguidance.LLMatcher.grammar_from_json_schema(
             schema, defaults={"whitespace_pattern": JSON_WHITESPACE}
         )

@@ -116,7 +116,8 @@ def to_llguidance(spec: StructuredOutputParams) -> tuple[str, str]:
 
 class GrammarCompiler:
     """Compiles specs against one model's vocabulary. The llguidance token table takes ~0.4 s
-    (49k tokens) to ~1.3 s (262k) to build: it is built on the first `compile` and kept."""
+    (49k tokens) to 1-2.5 s (262k) to build: it is built on the first `compile` (or `warm_up`)
+    and kept."""
 
     def __init__(self, tokenizer: Tokenizer, vocab_size: int) -> None:
         if vocab_size < tokenizer.vocab_size:

@@ -18,7 +18,7 @@ from localllm.engine.tokenizer import Tokenizer
 from localllm.engine.tokenizer.attrs import Attr
 
 
-class _TokenSource:
+class TokenSource:
     """What `llguidance.LLTokenizer` reads from a Python tokenizer (its `TokenizerWrapper`
     protocol), without the wrapper's probe call that would build our encoder early."""
 
@@ -36,10 +36,14 @@ class _TokenSource:
     def __call__(self, text: str | bytes) -> list[int]:
         """Token ids for `text` in the middle of a sequence (llguidance uses this for forced
         tokens). A SentencePiece space prefix would add a byte, so then fall back to bytes."""
+        # Called from inside llguidance (Rust), where an exception would be a panic: never raise.
         data = text if isinstance(text, bytes) else text.encode("utf-8", "surrogatepass")
-        if isinstance(text, bytes):
-            text = text.decode("utf-8", "replace")
-        ids = self._tokenizer.encode(text, add_special=False, parse_special=False)
+        try:
+            ids = self._tokenizer.encode(
+                data.decode("utf-8", "replace"), add_special=False, parse_special=False
+            )
+        except Exception:
+            ids = []
         if b"".join(self.tokens[i] for i in ids) == data:
             return ids
         if all(b in self._byte_ids for b in data):
@@ -72,8 +76,8 @@ def special_ids(tokenizer: Tokenizer) -> list[int]:
 
 def build_lltokenizer(tokenizer: Tokenizer, vocab_size: int) -> llguidance.LLTokenizer:
     """llguidance's token table for `tokenizer`, `vocab_size` wide (>= the tokenizer's size:
-    extra logits rows are empty tokens, never allowed). Takes ~0.4 s for 49k tokens, ~1.3 s for
-    262k: build once per model."""
+    extra logits rows are empty tokens, never allowed). Takes ~0.4 s for 49k tokens and 1-2.5 s
+    for 262k (half of it llguidance's mask-speeding slices): build once per model."""
     n = tokenizer.vocab_size
     if vocab_size < n:
         raise ValueError(f"vocab_size {vocab_size} is smaller than the tokenizer's {n} tokens")
@@ -83,5 +87,5 @@ def build_lltokenizer(tokenizer: Tokenizer, vocab_size: int) -> llguidance.LLTok
     if not eog:
         raise ValueError("the tokenizer has no end-of-generation token: a grammar could not end")
     pieces = [tokenizer.piece(i) for i in range(n)] + [b""] * (vocab_size - n)
-    source = _TokenSource(tokenizer, pieces, special_ids(tokenizer))
+    source = TokenSource(tokenizer, pieces, special_ids(tokenizer))
     return llguidance.LLTokenizer(source, n_vocab=vocab_size, eos_token=eog)

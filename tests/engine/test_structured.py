@@ -9,6 +9,7 @@ token's bytes.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import re
@@ -20,6 +21,7 @@ import torch
 from localllm.engine.gguf import open_gguf
 from localllm.engine.sampling_params import StructuredOutputParams as Spec
 from localllm.engine.structured import GrammarCompiler, StructuredOutputError
+from localllm.engine.structured_vocab import TokenSource, special_ids
 from localllm.engine.tokenizer import Tokenizer
 from tests.engine.structured_schemas import SCHEMAS, check
 
@@ -294,6 +296,21 @@ def test_gemma_space_pieces_are_spaces(gemma):
     for i in allowed.nonzero().view(-1).tolist():  # everything allowed is whitespace then `"`
         assert re.fullmatch(rb'[ \t\r\n]*"?.*', gemma.pieces[i], re.S), gemma.pieces[i]
         assert gemma.pieces[i].lstrip(b" \t\r\n")[:1] in (b'"', b"")
+
+
+def test_tokenize_callback_gives_the_bytes_asked_for(smol, gemma):
+    # llguidance tokenizes forced text through the bridge; a SentencePiece space prefix must not
+    # sneak in (Gemma has none, so make a variant that adds one: bytes are the fallback).
+    prefixed = Tokenizer(dataclasses.replace(gemma.tok.vocab, add_space_prefix=True))
+    assert prefixed.decode_bytes(prefixed.encode("abc", add_special=False)) != b" abc"  # stripped
+    assert b"".join(gemma.pieces[i] for i in prefixed.encode("abc", add_special=False)) == b" abc"
+    for v, tok in ((smol, smol.tok), (gemma, gemma.tok), (gemma, prefixed)):
+        source = TokenSource(tok, v.pieces, special_ids(tok))
+        for text in ("abc", ' {"key": [1, 2]}', "naïve ☃", "<|im_end|><end_of_turn>"):
+            ids = source(text)
+            assert b"".join(v.pieces[i] for i in ids) == text.encode(), (tok, text)
+            assert not set(ids) & set(v.control) and not set(ids) & set(v.eog)
+        assert source("abc") == tok.encode("abc", add_special=False) or tok is prefixed
 
 
 # -- matcher state ---------------------------------------------------------------------------------

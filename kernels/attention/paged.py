@@ -24,8 +24,9 @@ def write_paged(cache: torch.Tensor, values: torch.Tensor, slot_mapping: torch.T
     cache [num_blocks, block_size, *rest], values [T, *rest] (already in the cache dtype or
     castable), slot_mapping [T] int64.
     """
-    flat = cache.view(-1, *cache.shape[2:])
-    values = values.to(cache.dtype)
+    flat = cache.flatten(0, 1)
+    if values.dtype != cache.dtype:
+        values = values.to(cache.dtype)
     if cache.dtype == torch.float8_e4m3fn:  # index_copy_ has no float8 CPU kernel: copy the bytes
         flat, values = flat.view(torch.uint8), values.view(torch.uint8)
     flat.index_copy_(0, slot_mapping, values)
@@ -50,10 +51,10 @@ def paged_attention(
     [num_blocks, block_size, KV, D|Dv] in a float, int8 (q8_0) or float8 (fp8) format with their
     scales; H must be a multiple of KV. `window` keeps the last `window` keys of each query (key
     positions > query position - window); `softcap` squashes scores to cap * tanh(s / cap).
-    Returns [T, H, Dv] in q's dtype.
+    Returns [T, H, Dv] in q's dtype (possibly a non-contiguous view).
     """
     bs = k_cache.shape[1]
-    out = q.new_empty(q.shape[0], q.shape[1], v_cache.shape[-1])
+    outs = []
     for b, n in enumerate(seq_lens):
         s, e = query_start[b], query_start[b + 1]
         t = e - s
@@ -68,10 +69,12 @@ def paged_attention(
         keys = _gather(k_cache, k_scales, ids, off, n - lo, q.dtype)  # [m, KV, D]
         vals = _gather(v_cache, v_scales, ids, off, n - lo, q.dtype)
         if t == 1:
-            out[s] = _decode_one(q[s], keys, vals, scale, softcap)
+            outs.append(_decode_one(q[s], keys, vals, scale, softcap))
         else:
-            out[s:e] = _chunk(q[s:e], keys, vals, n - t - lo, scale, window, softcap)
-    return out
+            outs.append(_chunk(q[s:e], keys, vals, n - t - lo, scale, window, softcap))
+    if len(outs) == 1:  # one sequence (the CPU decode case): no concatenation copy
+        return outs[0]
+    return torch.cat(outs) if outs else q.new_empty(0, q.shape[1], v_cache.shape[-1])
 
 
 def _gather(
@@ -84,17 +87,15 @@ def _gather(
 ) -> torch.Tensor:
     """Tokens off..off+m of the concatenated blocks `ids`, decoded to `dtype`: [m, KV, D]."""
     first = ids[0]
-    if ids == tuple(range(first, first + len(ids))):
-        parts = [cache[first : first + len(ids)]]  # consecutive ids: a view, no copy
-        if scales is not None:
-            parts.append(scales[first : first + len(ids)])
+    if ids == tuple(range(first, first + len(ids))):  # consecutive ids: a view, no copy
+        start = first * cache.shape[1] + off
+        vals = cache.flatten(0, 1)[start : start + m]
+        sc = None if scales is None else scales.flatten(0, 1)[start : start + m]
     else:
         index = torch.tensor(ids, dtype=torch.long, device=cache.device)
-        parts = [cache.index_select(0, index)]
-        if scales is not None:
-            parts.append(scales.index_select(0, index))
-    parts = [p.flatten(0, 1)[off : off + m] for p in parts]
-    return decode_kv(parts[0], parts[1] if scales is not None else None, dtype)
+        vals = cache.index_select(0, index).flatten(0, 1)[off : off + m]
+        sc = None if scales is None else scales.index_select(0, index).flatten(0, 1)[off : off + m]
+    return vals if vals.dtype == dtype else decode_kv(vals, sc, dtype)
 
 
 def _decode_one(
@@ -104,7 +105,7 @@ def _decode_one(
     scale: float,
     softcap: float | None,
 ) -> torch.Tensor:
-    """One query token: q [H, D] over keys/vals [m, KV, D], query heads grouped per KV head.
+    """One query token: q [H, D] over keys/vals [m, KV, D] -> [1, H, Dv], heads grouped per KV.
 
     Two batched matmuls (batch = KV head) instead of SDPA's GQA path, which repeats K/V for every
     query head; decode on CPU is bound by per-op overhead.
@@ -114,7 +115,7 @@ def _decode_one(
     scores = torch.bmm(qg, keys.permute(1, 2, 0)) * scale  # [KV, G, m]
     if softcap is not None:
         scores = softcap * torch.tanh(scores / softcap)
-    return torch.bmm(scores.softmax(-1), vals.transpose(0, 1)).reshape(q.shape[0], -1)
+    return torch.bmm(scores.softmax(-1), vals.transpose(0, 1)).view(1, q.shape[0], -1)
 
 
 def _chunk(

@@ -95,12 +95,14 @@ class Scheduler:
             hit_blocks, num_hit = [], 0
             if req.fork_of is not None:
                 num_hit = self.kv.fork(req.fork_of, req, req.num_prompt_tokens)
+                req.num_computed_tokens = num_hit  # the shared blocks are in its table already
             elif req.num_computed_tokens == 0:
                 hit_blocks, num_hit = self.kv.get_computed_blocks(req)
             n = min(req.num_tokens - num_hit, budget)
             if self.kv.allocate_slots(req, n, hit_blocks) is None:
                 if req.fork_of is not None:
                     self.kv.free(req)
+                    req.num_computed_tokens = 0
                 self.waiting.appendleft(req)
                 break
             req.fork_of = None

@@ -125,6 +125,8 @@ def test_fork_waits_for_prompt_then_shares_blocks():
     # parent finishes its prompt (2 tokens); child shares 2 full blocks, computes the last 2
     assert out.num_scheduled_tokens == {"p": 2, "p#1": 2}
     assert s.kv.get_block_ids(child)[:2] == s.kv.get_block_ids(parent)[:2]
+    assert len(s.kv.get_block_ids(child)) == 3  # its own block for tokens 8..9
+    assert s.kv.get_block_ids(child)[2] != s.kv.get_block_ids(parent)[2]
     assert child.num_computed_tokens == 8
 
 

@@ -1,7 +1,13 @@
-"""`localllm run`: one-shot generation streamed to stdout, like `llama-cli -p ... -no-cnv`."""
+"""`localllm run`: one-shot generation streamed to stdout, like `llama-cli -p ... -no-cnv`.
+
+It drives the same engine as the server (one request): stop strings, penalties, structured
+output, n-gram drafts and the KV-cache options all come from there.
+"""
 
 import argparse
+import json
 import sys
+from pathlib import Path
 
 
 def add_parser(sub) -> None:
@@ -9,12 +15,23 @@ def add_parser(sub) -> None:
     p.add_argument("prompt", nargs="?", help="the prompt; read from stdin when omitted or '-'")
     p.add_argument("-m", "--model", help="GGUF file (default: the embedded SmolLM2-135M-Instruct)")
     p.add_argument("-n", "--max-tokens", type=int, default=256, help="tokens to generate (256)")
-    p.add_argument("--temperature", "--temp", type=float, default=0.8, help="0 = greedy (0.8)")
-    p.add_argument("--top-k", type=int, default=40, help="0 disables (40)")
-    p.add_argument("--top-p", type=float, default=0.95, help="1.0 disables (0.95)")
-    p.add_argument("--min-p", type=float, default=0.05, help="0 disables (0.05)")
-    p.add_argument("--seed", type=int, default=None, help="RNG seed for reproducible sampling")
-    p.add_argument("--ignore-eos", action="store_true", help="keep going past end-of-generation")
+    s = p.add_argument_group("sampling (llama.cpp defaults)")
+    s.add_argument("--temperature", "--temp", type=float, default=0.8, help="0 = greedy (0.8)")
+    s.add_argument("--top-k", type=int, default=40, help="0 disables (40)")
+    s.add_argument("--top-p", type=float, default=0.95, help="1.0 disables (0.95)")
+    s.add_argument("--min-p", type=float, default=0.05, help="0 disables (0.05)")
+    s.add_argument("--typical", type=float, default=1.0, help="typical-p; 1.0 disables")
+    s.add_argument("--repeat-penalty", type=float, default=1.0, help="1.0 disables")
+    s.add_argument("--presence-penalty", type=float, default=0.0)
+    s.add_argument("--frequency-penalty", type=float, default=0.0)
+    s.add_argument("--seed", type=int, default=None, help="RNG seed for reproducible sampling")
+    s.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    s.add_argument("--ignore-eos", action="store_true", help="keep going past end-of-generation")
+    g = p.add_argument_group("structured output (one of)")
+    g.add_argument("--json-schema", help="JSON schema the output must follow (JSON text)")
+    g.add_argument("--json", action="store_true", help="any JSON object")
+    g.add_argument("--regex", help="regular expression the output must match")
+    g.add_argument("--grammar-file", help="GBNF (llama.cpp) or Lark grammar file")
     chat = p.add_mutually_exclusive_group()
     chat.add_argument(
         "--chat",
@@ -25,71 +42,130 @@ def add_parser(sub) -> None:
     )
     chat.add_argument("--no-chat", dest="chat", action="store_false", help="raw completion")
     p.add_argument("-s", "--system", help="system prompt (chat mode)")
-    p.add_argument("--precise", action="store_true", help="float32 reference matmuls (slower)")
+    e = p.add_argument_group("engine")
+    e.add_argument("-c", "--ctx-size", type=int, default=None, help="context length (model's)")
+    e.add_argument(
+        "--cache-type",
+        default="f16",
+        choices=("f32", "f16", "bf16", "q8_0", "fp8"),
+        help="KV cache storage (f16)",
+    )
+    e.add_argument("--draft", type=int, default=0, help="n-gram draft tokens per step (0: off)")
+    e.add_argument("--precise", action="store_true", help="float32 reference matmuls (slower)")
     p.add_argument(
         "-v", "--verbose", action="store_true", help="print load time and tokens/s to stderr"
     )
     p.set_defaults(handler=handle)
 
 
+def _structured(args):
+    from localllm.engine import StructuredOutputParams
+
+    if args.json_schema is not None:
+        try:
+            schema = json.loads(args.json_schema)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"--json-schema is not valid JSON: {e}") from None
+        return StructuredOutputParams(json=schema)
+    if args.json:
+        return StructuredOutputParams(json_object=True)
+    if args.regex is not None:
+        return StructuredOutputParams(regex=args.regex)
+    if args.grammar_file is not None:
+        return StructuredOutputParams(grammar=Path(args.grammar_file).read_text())
+    return None
+
+
 def handle(args: argparse.Namespace) -> int:
     from localllm.app.model_path import resolve_model
-    from localllm.engine.generator import Generator
-    from localllm.engine.prompt import prompt_ids
-    from localllm.engine.sampling import SamplingParams
-    from localllm.engine.tokenizer import IncrementalDetokenizer
+    from localllm.engine import EngineArgs, LLMEngine, SamplingParams
 
     prompt = args.prompt
     if prompt is None or prompt == "-":
         if sys.stdin is None or sys.stdin.isatty():
             raise ValueError("no prompt given (pass it as an argument or on stdin)")
         prompt = sys.stdin.read()
+    given = [args.json_schema, args.json or None, args.regex, args.grammar_file]
+    if sum(x is not None for x in given) > 1:
+        raise ValueError("give at most one of --json-schema, --json, --regex, --grammar-file")
     params = SamplingParams(
         temperature=args.temperature,
         top_k=args.top_k,
         top_p=args.top_p,
         min_p=args.min_p,
+        typical_p=args.typical,
+        repetition_penalty=args.repeat_penalty,
+        presence_penalty=args.presence_penalty,
+        frequency_penalty=args.frequency_penalty,
         seed=args.seed,
+        stop=args.stop,
         max_tokens=args.max_tokens,
         ignore_eos=args.ignore_eos,
+        structured=_structured(args),
+    )
+    engine_args = EngineArgs(
+        precise=args.precise,
+        max_num_seqs=1,
+        max_model_len=args.ctx_size,
+        kv_cache_dtype=args.cache_type,
+        num_speculative_tokens=args.draft,
     )
     path = resolve_model(args.model)
-    gen = Generator.load(str(path), precise=args.precise)
-    tok = gen.tokenizer
+    engine = LLMEngine(str(path), engine_args)
+    try:
+        if args.verbose:
+            print(f"localllm: loaded {path.name} in {engine.load_seconds:.2f} s", file=sys.stderr)
+        use_chat = (
+            args.chat if args.chat is not None else engine.tokenizer.chat_template is not None
+        )
+        if use_chat:
+            messages = [{"role": "system", "content": args.system}] if args.system else []
+            messages.append({"role": "user", "content": prompt})
+            ids = engine.chat_prompt(messages)
+        else:
+            ids = engine.tokenize(prompt)
+        last = _stream(engine, ids, params)
+    finally:
+        engine.close()
+    if last.error:
+        raise RuntimeError(last.error)
     if args.verbose:
-        print(f"localllm: loaded {path.name} in {gen.load_seconds:.2f} s", file=sys.stderr)
-    use_chat = args.chat if args.chat is not None else tok.chat_template is not None
-    ids = prompt_ids(tok, prompt, chat=use_chat, system=args.system)
-    detok = IncrementalDetokenizer(tok, prompt_ids=ids)
-    out = sys.stdout
-    wrote_newline = True
-    for token in gen.stream(ids, params):
-        text = detok.add(token)
-        if text:
-            out.write(text)
-            out.flush()
-            wrote_newline = text.endswith("\n")
-    tail = detok.flush()
-    if tail:
-        out.write(tail)
-        wrote_newline = tail.endswith("\n")
-    if out.isatty() and not wrote_newline:
-        out.write("\n")
-    out.flush()
-    if args.verbose:
-        _report(gen.last_stats)
-    gen.close()
+        _report(last)
     return 0
 
 
-def _report(stats) -> None:
-    def rate(n, s):
-        return f"{n / s:.1f} tok/s" if s > 0 else "n/a"
+def _stream(engine, ids, params):
+    engine.add_request("run", ids, params, delta=True)
+    out = sys.stdout
+    wrote_newline, last = True, None
+    while engine.has_unfinished_requests():
+        for last in engine.step():
+            text = "".join(c.text for c in last.outputs)
+            if text:
+                out.write(text)
+                out.flush()
+                wrote_newline = text.endswith("\n")
+    if out.isatty() and not wrote_newline:
+        out.write("\n")
+    out.flush()
+    return last
 
+
+def _report(out) -> None:
+    m, u = out.metrics, out.usage
+
+    def rate(n, s):
+        return f"{n / s:.1f} tok/s" if s and s > 0 else "n/a"
+
+    prefill = m.ttft or 0.0
+    decode = (m.e2e or 0.0) - prefill
+    gen = max(u.completion_tokens - 1, 0)
+    spec = ""
+    if m.spec_proposed:
+        spec = f"; drafts accepted {m.spec_accepted}/{m.spec_proposed}"
     print(
-        f"localllm: prompt {stats.prompt_tokens} tokens in {stats.prefill_seconds:.2f} s "
-        f"({rate(stats.prompt_tokens, stats.prefill_seconds)}); generated "
-        f"{stats.generated_tokens} tokens in {stats.decode_seconds:.2f} s "
-        f"({rate(stats.generated_tokens, stats.decode_seconds)})",
+        f"localllm: prompt {u.prompt_tokens} tokens in {prefill:.2f} s "
+        f"({rate(u.prompt_tokens, prefill)}); generated {u.completion_tokens} tokens in "
+        f"{decode:.2f} s after the first ({rate(gen, decode)}){spec}",
         file=sys.stderr,
     )

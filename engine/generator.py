@@ -16,7 +16,8 @@ from localllm.engine.batch import BatchMeta
 from localllm.engine.gguf import GGUFModel, open_gguf
 from localllm.engine.kv_cache import PagedKVCache
 from localllm.engine.loader import build_model
-from localllm.engine.sampling import Sampler, SamplingParams
+from localllm.engine.sampler import Sampler, SamplingRow
+from localllm.engine.sampling_params import SamplingParams
 from localllm.engine.tokenizer import Tokenizer
 
 PREFILL_CHUNK = 512  # tokens per prefill forward: bounds activation memory on long prompts
@@ -105,10 +106,20 @@ class Generator:
             raise ValueError(
                 f"prompt of {len(prompt)} tokens does not fit the context of {self.context_length}"
             )
-        budget = min(params.max_tokens, self.context_length - len(prompt))
+        budget = self.context_length - len(prompt)
+        if params.max_tokens is not None:
+            budget = min(budget, params.max_tokens)
         kv = self._cache(len(prompt) + budget)
-        sampler = Sampler(params)
-        eog = self.tokenizer.eog_ids
+        sampler, out = Sampler(), []
+        rng = None
+        if not params.greedy:
+            rng = torch.Generator()
+            if params.seed is None:
+                rng.seed()
+            else:
+                rng.manual_seed(params.seed)
+        eog = frozenset() if params.ignore_eos else frozenset(self.tokenizer.eog_ids)
+        row = SamplingRow(params, rng, prompt, out, eog)
         t0 = time.perf_counter()
         for s in range(0, len(prompt), PREFILL_CHUNK):
             hidden = self._forward(prompt[s : s + PREFILL_CHUNK], s, kv)
@@ -117,8 +128,9 @@ class Generator:
         n, stop = 0, None
         try:
             while n < budget:
-                token = sampler(logits)
-                if token in eog and not params.ignore_eos:
+                token = sampler(logits[None], [row])[0].token_id
+                out.append(token)
+                if token in eog or token in params.stop_token_ids:
                     stop = token
                     break
                 n += 1

@@ -41,12 +41,14 @@ class PagedKVCache:
         lead = (num_blocks, block_size, num_kv_heads)
 
         def alloc(d: int) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
-            vals = [torch.zeros(*lead, d, dtype=store, device=device) for _ in range(num_layers)]
+            # empty, not zeros: attention reads only written slots, and untouched pages of a big
+            # pool then cost no memory until used.
+            vals = [torch.empty(*lead, d, dtype=store, device=device) for _ in range(num_layers)]
             sc = scale_shape(dtype, d)
             if sc is None:
                 return vals, None
             shape, sdt = sc
-            return vals, [torch.zeros(*lead, *shape, dtype=sdt, device=device) for _ in vals]
+            return vals, [torch.empty(*lead, *shape, dtype=sdt, device=device) for _ in vals]
 
         self.k, self.k_scales = alloc(head_dim)
         self.v, self.v_scales = alloc(vd)

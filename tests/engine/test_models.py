@@ -16,7 +16,7 @@ from localllm.engine.generator import Generator
 from localllm.engine.gguf import open_gguf
 from localllm.engine.kv_cache import PagedKVCache
 from localllm.engine.loader import ModelLoadError, build_model
-from localllm.engine.sampling import SamplingParams
+from localllm.engine.sampling_params import SamplingParams
 from tests.engine.tiny_models import SPECS, TinySpec, longrope_factors, write_tiny_gguf
 
 FAMILIES = list(SPECS)

@@ -133,6 +133,10 @@ class ModelRunner:
     @staticmethod
     def _row(req: Request, drafts: list[int]) -> SamplingRow:
         allowed = req.grammar.allowed() if req.grammar is not None else None
+        if allowed is not None and not bool(allowed.any()):
+            # A dead end (no token can continue the grammar): end this request, not the batch.
+            req.error = f"the grammar allows no next token ({req.grammar.error or 'dead end'})"
+            allowed = None
         return SamplingRow(
             params=req.params,
             rng=req.rng,

@@ -154,6 +154,9 @@ class Scheduler:
         for req in out.requests:
             if req.finished:
                 continue  # aborted while the step ran
+            if req.error is not None:
+                self.finish(req, "error")
+                continue
             req.num_computed_tokens += out.num_scheduled_tokens[req.request_id]
             spec = out.spec_tokens.get(req.request_id)
             tokens = sampled.get(req.request_id, [])

@@ -162,3 +162,34 @@ def _json(schema):
     from localllm.engine.sampling_params import StructuredOutputParams
 
     return StructuredOutputParams(json=schema)
+
+
+class _DeadEnd:
+    """A grammar matcher that has no valid next token (what a broken grammar state looks like)."""
+
+    error = None
+    is_terminated = False
+
+    def __init__(self, vocab):
+        self.vocab = vocab
+
+    def allowed(self):
+        import torch
+
+        return torch.zeros(self.vocab, dtype=torch.bool)
+
+    def accept(self, token):
+        return True
+
+
+def test_grammar_dead_end_fails_only_that_request(llm):
+    eng = llm.engine
+    ok = eng.add_request(None, PROMPTS[0], greedy(5))
+    bad = eng.add_request(None, PROMPTS[1], greedy(5))
+    eng.states[bad].req.grammar = _DeadEnd(eng.vocab_size)
+    done = {}
+    while eng.has_unfinished_requests():
+        done |= {o.request_id: o for o in eng.step() if o.finished}
+    assert done[bad].outputs[0].finish_reason == "error" and "grammar" in done[bad].error
+    assert done[ok].outputs[0].finish_reason == "length"
+    assert len(done[ok].outputs[0].token_ids) == 5

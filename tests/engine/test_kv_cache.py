@@ -65,6 +65,8 @@ def test_unknown_dtype_and_block_size_mismatch():
 def test_write_lands_at_slots_of_one_layer(dtype):
     gen = torch.Generator().manual_seed(1)
     cache = PagedKVCache(2, 4, 6, 2, 32, dtype=dtype)
+    for t in (*cache.k, *cache.v, *(cache.k_scales or ()), *(cache.v_scales or ())):
+        t.view(torch.uint8).zero_()  # the pool starts uninitialised; zero it to see every write
     k, v = torch.randn(2, 3, 2, 32, generator=gen).unbind(0)
     slots = torch.tensor([20, 3, 11])
     cache.write(1, k, v, slots)

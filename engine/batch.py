@@ -7,7 +7,7 @@ last ones. Model files never allocate caches: the runner owns the `PagedKVCache`
 """
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -21,6 +21,9 @@ class BatchMeta:
     block_tables: tuple[tuple[int, ...], ...]  # each sequence's KV block ids, in order
     slot_mapping: torch.Tensor  # [T] int64: block_id * block_size + offset of each new token
     block_size: int
+    # Per-step memo for attention backends (e.g. the batched decode gather plan, keyed by window):
+    # built on first use by one layer, reused by the others; it lives and dies with this step.
+    plans: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         b = len(self.seq_lens)

@@ -13,6 +13,7 @@ from localllm.kernels.attention import (
     KV_DTYPES,
     encode_kv,
     paged_attention,
+    plan_decode,
     scale_shape,
     vector_nbytes,
     write_paged,
@@ -107,4 +108,14 @@ class PagedKVCache:
             softcap,
             self.k_scales[layer] if self.k_scales else None,
             self.v_scales[layer] if self.v_scales else None,
+            decode=self._decode_plan(batch, window),
         )
+
+    @staticmethod
+    def _decode_plan(batch: BatchMeta, window: int | None):
+        key = ("decode", window)
+        if key not in batch.plans:
+            batch.plans[key] = plan_decode(
+                batch.query_start, batch.seq_lens, batch.block_tables, batch.block_size, window
+            )
+        return batch.plans[key]

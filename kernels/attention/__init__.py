@@ -1,5 +1,6 @@
 """Attention over a paged KV cache: plain-torch reference ops (triton variants plug in on GPU)."""
 
+from localllm.kernels.attention.decode import DecodePlan, decode_attention, plan_decode
 from localllm.kernels.attention.kv_quant import (
     KV_DTYPES,
     decode_kv,
@@ -16,11 +17,14 @@ from localllm.kernels.attention.paged import paged_attention, write_paged
 
 __all__ = [
     "KV_DTYPES",
+    "DecodePlan",
+    "decode_attention",
     "decode_kv",
     "dequantize_fp8",
     "dequantize_q8_0",
     "encode_kv",
     "paged_attention",
+    "plan_decode",
     "q8_group",
     "quantize_fp8",
     "quantize_q8_0",

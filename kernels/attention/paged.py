@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
+from localllm.kernels.attention.decode import DecodePlan, decode_attention
 from localllm.kernels.attention.kv_quant import decode_kv
 
 
@@ -44,6 +45,7 @@ def paged_attention(
     softcap: float | None = None,
     k_scales: torch.Tensor | None = None,
     v_scales: torch.Tensor | None = None,
+    decode: DecodePlan | None = None,
 ) -> torch.Tensor:
     """Causal GQA attention of each sequence's new queries over its paged context.
 
@@ -51,8 +53,24 @@ def paged_attention(
     [num_blocks, block_size, KV, D|Dv] in a float, int8 (q8_0) or float8 (fp8) format with their
     scales; H must be a multiple of KV. `window` keeps the last `window` keys of each query (key
     positions > query position - window); `softcap` squashes scores to cap * tanh(s / cap).
-    Returns [T, H, Dv] in q's dtype (possibly a non-contiguous view).
+    `decode` (from `plan_decode` for the same layout and window) runs every single-token sequence
+    in one batched gather. Returns [T, H, Dv] in q's dtype (possibly a non-contiguous view).
     """
+    if decode is not None:
+        return _with_plan(
+            q,
+            k_cache,
+            v_cache,
+            query_start,
+            seq_lens,
+            block_tables,
+            scale,
+            window,
+            softcap,
+            k_scales,
+            v_scales,
+            decode,
+        )
     bs = k_cache.shape[1]
     outs = []
     for b, n in enumerate(seq_lens):
@@ -75,6 +93,44 @@ def paged_attention(
     if len(outs) == 1:  # one sequence (the CPU decode case): no concatenation copy
         return outs[0]
     return torch.cat(outs) if outs else q.new_empty(0, q.shape[1], v_cache.shape[-1])
+
+
+def _with_plan(
+    q,
+    k_cache,
+    v_cache,
+    query_start,
+    seq_lens,
+    tables,
+    scale,
+    window,
+    softcap,
+    k_scales,
+    v_scales,
+    decode: DecodePlan,
+) -> torch.Tensor:
+    """Single-token sequences in one batched pass; the others one by one into the same output."""
+    out = q.new_empty(q.shape[0], q.shape[1], v_cache.shape[-1])
+    out[decode.rows] = decode_attention(
+        q, k_cache, v_cache, decode, scale, softcap, k_scales, v_scales
+    )
+    for b in range(len(seq_lens)):
+        s, e = query_start[b], query_start[b + 1]
+        if e - s > 1:
+            out[s:e] = paged_attention(
+                q[s:e],
+                k_cache,
+                v_cache,
+                (0, e - s),
+                (seq_lens[b],),
+                (tables[b],),
+                scale,
+                window,
+                softcap,
+                k_scales,
+                v_scales,
+            )
+    return out
 
 
 def _gather(

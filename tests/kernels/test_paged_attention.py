@@ -16,6 +16,7 @@ from localllm.kernels.attention import (
     dequantize_q8_0,
     encode_kv,
     paged_attention,
+    plan_decode,
     q8_group,
     quantize_fp8,
     quantize_q8_0,
@@ -240,3 +241,39 @@ def test_low_precision_caches_match_their_decoded_values(fmt, tol):
         assert (out - dense_reference(qs[b], k_dec, v_dec, 0.125)).abs().max() < F32_TOL
         err = (out - dense_reference(qs[b], ks[b], vs[b], 0.125)).abs().max().item()
         assert 0 < err < tol, f"{fmt} sequence {b}: {err:.2e}"
+
+
+@pytest.mark.parametrize(("heads", "kv_heads"), [(8, 2), (6, 1)], ids=["gqa", "mqa"])
+@pytest.mark.parametrize(("window", "softcap"), [(None, None), (7, None), (20, 2.0)])
+def test_batched_decode_plan_matches_dense_reference(heads, kv_heads, window, softcap):
+    """The one-gather decode pass (padded to the longest context, NaN-filled spare slots) gives
+    each single-token sequence the dense answer, and the others still go one by one."""
+    d, dv = 32, 24
+    q, kc, vc, starts, lens, tables, qs, ks, vs = build(SEQS, 12, heads, kv_heads, d, dv, seed=5)
+    plan = plan_decode(starts, lens, tables, 12, window)
+    assert plan is not None and plan.pad is not None  # four decoders of different lengths
+    assert plan.rows.tolist() == [starts[b] for b, (_, t) in enumerate(SEQS) if t == 1]
+    got = paged_attention(q, kc, vc, starts, lens, tables, d**-0.5, window, softcap, decode=plan)
+    assert torch.isfinite(got).all()
+    for b, (qb, kb, vb) in enumerate(zip(qs, ks, vs, strict=True)):
+        want = dense_reference(qb, kb, vb, d**-0.5, window, softcap)
+        err = (got[starts[b] : starts[b + 1]].double() - want).abs().max().item()
+        assert err < F32_TOL, f"sequence {b}: {err:.2e}"
+
+
+@pytest.mark.parametrize("fmt", ["f16", "q8_0", "fp8"])
+def test_batched_decode_plan_on_8bit_and_half_caches(fmt):
+    seqs = ((37, 1), (5, 1), (20, 20), (64, 1))
+    q, kc, vc, starts, lens, tables, _, _, _ = build(seqs, 16, 8, 2, 64, 64, seed=3)
+    kq, ksc = encode_kv(kc.nan_to_num(0.0), fmt)
+    vq, vsc = encode_kv(vc.nan_to_num(0.0), fmt)
+    one_by_one = paged_attention(q, kq, vq, starts, lens, tables, 0.125, k_scales=ksc, v_scales=vsc)
+    plan = plan_decode(starts, lens, tables, 16)
+    batched = paged_attention(
+        q, kq, vq, starts, lens, tables, 0.125, k_scales=ksc, v_scales=vsc, decode=plan
+    )
+    assert (batched - one_by_one).abs().max() < 1e-5
+
+
+def test_plan_needs_two_decoders():
+    assert plan_decode((0, 1, 9), (5, 8), ((0,), (1,)), 16) is None

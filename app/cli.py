@@ -5,18 +5,21 @@ User errors (bad files, bad flags, missing models) print one `localllm: error:` 
 """
 
 import argparse
+import importlib
 import logging
 import sys
 import traceback
 
-from localllm.app import run as run_cmd
+# Subcommand modules, each with add_parser(sub) that sets `handler`.
+COMMANDS = ("localllm.app.run",)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="localllm", description="Local LLM inference.")
     parser.add_argument("--version", action="store_true", help="print the version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    run_cmd.add_parser(sub)
+    for name in COMMANDS:
+        importlib.import_module(name).add_parser(sub)
     return parser
 
 

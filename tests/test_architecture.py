@@ -20,7 +20,16 @@ THIRD_PARTY = {
     "offload": {"torch", "numpy", "psutil"},
     "engine": {"torch", "numpy", "gguf", "tokenizers", "jinja2", "llguidance"},
     "media": {"torch", "numpy", "soundfile", "soxr"},
-    "app": {"torch", "numpy", "fastapi", "uvicorn", "textual", "huggingface_hub", "pydantic"},
+    "app": {
+        "torch",
+        "numpy",
+        "fastapi",
+        "starlette",
+        "uvicorn",
+        "textual",
+        "huggingface_hub",
+        "pydantic",
+    },
 }
 LINE_CAP = 500
 

@@ -1,0 +1,1 @@
+"""Models on disk: the Hugging Face cache and user folders, resolving and downloading GGUF repos."""

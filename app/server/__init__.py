@@ -1,0 +1,1 @@
+"""The OpenAI-compatible HTTP server (`localllm serve`): app factory, endpoints, protocol models."""

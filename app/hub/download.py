@@ -1,0 +1,231 @@
+"""Fetch `org/repo[:QUANT]` into the standard Hugging Face cache with huggingface_hub.
+
+huggingface_hub does the transfer (retries with Range, process-unique temp file, atomic rename,
+blob/snapshot layout shared with other tools); we add the quant resolution, a disk-space check
+up front, sha256 verification against the Hub's LFS hash, progress and offline handling.
+"""
+
+import hashlib
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from huggingface_hub import HfApi, constants, hf_hub_download
+from huggingface_hub.errors import (
+    EntryNotFoundError,
+    GatedRepoError,
+    HfHubHTTPError,
+    OfflineModeIsEnabled,
+    RepositoryNotFoundError,
+    RevisionNotFoundError,
+)
+
+from localllm.app.hub.progress import ProgressCallback, human_bytes, progress_class
+from localllm.app.hub.quant import HubError, RepoFile, Resolved, resolve_files
+
+# Leave room for the filesystem and other writers beyond the bytes we fetch.
+DISK_MARGIN = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class HubConfig:
+    """Where the Hub and the cache are; `current()` takes huggingface_hub's own env settings."""
+
+    endpoint: str
+    cache_dir: Path
+    offline: bool = False
+
+    @classmethod
+    def current(cls) -> "HubConfig":
+        # Read at call time: huggingface_hub parses HF_ENDPOINT / HF_HUB_CACHE / HF_HUB_OFFLINE.
+        return cls(constants.ENDPOINT, Path(constants.HF_HUB_CACHE), constants.is_offline_mode())
+
+
+@dataclass(frozen=True)
+class PulledModel:
+    """A model present in the cache: its shards in order, its mmproj, and the commit."""
+
+    name: str
+    repo: str
+    quant: str | None
+    revision: str
+    paths: tuple[Path, ...]
+    mmproj: Path | None
+    downloaded: int  # bytes fetched by this call (0 when everything was cached)
+
+    @property
+    def path(self) -> Path:
+        return self.paths[0]
+
+
+def repo_folder(config: HubConfig, repo: str) -> Path:
+    return config.cache_dir / f"models--{repo.replace('/', '--')}"
+
+
+def cached_files(
+    config: HubConfig, repo: str, revision: str = "main"
+) -> tuple[str, list[RepoFile]]:
+    """The commit and files of `repo` at `revision` as the cache holds them (no network)."""
+    folder = repo_folder(config, repo)
+    ref = folder / "refs" / revision
+    commit = ref.read_text().strip() if ref.is_file() else revision
+    snapshot = folder / "snapshots" / commit
+    if not snapshot.is_dir():
+        raise HubError(f"{repo} is not in the cache ({config.cache_dir})")
+    files = [
+        RepoFile(p.relative_to(snapshot).as_posix(), p.stat().st_size)
+        for p in sorted(snapshot.rglob("*"))
+        if p.is_file()
+    ]
+    return commit, files
+
+
+def remote_files(config: HubConfig, repo: str, revision: str | None) -> tuple[str, list[RepoFile]]:
+    """The commit and files (sizes, LFS sha256) of `repo` on the Hub; HubError on 404 etc."""
+    api = HfApi(endpoint=config.endpoint)
+    try:
+        info = api.model_info(repo, revision=revision, files_metadata=True)
+    except RepositoryNotFoundError:
+        raise HubError(
+            f"{repo}: no such model repository on {config.endpoint} (or it is private)"
+        ) from None
+    except GatedRepoError:
+        raise HubError(f"{repo} is gated: accept its terms on the Hub and log in") from None
+    except RevisionNotFoundError:
+        raise HubError(f"{repo} has no revision {revision!r}") from None
+    except Exception as e:
+        if not _network_error(e):
+            raise
+        raise HubError(
+            f"cannot reach {config.endpoint} for {repo} ({e}); set HF_HUB_OFFLINE=1 to use only "
+            "cached models"
+        ) from None
+    files = [
+        RepoFile(
+            s.rfilename,
+            s.lfs.size if s.lfs else s.size,
+            s.lfs.sha256 if s.lfs else None,
+        )
+        for s in info.siblings or []
+    ]
+    return info.sha or revision or "main", files
+
+
+def _network_error(e: Exception) -> bool:
+    # huggingface_hub's transport errors come from its HTTP client package; match them by module.
+    module = type(e).__module__
+    return isinstance(e, HfHubHTTPError | OSError) or module.startswith(("httpx", "httpcore"))
+
+
+def cached_model(
+    config: HubConfig,
+    repo: str,
+    quant: str | None = None,
+    filename: str | None = None,
+    revision: str = "main",
+) -> PulledModel | None:
+    """`repo:quant` from the cache alone, or None when it (or a shard) is not there."""
+    try:
+        commit, files = cached_files(config, repo, revision)
+        resolved = resolve_files(repo, files, quant, filename)
+    except HubError:
+        return None
+    snapshot = repo_folder(config, repo) / "snapshots" / commit
+    return _pulled(resolved, commit, snapshot, 0)
+
+
+def _pulled(resolved: Resolved, commit: str, snapshot: Path, downloaded: int) -> PulledModel:
+    paths = tuple(snapshot / f.name for f in resolved.model.files)
+    mmproj = snapshot / resolved.mmproj.name if resolved.mmproj else None
+    return PulledModel(
+        resolved.name, resolved.repo, resolved.model.quant, commit, paths, mmproj, downloaded
+    )
+
+
+def check_disk_space(directory: Path, needed: int) -> None:
+    """HubError when the filesystem holding `directory` has less than `needed` bytes free."""
+    probe = directory
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    free = shutil.disk_usage(probe).free
+    if free < needed + DISK_MARGIN:
+        raise HubError(
+            f"not enough disk space in {directory}: need {human_bytes(needed)} "
+            f"(+{human_bytes(DISK_MARGIN)} margin), {human_bytes(free)} free"
+        )
+
+
+def sha256_of(path: Path, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _discard(pointer: Path) -> None:
+    """Remove one freshly fetched file: the snapshot link and the blob it points to."""
+    blob = Path(os.path.realpath(pointer))
+    pointer.unlink(missing_ok=True)
+    if blob != pointer:
+        blob.unlink(missing_ok=True)
+
+
+def pull(
+    repo: str,
+    quant: str | None = None,
+    *,
+    filename: str | None = None,
+    revision: str | None = None,
+    config: HubConfig | None = None,
+    progress: ProgressCallback | None = None,
+) -> PulledModel:
+    """Make `repo:quant` present in the cache, downloading what is missing; return its paths."""
+    config = config or HubConfig.current()
+    if config.offline:
+        found = cached_model(config, repo, quant, filename, revision or "main")
+        if found is None:
+            spec = repo + (f":{quant}" if quant else "")
+            raise HubError(
+                f"offline mode (HF_HUB_OFFLINE) is on and {spec} is not in the cache "
+                f"({config.cache_dir}); unset HF_HUB_OFFLINE to download it"
+            )
+        return found
+    commit, files = remote_files(config, repo, revision)
+    resolved = resolve_files(repo, files, quant, filename)
+    snapshot = repo_folder(config, repo) / "snapshots" / commit
+    missing = [f for f in resolved.files if not (snapshot / f.name).exists()]
+    check_disk_space(config.cache_dir, sum(f.size or 0 for f in missing))
+    fetched: list[Path] = []
+    try:
+        for f in missing:
+            tqdm_class = progress_class(f.name, progress) if progress else None
+            path = Path(_download(config, repo, f.name, revision, tqdm_class))
+            fetched.append(path)
+            if f.sha256 and sha256_of(path) != f.sha256.lower():
+                raise HubError(
+                    f"{repo}/{f.name}: sha256 mismatch after download (expected {f.sha256}); "
+                    "the file was removed, try again"
+                )
+    except BaseException:
+        for path in fetched:
+            _discard(path)
+        raise
+    return _pulled(resolved, commit, snapshot, sum(f.size or 0 for f in missing))
+
+
+def _download(config: HubConfig, repo: str, name: str, revision: str | None, tqdm_class) -> str:
+    try:
+        return hf_hub_download(
+            repo,
+            name,
+            revision=revision,
+            cache_dir=config.cache_dir,
+            endpoint=config.endpoint,
+            tqdm_class=tqdm_class,
+        )
+    except (EntryNotFoundError, RevisionNotFoundError, RepositoryNotFoundError) as e:
+        raise HubError(f"{repo}/{name}: not found on {config.endpoint} ({e})") from None
+    except OfflineModeIsEnabled:
+        raise HubError(f"offline mode (HF_HUB_OFFLINE) is on; cannot download {repo}") from None

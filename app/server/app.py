@@ -1,0 +1,100 @@
+"""`create_app(engine, settings)`: the FastAPI app, its routers, guards and error mapping.
+
+The guards are plain ASGI middleware so they run before any body parsing: the body-size limit
+(Content-Length and the bytes actually streamed) and the optional API key. CORS is added only
+when origins are configured.
+"""
+
+import hmac
+import json
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
+
+from localllm.app.server import chat, completions, metrics, models, tokenize
+from localllm.app.server.errors import error_body, install_error_handlers
+from localllm.app.server.settings import ServerSettings
+
+OPEN_PATHS = frozenset({"/health"})
+
+
+async def _send_error(send, status: int, message: str, code: str | None = None) -> None:
+
+    body = json.dumps(error_body(status, message, code=code)).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if status == 401:
+        headers.append((b"www-authenticate", b"Bearer"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+class GuardMiddleware:
+    """API key check, then the body read whole (up to the limit) and replayed to the app."""
+
+    def __init__(self, app, settings: ServerSettings):
+        self.app, self.settings = app, settings
+
+    async def __call__(self, scope: dict[str, Any], receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope.get("headers") or [])
+        key = self.settings.api_key
+        if key is not None and scope["path"] not in OPEN_PATHS and scope["method"] != "OPTIONS":
+            auth = headers.get(b"authorization", b"").decode("latin-1")
+            given = auth[7:] if auth[:7].lower() == "bearer " else ""
+            if not hmac.compare_digest(given.encode(), key.encode()):
+                await _send_error(send, 401, "missing or invalid API key", "invalid_api_key")
+                return
+        limit = self.settings.max_body_bytes
+        too_big = f"the request body is larger than {limit} bytes"
+        length = headers.get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > limit:
+            await _send_error(send, 413, too_big, "body_too_large")
+            return
+        if scope["method"] not in ("POST", "PUT", "PATCH"):
+            await self.app(scope, receive, send)
+            return
+        chunks, size = [], 0
+        while True:
+            msg = await receive()
+            if msg["type"] != "http.request":
+                return  # the client left before sending the body
+            chunks.append(msg.get("body", b""))
+            size += len(chunks[-1])
+            if size > limit:
+                await _send_error(send, 413, too_big, "body_too_large")
+                return
+            if not msg.get("more_body", False):
+                break
+        replayed = False
+
+        async def replay():
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+            return await receive()  # afterwards: http.disconnect, for disconnect detection
+
+        await self.app(scope, replay, send)
+
+
+def create_app(engine, settings: ServerSettings) -> FastAPI:
+    """The server app over a started `AsyncEngine`; the caller owns (and shuts down) the engine."""
+    app = FastAPI(title="localllm", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.engine = engine
+    app.state.settings = settings
+    app.state.metrics = metrics.ServerMetrics()
+    for module in (models, chat, completions, tokenize, metrics):
+        app.include_router(module.router)
+    install_error_handlers(app)
+    app.add_middleware(GuardMiddleware, settings=settings)
+    if settings.cors_origins:  # added last, so it is outermost and answers preflights itself
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(settings.cors_origins),
+            allow_methods=["*"],
+            allow_headers=["*"],
+        )
+    return app

@@ -1,0 +1,139 @@
+"""POST /v1/completions: raw prompts (text, token ids, or lists of them), echo, legacy logprobs."""
+
+import asyncio
+from collections.abc import AsyncIterator
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from localllm.app.server.common import check_model, new_id, now, ranked, token_text, usage_dict
+from localllm.app.server.protocol import CompletionRequest
+from localllm.app.server.sse import sse_response
+from localllm.app.server.streams import collect, drive, unless_disconnected, with_first
+from localllm.engine.core.outputs import PositionLogprobs, Usage
+
+router = APIRouter()
+
+
+def legacy_logprobs(
+    tok, ids: list[int], lps: list[PositionLogprobs | None], k: int, offset: int
+) -> dict:
+    """OpenAI's completions shape: parallel lists of tokens, their logprobs and top-k maps."""
+    tokens, token_lps, tops, offsets = [], [], [], []
+    for t, pos in zip(ids, lps, strict=False):
+        text = token_text(tok, t, pos[t].decoded_token if pos else None)
+        tokens.append(text)
+        offsets.append(offset)
+        offset += len(text)
+        token_lps.append(pos[t].logprob if pos else None)
+        tops.append(
+            {token_text(tok, i, s): lp for i, lp, s in ranked(pos, k)} if pos and k else None
+        )
+    return {"tokens": tokens, "token_logprobs": token_lps, "top_logprobs": tops,
+            "text_offset": offsets}  # fmt: skip
+
+
+def _echo_text(tok, prompt: str | list[int]) -> str:
+    return prompt if isinstance(prompt, str) else tok.decode(prompt)
+
+
+@router.post("/v1/completions")
+async def create_completion(body: CompletionRequest, request: Request) -> Response:
+    model = check_model(request, body.model)
+    params = body.to_sampling_params()
+    prompts = body.prompts()
+    engine = request.app.state.engine
+    tok = engine.tokenizer
+    rid = new_id("cmpl")
+    k = body.logprobs
+
+    def start(i: int, prompt):
+        return engine.generate(prompt, params, f"{rid}-{i}", cache_salt=body.cache_salt)
+
+    if not body.stream:
+        work = asyncio.gather(
+            *(collect(request, start(i, p), params.n) for i, p in enumerate(prompts))
+        )
+        results = await unless_disconnected(request, work)
+        choices, usage = [], Usage()
+        for i, (prompt, res) in enumerate(zip(prompts, results, strict=True)):
+            usage.prompt_tokens += res.last.usage.prompt_tokens
+            usage.completion_tokens += res.last.usage.completion_tokens
+            echo = _echo_text(tok, prompt) if body.echo else ""
+            for c in res.completions:
+                lp = None
+                if k is not None:
+                    lp = legacy_logprobs(tok, c.token_ids, c.logprobs or [], k, len(echo))
+                    if body.echo:
+                        pl = res.last.prompt_logprobs or [None] * len(res.last.prompt_token_ids)
+                        head = legacy_logprobs(tok, res.last.prompt_token_ids, pl, k, 0)
+                        lp = {key: head[key] + lp[key] for key in lp}
+                choices.append(
+                    {
+                        "index": i * params.n + c.index,
+                        "text": echo + c.text,
+                        "logprobs": lp,
+                        "finish_reason": c.finish_reason,
+                    }
+                )
+        return JSONResponse(
+            {
+                "id": rid,
+                "object": "text_completion",
+                "created": now(),
+                "model": model,
+                "choices": choices,
+                "usage": usage_dict(usage),
+            }
+        )
+
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    created = now()
+    first_outs = drive(request, start(0, prompts[0]))
+    first = await anext(first_outs)  # a bad request fails here with a plain 400
+
+    def chunk(choices: list[dict], usage: dict | None = None) -> dict:
+        d = {"id": rid, "object": "text_completion", "created": created, "model": model,
+             "choices": choices}  # fmt: skip
+        if include_usage:
+            d["usage"] = usage
+        return d
+
+    async def chunks() -> AsyncIterator[dict]:
+        # Several prompts stream one after the other (their indices keep them apart).
+        total = Usage()
+        try:
+            for i, prompt in enumerate(prompts):
+                outs = with_first(first, first_outs) if i == 0 else drive(request, start(i, prompt))
+                echo = _echo_text(tok, prompt) if body.echo else ""
+                echoed: set[int] = set()
+                last = None
+                async for out in outs:
+                    last = out
+                    if out.error:
+                        raise RuntimeError(f"generation failed: {out.error}")
+                    choices = []
+                    for c in out.outputs:
+                        text = c.text
+                        if c.index not in echoed:
+                            echoed.add(c.index)
+                            text = echo + text
+                        lp = None
+                        if k is not None:
+                            lp = legacy_logprobs(tok, c.token_ids, c.logprobs or [], k, 0)
+                        idx = i * params.n + c.index
+                        choices.append(
+                            {"index": idx, "text": text, "logprobs": lp,
+                             "finish_reason": c.finish_reason}
+                        )  # fmt: skip
+                    if choices:
+                        yield chunk(choices)
+                if last is not None:
+                    total.prompt_tokens += last.usage.prompt_tokens
+                    total.completion_tokens += last.usage.completion_tokens
+            if include_usage:
+                yield chunk([], usage_dict(total))
+        finally:
+            await first_outs.aclose()
+
+    return sse_response(chunks())

@@ -1,0 +1,184 @@
+"""Pydantic request models (OpenAI field names) and their translation into `SamplingParams`.
+
+OpenAI's defaults differ from vLLM's: an omitted `max_tokens` means "until the context ends" and
+temperature defaults to 1.0. Value checks beyond types stay in `SamplingParams` (one source).
+"""
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
+
+from localllm.engine.sampling_params import SamplingParams, StructuredOutputParams
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class JsonSchemaSpec(BaseModel):
+    name: str | None = None
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaSpec | None = None
+
+
+class SamplingFields(BaseModel):
+    """Fields shared by /v1/chat/completions and /v1/completions."""
+
+    model_config = ConfigDict(populate_by_name=True)
+
+    model: str | None = None
+    n: int = 1
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    typical_p: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    max_tokens: int | None = None
+    min_tokens: int = 0
+    ignore_eos: StrictBool = False
+    skip_special_tokens: StrictBool = True
+    include_stop_str_in_output: StrictBool = False
+    stream: StrictBool = False
+    stream_options: StreamOptions | None = None
+    cache_salt: str | None = None
+    user: str | None = None
+
+    def sampling_params(
+        self,
+        *,
+        max_tokens: int | None,
+        logprobs: int | None = None,
+        prompt_logprobs: int | None = None,
+        structured: StructuredOutputParams | None = None,
+    ) -> SamplingParams:
+        def pick(value, default):
+            return default if value is None else value
+
+        bias = None
+        if self.logit_bias:
+            try:
+                bias = {int(k): v for k, v in self.logit_bias.items()}
+            except ValueError:
+                raise ValueError("logit_bias keys must be token ids (integer strings)") from None
+        stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or ())
+        return SamplingParams(
+            n=self.n,
+            temperature=pick(self.temperature, 1.0),
+            top_p=pick(self.top_p, 1.0),
+            top_k=pick(self.top_k, 0),
+            min_p=pick(self.min_p, 0.0),
+            typical_p=pick(self.typical_p, 1.0),
+            presence_penalty=pick(self.presence_penalty, 0.0),
+            frequency_penalty=pick(self.frequency_penalty, 0.0),
+            repetition_penalty=pick(self.repetition_penalty, 1.0),
+            logit_bias=bias,
+            seed=self.seed,
+            stop=tuple(stop),
+            stop_token_ids=tuple(self.stop_token_ids or ()),
+            include_stop_str_in_output=self.include_stop_str_in_output,
+            max_tokens=max_tokens,
+            min_tokens=self.min_tokens,
+            ignore_eos=self.ignore_eos,
+            logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
+            skip_special_tokens=self.skip_special_tokens,
+            structured=structured,
+        )
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")  # name, tool_call_id, ... reach the template
+
+    role: str
+    content: str | list[dict[str, Any]] | None = None
+
+    def for_template(self) -> dict[str, Any]:
+        msg = self.model_dump(exclude_none=True)
+        if isinstance(self.content, list):  # content parts: only text is understood for now
+            texts = []
+            for part in self.content:
+                if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                    raise ValueError("only text content parts are supported")
+                texts.append(part["text"])
+            msg["content"] = "".join(texts)
+        return msg
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = None
+    logprobs: StrictBool = False
+    top_logprobs: int | None = None
+    response_format: ResponseFormat | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    def to_sampling_params(self) -> SamplingParams:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs=true")
+        return self.sampling_params(
+            max_tokens=self.max_completion_tokens or self.max_tokens,
+            logprobs=(self.top_logprobs or 0) if self.logprobs else None,
+            structured=structured_from(self.response_format),
+        )
+
+
+def structured_from(fmt: ResponseFormat | None) -> StructuredOutputParams | None:
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object":
+        return StructuredOutputParams(json_object=True)
+    if fmt.json_schema is None or fmt.json_schema.schema_ is None:
+        raise ValueError("response_format json_schema needs json_schema.schema")
+    return StructuredOutputParams(json=fmt.json_schema.schema_)
+
+
+Prompt = str | list[str] | list[int] | list[list[int]]
+
+
+class CompletionRequest(SamplingFields):
+    prompt: Prompt
+    echo: StrictBool = False
+    logprobs: int | None = None
+    response_format: ResponseFormat | None = None
+
+    def prompts(self) -> list[str | list[int]]:
+        p = self.prompt
+        if isinstance(p, str):
+            return [p]
+        if not p:
+            raise ValueError("prompt must not be empty")
+        if all(isinstance(x, int) for x in p):
+            return [list(p)]
+        return list(p)
+
+    def to_sampling_params(self) -> SamplingParams:
+        # Legacy completions default to 16 tokens in OpenAI's API; we follow the brief: to the end.
+        return self.sampling_params(
+            max_tokens=self.max_tokens,
+            logprobs=self.logprobs,
+            prompt_logprobs=self.logprobs if self.echo and self.logprobs is not None else None,
+            structured=structured_from(self.response_format),
+        )
+
+
+class TokenizeRequest(BaseModel):
+    content: str
+    add_special: StrictBool = True
+    with_pieces: StrictBool = False
+
+
+class DetokenizeRequest(BaseModel):
+    tokens: list[int]

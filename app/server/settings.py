@@ -1,0 +1,24 @@
+"""`ServerSettings`: what the HTTP layer knows beyond the engine (names, limits, auth, CORS).
+
+Only `localllm.app.serve` builds it from flags; the server modules never read env or config.
+"""
+
+import time
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class ServerSettings:
+    model_id: str  # the id /v1/models reports (the file stem or --alias)
+    model_names: frozenset[str] = frozenset()  # other names a request may use for it (file name)
+    api_key: str | None = None  # when set, every route but /health needs `Bearer <key>`
+    max_body_bytes: int = 8 * 1024 * 1024  # larger request bodies get 413 before parsing
+    max_prompt_tokens: int | None = None  # None: the engine's context is the limit
+    request_timeout: float | None = None  # seconds per request; None: no limit
+    cors_origins: tuple[str, ...] = ()  # empty: no CORS headers at all
+    created: int = field(default_factory=lambda: int(time.time()))
+    owned_by: str = "localllm"
+
+    def accepts(self, model: str | None) -> bool:
+        """A request may name the served model by its id or any of its other names, or omit it."""
+        return not model or model == self.model_id or model in self.model_names

@@ -1,0 +1,24 @@
+"""POST /tokenize and /detokenize in llama-server's shapes."""
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from localllm.app.server.protocol import DetokenizeRequest, TokenizeRequest
+
+router = APIRouter()
+
+
+@router.post("/tokenize")
+async def tokenize(body: TokenizeRequest, request: Request) -> JSONResponse:
+    tok = request.app.state.engine.tokenizer
+    ids = tok.encode(body.content, add_special=body.add_special, parse_special=True)
+    if not body.with_pieces:
+        return JSONResponse({"tokens": ids})
+    pieces = [{"id": t, "piece": tok.decode([t])} for t in ids]
+    return JSONResponse({"tokens": pieces})
+
+
+@router.post("/detokenize")
+async def detokenize(body: DetokenizeRequest, request: Request) -> JSONResponse:
+    tok = request.app.state.engine.tokenizer
+    return JSONResponse({"content": tok.decode(body.tokens)})

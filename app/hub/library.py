@@ -1,0 +1,180 @@
+"""The local model library: GGUF models in the Hugging Face cache plus user folders.
+
+Hub models are named `org/repo:QUANT` (as pulled); loose files by their stem. Architecture and
+context length come from the GGUF header (metadata only; tensors are not touched).
+"""
+
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from huggingface_hub import scan_cache_dir
+
+from localllm.app.hub.quant import GGUFGroup, HubError, RepoFile, group_ggufs, pick_mmproj
+from localllm.engine.gguf import GGUFError, open_gguf
+
+
+@dataclass(frozen=True)
+class LocalModel:
+    """One model on disk. `repo`/`revision` are set for models in the HF cache."""
+
+    name: str
+    quant: str | None
+    size: int
+    paths: tuple[Path, ...]
+    mmproj: Path | None
+    architecture: str | None
+    context_length: int | None
+    location: str  # "hf-cache" or the user folder it was found in
+    repo: str | None = None
+    revision: str | None = None
+
+    @property
+    def path(self) -> Path:
+        return self.paths[0]
+
+
+def _header(path: Path) -> tuple[str | None, int | None]:
+    try:
+        with open_gguf(path) as m:
+            arch = m.architecture
+            ctx = m.get(f"{arch}.context_length") if arch else None
+            return arch, ctx if isinstance(ctx, int) else None
+    except GGUFError:
+        return None, None
+
+
+def _model(group: GGUFGroup, base: Path, mmprojs: list[RepoFile], name: str, **kw) -> LocalModel:
+    paths = tuple(base / f.name for f in group.files)
+    mm = pick_mmproj(mmprojs, group.quant)
+    arch, ctx = _header(paths[0])
+    return LocalModel(
+        name=name,
+        quant=group.quant,
+        size=group.size,
+        paths=paths,
+        mmproj=base / mm.name if mm else None,
+        architecture=arch,
+        context_length=ctx,
+        **kw,
+    )
+
+
+def _cache_models(cache_dir: Path) -> list[LocalModel]:
+    if not cache_dir.is_dir():
+        return []
+    out: list[LocalModel] = []
+    for repo in sorted(scan_cache_dir(cache_dir).repos, key=lambda r: r.repo_id):
+        if repo.repo_type != "model":
+            continue
+        seen: set[str] = set()
+        # Newest revision first, so each model is listed once, at its latest cached commit.
+        for rev in sorted(repo.revisions, key=lambda r: r.last_modified, reverse=True):
+            files = [
+                RepoFile(f.file_path.relative_to(rev.snapshot_path).as_posix(), f.size_on_disk)
+                for f in rev.files
+            ]
+            groups, mmprojs = group_ggufs(files)
+            for g in groups:
+                name = f"{repo.repo_id}:{g.quant or Path(g.stem).name}"
+                if name in seen:
+                    continue
+                seen.add(name)
+                out.append(
+                    _model(
+                        g,
+                        rev.snapshot_path,
+                        mmprojs,
+                        name,
+                        location="hf-cache",
+                        repo=repo.repo_id,
+                        revision=rev.commit_hash,
+                    )
+                )
+    return out
+
+
+def _folder_models(folder: Path) -> list[LocalModel]:
+    if not folder.is_dir():
+        return []
+    files = [
+        RepoFile(p.relative_to(folder).as_posix(), p.stat().st_size)
+        for p in folder.rglob("*.gguf")
+        if p.is_file()
+    ]
+    groups, mmprojs = group_ggufs(files)
+    return [_model(g, folder, mmprojs, Path(g.stem).name, location=str(folder)) for g in groups]
+
+
+def scan_library(cache_dir: Path, extra_dirs: Iterable[Path] = ()) -> list[LocalModel]:
+    """Every GGUF model in the HF cache and the extra folders."""
+    models = _cache_models(cache_dir)
+    for d in extra_dirs:
+        models.extend(_folder_models(Path(d).expanduser()))
+    return models
+
+
+def find_model(name: str, models: Sequence[LocalModel]) -> LocalModel:
+    """The model called `name` (case-insensitive; `org/repo` alone when it has one model)."""
+    want = name.lower()
+    hits = [m for m in models if m.name.lower() == want]
+    if not hits:
+        hits = [m for m in models if m.repo and m.repo.lower() == want]
+    if len(hits) == 1:
+        return hits[0]
+    if len(hits) > 1:
+        names = ", ".join(m.name for m in hits)
+        raise HubError(f"{name} matches several models: {names}")
+    known = ", ".join(m.name for m in models) or "none (use `localllm pull org/repo`)"
+    raise HubError(f"no model named {name} in the library; models: {known}")
+
+
+def remove_model(model: LocalModel, cache_dir: Path) -> int:
+    """Delete one cached model's files (shards; the mmproj when no other model uses it).
+
+    Blobs still linked from another snapshot stay. When the revision holds nothing else, it
+    goes through huggingface_hub's cache API so refs and snapshot folders are cleaned too.
+    Returns the bytes freed.
+    """
+    if model.repo is None or model.revision is None:
+        raise HubError(
+            f"{model.name} is not in the Hugging Face cache; delete {model.location} files yourself"
+        )
+    others = [
+        m
+        for m in _cache_models(cache_dir)
+        if m.repo == model.repo and m.revision == model.revision and m.name != model.name
+    ]
+    doomed = list(model.paths)
+    if model.mmproj and not any(m.mmproj == model.mmproj for m in others):
+        doomed.append(model.mmproj)
+    rest = [p for p in _snapshot_files(model, cache_dir) if p not in doomed]
+    if not others and not rest:
+        info = scan_cache_dir(cache_dir)
+        before = info.size_on_disk
+        info.delete_revisions(model.revision).execute()
+        return before - scan_cache_dir(cache_dir).size_on_disk
+    links = _all_links(cache_dir / f"models--{model.repo.replace('/', '--')}" / "snapshots")
+    freed = 0
+    for pointer in doomed:
+        blob = Path(os.path.realpath(pointer))
+        pointer.unlink(missing_ok=True)
+        if blob != pointer and blob.exists() and links.get(blob, 0) <= 1:
+            freed += blob.stat().st_size
+            blob.unlink()
+    return freed
+
+
+def _snapshot_files(model: LocalModel, cache_dir: Path) -> list[Path]:
+    folder = cache_dir / f"models--{model.repo.replace('/', '--')}" / "snapshots" / model.revision
+    return [p for p in folder.rglob("*") if p.is_symlink() or p.is_file()]
+
+
+def _all_links(snapshots: Path) -> dict[Path, int]:
+    counts: dict[Path, int] = {}
+    for p in snapshots.rglob("*"):
+        if p.is_symlink():
+            target = Path(os.path.realpath(p))
+            counts[target] = counts.get(target, 0) + 1
+    return counts

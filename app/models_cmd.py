@@ -1,0 +1,115 @@
+"""`localllm pull`, `localllm ls`, `localllm rm`: the model library from the command line.
+
+Models live in the Hugging Face cache (HF_HOME / HF_HUB_CACHE, shared with other tools) plus the
+folders named in the settings file or LOCALLLM_MODEL_DIRS.
+"""
+
+import argparse
+import os
+import sys
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("pull", help="download a GGUF model from the Hugging Face Hub")
+    p.add_argument("model", help="org/repo[:QUANT] or a Hub URL (default quant Q4_K_M)")
+    p.add_argument("--yes", "-y", action="store_true", help="do not ask before downloading")
+    p.set_defaults(handler=handle_pull)
+    p = sub.add_parser("ls", help="list the models in the library")
+    p.set_defaults(handler=handle_ls)
+    p = sub.add_parser("rm", help="delete a downloaded model from the Hugging Face cache")
+    p.add_argument("model", help="a name from `localllm ls`")
+    p.add_argument("--yes", "-y", action="store_true", help="do not ask before deleting")
+    p.set_defaults(handler=handle_rm)
+
+
+def _confirm(question: str, yes: bool) -> bool:
+    if yes or os.environ.get("LOCALLLM_YES", "") not in ("", "0"):
+        return True
+    if sys.stdin is None or not sys.stdin.isatty():
+        raise ValueError(f"{question} needs confirmation: pass --yes")
+    return input(f"{question} [y/N] ").strip().lower() in ("y", "yes")
+
+
+def handle_pull(args: argparse.Namespace) -> int:
+    from localllm.app.hub.download import HubConfig, pull, remote_files
+    from localllm.app.hub.progress import human_bytes, terminal_printer
+    from localllm.app.hub.quant import resolve_files
+    from localllm.app.hub.spec import parse_spec
+
+    spec = parse_spec(args.model)
+    if spec.kind != "hub":
+        raise ValueError(f"{args.model}: expected org/repo[:QUANT] or a Hugging Face URL")
+    config = HubConfig.current()
+    if not config.offline and not args.yes and sys.stdin is not None and sys.stdin.isatty():
+        _, files = remote_files(config, spec.repo, spec.revision)
+        plan = resolve_files(spec.repo, files, spec.quant, spec.filename)
+        size = human_bytes(sum(f.size or 0 for f in plan.files))
+        if not _confirm(f"Download {plan.name} ({len(plan.files)} files, {size})?", False):
+            return 1
+    got = pull(
+        spec.repo,
+        spec.quant,
+        filename=spec.filename,
+        revision=spec.revision,
+        config=config,
+        progress=terminal_printer(),
+    )
+    state = f"downloaded {human_bytes(got.downloaded)}" if got.downloaded else "already cached"
+    print(f"{got.name}: {state}", file=sys.stderr)
+    print(got.path)
+    return 0
+
+
+def _library():
+    from localllm.app.hub.download import HubConfig
+    from localllm.app.hub.library import scan_library
+    from localllm.app.hub.settings import load_settings
+
+    config = HubConfig.current()
+    return config, scan_library(config.cache_dir, load_settings().model_dirs)
+
+
+def format_table(models) -> str:
+    """The `ls` table: name, quant, size, architecture, context, where it lives."""
+    from localllm.app.hub.progress import human_bytes
+
+    rows = [("NAME", "QUANT", "SIZE", "ARCH", "CONTEXT", "WHERE")]
+    for m in models:
+        where = str(m.path) if m.location != "hf-cache" else f"hf-cache {m.path}"
+        rows.append(
+            (
+                m.name,
+                m.quant or "-",
+                human_bytes(m.size),
+                m.architecture or "?",
+                str(m.context_length) if m.context_length else "?",
+                where,
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    lines = [
+        "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[-1] for r in rows
+    ]
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def handle_ls(args: argparse.Namespace) -> int:
+    _, models = _library()
+    if not models:
+        print("no models yet; get one with `localllm pull org/repo[:QUANT]`", file=sys.stderr)
+        return 0
+    print(format_table(models))
+    return 0
+
+
+def handle_rm(args: argparse.Namespace) -> int:
+    from localllm.app.hub.library import find_model, remove_model
+    from localllm.app.hub.progress import human_bytes
+
+    config, models = _library()
+    model = find_model(args.model, models)
+    if not _confirm(f"Delete {model.name} ({human_bytes(model.size)})?", args.yes):
+        return 1
+    freed = remove_model(model, config.cache_dir)
+    print(f"removed {model.name} ({human_bytes(freed)} freed)", file=sys.stderr)
+    return 0

@@ -1,0 +1,88 @@
+"""`localllm pull / ls / rm` and `-m org/repo:QUANT`, in-process and as a subprocess."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from localllm.app.cli import main
+from localllm.app.model_path import ModelNotFoundError, resolve_model
+from tests.app.hub.conftest import REPO, make_gguf
+
+
+def test_pull_ls_rm(hub, config, capsys, repo_files):
+    assert main(["pull", f"{REPO}:q8_0", "--yes"]) == 0
+    out, err = capsys.readouterr()
+    path = out.strip()
+    assert path.endswith("tiny-Q8_0.gguf")
+    assert Path(path).read_bytes() == repo_files["tiny-Q8_0.gguf"]
+    assert f"{REPO}:Q8_0: downloaded" in err
+    assert main(["pull", f"https://huggingface.co/{REPO}/blob/main/tiny-IQ4_XS.gguf", "--yes"]) == 0
+    capsys.readouterr()
+
+    assert main(["ls"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[:6] == ["NAME", "QUANT", "SIZE", "ARCH", "CONTEXT", "WHERE"]
+    rows = {line.split()[0]: line.split() for line in lines[1:]}
+    assert set(rows) == {f"{REPO}:Q8_0", f"{REPO}:IQ4_XS"}
+    q8 = rows[f"{REPO}:Q8_0"]
+    assert q8[1] == "Q8_0" and q8[4:7] == ["llama", "1024", "hf-cache"]
+    assert q8[2:4] == [f"{len(repo_files['tiny-Q8_0.gguf'])}", "B"]
+
+    assert main(["rm", f"{REPO}:Q8_0"]) == 1  # not a TTY and no --yes: refuses
+    assert "pass --yes" in capsys.readouterr().err
+    assert main(["rm", f"{REPO}:Q8_0", "--yes"]) == 0
+    capsys.readouterr()
+    main(["ls"])
+    names = [line.split()[0] for line in capsys.readouterr().out.splitlines()[1:]]
+    assert names == [f"{REPO}:IQ4_XS"]
+
+
+def test_pull_errors_are_one_line(hub, capsys):
+    assert main(["pull", f"{REPO}:Q2_K", "--yes"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("localllm: error: ") and err.count("\n") == 1
+    assert "available: F16, IQ4_XS, Q4_K_M, Q8_0" in err
+    assert main(["pull", "tiny-org/missing", "--yes"]) == 1
+    assert "no such model repository" in capsys.readouterr().err
+
+
+def test_dash_m_resolves_hub_specs_and_names(hub, config, monkeypatch, tmp_path):
+    monkeypatch.delenv("LOCALLLM_YES", raising=False)
+    with pytest.raises(ModelNotFoundError, match=f"run `localllm pull {REPO}:q8_0` first"):
+        resolve_model(f"{REPO}:q8_0")
+    assert not [e for e in hub.log if "/resolve/" in e[1]]  # asked nothing of the Hub
+    got = resolve_model(f"{REPO}:q8_0", yes=True)
+    assert got.name == "tiny-Q8_0.gguf" and got.is_file()
+    n = len(hub.log)
+    assert resolve_model(f"{REPO}:Q8_0") == got  # cached: no request at all
+    assert len(hub.log) == n
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (loose,) = make_gguf(folder / "loose-model.gguf", "loose")
+    monkeypatch.setenv("LOCALLLM_MODEL_DIRS", str(folder))
+    assert resolve_model("loose-model") == loose
+    with pytest.raises(ModelNotFoundError, match="model not found: nothing-like-it"):
+        resolve_model("nothing-like-it")
+
+
+def test_subprocess_honours_hf_env(hub, tmp_path, repo_files):
+    """A fresh process: huggingface_hub reads HF_ENDPOINT / HF_HUB_CACHE from the environment."""
+    env = dict(os.environ, PYTHONSAFEPATH="1")
+    cmd = [sys.executable, "-m", "localllm.app"]
+    proc = subprocess.run(
+        [*cmd, "pull", REPO], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().startswith(os.environ["HF_HUB_CACHE"])
+    assert proc.stdout.strip().endswith("tiny-Q4_K_M.gguf")
+    env["HF_HUB_OFFLINE"] = "1"
+    proc = subprocess.run([*cmd, "ls"], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and f"{REPO}:Q4_K_M" in proc.stdout
+    proc = subprocess.run(
+        [*cmd, "pull", f"{REPO}:Q8_0"], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 1
+    assert "offline mode (HF_HUB_OFFLINE) is on" in proc.stderr

@@ -151,3 +151,23 @@ def test_disk_margin_counts_only_missing_files(hub, config, monkeypatch, repo_fi
     usage = namedtuple("usage", "total used free")
     monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(1, 0, download.DISK_MARGIN))
     assert pull(REPO, "Q8_0", config=config).downloaded == 0  # all cached: needs 0 bytes
+
+
+def test_failed_shard_discards_the_shards_already_fetched(hub, config, repo_files):
+    shards = sorted(n for n in repo_files if n.startswith("tiny-F16-"))
+    hub.bad_sha.add(shards[1])
+    with pytest.raises(HubError, match=f"{shards[1]}: sha256 mismatch"):
+        pull(REPO, "F16", config=config)
+    assert [e[1].rsplit("/", 1)[-1] for e in hub.log if e[0] == "GET" and "/resolve/" in e[1]] == [
+        shards[0],
+        shards[1],
+    ]
+    assert not list(config.cache_dir.rglob("*.gguf"))
+    assert not any(b for b in _blobs(config) if not b.startswith("."))
+
+
+def test_progress_line():
+    from localllm.app.hub.progress import Progress, render
+
+    line = render(Progress("m.gguf", 12_300_000, 45_600_000, 5_100_000.0, 65.3))
+    assert line == "m.gguf  12.3 MB / 45.6 MB   26%  5.1 MB/s  ETA 01:05"

@@ -2,7 +2,7 @@
 
 It serves `/api/models/{repo}[/revision/{rev}]` (siblings with LFS size and sha256) and
 `/{repo}/resolve/{rev}/{file}` (HEAD and GET with Range, ETag / X-Repo-Commit / X-Linked-*),
-logs every request, and can drop a connection mid-file or lie about a sha256 on demand.
+logs every request, and can drop or stall a connection mid-file or lie about a sha256 on demand.
 """
 
 import hashlib
@@ -23,6 +23,8 @@ class FakeHub:
     repos: dict[str, dict[str, bytes]] = field(default_factory=dict)
     drop_once: set[str] = field(default_factory=set)
     bad_sha: set[str] = field(default_factory=set)
+    stall_once: set[str] = field(default_factory=set)  # send half, then hang until `release`
+    release: threading.Event = field(default_factory=threading.Event)
     log: list[tuple[str, str, str | None]] = field(default_factory=list)
     url: str = ""
 
@@ -110,14 +112,19 @@ def _handler(hub: FakeHub):
                 headers["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
             body = data[start:]
             headers["Content-Length"] = len(body)
-            if self.command == "GET" and name in hub.drop_once:
+            cut = name in hub.drop_once or name in hub.stall_once
+            if self.command == "GET" and cut:
+                stall = name in hub.stall_once
                 hub.drop_once.discard(name)
+                hub.stall_once.discard(name)
                 self.send_response(code)
                 for k, v in headers.items():
                     self.send_header(k, str(v))
                 self.end_headers()
                 self.wfile.write(body[: len(body) // 2])
                 self.wfile.flush()
+                if stall:
+                    hub.release.wait(30)
                 self.close_connection = True
                 return
             self._send(code, body, headers)

@@ -1,13 +1,17 @@
 """`localllm pull / ls / rm` and `-m org/repo:QUANT`, in-process and as a subprocess."""
 
+import hashlib
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from localllm.app.cli import main
+from localllm.app.hub.download import cached_model, pull
+from localllm.app.hub.library import scan_library
 from localllm.app.model_path import ModelNotFoundError, resolve_model
 from tests.app.hub.conftest import REPO, make_gguf
 
@@ -86,3 +90,31 @@ def test_subprocess_honours_hf_env(hub, tmp_path, repo_files):
     )
     assert proc.returncode == 1
     assert "offline mode (HF_HUB_OFFLINE) is on" in proc.stderr
+
+
+def test_killed_pull_leaves_no_model_and_retry_is_byte_identical(hub, config, repo_files):
+    name = "tiny-Q4_K_M.gguf"
+    hub.stall_once.add(name)
+    env = dict(os.environ, PYTHONSAFEPATH="1")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "localllm.app", "pull", REPO, "--yes"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not [e for e in hub.log if e[0] == "GET" and e[1].endswith(name)]:
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        time.sleep(0.3)  # let the client write what it got
+    finally:
+        proc.kill()
+        proc.wait()
+        hub.release.set()
+    assert cached_model(config, REPO) is None
+    assert scan_library(config.cache_dir) == []
+    got = pull(REPO, config=config)
+    data = repo_files[name]
+    assert hashlib.sha256(got.path.read_bytes()).digest() == hashlib.sha256(data).digest()
+    assert got.path.read_bytes() == data

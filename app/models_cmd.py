@@ -7,9 +7,15 @@ folders named in the settings file or LOCALLLM_MODEL_DIRS.
 import argparse
 import os
 import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # imported lazily at run time to keep `localllm --help` fast
+    from localllm.app.hub.download import HubConfig
+    from localllm.app.hub.library import LocalModel
 
 
-def add_parser(sub) -> None:
+def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("pull", help="download a GGUF model from the Hugging Face Hub")
     p.add_argument("model", help="org/repo[:QUANT] or a Hub URL (default quant Q4_K_M)")
     p.add_argument("--yes", "-y", action="store_true", help="do not ask before downloading")
@@ -60,7 +66,7 @@ def handle_pull(args: argparse.Namespace) -> int:
     return 0
 
 
-def _library():
+def _library() -> tuple[HubConfig, list[LocalModel]]:
     from localllm.app.hub.download import HubConfig
     from localllm.app.hub.library import scan_library
     from localllm.app.hub.settings import load_settings
@@ -69,7 +75,7 @@ def _library():
     return config, scan_library(config.cache_dir, load_settings().model_dirs)
 
 
-def format_table(models) -> str:
+def format_table(models: Sequence[LocalModel]) -> str:
     """The `ls` table: name, quant, size, architecture, context, where it lives."""
     from localllm.app.hub.progress import human_bytes
 

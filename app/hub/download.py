@@ -215,7 +215,9 @@ def pull(
     return _pulled(resolved, commit, snapshot, sum(f.size or 0 for f in missing))
 
 
-def _download(config: HubConfig, repo: str, name: str, revision: str | None, tqdm_class) -> str:
+def _download(
+    config: HubConfig, repo: str, name: str, revision: str | None, tqdm_class: type | None
+) -> str:
     try:
         return hf_hub_download(
             repo,

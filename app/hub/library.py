@@ -45,7 +45,9 @@ def _header(path: Path) -> tuple[str | None, int | None]:
         return None, None
 
 
-def _model(group: GGUFGroup, base: Path, mmprojs: list[RepoFile], name: str, **kw) -> LocalModel:
+def _model(
+    group: GGUFGroup, base: Path, mmprojs: list[RepoFile], name: str, **kw: str | None
+) -> LocalModel:
     paths = tuple(base / f.name for f in group.files)
     mm = pick_mmproj(mmprojs, group.quant)
     arch, ctx = _header(paths[0])

@@ -4,6 +4,8 @@ Models live in the Hugging Face cache (HF_HOME / HF_HUB_CACHE, shared with other
 folders named in the settings file or LOCALLLM_MODEL_DIRS.
 """
 
+from __future__ import annotations
+
 import argparse
 import os
 import sys

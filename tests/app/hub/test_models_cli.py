@@ -118,3 +118,11 @@ def test_killed_pull_leaves_no_model_and_retry_is_byte_identical(hub, config, re
     data = repo_files[name]
     assert hashlib.sha256(got.path.read_bytes()).digest() == hashlib.sha256(data).digest()
     assert got.path.read_bytes() == data
+
+
+def test_run_with_an_uncached_hub_model_names_the_pull_command(hub, capsys, monkeypatch):
+    monkeypatch.delenv("LOCALLLM_YES", raising=False)
+    assert main(["run", "-m", f"{REPO}:Q8_0", "hi"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("localllm: error: ")
+    assert f"run `localllm pull {REPO}:Q8_0` first" in err

@@ -11,7 +11,7 @@ import sys
 import traceback
 
 # Subcommand modules, each with add_parser(sub) that sets `handler`.
-COMMANDS = ("localllm.app.run", "localllm.app.models_cmd")
+COMMANDS = ("localllm.app.run", "localllm.app.serve", "localllm.app.models_cmd")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -8,13 +8,21 @@ from localllm.app.server.protocol import DetokenizeRequest, TokenizeRequest
 router = APIRouter()
 
 
+def _piece(raw: bytes) -> str | list[int]:
+    """llama-server's rule: the text when the token is whole UTF-8, else its bytes."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return list(raw)
+
+
 @router.post("/tokenize")
 async def tokenize(body: TokenizeRequest, request: Request) -> JSONResponse:
     tok = request.app.state.engine.tokenizer
     ids = tok.encode(body.content, add_special=body.add_special, parse_special=True)
     if not body.with_pieces:
         return JSONResponse({"tokens": ids})
-    pieces = [{"id": t, "piece": tok.decode([t])} for t in ids]
+    pieces = [{"id": t, "piece": _piece(tok.decode_bytes([t]))} for t in ids]
     return JSONResponse({"tokens": pieces})
 
 

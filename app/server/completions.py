@@ -9,8 +9,15 @@ from fastapi.responses import JSONResponse, Response
 from localllm.app.server.common import check_model, new_id, now, ranked, token_text, usage_dict
 from localllm.app.server.protocol import CompletionRequest
 from localllm.app.server.sse import sse_response
-from localllm.app.server.streams import collect, drive, unless_disconnected, with_first
-from localllm.engine.core.outputs import PositionLogprobs, Usage
+from localllm.app.server.streams import (
+    all_or_none,
+    collect,
+    drive,
+    merged,
+    unless_disconnected,
+    with_first,
+)
+from localllm.engine.core.outputs import PositionLogprobs, RequestOutput, Usage
 
 router = APIRouter()
 
@@ -51,9 +58,7 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
         return engine.generate(prompt, params, f"{rid}-{i}", cache_salt=body.cache_salt)
 
     if not body.stream:
-        work = asyncio.gather(
-            *(collect(request, start(i, p), params.n) for i, p in enumerate(prompts))
-        )
+        work = all_or_none([collect(request, start(i, p), params.n) for i, p in enumerate(prompts)])
         results = await unless_disconnected(request, work)
         choices, usage = [], Usage()
         for i, (prompt, res) in enumerate(zip(prompts, results, strict=True)):
@@ -89,8 +94,15 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
 
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     created = now()
-    first_outs = drive(request, start(0, prompts[0]))
-    first = await anext(first_outs)  # a bad request fails here with a plain 400
+    drives = [drive(request, start(i, p)) for i, p in enumerate(prompts)]
+    # Every prompt's first output before the first byte: a bad one fails with a plain 400.
+    firsts = await asyncio.gather(*(anext(d) for d in drives), return_exceptions=True)
+    failed = [f for f in firsts if isinstance(f, BaseException)]
+    if failed:
+        for d in drives:
+            await d.aclose()
+        raise failed[0]
+    echoes = [_echo_text(tok, p) if body.echo else "" for p in prompts]
 
     def chunk(choices: list[dict], usage: dict | None = None) -> dict:
         d = {"id": rid, "object": "text_completion", "created": created, "model": model,
@@ -100,40 +112,37 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
         return d
 
     async def chunks() -> AsyncIterator[dict]:
-        # Several prompts stream one after the other (their indices keep them apart).
-        total = Usage()
+        # All prompts stream at once; the choice index (prompt * n + completion) tells them apart.
+        lasts: dict[int, RequestOutput] = {}
+        echoed: set[int] = set()
+        streams = [with_first(f, d) for f, d in zip(firsts, drives, strict=True)]
         try:
-            for i, prompt in enumerate(prompts):
-                outs = with_first(first, first_outs) if i == 0 else drive(request, start(i, prompt))
-                echo = _echo_text(tok, prompt) if body.echo else ""
-                echoed: set[int] = set()
-                last = None
-                async for out in outs:
-                    last = out
-                    if out.error:
-                        raise RuntimeError(f"generation failed: {out.error}")
-                    choices = []
-                    for c in out.outputs:
-                        text = c.text
-                        if c.index not in echoed:
-                            echoed.add(c.index)
-                            text = echo + text
-                        lp = None
-                        if k is not None:
-                            lp = legacy_logprobs(tok, c.token_ids, c.logprobs or [], k, 0)
-                        idx = i * params.n + c.index
-                        choices.append(
-                            {"index": idx, "text": text, "logprobs": lp,
-                             "finish_reason": c.finish_reason}
-                        )  # fmt: skip
-                    if choices:
-                        yield chunk(choices)
-                if last is not None:
+            async for i, out in merged(streams):
+                lasts[i] = out
+                if out.error:
+                    raise RuntimeError(f"generation failed: {out.error}")
+                choices = []
+                for c in out.outputs:
+                    idx = i * params.n + c.index
+                    text = c.text if idx in echoed else echoes[i] + c.text
+                    echoed.add(idx)
+                    lp = None
+                    if k is not None:
+                        lp = legacy_logprobs(tok, c.token_ids, c.logprobs or [], k, 0)
+                    choices.append(
+                        {"index": idx, "text": text, "logprobs": lp,
+                         "finish_reason": c.finish_reason}
+                    )  # fmt: skip
+                if choices:
+                    yield chunk(choices)
+            if include_usage:
+                total = Usage()
+                for last in lasts.values():
                     total.prompt_tokens += last.usage.prompt_tokens
                     total.completion_tokens += last.usage.completion_tokens
-            if include_usage:
                 yield chunk([], usage_dict(total))
         finally:
-            await first_outs.aclose()
+            for d in drives:
+                await d.aclose()
 
     return sse_response(chunks())

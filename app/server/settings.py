@@ -13,7 +13,6 @@ class ServerSettings:
     model_names: frozenset[str] = frozenset()  # other names a request may use for it (file name)
     api_key: str | None = None  # when set, every route but /health needs `Bearer <key>`
     max_body_bytes: int = 8 * 1024 * 1024  # larger request bodies get 413 before parsing
-    max_prompt_tokens: int | None = None  # None: the engine's context is the limit
     request_timeout: float | None = None  # seconds per request; None: no limit
     cors_origins: tuple[str, ...] = ()  # empty: no CORS headers at all
     created: int = field(default_factory=lambda: int(time.time()))

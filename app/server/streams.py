@@ -65,6 +65,48 @@ async def with_first(
             yield out
 
 
+async def all_or_none(works: list[Awaitable[T]]) -> list[T]:
+    """Await all; the first failure cancels the rest (closing their engine streams), then raises."""
+    try:
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(w) for w in works]
+    except BaseExceptionGroup as eg:
+        raise eg.exceptions[0] from None
+    return [t.result() for t in tasks]
+
+
+async def merged(streams: list[AsyncIterator[T]]) -> AsyncIterator[tuple[int, T]]:
+    """Items of several streams as they arrive, tagged with the stream's position."""
+    queue: asyncio.Queue = asyncio.Queue()
+    end = object()
+
+    async def pump(i: int, stream: AsyncIterator[T]) -> None:
+        try:
+            async for item in stream:
+                queue.put_nowait((i, item))
+            queue.put_nowait((i, end))
+        except Exception as e:
+            queue.put_nowait((i, e))
+        finally:
+            await stream.aclose()
+
+    tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        left = len(tasks)
+        while left:
+            i, item = await queue.get()
+            if item is end:
+                left -= 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                yield i, item
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
 def _reason(out: RequestOutput) -> str:
     reasons = [c.finish_reason for c in out.outputs if c.finish_reason]
     return reasons[-1] if reasons else "stop"

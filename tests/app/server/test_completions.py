@@ -1,5 +1,6 @@
 """/v1/completions, /v1/models, /tokenize, /detokenize, /metrics on the real server."""
 
+import openai
 import pytest
 
 pytestmark = pytest.mark.slow
@@ -28,6 +29,19 @@ def test_string_and_token_id_prompts_agree_and_stream_matches(server):
     assert both.choices[2].text != both.choices[0].text
     listed = _complete(client, prompt=[ids, ids])
     assert [c.text for c in listed.choices] == [by_text.choices[0].text] * 2
+    texts = {0: "", 1: "", 2: "", 3: ""}
+    usage = None
+    for c in _complete(client, prompt=[TEXT, "Once upon a time"], n=2, stream=True, echo=True,
+                       stream_options={"include_usage": True}):  # fmt: skip
+        usage = c.usage or usage
+        for ch in c.choices:
+            texts[ch.index] += ch.text
+    assert texts == {0: TEXT + both.choices[0].text, 1: TEXT + both.choices[1].text,
+                     2: "Once upon a time" + both.choices[2].text,
+                     3: "Once upon a time" + both.choices[3].text}  # fmt: skip
+    assert usage.completion_tokens == 32 and usage.prompt_tokens == both.usage.prompt_tokens
+    with pytest.raises(openai.BadRequestError):  # one bad prompt fails the whole request
+        _complete(client, prompt=["fine", [10**9]], stream=True)
 
 
 def test_echo_and_legacy_logprobs(server):

@@ -136,3 +136,16 @@ def test_client_disconnect_aborts_the_request(server):
     assert after[length] == before[length]  # it did not run to the end of the context
     assert after["localllm:kv_cache_free_blocks"] == free
     assert after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"] < 1000
+
+
+def test_client_leaving_a_non_stream_request_aborts_it(server):
+    before = _wait_idle(server)
+    body = {"model": MODEL, "messages": _msg("Count to one thousand."), "ignore_eos": True,
+            "temperature": 0}  # fmt: skip
+    with pytest.raises(httpx.ReadTimeout):  # the client gives up and closes the connection
+        httpx.post(server.base + "/v1/chat/completions", json=body, headers=server.headers,
+                   timeout=httpx.Timeout(30, read=3))  # fmt: skip
+    after = _wait_idle(server)
+    abort = 'vllm:request_success_total{finished_reason="abort"}'
+    assert after[abort] == before[abort] + 1
+    assert after["localllm:kv_cache_free_blocks"] == before["localllm:kv_cache_free_blocks"]

@@ -123,3 +123,21 @@ def test_json_schema_response_format_gives_valid_json(server):
     obj = _chat(server.openai(), max_tokens=8, response_format={"type": "json_object"})
     assert not free.lstrip().startswith("{")
     assert obj.choices[0].message.content.lstrip().startswith("{")
+
+
+def test_raw_sse_frames_and_n2_stream(server):
+    messages = [{"role": "user", "content": PROMPT}]
+    body = {"model": server.model_id, "messages": messages, "max_tokens": 6, "temperature": 0,
+            "n": 2, "stream": True}  # fmt: skip
+    with server.http().stream("POST", "/v1/chat/completions", json=body) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        frames = [line for line in r.iter_lines() if line]
+    assert all(f.startswith("data: ") for f in frames)
+    assert frames[-1] == "data: [DONE]"
+    chunks = [json.loads(f[6:]) for f in frames[:-1]]
+    texts = {0: "", 1: ""}
+    for c in chunks:
+        for ch in c["choices"]:
+            texts[ch["index"]] += ch["delta"].get("content", "")
+    whole = _chat(server.openai(), max_tokens=6).choices[0].message.content
+    assert texts == {0: whole, 1: whole}  # greedy: both completions are the greedy text

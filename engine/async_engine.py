@@ -40,6 +40,7 @@ class AsyncEngine:
         self._streams: dict[str, _Stream] = {}
         self._lock = threading.Lock()
         self._closing = False
+        self._abort_all = False  # set by shutdown(abort=True): later adds are refused
         self._thread = threading.Thread(target=self._loop, name="localllm-engine", daemon=True)
         self._thread.start()
 
@@ -73,20 +74,25 @@ class AsyncEngine:
 
         A bad request raises here, before the first output; the engine keeps serving others.
         """
-        if not self.alive:
-            raise EngineDeadError("the engine is shut down")
         rid = request_id or uuid.uuid4().hex
         loop = asyncio.get_running_loop()
         stream = _Stream(loop, asyncio.Queue())
         added: asyncio.Future = loop.create_future()
         with self._lock:
+            # Registered before any await: from here on the request counts as in flight, and a
+            # shutdown that lets work finish waits for it.
+            if self._closing or not self._thread.is_alive():
+                raise EngineDeadError("the engine is shut down")
             if rid in self._streams:
                 raise ValueError(f"request id {rid!r} is already in use")
             self._streams[rid] = stream
-        self._commands.put(("add", (rid, prompt, params, cache_salt), added))
         finished = False
         try:
-            await added  # raises the validation error, if any
+            # Tokenizing, checks and grammar compilation happen here, off the engine thread: a
+            # bad request fails at once and a slow compile never stalls the others' decoding.
+            prepared = await asyncio.to_thread(self.engine.prepare, prompt, params)
+            self._commands.put(("add", (rid, prepared, cache_salt), added))
+            await added  # raises if the engine refused it
             while True:
                 item = await stream.queue.get()
                 if isinstance(item, BaseException):
@@ -100,6 +106,8 @@ class AsyncEngine:
                 self._streams.pop(rid, None)
             if not finished:
                 self.abort(rid)
+            elif self._closing:
+                self._commands.put(("wake", None, None))  # a stopping thread re-checks
 
     async def chat(
         self,
@@ -135,7 +143,9 @@ class AsyncEngine:
         while True:
             idle = not engine.has_unfinished_requests()
             if stopping and idle:
-                break
+                with self._lock:
+                    if not self._streams:  # nobody is still preparing or reading
+                        break
             try:
                 cmd = self._commands.get(block=idle)
             except queue.Empty:
@@ -164,9 +174,12 @@ class AsyncEngine:
     def _handle(self, cmd) -> bool:
         kind, payload, fut = cmd
         if kind == "add":
-            rid, prompt, params, salt = payload
+            rid, prepared, salt = payload
+            if self._abort_all:
+                self._resolve(rid, fut, EngineDeadError("the engine is shut down"))
+                return False
             try:
-                self.engine.add_request(rid, prompt, params, cache_salt=salt, delta=True)
+                self.engine.add_request(rid, prepared, cache_salt=salt, delta=True)
             except Exception as e:
                 self._resolve(rid, fut, e)
             else:
@@ -175,6 +188,7 @@ class AsyncEngine:
             self.engine.abort_request(payload)
         elif kind == "stop":
             if payload:
+                self._abort_all = True
                 self.engine.abort_request(list(self.engine.groups))
             return True
         return False

@@ -9,6 +9,8 @@ import itertools
 import logging
 import time
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from localllm.engine.config import EngineArgs, plan_kv
 from localllm.engine.core.kv_manager import KVCacheManager
@@ -27,6 +29,14 @@ from localllm.engine.tokenizer import ChatTemplate, Tokenizer
 from localllm.offload.memory import available_bytes
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedRequest:
+    text: str | None  # the prompt as given, when it was text
+    ids: list[int]
+    params: SamplingParams
+    grammar: Any  # a compiled `engine.structured.Grammar`, or None
 
 
 class LLMEngine:
@@ -81,24 +91,37 @@ class LLMEngine:
             return self.tokenizer.encode(prompt, add_special=True, parse_special=True)
         return list(prompt)
 
+    def prepare(
+        self, prompt: str | Sequence[int], params: SamplingParams | None = None
+    ) -> "PreparedRequest":
+        """Tokenize, check and compile a request's grammar without touching engine state, so
+        callers on other threads can do this work (and get its errors) off the engine thread."""
+        params = params or SamplingParams()
+        ids = self.tokenize(prompt)
+        self._validate(ids, params)
+        grammar = self.grammars.compile(params.structured) if params.structured else None
+        return PreparedRequest(prompt if isinstance(prompt, str) else None, ids, params, grammar)
+
     def add_request(
         self,
         request_id: str | None,
-        prompt: str | Sequence[int],
+        prompt: "str | Sequence[int] | PreparedRequest",
         params: SamplingParams | None = None,
         *,
         cache_salt: str | None = None,
         delta: bool = False,
         arrival_time: float | None = None,
     ) -> str:
-        """Queue a request; every check happens here, so a bad one fails before any decoding."""
-        params = params or SamplingParams()
+        """Queue a request; every check happens here (or in `prepare`), before any decoding.
+
+        `prompt` may be a `PreparedRequest` from `prepare` (then `params` is ignored).
+        """
+        if not isinstance(prompt, PreparedRequest):
+            prompt = self.prepare(prompt, params)
+        ids, params, grammar = prompt.ids, prompt.params, prompt.grammar
         request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
         if request_id in self.groups:
             raise ValueError(f"request id {request_id!r} is already in use")
-        ids = self.tokenize(prompt)
-        self._validate(ids, params)
-        grammar = self.grammars.compile(params.structured) if params.structured else None
         max_tokens = self.max_model_len - len(ids)
         if params.max_tokens is not None:
             max_tokens = min(max_tokens, params.max_tokens)
@@ -122,8 +145,7 @@ class LLMEngine:
             if i > 0:
                 req.fork_of = states[0].req
             states.append(RequestState(req, self.tokenizer, request_id))
-        text = prompt if isinstance(prompt, str) else None
-        self.groups[request_id] = PromptGroup(request_id, text, states)
+        self.groups[request_id] = PromptGroup(request_id, prompt.text, states)
         self.delta[request_id] = delta
         for s in states:
             self.states[s.req.request_id] = s

@@ -9,6 +9,8 @@ import json
 import sys
 from pathlib import Path
 
+from localllm.app.engine_flags import add_engine_flags, engine_kwargs
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser("run", help="generate text for one prompt and stream it to stdout")
@@ -42,16 +44,7 @@ def add_parser(sub) -> None:
     )
     chat.add_argument("--no-chat", dest="chat", action="store_false", help="raw completion")
     p.add_argument("-s", "--system", help="system prompt (chat mode)")
-    e = p.add_argument_group("engine")
-    e.add_argument("-c", "--ctx-size", type=int, default=None, help="context length (model's)")
-    e.add_argument(
-        "--cache-type",
-        default="f16",
-        choices=("f32", "f16", "bf16", "q8_0", "fp8"),
-        help="KV cache storage (f16)",
-    )
-    e.add_argument("--draft", type=int, default=0, help="n-gram draft tokens per step (0: off)")
-    e.add_argument("--precise", action="store_true", help="float32 reference matmuls (slower)")
+    add_engine_flags(p)
     p.add_argument(
         "-v", "--verbose", action="store_true", help="print load time and tokens/s to stderr"
     )
@@ -103,13 +96,7 @@ def handle(args: argparse.Namespace) -> int:
         ignore_eos=args.ignore_eos,
         structured=_structured(args),
     )
-    engine_args = EngineArgs(
-        precise=args.precise,
-        max_num_seqs=1,
-        max_model_len=args.ctx_size,
-        kv_cache_dtype=args.cache_type,
-        num_speculative_tokens=args.draft,
-    )
+    engine_args = EngineArgs(max_num_seqs=1, **engine_kwargs(args))
     path = resolve_model(args.model)
     engine = LLMEngine(str(path), engine_args)
     try:

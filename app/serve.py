@@ -7,6 +7,8 @@ The only place that turns flags (and $LOCALLLM_MODEL, via `resolve_model`) into 
 import argparse
 import sys
 
+from localllm.app.engine_flags import add_engine_flags, engine_kwargs
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser("serve", help="serve an OpenAI-compatible HTTP API (chat, completions, ...)")
@@ -15,16 +17,7 @@ def add_parser(sub) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (127.0.0.1)")
     p.add_argument("--port", type=int, default=8080, help="port (8080)")
     p.add_argument("--api-key", help="require `Authorization: Bearer KEY` (all but /health)")
-    p.add_argument("-c", "--ctx-size", type=int, default=None, help="context length (model's)")
-    p.add_argument("-np", "--parallel", type=int, default=16, help="sequences per step (16)")
-    p.add_argument(
-        "--cache-type",
-        default="f16",
-        choices=("f32", "f16", "bf16", "q8_0", "fp8"),
-        help="KV cache storage (f16)",
-    )
-    p.add_argument("--draft", type=int, default=0, help="n-gram draft tokens per step (0: off)")
-    p.add_argument("--precise", action="store_true", help="float32 reference matmuls (slower)")
+    add_engine_flags(p, parallel=16)
     p.add_argument(
         "--cors-origin",
         action="append",
@@ -64,14 +57,7 @@ def handle(args: argparse.Namespace) -> int:
         request_timeout=args.timeout,
         cors_origins=tuple(args.cors_origin),
     )
-    engine = AsyncEngine.from_model(
-        str(path),
-        precise=args.precise,
-        max_model_len=args.ctx_size,
-        max_num_seqs=args.parallel,
-        kv_cache_dtype=args.cache_type,
-        num_speculative_tokens=args.draft,
-    )
+    engine = AsyncEngine.from_model(str(path), **engine_kwargs(args))
     try:
         app = create_app(engine, settings)
         print(

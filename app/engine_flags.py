@@ -1,0 +1,35 @@
+"""Engine flags shared by the commands that load a model (`run`, `serve`): one spelling, one
+mapping to `EngineArgs` fields."""
+
+import argparse
+from typing import Any
+
+KV_CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "fp8")
+
+
+def add_engine_flags(p: argparse.ArgumentParser, *, parallel: int | None = None) -> None:
+    """Context, KV storage, n-gram drafts, precise mode; `-np/--parallel` when `parallel` is set."""
+    g = p.add_argument_group("engine")
+    g.add_argument("-c", "--ctx-size", type=int, default=None, help="context length (model's)")
+    if parallel is not None:
+        g.add_argument(
+            "-np", "--parallel", type=int, default=parallel, help=f"sequences per step ({parallel})"
+        )
+    g.add_argument(
+        "--cache-type", default="f16", choices=KV_CACHE_TYPES, help="KV cache storage (f16)"
+    )
+    g.add_argument("--draft", type=int, default=0, help="n-gram draft tokens per step (0: off)")
+    g.add_argument("--precise", action="store_true", help="float32 reference matmuls (slower)")
+
+
+def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """`EngineArgs` keywords from the flags above."""
+    kw: dict[str, Any] = {
+        "precise": args.precise,
+        "max_model_len": args.ctx_size,
+        "kv_cache_dtype": args.cache_type,
+        "num_speculative_tokens": args.draft,
+    }
+    if getattr(args, "parallel", None) is not None:
+        kw["max_num_seqs"] = args.parallel
+    return kw

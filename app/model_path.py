@@ -86,8 +86,7 @@ def _resolve_name(name: str) -> Path:
 
 
 def _resolve_hub(spec: "ModelSpec", yes: bool | None) -> Path:
-    from localllm.app.hub.download import HubConfig, cached_model, pull
-    from localllm.app.hub.progress import terminal_printer
+    from localllm.app.hub.download import HubConfig, cached_model, pull_spec
 
     config = HubConfig.current()
     found = cached_model(config, spec.repo, spec.quant, spec.filename, spec.revision or "main")
@@ -105,11 +104,4 @@ def _resolve_hub(spec: "ModelSpec", yes: bool | None) -> Path:
         answer = input(f"{spec.text} is not downloaded. Download it now? [y/N] ")
         if answer.strip().lower() not in ("y", "yes"):
             raise ModelNotFoundError(f"{spec.text} is not downloaded (declined)")
-    return pull(
-        spec.repo,
-        spec.quant,
-        filename=spec.filename,
-        revision=spec.revision,
-        config=config,
-        progress=terminal_printer(),
-    ).path
+    return pull_spec(spec, config).path

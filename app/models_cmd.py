@@ -39,8 +39,8 @@ def _confirm(question: str, yes: bool) -> bool:
 
 
 def handle_pull(args: argparse.Namespace) -> int:
-    from localllm.app.hub.download import HubConfig, pull, remote_files
-    from localllm.app.hub.progress import human_bytes, terminal_printer
+    from localllm.app.hub.download import HubConfig, pull_spec, remote_files
+    from localllm.app.hub.progress import human_bytes
     from localllm.app.hub.quant import resolve_files
     from localllm.app.hub.spec import parse_spec
 
@@ -54,14 +54,7 @@ def handle_pull(args: argparse.Namespace) -> int:
         size = human_bytes(sum(f.size or 0 for f in plan.files))
         if not _confirm(f"Download {plan.name} ({len(plan.files)} files, {size})?", False):
             return 1
-    got = pull(
-        spec.repo,
-        spec.quant,
-        filename=spec.filename,
-        revision=spec.revision,
-        config=config,
-        progress=terminal_printer(),
-    )
+    got = pull_spec(spec, config)
     state = f"downloaded {human_bytes(got.downloaded)}" if got.downloaded else "already cached"
     print(f"{got.name}: {state}", file=sys.stderr)
     print(got.path)

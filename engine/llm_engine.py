@@ -79,7 +79,6 @@ class LLMEngine:
         self.grammars = GrammarCompiler(self.tokenizer, self.vocab_size)
         self.groups: dict[str, PromptGroup] = {}
         self.states: dict[str, RequestState] = {}  # child request id -> its text state
-        self.delta: dict[str, bool] = {}
         self._ids = itertools.count()
         self._chat_template: ChatTemplate | None = None
         self.load_seconds = time.perf_counter() - t0
@@ -145,8 +144,7 @@ class LLMEngine:
             if i > 0:
                 req.fork_of = states[0].req
             states.append(RequestState(req, self.tokenizer, request_id))
-        self.groups[request_id] = PromptGroup(request_id, prompt.text, states)
-        self.delta[request_id] = delta
+        self.groups[request_id] = PromptGroup(request_id, prompt.text, states, delta)
         for s in states:
             self.states[s.req.request_id] = s
             self.scheduler.add_request(s.req)
@@ -237,10 +235,9 @@ class LLMEngine:
         for gid, group in list(self.groups.items()):
             if gid not in changed and not group.finished:
                 continue
-            outputs.append(group.output(self.delta[gid], changed.get(gid, set())))
+            outputs.append(group.output(changed.get(gid, set())))
             if group.finished:
                 del self.groups[gid]
-                del self.delta[gid]
                 for s in group.states:
                     self.states.pop(s.req.request_id, None)
         return outputs

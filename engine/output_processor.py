@@ -108,17 +108,21 @@ class RequestState:
 class PromptGroup:
     """The n completions of one user request, reported as one RequestOutput."""
 
-    def __init__(self, request_id: str, prompt: str | None, states: list[RequestState]):
+    def __init__(
+        self, request_id: str, prompt: str | None, states: list[RequestState], delta: bool
+    ):
         self.request_id = request_id
         self.prompt = prompt
         self.states = states
+        self.delta = delta  # stream only what is new (AsyncEngine), or whole outputs (LLM)
 
     @property
     def finished(self) -> bool:
         return all(s.req.finished for s in self.states)
 
-    def output(self, delta: bool, changed: set[int] | None = None) -> RequestOutput:
+    def output(self, changed: set[int] | None = None) -> RequestOutput:
         """Cumulative output, or (delta) only the completions in `changed` with their new parts."""
+        delta = self.delta
         first = self.states[0].req
         states = self.states
         if delta:

@@ -43,7 +43,6 @@ class ModelRunner:
         self.kv = kv
         self.block_ids = block_ids  # request -> its block table (the KV manager's view)
         self.sampler = Sampler()
-        self.device = torch.device("cpu")
 
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> RunnerOutput:

@@ -21,7 +21,12 @@ from huggingface_hub.errors import (
     RevisionNotFoundError,
 )
 
-from localllm.app.hub.progress import ProgressCallback, human_bytes, progress_class
+from localllm.app.hub.progress import (
+    ProgressCallback,
+    human_bytes,
+    progress_class,
+    terminal_printer,
+)
 from localllm.app.hub.quant import HubError, RepoFile, Resolved, resolve_files
 
 # Leave room for the filesystem and other writers beyond the bytes we fetch.
@@ -213,6 +218,18 @@ def pull(
             _discard(path)
         raise
     return _pulled(resolved, commit, snapshot, sum(f.size or 0 for f in missing))
+
+
+def pull_spec(spec, config: HubConfig) -> PulledModel:
+    """`pull` a parsed `org/repo[:QUANT]` spec (or Hub URL) with a progress line on stderr."""
+    return pull(
+        spec.repo,
+        spec.quant,
+        filename=spec.filename,
+        revision=spec.revision,
+        config=config,
+        progress=terminal_printer(),
+    )
 
 
 def _download(

@@ -47,12 +47,10 @@ class Scheduler:
         self.kv = kv
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
-        self.requests: dict[str, Request] = {}
         self.num_preemptions = 0
 
     def add_request(self, req: Request) -> None:
         self.waiting.append(req)
-        self.requests[req.request_id] = req
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
@@ -201,4 +199,3 @@ class Scheduler:
                 self.waiting.remove(req)
         self.kv.free(req)
         req.finish(reason, stop_reason)
-        self.requests.pop(req.request_id, None)

@@ -17,6 +17,8 @@ from localllm.app.server.errors import error_body, install_error_handlers
 from localllm.app.server.settings import ServerSettings
 
 OPEN_PATHS = frozenset({"/health"})
+# Endpoint families, one module each, every one exporting `router`.
+ROUTERS = (models, chat, completions, tokenize, metrics)
 
 
 async def _send_error(send, status: int, message: str, code: str | None = None) -> None:
@@ -86,7 +88,7 @@ def create_app(engine, settings: ServerSettings) -> FastAPI:
     app.state.engine = engine
     app.state.settings = settings
     app.state.metrics = metrics.ServerMetrics()
-    for module in (models, chat, completions, tokenize, metrics):
+    for module in ROUTERS:
         app.include_router(module.router)
     install_error_handlers(app)
     app.add_middleware(GuardMiddleware, settings=settings)

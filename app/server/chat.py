@@ -7,9 +7,9 @@ from fastapi.responses import JSONResponse, Response
 
 from localllm.app.server.common import (
     chat_logprobs,
-    check_model,
     new_id,
     now,
+    resolve_model,
     usage_dict,
 )
 from localllm.app.server.protocol import ChatCompletionRequest
@@ -38,10 +38,9 @@ def _delta(c, tok, k: int | None) -> dict:
 
 @router.post("/v1/chat/completions")
 async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
-    model = check_model(request, body.model)
+    model, engine = await resolve_model(request, body.model)
     params = body.to_sampling_params()
     messages = [m.for_template() for m in body.messages]
-    engine = request.app.state.engine
     rid = new_id("chatcmpl")
     stream = engine.chat(
         messages,

@@ -2,6 +2,7 @@
 
 import time
 import uuid
+from typing import Any
 
 from fastapi import Request
 
@@ -20,6 +21,14 @@ def check_model(request: Request, model: str | None) -> str:
             code="model_not_found",
         )
     return settings.model_id
+
+
+async def resolve_model(request: Request, model: str | None) -> tuple[str, Any]:
+    """The id to report and the `AsyncEngine` that serves the named model (404 when none does).
+
+    Every generation endpoint goes through here, so the multi-model router has one seam.
+    """
+    return check_model(request, model), request.app.state.engine
 
 
 def new_id(prefix: str) -> str:

@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from localllm.app.server.common import check_model, new_id, now, ranked, token_text, usage_dict
+from localllm.app.server.common import new_id, now, ranked, resolve_model, token_text, usage_dict
 from localllm.app.server.protocol import CompletionRequest
 from localllm.app.server.sse import sse_response
 from localllm.app.server.streams import (
@@ -46,10 +46,9 @@ def _echo_text(tok, prompt: str | list[int]) -> str:
 
 @router.post("/v1/completions")
 async def create_completion(body: CompletionRequest, request: Request) -> Response:
-    model = check_model(request, body.model)
+    model, engine = await resolve_model(request, body.model)
     params = body.to_sampling_params()
     prompts = body.prompts()
-    engine = request.app.state.engine
     tok = engine.tokenizer
     rid = new_id("cmpl")
     k = body.logprobs

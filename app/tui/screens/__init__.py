@@ -1,0 +1,1 @@
+"""TUI screens: one module per screen, its .tcss beside it."""

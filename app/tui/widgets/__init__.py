@@ -1,0 +1,1 @@
+"""TUI widgets shared by screens."""

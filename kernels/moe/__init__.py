@@ -1,0 +1,1 @@
+"""MoE math: expert routing and grouped expert matmul (torch reference + fast paths)."""

@@ -1,0 +1,1 @@
+"""Audio I/O: decoding, resampling, log-mel features, chunking, encoding."""

@@ -1,0 +1,1 @@
+"""Speech to text (Whisper family): weights loaders, model, decoding."""

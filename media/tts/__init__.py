@@ -1,0 +1,1 @@
+"""Text to speech: Piper (VITS) and Kokoro voices, phonemization, streaming synthesis."""

@@ -1,6 +1,7 @@
 """A loopback HTTP server that speaks enough of the Hugging Face Hub API for huggingface_hub.
 
-It serves `/api/models/{repo}[/revision/{rev}]` (siblings with LFS size and sha256) and
+It serves `/api/models?search=&filter=gguf` (the listing, most downloaded first),
+`/api/models/{repo}[/revision/{rev}]` (siblings with LFS size and sha256) and
 `/{repo}/resolve/{rev}/{file}` (HEAD and GET with Range, ETag / X-Repo-Commit / X-Linked-*),
 logs every request, and can drop or stall a connection mid-file or lie about a sha256 on demand.
 """
@@ -11,7 +12,7 @@ import re
 import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import unquote, urlparse
+from urllib.parse import parse_qs, unquote, urlparse
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
@@ -26,6 +27,7 @@ class FakeHub:
     stall_once: set[str] = field(default_factory=set)  # send half, then hang until `release`
     release: threading.Event = field(default_factory=threading.Event)
     log: list[tuple[str, str, str | None]] = field(default_factory=list)
+    downloads: dict[str, int] = field(default_factory=dict)  # listing popularity per repo
     url: str = ""
 
     def sha(self, repo: str, name: str) -> str:
@@ -41,6 +43,30 @@ class FakeHub:
                 s["lfs"] = {"size": len(data), "sha256": self.sha(repo, name), "pointerSize": 134}
             siblings.append(s)
         return {"id": repo, "modelId": repo, "sha": COMMIT, "private": False, "siblings": siblings}
+
+
+def _listing(hub: "FakeHub", query: str) -> list[dict]:
+    params = parse_qs(query)
+    search = params.get("search", [""])[0].lower()
+    tags = params.get("filter", [])
+    limit = int(params.get("limit", ["1000"])[0])
+    hits = []
+    for repo, files in hub.repos.items():
+        repo_tags = ["gguf"] if any(n.endswith(".gguf") for n in files) else []
+        if search in repo.lower() and all(t in repo_tags for t in tags):
+            n = hub.downloads.get(repo, 0)
+            hits.append(
+                {
+                    "id": repo,
+                    "modelId": repo,
+                    "downloads": n,
+                    "likes": n // 10,
+                    "lastModified": "2026-11-01T12:00:00.000Z",
+                    "tags": repo_tags,
+                }
+            )
+    hits.sort(key=lambda h: -h["downloads"])
+    return hits[:limit]
 
 
 _API = re.compile(r"^/api/models/(?P<repo>[^/]+/[^/]+)(?:/revision/(?P<rev>[^/]+))?$")
@@ -77,6 +103,9 @@ def _handler(hub: FakeHub):
         def _serve(self) -> None:
             path = unquote(urlparse(self.path).path)
             hub.log.append((self.command, path, self.headers.get("Range")))
+            if path == "/api/models":
+                body = json.dumps(_listing(hub, urlparse(self.path).query)).encode()
+                return self._send(200, body, {"Content-Type": "application/json"})
             if m := _API.match(path):
                 if m["repo"] not in hub.repos:
                     return self._not_found("RepoNotFound")

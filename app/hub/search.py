@@ -7,8 +7,9 @@ through the same resolution rules `localllm pull` uses.
 
 from dataclasses import dataclass
 
-from huggingface_hub import HfApi
+from huggingface_hub import get_session
 from huggingface_hub.errors import HfHubHTTPError
+from huggingface_hub.utils import hf_raise_for_status
 
 from localllm.app.hub.download import HubConfig, remote_files
 from localllm.app.hub.quant import HubError, group_ggufs, pick_mmproj
@@ -41,26 +42,33 @@ def search_models(query: str, config: HubConfig, limit: int = 30) -> list[HubRep
         return []
     if config.offline:
         raise HubError("offline mode (HF_HUB_OFFLINE) is on; Hub search needs the network")
-    api = HfApi(endpoint=config.endpoint)
+    # One plain request, no retries: huggingface_hub's listing retries for ~20 s when the Hub is
+    # down, too long for a search box.
+    params = {"search": query, "filter": "gguf", "sort": "downloads", "limit": str(limit)}
     try:
-        hits = api.list_models(search=query, filter="gguf", sort="downloads", limit=limit)
-        return [
-            HubRepo(
-                m.id,
-                m.downloads or 0,
-                m.likes or 0,
-                m.last_modified.isoformat() if m.last_modified else None,
-            )
-            for m in hits
-        ]
+        r = get_session().get(f"{config.endpoint}/api/models", params=params, timeout=15)
+        hf_raise_for_status(r)
+        hits = r.json()
     except HfHubHTTPError as e:
         raise HubError(f"Hub search for {query!r} failed on {config.endpoint}: {e}") from None
-    except OSError as e:
-        raise HubError(f"cannot reach {config.endpoint} to search ({e})") from None
+    except ValueError:
+        raise HubError(f"{config.endpoint} answered the search with something not JSON") from None
     except Exception as e:
-        if type(e).__module__.startswith(("httpx", "httpcore")):
+        if isinstance(e, OSError) or type(e).__module__.startswith(("httpx", "httpcore")):
             raise HubError(f"cannot reach {config.endpoint} to search ({e})") from None
         raise
+    if not isinstance(hits, list):
+        raise HubError(f"{config.endpoint} answered the search with an unexpected shape")
+    return [
+        HubRepo(
+            str(h.get("id") or h.get("modelId")),
+            int(h.get("downloads") or 0),
+            int(h.get("likes") or 0),
+            h.get("lastModified"),
+        )
+        for h in hits
+        if isinstance(h, dict) and (h.get("id") or h.get("modelId"))
+    ]
 
 
 def repo_quants(repo: str, config: HubConfig, revision: str | None = None) -> list[QuantChoice]:

@@ -37,13 +37,16 @@ def default_model() -> Path | None:
 
 
 def resolve_model(name: str | None, *, yes: bool | None = None) -> Path:
-    """A usable GGUF path for `-m NAME` (or the default, or $LOCALLLM_MODEL, when NAME is None).
+    """A usable GGUF path for `-m NAME` (or the settings' default model, else the embedded one).
 
     NAME may be a path, a library name or `org/repo[:QUANT]` / a Hub URL. A hub model that is
     not cached is downloaded after asking on a TTY, or straight away with `yes` (default:
     $LOCALLLM_YES); otherwise the error gives the `localllm pull` command.
     """
-    name = name or os.environ.get("LOCALLLM_MODEL")
+    if not name:
+        from localllm.app.settings import load_settings
+
+        name = load_settings().default_model  # $LOCALLLM_MODEL or [models] default
     if not name:
         path = default_model()
         if path is None:
@@ -73,7 +76,7 @@ def _resolve_name(name: str) -> Path:
     from localllm.app.hub.download import HubConfig
     from localllm.app.hub.library import find_model, scan_library
     from localllm.app.hub.quant import HubError
-    from localllm.app.hub.settings import load_settings
+    from localllm.app.settings import load_settings
 
     models = scan_library(HubConfig.current().cache_dir, load_settings().model_dirs)
     try:

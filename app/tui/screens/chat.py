@@ -1,0 +1,325 @@
+"""The chat screen: conversation list, streamed answers, stop/regenerate/edit, status line.
+
+The user message is committed before generation starts and the answer when it ends (or is
+stopped: the partial text is kept), so a killed app loses no finished message. Answers stream
+through Textual's MarkdownStream, which coalesces fragments when tokens outrun rendering.
+"""
+
+import asyncio
+import contextlib
+import time
+from typing import ClassVar
+
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.screen import Screen
+from textual.widgets import Footer, Markdown, Static
+from textual.worker import Worker
+
+from localllm.app.tui.backend import GenSettings, chat_messages
+from localllm.app.tui.history import Conversation, StoredMessage, slug
+from localllm.app.tui.screens.modals import ConfirmModal, SamplingModal, TextPromptModal
+from localllm.app.tui.stats import GenStats, status_text
+from localllm.app.tui.widgets.message import MessageView
+from localllm.app.tui.widgets.prompt import PromptInput
+from localllm.app.tui.widgets.sidebar import ConversationList
+
+STATUS_INTERVAL = 0.1  # seconds between status-line redraws while streaming
+
+
+class ChatScreen(Screen):
+    CSS_PATH = "chat.tcss"
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape", "stop", "Stop", priority=True),
+        Binding("ctrl+c", "stop", "Stop", show=False, priority=True),
+        Binding("ctrl+r", "regenerate", "Regen", priority=True),
+        Binding("ctrl+e", "edit_last", "Edit", priority=True),
+        Binding("ctrl+n", "new_chat", "New"),
+        Binding("ctrl+s", "sampling", "Params", priority=True),
+        Binding("ctrl+b", "toggle_sidebar", "Chats"),
+        Binding("f2", "rename", "Rename", show=False),
+        Binding("f3", "export", "Export", show=False),
+        Binding("f8", "delete", "Delete", show=False),
+        Binding("ctrl+y", "copy_answer", "Copy", show=False),
+    ]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conversation: Conversation | None = None
+        self.history: list[StoredMessage] = []
+        self.editing: StoredMessage | None = None
+        self.stats: GenStats | None = None
+        self.answer_worker: Worker | None = None
+        self._last_status = 0.0
+
+    def compose(self) -> ComposeResult:
+        with Horizontal():
+            yield ConversationList(id="sidebar")
+            with Vertical(id="main"):
+                yield VerticalScroll(id="messages")
+                yield PromptInput(placeholder="Message (Enter to send)", id="prompt")
+                yield Static("", id="status")
+        yield Footer()
+
+    @property
+    def store(self):
+        return self.app.store
+
+    @property
+    def generating(self) -> bool:
+        return self.answer_worker is not None and not self.answer_worker.is_finished
+
+    def on_mount(self) -> None:
+        self.gen_settings: GenSettings = self.app.config.sampling
+        self.watch(self.app, "model_state", lambda _: self.refresh_status())
+        self.query_one("#sidebar").display = self.app.size.width >= 100
+        self.query_one(PromptInput).focus()
+        self.refresh_list()
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "stop":
+            return self.generating or self.editing is not None
+        if action in ("regenerate", "edit_last"):
+            return not self.generating and bool(self.history)
+        return True
+
+    # -- status and list -----------------------------------------------------------------
+
+    def refresh_status(self) -> None:
+        backend = self.app.backend
+        state = "generating" if self.generating else self.app.model_state
+        name = backend.name if backend else None
+        ctx = backend.max_model_len if backend else None
+        self.query_one("#status", Static).update(status_text(name, state, self.stats, ctx))
+
+    @work(exclusive=True, group="list")
+    async def refresh_list(self) -> None:
+        sidebar = self.query_one(ConversationList)
+        found = self.store.conversations(sidebar.query_text)
+        await sidebar.show(found, self.conversation.id if self.conversation else None)
+
+    @on(ConversationList.SearchChanged)
+    def _search(self) -> None:
+        self.refresh_list()
+
+    # -- sending and streaming -------------------------------------------------------------
+
+    @on(PromptInput.Submitted, "#prompt")
+    async def send(self, event: PromptInput.Submitted) -> None:
+        text = event.value.strip()
+        if not text:
+            return
+        if self.app.backend is None:
+            self.notify(f"No model ready ({self.app.model_state}); ctrl+l picks one", timeout=4)
+            return
+        if self.generating:
+            self.notify("Still answering: Esc stops it", severity="warning")
+            return
+        event.input.clear()
+        if self.editing is not None:
+            await self._truncate(self.editing)
+            self.editing = None
+            event.input.remove_class("editing")
+        if self.conversation is None:
+            self.conversation = self.store.new_conversation(
+                text[:40], self.gen_settings.to_dict(), self.app.backend.name
+            )
+            self.refresh_list()
+        msg = self.store.add_message(self.conversation.id, "user", text)  # committed now
+        self.history.append(msg)
+        await self._mount(MessageView("user", text, msg.id))
+        self.generate()
+
+    def generate(self) -> None:
+        self.answer_worker = self.run_worker(self._answer(), group="answer", exclusive=True)
+        self.refresh_bindings()
+
+    async def _answer(self) -> None:
+        backend, conv = self.app.backend, self.conversation
+        view = MessageView("assistant")
+        await self._mount(view)
+        stream = Markdown.get_stream(view.markdown)
+        stats = self.stats = GenStats()
+        settings = self.gen_settings
+        messages = chat_messages([(m.role, m.content) for m in self.history], settings)
+        text, finish, error = "", None, None
+        self.refresh_status()
+        try:
+            async for delta in backend.stream(messages, settings):
+                stats.update(delta)
+                if delta.text:
+                    text += delta.text
+                    await stream.write(delta.text)
+                finish = delta.finish_reason or finish
+                self._tick()
+            finish = finish or "stop"
+        except asyncio.CancelledError:
+            finish = "abort"
+            raise
+        except Exception as e:
+            finish, error = "error", str(e) or type(e).__name__
+        finally:
+            self._save_answer(conv, view, text, finish, stats)  # before any await: durability
+            with contextlib.suppress(Exception):  # the view may be gone (switched, closing)
+                await stream.stop()
+            self.call_later(self._generation_done, error)
+
+    def _save_answer(self, conv, view, text, finish, stats) -> None:
+        if not text:
+            if view.is_attached:
+                view.remove()
+            return
+        msg = self.store.add_message(
+            conv.id,
+            "assistant",
+            text,
+            finish_reason=finish,
+            prompt_tokens=stats.prompt_tokens or None,
+            completion_tokens=stats.completion_tokens or None,
+        )
+        view.message_id = msg.id
+        if finish in ("abort", "error"):
+            view.set_note("stopped" if finish == "abort" else "error")
+        if self.conversation is not None and self.conversation.id == conv.id:
+            self.history.append(msg)
+
+    def _generation_done(self, error: str | None) -> None:
+        if error:
+            self.notify(error, title="Generation failed", severity="error", timeout=6)
+        self.refresh_status()
+        self.refresh_bindings()
+        self.query_one("#messages").scroll_end(animate=False)
+
+    def _tick(self) -> None:
+        now = time.monotonic()
+        if now - self._last_status >= STATUS_INTERVAL:
+            self._last_status = now
+            self.refresh_status()
+            self.query_one("#messages").scroll_end(animate=False)
+
+    async def _mount(self, view: MessageView) -> None:
+        messages = self.query_one("#messages")
+        await messages.mount(view)
+        messages.scroll_end(animate=False)
+
+    async def _truncate(self, first: StoredMessage) -> None:
+        """Forget `first` and everything after it (store and screen)."""
+        self.store.delete_from(first.conversation_id, first.id)
+        keep = [m for m in self.history if m.id < first.id]
+        self.history = keep
+        ids = {m.id for m in keep}
+        for view in list(self.query(MessageView)):
+            if view.message_id not in ids:
+                await view.remove()
+
+    # -- actions ---------------------------------------------------------------------------
+
+    def action_stop(self) -> None:
+        if self.generating:
+            self.answer_worker.cancel()
+        elif self.editing is not None:
+            self.editing = None
+            prompt = self.query_one(PromptInput)
+            prompt.clear()
+            prompt.remove_class("editing")
+        self.refresh_bindings()
+
+    async def action_regenerate(self) -> None:
+        if self.generating or not self.history or self.app.backend is None:
+            return
+        last = self.history[-1]
+        if last.role == "assistant":
+            await self._truncate(last)
+        if self.history and self.history[-1].role == "user":
+            self.generate()
+
+    def action_edit_last(self) -> None:
+        users = [m for m in self.history if m.role == "user"]
+        if self.generating or not users:
+            return
+        self.editing = users[-1]
+        prompt = self.query_one(PromptInput)
+        prompt.value = self.editing.content
+        prompt.add_class("editing")
+        prompt.focus()
+        self.notify("Editing your last message: Enter resends, Esc cancels", timeout=3)
+        self.refresh_bindings()
+
+    async def action_new_chat(self) -> None:
+        await self.open(None)
+
+    async def open(self, conversation: Conversation | None) -> None:
+        """Show `conversation` (None: a fresh, unsaved one); stops a running answer first."""
+        if self.generating:
+            self.answer_worker.cancel()
+            await self.answer_worker.wait()
+        self.conversation, self.editing, self.stats = conversation, None, None
+        base = self.app.config.sampling
+        if conversation is not None:
+            base = GenSettings.from_dict(conversation.settings, base)
+        self.gen_settings = base
+        self.history = self.store.messages(conversation.id) if conversation else []
+        messages = self.query_one("#messages")
+        await messages.remove_children()
+        await messages.mount_all(MessageView(m.role, m.content, m.id) for m in self.history)
+        messages.scroll_end(animate=False)
+        self.query_one(PromptInput).focus()
+        self.refresh_status()
+        self.refresh_list()
+
+    @on(ConversationList.Selected)
+    async def _open_selected(self, event: ConversationList.Selected) -> None:
+        await self.open(self.store.conversation(event.conversation.id))
+
+    def action_sampling(self) -> None:
+        def done(settings: GenSettings | None) -> None:
+            if settings is not None:
+                self.gen_settings = settings
+                if self.conversation is not None:
+                    self.store.set_settings(self.conversation.id, settings.to_dict())
+
+        self.app.push_screen(SamplingModal(self.gen_settings), done)
+
+    def action_toggle_sidebar(self) -> None:
+        sidebar = self.query_one("#sidebar")
+        sidebar.display = not sidebar.display
+
+    def action_rename(self) -> None:
+        conv = self.conversation
+        if conv is None:
+            return
+
+        def done(title: str | None) -> None:
+            if title:
+                self.store.rename(conv.id, title)
+                self.conversation = self.store.conversation(conv.id)
+                self.refresh_list()
+
+        self.app.push_screen(TextPromptModal("Rename conversation", conv.title), done)
+
+    def action_delete(self) -> None:
+        conv = self.conversation
+        if conv is None:
+            return
+
+        async def done(yes: bool | None) -> None:
+            if yes:
+                self.store.delete(conv.id)
+                await self.open(None)
+
+        self.app.push_screen(ConfirmModal(f"Delete “{conv.title}”?"), done)
+
+    def action_export(self) -> None:
+        if self.conversation is None:
+            return
+        path = self.app.export_dir / f"{slug(self.conversation.title)}.md"
+        path.write_text(self.store.export_markdown(self.conversation.id))
+        self.notify(f"Exported to {path}", timeout=5)
+
+    def action_copy_answer(self) -> None:
+        answers = [m for m in self.history if m.role == "assistant"]
+        if answers:
+            self.app.copy_to_clipboard(answers[-1].content)
+            self.notify("Copied the last answer")

@@ -1,0 +1,27 @@
+"""The chat input box. A paste that is only a model reference (a .gguf path, a Hub URL,
+`org/repo:QUANT`) is handed to the app as a drop instead of being typed into the message."""
+
+from textual import events
+from textual.message import Message
+from textual.widgets import Input
+
+from localllm.app.hub.spec import ModelSpec
+from localllm.app.tui.drop import drop_spec
+
+
+class ModelDropped(Message):
+    """A model reference was pasted or dropped (the app imports or downloads it)."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.spec = spec
+
+
+class PromptInput(Input):
+    def _on_paste(self, event: events.Paste) -> None:
+        spec = drop_spec(event.text) if not self.value.strip() else None
+        if spec is None:
+            super()._on_paste(event)
+            return
+        event.stop()
+        self.post_message(ModelDropped(spec))

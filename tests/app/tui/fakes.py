@@ -1,0 +1,65 @@
+"""A scripted chat backend for fast TUI tests, and small Pilot helpers."""
+
+import asyncio
+from collections.abc import Callable
+
+from localllm.app.tui.backend import ChatDelta, GenSettings
+
+
+class FakeBackend:
+    """Streams scripted answers in `chunk`-character pieces. With `hold`, it pauses after the
+    first piece until `release` is set (to stop mid-stream)."""
+
+    model_bytes = 123_456
+
+    def __init__(
+        self, answers: list[str], chunk: int = 3, hold: bool = False, name: str = "fake-model"
+    ):
+        self.answers = list(answers)
+        self.chunk = chunk
+        self.hold = hold
+        self.name = name
+        self.calls: list[tuple[list[dict], GenSettings]] = []
+        self.release = asyncio.Event()
+        self.closed = False
+
+    @property
+    def max_model_len(self) -> int:
+        return 2048
+
+    async def stream(self, messages, settings):
+        self.calls.append(([dict(m) for m in messages], settings))
+        answer = self.answers[min(len(self.calls), len(self.answers)) - 1]
+        pieces = [answer[i : i + self.chunk] for i in range(0, len(answer), self.chunk)]
+        prompt_tokens = sum(len(m["content"]) for m in messages)
+        for i, piece in enumerate(pieces):
+            if i == 1 and self.hold:
+                await self.release.wait()
+            await asyncio.sleep(0)
+            last = i == len(pieces) - 1
+            yield ChatDelta(piece, prompt_tokens, i + 1, "stop" if last else None)
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+def loader_for(*backends: FakeBackend):
+    """A loader handing out the given backends in turn (records the names asked for)."""
+    queue = list(backends)
+    asked: list[str | None] = []
+
+    async def load(name):
+        asked.append(name)
+        return queue.pop(0)
+
+    load.asked = asked
+    return load
+
+
+async def wait_for(pilot, cond: Callable[[], bool], limit: int = 400) -> None:
+    """Let the app run until `cond()` holds (fails the test after `limit` pauses)."""
+    for _ in range(limit):
+        if cond():
+            return
+        await pilot.pause(0.01)
+    raise AssertionError("condition never became true")

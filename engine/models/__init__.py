@@ -8,7 +8,7 @@ from types import ModuleType
 
 # Architectures served by another family's file (same tensor layout and math).
 ALIASES = {"mistral": "llama", "smollm": "llama"}
-SUPPORTED = ("llama", "gemma3", "qwen2", "qwen3", "phi3")
+SUPPORTED = ("llama", "gemma3", "qwen2", "qwen3", "qwen3moe", "phi3", "bert")
 
 
 class UnsupportedArchitectureError(ValueError):

@@ -1,1 +1,20 @@
 """MoE math: expert routing and grouped expert matmul (torch reference + fast paths)."""
+
+from localllm.kernels.moe.experts import (
+    ExpertBlocks,
+    ExpertFormat,
+    expert_ffn_grouped,
+    expert_ffn_reference,
+    group_by_expert,
+)
+from localllm.kernels.moe.routing import route_topk, route_topk_reference
+
+__all__ = [
+    "ExpertBlocks",
+    "ExpertFormat",
+    "expert_ffn_grouped",
+    "expert_ffn_reference",
+    "group_by_expert",
+    "route_topk",
+    "route_topk_reference",
+]

@@ -1,0 +1,114 @@
+"""Grouped expert FFN: y[t] = sum_j w[t, j] * down_e(act(gate_e(x[t])) * up_e(x[t])), e = ids[t, j].
+
+Expert weights stay in their ggml encoding, one raw-block slice per expert (the GGUF stores each
+`ffn_*_exps` tensor as [n_expert, rows, row_bytes], so an expert's slice is contiguous). The
+grouped path gathers the tokens routed to each selected expert, asks `fetch(e)` for that
+expert's blocks (a view of resident memory or a streamed slot) and dequantizes only those
+experts. `expert_ffn_reference` is the dense oracle: every expert on every token, masked.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from localllm.kernels.quant.dequant import dequantize
+from localllm.kernels.quant.types import QuantType
+
+
+@dataclass(frozen=True, slots=True)
+class ExpertFormat:
+    """ggml types of one layer's gate/up/down expert tensors and the FFN sizes."""
+
+    gate: QuantType
+    up: QuantType
+    down: QuantType
+    dim: int
+    hidden: int
+    act: str = "silu"  # "silu" (SwiGLU) or "gelu" (tanh GeGLU)
+
+
+@dataclass(frozen=True, slots=True)
+class ExpertBlocks:
+    """Raw ggml blocks of one expert: gate and up [hidden, row_bytes], down [dim, row_bytes]."""
+
+    gate: torch.Tensor
+    up: torch.Tensor
+    down: torch.Tensor
+
+
+def _act(g: torch.Tensor, act: str) -> torch.Tensor:
+    return F.silu(g) if act == "silu" else F.gelu(g, approximate="tanh")
+
+
+def _matrix(blocks: torch.Tensor, qtype: QuantType, rows: int, cols: int) -> torch.Tensor:
+    return dequantize(blocks, qtype).reshape(rows, cols)
+
+
+def expert_ffn_one(x: torch.Tensor, b: ExpertBlocks, fmt: ExpertFormat) -> torch.Tensor:
+    """One expert's FFN on the tokens x [n, dim] routed to it -> [n, dim] (float32)."""
+    d, h = fmt.dim, fmt.hidden
+    g = x @ _matrix(b.gate, fmt.gate, h, d).T
+    u = x @ _matrix(b.up, fmt.up, h, d).T
+    return (_act(g, fmt.act) * u) @ _matrix(b.down, fmt.down, d, h).T
+
+
+def group_by_expert(ids: torch.Tensor) -> tuple[torch.Tensor, list[int], list[int]]:
+    """Order (token, choice) pairs by expert: (flat pair indices sorted by expert, the experts
+    present in ascending order, how many pairs each has)."""
+    flat = ids.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    experts, counts = torch.unique_consecutive(flat[order], return_counts=True)
+    return order, experts.tolist(), counts.tolist()
+
+
+def expert_ffn_grouped(
+    x: torch.Tensor,
+    weights: torch.Tensor,
+    ids: torch.Tensor,
+    fetch: Callable[[int], ExpertBlocks],
+    fmt: ExpertFormat,
+) -> torch.Tensor:
+    """x [T, dim], routing weights/ids [T, k] -> [T, dim]; touches only the selected experts.
+
+    `fetch(e)` is called once per selected expert, in ascending order, and its blocks are used
+    before the next call, so a streaming cache may reuse one slot for the next expert.
+    """
+    x = x.float()
+    k = ids.shape[-1]
+    order, experts, counts = group_by_expert(ids)
+    tokens = order // k
+    w = weights.reshape(-1)[order].float()
+    out = torch.zeros_like(x)
+    start = 0
+    for e, n in zip(experts, counts, strict=True):
+        sel = tokens[start : start + n]
+        y = expert_ffn_one(x[sel], fetch(e), fmt)
+        out.index_add_(0, sel, y * w[start : start + n, None])
+        start += n
+    return out
+
+
+def expert_ffn_reference(
+    x: torch.Tensor,
+    weights: torch.Tensor,
+    ids: torch.Tensor,
+    gate: torch.Tensor,
+    up: torch.Tensor,
+    down: torch.Tensor,
+    fmt: ExpertFormat,
+) -> torch.Tensor:
+    """The oracle: every expert on every token, weighted by a dense [T, E] routing matrix.
+
+    gate/up/down are whole [n_expert, rows, row_bytes] raw tensors.
+    """
+    x = x.float()
+    n_expert = gate.shape[0]
+    dense = torch.zeros(x.shape[0], n_expert, dtype=torch.float32)
+    dense.scatter_add_(1, ids, weights.float())
+    out = torch.zeros_like(x)
+    for e in range(n_expert):
+        y = expert_ffn_one(x, ExpertBlocks(gate[e], up[e], down[e]), fmt)
+        out += dense[:, e : e + 1] * y
+    return out

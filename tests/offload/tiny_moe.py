@@ -1,0 +1,115 @@
+"""Tiny random-weight MoE GGUFs (`qwen3moe`, Mixtral-style `llama`) written with GGUFWriter.
+
+Tensor names and shapes follow llama.cpp's converter: `ffn_gate_inp` [n_expert, dim] and the
+stacked `ffn_{gate,up}_exps` [n_expert, ff, dim], `ffn_down_exps` [n_expert, dim, ff] (numpy
+order, outermost first), so each expert's slice is contiguous in the file.
+"""
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import gguf
+import numpy as np
+from gguf import GGMLQuantizationType as QT
+
+
+@dataclass(frozen=True)
+class MoESpec:
+    arch: str = "qwen3moe"
+    n_layers: int = 2
+    dim: int = 64
+    n_heads: int = 4
+    n_kv_heads: int = 2
+    head_dim: int = 32
+    n_expert: int = 8
+    n_used: int = 2
+    expert_ff: int = 32
+    vocab: int = 256
+    context: int = 128
+    rope_base: float = 1e6
+    expert_qtype: QT = QT.F32  # Q8_0 / Q4_0 keep the experts quantized
+    tied: bool = True
+
+    @property
+    def expert_nbytes(self) -> int:
+        """Bytes of all expert tensors in the file."""
+        n = 3 * self.n_layers * self.n_expert * self.dim * self.expert_ff
+        block, nb = gguf.GGML_QUANT_SIZES[self.expert_qtype]
+        return n // block * nb
+
+
+QWEN3MOE = MoESpec()
+MIXTRAL = MoESpec(arch="llama", head_dim=16, rope_base=10000.0, tied=False)
+
+
+def _tensors(spec: MoESpec, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    d, hd, ff, ne = spec.dim, spec.head_dim, spec.expert_ff, spec.n_expert
+
+    def w(*shape):
+        return (rng.standard_normal(shape) / math.sqrt(shape[-1])).astype(np.float32)
+
+    def norm(n):
+        return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+
+    t = {"token_embd.weight": w(spec.vocab, d), "output_norm.weight": norm(d)}
+    if not spec.tied:
+        t["output.weight"] = w(spec.vocab, d)
+    for i in range(spec.n_layers):
+        p = f"blk.{i}."
+        t[p + "attn_norm.weight"] = norm(d)
+        t[p + "attn_q.weight"] = w(spec.n_heads * hd, d)
+        t[p + "attn_k.weight"] = w(spec.n_kv_heads * hd, d)
+        t[p + "attn_v.weight"] = w(spec.n_kv_heads * hd, d)
+        if spec.arch == "qwen3moe":
+            t[p + "attn_q_norm.weight"] = norm(hd)
+            t[p + "attn_k_norm.weight"] = norm(hd)
+        t[p + "attn_output.weight"] = w(d, spec.n_heads * hd)
+        t[p + "ffn_norm.weight"] = norm(d)
+        # a wide router spread makes top-k choices clear-cut (no near ties across engines)
+        t[p + "ffn_gate_inp.weight"] = 3 * w(ne, d)
+        t[p + "ffn_gate_exps.weight"] = w(ne, ff, d)
+        t[p + "ffn_up_exps.weight"] = w(ne, ff, d)
+        t[p + "ffn_down_exps.weight"] = w(ne, d, ff)
+    return t
+
+
+def write_moe_gguf(path: Path, spec: MoESpec = QWEN3MOE, seed: int = 0) -> Path:
+    rng = np.random.default_rng(seed)
+    a = spec.arch
+    writer = gguf.GGUFWriter(str(path), a)
+    writer.add_name(f"tiny-{a}-moe")
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_pad_token_id(0)
+    ints = {
+        "block_count": spec.n_layers,
+        "context_length": spec.context,
+        "embedding_length": spec.dim,
+        "feed_forward_length": spec.expert_ff,
+        "attention.head_count": spec.n_heads,
+        "attention.head_count_kv": spec.n_kv_heads,
+        "expert_count": spec.n_expert,
+        "expert_used_count": spec.n_used,
+        "vocab_size": spec.vocab,
+        "rope.dimension_count": spec.head_dim,
+    }
+    if a == "qwen3moe":
+        ints["expert_feed_forward_length"] = spec.expert_ff
+    if spec.head_dim != spec.dim // spec.n_heads:
+        ints["attention.key_length"] = ints["attention.value_length"] = spec.head_dim
+    for key, value in ints.items():
+        writer.add_uint32(f"{a}.{key}", value)
+    writer.add_float32(f"{a}.attention.layer_norm_rms_epsilon", 1e-6)
+    writer.add_float32(f"{a}.rope.freq_base", spec.rope_base)
+    for name, arr in _tensors(spec, rng).items():
+        if "_exps" in name and spec.expert_qtype != QT.F32:
+            raw = gguf.quants.quantize(arr, spec.expert_qtype)
+            writer.add_tensor(name, raw, raw_dtype=spec.expert_qtype)
+        else:
+            writer.add_tensor(name, arr)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path

@@ -1,4 +1,5 @@
-"""`localllm serve`: load one model into an `AsyncEngine` and serve the OpenAI-compatible API.
+"""`localllm serve`: one model in an `AsyncEngine`, or several behind a `ModelRouter`, served
+as the OpenAI-compatible API.
 
 The only place that turns flags (and $LOCALLLM_MODEL, via `resolve_model`) into `EngineArgs` and
 `ServerSettings`; the server package itself reads no environment.
@@ -6,14 +7,37 @@ The only place that turns flags (and $LOCALLLM_MODEL, via `resolve_model`) into 
 
 import argparse
 import sys
+from pathlib import Path
 
 from localllm.app.engine_flags import add_engine_flags, engine_kwargs
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("serve", help="serve an OpenAI-compatible HTTP API (chat, completions, ...)")
-    p.add_argument("-m", "--model", help="GGUF file (default: the embedded SmolLM2-135M-Instruct)")
-    p.add_argument("--alias", help="model id clients see (default: the file name without .gguf)")
+    p.add_argument(
+        "-m",
+        "--model",
+        action="append",
+        help="GGUF file, library name or org/repo:QUANT; repeat to serve several "
+        "(default: the embedded SmolLM2-135M-Instruct)",
+    )
+    p.add_argument("--models-dir", help="serve every GGUF under this folder (split sets as one)")
+    p.add_argument(
+        "--alias", help="model id clients see, one model only (default: the file name stem)"
+    )
+    p.add_argument(
+        "--idle-unload",
+        type=float,
+        default=0.0,
+        help="unload a model idle this many seconds; loaded again on use (0: never)",
+    )
+    p.add_argument("--max-loaded", type=int, default=None, help="models loaded at once (no limit)")
+    p.add_argument(
+        "--max-memory",
+        type=parse_bytes,
+        default=None,
+        help="byte budget for loaded model files, e.g. 8G (free memory decides)",
+    )
     p.add_argument("--host", default="127.0.0.1", help="address to bind (127.0.0.1)")
     p.add_argument("--port", type=int, default=8080, help="port (8080)")
     p.add_argument("--api-key", help="require `Authorization: Bearer KEY` (all but /health)")
@@ -30,39 +54,127 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--timeout", type=float, default=None, help="seconds a request may run (no limit)"
     )
+    p.add_argument(
+        "--max-prompt-chars",
+        type=int,
+        default=None,
+        help="longest prompt text in characters, checked before tokenizing (no limit)",
+    )
+    p.add_argument(
+        "--reasoning-format",
+        choices=("deepseek", "none"),
+        default="deepseek",
+        help="deepseek: <think> text goes to reasoning_content; none: it stays in content",
+    )
+    p.add_argument(
+        "--tool-format",
+        choices=("hermes", "llama3", "mistral"),
+        default=None,
+        help="tool-call format to prompt and parse (default: from the chat template)",
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="log requests to stderr")
     p.set_defaults(handler=handle)
 
 
-def handle(args: argparse.Namespace) -> int:
-    import uvicorn
+def parse_bytes(text: str) -> int:
+    """`8G`, `512M`, `1.5GiB` or plain bytes."""
+    t = text.strip().upper().removesuffix("IB").removesuffix("B")
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}.get(t[-1:], 1)
+    try:
+        n = float(t[:-1] if scale > 1 else t)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r}") from None
+    return int(n * scale)
 
-    from localllm.app.model_path import resolve_model
-    from localllm.app.server.app import create_app
-    from localllm.app.server.settings import ServerSettings
-    from localllm.engine import AsyncEngine
 
+def _check(args: argparse.Namespace) -> None:
     if args.max_body_bytes < 1:
         raise ValueError("--max-body-bytes must be >= 1")
     if args.timeout is not None and args.timeout <= 0:
         raise ValueError("--timeout must be > 0")
     if args.api_key is not None and not args.api_key:
         raise ValueError("--api-key must not be empty")
-    path = resolve_model(args.model)
+    if args.max_prompt_chars is not None and args.max_prompt_chars < 1:
+        raise ValueError("--max-prompt-chars must be >= 1")
+    if args.idle_unload < 0:
+        raise ValueError("--idle-unload must be >= 0")
+    if args.max_loaded is not None and args.max_loaded < 1:
+        raise ValueError("--max-loaded must be >= 1")
+
+
+def _entries(args: argparse.Namespace) -> list:
+    """One `ModelEntry` per model named by -m (in order) and found under --models-dir."""
+    from localllm.app.model_path import ModelNotFoundError, resolve_model
+    from localllm.app.server.router import describe_model, model_files, model_id_for
+
+    found: list[tuple[Path, str | None]] = [(resolve_model(n), n) for n in args.model or ()]
+    if args.models_dir:
+        root = Path(args.models_dir).expanduser()
+        if not root.is_dir():
+            raise ModelNotFoundError(f"--models-dir {root} is not a folder")
+        files = model_files(root)
+        if not files:
+            raise ModelNotFoundError(f"no .gguf files under {root}")
+        found += [(p, None) for p in files]
+    if not found:
+        found = [(resolve_model(None), None)]
+    if len({p.resolve() for p, _ in found}) != len(found):
+        raise ValueError("the same model file is named twice")
+    ids = [model_id_for(p) for p, _ in found]
+    if args.alias:
+        if len(found) != 1:
+            raise ValueError("--alias names one model; with several, ids are the file names")
+        ids = [args.alias]
+    entries = []
+    for (path, given), mid in zip(found, ids, strict=True):
+        if ids.count(mid) > 1:  # same stem in two folders: the path tells them apart
+            mid = str(path.with_suffix(""))
+        names = frozenset({path.name, path.stem, str(path), *([given] if given else [])})
+        entries.append(describe_model(path, mid, names - {mid}, args.ctx_size))
+    return entries
+
+
+def handle(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from localllm.app.server.app import create_app
+    from localllm.app.server.router import ModelRouter
+    from localllm.app.server.settings import ServerSettings
+    from localllm.engine import AsyncEngine
+    from localllm.offload.memory import available_bytes
+
+    _check(args)
+    entries = _entries(args)
     settings = ServerSettings(
-        model_id=args.alias or path.stem,
-        model_names=frozenset({path.name, path.stem, str(path)}),
+        model_id=entries[0].id,
+        model_names=entries[0].names,
         api_key=args.api_key,
         max_body_bytes=args.max_body_bytes,
         request_timeout=args.timeout,
         cors_origins=tuple(args.cors_origin),
+        max_prompt_chars=args.max_prompt_chars,
+        reasoning_format=args.reasoning_format,
+        tool_format=args.tool_format,
     )
-    engine = AsyncEngine.from_model(str(path), **engine_kwargs(args))
+    kw = engine_kwargs(args)
+    single = len(entries) == 1 and not args.idle_unload and not args.models_dir
+    if single:  # one model, loaded now and kept: the plain server
+        served = AsyncEngine.from_model(str(entries[0].path), **kw)
+        what = f"{settings.model_id} (context {served.max_model_len})"
+    else:
+        served = ModelRouter(
+            entries,
+            lambda e: AsyncEngine.from_model(str(e.path), **kw),
+            idle_unload=args.idle_unload,
+            max_loaded=args.max_loaded,
+            memory_budget=args.max_memory,
+            available=available_bytes,
+        )
+        what = f"{len(entries)} models ({', '.join(e.id for e in entries)}; loaded on first use)"
     try:
-        app = create_app(engine, settings)
+        app = create_app(served, settings)
         print(
-            f"localllm: serving {settings.model_id} (context {engine.max_model_len}) "
-            f"on http://{args.host}:{args.port}/v1",
+            f"localllm: serving {what} on http://{args.host}:{args.port}/v1",
             file=sys.stderr,
             flush=True,
         )
@@ -75,5 +187,5 @@ def handle(args: argparse.Namespace) -> int:
             timeout_graceful_shutdown=5,
         )
     finally:
-        engine.shutdown(abort=True)
+        served.shutdown(abort=True)
     return 0

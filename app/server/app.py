@@ -12,13 +12,14 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
-from localllm.app.server import chat, completions, metrics, models, tokenize
+from localllm.app.server import chat, completions, infill, metrics, models, tokenize
 from localllm.app.server.errors import error_body, install_error_handlers
+from localllm.app.server.router import as_router
 from localllm.app.server.settings import ServerSettings
 
 OPEN_PATHS = frozenset({"/health"})
 # Endpoint families, one module each, every one exporting `router`.
-ROUTERS = (models, chat, completions, tokenize, metrics)
+ROUTERS = (models, chat, completions, infill, tokenize, metrics)
 
 
 async def _send_error(send, status: int, message: str, code: str | None = None) -> None:
@@ -85,9 +86,10 @@ class GuardMiddleware:
 def create_app(engine, settings: ServerSettings) -> FastAPI:
     """The server app over a started `AsyncEngine`; the caller owns (and shuts down) the engine."""
     app = FastAPI(title="localllm", docs_url=None, redoc_url=None, openapi_url=None)
-    app.state.engine = engine
+    app.state.engine = engine  # one AsyncEngine, or a ModelRouter over several models
     app.state.settings = settings
-    app.state.metrics = metrics.ServerMetrics()
+    app.state.router = as_router(engine, settings)  # endpoints get engines via resolve_model
+    app.state.metrics = app.state.router.metrics_for(None)
     for module in ROUTERS:
         app.include_router(module.router)
     install_error_handlers(app)

@@ -7,28 +7,83 @@ from typing import Any
 from fastapi import Request
 
 from localllm.app.server.errors import APIError
+from localllm.app.server.settings import ServerSettings
 from localllm.engine.core.outputs import PositionLogprobs, Usage
 
 
 def check_model(request: Request, model: str | None) -> str:
     """The id to report; 404 when the request names a model this server does not serve."""
-    settings = request.app.state.settings
-    if not settings.accepts(model):
-        raise APIError(
-            404,
-            f"the model {model!r} does not exist; this server serves {settings.model_id!r}",
-            param="model",
-            code="model_not_found",
-        )
-    return settings.model_id
+    return request.app.state.router.find(model).id
 
 
 async def resolve_model(request: Request, model: str | None) -> tuple[str, Any]:
-    """The id to report and the `AsyncEngine` that serves the named model (404 when none does).
+    """The id to report and the engine that serves the named model (404 when none does).
 
-    Every generation endpoint goes through here, so the multi-model router has one seam.
+    Every generation endpoint goes through here, so this is where the router loads the model
+    (in a thread), and where the per-request `timeout` and the prompt-size limit in characters
+    are checked: before any tokenization or engine time.
     """
-    return check_model(request, model), request.app.state.engine
+    router = request.app.state.router
+    entry = router.find(model)
+    settings = request.app.state.settings
+    body = await json_body(request)
+    timeout = request_timeout(settings, body)
+    check_prompt_chars(settings, body)
+    request.state.timeout = timeout
+    request.state.model_id = entry.id
+    return entry.id, await router.acquire(entry, timeout)
+
+
+async def json_body(request: Request) -> dict:
+    """The request's JSON object (FastAPI has parsed and cached it already), or {}."""
+    if "json" not in request.headers.get("content-type", ""):
+        return {}
+    try:
+        body = await request.json()
+    except ValueError:
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
+def request_timeout(settings: ServerSettings, body: dict) -> float | None:
+    """The request's `timeout` field (seconds, an extra body field in vLLM / llama-server
+    clients), never longer than the server's `--timeout`."""
+    server = settings.request_timeout
+    value = body.get("timeout")
+    if value is None:
+        return server
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise APIError(400, "timeout must be a number of seconds > 0", param="timeout")
+    return float(value) if server is None else min(float(value), server)
+
+
+# Body fields whose strings are prompt text, across the endpoint families.
+PROMPT_FIELDS = ("prompt", "messages", "input", "input_prefix", "input_suffix", "input_extra",
+                 "suffix", "content", "system", "instructions")  # fmt: skip
+
+
+def _chars(value: Any) -> int:
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, dict):  # a message's role and a part's type are not prompt text
+        return sum(_chars(v) for k, v in value.items() if k not in ("role", "type"))
+    if isinstance(value, list):
+        return sum(_chars(v) for v in value)
+    return 0
+
+
+def check_prompt_chars(settings: ServerSettings, body: dict) -> None:
+    """400 when the prompt text is longer than `--max-prompt-chars` (before tokenizing it)."""
+    limit = settings.max_prompt_chars
+    if limit is None:
+        return
+    n = sum(_chars(body.get(f)) for f in PROMPT_FIELDS)
+    if n > limit:
+        raise APIError(
+            400,
+            f"the prompt has {n} characters; this server takes at most {limit}",
+            code="prompt_too_long",
+        )
 
 
 def new_id(prefix: str) -> str:

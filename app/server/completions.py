@@ -1,4 +1,5 @@
-"""POST /v1/completions: raw prompts (text, token ids, or lists of them), echo, legacy logprobs."""
+"""POST /v1/completions: raw prompts (text, token ids, or lists of them), echo, legacy logprobs,
+and `suffix` for fill-in-the-middle (the prompt is the prefix)."""
 
 import asyncio
 from collections.abc import AsyncIterator
@@ -7,6 +8,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from localllm.app.server.common import new_id, now, ranked, resolve_model, token_text, usage_dict
+from localllm.app.server.infill import fim_ids
 from localllm.app.server.protocol import CompletionRequest
 from localllm.app.server.sse import sse_response
 from localllm.app.server.streams import (
@@ -44,11 +46,26 @@ def _echo_text(tok, prompt: str | list[int]) -> str:
     return prompt if isinstance(prompt, str) else tok.decode(prompt)
 
 
+class FimCompletionRequest(CompletionRequest):
+    suffix: str | None = None  # text after the insertion point: fill-in-the-middle
+
+
+async def _fim_prompts(body: FimCompletionRequest, engine, model: str) -> list[list[int]]:
+    """Each text prompt as a prefix, with `suffix`, in the model's FIM layout."""
+    if body.echo:
+        raise ValueError("echo cannot be combined with suffix")
+    prompts = body.prompts()
+    if not all(isinstance(p, str) for p in prompts):
+        raise ValueError("suffix needs text prompts (not token ids)")
+    suffix = body.suffix or ""
+    return [await fim_ids(engine, model, p, suffix, max_tokens=body.max_tokens) for p in prompts]
+
+
 @router.post("/v1/completions")
-async def create_completion(body: CompletionRequest, request: Request) -> Response:
+async def create_completion(body: FimCompletionRequest, request: Request) -> Response:
     model, engine = await resolve_model(request, body.model)
     params = body.to_sampling_params()
-    prompts = body.prompts()
+    prompts = body.prompts() if body.suffix is None else await _fim_prompts(body, engine, model)
     tok = engine.tokenizer
     rid = new_id("cmpl")
     k = body.logprobs

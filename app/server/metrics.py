@@ -5,7 +5,9 @@ request's end to it. Gauges are read from the engine at scrape time.
 """
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse
@@ -58,55 +60,70 @@ class ServerMetrics:
 
 
 def _line(name: str, value: float, labels: dict[str, str]) -> str:
+    # model_name first, as before: label order is part of what scrapers and tests match.
     lab = ",".join(f'{k}="{v}"' for k, v in labels.items())
     v = repr(float(value)) if math.isfinite(value) else "NaN"
     return f"{name}{{{lab}}} {v}"
 
 
-def render(metrics: ServerMetrics, engine, model_name: str) -> str:
-    base = {"model_name": model_name}
-    core = engine.engine
-    kv, sched = core.kv_manager, core.scheduler
+def render(models: list[tuple[str, ServerMetrics, Any]]) -> str:
+    """Prometheus text for (model name, its counters, its engine or None when unloaded)."""
     out: list[str] = []
+    loaded = [(name, e.engine) for name, _, e in models if e is not None]
 
     def metric(name: str, kind: str, help_: str, samples: list[tuple[str, float, dict]]) -> None:
         out.append(f"# HELP {name} {help_}")
         out.append(f"# TYPE {name} {kind}")
-        out.extend(_line(n, v, {**base, **lab}) for n, v, lab in samples)
+        out.extend(_line(n, v, lab) for n, v, lab in samples)
 
-    def gauge(name: str, help_: str, value: float) -> None:
-        metric(name, "gauge", help_, [(name, value, {})])
+    def gauge(name: str, help_: str, value: Callable[[Any], float]) -> None:
+        metric(name, "gauge", help_, [(name, value(c), {"model_name": m}) for m, c in loaded])
 
-    def counter(name: str, help_: str, value: float) -> None:
+    def counter(name: str, help_: str, value: Callable[[ServerMetrics], float]) -> None:
         # Prometheus exposes a counter `x` as the sample `x_total`, as vLLM's /metrics shows.
-        metric(name, "counter", help_, [(f"{name}_total", value, {})])
+        samples = [(f"{name}_total", value(sm), {"model_name": m}) for m, sm, _ in models]
+        metric(name, "counter", help_, samples)
 
-    def histogram(name: str, help_: str, h: Histogram) -> None:
-        pairs = zip(h.buckets, h.counts, strict=True)
-        samples = [(f"{name}_bucket", c, {"le": repr(b)}) for b, c in pairs]
-        samples += [(f"{name}_bucket", h.n, {"le": "+Inf"}), (f"{name}_count", h.n, {})]
-        samples.append((f"{name}_sum", h.total, {}))
+    def engine_counter(name: str, help_: str, value: Callable[[Any], float]) -> None:
+        samples = [(f"{name}_total", value(c), {"model_name": m}) for m, c in loaded]
+        metric(name, "counter", help_, samples)
+
+    def histogram(name: str, help_: str, pick: Callable[[ServerMetrics], Histogram]) -> None:
+        samples: list[tuple[str, float, dict]] = []
+        for m, sm, _ in models:
+            h, base = pick(sm), {"model_name": m}
+            pairs = zip(h.buckets, h.counts, strict=True)
+            samples += [(f"{name}_bucket", c, {**base, "le": repr(b)}) for b, c in pairs]
+            samples += [(f"{name}_bucket", h.n, {**base, "le": "+Inf"}),
+                        (f"{name}_count", h.n, base), (f"{name}_sum", h.total, base)]  # fmt: skip
         metric(name, "histogram", help_, samples)
 
-    gauge("vllm:num_requests_running", "Sequences in the running batch.", len(sched.running))
-    gauge("vllm:num_requests_waiting", "Sequences waiting to be scheduled.", len(sched.waiting))
-    gauge("vllm:kv_cache_usage_perc", "KV-cache usage (1 = full).", kv.usage)
-    gauge("localllm:kv_cache_free_blocks", "Free KV-cache blocks.", kv.num_free_blocks)
-    counter("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
-            kv.stats.queries)  # fmt: skip
-    counter("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.", kv.stats.hits)
-    counter("vllm:prompt_tokens", "Prefill tokens processed.", metrics.prompt_tokens)
-    counter("vllm:generation_tokens", "Tokens generated.", metrics.generation_tokens)
-    reasons = sorted(set(metrics.finished) | {"stop", "length", "abort"})
-    metric(
-        "vllm:request_success",
-        "counter",
-        "Requests ended, by finish reason.",
-        [("vllm:request_success_total", metrics.finished.get(r, 0), {"finished_reason": r})
-         for r in reasons],
-    )  # fmt: skip
-    histogram("vllm:time_to_first_token_seconds", "Time to first token.", metrics.ttft)
-    histogram("vllm:e2e_request_latency_seconds", "End-to-end request latency.", metrics.e2e)
+    gauge("vllm:num_requests_running", "Sequences in the running batch.",
+          lambda c: len(c.scheduler.running))  # fmt: skip
+    gauge("vllm:num_requests_waiting", "Sequences waiting to be scheduled.",
+          lambda c: len(c.scheduler.waiting))  # fmt: skip
+    gauge("vllm:kv_cache_usage_perc", "KV-cache usage (1 = full).", lambda c: c.kv_manager.usage)
+    gauge("localllm:kv_cache_free_blocks", "Free KV-cache blocks.",
+          lambda c: c.kv_manager.num_free_blocks)  # fmt: skip
+    if len(models) > 1:  # the router's view; a single-model server always has its model loaded
+        names = {m for m, _ in loaded}
+        metric("localllm:model_loaded", "gauge", "1 when the model is loaded.",
+               [("localllm:model_loaded", float(m in names), {"model_name": m})
+                for m, _, _ in models])  # fmt: skip
+    engine_counter("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
+                   lambda c: c.kv_manager.stats.queries)  # fmt: skip
+    engine_counter("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.",
+                   lambda c: c.kv_manager.stats.hits)  # fmt: skip
+    counter("vllm:prompt_tokens", "Prefill tokens processed.", lambda sm: sm.prompt_tokens)
+    counter("vllm:generation_tokens", "Tokens generated.", lambda sm: sm.generation_tokens)
+    success = []
+    for m, sm, _ in models:
+        for r in sorted(set(sm.finished) | {"stop", "length", "abort"}):
+            labels = {"model_name": m, "finished_reason": r}
+            success.append(("vllm:request_success_total", sm.finished.get(r, 0), labels))
+    metric("vllm:request_success", "counter", "Requests ended, by finish reason.", success)
+    histogram("vllm:time_to_first_token_seconds", "Time to first token.", lambda sm: sm.ttft)
+    histogram("vllm:e2e_request_latency_seconds", "End-to-end request latency.", lambda sm: sm.e2e)
     return "\n".join(out) + "\n"
 
 
@@ -114,7 +131,9 @@ router = APIRouter()
 
 
 @router.get("/metrics")
-async def get_metrics(request: Request) -> PlainTextResponse:
-    state = request.app.state
-    text = render(state.metrics, state.engine, state.settings.model_id)
+async def get_metrics(request: Request, model: str | None = None) -> PlainTextResponse:
+    """Every model the server knows (`?model=NAME`: just that one); engine gauges for the loaded."""
+    r = request.app.state.router
+    entries = [r.find(model)] if model else r.entries
+    text = render([(e.id, r.metrics_for(e.id), r.engine(e)) for e in entries])
     return PlainTextResponse(text, media_type="text/plain; version=0.0.4")

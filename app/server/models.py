@@ -5,6 +5,8 @@ from importlib.metadata import PackageNotFoundError, version
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
+from localllm.app.server.router import ModelEntry
+
 router = APIRouter()
 
 
@@ -15,26 +17,46 @@ def _version() -> str:
         return "unknown"
 
 
+def capabilities(entry: ModelEntry) -> list[str]:
+    caps = ["completion", "chat"]
+    return [*caps, "infill"] if entry.fim else caps
+
+
 @router.get("/v1/models")
 async def list_models(request: Request) -> JSONResponse:
-    s, engine = request.app.state.settings, request.app.state.engine
-    card = {
-        "id": s.model_id,
-        "object": "model",
-        "created": s.created,
-        "owned_by": s.owned_by,
-        "root": s.model_id,
-        "parent": None,
-        "max_model_len": engine.max_model_len,
-        "context_length": engine.max_model_len,
-    }
-    return JSONResponse({"object": "list", "data": [card]})
+    """Every servable model, loaded or not, with its context length and what it can do."""
+    s, r = request.app.state.settings, request.app.state.router
+    cards = []
+    for entry in r.entries:
+        engine = r.engine(entry)
+        ctx = engine.max_model_len if engine is not None else entry.context_length
+        cards.append(
+            {
+                "id": entry.id,
+                "object": "model",
+                "created": s.created,
+                "owned_by": s.owned_by,
+                "root": entry.id,
+                "parent": None,
+                "max_model_len": ctx,
+                "context_length": ctx,
+                "status": r.status(entry),
+                "capabilities": capabilities(entry),
+            }
+        )
+    return JSONResponse({"object": "list", "data": cards})
 
 
 @router.get("/health")
-async def health(request: Request) -> JSONResponse:
-    if not request.app.state.engine.alive:
+async def health(request: Request, model: str | None = None) -> JSONResponse:
+    """Up when the (named or default) model's engine runs, or when it is simply not loaded."""
+    r = request.app.state.router
+    entry = r.find(model)
+    engine = r.engine(entry)
+    if engine is not None and not engine.alive:
         return JSONResponse({"status": "error", "message": "engine stopped"}, status_code=503)
+    if model:
+        return JSONResponse({"status": "ok", "model": entry.id, "model_status": r.status(entry)})
     return JSONResponse({"status": "ok"})
 
 

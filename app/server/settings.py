@@ -15,8 +15,11 @@ class ServerSettings:
     max_body_bytes: int = 8 * 1024 * 1024  # larger request bodies get 413 before parsing
     request_timeout: float | None = None  # seconds per request; None: no limit
     cors_origins: tuple[str, ...] = ()  # empty: no CORS headers at all
+    max_prompt_chars: int | None = None  # longer prompt text gets 400 before tokenizing
     created: int = field(default_factory=lambda: int(time.time()))
     owned_by: str = "localllm"
+    reasoning_format: str = "deepseek"  # "none": `<think>` text stays in content
+    tool_format: str | None = None  # hermes / llama3 / mistral; None: from the chat template
 
     def accepts(self, model: str | None) -> bool:
         """A request may name the served model by its id or any of its other names, or omit it."""

@@ -23,7 +23,9 @@ async def drive(
 ) -> AsyncIterator[RequestOutput]:
     """`stream`'s deltas, under the server's per-request timeout; raises what the engine raised."""
     state = request.app.state
-    timeout = state.settings.request_timeout
+    # resolve_model set the request's own timeout (bounded by --timeout) and its model.
+    timeout = getattr(request.state, "timeout", state.settings.request_timeout)
+    metrics = state.router.metrics_for(getattr(request.state, "model_id", None))
     loop = asyncio.get_running_loop()
     deadline = None if timeout is None else loop.time() + timeout
     last: RequestOutput | None = None
@@ -52,7 +54,7 @@ async def drive(
     finally:
         await stream.aclose()  # leaving the engine stream early aborts the request there
         if reason != "rejected":
-            state.metrics.record(last, reason)
+            metrics.record(last, reason)
 
 
 async def with_first(

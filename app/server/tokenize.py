@@ -1,11 +1,21 @@
-"""POST /tokenize and /detokenize in llama-server's shapes."""
+"""POST /tokenize and /detokenize in llama-server's shapes, for the body's `model` (or the
+default model)."""
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
+from localllm.app.server.common import resolve_model
 from localllm.app.server.protocol import DetokenizeRequest, TokenizeRequest
 
 router = APIRouter()
+
+
+class ModelTokenizeRequest(TokenizeRequest):
+    model: str | None = None  # which model's tokenizer (default: the first)
+
+
+class ModelDetokenizeRequest(DetokenizeRequest):
+    model: str | None = None
 
 
 def _piece(raw: bytes) -> str | list[int]:
@@ -17,8 +27,9 @@ def _piece(raw: bytes) -> str | list[int]:
 
 
 @router.post("/tokenize")
-async def tokenize(body: TokenizeRequest, request: Request) -> JSONResponse:
-    tok = request.app.state.engine.tokenizer
+async def tokenize(body: ModelTokenizeRequest, request: Request) -> JSONResponse:
+    _, engine = await resolve_model(request, body.model)
+    tok = engine.tokenizer
     ids = tok.encode(body.content, add_special=body.add_special, parse_special=True)
     if not body.with_pieces:
         return JSONResponse({"tokens": ids})
@@ -27,6 +38,7 @@ async def tokenize(body: TokenizeRequest, request: Request) -> JSONResponse:
 
 
 @router.post("/detokenize")
-async def detokenize(body: DetokenizeRequest, request: Request) -> JSONResponse:
-    tok = request.app.state.engine.tokenizer
+async def detokenize(body: ModelDetokenizeRequest, request: Request) -> JSONResponse:
+    _, engine = await resolve_model(request, body.model)
+    tok = engine.tokenizer
     return JSONResponse({"content": tok.decode(body.tokens)})

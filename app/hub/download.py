@@ -1,8 +1,9 @@
 """Fetch `org/repo[:QUANT]` into the standard Hugging Face cache with huggingface_hub.
 
-huggingface_hub does the transfer (retries with Range, process-unique temp file, atomic rename,
-blob/snapshot layout shared with other tools); we add the quant resolution, a disk-space check
-up front, sha256 verification against the Hub's LFS hash, progress and offline handling.
+huggingface_hub does the transfer (retries with Range) into its blob/snapshot layout shared with
+other tools, through `fetch.fetch_file`, which also resumes a download whose process was killed;
+we add the quant resolution, a disk-space check up front, sha256 verification against the Hub's
+LFS hash, progress and offline handling.
 """
 
 import hashlib
@@ -11,7 +12,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from huggingface_hub import HfApi, constants, hf_hub_download
+from huggingface_hub import HfApi, constants
 from huggingface_hub.errors import (
     EntryNotFoundError,
     GatedRepoError,
@@ -21,6 +22,7 @@ from huggingface_hub.errors import (
     RevisionNotFoundError,
 )
 
+from localllm.app.hub.fetch import fetch_file
 from localllm.app.hub.progress import (
     ProgressCallback,
     human_bytes,
@@ -236,14 +238,7 @@ def _download(
     config: HubConfig, repo: str, name: str, revision: str | None, tqdm_class: type | None
 ) -> str:
     try:
-        return hf_hub_download(
-            repo,
-            name,
-            revision=revision,
-            cache_dir=config.cache_dir,
-            endpoint=config.endpoint,
-            tqdm_class=tqdm_class,
-        )
+        return str(fetch_file(config.endpoint, config.cache_dir, repo, name, revision, tqdm_class))
     except (EntryNotFoundError, RevisionNotFoundError, RepositoryNotFoundError) as e:
         raise HubError(f"{repo}/{name}: not found on {config.endpoint} ({e})") from None
     except OfflineModeIsEnabled:

@@ -92,8 +92,10 @@ def test_subprocess_honours_hf_env(hub, tmp_path, repo_files):
     assert "offline mode (HF_HUB_OFFLINE) is on" in proc.stderr
 
 
-def test_killed_pull_leaves_no_model_and_retry_is_byte_identical(hub, config, repo_files):
+def test_killed_pull_leaves_no_model_and_retry_resumes_byte_identical(hub, config, repo_files):
     name = "tiny-Q4_K_M.gguf"
+    # Over two of huggingface_hub's 10 MiB read chunks, so the killed process has written one.
+    repo_files[name] += os.urandom(24 << 20)
     hub.stall_once.add(name)
     env = dict(os.environ, PYTHONSAFEPATH="1")
     proc = subprocess.Popen(
@@ -107,15 +109,26 @@ def test_killed_pull_leaves_no_model_and_retry_is_byte_identical(hub, config, re
         while not [e for e in hub.log if e[0] == "GET" and e[1].endswith(name)]:
             assert proc.poll() is None and time.monotonic() < deadline
             time.sleep(0.05)
-        time.sleep(0.3)  # let the client write what it got
+        blobs = config.cache_dir / f"models--{REPO.replace('/', '--')}" / "blobs"
+        while not any(p.stat().st_size for p in blobs.glob("*.partial")):  # first chunk written
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
     finally:
         proc.kill()
         proc.wait()
         hub.release.set()
     assert cached_model(config, REPO) is None
     assert scan_library(config.cache_dir) == []
-    got = pull(REPO, config=config)
+    (partial,) = (config.cache_dir / f"models--{REPO.replace('/', '--')}").glob("blobs/*.partial")
+    kept = partial.stat().st_size
     data = repo_files[name]
+    assert 0 < kept < len(data) and partial.read_bytes() == data[:kept]
+    hub.log.clear()
+    got = pull(REPO, config=config)
+    # The retry resumed where the killed process stopped instead of starting from zero.
+    gets = [e for e in hub.log if e[0] == "GET" and e[1].endswith(name)]
+    assert [g[2] for g in gets] == [f"bytes={kept}-"]
+    assert not partial.exists()
     assert hashlib.sha256(got.path.read_bytes()).digest() == hashlib.sha256(data).digest()
     assert got.path.read_bytes() == data
 

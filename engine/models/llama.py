@@ -20,6 +20,7 @@ from localllm.engine.layers import (
 )
 from localllm.engine.models.common import arch_key, rope_scale
 from localllm.engine.models.decoder import Decoder
+from localllm.engine.moe import EXPERT_TENSORS, MoEFeedForward
 from localllm.engine.rope import RopeConfig, Rotary
 
 
@@ -38,6 +39,8 @@ class ModelArgs:
     rope_dims: int
     rope_linear_scale: float
     context_length: int
+    n_expert: int = 0  # Mixtral-style MoE: experts in ffn_*_exps, router in ffn_gate_inp
+    n_expert_used: int = 0
 
     @classmethod
     def from_gguf(cls, meta: dict[str, Any], vocab_size: int) -> "ModelArgs":
@@ -59,6 +62,8 @@ class ModelArgs:
             rope_dims=k("rope.dimension_count", head_dim),
             rope_linear_scale=rope_scale(meta),
             context_length=k("context_length", 4096),
+            n_expert=k("expert_count", 0),
+            n_expert_used=k("expert_used_count", 0),
         )
 
 
@@ -73,7 +78,12 @@ class Block(nn.Module):
         self.attn_v = QuantLinear(args.dim, args.n_kv_heads * hd, precise)
         self.attn_output = QuantLinear(args.n_heads * hd, args.dim, precise)
         self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
-        self.mlp = GatedMLP(args.dim, args.hidden_dim, "silu", precise)
+        if args.n_expert:  # the model numbers the MoE layers after construction
+            self.mlp = MoEFeedForward(
+                0, args.dim, args.hidden_dim, args.n_expert, args.n_expert_used, True
+            )
+        else:
+            self.mlp = GatedMLP(args.dim, args.hidden_dim, "silu", precise)
         self.qkv: FusedLinear | None = None
 
     def fuse(self) -> None:
@@ -103,9 +113,16 @@ class Block(nn.Module):
 
 class Model(Decoder):
     optional_tensors = ("rope_freqs.weight", "output.weight")
+    tensor_aliases = {  # noqa: RUF012 (a class constant the loader reads)
+        **Decoder.tensor_aliases,
+        **{n: f"mlp.{n}" for n in ("ffn_gate_inp", *EXPERT_TENSORS)},
+    }
 
     def __init__(self, args: ModelArgs, precise: bool = False):
         super().__init__(args, [Block(args, precise) for _ in range(args.n_layers)], precise)
+        if args.n_expert:
+            for i, blk in enumerate(self.blk):
+                blk.mlp.layer = i
 
     def finish_load(self, extra: dict[str, torch.Tensor]) -> None:
         """Called by the loader after every tensor is in place."""

@@ -119,3 +119,78 @@ def test_batch_of_two_matches_each_alone(ours):
     out = model.logits(model(ids, torch.tensor([11, *range(17, 23)]), batch, kv))
     assert (out[0] - full_logits(model, a2)[11]).abs().max() < CACHE_TOL
     assert (out[1:] - want_b[17:]).abs().max() < CACHE_TOL
+
+
+# -- Mixtral-style MoE in a `llama` GGUF -------------------------------------------------------
+
+
+def _unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
+    """Undo llama.cpp's converter permutation of Q/K rows (NORM rope layout -> HF layout)."""
+    return (
+        w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(w.shape)
+    )
+
+
+def _mixtral_reference(g, spec: MoESpec):
+    """transformers' MixtralForCausalLM holding the GGUF's weights (its GGUF reader has no
+    Mixtral mapping, so the state dict is built here)."""
+    transformers = pytest.importorskip("transformers")
+    from localllm.engine.layers import dense
+
+    cfg = transformers.MixtralConfig(
+        vocab_size=spec.vocab,
+        hidden_size=spec.dim,
+        intermediate_size=spec.expert_ff,
+        num_hidden_layers=spec.n_layers,
+        num_attention_heads=spec.n_heads,
+        num_key_value_heads=spec.n_kv_heads,
+        head_dim=spec.head_dim,
+        num_local_experts=spec.n_expert,
+        num_experts_per_tok=spec.n_used,
+        rms_norm_eps=1e-6,
+        max_position_embeddings=spec.context,
+        rope_parameters={"rope_type": "default", "rope_theta": spec.rope_base},
+        tie_word_embeddings=False,
+        attn_implementation="eager",
+    )
+    hf = transformers.MixtralForCausalLM(cfg).eval()
+    t = {name: dense(g.weight(name)) for name in g.tensors}
+    sd = {
+        "model.embed_tokens.weight": t["token_embd.weight"],
+        "model.norm.weight": t["output_norm.weight"],
+        "lm_head.weight": t["output.weight"],
+    }
+    for i in range(spec.n_layers):
+        p, q = f"blk.{i}.", f"model.layers.{i}."
+        sd[q + "input_layernorm.weight"] = t[p + "attn_norm.weight"]
+        sd[q + "post_attention_layernorm.weight"] = t[p + "ffn_norm.weight"]
+        sd[q + "self_attn.q_proj.weight"] = _unpermute(t[p + "attn_q.weight"], spec.n_heads)
+        sd[q + "self_attn.k_proj.weight"] = _unpermute(t[p + "attn_k.weight"], spec.n_kv_heads)
+        sd[q + "self_attn.v_proj.weight"] = t[p + "attn_v.weight"]
+        sd[q + "self_attn.o_proj.weight"] = t[p + "attn_output.weight"]
+        sd[q + "mlp.gate.weight"] = t[p + "ffn_gate_inp.weight"]
+        gate_up = torch.cat((t[p + "ffn_gate_exps.weight"], t[p + "ffn_up_exps.weight"]), dim=1)
+        sd[q + "mlp.experts.gate_up_proj"] = gate_up
+        sd[q + "mlp.experts.down_proj"] = t[p + "ffn_down_exps.weight"]
+    missing, unexpected = hf.load_state_dict(sd, strict=False)
+    assert not unexpected and all("rotary" in m for m in missing), (missing, unexpected)
+    return hf
+
+
+def test_mixtral_style_llama_matches_transformers(tmp_path):
+    from tests.offload.tiny_moe import MIXTRAL
+
+    path = write_moe_gguf(tmp_path / "mixtral.gguf", MIXTRAL)
+    with open_gguf(path) as g:
+        model = build_model(g, precise=True)
+        assert isinstance(model.blk[1].mlp, MoEFeedForward) and model.blk[1].mlp.layer == 1
+        hf = _mixtral_reference(g, MIXTRAL)
+        ids = tokens(SEQ, 5)
+        got = full_logits(model, ids)
+    with torch.inference_mode():
+        want = hf(torch.tensor([ids])).logits[0]
+    assert want.std() > 0.3
+    err = (got - want).abs().max().item()
+    assert err < LOGIT_TOL, f"mixtral: max |ours - transformers| = {err:.2e}"

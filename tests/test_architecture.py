@@ -19,7 +19,7 @@ THIRD_PARTY = {
     "kernels": {"torch", "triton", "numpy"},
     "offload": {"torch", "numpy", "psutil"},
     "engine": {"torch", "numpy", "gguf", "tokenizers", "jinja2", "llguidance"},
-    "media": {"torch", "numpy", "soundfile", "soxr", "tokenizers"},
+    "media": {"torch", "numpy", "soundfile", "soxr", "tokenizers", "onnx", "espeakng_loader"},
     "app": {
         "torch",
         "numpy",

@@ -2,8 +2,9 @@
 
 The server and the TUI never touch the model directly. `generate()` sends an "add" command and
 returns an async stream of deltas; leaving the stream early (a client disconnect, a cancelled task)
-aborts the request. `shutdown()` either lets in-flight requests finish or aborts them, then joins
-the thread.
+aborts the request. `embed()` queues an embedding job whose batches run on the same thread,
+one batch between two generation steps. `shutdown()` either lets in-flight requests finish or
+aborts them, then joins the thread.
 """
 
 import asyncio
@@ -11,12 +12,14 @@ import logging
 import queue
 import threading
 import uuid
+from collections import deque
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from localllm.engine.config import EngineArgs
 from localllm.engine.core.outputs import RequestOutput
+from localllm.engine.embedder import EmbeddingOutput, EmbedJob
 from localllm.engine.llm_engine import LLMEngine
 from localllm.engine.sampling_params import SamplingParams
 
@@ -41,6 +44,7 @@ class AsyncEngine:
         self._lock = threading.Lock()
         self._closing = False
         self._abort_all = False  # set by shutdown(abort=True): later adds are refused
+        self._jobs: deque[tuple[str, EmbedJob]] = deque()  # embedding jobs (engine thread only)
         self._thread = threading.Thread(target=self._loop, name="localllm-engine", daemon=True)
         self._thread.start()
 
@@ -124,6 +128,43 @@ class AsyncEngine:
         async for out in self.generate(ids, params, request_id, cache_salt=cache_salt):
             yield out
 
+    async def embed(
+        self,
+        inputs: Sequence[str | Sequence[int]],
+        pooling: str | None = None,
+        normalize: bool = True,
+        *,
+        truncate: int | None = None,
+    ) -> list[EmbeddingOutput]:
+        """`LLMEngine.embed` on the engine thread, between generation steps.
+
+        Tokenizing and checks happen here, off the engine thread; a bad input raises at once.
+        """
+        rid = f"embed-{uuid.uuid4().hex}"
+        loop = asyncio.get_running_loop()
+        stream = _Stream(loop, asyncio.Queue())
+        with self._lock:
+            # Registered like a generation: a shutdown that lets work finish waits for it.
+            if self._closing or not self._thread.is_alive():
+                raise EngineDeadError("the engine is shut down")
+            self._streams[rid] = stream
+        try:
+            job = await asyncio.to_thread(self._embedding_job, inputs, pooling, normalize, truncate)
+            self._commands.put(("embed", (rid, job), None))
+            result = await stream.queue.get()
+            if isinstance(result, BaseException):
+                raise result
+            return result
+        finally:
+            with self._lock:
+                self._streams.pop(rid, None)
+            if self._closing:
+                self._commands.put(("wake", None, None))  # a stopping thread re-checks
+
+    def _embedding_job(self, inputs, pooling, normalize, truncate) -> EmbedJob:
+        seqs = self.engine.prepare_embedding(inputs, truncate)
+        return self.engine.embedding_job(seqs, pooling, normalize)
+
     def abort(self, request_id: str) -> None:
         self._commands.put(("abort", request_id, None))
 
@@ -141,7 +182,7 @@ class AsyncEngine:
         engine = self.engine
         stopping = False
         while True:
-            idle = not engine.has_unfinished_requests()
+            idle = not engine.has_unfinished_requests() and not self._jobs
             if stopping and idle:
                 with self._lock:
                     if not self._streams:  # nobody is still preparing or reading
@@ -156,6 +197,7 @@ class AsyncEngine:
                     cmd = self._commands.get_nowait()
                 except queue.Empty:
                     cmd = None
+            self._embed_step()
             if not engine.has_unfinished_requests():
                 continue
             try:
@@ -184,14 +226,43 @@ class AsyncEngine:
                 self._resolve(rid, fut, e)
             else:
                 self._resolve(rid, fut, None)
+        elif kind == "embed":
+            rid, job = payload
+            if self._abort_all:
+                self._deliver(rid, EngineDeadError("the engine is shut down"))
+            else:
+                self._jobs.append((rid, job))
         elif kind == "abort":
             self.engine.abort_request(payload)
         elif kind == "stop":
             if payload:
                 self._abort_all = True
                 self.engine.abort_request(list(self.engine.groups))
+                for rid, _ in self._jobs:
+                    self._deliver(rid, EngineDeadError("the engine is shut down"))
+                self._jobs.clear()
             return True
         return False
+
+    def _embed_step(self) -> None:
+        """One batch of the oldest embedding job (a big job never stalls decoding for long)."""
+        if not self._jobs:
+            return
+        rid, job = self._jobs[0]
+        with self._lock:
+            wanted = rid in self._streams
+        try:
+            if wanted:
+                job.step()
+        except Exception as e:
+            log.exception("embedding failed")
+            self._jobs.popleft()
+            self._deliver(rid, RuntimeError(f"embedding failed: {type(e).__name__}: {e}"))
+            return
+        if not wanted or job.done:
+            self._jobs.popleft()
+            if wanted:
+                self._deliver(rid, job.outputs())
 
     def _resolve(self, rid: str, fut: asyncio.Future, error: Exception | None) -> None:
         stream = self._streams.get(rid)

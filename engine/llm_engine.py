@@ -9,7 +9,7 @@ import itertools
 import logging
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from localllm.engine.config import EngineArgs, plan_kv
@@ -17,6 +17,7 @@ from localllm.engine.core.kv_manager import KVCacheManager
 from localllm.engine.core.outputs import RequestOutput
 from localllm.engine.core.request import Request
 from localllm.engine.core.scheduler import Scheduler, SchedulerConfig
+from localllm.engine.embedder import Embedder, EmbeddingOutput, EmbedJob
 from localllm.engine.gguf import open_gguf
 from localllm.engine.kv_cache import PagedKVCache
 from localllm.engine.loader import build_model
@@ -52,12 +53,19 @@ class LLMEngine:
             self.gguf.close()
             raise
         self.vocab_size = self.model.args.vocab_size
+        # Encoder-only models (BERT) make embeddings and never generate.
+        self.generates = getattr(self.model, "generates", True)
         layers, kv_heads, head_dim = self.model.kv_shape()
         dtype = "f32" if args.precise and args.kv_cache_dtype == "f16" else args.kv_cache_dtype
         per_block = PagedKVCache.bytes_per_block(layers, args.block_size, kv_heads, head_dim, dtype)
-        plan = plan_kv(args, self.model.args.context_length, per_block, available_bytes())
+        ctx = self.model.args.context_length
+        # An encoder keeps no KV cache: two blocks keep the (idle) scheduler well-formed.
+        kv_args = args if self.generates else replace(args, kv_cache_memory=2 * per_block)
+        plan = plan_kv(kv_args, ctx, per_block, available_bytes())
         self.kv_plan = plan
         self.max_model_len = plan.max_model_len
+        if not self.generates:
+            self.max_model_len = min(args.max_model_len or ctx, ctx)
         self.kv_cache = PagedKVCache(
             layers, plan.num_blocks, args.block_size, kv_heads, head_dim, dtype=dtype
         )
@@ -81,6 +89,11 @@ class LLMEngine:
         self.states: dict[str, RequestState] = {}  # child request id -> its text state
         self._ids = itertools.count()
         self._chat_template: ChatTemplate | None = None
+        device = self.kv_cache.k[0].device
+        budget = max(args.max_num_batched_tokens, 512)
+        self.embedder = Embedder(
+            self.model, self.tokenizer, self.gguf.metadata, self.max_model_len, device, budget
+        )
         self.load_seconds = time.perf_counter() - t0
 
     # -- requests ---------------------------------------------------------------------------
@@ -96,6 +109,7 @@ class LLMEngine:
         """Tokenize, check and compile a request's grammar without touching engine state, so
         callers on other threads can do this work (and get its errors) off the engine thread."""
         params = params or SamplingParams()
+        self._check_generates()
         ids = self.tokenize(prompt)
         self._validate(ids, params)
         grammar = self.grammars.compile(params.structured) if params.structured else None
@@ -256,6 +270,7 @@ class LLMEngine:
         **template_kwargs,
     ) -> list[int]:
         """Token ids of `messages` through the model's chat template (ChatML when it has none)."""
+        self._check_generates()
         if self._chat_template is None:
             self._chat_template = ChatTemplate.for_tokenizer(self.tokenizer)
         t = self._chat_template
@@ -264,3 +279,41 @@ class LLMEngine:
         )
         add_bos = not (t.bos_token and text.startswith(t.bos_token))
         return self.tokenizer.encode(text, add_special=add_bos, parse_special=True)
+
+    def _check_generates(self) -> None:
+        if not self.generates:
+            raise ValueError(
+                f"{self.model.args.arch} is an encoder-only (embedding) model: it cannot generate "
+                "text; use embeddings"
+            )
+
+    # -- embeddings -------------------------------------------------------------------------
+
+    @property
+    def embedding_dim(self) -> int:
+        return self.embedder.dim
+
+    def prepare_embedding(
+        self, inputs: Sequence[str | Sequence[int]], truncate: int | None = None
+    ) -> list[list[int]]:
+        """Tokenize and check embedding inputs (no engine state: any thread)."""
+        return self.embedder.prepare(inputs, truncate)
+
+    def embedding_job(
+        self, seqs: list[list[int]], pooling: str | None = None, normalize: bool = True
+    ) -> EmbedJob:
+        """A job over prepared inputs; its `step()`s must run where `step()` runs."""
+        return self.embedder.job(seqs, pooling, normalize)
+
+    def embed(
+        self,
+        inputs: Sequence[str | Sequence[int]],
+        pooling: str | None = None,
+        normalize: bool = True,
+        truncate: int | None = None,
+    ) -> list[EmbeddingOutput]:
+        """One vector per input: final hidden states pooled (`mean`, `cls` or `last`; None: the
+        model's own, see `engine.pooling`) and L2-normalised unless `normalize` is False.
+        Synchronous, on the calling thread: with an `AsyncEngine`, use its `embed`."""
+        seqs = self.prepare_embedding(inputs, truncate)
+        return self.embedding_job(seqs, pooling, normalize).run()

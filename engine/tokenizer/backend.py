@@ -6,6 +6,7 @@ Both vocabulary kinds become a `tokenizers` BPE model over the full vocabulary:
   byte-level mapping.
 - `llama` (SentencePiece-style): merges derived from the scores (see `spm_merges`), byte fallback to
   `<0xNN>` tokens, and no pre-tokenizer, since llama.cpp merges across the whole text fragment.
+`bert` vocabularies become a `tokenizers` WordPiece model with BERT's normalizer and pre-tokenizer.
 Special tokens are cut out first by our own splitter (llama.cpp's rules differ from `tokenizers`'
 added-token matching), so the `tokenizers` model never sees them.
 """
@@ -19,7 +20,7 @@ from contextlib import contextmanager
 
 import numpy as np
 from tokenizers import Tokenizer as HFTokenizer
-from tokenizers import models
+from tokenizers import models, normalizers, pre_tokenizers
 
 from localllm.engine.tokenizer.attrs import Attr
 from localllm.engine.tokenizer.pretokenize import byte_level_pre_tokenizer, pre_tokenizer_spec
@@ -38,8 +39,9 @@ class Encoder:
     def __init__(self, vocab: Vocab) -> None:
         self._vocab = vocab
         self._spm = vocab.model == "llama"
+        builder = {"llama": _build_spm, "bert": _build_wpm}.get(vocab.model, _build_bpe)
         with _gc_paused():
-            self._hf = _build_spm(vocab) if self._spm else _build_bpe(vocab)
+            self._hf = builder(vocab)
         self._batch = getattr(self._hf, "encode_batch_fast", self._hf.encode_batch)
         self._splitters: dict[bool, SpecialSplitter] = {}
 
@@ -127,4 +129,25 @@ def _build_bpe(vocab: Vocab) -> HFTokenizer:
     model = models.BPE(vocab=index, merges=merges, ignore_merges=spec.ignore_merges)
     hf = HFTokenizer(model)
     hf.pre_tokenizer = byte_level_pre_tokenizer(spec)
+    return hf
+
+
+def _build_wpm(vocab: Vocab) -> HFTokenizer:
+    # llama.cpp's converter writes word-initial pieces as `▁word` and continuations without `##`;
+    # special `[...]` tokens keep their text. Undo that to get the WordPiece vocabulary back.
+    index: dict[str, int] = {}
+    for i, t in enumerate(vocab.tokens):
+        if t.startswith("▁"):
+            key = t[1:]
+        elif t.startswith("[") and t.endswith("]"):
+            key = t
+        else:
+            key = "##" + t
+        index.setdefault(key, i)
+    unk = vocab.tokens[vocab.unk_id] if vocab.unk_id is not None else "[UNK]"
+    hf = HFTokenizer(models.WordPiece(index, unk_token=unk, max_input_chars_per_word=100))
+    # GGUF does not record do_lower_case: a vocabulary with upper-case word pieces is cased.
+    cased = any(t[:1] != "[" and t.lower() != t for t in vocab.tokens)
+    hf.normalizer = normalizers.BertNormalizer(lowercase=not cased)
+    hf.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     return hf

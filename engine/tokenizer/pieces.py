@@ -1,6 +1,7 @@
 """Token id -> raw bytes, as llama.cpp's `token_to_piece(special=True)` produces them.
 
-- SentencePiece (`llama`) normal tokens: the text with `▁` turned back into spaces.
+- SentencePiece (`llama`) and WordPiece (`bert`) normal tokens: the text with `▁` turned back into
+  spaces.
 - Byte-level BPE (`gpt2`) normal tokens: each character maps back to one byte through GPT-2's
   byte-to-unicode table; a character outside that table gives llama.cpp's `[UNK_BYTE_0x..]` marker.
   Both conversions run over all tokens at once (numpy over code points): a Python loop per
@@ -124,7 +125,9 @@ def build_pieces(vocab: Vocab) -> list[bytes]:
         pieces[i] = _byte_token_value(tokens[i])
     normal = np.flatnonzero(is_normal).tolist()
     texts = [tokens[i] for i in normal]
-    converted = _spm_bytes(texts) if vocab.model == "llama" else _byte_level_bytes(texts)
+    # WordPiece tokens in GGUF mark word starts with ▁ as SentencePiece does.
+    spm_like = vocab.model in ("llama", "bert")
+    converted = _spm_bytes(texts) if spm_like else _byte_level_bytes(texts)
     for i, piece in zip(normal, converted, strict=True):
         pieces[i] = piece
     return pieces

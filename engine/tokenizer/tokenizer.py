@@ -151,7 +151,7 @@ class Tokenizer:
         v = self._vocab
         strip = v.add_space_prefix
         if skip_special and v.add_bos and ids and ids[0] == v.bos_id:
-            strip = False
+            strip = v.model == "bert"  # WordPiece has no SentencePiece quirk to mirror
             ids = ids[1:]
         if skip_special and v.add_eos and ids and ids[-1] == v.eos_id:
             ids = ids[:-1]

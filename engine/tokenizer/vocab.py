@@ -53,7 +53,7 @@ _PRE_ADDS_BOS = frozenset(
     }
 )
 
-SUPPORTED_MODELS = ("gpt2", "llama")
+SUPPORTED_MODELS = ("gpt2", "llama", "bert")
 
 
 class VocabError(ValueError):
@@ -64,7 +64,8 @@ class VocabError(ValueError):
 class Vocab:
     """Everything the tokenizer needs from the GGUF metadata, already validated."""
 
-    model: str  # "gpt2" (byte-level BPE) or "llama" (SentencePiece-style, merged by score)
+    # "gpt2" (byte-level BPE), "llama" (SentencePiece-style, merged by score) or "bert" (WordPiece)
+    model: str
     pre: str  # `tokenizer.ggml.pre`, "default" when absent
     tokens: list[str]
     scores: np.ndarray | None  # float32 per token, SentencePiece only
@@ -117,11 +118,12 @@ class Vocab:
             attrs = lut[np.clip(types, 0, 7)]  # unknown type numbers read as UNDEFINED (slot 7)
         pre = meta.get(KEY + "pre") or "default"
         spm = model == "llama"
+        wpm = model == "bert"
         merges = None
-        if not spm:
+        if model == "gpt2":
             merges = _string_list(meta, KEY + "merges")
         # llama.cpp defaults per vocab kind, then the file's keys win.
-        defaults = (1, 2, 0) if spm else (11, 11, None)
+        defaults = (1, 2, 0) if spm else (101, 102, 100) if wpm else (11, 11, None)
         ids = {
             "bos": _special(meta, "bos_token_id", defaults[0], n),
             "eos": _special(meta, "eos_token_id", defaults[1], n),
@@ -130,9 +132,14 @@ class Vocab:
             "eom": _special(meta, "eom_token_id", None, n),
             "pad": _special(meta, "padding_token_id", None, n),
         }
-        add_bos = _flag(meta, "add_bos_token", spm or pre in _PRE_ADDS_BOS)
-        add_eos = _flag(meta, "add_eos_token", False)
-        add_space_prefix = _flag(meta, "add_space_prefix", spm)
+        if wpm:
+            # WordPiece wraps text as [CLS] ... [SEP] (llama.cpp always does): they play BOS/EOS.
+            ids["bos"] = _special(meta, "cls_token_id", ids["bos"], n)
+            ids["eos"] = _special(meta, "seperator_token_id", ids["eos"], n)
+        add_bos = wpm or _flag(meta, "add_bos_token", spm or pre in _PRE_ADDS_BOS)
+        add_eos = wpm or _flag(meta, "add_eos_token", False)
+        # WordPiece words start with ▁ in GGUF: the first decoded word drops its space.
+        add_space_prefix = _flag(meta, "add_space_prefix", spm or wpm)
         eog, ids = apply_name_rules(tokens, attrs, ids, str(meta.get("general.name", "")))
         template = meta.get("tokenizer.chat_template")
         return cls(

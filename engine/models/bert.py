@@ -1,0 +1,156 @@
+"""The `bert` GGUF architecture: BERT-style encoders for embeddings (all-MiniLM, bge, e5, ...).
+
+Post-norm encoder: word + token-type + absolute position embeddings -> LayerNorm; per block
+bidirectional attention -> residual -> LayerNorm, GELU MLP -> residual -> LayerNorm. Modules are
+named after the GGUF tensors of llama.cpp's converter. An encoder produces hidden states only: it
+has no output head, keeps no KV cache and cannot generate (`generates = False`).
+"""
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from localllm.engine.layers import FusedLinear, QuantEmbedding, QuantLinear, dense
+from localllm.engine.models.common import arch_key
+from localllm.offload import QuantWeight
+
+
+@dataclass(frozen=True)
+class ModelArgs:
+    arch: str
+    vocab_size: int
+    dim: int
+    n_layers: int
+    n_heads: int
+    head_dim: int
+    hidden_dim: int
+    norm_eps: float
+    context_length: int
+    n_token_types: int
+    pooling_type: int | None  # llama.cpp's enum (0 none, 1 mean, 2 cls, 3 last, 4 rank)
+
+    @classmethod
+    def from_gguf(cls, meta: dict[str, Any], vocab_size: int) -> "ModelArgs":
+        k = arch_key(meta)
+        n_heads = k("attention.head_count")
+        dim = k("embedding_length")
+        return cls(
+            arch=meta["general.architecture"],
+            vocab_size=vocab_size,
+            dim=dim,
+            n_layers=k("block_count"),
+            n_heads=n_heads,
+            head_dim=dim // n_heads,
+            hidden_dim=k("feed_forward_length"),
+            norm_eps=k("attention.layer_norm_epsilon", 1e-12),
+            context_length=k("context_length", 512),
+            n_token_types=int(meta.get("tokenizer.ggml.token_type_count", 2)),
+            pooling_type=k("pooling_type", None),
+        )
+
+
+class LayerNorm(nn.Module):
+    """LayerNorm with GGUF `weight` and `bias` tensors."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = torch.ones(dim)
+        self.bias = torch.zeros(dim)
+        self.loaded = False
+
+    def load_tensor(self, suffix: str, w: QuantWeight) -> None:
+        if suffix not in ("weight", "bias") or tuple(w.shape) != tuple(self.weight.shape):
+            raise ValueError(f"expected norm {suffix} of {tuple(self.weight.shape)}, got {w.shape}")
+        setattr(self, suffix, dense(w))
+        self.loaded = self.loaded or suffix == "weight"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x, self.weight.shape, self.weight, self.bias, self.eps)
+
+
+class Block(nn.Module):
+    def __init__(self, args: ModelArgs, precise: bool):
+        super().__init__()
+        d = args.dim
+        self.args = args
+        self.attn_q = QuantLinear(d, d, precise)
+        self.attn_k = QuantLinear(d, d, precise)
+        self.attn_v = QuantLinear(d, d, precise)
+        self.attn_output = QuantLinear(d, d, precise)
+        self.attn_output_norm = LayerNorm(d, args.norm_eps)
+        self.ffn_up = QuantLinear(d, args.hidden_dim, precise)
+        self.ffn_down = QuantLinear(args.hidden_dim, d, precise)
+        self.layer_output_norm = LayerNorm(d, args.norm_eps)
+        self.qkv: FusedLinear | None = None
+
+    def fuse(self) -> None:
+        parts = [self.attn_q, self.attn_k, self.attn_v]
+        if FusedLinear.fusable(parts):
+            self.qkv = FusedLinear(parts)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """x [B, L, dim]; mask [B, 1, 1, L] True where a key is a real token."""
+        b, n, d = x.shape
+        h, hd = self.args.n_heads, self.args.head_dim
+        if self.qkv is not None:
+            q, k, v = self.qkv(x)
+        else:
+            q, k, v = self.attn_q(x), self.attn_k(x), self.attn_v(x)
+        q, k, v = (t.reshape(b, n, h, hd).transpose(1, 2) for t in (q, k, v))
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=hd**-0.5)
+        x = self.attn_output_norm(x + self.attn_output(o.transpose(1, 2).reshape(b, n, d)))
+        # BERT's "gelu" is the exact erf form (transformers' ACT2FN["gelu"]).
+        return self.layer_output_norm(x + self.ffn_down(F.gelu(self.ffn_up(x))))
+
+
+class Model(nn.Module):
+    generates = False  # encoder-only: hidden states for embeddings, no next-token head
+    # Reranker heads (`cls.*`) are read but unused: ranking is not served.
+    optional_tensors = (
+        "token_types.weight",
+        "cls.weight",
+        "cls.bias",
+        "cls.output.weight",
+        "cls.output.bias",
+    )
+
+    def __init__(self, args: ModelArgs, precise: bool = False):
+        super().__init__()
+        self.args = args
+        self.token_embd = QuantEmbedding(args.vocab_size, args.dim)
+        self.token_types = QuantEmbedding(args.n_token_types, args.dim)
+        self.position_embd = QuantEmbedding(args.context_length, args.dim)
+        self.token_embd_norm = LayerNorm(args.dim, args.norm_eps)
+        self.blk = nn.ModuleList(Block(args, precise) for _ in range(args.n_layers))
+
+    def kv_shape(self) -> tuple[int, int, int]:
+        return self.args.n_layers, self.args.n_heads, self.args.head_dim
+
+    def finish_load(self, extra: dict[str, torch.Tensor]) -> None:
+        for blk in self.blk:
+            blk.fuse()
+
+    def encode(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Last hidden states [B, L, dim] of padded ids [B, L] (mask [B, L]: True for tokens).
+
+        Every sequence starts at position 0 with token type 0 (one text per sequence).
+        """
+        b, n = ids.shape
+        if n > self.args.context_length:
+            raise ValueError(f"{n} tokens exceed the context of {self.args.context_length}")
+        x = self.token_embd(ids.reshape(-1)).reshape(b, n, -1)
+        x = x + self.position_embd(torch.arange(n, device=ids.device))
+        if self.token_types.loaded:
+            x = x + self.token_types(torch.zeros(1, dtype=torch.long, device=ids.device))
+        x = self.token_embd_norm(x)
+        attn_mask = mask[:, None, None, :]
+        for blk in self.blk:
+            x = blk(x, attn_mask)
+        return x
+
+    def forward(self, *args: Any) -> torch.Tensor:
+        raise ValueError("a BERT encoder has no decoder forward: use encode() for embeddings")

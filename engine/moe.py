@@ -7,13 +7,29 @@ slices, or the disk-streaming slot cache) chosen by the residency plan; the math
 `kernels.moe`.
 """
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
 from localllm.engine.layers import QuantLinear
+from localllm.engine.models import model_module
 from localllm.kernels.moe import ExpertBlocks, ExpertFormat, expert_ffn_grouped, route_topk
-from localllm.offload import QuantWeight
-from localllm.offload.expert_cache import ExpertSource, ResidentExperts
+from localllm.offload import ByteRange, QuantWeight
+from localllm.offload.expert_cache import (
+    ExpertLayout,
+    ExpertSource,
+    ExpertStats,
+    ResidentExperts,
+    StreamedExperts,
+)
+from localllm.offload.memory import MemoryInfo, probe_memory
+from localllm.offload.plan import ResidencyPlan, plan_residency
+from localllm.offload.reader import read_range
+from localllm.offload.residency import ResidencyConfig
+
+if TYPE_CHECKING:
+    from localllm.engine.gguf import GGUFModel
 
 EXPERT_TENSORS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
 
@@ -25,6 +41,7 @@ class ExpertTensor(nn.Module):
         super().__init__()
         self.shape = (n_expert, rows, cols)
         self.weight: QuantWeight | None = None
+        self.streamed = False  # disk tier: the blocks are not held, a streamer reads them
 
     def load_tensor(self, suffix: str, w: QuantWeight) -> None:
         if suffix != "weight" or tuple(w.shape) != self.shape:
@@ -33,7 +50,18 @@ class ExpertTensor(nn.Module):
 
     @property
     def loaded(self) -> bool:
-        return self.weight is not None
+        return self.weight is not None or self.streamed
+
+    def layout(self) -> tuple[ByteRange, tuple[int, int]]:
+        """Where the whole tensor is in the file and one expert's uint8 shape [rows, rb]."""
+        w = self.weight
+        if w.source is None or w.source.nbytes != w.nbytes:
+            raise ValueError("expert streaming needs weights that come straight from a file")
+        return w.source, (w.data.shape[1], w.data.shape[2])
+
+    def release(self) -> None:
+        """Stop holding the blocks (the disk tier reads them on demand)."""
+        self.weight, self.streamed = None, True
 
 
 class MoEFeedForward(nn.Module):
@@ -87,3 +115,112 @@ class MoEFeedForward(nn.Module):
         self.source.routed(self.layer, ids)
         y = expert_ffn_grouped(x.reshape(-1, self.dim), weights, ids, self.fetch, self.format)
         return y.reshape(x.shape).to(x.dtype)
+
+
+def moe_blocks(model: nn.Module) -> list[MoEFeedForward]:
+    return [m for m in model.modules() if isinstance(m, MoEFeedForward)]
+
+
+def apply_residency(model: nn.Module, plan: ResidencyPlan) -> list[ExpertSource]:
+    """Give every MoE block its expert source from the plan: resident layers share one
+    `ResidentExperts`, disk layers one `StreamedExperts` (their blocks are then released)."""
+    tiers = plan.expert_tiers()
+    blocks = moe_blocks(model)
+    resident = {b.layer: tuple(w.data for w in b.expert_weights()) for b in blocks}
+    disk = [b for b in blocks if tiers.get(b.layer) == "disk"]
+    sources: list[ExpertSource] = []
+    if disk:
+        layouts = {}
+        for b in disk:
+            parts = [t.layout() for t in (b.ffn_gate_exps, b.ffn_up_exps, b.ffn_down_exps)]
+            layouts[b.layer] = ExpertLayout(
+                b.ffn_gate_exps.shape[0], tuple(r for r, _ in parts), tuple(s for _, s in parts)
+            )
+            del resident[b.layer]
+        streamed = StreamedExperts(layouts, plan.streaming.slots, plan.streaming.prefetch)
+        for b in disk:
+            b.attach(streamed)
+            for t in (b.ffn_gate_exps, b.ffn_up_exps, b.ffn_down_exps):
+                t.release()
+        sources.append(streamed)
+    if resident:
+        shared = ResidentExperts(resident)
+        for b in blocks:
+            if b.layer in resident:
+                b.attach(shared)
+        sources.append(shared)
+    return sources
+
+
+def expert_stats(sources: list[ExpertSource]) -> ExpertStats:
+    """Counters summed over the sources (hits + misses = lookups)."""
+    total = ExpertStats()
+    for s in sources:
+        st = s.stats
+        total.lookups += st.lookups
+        total.hits += st.hits
+        total.misses += st.misses
+        total.bytes_read += st.bytes_read
+        total.stall_seconds += st.stall_seconds
+        total.prefetched += st.prefetched
+    return total
+
+
+def plan_model(
+    gguf: "GGUFModel",
+    config: ResidencyConfig,
+    kv_tokens: int | None = None,
+    memory: MemoryInfo | None = None,
+) -> ResidencyPlan:
+    """The residency plan of a GGUF model from its header alone (no weight is read).
+
+    KV is estimated in f16 for `kv_tokens` (default: the model's context length).
+    """
+    embd = gguf.tensors.get("token_embd.weight")
+    args = model_module(gguf.architecture or "").ModelArgs.from_gguf(
+        gguf.metadata, embd.shape[0] if embd else 0
+    )
+    tokens = kv_tokens or args.context_length
+    kv_bytes = 2 * args.n_layers * args.n_kv_heads * args.head_dim * 2 * tokens
+    sizes = {name: t.range.nbytes for name, t in gguf.tensors.items()}
+    return plan_residency(
+        config,
+        sizes,
+        kv_bytes,
+        memory or probe_memory("cpu"),
+        n_expert=getattr(args, "n_expert", 0) or 1,
+        min_slots=getattr(args, "n_expert_used", 0) or 1,
+    )
+
+
+class _ReadCopies:
+    """The GGUF as the loader sees it in `read` load mode: resident tensors come back as
+    private pread copies instead of views of the mapping; disk-tier tensors stay views (never
+    touched, so never resident)."""
+
+    def __init__(self, gguf: "GGUFModel", plan: ResidencyPlan):
+        self._gguf, self._plan = gguf, plan
+
+    def __getattr__(self, name: str):
+        return getattr(self._gguf, name)
+
+    def weight(self, name: str) -> QuantWeight:
+        w = self._gguf.weight(name)
+        if self._plan.tiers.get(name) == "disk" or w.source is None:
+            return w
+        data = read_range(w.source).view(w.data.shape)
+        return QuantWeight(data, w.qtype, w.shape, source=w.source)
+
+
+def load_model(
+    gguf: "GGUFModel", plan: ResidencyPlan, precise: bool = False, **loader_args
+) -> nn.Module:
+    """`build_model` under a residency plan; the model gets `residency_plan` and
+    `expert_sources` (for counters: `expert_stats(model.expert_sources)`)."""
+    from localllm.engine.loader import build_model  # the loader imports the families
+
+    src = _ReadCopies(gguf, plan) if plan.load_mode == "read" else gguf
+    model = build_model(src, precise=precise, **loader_args)
+    model.expert_sources = apply_residency(model, plan)
+    model.residency_plan = plan
+    return model

@@ -1,0 +1,224 @@
+"""The residency planner: a tier for every tensor, a KV budget and an expert slot pool.
+
+Inputs are the model's tensor sizes (names as in the GGUF), a KV-cache estimate, the resolved
+`ResidencyConfig` and measured free memory; nothing is read from the weights. Rules decide first
+(first match wins); the auto-fit then places what is left: non-expert weights on the device
+(they must fit with the KV cache, or the plan fails with the numbers), then routed experts layer
+by layer on the device, on host (when the device has its own memory), or on disk, streamed
+through a slot pool sized from what the budget leaves.
+"""
+
+import difflib
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from localllm.offload.memory import MemoryInfo
+from localllm.offload.residency import ResidencyConfig, ResidencyError, Streaming
+
+_EXPERT = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down)_exps\.weight$")
+
+
+def fmt_bytes(n: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n} B"
+
+
+def expert_layer(name: str) -> int | None:
+    """The layer of a routed-expert tensor (`blk.N.ffn_{gate,up,down}_exps.weight`), else None."""
+    m = _EXPERT.match(name)
+    return int(m.group(1)) if m else None
+
+
+@dataclass(frozen=True, slots=True)
+class ResidencyPlan:
+    tiers: Mapping[str, str]  # tensor name -> device / host / disk
+    sizes: Mapping[str, int]
+    kv_bytes: int
+    budget: int
+    budget_source: str  # "given" or "measured free memory"
+    memory: MemoryInfo
+    load_mode: str
+    streaming: Streaming  # slots resolved to a count when any expert is on disk
+    slot_bytes: int  # one expert's gate+up+down bytes (the largest layer's)
+    notes: tuple[str, ...]  # why tensors went where they did (what did not fit)
+    warnings: tuple[str, ...]
+    rules: tuple[str, ...]  # the rules as applied, for describe()
+
+    def bytes_by_tier(self) -> dict[str, int]:
+        out = dict.fromkeys(("device", "host", "disk"), 0)
+        for name, tier in self.tiers.items():
+            out[tier] += self.sizes[name]
+        return out
+
+    def expert_tiers(self) -> dict[int, str]:
+        """Layer -> tier of its routed experts."""
+        return {layer: self.tiers[n] for n in self.tiers if (layer := expert_layer(n)) is not None}
+
+    @property
+    def slot_pool_bytes(self) -> int:
+        return (self.streaming.slots or 0) * self.slot_bytes if self.streams else 0
+
+    @property
+    def streams(self) -> bool:
+        return "disk" in self.tiers.values()
+
+    def describe(self) -> str:
+        """The plan as text for people: bytes per tier, KV, slots, what did not fit and why."""
+        by, mem = self.bytes_by_tier(), self.memory
+        count = {t: sum(1 for v in self.tiers.values() if v == t) for t in by}
+        where = mem.device if mem.separate_device else f"{mem.device} (device tier = host RAM)"
+        if mem.unified:
+            where = f"{mem.device} (unified memory: device and host are one pool)"
+        lines = [
+            f"residency plan on {where}",
+            f"  budget   {fmt_bytes(self.budget)} ({self.budget_source})",
+            f"  device   {fmt_bytes(by['device']):>11}  {count['device']} tensors",
+            f"  host     {fmt_bytes(by['host']):>11}  {count['host']} tensors",
+            f"  disk     {fmt_bytes(by['disk']):>11}  {count['disk']} tensors (read on demand)",
+            f"  KV cache {fmt_bytes(self.kv_bytes):>11}  (estimate)",
+        ]
+        if self.streams:
+            s = self.streaming
+            lines.append(
+                f"  expert slots {s.slots} x {fmt_bytes(self.slot_bytes)} = "
+                f"{fmt_bytes(self.slot_pool_bytes)}, prefetch {'on' if s.prefetch else 'off'}"
+            )
+        lines.append(f"  load mode {self.load_mode}")
+        used = by["device"] + self.kv_bytes + self.slot_pool_bytes
+        if not mem.separate_device:
+            used += by["host"]
+        lines.append(f"  planned use {fmt_bytes(used)} of {fmt_bytes(self.budget)}")
+        lines += ["rules (first match wins):", *(f"  {r}" for r in self.rules or ("(none)",))]
+        lines += ["placement:", *(f"  {n}" for n in self.notes)]
+        lines += [f"warning: {w}" for w in self.warnings]
+        return "\n".join(lines)
+
+
+def _unmatched_warnings(config: ResidencyConfig, names: list[str]) -> list[str]:
+    out = []
+    for rule in config.rules:
+        if not any(rule.matches(n) for n in names):
+            close = difflib.get_close_matches(rule.pattern, names, n=3, cutoff=0.3)
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            out.append(f"pattern {rule.pattern!r} ({rule.source}) matches no tensor{hint}")
+    return out
+
+
+def _ranges(layers: list[int]) -> str:
+    spans, start = [], None
+    for i, x in enumerate(layers):
+        start = x if start is None else start
+        if i + 1 == len(layers) or layers[i + 1] != x + 1:
+            spans.append(f"{start}" if start == x else f"{start}-{x}")
+            start = None
+    return ", ".join(spans)
+
+
+def plan_residency(
+    config: ResidencyConfig,
+    sizes: Mapping[str, int],
+    kv_bytes: int,
+    memory: MemoryInfo,
+    n_expert: int = 1,
+    min_slots: int = 1,
+) -> ResidencyPlan:
+    """Place every tensor. `n_expert` is the experts per layer (a slot holds one);
+    `min_slots` the fewest slots worth streaming with (the engine passes the experts used
+    per token). Raises ResidencyError, with the numbers, when the model cannot fit."""
+    names = list(sizes)
+    warnings = _unmatched_warnings(config, names)
+    tiers: dict[str, str] = {}
+    for name in names:
+        rule = config.tier_of(name)
+        if rule is not None:
+            tiers[name] = rule.tier
+    bad = [n for n, t in tiers.items() if t == "disk" and expert_layer(n) is None]
+    if bad:
+        raise ResidencyError(
+            f"only routed-expert tensors (ffn_*_exps) can stay on disk, not {', '.join(bad[:4])}"
+        )
+    separate = memory.separate_device
+    budget = config.budget or (memory.device_free if separate else memory.host_free)
+    source = "given" if config.budget else "measured free memory"
+    for n in names:
+        if expert_layer(n) is None:
+            tiers.setdefault(n, "device")
+    # the pool the budget covers: the device's, which on CPU/unified also holds host tensors
+    pool_tiers = ("device",) if separate else ("device", "host")
+    fixed = sum(sizes[n] for n, t in tiers.items() if t in pool_tiers and expert_layer(n) is None)
+    if fixed + kv_bytes > budget:
+        raise ResidencyError(
+            f"budget {fmt_bytes(budget)} ({source}) is too small: the non-expert weights need "
+            f"{fmt_bytes(fixed)} and the KV cache {fmt_bytes(kv_bytes)}; raise --mem-budget, "
+            "shorten the context (-c) or pick a smaller quantization"
+        )
+    experts: dict[int, list[str]] = {}
+    for n in names:
+        if (layer := expert_layer(n)) is not None:
+            experts.setdefault(layer, []).append(n)
+    notes = [f"non-expert weights {fmt_bytes(fixed)} + KV {fmt_bytes(kv_bytes)} on the device"]
+    used = (
+        fixed
+        + kv_bytes
+        + sum(sizes[n] for n, t in tiers.items() if t in pool_tiers and expert_layer(n) is not None)
+    )
+    if used > budget:
+        raise ResidencyError(
+            f"the tensors the rules pin to memory need {fmt_bytes(used)}, over the budget of "
+            f"{fmt_bytes(budget)} ({source}); put experts on host or disk"
+        )
+    slot_bytes = max((sum(sizes[n] for n in ns) // n_expert for ns in experts.values()), default=0)
+    pinned = sorted(layer for layer, ns in experts.items() if any(n in tiers for n in ns))
+    if pinned:
+        notes.append(f"experts of layers {_ranges(pinned)} placed by rules")
+    auto = sorted(layer for layer, ns in experts.items() if not any(n in tiers for n in ns))
+    st = config.streaming
+    reserve = (st.slots or min_slots) * slot_bytes if st.enabled else 0
+    host_left = memory.host_free if separate else 0
+    moved: dict[str, list[int]] = {"device": [], "host": [], "disk": []}
+    for layer in auto:
+        need = sum(sizes[n] for n in experts[layer])
+        if used + need + reserve <= budget:
+            tier, used = "device", used + need
+        elif separate and need <= host_left:
+            tier, host_left = "host", host_left - need
+        elif st.enabled:
+            tier = "disk"
+        else:
+            raise ResidencyError(
+                f"the experts of layer {layer} ({fmt_bytes(need)}) do not fit in the "
+                f"{fmt_bytes(budget - used)} left and expert streaming is disabled"
+            )
+        moved[tier].append(layer)
+        tiers.update(dict.fromkeys(experts[layer], tier))
+    for tier, layers in moved.items():
+        if layers:
+            notes.append(f"experts of layers {_ranges(layers)} auto-placed on {tier}")
+    if moved["host"] or moved["disk"]:
+        notes.append(
+            f"the rest did not fit: {fmt_bytes(budget - used)} left of {fmt_bytes(budget)} "
+            f"after the weights above and {fmt_bytes(reserve)} kept for expert slots"
+        )
+    for layer, ns in experts.items():
+        if len({tiers[n] for n in ns}) > 1:
+            raise ResidencyError(f"layer {layer}: gate/up/down experts must share one tier")
+    streaming = st
+    if "disk" in tiers.values():
+        if not st.enabled:
+            raise ResidencyError("experts are on disk but [streaming] enabled = false")
+        slots = st.slots or max(min_slots, (budget - used) // max(slot_bytes, 1))
+        if used + slots * slot_bytes > budget:
+            raise ResidencyError(
+                f"{slots} expert slots of {fmt_bytes(slot_bytes)} do not fit in the "
+                f"{fmt_bytes(budget - used)} the budget leaves"
+            )
+        streaming = Streaming(True, int(slots), st.prefetch)
+        notes.append(f"{slots} slots stream the disk-tier experts ({fmt_bytes(slot_bytes)} each)")
+    rules = tuple(f"{r.pattern} -> {r.tier}  ({r.source})" for r in config.rules)
+    return ResidencyPlan(
+        tiers, dict(sizes), kv_bytes, budget, source, memory, config.load_mode, streaming,
+        slot_bytes, tuple(notes), tuple(warnings), rules,
+    )  # fmt: skip

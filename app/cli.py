@@ -15,7 +15,9 @@ COMMANDS = (
     "localllm.app.run",
     "localllm.app.serve",
     "localllm.app.models_cmd",
+    "localllm.app.bench",
     "localllm.app.tui_cmd",
+    "localllm.app.transcribe",
 )
 
 

@@ -72,6 +72,10 @@ def add_parser(sub) -> None:
         default=None,
         help="tool-call format to prompt and parse (default: from the chat template)",
     )
+    p.add_argument(
+        "--whisper",
+        help="Whisper directory for /v1/audio/transcriptions (default: the packaged Whisper base)",
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="log requests to stderr")
     p.set_defaults(handler=handle)
 
@@ -173,6 +177,7 @@ def handle(args: argparse.Namespace) -> int:
         what = f"{len(entries)} models ({', '.join(e.id for e in entries)}; loaded on first use)"
     try:
         app = create_app(served, settings)
+        app.state.whisper_dir = args.whisper  # loaded on the first audio request
         print(
             f"localllm: serving {what} on http://{args.host}:{args.port}/v1",
             file=sys.stderr,

@@ -20,6 +20,9 @@ def add_engine_flags(p: argparse.ArgumentParser, *, parallel: int | None = None)
     )
     g.add_argument("--draft", type=int, default=0, help="n-gram draft tokens per step (0: off)")
     g.add_argument("--precise", action="store_true", help="float32 reference matmuls (slower)")
+    g.add_argument(
+        "--device", default="cpu", help="cpu, or cuda[:N]: weights stay quantized on the GPU"
+    )
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
@@ -29,6 +32,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "max_model_len": args.ctx_size,
         "kv_cache_dtype": args.cache_type,
         "num_speculative_tokens": args.draft,
+        "device": getattr(args, "device", "cpu"),
     }
     if getattr(args, "parallel", None) is not None:
         kw["max_num_seqs"] = args.parallel

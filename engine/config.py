@@ -3,6 +3,7 @@
 from dataclasses import dataclass
 
 KV_DTYPES = ("f32", "f16", "bf16", "q8_0", "fp8")
+DEVICES = ("cpu", "cuda")
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,8 +19,11 @@ class EngineArgs:
     num_speculative_tokens: int = 0  # n-gram (prompt lookup) drafts per step; 0 turns it off
     ngram_max: int = 4  # longest suffix the proposer looks up
     ngram_min: int = 1  # shortest
+    device: str = "cpu"  # "cuda": weights (still quantized), KV and batch metadata on the GPU
 
     def __post_init__(self):
+        if self.device.split(":")[0] not in DEVICES:
+            raise ValueError(f"device must be one of {', '.join(DEVICES)} (cuda:N allowed)")
         if self.kv_cache_dtype not in KV_DTYPES:
             raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_DTYPES)}")
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):

@@ -11,6 +11,7 @@ import torch
 from localllm.engine.batch import BatchMeta
 from localllm.kernels.attention import (
     KV_DTYPES,
+    DecodePlan,
     encode_kv,
     paged_attention,
     plan_decode,
@@ -35,6 +36,7 @@ class PagedKVCache:
         v_head_dim: int | None = None,
     ):
         vd = v_head_dim or head_dim
+        self.device = torch.device(device)
         self.num_blocks, self.block_size, self.dtype = num_blocks, block_size, dtype
         store = KV_DTYPES.get(dtype)
         if store is None:
@@ -111,11 +113,18 @@ class PagedKVCache:
             decode=self._decode_plan(batch, window),
         )
 
-    @staticmethod
-    def _decode_plan(batch: BatchMeta, window: int | None):
+    def _decode_plan(self, batch: BatchMeta, window: int | None):
         key = ("decode", window)
         if key not in batch.plans:
-            batch.plans[key] = plan_decode(
+            plan = plan_decode(
                 batch.query_start, batch.seq_lens, batch.block_tables, batch.block_size, window
             )
+            if plan is not None and self.device.type != "cpu":
+                # built once per step on the host, moved once: every layer reuses it
+                plan = DecodePlan(
+                    plan.rows.to(self.device),
+                    plan.slots.to(self.device),
+                    None if plan.pad is None else plan.pad.to(self.device),
+                )
+            batch.plans[key] = plan
         return batch.plans[key]

@@ -5,6 +5,8 @@ Weights arrive as `QuantWeight`s and stay in their ggml encoding; every loadable
 Per-architecture knowledge stays in the model files, never here.
 """
 
+import dataclasses
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -74,7 +76,13 @@ class FusedLinear(nn.Module):
         data = torch.cat([p.weight.data for p in parts])
         shape = (sum(self.sizes), parts[0].in_features)
         self._prepared = prepare_linear(data, w0.qtype, shape, precise=parts[0].precise)
-        biases = [p.bias if p.bias is not None else torch.zeros(p.out_features) for p in parts]
+        if data.device.type != "cpu":  # the parts view the stacked upload: one copy on the GPU
+            for p, rows in zip(parts, data.split(self.sizes), strict=True):
+                p.weight = dataclasses.replace(p.weight, data=rows)
+        biases = [
+            p.bias if p.bias is not None else torch.zeros(p.out_features, device=data.device)
+            for p in parts
+        ]
         has_bias = any(p.bias is not None for p in parts)
         self.bias = torch.cat(biases) if has_bias else None
         self.in_features = parts[0].in_features

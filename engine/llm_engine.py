@@ -47,7 +47,7 @@ class LLMEngine:
         t0 = time.perf_counter()
         self.gguf = open_gguf(model)
         try:
-            self.model = build_model(self.gguf, precise=args.precise)
+            self.model = build_model(self.gguf, precise=args.precise, device=args.device)
             self.tokenizer = Tokenizer.from_gguf_metadata(self.gguf.metadata)
         except BaseException:
             self.gguf.close()
@@ -58,16 +58,17 @@ class LLMEngine:
         layers, kv_heads, head_dim = self.model.kv_shape()
         dtype = "f32" if args.precise and args.kv_cache_dtype == "f16" else args.kv_cache_dtype
         per_block = PagedKVCache.bytes_per_block(layers, args.block_size, kv_heads, head_dim, dtype)
+        free = available_bytes(args.device)  # measured after the weights are on the device
         ctx = self.model.args.context_length
         # An encoder keeps no KV cache: two blocks keep the (idle) scheduler well-formed.
         kv_args = args if self.generates else replace(args, kv_cache_memory=2 * per_block)
-        plan = plan_kv(kv_args, ctx, per_block, available_bytes())
+        plan = plan_kv(kv_args, ctx, per_block, free)
         self.kv_plan = plan
         self.max_model_len = plan.max_model_len
         if not self.generates:
             self.max_model_len = min(args.max_model_len or ctx, ctx)
         self.kv_cache = PagedKVCache(
-            layers, plan.num_blocks, args.block_size, kv_heads, head_dim, dtype=dtype
+            layers, plan.num_blocks, args.block_size, kv_heads, head_dim, dtype, args.device
         )
         self.kv_manager = KVCacheManager(
             args.block_size, plan.num_blocks, enable_caching=args.enable_prefix_caching

@@ -2,7 +2,11 @@
 
 Each GGUF tensor `a.b.c.weight` goes to the module at path `a.b.c` (after the family's aliases)
 through its `load_tensor`. Unknown tensors and modules left unloaded are errors, not silence.
+On a GPU every tensor's raw ggml blocks are uploaded once, before `load_tensor`, so the kernels
+pick their device strategy and small tensors (norms, biases) are expanded on the device.
 """
+
+import dataclasses
 
 import torch
 from torch import nn
@@ -10,14 +14,21 @@ from torch import nn
 from localllm.engine.gguf import GGUFModel
 from localllm.engine.layers import dense
 from localllm.engine.models import model_module
+from localllm.engine.rope import Rotary
+from localllm.offload import QuantWeight
 
 
 class ModelLoadError(ValueError):
     """The GGUF's tensors do not fit the architecture's model (missing, extra or misshapen)."""
 
 
-def build_model(gguf: GGUFModel, precise: bool = False) -> nn.Module:
-    """Instantiate and load the model described by `gguf` (weights stay quantized)."""
+def build_model(
+    gguf: GGUFModel, precise: bool = False, device: torch.device | str = "cpu"
+) -> nn.Module:
+    """Instantiate and load the model described by `gguf` (weights stay quantized) on `device`."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
     mod = model_module(gguf.architecture or "")
     if "token_embd.weight" not in gguf.tensors:
         raise ModelLoadError(f"{gguf.path}: no 'token_embd.weight' tensor")
@@ -36,10 +47,10 @@ def build_model(gguf: GGUFModel, precise: bool = False) -> nn.Module:
         if target is None:
             if name not in optional:
                 raise ModelLoadError(f"{gguf.path}: unexpected tensor '{name}' for {args.arch}")
-            extra[name] = dense(gguf.weight(name))
+            extra[name] = dense(_upload(gguf.weight(name), device))
             continue
         try:
-            target.load_tensor(suffix, gguf.weight(name))
+            target.load_tensor(suffix, _upload(gguf.weight(name), device))
         except (KeyError, ValueError) as e:
             raise ModelLoadError(f"{gguf.path}: tensor '{name}': {e}") from None
     missing = [
@@ -50,7 +61,26 @@ def build_model(gguf: GGUFModel, precise: bool = False) -> nn.Module:
     if missing:
         raise ModelLoadError(f"{gguf.path}: missing tensors: {', '.join(missing[:8])}")
     model.finish_load(extra)
+    if device.type != "cpu":
+        _move_leftovers(model, device)
     return model.eval()
+
+
+def _upload(w: QuantWeight, device: torch.device) -> QuantWeight:
+    """The same raw blocks on `device` (the mmap view itself on CPU: no copy)."""
+    if w.data.device == device:
+        return w
+    return dataclasses.replace(w, data=w.data.to(device))
+
+
+def _move_leftovers(model: nn.Module, device: torch.device) -> None:
+    """Tensors the model made itself on the host (rope frequencies, default norm weights)."""
+    for m in model.modules():
+        for name, v in list(vars(m).items()):
+            if isinstance(v, torch.Tensor) and v.device != device:
+                setattr(m, name, v.to(device))
+            elif isinstance(v, Rotary) and v.inv_freq.device != device:
+                v.inv_freq = v.inv_freq.to(device)
 
 
 def _alias(path: str, aliases: dict[str, str]) -> str:

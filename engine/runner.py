@@ -43,6 +43,7 @@ class ModelRunner:
         self.kv = kv
         self.block_ids = block_ids  # request -> its block table (the KV manager's view)
         self.sampler = Sampler()
+        self.device = kv.device  # the model's and the cache's device
 
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> RunnerOutput:
@@ -53,7 +54,10 @@ class ModelRunner:
         wanted += [r for rs, _ in rows.prompt.values() for r in rs]
         if not wanted:
             return out
-        logits = self.model.logits(hidden[torch.tensor(wanted)]).float()
+        logits = self.model.logits(hidden[torch.tensor(wanted, device=self.device)]).float()
+        if logits.device.type != "cpu":
+            # one copy of the needed rows; sampling (grammars, penalties, rngs) stays on the host
+            logits = logits.cpu()
         offset = {r: i for i, r in enumerate(wanted)}
         reqs = {r.request_id: r for r in sched.requests}
         for rid, (prows, targets) in rows.prompt.items():
@@ -90,14 +94,17 @@ class ModelRunner:
                 first = base + (req.num_tokens - 1 - start)
                 rows.sample[rid] = list(range(first, base + n))
             self._prompt_rows(req, start, n, base, rows)
+        # ids, positions and slots travel to the device in one host-to-device copy
+        t = len(ids)
+        packed = torch.tensor(ids + positions + slots, dtype=torch.long).to(self.device)
         batch = BatchMeta(
             query_start=tuple(query_start),
             seq_lens=tuple(seq_lens),
             block_tables=tuple(tables),
-            slot_mapping=torch.tensor(slots, dtype=torch.long),
+            slot_mapping=packed[2 * t :],
             block_size=bs,
         )
-        return torch.tensor(ids, dtype=torch.long), torch.tensor(positions), rows, batch
+        return packed[:t], packed[t : 2 * t], rows, batch
 
     @staticmethod
     def _prompt_rows(req: Request, start: int, n: int, base: int, rows: _Rows) -> None:

@@ -8,6 +8,9 @@ CPU"; tests/perf/bench_quant_linear.py):
 - Q5_*/Q8_0/Q6_K: an fp16 copy (bf16 if out of range), 2 B/weight, ~3e-4 relative error;
   F16/BF16 files are used as they are. T < 8: half GEMV; T >= 8: fp32 GEMM on widened tiles.
 - F32 as is; every other type keeps its raw blocks and dequantizes row tiles per call.
+CUDA policy: Q8_0/Q4_K/Q6_K keep their raw blocks and run the triton kernels of
+`triton_gemv` (fused dequant-GEMV for decode, bf16 dequant + GEMM for prefill; triton is
+imported only then); F32 as is; other types dequantize row tiles per call (torch reference).
 Float32 in, float32 out. `precise=True` takes the exact path (dequantize + fp32 matmul values).
 """
 
@@ -43,7 +46,9 @@ POLICY: MappingProxyType[QuantType, str] = MappingProxyType(
         QuantType.Q6_K: "dense_f16",
     }
 )
-STRATEGIES = ("int4pack", "dense_f16", "dense_bf16", "dequant_tiles", "dense_f32")
+STRATEGIES = ("int4pack", "dense_f16", "dense_bf16", "dequant_tiles", "dense_f32", "triton")
+# Types with triton kernels (`triton_gemv.SUPPORTED`; kept here so CPU code never imports triton).
+TRITON_TYPES = frozenset({QuantType.Q8_0, QuantType.Q4_K, QuantType.Q6_K})
 
 
 class PreparedLinear(Protocol):
@@ -56,10 +61,13 @@ class PreparedLinear(Protocol):
 
 
 def choose_strategy(qtype: QuantType, shape: tuple[int, int], device: torch.device) -> str:
-    """The default strategy for a weight (see POLICY); off CPU every type dequantizes per call."""
+    """The default strategy for a weight (see POLICY and the CUDA policy above)."""
     qtype = QuantType(qtype)
-    if torch.device(device).type != "cpu":
-        return "dequant_tiles"
+    dev = torch.device(device).type
+    if dev == "cuda" and qtype in TRITON_TYPES:
+        return "triton"
+    if dev != "cpu":
+        return "dense_f32" if qtype == QuantType.F32 else "dequant_tiles"
     strategy = POLICY.get(qtype, "dequant_tiles")
     if strategy == "int4pack" and (shape[0] % 16 or shape[1] % 32):
         return "dense_f16"
@@ -86,7 +94,7 @@ def prepare_linear(
     strategy = strategy or choose_strategy(qtype, shape, data.device)
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}; one of {STRATEGIES}")
-    if precise and strategy in ("dense_f16", "dense_bf16"):
+    if precise and strategy in ("dense_f16", "dense_bf16", "triton"):
         strategy = "dense_f32" if qtype == QuantType.F32 else "dequant_tiles"
     if strategy == "int4pack":
         if qtype not in CODE_BITS:
@@ -95,6 +103,10 @@ def prepare_linear(
     if strategy in ("dense_f16", "dense_bf16"):
         dtype = torch.float16 if strategy == "dense_f16" else torch.bfloat16
         return DenseHalfLinear(data, qtype, shape, HALF_FP32_FROM_T, dtype)
+    if strategy == "triton":
+        from localllm.kernels.quant.triton_gemv import TritonLinear  # only here: CPU never needs it
+
+        return TritonLinear(data, qtype, shape)
     if strategy == "dense_f32":
         return Float32Linear(dequantize(data, qtype).reshape(shape))
     return DequantTilesLinear(data, qtype, shape)

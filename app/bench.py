@@ -1,0 +1,215 @@
+"""`localllm bench`: llama-bench's tests and output for our engine, on CPU or CUDA.
+
+pp<P>: P prompt tokens in one pass (chunks of 512) after D tokens of context, logits for the last
+one; tg<N>: N single-token decode steps after D tokens of context, each feeding back the argmax
+(kept on the device: no host sync inside the timed loop). Random prompt tokens as llama-bench
+uses, one warm-up run, then -r timed repetitions reported as mean ± sample std of tokens/s.
+The model forward runs directly on a paged KV cache (no scheduler, no sampler), which is what
+llama-bench measures of llama.cpp.
+"""
+
+import argparse
+import json
+import math
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+PREFILL_CHUNK = 512
+# llama-bench's names for the common file types (general.file_type)
+FTYPE_NAMES = {0: "all F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 15: "Q4_K - Medium",
+               17: "Q5_K - Medium", 18: "Q6_K", 32: "BF16"}  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class BenchResult:
+    model_filename: str
+    model_type: str
+    model_size: int  # bytes of tensor data
+    model_n_params: int
+    backend: str
+    n_prompt: int
+    n_gen: int
+    n_depth: int
+    avg_ts: float
+    stddev_ts: float
+    samples_ts: list[float]
+
+    @property
+    def test(self) -> str:
+        name = f"pp{self.n_prompt}" if self.n_prompt else f"tg{self.n_gen}"
+        return name + (f" @ d{self.n_depth}" if self.n_depth else "")
+
+
+def _ints(text: str) -> list[int]:
+    return [int(v) for v in text.split(",") if v.strip()]
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("bench", help="prompt (pp) and generation (tg) tokens/s, like llama-bench")
+    p.add_argument("-m", "--model", action="append", required=True, help="GGUF file (repeatable)")
+    p.add_argument("-p", "--n-prompt", type=_ints, default=[512], help="prompt sizes (512)")
+    p.add_argument("-n", "--n-gen", type=_ints, default=[128], help="generation sizes (128)")
+    p.add_argument("-d", "--n-depth", type=_ints, default=[0], help="context depths (0)")
+    p.add_argument("-r", "--repetitions", type=int, default=5, help="timed runs per test (5)")
+    p.add_argument("-o", "--output", choices=("md", "csv", "json"), default="md")
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    p.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (torch default)")
+    p.add_argument("-v", "--verbose", action="store_true")
+    p.set_defaults(handler=handle)
+
+
+def handle(args: argparse.Namespace) -> int:
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.repetitions < 1:
+        raise ValueError("-r must be >= 1")
+    results: list[BenchResult] = []
+    if args.output == "md":
+        print(_md_header())
+    for path in args.model:
+        for r in run_model(path, args):
+            results.append(r)
+            if args.output == "md":
+                print(_md_row(r), flush=True)
+    if args.output == "csv":
+        print(",".join(_FIELDS))
+        for r in results:
+            print(",".join(_csv(getattr(r, f)) for f in _FIELDS))
+    elif args.output == "json":
+        print(json.dumps([asdict(r) for r in results], indent=2))
+    return 0
+
+
+def run_model(path: str, args: argparse.Namespace) -> list[BenchResult]:
+    import torch
+
+    from localllm.engine.gguf import open_gguf
+    from localllm.engine.kv_cache import PagedKVCache
+    from localllm.engine.loader import build_model
+
+    device = torch.device(args.device)
+    gguf = open_gguf(path)
+    try:
+        model = build_model(gguf, device=device)
+        layers, kvh, hd = model.kv_shape()
+        longest = max(args.n_depth) + max(max(args.n_prompt), max(args.n_gen)) + 1
+        kv = PagedKVCache(layers, -(-longest // 16), 16, kvh, hd, "f16", device)
+        vocab = model.args.vocab_size
+        info = _model_info(gguf, "CUDA" if device.type == "cuda" else "CPU")
+        out = []
+        for depth in args.n_depth:
+            tests = [(p, 0) for p in args.n_prompt if p] + [(0, n) for n in args.n_gen if n]
+            for p, n in tests:
+                run = _Runner(model, kv, vocab, device)
+                run.once(depth, p, n)  # warm-up: kernel compilation, allocator
+                rates = [run.once(depth, p, n) for _ in range(args.repetitions)]
+                std = statistics.stdev(rates) if len(rates) > 1 else 0.0
+                out.append(BenchResult(Path(path).name, *info, p, n, depth,
+                                       statistics.fmean(rates), std, rates))  # fmt: skip
+        return out
+    finally:
+        gguf.close()
+
+
+class _Runner:
+    """Times one pp or tg run over a contiguous block table (block i holds tokens 16i..)."""
+
+    def __init__(self, model, kv, vocab: int, device):
+        import torch
+
+        self.torch, self.model, self.kv, self.vocab, self.device = torch, model, kv, vocab, device
+        self.gen = torch.Generator().manual_seed(0)
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            self.torch.cuda.synchronize(self.device)
+
+    def _forward(self, ids, start: int):
+        from localllm.engine.batch import BatchMeta
+
+        torch = self.torch
+        n = ids.shape[0]
+        batch = BatchMeta.contiguous(n, start + n, self.kv.block_size)
+        batch = BatchMeta(
+            batch.query_start,
+            batch.seq_lens,
+            batch.block_tables,
+            batch.slot_mapping.to(self.device),
+            batch.block_size,
+        )
+        pos = torch.arange(start, start + n, device=self.device)
+        hidden = self.model(ids, pos, batch, self.kv)
+        return self.model.logits(hidden[-1:])
+
+    def _prefill(self, ids, start: int):
+        logits = None
+        for c in range(0, ids.shape[0], PREFILL_CHUNK):
+            logits = self._forward(ids[c : c + PREFILL_CHUNK], start + c)
+        return logits
+
+    def once(self, depth: int, p: int, n: int) -> float:
+        torch = self.torch
+        with torch.inference_mode():
+            toks = torch.randint(0, self.vocab, (depth + max(p, 1),), generator=self.gen)
+            toks = toks.to(self.device)
+            if depth:
+                self._prefill(toks[:depth], 0)
+            self._sync()
+            t0 = time.perf_counter()
+            if p:
+                self._prefill(toks[depth : depth + p], depth)
+                self._sync()
+                return p / (time.perf_counter() - t0)
+            tok = toks[depth : depth + 1]
+            for i in range(n):
+                tok = self._forward(tok, depth + i).argmax(-1)
+            self._sync()
+            return n / (time.perf_counter() - t0)
+
+
+def _model_info(gguf, backend: str) -> tuple[str, int, int, str]:
+    arch = gguf.architecture or "?"
+    n_params = sum(math.prod(info.shape) for info in gguf.tensors.values())
+    ftype = gguf.metadata.get("general.file_type")
+    kind = FTYPE_NAMES.get(ftype, f"ftype {ftype}") if ftype is not None else "?"
+    name = f"{arch} {n_params / 1e9:.1f}B {kind}"
+    return name, gguf.nbytes, n_params, backend
+
+
+_FIELDS = (
+    "model_filename",
+    "model_type",
+    "model_size",
+    "model_n_params",
+    "backend",
+    "n_prompt",
+    "n_gen",
+    "n_depth",
+    "avg_ts",
+    "stddev_ts",
+)
+
+
+def _csv(v) -> str:
+    s = f"{v:.6f}" if isinstance(v, float) else str(v)
+    return f'"{s}"' if "," in s or " " in s else s
+
+
+def _md_header() -> str:
+    return (
+        "| model | size | params | backend | test | t/s |\n"
+        "| ------------------------------ | ---------: | ---------: | ------- | ------------: "
+        "| -------------------: |"
+    )
+
+
+def _md_row(r: BenchResult) -> str:
+    size = f"{r.model_size / 2**30:.2f} GiB"
+    params = f"{r.model_n_params / 1e9:.2f} B"
+    ts = f"{r.avg_ts:.2f} ± {r.stddev_ts:.2f}"
+    cells = (f"{r.model_type:<30}", f"{size:>10}", f"{params:>10}", f"{r.backend:<7}")
+    return "| " + " | ".join((*cells, f"{r.test:>13}", f"{ts:>20}")) + " |"

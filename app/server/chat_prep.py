@@ -1,0 +1,89 @@
+"""A chat request made ready for the engine: prompt ids, final sampling params, how to read output.
+
+Shared by /v1/chat/completions, /v1/responses and /v1/messages: tools go into the prompt (template
+variable or system text), forced tool choices become a grammar, and the rendered prompt tells
+whether generation starts inside a think block.
+"""
+
+import asyncio
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from localllm.app.server.chat_output import OutputPlan
+from localllm.app.server.reasoning import opens_thinking
+from localllm.app.server.settings import ServerSettings
+from localllm.app.server.tool_parsers import FORMATS, ToolFormat, detect_format
+from localllm.app.server.tool_prompt import (
+    TemplateTraits,
+    call_grammar,
+    pick_tools,
+    prompt_messages,
+)
+from localllm.engine.sampling_params import SamplingParams, StructuredOutputParams
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedChat:
+    ids: list[int]
+    params: SamplingParams
+    plan: OutputPlan
+
+
+@dataclass(frozen=True, slots=True)
+class ToolRequest:
+    tools: list[dict]  # OpenAI shape: {"type": "function", "function": {name, parameters, ...}}
+    choice: str | dict | None = None
+    parallel: bool = False  # several calls in one forced answer
+
+
+def _trigger_token(tokenizer, fmt: ToolFormat) -> tuple[int | None, bool]:
+    """(id of the family's opening marker when it is one token, whether decoding hides it)."""
+    ids = tokenizer.encode(fmt.trigger, add_special=False, parse_special=True)
+    if len(ids) != 1:
+        return None, False
+    return ids[0], tokenizer.is_special(ids[0])
+
+
+async def prepare_chat(
+    engine,
+    settings: ServerSettings,
+    messages: list[dict],
+    params: SamplingParams,
+    tools: ToolRequest | None = None,
+    template_kwargs: Mapping[str, Any] | None = None,
+) -> PreparedChat:
+    """Render and check one chat request; ValueError (a 400) for bad tools or tool_choice."""
+    tok = engine.tokenizer
+    source = tok.chat_template
+    fmt = FORMATS[settings.tool_format] if settings.tool_format else detect_format(source)
+    given = tools.tools if tools else []
+    choice = tools.choice if tools else None
+    if choice not in (None, "none", "auto") and not given:
+        raise ValueError("tool_choice needs tools")
+    allowed, forced = pick_tools(given, choice)
+    active = bool(allowed)
+    msgs, template_tools = prompt_messages(
+        messages, given if active else None, TemplateTraits.of(source), fmt
+    )
+    ids = engine.engine.chat_prompt(msgs, tools=template_tools, **dict(template_kwargs or {}))
+    tail = tok.decode(ids[-8:])
+    trigger, hidden = _trigger_token(tok, fmt) if active else (None, False)
+    if active:
+        grammar = call_grammar(fmt, allowed, bool(tools and tools.parallel), trigger)
+        spec = StructuredOutputParams(grammar=grammar)
+        if forced:
+            if params.structured is not None:
+                raise ValueError("response_format cannot be combined with a forced tool_choice")
+            params = dataclasses.replace(params, structured=spec)
+        else:  # the grammar is the schema check: a tool llguidance cannot compile is a 400
+            await asyncio.to_thread(engine.engine.grammars.compile, spec)
+        if hidden:  # the marker is a control token: keep it in the text, where parsing sees it
+            params = dataclasses.replace(params, skip_special_tokens=False)
+    plan = OutputPlan(
+        reasoning=settings.reasoning_format != "none",
+        in_think=settings.reasoning_format != "none" and opens_thinking(tail),
+        tools=fmt if active else None,
+    )
+    return PreparedChat(ids, params, plan)

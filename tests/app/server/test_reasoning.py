@@ -1,0 +1,116 @@
+"""`<think>` split into reasoning_content, through the real app with the official `openai` client.
+
+SmolLM2 never thinks, so a scripted engine stands in: it renders with a real `ChatTemplate` and
+answers with fixed text cut into small deltas. What is checked is the server's work: the split,
+the opening tag taken from the template, the stream shape and `--reasoning-format none`.
+"""
+
+import asyncio
+
+import httpx
+import openai
+
+from localllm.app.server.app import create_app
+from localllm.app.server.settings import ServerSettings
+from localllm.engine.core.outputs import CompletionOutput, RequestOutput
+from localllm.engine.tokenizer.chat_template import ChatTemplate
+
+QWEN3_LIKE = (  # ends the prompt inside an open think block, as Qwen3 / DeepSeek-R1 do
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% endif %}"
+)
+PLAIN = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+class CharTokenizer:
+    """One id per character: decode(encode(x)) == x."""
+
+    def __init__(self, template: str):
+        self.chat_template = template
+
+    def decode(self, ids, skip_special: bool = False) -> str:
+        return "".join(map(chr, ids))
+
+
+class ScriptedEngine:
+    """Renders with the real template; answers `reply` in 3-character deltas."""
+
+    max_model_len = 4096
+    alive = True
+
+    def __init__(self, template: str, reply: str):
+        self.tokenizer = CharTokenizer(template)
+        self.engine = self  # `engine.engine.chat_prompt`, as on AsyncEngine
+        self._template = ChatTemplate(template)
+        self.reply = reply
+
+    def chat_prompt(self, messages, tools=None, **kw) -> list[int]:
+        return [ord(c) for c in self._template.render(messages, tools=tools, **kw)]
+
+    async def chat(self, messages, params, request_id, **kw):
+        prompt = self.chat_prompt(messages, tools=kw.get("tools"))
+        pieces = [self.reply[i : i + 3] for i in range(0, len(self.reply), 3)]
+        for i, piece in enumerate(pieces):
+            last = i == len(pieces) - 1
+            out = CompletionOutput(0, piece, [1], finish_reason="stop" if last else None)
+            yield RequestOutput(request_id, None, prompt, [out], finished=last)
+            await asyncio.sleep(0)
+
+
+def _ask(template: str, reply: str, stream: bool, **settings):
+    engine = ScriptedEngine(template, reply)
+    app = create_app(engine, ServerSettings(model_id="m", **settings))
+
+    async def go():
+        http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t")
+        client = openai.AsyncOpenAI(base_url="http://t/v1", api_key="x", http_client=http)
+        msgs = [{"role": "user", "content": "2+2?"}]
+        resp = await client.chat.completions.create(model="m", messages=msgs, stream=stream)
+        if not stream:
+            return resp
+        return [c async for c in resp]
+
+    return asyncio.run(go())
+
+
+def _streamed(chunks) -> tuple[str, str]:
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    reasoning = "".join((d.model_extra or {}).get("reasoning_content") or "" for d in deltas)
+    return reasoning, "".join(d.content or "" for d in deltas)
+
+
+def test_template_opened_think_block_goes_to_reasoning_content():
+    reply = "Two and two.\nThat is 4.</think>\n\nThe answer is 4."
+    msg = _ask(QWEN3_LIKE, reply, stream=False).choices[0].message
+    assert msg.model_extra["reasoning_content"] == "Two and two.\nThat is 4."
+    assert msg.content == "The answer is 4."
+    chunks = _ask(QWEN3_LIKE, reply, stream=True)
+    assert _streamed(chunks) == ("Two and two.\nThat is 4.", "The answer is 4.")
+    # The reasoning streams before the answer does, not all at the end.
+    kinds = [
+        "r" if (c.choices[0].delta.model_extra or {}).get("reasoning_content") else "c"
+        for c in chunks[1:] if c.choices and (c.choices[0].delta.content
+                                            or (c.choices[0].delta.model_extra or {}).get(
+                                                "reasoning_content"))
+    ]  # fmt: skip
+    assert kinds[0] == "r" and kinds[-1] == "c" and kinds.count("r") > 3
+
+
+def test_output_opening_its_own_think_block_is_split():
+    msg = _ask(PLAIN, "<think>hmm</think>4", stream=False).choices[0].message
+    assert (msg.model_extra["reasoning_content"], msg.content) == ("hmm", "4")
+    # No tags, no reasoning: the plain answer is untouched.
+    msg = _ask(PLAIN, "just 4 <think> here", stream=False).choices[0].message
+    assert msg.content == "just 4 <think> here"
+    assert "reasoning_content" not in (msg.model_extra or {})
+
+
+def test_reasoning_format_none_keeps_the_tags_in_content():
+    reply = "<think>hmm</think>4"
+    msg = _ask(PLAIN, reply, stream=False, reasoning_format="none").choices[0].message
+    assert msg.content == reply and "reasoning_content" not in (msg.model_extra or {})
+    chunks = _ask(PLAIN, reply, stream=True, reasoning_format="none")
+    assert _streamed(chunks) == ("", reply)

@@ -30,6 +30,9 @@ def add_parser(sub) -> None:
     p.add_argument("-o", "--output", help="output file, '-' for stdout (format from the suffix)")
     p.add_argument("--format", help="wav, flac, mp3, opus, ogg or pcm (s16le); overrides suffix")
     p.add_argument("--seed", type=int, default=None, help="noise seed for reproducible audio")
+    p.add_argument(
+        "-t", "--threads", type=int, default=None, help="CPU threads (default: torch's choice)"
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="timings to stderr")
     p.set_defaults(handler=handle)
 
@@ -65,6 +68,12 @@ def handle(args: argparse.Namespace) -> int:
     from localllm.media.tts.piper import check_speed, load_voice
 
     check_speed(args.speed)
+    if args.threads is not None:
+        if args.threads < 1:
+            raise ValueError("--threads must be at least 1")
+        import torch
+
+        torch.set_num_threads(args.threads)
     text = read_text(args.text)
     out = args.output
     if out is None:

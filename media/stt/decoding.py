@@ -24,6 +24,9 @@ class DecodeOptions:
     compression_ratio_threshold: float | None = 2.4
     logprob_threshold: float | None = -1.0
     no_speech_threshold: float | None = 0.6
+    # windows whose peak stays below this are skipped undecoded: on digital silence Whisper
+    # tends to invent a word ("you") with high confidence, which no threshold above catches
+    silence_peak: float | None = 1e-3
     condition_on_previous_text: bool = True
     initial_prompt: str | None = None
     without_timestamps: bool = False

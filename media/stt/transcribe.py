@@ -114,6 +114,11 @@ def transcribe(
         frames = len(window) // spec.hop_length
         if frames == 0:
             break
+        if opts.silence_peak is not None and float(np.abs(window).max()) < opts.silence_peak:
+            seek += frames
+            if progress is not None:
+                progress(seek * spec.frame_seconds, total_seconds)
+            continue
         mel = log_mel(window, spec, bundle.filters, pad_to=spec.n_samples)
         features = encode(bundle, mel)
         if language is None:
@@ -161,6 +166,6 @@ def transcribe(
     if progress is not None:
         progress(duration, duration)
     # the last window's timestamps may run past the end of the audio
-    segments = [replace(s, end=min(s.end, round(duration, 3))) for s in segments]
+    segments = [replace(s, end=min(s.end, duration)) for s in segments]
     text = "".join(s.text for s in segments).strip()
     return Transcript(text, tuple(segments), language or "en", duration)

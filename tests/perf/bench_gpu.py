@@ -1,0 +1,134 @@
+"""GPU measurements for RESULTS.md (run on the H200; not a test).
+
+    python tests/perf/bench_gpu.py kernels          # each GEMV / prefill dequant vs its byte floor
+    python tests/perf/bench_gpu.py breakdown MODEL  # one decode step: time per op vs byte floor
+
+Byte floors use the measured copy bandwidth of the H200 here (4.25 TB/s, bytes read + written).
+"""
+
+import sys
+from collections import defaultdict
+
+import torch
+
+COPY_BW = 4.25e12
+# Llama-3.1-8B linear shapes (N, K) per layer, fused as the engine runs them
+LLAMA8B = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
+
+
+def _blocks(qtype, n: int, k: int) -> torch.Tensor:
+    import numpy as np
+    from gguf import GGMLQuantizationType as QT
+
+    from tests.perf.make_synthetic import random_rows
+
+    return torch.from_numpy(random_rows(QT(int(qtype)), n, k, np.random.default_rng(0)))
+
+
+def _row(label: str, name: str, shape: str, m, fn, nbytes: int) -> None:
+    from triton.testing import do_bench
+
+    ms = do_bench(fn, warmup=20, rep=100)
+    gbs = nbytes / ms / 1e6
+    pct = 100 * gbs * 1e9 / COPY_BW
+    print(f"| {label} | {name} | {shape} | {m} | {ms * 1e3:.1f} | {gbs:.0f} | {pct:.0f} |")
+
+
+def kernels() -> None:
+    from functools import partial
+
+    from localllm.kernels.quant import QuantType
+    from localllm.kernels.quant.triton_gemv import dequantize_bf16, gemv
+
+    print("| kernel | type | N x K | M | us | GB/s | % of 4.25 TB/s |")
+    print("|---|---|---|---|---:|---:|---:|")
+    shapes = [*LLAMA8B.items(), ("output", (128256, 4096))]
+    for name in ("Q4_K", "Q6_K", "Q8_0"):
+        qt = QuantType[name]
+        for label, (n, k) in shapes:
+            data = _blocks(qt, n, k).cuda()
+            for m in (1, 4):
+                x = torch.randn(m, k, device="cuda")
+                fn = partial(gemv, x, data, qt, n, k)
+                _row(f"gemv {label}", name, f"{n}x{k}", m, fn, data.numel() + 4 * m * (k + n))
+            fn = partial(dequantize_bf16, data, qt, n, k)
+            _row(f"dequant {label}", name, f"{n}x{k}", "-", fn, data.numel() + 2 * n * k)
+            torch.cuda.empty_cache()
+
+
+def breakdown(path: str, depth: int = 512) -> None:
+    from torch.profiler import ProfilerActivity, profile
+
+    from localllm.engine.batch import BatchMeta
+    from localllm.engine.gguf import open_gguf
+    from localllm.engine.kv_cache import PagedKVCache
+    from localllm.engine.loader import build_model
+
+    gg = open_gguf(path)
+    model = build_model(gg, device="cuda")
+    layers, kvh, hd = model.kv_shape()
+    kv = PagedKVCache(layers, depth // 16 + 2, 16, kvh, hd, "f16", "cuda")
+
+    def step(n: int, start: int):
+        b = BatchMeta.contiguous(n, start + n, 16)
+        b = BatchMeta(b.query_start, b.seq_lens, b.block_tables, b.slot_mapping.cuda(), 16)
+        ids = torch.randint(0, model.args.vocab_size, (n,), device="cuda")
+        pos = torch.arange(start, start + n, device="cuda")
+        return model.logits(model(ids, pos, b, kv)[-1:])
+
+    with torch.inference_mode():
+        step(depth, 0)
+        for _ in range(3):
+            step(1, depth)
+        torch.cuda.synchronize()
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        for _ in range(10):
+            step(1, depth)
+        e1.record()
+        torch.cuda.synchronize()
+        step_ms = e0.elapsed_time(e1) / 10
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            step(1, depth)
+            torch.cuda.synchronize()
+    weight_bytes = sum(
+        m._prepared.nbytes for m in model.modules() if getattr(m, "_prepared", None) is not None
+    )
+    kv_bytes = 2 * layers * depth * kvh * hd * 2
+    floor_ms = (weight_bytes + kv_bytes) / COPY_BW * 1e3
+    groups: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    for evt in prof.key_averages():
+        t = getattr(evt, "device_time_total", None) or getattr(evt, "cuda_time_total", 0)
+        if t <= 0 or evt.key.startswith("ProfilerStep"):
+            continue
+        g = groups[_group(evt.key)]
+        g[0] += t / 1e3
+        g[1] += evt.count
+    gpu_ms = sum(v[0] for v in groups.values())
+    print(f"decode step at depth {depth}: {step_ms:.2f} ms wall ({1e3 / step_ms:.0f} t/s), "
+          f"GPU busy {gpu_ms:.2f} ms; byte floor {floor_ms:.2f} ms "
+          f"({(weight_bytes + kv_bytes) / 2**30:.2f} GiB weights+KV at 4.25 TB/s)")  # fmt: skip
+    print("| op group | launches | GPU ms | share of step |")
+    print("|---|---:|---:|---:|")
+    for key, (ms, cnt) in sorted(groups.items(), key=lambda kv_: -kv_[1][0]):
+        print(f"| {key} | {cnt} | {ms:.3f} | {100 * ms / step_ms:.0f}% |")
+    print(f"| (idle: launch/host overhead) | - | {step_ms - gpu_ms:.3f} | "
+          f"{100 * (step_ms - gpu_ms) / step_ms:.0f}% |")  # fmt: skip
+    gg.close()
+
+
+def _group(name: str) -> str:
+    for key in ("_gemv_q4_k", "_gemv_q6_k", "_gemv_q8_0", "_deq_"):
+        if key in name:
+            return key.strip("_")
+    for key, label in (("gemm", "cuBLAS GEMM/GEMV"), ("softmax", "softmax"), ("index", "gather")):
+        if key in name.lower():
+            return label
+    return "elementwise/other" if "elementwise" in name or "vectorized" in name else name[:50]
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "kernels":
+        kernels()
+    else:
+        breakdown(sys.argv[2])

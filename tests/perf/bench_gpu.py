@@ -91,6 +91,17 @@ def breakdown(path: str, depth: int = 512) -> None:
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             step(1, depth)
             torch.cuda.synchronize()
+        import cProfile
+        import pstats
+
+        cp = cProfile.Profile()
+        cp.enable()
+        for _ in range(5):
+            step(1, depth)
+        torch.cuda.synchronize()
+        cp.disable()
+    print("host time of 5 decode steps, top functions by own time:")
+    pstats.Stats(cp).sort_stats("tottime").print_stats(14)
     weight_bytes = sum(
         m._prepared.nbytes for m in model.modules() if getattr(m, "_prepared", None) is not None
     )

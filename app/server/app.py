@@ -12,14 +12,29 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
-from localllm.app.server import audio, chat, completions, infill, metrics, models, speech, tokenize
+from localllm.app.server import (
+    audio,
+    chat,
+    completions,
+    embeddings,
+    infill,
+    messages,
+    metrics,
+    models,
+    responses,
+    speech,
+    tokenize,
+)
 from localllm.app.server.errors import error_body, install_error_handlers
 from localllm.app.server.router import as_router
 from localllm.app.server.settings import ServerSettings
 
 OPEN_PATHS = frozenset({"/health"})
 # Endpoint families, one module each, every one exporting `router`.
-ROUTERS = (models, chat, completions, infill, tokenize, metrics, audio, speech)
+ROUTERS = (
+    models, chat, completions, infill, tokenize, metrics, audio, speech, responses, messages,
+    embeddings,
+)  # fmt: skip
 
 
 async def _send_error(send, status: int, message: str, code: str | None = None) -> None:
@@ -47,6 +62,8 @@ class GuardMiddleware:
         if key is not None and scope["path"] not in OPEN_PATHS and scope["method"] != "OPTIONS":
             auth = headers.get(b"authorization", b"").decode("latin-1")
             given = auth[7:] if auth[:7].lower() == "bearer " else ""
+            if not given:  # Anthropic clients send the key as `x-api-key`
+                given = headers.get(b"x-api-key", b"").decode("latin-1")
             if not hmac.compare_digest(given.encode(), key.encode()):
                 await _send_error(send, 401, "missing or invalid API key", "invalid_api_key")
                 return

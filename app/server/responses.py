@@ -1,0 +1,196 @@
+"""POST /v1/responses: OpenAI's Responses API, basic text (input, instructions, sampling, stream).
+
+The input becomes chat messages and goes through the same preparation as chat completions. The
+stream is the API's event sequence (created, in_progress, output_item/content_part added, text
+deltas, the matching done events, completed), each with a sequence number. A `<think>` block is
+split off into a `reasoning` output item, ahead of the message.
+"""
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, StrictBool
+
+from localllm.app.server.chat_output import ChoiceOutput
+from localllm.app.server.chat_prep import prepare_chat
+from localllm.app.server.common import new_id, now, resolve_model
+from localllm.app.server.errors import APIError
+from localllm.app.server.sse_events import Event, named_sse_response
+from localllm.app.server.streams import collect, drive, unless_disconnected, with_first
+from localllm.engine.core.outputs import Usage
+from localllm.engine.sampling_params import SamplingParams
+
+router = APIRouter()
+
+_TEXT_PARTS = ("input_text", "output_text", "text")
+
+
+class ResponsesRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")  # store, metadata, ... are accepted and ignored
+
+    model: str | None = None
+    input: str | list[dict[str, Any]]
+    instructions: str | None = None
+    max_output_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    stream: StrictBool = False
+
+    def messages(self) -> list[dict]:
+        out = [{"role": "system", "content": self.instructions}] if self.instructions else []
+        if isinstance(self.input, str):
+            return [*out, {"role": "user", "content": self.input}]
+        for item in self.input:
+            if item.get("type", "message") != "message" or "role" not in item:
+                raise ValueError(f"input items of type {item.get('type')!r} are not supported")
+            role = "system" if item["role"] == "developer" else str(item["role"])
+            out.append({"role": role, "content": _text(item.get("content"))})
+        if not out:
+            raise ValueError("input must not be empty")
+        return out
+
+    def sampling_params(self) -> SamplingParams:
+        return SamplingParams(
+            temperature=1.0 if self.temperature is None else self.temperature,
+            top_p=1.0 if self.top_p is None else self.top_p,
+            max_tokens=self.max_output_tokens,
+        )
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise ValueError("message content must be a string or a list of text parts")
+    texts = []
+    for part in content:
+        if not isinstance(part, dict) or part.get("type") not in _TEXT_PARTS:
+            raise ValueError("only text content parts are supported")
+        texts.append(str(part.get("text", "")))
+    return "".join(texts)
+
+
+def _usage(u: Usage) -> dict:
+    return {
+        "input_tokens": u.prompt_tokens,
+        "input_tokens_details": {"cached_tokens": u.cached_tokens},
+        "output_tokens": u.completion_tokens,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": u.total_tokens,
+    }
+
+
+def _part(text: str) -> dict:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+def _message(msg_id: str, text: str | None, status: str) -> dict:
+    content = [] if text is None else [_part(text)]
+    return {"type": "message", "id": msg_id, "status": status, "role": "assistant",
+            "content": content}  # fmt: skip
+
+
+def _reasoning(text: str) -> dict:
+    return {"type": "reasoning", "id": new_id("rs"), "summary": [],
+            "content": [{"type": "reasoning_text", "text": text}]}  # fmt: skip
+
+
+class _Shape:
+    """The response object at each stage of one request."""
+
+    def __init__(self, body: ResponsesRequest, params: SamplingParams, model: str):
+        self.id, self.msg_id, self.created = new_id("resp"), new_id("msg"), now()
+        self.body, self.params, self.model = body, params, model
+
+    def response(self, status: str, output: list[dict], usage: Usage | None = None,
+                 finish: str | None = None) -> dict:  # fmt: skip
+        incomplete = {"reason": "max_output_tokens"} if finish == "length" else None
+        return {
+            "id": self.id,
+            "object": "response",
+            "created_at": self.created,
+            "status": "incomplete" if incomplete else status,
+            "error": None,
+            "incomplete_details": incomplete,
+            "instructions": self.body.instructions,
+            "max_output_tokens": self.body.max_output_tokens,
+            "model": self.model,
+            "output": output,
+            "parallel_tool_calls": False,
+            "temperature": self.params.temperature,
+            "top_p": self.params.top_p,
+            "tool_choice": "none",
+            "tools": [],
+            "text": {"format": {"type": "text"}},
+            "truncation": "disabled",
+            "metadata": {},
+            "usage": None if usage is None else _usage(usage),
+        }
+
+    def output(self, co: ChoiceOutput, status: str) -> list[dict]:
+        items = [_reasoning("".join(co.reasoning))] if co.reasoning else []
+        return [*items, _message(self.msg_id, "".join(co.content), status)]
+
+
+@router.post("/v1/responses")
+async def create_response(body: ResponsesRequest, request: Request) -> Response:
+    model, engine = await resolve_model(request, body.model)
+    settings = request.app.state.settings
+    prep = await prepare_chat(engine, settings, body.messages(), body.sampling_params())
+    shape = _Shape(body, prep.params, model)
+    stream = prep.stream(engine, shape.id)
+    co = ChoiceOutput(prep.plan)
+    if not body.stream:
+        done = await unless_disconnected(request, collect(request, stream, 1))
+        c = done.completions[0]
+        co.feed(c.text)
+        co.finish()
+        output = shape.output(co, "completed")
+        return JSONResponse(shape.response("completed", output, done.last.usage, c.finish_reason))
+
+    outs = drive(request, stream)
+    first = await anext(outs)  # a bad request fails here, as a plain 400 before any event
+    seq = iter(range(1 << 62))
+
+    def ev(kind: str, **data) -> Event:
+        return kind, {"type": kind, "sequence_number": next(seq), **data}
+
+    async def events() -> AsyncIterator[Event]:
+        at = {"item_id": shape.msg_id, "output_index": 0, "content_index": 0}
+        try:
+            yield ev("response.created", response=shape.response("in_progress", []))
+            yield ev("response.in_progress", response=shape.response("in_progress", []))
+            yield ev("response.output_item.added", output_index=0,
+                     item=_message(shape.msg_id, None, "in_progress"))  # fmt: skip
+            yield ev("response.content_part.added", **at, part=_part(""))
+            last, finish = first, None
+            async for out in with_first(first, outs):
+                last = out
+                if out.error:
+                    raise RuntimeError(f"generation failed: {out.error}")
+                for c in out.outputs:
+                    deltas = co.feed(c.text) + (co.finish() if c.finish_reason else [])
+                    finish = c.finish_reason or finish
+                    for d in deltas:
+                        if d.get("content"):
+                            yield ev("response.output_text.delta", **at, delta=d["content"],
+                                     logprobs=[])  # fmt: skip
+            text = "".join(co.content)
+            yield ev("response.output_text.done", **at, text=text, logprobs=[])
+            yield ev("response.content_part.done", **at, part=_part(text))
+            yield ev("response.output_item.done", output_index=0,
+                     item=_message(shape.msg_id, text, "completed"))  # fmt: skip
+            final = shape.response("completed", shape.output(co, "completed"), last.usage, finish)
+            kind = (
+                "response.incomplete" if final["status"] == "incomplete" else "response.completed"
+            )
+            yield ev(kind, response=final)
+        finally:
+            await outs.aclose()
+
+    def on_error(e: APIError) -> Event:
+        return ev("error", code=e.code, message=e.message, param=e.param)
+
+    return named_sse_response(events(), on_error)

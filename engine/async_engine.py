@@ -61,6 +61,10 @@ class AsyncEngine:
         return self.engine.max_model_len
 
     @property
+    def embedding_dim(self) -> int:
+        return self.engine.embedding_dim
+
+    @property
     def alive(self) -> bool:
         return self._thread.is_alive() and not self._closing
 

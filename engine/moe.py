@@ -7,6 +7,7 @@ slices, or the disk-streaming slot cache) chosen by the residency plan; the math
 `kernels.moe`.
 """
 
+import math
 from typing import TYPE_CHECKING
 
 import torch
@@ -15,6 +16,7 @@ from torch import nn
 from localllm.engine.layers import QuantLinear
 from localllm.engine.models import model_module
 from localllm.kernels.moe import ExpertBlocks, ExpertFormat, expert_ffn_grouped, route_topk
+from localllm.kernels.quant.linear import choose_strategy
 from localllm.offload import ByteRange, QuantWeight
 from localllm.offload.expert_cache import (
     ExpertLayout,
@@ -24,14 +26,16 @@ from localllm.offload.expert_cache import (
     StreamedExperts,
 )
 from localllm.offload.memory import MemoryInfo, probe_memory
-from localllm.offload.plan import ResidencyPlan, plan_residency
+from localllm.offload.plan import ResidencyPlan, expert_layer, plan_residency
 from localllm.offload.reader import read_range
 from localllm.offload.residency import ResidencyConfig
 
 if TYPE_CHECKING:
     from localllm.engine.gguf import GGUFModel
+    from localllm.engine.gguf.model import TensorInfo
 
 EXPERT_TENSORS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
+SCRATCH_TOKENS = 512  # tokens per step the scratch estimate allows for (the engine's default)
 
 
 class ExpertTensor(nn.Module):
@@ -171,10 +175,12 @@ def plan_model(
     config: ResidencyConfig,
     kv_tokens: int | None = None,
     memory: MemoryInfo | None = None,
+    precise: bool = False,
 ) -> ResidencyPlan:
     """The residency plan of a GGUF model from its header alone (no weight is read).
 
-    KV is estimated in f16 for `kv_tokens` (default: the model's context length).
+    Tensor sizes are what holding them costs (see `_memory_cost`); KV is estimated in f16 for
+    `kv_tokens` (default: the model's context length).
     """
     embd = gguf.tensors.get("token_embd.weight")
     args = model_module(gguf.architecture or "").ModelArgs.from_gguf(
@@ -182,7 +188,12 @@ def plan_model(
     )
     tokens = kv_tokens or args.context_length
     kv_bytes = 2 * args.n_layers * args.n_kv_heads * args.head_dim * 2 * tokens
-    sizes = {name: t.range.nbytes for name, t in gguf.tensors.items()}
+    tied = "output.weight" not in gguf.tensors
+    # a prefill chunk's activations and logits, and up to three dequantized experts in flight
+    expert_f32 = 3 * args.dim * getattr(args, "expert_hidden_dim", args.hidden_dim) * 4
+    scratch = SCRATCH_TOKENS * (args.vocab_size + 8 * args.dim) * 4
+    scratch += 3 * expert_f32 if getattr(args, "n_expert", 0) else 0
+    sizes = {name: _memory_cost(t, precise, tied) for name, t in gguf.tensors.items()}
     return plan_residency(
         config,
         sizes,
@@ -190,7 +201,29 @@ def plan_model(
         memory or probe_memory("cpu"),
         n_expert=getattr(args, "n_expert", 0) or 1,
         min_slots=getattr(args, "n_expert_used", 0) or 1,
+        scratch_bytes=scratch,
     )
+
+
+# Bytes per weight of the copy a CPU kernel strategy keeps next to the file's blocks (an upper
+# bound: F32/F16 files may be used in place, but fused q/k/v and gate/up copies are not).
+_PREPARED = {"dense_f32": 4.0, "dense_f16": 2.0, "dense_bf16": 2.0, "int4pack": 0.875}
+
+
+def _memory_cost(info: "TensorInfo", precise: bool, tied: bool) -> int:
+    """Resident bytes of a tensor: its file bytes (mapped or read) plus the kernel's prepared
+    copy for linear weights, plus a float32 copy for small tensors (norms, biases)."""
+    n = info.range.nbytes
+    numel = math.prod(info.shape)
+    if expert_layer(info.name) is not None:
+        return n  # experts are used straight from their blocks
+    if len(info.shape) == 1:
+        return n + 4 * numel
+    if info.name == "token_embd.weight" and not tied:
+        return n  # looked up row by row, never multiplied
+    rows, cols = math.prod(info.shape[:-1]), info.shape[-1]
+    strategy = "dense_f32" if precise else choose_strategy(info.qtype, (rows, cols), "cpu")
+    return n + int(_PREPARED.get(strategy, 0.0) * numel)
 
 
 class _ReadCopies:

@@ -37,6 +37,7 @@ class ResidencyPlan:
     tiers: Mapping[str, str]  # tensor name -> device / host / disk
     sizes: Mapping[str, int]
     kv_bytes: int
+    scratch_bytes: int  # compute scratch of one step (activations, dequantized experts)
     budget: int
     budget_source: str  # "given" or "measured free memory"
     memory: MemoryInfo
@@ -79,6 +80,7 @@ class ResidencyPlan:
             f"  host     {fmt_bytes(by['host']):>11}  {count['host']} tensors",
             f"  disk     {fmt_bytes(by['disk']):>11}  {count['disk']} tensors (read on demand)",
             f"  KV cache {fmt_bytes(self.kv_bytes):>11}  (estimate)",
+            f"  scratch  {fmt_bytes(self.scratch_bytes):>11}  (one step's activations)",
         ]
         if self.streams:
             s = self.streaming
@@ -87,7 +89,7 @@ class ResidencyPlan:
                 f"{fmt_bytes(self.slot_pool_bytes)}, prefetch {'on' if s.prefetch else 'off'}"
             )
         lines.append(f"  load mode {self.load_mode}")
-        used = by["device"] + self.kv_bytes + self.slot_pool_bytes
+        used = by["device"] + self.kv_bytes + self.scratch_bytes + self.slot_pool_bytes
         if not mem.separate_device:
             used += by["host"]
         lines.append(f"  planned use {fmt_bytes(used)} of {fmt_bytes(self.budget)}")
@@ -124,10 +126,12 @@ def plan_residency(
     memory: MemoryInfo,
     n_expert: int = 1,
     min_slots: int = 1,
+    scratch_bytes: int = 0,
 ) -> ResidencyPlan:
     """Place every tensor. `n_expert` is the experts per layer (a slot holds one);
     `min_slots` the fewest slots worth streaming with (the engine passes the experts used
-    per token). Raises ResidencyError, with the numbers, when the model cannot fit."""
+    per token), `scratch_bytes` the compute scratch a step needs (activations, dequantized
+    experts). Raises ResidencyError, with the numbers, when the model cannot fit."""
     names = list(sizes)
     warnings = _unmatched_warnings(config, names)
     tiers: dict[str, str] = {}
@@ -149,20 +153,25 @@ def plan_residency(
     # the pool the budget covers: the device's, which on CPU/unified also holds host tensors
     pool_tiers = ("device",) if separate else ("device", "host")
     fixed = sum(sizes[n] for n, t in tiers.items() if t in pool_tiers and expert_layer(n) is None)
-    if fixed + kv_bytes > budget:
+    if fixed + kv_bytes + scratch_bytes > budget:
         raise ResidencyError(
             f"budget {fmt_bytes(budget)} ({source}) is too small: the non-expert weights need "
-            f"{fmt_bytes(fixed)} and the KV cache {fmt_bytes(kv_bytes)}; raise --mem-budget, "
+            f"{fmt_bytes(fixed)}, the KV cache {fmt_bytes(kv_bytes)} and compute scratch "
+            f"{fmt_bytes(scratch_bytes)}; raise --mem-budget, "
             "shorten the context (-c) or pick a smaller quantization"
         )
     experts: dict[int, list[str]] = {}
     for n in names:
         if (layer := expert_layer(n)) is not None:
             experts.setdefault(layer, []).append(n)
-    notes = [f"non-expert weights {fmt_bytes(fixed)} + KV {fmt_bytes(kv_bytes)} on the device"]
+    notes = [
+        f"non-expert weights {fmt_bytes(fixed)} + KV {fmt_bytes(kv_bytes)} + scratch "
+        f"{fmt_bytes(scratch_bytes)} on the device"
+    ]
     used = (
         fixed
         + kv_bytes
+        + scratch_bytes
         + sum(sizes[n] for n, t in tiers.items() if t in pool_tiers and expert_layer(n) is not None)
     )
     if used > budget:
@@ -219,6 +228,6 @@ def plan_residency(
         notes.append(f"{slots} slots stream the disk-tier experts ({fmt_bytes(slot_bytes)} each)")
     rules = tuple(f"{r.pattern} -> {r.tier}  ({r.source})" for r in config.rules)
     return ResidencyPlan(
-        tiers, dict(sizes), kv_bytes, budget, source, memory, config.load_mode, streaming,
-        slot_bytes, tuple(notes), tuple(warnings), rules,
+        tiers, dict(sizes), kv_bytes, scratch_bytes, budget, source, memory, config.load_mode,
+        streaming, slot_bytes, tuple(notes), tuple(warnings), rules,
     )  # fmt: skip

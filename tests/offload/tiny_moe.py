@@ -47,7 +47,7 @@ def _tensors(spec: MoESpec, rng: np.random.Generator) -> dict[str, np.ndarray]:
     d, hd, ff, ne = spec.dim, spec.head_dim, spec.expert_ff, spec.n_expert
 
     def w(*shape):
-        return (rng.standard_normal(shape) / math.sqrt(shape[-1])).astype(np.float32)
+        return rng.standard_normal(shape, dtype=np.float32) / np.float32(math.sqrt(shape[-1]))
 
     def norm(n):
         return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
@@ -72,6 +72,18 @@ def _tensors(spec: MoESpec, rng: np.random.Generator) -> dict[str, np.ndarray]:
         t[p + "ffn_up_exps.weight"] = w(ne, ff, d)
         t[p + "ffn_down_exps.weight"] = w(ne, d, ff)
     return t
+
+
+def _q8_0(a: np.ndarray) -> np.ndarray:
+    """Q8_0 blocks (f16 scale, 32 int8) of `a`, vectorised: faster than gguf-py's for big
+    tensors; the dequantized values are what gguf-py and our kernels decode from the bytes."""
+    b = a.reshape(-1, 32)
+    d = (np.abs(b).max(1, keepdims=True) / 127).astype(np.float16)
+    q = np.round(b / np.where(d == 0, 1, d).astype(np.float32)).clip(-127, 127).astype(np.int8)
+    out = np.empty((b.shape[0], 34), np.uint8)
+    out[:, :2] = d.view(np.uint8)
+    out[:, 2:] = q.view(np.uint8)
+    return out.reshape(*a.shape[:-1], a.shape[-1] // 32 * 34)
 
 
 def write_moe_gguf(path: Path, spec: MoESpec = QWEN3MOE, seed: int = 0) -> Path:
@@ -104,7 +116,8 @@ def write_moe_gguf(path: Path, spec: MoESpec = QWEN3MOE, seed: int = 0) -> Path:
     writer.add_float32(f"{a}.rope.freq_base", spec.rope_base)
     for name, arr in _tensors(spec, rng).items():
         if "_exps" in name and spec.expert_qtype != QT.F32:
-            raw = gguf.quants.quantize(arr, spec.expert_qtype)
+            q8 = spec.expert_qtype == QT.Q8_0
+            raw = _q8_0(arr) if q8 else gguf.quants.quantize(arr, spec.expert_qtype)
             writer.add_tensor(name, raw, raw_dtype=spec.expert_qtype)
         else:
             writer.add_tensor(name, arr)

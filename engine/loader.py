@@ -7,6 +7,7 @@ pick their device strategy and small tensors (norms, biases) are expanded on the
 """
 
 import dataclasses
+from collections.abc import Collection
 
 import torch
 from torch import nn
@@ -23,9 +24,15 @@ class ModelLoadError(ValueError):
 
 
 def build_model(
-    gguf: GGUFModel, precise: bool = False, device: torch.device | str = "cpu"
+    gguf: GGUFModel,
+    precise: bool = False,
+    device: torch.device | str = "cpu",
+    host_tensors: Collection[str] = (),
 ) -> nn.Module:
-    """Instantiate and load the model described by `gguf` (weights stay quantized) on `device`."""
+    """Instantiate and load the model described by `gguf` (weights stay quantized) on `device`.
+
+    `host_tensors` (a residency plan's host and disk tiers) are never uploaded to the device.
+    """
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
@@ -50,7 +57,8 @@ def build_model(
             extra[name] = dense(_upload(gguf.weight(name), device))
             continue
         try:
-            target.load_tensor(suffix, _upload(gguf.weight(name), device))
+            where = device if name not in host_tensors else torch.device("cpu")
+            target.load_tensor(suffix, _upload(gguf.weight(name), where))
         except (KeyError, ValueError) as e:
             raise ModelLoadError(f"{gguf.path}: tensor '{name}': {e}") from None
     missing = [

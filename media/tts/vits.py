@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from localllm.media.tts.onnx_weights import PiperWeights
+from localllm.media.tts.onnx_weights import PiperWeights, VoiceFormatError
 from localllm.media.tts.vits_duration import duration_predictor
 from localllm.media.tts.vits_text import text_encoder
 
@@ -60,6 +60,25 @@ def reverse_flow(w: PiperWeights, z: torch.Tensor) -> torch.Tensor:
     return z
 
 
+def _resblock(w: PiperWeights, prefix: str, x: torch.Tensor) -> torch.Tensor:
+    """HiFi-GAN residual block: ResBlock2 (`convs.N`, medium/low voices) or ResBlock1
+    (`convs1.N` + `convs2.N`, high-quality voices)."""
+    if f"{prefix}.convs.0" in w.convs:
+        c = 0
+        while f"{prefix}.convs.{c}" in w.convs:
+            x = x + w.conv(f"{prefix}.convs.{c}")(F.leaky_relu(x, _LRELU_SLOPE))
+            c += 1
+        return x
+    if f"{prefix}.convs1.0" not in w.convs:
+        raise VoiceFormatError(f"{prefix}: unknown HiFi-GAN residual block layout")
+    c = 0
+    while f"{prefix}.convs1.{c}" in w.convs:
+        y = w.conv(f"{prefix}.convs1.{c}")(F.leaky_relu(x, _LRELU_SLOPE))
+        x = x + w.conv(f"{prefix}.convs2.{c}")(F.leaky_relu(y, _LRELU_SLOPE))
+        c += 1
+    return x
+
+
 def hifigan(w: PiperWeights, z: torch.Tensor) -> torch.Tensor:
     """HiFi-GAN generator (ResBlock2 variant): latent frames [1, C, F] -> audio [1, 1, F*hop]."""
     x = w.conv("dec.conv_pre")(z)
@@ -71,11 +90,7 @@ def hifigan(w: PiperWeights, z: torch.Tensor) -> torch.Tensor:
         total = None
         for j in range(per_up):
             prefix = f"dec.resblocks.{u * per_up + j}"
-            y = x
-            c = 0
-            while f"{prefix}.convs.{c}" in w.convs:
-                y = y + w.conv(f"{prefix}.convs.{c}")(F.leaky_relu(y, _LRELU_SLOPE))
-                c += 1
+            y = _resblock(w, prefix, x)
             total = y if total is None else total + y
         assert total is not None
         x = total / per_up

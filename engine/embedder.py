@@ -9,7 +9,7 @@ scratch paged KV cache of their own, so the engine's cache and its requests are 
 
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -156,7 +156,7 @@ class Embedder:
             tables.append(list(range(first, first + nb)))
             first += nb
         if len(seqs) > 1:  # a group of several fits the budget: one forward
-            batch = BatchMeta.from_tables(lens, lens, tables, BLOCK)
+            batch = self._batch(lens, lens, tables)
             ids = torch.tensor([t for s in seqs for t in s], device=self.device)
             pos = torch.cat([torch.arange(n) for n in lens]).to(self.device)
             return list(self.model(ids, pos, batch, kv).split(lens))
@@ -165,10 +165,16 @@ class Embedder:
         for start in range(0, len(seq), self.token_budget):
             chunk = seq[start : start + self.token_budget]
             end = start + len(chunk)
-            batch = BatchMeta.from_tables([len(chunk)], [end], tables, BLOCK)
+            batch = self._batch([len(chunk)], [end], tables)
             ids = torch.tensor(chunk, device=self.device)
             parts.append(self.model(ids, torch.arange(start, end, device=self.device), batch, kv))
         return [torch.cat(parts)]
+
+    def _batch(self, num_new: list[int], seq_lens: list[int], tables: list) -> BatchMeta:
+        batch = BatchMeta.from_tables(num_new, seq_lens, tables, BLOCK)
+        if self.device.type == "cpu":
+            return batch
+        return replace(batch, slot_mapping=batch.slot_mapping.to(self.device))  # next to the KV
 
 
 class EmbedJob:

@@ -95,8 +95,9 @@ def smol(smollm2_path):
     engine.close()
 
 
-# The default CPU kernels round activations to bf16 for small batches; the embedding forward
-# batches the three texts while the recomputation runs each alone (measured max diff ~1e-4).
+# The default CPU kernels round activations to bf16 for small batches and pick kernels by row
+# count; the embedding forward batches the three texts while the recomputation runs each alone,
+# so the two agree to that rounding, not bit for bit (entries of a unit vector are ~0.04).
 TOL = 2e-3
 
 

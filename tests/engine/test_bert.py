@@ -8,6 +8,7 @@ sentence-transformers' embeddings (mean pooling + L2) with cosine > 0.9999 and t
 as its tokenizer.json.
 """
 
+import asyncio
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +17,8 @@ import torch
 import torch.nn.functional as F
 from tokenizers import BertWordPieceTokenizer
 
-from localllm.engine import LLM
+from localllm.engine import LLM, AsyncEngine
+from localllm.engine.async_engine import EngineDeadError
 from localllm.engine.config import EngineArgs
 from localllm.engine.llm_engine import LLMEngine
 from localllm.engine.sampling_params import SamplingParams
@@ -176,6 +178,33 @@ def test_bad_inputs(tiny_engine):
     assert cut.prompt_tokens == 64
     seq = e.prepare_embedding([long], truncate=10)[0]
     assert seq == [2, *[VOCAB.index("cat")] * 8, 3]  # [SEP] kept at the end
+
+
+def test_async_engine_embed(tiny):
+    """AsyncEngine.embed equals the sync engine; bad input fails at once; after shutdown: dead."""
+    eng = AsyncEngine.from_model(str(tiny[0]))
+    sync = LLMEngine(str(tiny[0]), EngineArgs())
+
+    async def main():
+        outs = await asyncio.gather(*(eng.embed([t], pooling="cls") for t in TEXTS))
+        with pytest.raises(ValueError, match="empty string"):
+            await eng.embed([""])
+        with pytest.raises(ValueError, match="encoder-only"):
+            async for _ in eng.generate("cat", SamplingParams(max_tokens=2)):
+                pass
+        return outs
+
+    try:
+        outs = asyncio.run(main())
+        for t, (out,) in zip(TEXTS, outs, strict=True):
+            assert torch.equal(out.embedding, sync.embed([t], pooling="cls")[0].embedding)
+        assert eng.embedding_dim == 64
+        eng.shutdown()
+        with pytest.raises(EngineDeadError):
+            asyncio.run(eng.embed(["cat"]))
+    finally:
+        eng.shutdown()
+        sync.close()
 
 
 # -- the real all-MiniLM-L6-v2 ------------------------------------------------------------------

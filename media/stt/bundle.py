@@ -13,7 +13,7 @@ import torch
 from localllm.media.audio.mel import MelSpec, mel_filters
 from localllm.media.stt.model import Whisper
 from localllm.media.stt.tokenizer import WhisperTokenizer
-from localllm.media.stt.weights import WhisperLoadError, load_model
+from localllm.media.stt.weights import WhisperLoadError, ggml_file, load_model
 
 
 @dataclass(frozen=True)
@@ -34,8 +34,9 @@ class WhisperBundle:
 
 def _suppress_list(path: Path, tokenizer: WhisperTokenizer) -> tuple[int, ...]:
     sources = (("config.json", "suppress_ids"), ("generation_config.json", "suppress_tokens"))
+    folder = path if path.is_dir() else path.parent
     for name, key in sources:
-        file = path / name
+        file = folder / name
         if file.is_file():
             ids = json.loads(file.read_text()).get(key)
             if isinstance(ids, list) and ids:
@@ -43,19 +44,47 @@ def _suppress_list(path: Path, tokenizer: WhisperTokenizer) -> tuple[int, ...]:
     return tuple(tokenizer.non_speech_tokens())
 
 
+def _ggml_tokenizer(path: Path, n_vocab: int) -> WhisperTokenizer:
+    """A ggml file holds only token bytes: use a tokenizer.json beside it, else the packaged
+    Whisper's (all but large-v3 share one of two vocabularies), checked against the bytes."""
+    from localllm.media.stt.ggml import read_ggml
+    from localllm.media.stt.packaged import base_parts, tiny_en_dir
+
+    candidates = [path.parent / "tokenizer.json"]
+    if n_vocab == 51864 and tiny_en_dir() is not None:
+        candidates.append(tiny_en_dir() / "tokenizer.json")  # English-only vocabulary
+    if n_vocab == 51865 and base_parts() is not None:
+        candidates.append(base_parts()[0] / "tokenizer.json")  # multilingual vocabulary
+    file = next((c for c in candidates if c.is_file()), None)
+    if file is None:
+        raise WhisperLoadError(f"{path}: no tokenizer.json beside it for this vocabulary")
+    tokenizer = WhisperTokenizer.from_file(file)
+    vocab = read_ggml(path, with_tensors=False).vocab
+    for i in range(0, min(len(vocab), 5000), 7):  # ASCII tokens decode the same in both
+        if vocab[i].isascii() and tokenizer.tok.decode([i]) != vocab[i].decode():
+            raise WhisperLoadError(f"{path}: {file} does not match the file's vocabulary")
+    return tokenizer
+
+
 def load_whisper(
     path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None
 ) -> WhisperBundle:
-    """Load the Whisper checkpoint directory `path` (CTranslate2 or HF safetensors)."""
+    """Load the Whisper checkpoint at `path`: a CTranslate2 or HF safetensors directory, or a
+    whisper.cpp ggml file."""
     path = Path(path)
     model = load_model(path, device=device, dtype=dtype)
+    ggml = ggml_file(path)
     tok_file = path / "tokenizer.json"
-    if not tok_file.is_file():
+    if ggml is not None and not tok_file.is_file():
+        tokenizer = _ggml_tokenizer(ggml, model.config.n_vocab)
+    elif tok_file.is_file():
+        tokenizer = WhisperTokenizer.from_file(tok_file)
+    else:
         raise WhisperLoadError(f"{path}: no tokenizer.json beside the weights")
-    tokenizer = WhisperTokenizer.from_file(tok_file)
     if tokenizer.special.timestamp_begin + 1501 > model.config.n_vocab:
         raise WhisperLoadError(f"{path}: tokenizer and model vocabularies disagree")
     spec = MelSpec(n_mels=model.config.n_mels)
     filters = torch.from_numpy(mel_filters(spec))
     suppress = _suppress_list(path, tokenizer)
-    return WhisperBundle(path.name, model, tokenizer, spec, filters, suppress)
+    name = path.stem if path.is_file() else path.name
+    return WhisperBundle(name, model, tokenizer, spec, filters, suppress)

@@ -167,24 +167,39 @@ def hf_state_dict(path: Path) -> tuple[StateDict, int, int]:
     return sd, cfg["encoder_attention_heads"], cfg["decoder_attention_heads"]
 
 
+def ggml_file(path: Path) -> Path | None:
+    """The whisper.cpp ggml file `path` is, or the one ggml*.bin inside directory `path`."""
+    from localllm.media.stt.ggml import is_ggml
+
+    if path.is_file():
+        return path if is_ggml(path) else None
+    found = [p for p in sorted(path.glob("ggml*.bin")) if is_ggml(p)]
+    return found[0] if len(found) == 1 else None
+
+
 def _detect(path: Path) -> Callable[[Path], tuple[StateDict, int, int]]:
-    if (path / "model.bin").is_file():
+    if ggml_file(path) is not None:
+        from localllm.media.stt.ggml import ggml_state_dict
+
+        return lambda p: ggml_state_dict(ggml_file(p))
+    if path.is_dir() and (path / "model.bin").is_file():
         return ct2_state_dict
-    if (path / "config.json").is_file() and any(path.glob("*.safetensors")):
+    if path.is_dir() and (path / "config.json").is_file() and any(path.glob("*.safetensors")):
         return hf_state_dict
     raise WhisperLoadError(
-        f"{path}: not a Whisper directory (expected a CTranslate2 model.bin or "
-        "config.json + *.safetensors)"
+        f"{path}: not a Whisper directory (expected a CTranslate2 model.bin, "
+        "config.json + *.safetensors, or a whisper.cpp ggml .bin)"
     )
 
 
 def load_model(
     path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None
 ) -> Whisper:
-    """Build and load the Whisper model in directory `path` (float32 on CPU unless `dtype`)."""
+    """Build and load the Whisper model at `path` (float32 on CPU unless `dtype`): a directory,
+    or a whisper.cpp ggml file."""
     path = Path(path)
-    if not path.is_dir():
-        raise WhisperLoadError(f"{path}: not a directory")
+    if not path.is_dir() and not path.is_file():
+        raise WhisperLoadError(f"{path}: no such Whisper model")
     try:
         sd, audio_heads, text_heads = _detect(path)(path)
         cfg = _config(sd, audio_heads, text_heads)

@@ -97,7 +97,7 @@ def test_decoder_refuses_more_than_its_context(tiny):
 
 
 def test_load_errors(tmp_path):
-    with pytest.raises(WhisperLoadError, match="not a directory"):
+    with pytest.raises(WhisperLoadError, match="no such Whisper model"):
         load_model(tmp_path / "nope")
     with pytest.raises(WhisperLoadError, match="not a Whisper directory"):
         load_model(tmp_path)

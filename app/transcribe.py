@@ -22,8 +22,8 @@ def resolve_whisper(model: str | None) -> Path:
     """The Whisper directory to load: `model` if given, else the packaged default."""
     if model:
         path = Path(model).expanduser()
-        if not path.is_dir():
-            raise ValueError(f"{model}: not a Whisper model directory")
+        if not path.exists():
+            raise ValueError(f"{model}: not a Whisper model directory or ggml file")
         return path
     from localllm.media.stt.packaged import default_model_dir
 
@@ -50,7 +50,7 @@ def add_parser(sub) -> None:
     p.add_argument(
         "-m",
         "--model",
-        help="Whisper directory (default: Whisper base when its packages are here, else tiny.en)",
+        help="Whisper directory or ggml .bin (default: Whisper base when installed, else tiny.en)",
     )
     p.add_argument("--language", help="spoken language code, e.g. en, de (default: detect)")
     p.add_argument("--task", choices=("transcribe", "translate"), default="transcribe",

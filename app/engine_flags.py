@@ -4,6 +4,9 @@ mapping to `EngineArgs` fields."""
 import argparse
 from typing import Any
 
+from localllm.app.residency_flags import add_residency_flags, residency_config
+from localllm.offload.residency import ResidencyConfig
+
 KV_CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "fp8")
 
 
@@ -23,6 +26,7 @@ def add_engine_flags(p: argparse.ArgumentParser, *, parallel: int | None = None)
     g.add_argument(
         "--device", default="cpu", help="cpu, or cuda[:N]: weights stay quantized on the GPU"
     )
+    add_residency_flags(p)
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
@@ -36,4 +40,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     }
     if getattr(args, "parallel", None) is not None:
         kw["max_num_seqs"] = args.parallel
+    residency = residency_config(args)
+    if residency != ResidencyConfig():  # planned loading only when asked for
+        kw["residency"] = residency
     return kw

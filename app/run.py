@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from localllm.app.engine_flags import add_engine_flags, engine_kwargs
+from localllm.app.residency_flags import residency_config, show_plan
 
 
 def add_parser(sub) -> None:
@@ -73,6 +74,9 @@ def handle(args: argparse.Namespace) -> int:
     from localllm.app.model_path import resolve_model
     from localllm.engine import EngineArgs, LLMEngine, SamplingParams
 
+    if args.show_plan:
+        print(show_plan(resolve_model(args.model), args, residency_config(args)))
+        return 0
     prompt = args.prompt
     if prompt is None or prompt == "-":
         if sys.stdin is None or sys.stdin.isatty():
@@ -118,6 +122,7 @@ def handle(args: argparse.Namespace) -> int:
         raise RuntimeError(last.error)
     if args.verbose:
         _report(last)
+        _report_experts(engine.model)
     return 0
 
 
@@ -136,6 +141,20 @@ def _stream(engine, ids, params):
         out.write("\n")
     out.flush()
     return last
+
+
+def _report_experts(model) -> None:
+    """Expert lookups and streaming reads of an MoE model loaded under a residency plan."""
+    from localllm.engine.moe import expert_stats
+
+    if not getattr(model, "expert_sources", None):
+        return
+    s = expert_stats(model.expert_sources)
+    print(
+        f"localllm: experts {s.lookups} lookups, {s.hits} hits, {s.misses} misses; read "
+        f"{s.bytes_read / 1e6:.1f} MB in {s.stall_seconds:.2f} s ({s.read_gbps:.2f} GB/s)",
+        file=sys.stderr,
+    )
 
 
 def _report(out) -> None:

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from localllm.app.engine_flags import add_engine_flags, engine_kwargs
+from localllm.app.residency_flags import residency_config, show_plan
 
 
 def add_parser(sub) -> None:
@@ -154,6 +155,10 @@ def handle(args: argparse.Namespace) -> int:
 
     _check(args)
     entries = _entries(args)
+    if args.show_plan:
+        config = residency_config(args)
+        print("\n\n".join(show_plan(e.path, args, config) for e in entries))
+        return 0
     settings = ServerSettings(
         model_id=entries[0].id,
         model_names=entries[0].names,

@@ -2,6 +2,8 @@
 
 from dataclasses import dataclass
 
+from localllm.offload.residency import ResidencyConfig
+
 KV_DTYPES = ("f32", "f16", "bf16", "q8_0", "fp8")
 DEVICES = ("cpu", "cuda")
 
@@ -20,6 +22,7 @@ class EngineArgs:
     ngram_max: int = 4  # longest suffix the proposer looks up
     ngram_min: int = 1  # shortest
     device: str = "cpu"  # "cuda": weights (still quantized), KV and batch metadata on the GPU
+    residency: ResidencyConfig | None = None  # tiers / expert streaming; None: all resident
 
     def __post_init__(self):
         if self.device.split(":")[0] not in DEVICES:

@@ -21,6 +21,7 @@ from localllm.engine.embedder import Embedder, EmbeddingOutput, EmbedJob
 from localllm.engine.gguf import open_gguf
 from localllm.engine.kv_cache import PagedKVCache
 from localllm.engine.loader import build_model
+from localllm.engine.moe import load_planned
 from localllm.engine.ngram import NgramProposer
 from localllm.engine.output_processor import PromptGroup, RequestState
 from localllm.engine.runner import ModelRunner
@@ -47,7 +48,12 @@ class LLMEngine:
         t0 = time.perf_counter()
         self.gguf = open_gguf(model)
         try:
-            self.model = build_model(self.gguf, precise=args.precise, device=args.device)
+            if args.residency is None:
+                self.model = build_model(self.gguf, precise=args.precise, device=args.device)
+            else:  # planned from the header: a model that cannot fit fails before any read
+                self.model = load_planned(
+                    self.gguf, args.residency, args.precise, args.device, args.max_model_len
+                )
             self.tokenizer = Tokenizer.from_gguf_metadata(self.gguf.metadata)
         except BaseException:
             self.gguf.close()

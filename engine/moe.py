@@ -7,6 +7,7 @@ slices, or the disk-streaming slot cache) chosen by the residency plan; the math
 `kernels.moe`.
 """
 
+import logging
 import math
 from typing import TYPE_CHECKING
 
@@ -30,11 +31,14 @@ from localllm.offload.plan import ResidencyPlan, expert_layer, plan_residency
 from localllm.offload.reader import read_range
 from localllm.offload.residency import ResidencyConfig
 
+log = logging.getLogger(__name__)
+
 if TYPE_CHECKING:
     from localllm.engine.gguf import GGUFModel
     from localllm.engine.gguf.model import TensorInfo
 
 EXPERT_TENSORS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
+PLAN_KV_TOKENS = 8192  # KV the plan reserves when no context length is given
 SCRATCH_TOKENS = 512  # tokens per step the scratch estimate allows for (the engine's default)
 
 
@@ -185,13 +189,14 @@ def plan_model(
     """The residency plan of a GGUF model from its header alone (no weight is read).
 
     Tensor sizes are what holding them costs (see `_memory_cost`); KV is estimated in f16 for
-    `kv_tokens` (default: the model's context length).
+    `kv_tokens` (default: the model's context, at most PLAN_KV_TOKENS; the engine sizes the
+    real KV pool from what is free after loading).
     """
     embd = gguf.tensors.get("token_embd.weight")
     args = model_module(gguf.architecture or "").ModelArgs.from_gguf(
         gguf.metadata, embd.shape[0] if embd else 0
     )
-    tokens = kv_tokens or args.context_length
+    tokens = kv_tokens or min(args.context_length, PLAN_KV_TOKENS)
     kv_bytes = 2 * args.n_layers * args.n_kv_heads * args.head_dim * 2 * tokens
     tied = "output.weight" not in gguf.tensors
     # a prefill chunk's activations and logits, and up to three dequantized experts in flight
@@ -264,3 +269,17 @@ def load_model(
     model.expert_sources = apply_residency(model, plan)
     model.residency_plan = plan
     return model
+
+
+def load_planned(
+    gguf: "GGUFModel",
+    config: ResidencyConfig,
+    precise: bool = False,
+    device: str = "cpu",
+    max_model_len: int | None = None,
+) -> nn.Module:
+    """Plan against measured free memory on `device`, log the plan's warnings, then load."""
+    plan = plan_model(gguf, config, max_model_len, probe_memory(device), precise)
+    for warning in plan.warnings:
+        log.warning("residency: %s", warning)
+    return load_model(gguf, plan, precise=precise, device=device)

@@ -74,6 +74,13 @@ def _tensors(spec: MoESpec, rng: np.random.Generator) -> dict[str, np.ndarray]:
     return t
 
 
+def _byte_chars() -> list[str]:
+    """GPT-2's printable stand-ins for the 256 bytes, in byte order."""
+    keep = [*range(33, 127), *range(161, 173), *range(174, 256)]
+    extra = iter(range(256, 512))
+    return [chr(b) if b in keep else chr(next(extra)) for b in range(256)]
+
+
 def _q8_0(a: np.ndarray) -> np.ndarray:
     """Q8_0 blocks (f16 scale, 32 int8) of `a`, vectorised: faster than gguf-py's for big
     tensors; the dequantized values are what gguf-py and our kernels decode from the bytes."""
@@ -94,6 +101,13 @@ def write_moe_gguf(path: Path, spec: MoESpec = QWEN3MOE, seed: int = 0) -> Path:
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
     writer.add_pad_token_id(0)
+    if spec.vocab == 256:  # byte-level vocabulary, so the app can run the model on text;
+        # byte 0xFF gives its id to one merge ("he"): a vocabulary needs at least one
+        writer.add_tokenizer_model("gpt2")
+        writer.add_tokenizer_pre("gpt-2")
+        writer.add_token_list([*_byte_chars()[:255], "he"])
+        writer.add_token_types([1] * 256)
+        writer.add_token_merges(["h e"])
     ints = {
         "block_count": spec.n_layers,
         "context_length": spec.context,

@@ -1,0 +1,123 @@
+"""Residency flags and environment for the commands that load a model (`run`, `serve`): the one
+place that turns `--residency FILE`, `--ot`, `--cpu-moe`, ... and `LOCALLLM_*` variables into
+an `offload.residency.ResidencyConfig` (precedence: flags > environment > document > default).
+
+Environment: LOCALLLM_RESIDENCY (document path), LOCALLLM_OT (PATTERN=TIER[,...]),
+LOCALLLM_CPU_MOE (1/0), LOCALLLM_N_CPU_MOE, LOCALLLM_EXPERTS, LOCALLLM_EXPERT_SLOTS,
+LOCALLLM_MEM_BUDGET, LOCALLLM_LOAD_MODE.
+"""
+
+import argparse
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from localllm.offload.residency import (
+    LOAD_MODES,
+    TIERS,
+    ResidencyConfig,
+    ResidencyError,
+    load_document,
+    resolve,
+)
+
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
+
+
+def add_residency_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("residency (where weights live; MoE expert offload)")
+    g.add_argument("--residency", metavar="FILE", help="residency document (TOML or JSON)")
+    g.add_argument(
+        "--ot",
+        "--override-tensor",
+        dest="ot",
+        action="append",
+        default=[],
+        metavar="PATTERN=TIER",
+        help="tensors whose GGUF name matches the regex go to device/host/disk (repeatable; "
+        "first match wins; llama.cpp's CPU/CUDA0 accepted)",
+    )
+    g.add_argument(
+        "--cpu-moe", action="store_true", default=None, help="all routed experts on host"
+    )
+    g.add_argument(
+        "--n-cpu-moe", type=int, metavar="N", help="experts of the first N layers on host"
+    )
+    g.add_argument("--experts", choices=TIERS, help="tier for every routed expert")
+    g.add_argument("--expert-slots", type=int, metavar="N", help="slots for streamed experts")
+    g.add_argument("--mem-budget", metavar="SIZE", help="memory the plan may use, e.g. 6GiB")
+    g.add_argument("--load-mode", choices=LOAD_MODES, help="mmap (default) or read into RAM")
+    g.add_argument("--show-plan", action="store_true", help="print the residency plan and exit")
+
+
+def _streaming(slots: int | None) -> dict[str, Any]:
+    return {"streaming": {"slots": slots}} if slots is not None else {}
+
+
+def cli_layer(args: argparse.Namespace) -> dict[str, Any]:
+    layer: dict[str, Any] = {"rules": list(args.ot)} if args.ot else {}
+    for key, value in (
+        ("cpu_moe", args.cpu_moe),
+        ("n_cpu_moe", args.n_cpu_moe),
+        ("experts", args.experts),
+        ("budget", args.mem_budget),
+        ("load_mode", args.load_mode),
+    ):
+        if value is not None:
+            layer[key] = value
+    return layer | _streaming(args.expert_slots)
+
+
+def _env_int(env: Mapping[str, str], name: str) -> int | None:
+    if name not in env:
+        return None
+    try:
+        return int(env[name])
+    except ValueError:
+        raise ResidencyError(f"${name} must be an integer, got {env[name]!r}") from None
+
+
+def env_layer(env: Mapping[str, str]) -> dict[str, Any]:
+    layer: dict[str, Any] = {}
+    if env.get("LOCALLLM_OT"):
+        layer["rules"] = [env["LOCALLLM_OT"]]
+    if "LOCALLLM_CPU_MOE" in env:
+        v = env["LOCALLLM_CPU_MOE"].strip().lower()
+        if v not in _TRUE + _FALSE:
+            raise ResidencyError(f"$LOCALLLM_CPU_MOE must be 1 or 0, got {v!r}")
+        layer["cpu_moe"] = v in _TRUE
+    if (n := _env_int(env, "LOCALLLM_N_CPU_MOE")) is not None:
+        layer["n_cpu_moe"] = n
+    for key, name in (
+        ("experts", "LOCALLLM_EXPERTS"),
+        ("budget", "LOCALLLM_MEM_BUDGET"),
+        ("load_mode", "LOCALLLM_LOAD_MODE"),
+    ):
+        if env.get(name):
+            layer[key] = env[name]
+    return layer | _streaming(_env_int(env, "LOCALLLM_EXPERT_SLOTS"))
+
+
+def residency_config(
+    args: argparse.Namespace, env: Mapping[str, str] | None = None
+) -> ResidencyConfig:
+    """Flags, then environment, then the document (`--residency` or $LOCALLLM_RESIDENCY)."""
+    env = os.environ if env is None else env
+    layers = [("command line", cli_layer(args)), ("environment", env_layer(env))]
+    doc = args.residency or env.get("LOCALLLM_RESIDENCY")
+    if doc:
+        layers.append((str(doc), load_document(Path(doc))))
+    return resolve(layers)
+
+
+def show_plan(model: Path, args: argparse.Namespace, config: ResidencyConfig) -> str:
+    """The plan `run`/`serve` would load `model` with, as text (reads the header only)."""
+    from localllm.engine.gguf import open_gguf
+    from localllm.engine.moe import plan_model
+    from localllm.offload.memory import probe_memory
+
+    with open_gguf(model) as g:
+        device = getattr(args, "device", "cpu")
+        plan = plan_model(g, config, args.ctx_size, probe_memory(device), args.precise)
+        return f"model {model.name} ({g.architecture})\n{plan.describe()}"

@@ -21,8 +21,9 @@ from localllm.engine import LLM, AsyncEngine
 from localllm.engine.async_engine import EngineDeadError
 from localllm.engine.config import EngineArgs
 from localllm.engine.llm_engine import LLMEngine
+from localllm.engine.loader import ModelLoadError
 from localllm.engine.sampling_params import SamplingParams
-from tests.engine.bert_gguf import convert_minilm, write_bert_gguf
+from tests.engine.bert_gguf import convert_minilm, gguf_name, write_bert_gguf
 
 transformers = pytest.importorskip("transformers")
 
@@ -284,3 +285,44 @@ def test_nomic_bert_matches_transformers(tmp_path):
         torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-4)
     finally:
         engine.close()
+
+
+def test_cased_vocabulary_is_not_lowercased(tmp_path):
+    """GGUF keeps no do_lower_case: a vocabulary with upper-case pieces is read as cased."""
+    vocab = [*VOCAB, "Cat", "##S", "Hello"]
+    (tmp_path / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
+    ref = BertWordPieceTokenizer(str(tmp_path / "vocab.txt"), lowercase=False, strip_accents=False)
+    cfg = _config().to_dict() | {"max_position_embeddings": 16}
+    state = _random_state(len(vocab))
+    path = write_bert_gguf(tmp_path / "cased.gguf", cfg, state, vocab)
+    engine = LLMEngine(str(path), EngineArgs())
+    try:
+        for text in ["Cat cat CatS Hello hello", "HELLO the Cat!"]:
+            assert engine.tokenizer.encode(text) == ref.encode(text).ids, text
+        assert VOCAB.index("cat") in engine.tokenizer.encode("cat")
+        assert vocab.index("Cat") in engine.tokenizer.encode("Cat")
+    finally:
+        engine.close()
+
+
+def _random_state(vocab_size: int) -> dict:
+    torch.manual_seed(2)
+    cfg = _config()
+    cfg.vocab_size, cfg.max_position_embeddings = vocab_size, 16
+    model = transformers.BertModel(cfg, add_pooling_layer=False)
+    return {k: v.numpy() for k, v in model.state_dict().items()}
+
+
+@pytest.mark.parametrize(
+    "drop, match",
+    [
+        ("blk.1.ffn_down.weight", "missing tensors: blk.1.ffn_down"),
+        ("position_embd.weight", "missing"),
+    ],
+)
+def test_incomplete_bert_gguf_is_a_load_error(tmp_path, drop, match):
+    cfg = _config().to_dict() | {"max_position_embeddings": 16}
+    state = {k: v for k, v in _random_state(len(VOCAB)).items() if gguf_name(k) != drop}
+    path = write_bert_gguf(tmp_path / "broken.gguf", cfg, state, VOCAB)
+    with pytest.raises(ModelLoadError, match=match):
+        LLMEngine(str(path), EngineArgs())

@@ -291,7 +291,7 @@ class LLMEngine:
         if not self.generates:
             raise ValueError(
                 f"{self.model.args.arch} is an encoder-only (embedding) model: it cannot generate "
-                "text; use embeddings"
+                "text, only embed (POST /v1/embeddings, LLMEngine.embed)"
             )
 
     # -- embeddings -------------------------------------------------------------------------

@@ -1,23 +1,16 @@
 """Triton kernels over raw GGUF blocks on CUDA: fused dequant-GEMV (decode) and dequant-to-bf16
-tiles (prefill, then a bf16 tensor-core GEMM). Q8_0, Q4_K and Q6_K.
+tiles (prefill, then a bf16 tensor-core GEMM). Q8_0, Q4_0, Q4_K, Q5_K and Q6_K.
 
 Imported only where CUDA exists (or under TRITON_INTERPRET=1 in tests): CPU installs never
 import triton. Each GEMV program owns BLOCK_N weight rows of one activation row and walks K,
 reading every weight byte once; activations are float32, sums are float32. Programs of the same
 row tile run next to each other, so for M > 1 the weight bytes come from L2 after the first read.
-The torch references are `localllm.kernels.quant.dequant` (the tests compare against them).
+The torch references are `localllm.kernels.quant.dequant` (the tests compare against them);
+the host side (launch geometry, `TritonLinear`) is `triton_linear`.
 """
 
-import os
-
-import torch
 import triton
 import triton.language as tl
-
-from localllm.kernels.quant.types import QuantType
-
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-GEMV_MAX_M = 8  # more activation rows than this: dequantize to bf16 and use a GEMM
 
 
 @triton.jit
@@ -86,6 +79,69 @@ def _deq_q8_0(
     tl.store(out_ptr + o, w.to(tl.bfloat16), mask=m3)
 
 
+# -- Q4_0: 18-byte blocks of 32: fp16 d, 16 bytes; byte j holds value j (low nibble) and j + 16
+# (high nibble); w = d * (q - 8).
+
+
+@triton.jit
+def _q4_0_tile(w_ptr, rows, rmask, row_bytes, blk, bmask):
+    """Values j and j + 16 of blocks `blk` of `rows`, each [BN, BB, 16] float32."""
+    j = tl.arange(0, 16)
+    base = rows.to(tl.int64)[:, None] * row_bytes + blk[None, :] * 18
+    m2 = rmask[:, None] & bmask[None, :]
+    qs = tl.load(w_ptr + base[:, :, None] + 2 + j[None, None, :], mask=m2[:, :, None], other=0)
+    qs = qs.to(tl.int32)
+    d = _f16_at(
+        tl.load(w_ptr + base, mask=m2, other=0), tl.load(w_ptr + base + 1, mask=m2, other=0)
+    )
+    d = d[:, :, None]
+    return ((qs & 15) - 8).to(tl.float32) * d, ((qs >> 4) - 8).to(tl.float32) * d
+
+
+@triton.jit
+def _gemv_q4_0(
+    x_ptr,
+    w_ptr,
+    y_ptr,
+    M,
+    N,
+    K,
+    nb: tl.constexpr,
+    row_bytes,
+    BLOCK_N: tl.constexpr,
+    BB: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    m, nt = pid % M, pid // M
+    rows = nt * BLOCK_N + tl.arange(0, BLOCK_N)
+    rmask = rows < N
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for b0 in range(0, nb, BB):
+        blk = b0 + tl.arange(0, BB)
+        bmask = blk < nb
+        lo, hi = _q4_0_tile(w_ptr, rows, rmask, row_bytes, blk, bmask)
+        xo = m * K + blk[:, None] * 32 + tl.arange(0, 16)[None, :]
+        xlo = tl.load(x_ptr + xo, mask=bmask[:, None], other=0.0)
+        xhi = tl.load(x_ptr + xo + 16, mask=bmask[:, None], other=0.0)
+        acc += tl.sum(tl.sum(lo * xlo[None, :, :] + hi * xhi[None, :, :], axis=2), axis=1)
+    tl.store(y_ptr + m * N + rows, acc, mask=rmask)
+
+
+@triton.jit
+def _deq_q4_0(
+    w_ptr, out_ptr, N, K, nb: tl.constexpr, row_bytes, BLOCK_N: tl.constexpr, BB: tl.constexpr
+):
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rmask = rows < N
+    blk = tl.program_id(1) * BB + tl.arange(0, BB)
+    bmask = blk < nb
+    lo, hi = _q4_0_tile(w_ptr, rows, rmask, row_bytes, blk, bmask)
+    o = rows.to(tl.int64)[:, None, None] * K + blk[None, :, None] * 32 + tl.arange(0, 16)
+    m3 = (rmask[:, None] & bmask[None, :])[:, :, None]
+    tl.store(out_ptr + o, lo.to(tl.bfloat16), mask=m3)
+    tl.store(out_ptr + o + 16, hi.to(tl.bfloat16), mask=m3)
+
+
 # -- Q4_K: 144-byte super-blocks of 256 (read as 36 int32 words): fp16 d, fp16 dmin, 12 bytes of
 # 6-bit scales/mins for 8 sub-blocks of 32, then 32 words of nibbles; w = d*sc*q - dmin*m.
 # Nibble word w (0..31) of a super-block: group jj = w // 8, lane = w % 8; its byte b holds
@@ -95,22 +151,35 @@ def _deq_q8_0(
 
 
 @triton.jit
-def _q4_k_words(w32_ptr, rows, rmask, row_words, s0, nb, S: tl.constexpr):
-    """Nibble words [BN, S*32], their super-block index and word-in-block index [S*32], and the
-    per-word header values d, dmin and scale words [BN, S*32] (broadcast loads, L1 hits)."""
+def _q4_k_words(w32_ptr, rows, rmask, row_words, s0, nb, S: tl.constexpr, FIVE: tl.constexpr):
+    """Nibble words [BN, S*32], their super-block index and word-in-block index [S*32], the
+    per-word header values d, dmin and scale words [BN, S*32] (broadcast loads, L1 hits), and for
+    Q5_K (FIVE) the high-bit word of each nibble word's bytes (else the nibble words again)."""
     t = tl.arange(0, S * 32)
     sb = s0 + t // 32
     w = t % 32
-    base = rows.to(tl.int64)[:, None] * row_words + sb[None, :] * 36  # [BN, S*32]
+    base = rows.to(tl.int64)[:, None] * row_words + sb[None, :] * (44 if FIVE else 36)
     m2 = rmask[:, None] & (sb < nb)[None, :]
-    qw = tl.load(w32_ptr + base + 4 + w[None, :], mask=m2, other=0)
+    qw = tl.load(w32_ptr + base + (12 if FIVE else 4) + w[None, :], mask=m2, other=0)
+    qh = qw
+    if FIVE:  # Q5_K: qh byte l holds bit (2jj + h) of value l of each sub-block pair
+        qh = tl.load(w32_ptr + base + 4 + (w % 8)[None, :], mask=m2, other=0)
     hdr = tl.load(w32_ptr + base, mask=m2, other=0)
     d = _f16_at(hdr & 0xFF, (hdr >> 8) & 0xFF)
     dmin = _f16_at((hdr >> 16) & 0xFF, (hdr >> 24) & 0xFF)
     w1 = tl.load(w32_ptr + base + 1, mask=m2, other=0)
     w2 = tl.load(w32_ptr + base + 2, mask=m2, other=0)
     w3 = tl.load(w32_ptr + base + 3, mask=m2, other=0)
-    return qw, sb, w, d, dmin, w1, w2, w3
+    return qw, qh, sb, w, d, dmin, w1, w2, w3
+
+
+@triton.jit
+def _k_code(qw, qh, w, b: tl.constexpr, h: tl.constexpr, FIVE: tl.constexpr):
+    """Codes of byte b, nibble h of each word as float32 (plus the Q5_K high bit)."""
+    q = (qw >> (8 * b + 4 * h)) & 15
+    if FIVE:
+        q = q | (((qh >> (8 * b + 2 * (w // 8) + h)[None, :]) & 1) << 4)
+    return q.to(tl.float32)
 
 
 @triton.jit
@@ -130,7 +199,7 @@ def _q4_k_affine(d, dmin, w1, w2, w3, w, h: tl.constexpr):
 @triton.jit
 def _gemv_q4_k(
     x_ptr, w32_ptr, y_ptr, M, N, K, nb: tl.constexpr, row_words, BLOCK_N: tl.constexpr,
-    S: tl.constexpr,
+    S: tl.constexpr, FIVE: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     m, nt = pid % M, pid // M
@@ -138,30 +207,36 @@ def _gemv_q4_k(
     rmask = rows < N
     acc = tl.zeros([BLOCK_N, S * 32], dtype=tl.float32)
     for s0 in range(0, nb, S):
-        qw, sb, w, d, dmin, w1, w2, w3 = _q4_k_words(w32_ptr, rows, rmask, row_words, s0, nb, S)
+        qw, qh, sb, w, d, dmin, w1, w2, w3 = _q4_k_words(
+            w32_ptr, rows, rmask, row_words, s0, nb, S, FIVE
+        )
         smask = sb < nb
         for h in tl.static_range(2):
             a, c = _q4_k_affine(d, dmin, w1, w2, w3, w, h)
             col = m * K + sb * 256 + (2 * (w // 8) + h) * 32 + 4 * (w % 8)
             for b in tl.static_range(4):
-                q = ((qw >> (8 * b + 4 * h)) & 15).to(tl.float32)
+                q = _k_code(qw, qh, w, b, h, FIVE)
                 xv = tl.load(x_ptr + col + b, mask=smask, other=0.0)
                 acc += (a * q - c) * xv[None, :]
     tl.store(y_ptr + m * N + rows, tl.sum(acc, axis=1), mask=rmask)
 
 
 @triton.jit
-def _deq_q4_k(w32_ptr, out_ptr, N, K, row_words, BLOCK_N: tl.constexpr, S: tl.constexpr):
+def _deq_q4_k(
+    w32_ptr, out_ptr, N, K, row_words, BLOCK_N: tl.constexpr, S: tl.constexpr, FIVE: tl.constexpr
+):
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < N
     s0 = tl.program_id(1) * S
-    qw, _, w, d, dmin, w1, w2, w3 = _q4_k_words(w32_ptr, rows, rmask, row_words, s0, s0 + S, S)
+    qw, qh, _, w, d, dmin, w1, w2, w3 = _q4_k_words(
+        w32_ptr, rows, rmask, row_words, s0, s0 + S, S, FIVE
+    )
     for h in tl.static_range(2):
         a, c = _q4_k_affine(d, dmin, w1, w2, w3, w, h)
-        v0 = a * ((qw >> (4 * h)) & 15).to(tl.float32) - c
-        v1 = a * ((qw >> (8 + 4 * h)) & 15).to(tl.float32) - c
-        v2 = a * ((qw >> (16 + 4 * h)) & 15).to(tl.float32) - c
-        v3 = a * ((qw >> (24 + 4 * h)) & 15).to(tl.float32) - c
+        v0 = a * _k_code(qw, qh, w, 0, h, FIVE) - c
+        v1 = a * _k_code(qw, qh, w, 1, h, FIVE) - c
+        v2 = a * _k_code(qw, qh, w, 2, h, FIVE) - c
+        v3 = a * _k_code(qw, qh, w, 3, h, FIVE) - c
         # bytes b = 0..3 of a word are 4 consecutive values: interleave them for one wide store
         v = tl.join(tl.join(v0, v2), tl.join(v1, v3))  # [BN, S*32, 2, 2], [.., k, i] = v(2k+i)
         v = tl.reshape(v, (BLOCK_N, S * 128))
@@ -251,83 +326,3 @@ def _deq_q6_k(w_ptr, out_ptr, N, K, row_bytes, BLOCK_N: tl.constexpr):
         col = s * 256 + hf[:, None] * 128 + 32 * k + l32[None, :]
         o = rows.to(tl.int64)[:, None, None] * K + col[None, :, :]
         tl.store(out_ptr + o, w.to(tl.bfloat16), mask=rmask[:, None, None])
-
-
-# -- host side -----------------------------------------------------------------------------
-
-SUPPORTED: frozenset[QuantType] = frozenset({QuantType.Q8_0, QuantType.Q4_K, QuantType.Q6_K})
-
-
-def _block_n(qtype: QuantType, n: int) -> int:
-    # Enough row tiles to fill 132 SMs several times over at M = 1; wider tiles for big N.
-    if qtype == QuantType.Q8_0:
-        return 8 if n >= 4096 else 4
-    return 16 if n >= 16384 else 8
-
-
-def gemv(x: torch.Tensor, data: torch.Tensor, qtype: QuantType, n: int, k: int) -> torch.Tensor:
-    """float32 x [M, K] @ W.T for raw blocks `data` uint8 [N, row_bytes] -> float32 [M, N]."""
-    qtype = QuantType(qtype)
-    x = x.float().contiguous()
-    m = x.shape[0]
-    y = torch.empty(m, n, dtype=torch.float32, device=x.device)
-    if m == 0:
-        return y
-    bn = _block_n(qtype, n)
-    grid = (m * triton.cdiv(n, bn),)
-    if qtype == QuantType.Q8_0:
-        _gemv_q8_0[grid](x, data, y, m, n, k, k // 32, data.shape[1], BLOCK_N=bn, BB=8, num_warps=4)
-    elif qtype == QuantType.Q4_K:
-        w32 = data.view(torch.int32)
-        _gemv_q4_k[grid](x, w32, y, m, n, k, k // 256, w32.shape[1], BLOCK_N=bn, S=2, num_warps=4)
-    elif qtype == QuantType.Q6_K:
-        _gemv_q6_k[grid](x, data, y, m, n, k, k // 256, data.shape[1], BLOCK_N=bn, num_warps=4)
-    else:
-        raise ValueError(f"no triton GEMV for {qtype.name}")
-    return y
-
-
-def dequantize_bf16(data: torch.Tensor, qtype: QuantType, n: int, k: int) -> torch.Tensor:
-    """W [N, K] in bf16 from raw blocks (each value rounded once from gguf's float32 value)."""
-    qtype = QuantType(qtype)
-    out = torch.empty(n, k, dtype=torch.bfloat16, device=data.device)
-    if qtype == QuantType.Q8_0:
-        grid = (triton.cdiv(n, 16), triton.cdiv(k // 32, 8))
-        _deq_q8_0[grid](data, out, n, k, k // 32, data.shape[1], BLOCK_N=16, BB=8, num_warps=4)
-    elif qtype == QuantType.Q4_K:
-        w32 = data.view(torch.int32)
-        grid = (triton.cdiv(n, 16), k // 256)
-        _deq_q4_k[grid](w32, out, n, k, w32.shape[1], BLOCK_N=16, S=1, num_warps=4)
-    elif qtype == QuantType.Q6_K:
-        grid = (triton.cdiv(n, 16), k // 256)
-        _deq_q6_k[grid](data, out, n, k, data.shape[1], BLOCK_N=16, num_warps=4)
-    else:
-        raise ValueError(f"no triton dequant for {qtype.name}")
-    return out
-
-
-class TritonLinear:
-    """A raw-block weight [N, K] on CUDA: fused GEMV for M <= GEMV_MAX_M rows, else the weight
-    dequantized to bf16 (one pass, scratch freed after the call) and a bf16 GEMM."""
-
-    kind = "triton"
-
-    def __init__(self, data: torch.Tensor, qtype: QuantType, shape: tuple[int, int]):
-        qtype = QuantType(qtype)
-        if qtype not in SUPPORTED:
-            raise ValueError(f"no triton kernels for {qtype.name}")
-        self.data, self.qtype, self.shape = data.reshape(shape[0], -1).contiguous(), qtype, shape
-
-    @property
-    def nbytes(self) -> int:
-        return self.data.numel()
-
-    def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        n, k = self.shape
-        x2 = x.reshape(-1, k)
-        if x2.shape[0] <= GEMV_MAX_M:
-            y = gemv(x2, self.data, self.qtype, n, k)
-        else:
-            w = dequantize_bf16(self.data, self.qtype, n, k)
-            y = torch.nn.functional.linear(x2.to(torch.bfloat16), w).float()
-        return y.reshape(*x.shape[:-1], n)

@@ -198,7 +198,9 @@ def test_policy_per_device_and_type():
     assert choose_strategy(QuantType.Q4_K, (640, 1024), cpu) == "int4pack"
     assert choose_strategy(QuantType.Q6_K, (640, 2048), cpu) == "dense_f16"
     assert choose_strategy(QuantType.IQ2_XS, (640, 2048), cpu) == "dequant_tiles"
-    assert choose_strategy(QuantType.Q4_K, (640, 1024), gpu) == "dequant_tiles"
+    assert choose_strategy(QuantType.Q4_K, (640, 1024), gpu) == "triton"
+    assert choose_strategy(QuantType.IQ2_XS, (640, 2048), gpu) == "dequant_tiles"
+    assert choose_strategy(QuantType.F32, (640, 2048), gpu) == "dense_f32"
 
 
 def test_fp16_range_guards():

@@ -26,7 +26,7 @@ pytestmark = [
     ),
 ]
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-TYPES = ["Q8_0", "Q4_K", "Q6_K"]
+TYPES = ["Q8_0", "Q4_0", "Q4_K", "Q5_K", "Q6_K"]
 # (rows, K): rows not a multiple of any BLOCK_N, K over several blocks; GPU adds real sizes
 SHAPES = [(37, 768)] if INTERPRET else [(37, 768), (4096 + 8, 4096), (1000, 14336)]
 
@@ -34,7 +34,7 @@ SHAPES = [(37, 768)] if INTERPRET else [(37, 768), (4096 + 8, 4096), (1000, 1433
 def _case(random_blocks, name: str, n: int, k: int):
     seed = secrets.randbits(32)
     rng = np.random.default_rng(seed)
-    block = 32 if name == "Q8_0" else 256
+    block = 32 if name in ("Q8_0", "Q4_0") else 256
     raw = torch.from_numpy(random_blocks(name, n, k // block, rng))
     w = dequantize(raw, QuantType[name]).reshape(n, k).double()
     assert torch.isfinite(w).all() and (w != 0).any()
@@ -46,32 +46,32 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def test_supported_set_matches_linear_policy():
-    from localllm.kernels.quant import triton_gemv
+    from localllm.kernels.quant import triton_linear
 
-    assert triton_gemv.SUPPORTED == TRITON_TYPES
+    assert triton_linear.SUPPORTED == TRITON_TYPES
 
 
 @pytest.mark.parametrize("name", TYPES)
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("m", [1, 3, 8])
 def test_gemv_matches_reference(name, shape, m, make_blocks):
-    from localllm.kernels.quant import triton_gemv
+    from localllm.kernels.quant import triton_linear
 
     n, k = shape
     seed, raw, w = _case(make_blocks, name, n, k)
     x = torch.randn(m, k, dtype=torch.float64)
-    y = triton_gemv.gemv(x.float().to(DEVICE), raw, QuantType[name], n, k)
+    y = triton_linear.gemv(x.float().to(DEVICE), raw, QuantType[name], n, k)
     assert y.shape == (m, n) and y.dtype == torch.float32
     assert _rel(y, x @ w.T) < 1e-5, f"seed {seed}"
 
 
 @pytest.mark.parametrize("name", TYPES)
 def test_bf16_dequant_matches_reference(name, make_blocks):
-    from localllm.kernels.quant import triton_gemv
+    from localllm.kernels.quant import triton_linear
 
     n, k = SHAPES[-1]
     seed, raw, w = _case(make_blocks, name, n, k)
-    wb = triton_gemv.dequantize_bf16(raw, QuantType[name], n, k).double().cpu()
+    wb = triton_linear.dequantize_bf16(raw, QuantType[name], n, k).double().cpu()
     assert torch.isfinite(wb).all(), f"seed {seed}"
     ulp = 2.0**-7 if INTERPRET else 2.0**-8  # truncation vs round-to-nearest to 8 bits
     assert ((wb - w).abs() <= w.abs() * ulp).all(), f"seed {seed}"

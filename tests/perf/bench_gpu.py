@@ -38,12 +38,12 @@ def kernels() -> None:
     from functools import partial
 
     from localllm.kernels.quant import QuantType
-    from localllm.kernels.quant.triton_gemv import dequantize_bf16, gemv
+    from localllm.kernels.quant.triton_linear import dequantize_bf16, gemv
 
     print("| kernel | type | N x K | M | us | GB/s | % of 4.25 TB/s |")
     print("|---|---|---|---|---:|---:|---:|")
     shapes = [*LLAMA8B.items(), ("output", (128256, 4096))]
-    for name in ("Q4_K", "Q6_K", "Q8_0"):
+    for name in ("Q4_K", "Q6_K", "Q8_0", "Q5_K", "Q4_0"):
         qt = QuantType[name]
         for label, (n, k) in shapes:
             data = _blocks(qt, n, k).cuda()
@@ -54,6 +54,43 @@ def kernels() -> None:
             fn = partial(dequantize_bf16, data, qt, n, k)
             _row(f"dequant {label}", name, f"{n}x{k}", "-", fn, data.numel() + 2 * n * k)
             torch.cuda.empty_cache()
+
+
+def sweep() -> None:
+    """GEMV launch geometries at M = 1, each checked against the torch reference first."""
+    from functools import partial
+
+    from triton.testing import do_bench
+
+    from localllm.kernels.quant import QuantType, dequantize
+    from localllm.kernels.quant.triton_linear import GemvConfig, gemv, gemv_config
+
+    print("| type | N x K | block_n | step | warps | us | % of 4.25 TB/s | default |")
+    print("|---|---|---:|---:|---:|---:|---:|---|")
+    for name, steps in (("Q4_K", (1, 2, 4)), ("Q6_K", (1,)), ("Q8_0", (4, 8, 16))):
+        qt = QuantType[name]
+        for n, k in (LLAMA8B["gate_up"], LLAMA8B["down"]):
+            data = _blocks(qt, n, k).cuda()
+            x = torch.randn(1, k, device="cuda")
+            ref = (x.double() @ dequantize(data, qt).reshape(n, k).double().T).float()
+            best = None
+            for bn in (4, 8, 16, 32):
+                for step in steps:
+                    for warps in (2, 4, 8):
+                        cfg = GemvConfig(bn, step, warps)
+                        y = gemv(x, data, qt, n, k, cfg)
+                        if not ((y - ref).norm() / ref.norm()).item() < 1e-5:
+                            print(f"| {name} | {n}x{k} | {bn} | {step} | {warps} | WRONG | | |")
+                            continue
+                        us = do_bench(partial(gemv, x, data, qt, n, k, cfg), warmup=10, rep=40)
+                        us *= 1e3
+                        pct = 100 * data.numel() / (us * 1e-6) / COPY_BW
+                        mark = "yes" if cfg == gemv_config(qt, n) else ""
+                        if best is None or us < best[0]:
+                            best = (us, cfg)
+                        print(f"| {name} | {n}x{k} | {bn} | {step} | {warps} | {us:.1f} | "
+                              f"{pct:.0f} | {mark} |")  # fmt: skip
+            print(f"best {name} {n}x{k}: {best}")
 
 
 def breakdown(path: str, depth: int = 512) -> None:
@@ -141,5 +178,7 @@ def _group(name: str) -> str:
 if __name__ == "__main__":
     if sys.argv[1] == "kernels":
         kernels()
+    elif sys.argv[1] == "sweep":
+        sweep()
     else:
         breakdown(sys.argv[2])

@@ -43,7 +43,13 @@ SHAPES = {
     "tiny": Shape(2, 256, 4, 2, 64, 512, 49152, 2048, 10000.0),
 }
 FILE_TYPES = {"Q8_0": 7, "Q4_K_M": 15}
-_BLOCK = {QT.Q8_0: (32, 34), QT.Q4_K: (256, 144), QT.Q6_K: (256, 210)}
+_BLOCK = {
+    QT.Q8_0: (32, 34),
+    QT.Q4_0: (32, 18),
+    QT.Q4_K: (256, 144),
+    QT.Q5_K: (256, 176),
+    QT.Q6_K: (256, 210),
+}
 
 
 def _f16(x: np.ndarray) -> np.ndarray:
@@ -62,6 +68,11 @@ def random_rows(qtype: QT, rows: int, k: int, rng: np.random.Generator) -> np.nd
     elif qtype == QT.Q4_K:  # sc*q has mean ~236, std ~212; dmin*m (m ~31.5) centres it
         d = jitter * std / 212.0
         raw[:, 0:2], raw[:, 2:4] = _f16(d), _f16(d * 7.5)
+    elif qtype == QT.Q4_0:  # q - 8 has std ~4.6
+        raw[:, 0:2] = _f16(jitter * std / 4.6)
+    elif qtype == QT.Q5_K:  # sc*q has mean ~488, std ~450
+        d = jitter * std / 450.0
+        raw[:, 0:2], raw[:, 2:4] = _f16(d), _f16(d * 15.5)
     elif qtype == QT.Q6_K:  # scale * (q - 32) has std ~1370
         raw[:, 208:210] = _f16(jitter * std / 1370.0)
     return raw.reshape(rows, -1)

@@ -1,0 +1,124 @@
+"""Host side of the triton keep-quant kernels: launch geometry, `gemv`, `dequantize_bf16` and
+`TritonLinear` (the CUDA strategy of `prepare_linear`). Imported only where CUDA exists (or under
+TRITON_INTERPRET=1 in tests): CPU installs never import triton.
+"""
+
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from localllm.kernels.quant.triton_gemv import (
+    _deq_q4_0,
+    _deq_q4_k,
+    _deq_q6_k,
+    _deq_q8_0,
+    _gemv_q4_0,
+    _gemv_q4_k,
+    _gemv_q6_k,
+    _gemv_q8_0,
+)
+from localllm.kernels.quant.types import QuantType
+
+GEMV_MAX_M = 8  # more activation rows than this: dequantize to bf16 and use a GEMM
+
+SUPPORTED: frozenset[QuantType] = frozenset(
+    {QuantType.Q8_0, QuantType.Q4_0, QuantType.Q4_K, QuantType.Q5_K, QuantType.Q6_K}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class GemvConfig:
+    """Launch geometry of one GEMV: rows per program, blocks (Q8_0/Q4_0) or super-blocks (Q4_K,
+    Q5_K) per loop step, warps."""
+
+    block_n: int
+    step: int
+    num_warps: int = 4
+
+
+def gemv_config(qtype: QuantType, n: int) -> GemvConfig:
+    # Enough row tiles to fill 132 SMs several times over at M = 1; wider tiles for big N.
+    if qtype in (QuantType.Q8_0, QuantType.Q4_0):
+        return GemvConfig(8 if n >= 4096 else 4, 8)
+    return GemvConfig(16 if n >= 16384 else 8, 2)
+
+
+def gemv(
+    x: torch.Tensor,
+    data: torch.Tensor,
+    qtype: QuantType,
+    n: int,
+    k: int,
+    cfg: GemvConfig | None = None,
+) -> torch.Tensor:
+    """float32 x [M, K] @ W.T for raw blocks `data` uint8 [N, row_bytes] -> float32 [M, N]."""
+    qtype = QuantType(qtype)
+    x = x.float().contiguous()
+    m = x.shape[0]
+    y = torch.empty(m, n, dtype=torch.float32, device=x.device)
+    if m == 0:
+        return y
+    c = cfg or gemv_config(qtype, n)
+    grid = (m * triton.cdiv(n, c.block_n),)
+    geo = {"BLOCK_N": c.block_n, "num_warps": c.num_warps}
+    if qtype in (QuantType.Q8_0, QuantType.Q4_0):
+        kern = _gemv_q8_0 if qtype == QuantType.Q8_0 else _gemv_q4_0
+        kern[grid](x, data, y, m, n, k, k // 32, data.shape[1], BB=c.step, **geo)
+    elif qtype in (QuantType.Q4_K, QuantType.Q5_K):
+        w32, five = data.view(torch.int32), qtype == QuantType.Q5_K
+        _gemv_q4_k[grid](x, w32, y, m, n, k, k // 256, w32.shape[1], S=c.step, FIVE=five, **geo)
+    elif qtype == QuantType.Q6_K:
+        _gemv_q6_k[grid](x, data, y, m, n, k, k // 256, data.shape[1], **geo)
+    else:
+        raise ValueError(f"no triton GEMV for {qtype.name}")
+    return y
+
+
+def dequantize_bf16(data: torch.Tensor, qtype: QuantType, n: int, k: int) -> torch.Tensor:
+    """W [N, K] in bf16 from raw blocks (each value rounded once from gguf's float32 value)."""
+    qtype = QuantType(qtype)
+    out = torch.empty(n, k, dtype=torch.bfloat16, device=data.device)
+    if qtype == QuantType.Q8_0:
+        grid = (triton.cdiv(n, 16), triton.cdiv(k // 32, 8))
+        _deq_q8_0[grid](data, out, n, k, k // 32, data.shape[1], BLOCK_N=16, BB=8, num_warps=4)
+    elif qtype == QuantType.Q4_0:
+        grid = (triton.cdiv(n, 16), triton.cdiv(k // 32, 8))
+        _deq_q4_0[grid](data, out, n, k, k // 32, data.shape[1], BLOCK_N=16, BB=8, num_warps=4)
+    elif qtype in (QuantType.Q4_K, QuantType.Q5_K):
+        w32, five = data.view(torch.int32), qtype == QuantType.Q5_K
+        grid = (triton.cdiv(n, 16), k // 256)
+        _deq_q4_k[grid](w32, out, n, k, w32.shape[1], BLOCK_N=16, S=1, FIVE=five, num_warps=4)
+    elif qtype == QuantType.Q6_K:
+        grid = (triton.cdiv(n, 16), k // 256)
+        _deq_q6_k[grid](data, out, n, k, data.shape[1], BLOCK_N=16, num_warps=4)
+    else:
+        raise ValueError(f"no triton dequant for {qtype.name}")
+    return out
+
+
+class TritonLinear:
+    """A raw-block weight [N, K] on CUDA: fused GEMV for M <= GEMV_MAX_M rows, else the weight
+    dequantized to bf16 (one pass, scratch freed after the call) and a bf16 GEMM."""
+
+    kind = "triton"
+
+    def __init__(self, data: torch.Tensor, qtype: QuantType, shape: tuple[int, int]):
+        qtype = QuantType(qtype)
+        if qtype not in SUPPORTED:
+            raise ValueError(f"no triton kernels for {qtype.name}")
+        self.data, self.qtype, self.shape = data.reshape(shape[0], -1).contiguous(), qtype, shape
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.numel()
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        n, k = self.shape
+        x2 = x.reshape(-1, k)
+        if x2.shape[0] <= GEMV_MAX_M:
+            y = gemv(x2, self.data, self.qtype, n, k)
+        else:
+            w = dequantize_bf16(self.data, self.qtype, n, k)
+            y = torch.nn.functional.linear(x2.to(torch.bfloat16), w).float()
+        return y.reshape(*x.shape[:-1], n)

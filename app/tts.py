@@ -115,5 +115,7 @@ def handle(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     if samples == 0:
-        print("localllm: warning: nothing speakable in the text; wrote silence", file=sys.stderr)
+        print(
+            "localllm: warning: nothing speakable in the text; the audio is empty", file=sys.stderr
+        )
     return 0

@@ -121,3 +121,39 @@ def test_emoji_only_input_is_audio_not_a_crash(server) -> None:
     )
     audio, rate = decode(response.content, "wav")
     assert rate == 22050 and np.abs(audio).max(initial=0.0) < 0.99
+
+
+def _app(tts_model):
+    from fastapi import FastAPI
+
+    from localllm.app.server import speech
+    from localllm.app.server.errors import install_error_handlers
+
+    app = FastAPI()
+    app.include_router(speech.router)
+    install_error_handlers(app)
+    app.state.tts_model = tts_model  # what `serve --tts MODEL` sets
+    return app
+
+
+def _post(app, body: dict):
+    import asyncio
+
+    import httpx
+
+    async def go():
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t", timeout=600) as c:
+            return await c.post("/v1/audio/speech", json=body)
+
+    return asyncio.run(go())
+
+
+def test_serve_tts_flag_picks_the_voice(tmp_path) -> None:
+    body = {"model": "tts-1", "voice": "en_US-joe-medium", "input": "Hi.", "response_format": "wav"}
+    r = _post(_app(str(voice_path())), body)
+    assert r.status_code == 200
+    assert decode(r.content, "wav")[1] == 22050
+    r = _post(_app(str(tmp_path / "missing.onnx")), body)
+    assert r.status_code == 503
+    assert "text to speech is unavailable" in r.json()["error"]["message"]

@@ -12,6 +12,8 @@ import soundfile as sf
 from localllm.app.cli import main
 from tests.media.tts_fixtures import voice_path
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(autouse=True)
 def _needs_voice():

@@ -12,6 +12,7 @@ from localllm.media.tts.onnx_weights import VoiceFormatError
 from localllm.media.tts.piper import PiperVoice
 from tests.media.tts_fixtures import load_default_voice, voice_path, word_count
 
+pytestmark = pytest.mark.slow
 TEXT = "The weather is nice today. We will walk to the park."
 
 

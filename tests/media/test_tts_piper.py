@@ -21,6 +21,7 @@ from tests.media.tts_fixtures import (
     voice_path,
 )
 
+pytestmark = pytest.mark.slow
 TOL = 1e-3
 
 

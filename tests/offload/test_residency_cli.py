@@ -99,3 +99,11 @@ def test_streamed_run_prints_what_the_default_run_prints(model, capsys):
     got = capsys.readouterr()
     assert got.out == want and len(want) >= 8
     assert "misses" in got.err and " 0 misses" not in got.err  # it did stream
+
+
+def test_serve_show_plan_prints_and_exits(model, capsys):
+    """`serve --show-plan` prints the plan of each model and starts no server."""
+    rc = main(["serve", "-m", str(model), "--show-plan", "--cpu-moe", "--load-mode", "read"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "host      384.00 KiB  6 tensors" in out and "load mode read" in out

@@ -1,7 +1,7 @@
 """The TUI app shell: holds the chat backend, the history store and the config; owns model loading
 (in a worker, so the screen stays live while a model loads) and pasted/dropped model references."""
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import ClassVar
 
@@ -11,13 +11,17 @@ from textual.binding import Binding, BindingType
 from textual.reactive import reactive
 from textual.screen import Screen
 
-from localllm.app.hub.spec import ModelSpec
+from localllm.app.hub.download import HubConfig, cached_model
+from localllm.app.hub.spec import ModelSpec, parse_spec
 from localllm.app.tui.backend import ChatBackend
+from localllm.app.tui.commands import main_commands
 from localllm.app.tui.config import TuiConfig
 from localllm.app.tui.drop import drop_spec
 from localllm.app.tui.history import HistoryStore
 from localllm.app.tui.loaders import Loader
+from localllm.app.tui.resources import Memory, probe_memory
 from localllm.app.tui.screens.chat import ChatScreen
+from localllm.app.tui.screens.models import ModelScreen
 from localllm.app.tui.widgets.prompt import ModelDropped
 
 
@@ -37,36 +41,52 @@ class LocalLLMApp(App):
         loader: Loader | None = None,
         *,
         model: str | None = None,
-        load_on_start: bool = True,
         config: TuiConfig | None = None,
         export_dir: Path | None = None,
+        probe: Callable[[], Memory] = probe_memory,
+        hub_config: Callable[[], HubConfig] = HubConfig.current,
     ) -> None:
         super().__init__()
-        self.store = store
-        self.loader = loader
+        self.store, self.loader, self.initial_model = store, loader, model
         self.config = config or TuiConfig()
         self.export_dir = export_dir or Path.cwd()
+        self.probe, self.hub_config = probe, hub_config
         self.backend: ChatBackend | None = None
-        self._initial = (model, load_on_start)
 
     def on_mount(self) -> None:
         self.theme = self.config.theme
+        self.install_screen(ModelScreen(), "models")
         self.push_screen(ChatScreen())
-        model, load = self._initial
-        if load and self.loader is not None:
-            self.load_model(model or self.config.default_model)
+        if self.loader is not None:
+            self.load_model(self.initial_model or self.config.default_model)
 
     @property
     def chat(self) -> ChatScreen:
         return next(s for s in self.screen_stack if isinstance(s, ChatScreen))
 
+    @property
+    def last_speed(self) -> float | None:
+        stats = self.chat.stats
+        return stats.tokens_per_s if stats else None
+
     # -- models ------------------------------------------------------------------------------
 
     def load_model(self, name: str | None) -> None:
-        """Load `name` (a path or library name; None: the default) in place of the current one."""
-        if name and drop_spec(name) is not None and drop_spec(name).kind == "hub":
-            self.download(drop_spec(name), load=True)
-            return
+        """Load `name` (path, library name, `org/repo:QUANT`; None: the default) in place of the
+        current model; a Hub model not yet downloaded is downloaded first."""
+        if name and getattr(self.loader, "local", False):  # an endpoint's model ids are no specs
+            try:
+                spec = parse_spec(name)
+            except ValueError as e:
+                self.notify(str(e), title="Cannot load model", severity="error")
+                return
+            if spec.kind == "hub":
+                rev = spec.revision or "main"
+                found = cached_model(self.hub_config(), spec.repo, spec.quant, spec.filename, rev)
+                if found is None:
+                    self.download(spec, load=True)
+                    return
+                name = str(found.path)
         self._load(name)
 
     @work(exclusive=True, group="load")
@@ -84,7 +104,7 @@ class LocalLLMApp(App):
 
     async def unload_model(self) -> None:
         chat = self.chat
-        if chat.generating:
+        if chat.generating:  # the partial answer is saved
             chat.answer_worker.cancel()
             await chat.answer_worker.wait()
         backend, self.backend = self.backend, None
@@ -94,9 +114,6 @@ class LocalLLMApp(App):
 
     def download(self, spec: ModelSpec, load: bool = False) -> None:
         """Pull a Hub model with a progress bar on the Models screen (then load it, if asked)."""
-        if "models" not in self._installed_screens:
-            self.notify(f"Cannot download {spec.text}: no Models screen", severity="error")
-            return
         self.action_models()
         self.get_screen("models").download(spec, load=load)
 
@@ -111,14 +128,14 @@ class LocalLLMApp(App):
         self.handle_drop(event.spec)
 
     def on_paste(self, event: events.Paste) -> None:
-        spec = drop_spec(event.text)
+        spec = drop_spec(event.text)  # pastes that reach the app: no input box took them
         if spec is not None:
             self.handle_drop(spec)
 
     # -- actions -----------------------------------------------------------------------------
 
     def action_models(self) -> None:
-        if "models" in self._installed_screens and self.screen.id != "models":
+        if not isinstance(self.screen, ModelScreen):
             self.push_screen("models")
 
     def action_toggle_theme(self) -> None:
@@ -126,23 +143,8 @@ class LocalLLMApp(App):
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
-        chat = self.chat
-        yield SystemCommand("New chat", "Start a new conversation", chat.action_new_chat)
-        yield SystemCommand("Models", "Library, Hub search and downloads", self.action_models)
-        yield SystemCommand("Toggle light/dark", "Switch the theme", self.action_toggle_theme)
-        yield SystemCommand("Chat settings", "System prompt, sampling", chat.action_sampling)
-        yield SystemCommand("Regenerate", "Answer the last message again", chat.action_regenerate)
-        yield SystemCommand("Edit last message", "Edit and resend", chat.action_edit_last)
-        yield SystemCommand("Rename conversation", "Give it a title", chat.action_rename)
-        yield SystemCommand("Export conversation", "Write it as Markdown", chat.action_export)
-        yield SystemCommand("Delete conversation", "Remove it from history", chat.action_delete)
-        yield SystemCommand("Unload model", "Free the model's memory", self.unload_model)
+        yield from main_commands(self)
 
     async def action_quit(self) -> None:
-        chat = self.chat
-        if chat.generating:  # keep the partial answer
-            chat.answer_worker.cancel()
-            await chat.answer_worker.wait()
-        if self.backend is not None:
-            await self.backend.close()
+        await self.unload_model()  # keeps a partial answer, stops the engine thread
         self.exit()

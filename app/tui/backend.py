@@ -21,8 +21,8 @@ class GenSettings:
     max_tokens: int = 512
 
     def __post_init__(self):
-        if not 0 <= self.temperature <= 5:
-            raise ValueError(f"temperature must be in [0, 5], got {self.temperature}")
+        if not 0 <= self.temperature <= 100:
+            raise ValueError(f"temperature must be in [0, 100], got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:

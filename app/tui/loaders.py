@@ -23,6 +23,7 @@ def engine_loader(**engine_args: Any) -> Loader:
         path = await asyncio.to_thread(resolve_model, name, yes=False)
         return await asyncio.to_thread(EngineBackend.load, path, **engine_args)
 
+    load.local = True  # the app resolves Hub specs (downloading them) before calling us
     return load
 
 

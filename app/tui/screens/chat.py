@@ -7,6 +7,7 @@ through Textual's MarkdownStream, which coalesces fragments when tokens outrun r
 
 import asyncio
 import contextlib
+import re
 import time
 from typing import ClassVar
 
@@ -24,9 +25,17 @@ from localllm.app.tui.screens.modals import ConfirmModal, SamplingModal, TextPro
 from localllm.app.tui.stats import GenStats, status_text
 from localllm.app.tui.widgets.message import MessageView
 from localllm.app.tui.widgets.prompt import PromptInput
+from localllm.app.tui.widgets.resources import ResourcePanel
 from localllm.app.tui.widgets.sidebar import ConversationList
 
 STATUS_INTERVAL = 0.1  # seconds between status-line redraws while streaming
+FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.S | re.M)
+
+
+def last_code_block(text: str) -> str | None:
+    """The body of the last fenced code block in `text` (what "copy" takes), if any."""
+    blocks = FENCE.findall(text)
+    return blocks[-1] if blocks else None
 
 
 class ChatScreen(Screen):
@@ -56,7 +65,9 @@ class ChatScreen(Screen):
 
     def compose(self) -> ComposeResult:
         with Horizontal():
-            yield ConversationList(id="sidebar")
+            with Vertical(id="side"):
+                yield ConversationList(id="sidebar")
+                yield ResourcePanel(id="resources")
             with Vertical(id="main"):
                 yield VerticalScroll(id="messages")
                 yield PromptInput(placeholder="Message (Enter to send)", id="prompt")
@@ -74,7 +85,7 @@ class ChatScreen(Screen):
     def on_mount(self) -> None:
         self.gen_settings: GenSettings = self.app.config.sampling
         self.watch(self.app, "model_state", lambda _: self.refresh_status())
-        self.query_one("#sidebar").display = self.app.size.width >= 100
+        self.query_one("#side").display = self.app.size.width >= 100
         self.query_one(PromptInput).focus()
         self.refresh_list()
 
@@ -283,8 +294,8 @@ class ChatScreen(Screen):
         self.app.push_screen(SamplingModal(self.gen_settings), done)
 
     def action_toggle_sidebar(self) -> None:
-        sidebar = self.query_one("#sidebar")
-        sidebar.display = not sidebar.display
+        side = self.query_one("#side")
+        side.display = not side.display
 
     def action_rename(self) -> None:
         conv = self.conversation
@@ -321,5 +332,6 @@ class ChatScreen(Screen):
     def action_copy_answer(self) -> None:
         answers = [m for m in self.history if m.role == "assistant"]
         if answers:
-            self.app.copy_to_clipboard(answers[-1].content)
-            self.notify("Copied the last answer")
+            code = last_code_block(answers[-1].content)
+            self.app.copy_to_clipboard(code if code is not None else answers[-1].content)
+            self.notify("Copied the last code block" if code is not None else "Copied the answer")

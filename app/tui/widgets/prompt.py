@@ -19,9 +19,10 @@ class ModelDropped(Message):
 
 class PromptInput(Input):
     def _on_paste(self, event: events.Paste) -> None:
+        # Textual calls each class's handler down the MRO; prevent_default skips Input's own
+        # (which would type the text) and only for model references.
         spec = drop_spec(event.text) if not self.value.strip() else None
-        if spec is None:
-            super()._on_paste(event)
-            return
-        event.stop()
-        self.post_message(ModelDropped(spec))
+        if spec is not None:
+            event.prevent_default()
+            event.stop()
+            self.post_message(ModelDropped(spec))

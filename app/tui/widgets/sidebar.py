@@ -17,7 +17,7 @@ class ConversationItem(ListItem):
 
 class ConversationList(Vertical):
     DEFAULT_CSS = """
-    ConversationList { width: 26; border-right: vkey $foreground 20%; }
+    ConversationList { height: 1fr; }
     ConversationList > Input { margin: 0; }
     ConversationList > ListView { height: 1fr; }
     ConversationList > ListView > ListItem > Label { text-wrap: nowrap; text-overflow: ellipsis; }

@@ -2,8 +2,17 @@
 
 import asyncio
 from collections.abc import Callable
+from pathlib import Path
 
+from localllm.app.hub.download import HubConfig
+from localllm.app.tui.app import LocalLLMApp
 from localllm.app.tui.backend import ChatDelta, GenSettings
+from localllm.app.tui.history import HistoryStore
+from localllm.app.tui.resources import Memory
+
+GB = 1_000_000_000
+# Fixed memory figures so fit verdicts and the resource panel are deterministic.
+MEMORY = Memory(ram_total=16 * GB, ram_available=10 * GB, process_rss=GB // 2)
 
 
 class FakeBackend:
@@ -63,3 +72,18 @@ async def wait_for(pilot, cond: Callable[[], bool], limit: int = 400) -> None:
             return
         await pilot.pause(0.01)
     raise AssertionError("condition never became true")
+
+
+def offline_hub(tmp_path: Path) -> Callable[[], HubConfig]:
+    """An empty HF cache under tmp_path and a Hub nobody listens on."""
+    config = HubConfig("http://127.0.0.1:9", tmp_path / "hf-cache", offline=True)
+    return lambda: config
+
+
+def make_app(tmp_path: Path, *backends: FakeBackend, **kw) -> LocalLLMApp:
+    """The app over a fresh history file, fake backends, fixed memory and an empty HF cache."""
+    kw.setdefault("probe", lambda: MEMORY)
+    kw.setdefault("hub_config", offline_hub(tmp_path))
+    kw.setdefault("export_dir", tmp_path)
+    store = kw.pop("store", None) or HistoryStore(tmp_path / "h.sqlite3")
+    return LocalLLMApp(store, loader_for(*backends), **kw)

@@ -2,18 +2,12 @@
 
 import pytest
 
-from localllm.app.tui.app import LocalLLMApp
-from localllm.app.tui.history import HistoryStore
 from localllm.app.tui.screens.chat import ChatScreen
 from localllm.app.tui.widgets.message import MessageView
 from localllm.app.tui.widgets.prompt import PromptInput
-from tests.app.tui.fakes import FakeBackend, loader_for, wait_for
+from tests.app.tui.fakes import FakeBackend, make_app, wait_for
 
 pytestmark = pytest.mark.anyio
-
-
-def make_app(tmp_path, *backends):
-    return LocalLLMApp(HistoryStore(tmp_path / "h.sqlite3"), loader_for(*backends))
 
 
 async def send(pilot, text: str) -> None:

@@ -9,11 +9,10 @@ import textwrap
 import pytest
 from textual.widgets import Input, ListView
 
-from localllm.app.tui.app import LocalLLMApp
 from localllm.app.tui.history import HistoryStore
 from localllm.app.tui.screens.modals import SamplingModal
 from localllm.app.tui.widgets.sidebar import ConversationItem
-from tests.app.tui.fakes import FakeBackend, loader_for, wait_for
+from tests.app.tui.fakes import FakeBackend, make_app, wait_for
 from tests.app.tui.test_chat_screen import answered, ready, send, views
 
 pytestmark = pytest.mark.anyio
@@ -25,7 +24,7 @@ def titles(app) -> list[str]:
 
 async def test_switch_conversations_and_find_them_after_restart(tmp_path):
     path = tmp_path / "h.sqlite3"
-    app = LocalLLMApp(HistoryStore(path), loader_for(FakeBackend(["red", "blue", "green"])))
+    app = make_app(tmp_path, FakeBackend(["red", "blue", "green"]), store=HistoryStore(path))
     async with app.run_test(size=(100, 30)) as pilot:
         chat = await ready(pilot)
         await send(pilot, "apples")
@@ -44,7 +43,7 @@ async def test_switch_conversations_and_find_them_after_restart(tmp_path):
         await answered(pilot, 4)
     app.store.close()
 
-    again = LocalLLMApp(HistoryStore(path), loader_for(FakeBackend(["x"])))
+    again = make_app(tmp_path, FakeBackend(["x"]), store=HistoryStore(path))
     async with again.run_test(size=(100, 30)) as pilot:
         chat = await ready(pilot)
         await wait_for(pilot, lambda: titles(again) == ["apples", "the sky"])
@@ -65,7 +64,7 @@ async def test_search_rename_delete_export(tmp_path):
     for title, text in (("Cooking", "boil pasta"), ("Travel", "trains in Japan")):
         conv = store.new_conversation(title)
         store.add_message(conv.id, "user", text)
-    app = LocalLLMApp(store, loader_for(FakeBackend(["ok"])), export_dir=tmp_path)
+    app = make_app(tmp_path, FakeBackend(["ok"]), store=store)
     async with app.run_test(size=(100, 30)) as pilot:
         chat = await ready(pilot)
         await wait_for(pilot, lambda: titles(app) == ["Travel", "Cooking"])
@@ -93,7 +92,7 @@ async def test_search_rename_delete_export(tmp_path):
 
 async def test_per_conversation_settings_are_used_and_saved(tmp_path):
     backend = FakeBackend(["a", "b"])
-    app = LocalLLMApp(HistoryStore(tmp_path / "h.sqlite3"), loader_for(backend))
+    app = make_app(tmp_path, backend)
     async with app.run_test(size=(100, 30)) as pilot:
         chat = await ready(pilot)
         await send(pilot, "one")
@@ -123,14 +122,13 @@ def test_app_killed_mid_answer_loses_no_earlier_message(tmp_path):
     script = textwrap.dedent(
         f"""
         import asyncio, os
-        from localllm.app.tui.app import LocalLLMApp
-        from localllm.app.tui.history import HistoryStore
-        from tests.app.tui.fakes import FakeBackend, loader_for, wait_for
+        from pathlib import Path
+        from tests.app.tui.fakes import FakeBackend, make_app, wait_for
         from tests.app.tui.test_chat_screen import answered, ready, send, views
 
         async def main():
             backend = FakeBackend(["first answer", "never finished"])
-            app = LocalLLMApp(HistoryStore({str(path)!r}), loader_for(backend))
+            app = make_app(Path({str(tmp_path)!r}), backend)
             async with app.run_test() as pilot:
                 await ready(pilot)
                 await send(pilot, "q1")

@@ -8,9 +8,10 @@ CPU"; tests/perf/bench_quant_linear.py):
 - Q5_*/Q8_0/Q6_K: an fp16 copy (bf16 if out of range), 2 B/weight, ~3e-4 relative error;
   F16/BF16 files are used as they are. T < 8: half GEMV; T >= 8: fp32 GEMM on widened tiles.
 - F32 as is; every other type keeps its raw blocks and dequantizes row tiles per call.
-CUDA policy: Q8_0/Q4_0/Q4_K/Q5_K/Q6_K keep their raw blocks and run the triton kernels of
-`triton_gemv` through `triton_linear` (fused dequant-GEMV for decode, bf16 dequant + GEMM for
-prefill; triton is imported only then); F32 as is; other types dequantize row tiles per call.
+CUDA policy: Q8_0/Q4_0/IQ4_NL/MXFP4/IQ4_XS/Q4_K/Q5_K/Q6_K keep their raw blocks and run the
+triton kernels of `triton_gemv` through `triton_linear` (fused dequant-GEMV for decode, bf16
+dequant + GEMM for prefill; triton is imported only then); F32 as is; other types dequantize
+row tiles per call.
 Float32 in, float32 out. `precise=True` takes the exact path (dequantize + fp32 matmul values).
 """
 
@@ -49,7 +50,10 @@ POLICY: MappingProxyType[QuantType, str] = MappingProxyType(
 STRATEGIES = ("int4pack", "dense_f16", "dense_bf16", "dequant_tiles", "dense_f32", "triton")
 # Types with triton kernels (`triton_linear.SUPPORTED`; kept here so CPU code never imports triton).
 TRITON_TYPES = frozenset(
-    {QuantType.Q8_0, QuantType.Q4_0, QuantType.Q4_K, QuantType.Q5_K, QuantType.Q6_K}
+    {
+        *(QuantType.Q8_0, QuantType.Q4_0, QuantType.IQ4_NL, QuantType.MXFP4, QuantType.IQ4_XS),
+        *(QuantType.Q4_K, QuantType.Q5_K, QuantType.Q6_K),
+    }
 )
 
 

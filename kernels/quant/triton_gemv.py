@@ -1,5 +1,6 @@
 """Triton kernels over raw GGUF blocks on CUDA: fused dequant-GEMV (decode) and dequant-to-bf16
-tiles (prefill, then a bf16 tensor-core GEMM). Q8_0, Q4_0, Q4_K, Q5_K and Q6_K.
+tiles (prefill, then a bf16 tensor-core GEMM). Q8_0, Q4_0, IQ4_NL, MXFP4, IQ4_XS, Q4_K, Q5_K,
+Q6_K.
 
 Imported only where CUDA exists (or under TRITON_INTERPRET=1 in tests): CPU installs never
 import triton. Each GEMV program owns BLOCK_N weight rows of one activation row and walks K,
@@ -14,10 +15,15 @@ import triton.language as tl
 
 
 @triton.jit
+def _f16_bits(lo, hi):
+    """Two little-endian bytes -> their uint16 value as int32."""
+    return (lo.to(tl.int32) & 0xFF) | ((hi.to(tl.int32) & 0xFF) << 8)
+
+
+@triton.jit
 def _f16_at(lo, hi):
     """Two little-endian bytes (any int type, values 0..255) -> float32 of the fp16 they encode."""
-    bits = (lo.to(tl.int32) & 0xFF) | ((hi.to(tl.int32) & 0xFF) << 8)
-    return bits.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+    return _f16_bits(lo, hi).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
 
 
 # -- Q8_0: 34-byte blocks of 32 values: fp16 d, then 32 int8 codes; w = d * q ----------------
@@ -79,38 +85,53 @@ def _deq_q8_0(
     tl.store(out_ptr + o, w.to(tl.bfloat16), mask=m3)
 
 
-# -- Q4_0: 18-byte blocks of 32: fp16 d, 16 bytes; byte j holds value j (low nibble) and j + 16
-# (high nibble); w = d * (q - 8).
+# -- 4-bit codes in 32-value groups of 16 bytes (byte j: value j in the low nibble, j + 16 in the
+# high one), KIND selects the scale and code map:
+#   0 Q4_0: 18-byte blocks, fp16 d, w = d * (q - 8)
+#   1 IQ4_NL: 18-byte blocks, fp16 d, w = d * lut[q]
+#   2 MXFP4: 17-byte blocks, e8m0 exponent byte, w = 2^(e-128) * lut[q] (lut: doubled E2M1)
+#   3 IQ4_XS: 136-byte super-blocks of 8 groups: fp16 d, 2-bit and 4-bit halves of 6-bit group
+#     scales, then 8 x 16 code bytes; w = d * (scale - 32) * lut[q]
+# `blk` counts groups along the row.
 
 
 @triton.jit
-def _q4_0_tile(w_ptr, rows, rmask, row_bytes, blk, bmask):
-    """Values j and j + 16 of blocks `blk` of `rows`, each [BN, BB, 16] float32."""
+def _nib32_tile(w_ptr, lut_ptr, rows, rmask, row_bytes, blk, bmask, KIND: tl.constexpr):
+    """Values j and j + 16 of groups `blk` of `rows`, each [BN, BB, 16] float32."""
     j = tl.arange(0, 16)
-    base = rows.to(tl.int64)[:, None] * row_bytes + blk[None, :] * 18
     m2 = rmask[:, None] & bmask[None, :]
-    qs = tl.load(w_ptr + base[:, :, None] + 2 + j[None, None, :], mask=m2[:, :, None], other=0)
+    row0 = rows.to(tl.int64)[:, None] * row_bytes
+    if KIND == 3:
+        base = row0 + (blk // 8)[None, :] * 136
+        ib = (blk % 8)[None, :]
+        qoff = base + 8 + 16 * ib
+    else:
+        base = row0 + blk[None, :] * (17 if KIND == 2 else 18)
+        qoff = base + (1 if KIND == 2 else 2)
+    qs = tl.load(w_ptr + qoff[:, :, None] + j[None, None, :], mask=m2[:, :, None], other=0)
     qs = qs.to(tl.int32)
-    d = _f16_at(
-        tl.load(w_ptr + base, mask=m2, other=0), tl.load(w_ptr + base + 1, mask=m2, other=0)
-    )
+    lo, hi = qs & 15, qs >> 4
+    if KIND == 2:
+        e = tl.load(w_ptr + base, mask=m2, other=0).to(tl.int32)
+        d = tl.where(e < 2, 0x00200000 << e, (e - 1) << 23).to(tl.float32, bitcast=True)
+    else:
+        d = _f16_at(tl.load(w_ptr + base, mask=m2, other=0), tl.load(w_ptr + base + 1, mask=m2))
+    if KIND == 3:
+        sl = tl.load(w_ptr + base + 4 + ib // 2, mask=m2, other=0).to(tl.int32)
+        sh = _f16_bits(tl.load(w_ptr + base + 2, mask=m2), tl.load(w_ptr + base + 3, mask=m2))
+        sc = ((sl >> (4 * (ib % 2))) & 15) | (((sh >> (2 * ib)) & 3) << 4)
+        d = d * (sc - 32).to(tl.float32)
     d = d[:, :, None]
-    return ((qs & 15) - 8).to(tl.float32) * d, ((qs >> 4) - 8).to(tl.float32) * d
+    if KIND == 0:
+        return (lo - 8).to(tl.float32) * d, (hi - 8).to(tl.float32) * d
+    return tl.load(lut_ptr + lo) * d, tl.load(lut_ptr + hi) * d
 
 
 @triton.jit
-def _gemv_q4_0(
-    x_ptr,
-    w_ptr,
-    y_ptr,
-    M,
-    N,
-    K,
-    nb: tl.constexpr,
-    row_bytes,
-    BLOCK_N: tl.constexpr,
-    BB: tl.constexpr,
-):
+def _gemv_nib32(
+    x_ptr, w_ptr, lut_ptr, y_ptr, M, N, K, nb: tl.constexpr, row_bytes, BLOCK_N: tl.constexpr,
+    BB: tl.constexpr, KIND: tl.constexpr,
+):  # fmt: skip
     pid = tl.program_id(0)
     m, nt = pid % M, pid // M
     rows = nt * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -119,7 +140,7 @@ def _gemv_q4_0(
     for b0 in range(0, nb, BB):
         blk = b0 + tl.arange(0, BB)
         bmask = blk < nb
-        lo, hi = _q4_0_tile(w_ptr, rows, rmask, row_bytes, blk, bmask)
+        lo, hi = _nib32_tile(w_ptr, lut_ptr, rows, rmask, row_bytes, blk, bmask, KIND)
         xo = m * K + blk[:, None] * 32 + tl.arange(0, 16)[None, :]
         xlo = tl.load(x_ptr + xo, mask=bmask[:, None], other=0.0)
         xhi = tl.load(x_ptr + xo + 16, mask=bmask[:, None], other=0.0)
@@ -128,14 +149,15 @@ def _gemv_q4_0(
 
 
 @triton.jit
-def _deq_q4_0(
-    w_ptr, out_ptr, N, K, nb: tl.constexpr, row_bytes, BLOCK_N: tl.constexpr, BB: tl.constexpr
-):
+def _deq_nib32(
+    w_ptr, lut_ptr, out_ptr, N, K, nb: tl.constexpr, row_bytes, BLOCK_N: tl.constexpr,
+    BB: tl.constexpr, KIND: tl.constexpr,
+):  # fmt: skip
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < N
     blk = tl.program_id(1) * BB + tl.arange(0, BB)
     bmask = blk < nb
-    lo, hi = _q4_0_tile(w_ptr, rows, rmask, row_bytes, blk, bmask)
+    lo, hi = _nib32_tile(w_ptr, lut_ptr, rows, rmask, row_bytes, blk, bmask, KIND)
     o = rows.to(tl.int64)[:, None, None] * K + blk[None, :, None] * 32 + tl.arange(0, 16)
     m3 = (rmask[:, None] & bmask[None, :])[:, :, None]
     tl.store(out_ptr + o, lo.to(tl.bfloat16), mask=m3)

@@ -8,12 +8,13 @@ from dataclasses import dataclass
 import torch
 import triton
 
+from localllm.kernels.quant.dequant_legacy import FP4_VALUES, IQ4_NL_VALUES, kvalues_lut
 from localllm.kernels.quant.triton_gemv import (
-    _deq_q4_0,
+    _deq_nib32,
     _deq_q4_k,
     _deq_q6_k,
     _deq_q8_0,
-    _gemv_q4_0,
+    _gemv_nib32,
     _gemv_q4_k,
     _gemv_q6_k,
     _gemv_q8_0,
@@ -22,9 +23,22 @@ from localllm.kernels.quant.types import QuantType
 
 GEMV_MAX_M = 8  # more activation rows than this: dequantize to bf16 and use a GEMM
 
+# 4-bit codes in 32-value groups: the kernel's KIND and code table
+_NIB32 = {
+    QuantType.Q4_0: (0, None),
+    QuantType.IQ4_NL: (1, IQ4_NL_VALUES),
+    QuantType.MXFP4: (2, FP4_VALUES),
+    QuantType.IQ4_XS: (3, IQ4_NL_VALUES),
+}
 SUPPORTED: frozenset[QuantType] = frozenset(
-    {QuantType.Q8_0, QuantType.Q4_0, QuantType.Q4_K, QuantType.Q5_K, QuantType.Q6_K}
+    {QuantType.Q8_0, QuantType.Q4_K, QuantType.Q5_K, QuantType.Q6_K, *_NIB32}
 )
+
+
+def _nib32_args(data: torch.Tensor, qtype: QuantType) -> tuple[int, torch.Tensor]:
+    kind, values = _NIB32[qtype]
+    # Q4_0 reads no table: any float tensor fills the argument
+    return kind, kvalues_lut(values or FP4_VALUES, data.device)
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,9 +53,12 @@ class GemvConfig:
 
 def gemv_config(qtype: QuantType, n: int) -> GemvConfig:
     # Enough row tiles to fill 132 SMs several times over at M = 1; wider tiles for big N.
-    if qtype in (QuantType.Q8_0, QuantType.Q4_0):
-        return GemvConfig(8 if n >= 4096 else 4, 8)
-    return GemvConfig(16 if n >= 16384 else 8, 2)
+    # Measured on the H200 (tests/perf/bench_gpu.py sweep, Llama-3-8B gate_up and down shapes)
+    if qtype == QuantType.Q6_K:
+        return GemvConfig(8, 1, 2)
+    if qtype in (QuantType.Q4_K, QuantType.Q5_K):
+        return GemvConfig(4, 4, 2)
+    return GemvConfig(8 if n >= 16384 else 4, 16, 2)
 
 
 def gemv(
@@ -62,9 +79,12 @@ def gemv(
     c = cfg or gemv_config(qtype, n)
     grid = (m * triton.cdiv(n, c.block_n),)
     geo = {"BLOCK_N": c.block_n, "num_warps": c.num_warps}
-    if qtype in (QuantType.Q8_0, QuantType.Q4_0):
-        kern = _gemv_q8_0 if qtype == QuantType.Q8_0 else _gemv_q4_0
-        kern[grid](x, data, y, m, n, k, k // 32, data.shape[1], BB=c.step, **geo)
+    if qtype == QuantType.Q8_0:
+        _gemv_q8_0[grid](x, data, y, m, n, k, k // 32, data.shape[1], BB=c.step, **geo)
+    elif qtype in _NIB32:
+        kind, lut = _nib32_args(data, qtype)
+        nb, rb = k // 32, data.shape[1]
+        _gemv_nib32[grid](x, data, lut, y, m, n, k, nb, rb, BB=c.step, KIND=kind, **geo)
     elif qtype in (QuantType.Q4_K, QuantType.Q5_K):
         w32, five = data.view(torch.int32), qtype == QuantType.Q5_K
         _gemv_q4_k[grid](x, w32, y, m, n, k, k // 256, w32.shape[1], S=c.step, FIVE=five, **geo)
@@ -82,9 +102,11 @@ def dequantize_bf16(data: torch.Tensor, qtype: QuantType, n: int, k: int) -> tor
     if qtype == QuantType.Q8_0:
         grid = (triton.cdiv(n, 16), triton.cdiv(k // 32, 8))
         _deq_q8_0[grid](data, out, n, k, k // 32, data.shape[1], BLOCK_N=16, BB=8, num_warps=4)
-    elif qtype == QuantType.Q4_0:
+    elif qtype in _NIB32:
+        kind, lut = _nib32_args(data, qtype)
         grid = (triton.cdiv(n, 16), triton.cdiv(k // 32, 8))
-        _deq_q4_0[grid](data, out, n, k, k // 32, data.shape[1], BLOCK_N=16, BB=8, num_warps=4)
+        nb, rb = k // 32, data.shape[1]
+        _deq_nib32[grid](data, lut, out, n, k, nb, rb, BLOCK_N=16, BB=8, KIND=kind, num_warps=4)
     elif qtype in (QuantType.Q4_K, QuantType.Q5_K):
         w32, five = data.view(torch.int32), qtype == QuantType.Q5_K
         grid = (triton.cdiv(n, 16), k // 256)
@@ -108,6 +130,7 @@ class TritonLinear:
         if qtype not in SUPPORTED:
             raise ValueError(f"no triton kernels for {qtype.name}")
         self.data, self.qtype, self.shape = data.reshape(shape[0], -1).contiguous(), qtype, shape
+        self.cfg = gemv_config(qtype, shape[0])
 
     @property
     def nbytes(self) -> int:
@@ -117,7 +140,7 @@ class TritonLinear:
         n, k = self.shape
         x2 = x.reshape(-1, k)
         if x2.shape[0] <= GEMV_MAX_M:
-            y = gemv(x2, self.data, self.qtype, n, k)
+            y = gemv(x2, self.data, self.qtype, n, k, self.cfg)
         else:
             w = dequantize_bf16(self.data, self.qtype, n, k)
             y = torch.nn.functional.linear(x2.to(torch.bfloat16), w).float()

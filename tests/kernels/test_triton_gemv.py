@@ -26,7 +26,7 @@ pytestmark = [
     ),
 ]
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-TYPES = ["Q8_0", "Q4_0", "Q4_K", "Q5_K", "Q6_K"]
+TYPES = ["Q8_0", "Q4_0", "IQ4_NL", "MXFP4", "IQ4_XS", "Q4_K", "Q5_K", "Q6_K"]
 # (rows, K): rows not a multiple of any BLOCK_N, K over several blocks; GPU adds real sizes
 SHAPES = [(37, 768)] if INTERPRET else [(37, 768), (4096 + 8, 4096), (1000, 14336)]
 
@@ -34,8 +34,11 @@ SHAPES = [(37, 768)] if INTERPRET else [(37, 768), (4096 + 8, 4096), (1000, 1433
 def _case(random_blocks, name: str, n: int, k: int):
     seed = secrets.randbits(32)
     rng = np.random.default_rng(seed)
-    block = 32 if name in ("Q8_0", "Q4_0") else 256
-    raw = torch.from_numpy(random_blocks(name, n, k // block, rng))
+    block = 32 if name in ("Q8_0", "Q4_0", "IQ4_NL", "MXFP4") else 256
+    blocks = random_blocks(name, n, k // block, rng)
+    if name == "MXFP4":  # exponent bytes near 2^0: random ones overflow float32 to inf
+        blocks.reshape(-1, 17)[:, 0] = rng.integers(110, 140, blocks.size // 17)
+    raw = torch.from_numpy(blocks)
     w = dequantize(raw, QuantType[name]).reshape(n, k).double()
     assert torch.isfinite(w).all() and (w != 0).any()
     return seed, raw.to(DEVICE), w

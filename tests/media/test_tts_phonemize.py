@@ -83,3 +83,10 @@ def test_run_on_text_is_cut_at_clause_boundaries() -> None:
     assert all(len(s.phonemes) < MAX_CHUNK_PHONEMES + 60 for s in out)
     joined = "".join(s.text for s in out)
     assert joined.count("kˈæt") == 80
+
+
+def test_quotes_and_ellipsis() -> None:
+    # a full stop inside closing quotes still ends the sentence; an ellipsis is a pause
+    assert texts('He said "yes." Then he left.') == ["hiː sˈɛd jˈɛs.", "ðˈɛn hiː lˈɛft."]
+    out = texts("Wait... what?")
+    assert out == ["wˈeɪt, wˌʌt?"]

@@ -89,17 +89,20 @@ async def prepare_chat(
     if active:
         grammar = call_grammar(fmt, allowed, bool(tools and tools.parallel), trigger)
         spec = StructuredOutputParams(grammar=grammar)
+        try:  # the grammar is also the schema check: a tool llguidance cannot compile is a 400
+            await asyncio.to_thread(engine.engine.grammars.compile, spec)
+        except ValueError as e:
+            raise ValueError(f"tools: a function's parameters do not compile: {e}") from None
         if forced:
             if params.structured is not None:
                 raise ValueError("response_format cannot be combined with a forced tool_choice")
             params = dataclasses.replace(params, structured=spec)
-        else:  # the grammar is the schema check: a tool llguidance cannot compile is a 400
-            await asyncio.to_thread(engine.engine.grammars.compile, spec)
         if hidden:  # the marker is a control token: keep it in the text, where parsing sees it
             params = dataclasses.replace(params, skip_special_tokens=False)
     plan = OutputPlan(
-        reasoning=settings.reasoning_format != "none",
-        in_think=in_think,
+        # A forced call starts the answer: the grammar leaves no room for a think block.
+        reasoning=settings.reasoning_format != "none" and not forced,
+        in_think=in_think and not forced,
         tools=fmt if active else None,
     )
     return PreparedChat(msgs, template_tools, params, plan, kwargs)

@@ -47,6 +47,8 @@ class MessagesRequest(BaseModel):
     stream: StrictBool = False
 
     def chat_messages(self) -> list[dict]:
+        if (self.model_extra or {}).get("tools"):
+            raise ValueError("tools are not supported on /v1/messages; use /v1/chat/completions")
         out = []
         if self.system:
             out.append({"role": "system", "content": _text(self.system)})

@@ -39,6 +39,8 @@ class ResponsesRequest(BaseModel):
     stream: StrictBool = False
 
     def messages(self) -> list[dict]:
+        if (self.model_extra or {}).get("tools"):
+            raise ValueError("tools are not supported on /v1/responses; use /v1/chat/completions")
         out = [{"role": "system", "content": self.instructions}] if self.instructions else []
         if isinstance(self.input, str):
             return [*out, {"role": "user", "content": self.input}]

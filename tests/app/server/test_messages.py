@@ -91,7 +91,9 @@ def test_x_api_key_is_checked_and_bad_input_is_400(server):
     bad = [dict(max_tokens=0, messages=[{"role": "user", "content": "hi"}]),
            dict(max_tokens=3, messages=[]),
            dict(max_tokens=3, messages=[{"role": "user", "content": [{"type": "image"}]}]),
-           dict(max_tokens=3, messages=[{"role": "system", "content": "hi"}])]  # fmt: skip
+           dict(max_tokens=3, messages=[{"role": "system", "content": "hi"}]),
+           dict(max_tokens=3, messages=[{"role": "user", "content": "hi"}],
+                tools=[{"name": "f", "input_schema": {"type": "object"}}])]  # fmt: skip
     for kw in bad:
         with pytest.raises(anthropic.BadRequestError):
             client.messages.create(model=MODEL, **kw)

@@ -80,7 +80,8 @@ def test_bad_input_is_400(server):
     client = server.openai()
     for kw in (dict(input=[{"type": "function_call_output", "output": "x"}]),
                dict(input=[{"role": "user", "content": [{"type": "input_image"}]}]),
-               dict(input="x", temperature=-1)):  # fmt: skip
+               dict(input="x", temperature=-1),
+               dict(input="x", tools=[{"type": "web_search"}])):  # fmt: skip
         with pytest.raises(openai.BadRequestError):
             client.responses.create(model=MODEL, max_output_tokens=3, **kw)
     # Raw SSE: named events, no [DONE] frame.

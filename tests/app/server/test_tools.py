@@ -151,7 +151,7 @@ def test_bad_tools_are_400(server):
         assert e.value.body["type"] == "invalid_request_error", kw
     with pytest.raises(openai.BadRequestError) as e:
         _chat(client, tools=[bad_schema], stream=True)
-    assert "JSON schema" in e.value.body["message"] or "Pointer" in e.value.body["message"]
+    assert e.value.body["message"].startswith("tools: a function's parameters do not compile")
     assert _chat(client, max_tokens=3).choices[0].message.content  # the server still serves
 
 

@@ -5,15 +5,20 @@ thread, one request at a time, so the event loop (and the text engine's streams)
 Which model: `app.state.whisper_dir` (serve's --whisper), else the packaged default.
 """
 
+from __future__ import annotations
+
 import asyncio
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 from fastapi import APIRouter, File, Form, Request, UploadFile
 from fastapi.responses import PlainTextResponse, Response
 
 from localllm.app.server.errors import APIError
+
+if TYPE_CHECKING:  # imported lazily at run time: torch loads only when audio is asked for
+    from localllm.media.stt import DecodeOptions, Transcript, WhisperBundle
 
 router = APIRouter()
 RESPONSE_FORMATS = ("json", "text", "srt", "verbose_json", "vtt")
@@ -24,17 +29,17 @@ class SpeechToText:
 
     def __init__(self, model_dir: str | Path | None):
         self.model_dir = model_dir
-        self.bundle = None
+        self.bundle: WhisperBundle | None = None
         self.load_lock = asyncio.Lock()
         self.busy = asyncio.Lock()
 
-    async def get(self):
+    async def get(self) -> WhisperBundle:
         async with self.load_lock:
             if self.bundle is None:
                 self.bundle = await asyncio.to_thread(self._load)
         return self.bundle
 
-    def _load(self):
+    def _load(self) -> WhisperBundle:
         from localllm.app.transcribe import pick_device, resolve_whisper
         from localllm.media.stt import load_whisper
 
@@ -53,7 +58,7 @@ def _stt(request: Request) -> SpeechToText:
     return stt
 
 
-def _run(bundle, data: bytes, opts):
+def _run(bundle: WhisperBundle, data: bytes, opts: DecodeOptions) -> Transcript:
     from localllm.media.audio import load_audio
     from localllm.media.stt import transcribe
 

@@ -61,7 +61,12 @@ def _check_language(bundle: WhisperBundle, opts: DecodeOptions) -> str | None:
     return "en"
 
 
-def _segments(result: DecodeResult, ts_begin: int, offset: float, window_frames: int):
+Piece = tuple[float, float, list[int]]  # start, end, tokens
+
+
+def _segments(
+    result: DecodeResult, ts_begin: int, offset: float, window_frames: int
+) -> tuple[list[Piece], int]:
     """(start, end, tokens) pieces of one window, and how many mel frames they consumed."""
     toks = list(result.tokens)
     is_ts = [t >= ts_begin for t in toks]

@@ -21,7 +21,8 @@ T = TypeVar("T")
 async def drive(
     request: Request, stream: AsyncIterator[RequestOutput]
 ) -> AsyncIterator[RequestOutput]:
-    """`stream`'s deltas, under the server's per-request timeout; raises what the engine raised."""
+    """`stream`'s deltas, under the request's timeout (its `timeout` field or the server's);
+    raises what the engine raised, and 408 at the deadline."""
     state = request.app.state
     # resolve_model set the request's own timeout (bounded by --timeout) and its model.
     timeout = getattr(request.state, "timeout", state.settings.request_timeout)
@@ -48,6 +49,10 @@ async def drive(
             yield out
             if out.finished:
                 return
+    except APIError as e:
+        # A timeout aborts the request (vLLM counts it as "abort"); a refusal never ran.
+        reason = "abort" if e.code == "timeout" else "error" if last is not None else "rejected"
+        raise
     except Exception:
         reason = "error" if last is not None else "rejected"
         raise

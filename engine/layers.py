@@ -127,6 +127,25 @@ class QuantEmbedding(nn.Module):
         return dequantize(self.weight.data[ids], self.weight.qtype)
 
 
+class DenseParam(nn.Module):
+    """A small tensor read in float32 in its logical shape (routing biases, attention sinks, MLA's
+    per-head k_b/v_b), whichever suffix the GGUF gives it."""
+
+    def __init__(self, *shape: int):
+        super().__init__()
+        self.shape = shape
+        self.value: torch.Tensor | None = None
+
+    def load_tensor(self, suffix: str, w: QuantWeight) -> None:
+        if tuple(w.shape) != self.shape:
+            raise ValueError(f"expected {suffix} of shape {self.shape}, got {tuple(w.shape)}")
+        self.value = dense(w)
+
+    @property
+    def loaded(self) -> bool:
+        return self.value is not None
+
+
 class RMSNorm(nn.Module):
     """x / rms(x) * w over the last dim (GGUF files already fold gemma's +1 into w)."""
 

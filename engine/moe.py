@@ -9,14 +9,21 @@ slices, or the disk-streaming slot cache) chosen by the residency plan; the math
 
 import logging
 import math
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
-from localllm.engine.layers import QuantLinear
+from localllm.engine.layers import DenseParam, GatedMLP, QuantLinear
 from localllm.engine.models import model_module
-from localllm.kernels.moe import ExpertBlocks, ExpertFormat, expert_ffn_grouped, route_topk
+from localllm.kernels.moe import (
+    ExpertBlocks,
+    ExpertFormat,
+    expert_ffn_grouped,
+    route_scored,
+    route_topk,
+)
 from localllm.kernels.quant.linear import choose_strategy
 from localllm.offload import ByteRange, QuantWeight
 from localllm.offload.expert_cache import (
@@ -72,8 +79,21 @@ class ExpertTensor(nn.Module):
         self.weight, self.streamed = None, True
 
 
+@dataclass(frozen=True)
+class Routing:
+    """DeepSeek-style routing knobs (the defaults are plain softmax top-k): `scoring` softmax or
+    sigmoid, a learned choice bias (`exp_probs_b`), group-limited top-k, a weight scale."""
+
+    scoring: str = "softmax"
+    probs_bias: bool = False
+    n_group: int = 1
+    topk_group: int = 1
+    scale: float = 1.0
+
+
 class MoEFeedForward(nn.Module):
-    """Routed experts: softmax top-k over `ffn_gate_inp` logits, then the grouped expert FFN."""
+    """Routed experts: top-k over `ffn_gate_inp` logits, then the grouped expert FFN; optional
+    DeepSeek routing (`routing`) and always-on shared experts (`ffn_*_shexp`, `shared_hidden`)."""
 
     def __init__(
         self,
@@ -85,10 +105,16 @@ class MoEFeedForward(nn.Module):
         norm_topk_prob: bool = True,
         act: str = "silu",
         precise: bool = False,
+        routing: Routing | None = None,
+        shared_hidden: int = 0,
     ):
         super().__init__()
         self.layer, self.dim, self.hidden = layer, dim, hidden
         self.n_used, self.norm_topk_prob, self.act = n_used, norm_topk_prob, act
+        self.routing = routing
+        if routing is not None and routing.probs_bias:
+            self.exp_probs_b = DenseParam(n_expert)
+        self.shexp = GatedMLP(dim, shared_hidden, "silu", precise) if shared_hidden else None
         # The router decides which experts run: keep it fp32 so routing never flips on rounding.
         self.ffn_gate_inp = QuantLinear(dim, n_expert, precise=True)
         self.ffn_gate_exps = ExpertTensor(n_expert, hidden, dim)
@@ -105,6 +131,8 @@ class MoEFeedForward(nn.Module):
         """Set the expert format and, unless a plan attached another source, resident experts."""
         g, u, d = self.expert_weights()
         self.format = ExpertFormat(g.qtype, u.qtype, d.qtype, self.dim, self.hidden, self.act)
+        if self.shexp is not None:
+            self.shexp.fuse()
         if self.source is None:
             self.attach(ResidentExperts({self.layer: (g.data, u.data, d.data)}))
 
@@ -120,14 +148,22 @@ class MoEFeedForward(nn.Module):
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights [T, k], expert ids [T, k]) for hidden states x [T, dim]."""
         logits = self.ffn_gate_inp(x.reshape(-1, self.dim))
-        return route_topk(logits, self.n_used, self.norm_topk_prob)
+        r = self.routing
+        if r is None:
+            return route_topk(logits, self.n_used, self.norm_topk_prob)
+        bias = self.exp_probs_b.value if r.probs_bias else None
+        norm = self.norm_topk_prob
+        return route_scored(
+            logits, self.n_used, r.scoring, bias, r.n_group, r.topk_group, norm, r.scale
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = self.route(x)
         self._device = x.device
         self.source.routed(self.layer, ids)
         y = expert_ffn_grouped(x.reshape(-1, self.dim), weights, ids, self.fetch, self.format)
-        return y.reshape(x.shape).to(x.dtype)
+        y = y.reshape(x.shape).to(x.dtype)
+        return y + self.shexp(x) if self.shexp is not None else y
 
 
 def moe_blocks(model: nn.Module) -> list[MoEFeedForward]:

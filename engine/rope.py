@@ -4,6 +4,7 @@ llama.cpp's NORM mode rotates adjacent pairs (x0, x1), which is what llama-arch 
 (the converter permutes Q/K for it); NEOX mode rotates the two halves (x_i, x_{i+d/2}).
 """
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -16,6 +17,11 @@ class RopeConfig:
     neox: bool = False  # True: rotate halves; False: rotate adjacent pairs
     linear_scale: float = 1.0  # positions are divided by this ("linear" rope scaling)
     attn_factor: float = 1.0  # cos/sin magnitude (LongRoPE/YaRN attention factor, llama.cpp mscale)
+    yarn_factor: float = 1.0  # YaRN context extension factor (1.0: no YaRN)
+    yarn_orig_ctx: int = 0  # the context the model was trained at (YaRN's correction range)
+    yarn_beta_fast: float = 32.0
+    yarn_beta_slow: float = 1.0
+    yarn_truncate: bool = True  # llama.cpp floors/ceils the correction range; gpt-oss does not
 
 
 class Rotary:
@@ -29,6 +35,8 @@ class Rotary:
             # llama3-style scaling (rope_freqs) and LongRoPE (rope_factors_*) ship per-frequency
             # divisors of the angle.
             inv_freq = inv_freq / freq_factors.to(torch.float64)
+        if cfg.yarn_factor != 1.0:
+            inv_freq = _yarn(inv_freq, cfg)
         self.inv_freq = (inv_freq / cfg.linear_scale).to(torch.float32)
 
     def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -54,3 +62,29 @@ class Rotary:
             x1, x2 = rot[..., 0::2], rot[..., 1::2]
             out = torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
         return torch.cat((out, rest), dim=-1) if rest.shape[-1] else out
+
+
+def _yarn(inv_freq: torch.Tensor, cfg: RopeConfig) -> torch.Tensor:
+    """YaRN's blend: high frequencies keep their angle, low ones are divided by the factor, with a
+    linear ramp between the dims that turn beta_fast and beta_slow times over the original context
+    (llama.cpp's ggml_rope_yarn_corr_dims, transformers' _compute_yarn_parameters)."""
+
+    def corr_dim(rotations: float) -> float:
+        return (
+            cfg.dims
+            * math.log(cfg.yarn_orig_ctx / (rotations * 2 * math.pi))
+            / (2 * math.log(cfg.base))
+        )
+
+    low, high = corr_dim(cfg.yarn_beta_fast), corr_dim(cfg.yarn_beta_slow)
+    if cfg.yarn_truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, cfg.dims - 1)
+    i = torch.arange(cfg.dims // 2, dtype=torch.float64)
+    ramp = ((i - low) / max(high - low, 0.001)).clamp(0, 1)  # 0: extrapolate, 1: interpolate
+    return inv_freq * (1 - ramp) + inv_freq / cfg.yarn_factor * ramp
+
+
+def yarn_mscale(factor: float, mul: float = 0.1) -> float:
+    """YaRN's attention magnitude correction 1 + mul * ln(factor) (1.0 when not extending)."""
+    return 1.0 + mul * math.log(factor) if factor > 1.0 else 1.0

@@ -7,7 +7,7 @@ from localllm.kernels.moe.experts import (
     expert_ffn_reference,
     group_by_expert,
 )
-from localllm.kernels.moe.routing import route_topk, route_topk_reference
+from localllm.kernels.moe.routing import route_scored, route_topk, route_topk_reference
 
 __all__ = [
     "ExpertBlocks",
@@ -15,6 +15,7 @@ __all__ = [
     "expert_ffn_grouped",
     "expert_ffn_reference",
     "group_by_expert",
+    "route_scored",
     "route_topk",
     "route_topk_reference",
 ]

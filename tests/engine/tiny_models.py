@@ -187,3 +187,32 @@ def write_tiny_gguf(
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def write_gguf(path: Path, arch: str, meta: dict, tensors: dict[str, np.ndarray]) -> Path:
+    """A GGUF of `arch` with the given `{arch}.*` metadata (ints as uint32, floats as float32,
+    bools as bool) and tensors: float32 arrays, or (raw uint8 blocks, QT) pairs."""
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_name(f"tiny-{arch}")
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_pad_token_id(0)
+    for key, value in meta.items():
+        if isinstance(value, bool):
+            writer.add_bool(f"{arch}.{key}", value)
+        elif isinstance(value, float):
+            writer.add_float32(f"{arch}.{key}", value)
+        elif isinstance(value, str):
+            writer.add_string(f"{arch}.{key}", value)
+        else:
+            writer.add_uint32(f"{arch}.{key}", value)
+    for name, arr in tensors.items():
+        if isinstance(arr, tuple):
+            writer.add_tensor(name, arr[0], raw_dtype=arr[1])
+        else:
+            writer.add_tensor(name, arr)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path

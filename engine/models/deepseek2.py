@@ -1,0 +1,236 @@
+"""The `deepseek2` GGUF architecture: DeepSeek-V2/V2-Lite/V3/R1 (and Kimi-K2, same graph).
+
+Multi-head latent attention as llama.cpp lays it out: q from `attn_q` or the low-rank
+`attn_q_a` -> `attn_q_a_norm` -> `attn_q_b`; a shared compressed kv plus one rope key from
+`attn_kv_a_mqa`, the latent normed by `attn_kv_a_norm` and expanded per head by `attn_kv_b` (or
+the split `attn_k_b`/`attn_v_b` of newer GGUFs). Rope (NORM pairs, optional YaRN) touches only the
+decoupled rope dims. The cache holds the expanded per-head K and V (V zero-padded to K's width).
+The first `leading_dense_block_count` layers have a dense FFN, the rest routed experts with
+DeepSeek routing and shared experts (`ffn_*_shexp`) through the shared MoE block.
+"""
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from localllm.engine.layers import DenseParam, GatedMLP, QuantLinear, RMSNorm, attention
+from localllm.engine.models.common import arch_key
+from localllm.engine.models.decoder import Decoder
+from localllm.engine.moe import EXPERT_TENSORS, MoEFeedForward, Routing
+from localllm.engine.rope import RopeConfig, Rotary, yarn_mscale
+
+GATING = {0: "softmax", 1: "softmax", 2: "sigmoid"}  # llama.cpp's expert_gating_func
+
+
+@dataclass(frozen=True)
+class ModelArgs:
+    arch: str
+    vocab_size: int
+    dim: int
+    n_layers: int
+    n_heads: int
+    hidden_dim: int  # dense layers' FFN
+    norm_eps: float
+    rope_base: float
+    context_length: int
+    q_lora_rank: int  # 0: a plain attn_q
+    kv_lora_rank: int
+    qk_nope_dim: int
+    qk_rope_dim: int
+    v_head_dim: int
+    split_kv_b: bool  # attn_k_b / attn_v_b instead of attn_kv_b
+    n_dense: int
+    n_expert: int
+    n_expert_used: int
+    expert_hidden_dim: int
+    n_shared: int
+    routing: Routing
+    norm_topk_prob: bool
+    yarn_factor: float
+    yarn_orig_ctx: int
+    yarn_log_mul: float
+
+    @property
+    def n_kv_heads(self) -> int:
+        return self.n_heads
+
+    @property
+    def head_dim(self) -> int:
+        """Width of a cached K/V row (V is padded to K's width when narrower)."""
+        return max(self.qk_nope_dim + self.qk_rope_dim, self.v_head_dim)
+
+    @classmethod
+    def from_gguf(cls, meta: dict[str, Any], vocab_size: int) -> "ModelArgs":
+        k = arch_key(meta)
+        rope = k("rope.dimension_count")
+        split = f"{meta['general.architecture']}.attention.key_length_mla" in meta
+        qk = k("attention.key_length_mla") if split else k("attention.key_length")
+        v = k("attention.value_length_mla") if split else k("attention.value_length")
+        yarn = k("rope.scaling.type", "none") == "yarn"
+        n_group = k("expert_group_count", 1)
+        routing = Routing(
+            scoring=GATING[k("expert_gating_func", 1)],
+            # V3's sigmoid router always ships the choice bias (exp_probs_b); V2's softmax never
+            probs_bias=k("expert_gating_func", 1) == 2,
+            n_group=n_group,
+            topk_group=k("expert_group_used_count", n_group),
+            scale=k("expert_weights_scale", 1.0),
+        )
+        return cls(
+            arch=meta["general.architecture"],
+            vocab_size=vocab_size,
+            dim=k("embedding_length"),
+            n_layers=k("block_count"),
+            n_heads=k("attention.head_count"),
+            hidden_dim=k("feed_forward_length"),
+            norm_eps=k("attention.layer_norm_rms_epsilon", 1e-6),
+            rope_base=k("rope.freq_base", 10000.0),
+            context_length=k("context_length", 4096),
+            q_lora_rank=k("attention.q_lora_rank", 0),
+            kv_lora_rank=k("attention.kv_lora_rank"),
+            qk_nope_dim=qk - rope,
+            qk_rope_dim=rope,
+            v_head_dim=v,
+            split_kv_b=split,
+            n_dense=k("leading_dense_block_count", 0),
+            n_expert=k("expert_count"),
+            n_expert_used=k("expert_used_count"),
+            expert_hidden_dim=k("expert_feed_forward_length"),
+            n_shared=k("expert_shared_count", 0),
+            routing=routing,
+            # V2 GGUFs predate the key and never renormalised
+            norm_topk_prob=bool(k("expert_weights_norm", False)),
+            yarn_factor=float(k("rope.scaling.factor", 1.0)) if yarn else 1.0,
+            yarn_orig_ctx=k("rope.scaling.original_context_length", 0) if yarn else 0,
+            yarn_log_mul=float(k("rope.scaling.yarn_log_multiplier", 0.1)),
+        )
+
+
+class Attention(nn.Module):
+    """MLA with the latent expanded to per-head K/V before the paged cache."""
+
+    def __init__(self, a: ModelArgs, precise: bool):
+        super().__init__()
+        self.a = a
+        qk = a.qk_nope_dim + a.qk_rope_dim
+        if a.q_lora_rank:
+            self.attn_q_a = QuantLinear(a.dim, a.q_lora_rank, precise)
+            self.attn_q_a_norm = RMSNorm(a.q_lora_rank, a.norm_eps)
+            self.attn_q_b = QuantLinear(a.q_lora_rank, a.n_heads * qk, precise)
+        else:
+            self.attn_q = QuantLinear(a.dim, a.n_heads * qk, precise)
+        self.attn_kv_a_mqa = QuantLinear(a.dim, a.kv_lora_rank + a.qk_rope_dim, precise)
+        self.attn_kv_a_norm = RMSNorm(a.kv_lora_rank, a.norm_eps)
+        if a.split_kv_b:
+            self.attn_k_b = DenseParam(a.n_heads, a.kv_lora_rank, a.qk_nope_dim)
+            self.attn_v_b = DenseParam(a.n_heads, a.v_head_dim, a.kv_lora_rank)
+        else:
+            rows = a.n_heads * (a.qk_nope_dim + a.v_head_dim)
+            self.attn_kv_b = QuantLinear(a.kv_lora_rank, rows, precise)
+        self.attn_output = QuantLinear(a.n_heads * a.v_head_dim, a.dim, precise)
+
+    def expand(self, latent: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-head (k_nope [T, H, nope], v [T, H, v]) from the normed latent [T, kv_lora]."""
+        a = self.a
+        if a.split_kv_b:
+            k = torch.einsum("tc,hcn->thn", latent, self.attn_k_b.value)
+            return k, torch.einsum("tc,hvc->thv", latent, self.attn_v_b.value)
+        kv = self.attn_kv_b(latent).reshape(-1, a.n_heads, a.qk_nope_dim + a.v_head_dim)
+        return kv.split([a.qk_nope_dim, a.v_head_dim], dim=-1)
+
+    def forward(self, h, positions, cos_sin, rotary, batch, kv, layer, scale):
+        a = self.a
+        nope, rope, d = a.qk_nope_dim, a.qk_rope_dim, a.head_dim
+        if a.q_lora_rank:
+            q = self.attn_q_b(self.attn_q_a_norm(self.attn_q_a(h)))
+        else:
+            q = self.attn_q(h)
+        q = q.reshape(-1, a.n_heads, nope + rope)
+        q = torch.cat((q[..., :nope], rotary.apply(q[..., nope:].contiguous(), *cos_sin)), -1)
+        ckv = self.attn_kv_a_mqa(h)
+        k_nope, v = self.expand(self.attn_kv_a_norm(ckv[:, : a.kv_lora_rank]))
+        k_pe = rotary.apply(ckv[:, None, a.kv_lora_rank :].contiguous(), *cos_sin)
+        k = torch.cat((k_nope, k_pe.expand(-1, a.n_heads, -1)), -1)
+        # one cache width for K and V: pad the narrower with zeros (q too, so scores are exact)
+        q, k, v = (F.pad(t, (0, d - t.shape[-1])) for t in (q, k, v))
+        o = attention(q, k, v, positions, batch, kv, layer, scale=scale)
+        return self.attn_output(o[..., : a.v_head_dim].reshape(-1, a.n_heads * a.v_head_dim))
+
+
+class Block(nn.Module):
+    def __init__(self, a: ModelArgs, layer: int, precise: bool):
+        super().__init__()
+        self.attn_norm = RMSNorm(a.dim, a.norm_eps)
+        self.attn = Attention(a, precise)
+        self.ffn_norm = RMSNorm(a.dim, a.norm_eps)
+        if layer < a.n_dense:
+            self.mlp: nn.Module = GatedMLP(a.dim, a.hidden_dim, "silu", precise)
+        else:
+            shared = a.n_shared * a.expert_hidden_dim
+            self.mlp = MoEFeedForward(
+                layer,
+                a.dim,
+                a.expert_hidden_dim,
+                a.n_expert,
+                a.n_expert_used,
+                a.norm_topk_prob,
+                precise=precise,
+                routing=a.routing,
+                shared_hidden=shared,
+            )
+        self.scale = 1.0
+
+    def forward(self, x, positions, cos_sin, rotary, batch, kv, layer):
+        h = self.attn_norm(x)
+        x = x + self.attn(h, positions, cos_sin, rotary, batch, kv, layer, self.scale)
+        return x + self.mlp(self.ffn_norm(x))
+
+
+_ATTN = (
+    "attn_q",
+    "attn_q_a",
+    "attn_q_a_norm",
+    "attn_q_b",
+    "attn_kv_a_mqa",
+    "attn_kv_a_norm",
+    "attn_kv_b",
+    "attn_k_b",
+    "attn_v_b",
+    "attn_output",
+)
+
+
+class Model(Decoder):
+    tensor_aliases = {  # noqa: RUF012 (a class constant the loader reads)
+        **Decoder.tensor_aliases,
+        **{n: f"attn.{n}" for n in _ATTN},
+        **{n: f"mlp.{n}" for n in ("ffn_gate_inp", "exp_probs_b", *EXPERT_TENSORS)},
+        **{f"ffn_{p}_shexp": f"mlp.shexp.ffn_{p}" for p in ("gate", "up", "down")},
+    }
+
+    def __init__(self, args: ModelArgs, precise: bool = False):
+        blocks = [Block(args, i, precise) for i in range(args.n_layers)]
+        super().__init__(args, blocks, precise)
+
+    def finish_load(self, extra: dict[str, torch.Tensor]) -> None:
+        """Called by the loader after every tensor is in place."""
+        self.tie_output()
+        a = self.args
+        cfg = RopeConfig(
+            a.qk_rope_dim,
+            a.rope_base,
+            neox=False,
+            yarn_factor=a.yarn_factor,
+            yarn_orig_ctx=a.yarn_orig_ctx,
+        )
+        self.rotary = Rotary(cfg)
+        # llama.cpp's deepseek2 graph: YaRN's magnitude goes into the score scale, squared
+        mscale = yarn_mscale(a.yarn_factor, a.yarn_log_mul)
+        scale = mscale * mscale / math.sqrt(a.qk_nope_dim + a.qk_rope_dim)
+        for blk in self.blk:
+            blk.scale = scale
+            blk.mlp.fuse()

@@ -14,7 +14,7 @@ class MessageView(Vertical):
     MessageView.user > .role { color: $accent; }
     MessageView.assistant > .role { color: $success; }
     MessageView > Markdown { margin: 0; padding: 0; }
-    MessageView > Markdown > * { margin: 0; }
+    MessageView > Markdown > MarkdownBlock:last-child { margin-bottom: 0; }
     """
 
     def __init__(self, role: str, content: str = "", message_id: int | None = None) -> None:

@@ -128,7 +128,7 @@ def _entries(args: argparse.Namespace) -> list:
         found += [(p, None) for p in files]
     if not found:
         found = [(resolve_model(None), None)]
-    if len({p.resolve() for p, _ in found}) != len(found):
+    if len({p.absolute() for p, _ in found}) != len(found):
         raise ValueError("the same model file is named twice")
     ids = [model_id_for(p) for p, _ in found]
     if args.alias:

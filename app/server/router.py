@@ -273,7 +273,8 @@ class ModelRouter:
     def shutdown(self, abort: bool = True) -> None:
         """Stop every loaded engine (the server is exiting), aborting in-flight requests."""
         if self._reaper is not None:
-            self._reaper.cancel()
+            with contextlib.suppress(RuntimeError):  # its loop may be closed already
+                self._reaper.cancel()
         for slot in self._slots.values():
             engine, slot.engine = slot.engine, None
             if engine is not None:

@@ -3,6 +3,7 @@ engines); then a real multi-model `localllm serve --models-dir` subprocess: rout
 swapping under --max-loaded 1, idle unload, per-model metrics/tokenize/health, and FIM
 (/infill, completions `suffix`) on a SmolLM2 copy whose metadata names FIM tokens."""
 
+import argparse
 import asyncio
 import json
 import os
@@ -17,7 +18,7 @@ import openai
 import pytest
 
 from localllm.app.server.errors import APIError
-from localllm.app.server.router import ModelEntry, ModelRouter
+from localllm.app.server.router import ModelEntry, ModelRouter, model_files, model_id_for
 from localllm.engine.core.outputs import CompletionOutput, RequestOutput
 from tests.app.server.conftest import _free_port
 from tests.app.server.fim_gguf import with_metadata
@@ -193,9 +194,41 @@ def test_names_default_unknown_and_failed_loads():
     asyncio.run(go())
 
 
+def test_models_dir_files_ids_and_serve_flags(smollm2_path, tmp_path):
+    from localllm.app.serve import _entries, parse_bytes
+
+    for name in ("a.gguf", "sub/b-00001-of-00002.gguf", "sub/b-00002-of-00002.gguf",
+                 "sub/mmproj-a-f16.gguf", "notes.txt"):  # fmt: skip
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_bytes(b"")
+    files = model_files(tmp_path)
+    assert [p.relative_to(tmp_path).as_posix() for p in files] == [
+        "a.gguf", "sub/b-00001-of-00002.gguf"]  # fmt: skip
+    assert [model_id_for(p) for p in files] == ["a", "b"]
+    assert parse_bytes("8G") == 8 << 30 and parse_bytes("1.5GiB") == 3 << 29
+    assert parse_bytes("512M") == 512 << 20 and parse_bytes("1000") == 1000
+
+    def args(**kw):
+        base = {"model": None, "models_dir": None, "alias": None, "ctx_size": 256}
+        return argparse.Namespace(**{**base, **kw})
+
+    root = tmp_path / "lib"
+    for d in ("x", "y"):  # the same file name in two folders: the path tells them apart
+        (root / d).mkdir(parents=True)
+        (root / d / smollm2_path.name).symlink_to(smollm2_path)
+    entries = _entries(args(models_dir=str(root)))
+    assert [e.id for e in entries] == [str(root / d / smollm2_path.stem) for d in "xy"]
+    assert entries[0].context_length == 256 and entries[0].nbytes > 50_000_000
+    one = _entries(args(model=[str(smollm2_path)], alias="smol"))
+    assert one[0].id == "smol" and one[0].matches(smollm2_path.name) and not one[0].fim
+    with pytest.raises(ValueError, match="twice"):
+        _entries(args(model=[str(smollm2_path), str(smollm2_path)]))
+    with pytest.raises(ValueError, match="alias"):
+        _entries(args(model=[str(smollm2_path)], models_dir=str(root / "x"), alias="s"))
+
+
 # -- the real server ---------------------------------------------------------------------------
 
-pytestmark = pytest.mark.slow
 PLAIN, FIM = "SmolLM2-135M-Instruct.Q4_1", "smol-fim"
 FIM_IDS = {"tokenizer.ggml.fim_pre_token_id": 3, "tokenizer.ggml.fim_suf_token_id": 4,
            "tokenizer.ggml.fim_mid_token_id": 5}  # fmt: skip
@@ -261,6 +294,7 @@ def _wait_status(multi: Multi, want: dict[str, str], limit: float = 120.0) -> No
 # The tests run in file order and load each model once (loads are slow on a busy 2-core box).
 
 
+@pytest.mark.slow
 def test_models_list_every_servable_model_with_status(multi):
     data = {m["id"]: m for m in multi.http.get("/v1/models").json()["data"]}
     assert set(data) == {PLAIN, FIM}
@@ -285,6 +319,7 @@ def _fim_reference(multi: Multi) -> tuple[list[int], str]:
     return ids, multi.complete(FIM, prompt=ids, max_tokens=10).choices[0].text
 
 
+@pytest.mark.slow
 def test_completions_suffix_and_infill_use_the_psm_prompt(multi):
     ids, expected = _fim_reference(multi)
     got = multi.complete(FIM, prompt=PREFIX, suffix=SUFFIX, max_tokens=10)
@@ -306,6 +341,7 @@ def test_completions_suffix_and_infill_use_the_psm_prompt(multi):
     assert events[-1]["tokens_predicted"] == 10
 
 
+@pytest.mark.slow
 def test_fim_bad_requests(multi):
     r = multi.http.post("/infill", json={"model": FIM, "input_prefix": "a", "n": 2})
     assert r.status_code == 400 and r.json()["error"]["message"]
@@ -315,6 +351,7 @@ def test_fim_bad_requests(multi):
         multi.complete(FIM, prompt=[1, 2, 3], suffix="x")
 
 
+@pytest.mark.slow
 def test_the_request_model_picks_the_engine_and_max_loaded_swaps(multi):
     before = multi.http.get("/metrics").text
     b = multi.complete(FIM + ".gguf")  # the file name works as the id too
@@ -347,6 +384,7 @@ def test_the_request_model_picks_the_engine_and_max_loaded_swaps(multi):
     assert e.value.body["code"] == "fim_unsupported"
 
 
+@pytest.mark.slow
 def test_idle_models_unload(multi):
     multi.complete(PLAIN, max_tokens=2)
     _wait_status(multi, {PLAIN: "unloaded", FIM: "unloaded"})  # after --idle-unload seconds

@@ -94,8 +94,10 @@ class PagedKVCache:
         scale: float,
         window: int | None = None,
         softcap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Causal GQA attention of q [T, H, D] (the last tokens of each sequence) -> [T, H, Dv]."""
+        """Causal GQA attention of q [T, H, D] (the last tokens of each sequence) -> [T, H, Dv];
+        `sinks` [H]: per-head attention-sink logits (gpt-oss)."""
         if batch.block_size != self.block_size:
             raise ValueError(f"batch block size {batch.block_size} != cache {self.block_size}")
         return paged_attention(
@@ -111,6 +113,7 @@ class PagedKVCache:
             self.k_scales[layer] if self.k_scales else None,
             self.v_scales[layer] if self.v_scales else None,
             decode=self._decode_plan(batch, window),
+            sinks=sinks,
         )
 
     def _decode_plan(self, batch: BatchMeta, window: int | None):

@@ -203,13 +203,16 @@ def attention(
     scale: float,
     window: int | None = None,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal GQA attention over the paged cache; q [T, H, D], k/v [T, KV, D] -> [T, H, Dv].
 
     Writes this step's k/v at the batch's slots first, then each sequence attends to its whole
     context (its new tokens are its last ones, so `positions` is implied by `batch.seq_lens`).
     `window` keeps only the last `window` keys (sliding window); `softcap` squashes scores with
-    cap * tanh(s / cap).
+    cap * tanh(s / cap); `sinks` [H] adds a per-head logit to each softmax's denominator.
     """
     kv.write(layer, k, v, batch.slot_mapping)
-    return kv.attend(layer, q, batch, scale, window, softcap)
+    if sinks is None:  # other caches (and their fast paths) need not know about sinks
+        return kv.attend(layer, q, batch, scale, window, softcap)
+    return kv.attend(layer, q, batch, scale, window, softcap, sinks)

@@ -15,9 +15,10 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from localllm.engine.layers import DenseParam, GatedMLP, QuantLinear
+from localllm.engine.layers import DenseParam, GatedMLP, QuantLinear, dense
 from localllm.engine.models import model_module
 from localllm.kernels.moe import (
+    ExpertBiases,
     ExpertBlocks,
     ExpertFormat,
     expert_ffn_grouped,
@@ -56,9 +57,13 @@ class ExpertTensor(nn.Module):
         super().__init__()
         self.shape = (n_expert, rows, cols)
         self.weight: QuantWeight | None = None
+        self.bias: torch.Tensor | None = None  # [n_expert, rows] float32 (gpt-oss), always held
         self.streamed = False  # disk tier: the blocks are not held, a streamer reads them
 
     def load_tensor(self, suffix: str, w: QuantWeight) -> None:
+        if suffix == "bias" and tuple(w.shape) == self.shape[:2]:
+            self.bias = dense(w)
+            return
         if suffix != "weight" or tuple(w.shape) != self.shape:
             raise ValueError(f"expected expert weight {self.shape}, got {tuple(w.shape)}")
         self.weight = w
@@ -161,7 +166,11 @@ class MoEFeedForward(nn.Module):
         weights, ids = self.route(x)
         self._device = x.device
         self.source.routed(self.layer, ids)
-        y = expert_ffn_grouped(x.reshape(-1, self.dim), weights, ids, self.fetch, self.format)
+        parts = (self.ffn_gate_exps, self.ffn_up_exps, self.ffn_down_exps)
+        biases = ExpertBiases(*(t.bias for t in parts)) if parts[0].bias is not None else None
+        y = expert_ffn_grouped(
+            x.reshape(-1, self.dim), weights, ids, self.fetch, self.format, biases
+        )
         y = y.reshape(x.shape).to(x.dtype)
         return y + self.shexp(x) if self.shexp is not None else y
 

@@ -7,8 +7,18 @@ import importlib
 from types import ModuleType
 
 # Architectures served by another family's file (same tensor layout and math).
-ALIASES = {"mistral": "llama", "smollm": "llama", "nomic-bert": "bert"}
-SUPPORTED = ("llama", "gemma3", "qwen2", "qwen3", "qwen3moe", "phi3", "bert", "deepseek2")
+ALIASES = {"mistral": "llama", "smollm": "llama", "nomic-bert": "bert", "gpt-oss": "gpt_oss"}
+SUPPORTED = (
+    "llama",
+    "gemma3",
+    "qwen2",
+    "qwen3",
+    "qwen3moe",
+    "phi3",
+    "bert",
+    "deepseek2",
+    "gpt_oss",
+)
 
 
 class UnsupportedArchitectureError(ValueError):

@@ -70,8 +70,10 @@ def decode_attention(
     softcap: float | None = None,
     k_scales: torch.Tensor | None = None,
     v_scales: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Attention of the plan's query rows of q [T, H, D] -> [nd, H, Dv]."""
+    """Attention of the plan's query rows of q [T, H, D] -> [nd, H, Dv]; `sinks` [H] as in
+    `paged_attention`."""
     keys = decode_kv(
         _take(k_cache, plan.slots),
         _take(k_scales, plan.slots) if k_scales is not None else None,
@@ -89,5 +91,10 @@ def decode_attention(
         scores = softcap * torch.tanh(scores / softcap)
     if plan.pad is not None:
         scores = scores.masked_fill(plan.pad, -torch.inf)
-    out = torch.matmul(scores.softmax(-1), vals.permute(0, 2, 1, 3))  # [nd, KV, G, Dv]
+    if sinks is None:
+        probs = scores.softmax(-1)
+    else:  # an extra logit per head in the denominator only (gpt-oss attention sinks)
+        total = torch.logaddexp(scores.logsumexp(-1, keepdim=True), sinks.view(1, kvh, -1, 1))
+        probs = torch.exp(scores - total)
+    out = torch.matmul(probs, vals.permute(0, 2, 1, 3))  # [nd, KV, G, Dv]
     return out.reshape(nd, q.shape[1], -1)

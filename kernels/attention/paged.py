@@ -46,6 +46,7 @@ def paged_attention(
     k_scales: torch.Tensor | None = None,
     v_scales: torch.Tensor | None = None,
     decode: DecodePlan | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal GQA attention of each sequence's new queries over its paged context.
 
@@ -54,7 +55,9 @@ def paged_attention(
     scales; H must be a multiple of KV. `window` keeps the last `window` keys of each query (key
     positions > query position - window); `softcap` squashes scores to cap * tanh(s / cap).
     `decode` (from `plan_decode` for the same layout and window) runs every single-token sequence
-    in one batched gather. Returns [T, H, Dv] in q's dtype (possibly a non-contiguous view).
+    in one batched gather. `sinks` [H] (gpt-oss) are per-head logits of a virtual key with a zero
+    value: they join each softmax's denominator only. Returns [T, H, Dv] in q's dtype (possibly
+    a non-contiguous view).
     """
     if decode is not None:
         return _with_plan(
@@ -70,6 +73,7 @@ def paged_attention(
             k_scales,
             v_scales,
             decode,
+            sinks,
         )
     bs = k_cache.shape[1]
     outs = []
@@ -87,9 +91,9 @@ def paged_attention(
         keys = _gather(k_cache, k_scales, ids, off, n - lo, q.dtype)  # [m, KV, D]
         vals = _gather(v_cache, v_scales, ids, off, n - lo, q.dtype)
         if t == 1:
-            outs.append(_decode_one(q[s], keys, vals, scale, softcap))
+            outs.append(_decode_one(q[s], keys, vals, scale, softcap, sinks))
         else:
-            outs.append(_chunk(q[s:e], keys, vals, n - t - lo, scale, window, softcap))
+            outs.append(_chunk(q[s:e], keys, vals, n - t - lo, scale, window, softcap, sinks))
     if len(outs) == 1:  # one sequence (the CPU decode case): no concatenation copy
         return outs[0]
     return torch.cat(outs) if outs else q.new_empty(0, q.shape[1], v_cache.shape[-1])
@@ -108,11 +112,12 @@ def _with_plan(
     k_scales,
     v_scales,
     decode: DecodePlan,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Single-token sequences in one batched pass; the others one by one into the same output."""
     out = q.new_empty(q.shape[0], q.shape[1], v_cache.shape[-1])
     out[decode.rows] = decode_attention(
-        q, k_cache, v_cache, decode, scale, softcap, k_scales, v_scales
+        q, k_cache, v_cache, decode, scale, softcap, k_scales, v_scales, sinks
     )
     for b in range(len(seq_lens)):
         s, e = query_start[b], query_start[b + 1]
@@ -129,6 +134,7 @@ def _with_plan(
                 softcap,
                 k_scales,
                 v_scales,
+                sinks=sinks,
             )
     return out
 
@@ -160,6 +166,7 @@ def _decode_one(
     vals: torch.Tensor,
     scale: float,
     softcap: float | None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One query token: q [H, D] over keys/vals [m, KV, D] -> [1, H, Dv], heads grouped per KV.
 
@@ -171,7 +178,8 @@ def _decode_one(
     scores = torch.bmm(qg, keys.permute(1, 2, 0)) * scale  # [KV, G, m]
     if softcap is not None:
         scores = softcap * torch.tanh(scores / softcap)
-    return torch.bmm(scores.softmax(-1), vals.transpose(0, 1)).view(1, q.shape[0], -1)
+    probs = softmax_with_sinks(scores, None if sinks is None else sinks.view(kvh, -1, 1))
+    return torch.bmm(probs, vals.transpose(0, 1)).view(1, q.shape[0], -1)
 
 
 def _chunk(
@@ -182,20 +190,31 @@ def _chunk(
     scale: float,
     window: int | None,
     softcap: float | None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """t queries [t, H, D] at key offsets q0..q0+t-1 over keys/vals [m, KV, D] -> [t, H, Dv]."""
     qb, kb, vb = q.transpose(0, 1), keys.transpose(0, 1), vals.transpose(0, 1)
     mask = _mask(q0, q.shape[0], keys.shape[0], window, q.device)
-    if softcap is None:
+    if softcap is None and sinks is None:
         o = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask, scale=scale, enable_gqa=True)
     else:
         group = qb.shape[0] // kb.shape[0]
         kb, vb = kb.repeat_interleave(group, 0), vb.repeat_interleave(group, 0)
         scores = (qb @ kb.transpose(-1, -2)) * scale
-        scores = softcap * torch.tanh(scores / softcap)
+        if softcap is not None:
+            scores = softcap * torch.tanh(scores / softcap)
         scores = scores.masked_fill(~mask, -torch.inf)
-        o = scores.softmax(-1) @ vb
+        o = softmax_with_sinks(scores, None if sinks is None else sinks.view(-1, 1, 1)) @ vb
     return o.transpose(0, 1)
+
+
+def softmax_with_sinks(scores: torch.Tensor, sinks: torch.Tensor | None) -> torch.Tensor:
+    """softmax over the last dim, with `sinks` (broadcast to scores[..., :1]) as an extra logit
+    whose probability is dropped: exp(s) / (sum exp(s) + exp(sink))."""
+    if sinks is None:
+        return scores.softmax(-1)
+    total = torch.logaddexp(scores.logsumexp(-1, keepdim=True), sinks.to(scores.dtype))
+    return torch.exp(scores - total)
 
 
 def _mask(q0: int, t: int, m: int, window: int | None, device: torch.device) -> torch.Tensor:

@@ -1,6 +1,7 @@
 """MoE math: expert routing and grouped expert matmul (torch reference + fast paths)."""
 
 from localllm.kernels.moe.experts import (
+    ExpertBiases,
     ExpertBlocks,
     ExpertFormat,
     expert_ffn_grouped,
@@ -10,6 +11,7 @@ from localllm.kernels.moe.experts import (
 from localllm.kernels.moe.routing import route_scored, route_topk, route_topk_reference
 
 __all__ = [
+    "ExpertBiases",
     "ExpertBlocks",
     "ExpertFormat",
     "expert_ffn_grouped",

@@ -26,7 +26,16 @@ class ExpertFormat:
     down: QuantType
     dim: int
     hidden: int
-    act: str = "silu"  # "silu" (SwiGLU) or "gelu" (tanh GeGLU)
+    act: str = "silu"  # "silu" (SwiGLU), "gelu" (tanh GeGLU) or "swiglu_oai" (gpt-oss)
+
+
+@dataclass(frozen=True, slots=True)
+class ExpertBiases:
+    """Per-expert biases (gpt-oss): gate and up [n_expert, hidden], down [n_expert, dim]."""
+
+    gate: torch.Tensor
+    up: torch.Tensor
+    down: torch.Tensor
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,20 +47,40 @@ class ExpertBlocks:
     down: torch.Tensor
 
 
-def _act(g: torch.Tensor, act: str) -> torch.Tensor:
-    return F.silu(g) if act == "silu" else F.gelu(g, approximate="tanh")
+SWIGLU_OAI_LIMIT, SWIGLU_OAI_ALPHA = 7.0, 1.702
+
+
+def _glu(g: torch.Tensor, u: torch.Tensor, act: str) -> torch.Tensor:
+    if act == "swiglu_oai":  # gpt-oss: clamped, sigmoid(alpha * g) gate, (up + 1)
+        g = g.clamp(max=SWIGLU_OAI_LIMIT)
+        u = u.clamp(-SWIGLU_OAI_LIMIT, SWIGLU_OAI_LIMIT)
+        return g * torch.sigmoid(SWIGLU_OAI_ALPHA * g) * (u + 1)
+    return (F.silu(g) if act == "silu" else F.gelu(g, approximate="tanh")) * u
 
 
 def _matrix(blocks: torch.Tensor, qtype: QuantType, rows: int, cols: int) -> torch.Tensor:
     return dequantize(blocks, qtype).reshape(rows, cols)
 
 
-def expert_ffn_one(x: torch.Tensor, b: ExpertBlocks, fmt: ExpertFormat) -> torch.Tensor:
-    """One expert's FFN on the tokens x [n, dim] routed to it -> [n, dim] (float32)."""
+def expert_ffn_one(
+    x: torch.Tensor,
+    b: ExpertBlocks,
+    fmt: ExpertFormat,
+    bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """One expert's FFN on the tokens x [n, dim] routed to it -> [n, dim] (float32); `bias` is
+    this expert's (gate, up, down) biases, if any."""
     d, h = fmt.dim, fmt.hidden
     g = x @ _matrix(b.gate, fmt.gate, h, d).T
     u = x @ _matrix(b.up, fmt.up, h, d).T
-    return (_act(g, fmt.act) * u) @ _matrix(b.down, fmt.down, d, h).T
+    if bias is not None:
+        g, u = g + bias[0], u + bias[1]
+    y = _glu(g, u, fmt.act) @ _matrix(b.down, fmt.down, d, h).T
+    return y + bias[2] if bias is not None else y
+
+
+def _bias(biases: ExpertBiases | None, e: int):
+    return None if biases is None else (biases.gate[e], biases.up[e], biases.down[e])
 
 
 def group_by_expert(ids: torch.Tensor) -> tuple[torch.Tensor, list[int], list[int]]:
@@ -69,6 +98,7 @@ def expert_ffn_grouped(
     ids: torch.Tensor,
     fetch: Callable[[int], ExpertBlocks],
     fmt: ExpertFormat,
+    biases: ExpertBiases | None = None,
 ) -> torch.Tensor:
     """x [T, dim], routing weights/ids [T, k] -> [T, dim]; touches only the selected experts.
 
@@ -84,7 +114,7 @@ def expert_ffn_grouped(
     start = 0
     for e, n in zip(experts, counts, strict=True):
         sel = tokens[start : start + n]
-        y = expert_ffn_one(x[sel], fetch(e), fmt)
+        y = expert_ffn_one(x[sel], fetch(e), fmt, _bias(biases, e))
         # index_put_ over index_add_: same sums (a token meets each expert once) and ~50x less
         # dispatch overhead on CPU for the few rows of a decode step
         out.index_put_((sel,), y * w[start : start + n, None], accumulate=True)
@@ -100,6 +130,7 @@ def expert_ffn_reference(
     up: torch.Tensor,
     down: torch.Tensor,
     fmt: ExpertFormat,
+    biases: ExpertBiases | None = None,
 ) -> torch.Tensor:
     """The oracle: every expert on every token, weighted by a dense [T, E] routing matrix.
 
@@ -111,6 +142,6 @@ def expert_ffn_reference(
     dense.scatter_add_(1, ids, weights.float())
     out = torch.zeros_like(x)
     for e in range(n_expert):
-        y = expert_ffn_one(x, ExpertBlocks(gate[e], up[e], down[e]), fmt)
+        y = expert_ffn_one(x, ExpertBlocks(gate[e], up[e], down[e]), fmt, _bias(biases, e))
         out += dense[:, e : e + 1] * y
     return out

@@ -1,4 +1,4 @@
-"""`<think>` split into reasoning_content, through the real app with the official `openai` client.
+"""`<think>` split into reasoning_content, through the real app.
 
 SmolLM2 never thinks, so a scripted engine stands in: it renders with a real `ChatTemplate` and
 answers with fixed text cut into small deltas. What is checked is the server's work: the split,
@@ -6,6 +6,7 @@ the opening tag taken from the template, the stream shape and `--reasoning-forma
 """
 
 import asyncio
+import json
 
 import httpx
 import openai
@@ -114,3 +115,33 @@ def test_reasoning_format_none_keeps_the_tags_in_content():
     assert msg.content == reply and "reasoning_content" not in (msg.model_extra or {})
     chunks = _ask(PLAIN, reply, stream=True, reasoning_format="none")
     assert _streamed(chunks) == ("", reply)
+
+
+def test_messages_and_responses_carry_reasoning_in_their_own_shapes():
+    engine = ScriptedEngine(QWEN3_LIKE, "Two and two.</think>It is 4.")
+    app = create_app(engine, ServerSettings(model_id="m"))
+    body = {"model": "m", "max_tokens": 50, "messages": [{"role": "user", "content": "2+2?"}]}
+
+    async def go():
+        http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t")
+        whole = (await http.post("/v1/messages", json=body)).json()
+        r = await http.post("/v1/messages", json={**body, "stream": True})
+        events = [json.loads(line[6:]) for line in r.text.splitlines() if line[:6] == "data: "]
+        oai = openai.AsyncOpenAI(base_url="http://t/v1", api_key="x", http_client=http)
+        resp = await oai.responses.create(model="m", input="2+2?")
+        return whole, events, resp
+
+    whole, events, resp = asyncio.run(go())
+    assert whole["content"] == [
+        {"type": "thinking", "thinking": "Two and two.", "signature": ""},
+        {"type": "text", "text": "It is 4."},
+    ]
+    starts = [(e["index"], e["content_block"]["type"]) for e in events
+              if e["type"] == "content_block_start"]  # fmt: skip
+    assert starts == [(0, "thinking"), (1, "text")]
+    deltas = [e["delta"] for e in events if e["type"] == "content_block_delta"]
+    assert "".join(d.get("thinking", "") for d in deltas) == "Two and two."
+    assert "".join(d.get("text", "") for d in deltas) == "It is 4."
+    assert [e["type"] for e in events if "index" in e].count("content_block_stop") == 2
+    assert [o.type for o in resp.output] == ["reasoning", "message"]
+    assert resp.output[0].content[0].text == "Two and two." and resp.output_text == "It is 4."

@@ -7,7 +7,6 @@ through Textual's MarkdownStream, which coalesces fragments when tokens outrun r
 
 import asyncio
 import contextlib
-import re
 import time
 from typing import ClassVar
 
@@ -20,8 +19,9 @@ from textual.widgets import Footer, Markdown, Static
 from textual.worker import Worker
 
 from localllm.app.tui.backend import GenSettings, chat_messages
-from localllm.app.tui.history import Conversation, StoredMessage, slug
-from localllm.app.tui.screens.modals import ConfirmModal, SamplingModal, TextPromptModal
+from localllm.app.tui.history import Conversation, StoredMessage
+from localllm.app.tui.screens.chat_actions import ConversationActions
+from localllm.app.tui.screens.modals import SamplingModal
 from localllm.app.tui.stats import GenStats, status_text
 from localllm.app.tui.widgets.message import MessageView
 from localllm.app.tui.widgets.prompt import PromptInput
@@ -29,16 +29,9 @@ from localllm.app.tui.widgets.resources import ResourcePanel
 from localllm.app.tui.widgets.sidebar import ConversationList
 
 STATUS_INTERVAL = 0.1  # seconds between status-line redraws while streaming
-FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.S | re.M)
 
 
-def last_code_block(text: str) -> str | None:
-    """The body of the last fenced code block in `text` (what "copy" takes), if any."""
-    blocks = FENCE.findall(text)
-    return blocks[-1] if blocks else None
-
-
-class ChatScreen(Screen):
+class ChatScreen(ConversationActions, Screen):
     CSS_PATH = "chat.tcss"
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape", "stop", "Stop", priority=True),
@@ -296,42 +289,3 @@ class ChatScreen(Screen):
     def action_toggle_sidebar(self) -> None:
         side = self.query_one("#side")
         side.display = not side.display
-
-    def action_rename(self) -> None:
-        conv = self.conversation
-        if conv is None:
-            return
-
-        def done(title: str | None) -> None:
-            if title:
-                self.store.rename(conv.id, title)
-                self.conversation = self.store.conversation(conv.id)
-                self.refresh_list()
-
-        self.app.push_screen(TextPromptModal("Rename conversation", conv.title), done)
-
-    def action_delete(self) -> None:
-        conv = self.conversation
-        if conv is None:
-            return
-
-        async def done(yes: bool | None) -> None:
-            if yes:
-                self.store.delete(conv.id)
-                await self.open(None)
-
-        self.app.push_screen(ConfirmModal(f"Delete “{conv.title}”?"), done)
-
-    def action_export(self) -> None:
-        if self.conversation is None:
-            return
-        path = self.app.export_dir / f"{slug(self.conversation.title)}.md"
-        path.write_text(self.store.export_markdown(self.conversation.id))
-        self.notify(f"Exported to {path}", timeout=5)
-
-    def action_copy_answer(self) -> None:
-        answers = [m for m in self.history if m.role == "assistant"]
-        if answers:
-            code = last_code_block(answers[-1].content)
-            self.app.copy_to_clipboard(code if code is not None else answers[-1].content)
-            self.notify("Copied the last code block" if code is not None else "Copied the answer")

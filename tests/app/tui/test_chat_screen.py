@@ -107,3 +107,18 @@ async def test_edit_and_resend_the_last_user_message(tmp_path):
         assert len(backend.calls[2][0]) == 3
         stored = app.store.messages(chat.conversation.id)
         assert [m.content for m in stored] == ["first", "one", "second", "three"]
+
+
+async def test_copy_takes_the_last_code_block(tmp_path):
+    answer = "Try:\n\n```sh\nls -la\n```\n\nthen\n\n```python\nprint('hi')\n```\n"
+    app = make_app(tmp_path, FakeBackend([answer, "no code here"]))
+    async with app.run_test(size=(100, 30)) as pilot:
+        await ready(pilot)
+        await send(pilot, "how?")
+        await answered(pilot, 2)
+        await pilot.press("ctrl+y")
+        assert app.clipboard == "print('hi')\n"
+        await send(pilot, "again")
+        await answered(pilot, 4)
+        await pilot.press("ctrl+y")
+        assert app.clipboard == "no code here"

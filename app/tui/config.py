@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from localllm.app.model_path import default_model
 from localllm.app.tui.backend import GenSettings
 
 THEMES = {"dark": "textual-dark", "light": "textual-light"}
@@ -20,6 +21,7 @@ class TuiConfig:
     default_model: str | None = None
     sampling: GenSettings = field(default_factory=GenSettings)
     theme: str = "textual-dark"
+    builtin_dirs: tuple[Path, ...] = ()  # where the embedded default model lives, if installed
 
 
 def theme_name(value: str | None) -> str:
@@ -41,6 +43,7 @@ def _sampling(sampling: Any) -> GenSettings:
 
 
 def load_config() -> TuiConfig:
+    embedded = default_model()
     try:
         settings = importlib.import_module("localllm.app.settings").load_settings()
     except ImportError:
@@ -50,4 +53,5 @@ def load_config() -> TuiConfig:
         default_model=getattr(settings, "default_model", None),
         sampling=_sampling(getattr(settings, "sampling", None)),
         theme=theme_name(getattr(settings, "theme", None)),
+        builtin_dirs=(embedded.parent,) if embedded else (),
     )

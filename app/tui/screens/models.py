@@ -77,7 +77,8 @@ class ModelScreen(Screen):
     def action_rescan(self) -> None:
         available = available_for_model(self.app.probe())
         config = self.app.hub_config()
-        entries = scan_entries(config.cache_dir, self.app.config.model_dirs, available)
+        dirs = self.app.config.model_dirs + self.app.config.builtin_dirs
+        entries = scan_entries(config.cache_dir, dirs, available)
         self.app.call_from_thread(self._show_library, entries)
 
     def _show_library(self, entries: list[LibraryEntry]) -> None:

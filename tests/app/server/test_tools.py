@@ -7,6 +7,7 @@ this 135M model emits a valid call.
 
 import asyncio
 import json
+from types import SimpleNamespace
 
 import httpx
 import jsonschema
@@ -16,6 +17,8 @@ import pytest
 from localllm.app.server.app import create_app
 from localllm.app.server.settings import ServerSettings
 from localllm.engine import AsyncEngine
+from localllm.engine.core.outputs import CompletionOutput, RequestOutput
+from localllm.engine.tokenizer.chat_template import ChatTemplate
 
 pytestmark = pytest.mark.slow
 
@@ -193,3 +196,63 @@ def test_each_family_format_is_forced_and_parsed_back(engine, fmt):
     for p in parts:
         streamed[p.index] = streamed.get(p.index, "") + (p.function.arguments or "")
     assert [json.loads(streamed[i]) for i in sorted(streamed)] == args
+
+
+QWEN_LIKE = (  # renders `tools`, assistant `tool_calls` and `tool` results itself, as Qwen2.5 does
+    "{% if tools %}<|im_start|>system\n# Tools\n<tools>{% for t in tools %}{{ t | tojson }}"
+    "{% endfor %}</tools><|im_end|>\n{% endif %}"
+    "{% for m in messages %}{% if m.role == 'tool' %}"
+    "<|im_start|>user\n<tool_response>\n{{ m.content }}\n</tool_response><|im_end|>\n{% else %}"
+    "<|im_start|>{{ m.role }}\n{{ m.content }}"
+    "{% for tc in m.tool_calls or [] %}<tool_call>{{ tc.function | tojson }}</tool_call>"
+    "{% endfor %}<|im_end|>\n{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+class ToolTemplateEngine:
+    """Renders with a real tool-aware template, keeps each prompt, answers `reply`."""
+
+    max_model_len = 4096
+    alive = True
+
+    def __init__(self, reply: str):
+        # `<tool_call>` is plain text here (several tokens), as in SmolLM2's vocabulary.
+        self.tokenizer = SimpleNamespace(chat_template=QWEN_LIKE, encode=lambda t, **kw: [1, 2])
+        self.engine = SimpleNamespace(grammars=SimpleNamespace(compile=lambda spec: None))
+        self.template = ChatTemplate(QWEN_LIKE)
+        self.reply, self.prompts = reply, []
+
+    async def chat(self, messages, params, request_id, *, tools=None, **kw):
+        prompt = self.template.render(messages, tools=tools)
+        self.prompts.append(prompt)
+        out = CompletionOutput(0, self.reply, [1], finish_reason="stop")
+        yield RequestOutput(request_id, None, [1] * len(prompt), [out], finished=True)
+
+
+def test_a_tool_aware_template_renders_tools_and_history_itself():
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "celsius"}}'
+    engine = ToolTemplateEngine("Let me check. " + call + "\n</tool_call>")
+    app = create_app(engine, ServerSettings(model_id="m"))
+
+    async def go():
+        http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t")
+        client = openai.AsyncOpenAI(base_url="http://t/v1", api_key="x", http_client=http)
+        first = await client.chat.completions.create(model="m", messages=ASK, tools=[WEATHER])
+        msg = first.choices[0].message
+        result = {"role": "tool", "tool_call_id": msg.tool_calls[0].id, "content": "4 C"}
+        history = [*ASK, msg.model_dump(exclude_none=True), result]
+        await client.chat.completions.create(model="m", messages=history, tools=[WEATHER])
+        return first
+
+    first = asyncio.run(go())
+    msg = first.choices[0].message
+    assert msg.content == "Let me check. " and first.choices[0].finish_reason == "tool_calls"
+    assert json.loads(msg.tool_calls[0].function.arguments) == {"city": "Oslo", "unit": "celsius"}
+    # The template got the tools (no generic system text) and, next turn, the call as an object.
+    assert f"<tools>{json.dumps(WEATHER, ensure_ascii=False)}</tools>" in engine.prompts[0]
+    assert "You can call the following tools" not in engine.prompts[0]
+    rendered = engine.prompts[1].split("<tool_call>")[1].split("</tool_call>")[0]
+    fn = {"name": "get_weather", "arguments": {"city": "Oslo", "unit": "celsius"}}
+    assert json.loads(rendered) == fn  # an object for the template, not JSON text in a string
+    assert "<tool_response>\n4 C\n</tool_response>" in engine.prompts[1]

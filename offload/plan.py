@@ -17,6 +17,7 @@ from localllm.offload.memory import MemoryInfo
 from localllm.offload.residency import ResidencyConfig, ResidencyError, Streaming
 
 _EXPERT = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down)_exps\.weight$")
+_EXPERT_BIAS = re.compile(r"^blk\.\d+\.ffn_(gate|up|down)_exps\.bias$")
 
 
 def fmt_bytes(n: int) -> str:
@@ -139,6 +140,10 @@ def plan_residency(
         rule = config.tier_of(name)
         if rule is not None:
             tiers[name] = rule.tier
+    for n, t in tiers.items():
+        # per-expert biases (gpt-oss) are tiny and the MoE block always holds them
+        if t == "disk" and _EXPERT_BIAS.match(n):
+            tiers[n] = "host"
     bad = [n for n, t in tiers.items() if t == "disk" and expert_layer(n) is None]
     if bad:
         raise ResidencyError(

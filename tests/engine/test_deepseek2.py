@@ -317,3 +317,8 @@ def test_batch_of_two_matches_each_alone(ours):
     out = model.logits(model(ids, torch.tensor([11, *range(17, 23)]), batch, kv))
     assert (out[0] - full_logits(model, a2)[11]).abs().max() < CACHE_TOL
     assert (out[1:] - want_b[17:]).abs().max() < CACHE_TOL
+
+
+def write_deepseek2(path, seed: int = 0):
+    """This file's tiny deepseek2 GGUF (merged attn_kv_b) at `path` (for other suites)."""
+    return write_gguf(path, "deepseek2", META, _tensors(seed))

@@ -269,3 +269,8 @@ def test_batch_of_two_matches_each_alone(ours):
     out = ours.logits(ours(torch.tensor([a2[11], b[17]]), torch.tensor([11, 17]), batch, kv))
     assert (out[0] - full_logits(ours, a2)[11]).abs().max() < CACHE_TOL
     assert (out[1] - want_b[17]).abs().max() < CACHE_TOL
+
+
+def write_gpt_oss(path, seed: int = 0):
+    """This file's tiny gpt-oss GGUF at `path` (for other suites)."""
+    return write_gguf(path, "gpt-oss", META, _tensors(seed))

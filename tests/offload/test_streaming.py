@@ -20,6 +20,8 @@ from localllm.offload.expert_cache import ExpertLayout, StreamedExperts
 from localllm.offload.memory import MemoryInfo
 from localllm.offload.ranges import ByteRange
 from localllm.offload.residency import resolve
+from tests.engine.test_deepseek2 import write_deepseek2
+from tests.engine.test_gpt_oss import write_gpt_oss
 from tests.offload.tiny_moe import MIXTRAL, QWEN3MOE, MoESpec, write_moe_gguf
 
 PROMPT = [1, 5, 9, 33, 7, 11, 200, 3]
@@ -59,6 +61,8 @@ def moe_files(tmp_path_factory):
         "qwen3moe": write_moe_gguf(d / "q.gguf", QWEN3MOE),
         "qwen3moe_q8_0": write_moe_gguf(d / "q8.gguf", MoESpec(expert_qtype=QT.Q8_0), seed=3),
         "mixtral": write_moe_gguf(d / "mix.gguf", MIXTRAL, seed=2),
+        "deepseek2": write_deepseek2(d / "ds.gguf", seed=4),
+        "gpt-oss": write_gpt_oss(d / "oss.gguf", seed=5),
     }
 
 
@@ -95,7 +99,7 @@ MODES = {
 }
 
 
-@pytest.mark.parametrize("family", ["qwen3moe", "qwen3moe_q8_0", "mixtral"])
+@pytest.mark.parametrize("family", ["qwen3moe", "qwen3moe_q8_0", "mixtral", "deepseek2", "gpt-oss"])
 def test_greedy_output_identical_in_every_residency_mode(family, moe_files):
     want_tokens, want_logits, _, _ = _run(moe_files[family], None)
     assert len(set(want_tokens)) > 3  # a real sequence, not one token repeated

@@ -168,3 +168,26 @@ async def test_pasting_a_gguf_path_loads_it_and_plain_text_is_typed(tmp_path, mo
         prompt.post_message(events.Paste(f"'{model_dir / 'small.gguf'}'"))
         await wait_for(pilot, lambda: app.backend is second)
         assert app.loader.asked[-1] == str(model_dir / "small.gguf")
+
+
+async def test_dash_m_hub_spec_is_downloaded_then_loaded(tmp_path, fake_hub):
+    backend = FakeBackend(["a"], name="pulled")
+    app = make_app(tmp_path, backend, model="org/start-GGUF:Q8_0")
+    app.loader.local = True  # like the engine loader: the app resolves Hub specs itself
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait_for(pilot, lambda: app.backend is backend)
+        assert fake_hub.pulls[0][:2] == ("org/start-GGUF", "Q8_0")
+        assert app.loader.asked == [str(fake_hub.file)]
+
+
+async def test_a_failed_load_is_reported_and_leaves_no_model(tmp_path):
+    async def broken(name):
+        raise ValueError(f"{name}: not a GGUF file")
+
+    app = make_app(tmp_path, model="bad.gguf")
+    app.loader = broken
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait_for(pilot, lambda: bool(app._notifications))
+        (note,) = list(app._notifications)
+        assert note.message == "bad.gguf: not a GGUF file" and note.severity == "error"
+        assert app.backend is None and app.model_state == "no model"

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from localllm.app.server.tool_json import (
+    Header,
     ValueScanner,
     calls_from_json,
     read_header,
@@ -165,6 +166,8 @@ class ToolCallParser:
 
     def _header(self, out: list[Event], final: bool) -> bool:
         h = read_header(self._buf)
+        if h.verdict == "ok":
+            h = self._args_ahead(h.name, h.end)
         if h.verdict == "partial" and not final:
             return False
         if h.verdict != "ok":
@@ -174,10 +177,20 @@ class ToolCallParser:
         self._state = "args"
         return True
 
+    def _args_ahead(self, name: str, end: int) -> Header:
+        """A call starts only once its arguments open as an object or a JSON string."""
+        j = skip_ws(self._buf, end)
+        if j == len(self._buf):
+            return Header("partial")
+        return Header("ok", name, end) if self._buf[j] in '{"' else Header("fail")
+
     def _mistral_name(self, out: list[Event], final: bool) -> bool:
         m = _MISTRAL_NAME.match(self._buf)
-        if m is None:
-            partial = _MISTRAL_NAME_PREFIX.fullmatch(self._buf) is not None
+        h = Header("fail") if m is None else self._args_ahead(m.group(1), m.end())
+        if h.verdict != "ok":
+            partial = h.verdict == "partial" or (
+                m is None and _MISTRAL_NAME_PREFIX.fullmatch(self._buf) is not None
+            )
             return False if partial and not final else self._to_raw()
         self._start_call(out, m.group(1))
         self._take(m.end())

@@ -61,7 +61,16 @@ META = {
 }
 
 
-def _tensors(seed: int = 0) -> dict[str, np.ndarray]:
+# V2-Lite style: plain attn_q, softmax routing without renormalisation, one group, no bias, no
+# YaRN
+V2_META = {
+    k: v
+    for k, v in META.items()
+    if not k.startswith(("rope.scaling", "attention.q_lora", "expert_group"))
+} | {"expert_gating_func": 1, "expert_weights_norm": False}
+
+
+def _tensors(seed: int = 0, v2: bool = False) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
 
     def w(*shape):
@@ -75,9 +84,12 @@ def _tensors(seed: int = 0) -> dict[str, np.ndarray]:
     for i in range(LAYERS):
         p = f"blk.{i}."
         t[p + "attn_norm.weight"] = norm(D)
-        t[p + "attn_q_a.weight"] = w(QL, D)
-        t[p + "attn_q_a_norm.weight"] = norm(QL)
-        t[p + "attn_q_b.weight"] = w(H * (NOPE + ROPE), QL)
+        if v2:
+            t[p + "attn_q.weight"] = w(H * (NOPE + ROPE), D)
+        else:
+            t[p + "attn_q_a.weight"] = w(QL, D)
+            t[p + "attn_q_a_norm.weight"] = norm(QL)
+            t[p + "attn_q_b.weight"] = w(H * (NOPE + ROPE), QL)
         t[p + "attn_kv_a_mqa.weight"] = w(KVL + ROPE, D)
         t[p + "attn_kv_a_norm.weight"] = norm(KVL)
         t[p + "attn_kv_b.weight"] = w(H * (NOPE + V), KVL)
@@ -89,7 +101,8 @@ def _tensors(seed: int = 0) -> dict[str, np.ndarray]:
             continue
         t[p + "ffn_gate_inp.weight"] = 3 * w(NE, D)
         # a choice bias as large as the score spread: it must change which experts run
-        t[p + "exp_probs_b.bias"] = (0.3 * rng.standard_normal(NE)).astype(np.float32)
+        if not v2:
+            t[p + "exp_probs_b.bias"] = (0.3 * rng.standard_normal(NE)).astype(np.float32)
         t[p + "ffn_gate_exps.weight"] = w(NE, EFF, D)
         t[p + "ffn_up_exps.weight"] = w(NE, EFF, D)
         t[p + "ffn_down_exps.weight"] = w(NE, D, EFF)
@@ -131,6 +144,7 @@ def files(tmp_path_factory):
     return {
         "merged": write_gguf(d / "merged.gguf", "deepseek2", META, t),
         "split": write_gguf(d / "split.gguf", "deepseek2", SPLIT_META, _split(t)),
+        "v2": write_gguf(d / "v2.gguf", "deepseek2", V2_META, _tensors(v2=True)),
     }
 
 
@@ -160,9 +174,19 @@ def full_logits(model, ids: list[int]) -> torch.Tensor:
     )
 
 
-def _reference():
+def _reference(v2: bool):
     transformers = pytest.importorskip("transformers")
-    cfg = transformers.DeepseekV3Config(
+    if v2:
+        cfg = transformers.DeepseekV2Config(**_common_config(), q_lora_rank=None)
+        cfg.topk_method, cfg.rope_parameters = "greedy", {"rope_type": "default", "rope_theta": 1e4}
+        hf = transformers.DeepseekV2ForCausalLM(cfg).eval()
+    else:
+        hf = transformers.DeepseekV3ForCausalLM(transformers.DeepseekV3Config(**_v3_config()))
+    return _load(hf.eval(), v2)
+
+
+def _common_config() -> dict:
+    return dict(
         vocab_size=VOCAB,
         hidden_size=D,
         intermediate_size=DENSE_FF,
@@ -175,16 +199,23 @@ def _reference():
         num_experts_per_tok=USED,
         routed_scaling_factor=SCALE,
         kv_lora_rank=KVL,
-        q_lora_rank=QL,
         qk_rope_head_dim=ROPE,
         qk_nope_head_dim=NOPE,
         v_head_dim=V,
-        n_group=GROUPS,
-        topk_group=GROUPS_USED,
         first_k_dense_replace=1,
-        norm_topk_prob=True,
         rms_norm_eps=1e-6,
         max_position_embeddings=128,
+        tie_word_embeddings=False,
+        attn_implementation="eager",
+    )
+
+
+def _v3_config() -> dict:
+    return _common_config() | dict(
+        q_lora_rank=QL,
+        n_group=GROUPS,
+        topk_group=GROUPS_USED,
+        norm_topk_prob=True,
         rope_interleave=True,
         rope_parameters={
             "rope_type": "yarn",
@@ -196,11 +227,12 @@ def _reference():
             "beta_fast": 32.0,
             "beta_slow": 1.0,
         },
-        tie_word_embeddings=False,
-        attn_implementation="eager",
     )
-    hf = transformers.DeepseekV3ForCausalLM(cfg).eval()
-    t = {k: torch.from_numpy(v) for k, v in _tensors().items()}
+
+
+def _load(hf, v2: bool):
+    """Put the GGUF's weights into transformers' model."""
+    t = {k: torch.from_numpy(v) for k, v in _tensors(v2=v2).items()}
     sd = {
         "model.embed_tokens.weight": t["token_embd.weight"],
         "model.norm.weight": t["output_norm.weight"],
@@ -217,6 +249,9 @@ def _reference():
         "self_attn.kv_b_proj": "attn_kv_b",
         "self_attn.o_proj": "attn_output",
     }
+    if v2:
+        names = {k: v for k, v in names.items() if "q_a" not in k and "q_b" not in k}
+        names["self_attn.q_proj"] = "attn_q"
     for i in range(LAYERS):
         p, q = f"blk.{i}.", f"model.layers.{i}."
         for hf_name, ours_name in names.items():
@@ -226,7 +261,8 @@ def _reference():
                 sd[q + f"mlp.{n}_proj.weight"] = t[p + f"ffn_{n}.weight"]
             continue
         sd[q + "mlp.gate.weight"] = t[p + "ffn_gate_inp.weight"]
-        sd[q + "mlp.gate.e_score_correction_bias"] = t[p + "exp_probs_b.bias"]
+        if not v2:
+            sd[q + "mlp.gate.e_score_correction_bias"] = t[p + "exp_probs_b.bias"]
         gate_up = torch.cat((t[p + "ffn_gate_exps.weight"], t[p + "ffn_up_exps.weight"]), dim=1)
         sd[q + "mlp.experts.gate_up_proj"] = gate_up
         sd[q + "mlp.experts.down_proj"] = t[p + "ffn_down_exps.weight"]
@@ -246,6 +282,9 @@ def test_structure(ours):
     assert m.kv_shape() == (LAYERS, H, NOPE + ROPE)
     assert isinstance(m.blk[0].attn, Attention) and m.args.split_kv_b is False
     assert ours["split"].args.split_kv_b is True
+    v2 = ours["v2"]
+    assert v2.args.q_lora_rank == 0 and v2.blk[1].mlp.routing.scoring == "softmax"
+    assert not v2.args.norm_topk_prob and not v2.blk[1].mlp.routing.probs_bias
 
 
 @torch.inference_mode()
@@ -268,15 +307,16 @@ def test_routing_features_change_the_choice(ours):
     assert not same(ids, no_bias) and not same(ids, no_groups)
 
 
-def test_logits_match_transformers(ours):
-    hf = _reference()
+@pytest.mark.parametrize("kind", ["merged", "v2"])
+def test_logits_match_transformers(kind, ours):
+    hf = _reference(v2=kind == "v2")
     ids = tokens(SEQ, 1)
     with torch.inference_mode():
         want = hf(torch.tensor([ids])).logits[0]
-    got = full_logits(ours["merged"], ids)
+    got = full_logits(ours[kind], ids)
     assert want.std() > 0.3
     err = (got - want).abs().max().item()
-    assert err < LOGIT_TOL, f"max |ours - transformers| = {err:.2e}"
+    assert err < LOGIT_TOL, f"{kind}: max |ours - transformers| = {err:.2e}"
 
 
 def test_split_kv_b_matches_merged(ours):

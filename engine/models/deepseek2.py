@@ -53,6 +53,7 @@ class ModelArgs:
     yarn_factor: float
     yarn_orig_ctx: int
     yarn_log_mul: float
+    yarn_beta: tuple[float, float]  # (fast, slow) rotations bounding the ramp
 
     @property
     def n_kv_heads(self) -> int:
@@ -106,6 +107,10 @@ class ModelArgs:
             norm_topk_prob=bool(k("expert_weights_norm", False)),
             yarn_factor=float(k("rope.scaling.factor", 1.0)) if yarn else 1.0,
             yarn_orig_ctx=k("rope.scaling.original_context_length", 0) if yarn else 0,
+            yarn_beta=(
+                float(k("rope.scaling.yarn_beta_fast", 32.0)),
+                float(k("rope.scaling.yarn_beta_slow", 1.0)),
+            ),
             yarn_log_mul=float(k("rope.scaling.yarn_log_multiplier", 0.1)),
         )
 
@@ -226,6 +231,8 @@ class Model(Decoder):
             neox=False,
             yarn_factor=a.yarn_factor,
             yarn_orig_ctx=a.yarn_orig_ctx,
+            yarn_beta_fast=a.yarn_beta[0],
+            yarn_beta_slow=a.yarn_beta[1],
         )
         self.rotary = Rotary(cfg)
         # llama.cpp's deepseek2 graph: YaRN's magnitude goes into the score scale, squared

@@ -39,6 +39,7 @@ class ModelArgs:
     expert_hidden_dim: int
     yarn_factor: float
     yarn_orig_ctx: int
+    yarn_beta: tuple[float, float]  # (fast, slow) rotations bounding the ramp
 
     @classmethod
     def from_gguf(cls, meta: dict[str, Any], vocab_size: int) -> "ModelArgs":
@@ -65,6 +66,10 @@ class ModelArgs:
             expert_hidden_dim=expert_ff,
             yarn_factor=float(k("rope.scaling.factor", 1.0)) if yarn else 1.0,
             yarn_orig_ctx=k("rope.scaling.original_context_length", 0) if yarn else 0,
+            yarn_beta=(
+                float(k("rope.scaling.yarn_beta_fast", 32.0)),
+                float(k("rope.scaling.yarn_beta_slow", 1.0)),
+            ),
         )
 
 
@@ -136,6 +141,8 @@ class Model(Decoder):
             attn_factor=yarn_mscale(a.yarn_factor),
             yarn_factor=a.yarn_factor,
             yarn_orig_ctx=a.yarn_orig_ctx,
+            yarn_beta_fast=a.yarn_beta[0],
+            yarn_beta_slow=a.yarn_beta[1],
             yarn_truncate=False,
         )
         self.rotary = Rotary(cfg)

@@ -34,10 +34,12 @@ def _choice_chunks(c, co: ChoiceOutput, tok, k: int | None) -> list[dict]:
     if c.finish_reason is not None:
         deltas += co.finish()
     chs = [{"index": c.index, "delta": d, "logprobs": None, "finish_reason": None} for d in deltas]
-    lps = {"content": chat_logprobs(tok, c.token_ids, c.logprobs, k)} if k is not None else None
-    if not chs and ((lps and c.logprobs) or c.finish_reason is not None):
+    lps = None
+    if k is not None and c.logprobs:
+        lps = {"content": chat_logprobs(tok, c.token_ids, c.logprobs, k)}
+    if not chs and (lps or c.finish_reason is not None):
         chs = [{"index": c.index, "delta": {}, "logprobs": None, "finish_reason": None}]
-    if chs and lps and c.logprobs:
+    if chs and lps:
         chs[0]["logprobs"] = lps
     if chs:
         chs[-1]["finish_reason"] = co.finish_reason(c.finish_reason)

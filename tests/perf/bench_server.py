@@ -5,8 +5,11 @@ subprocess on a free loopback port, then for --reps runs of one streamed chat re
 time to first content token (TTFT) and mean inter-token latency (ITL) on the client side, and the
 same through `AsyncEngine.chat` in this process (run after the server is stopped, so the two never
 share the CPU). Also: requests/s for --requests small requests (max_tokens 1) at --concurrency.
+With --llama-server PYTHON, the same HTTP measurements against llama-cpp-python's OpenAI server
+(`PYTHON -m llama_cpp.server`, llama.cpp through its Python bindings) on the same file, alone.
 
-    PYTHONSAFEPATH=1 python tests/perf/bench_server.py --threads 2
+    PYTHONSAFEPATH=1 python tests/perf/bench_server.py --threads 2 \
+        --llama-server /root/refvenv/bin/python
 """
 
 import argparse
@@ -102,19 +105,28 @@ def summarize(runs) -> dict:
     return {"ttft_ms": 1000 * ttft, "itl_ms": 1000 * itl}
 
 
-async def via_http(a, model: str) -> dict:
+def localllm_cmd(a, model: str, port: int) -> list[str]:
+    return [sys.executable, "-m", "localllm.app", "serve", "-m", model, "--port", str(port)]
+
+
+def llama_cpp_cmd(a, model: str, port: int) -> list[str]:
+    server = [a.llama_server, "-m", "llama_cpp.server", "--model", model, "--port", str(port)]
+    return [*server, "--n_threads", str(a.threads), "--n_ctx", "4096", "--n_batch", "512"]
+
+
+async def via_http(a, model: str, command=localllm_cmd) -> dict:
     import httpx
 
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": str(a.threads)}
-    cmd = [sys.executable, "-m", "localllm.app", "serve", "-m", model, "--port", str(port)]
-    proc = subprocess.Popen(cmd, env=env, stderr=subprocess.DEVNULL)
+    cmd = command(a, model, port)
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
         async with httpx.AsyncClient(timeout=600) as client:
             for _ in range(600):
                 try:
-                    if (await client.get(url + "/health")).status_code == 200:
+                    if (await client.get(url + "/v1/models")).status_code == 200:
                         break
                 except httpx.HTTPError:
                     pass
@@ -153,14 +165,18 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--requests", type=int, default=32)
     ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--llama-server", default=None, help="python with llama-cpp-python[server]")
     a = ap.parse_args()
     model = a.model or smollm2()
     http = asyncio.run(via_http(a, model))
     local = asyncio.run(in_process(a, model))
+    rows = [("localllm HTTP/SSE", http), ("localllm in-process", local)]
+    if a.llama_server:
+        rows.append(("llama-cpp-python server", asyncio.run(via_http(a, model, llama_cpp_cmd))))
     print(f"{Path(model).name}  threads={a.threads}  {time.strftime('%Y-%m-%d %H:%M UTC')}")
     print("| path | TTFT ms (best) | ITL ms (median of means) | requests/s (max_tokens 1) |")
     print("|---|---|---|---|")
-    for name, r in (("HTTP/SSE", http), ("in-process", local)):
+    for name, r in rows:
         print(f"| {name} | {r['ttft_ms']:.1f} | {r['itl_ms']:.2f} | {r['rps']:.2f} |")
     print(
         f"overhead: TTFT {http['ttft_ms'] - local['ttft_ms']:+.1f} ms, "

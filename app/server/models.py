@@ -18,7 +18,9 @@ def _version() -> str:
 
 
 def capabilities(entry: ModelEntry) -> list[str]:
-    caps = ["completion", "chat"]
+    if not entry.generates:
+        return ["embeddings"]
+    caps = ["completion", "chat", "embeddings"]
     return [*caps, "infill"] if entry.fim else caps
 
 

@@ -21,6 +21,7 @@ from localllm.app.server.metrics import ServerMetrics
 from localllm.app.server.settings import ServerSettings
 from localllm.engine.fim import fim_tokens_for
 from localllm.engine.gguf import open_gguf
+from localllm.engine.models import model_module
 from localllm.engine.tokenizer import Tokenizer
 
 _SHARD = re.compile(r"^(?P<prefix>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
@@ -39,6 +40,7 @@ class ModelEntry:
     nbytes: int = 0  # tensor bytes (all shards): what loading it costs in the byte budget
     context_length: int | None = None  # the model's own, capped by --ctx-size
     fim: bool = False  # has fill-in-the-middle tokens
+    generates: bool = True  # False for encoder-only (embedding) models such as BERT
 
     def matches(self, name: str) -> bool:
         return name == self.id or name in self.names
@@ -121,8 +123,9 @@ class ModelRouter:
         core = getattr(engine, "engine", None)
         gguf = getattr(core, "gguf", None)
         fim = gguf is not None and fim_tokens_for(gguf.metadata, engine.tokenizer) is not None
+        generates = getattr(core, "generates", True)
         entry = ModelEntry(settings.model_id, names=settings.model_names, context_length=ctx,
-                           fim=fim)  # fmt: skip
+                           fim=fim, generates=generates)  # fmt: skip
         router = cls([entry], None)
         router._slots[entry.id].engine = engine
         return router
@@ -320,4 +323,9 @@ def describe_model(
             fim = fim_tokens_for(meta, Tokenizer.from_gguf_metadata(meta)) is not None
         except ValueError:  # no usable tokenizer: loading will say why
             fim = False
-        return ModelEntry(model_id, path, names, g.nbytes, ctx, fim)
+        try:
+            model_class = model_module(g.architecture or "").Model
+        except (ValueError, AttributeError):  # unsupported: loading will say why
+            model_class = None
+        generates = getattr(model_class, "generates", True)
+        return ModelEntry(model_id, path, names, g.nbytes, ctx, fim, generates)

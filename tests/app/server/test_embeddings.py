@@ -189,6 +189,13 @@ def test_chat_on_an_encoder_is_a_400(bert_server):
     assert len(client.embeddings.create(model=bert_server.model_id, input="x").data) == 1
 
 
+def test_models_list_says_what_each_model_can_do(bert_server, server):
+    (card,) = bert_server.openai().models.list().data
+    assert card.id == bert_server.model_id and card.capabilities == ["embeddings"]
+    (card,) = server.openai().models.list().data
+    assert card.capabilities[:3] == ["completion", "chat", "embeddings"]
+
+
 def test_chat_model_embeddings(server):
     client = server.openai()
     resp = client.embeddings.create(model=server.model_id, input=TEXTS[:3])

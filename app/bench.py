@@ -5,7 +5,8 @@ one; tg<N>: N single-token decode steps after D tokens of context, each feeding 
 (kept on the device: no host sync inside the timed loop). Random prompt tokens as llama-bench
 uses, one warm-up run, then -r timed repetitions reported as mean ± sample std of tokens/s.
 The model forward runs directly on a paged KV cache (no scheduler, no sampler), which is what
-llama-bench measures of llama.cpp.
+llama-bench measures of llama.cpp. On CUDA, tg replays a captured decode graph per step (as the
+engine does; `--cuda-graphs 0` runs it eagerly).
 """
 
 import argparse
@@ -68,6 +69,8 @@ def _add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-r", "--repetitions", type=int, default=5, help="timed runs per test (5)")
     p.add_argument("-o", "--output", choices=("md", "csv", "json"), default="md")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    p.add_argument("--cuda-graphs", type=int, choices=(0, 1), default=1,
+                   help="replay decode CUDA graphs on CUDA (1)")  # fmt: skip
     p.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (torch default)")
     p.add_argument("-v", "--verbose", action="store_true")
     p.set_defaults(handler=handle)
@@ -113,11 +116,16 @@ def run_model(path: str, args: argparse.Namespace) -> list[BenchResult]:
         kv = PagedKVCache(layers, -(-longest // 16), 16, kvh, hd, "f16", device)
         vocab = model.args.vocab_size
         info = _model_info(gguf, "CUDA" if device.type == "cuda" else "CPU")
+        graphs = None
+        if device.type == "cuda" and getattr(args, "cuda_graphs", 1):
+            from localllm.engine.cuda_graphs import DecodeGraphs
+
+            graphs = DecodeGraphs(model, kv, batch_sizes=(1,))
         out = []
         for depth in args.n_depth:
             tests = [(p, 0) for p in args.n_prompt if p] + [(0, n) for n in args.n_gen if n]
             for p, n in tests:
-                run = _Runner(model, kv, vocab, device)
+                run = _Runner(model, kv, vocab, device, graphs)
                 run.once(depth, p, n)  # warm-up: kernel compilation, allocator
                 rates = [run.once(depth, p, n) for _ in range(args.repetitions)]
                 std = statistics.stdev(rates) if len(rates) > 1 else 0.0
@@ -131,10 +139,11 @@ def run_model(path: str, args: argparse.Namespace) -> list[BenchResult]:
 class _Runner:
     """Times one pp or tg run over a contiguous block table (block i holds tokens 16i..)."""
 
-    def __init__(self, model, kv, vocab: int, device):
+    def __init__(self, model, kv, vocab: int, device, graphs=None):
         import torch
 
         self.torch, self.model, self.kv, self.vocab, self.device = torch, model, kv, vocab, device
+        self.graphs = graphs  # DecodeGraphs for tg on CUDA, or None (eager)
         self.gen = torch.Generator().manual_seed(0)
 
     def _sync(self) -> None:
@@ -178,10 +187,29 @@ class _Runner:
                 self._sync()
                 return p / (time.perf_counter() - t0)
             tok = toks[depth : depth + 1]
+            steps = self._graph_steps(depth, n)
             for i in range(n):
-                tok = self._forward(tok, depth + i).argmax(-1)
+                if steps is None:
+                    tok = self._forward(tok, depth + i).argmax(-1)
+                    continue
+                # the step's row [id, pos, slot, seq_len, table] is ready on the device; only the
+                # id (the previous argmax) is written in, so no host sync or copy per step
+                row = steps[i : i + 1]
+                row[:, 0] = tok
+                tok = self.graphs.run(row).argmax(-1)
             self._sync()
             return n / (time.perf_counter() - t0)
+
+    def _graph_steps(self, depth: int, n: int):
+        """Device rows of the n decode steps for `DecodeGraphs.run` (None: eager decode)."""
+        if self.graphs is None or self.graphs.key(1, 1) is None:
+            return None
+        torch, bs = self.torch, self.kv.block_size
+        pos = torch.arange(depth, depth + n)
+        width = -(-(depth + n) // bs)
+        table = torch.arange(width).expand(n, width)
+        cols = [torch.zeros_like(pos), pos, pos, pos + 1]  # contiguous table: slot = position
+        return torch.cat([torch.stack(cols, 1), table], 1).to(self.device)
 
 
 def _model_info(gguf, backend: str) -> tuple[str, int, int, str]:

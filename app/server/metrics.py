@@ -13,10 +13,21 @@ from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse
 
 from localllm.engine.core.outputs import RequestOutput
+from localllm.engine.moe import expert_stats
 
 # vLLM's TTFT buckets (seconds).
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
                 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)  # fmt: skip
+
+
+# ExpertStats fields exposed as counters, with their help text.
+EXPERT_COUNTERS = (
+    ("lookups", "Routed-expert uses looked up in the expert cache."),
+    ("hits", "Expert lookups served from a resident slot."),
+    ("misses", "Expert lookups that read the expert from the file."),
+    ("bytes_read", "Expert bytes read from the file."),
+    ("stall_seconds", "Seconds compute waited on expert reads."),
+)
 
 
 @dataclass
@@ -114,6 +125,16 @@ def render(models: list[tuple[str, ServerMetrics, Any]]) -> str:
                    lambda c: c.kv_manager.stats.queries)  # fmt: skip
     engine_counter("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.",
                    lambda c: c.kv_manager.stats.hits)  # fmt: skip
+    streamed = [
+        (m, c) for m, c in loaded if getattr(getattr(c, "model", None), "expert_sources", None)
+    ]
+    if streamed:  # MoE models loaded under a residency plan: the expert cache's counters
+        stats = {m: expert_stats(c.model.expert_sources) for m, c in streamed}
+        for key, help_ in EXPERT_COUNTERS:
+            name = f"localllm:expert_{key}"
+            samples = [(f"{name}_total", float(getattr(st, key)), {"model_name": m})
+                       for m, st in stats.items()]  # fmt: skip
+            metric(name, "counter", help_, samples)
     counter("vllm:prompt_tokens", "Prefill tokens processed.", lambda sm: sm.prompt_tokens)
     counter("vllm:generation_tokens", "Tokens generated.", lambda sm: sm.generation_tokens)
     success = []

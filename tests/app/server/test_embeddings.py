@@ -6,10 +6,6 @@ one-by-one requests, and bad input must give OpenAI-shaped 4xx errors. Chat on i
 shared SmolLM2 server makes unit vectors from its hidden states (pooled by the last token).
 """
 
-import os
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,7 +16,7 @@ import pytest
 
 from localllm.engine.config import EngineArgs
 from localllm.engine.llm_engine import LLMEngine
-from tests.app.server.conftest import API_KEY, Server, _free_port
+from tests.app.server.conftest import API_KEY, Server, serve_process
 from tests.engine.bert_gguf import convert_minilm
 
 pytestmark = pytest.mark.slow
@@ -45,36 +41,9 @@ def minilm_gguf(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def bert_server(minilm_gguf, tmp_path_factory) -> Iterator[Server]:
-    port = _free_port()
-    cmd = [sys.executable, "-m", "localllm.app", "serve", "-m", str(minilm_gguf),
-           "--port", str(port), "--api-key", API_KEY]  # fmt: skip
-    log = tmp_path_factory.mktemp("serve-bert") / "stderr.txt"
-    err = log.open("wb")
-    env = dict(os.environ, PYTHONSAFEPATH="1")
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    try:
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"server exited: {log.read_text()}")
-            try:
-                if httpx.get(base + "/health", timeout=5).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("server did not become healthy")
-            time.sleep(0.3)
+    args = ["-m", str(minilm_gguf), "--api-key", API_KEY]
+    with serve_process(args, tmp_path_factory.mktemp("serve-bert")) as (base, proc):
         yield Server(base, minilm_gguf.stem, proc)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        err.close()
 
 
 @pytest.fixture(scope="module")

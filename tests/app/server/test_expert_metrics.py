@@ -1,16 +1,12 @@
 """/metrics exposes the expert cache's counters for a MoE model served with streamed experts."""
 
-import os
-import subprocess
-import sys
-import time
 from dataclasses import replace
 
 import httpx
 import pytest
 from gguf import GGMLQuantizationType
 
-from tests.app.server.conftest import _free_port
+from tests.app.server.conftest import serve_process
 from tests.offload.tiny_moe import QWEN3MOE, write_moe_gguf
 
 SPEC = replace(QWEN3MOE, expert_qtype=GGMLQuantizationType.Q8_0)
@@ -19,30 +15,9 @@ SPEC = replace(QWEN3MOE, expert_qtype=GGMLQuantizationType.Q8_0)
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
     model = write_moe_gguf(tmp_path_factory.mktemp("moe") / "moe.gguf", SPEC)
-    port = _free_port()
-    cmd = [sys.executable, "-m", "localllm.app", "serve", "-m", str(model), "--port", str(port),
-           "--experts", "disk", "--expert-slots", "2"]  # fmt: skip
-    log = tmp_path_factory.mktemp("serve-moe") / "stderr.txt"
-    with log.open("wb") as err:
-        env = dict(os.environ, PYTHONSAFEPATH="1")
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    try:
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"server exited: {log.read_text()}")
-            try:
-                if httpx.get(url + "/health", timeout=5).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "server did not become healthy"
-            time.sleep(0.3)
+    args = ["-m", str(model), "--experts", "disk", "--expert-slots", "2"]
+    with serve_process(args, tmp_path_factory.mktemp("serve-moe")) as (url, _):
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 def _experts(url: str) -> dict[str, float]:

@@ -4,7 +4,7 @@ an `offload.residency.ResidencyConfig` (precedence: flags > environment > docume
 
 Environment: LOCALLLM_RESIDENCY (document path), LOCALLLM_OT (PATTERN=TIER[,...]),
 LOCALLLM_CPU_MOE (1/0), LOCALLLM_N_CPU_MOE, LOCALLLM_EXPERTS, LOCALLLM_EXPERT_SLOTS,
-LOCALLLM_MEM_BUDGET, LOCALLLM_LOAD_MODE.
+LOCALLLM_MEM_BUDGET, LOCALLLM_LOAD_MODE, LOCALLLM_HOST_COMPUTE.
 """
 
 import argparse
@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from localllm.offload.residency import (
+    HOST_COMPUTE,
     LOAD_MODES,
     TIERS,
     ResidencyConfig,
@@ -45,6 +46,11 @@ def add_residency_flags(p: argparse.ArgumentParser) -> None:
         "--n-cpu-moe", type=int, metavar="N", help="experts of the first N layers on host"
     )
     g.add_argument("--experts", choices=TIERS, help="tier for every routed expert")
+    g.add_argument(
+        "--host-compute",
+        choices=HOST_COMPUTE,
+        help="host-tier experts run on the CPU (host, default) or are copied to the device",
+    )
     g.add_argument("--expert-slots", type=int, metavar="N", help="slots for streamed experts")
     g.add_argument("--mem-budget", metavar="SIZE", help="memory the plan may use, e.g. 6GiB")
     g.add_argument("--load-mode", choices=LOAD_MODES, help="mmap (default) or read into RAM")
@@ -61,6 +67,7 @@ def cli_layer(args: argparse.Namespace) -> dict[str, Any]:
         ("cpu_moe", args.cpu_moe),
         ("n_cpu_moe", args.n_cpu_moe),
         ("experts", args.experts),
+        ("host_compute", args.host_compute),
         ("budget", args.mem_budget),
         ("load_mode", args.load_mode),
     ):
@@ -91,6 +98,7 @@ def env_layer(env: Mapping[str, str]) -> dict[str, Any]:
         layer["n_cpu_moe"] = n
     for key, name in (
         ("experts", "LOCALLLM_EXPERTS"),
+        ("host_compute", "LOCALLLM_HOST_COMPUTE"),
         ("budget", "LOCALLLM_MEM_BUDGET"),
         ("load_mode", "LOCALLLM_LOAD_MODE"),
     ):

@@ -4,7 +4,8 @@ Submodules are named after the GGUF tensors (`ffn_gate_inp`, `ffn_gate_exps`, `f
 `ffn_down_exps`) so the loader's name walk fills them. Expert weights are not multiplied from
 here directly: after loading, `attach(source)` gives the block an `ExpertSource` (resident
 slices, or the disk-streaming slot cache) chosen by the residency plan; the math lives in
-`kernels.moe`.
+`kernels.moe`. Host-tier experts of a model on a device are computed on the CPU: only the
+token rows and their routing cross, the expert weights stay where they are.
 """
 
 import logging
@@ -128,6 +129,7 @@ class MoEFeedForward(nn.Module):
         self.format: ExpertFormat | None = None
         self.source: ExpertSource | None = None
         self._device = torch.device("cpu")  # where the current forward computes
+        self.compute_on: torch.device | None = None  # host compute of host-tier experts
 
     def expert_weights(self) -> tuple[QuantWeight, QuantWeight, QuantWeight]:
         return self.ffn_gate_exps.weight, self.ffn_up_exps.weight, self.ffn_down_exps.weight
@@ -164,15 +166,39 @@ class MoEFeedForward(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = self.route(x)
-        self._device = x.device
         self.source.routed(self.layer, ids)
+        # shared experts first: on a device their kernels run while the CPU does host experts
+        shared = self.shexp(x) if self.shexp is not None else None
+        if self.compute_on is not None:
+            y = self._routed_on_host(x, weights, ids)
+        else:
+            y = self._routed(x.reshape(-1, self.dim), weights, ids)
+        y = y.reshape(x.shape).to(x.dtype)
+        return y + shared if shared is not None else y
+
+    def _routed(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        self._device = x.device
         parts = (self.ffn_gate_exps, self.ffn_up_exps, self.ffn_down_exps)
         biases = ExpertBiases(*(t.bias for t in parts)) if parts[0].bias is not None else None
-        y = expert_ffn_grouped(
-            x.reshape(-1, self.dim), weights, ids, self.fetch, self.format, biases
-        )
-        y = y.reshape(x.shape).to(x.dtype)
-        return y + self.shexp(x) if self.shexp is not None else y
+        return expert_ffn_grouped(x, weights, ids, self.fetch, self.format, biases)
+
+    def _routed_on_host(
+        self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
+    ) -> torch.Tensor:
+        """Host-tier experts computed where their weights are: the token rows and their routing
+        go to `compute_on`, the combined result comes back (weights never move)."""
+        host = self.compute_on
+        rows = x.reshape(-1, self.dim).to(host)
+        self.source.stats.host_rows += rows.shape[0]
+        y = self._routed(rows, weights.to(host), ids.to(host))
+        return y.to(x.dtype).to(x.device)
+
+    def compute_on_host(self, host: torch.device) -> None:
+        """Run this block's routed experts on `host` (their tier), biases included."""
+        self.compute_on = host
+        for t in (self.ffn_gate_exps, self.ffn_up_exps, self.ffn_down_exps):
+            if t.bias is not None:
+                t.bias = t.bias.to(host)
 
 
 def moe_blocks(model: nn.Module) -> list[MoEFeedForward]:
@@ -181,7 +207,9 @@ def moe_blocks(model: nn.Module) -> list[MoEFeedForward]:
 
 def apply_residency(model: nn.Module, plan: ResidencyPlan) -> list[ExpertSource]:
     """Give every MoE block its expert source from the plan: resident layers share one
-    `ResidentExperts`, disk layers one `StreamedExperts` (their blocks are then released)."""
+    `ResidentExperts`, disk layers one `StreamedExperts` (their blocks are then released).
+    Host-tier layers compute on the CPU unless the plan says `host_compute = device` (on a
+    CPU-only run that dispatch moves nothing)."""
     tiers = plan.expert_tiers()
     blocks = moe_blocks(model)
     resident = {b.layer: tuple(w.data for w in b.expert_weights()) for b in blocks}
@@ -206,6 +234,8 @@ def apply_residency(model: nn.Module, plan: ResidencyPlan) -> list[ExpertSource]
         for b in blocks:
             if b.layer in resident:
                 b.attach(shared)
+            if tiers.get(b.layer) == "host" and plan.host_compute == "host":
+                b.compute_on_host(torch.device("cpu"))
         sources.append(shared)
     return sources
 
@@ -221,6 +251,7 @@ def expert_stats(sources: list[ExpertSource]) -> ExpertStats:
         total.bytes_read += st.bytes_read
         total.stall_seconds += st.stall_seconds
         total.prefetched += st.prefetched
+        total.host_rows += st.host_rows
     return total
 
 

@@ -30,6 +30,7 @@ class ExpertStats:
     bytes_read: int = 0
     stall_seconds: float = 0.0  # time compute waited on reads (misses)
     prefetched: int = 0  # experts hinted for read-ahead
+    host_rows: int = 0  # token rows whose routed experts ran on the host (host compute)
 
     @property
     def read_gbps(self) -> float:

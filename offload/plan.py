@@ -48,6 +48,12 @@ class ResidencyPlan:
     notes: tuple[str, ...]  # why tensors went where they did (what did not fit)
     warnings: tuple[str, ...]
     rules: tuple[str, ...]  # the rules as applied, for describe()
+    host_compute: str = "host"  # host-tier experts: computed on the CPU, or copied to the device
+
+    @property
+    def computes_on_host(self) -> bool:
+        """Host-tier experts run on the CPU while the rest runs on a separate device."""
+        return self.host_compute == "host" and "host" in self.expert_tiers().values()
 
     def bytes_by_tier(self) -> dict[str, int]:
         out = dict.fromkeys(("device", "host", "disk"), 0)
@@ -89,6 +95,8 @@ class ResidencyPlan:
                 f"  expert slots {s.slots} x {fmt_bytes(self.slot_bytes)} = "
                 f"{fmt_bytes(self.slot_pool_bytes)}, prefetch {'on' if s.prefetch else 'off'}"
             )
+        if "host" in self.expert_tiers().values():
+            lines.append(f"  host-tier experts: {_host_compute_text(self)}")
         lines.append(f"  load mode {self.load_mode}")
         used = by["device"] + self.kv_bytes + self.scratch_bytes + self.slot_pool_bytes
         if not mem.separate_device:
@@ -98,6 +106,14 @@ class ResidencyPlan:
         lines += ["placement:", *(f"  {n}" for n in self.notes)]
         lines += [f"warning: {w}" for w in self.warnings]
         return "\n".join(lines)
+
+
+def _host_compute_text(plan: ResidencyPlan) -> str:
+    if not plan.memory.separate_device:
+        return "computed where they are (host RAM is the compute device)"
+    if plan.host_compute == "host":
+        return "computed on the CPU (host_compute = host; only token rows cross)"
+    return "copied to the device per use (host_compute = device)"
 
 
 def _unmatched_warnings(config: ResidencyConfig, names: list[str]) -> list[str]:
@@ -234,5 +250,5 @@ def plan_residency(
     rules = tuple(f"{r.pattern} -> {r.tier}  ({r.source})" for r in config.rules)
     return ResidencyPlan(
         tiers, dict(sizes), kv_bytes, scratch_bytes, budget, source, memory, config.load_mode,
-        streaming, slot_bytes, tuple(notes), tuple(warnings), rules,
+        streaming, slot_bytes, tuple(notes), tuple(warnings), rules, config.host_compute,
     )  # fmt: skip

@@ -7,6 +7,7 @@ A settings *layer* is a plain mapping with the keys of a residency document (TOM
     experts = "disk"         # shortcut: every routed-expert tensor to this tier
     cpu_moe = true           # shortcut: experts on host (llama.cpp --cpu-moe)
     n_cpu_moe = 12           # shortcut: experts of the first 12 layers on host (--n-cpu-moe)
+    host_compute = "host"    # host-tier experts run on the CPU ("device": copied over per use)
     rules = ["blk\\.[0-3]\\.ffn_.*_exps=device", {pattern = "output", tier = "host"}]
     [streaming]
     enabled = true           # disk-tier experts are streamed into slots
@@ -29,7 +30,17 @@ from typing import Any
 
 TIERS = ("device", "host", "disk")
 LOAD_MODES = ("mmap", "read")
-KEYS = ("budget", "load_mode", "experts", "cpu_moe", "n_cpu_moe", "rules", "streaming")
+HOST_COMPUTE = ("host", "device")
+KEYS = (
+    "budget",
+    "load_mode",
+    "experts",
+    "cpu_moe",
+    "n_cpu_moe",
+    "host_compute",
+    "rules",
+    "streaming",
+)
 STREAMING_KEYS = ("enabled", "slots", "prefetch")
 # llama.cpp's --cpu-moe pattern: the three routed-expert tensors of every layer.
 EXPERTS_PATTERN = r"\.ffn_(up|down|gate)_exps"
@@ -66,6 +77,10 @@ class ResidencyConfig:
     streaming: Streaming = field(default_factory=Streaming)
     load_mode: str = "mmap"
     budget: int | None = None  # None: measured free memory
+    # where host-tier experts are computed when the model runs on a separate device: "host"
+    # ships the routed tokens' hidden rows to the CPU (llama.cpp --cpu-moe), "device" copies
+    # the expert weights over per use
+    host_compute: str = "host"
 
     def tier_of(self, name: str) -> Rule | None:
         """The first rule matching `name`, or None (the planner decides)."""
@@ -154,6 +169,10 @@ def validate_layer(d: Mapping[str, Any], source: str) -> dict[str, Any]:
         out["load_mode"] = d["load_mode"]
     if "experts" in d:
         out["experts"] = parse_tier(d["experts"])
+    if "host_compute" in d:
+        if d["host_compute"] not in HOST_COMPUTE:
+            raise ResidencyError(f"{source}: host_compute must be one of {', '.join(HOST_COMPUTE)}")
+        out["host_compute"] = d["host_compute"]
     if "cpu_moe" in d:
         out["cpu_moe"] = _typed(d, "cpu_moe", bool, source)
     if "n_cpu_moe" in d:
@@ -235,7 +254,7 @@ def resolve(layers: Sequence[tuple[str, Mapping[str, Any]]]) -> ResidencyConfig:
     for source, raw in layers:
         layer = validate_layer(raw, source) if raw else {}
         rules += [*layer.get("rules", ()), *_shortcut_rules(layer, source)]
-        for key in ("budget", "load_mode"):
+        for key in ("budget", "load_mode", "host_compute"):
             if key in layer:
                 scalars.setdefault(key, layer[key])
         for key, value in layer.get("streaming", {}).items():

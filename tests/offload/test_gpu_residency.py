@@ -1,6 +1,6 @@
 """Residency on CUDA (marked `gpu`): the tiny qwen3moe through the engine on the GPU gives the same
-greedy tokens with experts on the device, on host (copied per use) and streamed from disk, and
-the disk run holds no expert blocks on the device."""
+greedy tokens with experts on the device, on host (computed on the CPU, or copied per use) and
+streamed from disk, and the disk run holds no expert blocks on the device."""
 
 import pytest
 import torch
@@ -45,3 +45,19 @@ def test_cuda_tokens_equal_in_every_residency_mode(tmp_path):
                 assert w.data.device.type == ("cuda" if tiers == {"device"} else "cpu")
         s = expert_stats(model.expert_sources)
         assert s.hits + s.misses == s.lookups > 0
+
+
+def test_cuda_host_compute_token_exact(tmp_path):
+    """Experts on host computed on the CPU (default) or copied per use (host_compute = device):
+    the same greedy tokens as all on the GPU; only host compute ships token rows to the CPU."""
+    path = write_moe_gguf(tmp_path / "moe.gguf")
+    want, _ = _greedy(path, None)
+    for compute in ("host", "device"):
+        got, model = _greedy(path, {"cpu_moe": True, "host_compute": compute})
+        assert got == want, compute
+        assert model.residency_plan.host_compute == compute
+        for blk in moe_blocks(model):
+            assert blk.ffn_gate_exps.weight.data.device.type == "cpu"
+            assert blk.compute_on == (torch.device("cpu") if compute == "host" else None)
+        rows = expert_stats(model.expert_sources).host_rows
+        assert (rows > 0) if compute == "host" else rows == 0

@@ -1,0 +1,110 @@
+"""Host-tier experts computed on the host: the plan declares it (`host_compute`), `--show-plan`
+says it, and the dispatch (token rows to the CPU, result back) gives exactly the resident run's
+logits for plain, shared-expert (deepseek2) and biased (gpt-oss) MoE blocks."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from localllm.app.cli import build_parser
+from localllm.app.residency_flags import residency_config
+from localllm.engine.generator import Generator
+from localllm.engine.gguf import open_gguf
+from localllm.engine.loader import build_model
+from localllm.engine.moe import expert_stats, load_model, moe_blocks, plan_model
+from localllm.engine.sampling_params import SamplingParams
+from localllm.offload.memory import MemoryInfo
+from localllm.offload.plan import plan_residency
+from localllm.offload.residency import ResidencyError, resolve
+from tests.engine.test_deepseek2 import write_deepseek2
+from tests.engine.test_gpt_oss import write_gpt_oss
+from tests.offload.tiny_moe import write_moe_gguf
+
+PROMPT = [1, 5, 9, 33, 7, 11, 200, 3]
+PARAMS = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+CPU = MemoryInfo("cpu", host_free=1 << 30)
+GPU = MemoryInfo("cuda:0", host_free=1 << 30, device_free=1 << 30)  # a plan for a device
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("hostc")
+    return {
+        "qwen3moe": write_moe_gguf(d / "q.gguf"),
+        "deepseek2": write_deepseek2(d / "ds.gguf", seed=4),
+        "gpt-oss": write_gpt_oss(d / "oss.gguf", seed=5),
+    }
+
+
+def _run(path, layer: dict | None):
+    g = open_gguf(path)
+    if layer is None:
+        model = build_model(g)
+    else:
+        model = load_model(g, plan_model(g, resolve([("t", layer)]), 64, CPU))
+    rows = [0]
+    for blk in moe_blocks(model):
+        route = blk.route
+
+        def counting(x, route=route):
+            rows[0] += x.reshape(-1, x.shape[-1]).shape[0]
+            return route(x)
+
+        blk.route = counting
+    gen = Generator(g, model, SimpleNamespace(eog_ids=frozenset()), load_seconds=0.0)
+    tokens = list(gen.stream(PROMPT, PARAMS))
+    return tokens, gen.score(PROMPT + tokens), model, rows[0]
+
+
+@pytest.mark.parametrize("family", ["qwen3moe", "deepseek2", "gpt-oss"])
+def test_host_compute_dispatch_is_exact(family, files):
+    want_tokens, want_logits, _, _ = _run(files[family], None)
+    for compute in ("host", "device"):
+        tokens, logits, model, rows = _run(
+            files[family], {"cpu_moe": True, "host_compute": compute}
+        )
+        assert tokens == want_tokens, compute
+        assert torch.equal(logits, want_logits), compute
+        on_host = [b.compute_on for b in moe_blocks(model)]
+        host_rows = expert_stats(model.expert_sources).host_rows
+        if compute == "host":  # every MoE layer went through the host dispatch, every row
+            assert on_host == [torch.device("cpu")] * len(on_host)
+            assert host_rows == rows > 0
+        else:
+            assert on_host == [None] * len(on_host) and host_rows == 0
+
+
+def test_only_host_tier_layers_compute_on_host(files):
+    _, _, model, _ = _run(files["qwen3moe"], {"n_cpu_moe": 1})
+    assert [b.compute_on for b in moe_blocks(model)] == [torch.device("cpu"), None]
+
+
+def test_plan_declares_host_compute():
+    sizes = {f"blk.0.ffn_{p}_exps.weight": 100 for p in ("gate", "up", "down")}
+    sizes["token_embd.weight"] = 10
+    for compute, text in (("host", "computed on the CPU"), ("device", "copied to the device")):
+        cfg = resolve([("t", {"cpu_moe": True, "host_compute": compute})])
+        plan = plan_residency(cfg, sizes, 0, GPU)
+        assert plan.host_compute == compute and plan.computes_on_host == (compute == "host")
+        assert f"host-tier experts: {text}" in plan.describe()
+    cpu_plan = plan_residency(resolve([("t", {"cpu_moe": True})]), sizes, 0, CPU)
+    assert "host RAM is the compute device" in cpu_plan.describe()
+    no_host = plan_residency(resolve([("t", {"experts": "device"})]), sizes, 0, GPU)
+    assert "host-tier experts" not in no_host.describe() and not no_host.computes_on_host
+
+
+def test_host_compute_flag_env_and_bad_value(tmp_path):
+    def parse(*flags):
+        return build_parser().parse_args(["run", "-m", "x.gguf", *flags, "hi"])
+
+    assert residency_config(parse(), env={}).host_compute == "host"  # the default
+    env = {"LOCALLLM_HOST_COMPUTE": "device"}
+    assert residency_config(parse(), env=env).host_compute == "device"
+    assert residency_config(parse("--host-compute", "host"), env=env).host_compute == "host"
+    doc = tmp_path / "r.toml"
+    doc.write_text('host_compute = "gpu"\n')
+    with pytest.raises(ResidencyError, match="host_compute must be one of host, device"):
+        residency_config(parse("--residency", str(doc)), env={})
+    with pytest.raises(SystemExit):
+        parse("--host-compute", "gpu")

@@ -4,7 +4,8 @@ an `offload.residency.ResidencyConfig` (precedence: flags > environment > docume
 
 Environment: LOCALLLM_RESIDENCY (document path), LOCALLLM_OT (PATTERN=TIER[,...]),
 LOCALLLM_CPU_MOE (1/0), LOCALLLM_N_CPU_MOE, LOCALLLM_EXPERTS, LOCALLLM_EXPERT_SLOTS,
-LOCALLLM_MEM_BUDGET, LOCALLLM_LOAD_MODE, LOCALLLM_HOST_COMPUTE.
+LOCALLLM_MEM_BUDGET, LOCALLLM_LOAD_MODE, LOCALLLM_HOST_COMPUTE, LOCALLLM_EXPERT_EVICT,
+LOCALLLM_EXPERT_PREFETCH (1/0).
 """
 
 import argparse
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from localllm.offload.residency import (
+    EVICTIONS,
     HOST_COMPUTE,
     LOAD_MODES,
     TIERS,
@@ -52,13 +54,30 @@ def add_residency_flags(p: argparse.ArgumentParser) -> None:
         help="host-tier experts run on the CPU (host, default) or are copied to the device",
     )
     g.add_argument("--expert-slots", type=int, metavar="N", help="slots for streamed experts")
+    g.add_argument("--expert-evict", choices=EVICTIONS, help="slot eviction: lru (default) or lfu")
+    g.add_argument(
+        "--expert-prefetch",
+        choices=("on", "off"),
+        help="read ahead the experts the next layer's router guesses (on by default)",
+    )
     g.add_argument("--mem-budget", metavar="SIZE", help="memory the plan may use, e.g. 6GiB")
     g.add_argument("--load-mode", choices=LOAD_MODES, help="mmap (default) or read into RAM")
     g.add_argument("--show-plan", action="store_true", help="print the residency plan and exit")
 
 
-def _streaming(slots: int | None) -> dict[str, Any]:
-    return {"streaming": {"slots": slots}} if slots is not None else {}
+def _streaming(slots: int | None, evict: str | None, prefetch: bool | None) -> dict[str, Any]:
+    given = {"slots": slots, "evict": evict, "prefetch": prefetch}
+    st = {k: v for k, v in given.items() if v is not None}
+    return {"streaming": st} if st else {}
+
+
+def _bool_env(env: Mapping[str, str], name: str) -> bool | None:
+    if name not in env:
+        return None
+    v = env[name].strip().lower()
+    if v not in _TRUE + _FALSE:
+        raise ResidencyError(f"${name} must be 1 or 0, got {v!r}")
+    return v in _TRUE
 
 
 def cli_layer(args: argparse.Namespace) -> dict[str, Any]:
@@ -73,7 +92,8 @@ def cli_layer(args: argparse.Namespace) -> dict[str, Any]:
     ):
         if value is not None:
             layer[key] = value
-    return layer | _streaming(args.expert_slots)
+    prefetch = None if args.expert_prefetch is None else args.expert_prefetch == "on"
+    return layer | _streaming(args.expert_slots, args.expert_evict, prefetch)
 
 
 def _env_int(env: Mapping[str, str], name: str) -> int | None:
@@ -89,11 +109,8 @@ def env_layer(env: Mapping[str, str]) -> dict[str, Any]:
     layer: dict[str, Any] = {}
     if env.get("LOCALLLM_OT"):
         layer["rules"] = [env["LOCALLLM_OT"]]
-    if "LOCALLLM_CPU_MOE" in env:
-        v = env["LOCALLLM_CPU_MOE"].strip().lower()
-        if v not in _TRUE + _FALSE:
-            raise ResidencyError(f"$LOCALLLM_CPU_MOE must be 1 or 0, got {v!r}")
-        layer["cpu_moe"] = v in _TRUE
+    if (cpu_moe := _bool_env(env, "LOCALLLM_CPU_MOE")) is not None:
+        layer["cpu_moe"] = cpu_moe
     if (n := _env_int(env, "LOCALLLM_N_CPU_MOE")) is not None:
         layer["n_cpu_moe"] = n
     for key, name in (
@@ -104,7 +121,9 @@ def env_layer(env: Mapping[str, str]) -> dict[str, Any]:
     ):
         if env.get(name):
             layer[key] = env[name]
-    return layer | _streaming(_env_int(env, "LOCALLLM_EXPERT_SLOTS"))
+    slots = _env_int(env, "LOCALLLM_EXPERT_SLOTS")
+    prefetch = _bool_env(env, "LOCALLLM_EXPERT_PREFETCH")
+    return layer | _streaming(slots, env.get("LOCALLLM_EXPERT_EVICT") or None, prefetch)
 
 
 def residency_config(

@@ -8,8 +8,10 @@ slices, or the disk-streaming slot cache) chosen by the residency plan; the math
 token rows and their routing cross, the expert weights stay where they are.
 """
 
+import itertools
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -130,6 +132,7 @@ class MoEFeedForward(nn.Module):
         self.source: ExpertSource | None = None
         self._device = torch.device("cpu")  # where the current forward computes
         self.compute_on: torch.device | None = None  # host compute of host-tier experts
+        self.guess_next: Callable[[torch.Tensor], None] | None = None  # next layer's prefetch
 
     def expert_weights(self) -> tuple[QuantWeight, QuantWeight, QuantWeight]:
         return self.ffn_gate_exps.weight, self.ffn_up_exps.weight, self.ffn_down_exps.weight
@@ -154,6 +157,17 @@ class MoEFeedForward(nn.Module):
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights [T, k], expert ids [T, k]) for hidden states x [T, dim]."""
+        return self._route(x)
+
+    def guess_experts(self, x: torch.Tensor) -> None:
+        """Tell the source which experts this layer will probably use, from the previous
+        layer's FFN input `x` through this layer's router (most tokens first, at most k)."""
+        ids = self._route(x)[1].reshape(-1)
+        counts = torch.bincount(ids, minlength=self.ffn_gate_exps.shape[0])
+        top = counts.topk(self.n_used)
+        self.source.guess(self.layer, top.indices[top.values > 0].tolist())
+
+    def _route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         logits = self.ffn_gate_inp(x.reshape(-1, self.dim))
         r = self.routing
         if r is None:
@@ -167,6 +181,8 @@ class MoEFeedForward(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = self.route(x)
         self.source.routed(self.layer, ids)
+        if self.guess_next is not None:  # reads for the next layer overlap this one's compute
+            self.guess_next(x)
         # shared experts first: on a device their kernels run while the CPU does host experts
         shared = self.shexp(x) if self.shexp is not None else None
         if self.compute_on is not None:
@@ -223,11 +239,16 @@ def apply_residency(model: nn.Module, plan: ResidencyPlan) -> list[ExpertSource]
                 b.ffn_gate_exps.shape[0], tuple(r for r, _ in parts), tuple(s for _, s in parts)
             )
             del resident[b.layer]
-        streamed = StreamedExperts(layouts, plan.streaming.slots, plan.streaming.prefetch)
+        st = plan.streaming
+        streamed = StreamedExperts(layouts, st.slots, st.prefetch, st.evict)
         for b in disk:
             b.attach(streamed)
             for t in (b.ffn_gate_exps, b.ffn_up_exps, b.ffn_down_exps):
                 t.release()
+        if st.prefetch:  # each block guesses for the next one when that one streams
+            for b, nxt in itertools.pairwise(blocks):
+                if nxt in disk:
+                    b.guess_next = nxt.guess_experts
         sources.append(streamed)
     if resident:
         shared = ResidentExperts(resident)
@@ -252,6 +273,10 @@ def expert_stats(sources: list[ExpertSource]) -> ExpertStats:
         total.stall_seconds += st.stall_seconds
         total.prefetched += st.prefetched
         total.host_rows += st.host_rows
+        total.read_seconds += st.read_seconds
+        total.prefetch_hits += st.prefetch_hits
+        total.guessed += st.guessed
+        total.guessed_right += st.guessed_right
     return total
 
 

@@ -3,15 +3,18 @@
 An `ExpertSource` answers `fetch(layer, expert)` with that expert's raw ggml blocks. Resident
 experts (device or host tier) are slices of the loaded [n_expert, rows, row_bytes] tensors.
 Disk-tier experts are never kept: `StreamedExperts` preads an expert's three contiguous slices
-from the GGUF into one of a fixed number of slots on a miss, evicting the least recently used
-one, and optionally asks the kernel to read ahead the experts the next layer used last time.
+from the GGUF into one of a fixed number of slots on a miss, evicting by recency (LRU) or
+frequency (LFU), and optionally reads ahead, on a background thread, the experts a coming
+layer's router guesses from the current hidden state.
 """
 
 import os
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import torch
@@ -28,14 +31,23 @@ class ExpertStats:
     hits: int = 0
     misses: int = 0
     bytes_read: int = 0
-    stall_seconds: float = 0.0  # time compute waited on reads (misses)
-    prefetched: int = 0  # experts hinted for read-ahead
+    stall_seconds: float = 0.0  # time compute waited on reads (misses, unfinished read-aheads)
+    read_seconds: float = 0.0  # time reads took, in the foreground or on the prefetch thread
+    prefetched: int = 0  # experts read ahead on a guess
+    prefetch_hits: int = 0  # lookups served by a read-ahead
+    guessed: int = 0  # experts guessed for a coming layer (prefetch)
+    guessed_right: int = 0  # of those, the ones the layer then routed to
     host_rows: int = 0  # token rows whose routed experts ran on the host (host compute)
 
     @property
     def read_gbps(self) -> float:
-        """Read bandwidth seen by misses, in GB/s (0 before any read)."""
-        return self.bytes_read / self.stall_seconds / 1e9 if self.stall_seconds > 0 else 0.0
+        """Bandwidth of the expert reads, in GB/s (0 before any read)."""
+        return self.bytes_read / self.read_seconds / 1e9 if self.read_seconds > 0 else 0.0
+
+    @property
+    def guess_rate(self) -> float:
+        """Share of the prefetch's guessed experts that the layer then used."""
+        return self.guessed_right / self.guessed if self.guessed else 0.0
 
     @property
     def hit_rate(self) -> float:
@@ -51,7 +63,10 @@ class ExpertSource(Protocol):
     def fetch(self, layer: int, expert: int) -> ExpertBlocks: ...
 
     def routed(self, layer: int, ids: torch.Tensor) -> None:
-        """The experts `layer` is about to use (a hint for prefetching later layers)."""
+        """The experts `layer` is about to use (they must stay while it computes)."""
+
+    def guess(self, layer: int, experts: list[int]) -> None:
+        """Experts `layer` will probably use, best first (a prefetch hint)."""
 
 
 class ResidentExperts:
@@ -68,6 +83,9 @@ class ResidentExperts:
         return ExpertBlocks(g[expert], u[expert], d[expert])
 
     def routed(self, layer: int, ids: torch.Tensor) -> None:
+        pass
+
+    def guess(self, layer: int, experts: list[int]) -> None:
         pass
 
 
@@ -97,67 +115,120 @@ class ExpertLayout:
         return out
 
 
-@dataclass(slots=True)
-class _Slots:
-    lru: OrderedDict = field(default_factory=OrderedDict)  # (layer, expert) -> slot, oldest first
-    free: list[int] = field(default_factory=list)
+LFU_WINDOW = 32  # lfu: the victim is the least used of this many least recently used slots
 
 
 class StreamedExperts:
-    """Disk-tier experts read on demand into `slots` fixed buffers with LRU eviction.
+    """Disk-tier experts read on demand into `slots` fixed buffers, evicting the least recently
+    used one (`evict="lru"`) or the least used of the LFU_WINDOW least recent (`"lfu"`).
 
     The pool is allocated once (slots x the largest expert), so memory stays bounded whatever
-    the routing does; blocks handed out by `fetch` stay valid until the next `fetch`.
+    the routing does; blocks handed out by `fetch` stay valid until the next `fetch`. With
+    `prefetch`, `guess(layer, experts)` starts reading the guessed experts of a coming layer on
+    one background thread into free or evictable slots (never the current layer's experts);
+    all slot bookkeeping stays on the calling thread, the worker only fills a reserved slot.
     """
 
-    def __init__(self, layouts: Mapping[int, ExpertLayout], slots: int, prefetch: bool = False):
+    def __init__(
+        self,
+        layouts: Mapping[int, ExpertLayout],
+        slots: int,
+        prefetch: bool = False,
+        evict: str = "lru",
+    ):
         if slots < 1:
             raise ValueError("expert streaming needs at least one slot")
+        if evict not in ("lru", "lfu"):
+            raise ValueError(f"evict must be lru or lfu, not {evict!r}")
         self.layouts = dict(layouts)
         self.slot_bytes = max(lay.expert_nbytes for lay in self.layouts.values())
-        self.n_slots, self.prefetch = slots, prefetch
+        self.n_slots, self.prefetch, self.evict = slots, prefetch, evict
         self.pool = torch.empty(slots, self.slot_bytes, dtype=torch.uint8)
         self._views = [memoryview(self.pool[i].numpy()) for i in range(slots)]
-        self._slots = _Slots(free=list(range(slots - 1, -1, -1)))
-        self._last_used: dict[int, list[int]] = {}  # layer -> experts it used last time
-        self._fds: dict[str, int] = {}
+        self._lru: OrderedDict[tuple[int, int], int] = OrderedDict()  # key -> slot, oldest first
+        self._free = list(range(slots - 1, -1, -1))
+        self._loading: dict[tuple[int, int], tuple[int, Future]] = {}  # read-ahead in flight
+        self._ahead: set[tuple[int, int]] = set()  # read ahead and not used yet
+        self._uses: dict[tuple[int, int], int] = {}  # lfu: uses of each expert so far
+        self._pinned: set[tuple[int, int]] = set()  # the current layer's experts
+        self._guesses: dict[int, set[int]] = {}  # layer -> experts guessed for it
+        self._worker = ThreadPoolExecutor(1, "expert-prefetch") if prefetch else None
+        self._lock = threading.Lock()  # the read counters, shared with the prefetch thread
+        # opened up front: the prefetch thread must not race the caller on this dict
+        paths = {r.path for lay in self.layouts.values() for r in lay.ranges}
+        self._fds: dict[str, int] = {path: os.open(path, os.O_RDONLY) for path in paths}
         self.stats = ExpertStats()
 
     @property
     def nbytes(self) -> int:
         return self.pool.numel()
 
-    def _fd(self, path: str) -> int:
-        if path not in self._fds:
-            self._fds[path] = os.open(path, os.O_RDONLY)
-        return self._fds[path]
-
-    def _read(self, slot: int, layout: ExpertLayout, expert: int) -> None:
+    def _read(self, slot: int, layout: ExpertLayout, expert: int) -> float:
+        """Fill `slot` with the expert and count the read; returns its seconds. Touches only
+        the slot's buffer and (under the lock) the read counters."""
         t0 = time.perf_counter()
         pos, view = 0, self._views[slot]
         for rng in layout.expert_ranges(expert):
-            fd, done = self._fd(rng.path), 0
+            fd, done = self._fds[rng.path], 0
             while done < rng.nbytes:  # pread may return short counts
                 n = os.preadv(fd, [view[pos + done : pos + rng.nbytes]], rng.offset + done)
                 if n <= 0:
                     raise OSError(f"{rng.path}: unexpected end of file reading an expert")
                 done += n
             pos += rng.nbytes
-        self.stats.stall_seconds += time.perf_counter() - t0
-        self.stats.bytes_read += pos
+        seconds = time.perf_counter() - t0
+        with self._lock:
+            self.stats.bytes_read += pos
+            self.stats.read_seconds += seconds
+        return seconds
+
+    def _victim(self, keep: set[tuple[int, int]]) -> int | None:
+        """A slot to reuse: a free one, else an evicted one outside `keep` (None: none)."""
+        if self._free:
+            return self._free.pop()
+        candidates = (k for k in self._lru if k not in keep)
+        if self.evict == "lfu":
+            window = [k for k, _ in zip(candidates, range(LFU_WINDOW), strict=False)]
+            key = min(window, key=lambda k: self._uses.get(k, 0), default=None)
+        else:
+            key = next(candidates, None)
+        if key is None:
+            return None
+        self._ahead.discard(key)
+        return self._lru.pop(key)
+
+    def _settle(self, key: tuple[int, int]) -> None:
+        """Wait for a read-ahead of `key` and make its slot an ordinary cached one."""
+        slot, fut = self._loading.pop(key)
+        t0 = time.perf_counter()
+        fut.result()
+        with self._lock:
+            self.stats.stall_seconds += time.perf_counter() - t0
+        self._lru[key] = slot
 
     def fetch(self, layer: int, expert: int) -> ExpertBlocks:
-        s, key, layout = self._slots, (layer, expert), self.layouts[layer]
+        key, layout = (layer, expert), self.layouts[layer]
         self.stats.lookups += 1
-        slot = s.lru.get(key)
+        self._uses[key] = self._uses.get(key, 0) + 1
+        if key in self._loading:
+            self._settle(key)
+        slot = self._lru.get(key)
         if slot is not None:
-            s.lru.move_to_end(key)
+            self._lru.move_to_end(key)
             self.stats.hits += 1
+            if key in self._ahead:
+                self._ahead.discard(key)
+                self.stats.prefetch_hits += 1
         else:
             self.stats.misses += 1
-            slot = s.free.pop() if s.free else s.lru.popitem(last=False)[1]
-            s.lru[key] = slot
-            self._read(slot, layout, expert)
+            slot = self._victim(set())
+            while slot is None:  # every slot is being read ahead: take one when it lands
+                self._settle(next(iter(self._loading)))
+                slot = self._victim(set())
+            self._lru[key] = slot
+            seconds = self._read(slot, layout, expert)
+            with self._lock:
+                self.stats.stall_seconds += seconds
         parts, pos = [], 0
         for rows, rb in layout.shapes:
             parts.append(self.pool[slot, pos : pos + rows * rb].view(rows, rb))
@@ -165,25 +236,40 @@ class StreamedExperts:
         return ExpertBlocks(*parts)
 
     def routed(self, layer: int, ids: torch.Tensor) -> None:
-        self._last_used[layer] = torch.unique(ids).tolist()
-        if not self.prefetch or not hasattr(os, "posix_fadvise"):
+        used = set(torch.unique(ids).tolist())
+        self._pinned = {(layer, e) for e in used}
+        guessed = self._guesses.pop(layer, None)
+        if guessed is not None:
+            self.stats.guessed += len(guessed)
+            self.stats.guessed_right += len(guessed & used)
+        for key in [k for k, (_, f) in self._loading.items() if f.done()]:
+            self._settle(key)
+
+    def guess(self, layer: int, experts: list[int]) -> None:
+        """Start reading `experts` of `layer` ahead (best guess first) into slots that hold
+        none of the current layer's experts; what does not fit is skipped."""
+        if self._worker is None or layer not in self.layouts:
             return
-        nxt = layer + 1
-        if nxt not in self.layouts:
-            return
-        # Experts repeat across consecutive tokens: read ahead what the next layer used last
-        # step. The kernel fills its page cache in the background; our memory does not grow.
-        for e in self._last_used.get(nxt, ()):
-            if (nxt, e) in self._slots.lru:
+        self._guesses[layer] = set(experts)
+        keep = self._pinned | set(self._loading)
+        for e in experts:
+            key = (layer, e)
+            if key in self._lru or key in self._loading:
                 continue
-            for rng in self.layouts[nxt].expert_ranges(e):
-                os.posix_fadvise(self._fd(rng.path), rng.offset, rng.nbytes, os.POSIX_FADV_WILLNEED)
+            slot = self._victim(keep | {key})
+            if slot is None:
+                return
+            fut = self._worker.submit(self._read, slot, self.layouts[layer], e)
+            self._loading[key] = (slot, fut)
+            self._ahead.add(key)
             self.stats.prefetched += 1
 
     def close(self) -> None:
-        for fd in self._fds.values():
+        if getattr(self, "_worker", None) is not None:
+            self._worker.shutdown(wait=True)
+        for fd in getattr(self, "_fds", {}).values():
             os.close(fd)
-        self._fds.clear()
+        self._fds = {}
 
     def __del__(self):
         self.close()

@@ -11,7 +11,7 @@ through a slot pool sized from what the budget leaves.
 import difflib
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from localllm.offload.memory import MemoryInfo
 from localllm.offload.residency import ResidencyConfig, ResidencyError, Streaming
@@ -93,7 +93,8 @@ class ResidencyPlan:
             s = self.streaming
             lines.append(
                 f"  expert slots {s.slots} x {fmt_bytes(self.slot_bytes)} = "
-                f"{fmt_bytes(self.slot_pool_bytes)}, prefetch {'on' if s.prefetch else 'off'}"
+                f"{fmt_bytes(self.slot_pool_bytes)}, prefetch {'on' if s.prefetch else 'off'}, "
+                f"evict {s.evict}"
             )
         if "host" in self.expert_tiers().values():
             lines.append(f"  host-tier experts: {_host_compute_text(self)}")
@@ -245,7 +246,7 @@ def plan_residency(
                 f"{slots} expert slots of {fmt_bytes(slot_bytes)} do not fit in the "
                 f"{fmt_bytes(budget - used)} the budget leaves"
             )
-        streaming = Streaming(True, int(slots), st.prefetch)
+        streaming = replace(st, enabled=True, slots=int(slots))
         notes.append(f"{slots} slots stream the disk-tier experts ({fmt_bytes(slot_bytes)} each)")
     rules = tuple(f"{r.pattern} -> {r.tier}  ({r.source})" for r in config.rules)
     return ResidencyPlan(

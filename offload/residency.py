@@ -12,7 +12,8 @@ A settings *layer* is a plain mapping with the keys of a residency document (TOM
     [streaming]
     enabled = true           # disk-tier experts are streamed into slots
     slots = 16               # slot count (default: as many as the budget leaves)
-    prefetch = true          # read ahead the next layer's recently used experts
+    prefetch = true          # read ahead the experts the next layer's router guesses
+    evict = "lru"            # or "lfu": the least used of the least recently used slots
 
 Layers come from the command line, the environment and a document; `resolve` merges them with
 the command line first: scalars from the first layer that sets them, rules concatenated in
@@ -41,7 +42,8 @@ KEYS = (
     "rules",
     "streaming",
 )
-STREAMING_KEYS = ("enabled", "slots", "prefetch")
+STREAMING_KEYS = ("enabled", "slots", "prefetch", "evict")
+EVICTIONS = ("lru", "lfu")
 # llama.cpp's --cpu-moe pattern: the three routed-expert tensors of every layer.
 EXPERTS_PATTERN = r"\.ffn_(up|down|gate)_exps"
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
@@ -69,6 +71,7 @@ class Streaming:
     enabled: bool = True
     slots: int | None = None  # None: as many as the budget leaves
     prefetch: bool = True
+    evict: str = "lru"  # "lru" or "lfu"
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,9 +187,14 @@ def validate_layer(d: Mapping[str, Any], source: str) -> dict[str, Any]:
     if "streaming" in d:
         s = d["streaming"]
         _check_keys(s, STREAMING_KEYS, f"{source} [streaming]")
+        where = f"{source} [streaming]"
         out["streaming"] = {
-            k: _typed(s, k, int if k == "slots" else bool, f"{source} [streaming]") for k in s
+            k: _typed(s, k, int if k == "slots" else bool, where) for k in s if k != "evict"
         }
+        if "evict" in s:
+            if s["evict"] not in EVICTIONS:
+                raise ResidencyError(f"{where}: evict must be one of {', '.join(EVICTIONS)}")
+            out["streaming"]["evict"] = s["evict"]
         if out["streaming"].get("slots", 1) < 1:
             raise ResidencyError(f"{source} [streaming]: slots must be >= 1")
     return out

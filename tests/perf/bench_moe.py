@@ -9,7 +9,11 @@ from the disk; a re-read of an expert evicted from its slot may come from the pa
 (the kernel keeps what it read) - the `cold` column says how many bytes the runs read in all.
 
     python tests/perf/bench_moe.py [--layers 8] [--experts 64] [--dim 512] [--ff 1024]
-        [--tokens 32] [--slots 1 2 4 8 16 32 64 128 512] [--dir /tmp]
+        [--tokens 32] [--slots 1 2 4 8 16 32 64 128 512] [--evict lru lfu]
+        [--prefetch on off] [--dir /tmp]
+
+`guess` is the share of the experts the prefetch guessed (next layer's router on this layer's
+input) that the layer then used; `ahead` the lookups served by a read-ahead.
 """
 
 import argparse
@@ -69,6 +73,9 @@ def run(path: Path, layer: dict, tokens: int) -> dict:
     t0 = time.perf_counter()
     out += list(stream)
     dt = time.perf_counter() - t0
+    for src in model.expert_sources:
+        if hasattr(src, "close"):
+            src.close()  # read-aheads still in flight finish and are counted
     s = expert_stats(model.expert_sources)
     g.close()
     return {"tok_s": (len(out) - 1) / dt, "stats": s, "tokens": out}
@@ -83,6 +90,8 @@ def main() -> None:
     ap.add_argument("--ff", type=int, default=1024)
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--slots", type=int, nargs="+", default=[1, 4, 16, 64, 128, 256, 512])
+    ap.add_argument("--evict", nargs="+", default=["lru"], choices=("lru", "lfu"))
+    ap.add_argument("--prefetch", nargs="+", default=["on"], choices=("on", "off"))
     ap.add_argument("--dir", default=None, help="folder for the model file (default: tmp)")
     a = ap.parse_args()
     spec = MoESpec(
@@ -100,22 +109,27 @@ def main() -> None:
         )
         print(f"disk: cold sequential read {disk_bandwidth(path):.2f} GB/s ({path.parent})\n")
         base = run(path, {"experts": "device"}, a.tokens)
-        print("| experts | slots | slot MiB | decode tok/s | hit rate | read MB | GB/s | stall s |")
-        print("|---|---|---|---|---|---|---|---|")
-        print(f"| resident | - | - | {base['tok_s']:.1f} | 1.00 | 0 | - | 0 |")
+        head = "| experts | slots | evict | prefetch | slot MiB | decode tok/s | hit rate | guess "
+        print(head + "| ahead | read MB | GB/s | stall s |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+        print(f"| resident | - | - | - | - | {base['tok_s']:.1f} | 1.00 | - | - | 0 | - | 0 |")
         total = a.layers * a.experts
         for slots in a.slots:
             if slots > total:
                 continue
-            layer = {"experts": "disk", "streaming": {"slots": slots, "prefetch": True}}
-            r = run(path, layer, a.tokens)
-            assert r["tokens"] == base["tokens"], "streamed output differs from resident"
-            s = r["stats"]
-            print(
-                f"| disk | {slots} | {slots * per_expert / 2**20:.1f} | {r['tok_s']:.1f} | "
-                f"{s.hit_rate:.2f} | {s.bytes_read / 1e6:.0f} | {s.read_gbps:.2f} | "
-                f"{s.stall_seconds:.2f} |"
-            )
+            for evict in a.evict:
+                for pf in a.prefetch:
+                    st = {"slots": slots, "prefetch": pf == "on", "evict": evict}
+                    r = run(path, {"experts": "disk", "streaming": st}, a.tokens)
+                    assert r["tokens"] == base["tokens"], "streamed output differs from resident"
+                    s = r["stats"]
+                    print(
+                        f"| disk | {slots} | {evict} | {pf} | {slots * per_expert / 2**20:.1f} "
+                        f"| {r['tok_s']:.1f} | {s.hit_rate:.2f} | {s.guess_rate:.2f} | "
+                        f"{s.prefetch_hits} | {s.bytes_read / 1e6:.0f} | {s.read_gbps:.2f} | "
+                        f"{s.stall_seconds:.2f} |",
+                        flush=True,
+                    )
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from localllm.engine.gguf import GGUFModel
-from localllm.engine.layers import dense
+from localllm.engine.layers import QuantLinear, dense
 from localllm.engine.models import model_module
 from localllm.engine.rope import Rotary
 from localllm.offload import QuantWeight
@@ -71,6 +71,9 @@ def build_model(
     model.finish_load(extra)
     if device.type != "cpu":
         _move_leftovers(model, device)
+        for m in model.modules():
+            if isinstance(m, QuantLinear):
+                m.drop_raw_copy()
     return model.eval()
 
 

@@ -9,6 +9,7 @@ import torch
 import triton
 
 from localllm.kernels.quant.dequant_legacy import FP4_VALUES, IQ4_NL_VALUES, kvalues_lut
+from localllm.kernels.quant.repack import PACKED_TYPES, PackedBlocks, pack_blocks
 from localllm.kernels.quant.triton_gemv import (
     _deq_nib32,
     _deq_q4_k,
@@ -19,6 +20,7 @@ from localllm.kernels.quant.triton_gemv import (
     _gemv_q6_k,
     _gemv_q8_0,
 )
+from localllm.kernels.quant.triton_packed import dequantize_packed_t, gemv_packed, packed_config
 from localllm.kernels.quant.types import QuantType
 
 GEMV_MAX_M = 8  # more activation rows than this: dequantize to bf16 and use a GEMM
@@ -121,7 +123,11 @@ def dequantize_bf16(data: torch.Tensor, qtype: QuantType, n: int, k: int) -> tor
 
 class TritonLinear:
     """A raw-block weight [N, K] on CUDA: fused GEMV for M <= GEMV_MAX_M rows, else the weight
-    dequantized to bf16 (one pass, scratch freed after the call) and a bf16 GEMM."""
+    dequantized to bf16 (one pass, scratch freed after the call) and a bf16 GEMM.
+
+    Q4_K, Q6_K and Q8_0 are re-laid out column-major once (`repack`, same bytes) for the dp4a
+    kernels; `repacked` tells the owner that the raw copy it passed is no longer needed.
+    """
 
     kind = "triton"
 
@@ -129,17 +135,33 @@ class TritonLinear:
         qtype = QuantType(qtype)
         if qtype not in SUPPORTED:
             raise ValueError(f"no triton kernels for {qtype.name}")
-        self.data, self.qtype, self.shape = data.reshape(shape[0], -1).contiguous(), qtype, shape
-        self.cfg = gemv_config(qtype, shape[0])
+        self.qtype, self.shape = qtype, shape
+        self.data: torch.Tensor | None = None
+        self.packed: PackedBlocks | None = None
+        if qtype in PACKED_TYPES:
+            self.packed = pack_blocks(data, qtype, *shape)
+            self.cfg = packed_config(qtype, *shape)
+        else:
+            self.data = data.reshape(shape[0], -1).contiguous()
+            self.cfg = gemv_config(qtype, shape[0])
+
+    @property
+    def repacked(self) -> bool:
+        return self.packed is not None
 
     @property
     def nbytes(self) -> int:
-        return self.data.numel()
+        return self.packed.nbytes if self.packed is not None else self.data.numel()
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         n, k = self.shape
         x2 = x.reshape(-1, k)
-        if x2.shape[0] <= GEMV_MAX_M:
+        small = x2.shape[0] <= GEMV_MAX_M
+        if self.packed is not None and small:
+            y = gemv_packed(x2, self.packed, self.cfg)
+        elif self.packed is not None:
+            y = torch.mm(x2.to(torch.bfloat16), dequantize_packed_t(self.packed)).float()
+        elif small:
             y = gemv(x2, self.data, self.qtype, n, k, self.cfg)
         else:
             w = dequantize_bf16(self.data, self.qtype, n, k)

@@ -1,6 +1,7 @@
 """GPU measurements for RESULTS.md (run on the H200; not a test).
 
     python tests/perf/bench_gpu.py kernels          # each GEMV / prefill dequant vs its byte floor
+    python tests/perf/bench_gpu.py packed           # dp4a GEMVs over packed blocks: geometry sweep
     python tests/perf/bench_gpu.py breakdown MODEL  # one decode step: time per op vs byte floor
 
 Byte floors use the measured copy bandwidth of the H200 here (4.25 TB/s, bytes read + written).
@@ -93,6 +94,71 @@ def sweep() -> None:
             print(f"best {name} {n}x{k}: {best}")
 
 
+def packed() -> None:
+    """dp4a GEMVs over packed Q4_K / Q6_K / Q8_0 at M = 1 (and the default geometry at M = 4):
+    rows per program x warps x split-K target, each first checked against the q8x reference."""
+    from functools import partial
+
+    from triton.testing import do_bench
+
+    from localllm.kernels.quant import QuantType
+    from localllm.kernels.quant.dequant import dequantize
+    from localllm.kernels.quant.repack import pack_blocks
+    from localllm.kernels.quant.triton_packed import (
+        PackedConfig,
+        gemv_packed,
+        packed_config,
+        quantize_x8_reference,
+    )
+
+    cases = [
+        *(("Q4_K", "gate_up"), ("Q4_K", "down"), ("Q4_K", "qkv"), ("Q4_K", "o")),
+        *(("Q6_K", "down"), ("Q6_K", "output"), ("Q8_0", "gate_up"), ("Q8_0", "down")),
+    ]
+    shapes = {**LLAMA8B, "output": (128256, 4096)}
+    geos = [(32, 1), (64, 1), (64, 2), (128, 1), (128, 2), (128, 4)]
+    print("| type | shape | N x K | block_n | warps | programs | us | GB/s | % of 4.25 TB/s |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|")
+    for name, label in cases:
+        qt = QuantType[name]
+        n, k = shapes[label]
+        raw = _blocks(qt, n, k).cuda()
+        p = pack_blocks(raw, qt, n, k)
+        x = torch.randn(1, k, device="cuda")
+        rows = min(n, 2048)  # reference on a slice of rows (float64 of the whole head is big)
+        w = dequantize(raw[:rows], qt).reshape(rows, k).double()
+        ref = quantize_x8_reference(x.cpu()).cuda() @ w.T
+        nb = k // (32 if name == "Q8_0" else 256)
+        best = None
+        for bn, warps in geos:
+            for target in (264, 528, 1056):
+                split = max(1, min(nb, triton_cdiv(target, triton_cdiv(n, bn))))
+                cfg = PackedConfig(bn, warps, triton_cdiv(nb, split))
+                y = gemv_packed(x, p, cfg)[:, :rows].double()
+                if not ((y - ref).norm() / ref.norm()).item() < 1e-5:
+                    print(f"| {name} | {label} | {n}x{k} | {bn} | {warps} | {target} | WRONG | | |")
+                    continue
+                us = do_bench(partial(gemv_packed, x, p, cfg), warmup=10, rep=50) * 1e3
+                gbs = (p.nbytes + 4 * (k + n)) / (us * 1e-6) / 1e9
+                if best is None or us < best[0]:
+                    best = (us, cfg)
+                print(f"| {name} | {label} | {n}x{k} | {bn} | {warps} | {target} | {us:.1f} | "
+                      f"{gbs:.0f} | {100 * gbs * 1e9 / COPY_BW:.0f} |")  # fmt: skip
+        dflt = packed_config(qt, n, k)
+        for m in (1, 4, 8):
+            xm = torch.randn(m, k, device="cuda")
+            us = do_bench(partial(gemv_packed, xm, p, dflt), warmup=10, rep=50) * 1e3
+            gbs = p.nbytes / (us * 1e-6) / 1e9
+            print(f"default {name} {label} M={m}: {us:.1f} us {gbs:.0f} GB/s ({dflt})")
+        print(f"best {name} {label}: {best}")
+        del raw, p
+        torch.cuda.empty_cache()
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
 def breakdown(path: str, depth: int = 512) -> None:
     from torch.profiler import ProfilerActivity, profile
 
@@ -166,6 +232,9 @@ def breakdown(path: str, depth: int = 512) -> None:
 
 
 def _group(name: str) -> str:
+    for key in ("_gemv_q4k_packed", "_gemv_q6k_packed", "_gemv_q8_0_packed", "_quant_x8"):
+        if key in name:
+            return key.strip("_")
     for key in ("_gemv_q4_k", "_gemv_q6_k", "_gemv_q8_0", "_deq_"):
         if key in name:
             return key.strip("_")
@@ -180,5 +249,7 @@ if __name__ == "__main__":
         kernels()
     elif sys.argv[1] == "sweep":
         sweep()
+    elif sys.argv[1] == "packed":
+        packed()
     else:
         breakdown(sys.argv[2])

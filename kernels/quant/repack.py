@@ -1,0 +1,82 @@
+"""Column-major ("packed") layouts of Q4_K, Q6_K and Q8_0 blocks for the GPU dp4a kernels.
+
+The bytes stay the GGUF file's (same codes, same scales, same count); only their order changes.
+A GEMV program owns a run of output rows and walks K: with the file's row-major blocks its warps
+read one row each and must reduce across lanes; with each 4-byte word of every block moved to
+plane [word index along K, row], neighbouring threads read neighbouring rows (coalesced) and each
+thread's sums stay in its registers. Words keep their bytes, so 4 consecutive codes still sit in
+one int32 for a dp4a. Pure torch: packing runs once at upload, on any device.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from localllm.kernels.quant.types import QuantType, block_geometry
+
+# Per type: the block's byte fields in order, each (name, start, end, dtype of its words).
+_FIELDS: dict[QuantType, tuple[tuple[str, int, int, torch.dtype], ...]] = {
+    # fp16 d, fp16 dmin, 12 bytes of 6-bit scales/mins, 128 bytes of nibbles
+    QuantType.Q4_K: (("hdr", 0, 16, torch.int32), ("qs", 16, 144, torch.int32)),
+    # 128 bytes of low nibbles, 64 of 2-bit highs, 16 int8 scales, fp16 d
+    QuantType.Q6_K: (
+        ("ql", 0, 128, torch.int32),
+        ("qh", 128, 192, torch.int32),
+        ("sc", 192, 208, torch.int32),
+        ("d", 208, 210, torch.float16),
+    ),
+    # fp16 d, 32 int8 codes
+    QuantType.Q8_0: (("d", 0, 2, torch.float16), ("qs", 2, 34, torch.int32)),
+}
+PACKED_TYPES = frozenset(_FIELDS)
+
+
+@dataclass(frozen=True, slots=True)
+class PackedBlocks:
+    """A weight [N, K] whose block fields are planes [blocks * words per block, N].
+
+    `planes` maps a field name (see `_FIELDS`) to its plane; plane row b * w + i holds word i of
+    block b of every weight row.
+    """
+
+    qtype: QuantType
+    n: int
+    k: int
+    planes: dict[str, torch.Tensor]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.numel() * p.element_size() for p in self.planes.values())
+
+    @property
+    def device(self) -> torch.device:
+        return next(iter(self.planes.values())).device
+
+
+def pack_blocks(data: torch.Tensor, qtype: QuantType, n: int, k: int) -> PackedBlocks:
+    """Raw blocks uint8 [N, row_bytes] -> PackedBlocks (one transposed copy per field)."""
+    qtype = QuantType(qtype)
+    if qtype not in _FIELDS:
+        raise ValueError(f"no packed layout for {qtype.name}")
+    block, nbytes = block_geometry(qtype)
+    if k % block or data.numel() != n * (k // block) * nbytes:
+        raise ValueError(f"{qtype.name} data of {data.numel()} bytes is not a {n}x{k} weight")
+    nb = k // block
+    blocks = data.reshape(n, nb, nbytes)
+    planes = {}
+    for name, start, end, dtype in _FIELDS[qtype]:
+        words = blocks[:, :, start:end].contiguous().view(dtype)  # [N, nb, w]
+        planes[name] = words.permute(1, 2, 0).reshape(-1, n).contiguous()
+    return PackedBlocks(qtype, n, k, planes)
+
+
+def unpack_blocks(p: PackedBlocks) -> torch.Tensor:
+    """The inverse of `pack_blocks`: raw blocks uint8 [N, row_bytes]."""
+    block, nbytes = block_geometry(p.qtype)
+    nb = p.k // block
+    parts = []
+    for name, start, end, dtype in _FIELDS[p.qtype]:
+        w = (end - start) // torch.tensor([], dtype=dtype).element_size()
+        plane = p.planes[name].reshape(nb, w, p.n).permute(2, 0, 1).contiguous()
+        parts.append(plane.view(torch.uint8))  # [N, nb, end - start]
+    return torch.cat(parts, dim=2).reshape(p.n, nb * nbytes)

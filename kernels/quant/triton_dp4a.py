@@ -1,0 +1,209 @@
+"""Triton dp4a kernels over packed (column-major) Q4_K, Q6_K and Q8_0 blocks on CUDA.
+
+Decode GEMVs are bound by weight bytes, and converting every code to float costs more than the
+bytes allow (int->float runs at a quarter of the FMA rate). So, as llama.cpp's mmvq does, the
+activation row is quantized to int8 per 32 values (scale dx, code sums per 16) and every 4 weight
+codes meet 4 activation codes in one integer dot product (dp4a); floats appear once per 16 or 32
+values. Layouts are `repack.PackedBlocks`: a [words, BN] tile is BN neighbouring weight rows, one
+per thread, so loads coalesce and sums stay in registers. Programs split K in chunks of blocks
+(grid axis 1) and write partial sums that the host adds. `ASM` is false only under the triton
+interpreter (CPU tests), which runs the same integer math without the PTX instruction. The torch
+reference is `triton_packed.gemv_q8x_reference`.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _dp4a(a, b, SIGNED_A: tl.constexpr, ASM: tl.constexpr):
+    """Sum of the 4 byte products of a and b (b signed; a signed or unsigned), int32."""
+    a, b = tl.broadcast(a, b)
+    if ASM:
+        op = "dp4a.s32.s32" if SIGNED_A else "dp4a.u32.s32"
+        return tl.inline_asm_elementwise(
+            op + " $0, $1, $2, 0;", "=r,r,r", [a, b], dtype=tl.int32, is_pure=True, pack=1
+        )
+    else:
+        r = tl.zeros(a.shape, dtype=tl.int32)
+        for i in tl.static_range(4):
+            if SIGNED_A:
+                ai = (a << (24 - 8 * i)) >> 24
+            else:
+                ai = (a >> (8 * i)) & 255
+            r += ai * ((b << (24 - 8 * i)) >> 24)
+        return r
+
+
+@triton.jit
+def _quant_x8(x_ptr, q_ptr, d_ptr, s16_ptr, xsum_ptr, K, G: tl.constexpr):
+    """x [M, K] float32 -> int8 codes (4 per int32 word), scale and code sums per 32 values
+    (dx, dx * sum) and integer code sums per 16. Program (m, chunk) handles G groups of 32."""
+    m = tl.program_id(0)
+    g = tl.program_id(1) * G + tl.arange(0, G)
+    gm = g < K // 32
+    j = tl.arange(0, 32)
+    v = tl.load(x_ptr + m * K + g[:, None] * 32 + j[None, :], mask=gm[:, None], other=0.0)
+    amax = tl.max(tl.abs(v), axis=1)
+    inv = tl.where(amax > 0, tl.math.div_rn(tl.full(amax.shape, 127.0, tl.float32), amax), 0.0)
+    q = tl.floor(v * inv[:, None] + 0.5).to(tl.int32)
+    q = tl.minimum(tl.maximum(q, -127), 127)
+    qb = tl.reshape(q & 255, (G, 8, 4))
+    sh = (tl.arange(0, 4) * 8)[None, None, :]
+    words = tl.sum(qb << sh, axis=2)  # disjoint bytes: the sum is their bitwise or
+    w8 = tl.arange(0, 8)
+    tl.store(q_ptr + m * (K // 4) + g[:, None] * 8 + w8[None, :], words, mask=gm[:, None])
+    s16 = tl.sum(tl.reshape(q, (G, 2, 16)), axis=2)
+    i2 = tl.arange(0, 2)
+    tl.store(s16_ptr + m * (K // 16) + g[:, None] * 2 + i2[None, :], s16, mask=gm[:, None])
+    dx = amax / 127.0
+    tl.store(d_ptr + m * (K // 32) + g, dx, mask=gm)
+    tl.store(xsum_ptr + m * (K // 32) + g, dx * tl.sum(q, axis=1).to(tl.float32), mask=gm)
+
+
+@triton.jit
+def _f16_lo(h):
+    return (h & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _f16_hi(h):
+    return ((h >> 16) & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _q4k_affine(h1, h2, h3, sub: tl.constexpr):
+    """6-bit scale and min of sub-block `sub` from header words 1..3 [BN], as float32."""
+    sh: tl.constexpr = (sub % 4) * 8
+    a1 = (h1 >> sh) & 0xFF
+    a2 = (h2 >> sh) & 0xFF
+    if sub < 4:
+        return (a1 & 63).to(tl.float32), (a2 & 63).to(tl.float32)
+    a3 = (h3 >> sh) & 0xFF
+    sc = (a3 & 15) | ((a1 >> 6) << 4)
+    mn = ((a3 >> 4) & 15) | ((a2 >> 6) << 4)
+    return sc.to(tl.float32), mn.to(tl.float32)
+
+
+@triton.jit
+def _plane(ptr, prow, cols, N, cm):
+    """Words at plane rows `prow` [R] of weight rows `cols` [BN] -> [R, BN]."""
+    return tl.load(ptr + prow[:, None] * N + cols[None, :], mask=cm[None, :], other=0)
+
+
+@triton.jit
+def _q6k_quarter(qla, qlb, qh, k: tl.constexpr):
+    """Q6_K codes 0..63 of quarter k (4 per word) from low-nibble and high-bit words."""
+    lo = qla if k % 2 == 0 else qlb
+    return ((lo >> (4 * (k // 2))) & 0x0F0F0F0F) | (((qh >> (2 * k)) & 0x03030303) << 4)
+
+
+@triton.jit
+def _x_rows(x8_ptr, rows, rmask, K4, word0):
+    """Activation code words [MP, 8] of 8 consecutive words from `word0` of each row."""
+    lane = tl.arange(0, 8)
+    off = rows[:, None] * K4 + word0 + lane[None, :]
+    return tl.load(x8_ptr + off, mask=rmask[:, None], other=0)
+
+
+@triton.jit
+def _gemv_q4k_packed(
+    x8_ptr, xd_ptr, xsum_ptr, qs_ptr, hdr_ptr, out_ptr, M, N, K, nb, spb: tl.constexpr,
+    MP: tl.constexpr, BN: tl.constexpr, ASM: tl.constexpr,
+):  # fmt: skip
+    pn, pk = tl.program_id(0), tl.program_id(1)
+    cols = pn * BN + tl.arange(0, BN)
+    cols_ok = cols < N
+    rows = tl.arange(0, MP)
+    rmask = rows < M
+    lane = tl.arange(0, 8)
+    K4, K32 = K // 4, K // 32
+    acc = tl.zeros([MP, BN], dtype=tl.float32)
+    for i in range(0, spb):
+        s = pk * spb + i
+        cm = cols_ok & (s < nb)  # the last program's chunk may run past the row
+        h0 = tl.load(hdr_ptr + (s * 4) * N + cols, mask=cm, other=0)
+        h1 = tl.load(hdr_ptr + (s * 4 + 1) * N + cols, mask=cm, other=0)
+        h2 = tl.load(hdr_ptr + (s * 4 + 2) * N + cols, mask=cm, other=0)
+        h3 = tl.load(hdr_ptr + (s * 4 + 3) * N + cols, mask=cm, other=0)
+        d, dmin = _f16_lo(h0), _f16_hi(h0)
+        for jj in tl.static_range(4):
+            w = _plane(qs_ptr, s * 32 + jj * 8 + lane, cols, N, cm)  # [8, BN]
+            for h in tl.static_range(2):
+                sub: tl.constexpr = 2 * jj + h
+                q = (w >> (4 * h)) & 0x0F0F0F0F
+                xw = _x_rows(x8_ptr, rows, rmask, K4, s * 64 + sub * 8)  # [MP, 8]
+                p = _dp4a(q[None, :, :], xw[:, :, None], False, ASM)  # [MP, 8, BN]
+                isum = tl.sum(p, axis=1).to(tl.float32)  # [MP, BN]
+                sc, mn = _q4k_affine(h1, h2, h3, sub)
+                dx = tl.load(xd_ptr + rows * K32 + s * 8 + sub, mask=rmask, other=0.0)
+                xs = tl.load(xsum_ptr + rows * K32 + s * 8 + sub, mask=rmask, other=0.0)
+                acc += (d * sc)[None, :] * (dx[:, None] * isum) - (dmin * mn)[None, :] * xs[:, None]
+    out = out_ptr + (pk * M + rows[:, None]) * N + cols[None, :]
+    tl.store(out, acc, mask=rmask[:, None] & cols_ok[None, :])
+
+
+@triton.jit
+def _gemv_q6k_packed(
+    x8_ptr, xd_ptr, s16_ptr, ql_ptr, qh_ptr, sc_ptr, d_ptr, out_ptr, M, N, K, nb, spb: tl.constexpr,
+    MP: tl.constexpr, BN: tl.constexpr, ASM: tl.constexpr,
+):  # fmt: skip
+    pn, pk = tl.program_id(0), tl.program_id(1)
+    cols = pn * BN + tl.arange(0, BN)
+    cols_ok = cols < N
+    rows = tl.arange(0, MP)
+    rmask = rows < M
+    l4 = tl.arange(0, 4)
+    K4, K16, K32 = K // 4, K // 16, K // 32
+    acc = tl.zeros([MP, BN], dtype=tl.float32)
+    for i in range(0, spb):
+        s = pk * spb + i
+        cm = cols_ok & (s < nb)  # the last program's chunk may run past the row
+        d = tl.load(d_ptr + s * N + cols, mask=cm, other=0.0).to(tl.float32)
+        for hf in tl.static_range(2):
+            for g in tl.static_range(2):  # lanes 4g..4g+3: one 16-value scale group per quarter
+                lane = 4 * g + l4
+                qla = _plane(ql_ptr, s * 32 + hf * 16 + lane, cols, N, cm)  # [4, BN]
+                qlb = _plane(ql_ptr, s * 32 + hf * 16 + 8 + lane, cols, N, cm)
+                qh = _plane(qh_ptr, s * 16 + hf * 8 + lane, cols, N, cm)
+                for k in tl.static_range(4):
+                    q = _q6k_quarter(qla, qlb, qh, k)
+                    xo = rows[:, None] * K4 + s * 64 + hf * 32 + 8 * k + lane[None, :]
+                    xw = tl.load(x8_ptr + xo, mask=rmask[:, None], other=0)  # [MP, 4]
+                    p = _dp4a(q[None, :, :], xw[:, :, None], False, ASM)
+                    isum = tl.sum(p, axis=1)  # [MP, BN]
+                    grp: tl.constexpr = hf * 8 + 2 * k + g
+                    scw = tl.load(sc_ptr + (s * 4 + grp // 4) * N + cols, mask=cm, other=0)
+                    sc = ((scw << (24 - 8 * (grp % 4))) >> 24).to(tl.float32)
+                    x16 = tl.load(s16_ptr + rows * K16 + s * 16 + grp, mask=rmask, other=0)
+                    dx = tl.load(xd_ptr + rows * K32 + s * 8 + grp // 2, mask=rmask, other=0.0)
+                    t = (isum - 32 * x16[:, None]).to(tl.float32) * dx[:, None]
+                    acc += (d * sc)[None, :] * t
+    out = out_ptr + (pk * M + rows[:, None]) * N + cols[None, :]
+    tl.store(out, acc, mask=rmask[:, None] & cols_ok[None, :])
+
+
+@triton.jit
+def _gemv_q8_0_packed(
+    x8_ptr, xd_ptr, qs_ptr, d_ptr, out_ptr, M, N, K, nb, spb: tl.constexpr,
+    MP: tl.constexpr, BN: tl.constexpr, ASM: tl.constexpr,
+):  # fmt: skip
+    pn, pk = tl.program_id(0), tl.program_id(1)
+    cols = pn * BN + tl.arange(0, BN)
+    cols_ok = cols < N
+    rows = tl.arange(0, MP)
+    rmask = rows < M
+    lane = tl.arange(0, 8)
+    K4, K32 = K // 4, K // 32
+    acc = tl.zeros([MP, BN], dtype=tl.float32)
+    for i in range(0, spb):
+        b = pk * spb + i
+        cm = cols_ok & (b < nb)
+        w = _plane(qs_ptr, b * 8 + lane, cols, N, cm)
+        d = tl.load(d_ptr + b * N + cols, mask=cm, other=0.0).to(tl.float32)
+        xw = _x_rows(x8_ptr, rows, rmask, K4, b * 8)
+        isum = tl.sum(_dp4a(w[None, :, :], xw[:, :, None], True, ASM), axis=1).to(tl.float32)
+        dx = tl.load(xd_ptr + rows * K32 + b, mask=rmask, other=0.0)
+        acc += d[None, :] * (dx[:, None] * isum)
+    out = out_ptr + (pk * M + rows[:, None]) * N + cols[None, :]
+    tl.store(out, acc, mask=rmask[:, None] & cols_ok[None, :])

@@ -1,0 +1,135 @@
+"""Host side of the packed dp4a kernels: activation quantization, `gemv_packed`,
+`dequantize_packed_t`, launch geometry, and the plain-torch reference they are tested against.
+
+Imported only where CUDA exists (or under TRITON_INTERPRET=1 in tests). `ASM` (the real dp4a
+instruction) is used whenever the tensors are on CUDA; CPU tensors mean the triton interpreter.
+"""
+
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from localllm.kernels.quant.dequant import dequantize
+from localllm.kernels.quant.repack import PackedBlocks
+from localllm.kernels.quant.triton_dp4a import (
+    _gemv_q4k_packed,
+    _gemv_q6k_packed,
+    _gemv_q8_0_packed,
+    _quant_x8,
+)
+from localllm.kernels.quant.triton_unpack import _deq_q4k_packed, _deq_q6k_packed, _deq_q8_0_packed
+from localllm.kernels.quant.types import QuantType, block_geometry
+
+SM_TARGET = 4 * 132  # programs per launch: a few waves of an H100/H200's 132 SMs
+
+
+@dataclass(frozen=True, slots=True)
+class QuantizedX:
+    """Activation rows as int8 codes: words [M, K/4] (4 codes each), scale [M, K/32] float32,
+    integer code sums per 16 [M, K/16], dx * code sum per 32 [M, K/32] float32."""
+
+    words: torch.Tensor
+    scale: torch.Tensor
+    sum16: torch.Tensor
+    xsum: torch.Tensor
+
+
+@dataclass(frozen=True, slots=True)
+class PackedConfig:
+    """Weight rows per program, warps, and blocks (super-blocks for K-quants) per program."""
+
+    block_n: int
+    num_warps: int
+    blocks_per_program: int
+
+
+def packed_config(qtype: QuantType, n: int, k: int, block_n: int = 64, warps: int = 2):
+    """Split K until the launch has about SM_TARGET programs (N alone gives too few for the
+    4096-row projections)."""
+    nb = k // block_geometry(qtype)[0]
+    tiles = triton.cdiv(n, block_n)
+    split = max(1, min(nb, triton.cdiv(SM_TARGET, tiles)))
+    return PackedConfig(block_n, warps, triton.cdiv(nb, split))
+
+
+def quantize_x8(x: torch.Tensor) -> QuantizedX:
+    """float32 x [M, K] (K a multiple of 32) -> QuantizedX (round half up, codes in -127..127)."""
+    m, k = x.shape
+    dev = x.device
+    q = torch.empty(m, k // 4, dtype=torch.int32, device=dev)
+    d = torch.empty(m, k // 32, dtype=torch.float32, device=dev)
+    s16 = torch.empty(m, k // 16, dtype=torch.int32, device=dev)
+    xs = torch.empty(m, k // 32, dtype=torch.float32, device=dev)
+    g = 16
+    _quant_x8[(m, triton.cdiv(k // 32, g))](x, q, d, s16, xs, k, G=g, num_warps=4)
+    return QuantizedX(q, d, s16, xs)
+
+
+def gemv_packed(x: torch.Tensor, p: PackedBlocks, cfg: PackedConfig | None = None) -> torch.Tensor:
+    """float32 x [M, K] (M <= 8) @ W.T for a packed weight -> float32 [M, N]."""
+    x = x.float().contiguous()
+    m = x.shape[0]
+    if m == 0:
+        return torch.empty(0, p.n, dtype=torch.float32, device=x.device)
+    c = cfg or packed_config(p.qtype, p.n, p.k)
+    nb = p.k // block_geometry(p.qtype)[0]
+    split = triton.cdiv(nb, c.blocks_per_program)
+    xq = quantize_x8(x)
+    out = torch.empty(split, m, p.n, dtype=torch.float32, device=x.device)
+    grid = (triton.cdiv(p.n, c.block_n), split)
+    geo = {
+        "MP": triton.next_power_of_2(m),
+        "BN": c.block_n,
+        "ASM": x.device.type == "cuda",
+        "num_warps": c.num_warps,
+    }
+    args = (m, p.n, p.k, nb, c.blocks_per_program)
+    pl = p.planes
+    if p.qtype == QuantType.Q4_K:
+        _gemv_q4k_packed[grid](xq.words, xq.scale, xq.xsum, pl["qs"], pl["hdr"], out, *args, **geo)
+    elif p.qtype == QuantType.Q6_K:
+        planes = (pl["ql"], pl["qh"], pl["sc"], pl["d"])
+        _gemv_q6k_packed[grid](xq.words, xq.scale, xq.sum16, *planes, out, *args, **geo)
+    elif p.qtype == QuantType.Q8_0:
+        _gemv_q8_0_packed[grid](xq.words, xq.scale, pl["qs"], pl["d"], out, *args, **geo)
+    else:
+        raise ValueError(f"no packed GEMV for {p.qtype.name}")
+    return out[0] if split == 1 else out.sum(0)
+
+
+def dequantize_packed_t(p: PackedBlocks, block_n: int = 64) -> torch.Tensor:
+    """W^T [K, N] in bf16 from a packed weight (each value rounded once from gguf's float32)."""
+    out = torch.empty(p.k, p.n, dtype=torch.bfloat16, device=p.device)
+    pl = p.planes
+    tiles = triton.cdiv(p.n, block_n)
+    if p.qtype == QuantType.Q4_K:
+        grid = (tiles, p.k // 256)
+        _deq_q4k_packed[grid](pl["qs"], pl["hdr"], out, p.n, BN=block_n, num_warps=2)
+    elif p.qtype == QuantType.Q6_K:
+        grid = (tiles, p.k // 256)
+        planes = (pl["ql"], pl["qh"], pl["sc"], pl["d"])
+        _deq_q6k_packed[grid](*planes, out, p.n, BN=block_n, num_warps=2)
+    elif p.qtype == QuantType.Q8_0:
+        nb = p.k // 32
+        bb = 4 if nb % 4 == 0 else 1
+        grid = (tiles, nb // bb)
+        _deq_q8_0_packed[grid](pl["qs"], pl["d"], out, p.n, BN=block_n, BB=bb, num_warps=2)
+    else:
+        raise ValueError(f"no packed dequant for {p.qtype.name}")
+    return out
+
+
+def quantize_x8_reference(x: torch.Tensor) -> torch.Tensor:
+    """The values the kernels multiply by: x rounded to int8 codes per 32 (float64 [M, K])."""
+    g = x.float().reshape(x.shape[0], -1, 32)
+    amax = g.abs().amax(-1, keepdim=True)
+    inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
+    q = torch.floor(g * inv + 0.5).clamp(-127, 127)
+    return (q.double() * (amax / 127.0).double()).reshape(x.shape)
+
+
+def gemv_q8x_reference(x: torch.Tensor, data: torch.Tensor, qtype: QuantType, n: int, k: int):
+    """Plain-torch oracle of `gemv_packed`: quantized x times the gguf-dequantized W, float64."""
+    w = dequantize(data.cpu(), qtype).reshape(n, k).double()
+    return quantize_x8_reference(x.cpu()) @ w.T

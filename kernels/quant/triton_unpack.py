@@ -1,0 +1,76 @@
+"""Triton dequantization of packed (column-major) Q4_K, Q6_K and Q8_0 blocks to a bf16 W^T.
+
+Prefill multiplies many rows at once on tensor cores: the packed weight is expanded once per call
+into W^T [K, N] bf16 (each value rounded once from the float32 value gguf defines) and multiplied
+by cuBLAS. Writing W^T keeps the stores coalesced: a tile is BN neighbouring weight rows, which are
+neighbouring columns of W^T. Layouts: `repack.PackedBlocks`; references: `dequant`.
+"""
+
+import triton
+import triton.language as tl
+
+from localllm.kernels.quant.triton_dp4a import _f16_hi, _f16_lo, _plane, _q4k_affine, _q6k_quarter
+
+
+@triton.jit
+def _deq_q4k_packed(qs_ptr, hdr_ptr, out_ptr, N, BN: tl.constexpr):
+    cols = tl.program_id(0) * BN + tl.arange(0, BN)
+    cm = cols < N
+    s = tl.program_id(1)
+    lane = tl.arange(0, 8)
+    h0 = tl.load(hdr_ptr + (s * 4) * N + cols, mask=cm, other=0)
+    h1 = tl.load(hdr_ptr + (s * 4 + 1) * N + cols, mask=cm, other=0)
+    h2 = tl.load(hdr_ptr + (s * 4 + 2) * N + cols, mask=cm, other=0)
+    h3 = tl.load(hdr_ptr + (s * 4 + 3) * N + cols, mask=cm, other=0)
+    d, dmin = _f16_lo(h0), _f16_hi(h0)
+    for jj in tl.static_range(4):
+        w = _plane(qs_ptr, s * 32 + jj * 8 + lane, cols, N, cm)
+        for h in tl.static_range(2):
+            sub: tl.constexpr = 2 * jj + h
+            sc, mn = _q4k_affine(h1, h2, h3, sub)
+            a, c = (d * sc)[None, :], (dmin * mn)[None, :]
+            for b in tl.static_range(4):
+                q = ((w >> (8 * b + 4 * h)) & 15).to(tl.float32)
+                krow = s * 256 + sub * 32 + 4 * lane + b
+                o = out_ptr + krow.to(tl.int64)[:, None] * N + cols[None, :]
+                tl.store(o, (a * q - c).to(tl.bfloat16), mask=cm[None, :])
+
+
+@triton.jit
+def _deq_q6k_packed(ql_ptr, qh_ptr, sc_ptr, d_ptr, out_ptr, N, BN: tl.constexpr):
+    cols = tl.program_id(0) * BN + tl.arange(0, BN)
+    cm = cols < N
+    s = tl.program_id(1)
+    lane = tl.arange(0, 8)
+    d = tl.load(d_ptr + s * N + cols, mask=cm, other=0.0).to(tl.float32)
+    for hf in tl.static_range(2):
+        qla = _plane(ql_ptr, s * 32 + hf * 16 + lane, cols, N, cm)
+        qlb = _plane(ql_ptr, s * 32 + hf * 16 + 8 + lane, cols, N, cm)
+        qh = _plane(qh_ptr, s * 16 + hf * 8 + lane, cols, N, cm)
+        for k in tl.static_range(4):
+            q = _q6k_quarter(qla, qlb, qh, k)
+            # scale group of lane l: hf * 8 + 2k + l // 4 (two groups per [8, BN] tile)
+            grp = hf * 8 + 2 * k + lane // 4
+            scw = _plane(sc_ptr, s * 4 + grp // 4, cols, N, cm)
+            sc = ((scw << (24 - 8 * (grp % 4))[:, None]) >> 24).to(tl.float32)
+            for b in tl.static_range(4):
+                code = ((q >> (8 * b)) & 63).to(tl.float32) - 32.0
+                krow = s * 256 + hf * 128 + 32 * k + 4 * lane + b
+                o = out_ptr + krow.to(tl.int64)[:, None] * N + cols[None, :]
+                tl.store(o, (d[None, :] * sc * code).to(tl.bfloat16), mask=cm[None, :])
+
+
+@triton.jit
+def _deq_q8_0_packed(qs_ptr, d_ptr, out_ptr, N, BN: tl.constexpr, BB: tl.constexpr):
+    cols = tl.program_id(0) * BN + tl.arange(0, BN)
+    cm = cols < N
+    lane = tl.arange(0, 8)
+    for i in tl.static_range(BB):
+        blk = tl.program_id(1) * BB + i
+        w = _plane(qs_ptr, blk * 8 + lane, cols, N, cm)
+        d = tl.load(d_ptr + blk * N + cols, mask=cm, other=0.0).to(tl.float32)
+        for b in tl.static_range(4):
+            code = ((w << (24 - 8 * b)) >> 24).to(tl.float32)
+            krow = blk * 32 + 4 * lane + b
+            o = out_ptr + krow.to(tl.int64)[:, None] * N + cols[None, :]
+            tl.store(o, (d[None, :] * code).to(tl.bfloat16), mask=cm[None, :])

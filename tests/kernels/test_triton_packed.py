@@ -1,0 +1,115 @@
+"""Packed (column-major) Q4_K / Q6_K / Q8_0 layouts and their dp4a kernels.
+
+The layout round trip runs everywhere (plain torch). The kernels run on a CUDA device (marked
+`gpu`; the real dp4a instruction), or on CPU tensors under TRITON_INTERPRET=1 (the same integer
+math without the instruction; small shapes; never in CI, which has no triton).
+Tolerances: the GEMV against its oracle `gemv_q8x_reference` (x rounded to int8 codes per 32, W
+dequantized by gguf's rules, float64) 1e-5 relative (float32 sums); against the unrounded x
+2e-2 (int8 activations cost ~0.5 % on random data, as in llama.cpp's mmvq); bf16 W^T within bf16
+rounding of each value.
+"""
+
+import os
+import secrets
+
+import numpy as np
+import pytest
+import torch
+
+from localllm.kernels.quant import QuantType, dequantize
+from localllm.kernels.quant.repack import PACKED_TYPES, pack_blocks, unpack_blocks
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if CUDA else "cpu"
+NAMES = ["Q4_K", "Q6_K", "Q8_0"]
+needs_triton = pytest.mark.skipif(
+    not (CUDA or INTERPRET), reason="needs a CUDA device (or TRITON_INTERPRET=1 with triton)"
+)
+SHAPES = [(37, 512)] if INTERPRET else [(37, 512), (4096 + 8, 4096), (1000, 14336)]
+
+
+def _case(make_blocks, name, n, k, device="cpu"):
+    seed = secrets.randbits(32)
+    block = 32 if name == "Q8_0" else 256
+    raw = torch.from_numpy(make_blocks(name, n, k // block, np.random.default_rng(seed)))
+    return seed, raw.reshape(n, -1).to(device)
+
+
+def test_packed_types():
+    assert {QuantType[n] for n in NAMES} == PACKED_TYPES
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_pack_round_trip_and_byte_count(name, make_blocks):
+    n, k = 37, 512
+    _, raw = _case(make_blocks, name, n, k)
+    p = pack_blocks(raw, QuantType[name], n, k)
+    assert p.nbytes == raw.numel()
+    assert torch.equal(unpack_blocks(p), raw)
+    # the plane rows really are columns: word 0 of block 0 of row r sits at plane[0, r]
+    first = next(iter(p.planes.values()))
+    assert first.shape[1] == n
+
+
+def test_pack_rejects_wrong_sizes(make_blocks):
+    _, raw = _case(make_blocks, "Q4_K", 4, 512)
+    with pytest.raises(ValueError, match="not a 4x768"):
+        pack_blocks(raw, QuantType.Q4_K, 4, 768)
+    with pytest.raises(ValueError, match="no packed layout"):
+        pack_blocks(raw, QuantType.Q5_K, 4, 512)
+
+
+def _rel(a, b):
+    return ((a.double().cpu() - b).norm() / b.norm()).item()
+
+
+@pytest.mark.gpu
+@needs_triton
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("m", [1, 3, 8])
+def test_gemv_packed_matches_reference(name, shape, m, make_blocks):
+    from localllm.kernels.quant.triton_packed import gemv_packed, gemv_q8x_reference
+
+    n, k = shape
+    seed, raw = _case(make_blocks, name, n, k, DEVICE)
+    qt = QuantType[name]
+    x = torch.randn(m, k)
+    y = gemv_packed(x.to(DEVICE), pack_blocks(raw, qt, n, k))
+    assert y.shape == (m, n) and y.dtype == torch.float32
+    assert _rel(y, gemv_q8x_reference(x, raw, qt, n, k)) < 1e-5, f"seed {seed}"
+    w = dequantize(raw.cpu(), qt).reshape(n, k).double()
+    assert _rel(y, x.double() @ w.T) < 2e-2, f"seed {seed}"
+
+
+@pytest.mark.gpu
+@needs_triton
+@pytest.mark.parametrize("name", NAMES)
+def test_dequantize_packed_t(name, make_blocks):
+    from localllm.kernels.quant.triton_packed import dequantize_packed_t
+
+    n, k = SHAPES[-1]
+    seed, raw = _case(make_blocks, name, n, k, DEVICE)
+    wt = dequantize_packed_t(pack_blocks(raw, QuantType[name], n, k))
+    assert wt.shape == (k, n) and wt.dtype == torch.bfloat16
+    w = dequantize(raw.cpu(), QuantType[name]).reshape(n, k).double()
+    ulp = 2.0**-7 if INTERPRET else 2.0**-8  # the interpreter truncates to bf16
+    assert ((wt.double().cpu().T - w).abs() <= w.abs() * ulp).all(), f"seed {seed}"
+
+
+@pytest.mark.gpu
+@needs_triton
+@pytest.mark.parametrize("name", NAMES)
+def test_quantized_x_matches_reference(name):
+    from localllm.kernels.quant.triton_packed import quantize_x8, quantize_x8_reference
+
+    x = torch.randn(3, 512) * torch.logspace(-3, 2, 512)  # groups of very different ranges
+    x[1, :32] = 0.0  # an all-zero group: scale 0, codes 0
+    q = quantize_x8(x.to(DEVICE))
+    codes = q.words.cpu().contiguous().view(torch.int8).reshape(3, 512).double()
+    xr = quantize_x8_reference(x)
+    scale = q.scale.cpu().double().repeat_interleave(32, dim=1)
+    assert torch.allclose(codes * scale, xr, rtol=1e-6, atol=0)
+    assert codes.abs().max() <= 127 and (codes[1, :32] == 0).all()
+    assert torch.equal(q.sum16.cpu(), codes.reshape(3, -1, 16).sum(-1).int())

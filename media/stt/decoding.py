@@ -30,6 +30,7 @@ class DecodeOptions:
     condition_on_previous_text: bool = True
     initial_prompt: str | None = None
     without_timestamps: bool = False
+    word_timestamps: bool = False  # align each segment's words to the audio (cross-attention)
     max_initial_timestamp: float = 1.0
     suppress_blank: bool = True
     sample_len: int | None = None  # default: half the text context (224)
@@ -114,6 +115,18 @@ def _apply_rules(
         logits[:ts] = neg  # timestamps together outweigh the best text token
 
 
+def sot_sequence(bundle: WhisperBundle, task: str, language: str) -> list[int]:
+    """<|startoftranscript|>, then language and task on a multilingual model."""
+    sp = bundle.tokenizer.special
+    if not bundle.multilingual:
+        return [sp.sot]
+    return [
+        sp.sot,
+        sp.language_id(language),
+        sp.translate if task == "translate" else sp.transcribe,
+    ]
+
+
 @torch.inference_mode()
 def decode_window(
     bundle: WhisperBundle,
@@ -126,10 +139,7 @@ def decode_window(
     """Decode one window's features at one temperature."""
     model, tok = bundle.model, bundle.tokenizer
     sp, n_ctx = tok.special, model.config.n_text_ctx
-    sot_seq = [sp.sot]
-    if bundle.multilingual:
-        task = sp.translate if opts.task == "translate" else sp.transcribe
-        sot_seq += [sp.language_id(language), task]
+    sot_seq = sot_sequence(bundle, opts.task, language)
     if opts.without_timestamps:
         sot_seq.append(sp.no_timestamps)
     prefix = [sp.sot_prev, *prompt[-(n_ctx // 2 - 1) :]] if prompt else []

@@ -12,6 +12,7 @@ import numpy as np
 
 from localllm.media.audio.chunk import SeekBuffer
 from localllm.media.audio.mel import log_mel
+from localllm.media.stt.alignment import TimedPiece, Word, add_word_timestamps
 from localllm.media.stt.bundle import WhisperBundle
 from localllm.media.stt.decoding import (
     TIME_PRECISION,
@@ -20,6 +21,7 @@ from localllm.media.stt.decoding import (
     decode_with_fallback,
     detect_language,
     encode,
+    sot_sequence,
 )
 
 # progress(seconds done, total seconds or None while the stream's length is unknown)
@@ -39,6 +41,7 @@ class Segment:
     avg_logprob: float
     compression_ratio: float
     no_speech_prob: float
+    words: tuple[Word, ...] = ()  # filled when DecodeOptions.word_timestamps is set
 
 
 @dataclass(frozen=True)
@@ -92,6 +95,13 @@ def _segments(
     return [(offset, offset + duration, toks)], window_frames
 
 
+def _clip(s: Segment, duration: float) -> Segment:
+    words = tuple(
+        replace(w, start=min(w.start, duration), end=min(w.end, duration)) for w in s.words
+    )
+    return replace(s, end=min(s.end, duration), words=words)
+
+
 def transcribe(
     bundle: WhisperBundle,
     audio: np.ndarray | Iterable[np.ndarray],
@@ -114,6 +124,7 @@ def transcribe(
     prompt_reset = len(all_tokens)
     segments: list[Segment] = []
     seek = 0  # in mel frames
+    last_speech = 0.0  # end of the last aligned speech, for word-timestamp boundary rules
     while buf.has_data(seek * spec.hop_length):
         window = buf.window(seek * spec.hop_length, spec.n_samples)
         frames = len(window) // spec.hop_length
@@ -142,27 +153,40 @@ def transcribe(
         if silent:
             seek += frames
         else:
-            pieces, consumed = _segments(result, ts_begin, offset, frames)
+            found, consumed = _segments(result, ts_begin, offset, frames)
             seek += consumed if consumed > 0 else frames  # always move forward
-            for start, end, part in pieces:
-                text = tok.decode(part)
-                if end <= start or not text.strip():
+            pieces = [TimedPiece(start, end, part, []) for start, end, part in found]
+            if opts.word_timestamps:
+                sot = sot_sequence(bundle, opts.task, language)
+                last_speech = add_word_timestamps(
+                    bundle, features, sot, pieces, offset, frames, language, last_speech
+                )
+                toks = result.tokens
+                single_ending = len(toks) >= 2 and toks[-2] < ts_begin <= toks[-1]
+                ends = [p.words[-1].end for p in pieces if p.words]
+                if not single_ending and ends and ends[-1] > offset:
+                    # resume right after the last aligned word, not at the last timestamp
+                    seek = round(ends[-1] / spec.frame_seconds)
+            for piece in pieces:
+                text = tok.decode(piece.tokens)
+                if piece.end <= piece.start or not text.strip():
                     continue
                 segments.append(
                     Segment(
                         len(segments),
                         window_seek,
-                        round(start, 3),
-                        round(end, 3),
+                        round(piece.start, 3),
+                        round(piece.end, 3),
                         text,
-                        tuple(part),
+                        tuple(piece.tokens),
                         result.temperature,
                         result.avg_logprob,
                         result.compression_ratio,
                         result.no_speech_prob,
+                        tuple(piece.words),
                     )
                 )
-                all_tokens += [t for t in part if t < tok.special.eot]
+                all_tokens += [t for t in piece.tokens if t < tok.special.eot]
             if not opts.condition_on_previous_text or result.temperature > 0.5:
                 prompt_reset = len(all_tokens)
         if progress is not None:
@@ -171,6 +195,6 @@ def transcribe(
     if progress is not None:
         progress(duration, duration)
     # the last window's timestamps may run past the end of the audio
-    segments = [replace(s, end=min(s.end, duration)) for s in segments]
+    segments = [_clip(s, duration) for s in segments]
     text = "".join(s.text for s in segments).strip()
     return Transcript(text, tuple(segments), language or "en", duration)

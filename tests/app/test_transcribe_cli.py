@@ -59,6 +59,27 @@ def test_srt_to_a_file_and_json_to_stdout(tiny, speech, tmp_path, capsys):
     assert body["segments"][1]["start"] == body["segments"][0]["end"]
 
 
+def test_word_timestamps_in_json_and_short_srt_cues(tiny, speech, capsys):
+    args = ["transcribe", str(speech), "-m", str(tiny), "-q"]
+    assert main([*args, "--format", "json", "--word-timestamps"]) == 0
+    body = json.loads(capsys.readouterr().out)
+    for seg in body["segments"]:
+        assert "".join(w["word"] for w in seg["words"]) == seg["text"]
+        assert all(seg["start"] <= w["start"] <= w["end"] <= seg["end"] for w in seg["words"])
+    flat = [w for seg in body["segments"] for w in seg["words"]]
+    assert [w["word"] for w in body["words"]] == [w["word"].strip() for w in flat]
+    assert main([*args, "--format", "srt", "--max-words-per-line", "3"]) == 0
+    blocks = capsys.readouterr().out.strip().split("\n\n")
+    lines = [b.split("\n")[2] for b in blocks]
+    assert all(len(line.split()) <= 3 for line in lines)
+    assert " ".join(lines).split() == [w["word"].strip() for w in flat]
+    first = blocks[0].split("\n")[1]
+    stamp = lambda sec: f"00:00:{sec:06.3f}".replace(".", ",")  # clips are under a minute
+    assert first == f"{stamp(flat[0]['start'])} --> {stamp(flat[2]['end'])}"
+    assert main([*args, "--format", "srt", "--max-words-per-line", "0"]) == 1
+    assert "at least 1" in capsys.readouterr().err
+
+
 def test_text_and_vtt(tiny, speech, capsys):
     assert main(["transcribe", str(speech), "-m", str(tiny), "-q"]) == 0
     assert clips.word_error_rate(TEXT, capsys.readouterr().out) <= 0.1

@@ -64,6 +64,41 @@ def test_openai_client_json_and_verbose_json(base, wav):
     )
 
 
+def test_openai_client_word_granularity(base, wav):
+    from localllm.media.audio import load_audio
+    from localllm.media.stt import DecodeOptions, load_whisper, transcribe
+
+    client = _client(base)
+    words_only = client.audio.transcriptions.create(
+        model="whisper-1",
+        file=("two.wav", wav),
+        response_format="verbose_json",
+        timestamp_granularities=["word"],
+    )
+    assert words_only.segments is None  # only what was asked for, as OpenAI does
+    words = words_only.words
+    assert [w.word for w in words] == words_only.text.split()
+    assert clips.word_error_rate(TEXT, " ".join(w.word for w in words)) <= 0.1
+    previous = 0.0
+    for w in words:
+        assert previous <= w.start <= w.end <= words_only.duration
+        previous = w.end
+    # the server's words are the library's words for the same audio and model
+    local = transcribe(
+        load_whisper(tiny_en_dir()), load_audio(wav), DecodeOptions(word_timestamps=True)
+    )
+    want = [(w.word.strip(), w.start, w.end) for s in local.segments for w in s.words]
+    assert [(w.word, w.start, w.end) for w in words] == want
+    both = client.audio.transcriptions.create(
+        model="whisper-1",
+        file=("two.wav", wav),
+        response_format="verbose_json",
+        timestamp_granularities=["word", "segment"],
+    )
+    assert both.words == words and len(both.segments) == 2
+    assert both.segments[0].start == words[0].start and both.segments[-1].end == words[-1].end
+
+
 def test_openai_client_text_srt_vtt(base, wav):
     client = _client(base)
     text = client.audio.transcriptions.create(
@@ -87,7 +122,12 @@ def test_bad_requests_are_400s(base, wav):
         (b"RIFF not really a wave file" * 10, {}, "not a readable audio file"),
         (wav[:30], {}, "not a readable audio file"),
         (wav, {"response_format": "docx"}, "response_format"),
-        (wav, {"timestamp_granularities": ["word"]}, "word timestamps"),
+        (wav, {"timestamp_granularities": ["word"]}, "needs response_format=verbose_json"),
+        (
+            wav,
+            {"response_format": "verbose_json", "timestamp_granularities": ["char"]},
+            "word and/or segment",
+        ),
         (wav, {"language": "xx"}, "English-only: no language"),
     ]
     for data, extra, message in cases:

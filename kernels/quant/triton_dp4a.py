@@ -20,10 +20,15 @@ def _dp4a(a, b, SIGNED_A: tl.constexpr, ASM: tl.constexpr):
     """Sum of the 4 byte products of a and b (b signed; a signed or unsigned), int32."""
     a, b = tl.broadcast(a, b)
     if ASM:
-        op = "dp4a.s32.s32" if SIGNED_A else "dp4a.u32.s32"
-        return tl.inline_asm_elementwise(
-            op + " $0, $1, $2, 0;", "=r,r,r", [a, b], dtype=tl.int32, is_pure=True, pack=1
-        )
+        c = tl.zeros(a.shape, dtype=tl.int32)
+        if SIGNED_A:
+            r = tl.inline_asm_elementwise(
+                "dp4a.s32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c], tl.int32, True, 1
+            )
+        else:
+            r = tl.inline_asm_elementwise(
+                "dp4a.u32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c], tl.int32, True, 1
+            )
     else:
         r = tl.zeros(a.shape, dtype=tl.int32)
         for i in tl.static_range(4):
@@ -32,7 +37,7 @@ def _dp4a(a, b, SIGNED_A: tl.constexpr, ASM: tl.constexpr):
             else:
                 ai = (a >> (8 * i)) & 255
             r += ai * ((b << (24 - 8 * i)) >> 24)
-        return r
+    return r
 
 
 @triton.jit
@@ -74,14 +79,16 @@ def _f16_hi(h):
 @triton.jit
 def _q4k_affine(h1, h2, h3, sub: tl.constexpr):
     """6-bit scale and min of sub-block `sub` from header words 1..3 [BN], as float32."""
-    sh: tl.constexpr = (sub % 4) * 8
+    sh = (sub % 4) * 8
     a1 = (h1 >> sh) & 0xFF
     a2 = (h2 >> sh) & 0xFF
     if sub < 4:
-        return (a1 & 63).to(tl.float32), (a2 & 63).to(tl.float32)
-    a3 = (h3 >> sh) & 0xFF
-    sc = (a3 & 15) | ((a1 >> 6) << 4)
-    mn = ((a3 >> 4) & 15) | ((a2 >> 6) << 4)
+        sc = a1 & 63
+        mn = a2 & 63
+    else:
+        a3 = (h3 >> sh) & 0xFF
+        sc = (a3 & 15) | ((a1 >> 6) << 4)
+        mn = ((a3 >> 4) & 15) | ((a2 >> 6) << 4)
     return sc.to(tl.float32), mn.to(tl.float32)
 
 
@@ -94,7 +101,10 @@ def _plane(ptr, prow, cols, N, cm):
 @triton.jit
 def _q6k_quarter(qla, qlb, qh, k: tl.constexpr):
     """Q6_K codes 0..63 of quarter k (4 per word) from low-nibble and high-bit words."""
-    lo = qla if k % 2 == 0 else qlb
+    if k % 2 == 0:
+        lo = qla
+    else:
+        lo = qlb
     return ((lo >> (4 * (k // 2))) & 0x0F0F0F0F) | (((qh >> (2 * k)) & 0x03030303) << 4)
 
 
@@ -130,7 +140,7 @@ def _gemv_q4k_packed(
         for jj in tl.static_range(4):
             w = _plane(qs_ptr, s * 32 + jj * 8 + lane, cols, N, cm)  # [8, BN]
             for h in tl.static_range(2):
-                sub: tl.constexpr = 2 * jj + h
+                sub = 2 * jj + h
                 q = (w >> (4 * h)) & 0x0F0F0F0F
                 xw = _x_rows(x8_ptr, rows, rmask, K4, s * 64 + sub * 8)  # [MP, 8]
                 p = _dp4a(q[None, :, :], xw[:, :, None], False, ASM)  # [MP, 8, BN]
@@ -172,7 +182,7 @@ def _gemv_q6k_packed(
                     xw = tl.load(x8_ptr + xo, mask=rmask[:, None], other=0)  # [MP, 4]
                     p = _dp4a(q[None, :, :], xw[:, :, None], False, ASM)
                     isum = tl.sum(p, axis=1)  # [MP, BN]
-                    grp: tl.constexpr = hf * 8 + 2 * k + g
+                    grp = hf * 8 + 2 * k + g
                     scw = tl.load(sc_ptr + (s * 4 + grp // 4) * N + cols, mask=cm, other=0)
                     sc = ((scw << (24 - 8 * (grp % 4))) >> 24).to(tl.float32)
                     x16 = tl.load(s16_ptr + rows * K16 + s * 16 + grp, mask=rmask, other=0)

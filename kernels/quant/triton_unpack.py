@@ -26,7 +26,7 @@ def _deq_q4k_packed(qs_ptr, hdr_ptr, out_ptr, N, BN: tl.constexpr):
     for jj in tl.static_range(4):
         w = _plane(qs_ptr, s * 32 + jj * 8 + lane, cols, N, cm)
         for h in tl.static_range(2):
-            sub: tl.constexpr = 2 * jj + h
+            sub = 2 * jj + h
             sc, mn = _q4k_affine(h1, h2, h3, sub)
             a, c = (d * sc)[None, :], (dmin * mn)[None, :]
             for b in tl.static_range(4):

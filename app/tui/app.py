@@ -1,5 +1,6 @@
-"""The TUI app shell: holds the chat backend, the history store and the config; owns model loading
-(in a worker, so the screen stays live while a model loads) and pasted/dropped model references."""
+"""The TUI app shell: holds the chat backend, the history store, the config and the speech models;
+owns model loading (in a worker, so the screen stays live while a model loads) and pasted/dropped
+model references and audio files."""
 
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -16,12 +17,13 @@ from localllm.app.hub.spec import ModelSpec, parse_spec
 from localllm.app.tui.backend import ChatBackend
 from localllm.app.tui.commands import main_commands
 from localllm.app.tui.config import TuiConfig
-from localllm.app.tui.drop import drop_spec
+from localllm.app.tui.drop import drop_audio, drop_spec
 from localllm.app.tui.history import HistoryStore
 from localllm.app.tui.loaders import Loader
 from localllm.app.tui.resources import Memory, probe_memory
 from localllm.app.tui.screens.chat import ChatScreen
 from localllm.app.tui.screens.models import ModelScreen
+from localllm.app.tui.speech import Player, SpeechModels, sounddevice_player
 from localllm.app.tui.widgets.prompt import ModelDropped
 
 
@@ -45,6 +47,7 @@ class LocalLLMApp(App):
         export_dir: Path | None = None,
         probe: Callable[[], Memory] = probe_memory,
         hub_config: Callable[[], HubConfig] = HubConfig.current,
+        player: Player = sounddevice_player,
     ) -> None:
         super().__init__()
         self.store, self.loader, self.initial_model = store, loader, model
@@ -52,6 +55,8 @@ class LocalLLMApp(App):
         self.export_dir = export_dir or Path.cwd()
         self.probe, self.hub_config = probe, hub_config
         self.backend: ChatBackend | None = None
+        self.speech = SpeechModels(self.config.whisper_model, self.config.voice)
+        self.player = player
 
     def on_mount(self) -> None:
         self.theme = self.config.theme
@@ -131,6 +136,10 @@ class LocalLLMApp(App):
         spec = drop_spec(event.text)  # pastes that reach the app: no input box took them
         if spec is not None:
             self.handle_drop(spec)
+            return
+        audio = drop_audio(event.text)
+        if audio is not None:
+            self.chat.attach(audio)
 
     # -- actions -----------------------------------------------------------------------------
 

@@ -19,3 +19,9 @@ def main_commands(app: App) -> Iterator[SystemCommand]:
     yield SystemCommand("Export conversation", "Write it as Markdown", chat.action_export)
     yield SystemCommand("Delete conversation", "Remove it from history", chat.action_delete)
     yield SystemCommand("Unload model", "Free the model's memory", app.unload_model)
+    yield SystemCommand(
+        "Attach audio", "Transcribe an audio file into the message", chat.action_attach
+    )
+    yield SystemCommand(
+        "Speak answer", "Read the last answer aloud (or save it as wav)", chat.action_speak
+    )

@@ -1,4 +1,5 @@
-"""What the TUI takes from the user's settings file: model folders, default model, sampling, theme.
+"""What the TUI takes from the user's settings file: model folders, default model, sampling, theme,
+and the speech models (Whisper for attached audio, a Piper voice for speaking replies).
 
 `localllm.app.settings` is read lazily; where it (or a field) is missing the TUI falls back to
 the library's own settings reader and built-in defaults. Invalid settings raise ValueError.
@@ -22,6 +23,8 @@ class TuiConfig:
     sampling: GenSettings = field(default_factory=GenSettings)
     theme: str = "textual-dark"
     builtin_dirs: tuple[Path, ...] = ()  # where the embedded default model lives, if installed
+    whisper_model: Path | None = None  # None: the packaged Whisper
+    voice: Path | None = None  # None: the packaged Piper voice
 
 
 def theme_name(value: str | None) -> str:
@@ -54,4 +57,6 @@ def load_config() -> TuiConfig:
         sampling=_sampling(getattr(settings, "sampling", None)),
         theme=theme_name(getattr(settings, "theme", None)),
         builtin_dirs=(embedded.parent,) if embedded else (),
+        whisper_model=getattr(settings, "whisper_model", None),
+        voice=getattr(settings, "voice", None),
     )

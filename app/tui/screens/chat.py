@@ -21,6 +21,7 @@ from textual.worker import Worker
 from localllm.app.tui.backend import GenSettings, chat_messages
 from localllm.app.tui.history import Conversation, StoredMessage
 from localllm.app.tui.screens.chat_actions import ConversationActions
+from localllm.app.tui.screens.chat_speech import SpeechActions
 from localllm.app.tui.screens.modals import SamplingModal
 from localllm.app.tui.stats import GenStats, status_text
 from localllm.app.tui.widgets.message import MessageView
@@ -31,7 +32,7 @@ from localllm.app.tui.widgets.sidebar import ConversationList
 STATUS_INTERVAL = 0.1  # seconds between status-line redraws while streaming
 
 
-class ChatScreen(ConversationActions, Screen):
+class ChatScreen(ConversationActions, SpeechActions, Screen):
     CSS_PATH = "chat.tcss"
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape", "stop", "Stop", priority=True),
@@ -45,6 +46,8 @@ class ChatScreen(ConversationActions, Screen):
         Binding("f3", "export", "Export", show=False),
         Binding("f8", "delete", "Delete", show=False),
         Binding("ctrl+y", "copy_answer", "Copy", show=False),
+        Binding("ctrl+o", "attach", "Audio", show=False, priority=True),
+        Binding("f4", "speak", "Speak", show=False),
     ]
 
     def __init__(self) -> None:
@@ -96,7 +99,10 @@ class ChatScreen(ConversationActions, Screen):
         state = "generating" if self.generating else self.app.model_state
         name = backend.name if backend else None
         ctx = backend.max_model_len if backend else None
-        self.query_one("#status", Static).update(status_text(name, state, self.stats, ctx))
+        text = status_text(name, state, self.stats, ctx)
+        if self.speech_state:
+            text += f" · {self.speech_state}"
+        self.query_one("#status", Static).update(text)
 
     @work(exclusive=True, group="list")
     async def refresh_list(self) -> None:
@@ -114,6 +120,13 @@ class ChatScreen(ConversationActions, Screen):
     async def send(self, event: PromptInput.Submitted) -> None:
         text = event.value.strip()
         if not text:
+            return
+        if text.startswith("/attach ") or text == "/attach":
+            event.input.clear()
+            if text == "/attach":
+                self.action_attach()
+            else:
+                self.attach(text.removeprefix("/attach "))
             return
         if self.app.backend is None:
             self.notify(f"No model ready ({self.app.model_state}); ctrl+l picks one", timeout=4)

@@ -1,12 +1,15 @@
 """The chat input box. A paste that is only a model reference (a .gguf path, a Hub URL,
-`org/repo:QUANT`) is handed to the app as a drop instead of being typed into the message."""
+`org/repo:QUANT`) is handed to the app as a drop instead of being typed into the message; a paste
+that is only an audio file's path asks for its transcript instead."""
+
+from pathlib import Path
 
 from textual import events
 from textual.message import Message
 from textual.widgets import Input
 
 from localllm.app.hub.spec import ModelSpec
-from localllm.app.tui.drop import drop_spec
+from localllm.app.tui.drop import drop_audio, drop_spec
 
 
 class ModelDropped(Message):
@@ -15,6 +18,14 @@ class ModelDropped(Message):
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
         self.spec = spec
+
+
+class AudioDropped(Message):
+    """An audio file's path was pasted or dropped (the chat screen transcribes it)."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__()
+        self.path = path
 
 
 class PromptInput(Input):
@@ -26,3 +37,9 @@ class PromptInput(Input):
             event.prevent_default()
             event.stop()
             self.post_message(ModelDropped(spec))
+            return
+        audio = drop_audio(event.text)  # also mid-message: the transcript joins the text
+        if audio is not None:
+            event.prevent_default()
+            event.stop()
+            self.post_message(AudioDropped(audio))

@@ -6,7 +6,9 @@ one; tg<N>: N single-token decode steps after D tokens of context, each feeding 
 uses, one warm-up run, then -r timed repetitions reported as mean ± sample std of tokens/s.
 The model forward runs directly on a paged KV cache (no scheduler, no sampler), which is what
 llama-bench measures of llama.cpp. On CUDA, tg replays a captured decode graph per step (as the
-engine does; `--cuda-graphs 0` runs it eagerly).
+engine does; `--cuda-graphs 0` runs it eagerly). The residency flags (`--experts disk`,
+`--cpu-moe`, `--expert-slots N`, ...) load MoE models under a plan, as `run` does; each result
+then carries the expert cache's counters over its timed runs (`--show-plan` prints the plan).
 """
 
 import argparse
@@ -17,6 +19,8 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from localllm.app.residency_flags import add_residency_flags, residency_config
 
 PREFILL_CHUNK = 512
 # llama-bench's names for the common file types (general.file_type)
@@ -37,11 +41,52 @@ class BenchResult:
     avg_ts: float
     stddev_ts: float
     samples_ts: list[float]
+    experts: "ExpertCounters | None" = None  # with a residency plan: the timed runs' counters
 
     @property
     def test(self) -> str:
         name = f"pp{self.n_prompt}" if self.n_prompt else f"tg{self.n_gen}"
         return name + (f" @ d{self.n_depth}" if self.n_depth else "")
+
+
+@dataclass(frozen=True, slots=True)
+class ExpertCounters:
+    """Expert-cache counters summed over a test's timed runs (warm-up excluded)."""
+
+    lookups: int
+    hits: int
+    misses: int
+    bytes_read: int
+    read_gbps: float
+    stall_s: float
+    prefetch_hits: int
+    guess_rate: float
+
+    @classmethod
+    def between(cls, before, after) -> "ExpertCounters":
+        """From two `ExpertStats` snapshots."""
+        read_s = after.read_seconds - before.read_seconds
+        nbytes = after.bytes_read - before.bytes_read
+        guessed = after.guessed - before.guessed
+        right = after.guessed_right - before.guessed_right
+        return cls(
+            after.lookups - before.lookups,
+            after.hits - before.hits,
+            after.misses - before.misses,
+            nbytes,
+            nbytes / read_s / 1e9 if read_s > 0 else 0.0,
+            after.stall_seconds - before.stall_seconds,
+            after.prefetch_hits - before.prefetch_hits,
+            right / guessed if guessed else 0.0,
+        )
+
+    def line(self) -> str:
+        rate = self.hits / self.lookups if self.lookups else 0.0
+        return (
+            f"{self.hits} hits, {self.misses} misses (hit rate {rate:.2f}), "
+            f"{self.bytes_read / 1e9:.3f} GB read at {self.read_gbps:.2f} GB/s, "
+            f"stall {self.stall_s:.3f} s"
+        )
 
 
 def _ints(text: str) -> list[int]:
@@ -73,6 +118,7 @@ def _add_args(p: argparse.ArgumentParser) -> None:
                    help="replay decode CUDA graphs on CUDA (1)")  # fmt: skip
     p.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (torch default)")
     p.add_argument("-v", "--verbose", action="store_true")
+    add_residency_flags(p)
     p.set_defaults(handler=handle)
 
 
@@ -83,6 +129,10 @@ def handle(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     if args.repetitions < 1:
         raise ValueError("-r must be >= 1")
+    if args.show_plan:
+        for path in args.model:
+            print(_plan(path, args).describe())
+        return 0
     results: list[BenchResult] = []
     if args.output == "md":
         print(_md_header())
@@ -92,12 +142,38 @@ def handle(args: argparse.Namespace) -> int:
             if args.output == "md":
                 print(_md_row(r), flush=True)
     if args.output == "csv":
-        print(",".join(_FIELDS))
+        print(_csv_header(results))
         for r in results:
-            print(",".join(_csv(getattr(r, f)) for f in _FIELDS))
+            print(_csv_row(r, _any_experts(results)))
     elif args.output == "json":
         print(json.dumps([asdict(r) for r in results], indent=2))
+    if args.output == "md":
+        for r in results:
+            if r.experts is not None:
+                print(f"expert cache {r.test}: {r.experts.line()}")
     return 0
+
+
+def _longest(args: argparse.Namespace) -> int:
+    return max(args.n_depth) + max(max(args.n_prompt), max(args.n_gen)) + 1
+
+
+def _plan(path: str, args: argparse.Namespace, gguf=None):
+    """The residency plan for `path` (None without residency flags)."""
+    from localllm.engine.gguf import open_gguf
+    from localllm.engine.moe import plan_model
+    from localllm.offload.memory import probe_memory
+    from localllm.offload.residency import ResidencyConfig
+
+    config = residency_config(args)
+    if config == ResidencyConfig() and not args.show_plan:
+        return None
+    g = gguf or open_gguf(path)
+    try:
+        return plan_model(g, config, _longest(args), probe_memory(args.device))
+    finally:
+        if gguf is None:
+            g.close()
 
 
 def run_model(path: str, args: argparse.Namespace) -> list[BenchResult]:
@@ -106,18 +182,26 @@ def run_model(path: str, args: argparse.Namespace) -> list[BenchResult]:
     from localllm.engine.gguf import open_gguf
     from localllm.engine.kv_cache import PagedKVCache
     from localllm.engine.loader import build_model
+    from localllm.engine.moe import expert_stats, load_model
 
     device = torch.device(args.device)
     gguf = open_gguf(path)
     try:
-        model = build_model(gguf, device=device)
+        plan = _plan(path, args, gguf)
+        if plan is None:
+            model = build_model(gguf, device=device)
+        else:
+            model = load_model(gguf, plan, device=device)
+        sources = getattr(model, "expert_sources", None)
         layers, kvh, hd = model.kv_shape()
-        longest = max(args.n_depth) + max(max(args.n_prompt), max(args.n_gen)) + 1
+        longest = _longest(args)
         kv = PagedKVCache(layers, -(-longest // 16), 16, kvh, hd, "f16", device)
         vocab = model.args.vocab_size
         info = _model_info(gguf, "CUDA" if device.type == "cuda" else "CPU")
         graphs = None
-        if device.type == "cuda" and getattr(args, "cuda_graphs", 1):
+        # experts on host or disk run host code per step: nothing to capture
+        off_device = plan is not None and set(plan.expert_tiers().values()) - {"device"}
+        if device.type == "cuda" and getattr(args, "cuda_graphs", 1) and not off_device:
             from localllm.engine.cuda_graphs import DecodeGraphs
 
             graphs = DecodeGraphs(model, kv, batch_sizes=(1,))
@@ -127,10 +211,12 @@ def run_model(path: str, args: argparse.Namespace) -> list[BenchResult]:
             for p, n in tests:
                 run = _Runner(model, kv, vocab, device, graphs)
                 run.once(depth, p, n)  # warm-up: kernel compilation, allocator
+                before = expert_stats(sources) if sources else None
                 rates = [run.once(depth, p, n) for _ in range(args.repetitions)]
                 std = statistics.stdev(rates) if len(rates) > 1 else 0.0
+                experts = ExpertCounters.between(before, expert_stats(sources)) if sources else None
                 out.append(BenchResult(Path(path).name, *info, p, n, depth,
-                                       statistics.fmean(rates), std, rates))  # fmt: skip
+                                       statistics.fmean(rates), std, rates, experts))  # fmt: skip
         return out
     finally:
         gguf.close()
@@ -233,6 +319,24 @@ _FIELDS = (
     "avg_ts",
     "stddev_ts",
 )
+_EXPERT_FIELDS = ("lookups", "hits", "misses", "bytes_read", "read_gbps", "stall_s")
+
+
+def _csv_header(results: list[BenchResult]) -> str:
+    extra = [f"expert_{f}" for f in _EXPERT_FIELDS] if _any_experts(results) else []
+    return ",".join((*_FIELDS, *extra))
+
+
+def _csv_row(r: BenchResult, with_experts: bool) -> str:
+    cells = [_csv(getattr(r, f)) for f in _FIELDS]
+    if with_experts:
+        e = r.experts
+        cells += [_csv(getattr(e, f)) if e is not None else "" for f in _EXPERT_FIELDS]
+    return ",".join(cells)
+
+
+def _any_experts(results: list[BenchResult]) -> bool:
+    return any(r.experts is not None for r in results)
 
 
 def _csv(v) -> str:

@@ -5,7 +5,7 @@ from collections.abc import Callable
 from textual.widgets import Static
 
 from localllm.app.hub.progress import human_bytes
-from localllm.app.tui.resources import Memory, probe_memory
+from localllm.app.tui.resources import ExpertCache, Memory, expert_cache, probe_memory
 
 
 def bar(used: int, total: int, width: int = 10) -> str:
@@ -14,7 +14,12 @@ def bar(used: int, total: int, width: int = 10) -> str:
 
 
 def render_resources(
-    mem: Memory, model: str | None, model_bytes: int, speed: float | None, compact: bool
+    mem: Memory,
+    model: str | None,
+    model_bytes: int,
+    speed: float | None,
+    compact: bool,
+    experts: ExpertCache | None = None,
 ) -> str:
     used = mem.ram_total - mem.ram_available
     ram = f"RAM {human_bytes(used)}/{human_bytes(mem.ram_total)} {bar(used, mem.ram_total)}"
@@ -26,6 +31,8 @@ def render_resources(
     proc = f"app {human_bytes(mem.process_rss)}"
     loaded = f"model {model} ({human_bytes(model_bytes)})" if model else "model none"
     rate = f"{speed:.1f} tok/s" if speed is not None else "-- tok/s"
+    if experts is not None:  # a model streaming MoE experts from disk
+        rate += f"\nexperts {experts.hit_rate:.0%} hits, read {experts.read_gbps:.2f} GB/s"
     if compact:
         return f"{ram}  {gpu}  {proc}\n{loaded}  {rate}"
     return "\n".join((ram, gpu, proc, loaded, rate))
@@ -57,5 +64,6 @@ class ResourcePanel(Static):
                 backend.model_bytes if backend else 0,
                 getattr(self.app, "last_speed", None),
                 self.compact,
+                expert_cache(backend),
             )
         )

@@ -4,12 +4,16 @@ Weights are random but valid ggml blocks (random codes, random nonzero scales si
 activations stay O(1)): Q8_0 through random int8 codes with an fp16 scale, Q4_K and Q6_K as raw
 random bytes with their fp16 scale fields overwritten (any byte pattern is a valid K-quant
 block). The mix follows llama.cpp's: `Q4_K_M` keeps attn_v/ffn_down of the "more bits" layers
-and the output head in Q6_K. The tokenizer (its `tokenizer.*` keys) is copied from a source GGUF
+and the output head in Q6_K; for MoE shapes (`qwen3moe`) that rule covers ffn_down_exps too,
+the router (ffn_gate_inp) and norms stay F32 (llama.cpp's Q8_0 bump of attn_k/attn_v is for
+8-expert models only). The file is written tensor by tensor: memory holds one tensor at most.
+The tokenizer (its `tokenizer.*` keys) is copied from a source GGUF
 (SmolLM2 by default) and padded with control tokens up to the shape's vocabulary, so llama.cpp
 and localllm both load the file.
 
     python tests/perf/make_synthetic.py --shape llama3-8b --quant Q4_K_M -o /tmp/l8b-q4km.gguf \
         [--tokenizer-from PATH.gguf] [--seed 0]
+    python tests/perf/make_synthetic.py --shape qwen3moe-30b-a3b -o /tmp/q3moe-q4km.gguf  # ~17 GiB
 """
 
 import argparse
@@ -35,12 +39,24 @@ class Shape:
     vocab: int
     context: int
     rope_base: float
+    arch: str = "llama"
+    n_expert: int = 0  # MoE shapes: routed experts per layer, used per token, their FFN size
+    n_used: int = 0
+    expert_ff: int = 0
+    norm_eps: float = 1e-5
 
 
+# Qwen3-30B-A3B's config.json: 48 layers, hidden 2048, 32 heads / 4 KV heads of 128, 128 experts
+# (8 per token, norm_topk_prob true) of moe_intermediate_size 768, vocab 151936, rope_theta 1e6,
+# max_position_embeddings 40960, rms_norm_eps 1e-6, untied output (intermediate 6144 is unused)
+QWEN3MOE_30B = Shape(48, 2048, 32, 4, 128, 6144, 151936, 40960, 1e6, "qwen3moe", 128, 8, 768, 1e-6)
 SHAPES = {
     "llama3-8b": Shape(32, 4096, 32, 8, 128, 14336, 128256, 131072, 500000.0),
+    "qwen3moe-30b-a3b": QWEN3MOE_30B,
     # a small llama whose dims fit the 256-value K-quant blocks (tests)
     "tiny": Shape(2, 256, 4, 2, 64, 512, 49152, 2048, 10000.0),
+    # the same for qwen3moe: 8 experts of 256, top 2
+    "tiny-qwen3moe": Shape(2, 256, 4, 2, 64, 512, 1024, 2048, 1e6, "qwen3moe", 8, 2, 256, 1e-6),
 }
 FILE_TYPES = {"Q8_0": 7, "Q4_K_M": 15}
 _BLOCK = {
@@ -83,11 +99,16 @@ def _more_bits(i: int, n: int) -> bool:
     return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
 
 
-def tensor_plan(shape: Shape, quant: str) -> list[tuple[str, tuple[int, int] | int, QT]]:
-    """(name, (rows, cols) or length for F32 norms, type) of every tensor, in file order."""
+Dims = int | tuple[int, ...]  # F32 norms: a length; matrices: (..., rows, cols)
+
+
+def tensor_plan(shape: Shape, quant: str) -> list[tuple[str, Dims, QT]]:
+    """(name, dims, type) of every tensor, in file order; dims are numpy order (outermost
+    first), the last one is a row (what a quant block runs along)."""
     s = shape
     q_main = QT.Q8_0 if quant == "Q8_0" else QT.Q4_K
     q_more = QT.Q8_0 if quant == "Q8_0" else QT.Q6_K
+    moe = s.n_expert > 0
     out: list = [("token_embd.weight", (s.vocab, s.dim), q_main)]
     for i in range(s.n_layers):
         p, more = f"blk.{i}.", q_more if _more_bits(i, s.n_layers) else q_main
@@ -97,13 +118,34 @@ def tensor_plan(shape: Shape, quant: str) -> list[tuple[str, tuple[int, int] | i
             (p + "attn_k.weight", (s.n_kv_heads * s.head_dim, s.dim), q_main),
             (p + "attn_v.weight", (s.n_kv_heads * s.head_dim, s.dim), more),
             (p + "attn_output.weight", (s.dim, s.n_heads * s.head_dim), q_main),
-            (p + "ffn_norm.weight", s.dim, QT.F32),
-            (p + "ffn_gate.weight", (s.hidden, s.dim), q_main),
-            (p + "ffn_up.weight", (s.hidden, s.dim), q_main),
-            (p + "ffn_down.weight", (s.dim, s.hidden), more),
         ]
+        if s.arch == "qwen3moe":
+            out += [(p + "attn_q_norm.weight", s.head_dim, QT.F32)]
+            out += [(p + "attn_k_norm.weight", s.head_dim, QT.F32)]
+        out += [(p + "ffn_norm.weight", s.dim, QT.F32)]
+        if moe:  # stacked experts [n_expert, rows, cols]: one expert's slice is contiguous
+            ne, ff = s.n_expert, s.expert_ff
+            out += [
+                (p + "ffn_gate_inp.weight", (ne, s.dim), QT.F32),
+                (p + "ffn_gate_exps.weight", (ne, ff, s.dim), q_main),
+                (p + "ffn_up_exps.weight", (ne, ff, s.dim), q_main),
+                (p + "ffn_down_exps.weight", (ne, s.dim, ff), more),
+            ]
+        else:
+            out += [
+                (p + "ffn_gate.weight", (s.hidden, s.dim), q_main),
+                (p + "ffn_up.weight", (s.hidden, s.dim), q_main),
+                (p + "ffn_down.weight", (s.dim, s.hidden), more),
+            ]
     out += [("output_norm.weight", s.dim, QT.F32), ("output.weight", (s.vocab, s.dim), q_more)]
     return out
+
+
+def tensor_nbytes(dims: Dims, qt: QT) -> int:
+    if qt == QT.F32:
+        return 4 * math.prod((dims,) if isinstance(dims, int) else dims)
+    block, nbytes = _BLOCK[qt]
+    return math.prod(dims[:-1]) * (dims[-1] // block * nbytes)
 
 
 def _byte_tokenizer(w: gguf.GGUFWriter, vocab: int) -> None:
@@ -171,45 +213,61 @@ def write_synthetic(
         raise ValueError(f"quant must be one of {', '.join(FILE_TYPES)}")
     rng = np.random.default_rng(seed)
     s = shape
-    w = gguf.GGUFWriter(path, "llama")
+    w = gguf.GGUFWriter(path, s.arch)
     w.add_uint32("general.file_type", FILE_TYPES[quant])
-    w.add_string("general.name", f"synthetic-{quant}")
+    w.add_string("general.name", f"synthetic-{s.arch}-{quant}")
     w.add_block_count(s.n_layers)
     w.add_context_length(s.context)
     w.add_embedding_length(s.dim)
     w.add_feed_forward_length(s.hidden)
     w.add_head_count(s.n_heads)
     w.add_head_count_kv(s.n_kv_heads)
-    w.add_layer_norm_rms_eps(1e-5)
+    w.add_layer_norm_rms_eps(s.norm_eps)
     w.add_rope_freq_base(s.rope_base)
     w.add_rope_dimension_count(s.head_dim)
     w.add_vocab_size(s.vocab)
+    if s.arch != "llama" or s.head_dim * s.n_heads != s.dim:  # Qwen3's converter writes it
+        w.add_key_length(s.head_dim)
+        w.add_value_length(s.head_dim)
+    if s.n_expert:
+        w.add_expert_count(s.n_expert)
+        w.add_expert_used_count(s.n_used)
+        w.add_expert_feed_forward_length(s.expert_ff)
     _copy_tokenizer(w, tokenizer_from, s.vocab)
     plan = tensor_plan(s, quant)
     for name, dims, qt in plan:
         if qt == QT.F32:
-            w.add_tensor_info(name, (dims,), np.dtype(np.float32), dims * 4, QT.F32)
+            shape_ = (dims,) if isinstance(dims, int) else dims
+            w.add_tensor_info(name, shape_, np.dtype(np.float32), tensor_nbytes(dims, qt), QT.F32)
         else:
-            rows, k = dims
             block, nbytes = _BLOCK[qt]
-            row_bytes = k // block * nbytes
-            w.add_tensor_info(name, (rows, row_bytes), np.dtype(np.uint8), rows * row_bytes, qt)
+            byte_shape = (*dims[:-1], dims[-1] // block * nbytes)
+            w.add_tensor_info(name, byte_shape, np.dtype(np.uint8), tensor_nbytes(dims, qt), qt)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
     total = 0
-    for _name, dims, qt in plan:
-        if qt == QT.F32:
-            data = (1.0 + 0.05 * rng.standard_normal(dims)).astype(np.float32)
-        else:
-            rows, k = dims
-            chunk = max(1, (64 << 20) // (k // _BLOCK[qt][0] * _BLOCK[qt][1]))
-            parts = [random_rows(qt, min(chunk, rows - r), k, rng) for r in range(0, rows, chunk)]
-            data = np.concatenate(parts) if len(parts) > 1 else parts[0]
+    for name, dims, qt in plan:
+        data = _tensor_data(name, dims, qt, rng)
         total += data.nbytes
         w.write_tensor_data(data)
+        del data  # one tensor in memory at a time
     w.close()
     return total
+
+
+def _tensor_data(name: str, dims: Dims, qt: QT, rng: np.random.Generator) -> np.ndarray:
+    if qt == QT.F32 and isinstance(dims, int):  # norms around 1
+        return (1.0 + 0.05 * rng.standard_normal(dims)).astype(np.float32)
+    if qt == QT.F32:  # the router: a wide spread, so top-k choices are clear-cut
+        return (3 * rng.standard_normal(dims) / math.sqrt(dims[-1])).astype(np.float32)
+    rows, k = math.prod(dims[:-1]), dims[-1]
+    row_bytes = k // _BLOCK[qt][0] * _BLOCK[qt][1]
+    out = np.empty((rows, row_bytes), np.uint8)  # filled in 64 MiB chunks, no second copy
+    chunk = max(1, (64 << 20) // row_bytes)
+    for r in range(0, rows, chunk):
+        out[r : r + chunk] = random_rows(qt, min(chunk, rows - r), k, rng)
+    return out.reshape(*dims[:-1], row_bytes)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 _AUDIO_OUTPUT_SYNCHRONOUS = 2
 _CHARS_UTF8 = 1
 _PHONEMES_IPA = 0x02
+_TIE_FLAG = 0x80  # phoneme mode bit 7: bits 8-23 hold a tie character
 _SENTENCE_END = frozenset(".?!")
 _CLAUSE_END = frozenset(",:;")
 # Long clauses are grouped into synthesis chunks no longer than this many phonemes (VITS attention
@@ -132,7 +133,7 @@ def normalize_text(text: str) -> str:
     return re.sub(r"\s+", " ", text).strip()
 
 
-def _clauses(text: str, voice: str) -> list[tuple[str, str]]:
+def _clauses(text: str, voice: str, mode: int = _PHONEMES_IPA) -> list[tuple[str, str]]:
     """(phonemes, terminator) for each clause espeak finds in `text`."""
     es = _espeak()
     raw = text.encode()
@@ -148,23 +149,25 @@ def _clauses(text: str, voice: str) -> list[tuple[str, str]]:
         ptr = ctypes.c_void_p(start)
         while ptr.value:
             before = ptr.value - start
-            result = es.lib.espeak_TextToPhonemes(ctypes.byref(ptr), _CHARS_UTF8, _PHONEMES_IPA)
+            result = es.lib.espeak_TextToPhonemes(ctypes.byref(ptr), _CHARS_UTF8, mode)
             after = ptr.value - start if ptr.value else len(raw)
             consumed = raw[before:after].decode("utf-8", errors="ignore")
             out.append(((result or b"").decode("utf-8", errors="ignore"), _terminator(consumed)))
     return out
 
 
-def phonemize(text: str, voice: str = "en-us") -> list[Sentence]:
+def phonemize(text: str, voice: str = "en-us", tie: str | None = None) -> list[Sentence]:
     """Split `text` into sentences of Piper phonemes (espeak IPA, NFD, punctuation kept).
 
     Language-switch flags like `(fr)` are dropped; a clause ended by `,` `:` `;` gets a space
     after its terminator (Piper's training convention). Sentences longer than
-    MAX_CHUNK_PHONEMES are cut at clause boundaries.
+    MAX_CHUNK_PHONEMES are cut at clause boundaries. `tie` joins the letters of multi-letter
+    phonemes (`a^ɪ`), for voices whose symbols are whole phonemes (Kokoro).
     """
+    mode = _PHONEMES_IPA | (_TIE_FLAG | ord(tie) << 8 if tie else 0)
     sentences: list[Sentence] = []
     current: list[str] = []
-    for phonemes, term in _clauses(normalize_text(text), voice):
+    for phonemes, term in _clauses(normalize_text(text), voice, mode):
         chars = re.sub(r"\([^)]+\)", "", phonemes).strip()
         if not chars and not current:
             continue

@@ -77,9 +77,15 @@ async def test_attach_command_puts_the_transcript_in_the_box_unsent(tmp_path, ti
     async with app.run_test(size=(100, 30)) as pilot:
         chat = await _ready(pilot)
         prompt = chat.query_one(PromptInput)
+        states: list[str | None] = []
+        show = chat._speech_status
+        chat._speech_status = lambda state: (states.append(state), show(state))
         prompt.value = f"/attach {wav}"
         await pilot.press("enter")
         await wait_for(pilot, lambda: bool(prompt.value), limit=SLOW)
+        # the status line followed the work: loading, then the fraction done, then cleared
+        assert states[0] == "transcribing window note.wav…" and states[-1] is None
+        assert "transcribing window note.wav 100%" in states
         assert clips.word_error_rate(SENTENCE, prompt.value) <= ONE_WORD, prompt.value
         assert not backend.calls and not chat.history  # nothing was sent
         assert chat.speech_state is None and "Transcript added" in " ".join(_notes(app))

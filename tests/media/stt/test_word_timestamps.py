@@ -191,3 +191,51 @@ def test_base_words_match_faster_whisper(base_dir, speech):
             assert seg.start <= w.start <= w.end <= seg.end <= duration
             assert w.start >= previous and 0 < w.probability <= 1
             previous = w.end
+
+
+def test_second_window_resumes_after_the_last_word_as_faster_whisper(tiny_dir):
+    # two sentences, 22 s of faint noise, two more: the first window ends mid-pause, so the
+    # next one starts right after the last aligned word (openai-whisper's word-based seek)
+    fw = pytest.importorskip("faster_whisper", reason="faster-whisper is the reference")
+    pytest.importorskip("espeakng_loader", reason="espeakng-loader ships the espeak-ng library")
+
+    def say(text: str) -> np.ndarray:
+        audio, sr = clips.synthesize(text)
+        return soxr.resample(audio, sr, 16_000).astype(np.float32)
+
+    noise = np.random.default_rng(0).normal(0, 0.003, 16_000 * 22).astype(np.float32)
+    audio = np.concatenate(
+        [say(" ".join(clips.SENTENCES[1:3])), noise, say(" ".join(clips.SENTENCES[3:5]))]
+    )
+    ours = transcribe(load_whisper(tiny_dir), audio, DecodeOptions(word_timestamps=True))
+    model = fw.WhisperModel(str(tiny_dir), device="cpu", compute_type="float32")
+    theirs = list(model.transcribe(audio, beam_size=1, word_timestamps=True, language="en")[0])
+    seeks = sorted({s.seek for s in ours.segments})
+    assert len(seeks) == 2 and seeks[1] == round(ours.segments[1].words[-1].end * 100)
+    # (after that window the two decoders may cut the remaining speech differently)
+    assert seeks == sorted({s.seek for s in theirs})[:2]
+    # segments both sides decoded alike: same words, boundaries within the tolerance
+    pairs = [(a, b) for a in ours.segments for b in theirs if (a.seek, a.text) == (b.seek, b.text)]
+    assert len(pairs) >= 2
+    for a, b in pairs:
+        assert [w.word for w in a.words] == [w.word for w in b.words]
+        diffs = [
+            abs(x.start - y.start) + abs(x.end - y.end)
+            for x, y in zip(a.words, b.words, strict=True)
+        ]
+        assert max(diffs) <= MAX_TOL, diffs
+    last = ours.segments[-1]
+    assert last.start >= 5 and "".join(w.word for w in last.words) == last.text
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_word_timestamps_on_cuda_fp16_match_cpu(base_dir, speech):
+    cpu = transcribe(load_whisper(base_dir), speech, DecodeOptions(word_timestamps=True))
+    gpu_bundle = load_whisper(base_dir, device="cuda", dtype=torch.float16)
+    gpu = transcribe(gpu_bundle, speech, DecodeOptions(word_timestamps=True))
+    a = [w for s in cpu.segments for w in s.words]
+    b = [w for s in gpu.segments for w in s.words]
+    assert [w.word for w in a] == [w.word for w in b]
+    diffs = [abs(x.start - y.start) + abs(x.end - y.end) for x, y in zip(a, b, strict=True)]
+    assert statistics.median(diffs) <= MEDIAN_TOL and max(diffs) <= MAX_TOL

@@ -1,5 +1,6 @@
 """Speech to text (Whisper family): weights loaders, model, decoding."""
 
+from localllm.media.stt.alignment import Word
 from localllm.media.stt.bundle import WhisperBundle, load_whisper
 from localllm.media.stt.decoding import DecodeOptions, DecodeResult, detect_language
 from localllm.media.stt.formats import FORMATS, render
@@ -14,6 +15,7 @@ __all__ = [
     "Transcript",
     "WhisperBundle",
     "WhisperLoadError",
+    "Word",
     "detect_language",
     "load_whisper",
     "render",

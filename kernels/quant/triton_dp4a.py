@@ -109,17 +109,38 @@ def _q6k_quarter(qla, qlb, qh, k: tl.constexpr):
 
 
 @triton.jit
-def _x_rows(x8_ptr, rows, rmask, K4, word0):
+def _x_rows(x8_ptr, rows, xm, K4, word0):
     """Activation code words [MP, 8] of 8 consecutive words from `word0` of each row."""
     lane = tl.arange(0, 8)
     off = rows[:, None] * K4 + word0 + lane[None, :]
-    return tl.load(x8_ptr + off, mask=rmask[:, None], other=0)
+    return tl.load(x8_ptr + off, mask=xm[:, None], other=0)
+
+
+@triton.jit
+def _finish(acc, out_ptr, part_ptr, cnt_ptr, pn, pk, rows, rmask, cols, cols_ok, M, N, SPLIT):
+    """Store y, or with split K: park this program's partial sums, and let the program that
+    finishes its column tile last add all partials in a fixed order (deterministic, no second
+    kernel) and reset the tile's counter for the next launch (CUDA-graph replays included)."""
+    m2 = rmask[:, None] & cols_ok[None, :]
+    yo = rows[:, None] * N + cols[None, :]
+    if SPLIT == 1:
+        tl.store(out_ptr + yo, acc, mask=m2)
+    else:
+        tl.store(part_ptr + pk * M * N + yo, acc, mask=m2)
+        tl.debug_barrier()  # every thread's partial is written before the tile's counter moves
+        done = tl.atomic_add(cnt_ptr + pn, 1, sem="acq_rel")
+        if done == SPLIT - 1:
+            tot = tl.zeros(acc.shape, dtype=tl.float32)
+            for j in range(0, SPLIT):  # L1 is not coherent across SMs: read partials from L2
+                tot += tl.load(part_ptr + j * M * N + yo, mask=m2, other=0.0, cache_modifier=".cg")
+            tl.store(out_ptr + yo, tot, mask=m2)
+            tl.atomic_xchg(cnt_ptr + pn, 0)
 
 
 @triton.jit
 def _gemv_q4k_packed(
-    x8_ptr, xd_ptr, xsum_ptr, qs_ptr, hdr_ptr, out_ptr, M, N, K, nb, spb: tl.constexpr,
-    MP: tl.constexpr, BN: tl.constexpr, ASM: tl.constexpr,
+    x8_ptr, xd_ptr, xsum_ptr, qs_ptr, hdr_ptr, out_ptr, part_ptr, cnt_ptr, M, N, K, nb,
+    spb: tl.constexpr, SPLIT: tl.constexpr, MP: tl.constexpr, BN: tl.constexpr, ASM: tl.constexpr,
 ):  # fmt: skip
     pn, pk = tl.program_id(0), tl.program_id(1)
     cols = pn * BN + tl.arange(0, BN)
@@ -131,7 +152,9 @@ def _gemv_q4k_packed(
     acc = tl.zeros([MP, BN], dtype=tl.float32)
     for i in range(0, spb):
         s = pk * spb + i
-        cm = cols_ok & (s < nb)  # the last program's chunk may run past the row
+        real = s < nb  # the last program's chunk may run past the row
+        cm = cols_ok & real
+        xm = rmask & real
         h0 = tl.load(hdr_ptr + (s * 4) * N + cols, mask=cm, other=0)
         h1 = tl.load(hdr_ptr + (s * 4 + 1) * N + cols, mask=cm, other=0)
         h2 = tl.load(hdr_ptr + (s * 4 + 2) * N + cols, mask=cm, other=0)
@@ -142,21 +165,21 @@ def _gemv_q4k_packed(
             for h in tl.static_range(2):
                 sub = 2 * jj + h
                 q = (w >> (4 * h)) & 0x0F0F0F0F
-                xw = _x_rows(x8_ptr, rows, rmask, K4, s * 64 + sub * 8)  # [MP, 8]
+                xw = _x_rows(x8_ptr, rows, xm, K4, s * 64 + sub * 8)  # [MP, 8]
                 p = _dp4a(q[None, :, :], xw[:, :, None], False, ASM)  # [MP, 8, BN]
                 isum = tl.sum(p, axis=1).to(tl.float32)  # [MP, BN]
                 sc, mn = _q4k_affine(h1, h2, h3, sub)
-                dx = tl.load(xd_ptr + rows * K32 + s * 8 + sub, mask=rmask, other=0.0)
-                xs = tl.load(xsum_ptr + rows * K32 + s * 8 + sub, mask=rmask, other=0.0)
+                dx = tl.load(xd_ptr + rows * K32 + s * 8 + sub, mask=xm, other=0.0)
+                xs = tl.load(xsum_ptr + rows * K32 + s * 8 + sub, mask=xm, other=0.0)
                 acc += (d * sc)[None, :] * (dx[:, None] * isum) - (dmin * mn)[None, :] * xs[:, None]
-    out = out_ptr + (pk * M + rows[:, None]) * N + cols[None, :]
-    tl.store(out, acc, mask=rmask[:, None] & cols_ok[None, :])
+    _finish(acc, out_ptr, part_ptr, cnt_ptr, pn, pk, rows, rmask, cols, cols_ok, M, N, SPLIT)
 
 
 @triton.jit
 def _gemv_q6k_packed(
-    x8_ptr, xd_ptr, s16_ptr, ql_ptr, qh_ptr, sc_ptr, d_ptr, out_ptr, M, N, K, nb, spb: tl.constexpr,
-    MP: tl.constexpr, BN: tl.constexpr, ASM: tl.constexpr,
+    x8_ptr, xd_ptr, s16_ptr, ql_ptr, qh_ptr, sc_ptr, d_ptr, out_ptr, part_ptr, cnt_ptr, M, N, K,
+    nb, spb: tl.constexpr, SPLIT: tl.constexpr, MP: tl.constexpr, BN: tl.constexpr,
+    ASM: tl.constexpr,
 ):  # fmt: skip
     pn, pk = tl.program_id(0), tl.program_id(1)
     cols = pn * BN + tl.arange(0, BN)
@@ -168,7 +191,9 @@ def _gemv_q6k_packed(
     acc = tl.zeros([MP, BN], dtype=tl.float32)
     for i in range(0, spb):
         s = pk * spb + i
-        cm = cols_ok & (s < nb)  # the last program's chunk may run past the row
+        real = s < nb  # the last program's chunk may run past the row
+        cm = cols_ok & real
+        xm = rmask & real
         d = tl.load(d_ptr + s * N + cols, mask=cm, other=0.0).to(tl.float32)
         for hf in tl.static_range(2):
             for g in tl.static_range(2):  # lanes 4g..4g+3: one 16-value scale group per quarter
@@ -179,24 +204,23 @@ def _gemv_q6k_packed(
                 for k in tl.static_range(4):
                     q = _q6k_quarter(qla, qlb, qh, k)
                     xo = rows[:, None] * K4 + s * 64 + hf * 32 + 8 * k + lane[None, :]
-                    xw = tl.load(x8_ptr + xo, mask=rmask[:, None], other=0)  # [MP, 4]
+                    xw = tl.load(x8_ptr + xo, mask=xm[:, None], other=0)  # [MP, 4]
                     p = _dp4a(q[None, :, :], xw[:, :, None], False, ASM)
                     isum = tl.sum(p, axis=1)  # [MP, BN]
                     grp = hf * 8 + 2 * k + g
                     scw = tl.load(sc_ptr + (s * 4 + grp // 4) * N + cols, mask=cm, other=0)
                     sc = ((scw << (24 - 8 * (grp % 4))) >> 24).to(tl.float32)
-                    x16 = tl.load(s16_ptr + rows * K16 + s * 16 + grp, mask=rmask, other=0)
-                    dx = tl.load(xd_ptr + rows * K32 + s * 8 + grp // 2, mask=rmask, other=0.0)
+                    x16 = tl.load(s16_ptr + rows * K16 + s * 16 + grp, mask=xm, other=0)
+                    dx = tl.load(xd_ptr + rows * K32 + s * 8 + grp // 2, mask=xm, other=0.0)
                     t = (isum - 32 * x16[:, None]).to(tl.float32) * dx[:, None]
                     acc += (d * sc)[None, :] * t
-    out = out_ptr + (pk * M + rows[:, None]) * N + cols[None, :]
-    tl.store(out, acc, mask=rmask[:, None] & cols_ok[None, :])
+    _finish(acc, out_ptr, part_ptr, cnt_ptr, pn, pk, rows, rmask, cols, cols_ok, M, N, SPLIT)
 
 
 @triton.jit
 def _gemv_q8_0_packed(
-    x8_ptr, xd_ptr, qs_ptr, d_ptr, out_ptr, M, N, K, nb, spb: tl.constexpr,
-    MP: tl.constexpr, BN: tl.constexpr, ASM: tl.constexpr,
+    x8_ptr, xd_ptr, qs_ptr, d_ptr, out_ptr, part_ptr, cnt_ptr, M, N, K, nb, spb: tl.constexpr,
+    SPLIT: tl.constexpr, MP: tl.constexpr, BN: tl.constexpr, ASM: tl.constexpr,
 ):  # fmt: skip
     pn, pk = tl.program_id(0), tl.program_id(1)
     cols = pn * BN + tl.arange(0, BN)
@@ -208,12 +232,13 @@ def _gemv_q8_0_packed(
     acc = tl.zeros([MP, BN], dtype=tl.float32)
     for i in range(0, spb):
         b = pk * spb + i
-        cm = cols_ok & (b < nb)
+        real = b < nb
+        cm = cols_ok & real
+        xm = rmask & real
         w = _plane(qs_ptr, b * 8 + lane, cols, N, cm)
         d = tl.load(d_ptr + b * N + cols, mask=cm, other=0.0).to(tl.float32)
-        xw = _x_rows(x8_ptr, rows, rmask, K4, b * 8)
+        xw = _x_rows(x8_ptr, rows, xm, K4, b * 8)
         isum = tl.sum(_dp4a(w[None, :, :], xw[:, :, None], True, ASM), axis=1).to(tl.float32)
-        dx = tl.load(xd_ptr + rows * K32 + b, mask=rmask, other=0.0)
+        dx = tl.load(xd_ptr + rows * K32 + b, mask=xm, other=0.0)
         acc += d[None, :] * (dx[:, None] * isum)
-    out = out_ptr + (pk * M + rows[:, None]) * N + cols[None, :]
-    tl.store(out, acc, mask=rmask[:, None] & cols_ok[None, :])
+    _finish(acc, out_ptr, part_ptr, cnt_ptr, pn, pk, rows, rmask, cols, cols_ok, M, N, SPLIT)

@@ -20,7 +20,12 @@ from localllm.kernels.quant.triton_gemv import (
     _gemv_q6_k,
     _gemv_q8_0,
 )
-from localllm.kernels.quant.triton_packed import dequantize_packed_t, gemv_packed, packed_config
+from localllm.kernels.quant.triton_packed import (
+    dequantize_packed_t,
+    gemv_packed,
+    packed_config,
+    split_counters,
+)
 from localllm.kernels.quant.types import QuantType
 
 GEMV_MAX_M = 8  # more activation rows than this: dequantize to bf16 and use a GEMM
@@ -141,6 +146,7 @@ class TritonLinear:
         if qtype in PACKED_TYPES:
             self.packed = pack_blocks(data, qtype, *shape)
             self.cfg = packed_config(qtype, *shape)
+            self.counters = split_counters(self.packed, self.cfg)
         else:
             self.data = data.reshape(shape[0], -1).contiguous()
             self.cfg = gemv_config(qtype, shape[0])
@@ -158,7 +164,7 @@ class TritonLinear:
         x2 = x.reshape(-1, k)
         small = x2.shape[0] <= GEMV_MAX_M
         if self.packed is not None and small:
-            y = gemv_packed(x2, self.packed, self.cfg)
+            y = gemv_packed(x2, self.packed, self.cfg, self.counters)
         elif self.packed is not None:
             y = torch.mm(x2.to(torch.bfloat16), dequantize_packed_t(self.packed)).float()
         elif small:

@@ -66,36 +66,51 @@ def quantize_x8(x: torch.Tensor) -> QuantizedX:
     return QuantizedX(q, d, s16, xs)
 
 
-def gemv_packed(x: torch.Tensor, p: PackedBlocks, cfg: PackedConfig | None = None) -> torch.Tensor:
+def split_counters(p: PackedBlocks, cfg: PackedConfig) -> torch.Tensor:
+    """Zeroed per-column-tile counters for a split-K launch (they reset themselves after use, so
+    one buffer serves every call on one stream, CUDA-graph replays included)."""
+    return torch.zeros(triton.cdiv(p.n, cfg.block_n), dtype=torch.int32, device=p.device)
+
+
+def gemv_packed(
+    x: torch.Tensor,
+    p: PackedBlocks,
+    cfg: PackedConfig | None = None,
+    counters: torch.Tensor | None = None,
+) -> torch.Tensor:
     """float32 x [M, K] (M <= 8) @ W.T for a packed weight -> float32 [M, N]."""
     x = x.float().contiguous()
     m = x.shape[0]
+    y = torch.empty(m, p.n, dtype=torch.float32, device=x.device)
     if m == 0:
-        return torch.empty(0, p.n, dtype=torch.float32, device=x.device)
+        return y
     c = cfg or packed_config(p.qtype, p.n, p.k)
     nb = p.k // block_geometry(p.qtype)[0]
     split = triton.cdiv(nb, c.blocks_per_program)
     xq = quantize_x8(x)
-    out = torch.empty(split, m, p.n, dtype=torch.float32, device=x.device)
+    part = torch.empty(split, m, p.n, dtype=torch.float32, device=x.device) if split > 1 else y
+    if counters is None:
+        counters = split_counters(p, c) if split > 1 else y
     grid = (triton.cdiv(p.n, c.block_n), split)
     geo = {
+        "SPLIT": split,
         "MP": triton.next_power_of_2(m),
         "BN": c.block_n,
         "ASM": x.device.type == "cuda",
         "num_warps": c.num_warps,
     }
-    args = (m, p.n, p.k, nb, c.blocks_per_program)
+    args = (y, part, counters, m, p.n, p.k, nb, c.blocks_per_program)
     pl = p.planes
     if p.qtype == QuantType.Q4_K:
-        _gemv_q4k_packed[grid](xq.words, xq.scale, xq.xsum, pl["qs"], pl["hdr"], out, *args, **geo)
+        _gemv_q4k_packed[grid](xq.words, xq.scale, xq.xsum, pl["qs"], pl["hdr"], *args, **geo)
     elif p.qtype == QuantType.Q6_K:
         planes = (pl["ql"], pl["qh"], pl["sc"], pl["d"])
-        _gemv_q6k_packed[grid](xq.words, xq.scale, xq.sum16, *planes, out, *args, **geo)
+        _gemv_q6k_packed[grid](xq.words, xq.scale, xq.sum16, *planes, *args, **geo)
     elif p.qtype == QuantType.Q8_0:
-        _gemv_q8_0_packed[grid](xq.words, xq.scale, pl["qs"], pl["d"], out, *args, **geo)
+        _gemv_q8_0_packed[grid](xq.words, xq.scale, pl["qs"], pl["d"], *args, **geo)
     else:
         raise ValueError(f"no packed GEMV for {p.qtype.name}")
-    return out[0] if split == 1 else out.sum(0)
+    return y
 
 
 def dequantize_packed_t(p: PackedBlocks, block_n: int = 64) -> torch.Tensor:

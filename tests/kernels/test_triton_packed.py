@@ -86,6 +86,32 @@ def test_gemv_packed_matches_reference(name, shape, m, make_blocks):
 @pytest.mark.gpu
 @needs_triton
 @pytest.mark.parametrize("name", NAMES)
+def test_split_k_uneven_chunks_and_counter_reuse(name, make_blocks):
+    """Chunks that do not divide the row (the last program runs past it) and one counter buffer
+    over several calls: each call's last program must reset the tile counters it used."""
+    from localllm.kernels.quant.triton_packed import (
+        PackedConfig,
+        gemv_packed,
+        gemv_q8x_reference,
+        split_counters,
+    )
+
+    n, k = 70, 1280 if name != "Q8_0" else 224  # 5 super-blocks / 7 blocks in chunks of 2 or 3
+    seed, raw = _case(make_blocks, name, n, k, DEVICE)
+    p = pack_blocks(raw, QuantType[name], n, k)
+    for cfg in (PackedConfig(32, 1, 2), PackedConfig(64, 2, 3)):
+        counters = split_counters(p, cfg)
+        for _ in range(3):
+            x = torch.randn(2, k)
+            y = gemv_packed(x.to(DEVICE), p, cfg, counters)
+            ref = gemv_q8x_reference(x, raw, QuantType[name], n, k)
+            assert _rel(y, ref) < 1e-5, f"seed {seed} {cfg}"
+            assert int(counters.abs().sum()) == 0
+
+
+@pytest.mark.gpu
+@needs_triton
+@pytest.mark.parametrize("name", NAMES)
 def test_dequantize_packed_t(name, make_blocks):
     from localllm.kernels.quant.triton_packed import dequantize_packed_t
 

@@ -8,6 +8,7 @@ import torch
 from localllm.engine import LLM, SamplingParams
 from localllm.engine.moe import expert_stats, moe_blocks
 from localllm.offload.residency import resolve
+from tests.engine.test_deepseek2 import write_deepseek2
 from tests.offload.tiny_moe import write_moe_gguf
 
 pytestmark = [
@@ -47,10 +48,15 @@ def test_cuda_tokens_equal_in_every_residency_mode(tmp_path):
         assert s.hits + s.misses == s.lookups > 0
 
 
-def test_cuda_host_compute_token_exact(tmp_path):
+@pytest.mark.parametrize("family", ["qwen3moe", "deepseek2"])
+def test_cuda_host_compute_token_exact(tmp_path, family):
     """Experts on host computed on the CPU (default) or copied per use (host_compute = device):
-    the same greedy tokens as all on the GPU; only host compute ships token rows to the CPU."""
-    path = write_moe_gguf(tmp_path / "moe.gguf")
+    the same greedy tokens as all on the GPU; only host compute ships token rows to the CPU
+    (deepseek2: its shared experts stay on the GPU and overlap the host experts)."""
+    if family == "deepseek2":
+        path = write_deepseek2(tmp_path / "ds.gguf", seed=4)
+    else:
+        path = write_moe_gguf(tmp_path / "moe.gguf")
     want, _ = _greedy(path, None)
     for compute in ("host", "device"):
         got, model = _greedy(path, {"cpu_moe": True, "host_compute": compute})
@@ -61,3 +67,16 @@ def test_cuda_host_compute_token_exact(tmp_path):
             assert blk.compute_on == (torch.device("cpu") if compute == "host" else None)
         rows = expert_stats(model.expert_sources).host_rows
         assert (rows > 0) if compute == "host" else rows == 0
+
+
+def test_cuda_streaming_modes_token_exact(tmp_path):
+    """Read-ahead on and off, LRU and LFU, few slots: the GPU run's greedy tokens do not change."""
+    path = write_moe_gguf(tmp_path / "moe.gguf")
+    want, _ = _greedy(path, None)
+    for prefetch in (True, False):
+        for evict in ("lru", "lfu"):
+            st = {"slots": 2, "prefetch": prefetch, "evict": evict}
+            got, model = _greedy(path, {"experts": "disk", "streaming": st})
+            assert got == want, st
+            s = expert_stats(model.expert_sources)
+            assert (s.guessed > 0) == prefetch and s.misses > 0, st

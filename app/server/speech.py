@@ -1,4 +1,5 @@
-"""POST /v1/audio/speech (OpenAI shape): text to speech with a Piper voice, streamed.
+"""POST /v1/audio/speech (OpenAI shape): text to speech with a Piper voice or a Kokoro model
+(`voice` = one of its voice file names), streamed.
 
 The voice loads on the first request, in a worker thread (serve's --tts, else the packaged
 default). Each sentence is synthesized in a thread and its encoded bytes are sent at once, so the
@@ -51,9 +52,12 @@ class TextToSpeech:
         return self.voice
 
     def _load(self):
+        from localllm.media.tts.kokoro import is_kokoro_dir, load_kokoro
         from localllm.media.tts.piper import load_voice
 
         try:
+            if self.model is not None and is_kokoro_dir(self.model):
+                return load_kokoro(self.model)
             return load_voice(self.model)
         except (OSError, ValueError) as e:
             raise APIError(503, f"text to speech is unavailable: {e}", code="no_model") from None
@@ -101,6 +105,23 @@ async def _audio(tts: TextToSpeech, voice, sentences, speed: float, fmt) -> Asyn
         yield tail
 
 
+def _pick_voice(model, name: str):
+    """The request's voice: a Kokoro model's voice by file name, or a Piper model's one voice.
+    OpenAI's names and `default` map to the default voice."""
+    from localllm.media.tts.kokoro import KokoroTTS
+
+    if isinstance(model, KokoroTTS):
+        try:
+            return model.voice(None if name in ("default", *OPENAI_VOICES) else name)
+        except ValueError as e:
+            raise APIError(400, str(e), param="voice") from None
+    if name not in ("default", model.name, *OPENAI_VOICES):
+        raise APIError(
+            400, f"unknown voice {name!r}; this server has {model.name!r}", param="voice"
+        )
+    return model
+
+
 def _event(obj: dict) -> bytes:
     return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
 
@@ -120,10 +141,7 @@ async def _sse(audio: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
 async def speech(body: SpeechRequest, request: Request) -> StreamingResponse:
     fmt = _check(body)
     tts = _tts(request)
-    voice = await tts.get()
-    if body.voice not in ("default", voice.name, *OPENAI_VOICES):
-        msg = f"unknown voice {body.voice!r}; this server has {voice.name!r}"
-        raise APIError(400, msg, param="voice")
+    voice = await asyncio.to_thread(_pick_voice, await tts.get(), body.voice)
     sentences = await asyncio.to_thread(voice.sentences, body.input)
     audio = _audio(tts, voice, sentences, body.speed, fmt)
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}

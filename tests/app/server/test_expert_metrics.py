@@ -15,7 +15,9 @@ SPEC = replace(QWEN3MOE, expert_qtype=GGMLQuantizationType.Q8_0)
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
     model = write_moe_gguf(tmp_path_factory.mktemp("moe") / "moe.gguf", SPEC)
+    # no read-ahead: every byte read is then a miss's (read-aheads count their bytes too)
     args = ["-m", str(model), "--experts", "disk", "--expert-slots", "2"]
+    args += ["--expert-prefetch", "off"]
     with serve_process(args, tmp_path_factory.mktemp("serve-moe")) as (url, _):
         yield url
 

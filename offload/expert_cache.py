@@ -266,7 +266,8 @@ class StreamedExperts:
 
     def close(self) -> None:
         if getattr(self, "_worker", None) is not None:
-            self._worker.shutdown(wait=True)
+            self._worker.shutdown(wait=True)  # reads in flight finish and are counted
+            self._worker = None  # later guesses are ignored
         for fd in getattr(self, "_fds", {}).values():
             os.close(fd)
         self._fds = {}

@@ -13,6 +13,7 @@ from torch import nn
 
 from localllm.engine.batch import BatchMeta
 from localllm.engine.kv_cache import PagedKVCache
+from localllm.kernels.fused import add_rms_norm, rms_norm, silu_mul
 from localllm.kernels.quant.dequant import dequantize
 from localllm.kernels.quant.linear import prepare_linear
 from localllm.offload import QuantWeight
@@ -178,8 +179,12 @@ class RMSNorm(nn.Module):
         self.loaded = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # One fused op instead of five: decode is dominated by per-op overhead on CPU.
-        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+        # One fused op instead of five: decode is dominated by per-op overhead (CPU and GPU).
+        return rms_norm(x, self.weight, self.eps)
+
+    def residual(self, x: torch.Tensor, r: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x + r, norm(x + r)) in one pass where a fused kernel exists."""
+        return add_rms_norm(x, r, self.weight, self.eps)
 
 
 class GatedMLP(nn.Module):
@@ -191,6 +196,7 @@ class GatedMLP(nn.Module):
         self.ffn_up = QuantLinear(dim, hidden, precise)
         self.ffn_down = QuantLinear(hidden, dim, precise)
         self.act = act
+        self.hidden = hidden
         self.gate_up: FusedLinear | None = None
 
     def fuse(self) -> None:
@@ -200,6 +206,8 @@ class GatedMLP(nn.Module):
             self.gate_up = FusedLinear(parts)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gate_up is not None and self.act == "silu":
+            return self.ffn_down(silu_mul(self.gate_up.project(x), self.hidden))
         if self.gate_up is not None:
             g, u = self.gate_up(x)
         else:

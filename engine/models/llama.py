@@ -107,8 +107,8 @@ class Block(nn.Module):
             k = rotary.apply(self.attn_k(h).reshape(-1, nkv, hd), *cos_sin)
             v = self.attn_v(h).reshape(-1, nkv, hd)
         o = attention(q, k, v, positions, batch, kv, layer, scale=a.head_dim**-0.5)
-        x = x + self.attn_output(o.reshape(-1, a.n_heads * a.head_dim))
-        return x + self.mlp(self.ffn_norm(x))
+        x, h = self.ffn_norm.residual(x, self.attn_output(o.reshape(-1, a.n_heads * a.head_dim)))
+        return x + self.mlp(h)
 
 
 class Model(Decoder):

@@ -20,16 +20,18 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
 date -u
 synth() { python3 tests/perf/make_synthetic.py --shape llama3-8b --quant "$1" -o "/tmp/$2.gguf" \
   --tokenizer-from .refbuild/smollm2-tok.gguf >"$OUT/make_$2.log" 2>&1; }
-(synth Q4_K_M q4km) &
+(synth Q4_K_M q4km; [ -n "${Q8:-}" ] && synth Q8_0 q8) &
 GEN=$!
 for step in ${STEPS:-tests packed bench breakdown}; do
   case $step in
     tests) timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_triton_packed.py \
-        tests/kernels/test_triton_gemv.py tests/engine/test_gpu_engine.py tests/engine/test_gpu_graphs.py \
+        tests/kernels/test_fused.py tests/kernels/test_triton_gemv.py tests/engine/test_gpu_engine.py \
+        tests/engine/test_gpu_graphs.py ${EXTRA_TESTS:-} \
         2>&1 | tee "$OUT/pytest.log" | grep -v "^\." | tail -25 ;;
     packed) timeout 400 python3 tests/perf/bench_gpu.py packed 2>&1 | tee "$OUT/packed.md" | grep -E "best|default|WRONG|Error" ;;
     bench) wait $GEN; date -u
-      timeout 300 python3 -m localllm.app.bench -m /tmp/q4km.gguf -p 512 -n 128 -r 3 --device cuda \
+      models="-m /tmp/q4km.gguf"; [ -n "${Q8:-}" ] && models="$models -m /tmp/q8.gguf"
+      timeout 300 python3 -m localllm.app.bench $models -p 512 -n 128 -r 3 --device cuda \
         --cuda-graphs 1 2>&1 | tee "$OUT/bench.md" | tail -6 ;;
     breakdown) wait $GEN
       timeout 200 python3 tests/perf/bench_gpu.py breakdown /tmp/q4km.gguf 2>&1 | tee "$OUT/breakdown.md" \

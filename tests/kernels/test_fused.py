@@ -1,0 +1,60 @@
+"""Fused decoder steps: the triton kernels against the plain-torch references.
+
+The references run everywhere; the kernels on CUDA (marked `gpu`) or under TRITON_INTERPRET=1
+(CPU tensors; never in CI, which has no triton). Tolerance: float32 sums in another order, 1e-5
+relative (RMSNorm) and 1e-6 (SiLU product, elementwise).
+"""
+
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from localllm.kernels.fused import add_rms_norm, rms_norm, silu_mul
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if CUDA else "cpu"
+needs_triton = pytest.mark.skipif(
+    not (CUDA or INTERPRET), reason="needs a CUDA device (or TRITON_INTERPRET=1 with triton)"
+)
+
+
+def test_references_match_the_unfused_formulas():
+    x, r, w = torch.randn(3, 96), torch.randn(3, 96), torch.rand(96) + 0.5
+    s, h = add_rms_norm(x, r, w, 1e-6)
+    assert torch.equal(s, x + r)
+    ref = (x + r) * torch.rsqrt((x + r).pow(2).mean(-1, keepdim=True) + 1e-6) * w
+    assert torch.allclose(h, ref, rtol=1e-5, atol=1e-6)
+    assert torch.allclose(rms_norm(x, w, 1e-6), F.rms_norm(x, (96,), w, 1e-6))
+    gu = torch.randn(4, 2 * 40)
+    assert torch.equal(silu_mul(gu, 40), F.silu(gu[:, :40]) * gu[:, 40:])
+
+
+@pytest.mark.gpu
+@needs_triton
+@pytest.mark.parametrize("d", [64, 576, 4096])
+def test_triton_rms_norm_and_residual(d):
+    from localllm.kernels.fused.triton_ops import add_rms_norm_cuda, rms_norm_cuda
+
+    x, r = torch.randn(5, d) * 3, torch.randn(5, d)
+    w = torch.rand(d) + 0.5
+    dx, dr, dw = (t.to(DEVICE) for t in (x, r, w))
+    got = rms_norm_cuda(dx, dw, 1e-5).cpu()
+    assert torch.allclose(got, F.rms_norm(x, (d,), w, 1e-5), rtol=1e-5, atol=1e-6)
+    s, h = add_rms_norm_cuda(dx, dr, dw, 1e-5)
+    assert torch.equal(s.cpu(), x + r)
+    assert torch.allclose(h.cpu(), F.rms_norm(x + r, (d,), w, 1e-5), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.gpu
+@needs_triton
+@pytest.mark.parametrize("hidden", [40, 1536, 14336])
+def test_triton_silu_mul(hidden):
+    from localllm.kernels.fused.triton_ops import silu_mul_cuda
+
+    gu = torch.randn(3, 2 * hidden) * 4
+    got = silu_mul_cuda(gu.to(DEVICE), hidden).cpu()
+    ref = F.silu(gu[:, :hidden]) * gu[:, hidden:]
+    assert torch.allclose(got, ref, rtol=1e-6, atol=1e-6)

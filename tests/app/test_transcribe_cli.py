@@ -3,10 +3,11 @@ default model resolution (Whisper base assembled once into the cache), and bad i
 
 import importlib.util
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-import soundfile as sf
 
 from localllm.app.cli import main
 from localllm.app.transcribe import resolve_whisper
@@ -27,12 +28,20 @@ def tiny() -> Path:
     return path
 
 
+_SAY = (
+    "import sys, soundfile as sf; sys.path.insert(0, sys.argv[1]); import espeak_clips as c; "
+    "a, sr = c.synthesize(sys.argv[2]); "
+    "sf.write(sys.argv[3], a, sr, format='OGG', subtype='VORBIS')"
+)
+
+
 @pytest.fixture(scope="module")
 def speech(tmp_path_factory) -> Path:
     pytest.importorskip("espeakng_loader", reason="espeakng-loader ships the espeak-ng library")
-    audio, sr = clips.synthesize(TEXT)
-    path = tmp_path_factory.mktemp("speech") / "two.ogg"
-    sf.write(path, audio, sr, format="OGG", subtype="VORBIS")  # 22.05 kHz Vorbis: decode + resample
+    path = tmp_path_factory.mktemp("speech") / "two.ogg"  # 22.05 kHz Vorbis: decode + resample
+    # in a fresh process: espeak-ng's output depends on what it synthesised before in the same
+    # process, and tiny.en's reading of "The weather" flips with it
+    subprocess.run([sys.executable, "-c", _SAY, str(_TOOL.parent), TEXT, str(path)], check=True)
     return path
 
 

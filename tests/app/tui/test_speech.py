@@ -4,6 +4,8 @@ last answer with the packaged Piper voice into a wav that transcribes back; fail
 and the app keeps running."""
 
 import importlib.util
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +30,10 @@ _spec.loader.exec_module(clips)
 # tiny.en hears this one exactly from espeak-ng (the first sentence's "The weather" it mishears)
 SENTENCE = clips.SENTENCES[1]  # "She opened the window to let in some fresh air."
 ONE_WORD = 1 / len(SENTENCE.split())  # tiny.en may miss one word of synthetic speech
+_SAY = (
+    "import sys, soundfile as sf; sys.path.insert(0, sys.argv[1]); import espeak_clips as c; "
+    "a, sr = c.synthesize(sys.argv[2]); sf.write(sys.argv[3], a, sr, subtype='PCM_16')"
+)
 SLOW = 6000  # pauses of 10 ms: model loads and decoding on a busy 2-core machine
 
 
@@ -42,9 +48,9 @@ def tiny() -> Path:
 @pytest.fixture(scope="module")
 def wav(tmp_path_factory) -> Path:
     pytest.importorskip("espeakng_loader", reason="espeakng-loader ships the espeak-ng library")
-    audio, sr = clips.synthesize(SENTENCE)
     path = tmp_path_factory.mktemp("speech") / "window note.wav"  # a space, as drops quote
-    sf.write(path, audio, sr, subtype="PCM_16")
+    # in a fresh process: espeak-ng's output depends on what it synthesised before in-process
+    subprocess.run([sys.executable, "-c", _SAY, str(_TOOL.parent), SENTENCE, str(path)], check=True)
     return path
 
 

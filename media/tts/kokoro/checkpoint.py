@@ -90,7 +90,12 @@ def read_checkpoint(path: str | Path) -> dict[str, dict[str, torch.Tensor]]:
 
 
 def load_model(config: KokoroConfig, checkpoint: str | Path) -> KokoroModel:
-    """Build the graph for `config` and fill it from a .pth checkpoint."""
+    """Build the graph for `config` and fill it from a .pth checkpoint or the int8 ONNX export."""
     model = KokoroModel(config)
-    load_parts(model, read_checkpoint(checkpoint))
+    if Path(checkpoint).suffix == ".onnx":
+        from localllm.media.tts.kokoro.onnx_import import read_kokoro_onnx
+
+        load_parts(model, read_kokoro_onnx(checkpoint))
+    else:
+        load_parts(model, read_checkpoint(checkpoint))
     return model.eval()

@@ -1,5 +1,6 @@
-"""A Kokoro model directory (config.json + a .pth checkpoint + voices/*.pt) and its voices,
-with Piper's synthesis interface: `sentences`, `render`, `stream`, `synthesize`.
+"""A Kokoro model directory (config.json + a .pth checkpoint or the int8 .onnx export + voices:
+voices/*.pt, or .npz archives of them) and its voices, with Piper's synthesis interface:
+`sentences`, `render`, `stream`, `synthesize`.
 
 A voice file is a style table [510, 1, 256]: row `n - 1` is the style for an n-phoneme input.
 `KokoroTTS` holds the one model; `KokoroVoice` pairs it with a voice table, so one loaded model
@@ -27,17 +28,40 @@ DEFAULT_VOICE = "af_heart"
 CHECKPOINT_NAME = "kokoro-v1_0.pth"
 
 
+_NPZ = (".npz", ".bin")  # kokoro-onnx ships its voices as an .npz named voices-v1.0.bin
+
+
+def _weights(path: Path) -> list[Path]:
+    return sorted(path.glob("*.pth")) or sorted(path.glob("*.onnx"))
+
+
 def is_kokoro_dir(path: str | Path) -> bool:
-    """A directory holding config.json and a .pth checkpoint."""
+    """A directory holding config.json and a .pth checkpoint (or the .onnx export)."""
     path = Path(path)
-    return path.is_dir() and (path / "config.json").is_file() and any(path.glob("*.pth"))
+    return path.is_dir() and (path / "config.json").is_file() and bool(_weights(path))
 
 
-def read_voice(path: str | Path) -> torch.Tensor:
-    """A voice file -> its style table [N, 256] (float32)."""
+def _voice_files(path: Path) -> dict[str, Path]:
+    """Voice name -> file: voices/*.pt, and every array of .npz archives in the directory."""
+    voices = {v.stem: v for v in sorted((path / "voices").glob("*.pt"))}
+    for archive in sorted(p for p in path.iterdir() if p.suffix in _NPZ):
+        try:
+            with np.load(archive) as data:
+                voices.update({name: archive for name in data.files})
+        except (OSError, ValueError) as exc:
+            raise KokoroFormatError(f"{archive}: not a voice archive ({exc})") from exc
+    return voices
+
+
+def read_voice(path: str | Path, name: str | None = None) -> torch.Tensor:
+    """A voice file (or voice `name` in an .npz archive) -> its style table [N, 256]."""
     try:
-        table = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # torch raises many types for a bad pickle/zip
+        if Path(path).suffix in _NPZ:
+            with np.load(path) as data:
+                table = torch.from_numpy(np.array(data[name or Path(path).stem]))
+        else:
+            table = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch and numpy raise many types for a bad file
         raise KokoroFormatError(f"{path}: not a voice file ({exc})") from exc
     if not isinstance(table, torch.Tensor) or table.shape[-1] != 2 * STYLE_SPLIT:
         raise KokoroFormatError(f"{path}: a voice is a [N, 1, 256] tensor")
@@ -47,11 +71,13 @@ def read_voice(path: str | Path) -> torch.Tensor:
 class KokoroVoice:
     """One voice of a loaded Kokoro model. Thread-safe: synthesis keeps no per-call state."""
 
-    def __init__(self, model: KokoroModel, table: torch.Tensor, name: str) -> None:
+    def __init__(
+        self, model: KokoroModel, table: torch.Tensor, name: str, language: str | None = None
+    ) -> None:
         self.model = model
         self.table = table
         self.name = name
-        self.language = espeak_voice(name)
+        self.language = language or espeak_voice(name)
         # two boundary tokens; and the style table has one row per phoneme count
         self.max_phonemes = min(model.config.context_length - 2, table.shape[0])
 
@@ -114,16 +140,16 @@ class KokoroTTS:
         if not path.is_dir():
             raise FileNotFoundError(f"no Kokoro model directory {path}")
         config = KokoroConfig.from_json(path / "config.json")
-        checkpoints = sorted(path.glob("*.pth"))
+        checkpoints = _weights(path)
         if not checkpoints:
-            raise FileNotFoundError(f"no .pth checkpoint in {path}")
+            raise FileNotFoundError(f"no .pth checkpoint (or .onnx export) in {path}")
         preferred = [c for c in checkpoints if c.name == CHECKPOINT_NAME]
         if not preferred and len(checkpoints) > 1:
             names = ", ".join(c.name for c in checkpoints)
             raise KokoroFormatError(f"{path}: several checkpoints ({names}); keep one")
-        voices = {v.stem: v for v in sorted((path / "voices").glob("*.pt"))}
+        voices = _voice_files(path)
         if not voices:
-            raise FileNotFoundError(f"no voices in {path / 'voices'} (expected *.pt files)")
+            raise FileNotFoundError(f"no voices in {path} (expected voices/*.pt or an .npz)")
         return cls(load_model(config, (preferred or checkpoints)[0]), voices, path.name)
 
     @property
@@ -134,13 +160,17 @@ class KokoroTTS:
     def default_voice(self) -> str:
         return DEFAULT_VOICE if DEFAULT_VOICE in self.voice_files else next(iter(self.voice_files))
 
-    def voice(self, name: str | None = None) -> KokoroVoice:
-        """Load a voice by file name (without .pt); None = af_heart, else the first voice."""
+    def voice(self, name: str | None = None, language: str | None = None) -> KokoroVoice:
+        """Load a voice by file name (without .pt); None = af_heart, else the first voice.
+
+        `language` (an espeak voice, e.g. "en-us") overrides the one the name's first letter
+        implies, to read text in another language with this voice's timbre."""
         name = name or self.default_voice
         if name not in self.voice_files:
             known = ", ".join(self.voice_files)
             raise ValueError(f"unknown voice {name!r}; this model has: {known}")
-        return KokoroVoice(self.model, read_voice(self.voice_files[name]), name)
+        table = read_voice(self.voice_files[name], name)
+        return KokoroVoice(self.model, table, name, language)
 
 
 def load_kokoro(path: str | Path) -> KokoroTTS:

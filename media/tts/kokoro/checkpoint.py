@@ -1,9 +1,9 @@
 """Reading a Kokoro checkpoint (`kokoro-v1_0.pth`): a dict of five state dicts (bert,
 bert_encoder, predictor, text_encoder, decoder) into a `KokoroModel`.
 
-The file as released wraps keys in `module.` (DataParallel) and keeps weight norm as
-`weight_g`/`weight_v` (or `parametrizations.weight.original0/1` from newer torch); both are
-folded into one plain `weight` here, so inference never recomputes the norm.
+Keys may be wrapped in `module.` (DataParallel training; the reference loader strips it too),
+and weight norm is kept as `weight_g`/`weight_v` (or `parametrizations.weight.original0/1` from
+newer torch); both are folded into one plain `weight` here, so inference never recomputes it.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ PARTS = ("bert", "bert_encoder", "predictor", "text_encoder", "decoder")
 # Keys a checkpoint may carry that inference does not use.
 _UNUSED_SUFFIXES = ("position_ids",)
 _UNUSED_PREFIXES = ("pooler.",)
-# AdaIN's instance-norm affine weights: absent from the released file (trained without them).
+# AdaIN's instance-norm affine weights: the model was trained without them, so a checkpoint
+# may lack them (identity is then right).
 _OPTIONAL_SUFFIXES = (".norm.weight", ".norm.bias")
 
 
@@ -29,6 +30,19 @@ def fold_weight_norm(g: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     return g * v / v.norm(dim=dims, keepdim=True)
 
 
+_NORM_PAIRS = (
+    ("weight_g", "weight_v"),
+    ("parametrizations.weight.original0", "parametrizations.weight.original1"),
+)
+
+
+def _split(key: str, suffix: str) -> str | None:
+    """'a.b.weight_g' -> 'a.b.' for suffix 'weight_g' (None if it does not end so)."""
+    if key == suffix or key.endswith("." + suffix):
+        return key[: -len(suffix)]
+    return None
+
+
 def normalize_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Strip `module.`, fold weight norm, and drop keys inference does not use."""
     state = {k.removeprefix("module."): v for k, v in state.items()}
@@ -36,20 +50,18 @@ def normalize_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tens
     for key, value in state.items():
         if key.endswith(_UNUSED_SUFFIXES) or key.startswith(_UNUSED_PREFIXES):
             continue
-        if key.endswith(".weight_v") or key.endswith(".parametrizations.weight.original1"):
+        if any(_split(key, v) is not None for _, v in _NORM_PAIRS):
             continue  # consumed with its g below
-        if key.endswith(".weight_g"):
-            base = key.removesuffix(".weight_g")
-            v = state.get(f"{base}.weight_v")
-        elif key.endswith(".parametrizations.weight.original0"):
-            base = key.removesuffix(".parametrizations.weight.original0")
-            v = state.get(f"{base}.parametrizations.weight.original1")
+        for g_name, v_name in _NORM_PAIRS:
+            base = _split(key, g_name)
+            if base is not None:
+                v = state.get(base + v_name)
+                if v is None:
+                    raise KokoroFormatError(f"weight norm of {base + 'weight'} has g but no v")
+                out[base + "weight"] = fold_weight_norm(value.float(), v.float())
+                break
         else:
             out[key] = value
-            continue
-        if v is None:
-            raise KokoroFormatError(f"weight norm of {base} has g but no v")
-        out[f"{base}.weight"] = fold_weight_norm(value.float(), v.float())
     return out
 
 

@@ -46,8 +46,8 @@ class AdaLayerNorm(nn.Module):
 class AdaIN1d(nn.Module):
     """Instance norm of [B, C, T] scaled and shifted by a style vector.
 
-    The norm's own affine weights default to identity: the released checkpoint was trained
-    without them and does not store them (later exports do, as ones and zeros)."""
+    The norm's own affine weights default to identity: StyleTTS2 trained without them, so a
+    checkpoint may not store them (the reference keeps them only for an ONNX export bug)."""
 
     def __init__(self, style_dim: int, channels: int) -> None:
         super().__init__()

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from localllm.media.tts.kokoro import KokoroFormatError, KokoroTTS, load_kokoro
-from localllm.media.tts.kokoro.checkpoint import PARTS
+from localllm.media.tts.kokoro.checkpoint import PARTS, normalize_state_dict
 from localllm.media.tts.kokoro.phonemes import to_kokoro
 from localllm.media.tts.phonemize import Sentence
 
@@ -322,3 +322,14 @@ def test_bad_directory_config_and_voice_files(tts, tmp_path) -> None:
     broken = KokoroTTS(tts.model, {"af_x": tmp_path / "voices" / "af_x.pt"}, "x")
     with pytest.raises(KokoroFormatError, match="not a voice file"):
         broken.voice("af_x")
+
+
+def test_new_style_weight_norm_and_unprefixed_keys_fold_too() -> None:
+    conv = torch.nn.utils.parametrizations.weight_norm(torch.nn.Conv1d(4, 6, 3))
+    state = conv.state_dict()
+    assert "parametrizations.weight.original0" in state
+    folded = normalize_state_dict(state)
+    assert set(folded) == {"weight", "bias"}
+    torch.testing.assert_close(folded["weight"], conv.weight.detach(), atol=1e-6, rtol=1e-6)
+    with pytest.raises(KokoroFormatError, match="has g but no v"):
+        normalize_state_dict({"conv.weight_g": torch.ones(2, 1, 1)})

@@ -21,7 +21,12 @@ from localllm.kernels.quant.triton_dp4a import (
 from localllm.kernels.quant.triton_unpack import _deq_q4k_packed, _deq_q6k_packed, _deq_q8_0_packed
 from localllm.kernels.quant.types import QuantType, block_geometry
 
-SM_TARGET = 4 * 132  # programs per launch: a few waves of an H100/H200's 132 SMs
+# Programs per launch: many one-warp programs keep enough loads in flight on an H100/H200's 132
+# SMs (H200 sweep, tests/perf/bench_gpu.py packed: 1 warp x 64 rows, ~2,000 programs, was best
+# or within 10 % for every Llama-3-8B shape and type; above ~1,000 row tiles split-K only costs).
+SM_TARGET = 2048
+NO_SPLIT_TILES = 1024
+MAX_ROWS = 4  # activation rows per launch: Q6_K with 8 spills registers (50x slower on the H200)
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,12 +49,12 @@ class PackedConfig:
     blocks_per_program: int
 
 
-def packed_config(qtype: QuantType, n: int, k: int, block_n: int = 64, warps: int = 2):
+def packed_config(qtype: QuantType, n: int, k: int, block_n: int = 64, warps: int = 1):
     """Split K until the launch has about SM_TARGET programs (N alone gives too few for the
     4096-row projections)."""
     nb = k // block_geometry(qtype)[0]
     tiles = triton.cdiv(n, block_n)
-    split = max(1, min(nb, triton.cdiv(SM_TARGET, tiles)))
+    split = 1 if tiles >= NO_SPLIT_TILES else max(1, min(nb, triton.cdiv(SM_TARGET, tiles)))
     return PackedConfig(block_n, warps, triton.cdiv(nb, split))
 
 
@@ -81,6 +86,9 @@ def gemv_packed(
     """float32 x [M, K] (M <= 8) @ W.T for a packed weight -> float32 [M, N]."""
     x = x.float().contiguous()
     m = x.shape[0]
+    if m > MAX_ROWS:  # launches of at most MAX_ROWS rows (the weight then comes from L2)
+        parts = [gemv_packed(c, p, cfg, counters) for c in x.split(MAX_ROWS)]
+        return torch.cat(parts)
     y = torch.empty(m, p.n, dtype=torch.float32, device=x.device)
     if m == 0:
         return y

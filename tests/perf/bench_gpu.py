@@ -142,9 +142,13 @@ def packed() -> None:
             cnt = split_counters(p, cfg)
             y = gemv_packed(x, p, cfg, cnt)[:, :rows].double()
             split = triton_cdiv(nb, cfg.blocks_per_program)
-            if not ((y - ref).norm() / ref.norm()).item() < 1e-5:
+            err = ((y - ref).norm() / ref.norm()).item()
+            if not err < 1e-5:
+                bad = (y - ref).abs().argmax().item()
                 print(f"| {name} | {label} | {n}x{k} | {cfg.block_n} | {cfg.num_warps} | {split} "
-                      "| WRONG | | |")  # fmt: skip
+                      f"| WRONG rel {err:.3g} nonfinite {int((~torch.isfinite(y)).sum())} "
+                      f"worst row {bad} y {y.flatten()[bad].item():.4g} "
+                      f"ref {ref.flatten()[bad].item():.4g} | | |")  # fmt: skip
                 continue
             us = do_bench_cudagraph(partial(gemv_packed, x, p, cfg, cnt), rep=40) * 1e3
             gbs = (p.nbytes + 4 * (k + n)) / (us * 1e-6) / 1e9

@@ -73,7 +73,12 @@ def decode_attention(
     sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of the plan's query rows of q [T, H, D] -> [nd, H, Dv]; `sinks` [H] as in
-    `paged_attention`."""
+    `paged_attention`. On CUDA, unquantized caches take the flash-decoding kernel."""
+    if q.is_cuda and q.dtype == torch.float32 and k_scales is None and sinks is None:
+        from localllm.kernels.attention.triton_decode import flash_decode, supports
+
+        if supports(k_cache, k_scales, sinks):
+            return flash_decode(q, k_cache, v_cache, plan, scale, softcap)
     keys = decode_kv(
         _take(k_cache, plan.slots),
         _take(k_scales, plan.slots) if k_scales is not None else None,

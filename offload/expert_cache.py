@@ -197,14 +197,17 @@ class StreamedExperts:
         self._ahead.discard(key)
         return self._lru.pop(key)
 
-    def _settle(self, key: tuple[int, int]) -> None:
-        """Wait for a read-ahead of `key` and make its slot an ordinary cached one."""
+    def _settle(self, key: tuple[int, int], wanted: bool = True) -> None:
+        """Wait for a read-ahead of `key` and make its slot an ordinary cached one; a wrong
+        guess (`wanted` false) goes to the eviction end, so it is the first to go."""
         slot, fut = self._loading.pop(key)
         t0 = time.perf_counter()
         fut.result()
         with self._lock:
             self.stats.stall_seconds += time.perf_counter() - t0
         self._lru[key] = slot
+        if not wanted:
+            self._lru.move_to_end(key, last=False)
 
     def fetch(self, layer: int, expert: int) -> ExpertBlocks:
         key, layout = (layer, expert), self.layouts[layer]
@@ -221,7 +224,9 @@ class StreamedExperts:
                 self.stats.prefetch_hits += 1
         else:
             self.stats.misses += 1
-            slot = self._victim(set())
+            # spare the layer's other experts (a read-ahead may hold one it has yet to use)
+            slot = self._victim(self._pinned)
+            slot = self._victim(set()) if slot is None else slot
             while slot is None:  # every slot is being read ahead: take one when it lands
                 self._settle(next(iter(self._loading)))
                 slot = self._victim(set())
@@ -243,7 +248,7 @@ class StreamedExperts:
             self.stats.guessed += len(guessed)
             self.stats.guessed_right += len(guessed & used)
         for key in [k for k, (_, f) in self._loading.items() if f.done()]:
-            self._settle(key)
+            self._settle(key, wanted=key[0] > layer or key in self._pinned)
 
     def guess(self, layer: int, experts: list[int]) -> None:
         """Start reading `experts` of `layer` ahead (best guess first) into slots that hold

@@ -86,6 +86,35 @@ def test_read_ahead_evicts_only_unpinned_slots(tmp_path):
     cache.close()
 
 
+def test_a_miss_spares_the_layers_other_experts(tmp_path):
+    """Two slots: expert (1, 5) from the last step is the oldest, but layer 1 routes to it now,
+    so the miss on (1, 3) evicts (0, 0) instead and (1, 5) is still a hit."""
+    cache, data = _cache(tmp_path, 8, slots=2)
+    cache.fetch(1, 5)
+    cache.fetch(0, 0)
+    cache.routed(1, torch.tensor([[3, 5]]))
+    _check(cache.fetch(1, 3), data, 3)
+    before = cache.stats.hits
+    _check(cache.fetch(1, 5), data, 5)
+    assert cache.stats.hits == before + 1
+    cache.close()
+
+
+def test_a_wrong_guess_is_evicted_first(tmp_path):
+    cache, data = _cache(tmp_path, 8, slots=3, prefetch=True)
+    cache.routed(0, torch.tensor([[0]]))
+    cache.fetch(0, 0)
+    cache.guess(1, [5, 6])  # both read ahead into the two free slots
+    cache._worker.shutdown(wait=True)  # let both reads land before layer 1 routes
+    cache.routed(1, torch.tensor([[5, 7]]))  # 6 was a wrong guess
+    _check(cache.fetch(1, 5), data, 5)
+    _check(cache.fetch(1, 7), data, 7)  # the miss evicts 6, not the older (0, 0)
+    before = cache.stats.misses
+    _check(cache.fetch(0, 0), data, 0)
+    assert cache.stats.misses == before and cache.stats.prefetch_hits == 1
+    cache.close()
+
+
 def test_lfu_keeps_the_often_used_expert(tmp_path):
     """Expert 0 is used three times, then 1, 2, 3 once each with 2 slots: LRU evicts 0 at the
     first miss after it aged, LFU keeps it (it is never the least used), so 0 hits again."""

@@ -76,7 +76,7 @@ def exported(tmp_path_factory):
 
 
 def _step(w: torch.Tensor) -> float:
-    return float(w.max() - w.min()) / 255  # int8/uint8: 256 levels over the range
+    return float(w.detach().max() - w.detach().min()) / 255  # int8: 256 levels over the range
 
 
 def test_scope_names_map_to_checkpoint_keys() -> None:

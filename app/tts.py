@@ -13,6 +13,11 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from localllm.media.tts.kokoro import KokoroVoice
+    from localllm.media.tts.piper import PiperVoice
 
 # OpenAI's voice names: accepted everywhere and mapped to the model's own (single) voice, so
 # clients written for the OpenAI API work unchanged.
@@ -59,7 +64,7 @@ def resolve_voice_path(model: str | None, voice: str | None) -> Path | None:
     return path
 
 
-def load_speaker(model: str | Path | None, voice: str | None):
+def load_speaker(model: str | Path | None, voice: str | None) -> PiperVoice | KokoroVoice:
     """A Piper voice, or one voice of a Kokoro model directory (told apart by the path)."""
     if model is not None and Path(model).is_dir():
         from localllm.media.tts.kokoro import is_kokoro_dir, load_kokoro

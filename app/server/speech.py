@@ -13,7 +13,7 @@ import base64
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
@@ -21,6 +21,10 @@ from pydantic import BaseModel, Field
 
 from localllm.app.server.errors import APIError, error_body, to_api_error
 from localllm.app.tts import OPENAI_VOICES
+
+if TYPE_CHECKING:
+    from localllm.media.tts.kokoro import KokoroTTS, KokoroVoice
+    from localllm.media.tts.piper import PiperVoice
 
 router = APIRouter()
 MAX_INPUT_CHARS = 100_000  # OpenAI allows 4096; longer text is fine here, it streams
@@ -105,7 +109,7 @@ async def _audio(tts: TextToSpeech, voice, sentences, speed: float, fmt) -> Asyn
         yield tail
 
 
-def _pick_voice(model, name: str):
+def _pick_voice(model: "PiperVoice | KokoroTTS", name: str) -> "PiperVoice | KokoroVoice":
     """The request's voice: a Kokoro model's voice by file name, or a Piper model's one voice.
     OpenAI's names and `default` map to the default voice."""
     from localllm.media.tts.kokoro import KokoroTTS

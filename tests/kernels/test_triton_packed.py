@@ -4,7 +4,8 @@ The layout round trip runs everywhere (plain torch). The kernels run on a CUDA d
 `gpu`; the real dp4a instruction), or on CPU tensors under TRITON_INTERPRET=1 (the same integer
 math without the instruction; small shapes; never in CI, which has no triton).
 Tolerances: the GEMV against its oracle `gemv_q8x_reference` (x rounded to int8 codes per 32, W
-dequantized by gguf's rules, float64) 1e-5 relative (float32 sums); against the unrounded x
+dequantized by gguf's rules, float64) 1e-5 relative for Q8_0, 2e-4 for the K-quants (float32 sums
+with a per-sub-block min term that cancels); against the unrounded x
 2e-2 (int8 activations cost ~0.5 % on random data, as in llama.cpp's mmvq); bf16 W^T within bf16
 rounding of each value.
 """
@@ -79,7 +80,10 @@ def test_gemv_packed_matches_reference(name, shape, m, make_blocks):
     x = torch.randn(m, k)
     y = gemv_packed(x.to(DEVICE), pack_blocks(raw, qt, n, k))
     assert y.shape == (m, n) and y.dtype == torch.float32
-    assert _rel(y, gemv_q8x_reference(x, raw, qt, n, k)) < 1e-5, f"seed {seed}"
+    # K-quants subtract dmin*m*sum(x) per sub-block in float32: that cancellation costs up to
+    # ~5e-5 on long rows of random blocks (1000 x 14336, M = 8 on the H200)
+    tol = 1e-5 if name == "Q8_0" else 2e-4
+    assert _rel(y, gemv_q8x_reference(x, raw, qt, n, k)) < tol, f"seed {seed}"
     w = dequantize(raw.cpu(), qt).reshape(n, k).double()
     assert _rel(y, x.double() @ w.T) < 2e-2, f"seed {seed}"
 

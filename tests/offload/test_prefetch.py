@@ -245,8 +245,19 @@ def test_evict_and_prefetch_settings(tmp_path):
         residency_config(parse(), env={"LOCALLLM_EXPERT_PREFETCH": "sometimes"})
 
 
-def test_show_plan_names_the_eviction(files):
+def test_show_plan_names_the_eviction_and_prefetch_default(files):
+    """Read-ahead unset: on when a separate device computes, off on a CPU-only run."""
     g = open_gguf(files["qwen3moe"])
-    cfg = resolve([("t", {"experts": "disk", "streaming": {"slots": 4, "evict": "lfu"}})])
-    text = plan_model(g, cfg, 64, MEMORY).describe()
-    assert "expert slots 4 x" in text and "prefetch on, evict lfu" in text
+    gpu = MemoryInfo("cuda:0", host_free=1 << 30, device_free=1 << 30)
+    for memory, st, want in (
+        (MEMORY, {}, "prefetch off, evict lfu"),
+        (gpu, {}, "prefetch on, evict lfu"),
+        (MEMORY, {"prefetch": True}, "prefetch on, evict lfu"),
+        (gpu, {"prefetch": False}, "prefetch off, evict lfu"),
+    ):
+        cfg = resolve([("t", {"experts": "disk", "streaming": {"slots": 4, "evict": "lfu", **st}})])
+        plan = plan_model(g, cfg, 64, memory)
+        assert plan.streaming.prefetch == want.startswith("prefetch on")
+        text = plan.describe()
+        assert "expert slots 4 x" in text and want in text, (memory, st)
+    assert resolve([]).streaming.prefetch is None  # unset until a plan resolves it

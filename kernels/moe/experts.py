@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from localllm.kernels.quant.dequant import dequantize
+from localllm.kernels.quant.linear import TRITON_TYPES
 from localllm.kernels.quant.types import QuantType
 
 
@@ -48,6 +49,7 @@ class ExpertBlocks:
 
 
 SWIGLU_OAI_LIMIT, SWIGLU_OAI_ALPHA = 7.0, 1.702
+GEMV_MAX_M = 8  # rows up to which a CUDA expert uses the fused GEMV (as `triton_linear`)
 
 
 def _glu(g: torch.Tensor, u: torch.Tensor, act: str) -> torch.Tensor:
@@ -62,6 +64,16 @@ def _matrix(blocks: torch.Tensor, qtype: QuantType, rows: int, cols: int) -> tor
     return dequantize(blocks, qtype).reshape(rows, cols)
 
 
+def _project(x: torch.Tensor, blocks: torch.Tensor, qtype: QuantType, rows: int, cols: int):
+    """x @ W.T for one expert matrix: on CUDA, a few rows go through the triton GEMV over the raw
+    blocks (no dequantized copy); otherwise the matrix is dequantized for this call."""
+    if x.is_cuda and x.shape[0] <= GEMV_MAX_M and qtype in TRITON_TYPES:
+        from localllm.kernels.quant.triton_linear import gemv
+
+        return gemv(x, blocks.reshape(rows, -1), qtype, rows, cols)
+    return x @ _matrix(blocks, qtype, rows, cols).T
+
+
 def expert_ffn_one(
     x: torch.Tensor,
     b: ExpertBlocks,
@@ -71,11 +83,11 @@ def expert_ffn_one(
     """One expert's FFN on the tokens x [n, dim] routed to it -> [n, dim] (float32); `bias` is
     this expert's (gate, up, down) biases, if any."""
     d, h = fmt.dim, fmt.hidden
-    g = x @ _matrix(b.gate, fmt.gate, h, d).T
-    u = x @ _matrix(b.up, fmt.up, h, d).T
+    g = _project(x, b.gate, fmt.gate, h, d)
+    u = _project(x, b.up, fmt.up, h, d)
     if bias is not None:
         g, u = g + bias[0], u + bias[1]
-    y = _glu(g, u, fmt.act) @ _matrix(b.down, fmt.down, d, h).T
+    y = _project(_glu(g, u, fmt.act), b.down, fmt.down, d, h)
     return y + bias[2] if bias is not None else y
 
 

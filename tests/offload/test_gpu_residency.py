@@ -48,7 +48,9 @@ def test_cuda_tokens_equal_in_every_residency_mode(tmp_path):
         assert s.hits + s.misses == s.lookups > 0
 
 
-@pytest.mark.parametrize("family", ["qwen3moe", "deepseek2"])
+# deepseek2's tiny file has no tokenizer (LLM needs one); its host dispatch is checked on CPU in
+# test_host_compute.py
+@pytest.mark.parametrize("family", ["qwen3moe"])
 def test_cuda_host_compute_token_exact(tmp_path, family):
     """Experts on host computed on the CPU (default) or copied per use (host_compute = device):
     the same greedy tokens as all on the GPU; only host compute ships token rows to the CPU

@@ -20,8 +20,14 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
 date -u
 synth() { python3 tests/perf/make_synthetic.py --shape llama3-8b --quant "$1" -o "/tmp/$2.gguf" \
   --tokenizer-from .refbuild/smollm2-tok.gguf >"$OUT/make_$2.log" 2>&1; }
-(synth Q4_K_M q4km; [ -n "${Q8:-}" ] && synth Q8_0 q8) &
+(synth Q4_K_M q4km) &
 GEN=$!
+[ -n "${Q8:-}" ] && { (synth Q8_0 q8) & GEN8=$!; }
+if [ -n "${MOE:-}" ]; then
+  (python3 tests/perf/make_synthetic.py --shape qwen3moe-30b-a3b --quant Q4_K_M -o /tmp/moe.gguf \
+    --tokenizer-from .refbuild/smollm2-tok.gguf >"$OUT/make_moe.log" 2>&1) &
+  GENMOE=$!
+fi
 for step in ${STEPS:-tests packed bench breakdown}; do
   case $step in
     tests) timeout 400 python3 -m pytest -q -m gpu -p no:cacheprovider --continue-on-collection-errors tests/kernels/test_triton_packed.py \
@@ -29,10 +35,17 @@ for step in ${STEPS:-tests packed bench breakdown}; do
         tests/engine/test_gpu_graphs.py ${EXTRA_TESTS:-} \
         2>&1 | tee "$OUT/pytest.log" | grep -v "^\." | tail -25 ;;
     packed) timeout 400 python3 tests/perf/bench_gpu.py packed 2>&1 | tee "$OUT/packed.md" | grep -E "best|default|WRONG|Error" ;;
-    bench) wait $GEN; date -u
+    bench) wait $GEN ${GEN8:-}; date -u
       models="-m /tmp/q4km.gguf"; [ -n "${Q8:-}" ] && models="$models -m /tmp/q8.gguf"
       timeout 300 python3 -m localllm.app.bench $models -p 512 -n 128 -r 3 --device cuda \
         --cuda-graphs 1 2>&1 | tee "$OUT/bench.md" | tail -6 ;;
+    moe) wait $GENMOE; date -u; cat "$OUT/make_moe.log" | tail -2
+      # (a) all on the GPU, (b) experts on host computed by the CPU, (c) experts streamed from disk
+      # with half the experts' bytes as slots (48 layers x 128 experts / 2)
+      for mode in "-p 512 -n 32" "-p 0 -n 8 --cpu-moe" "-p 0 -n 16 --experts disk --expert-slots 3072"; do
+        timeout ${MOE_T:-110} python3 -m localllm.app.bench -m /tmp/moe.gguf -r 1 --device cuda $mode \
+          2>&1 | tee -a "$OUT/moe.md" | grep -E "qwen3moe|expert|Error" ; date -u
+      done ;;
     breakdown) wait $GEN
       timeout 200 python3 tests/perf/bench_gpu.py breakdown /tmp/q4km.gguf 2>&1 | tee "$OUT/breakdown.md" \
         | grep -v "^ " | tail -22 ;;

@@ -282,7 +282,11 @@ class _Runner:
                 # id (the previous argmax) is written in, so no host sync or copy per step
                 row = steps[i : i + 1]
                 row[:, 0] = tok
-                tok = self.graphs.run(row).argmax(-1)
+                logits = self.graphs.run(row)
+                if logits is None:  # not capturable (MoE routing reads ids on the host): eager
+                    steps = None
+                    logits = self._forward(tok, depth + i)
+                tok = logits.argmax(-1)
             self._sync()
             return n / (time.perf_counter() - t0)
 

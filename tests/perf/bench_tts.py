@@ -33,23 +33,32 @@ TEXT = (
 )
 
 
-def bench_ours(voice, reps: int) -> dict:
-    first, total, seconds = [], [], 0.0
+def _timed(chunks, reps: int, sample_rate: int) -> dict:
+    """Medians over `reps` of time to the first chunk and in total; `chunks(rep)` yields each
+    sentence's sample count as it is synthesized."""
+    first, total, samples = [], [], 0
     for rep in range(reps):
         t0 = time.perf_counter()
         samples = 0
-        for i, chunk in enumerate(voice.stream(TEXT, seed=rep)):
+        for i, n in enumerate(chunks(rep)):
             if i == 0:
                 first.append(time.perf_counter() - t0)
-            samples += len(chunk.samples)
+            samples += n
         total.append(time.perf_counter() - t0)
-        seconds = samples / voice.sample_rate
+    seconds = samples / sample_rate
     return {
         "audio_s": round(seconds, 2),
         "first_audio_s": round(statistics.median(first), 3),
         "total_s": round(statistics.median(total), 3),
         "rtf": round(statistics.median(total) / seconds, 3),
     }
+
+
+def bench_ours(voice, reps: int) -> dict:
+    def chunks(rep):
+        return (len(c.samples) for c in voice.stream(TEXT, seed=rep))
+
+    return _timed(chunks, reps, voice.sample_rate)
 
 
 def bench_ort(voice, path: str, threads: int, reps: int) -> dict | None:
@@ -67,27 +76,17 @@ def bench_ort(voice, path: str, threads: int, reps: int) -> dict | None:
     session.run(
         None, {"input": np.array([warm]), "input_lengths": np.array([len(warm)]), "scales": scales}
     )
-    first, total, seconds = [], [], 0.0
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        samples = 0
-        for i, row in enumerate(ids):
+
+    def chunks(_rep):
+        for row in ids:
             feeds = {
                 "input": np.array([row]),
                 "input_lengths": np.array([len(row)]),
                 "scales": scales,
             }
-            samples += session.run(None, feeds)[0].size
-            if i == 0:
-                first.append(time.perf_counter() - t0)
-        total.append(time.perf_counter() - t0)
-        seconds = samples / voice.sample_rate
-    return {
-        "audio_s": round(seconds, 2),
-        "first_audio_s": round(statistics.median(first), 3),
-        "total_s": round(statistics.median(total), 3),
-        "rtf": round(statistics.median(total) / seconds, 3),
-    }
+            yield session.run(None, feeds)[0].size
+
+    return _timed(chunks, reps, voice.sample_rate)
 
 
 def bench_ort_kokoro(voice, path: str, threads: int, reps: int) -> dict | None:
@@ -108,22 +107,11 @@ def bench_ort_kokoro(voice, path: str, threads: int, reps: int) -> dict | None:
         for x in voice.sentences(TEXT)
     ]
     session.run(None, feeds[0])
-    first, total, samples = [], [], 0
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        samples = 0
-        for i, f in enumerate(feeds):
-            samples += session.run(None, f)[0].size
-            if i == 0:
-                first.append(time.perf_counter() - t0)
-        total.append(time.perf_counter() - t0)
-    seconds = samples / voice.sample_rate
-    return {
-        "audio_s": round(seconds, 2),
-        "first_audio_s": round(statistics.median(first), 3),
-        "total_s": round(statistics.median(total), 3),
-        "rtf": round(statistics.median(total) / seconds, 3),
-    }
+
+    def chunks(_rep):
+        return (session.run(None, f)[0].size for f in feeds)
+
+    return _timed(chunks, reps, voice.sample_rate)
 
 
 def main() -> None:

@@ -1,6 +1,8 @@
 """Where MoE expert weights come from at compute time: resident slices or a streamed slot pool.
 
-An `ExpertSource` answers `fetch(layer, expert)` with that expert's raw ggml blocks. Resident
+An `ExpertSource` answers `fetch(layer, expert)` with that expert's raw ggml blocks, or, for
+experts computed on the CPU, its `PreparedExpert` (weights prepared once by `prepare_expert`,
+the same form in every mode, so greedy output does not depend on residency). Resident
 experts (device or host tier) are slices of the loaded [n_expert, rows, row_bytes] tensors.
 Disk-tier experts are never kept: `StreamedExperts` preads an expert's three contiguous slices
 from the GGUF into one of a fixed number of slots on a miss, evicting by recency (LRU) or
@@ -15,11 +17,14 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from types import MappingProxyType
 from typing import Protocol
 
 import torch
 
-from localllm.kernels.moe import ExpertBlocks
+from localllm.kernels.moe import ExpertBlocks, ExpertFormat
+from localllm.kernels.moe.prepared import PreparedExpert, prepare_expert, prepared_format_nbytes
+from localllm.kernels.quant.types import row_nbytes
 from localllm.offload.ranges import ByteRange
 
 
@@ -38,6 +43,8 @@ class ExpertStats:
     guessed: int = 0  # experts guessed for a coming layer (prefetch)
     guessed_right: int = 0  # of those, the ones the layer then routed to
     host_rows: int = 0  # token rows whose routed experts ran on the host (host compute)
+    prepared: int = 0  # experts prepared for CPU compute after a read (streamed sources)
+    prepare_seconds: float = 0.0  # time those preparations took (in the reads' thread)
 
     @property
     def read_gbps(self) -> float:
@@ -60,7 +67,7 @@ class ExpertStats:
 class ExpertSource(Protocol):
     stats: ExpertStats
 
-    def fetch(self, layer: int, expert: int) -> ExpertBlocks: ...
+    def fetch(self, layer: int, expert: int) -> ExpertBlocks | PreparedExpert: ...
 
     def routed(self, layer: int, ids: torch.Tensor) -> None:
         """The experts `layer` is about to use (they must stay while it computes)."""
@@ -70,15 +77,42 @@ class ExpertSource(Protocol):
 
 
 class ResidentExperts:
-    """Experts held in memory: per layer the (gate, up, down) raw tensors [n_expert, rows, rb]."""
+    """Experts held in memory: per layer the (gate, up, down) raw tensors [n_expert, rows, rb].
 
-    def __init__(self, layers: Mapping[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]):
+    The layers in `prepared` (layer -> its ExpertFormat) whose tensors are on the CPU get every
+    expert prepared here, once; `fetch` then answers with the PreparedExpert. Other layers
+    answer with raw blocks (a device computes them, or a device copy is made of them).
+    """
+
+    def __init__(
+        self,
+        layers: Mapping[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+        prepared: Mapping[int, ExpertFormat] = MappingProxyType({}),
+    ):
         self.layers = dict(layers)
+        self.prepared: dict[int, list[PreparedExpert]] = {}
+        for layer, fmt in dict(prepared).items():
+            if layer not in self.layers:
+                raise ValueError(f"layer {layer} to prepare has no resident experts")
+            g, u, d = self.layers[layer]
+            if g.device.type == "cpu":
+                n = g.shape[0]
+                self.prepared[layer] = [
+                    prepare_expert(ExpertBlocks(g[e], u[e], d[e]), fmt) for e in range(n)
+                ]
         self.stats = ExpertStats()
 
-    def fetch(self, layer: int, expert: int) -> ExpertBlocks:
+    @property
+    def nbytes(self) -> int:
+        """Bytes the prepared experts hold beyond the raw tensors (which the model holds)."""
+        return sum(p.nbytes for ps in self.prepared.values() for p in ps)
+
+    def fetch(self, layer: int, expert: int) -> ExpertBlocks | PreparedExpert:
         self.stats.lookups += 1
         self.stats.hits += 1
+        prepared = self.prepared.get(layer)
+        if prepared is not None:
+            return prepared[expert]
         g, u, d = self.layers[layer]
         return ExpertBlocks(g[expert], u[expert], d[expert])
 
@@ -92,16 +126,28 @@ class ResidentExperts:
 @dataclass(frozen=True, slots=True)
 class ExpertLayout:
     """One layer's three expert tensors in the file: whole-tensor byte ranges and the uint8
-    shape [rows, row_bytes] of one expert's slice of each."""
+    shape [rows, row_bytes] of one expert's slice of each; `fmt` (their types and FFN sizes)
+    is needed only to prepare streamed experts for CPU compute."""
 
     n_expert: int
     ranges: tuple[ByteRange, ByteRange, ByteRange]  # gate, up, down
     shapes: tuple[tuple[int, int], tuple[int, int], tuple[int, int]]
+    fmt: ExpertFormat | None = None
 
     def __post_init__(self):
         for rng, (rows, rb) in zip(self.ranges, self.shapes, strict=True):
             if rng.nbytes != self.n_expert * rows * rb:
                 raise ValueError(f"{rng}: not {self.n_expert} experts of {rows}x{rb} bytes")
+        f = self.fmt
+        if f is not None:
+            d, h = f.dim, f.hidden
+            want = (
+                (h, row_nbytes(f.gate, d)),
+                (h, row_nbytes(f.up, d)),
+                (d, row_nbytes(f.down, h)),
+            )
+            if tuple(map(tuple, self.shapes)) != want:
+                raise ValueError(f"expert shapes {self.shapes} do not match {f} ({want})")
 
     @property
     def expert_nbytes(self) -> int:
@@ -124,6 +170,9 @@ class StreamedExperts:
 
     The pool is allocated once (slots x the largest expert), so memory stays bounded whatever
     the routing does; blocks handed out by `fetch` stay valid until the next `fetch`. With
+    `prepare` (experts computed on the CPU; every layout needs its `fmt`), a slot's expert is
+    prepared right after it is read, in the reading thread, and `fetch` answers with that
+    PreparedExpert until the slot is reused: at most slots x (raw + prepared) bytes. With
     `prefetch`, `guess(layer, experts)` starts reading the guessed experts of a coming layer on
     one background thread into free or evictable slots (never the current layer's experts);
     all slot bookkeeping stays on the calling thread, the worker only fills a reserved slot.
@@ -135,13 +184,22 @@ class StreamedExperts:
         slots: int,
         prefetch: bool = False,
         evict: str = "lru",
+        prepare: bool = False,
     ):
         if slots < 1:
             raise ValueError("expert streaming needs at least one slot")
         if evict not in ("lru", "lfu"):
             raise ValueError(f"evict must be lru or lfu, not {evict!r}")
+        if prepare and any(lay.fmt is None for lay in layouts.values()):
+            raise ValueError("preparing streamed experts needs every layout's fmt")
         self.layouts = dict(layouts)
         self.slot_bytes = max(lay.expert_nbytes for lay in self.layouts.values())
+        self.prepare = prepare
+        # the most one slot's prepared expert holds (the largest layer's)
+        self.prepared_slot_bytes = (
+            max(prepared_format_nbytes(lay.fmt) for lay in self.layouts.values()) if prepare else 0
+        )
+        self._prepared: list[PreparedExpert | None] = [None] * slots  # per slot, with prepare
         self.n_slots, self.prefetch, self.evict = slots, prefetch, evict
         self.pool = torch.empty(slots, self.slot_bytes, dtype=torch.uint8)
         self._views = [memoryview(self.pool[i].numpy()) for i in range(slots)]
@@ -161,11 +219,21 @@ class StreamedExperts:
 
     @property
     def nbytes(self) -> int:
-        return self.pool.numel()
+        """The most the pool holds: slots x (raw expert + its prepared form, if preparing)."""
+        return self.pool.numel() + self.n_slots * self.prepared_slot_bytes
+
+    def _blocks(self, slot: int, layout: ExpertLayout) -> ExpertBlocks:
+        parts, pos = [], 0
+        for rows, rb in layout.shapes:
+            parts.append(self.pool[slot, pos : pos + rows * rb].view(rows, rb))
+            pos += rows * rb
+        return ExpertBlocks(*parts)
 
     def _read(self, slot: int, layout: ExpertLayout, expert: int) -> float:
-        """Fill `slot` with the expert and count the read; returns its seconds. Touches only
-        the slot's buffer and (under the lock) the read counters."""
+        """Fill `slot` with the expert (and prepare it) and count the read; returns the seconds
+        both took. Touches only the slot's buffer and prepared entry, and (under the lock) the
+        counters."""
+        self._prepared[slot] = None  # freed before the next one is made: the bound holds
         t0 = time.perf_counter()
         pos, view = 0, self._views[slot]
         for rng in layout.expert_ranges(expert):
@@ -180,6 +248,14 @@ class StreamedExperts:
         with self._lock:
             self.stats.bytes_read += pos
             self.stats.read_seconds += seconds
+        if self.prepare:
+            t1 = time.perf_counter()
+            self._prepared[slot] = prepare_expert(self._blocks(slot, layout), layout.fmt)
+            prep = time.perf_counter() - t1
+            with self._lock:
+                self.stats.prepared += 1
+                self.stats.prepare_seconds += prep
+            seconds += prep
         return seconds
 
     def _victim(self, keep: set[tuple[int, int]]) -> int | None:
@@ -209,7 +285,7 @@ class StreamedExperts:
         if not wanted:
             self._lru.move_to_end(key, last=False)
 
-    def fetch(self, layer: int, expert: int) -> ExpertBlocks:
+    def fetch(self, layer: int, expert: int) -> ExpertBlocks | PreparedExpert:
         key, layout = (layer, expert), self.layouts[layer]
         self.stats.lookups += 1
         self._uses[key] = self._uses.get(key, 0) + 1
@@ -234,11 +310,9 @@ class StreamedExperts:
             seconds = self._read(slot, layout, expert)
             with self._lock:
                 self.stats.stall_seconds += seconds
-        parts, pos = [], 0
-        for rows, rb in layout.shapes:
-            parts.append(self.pool[slot, pos : pos + rows * rb].view(rows, rb))
-            pos += rows * rb
-        return ExpertBlocks(*parts)
+        if self.prepare:
+            return self._prepared[slot]
+        return self._blocks(slot, layout)
 
     def routed(self, layer: int, ids: torch.Tensor) -> None:
         used = set(torch.unique(ids).tolist())

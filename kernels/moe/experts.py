@@ -4,11 +4,14 @@ Expert weights stay in their ggml encoding, one raw-block slice per expert (the 
 `ffn_*_exps` tensor as [n_expert, rows, row_bytes], so an expert's slice is contiguous). The
 grouped path gathers the tokens routed to each selected expert, asks `fetch(e)` for that
 expert's blocks (a view of resident memory or a streamed slot) and dequantizes only those
-experts. `expert_ffn_reference` is the dense oracle: every expert on every token, masked.
+experts. On the CPU `fetch` may instead answer with a `PreparedExpert` (kernels.moe.prepared:
+weights prepared once, multiplied with `.matmul`, never dequantized per use).
+`expert_ffn_reference` is the dense oracle: every expert on every token, masked, raw blocks.
 """
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -16,6 +19,9 @@ import torch.nn.functional as F
 from localllm.kernels.quant.dequant import dequantize
 from localllm.kernels.quant.linear import TRITON_TYPES
 from localllm.kernels.quant.types import QuantType
+
+if TYPE_CHECKING:  # prepared.py imports this module
+    from localllm.kernels.moe.prepared import PreparedExpert
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,18 +82,22 @@ def _project(x: torch.Tensor, blocks: torch.Tensor, qtype: QuantType, rows: int,
 
 def expert_ffn_one(
     x: torch.Tensor,
-    b: ExpertBlocks,
+    b: "ExpertBlocks | PreparedExpert",
     fmt: ExpertFormat,
     bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    """One expert's FFN on the tokens x [n, dim] routed to it -> [n, dim] (float32); `bias` is
-    this expert's (gate, up, down) biases, if any."""
+    """One expert's FFN on the tokens x [n, dim] routed to it -> [n, dim] (float32); `b` is its
+    raw blocks or its prepared weights (CPU); `bias` its (gate, up, down) biases, if any."""
     d, h = fmt.dim, fmt.hidden
-    g = _project(x, b.gate, fmt.gate, h, d)
-    u = _project(x, b.up, fmt.up, h, d)
+    if isinstance(b, ExpertBlocks):
+        g = _project(x, b.gate, fmt.gate, h, d)
+        u = _project(x, b.up, fmt.up, h, d)
+    else:
+        g, u = b.gate.matmul(x), b.up.matmul(x)
     if bias is not None:
         g, u = g + bias[0], u + bias[1]
-    y = _project(_glu(g, u, fmt.act), b.down, fmt.down, d, h)
+    a = _glu(g, u, fmt.act)
+    y = _project(a, b.down, fmt.down, d, h) if isinstance(b, ExpertBlocks) else b.down.matmul(a)
     return y + bias[2] if bias is not None else y
 
 
@@ -108,14 +118,15 @@ def expert_ffn_grouped(
     x: torch.Tensor,
     weights: torch.Tensor,
     ids: torch.Tensor,
-    fetch: Callable[[int], ExpertBlocks],
+    fetch: "Callable[[int], ExpertBlocks | PreparedExpert]",
     fmt: ExpertFormat,
     biases: ExpertBiases | None = None,
 ) -> torch.Tensor:
     """x [T, dim], routing weights/ids [T, k] -> [T, dim]; touches only the selected experts.
 
-    `fetch(e)` is called once per selected expert, in ascending order, and its blocks are used
-    before the next call, so a streaming cache may reuse one slot for the next expert.
+    `fetch(e)` is called once per selected expert, in ascending order, and its blocks (raw or
+    prepared) are used before the next call, so a streaming cache may reuse one slot for the
+    next expert.
     """
     x = x.float()
     k = ids.shape[-1]

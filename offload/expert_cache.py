@@ -81,38 +81,48 @@ class ResidentExperts:
 
     The layers in `prepared` (layer -> its ExpertFormat) whose tensors are on the CPU get every
     expert prepared here, once; `fetch` then answers with the PreparedExpert. Other layers
-    answer with raw blocks (a device computes them, or a device copy is made of them).
+    answer with raw blocks (a device computes them, or a device copy is made of them). With
+    `lazy`, an expert is prepared on its first fetch instead (a default source that a residency
+    plan may replace before any use costs nothing).
     """
 
     def __init__(
         self,
         layers: Mapping[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
         prepared: Mapping[int, ExpertFormat] = MappingProxyType({}),
+        lazy: bool = False,
     ):
         self.layers = dict(layers)
-        self.prepared: dict[int, list[PreparedExpert]] = {}
+        self.formats: dict[int, ExpertFormat] = {}
+        self.prepared: dict[int, list[PreparedExpert | None]] = {}
         for layer, fmt in dict(prepared).items():
             if layer not in self.layers:
                 raise ValueError(f"layer {layer} to prepare has no resident experts")
-            g, u, d = self.layers[layer]
-            if g.device.type == "cpu":
-                n = g.shape[0]
-                self.prepared[layer] = [
-                    prepare_expert(ExpertBlocks(g[e], u[e], d[e]), fmt) for e in range(n)
-                ]
+            if self.layers[layer][0].device.type == "cpu":
+                self.formats[layer] = fmt
+                self.prepared[layer] = [None] * self.layers[layer][0].shape[0]
+                if not lazy:
+                    for e in range(len(self.prepared[layer])):
+                        self._prepare(layer, e)
         self.stats = ExpertStats()
 
     @property
     def nbytes(self) -> int:
         """Bytes the prepared experts hold beyond the raw tensors (which the model holds)."""
-        return sum(p.nbytes for ps in self.prepared.values() for p in ps)
+        return sum(p.nbytes for ps in self.prepared.values() for p in ps if p is not None)
+
+    def _prepare(self, layer: int, expert: int) -> PreparedExpert:
+        g, u, d = self.layers[layer]
+        p = prepare_expert(ExpertBlocks(g[expert], u[expert], d[expert]), self.formats[layer])
+        self.prepared[layer][expert] = p
+        return p
 
     def fetch(self, layer: int, expert: int) -> ExpertBlocks | PreparedExpert:
         self.stats.lookups += 1
         self.stats.hits += 1
         prepared = self.prepared.get(layer)
         if prepared is not None:
-            return prepared[expert]
+            return prepared[expert] or self._prepare(layer, expert)
         g, u, d = self.layers[layer]
         return ExpertBlocks(g[expert], u[expert], d[expert])
 

@@ -201,21 +201,28 @@ def test_resident_and_streamed_prepared_give_the_same_bits(tmp_path, slots, pref
     resident = ResidentExperts(layers, prepared=fmts)
     raw = ResidentExperts(layers)  # no preparation: raw blocks
     streamed = StreamedExperts(_on_disk(tmp_path, layers, fmts), slots, prefetch, evict, True)
-    gen = torch.Generator().manual_seed(5)
+    lazy = ResidentExperts(layers, prepared=fmts, lazy=True)
+    assert lazy.nbytes == 0 and resident.nbytes == E * sum(
+        map(prepared_format_nbytes, fmts.values())
+    )
+    gen, fetched = torch.Generator().manual_seed(5), set()
     for step in range(6):
         tokens = 1 if step else 9  # a prefill, then decode steps
         x = torch.randn(tokens, D, generator=gen)
         for layer, fmt in fmts.items():
             w, ids = _routing(tokens, 2, seed=100 * step + layer)
             outs = []
-            for src in (resident, streamed, raw):
+            for src in (resident, streamed, raw, lazy):
                 src.routed(layer, ids)
                 if layer == 0:  # the next layer's read-ahead, as the engine hints it
                     src.guess(1, _routing(1, 2, seed=step)[1][0].tolist())
                 outs.append(
                     expert_ffn_grouped(x, w, ids, lambda e, s=src, i=layer: s.fetch(i, e), fmt)
                 )
-            assert torch.equal(outs[0], outs[1]), (step, layer)
+            assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[3]), (step, layer)
+            fetched |= {(layer, e) for e in ids.unique().tolist()}
+            made = {(i, e) for i, ps in lazy.prepared.items() for e, p in enumerate(ps) if p}
+            assert made == fetched  # lazy: exactly the experts fetched so far were prepared
             assert not torch.equal(outs[0], outs[2])  # prepared is not the raw path
             assert _rel(outs[0], outs[2]) < REL_TOL["int4pack1"]
     streamed.close()

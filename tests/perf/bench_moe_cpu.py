@@ -78,6 +78,9 @@ def main() -> None:
     err = (expert_ffn_grouped(x, w, ids, prepared.__getitem__, fmt) - ref).norm() / ref.norm()
 
     cpu = platform.processor() or platform.machine()
+    if Path("/proc/cpuinfo").exists():
+        names = [ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if "model name" in ln]
+        cpu = names[0].split(":", 1)[1].strip() if names else cpu
     print(f"# {cpu}, {os.cpu_count()} cores, torch {torch.__version__}, threads {a.threads}")
     print(f"one layer, T=1, top-{TOP_K} of {a.experts}, dim {DIM}, hidden {HIDDEN}, Q4_K/Q6_K")
     kinds = f"{prepared[0].gate.kind}/{prepared[0].up.kind}/{prepared[0].down.kind}"
@@ -86,6 +89,9 @@ def main() -> None:
         print(f"  {name:36s} median {ms:8.2f} ms/token-layer  (min {1e3 * min(s):.2f}, n={len(s)})")
     speed = float(np.median(old) / np.median(new))
     print(f"  speed-up {speed:.1f}x; prepared vs exact rel. error {err:.1e}")
+    layers = 48  # Qwen3-30B-A3B: what the routed experts alone cost per decoded token
+    print(f"  x {layers} layers: {layers * np.median(new):.3f} s/token prepared, ", end="")
+    print(f"{layers * np.median(old):.2f} s/token dequant per use (routed experts only)")
     print(f"  prepare: {1e3 * prep_s:.1f} ms/expert; bytes/expert raw {raw_b:,}", end="")
     print(f", prepared {prepared[0].nbytes:,} ({prepared[0].nbytes / raw_b:.2f}x raw)")
 

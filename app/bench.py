@@ -182,7 +182,7 @@ def run_model(path: str, args: argparse.Namespace) -> list[BenchResult]:
     from localllm.engine.gguf import open_gguf
     from localllm.engine.kv_cache import PagedKVCache
     from localllm.engine.loader import build_model
-    from localllm.engine.moe import expert_stats, load_model
+    from localllm.engine.moe import expert_stats, graph_safe, load_model
 
     device = torch.device(args.device)
     gguf = open_gguf(path)
@@ -199,9 +199,8 @@ def run_model(path: str, args: argparse.Namespace) -> list[BenchResult]:
         vocab = model.args.vocab_size
         info = _model_info(gguf, "CUDA" if device.type == "cuda" else "CPU")
         graphs = None
-        # experts on host or disk run host code per step: nothing to capture
-        off_device = plan is not None and set(plan.expert_tiers().values()) - {"device"}
-        if device.type == "cuda" and getattr(args, "cuda_graphs", 1) and not off_device:
+        # experts on host or disk (or unpacked types) run host code per step: nothing to capture
+        if device.type == "cuda" and getattr(args, "cuda_graphs", 1) and graph_safe(model):
             from localllm.engine.cuda_graphs import DecodeGraphs
 
             graphs = DecodeGraphs(model, kv, batch_sizes=(1,))

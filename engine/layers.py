@@ -24,7 +24,7 @@ def dense(w: QuantWeight) -> torch.Tensor:
     return dequantize(w.data, w.qtype).reshape(w.shape)
 
 
-def _without_bytes(w: QuantWeight) -> QuantWeight:
+def without_bytes(w: QuantWeight) -> QuantWeight:
     """`w` with a zero-storage stand-in of the same shape for its data: the metadata (type, shape,
     byte count, source range) stays for residency accounting; the bytes live in a kernel layout."""
     stub = torch.zeros(1, dtype=torch.uint8, device=w.data.device).expand(w.data.shape)
@@ -67,7 +67,7 @@ class QuantLinear(nn.Module):
         """Free the raw device copy once the kernel holds the bytes in its own layout (call after
         fusing: FusedLinear stacks raw rows). The QuantWeight keeps its shape and byte count."""
         if getattr(self._prepared, "repacked", False) and self.weight.data.device.type != "cpu":
-            self.weight = _without_bytes(self.weight)
+            self.weight = without_bytes(self.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self._prepared.matmul(x.reshape(-1, self.in_features))
@@ -92,7 +92,7 @@ class FusedLinear(nn.Module):
         self._prepared = prepare_linear(data, w0.qtype, shape, precise=parts[0].precise)
         if getattr(self._prepared, "repacked", False) and data.device.type != "cpu":
             for p in parts:  # the kernel holds the only device copy, in its own layout
-                p.weight = _without_bytes(p.weight)
+                p.weight = without_bytes(p.weight)
         elif data.device.type != "cpu":  # the parts view the stacked upload: one copy on the GPU
             for p, rows in zip(parts, data.split(self.sizes), strict=True):
                 p.weight = dataclasses.replace(p.weight, data=rows)

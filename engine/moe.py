@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from localllm.engine.layers import DenseParam, GatedMLP, QuantLinear, dense
+from localllm.engine.layers import DenseParam, GatedMLP, QuantLinear, dense, without_bytes
 from localllm.engine.models import model_module
 from localllm.kernels.moe import (
     ExpertBiases,
@@ -28,6 +28,7 @@ from localllm.kernels.moe import (
     route_scored,
     route_topk,
 )
+from localllm.kernels.moe.prepared import PreparedExpert, prepared_expert_nbytes
 from localllm.kernels.quant.linear import choose_strategy
 from localllm.offload import ByteRange, QuantWeight
 from localllm.offload.expert_cache import (
@@ -119,7 +120,7 @@ class MoEFeedForward(nn.Module):
         super().__init__()
         self.layer, self.dim, self.hidden = layer, dim, hidden
         self.n_used, self.norm_topk_prob, self.act = n_used, norm_topk_prob, act
-        self.routing = routing
+        self.routing, self.precise = routing, precise
         if routing is not None and routing.probs_bias:
             self.exp_probs_b = DenseParam(n_expert)
         self.shexp = GatedMLP(dim, shared_hidden, "silu", precise) if shared_hidden else None
@@ -130,6 +131,7 @@ class MoEFeedForward(nn.Module):
         self.ffn_down_exps = ExpertTensor(n_expert, dim, hidden)
         self.format: ExpertFormat | None = None
         self.source: ExpertSource | None = None
+        self.packed = None  # `kernels.moe.packed.PackedExperts` when the experts sit on a GPU
         self._device = torch.device("cpu")  # where the current forward computes
         self.compute_on: torch.device | None = None  # host compute of host-tier experts
         self.guess_next: Callable[[torch.Tensor], None] | None = None  # next layer's prefetch
@@ -143,15 +145,35 @@ class MoEFeedForward(nn.Module):
         self.format = ExpertFormat(g.qtype, u.qtype, d.qtype, self.dim, self.hidden, self.act)
         if self.shexp is not None:
             self.shexp.fuse()
+        if g.data.is_cuda and self.ffn_gate_exps.bias is None:
+            self._pack_on_device()
         if self.source is None:
-            self.attach(ResidentExperts({self.layer: (g.data, u.data, d.data)}))
+            # CPU experts prepared on first use: a plan's source usually replaces this one first
+            cpu = g.data.device.type == "cpu" and not self.precise
+            prepared = {self.layer: self.format} if cpu else {}
+            self.attach(
+                ResidentExperts({self.layer: (g.data, u.data, d.data)}, prepared, lazy=True)
+            )
+
+    def _pack_on_device(self) -> None:
+        """Experts uploaded to a GPU are re-laid out once for the dp4a kernels; the raw device
+        copy is then freed (the QuantWeights keep shape, bytes and file range for the plan)."""
+        from localllm.kernels.moe.packed import pack_experts, packable
+
+        if not packable(self.format):
+            return
+        g, u, d = self.expert_weights()
+        self.packed = pack_experts(g.data, u.data, d.data, self.format, self.n_used)
+        for t in (self.ffn_gate_exps, self.ffn_up_exps, self.ffn_down_exps):
+            t.weight = without_bytes(t.weight)
 
     def attach(self, source: ExpertSource) -> None:
         self.source = source
 
-    def fetch(self, expert: int) -> ExpertBlocks:
+    def fetch(self, expert: int) -> ExpertBlocks | PreparedExpert:
         b = self.source.fetch(self.layer, expert)
-        if b.gate.device != self._device:  # host or disk tier feeding a device: one copy
+        # host or disk tier feeding a device: one copy (prepared experts are CPU-only)
+        if isinstance(b, ExpertBlocks) and b.gate.device != self._device:
             b = ExpertBlocks(*(t.to(self._device) for t in (b.gate, b.up, b.down)))
         return b
 
@@ -194,8 +216,20 @@ class MoEFeedForward(nn.Module):
 
     def _routed(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         self._device = x.device
+        if self.packed is not None:  # resident on the GPU: routing never leaves the device
+            from localllm.kernels.moe.packed import expert_ffn_packed
+
+            # counted as Python runs it: replays of a captured decode graph are not counted
+            self.source.stats.lookups += ids.numel()
+            self.source.stats.hits += ids.numel()
+            return expert_ffn_packed(x, weights, ids, self.packed, self.format)
         parts = (self.ffn_gate_exps, self.ffn_up_exps, self.ffn_down_exps)
         biases = ExpertBiases(*(t.bias for t in parts)) if parts[0].bias is not None else None
+        if x.is_cuda and biases is None:
+            from localllm.kernels.moe.packed import expert_ffn_fetched, packable
+
+            if packable(self.format):  # streamed or host-copied: the same math as resident
+                return expert_ffn_fetched(x, weights, ids, self.fetch, self.format)
         return expert_ffn_grouped(x, weights, ids, self.fetch, self.format, biases)
 
     def _routed_on_host(
@@ -221,6 +255,22 @@ def moe_blocks(model: nn.Module) -> list[MoEFeedForward]:
     return [m for m in model.modules() if isinstance(m, MoEFeedForward)]
 
 
+def _on_cpu(b: MoEFeedForward) -> bool:
+    """The block computes its routed experts on the CPU (a CPU model, or host compute) with
+    prepared experts (precise runs keep the exact raw-block path)."""
+    on_cpu = b.ffn_gate_inp.weight.data.device.type == "cpu" or b.compute_on is not None
+    return on_cpu and not b.precise
+
+
+def graph_safe(model: nn.Module) -> bool:
+    """Whether a decode step can be captured in a CUDA graph: every MoE block (if any) computes
+    resident packed experts on the device, so no routing decision reaches the host."""
+    return all(
+        b.packed is not None and b.compute_on is None and b.guess_next is None
+        for b in moe_blocks(model)
+    )
+
+
 def apply_residency(model: nn.Module, plan: ResidencyPlan) -> list[ExpertSource]:
     """Give every MoE block its expert source from the plan: resident layers share one
     `ResidentExperts`, disk layers one `StreamedExperts` (their blocks are then released).
@@ -235,12 +285,12 @@ def apply_residency(model: nn.Module, plan: ResidencyPlan) -> list[ExpertSource]
         layouts = {}
         for b in disk:
             parts = [t.layout() for t in (b.ffn_gate_exps, b.ffn_up_exps, b.ffn_down_exps)]
-            layouts[b.layer] = ExpertLayout(
-                b.ffn_gate_exps.shape[0], tuple(r for r, _ in parts), tuple(s for _, s in parts)
-            )
+            ranges, shapes = tuple(r for r, _ in parts), tuple(s for _, s in parts)
+            layouts[b.layer] = ExpertLayout(b.ffn_gate_exps.shape[0], ranges, shapes, b.format)
             del resident[b.layer]
         st = plan.streaming
-        streamed = StreamedExperts(layouts, st.slots, st.prefetch, st.evict)
+        prepare = all(_on_cpu(b) for b in disk)  # a device model gets its disk experts raw
+        streamed = StreamedExperts(layouts, st.slots, st.prefetch, st.evict, prepare=prepare)
         for b in disk:
             b.attach(streamed)
             for t in (b.ffn_gate_exps, b.ffn_up_exps, b.ffn_down_exps):
@@ -251,12 +301,14 @@ def apply_residency(model: nn.Module, plan: ResidencyPlan) -> list[ExpertSource]
                     b.guess_next = nxt.guess_experts
         sources.append(streamed)
     if resident:
-        shared = ResidentExperts(resident)
+        for b in blocks:
+            if tiers.get(b.layer) == "host" and plan.host_compute == "host":
+                b.compute_on_host(torch.device("cpu"))
+        prepared = {b.layer: b.format for b in blocks if b.layer in resident and _on_cpu(b)}
+        shared = ResidentExperts(resident, prepared)
         for b in blocks:
             if b.layer in resident:
                 b.attach(shared)
-            if tiers.get(b.layer) == "host" and plan.host_compute == "host":
-                b.compute_on_host(torch.device("cpu"))
         sources.append(shared)
     return sources
 
@@ -277,6 +329,8 @@ def expert_stats(sources: list[ExpertSource]) -> ExpertStats:
         total.prefetch_hits += st.prefetch_hits
         total.guessed += st.guessed
         total.guessed_right += st.guessed_right
+        total.prepared += st.prepared
+        total.prepare_seconds += st.prepare_seconds
     return total
 
 
@@ -305,12 +359,14 @@ def plan_model(
     expert_f32 = 3 * args.dim * getattr(args, "expert_hidden_dim", args.hidden_dim) * 4
     scratch = SCRATCH_TOKENS * (args.vocab_size + 8 * args.dim) * 4
     scratch += 3 * expert_f32 if getattr(args, "n_expert", 0) else 0
-    sizes = {name: _memory_cost(t, precise, tied) for name, t in gguf.tensors.items()}
+    memory = memory or probe_memory("cpu")
+    cpu = not memory.separate_device  # CPU compute: experts are held prepared too
+    sizes = {name: _memory_cost(t, precise, tied, cpu) for name, t in gguf.tensors.items()}
     return plan_residency(
         config,
         sizes,
         kv_bytes,
-        memory or probe_memory("cpu"),
+        memory,
         n_expert=getattr(args, "n_expert", 0) or 1,
         min_slots=getattr(args, "n_expert_used", 0) or 1,
         scratch_bytes=scratch,
@@ -322,13 +378,17 @@ def plan_model(
 _PREPARED = {"dense_f32": 4.0, "dense_f16": 2.0, "dense_bf16": 2.0, "int4pack": 0.875}
 
 
-def _memory_cost(info: "TensorInfo", precise: bool, tied: bool) -> int:
+def _memory_cost(info: "TensorInfo", precise: bool, tied: bool, cpu: bool = False) -> int:
     """Resident bytes of a tensor: its file bytes (mapped or read) plus the kernel's prepared
-    copy for linear weights, plus a float32 copy for small tensors (norms, biases)."""
+    copy for linear weights (and for experts computed on the CPU), plus a float32 copy for
+    small tensors (norms, biases)."""
     n = info.range.nbytes
     numel = math.prod(info.shape)
     if expert_layer(info.name) is not None:
-        return n  # experts are used straight from their blocks
+        if not cpu or precise:
+            return n  # experts used straight from their blocks (device, or exact path)
+        n_expert, rows, cols = info.shape
+        return n + n_expert * prepared_expert_nbytes(info.qtype, rows, cols)
     if len(info.shape) == 1:
         return n + 4 * numel
     if info.name == "token_embd.weight" and not tied:

@@ -80,3 +80,32 @@ def unpack_blocks(p: PackedBlocks) -> torch.Tensor:
         plane = p.planes[name].reshape(nb, w, p.n).permute(2, 0, 1).contiguous()
         parts.append(plane.view(torch.uint8))  # [N, nb, end - start]
     return torch.cat(parts, dim=2).reshape(p.n, nb * nbytes)
+
+
+def pack_expert_blocks(data: torch.Tensor, qtype: QuantType, n: int, k: int) -> PackedBlocks:
+    """Stacked expert weights, raw uint8 [E, N, row_bytes] -> PackedBlocks whose planes are
+    [E, words, N]: each expert's planes are those `pack_blocks` gives its slice, contiguous."""
+    qtype = QuantType(qtype)
+    if qtype not in _FIELDS:
+        raise ValueError(f"no packed layout for {qtype.name}")
+    block, nbytes = block_geometry(qtype)
+    e, nb = data.shape[0], k // block
+    if k % block or data.numel() != e * n * nb * nbytes:
+        raise ValueError(f"{qtype.name} data of {data.numel()} bytes is not {e} x {n}x{k}")
+    blocks = data.reshape(e, n, nb, nbytes)
+    planes = {}
+    for name, start, end, dtype in _FIELDS[qtype]:
+        words = blocks[..., start:end].contiguous().view(dtype)  # [E, N, nb, w]
+        planes[name] = words.permute(0, 2, 3, 1).reshape(e, -1, n).contiguous()
+    return PackedBlocks(qtype, n, k, planes)
+
+
+def expert_planes(p: PackedBlocks, expert: int) -> PackedBlocks:
+    """One expert of a `pack_expert_blocks` result as an ordinary PackedBlocks (views)."""
+    return PackedBlocks(p.qtype, p.n, p.k, {name: t[expert] for name, t in p.planes.items()})
+
+
+def expert_slice(p: PackedBlocks, expert: int) -> PackedBlocks:
+    """One expert of a `pack_expert_blocks` result, still stacked ([1, words, N] views)."""
+    planes = {name: t[expert : expert + 1] for name, t in p.planes.items()}
+    return PackedBlocks(p.qtype, p.n, p.k, planes)

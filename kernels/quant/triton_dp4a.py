@@ -127,7 +127,7 @@ def _x_rows(x8_ptr, rows, xm, K4, word0):
 
 
 @triton.jit
-def _finish(acc, out_ptr, part_ptr, cnt_ptr, pn, pk, rows, rmask, cols, cols_ok, M, N, SPLIT):
+def _finish(acc, out_ptr, part_ptr, cnt_ptr, pn, pk, rows, rmask, cols, cols_ok, PS, N, SPLIT):
     """Store y, or with split K: park this program's partial sums, and let the program that
     finishes its column tile last add all partials in a fixed order (deterministic, no second
     kernel) and reset the tile's counter for the next launch (CUDA-graph replays included)."""
@@ -136,21 +136,42 @@ def _finish(acc, out_ptr, part_ptr, cnt_ptr, pn, pk, rows, rmask, cols, cols_ok,
     if SPLIT == 1:
         tl.store(out_ptr + yo, acc, mask=m2)
     else:
-        tl.store(part_ptr + pk * M * N + yo, acc, mask=m2)
+        tl.store(part_ptr + pk * PS + yo, acc, mask=m2)
         tl.debug_barrier()  # every thread's partial is written before the tile's counter moves
         done = tl.atomic_add(cnt_ptr + pn, 1, sem="acq_rel")
         if done == SPLIT - 1:
             tot = tl.zeros(acc.shape, dtype=tl.float32)
             for j in range(0, SPLIT):  # L1 is not coherent across SMs: read partials from L2
-                tot += tl.load(part_ptr + j * M * N + yo, mask=m2, other=0.0, cache_modifier=".cg")
+                tot += tl.load(part_ptr + j * PS + yo, mask=m2, other=0.0, cache_modifier=".cg")
             tl.store(out_ptr + yo, tot, mask=m2)
             tl.atomic_xchg(cnt_ptr + pn, 0)
 
 
 @triton.jit
+def _pair(ids_ptr, XDIV, P, M, N, BN: tl.constexpr, MOE: tl.constexpr):
+    """Grouped (MoE) launches: grid axis 2 is a (token, choice) pair of one activation row and one
+    expert's planes. Returns (expert, activation row, output row, partial-sum stride, first
+    counter); a plain launch gets zeros and its M rows."""
+    if MOE:
+        pair = tl.program_id(2)
+        e = tl.load(ids_ptr + pair).to(tl.int64)
+        xr = pair // XDIV
+        ps = P * N
+        cb = pair * tl.cdiv(N, BN)
+    else:
+        pair = 0
+        e = 0
+        xr = 0
+        ps = M * N
+        cb = 0
+    return e, xr, pair, ps, cb
+
+
+@triton.jit
 def _gemv_q4k_packed(
-    x8_ptr, xd_ptr, xsum_ptr, qs_ptr, hdr_ptr, out_ptr, part_ptr, cnt_ptr, M, N, K, nb,
-    spb: tl.constexpr, SPLIT: tl.constexpr, MP: tl.constexpr, BN: tl.constexpr, ASM: tl.constexpr,
+    x8_ptr, xd_ptr, xsum_ptr, qs_ptr, hdr_ptr, out_ptr, part_ptr, cnt_ptr, ids_ptr, M, N, K, nb,
+    XDIV, P, spb: tl.constexpr, SPLIT: tl.constexpr, MP: tl.constexpr, BN: tl.constexpr,
+    ASM: tl.constexpr, MOE: tl.constexpr,
 ):  # fmt: skip
     pn, pk = tl.program_id(0), tl.program_id(1)
     cols = pn * BN + tl.arange(0, BN)
@@ -159,6 +180,15 @@ def _gemv_q4k_packed(
     rmask = rows < M
     lane = tl.arange(0, 8)
     K4, K32 = K // 4, K // 32
+    e, xr, orow, ps, cb = _pair(ids_ptr, XDIV, P, M, N, BN, MOE)
+    qs_ptr += e * (nb * 32 * N)
+    hdr_ptr += e * (nb * 4 * N)
+    x8_ptr += xr * K4
+    xd_ptr += xr * K32
+    xsum_ptr += xr * K32
+    out_ptr += orow * N
+    part_ptr += orow * N
+    cnt_ptr += cb
     acc = tl.zeros([MP, BN], dtype=tl.float32)
     for i in range(0, spb):
         s = pk * spb + i
@@ -178,14 +208,14 @@ def _gemv_q4k_packed(
                 dx = tl.load(xd_ptr + rows * K32 + s * 8 + sub, mask=xm, other=0.0)
                 xs = tl.load(xsum_ptr + rows * K32 + s * 8 + sub, mask=xm, other=0.0)
                 acc += (d * sc)[None, :] * (dx[:, None] * isum) - (dmin * mn)[None, :] * xs[:, None]
-    _finish(acc, out_ptr, part_ptr, cnt_ptr, pn, pk, rows, rmask, cols, cols_ok, M, N, SPLIT)
+    _finish(acc, out_ptr, part_ptr, cnt_ptr, pn, pk, rows, rmask, cols, cols_ok, ps, N, SPLIT)
 
 
 @triton.jit
 def _gemv_q6k_packed(
-    x8_ptr, xd_ptr, s16_ptr, ql_ptr, qh_ptr, sc_ptr, d_ptr, out_ptr, part_ptr, cnt_ptr, M, N, K,
-    nb, spb: tl.constexpr, SPLIT: tl.constexpr, MP: tl.constexpr, BN: tl.constexpr,
-    ASM: tl.constexpr,
+    x8_ptr, xd_ptr, s16_ptr, ql_ptr, qh_ptr, sc_ptr, d_ptr, out_ptr, part_ptr, cnt_ptr, ids_ptr,
+    M, N, K, nb, XDIV, P, spb: tl.constexpr, SPLIT: tl.constexpr, MP: tl.constexpr,
+    BN: tl.constexpr, ASM: tl.constexpr, MOE: tl.constexpr,
 ):  # fmt: skip
     pn, pk = tl.program_id(0), tl.program_id(1)
     cols = pn * BN + tl.arange(0, BN)
@@ -194,6 +224,17 @@ def _gemv_q6k_packed(
     rmask = rows < M
     l4 = tl.arange(0, 4)
     K4, K16, K32 = K // 4, K // 16, K // 32
+    e, xr, orow, ps, cb = _pair(ids_ptr, XDIV, P, M, N, BN, MOE)
+    ql_ptr += e * (nb * 32 * N)
+    qh_ptr += e * (nb * 16 * N)
+    sc_ptr += e * (nb * 4 * N)
+    d_ptr += e * (nb * N)
+    x8_ptr += xr * K4
+    xd_ptr += xr * K32
+    s16_ptr += xr * K16
+    out_ptr += orow * N
+    part_ptr += orow * N
+    cnt_ptr += cb
     acc = tl.zeros([MP, BN], dtype=tl.float32)
     for i in range(0, spb):
         s = pk * spb + i
@@ -220,13 +261,14 @@ def _gemv_q6k_packed(
                     dx = tl.load(xd_ptr + rows * K32 + s * 8 + grp // 2, mask=xm, other=0.0)
                     t = (isum - 32 * x16[:, None]).to(tl.float32) * dx[:, None]
                     acc += (d * sc)[None, :] * t
-    _finish(acc, out_ptr, part_ptr, cnt_ptr, pn, pk, rows, rmask, cols, cols_ok, M, N, SPLIT)
+    _finish(acc, out_ptr, part_ptr, cnt_ptr, pn, pk, rows, rmask, cols, cols_ok, ps, N, SPLIT)
 
 
 @triton.jit
 def _gemv_q8_0_packed(
-    x8_ptr, xd_ptr, qs_ptr, d_ptr, out_ptr, part_ptr, cnt_ptr, M, N, K, nb, spb: tl.constexpr,
-    SPLIT: tl.constexpr, MP: tl.constexpr, BN: tl.constexpr, ASM: tl.constexpr,
+    x8_ptr, xd_ptr, qs_ptr, d_ptr, out_ptr, part_ptr, cnt_ptr, ids_ptr, M, N, K, nb, XDIV, P,
+    spb: tl.constexpr, SPLIT: tl.constexpr, MP: tl.constexpr, BN: tl.constexpr, ASM: tl.constexpr,
+    MOE: tl.constexpr,
 ):  # fmt: skip
     pn, pk = tl.program_id(0), tl.program_id(1)
     cols = pn * BN + tl.arange(0, BN)
@@ -235,6 +277,14 @@ def _gemv_q8_0_packed(
     rmask = rows < M
     lane = tl.arange(0, 8)
     K4, K32 = K // 4, K // 32
+    e, xr, orow, ps, cb = _pair(ids_ptr, XDIV, P, M, N, BN, MOE)
+    qs_ptr += e * (nb * 8 * N)
+    d_ptr += e * (nb * N)
+    x8_ptr += xr * K4
+    xd_ptr += xr * K32
+    out_ptr += orow * N
+    part_ptr += orow * N
+    cnt_ptr += cb
     acc = tl.zeros([MP, BN], dtype=tl.float32)
     for i in range(0, spb):
         b = pk * spb + i
@@ -247,4 +297,4 @@ def _gemv_q8_0_packed(
         isum = tl.sum(_dp4a(w[None, :, :], xw[:, :, None], True, ASM), axis=1).to(tl.float32)
         dx = tl.load(xd_ptr + rows * K32 + b, mask=xm, other=0.0)
         acc += d[None, :] * (dx[:, None] * isum)
-    _finish(acc, out_ptr, part_ptr, cnt_ptr, pn, pk, rows, rmask, cols, cols_ok, M, N, SPLIT)
+    _finish(acc, out_ptr, part_ptr, cnt_ptr, pn, pk, rows, rmask, cols, cols_ok, ps, N, SPLIT)

@@ -100,25 +100,58 @@ def gemv_packed(
     if counters is None:
         counters = split_counters(p, c) if split > 1 else y
     grid = (triton.cdiv(p.n, c.block_n), split)
+    _launch(xq, p, grid, (y, part, counters, y, m, p.n, p.k, nb, 1, 1), c, split, m, moe=False)
+    return y
+
+
+def gemv_packed_grouped(
+    xq: QuantizedX, p: PackedBlocks, ids: torch.Tensor, xdiv: int, counters: torch.Tensor
+) -> torch.Tensor:
+    """One GEMV per (token, choice) pair: row `pair // xdiv` of the quantized activations times
+    expert `ids[pair]`'s weight (planes [E, words, N]) -> float32 [pairs, N]. `counters` holds at
+    least pairs x column tiles zeros (see `grouped_counters`); the split is `packed_config`'s for
+    one expert, so a pair's result does not depend on how many pairs share the launch."""
+    pairs = ids.numel()
+    y = torch.empty(pairs, p.n, dtype=torch.float32, device=ids.device)
+    if pairs == 0:
+        return y
+    c = packed_config(p.qtype, p.n, p.k)
+    nb = p.k // block_geometry(p.qtype)[0]
+    split = triton.cdiv(nb, c.blocks_per_program)
+    part = torch.empty(split, pairs, p.n, dtype=torch.float32, device=y.device) if split > 1 else y
+    grid = (triton.cdiv(p.n, c.block_n), split, pairs)
+    args = (y, part, counters, ids, 1, p.n, p.k, nb, xdiv, pairs)
+    _launch(xq, p, grid, args, c, split, 1, moe=True)
+    return y
+
+
+def grouped_counters(p: PackedBlocks, pairs: int) -> torch.Tensor:
+    """Zeroed split-K counters for grouped launches of up to `pairs` pairs (self-resetting)."""
+    tiles = triton.cdiv(p.n, packed_config(p.qtype, p.n, p.k).block_n)
+    return torch.zeros(pairs * tiles, dtype=torch.int32, device=p.device)
+
+
+def _launch(xq: QuantizedX, p: PackedBlocks, grid, args, c: PackedConfig, split, m, moe: bool):
+    """Launch the type's kernel; args = (y, part, counters, ids, M, N, K, nb, xdiv, pairs)."""
     geo = {
         "SPLIT": split,
         "MP": triton.next_power_of_2(m),
         "BN": c.block_n,
-        "ASM": x.device.type == "cuda",
+        "ASM": xq.words.device.type == "cuda",
+        "MOE": moe,
         "num_warps": c.num_warps,
     }
-    args = (y, part, counters, m, p.n, p.k, nb, c.blocks_per_program)
+    tail = (*args, c.blocks_per_program)
     pl = p.planes
     if p.qtype == QuantType.Q4_K:
-        _gemv_q4k_packed[grid](xq.words, xq.scale, xq.xsum, pl["qs"], pl["hdr"], *args, **geo)
+        _gemv_q4k_packed[grid](xq.words, xq.scale, xq.xsum, pl["qs"], pl["hdr"], *tail, **geo)
     elif p.qtype == QuantType.Q6_K:
         planes = (pl["ql"], pl["qh"], pl["sc"], pl["d"])
-        _gemv_q6k_packed[grid](xq.words, xq.scale, xq.sum16, *planes, *args, **geo)
+        _gemv_q6k_packed[grid](xq.words, xq.scale, xq.sum16, *planes, *tail, **geo)
     elif p.qtype == QuantType.Q8_0:
-        _gemv_q8_0_packed[grid](xq.words, xq.scale, pl["qs"], pl["d"], *args, **geo)
+        _gemv_q8_0_packed[grid](xq.words, xq.scale, pl["qs"], pl["d"], *tail, **geo)
     else:
         raise ValueError(f"no packed GEMV for {p.qtype.name}")
-    return y
 
 
 def dequantize_packed_t(p: PackedBlocks, block_n: int = 64) -> torch.Tensor:

@@ -2,14 +2,17 @@
 greedy tokens with experts on the device, on host (computed on the CPU, or copied per use) and
 streamed from disk, and the disk run holds no expert blocks on the device."""
 
+from dataclasses import replace
+
 import pytest
 import torch
+from gguf import GGMLQuantizationType as QT
 
 from localllm.engine import LLM, SamplingParams
-from localllm.engine.moe import expert_stats, moe_blocks
+from localllm.engine.moe import expert_stats, graph_safe, moe_blocks
 from localllm.offload.residency import resolve
 from tests.engine.test_deepseek2 import write_deepseek2
-from tests.offload.tiny_moe import write_moe_gguf
+from tests.offload.tiny_moe import QWEN3MOE, write_moe_gguf
 
 pytestmark = [
     pytest.mark.gpu,
@@ -23,13 +26,24 @@ def _greedy(path, layer):
     llm = LLM(str(path), max_model_len=128, device="cuda", residency=cfg)
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     out = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params)]
+    graphs = llm.engine.runner.graphs
+    if graph_safe(llm.engine.model):  # decode really went through captured graphs
+        assert graphs is not None and graphs.failed is None and graphs.graphs
+    else:
+        assert graphs is None
     return out, llm.engine.model
 
 
-def test_cuda_tokens_equal_in_every_residency_mode(tmp_path):
-    path = write_moe_gguf(tmp_path / "moe.gguf")
+@pytest.mark.parametrize("qtype", [QT.F32, QT.Q8_0])
+def test_cuda_tokens_equal_in_every_residency_mode(tmp_path, qtype):
+    """F32 experts take the per-expert path; Q8_0 experts the packed dp4a path (resident: grouped
+    GEMVs inside the decode graph; streamed or host-copied: packed as fetched, same bits)."""
+    path = write_moe_gguf(tmp_path / "moe.gguf", replace(QWEN3MOE, expert_qtype=qtype))
     want, model = _greedy(path, None)
     assert model.blk[0].mlp.ffn_gate_exps.weight.data.device.type == "cuda"
+    packed = qtype == QT.Q8_0
+    assert all((b.packed is not None) == packed for b in moe_blocks(model))
+    assert graph_safe(model) == packed
     for layer in (
         {"experts": "device"},
         {"cpu_moe": True},

@@ -76,6 +76,9 @@ class ExpertSource(Protocol):
         """Experts `layer` will probably use, best first (a prefetch hint)."""
 
 
+PREPARE_THREADS = 8  # threads preparing resident experts at load
+
+
 class ResidentExperts:
     """Experts held in memory: per layer the (gate, up, down) raw tensors [n_expert, rows, rb].
 
@@ -95,15 +98,17 @@ class ResidentExperts:
         self.layers = dict(layers)
         self.formats: dict[int, ExpertFormat] = {}
         self.prepared: dict[int, list[PreparedExpert | None]] = {}
+        todo = []
         for layer, fmt in dict(prepared).items():
             if layer not in self.layers:
                 raise ValueError(f"layer {layer} to prepare has no resident experts")
             if self.layers[layer][0].device.type == "cpu":
                 self.formats[layer] = fmt
                 self.prepared[layer] = [None] * self.layers[layer][0].shape[0]
-                if not lazy:
-                    for e in range(len(self.prepared[layer])):
-                        self._prepare(layer, e)
+                todo += [(layer, e) for e in range(len(self.prepared[layer]))]
+        if todo and not lazy:  # torch ops release the GIL: a big model prepares on every core
+            with ThreadPoolExecutor(min(PREPARE_THREADS, os.cpu_count() or 1)) as pool:
+                list(pool.map(lambda key: self._prepare(*key), todo))
         self.stats = ExpertStats()
 
     @property

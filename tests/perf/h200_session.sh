@@ -19,13 +19,22 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv,n
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 date -u
 synth() { python3 tests/perf/make_synthetic.py --shape llama3-8b --quant "$1" -o "/tmp/$2.gguf" \
-  --tokenizer-from .refbuild/smollm2-tok.gguf >"$OUT/make_$2.log" 2>&1; }
+  --tokenizer-from .refbuild/smollm2-tok.gguf >"/tmp/make_$2.log" 2>&1; }
+if [ -n "${BUILD:-}" ]; then  # llama.cpp's llama-bench from the trimmed tree in .refbuild/llama.cpp
+  (cmake -S .refbuild/llama.cpp -B /tmp/llb -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+    -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+    -DLLAMA_BUILD_SERVER=OFF >/tmp/build.log 2>&1 &&
+    cmake --build /tmp/llb --target llama-bench -j 16 >>/tmp/build.log 2>&1) &
+  BLD=$!
+fi
+LB=/tmp/llb/bin/llama-bench
+built() { wait $BLD; [ -x $LB ] || { tail -20 /tmp/build.log; return 1; }; }
 (synth Q4_K_M q4km) &
 GEN=$!
 [ -n "${Q8:-}" ] && { (synth Q8_0 q8) & GEN8=$!; }
 if [ -n "${MOE:-}" ]; then
   (python3 tests/perf/make_synthetic.py --shape qwen3moe-30b-a3b --quant Q4_K_M -o /tmp/moe.gguf \
-    --tokenizer-from .refbuild/smollm2-tok.gguf >"$OUT/make_moe.log" 2>&1) &
+    --tokenizer-from .refbuild/smollm2-tok.gguf >/tmp/make_moe.log 2>&1) &
   GENMOE=$!
 fi
 for step in ${STEPS:-tests packed bench breakdown}; do
@@ -39,11 +48,22 @@ for step in ${STEPS:-tests packed bench breakdown}; do
       models="-m /tmp/q4km.gguf"; [ -n "${Q8:-}" ] && models="$models -m /tmp/q8.gguf"
       timeout 300 python3 -m localllm.app.bench $models -p 512 -n 128 -r 3 --device cuda \
         --cuda-graphs 1 2>&1 | tee "$OUT/bench.md" | tail -6 ;;
-    moe) wait $GENMOE; date -u; cat "$OUT/make_moe.log" | tail -2
+    llama) built && wait $GEN ${GEN8:-} && date -u &&
+      models=/tmp/q4km.gguf && { [ -z "${Q8:-}" ] || models=$models,/tmp/q8.gguf; } &&
+      timeout 200 $LB -m $models -ngl 99 -fa 1 -p 512 -n 128 -r 3 2>&1 | tee "$OUT/llama.md" \
+        | grep -E "^\||error" ;;
+    llamamoe) built && wait $GENMOE && date -u &&
+      # (a) all on the GPU, (b) every expert on the CPU, (c) half the layers' experts on the CPU
+      for mode in "-p 512 -n 128 -r 3" "-p 0 -n 32 -r 2 -ot exps=CPU" "-p 0 -n 32 -r 2 -ncmoe 24"; do
+        timeout 150 $LB -m /tmp/moe.gguf -ngl 99 -fa 1 $mode 2>&1 | tee -a "$OUT/llama.md" \
+          | grep -E "^\| q|error"; date -u
+      done ;;
+    moe) wait $GENMOE; date -u; tail -2 /tmp/make_moe.log
       # (a) all on the GPU, (b) experts on host computed by the CPU, (c) experts streamed from disk
       # with half the experts' bytes as slots (48 layers x 128 experts / 2)
-      for mode in "-p 512 -n 32" "-p 0 -n 8 --cpu-moe" "-p 0 -n 16 --experts disk --expert-slots 3072"; do
-        timeout ${MOE_T:-110} python3 -m localllm.app.bench -m /tmp/moe.gguf -r 1 --device cuda $mode \
+      for mode in "-p 512 -n 128 -r 3" "-p 0 -n 32 -r 2 --cpu-moe" \
+        "-p 0 -n 32 -r 2 --experts disk --expert-slots 3072"; do
+        timeout ${MOE_T:-150} python3 -m localllm.app.bench -m /tmp/moe.gguf --device cuda $mode \
           2>&1 | tee -a "$OUT/moe.md" | grep -E "qwen3moe|expert|Error" ; date -u
       done ;;
     breakdown) wait $GEN

@@ -35,6 +35,25 @@ def _greedy(path, layer):
 
 
 @pytest.mark.parametrize("qtype", [QT.F32, QT.Q8_0])
+def _near_ties_only(path, want, got):
+    """Host compute runs the experts on the CPU (fp16 or int4 prepared weights, float
+    activations) where the GPU rounds activations to int8: a token that differs must be a near-tie
+    of the precise CPU reference at the first differing position (5 % of the logit range)."""
+    from localllm.engine.generator import Generator
+
+    gen = Generator.load(str(path), precise=True)
+    try:
+        for p, a, b in zip(PROMPTS, want, got, strict=True):
+            i = next((j for j, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), None)
+            if i is not None:
+                logits = gen.score(p + a[:i])[-1]
+                span = (logits.max() - logits.min()).item()
+                gap = abs((logits[a[i]] - logits[b[i]]).item())
+                assert gap < 0.05 * span, f"step {i}: {gap:.4f} of a {span:.3f} range: not a tie"
+    finally:
+        gen.close()
+
+
 def test_cuda_tokens_equal_in_every_residency_mode(tmp_path, qtype):
     """F32 experts take the per-expert path; Q8_0 experts the packed dp4a path (resident: grouped
     GEMVs inside the decode graph; streamed or host-copied: packed as fetched, same bits)."""

@@ -20,15 +20,17 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
 date -u
 synth() { python3 tests/perf/make_synthetic.py --shape llama3-8b --quant "$1" -o "/tmp/$2.gguf" \
   --tokenizer-from .refbuild/smollm2-tok.gguf >"/tmp/make_$2.log" 2>&1; }
-if [ -n "${BUILD:-}" ]; then  # llama.cpp's llama-bench from the trimmed tree in .refbuild/llama.cpp
+if [ -d .llb ]; then  # llama-bench built by an earlier call, carried back in parts
+  mkdir -p /tmp/llb && cat .llb/llb.part.* | xz -d | tar x -C /tmp/llb && BLD= || true
+elif [ -n "${BUILD:-}" ]; then  # llama.cpp's llama-bench from the trimmed tree in .refbuild/llama.cpp
   (cmake -S .refbuild/llama.cpp -B /tmp/llb -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
     -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
-    -DLLAMA_BUILD_SERVER=OFF >/tmp/build.log 2>&1 &&
+    -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF >/tmp/build.log 2>&1 &&
     cmake --build /tmp/llb --target llama-bench -j 16 >>/tmp/build.log 2>&1) &
   BLD=$!
 fi
 LB=/tmp/llb/bin/llama-bench
-built() { wait $BLD; [ -x $LB ] || { tail -20 /tmp/build.log; return 1; }; }
+built() { [ -z "${BLD:-}" ] || wait $BLD; [ -x $LB ] || { tail -20 /tmp/build.log; return 1; }; }
 (synth Q4_K_M q4km) &
 GEN=$!
 [ -n "${Q8:-}" ] && { (synth Q8_0 q8) & GEN8=$!; }
@@ -58,6 +60,8 @@ for step in ${STEPS:-tests packed bench breakdown}; do
         timeout 150 $LB -m /tmp/moe.gguf -ngl 99 -fa 1 $mode 2>&1 | tee -a "$OUT/llama.md" \
           | grep -E "^\| q|error"; date -u
       done ;;
+    keep) built && (cd /tmp/llb && tar c bin | xz -T16 -6 | split -b 15M - "$OUT/llb.part.") &&
+      ls -la "$OUT" | grep llb ;;
     moe) wait $GENMOE; date -u; tail -2 /tmp/make_moe.log
       # (a) all on the GPU, (b) experts on host computed by the CPU, (c) experts streamed from disk
       # with half the experts' bytes as slots (48 layers x 128 experts / 2)

@@ -262,6 +262,17 @@ def _on_cpu(b: MoEFeedForward) -> bool:
     return on_cpu and not b.precise
 
 
+def _pack_on(disk: list[MoEFeedForward]) -> torch.device | None:
+    """The GPU whose kernels compute the streamed experts, when it can keep them packed."""
+    dev = {b.ffn_gate_inp.weight.data.device for b in disk}
+    if len(dev) != 1 or next(iter(dev)).type != "cuda":
+        return None
+    from localllm.kernels.moe.packed import packable  # CUDA only: imports triton
+
+    ok = all(packable(b.format) and b.ffn_gate_exps.bias is None for b in disk)
+    return next(iter(dev)) if ok else None
+
+
 def graph_safe(model: nn.Module) -> bool:
     """Whether a decode step can be captured in a CUDA graph: every MoE block (if any) computes
     resident packed experts on the device, so no routing decision reaches the host."""
@@ -290,7 +301,9 @@ def apply_residency(model: nn.Module, plan: ResidencyPlan) -> list[ExpertSource]
             del resident[b.layer]
         st = plan.streaming
         prepare = all(_on_cpu(b) for b in disk)  # a device model gets its disk experts raw
-        streamed = StreamedExperts(layouts, st.slots, st.prefetch, st.evict, prepare=prepare)
+        streamed = StreamedExperts(
+            layouts, st.slots, st.prefetch, st.evict, prepare=prepare, pack_on=_pack_on(disk)
+        )
         for b in disk:
             b.attach(streamed)
             for t in (b.ffn_gate_exps, b.ffn_up_exps, b.ffn_down_exps):

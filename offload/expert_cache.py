@@ -188,6 +188,8 @@ class StreamedExperts:
     `prepare` (experts computed on the CPU; every layout needs its `fmt`), a slot's expert is
     prepared right after it is read, in the reading thread, and `fetch` answers with that
     PreparedExpert until the slot is reused: at most slots x (raw + prepared) bytes. With
+    `pack_on` (a CUDA device), the slot's expert is instead copied there once, in the GPU kernels'
+    packed layout (`kernels.moe.packed.PackedExperts`), and hits never cross the bus again. With
     `prefetch`, `guess(layer, experts)` starts reading the guessed experts of a coming layer on
     one background thread into free or evictable slots (never the current layer's experts);
     all slot bookkeeping stays on the calling thread, the worker only fills a reserved slot.
@@ -200,13 +202,15 @@ class StreamedExperts:
         prefetch: bool = False,
         evict: str = "lru",
         prepare: bool = False,
+        pack_on: torch.device | None = None,
     ):
         if slots < 1:
             raise ValueError("expert streaming needs at least one slot")
         if evict not in ("lru", "lfu"):
             raise ValueError(f"evict must be lru or lfu, not {evict!r}")
-        if prepare and any(lay.fmt is None for lay in layouts.values()):
+        if (prepare or pack_on) and any(lay.fmt is None for lay in layouts.values()):
             raise ValueError("preparing streamed experts needs every layout's fmt")
+        self.pack_on = pack_on
         self.layouts = dict(layouts)
         self.slot_bytes = max(lay.expert_nbytes for lay in self.layouts.values())
         self.prepare = prepare
@@ -214,6 +218,8 @@ class StreamedExperts:
         self.prepared_slot_bytes = (
             max(prepared_format_nbytes(lay.fmt) for lay in self.layouts.values()) if prepare else 0
         )
+        if pack_on is not None:  # a device copy of the slot in the GPU kernels' layout
+            self.prepared_slot_bytes = self.slot_bytes
         self._prepared: list[PreparedExpert | None] = [None] * slots  # per slot, with prepare
         self.n_slots, self.prefetch, self.evict = slots, prefetch, evict
         self.pool = torch.empty(slots, self.slot_bytes, dtype=torch.uint8)
@@ -263,15 +269,23 @@ class StreamedExperts:
         with self._lock:
             self.stats.bytes_read += pos
             self.stats.read_seconds += seconds
-        if self.prepare:
+        if self.prepare or self.pack_on is not None:
             t1 = time.perf_counter()
-            self._prepared[slot] = prepare_expert(self._blocks(slot, layout), layout.fmt)
+            self._prepared[slot] = self._prepare(self._blocks(slot, layout), layout.fmt)
             prep = time.perf_counter() - t1
             with self._lock:
                 self.stats.prepared += 1
                 self.stats.prepare_seconds += prep
             seconds += prep
         return seconds
+
+    def _prepare(self, b: ExpertBlocks, fmt: ExpertFormat):
+        if self.pack_on is None:
+            return prepare_expert(b, fmt)
+        from localllm.kernels.moe.packed import pack_experts  # CUDA only: imports triton
+
+        dev = [t.to(self.pack_on)[None] for t in (b.gate, b.up, b.down)]
+        return pack_experts(*dev, fmt, 1)
 
     def _victim(self, keep: set[tuple[int, int]]) -> int | None:
         """A slot to reuse: a free one, else an evicted one outside `keep` (None: none)."""
@@ -325,7 +339,7 @@ class StreamedExperts:
             seconds = self._read(slot, layout, expert)
             with self._lock:
                 self.stats.stall_seconds += seconds
-        if self.prepare:
+        if self.prepare or self.pack_on is not None:
             return self._prepared[slot]
         return self._blocks(slot, layout)
 

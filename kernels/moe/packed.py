@@ -1,6 +1,6 @@
 """Experts on a CUDA device in the packed dp4a layout (`repack`): decode runs grouped GEMVs whose
 programs read each pair's expert id on the device (no host sync, so CUDA graphs capture it);
-prefill dequantizes each selected expert to bf16 for two GEMMs.
+prefill expands the experts to bf16 in chunks for torch's grouped GEMM (rows sorted by expert).
 
 Every path computes a (token, expert) pair the same way whatever shares its launch: experts
 resident as [E, ...] planes and experts packed one at a time from a streamed slot give the same
@@ -18,12 +18,10 @@ from localllm.kernels.moe.experts import ExpertBlocks, ExpertFormat, _glu, group
 from localllm.kernels.quant.repack import (
     PACKED_TYPES,
     PackedBlocks,
-    expert_planes,
-    expert_slice,
     pack_expert_blocks,
 )
 from localllm.kernels.quant.triton_packed import (
-    dequantize_packed_t,
+    dequantize_experts_t,
     gemv_packed_grouped,
     grouped_counters,
     quantize_x8,
@@ -31,6 +29,7 @@ from localllm.kernels.quant.triton_packed import (
 from localllm.kernels.quant.types import block_geometry
 
 PACKED_MAX_T = 8  # token rows per call that take the grouped GEMVs (the decode graph ladder's top)
+PREFILL_BF16_BYTES = 512 << 20  # experts expanded to bf16 at once in prefill
 
 
 @dataclass(frozen=True)
@@ -46,10 +45,9 @@ class PackedExperts:
     def nbytes(self) -> int:
         return sum(p.nbytes for p in (*self.gate_up, self.down))
 
-    def expert(self, e: int) -> "PackedExperts":
-        """Expert e alone (views; its id in the result is 0)."""
-        gu = tuple(expert_slice(p, e) for p in self.gate_up)
-        return PackedExperts(gu, expert_slice(self.down, e), self.counters)
+    @property
+    def n_expert(self) -> int:
+        return next(iter(self.down.planes.values())).shape[0]
 
 
 def packable(fmt: ExpertFormat) -> bool:
@@ -94,13 +92,22 @@ def ffn_pairs(
     return gemv_packed_grouped(aq, pe.down, ids, 1, pe.counters[-1])
 
 
-def ffn_rows_bf16(x: torch.Tensor, pe: PackedExperts, fmt: ExpertFormat) -> torch.Tensor:
-    """A single expert's FFN on many rows x [n, dim] as bf16 GEMMs -> float32 [n, dim]."""
-    xb = x.to(torch.bfloat16)
-    parts = [(xb @ dequantize_packed_t(expert_planes(p, 0))).float() for p in pe.gate_up]
+def _grouped_mm(a: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """Rows of `a` (bf16, sorted by expert) times their expert's W^T w [E, K, N]; `offs` [E] int32
+    are the groups' cumulative row ends. One torch grouped GEMM (no host sync)."""
+    return torch._grouped_mm(a, w, offs=offs).float()
+
+
+def ffn_sorted_bf16(
+    xs: torch.Tensor, offs: torch.Tensor, pe: PackedExperts, e0: int, e1: int, fmt: ExpertFormat
+) -> torch.Tensor:
+    """Experts e0..e1-1 on their rows of xs [n, dim] (sorted by expert, group ends `offs`):
+    each expert's weights expanded to bf16 once, two grouped GEMMs -> float32 [n, dim]."""
+    xb = xs.to(torch.bfloat16)
+    parts = [_grouped_mm(xb, dequantize_experts_t(p, e0, e1), offs) for p in pe.gate_up]
     h = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
     a = _act(h, fmt).to(torch.bfloat16)
-    return (a @ dequantize_packed_t(expert_planes(pe.down, 0))).float()
+    return _grouped_mm(a, dequantize_experts_t(pe.down, e0, e1), offs)
 
 
 def combine(y: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -116,14 +123,38 @@ def expert_ffn_packed(
     t, k = ids.shape
     if t <= PACKED_MAX_T:
         return combine(ffn_pairs(x, ids.reshape(-1), k, pe, fmt), weights)
-    return _per_expert(x, weights, ids, lambda e: pe.expert(e), fmt)
+    return _prefill(x, weights, ids, pe, fmt)
+
+
+def _prefill(x, weights, ids, pe: PackedExperts, fmt: ExpertFormat) -> torch.Tensor:
+    """Many tokens: pairs sorted by expert, experts expanded to bf16 in chunks of at most
+    PREFILL_BF16_BYTES, grouped GEMMs per chunk (one host sync for the chunks' row ranges)."""
+    t, k = ids.shape
+    flat = ids.reshape(-1)
+    n_expert = pe.n_expert
+    order = torch.argsort(flat, stable=True)
+    ends = torch.bincount(flat, minlength=n_expert).cumsum(0)
+    xs = x.float()[order // k]
+    per_expert = 2 * fmt.dim * fmt.hidden * (2 + 1)  # bf16 gate, up and down
+    chunk = max(1, PREFILL_BF16_BYTES // per_expert)
+    bounds = [0, *ends.tolist()]
+    ys = torch.empty(t * k, fmt.dim, dtype=torch.float32, device=x.device)
+    for e0 in range(0, n_expert, chunk):
+        e1 = min(n_expert, e0 + chunk)
+        r0, r1 = bounds[e0], bounds[e1]
+        if r1 > r0:
+            offs = (ends[e0:e1] - r0).to(torch.int32)
+            ys[r0:r1] = ffn_sorted_bf16(xs[r0:r1], offs, pe, e0, e1, fmt)
+    y = torch.empty_like(ys)
+    y[order] = ys
+    return combine(y, weights)
 
 
 def expert_ffn_fetched(
     x: torch.Tensor,
     weights: torch.Tensor,
     ids: torch.Tensor,
-    fetch: Callable[[int], ExpertBlocks],
+    fetch: Callable[[int], "ExpertBlocks | PackedExperts"],
     fmt: ExpertFormat,
 ) -> torch.Tensor:
     """Experts fetched one at a time (a streamed slot, a host copy): each is packed as it comes
@@ -131,6 +162,8 @@ def expert_ffn_fetched(
 
     def one(e: int) -> PackedExperts:
         b = fetch(e)
+        if isinstance(b, PackedExperts):  # a streamed slot kept packed on the device
+            return b
         return pack_experts(b.gate[None], b.up[None], b.down[None], fmt, 1)
 
     return _per_expert(x, weights, ids, one, fmt)
@@ -149,7 +182,8 @@ def _per_expert(x, weights, ids, expert: Callable[[int], PackedExperts], fmt) ->
         if t <= PACKED_MAX_T:
             zero = torch.zeros(n, dtype=torch.int64, device=x.device)
             y[pairs] = ffn_pairs(rows, zero, 1, pe, fmt)
-        else:
-            y[pairs] = ffn_rows_bf16(rows, pe, fmt)
+        else:  # the grouped GEMM with one group: the same kernel and bits as `_prefill`
+            offs = torch.full((1,), n, dtype=torch.int32, device=x.device)
+            y[pairs] = ffn_sorted_bf16(rows, offs, pe, 0, 1, fmt)
         start += n
     return combine(y, weights)

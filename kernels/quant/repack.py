@@ -103,9 +103,3 @@ def pack_expert_blocks(data: torch.Tensor, qtype: QuantType, n: int, k: int) -> 
 def expert_planes(p: PackedBlocks, expert: int) -> PackedBlocks:
     """One expert of a `pack_expert_blocks` result as an ordinary PackedBlocks (views)."""
     return PackedBlocks(p.qtype, p.n, p.k, {name: t[expert] for name, t in p.planes.items()})
-
-
-def expert_slice(p: PackedBlocks, expert: int) -> PackedBlocks:
-    """One expert of a `pack_expert_blocks` result, still stacked ([1, words, N] views)."""
-    planes = {name: t[expert : expert + 1] for name, t in p.planes.items()}
-    return PackedBlocks(p.qtype, p.n, p.k, planes)

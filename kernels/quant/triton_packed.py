@@ -157,23 +157,35 @@ def _launch(xq: QuantizedX, p: PackedBlocks, grid, args, c: PackedConfig, split,
 def dequantize_packed_t(p: PackedBlocks, block_n: int = 64) -> torch.Tensor:
     """W^T [K, N] in bf16 from a packed weight (each value rounded once from gguf's float32)."""
     out = torch.empty(p.k, p.n, dtype=torch.bfloat16, device=p.device)
+    _dequantize(p, out, 0, 1, block_n)
+    return out
+
+
+def dequantize_experts_t(p: PackedBlocks, e0: int, e1: int, block_n: int = 64) -> torch.Tensor:
+    """W^T of experts e0..e1-1 of stacked planes ([E, words, N]) -> bf16 [e1 - e0, K, N]."""
+    out = torch.empty(e1 - e0, p.k, p.n, dtype=torch.bfloat16, device=p.device)
+    _dequantize(p, out, e0, e1 - e0, block_n)
+    return out
+
+
+def _dequantize(p: PackedBlocks, out: torch.Tensor, e0: int, ne: int, block_n: int) -> None:
     pl = p.planes
     tiles = triton.cdiv(p.n, block_n)
+    nb = p.k // block_geometry(p.qtype)[0]
     if p.qtype == QuantType.Q4_K:
-        grid = (tiles, p.k // 256)
-        _deq_q4k_packed[grid](pl["qs"], pl["hdr"], out, p.n, BN=block_n, num_warps=2)
+        grid = (tiles, nb, ne)
+        _deq_q4k_packed[grid](pl["qs"], pl["hdr"], out, p.n, nb, e0, BN=block_n, num_warps=2)
     elif p.qtype == QuantType.Q6_K:
-        grid = (tiles, p.k // 256)
+        grid = (tiles, nb, ne)
         planes = (pl["ql"], pl["qh"], pl["sc"], pl["d"])
-        _deq_q6k_packed[grid](*planes, out, p.n, BN=block_n, num_warps=2)
+        _deq_q6k_packed[grid](*planes, out, p.n, nb, e0, BN=block_n, num_warps=2)
     elif p.qtype == QuantType.Q8_0:
-        nb = p.k // 32
         bb = 4 if nb % 4 == 0 else 1
-        grid = (tiles, nb // bb)
-        _deq_q8_0_packed[grid](pl["qs"], pl["d"], out, p.n, BN=block_n, BB=bb, num_warps=2)
+        grid = (tiles, nb // bb, ne)
+        args = (pl["qs"], pl["d"], out, p.n, nb, e0)
+        _deq_q8_0_packed[grid](*args, BN=block_n, BB=bb, num_warps=2)
     else:
         raise ValueError(f"no packed dequant for {p.qtype.name}")
-    return out
 
 
 def quantize_x8_reference(x: torch.Tensor) -> torch.Tensor:

@@ -3,7 +3,8 @@
 Prefill multiplies many rows at once on tensor cores: the packed weight is expanded once per call
 into W^T [K, N] bf16 (each value rounded once from the float32 value gguf defines) and multiplied
 by cuBLAS. Writing W^T keeps the stores coalesced: a tile is BN neighbouring weight rows, which are
-neighbouring columns of W^T. Layouts: `repack.PackedBlocks`; references: `dequant`.
+neighbouring columns of W^T. Grid axis 2 walks stacked experts (`pack_expert_blocks`), one W^T each.
+Layouts: `repack.PackedBlocks`; references: `dequant`.
 """
 
 import triton
@@ -13,7 +14,12 @@ from localllm.kernels.quant.triton_dp4a import _plane, _q4k_affine, _q4k_header,
 
 
 @triton.jit
-def _deq_q4k_packed(qs_ptr, hdr_ptr, out_ptr, N, BN: tl.constexpr):
+def _deq_q4k_packed(qs_ptr, hdr_ptr, out_ptr, N, NB, E0, BN: tl.constexpr):
+    j = tl.program_id(2)  # stacked experts: expert E0 + j into out[j]
+    e = (E0 + j).to(tl.int64)
+    qs_ptr += e * (NB * 32 * N)
+    hdr_ptr += e * (NB * 4 * N)
+    out_ptr += j.to(tl.int64) * (NB * 256 * N)
     cols = tl.program_id(0) * BN + tl.arange(0, BN)
     cm = cols < N
     s = tl.program_id(1)
@@ -33,7 +39,14 @@ def _deq_q4k_packed(qs_ptr, hdr_ptr, out_ptr, N, BN: tl.constexpr):
 
 
 @triton.jit
-def _deq_q6k_packed(ql_ptr, qh_ptr, sc_ptr, d_ptr, out_ptr, N, BN: tl.constexpr):
+def _deq_q6k_packed(ql_ptr, qh_ptr, sc_ptr, d_ptr, out_ptr, N, NB, E0, BN: tl.constexpr):
+    j = tl.program_id(2)
+    e = (E0 + j).to(tl.int64)
+    ql_ptr += e * (NB * 32 * N)
+    qh_ptr += e * (NB * 16 * N)
+    sc_ptr += e * (NB * 4 * N)
+    d_ptr += e * (NB * N)
+    out_ptr += j.to(tl.int64) * (NB * 256 * N)
     cols = tl.program_id(0) * BN + tl.arange(0, BN)
     cm = cols < N
     s = tl.program_id(1)
@@ -57,7 +70,12 @@ def _deq_q6k_packed(ql_ptr, qh_ptr, sc_ptr, d_ptr, out_ptr, N, BN: tl.constexpr)
 
 
 @triton.jit
-def _deq_q8_0_packed(qs_ptr, d_ptr, out_ptr, N, BN: tl.constexpr, BB: tl.constexpr):
+def _deq_q8_0_packed(qs_ptr, d_ptr, out_ptr, N, NB, E0, BN: tl.constexpr, BB: tl.constexpr):
+    j = tl.program_id(2)
+    e = (E0 + j).to(tl.int64)
+    qs_ptr += e * (NB * 8 * N)
+    d_ptr += e * (NB * N)
+    out_ptr += j.to(tl.int64) * (NB * 32 * N)
     cols = tl.program_id(0) * BN + tl.arange(0, BN)
     cm = cols < N
     lane = tl.arange(0, 8)

@@ -83,6 +83,20 @@ def test_grouped_gemv_pairs_match_reference(name):
         assert int(counters.abs().sum()) == 0
 
 
+@pytest.mark.gpu
+@needs_triton
+@pytest.mark.parametrize("name", ["Q4_K", "Q6_K", "Q8_0"])
+def test_dequantize_experts_t_equals_each_expert(name):
+    from localllm.kernels.quant.triton_packed import dequantize_experts_t, dequantize_packed_t
+
+    qt, n, k = QuantType[name], 72, 512
+    p = pack_expert_blocks(_stack(QT[name], n, k, 3).to(DEVICE), qt, n, k)
+    got = dequantize_experts_t(p, 2, 5)
+    assert got.shape == (3, k, n) and got.dtype == torch.bfloat16
+    for j, e in enumerate(range(2, 5)):
+        assert torch.equal(got[j], dequantize_packed_t(expert_planes(p, e)))
+
+
 def _layer(gate_t: str, down_t: str, seed: int):
     gate = _stack(QT[gate_t], H, D, seed)
     up = _stack(QT[gate_t], H, D, seed + 1)
@@ -124,6 +138,15 @@ def test_packed_ffn_matches_oracle_and_fetched_path_bit_for_bit(gate_t, down_t, 
     again = expert_ffn_fetched(x.to(DEVICE), w.to(DEVICE), ids.to(DEVICE), fetch, fmt)
     assert torch.equal(got, again)  # where the experts live must not change a bit
     assert fetched == sorted(set(ids.reshape(-1).tolist()))
+    if tokens > PACKED_MAX_T:  # prefill in chunks of one expert: the same bits as one chunk
+        from localllm.kernels.moe import packed
+
+        packed.PREFILL_BF16_BYTES, saved = 1, packed.PREFILL_BF16_BYTES
+        try:
+            chunked = expert_ffn_packed(x.to(DEVICE), w.to(DEVICE), ids.to(DEVICE), pe, fmt)
+        finally:
+            packed.PREFILL_BF16_BYTES = saved
+        assert torch.equal(got, chunked)
 
 
 @pytest.mark.gpu

@@ -34,7 +34,6 @@ def _greedy(path, layer):
     return out, llm.engine.model
 
 
-@pytest.mark.parametrize("qtype", [QT.F32, QT.Q8_0])
 def _near_ties_only(path, want, got):
     """Host compute runs the experts on the CPU (fp16 or int4 prepared weights, float
     activations) where the GPU rounds activations to int8: a token that differs must be a near-tie
@@ -54,6 +53,7 @@ def _near_ties_only(path, want, got):
         gen.close()
 
 
+@pytest.mark.parametrize("qtype", [QT.F32, QT.Q8_0])
 def test_cuda_tokens_equal_in_every_residency_mode(tmp_path, qtype):
     """F32 experts take the per-expert path; Q8_0 experts the packed dp4a path (resident: grouped
     GEMVs inside the decode graph; streamed or host-copied: packed as fetched, same bits)."""
@@ -69,7 +69,10 @@ def test_cuda_tokens_equal_in_every_residency_mode(tmp_path, qtype):
         {"experts": "disk", "streaming": {"slots": 2}},
     ):
         got, model = _greedy(path, layer)
-        assert got == want, layer
+        if packed and "cpu_moe" in layer:  # CPU expert math next to the GPU's int8 activations
+            _near_ties_only(path, want, got)
+        else:
+            assert got == want, layer
         tiers = set(model.residency_plan.expert_tiers().values())
         for blk in moe_blocks(model):
             w = blk.ffn_gate_exps.weight
@@ -79,6 +82,8 @@ def test_cuda_tokens_equal_in_every_residency_mode(tmp_path, qtype):
                 assert w.data.device.type == ("cuda" if tiers == {"device"} else "cpu")
         s = expert_stats(model.expert_sources)
         assert s.hits + s.misses == s.lookups > 0
+        if tiers == {"disk"}:  # packable streamed experts stay packed on the GPU per slot
+            assert (model.expert_sources[0].pack_on is not None) == packed
 
 
 # deepseek2's tiny file has no tokenizer (LLM needs one); its host dispatch is checked on CPU in

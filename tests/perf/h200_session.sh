@@ -70,6 +70,9 @@ for step in ${STEPS:-tests packed bench breakdown}; do
         timeout ${MOE_T:-150} python3 -m localllm.app.bench -m /tmp/moe.gguf --device cuda $mode \
           2>&1 | tee -a "$OUT/moe.md" | grep -E "qwen3moe|expert|Error" ; date -u
       done ;;
+    mbreak) wait $GENMOE  # one MoE decode step, kernel by kernel
+      timeout 200 python3 tests/perf/bench_gpu.py breakdown /tmp/moe.gguf 2>&1 | tee "$OUT/mbreak.md" \
+        | grep -v "^ " | tail -40 ;;
     breakdown) wait $GEN
       timeout 200 python3 tests/perf/bench_gpu.py breakdown /tmp/q4km.gguf 2>&1 | tee "$OUT/breakdown.md" \
         | grep -v "^ " | tail -22 ;;

@@ -161,7 +161,7 @@ def _longest(args: argparse.Namespace) -> int:
 def _plan(path: str, args: argparse.Namespace, gguf=None):
     """The residency plan for `path` (None without residency flags)."""
     from localllm.engine.gguf import open_gguf
-    from localllm.engine.moe import plan_model
+    from localllm.engine.moe_residency import plan_model
     from localllm.offload.memory import probe_memory
     from localllm.offload.residency import ResidencyConfig
 
@@ -182,7 +182,8 @@ def run_model(path: str, args: argparse.Namespace) -> list[BenchResult]:
     from localllm.engine.gguf import open_gguf
     from localllm.engine.kv_cache import PagedKVCache
     from localllm.engine.loader import build_model
-    from localllm.engine.moe import expert_stats, graph_safe, load_model
+    from localllm.engine.moe import expert_stats, graph_safe
+    from localllm.engine.moe_residency import load_model
 
     device = torch.device(args.device)
     gguf = open_gguf(path)

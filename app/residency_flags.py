@@ -142,7 +142,7 @@ def residency_config(
 def show_plan(model: Path, args: argparse.Namespace, config: ResidencyConfig) -> str:
     """The plan `run`/`serve` would load `model` with, as text (reads the header only)."""
     from localllm.engine.gguf import open_gguf
-    from localllm.engine.moe import plan_model
+    from localllm.engine.moe_residency import plan_model
     from localllm.offload.memory import probe_memory
 
     with open_gguf(model) as g:

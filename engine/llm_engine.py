@@ -21,7 +21,7 @@ from localllm.engine.embedder import Embedder, EmbeddingOutput, EmbedJob
 from localllm.engine.gguf import open_gguf
 from localllm.engine.kv_cache import PagedKVCache
 from localllm.engine.loader import build_model
-from localllm.engine.moe import load_planned
+from localllm.engine.moe_residency import load_planned
 from localllm.engine.ngram import NgramProposer
 from localllm.engine.output_processor import PromptGroup, RequestState
 from localllm.engine.runner import ModelRunner

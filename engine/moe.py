@@ -5,12 +5,11 @@ Submodules are named after the GGUF tensors (`ffn_gate_inp`, `ffn_gate_exps`, `f
 here directly: after loading, `attach(source)` gives the block an `ExpertSource` (resident
 slices, or the disk-streaming slot cache) chosen by the residency plan; the math lives in
 `kernels.moe`. Host-tier experts of a model on a device are computed on the CPU: only the
-token rows and their routing cross, the expert weights stay where they are.
+token rows and their routing cross, the expert weights stay where they are. Which source each
+block gets, and the plan itself, are `engine.moe_residency`'s.
 """
 
-import itertools
 import logging
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -19,7 +18,6 @@ import torch
 from torch import nn
 
 from localllm.engine.layers import DenseParam, GatedMLP, QuantLinear, dense, without_bytes
-from localllm.engine.models import model_module
 from localllm.kernels.moe import (
     ExpertBiases,
     ExpertBlocks,
@@ -28,30 +26,20 @@ from localllm.kernels.moe import (
     route_scored,
     route_topk,
 )
-from localllm.kernels.moe.prepared import PreparedExpert, prepared_expert_nbytes
-from localllm.kernels.quant.linear import choose_strategy
+from localllm.kernels.moe.prepared import PreparedExpert
 from localllm.offload import ByteRange, QuantWeight
 from localllm.offload.expert_cache import (
-    ExpertLayout,
     ExpertSource,
     ExpertStats,
     ResidentExperts,
-    StreamedExperts,
 )
-from localllm.offload.memory import MemoryInfo, probe_memory
-from localllm.offload.plan import ResidencyPlan, expert_layer, plan_residency
-from localllm.offload.reader import read_range
-from localllm.offload.residency import ResidencyConfig
 
 log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
-    from localllm.engine.gguf import GGUFModel
-    from localllm.engine.gguf.model import TensorInfo
+    pass
 
 EXPERT_TENSORS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
-PLAN_KV_TOKENS = 8192  # KV the plan reserves when no context length is given
-SCRATCH_TOKENS = 512  # tokens per step the scratch estimate allows for (the engine's default)
 
 
 class ExpertTensor(nn.Module):
@@ -255,24 +243,6 @@ def moe_blocks(model: nn.Module) -> list[MoEFeedForward]:
     return [m for m in model.modules() if isinstance(m, MoEFeedForward)]
 
 
-def _on_cpu(b: MoEFeedForward) -> bool:
-    """The block computes its routed experts on the CPU (a CPU model, or host compute) with
-    prepared experts (precise runs keep the exact raw-block path)."""
-    on_cpu = b.ffn_gate_inp.weight.data.device.type == "cpu" or b.compute_on is not None
-    return on_cpu and not b.precise
-
-
-def _pack_on(disk: list[MoEFeedForward]) -> torch.device | None:
-    """The GPU whose kernels compute the streamed experts, when it can keep them packed."""
-    dev = {b.ffn_gate_inp.weight.data.device for b in disk}
-    if len(dev) != 1 or next(iter(dev)).type != "cuda":
-        return None
-    from localllm.kernels.moe.packed import packable  # CUDA only: imports triton
-
-    ok = all(packable(b.format) and b.ffn_gate_exps.bias is None for b in disk)
-    return next(iter(dev)) if ok else None
-
-
 def graph_safe(model: nn.Module) -> bool:
     """Whether a decode step can be captured in a CUDA graph: every MoE block (if any) computes
     resident packed experts on the device, so no routing decision reaches the host."""
@@ -280,50 +250,6 @@ def graph_safe(model: nn.Module) -> bool:
         b.packed is not None and b.compute_on is None and b.guess_next is None
         for b in moe_blocks(model)
     )
-
-
-def apply_residency(model: nn.Module, plan: ResidencyPlan) -> list[ExpertSource]:
-    """Give every MoE block its expert source from the plan: resident layers share one
-    `ResidentExperts`, disk layers one `StreamedExperts` (their blocks are then released).
-    Host-tier layers compute on the CPU unless the plan says `host_compute = device` (on a
-    CPU-only run that dispatch moves nothing)."""
-    tiers = plan.expert_tiers()
-    blocks = moe_blocks(model)
-    resident = {b.layer: tuple(w.data for w in b.expert_weights()) for b in blocks}
-    disk = [b for b in blocks if tiers.get(b.layer) == "disk"]
-    sources: list[ExpertSource] = []
-    if disk:
-        layouts = {}
-        for b in disk:
-            parts = [t.layout() for t in (b.ffn_gate_exps, b.ffn_up_exps, b.ffn_down_exps)]
-            ranges, shapes = tuple(r for r, _ in parts), tuple(s for _, s in parts)
-            layouts[b.layer] = ExpertLayout(b.ffn_gate_exps.shape[0], ranges, shapes, b.format)
-            del resident[b.layer]
-        st = plan.streaming
-        prepare = all(_on_cpu(b) for b in disk)  # a device model gets its disk experts raw
-        streamed = StreamedExperts(
-            layouts, st.slots, st.prefetch, st.evict, prepare=prepare, pack_on=_pack_on(disk)
-        )
-        for b in disk:
-            b.attach(streamed)
-            for t in (b.ffn_gate_exps, b.ffn_up_exps, b.ffn_down_exps):
-                t.release()
-        if st.prefetch:  # each block guesses for the next one when that one streams
-            for b, nxt in itertools.pairwise(blocks):
-                if nxt in disk:
-                    b.guess_next = nxt.guess_experts
-        sources.append(streamed)
-    if resident:
-        for b in blocks:
-            if tiers.get(b.layer) == "host" and plan.host_compute == "host":
-                b.compute_on_host(torch.device("cpu"))
-        prepared = {b.layer: b.format for b in blocks if b.layer in resident and _on_cpu(b)}
-        shared = ResidentExperts(resident, prepared)
-        for b in blocks:
-            if b.layer in resident:
-                b.attach(shared)
-        sources.append(shared)
-    return sources
 
 
 def expert_stats(sources: list[ExpertSource]) -> ExpertStats:
@@ -345,116 +271,3 @@ def expert_stats(sources: list[ExpertSource]) -> ExpertStats:
         total.prepared += st.prepared
         total.prepare_seconds += st.prepare_seconds
     return total
-
-
-def plan_model(
-    gguf: "GGUFModel",
-    config: ResidencyConfig,
-    kv_tokens: int | None = None,
-    memory: MemoryInfo | None = None,
-    precise: bool = False,
-) -> ResidencyPlan:
-    """The residency plan of a GGUF model from its header alone (no weight is read).
-
-    Tensor sizes are what holding them costs (see `_memory_cost`); KV is estimated in f16 for
-    `kv_tokens` (default: the model's context, at most PLAN_KV_TOKENS; the engine sizes the
-    real KV pool from what is free after loading).
-    """
-    embd = gguf.tensors.get("token_embd.weight")
-    args = model_module(gguf.architecture or "").ModelArgs.from_gguf(
-        gguf.metadata, embd.shape[0] if embd else 0
-    )
-    tokens = kv_tokens or min(args.context_length, PLAN_KV_TOKENS)
-    kv_heads = getattr(args, "n_kv_heads", args.n_heads)  # encoders (bert) have no KV cache
-    kv_bytes = 2 * args.n_layers * kv_heads * args.head_dim * 2 * tokens
-    tied = "output.weight" not in gguf.tensors
-    # a prefill chunk's activations and logits, and up to three dequantized experts in flight
-    expert_f32 = 3 * args.dim * getattr(args, "expert_hidden_dim", args.hidden_dim) * 4
-    scratch = SCRATCH_TOKENS * (args.vocab_size + 8 * args.dim) * 4
-    scratch += 3 * expert_f32 if getattr(args, "n_expert", 0) else 0
-    memory = memory or probe_memory("cpu")
-    cpu = not memory.separate_device  # CPU compute: experts are held prepared too
-    sizes = {name: _memory_cost(t, precise, tied, cpu) for name, t in gguf.tensors.items()}
-    return plan_residency(
-        config,
-        sizes,
-        kv_bytes,
-        memory,
-        n_expert=getattr(args, "n_expert", 0) or 1,
-        min_slots=getattr(args, "n_expert_used", 0) or 1,
-        scratch_bytes=scratch,
-    )
-
-
-# Bytes per weight of the copy a CPU kernel strategy keeps next to the file's blocks (an upper
-# bound: F32/F16 files may be used in place, but fused q/k/v and gate/up copies are not).
-_PREPARED = {"dense_f32": 4.0, "dense_f16": 2.0, "dense_bf16": 2.0, "int4pack": 0.875}
-
-
-def _memory_cost(info: "TensorInfo", precise: bool, tied: bool, cpu: bool = False) -> int:
-    """Resident bytes of a tensor: its file bytes (mapped or read) plus the kernel's prepared
-    copy for linear weights (and for experts computed on the CPU), plus a float32 copy for
-    small tensors (norms, biases)."""
-    n = info.range.nbytes
-    numel = math.prod(info.shape)
-    if expert_layer(info.name) is not None:
-        if not cpu or precise:
-            return n  # experts used straight from their blocks (device, or exact path)
-        n_expert, rows, cols = info.shape
-        return n + n_expert * prepared_expert_nbytes(info.qtype, rows, cols)
-    if len(info.shape) == 1:
-        return n + 4 * numel
-    if info.name == "token_embd.weight" and not tied:
-        return n  # looked up row by row, never multiplied
-    rows, cols = math.prod(info.shape[:-1]), info.shape[-1]
-    strategy = "dense_f32" if precise else choose_strategy(info.qtype, (rows, cols), "cpu")
-    return n + int(_PREPARED.get(strategy, 0.0) * numel)
-
-
-class _ReadCopies:
-    """The GGUF as the loader sees it in `read` load mode: resident tensors come back as
-    private pread copies instead of views of the mapping; disk-tier tensors stay views (never
-    touched, so never resident)."""
-
-    def __init__(self, gguf: "GGUFModel", plan: ResidencyPlan):
-        self._gguf, self._plan = gguf, plan
-
-    def __getattr__(self, name: str):
-        return getattr(self._gguf, name)
-
-    def weight(self, name: str) -> QuantWeight:
-        w = self._gguf.weight(name)
-        if self._plan.tiers.get(name) == "disk" or w.source is None:
-            return w
-        data = read_range(w.source).view(w.data.shape)
-        return QuantWeight(data, w.qtype, w.shape, source=w.source)
-
-
-def load_model(
-    gguf: "GGUFModel", plan: ResidencyPlan, precise: bool = False, **loader_args
-) -> nn.Module:
-    """`build_model` under a residency plan; the model gets `residency_plan` and
-    `expert_sources` (for counters: `expert_stats(model.expert_sources)`)."""
-    from localllm.engine.loader import build_model  # the loader imports the families
-
-    src = _ReadCopies(gguf, plan) if plan.load_mode == "read" else gguf
-    # only experts leave the device: other host-tier tensors would need host compute paths
-    off_device = {n for n, t in plan.tiers.items() if t != "device" and expert_layer(n) is not None}
-    model = build_model(src, precise=precise, host_tensors=off_device, **loader_args)
-    model.expert_sources = apply_residency(model, plan)
-    model.residency_plan = plan
-    return model
-
-
-def load_planned(
-    gguf: "GGUFModel",
-    config: ResidencyConfig,
-    precise: bool = False,
-    device: str = "cpu",
-    max_model_len: int | None = None,
-) -> nn.Module:
-    """Plan against measured free memory on `device`, log the plan's warnings, then load."""
-    plan = plan_model(gguf, config, max_model_len, probe_memory(device), precise)
-    for warning in plan.warnings:
-        log.warning("residency: %s", warning)
-    return load_model(gguf, plan, precise=precise, device=device)

@@ -14,7 +14,8 @@ from gguf import GGMLQuantizationType as QT
 from localllm.engine.generator import Generator
 from localllm.engine.gguf import open_gguf
 from localllm.engine.loader import build_model
-from localllm.engine.moe import expert_stats, load_model, moe_blocks, plan_model
+from localllm.engine.moe import expert_stats, moe_blocks
+from localllm.engine.moe_residency import load_model, plan_model
 from localllm.engine.sampling_params import SamplingParams
 from localllm.offload.expert_cache import ExpertLayout, StreamedExperts
 from localllm.offload.memory import MemoryInfo

@@ -63,6 +63,11 @@ class QuantLinear(nn.Module):
         """Drop the prepared kernel weight once a FusedLinear computes this layer."""
         self._prepared = None
 
+    def dense_weight(self) -> torch.Tensor | None:
+        """The float32 W [N, K] the kernel multiplies by, when it keeps one (else None)."""
+        w = getattr(self._prepared, "w", None)
+        return w if isinstance(w, torch.Tensor) and w.dtype == torch.float32 else None
+
     def drop_raw_copy(self) -> None:
         """Free the raw device copy once the kernel holds the bytes in its own layout (call after
         fusing: FusedLinear stacks raw rows). The QuantWeight keeps its shape and byte count."""

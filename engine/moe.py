@@ -178,8 +178,14 @@ class MoEFeedForward(nn.Module):
         self.source.guess(self.layer, top.indices[top.values > 0].tolist())
 
     def _route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = self.ffn_gate_inp(x.reshape(-1, self.dim))
-        r = self.routing
+        x = x.reshape(-1, self.dim)
+        r, w = self.routing, self.ffn_gate_inp.dense_weight()
+        if r is None and x.is_cuda and w is not None and self.ffn_gate_inp.bias is None:
+            from localllm.kernels.moe.triton_route import ROUTE_MAX_T, route_topk_cuda
+
+            if x.shape[0] <= ROUTE_MAX_T:  # decode: two launches instead of ~6
+                return route_topk_cuda(x, w, self.n_used, self.norm_topk_prob)
+        logits = self.ffn_gate_inp(x)
         if r is None:
             return route_topk(logits, self.n_used, self.norm_topk_prob)
         bias = self.exp_probs_b.value if r.probs_bias else None

@@ -41,9 +41,10 @@ if [ -n "${MOE:-}" ]; then
 fi
 for step in ${STEPS:-tests packed bench breakdown}; do
   case $step in
-    tests) timeout 400 python3 -m pytest -q -m gpu -p no:cacheprovider --continue-on-collection-errors tests/kernels/test_triton_packed.py \
-        tests/kernels/test_fused.py tests/kernels/test_triton_gemv.py tests/engine/test_gpu_engine.py \
-        tests/engine/test_gpu_graphs.py ${EXTRA_TESTS:-} \
+    tests) base="tests/kernels/test_triton_packed.py tests/kernels/test_fused.py \
+        tests/kernels/test_triton_gemv.py tests/engine/test_gpu_engine.py tests/engine/test_gpu_graphs.py"
+      timeout 400 python3 -m pytest -q -m gpu -p no:cacheprovider --continue-on-collection-errors \
+        ${TESTS:-$base} ${EXTRA_TESTS:-} \
         2>&1 | tee "$OUT/pytest.log" | grep -v "^\." | tail -25 ;;
     packed) timeout 400 python3 tests/perf/bench_gpu.py packed 2>&1 | tee "$OUT/packed.md" | grep -E "best|default|WRONG|Error" ;;
     bench) wait $GEN ${GEN8:-}; date -u
@@ -65,8 +66,9 @@ for step in ${STEPS:-tests packed bench breakdown}; do
     moe) wait $GENMOE; date -u; tail -2 /tmp/make_moe.log
       # (a) all on the GPU, (b) experts on host computed by the CPU, (c) experts streamed from disk
       # with half the experts' bytes as slots (48 layers x 128 experts / 2)
-      for mode in "-p 512 -n 128 -r 3" "-p 0 -n 32 -r 2 --cpu-moe" \
-        "-p 0 -n 32 -r 2 --experts disk --expert-slots 3072"; do
+      modes=${MOE_MODES:-"-p 512 -n 128 -r 3|-p 0 -n 32 -r 2 --cpu-moe|-p 0 -n 32 -r 2 --experts disk --expert-slots 3072"}
+      IFS='|' read -ra mlist <<<"$modes"
+      for mode in "${mlist[@]}"; do
         timeout ${MOE_T:-150} python3 -m localllm.app.bench -m /tmp/moe.gguf --device cuda $mode \
           2>&1 | tee -a "$OUT/moe.md" | grep -E "qwen3moe|expert|Error" ; date -u
       done ;;

@@ -1,0 +1,48 @@
+"""The fused decode routing (`triton_route.route_topk_cuda`) against `route_topk` on the float32
+logits of the same router: same experts in the same order, weights within float32 rounding.
+Runs on CUDA (marked `gpu`) or on CPU tensors under TRITON_INTERPRET=1."""
+
+import os
+
+import pytest
+import torch
+
+from localllm.kernels.moe import route_topk
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if CUDA else "cpu"
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(
+        not (CUDA or INTERPRET), reason="needs a CUDA device (or TRITON_INTERPRET=1 with triton)"
+    ),
+]
+
+
+@pytest.mark.parametrize(("n_expert", "k", "dim"), [(8, 2, 64), (128, 8, 2048), (60, 4, 96)])
+@pytest.mark.parametrize("tokens", [1, 3, 8])
+@pytest.mark.parametrize("norm", [True, False])
+def test_route_topk_cuda_matches_torch(n_expert, k, dim, tokens, norm):
+    from localllm.kernels.moe.triton_route import route_topk_cuda
+
+    gen = torch.Generator().manual_seed(n_expert * 100 + tokens)
+    x = torch.randn(tokens, dim, generator=gen)
+    w = torch.randn(n_expert, dim, generator=gen) / dim**0.5
+    weights, ids = route_topk_cuda(x.to(DEVICE), w.to(DEVICE), k, norm)
+    want_w, want_ids = route_topk(x.double() @ w.double().T, k, norm)
+    assert ids.dtype == torch.int64 and weights.shape == (tokens, k)
+    assert torch.equal(ids.cpu(), want_ids)
+    torch.testing.assert_close(weights.cpu(), want_w.float(), rtol=1e-5, atol=1e-6)
+
+
+def test_exact_ties_pick_the_lowest_expert():
+    from localllm.kernels.moe.triton_route import route_topk_cuda
+
+    w = torch.zeros(16, 32)
+    w[[3, 9, 12], 0] = 1.0  # experts 3, 9 and 12 tie for first place
+    x = torch.zeros(1, 32)
+    x[0, 0] = 2.0
+    weights, ids = route_topk_cuda(x.to(DEVICE), w.to(DEVICE), 4, True)
+    assert ids.cpu().tolist() == [[3, 9, 12, 0]]  # then the lowest of the zero logits
+    assert torch.allclose(weights.cpu()[0, :3], weights.cpu()[0, :1].expand(3))

@@ -126,7 +126,9 @@ def expert_ffn_packed(
     return _prefill(x, weights, ids, pe, fmt)
 
 
-def _prefill(x, weights, ids, pe: PackedExperts, fmt: ExpertFormat) -> torch.Tensor:
+def _prefill(
+    x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, pe: PackedExperts, fmt: ExpertFormat
+) -> torch.Tensor:
     """Many tokens: pairs sorted by expert, experts expanded to bf16 in chunks of at most
     PREFILL_BF16_BYTES, grouped GEMMs per chunk (one host sync for the chunks' row ranges)."""
     t, k = ids.shape
@@ -169,7 +171,14 @@ def expert_ffn_fetched(
     return _per_expert(x, weights, ids, one, fmt)
 
 
-def _per_expert(x, weights, ids, expert: Callable[[int], PackedExperts], fmt) -> torch.Tensor:
+def _per_expert(
+    x: torch.Tensor,
+    weights: torch.Tensor,
+    ids: torch.Tensor,
+    expert: Callable[[int], PackedExperts],
+    fmt: ExpertFormat,
+) -> torch.Tensor:
+    """Experts one at a time in ascending order (each `expert(e)` used before the next call)."""
     t, k = ids.shape
     order, experts, counts = group_by_expert(ids)
     tokens = order // k

@@ -109,7 +109,7 @@ def _layer(gate_t: str, down_t: str, seed: int):
 @needs_triton
 @pytest.mark.parametrize(("gate_t", "down_t"), [("Q4_K", "Q6_K"), ("Q8_0", "Q8_0")])
 @pytest.mark.parametrize("tokens", [1, 3, 12])
-def test_packed_ffn_matches_oracle_and_fetched_path_bit_for_bit(gate_t, down_t, tokens):
+def test_packed_ffn_matches_oracle_and_fetched_bit_for_bit(gate_t, down_t, tokens, monkeypatch):
     from localllm.kernels.moe.packed import (
         PACKED_MAX_T,
         expert_ffn_fetched,
@@ -141,11 +141,8 @@ def test_packed_ffn_matches_oracle_and_fetched_path_bit_for_bit(gate_t, down_t, 
     if tokens > PACKED_MAX_T:  # prefill in chunks of one expert: the same bits as one chunk
         from localllm.kernels.moe import packed
 
-        packed.PREFILL_BF16_BYTES, saved = 1, packed.PREFILL_BF16_BYTES
-        try:
-            chunked = expert_ffn_packed(x.to(DEVICE), w.to(DEVICE), ids.to(DEVICE), pe, fmt)
-        finally:
-            packed.PREFILL_BF16_BYTES = saved
+        monkeypatch.setattr(packed, "PREFILL_BF16_BYTES", 1)
+        chunked = expert_ffn_packed(x.to(DEVICE), w.to(DEVICE), ids.to(DEVICE), pe, fmt)
         assert torch.equal(got, chunked)
 
 

@@ -27,6 +27,12 @@ EXPERT_COUNTERS = (
     ("misses", "Expert lookups that read the expert from the file."),
     ("bytes_read", "Expert bytes read from the file."),
     ("stall_seconds", "Seconds compute waited on expert reads."),
+    ("read_seconds", "Seconds spent reading experts (foreground and read-ahead)."),
+    ("prefetched", "Experts read ahead on a guess of a coming layer's routing."),
+    ("prefetch_hits", "Expert lookups served by a read-ahead."),
+    ("guessed", "Experts guessed for a coming layer (read-ahead)."),
+    ("guessed_right", "Guessed experts the layer then routed to."),
+    ("prepared", "Streamed experts prepared for CPU compute after their read."),
 )
 
 

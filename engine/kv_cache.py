@@ -86,6 +86,11 @@ class PagedKVCache:
             write_paged(self.k_scales[layer], ks, slot_mapping)
             write_paged(self.v_scales[layer], vs, slot_mapping)
 
+    def plain_layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(k, v) block tensors of `layer` when they store plain floats (no scales), for kernels
+        that write the cache themselves; None for the 8-bit formats."""
+        return None if self.k_scales is not None else (self.k[layer], self.v[layer])
+
     def attend(
         self,
         layer: int,

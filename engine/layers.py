@@ -13,7 +13,9 @@ from torch import nn
 
 from localllm.engine.batch import BatchMeta
 from localllm.engine.kv_cache import PagedKVCache
+from localllm.engine.rope import Rotary
 from localllm.kernels.fused import add_rms_norm, rms_norm, silu_mul
+from localllm.kernels.fused.rope_qkv import HeadLayout, HeadNorms, fusable, rope_qkv_write
 from localllm.kernels.quant.dequant import dequantize
 from localllm.kernels.quant.linear import prepare_linear
 from localllm.offload import QuantWeight
@@ -245,3 +247,33 @@ def attention(
     if sinks is None:  # other caches (and their fast paths) need not know about sinks
         return kv.attend(layer, q, batch, scale, window, softcap)
     return kv.attend(layer, q, batch, scale, window, softcap, sinks)
+
+
+def rope_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    lay: HeadLayout,
+    cos_sin: tuple[torch.Tensor, torch.Tensor],
+    rotary: Rotary,
+    batch: BatchMeta,
+    kv: PagedKVCache,
+    layer: int,
+    scale: float,
+    norms: HeadNorms | None = None,
+) -> torch.Tensor:
+    """A layer's attention from its projections: q [T, n_q * D], k and v [T, n_kv * D] (views of
+    one fused projection are fine) -> [T, n_q, D]. Per-head norms (`norms`), rope and the KV write
+    run as one kernel where the cache stores plain floats on CUDA, else step by step."""
+    cache = kv.plain_layer(layer)
+    if cache is not None and fusable(q, cache[0]):
+        cos, sin = cos_sin
+        q3 = rope_qkv_write(q, k, v, cos, sin, lay, *cache, batch.slot_mapping, norms)
+        return kv.attend(layer, q3, batch, scale)
+    hd = lay.head_dim
+    q3, k3 = q.reshape(-1, lay.n_q, hd), k.reshape(-1, lay.n_kv, hd)
+    if norms is not None:
+        q3, k3 = rms_norm(q3, norms.q, norms.eps), rms_norm(k3, norms.k, norms.eps)
+    q3, k3 = rotary.apply(q3, *cos_sin), rotary.apply(k3, *cos_sin)
+    v3 = v.reshape(-1, lay.n_kv, hd)
+    return attention(q3, k3, v3, None, batch, kv, layer, scale)

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
+from localllm.kernels.fused.rope_qkv import HeadLayout
+
 
 @dataclass(frozen=True, slots=True)
 class RopeConfig:
@@ -44,6 +46,10 @@ class Rotary:
         if self.cfg.attn_factor != 1.0:
             return angles.cos() * self.cfg.attn_factor, angles.sin() * self.cfg.attn_factor
         return angles.cos(), angles.sin()
+
+    def layout(self, n_q: int, n_kv: int, head_dim: int) -> HeadLayout:
+        """The head layout the fused rope kernel needs for a layer with these heads."""
+        return HeadLayout(n_q, n_kv, head_dim, self.cfg.dims, self.cfg.neox)
 
     def apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """Rotate x [T, heads, head_dim] with cos/sin [T, dims/2]."""

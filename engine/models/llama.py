@@ -16,7 +16,7 @@ from localllm.engine.layers import (
     GatedMLP,
     QuantLinear,
     RMSNorm,
-    attention,
+    rope_attention,
 )
 from localllm.engine.models.common import arch_key, rope_scale
 from localllm.engine.models.decoder import Decoder
@@ -96,18 +96,13 @@ class Block(nn.Module):
         a = self.args
         h = self.attn_norm(x)
         nq, nkv, hd = a.n_heads, a.n_kv_heads, a.head_dim
-        if self.qkv is not None:
-            # q and k sit side by side in the fused output: rotate them in one call.
-            y = self.qkv.project(h)
-            qk = rotary.apply(y[:, : (nq + nkv) * hd].reshape(-1, nq + nkv, hd), *cos_sin)
-            q, k = qk.split([nq, nkv], dim=1)
-            v = y[:, (nq + nkv) * hd :].reshape(-1, nkv, hd)
+        if self.qkv is not None:  # q, k, v side by side in one output: views, no copies
+            q, k, v = self.qkv.project(h).split([nq * hd, nkv * hd, nkv * hd], dim=1)
         else:
-            q = rotary.apply(self.attn_q(h).reshape(-1, nq, hd), *cos_sin)
-            k = rotary.apply(self.attn_k(h).reshape(-1, nkv, hd), *cos_sin)
-            v = self.attn_v(h).reshape(-1, nkv, hd)
-        o = attention(q, k, v, positions, batch, kv, layer, scale=a.head_dim**-0.5)
-        x, h = self.ffn_norm.residual(x, self.attn_output(o.reshape(-1, a.n_heads * a.head_dim)))
+            q, k, v = self.attn_q(h), self.attn_k(h), self.attn_v(h)
+        lay = rotary.layout(nq, nkv, hd)
+        o = rope_attention(q, k, v, lay, cos_sin, rotary, batch, kv, layer, hd**-0.5)
+        x, h = self.ffn_norm.residual(x, self.attn_output(o.reshape(-1, nq * hd)))
         return x + self.mlp(h)
 
 

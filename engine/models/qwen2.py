@@ -12,10 +12,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from localllm.engine.layers import GatedMLP, QuantLinear, RMSNorm, attention
+from localllm.engine.layers import FusedLinear, GatedMLP, QuantLinear, RMSNorm, rope_attention
 from localllm.engine.models.common import arch_key, rope_scale
 from localllm.engine.models.decoder import Decoder
 from localllm.engine.rope import RopeConfig, Rotary
+from localllm.kernels.fused.rope_qkv import HeadNorms
 
 
 @dataclass(frozen=True)
@@ -66,22 +67,32 @@ class Block(nn.Module):
         self.attn_output = QuantLinear(args.n_heads * hd, args.dim, precise)
         self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
         self.mlp = GatedMLP(args.dim, args.hidden_dim, "silu", precise)
+        self.qkv_fused: FusedLinear | None = None
+
+    def fuse(self) -> None:
+        parts = [self.attn_q, self.attn_k, self.attn_v]
+        if FusedLinear.fusable(parts):
+            self.qkv_fused = FusedLinear(parts)
+        self.mlp.fuse()
 
     def qkv(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Per-head q [T, H, D], k and v [T, KV, D] before rope."""
-        a = self.args
-        q = self.attn_q(h).view(-1, a.n_heads, a.head_dim)
-        k = self.attn_k(h).view(-1, a.n_kv_heads, a.head_dim)
-        return q, k, self.attn_v(h).view(-1, a.n_kv_heads, a.head_dim)
+        """q [T, H * D], k and v [T, KV * D] before rope (views of one matmul when fused)."""
+        if self.qkv_fused is not None:
+            return self.qkv_fused(h)
+        return self.attn_q(h), self.attn_k(h), self.attn_v(h)
+
+    def head_norms(self) -> HeadNorms | None:
+        """Per-head q/k norms applied before rope (qwen3 has them)."""
+        return None
 
     def forward(self, x, positions, cos_sin, rotary, batch, kv, layer):
         a = self.args
-        h = self.attn_norm(x)
-        q, k, v = self.qkv(h)
-        q, k = rotary.apply(q, *cos_sin), rotary.apply(k, *cos_sin)
-        o = attention(q, k, v, positions, batch, kv, layer, scale=a.head_dim**-0.5)
-        x = x + self.attn_output(o.reshape(-1, a.n_heads * a.head_dim))
-        return x + self.mlp(self.ffn_norm(x))
+        q, k, v = self.qkv(self.attn_norm(x))
+        lay = rotary.layout(a.n_heads, a.n_kv_heads, a.head_dim)
+        norms = self.head_norms()
+        o = rope_attention(q, k, v, lay, cos_sin, rotary, batch, kv, layer, a.head_dim**-0.5, norms)
+        x, h = self.ffn_norm.residual(x, self.attn_output(o.reshape(-1, a.n_heads * a.head_dim)))
+        return x + self.mlp(h)
 
 
 class Model(Decoder):
@@ -98,4 +109,4 @@ class Model(Decoder):
         cfg = RopeConfig(a.head_dim, a.rope_base, neox=True, linear_scale=a.rope_linear_scale)
         self.rotary = Rotary(cfg)
         for blk in self.blk:
-            blk.mlp.fuse()
+            blk.fuse()

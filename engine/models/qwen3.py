@@ -6,10 +6,9 @@ llama.cpp's qwen3 graph. Head size comes from `attention.key_length` (Qwen3-0.6B
 dim / heads = 64).
 """
 
-import torch
-
 from localllm.engine.layers import RMSNorm
 from localllm.engine.models import qwen2
+from localllm.kernels.fused.rope_qkv import HeadNorms
 
 ModelArgs = qwen2.ModelArgs
 
@@ -20,9 +19,8 @@ class Block(qwen2.Block):
         self.attn_q_norm = RMSNorm(args.head_dim, args.norm_eps)
         self.attn_k_norm = RMSNorm(args.head_dim, args.norm_eps)
 
-    def qkv(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        q, k, v = super().qkv(h)
-        return self.attn_q_norm(q), self.attn_k_norm(k), v
+    def head_norms(self) -> HeadNorms:
+        return HeadNorms(self.attn_q_norm.weight, self.attn_k_norm.weight, self.attn_q_norm.eps)
 
 
 class Model(qwen2.Model):

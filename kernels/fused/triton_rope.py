@@ -84,20 +84,24 @@ def _rope_qkv(
     h = tl.program_id(1)
     cs = cos_ptr + t * (ROT // 2)
     sn = sin_ptr + t * (ROT // 2)
+    # names differ between the branches: triton needs one type per name across an if
     if h < NQ:
-        src = q_ptr + t * sq + h * HD
-        dst = out_ptr + (t * NQ + h) * HD
-        _rotate_head(src, dst, qn_ptr, cs, sn, eps, HD, ROT, NEOX, NORM, BP, BD)
+        q_dst = out_ptr + (t * NQ + h) * HD
+        _rotate_head(
+            q_ptr + t * sq + h * HD, q_dst, qn_ptr, cs, sn, eps, HD, ROT, NEOX, NORM, BP, BD
+        )
     else:
         j = h - NQ
         slot = tl.load(slot_ptr + t)
-        dst = kc_ptr + (slot * NKV + j) * HD
-        _rotate_head(k_ptr + t * sk + j * HD, dst, kn_ptr, cs, sn, eps, HD, ROT, NEOX, NORM, BP, BD)
+        k_dst = kc_ptr + (slot * NKV + j) * HD
+        _rotate_head(
+            k_ptr + t * sk + j * HD, k_dst, kn_ptr, cs, sn, eps, HD, ROT, NEOX, NORM, BP, BD
+        )
         d = tl.arange(0, BD)
         dm = d < HD
         val = tl.load(v_ptr + t * sv + j * HD + d, mask=dm, other=0.0)
-        vdst = vc_ptr + (slot * NKV + j) * HD
-        tl.store(vdst + d, val.to(vdst.dtype.element_ty), mask=dm)
+        v_dst = vc_ptr + (slot * NKV + j) * HD
+        tl.store(v_dst + d, val.to(v_dst.dtype.element_ty), mask=dm)
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:

@@ -71,6 +71,7 @@ def _rope_qkv(
     kc_ptr,
     vc_ptr,
     slot_ptr,
+    s_slot,
     NQ: tl.constexpr,
     NKV: tl.constexpr,
     HD: tl.constexpr,
@@ -92,7 +93,7 @@ def _rope_qkv(
         )
     else:
         j = h - NQ
-        slot = tl.load(slot_ptr + t)
+        slot = tl.load(slot_ptr + t * s_slot)
         k_dst = kc_ptr + (slot * NKV + j) * HD
         _rotate_head(
             k_ptr + t * sk + j * HD, k_dst, kn_ptr, cs, sn, eps, HD, ROT, NEOX, NORM, BP, BD
@@ -150,6 +151,7 @@ def rope_qkv_write_cuda(
         k_cache,
         v_cache,
         slot_mapping,
+        slot_mapping.stride(0),  # a column of the CUDA-graph input rows: strided
         NQ=lay.n_q,
         NKV=lay.n_kv,
         HD=lay.head_dim,

@@ -100,7 +100,10 @@ def test_triton_kernel_matches_reference(lay, norms, cache, t):
     )
     hnd = HeadNorms(dev(hn.q), dev(hn.k), hn.eps) if hn is not None else None
     qd, kkd, vvd = _split(yd, lay)  # strided views of one projection, as the engine passes them
-    got_q = rope_qkv_write_cuda(qd, kkd, vvd, dev(cos), dev(sin), lay, kd, vd, dev(slots), hnd)
+    # slots as a column of wider rows, like the CUDA-graph inputs [B, id | position | slot | ...]
+    rows = torch.stack([torch.zeros_like(slots), slots, torch.ones_like(slots)], 1)
+    sd = dev(rows)[:, 1]
+    got_q = rope_qkv_write_cuda(qd, kkd, vvd, dev(cos), dev(sin), lay, kd, vd, sd, hnd)
     torch.testing.assert_close(got_q.cpu(), want_q, rtol=1e-5, atol=1e-5)
     tol = 0 if dtype == torch.float32 else 1e-2
     torch.testing.assert_close(kd.cpu().float(), kc.float(), rtol=tol, atol=1e-5, equal_nan=True)

@@ -14,7 +14,12 @@ from torch import nn
 from localllm.engine.batch import BatchMeta
 from localllm.engine.kv_cache import PagedKVCache
 from localllm.engine.rope import Rotary
-from localllm.kernels.fused import add_rms_norm, rms_norm, silu_mul
+from localllm.kernels.fused import (
+    QUANT_MAX_ROWS,
+    add_rms_norm_q,
+    rms_norm_q,
+    silu_mul_q,
+)
 from localllm.kernels.fused.rope_qkv import HeadLayout, HeadNorms, fusable, rope_qkv_write
 from localllm.kernels.quant.dequant import dequantize
 from localllm.kernels.quant.linear import prepare_linear
@@ -61,6 +66,10 @@ class QuantLinear(nn.Module):
     def loaded(self) -> bool:
         return self.weight is not None
 
+    def kernels(self) -> list:
+        """The prepared kernel weights this module multiplies by (none once a FusedLinear does)."""
+        return [self._prepared] if self._prepared is not None else []
+
     def release_kernel(self) -> None:
         """Drop the prepared kernel weight once a FusedLinear computes this layer."""
         self._prepared = None
@@ -76,58 +85,107 @@ class QuantLinear(nn.Module):
         if getattr(self._prepared, "repacked", False) and self.weight.data.device.type != "cpu":
             self.weight = without_bytes(self.weight)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self._prepared.matmul(x.reshape(-1, self.in_features))
+    def forward(self, x: torch.Tensor, xq=None) -> torch.Tensor:
+        """`xq`: x's rows already quantized by the kernel that made x (see `kernels.fused`)."""
+        y = _matmul(self._prepared, x.reshape(-1, self.in_features), xq)
         y = y.reshape(*x.shape[:-1], self.out_features)
         return y + self.bias if self.bias is not None else y
 
 
-class FusedLinear(nn.Module):
-    """Several QuantLinears that read the same input, run as one matmul over stacked rows.
+def _matmul(prepared, x: torch.Tensor, xq) -> torch.Tensor:
+    # only the triton kernels take pre-quantized rows; the others ignore the twin
+    if xq is not None and prepared.kind == "triton":
+        return prepared.matmul(x, xq)
+    return prepared.matmul(x)
 
-    The parts keep their QuantWeights (residency still sees every GGUF tensor); only the prepared
-    kernel weight is shared, so decode makes one kernel call instead of three (q/k/v) or two
-    (gate/up). Stacking raw ggml rows is exact: blocks never straddle rows.
+
+class FusedLinear(nn.Module):
+    """Several QuantLinears that read the same input, run as few matmuls over stacked rows.
+
+    Consecutive parts of one ggml type share one kernel weight (q/k/v: one call instead of three;
+    gate/up: one instead of two); parts of another type (Q4_K_M's Q6_K attn_v) get their own,
+    and all share the input's quantization on CUDA. The parts keep their QuantWeights (residency
+    still sees every GGUF tensor). Stacking raw ggml rows is exact: blocks never straddle rows.
     """
 
     def __init__(self, parts: list[QuantLinear]):
         super().__init__()
-        w0 = parts[0].weight
         self.sizes = [p.out_features for p in parts]
-        data = torch.cat([p.weight.data for p in parts])
-        shape = (sum(self.sizes), parts[0].in_features)
-        self._prepared = prepare_linear(data, w0.qtype, shape, precise=parts[0].precise)
-        if getattr(self._prepared, "repacked", False) and data.device.type != "cpu":
-            for p in parts:  # the kernel holds the only device copy, in its own layout
-                p.weight = without_bytes(p.weight)
-        elif data.device.type != "cpu":  # the parts view the stacked upload: one copy on the GPU
-            for p, rows in zip(parts, data.split(self.sizes), strict=True):
-                p.weight = dataclasses.replace(p.weight, data=rows)
+        self.in_features = parts[0].in_features
+        self._groups: list[tuple[object, list[int]]] = []  # (kernel weight, part sizes)
+        i = 0
+        while i < len(parts):
+            j = i + 1
+            while j < len(parts) and parts[j].weight.qtype == parts[i].weight.qtype:
+                j += 1
+            self._groups.append((self._stack(parts[i:j]), self.sizes[i:j]))
+            i = j
+        device = parts[0].weight.data.device
         biases = [
-            p.bias if p.bias is not None else torch.zeros(p.out_features, device=data.device)
+            p.bias if p.bias is not None else torch.zeros(p.out_features, device=device)
             for p in parts
         ]
         has_bias = any(p.bias is not None for p in parts)
         self.bias = torch.cat(biases) if has_bias else None
-        self.in_features = parts[0].in_features
         for p in parts:
             p.release_kernel()
 
     @staticmethod
-    def fusable(parts: list[QuantLinear]) -> bool:
-        """Same ggml type and input size (the stacked rows must form one valid tensor)."""
-        w = [p.weight for p in parts]
-        return all(x is not None and x.qtype == w[0].qtype for x in w) and all(
-            p.in_features == parts[0].in_features for p in parts
-        )
+    def _stack(parts: list[QuantLinear]):
+        w0 = parts[0].weight
+        data = torch.cat([p.weight.data for p in parts])
+        shape = (sum(p.out_features for p in parts), parts[0].in_features)
+        prepared = prepare_linear(data, w0.qtype, shape, precise=parts[0].precise)
+        if getattr(prepared, "repacked", False) and data.device.type != "cpu":
+            for p in parts:  # the kernel holds the only device copy, in its own layout
+                p.weight = without_bytes(p.weight)
+        elif data.device.type != "cpu":  # the parts view the stacked upload: one copy on the GPU
+            for p, rows in zip(parts, data.split([p.out_features for p in parts]), strict=True):
+                p.weight = dataclasses.replace(p.weight, data=rows)
+        return prepared
 
-    def project(self, x: torch.Tensor) -> torch.Tensor:
-        """The stacked outputs [T, sum(sizes)], parts side by side in the order given."""
-        y = self._prepared.matmul(x.reshape(-1, self.in_features))
+    @staticmethod
+    def fusable(parts: list[QuantLinear], mixed: bool = False) -> bool:
+        """Loaded parts with one input size; of one ggml type unless `mixed` (then the types may
+        differ: one kernel weight per run of equal types)."""
+        w = [p.weight for p in parts]
+        if not all(x is not None for x in w):
+            return False
+        same = mixed or all(x.qtype == w[0].qtype for x in w)
+        return same and all(p.in_features == parts[0].in_features for p in parts)
+
+    def kernels(self) -> list:
+        return [k for k, _ in self._groups]
+
+    def project(self, x: torch.Tensor, xq=None) -> torch.Tensor:
+        """The stacked outputs [T, sum(sizes)], parts side by side in the order given (one kernel
+        weight only: GatedMLP's gate/up)."""
+        if len(self._groups) != 1:
+            raise ValueError("project() needs parts of one ggml type; call the module instead")
+        y = _matmul(self._groups[0][0], x.reshape(-1, self.in_features), xq)
         return y + self.bias if self.bias is not None else y
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return self.project(x).split(self.sizes, dim=-1)
+    def forward(self, x: torch.Tensor, xq=None) -> tuple[torch.Tensor, ...]:
+        """Each part's output [T, size] (views of the group outputs)."""
+        x2 = x.reshape(-1, self.in_features)
+        packed = all(getattr(k, "repacked", False) for k, _ in self._groups)
+        if xq is None and len(self._groups) > 1 and x2.is_cuda and packed:
+            xq = _quantized_twin(x2)  # once for every group
+        outs: list[torch.Tensor] = []
+        for kernel, sizes in self._groups:
+            outs.extend(_matmul(kernel, x2, xq).split(sizes, dim=-1))
+        if self.bias is not None:
+            outs = [o + b for o, b in zip(outs, self.bias.split(self.sizes), strict=True)]
+        return tuple(outs)
+
+
+def _quantized_twin(x: torch.Tensor):
+    """x's rows quantized for the dp4a GEMVs when they will take them (else None)."""
+    if x.shape[0] > QUANT_MAX_ROWS or x.dtype != torch.float32 or x.shape[1] % 32:
+        return None
+    from localllm.kernels.quant.triton_packed import quantize_x8
+
+    return quantize_x8(x.contiguous())
 
 
 class QuantEmbedding(nn.Module):
@@ -187,11 +245,19 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # One fused op instead of five: decode is dominated by per-op overhead (CPU and GPU).
-        return rms_norm(x, self.weight, self.eps)
+        return rms_norm_q(x, self.weight, self.eps, quant=False)[0]
+
+    def forward_q(self, x: torch.Tensor):
+        """(norm(x), its rows quantized for the next dp4a GEMV, or None where none applies)."""
+        return rms_norm_q(x, self.weight, self.eps)
 
     def residual(self, x: torch.Tensor, r: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(x + r, norm(x + r)) in one pass where a fused kernel exists."""
-        return add_rms_norm(x, r, self.weight, self.eps)
+        return add_rms_norm_q(x, r, self.weight, self.eps, quant=False)[:2]
+
+    def residual_q(self, x: torch.Tensor, r: torch.Tensor):
+        """(x + r, norm(x + r), the norm's quantized rows or None)."""
+        return add_rms_norm_q(x, r, self.weight, self.eps)
 
 
 class GatedMLP(nn.Module):
@@ -212,9 +278,11 @@ class GatedMLP(nn.Module):
         if FusedLinear.fusable(parts):
             self.gate_up = FusedLinear(parts)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, xq=None) -> torch.Tensor:
+        """`xq`: x's quantized rows from the norm that made x (CUDA decode), or None."""
         if self.gate_up is not None and self.act == "silu":
-            return self.ffn_down(silu_mul(self.gate_up.project(x), self.hidden))
+            a, aq = silu_mul_q(self.gate_up.project(x, xq), self.hidden)
+            return self.ffn_down(a, aq)
         if self.gate_up is not None:
             g, u = self.gate_up(x)
         else:
@@ -273,7 +341,8 @@ def rope_attention(
     hd = lay.head_dim
     q3, k3 = q.reshape(-1, lay.n_q, hd), k.reshape(-1, lay.n_kv, hd)
     if norms is not None:
-        q3, k3 = rms_norm(q3, norms.q, norms.eps), rms_norm(k3, norms.k, norms.eps)
+        q3 = rms_norm_q(q3, norms.q, norms.eps, quant=False)[0]
+        k3 = rms_norm_q(k3, norms.k, norms.eps, quant=False)[0]
     q3, k3 = rotary.apply(q3, *cos_sin), rotary.apply(k3, *cos_sin)
     v3 = v.reshape(-1, lay.n_kv, hd)
     return attention(q3, k3, v3, None, batch, kv, layer, scale)

@@ -194,21 +194,24 @@ class MoEFeedForward(nn.Module):
             logits, self.n_used, r.scoring, bias, r.n_group, r.topk_group, norm, r.scale
         )
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, xq=None) -> torch.Tensor:
+        """`xq`: x's rows quantized by the norm that made x (resident packed experts use it)."""
         weights, ids = self.route(x)
         self.source.routed(self.layer, ids)
         if self.guess_next is not None:  # reads for the next layer overlap this one's compute
             self.guess_next(x)
         # shared experts first: on a device their kernels run while the CPU does host experts
-        shared = self.shexp(x) if self.shexp is not None else None
+        shared = self.shexp(x, xq) if self.shexp is not None else None
         if self.compute_on is not None:
             y = self._routed_on_host(x, weights, ids)
         else:
-            y = self._routed(x.reshape(-1, self.dim), weights, ids)
+            y = self._routed(x.reshape(-1, self.dim), weights, ids, xq)
         y = y.reshape(x.shape).to(x.dtype)
         return y + shared if shared is not None else y
 
-    def _routed(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    def _routed(
+        self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, xq=None
+    ) -> torch.Tensor:
         self._device = x.device
         if self.packed is not None:  # resident on the GPU: routing never leaves the device
             from localllm.kernels.moe.packed import expert_ffn_packed
@@ -216,7 +219,7 @@ class MoEFeedForward(nn.Module):
             # counted as Python runs it: replays of a captured decode graph are not counted
             self.source.stats.lookups += ids.numel()
             self.source.stats.hits += ids.numel()
-            return expert_ffn_packed(x, weights, ids, self.packed, self.format)
+            return expert_ffn_packed(x, weights, ids, self.packed, self.format, xq)
         parts = (self.ffn_gate_exps, self.ffn_up_exps, self.ffn_down_exps)
         biases = ExpertBiases(*(t.bias for t in parts)) if parts[0].bias is not None else None
         if x.is_cuda and biases is None:

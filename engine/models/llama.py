@@ -88,22 +88,22 @@ class Block(nn.Module):
 
     def fuse(self) -> None:
         parts = [self.attn_q, self.attn_k, self.attn_v]
-        if FusedLinear.fusable(parts):
+        if FusedLinear.fusable(parts, mixed=True):
             self.qkv = FusedLinear(parts)
         self.mlp.fuse()
 
     def forward(self, x, positions, cos_sin, rotary, batch, kv, layer):
         a = self.args
-        h = self.attn_norm(x)
+        h, hq = self.attn_norm.forward_q(x)  # hq: h quantized for the dp4a GEMVs, or None
         nq, nkv, hd = a.n_heads, a.n_kv_heads, a.head_dim
         if self.qkv is not None:  # q, k, v side by side in one output: views, no copies
-            q, k, v = self.qkv.project(h).split([nq * hd, nkv * hd, nkv * hd], dim=1)
+            q, k, v = self.qkv(h, hq)
         else:
-            q, k, v = self.attn_q(h), self.attn_k(h), self.attn_v(h)
+            q, k, v = self.attn_q(h, hq), self.attn_k(h, hq), self.attn_v(h, hq)
         lay = rotary.layout(nq, nkv, hd)
         o = rope_attention(q, k, v, lay, cos_sin, rotary, batch, kv, layer, hd**-0.5)
-        x, h = self.ffn_norm.residual(x, self.attn_output(o.reshape(-1, nq * hd)))
-        return x + self.mlp(h)
+        x, h, hq = self.ffn_norm.residual_q(x, self.attn_output(o.reshape(-1, nq * hd)))
+        return x + self.mlp(h, hq)
 
 
 class Model(Decoder):

@@ -71,15 +71,16 @@ class Block(nn.Module):
 
     def fuse(self) -> None:
         parts = [self.attn_q, self.attn_k, self.attn_v]
-        if FusedLinear.fusable(parts):
+        if FusedLinear.fusable(parts, mixed=True):
             self.qkv_fused = FusedLinear(parts)
         self.mlp.fuse()
 
-    def qkv(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q [T, H * D], k and v [T, KV * D] before rope (views of one matmul when fused)."""
+    def qkv(self, h: torch.Tensor, hq=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q [T, H * D], k and v [T, KV * D] before rope (views of one matmul when fused); `hq`:
+        h's rows quantized by the norm, or None."""
         if self.qkv_fused is not None:
-            return self.qkv_fused(h)
-        return self.attn_q(h), self.attn_k(h), self.attn_v(h)
+            return self.qkv_fused(h, hq)
+        return self.attn_q(h, hq), self.attn_k(h, hq), self.attn_v(h, hq)
 
     def head_norms(self) -> HeadNorms | None:
         """Per-head q/k norms applied before rope (qwen3 has them)."""
@@ -87,12 +88,13 @@ class Block(nn.Module):
 
     def forward(self, x, positions, cos_sin, rotary, batch, kv, layer):
         a = self.args
-        q, k, v = self.qkv(self.attn_norm(x))
+        q, k, v = self.qkv(*self.attn_norm.forward_q(x))
         lay = rotary.layout(a.n_heads, a.n_kv_heads, a.head_dim)
         norms = self.head_norms()
         o = rope_attention(q, k, v, lay, cos_sin, rotary, batch, kv, layer, a.head_dim**-0.5, norms)
-        x, h = self.ffn_norm.residual(x, self.attn_output(o.reshape(-1, a.n_heads * a.head_dim)))
-        return x + self.mlp(h)
+        o = self.attn_output(o.reshape(-1, a.n_heads * a.head_dim))
+        x, h, hq = self.ffn_norm.residual_q(x, o)
+        return x + self.mlp(h, hq)
 
 
 class Model(Decoder):

@@ -1,6 +1,23 @@
-"""Fused elementwise steps of a decoder layer (RMSNorm with the residual add, SiLU-gated product):
-plain-torch references here, triton kernels in `triton_ops` (imported only on CUDA)."""
+"""Fused elementwise steps of a decoder layer (RMSNorm with the residual add, SiLU-gated product,
+the attention prologue in `rope_qkv`): plain-torch references here, triton kernels in
+`triton_ops` / `triton_rope` (imported only on CUDA)."""
 
-from localllm.kernels.fused.ops import add_rms_norm, rms_norm, silu_mul
+from localllm.kernels.fused.ops import (
+    QUANT_MAX_ROWS,
+    add_rms_norm,
+    add_rms_norm_q,
+    rms_norm,
+    rms_norm_q,
+    silu_mul,
+    silu_mul_q,
+)
 
-__all__ = ["add_rms_norm", "rms_norm", "silu_mul"]
+__all__ = [
+    "QUANT_MAX_ROWS",
+    "add_rms_norm",
+    "add_rms_norm_q",
+    "rms_norm",
+    "rms_norm_q",
+    "silu_mul",
+    "silu_mul_q",
+]

@@ -1,37 +1,66 @@
 """Plain-torch references of the fused decoder steps; on CUDA tensors they run the triton kernels
 of `triton_ops` (one launch each instead of 2-6 eager kernels; decode on a GPU is launch-bound
-once the GEMVs are fast)."""
+once the GEMVs are fast). The `_q` variants also return their output quantized for the dp4a
+GEMV that reads it next (None on CPU, or for rows the GEMVs would not take quantized)."""
 
 import torch
 import torch.nn.functional as F
 
+# Rows up to which a GEMV takes a pre-quantized activation (`triton_packed.MAX_ROWS`; kept here
+# so CPU code never imports triton).
+QUANT_MAX_ROWS = 4
+
+
+def _cuda32(*xs: torch.Tensor) -> bool:
+    return all(x.is_cuda and x.dtype == torch.float32 for x in xs)
+
+
+def _quant(x: torch.Tensor) -> bool:
+    return x.reshape(-1, x.shape[-1]).shape[0] <= QUANT_MAX_ROWS
+
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     """x / rms(x) * w over the last dim, float32."""
-    if x.is_cuda and x.dtype == torch.float32:
+    return rms_norm_q(x, w, eps, quant=False)[0]
+
+
+def rms_norm_q(x: torch.Tensor, w: torch.Tensor, eps: float, quant: bool = True):
+    """(rms_norm(x), its quantized rows or None)."""
+    if _cuda32(x):
         from localllm.kernels.fused.triton_ops import rms_norm_cuda
 
-        return rms_norm_cuda(x, w, eps)
-    return F.rms_norm(x, w.shape, w, eps)
+        return rms_norm_cuda(x, w, eps, quant and _quant(x))
+    return F.rms_norm(x, w.shape, w, eps), None
 
 
 def add_rms_norm(
     x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(x + r, rms_norm(x + r)): the residual stream and the next sub-layer's input."""
-    if x.is_cuda and x.dtype == torch.float32 and r.dtype == torch.float32:
+    return add_rms_norm_q(x, r, w, eps, quant=False)[:2]
+
+
+def add_rms_norm_q(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, eps: float, quant=True):
+    """(x + r, rms_norm(x + r), the norm's quantized rows or None)."""
+    if _cuda32(x, r):
         from localllm.kernels.fused.triton_ops import add_rms_norm_cuda
 
-        return add_rms_norm_cuda(x, r, w, eps)
+        return add_rms_norm_cuda(x, r, w, eps, quant and _quant(x))
     s = x + r
-    return s, F.rms_norm(s, w.shape, w, eps)
+    return s, F.rms_norm(s, w.shape, w, eps), None
 
 
 def silu_mul(gu: torch.Tensor, hidden: int) -> torch.Tensor:
     """silu(g) * u for gu = [g | u] side by side in the last dim ([..., 2 * hidden])."""
-    if gu.is_cuda and gu.dtype == torch.float32:
+    return silu_mul_q(gu, hidden, quant=False)[0]
+
+
+def silu_mul_q(gu: torch.Tensor, hidden: int, quant: bool = True, max_rows: int = QUANT_MAX_ROWS):
+    """(silu_mul(gu), its quantized rows or None); `max_rows`: the reader's row limit."""
+    if _cuda32(gu):
         from localllm.kernels.fused.triton_ops import silu_mul_cuda
 
-        return silu_mul_cuda(gu, hidden)
+        rows = gu.reshape(-1, gu.shape[-1]).shape[0]
+        return silu_mul_cuda(gu, hidden, quant and rows <= max_rows)
     g, u = gu.split(hidden, dim=-1)
-    return F.silu(g) * u
+    return F.silu(g) * u, None

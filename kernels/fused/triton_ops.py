@@ -1,13 +1,21 @@
 """Triton kernels of `ops` (CUDA; or CPU tensors under TRITON_INTERPRET=1 in tests). One program
-per row; float32 in and out, sums in float32 like the references."""
+per row (RMSNorm) or per 1,024 values of a row (SiLU product); float32 in and out, sums in float32
+like the references. With QUANT the kernel also writes its output quantized for the dp4a GEMV
+that reads it next (`triton_packed.QuantizedX`), which saves that GEMV its quantization launch."""
 
 import torch
 import triton
 import triton.language as tl
 
+from localllm.kernels.quant.triton_dp4a import quant_groups
+from localllm.kernels.quant.triton_packed import QuantizedX, empty_quantized
+
 
 @triton.jit
-def _rms_norm(x_ptr, r_ptr, s_ptr, w_ptr, y_ptr, D, eps, BD: tl.constexpr, ADD: tl.constexpr):
+def _rms_norm(
+    x_ptr, r_ptr, s_ptr, w_ptr, y_ptr, q_ptr, d_ptr, s16_ptr, xs_ptr, D, eps,
+    BD: tl.constexpr, ADD: tl.constexpr, QUANT: tl.constexpr,
+):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
     c = tl.arange(0, BD)
     m = c < D
@@ -17,44 +25,83 @@ def _rms_norm(x_ptr, r_ptr, s_ptr, w_ptr, y_ptr, D, eps, BD: tl.constexpr, ADD: 
         tl.store(s_ptr + row * D + c, v, mask=m)
     inv = 1.0 / tl.sqrt(tl.sum(v * v, axis=0) / D + eps)
     w = tl.load(w_ptr + c, mask=m, other=0.0)
-    tl.store(y_ptr + row * D + c, v * inv * w, mask=m)
+    y = v * inv * w
+    tl.store(y_ptr + row * D + c, y, mask=m)
+    if QUANT:  # D is a multiple of 32; padding groups are masked
+        g = tl.arange(0, BD // 32)
+        k32 = row * (D // 32)
+        q_row, s16_row = q_ptr + row * (D // 4), s16_ptr + row * (D // 16)
+        yg = tl.reshape(y, (BD // 32, 32))
+        quant_groups(yg, g, g < D // 32, q_row, d_ptr + k32, s16_row, xs_ptr + k32, BD // 32)
 
 
 @triton.jit
-def _silu_mul(gu_ptr, y_ptr, H, BH: tl.constexpr):
+def _silu_mul(
+    gu_ptr, y_ptr, q_ptr, d_ptr, s16_ptr, xs_ptr, H, BH: tl.constexpr, QUANT: tl.constexpr
+):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1) * BH + tl.arange(0, BH)
     m = c < H
     g = tl.load(gu_ptr + row * 2 * H + c, mask=m, other=0.0)
     u = tl.load(gu_ptr + row * 2 * H + H + c, mask=m, other=0.0)
-    tl.store(y_ptr + row * H + c, g / (1.0 + tl.exp(-g)) * u, mask=m)
+    y = g / (1.0 + tl.exp(-g)) * u
+    tl.store(y_ptr + row * H + c, y, mask=m)
+    if QUANT:  # H is a multiple of 32: a program's BH values are whole groups
+        grp = tl.program_id(1) * (BH // 32) + tl.arange(0, BH // 32)
+        k32 = row * (H // 32)
+        q_row, s16_row = q_ptr + row * (H // 4), s16_ptr + row * (H // 16)
+        yg = tl.reshape(y, (BH // 32, 32))
+        quant_groups(yg, grp, grp < H // 32, q_row, d_ptr + k32, s16_row, xs_ptr + k32, BH // 32)
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(-1, x.shape[-1]).contiguous()
 
 
-def rms_norm_cuda(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+def _quant_out(rows: int, d: int, quant: bool, like: torch.Tensor):
+    """QuantizedX buffers when asked for and the row splits into 32-value groups, else None;
+    plus the four kernel arguments (the output itself stands in for absent buffers)."""
+    if not quant or d % 32:
+        return None, (like, like, like, like)
+    xq = empty_quantized(rows, d, like.device)
+    return xq, (xq.words, xq.scale, xq.sum16, xq.xsum)
+
+
+def rms_norm_cuda(
+    x: torch.Tensor, w: torch.Tensor, eps: float, quant: bool = False
+) -> tuple[torch.Tensor, QuantizedX | None]:
     x2 = _rows(x)
     y = torch.empty_like(x2)
     d = x2.shape[1]
+    xq, qa = _quant_out(x2.shape[0], d, quant, y)
     bd = triton.next_power_of_2(d)
-    _rms_norm[(x2.shape[0],)](x2, x2, x2, w, y, d, eps, BD=bd, ADD=False, num_warps=4)
-    return y.reshape(x.shape)
+    _rms_norm[(x2.shape[0],)](
+        x2, x2, x2, w, y, *qa, d, eps, BD=bd, ADD=False, QUANT=xq is not None, num_warps=4
+    )
+    return y.reshape(x.shape), xq
 
 
-def add_rms_norm_cuda(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, eps: float):
+def add_rms_norm_cuda(
+    x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, eps: float, quant: bool = False
+) -> tuple[torch.Tensor, torch.Tensor, QuantizedX | None]:
     x2, r2 = _rows(x), _rows(r)
     s, y = torch.empty_like(x2), torch.empty_like(x2)
     d = x2.shape[1]
+    xq, qa = _quant_out(x2.shape[0], d, quant, y)
     bd = triton.next_power_of_2(d)
-    _rms_norm[(x2.shape[0],)](x2, r2, s, w, y, d, eps, BD=bd, ADD=True, num_warps=4)
-    return s.reshape(x.shape), y.reshape(x.shape)
+    _rms_norm[(x2.shape[0],)](
+        x2, r2, s, w, y, *qa, d, eps, BD=bd, ADD=True, QUANT=xq is not None, num_warps=4
+    )
+    return s.reshape(x.shape), y.reshape(x.shape), xq
 
 
-def silu_mul_cuda(gu: torch.Tensor, hidden: int) -> torch.Tensor:
+def silu_mul_cuda(
+    gu: torch.Tensor, hidden: int, quant: bool = False
+) -> tuple[torch.Tensor, QuantizedX | None]:
     g2 = _rows(gu)
     y = torch.empty(g2.shape[0], hidden, dtype=gu.dtype, device=gu.device)
+    xq, qa = _quant_out(g2.shape[0], hidden, quant, y)
     bh = 1024
-    _silu_mul[(g2.shape[0], triton.cdiv(hidden, bh))](g2, y, hidden, BH=bh, num_warps=4)
-    return y.reshape(*gu.shape[:-1], hidden)
+    grid = (g2.shape[0], triton.cdiv(hidden, bh))
+    _silu_mul[grid](g2, y, *qa, hidden, BH=bh, QUANT=xq is not None, num_warps=4)
+    return y.reshape(*gu.shape[:-1], hidden), xq

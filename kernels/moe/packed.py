@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from localllm.kernels.fused.ops import silu_mul
+from localllm.kernels.fused.ops import silu_mul, silu_mul_q
 from localllm.kernels.moe.experts import ExpertBlocks, ExpertFormat, _glu, group_by_expert
 from localllm.kernels.quant.repack import (
     PACKED_TYPES,
@@ -21,6 +21,7 @@ from localllm.kernels.quant.repack import (
     pack_expert_blocks,
 )
 from localllm.kernels.quant.triton_packed import (
+    QuantizedX,
     dequantize_experts_t,
     gemv_packed_grouped,
     grouped_counters,
@@ -79,16 +80,28 @@ def _act(h: torch.Tensor, fmt: ExpertFormat) -> torch.Tensor:
 
 
 def ffn_pairs(
-    x: torch.Tensor, ids: torch.Tensor, xdiv: int, pe: PackedExperts, fmt: ExpertFormat
+    x: torch.Tensor,
+    ids: torch.Tensor,
+    xdiv: int,
+    pe: PackedExperts,
+    fmt: ExpertFormat,
+    xq: QuantizedX | None = None,
 ) -> torch.Tensor:
-    """Pair p's FFN: row p // xdiv of x [R, dim] through expert ids[p] -> float32 [pairs, dim]."""
-    xq = quantize_x8(x.float().contiguous())
+    """Pair p's FFN: row p // xdiv of x [R, dim] through expert ids[p] -> float32 [pairs, dim].
+    `xq`: x's rows already quantized (by the norm kernel that made x)."""
+    if xq is None:
+        xq = quantize_x8(x.float().contiguous())
     counters = pe.counters[: len(pe.gate_up)]  # the last one is down's
     parts = [
         gemv_packed_grouped(xq, p, ids, xdiv, c) for p, c in zip(pe.gate_up, counters, strict=True)
     ]
     h = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
-    aq = quantize_x8(_act(h, fmt))
+    if fmt.act == "silu":  # the product comes out quantized for down: one launch, not two
+        a, aq = silu_mul_q(h, fmt.hidden, max_rows=h.shape[0])
+    else:
+        a, aq = _act(h, fmt), None
+    if aq is None:
+        aq = quantize_x8(a)
     return gemv_packed_grouped(aq, pe.down, ids, 1, pe.counters[-1])
 
 
@@ -117,12 +130,18 @@ def combine(y: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
 
 
 def expert_ffn_packed(
-    x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, pe: PackedExperts, fmt: ExpertFormat
+    x: torch.Tensor,
+    weights: torch.Tensor,
+    ids: torch.Tensor,
+    pe: PackedExperts,
+    fmt: ExpertFormat,
+    xq: QuantizedX | None = None,
 ) -> torch.Tensor:
-    """Resident packed experts: x [T, dim], routing [T, k] -> float32 [T, dim]."""
+    """Resident packed experts: x [T, dim], routing [T, k] -> float32 [T, dim]; `xq`: x's rows
+    already quantized, or None."""
     t, k = ids.shape
     if t <= PACKED_MAX_T:
-        return combine(ffn_pairs(x, ids.reshape(-1), k, pe, fmt), weights)
+        return combine(ffn_pairs(x, ids.reshape(-1), k, pe, fmt, xq), weights)
     return _prefill(x, weights, ids, pe, fmt)
 
 

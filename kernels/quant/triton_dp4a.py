@@ -41,14 +41,10 @@ def _dp4a(a, b, SIGNED_A: tl.constexpr, ASM: tl.constexpr):
 
 
 @triton.jit
-def _quant_x8(x_ptr, q_ptr, d_ptr, s16_ptr, xsum_ptr, K, G: tl.constexpr):
-    """x [M, K] float32 -> int8 codes (4 per int32 word), scale and code sums per 32 values
-    (dx, dx * sum) and integer code sums per 16. Program (m, chunk) handles G groups of 32."""
-    m = tl.program_id(0)
-    g = tl.program_id(1) * G + tl.arange(0, G)
-    gm = g < K // 32
-    j = tl.arange(0, 32)
-    v = tl.load(x_ptr + m * K + g[:, None] * 32 + j[None, :], mask=gm[:, None], other=0.0)
+def quant_groups(v, g, gm, q_ptr, d_ptr, s16_ptr, xsum_ptr, G: tl.constexpr):
+    """Quantize groups `g` [G] of 32 values v [G, 32] of one row (pointers at the row's start)
+    to int8 codes (4 per int32 word), scale and code sums per 32 (dx, dx * sum) and integer
+    code sums per 16; `gm` masks groups past the row. Fused kernels call it on their output."""
     amax = tl.max(tl.abs(v), axis=1)
     inv = tl.where(amax > 0, tl.math.div_rn(tl.full(amax.shape, 127.0, tl.float32), amax), 0.0)
     q = tl.floor(v * inv[:, None] + 0.5).to(tl.int32)
@@ -57,13 +53,28 @@ def _quant_x8(x_ptr, q_ptr, d_ptr, s16_ptr, xsum_ptr, K, G: tl.constexpr):
     sh = (tl.arange(0, 4) * 8)[None, None, :]
     words = tl.sum(qb << sh, axis=2)  # disjoint bytes: the sum is their bitwise or
     w8 = tl.arange(0, 8)
-    tl.store(q_ptr + m * (K // 4) + g[:, None] * 8 + w8[None, :], words, mask=gm[:, None])
+    tl.store(q_ptr + g[:, None] * 8 + w8[None, :], words, mask=gm[:, None])
     s16 = tl.sum(tl.reshape(q, (G, 2, 16)), axis=2)
     i2 = tl.arange(0, 2)
-    tl.store(s16_ptr + m * (K // 16) + g[:, None] * 2 + i2[None, :], s16, mask=gm[:, None])
+    tl.store(s16_ptr + g[:, None] * 2 + i2[None, :], s16, mask=gm[:, None])
     dx = amax / 127.0
-    tl.store(d_ptr + m * (K // 32) + g, dx, mask=gm)
-    tl.store(xsum_ptr + m * (K // 32) + g, dx * tl.sum(q, axis=1).to(tl.float32), mask=gm)
+    tl.store(d_ptr + g, dx, mask=gm)
+    tl.store(xsum_ptr + g, dx * tl.sum(q, axis=1).to(tl.float32), mask=gm)
+
+
+@triton.jit
+def _quant_x8(x_ptr, q_ptr, d_ptr, s16_ptr, xsum_ptr, K, G: tl.constexpr):
+    """x [M, K] float32 -> int8 codes (4 per int32 word), scale and code sums per 32 values
+    (dx, dx * sum) and integer code sums per 16. Program (m, chunk) handles G groups of 32."""
+    m = tl.program_id(0)
+    g = tl.program_id(1) * G + tl.arange(0, G)
+    gm = g < K // 32
+    j = tl.arange(0, 32)
+    v = tl.load(x_ptr + m * K + g[:, None] * 32 + j[None, :], mask=gm[:, None], other=0.0)
+    k32 = m * (K // 32)
+    quant_groups(
+        v, g, gm, q_ptr + m * (K // 4), d_ptr + k32, s16_ptr + m * (K // 16), xsum_ptr + k32, G
+    )
 
 
 @triton.jit

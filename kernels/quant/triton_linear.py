@@ -21,6 +21,7 @@ from localllm.kernels.quant.triton_gemv import (
     _gemv_q8_0,
 )
 from localllm.kernels.quant.triton_packed import (
+    QuantizedX,
     dequantize_packed_t,
     gemv_packed,
     packed_config,
@@ -159,12 +160,13 @@ class TritonLinear:
     def nbytes(self) -> int:
         return self.packed.nbytes if self.packed is not None else self.data.numel()
 
-    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+    def matmul(self, x: torch.Tensor, xq: QuantizedX | None = None) -> torch.Tensor:
+        """x [..., K] -> [..., N]; `xq`: x's rows already quantized (the dp4a GEMVs use it)."""
         n, k = self.shape
         x2 = x.reshape(-1, k)
         small = x2.shape[0] <= GEMV_MAX_M
         if self.packed is not None and small:
-            y = gemv_packed(x2, self.packed, self.cfg, self.counters)
+            y = gemv_packed(x2, self.packed, self.cfg, self.counters, xq)
         elif self.packed is not None:
             y = torch.mm(x2.to(torch.bfloat16), dequantize_packed_t(self.packed)).float()
         elif small:

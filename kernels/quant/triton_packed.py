@@ -58,17 +58,25 @@ def packed_config(qtype: QuantType, n: int, k: int, block_n: int = 64, warps: in
     return PackedConfig(block_n, warps, triton.cdiv(nb, split))
 
 
+def empty_quantized(m: int, k: int, device: torch.device) -> QuantizedX:
+    """Uninitialised QuantizedX buffers for M rows of K values (a kernel fills them)."""
+    return QuantizedX(
+        torch.empty(m, k // 4, dtype=torch.int32, device=device),
+        torch.empty(m, k // 32, dtype=torch.float32, device=device),
+        torch.empty(m, k // 16, dtype=torch.int32, device=device),
+        torch.empty(m, k // 32, dtype=torch.float32, device=device),
+    )
+
+
 def quantize_x8(x: torch.Tensor) -> QuantizedX:
     """float32 x [M, K] (K a multiple of 32) -> QuantizedX (round half up, codes in -127..127)."""
     m, k = x.shape
-    dev = x.device
-    q = torch.empty(m, k // 4, dtype=torch.int32, device=dev)
-    d = torch.empty(m, k // 32, dtype=torch.float32, device=dev)
-    s16 = torch.empty(m, k // 16, dtype=torch.int32, device=dev)
-    xs = torch.empty(m, k // 32, dtype=torch.float32, device=dev)
+    xq = empty_quantized(m, k, x.device)
     g = 16
-    _quant_x8[(m, triton.cdiv(k // 32, g))](x, q, d, s16, xs, k, G=g, num_warps=4)
-    return QuantizedX(q, d, s16, xs)
+    _quant_x8[(m, triton.cdiv(k // 32, g))](
+        x, xq.words, xq.scale, xq.sum16, xq.xsum, k, G=g, num_warps=4
+    )
+    return xq
 
 
 def split_counters(p: PackedBlocks, cfg: PackedConfig) -> torch.Tensor:
@@ -82,8 +90,10 @@ def gemv_packed(
     p: PackedBlocks,
     cfg: PackedConfig | None = None,
     counters: torch.Tensor | None = None,
+    xq: QuantizedX | None = None,
 ) -> torch.Tensor:
-    """float32 x [M, K] (M <= 8) @ W.T for a packed weight -> float32 [M, N]."""
+    """float32 x [M, K] (M <= 8) @ W.T for a packed weight -> float32 [M, N]. `xq`: x already
+    quantized (`quantize_x8` or a fused kernel that produced x), used when M <= MAX_ROWS."""
     x = x.float().contiguous()
     m = x.shape[0]
     if m > MAX_ROWS:  # launches of at most MAX_ROWS rows (the weight then comes from L2)
@@ -95,7 +105,7 @@ def gemv_packed(
     c = cfg or packed_config(p.qtype, p.n, p.k)
     nb = p.k // block_geometry(p.qtype)[0]
     split = triton.cdiv(nb, c.blocks_per_program)
-    xq = quantize_x8(x)
+    xq = xq if xq is not None else quantize_x8(x)
     part = torch.empty(split, m, p.n, dtype=torch.float32, device=x.device) if split > 1 else y
     if counters is None:
         counters = split_counters(p, c) if split > 1 else y

@@ -70,7 +70,7 @@ def test_gpu_engine_state_lives_on_the_device(models):
     llm = LLM(str(models["llama-Q4_K_M"]), max_model_len=256, device="cuda")
     eng = llm.engine
     assert all(t.device.type == "cuda" for t in eng.kv_cache.k + eng.kv_cache.v)
-    kinds = {m._prepared.kind for m in eng.model.modules() if getattr(m, "_prepared", None)}
+    kinds = {k.kind for m in eng.model.modules() if hasattr(m, "kernels") for k in m.kernels()}
     assert kinds == {"triton"}
     free, _ = torch.cuda.mem_get_info()
     assert eng.kv_plan.nbytes <= free + eng.kv_cache.nbytes

@@ -41,20 +41,43 @@ def test_triton_rms_norm_and_residual(d):
     x, r = torch.randn(5, d) * 3, torch.randn(5, d)
     w = torch.rand(d) + 0.5
     dx, dr, dw = (t.to(DEVICE) for t in (x, r, w))
-    got = rms_norm_cuda(dx, dw, 1e-5).cpu()
-    assert torch.allclose(got, F.rms_norm(x, (d,), w, 1e-5), rtol=1e-5, atol=1e-6)
-    s, h = add_rms_norm_cuda(dx, dr, dw, 1e-5)
+    got, none = rms_norm_cuda(dx, dw, 1e-5)
+    assert none is None
+    assert torch.allclose(got.cpu(), F.rms_norm(x, (d,), w, 1e-5), rtol=1e-5, atol=1e-6)
+    s, h, _ = add_rms_norm_cuda(dx, dr, dw, 1e-5)
     assert torch.equal(s.cpu(), x + r)
     assert torch.allclose(h.cpu(), F.rms_norm(x + r, (d,), w, 1e-5), rtol=1e-5, atol=1e-6)
+    # with the quantized twin: the same float output, and exactly what quantize_x8 makes of it
+    got_q, xq = rms_norm_cuda(dx, dw, 1e-5, quant=True)
+    assert torch.equal(got_q, got)
+    _assert_same_quant(xq, got_q)
+    s_q, h_q, xq = add_rms_norm_cuda(dx, dr, dw, 1e-5, quant=True)
+    assert torch.equal(s_q, s) and torch.equal(h_q, h)
+    _assert_same_quant(xq, h_q)
+
+
+def _assert_same_quant(xq, y):
+    from localllm.kernels.quant.triton_packed import quantize_x8
+
+    want = quantize_x8(y)
+    for f in ("words", "scale", "sum16", "xsum"):
+        assert torch.equal(getattr(xq, f), getattr(want, f)), f
 
 
 @pytest.mark.gpu
 @needs_triton
-@pytest.mark.parametrize("hidden", [40, 1536, 14336])
+@pytest.mark.parametrize("hidden", [40, 1536, 14336, 1056])
 def test_triton_silu_mul(hidden):
     from localllm.kernels.fused.triton_ops import silu_mul_cuda
 
     gu = torch.randn(3, 2 * hidden) * 4
-    got = silu_mul_cuda(gu.to(DEVICE), hidden).cpu()
+    got, none = silu_mul_cuda(gu.to(DEVICE), hidden)
+    assert none is None
     ref = F.silu(gu[:, :hidden]) * gu[:, hidden:]
-    assert torch.allclose(got, ref, rtol=1e-6, atol=1e-6)
+    assert torch.allclose(got.cpu(), ref, rtol=1e-6, atol=1e-6)
+    got_q, xq = silu_mul_cuda(gu.to(DEVICE), hidden, quant=True)
+    assert torch.equal(got_q, got)
+    if hidden % 32:  # rows that do not split into 32-value groups are not quantized
+        assert xq is None
+    else:
+        _assert_same_quant(xq, got_q)

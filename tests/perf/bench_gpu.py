@@ -219,7 +219,7 @@ def breakdown(path: str, depth: int = 512) -> None:
     print("host time of 5 decode steps, top functions by own time:")
     pstats.Stats(cp).sort_stats("tottime").print_stats(14)
     weight_bytes = sum(
-        m._prepared.nbytes for m in model.modules() if getattr(m, "_prepared", None) is not None
+        k.nbytes for m in model.modules() if hasattr(m, "kernels") for k in m.kernels()
     )
     kv_bytes = 2 * layers * depth * kvh * hd * 2
     floor_ms = (weight_bytes + kv_bytes) / COPY_BW * 1e3

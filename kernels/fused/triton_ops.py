@@ -14,7 +14,7 @@ from localllm.kernels.quant.triton_packed import QuantizedX, empty_quantized
 @triton.jit
 def _rms_norm(
     x_ptr, r_ptr, s_ptr, w_ptr, y_ptr, q_ptr, d_ptr, s16_ptr, xs_ptr, D, eps,
-    BD: tl.constexpr, ADD: tl.constexpr, QUANT: tl.constexpr,
+    BD: tl.constexpr, ADD: tl.constexpr, QUANT: tl.constexpr, RN: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
     c = tl.arange(0, BD)
@@ -32,12 +32,13 @@ def _rms_norm(
         k32 = row * (D // 32)
         q_row, s16_row = q_ptr + row * (D // 4), s16_ptr + row * (D // 16)
         yg = tl.reshape(y, (BD // 32, 32))
-        quant_groups(yg, g, g < D // 32, q_row, d_ptr + k32, s16_row, xs_ptr + k32, BD // 32)
+        quant_groups(yg, g, g < D // 32, q_row, d_ptr + k32, s16_row, xs_ptr + k32, BD // 32, RN)
 
 
 @triton.jit
 def _silu_mul(
-    gu_ptr, y_ptr, q_ptr, d_ptr, s16_ptr, xs_ptr, H, BH: tl.constexpr, QUANT: tl.constexpr
+    gu_ptr, y_ptr, q_ptr, d_ptr, s16_ptr, xs_ptr, H,
+    BH: tl.constexpr, QUANT: tl.constexpr, RN: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1) * BH + tl.arange(0, BH)
@@ -51,7 +52,9 @@ def _silu_mul(
         k32 = row * (H // 32)
         q_row, s16_row = q_ptr + row * (H // 4), s16_ptr + row * (H // 16)
         yg = tl.reshape(y, (BH // 32, 32))
-        quant_groups(yg, grp, grp < H // 32, q_row, d_ptr + k32, s16_row, xs_ptr + k32, BH // 32)
+        quant_groups(
+            yg, grp, grp < H // 32, q_row, d_ptr + k32, s16_row, xs_ptr + k32, BH // 32, RN
+        )
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
@@ -76,7 +79,19 @@ def rms_norm_cuda(
     xq, qa = _quant_out(x2.shape[0], d, quant, y)
     bd = triton.next_power_of_2(d)
     _rms_norm[(x2.shape[0],)](
-        x2, x2, x2, w, y, *qa, d, eps, BD=bd, ADD=False, QUANT=xq is not None, num_warps=4
+        x2,
+        x2,
+        x2,
+        w,
+        y,
+        *qa,
+        d,
+        eps,
+        BD=bd,
+        ADD=False,
+        QUANT=xq is not None,
+        RN=x.is_cuda,
+        num_warps=4,
     )
     return y.reshape(x.shape), xq
 
@@ -90,7 +105,19 @@ def add_rms_norm_cuda(
     xq, qa = _quant_out(x2.shape[0], d, quant, y)
     bd = triton.next_power_of_2(d)
     _rms_norm[(x2.shape[0],)](
-        x2, r2, s, w, y, *qa, d, eps, BD=bd, ADD=True, QUANT=xq is not None, num_warps=4
+        x2,
+        r2,
+        s,
+        w,
+        y,
+        *qa,
+        d,
+        eps,
+        BD=bd,
+        ADD=True,
+        QUANT=xq is not None,
+        RN=x.is_cuda,
+        num_warps=4,
     )
     return s.reshape(x.shape), y.reshape(x.shape), xq
 
@@ -103,5 +130,5 @@ def silu_mul_cuda(
     xq, qa = _quant_out(g2.shape[0], hidden, quant, y)
     bh = 1024
     grid = (g2.shape[0], triton.cdiv(hidden, bh))
-    _silu_mul[grid](g2, y, *qa, hidden, BH=bh, QUANT=xq is not None, num_warps=4)
+    _silu_mul[grid](g2, y, *qa, hidden, BH=bh, QUANT=xq is not None, RN=gu.is_cuda, num_warps=4)
     return y.reshape(*gu.shape[:-1], hidden), xq

@@ -13,6 +13,7 @@ reference is `triton_packed.gemv_q8x_reference`.
 
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 
 @triton.jit
@@ -41,13 +42,19 @@ def _dp4a(a, b, SIGNED_A: tl.constexpr, ASM: tl.constexpr):
 
 
 @triton.jit
-def quant_groups(v, g, gm, q_ptr, d_ptr, s16_ptr, xsum_ptr, G: tl.constexpr):
+def quant_groups(v, g, gm, q_ptr, d_ptr, s16_ptr, xsum_ptr, G: tl.constexpr, RN: tl.constexpr):
     """Quantize groups `g` [G] of 32 values v [G, 32] of one row (pointers at the row's start)
     to int8 codes (4 per int32 word), scale and code sums per 32 (dx, dx * sum) and integer
-    code sums per 16; `gm` masks groups past the row. Fused kernels call it on their output."""
+    code sums per 16; `gm` masks groups past the row. Fused kernels call it on their output.
+    RN (CUDA): round the product before adding 0.5, as the reference does; the compiler would
+    fuse them into one fma and round differently at near-ties. The interpreter never fuses."""
     amax = tl.max(tl.abs(v), axis=1)
     inv = tl.where(amax > 0, tl.math.div_rn(tl.full(amax.shape, 127.0, tl.float32), amax), 0.0)
-    q = tl.floor(v * inv[:, None] + 0.5).to(tl.int32)
+    if RN:
+        t = libdevice.mul_rn(v, inv[:, None])
+    else:
+        t = v * inv[:, None]
+    q = tl.floor(t + 0.5).to(tl.int32)
     q = tl.minimum(tl.maximum(q, -127), 127)
     qb = tl.reshape(q & 255, (G, 8, 4))
     sh = (tl.arange(0, 4) * 8)[None, None, :]
@@ -63,7 +70,7 @@ def quant_groups(v, g, gm, q_ptr, d_ptr, s16_ptr, xsum_ptr, G: tl.constexpr):
 
 
 @triton.jit
-def _quant_x8(x_ptr, q_ptr, d_ptr, s16_ptr, xsum_ptr, K, G: tl.constexpr):
+def _quant_x8(x_ptr, q_ptr, d_ptr, s16_ptr, xsum_ptr, K, G: tl.constexpr, RN: tl.constexpr):
     """x [M, K] float32 -> int8 codes (4 per int32 word), scale and code sums per 32 values
     (dx, dx * sum) and integer code sums per 16. Program (m, chunk) handles G groups of 32."""
     m = tl.program_id(0)
@@ -73,7 +80,7 @@ def _quant_x8(x_ptr, q_ptr, d_ptr, s16_ptr, xsum_ptr, K, G: tl.constexpr):
     v = tl.load(x_ptr + m * K + g[:, None] * 32 + j[None, :], mask=gm[:, None], other=0.0)
     k32 = m * (K // 32)
     quant_groups(
-        v, g, gm, q_ptr + m * (K // 4), d_ptr + k32, s16_ptr + m * (K // 16), xsum_ptr + k32, G
+        v, g, gm, q_ptr + m * (K // 4), d_ptr + k32, s16_ptr + m * (K // 16), xsum_ptr + k32, G, RN
     )
 
 

@@ -74,7 +74,7 @@ def quantize_x8(x: torch.Tensor) -> QuantizedX:
     xq = empty_quantized(m, k, x.device)
     g = 16
     _quant_x8[(m, triton.cdiv(k // 32, g))](
-        x, xq.words, xq.scale, xq.sum16, xq.xsum, k, G=g, num_warps=4
+        x, xq.words, xq.scale, xq.sum16, xq.xsum, k, G=g, RN=x.is_cuda, num_warps=4
     )
     return xq
 

@@ -48,8 +48,16 @@ class Decoder(nn.Module):
         """Hidden states [T, dim] after the final norm."""
         x = self.token_embd(ids)
         cos_sin = self.rotary.cos_sin(positions)
+        r = None  # a block's last output not yet added to the stream (see `defers_residual`)
         for i, blk in enumerate(self.blk):
+            if getattr(blk, "defers_residual", False):
+                x, r = blk(x, r, positions, cos_sin, self.rotary, batch, kv, i)
+                continue
+            if r is not None:
+                x, r = x + r, None
             x = blk(x, positions, cos_sin, self.rotary, batch, kv, i)
+        if r is not None:
+            return self.output_norm.residual(x, r)[1]
         return self.output_norm(x)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -68,6 +68,8 @@ class ModelArgs:
 
 
 class Block(nn.Module):
+    defers_residual = True  # forward takes and returns (stream, pending output): `Decoder`
+
     def __init__(self, args: ModelArgs, precise: bool):
         super().__init__()
         hd = args.head_dim
@@ -92,9 +94,14 @@ class Block(nn.Module):
             self.qkv = FusedLinear(parts)
         self.mlp.fuse()
 
-    def forward(self, x, positions, cos_sin, rotary, batch, kv, layer):
+    def forward(self, x, r, positions, cos_sin, rotary, batch, kv, layer):
+        """The stream is x + r (r: the previous block's pending output, or None); returns the
+        new (x, r): the MLP's output is added by the next norm, in its kernel."""
         a = self.args
-        h, hq = self.attn_norm.forward_q(x)  # hq: h quantized for the dp4a GEMVs, or None
+        if r is None:
+            h, hq = self.attn_norm.forward_q(x)  # hq: h quantized for the dp4a GEMVs, or None
+        else:
+            x, h, hq = self.attn_norm.residual_q(x, r)
         nq, nkv, hd = a.n_heads, a.n_kv_heads, a.head_dim
         if self.qkv is not None:  # q, k, v side by side in one output: views, no copies
             q, k, v = self.qkv(h, hq)
@@ -103,7 +110,7 @@ class Block(nn.Module):
         lay = rotary.layout(nq, nkv, hd)
         o = rope_attention(q, k, v, lay, cos_sin, rotary, batch, kv, layer, hd**-0.5)
         x, h, hq = self.ffn_norm.residual_q(x, self.attn_output(o.reshape(-1, nq * hd)))
-        return x + self.mlp(h, hq)
+        return x, self.mlp(h, hq)
 
 
 class Model(Decoder):

@@ -56,6 +56,8 @@ class ModelArgs:
 
 
 class Block(nn.Module):
+    defers_residual = True  # forward takes and returns (stream, pending output): `Decoder`
+
     def __init__(self, args: ModelArgs, precise: bool):
         super().__init__()
         hd = args.head_dim
@@ -86,15 +88,21 @@ class Block(nn.Module):
         """Per-head q/k norms applied before rope (qwen3 has them)."""
         return None
 
-    def forward(self, x, positions, cos_sin, rotary, batch, kv, layer):
+    def forward(self, x, r, positions, cos_sin, rotary, batch, kv, layer):
+        """The stream is x + r (r: the previous block's pending output, or None); returns the
+        new (x, r): the MLP's output is added by the next norm, in its kernel."""
         a = self.args
-        q, k, v = self.qkv(*self.attn_norm.forward_q(x))
+        if r is None:
+            h, hq = self.attn_norm.forward_q(x)
+        else:
+            x, h, hq = self.attn_norm.residual_q(x, r)
+        q, k, v = self.qkv(h, hq)
         lay = rotary.layout(a.n_heads, a.n_kv_heads, a.head_dim)
         norms = self.head_norms()
         o = rope_attention(q, k, v, lay, cos_sin, rotary, batch, kv, layer, a.head_dim**-0.5, norms)
         o = self.attn_output(o.reshape(-1, a.n_heads * a.head_dim))
         x, h, hq = self.ffn_norm.residual_q(x, o)
-        return x + self.mlp(h, hq)
+        return x, self.mlp(h, hq)
 
 
 class Model(Decoder):

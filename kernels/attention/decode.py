@@ -71,14 +71,16 @@ def decode_attention(
     k_scales: torch.Tensor | None = None,
     v_scales: torch.Tensor | None = None,
     sinks: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of the plan's query rows of q [T, H, D] -> [nd, H, Dv]; `sinks` [H] as in
-    `paged_attention`. On CUDA, unquantized caches take the flash-decoding kernel."""
+    `paged_attention`. On CUDA, unquantized caches take the flash-decoding kernel, which writes
+    the rows of `out` [T, H, Dv] directly when given (and returns `out`)."""
     if q.is_cuda and q.dtype == torch.float32 and k_scales is None and sinks is None:
         from localllm.kernels.attention.triton_decode import flash_decode, supports
 
         if supports(k_cache, k_scales, sinks):
-            return flash_decode(q, k_cache, v_cache, plan, scale, softcap)
+            return flash_decode(q, k_cache, v_cache, plan, scale, softcap, out)
     keys = decode_kv(
         _take(k_cache, plan.slots),
         _take(k_scales, plan.slots) if k_scales is not None else None,

@@ -116,9 +116,11 @@ def _with_plan(
 ) -> torch.Tensor:
     """Single-token sequences in one batched pass; the others one by one into the same output."""
     out = q.new_empty(q.shape[0], q.shape[1], v_cache.shape[-1])
-    out[decode.rows] = decode_attention(
-        q, k_cache, v_cache, decode, scale, softcap, k_scales, v_scales, sinks
+    got = decode_attention(
+        q, k_cache, v_cache, decode, scale, softcap, k_scales, v_scales, sinks, out=out
     )
+    if got is not out:  # the reference path returns the plan's rows only
+        out[decode.rows] = got
     for b in range(len(seq_lens)):
         s, e = query_start[b], query_start[b + 1]
         if e - s > 1:

@@ -14,6 +14,10 @@ import triton.language as tl
 from localllm.kernels.attention.decode import DecodePlan
 
 PROGRAM_TARGET = 264  # (sequence, kv head, key chunk) programs: two per SM of an H100/H200
+# Values of the [heads, keys, dims] score product one program holds: with 8 warps, 64 registers
+# a thread. A chunk within this runs in one pass: its k and v loads go out together (decode
+# attention on a GPU is bound by load latency, not bytes).
+PRODUCT_VALUES = 16384
 
 
 @triton.jit
@@ -41,7 +45,9 @@ def _split_kernel(
         if HAS_PAD:
             ok &= tl.load(pad_ptr + b.to(tl.int64) * M + j, mask=ok, other=1) == 0
         base = slot * KV + g
+        # v is loaded with k, not after the softmax: both round trips overlap
         k = tl.load(k_ptr + base[:, None] * D + d[None, :], mask=ok[:, None], other=0.0)
+        v = tl.load(v_ptr + base[:, None] * DV + dv[None, :], mask=ok[:, None], other=0.0)
         s = tl.sum(q[:, None, :] * k.to(tl.float32)[None, :, :], axis=2)  # [GP, BJ]
         if CAP:
             s = softcap * (1.0 - 2.0 / (tl.exp(2.0 * s / softcap) + 1.0))  # cap * tanh(s / cap)
@@ -50,7 +56,6 @@ def _split_kernel(
         safe = tl.where(new == float("-inf"), 0.0, new)  # a chunk of padding only: no NaN
         p = tl.exp(s - safe[:, None])
         alpha = tl.exp(mx - safe)
-        v = tl.load(v_ptr + base[:, None] * DV + dv[None, :], mask=ok[:, None], other=0.0)
         acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
         den = den * alpha + tl.sum(p, axis=1)
         mx = new
@@ -62,25 +67,33 @@ def _split_kernel(
 
 @triton.jit
 def _combine_kernel(
-    m_ptr, l_ptr, acc_ptr, out_ptr, NS, KV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,
-    DV: tl.constexpr, NSP: tl.constexpr,
+    m_ptr, l_ptr, acc_ptr, rows_ptr, out_ptr, NS, KV: tl.constexpr, G: tl.constexpr,
+    GP: tl.constexpr, DV: tl.constexpr, NSP: tl.constexpr,
 ):  # fmt: skip
+    """Merge a head group's chunk partials one chunk at a time (running max, rescaled sums: the
+    registers hold one [GP, DV] partial whatever the chunk count) into output row rows[b]."""
     b, g = tl.program_id(0), tl.program_id(1)
-    c = tl.arange(0, NSP)
-    cm = c < NS
     gi = tl.arange(0, GP)
     dv = tl.arange(0, DV)
-    part = (b * KV + g) * NS + c  # [NSP]
-    mx = tl.load(m_ptr + part[:, None] * GP + gi[None, :], mask=cm[:, None], other=float("-inf"))
-    top = tl.max(mx, axis=0)  # [GP]
-    w = tl.exp(mx - top[None, :])  # chunks that saw no key have mx = -inf: weight 0
-    lo = part[:, None] * GP + gi[None, :]
-    den = tl.sum(w * tl.load(l_ptr + lo, mask=cm[:, None], other=0.0), axis=0)
-    ao = (part[:, None, None] * GP + gi[None, :, None]) * DV + dv[None, None, :]
-    acc = tl.load(acc_ptr + ao, mask=cm[:, None, None], other=0.0)
-    out = tl.sum(w[:, :, None] * acc, axis=0) / den[:, None]  # [GP, DV]
-    oo = (b * KV * G + g * G + gi)[:, None] * DV + dv[None, :]
-    tl.store(out_ptr + oo, out, mask=(gi < G)[:, None])
+    top = tl.full([GP], float("-inf"), tl.float32)
+    den = tl.zeros([GP], dtype=tl.float32)
+    acc = tl.zeros([GP, DV], dtype=tl.float32)
+    for c in range(0, NSP):  # constexpr bound (a power of two >= NS): few compiled variants
+        part = (b * KV + g) * NS + c
+        live = (gi * 0 + c) < NS
+        mc = tl.load(m_ptr + part * GP + gi, mask=live, other=float("-inf"))
+        new = tl.maximum(top, mc)
+        safe = tl.where(new == float("-inf"), 0.0, new)  # no key seen yet: weights stay 0
+        a_old = tl.exp(top - safe)
+        a_new = tl.exp(mc - safe)
+        den = den * a_old + a_new * tl.load(l_ptr + part * GP + gi, mask=live, other=0.0)
+        ao = (part * GP + gi)[:, None] * DV + dv[None, :]
+        chunk = tl.load(acc_ptr + ao, mask=live[:, None], other=0.0)
+        acc = acc * a_old[:, None] + a_new[:, None] * chunk
+        top = new
+    row = tl.load(rows_ptr + b)
+    oo = (row * KV * G + g * G + gi)[:, None] * DV + dv[None, :]
+    tl.store(out_ptr + oo, acc / den[:, None], mask=(gi < G)[:, None])
 
 
 def supports(k_cache: torch.Tensor, k_scales, sinks) -> bool:
@@ -102,8 +115,10 @@ def flash_decode(
     plan: DecodePlan,
     scale: float,
     softcap: float | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """`decode_attention` for unquantized caches: q [T, H, D] float32 -> [nd, H, Dv] float32."""
+    """`decode_attention` for unquantized caches: q [T, H, D] float32 -> [nd, H, Dv] float32.
+    With `out` [T, H, Dv] the results go straight to the plan's rows of it (returned)."""
     nd, m = plan.slots.shape
     _, _, kvh, d = k_cache.shape
     dv = v_cache.shape[-1]
@@ -114,6 +129,8 @@ def flash_decode(
     ns = max(1, min(triton.cdiv(m, bj), triton.cdiv(PROGRAM_TARGET, nd * kvh)))
     chunk = max(bj, triton.next_power_of_2(triton.cdiv(m, ns)))
     ns = triton.cdiv(m, chunk)
+    fit = max(1, PRODUCT_VALUES // (gp * max(d, dv)))
+    bj = max(bj, min(chunk, 1 << (fit.bit_length() - 1)))  # a power of two within the budget
     dev = q.device
     mx = torch.empty(nd * kvh * ns * gp, dtype=torch.float32, device=dev)
     den = torch.empty_like(mx)
@@ -125,9 +142,13 @@ def flash_decode(
         qc, plan.rows, k_cache, v_cache, slots, pad.contiguous(), mx, den, acc,
         m, ns, scale, softcap or 0.0, CHUNK=chunk,
         KV=kvh, G=g, GP=gp, D=d, DV=dv, BJ=bj, HAS_PAD=plan.pad is not None,
-        CAP=softcap is not None, num_warps=4,
+        CAP=softcap is not None, num_warps=8,
     )  # fmt: skip
-    out = torch.empty(nd, h, dv, dtype=torch.float32, device=dev)
+    if out is None:
+        out = torch.empty(nd, h, dv, dtype=torch.float32, device=dev)
+        rows = torch.arange(nd, device=dev)
+    else:
+        rows = plan.rows
     nsp = triton.next_power_of_2(ns)
-    _combine_kernel[(nd, kvh)](mx, den, acc, out, ns, KV=kvh, G=g, GP=gp, DV=dv, NSP=nsp)
+    _combine_kernel[(nd, kvh)](mx, den, acc, rows, out, ns, KV=kvh, G=g, GP=gp, DV=dv, NSP=nsp)
     return out

@@ -58,3 +58,25 @@ def test_flash_decode_matches_reference(dtype, heads, kvh, lens, softcap):
     got = flash_decode(q.to(DEVICE), kd, vd, dev, d**-0.5, softcap)
     assert got.shape == ref.shape
     assert (got.double().cpu() - ref).abs().max() < 2e-5
+
+
+def test_flash_decode_writes_the_plan_rows_of_out():
+    """With `out`, each plan row's result lands in its own row of out (the decode rows of a mixed
+    batch, in any order); other rows are untouched. A long context makes many key chunks."""
+    from localllm.kernels.attention.triton_decode import flash_decode
+
+    gen = torch.Generator().manual_seed(3)
+    bs, d, blocks, heads, kvh = 16, 64, 256, 8, 2
+    lens = [2500, 40]
+    kc = torch.randn(blocks, bs, kvh, d, generator=gen)
+    vc = torch.randn(blocks, bs, kvh, d, generator=gen)
+    q = torch.randn(4, heads, d, generator=gen)
+    plan = _plan(lens, max(lens), blocks, bs, gen)
+    plan = DecodePlan(torch.tensor([3, 1]), plan.slots, plan.pad)
+    ref = decode_attention(q.double(), kc.double(), vc.double(), plan, d**-0.5)
+    out = torch.full((4, heads, d), 7.0, device=DEVICE)
+    dev = DecodePlan(plan.rows.to(DEVICE), plan.slots.to(DEVICE), plan.pad.to(DEVICE))
+    got = flash_decode(q.to(DEVICE), kc.to(DEVICE), vc.to(DEVICE), dev, d**-0.5, None, out)
+    assert got is out
+    assert (out[[3, 1]].double().cpu() - ref).abs().max() < 2e-5
+    assert (out[[0, 2]] == 7.0).all()

@@ -57,7 +57,9 @@ for step in ${STEPS:-tests packed bench breakdown}; do
         | grep -E "^\||error" ;;
     llamamoe) built && wait $GENMOE && date -u &&
       # (a) all on the GPU, (b) every expert on the CPU, (c) half the layers' experts on the CPU
-      for mode in "-p 512 -n 128 -r 3" "-p 0 -n 32 -r 2 -ot exps=CPU" "-p 0 -n 32 -r 2 -ncmoe 24"; do
+      lmodes=${LLAMA_MOE_MODES:-"-p 512 -n 128 -r 3|-p 0 -n 32 -r 2 -ot exps=CPU|-p 0 -n 32 -r 2 -ncmoe 24"}
+      IFS='|' read -ra llist <<<"$lmodes"
+      for mode in "${llist[@]}"; do
         timeout 150 $LB -m /tmp/moe.gguf -ngl 99 -fa 1 $mode 2>&1 | tee -a "$OUT/llama.md" \
           | grep -E "^\| q|error"; date -u
       done ;;
@@ -75,6 +77,19 @@ for step in ${STEPS:-tests packed bench breakdown}; do
     mbreak) wait $GENMOE  # one MoE decode step, kernel by kernel
       timeout 200 python3 tests/perf/bench_gpu.py breakdown /tmp/moe.gguf 2>&1 | tee "$OUT/mbreak.md" \
         | grep -v "^ " | tail -40 ;;
+    gstep) wait $GEN  # one replayed decode graph, kernel by kernel (8B, and the MoE file if made)
+      timeout 200 python3 tests/perf/graph_step.py /tmp/q4km.gguf 2>&1 | tee "$OUT/gstep.md" | head -40
+      [ -n "${MOE:-}" ] && wait $GENMOE && timeout 200 python3 tests/perf/graph_step.py /tmp/moe.gguf \
+        2>&1 | tee "$OUT/gstep_moe.md" | head -40 ;;
+    ab) wait $GEN ${GENMOE:-}  # the same bench from an older tree exported to .ab (A/B in one call)
+      mkdir -p /tmp/absite && ln -sfn "$PWD/.ab" /tmp/absite/localllm
+      for m in /tmp/q4km.gguf ${MOE:+/tmp/moe.gguf}; do
+        for tree in old new; do
+          pp=/tmp/site:$PWD; [ $tree = old ] && pp=/tmp/absite:/tmp/site
+          echo "$tree $m"; PYTHONPATH=$pp timeout 150 python3 -m localllm.app.bench -m $m \
+            -p 512 -n 128 -r 3 --device cuda 2>&1 | tee -a "$OUT/ab.md" | grep -E "pp|tg|Error"
+        done
+      done ;;
     breakdown) wait $GEN
       timeout 200 python3 tests/perf/bench_gpu.py breakdown /tmp/q4km.gguf 2>&1 | tee "$OUT/breakdown.md" \
         | grep -v "^ " | tail -22 ;;

@@ -18,6 +18,7 @@ PROGRAM_TARGET = 264  # (sequence, kv head, key chunk) programs: two per SM of a
 # a thread. A chunk within this runs in one pass: its k and v loads go out together (decode
 # attention on a GPU is bound by load latency, not bytes).
 PRODUCT_VALUES = 16384
+COMBINE_VALUES = 8192  # partial-sum values one combine program loads at once (64 registers)
 
 
 @triton.jit
@@ -68,32 +69,32 @@ def _split_kernel(
 @triton.jit
 def _combine_kernel(
     m_ptr, l_ptr, acc_ptr, rows_ptr, out_ptr, NS, KV: tl.constexpr, G: tl.constexpr,
-    GP: tl.constexpr, DV: tl.constexpr, NSP: tl.constexpr,
+    GP: tl.constexpr, DV: tl.constexpr, CB: tl.constexpr, NSP: tl.constexpr,
 ):  # fmt: skip
-    """Merge a head group's chunk partials one chunk at a time (running max, rescaled sums: the
-    registers hold one [GP, DV] partial whatever the chunk count) into output row rows[b]."""
-    b, g = tl.program_id(0), tl.program_id(1)
-    gi = tl.arange(0, GP)
+    """One query head per program: merge its chunk partials CB chunks at a time (one round trip
+    of loads for up to CB chunks; a running max across blocks) into output row rows[b]."""
+    b, hh = tl.program_id(0), tl.program_id(1)
+    g, gi = hh // G, hh % G
     dv = tl.arange(0, DV)
-    top = tl.full([GP], float("-inf"), tl.float32)
-    den = tl.zeros([GP], dtype=tl.float32)
-    acc = tl.zeros([GP, DV], dtype=tl.float32)
-    for c in range(0, NSP):  # constexpr bound (a power of two >= NS): few compiled variants
-        part = (b * KV + g) * NS + c
-        live = (gi * 0 + c) < NS
-        mc = tl.load(m_ptr + part * GP + gi, mask=live, other=float("-inf"))
-        new = tl.maximum(top, mc)
+    top = tl.full([1], float("-inf"), tl.float32)
+    den = tl.zeros([1], dtype=tl.float32)
+    acc = tl.zeros([DV], dtype=tl.float32)
+    for c0 in range(0, NSP, CB):  # constexpr bounds: a power of two >= NS, in blocks of CB
+        c = c0 + tl.arange(0, CB)
+        live = c < NS
+        part = ((b * KV + g) * NS + c) * GP + gi  # [CB]
+        mc = tl.load(m_ptr + part, mask=live, other=float("-inf"))
+        lc = tl.load(l_ptr + part, mask=live, other=0.0)
+        chunk = tl.load(acc_ptr + part[:, None] * DV + dv[None, :], mask=live[:, None], other=0.0)
+        new = tl.maximum(top, tl.max(mc, axis=0))
         safe = tl.where(new == float("-inf"), 0.0, new)  # no key seen yet: weights stay 0
+        w = tl.exp(mc - safe)  # [CB]
         a_old = tl.exp(top - safe)
-        a_new = tl.exp(mc - safe)
-        den = den * a_old + a_new * tl.load(l_ptr + part * GP + gi, mask=live, other=0.0)
-        ao = (part * GP + gi)[:, None] * DV + dv[None, :]
-        chunk = tl.load(acc_ptr + ao, mask=live[:, None], other=0.0)
-        acc = acc * a_old[:, None] + a_new[:, None] * chunk
+        den = den * a_old + tl.sum(w * lc, axis=0)
+        acc = acc * a_old + tl.sum(w[:, None] * chunk, axis=0)
         top = new
     row = tl.load(rows_ptr + b)
-    oo = (row * KV * G + g * G + gi)[:, None] * DV + dv[None, :]
-    tl.store(out_ptr + oo, acc / den[:, None], mask=(gi < G)[:, None])
+    tl.store(out_ptr + (row * KV * G + hh) * DV + dv, acc / den)
 
 
 def supports(k_cache: torch.Tensor, k_scales, sinks) -> bool:
@@ -116,21 +117,26 @@ def flash_decode(
     scale: float,
     softcap: float | None = None,
     out: torch.Tensor | None = None,
+    bj: int | None = None,
+    warps: int = 8,
 ) -> torch.Tensor:
     """`decode_attention` for unquantized caches: q [T, H, D] float32 -> [nd, H, Dv] float32.
-    With `out` [T, H, Dv] the results go straight to the plan's rows of it (returned)."""
+    With `out` [T, H, Dv] the results go straight to the plan's rows of it (returned). `bj`
+    (keys per step) and `warps` override the launch geometry (benchmarks)."""
     nd, m = plan.slots.shape
     _, _, kvh, d = k_cache.shape
     dv = v_cache.shape[-1]
     h = q.shape[1]
     g = h // kvh
     gp = triton.next_power_of_2(g)
-    bj = 16
-    ns = max(1, min(triton.cdiv(m, bj), triton.cdiv(PROGRAM_TARGET, nd * kvh)))
-    chunk = max(bj, triton.next_power_of_2(triton.cdiv(m, ns)))
+    step = 16
+    ns = max(1, min(triton.cdiv(m, step), triton.cdiv(PROGRAM_TARGET, nd * kvh)))
+    chunk = max(step, triton.next_power_of_2(triton.cdiv(m, ns)))
     ns = triton.cdiv(m, chunk)
     fit = max(1, PRODUCT_VALUES // (gp * max(d, dv)))
-    bj = max(bj, min(chunk, 1 << (fit.bit_length() - 1)))  # a power of two within the budget
+    if bj is None:  # a power of two within the register budget
+        bj = max(step, min(chunk, 1 << (fit.bit_length() - 1)))
+    bj = min(bj, chunk)
     dev = q.device
     mx = torch.empty(nd * kvh * ns * gp, dtype=torch.float32, device=dev)
     den = torch.empty_like(mx)
@@ -142,7 +148,7 @@ def flash_decode(
         qc, plan.rows, k_cache, v_cache, slots, pad.contiguous(), mx, den, acc,
         m, ns, scale, softcap or 0.0, CHUNK=chunk,
         KV=kvh, G=g, GP=gp, D=d, DV=dv, BJ=bj, HAS_PAD=plan.pad is not None,
-        CAP=softcap is not None, num_warps=8,
+        CAP=softcap is not None, num_warps=warps,
     )  # fmt: skip
     if out is None:
         out = torch.empty(nd, h, dv, dtype=torch.float32, device=dev)
@@ -150,5 +156,7 @@ def flash_decode(
     else:
         rows = plan.rows
     nsp = triton.next_power_of_2(ns)
-    _combine_kernel[(nd, kvh)](mx, den, acc, rows, out, ns, KV=kvh, G=g, GP=gp, DV=dv, NSP=nsp)
+    cb = min(nsp, max(1, COMBINE_VALUES // dv))
+    grid = (nd, kvh * g)
+    _combine_kernel[grid](mx, den, acc, rows, out, ns, KV=kvh, G=g, GP=gp, DV=dv, CB=cb, NSP=nsp)
     return out

@@ -14,9 +14,10 @@ import triton.language as tl
 from localllm.kernels.attention.decode import DecodePlan
 
 PROGRAM_TARGET = 264  # (sequence, kv head, key chunk) programs: two per SM of an H100/H200
-# Values of the [heads, keys, dims] score product one program holds: with 8 warps, 64 registers
-# a thread. A chunk within this runs in one pass: its k and v loads go out together (decode
-# attention on a GPU is bound by load latency, not bytes).
+# Values of the [heads, keys, dims] score product one program holds. A chunk within this runs in
+# one pass: its k and v loads go out together (decode attention on a GPU is bound by load
+# latency, not bytes). 4 warps: 6-34 us per layer at 256-4,096 keys for the Llama-3-8B and
+# Qwen3-30B-A3B shapes, 8 warps 0-60 % slower (H200, tests/perf/bench_attention.py).
 PRODUCT_VALUES = 16384
 COMBINE_VALUES = 8192  # partial-sum values one combine program loads at once (64 registers)
 
@@ -118,7 +119,7 @@ def flash_decode(
     softcap: float | None = None,
     out: torch.Tensor | None = None,
     bj: int | None = None,
-    warps: int = 8,
+    warps: int = 4,
 ) -> torch.Tensor:
     """`decode_attention` for unquantized caches: q [T, H, D] float32 -> [nd, H, Dv] float32.
     With `out` [T, H, Dv] the results go straight to the plan's rows of it (returned). `bj`

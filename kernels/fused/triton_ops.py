@@ -97,7 +97,12 @@ def rms_norm_cuda(
 
 
 def add_rms_norm_cuda(
-    x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, eps: float, quant: bool = False
+    x: torch.Tensor,
+    r: torch.Tensor,
+    w: torch.Tensor,
+    eps: float,
+    quant: bool = False,
+    warps: int = 4,
 ) -> tuple[torch.Tensor, torch.Tensor, QuantizedX | None]:
     x2, r2 = _rows(x), _rows(r)
     s, y = torch.empty_like(x2), torch.empty_like(x2)
@@ -117,7 +122,7 @@ def add_rms_norm_cuda(
         ADD=True,
         QUANT=xq is not None,
         RN=x.is_cuda,
-        num_warps=4,
+        num_warps=warps,
     )
     return s.reshape(x.shape), y.reshape(x.shape), xq
 

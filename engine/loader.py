@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from localllm.engine.gguf import GGUFModel
-from localllm.engine.layers import QuantLinear, dense
+from localllm.engine.linear import QuantLinear, dense
 from localllm.engine.models import model_module
 from localllm.engine.rope import Rotary
 from localllm.offload import QuantWeight

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from localllm.engine.layers import DenseParam, GatedMLP, QuantLinear, dense, without_bytes
+from localllm.engine.layers import DenseParam, GatedMLP
+from localllm.engine.linear import QuantLinear, dense, without_bytes
 from localllm.kernels.moe import (
     ExpertBiases,
     ExpertBlocks,

@@ -15,7 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from localllm.engine.layers import FusedLinear, QuantEmbedding, QuantLinear, dense
+from localllm.engine.layers import QuantEmbedding
+from localllm.engine.linear import FusedLinear, QuantLinear, dense
 from localllm.engine.models.common import arch_key
 from localllm.engine.rope import RopeConfig, Rotary
 from localllm.offload import QuantWeight

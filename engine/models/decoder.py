@@ -11,7 +11,8 @@ from torch import nn
 
 from localllm.engine.batch import BatchMeta
 from localllm.engine.kv_cache import PagedKVCache
-from localllm.engine.layers import QuantEmbedding, QuantLinear, RMSNorm
+from localllm.engine.layers import QuantEmbedding, RMSNorm
+from localllm.engine.linear import QuantLinear
 from localllm.engine.rope import Rotary
 
 

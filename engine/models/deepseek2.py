@@ -17,7 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from localllm.engine.layers import DenseParam, GatedMLP, QuantLinear, RMSNorm, attention
+from localllm.engine.layers import DenseParam, GatedMLP, RMSNorm, attention
+from localllm.engine.linear import QuantLinear
 from localllm.engine.models.common import arch_key
 from localllm.engine.models.decoder import Decoder
 from localllm.engine.moe import EXPERT_TENSORS, MoEFeedForward, Routing

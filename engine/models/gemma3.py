@@ -16,7 +16,8 @@ from torch import nn
 
 from localllm.engine.batch import BatchMeta
 from localllm.engine.kv_cache import PagedKVCache
-from localllm.engine.layers import GatedMLP, QuantLinear, RMSNorm, attention
+from localllm.engine.layers import GatedMLP, RMSNorm, attention
+from localllm.engine.linear import QuantLinear
 from localllm.engine.models.common import arch_key, rope_scale
 from localllm.engine.models.decoder import Decoder
 from localllm.engine.rope import RopeConfig, Rotary

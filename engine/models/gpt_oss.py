@@ -13,7 +13,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from localllm.engine.layers import DenseParam, QuantLinear, RMSNorm, attention
+from localllm.engine.layers import DenseParam, RMSNorm, attention
+from localllm.engine.linear import QuantLinear
 from localllm.engine.models.common import arch_key
 from localllm.engine.models.decoder import Decoder
 from localllm.engine.moe import EXPERT_TENSORS, MoEFeedForward

@@ -11,13 +11,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from localllm.engine.layers import (
-    FusedLinear,
-    GatedMLP,
-    QuantLinear,
-    RMSNorm,
-    rope_attention,
-)
+from localllm.engine.layers import GatedMLP, RMSNorm, rope_attention
+from localllm.engine.linear import FusedLinear, QuantLinear
 from localllm.engine.models.common import arch_key, rope_scale
 from localllm.engine.models.decoder import Decoder
 from localllm.engine.moe import EXPERT_TENSORS, MoEFeedForward

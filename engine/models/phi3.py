@@ -14,7 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from localllm.engine.layers import QuantLinear, RMSNorm, attention
+from localllm.engine.layers import RMSNorm, attention
+from localllm.engine.linear import QuantLinear
 from localllm.engine.models.common import arch_key, rope_scale
 from localllm.engine.models.decoder import Decoder
 from localllm.engine.rope import RopeConfig, Rotary

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from localllm.engine.layers import FusedLinear, QuantLinear, RMSNorm
+from localllm.engine.layers import RMSNorm
+from localllm.engine.linear import FusedLinear, QuantLinear
 from localllm.kernels.quant import QuantType
 from localllm.offload import QuantWeight
 from tests.kernels.conftest import random_blocks

@@ -137,7 +137,7 @@ def _mixtral_reference(g, spec: MoESpec):
     """transformers' MixtralForCausalLM holding the GGUF's weights (its GGUF reader has no
     Mixtral mapping, so the state dict is built here)."""
     transformers = pytest.importorskip("transformers")
-    from localllm.engine.layers import dense
+    from localllm.engine.linear import dense
 
     cfg = transformers.MixtralConfig(
         vocab_size=spec.vocab,

@@ -1,0 +1,176 @@
+"""Keep-quant linear layers: `QuantLinear` (one GGUF weight, multiplied by its prepared kernel
+while it stays in its ggml encoding) and `FusedLinear` (several weights that read one input, run
+as few matmuls over stacked rows), plus the small-tensor helpers `dense` and `without_bytes`.
+"""
+
+import dataclasses
+
+import torch
+from torch import nn
+
+from localllm.kernels.fused import QUANT_MAX_ROWS
+from localllm.kernels.quant.dequant import dequantize
+from localllm.kernels.quant.linear import prepare_linear
+from localllm.offload import QuantWeight
+
+
+def dense(w: QuantWeight) -> torch.Tensor:
+    """A small tensor (norm weights, biases) expanded to float32 in its logical shape."""
+    return dequantize(w.data, w.qtype).reshape(w.shape)
+
+
+def without_bytes(w: QuantWeight) -> QuantWeight:
+    """`w` with a zero-storage stand-in of the same shape for its data: the metadata (type, shape,
+    byte count, source range) stays for residency accounting; the bytes live in a kernel layout."""
+    stub = torch.zeros(1, dtype=torch.uint8, device=w.data.device).expand(w.data.shape)
+    return dataclasses.replace(w, data=stub)
+
+
+class QuantLinear(nn.Module):
+    """y = x @ W.T (+ b) with W kept as raw ggml blocks; the kernel dequantizes in the matmul."""
+
+    def __init__(self, in_features: int, out_features: int, precise: bool = False):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.precise = precise
+        self.weight: QuantWeight | None = None
+        self.bias: torch.Tensor | None = None
+        self._prepared = None
+
+    def load_tensor(self, suffix: str, w: QuantWeight) -> None:
+        if suffix == "bias":
+            self.bias = dense(w).reshape(self.out_features)
+            return
+        if suffix != "weight":
+            raise KeyError(suffix)
+        if tuple(w.shape) != (self.out_features, self.in_features):
+            raise ValueError(
+                f"expected shape {(self.out_features, self.in_features)}, got {tuple(w.shape)}"
+            )
+        self.weight = w
+        self._prepared = prepare_linear(w.data, w.qtype, w.shape, precise=self.precise)
+
+    @property
+    def loaded(self) -> bool:
+        return self.weight is not None
+
+    def kernels(self) -> list:
+        """The prepared kernel weights this module multiplies by (none once a FusedLinear does)."""
+        return [self._prepared] if self._prepared is not None else []
+
+    def release_kernel(self) -> None:
+        """Drop the prepared kernel weight once a FusedLinear computes this layer."""
+        self._prepared = None
+
+    def dense_weight(self) -> torch.Tensor | None:
+        """The float32 W [N, K] the kernel multiplies by, when it keeps one (else None)."""
+        w = getattr(self._prepared, "w", None)
+        return w if isinstance(w, torch.Tensor) and w.dtype == torch.float32 else None
+
+    def drop_raw_copy(self) -> None:
+        """Free the raw device copy once the kernel holds the bytes in its own layout (call after
+        fusing: FusedLinear stacks raw rows). The QuantWeight keeps its shape and byte count."""
+        if getattr(self._prepared, "repacked", False) and self.weight.data.device.type != "cpu":
+            self.weight = without_bytes(self.weight)
+
+    def forward(self, x: torch.Tensor, xq=None) -> torch.Tensor:
+        """`xq`: x's rows already quantized by the kernel that made x (see `kernels.fused`)."""
+        y = _matmul(self._prepared, x.reshape(-1, self.in_features), xq)
+        y = y.reshape(*x.shape[:-1], self.out_features)
+        return y + self.bias if self.bias is not None else y
+
+
+def _matmul(prepared, x: torch.Tensor, xq) -> torch.Tensor:
+    # only the triton kernels take pre-quantized rows; the others ignore the twin
+    if xq is not None and prepared.kind == "triton":
+        return prepared.matmul(x, xq)
+    return prepared.matmul(x)
+
+
+class FusedLinear(nn.Module):
+    """Several QuantLinears that read the same input, run as few matmuls over stacked rows.
+
+    Consecutive parts of one ggml type share one kernel weight (q/k/v: one call instead of three;
+    gate/up: one instead of two); parts of another type (Q4_K_M's Q6_K attn_v) get their own,
+    and all share the input's quantization on CUDA. The parts keep their QuantWeights (residency
+    still sees every GGUF tensor). Stacking raw ggml rows is exact: blocks never straddle rows.
+    """
+
+    def __init__(self, parts: list[QuantLinear]):
+        super().__init__()
+        self.sizes = [p.out_features for p in parts]
+        self.in_features = parts[0].in_features
+        self._groups: list[tuple[object, list[int]]] = []  # (kernel weight, part sizes)
+        i = 0
+        while i < len(parts):
+            j = i + 1
+            while j < len(parts) and parts[j].weight.qtype == parts[i].weight.qtype:
+                j += 1
+            self._groups.append((self._stack(parts[i:j]), self.sizes[i:j]))
+            i = j
+        device = parts[0].weight.data.device
+        biases = [
+            p.bias if p.bias is not None else torch.zeros(p.out_features, device=device)
+            for p in parts
+        ]
+        has_bias = any(p.bias is not None for p in parts)
+        self.bias = torch.cat(biases) if has_bias else None
+        for p in parts:
+            p.release_kernel()
+
+    @staticmethod
+    def _stack(parts: list[QuantLinear]):
+        w0 = parts[0].weight
+        data = torch.cat([p.weight.data for p in parts])
+        shape = (sum(p.out_features for p in parts), parts[0].in_features)
+        prepared = prepare_linear(data, w0.qtype, shape, precise=parts[0].precise)
+        if getattr(prepared, "repacked", False) and data.device.type != "cpu":
+            for p in parts:  # the kernel holds the only device copy, in its own layout
+                p.weight = without_bytes(p.weight)
+        elif data.device.type != "cpu":  # the parts view the stacked upload: one copy on the GPU
+            for p, rows in zip(parts, data.split([p.out_features for p in parts]), strict=True):
+                p.weight = dataclasses.replace(p.weight, data=rows)
+        return prepared
+
+    @staticmethod
+    def fusable(parts: list[QuantLinear], mixed: bool = False) -> bool:
+        """Loaded parts with one input size; of one ggml type unless `mixed` (then the types may
+        differ: one kernel weight per run of equal types)."""
+        w = [p.weight for p in parts]
+        if not all(x is not None for x in w):
+            return False
+        same = mixed or all(x.qtype == w[0].qtype for x in w)
+        return same and all(p.in_features == parts[0].in_features for p in parts)
+
+    def kernels(self) -> list:
+        return [k for k, _ in self._groups]
+
+    def project(self, x: torch.Tensor, xq=None) -> torch.Tensor:
+        """The stacked outputs [T, sum(sizes)], parts side by side in the order given (one kernel
+        weight only: GatedMLP's gate/up)."""
+        if len(self._groups) != 1:
+            raise ValueError("project() needs parts of one ggml type; call the module instead")
+        y = _matmul(self._groups[0][0], x.reshape(-1, self.in_features), xq)
+        return y + self.bias if self.bias is not None else y
+
+    def forward(self, x: torch.Tensor, xq=None) -> tuple[torch.Tensor, ...]:
+        """Each part's output [T, size] (views of the group outputs)."""
+        x2 = x.reshape(-1, self.in_features)
+        packed = all(getattr(k, "repacked", False) for k, _ in self._groups)
+        if xq is None and len(self._groups) > 1 and x2.is_cuda and packed:
+            xq = _quantized_twin(x2)  # once for every group
+        outs: list[torch.Tensor] = []
+        for kernel, sizes in self._groups:
+            outs.extend(_matmul(kernel, x2, xq).split(sizes, dim=-1))
+        if self.bias is not None:
+            outs = [o + b for o, b in zip(outs, self.bias.split(self.sizes), strict=True)]
+        return tuple(outs)
+
+
+def _quantized_twin(x: torch.Tensor):
+    """x's rows quantized for the dp4a GEMVs when they will take them (else None)."""
+    if x.shape[0] > QUANT_MAX_ROWS or x.dtype != torch.float32 or x.shape[1] % 32:
+        return None
+    from localllm.kernels.quant.triton_packed import quantize_x8
+
+    return quantize_x8(x.contiguous())

@@ -1,0 +1,93 @@
+"""Compile the fused and attention triton kernels for sm_90 on a machine without a GPU (not a test).
+
+    python tests/perf/compile_sm90.py
+
+triton's frontend, its LLVM/PTX passes and its bundled ptxas run without a device, so type errors
+(one name bound to two pointer types across an `if`) and register spills show up here before a
+device call is spent on them. Prints ptxas's registers and spill bytes per kernel variant, at the
+decode shapes of Llama-3-8B (4096 wide, 32 q / 8 kv heads of 128) and Qwen3-30B-A3B (2048, 32 / 4).
+"""
+
+import os
+import re
+import subprocess
+import tempfile
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from localllm.kernels.attention import triton_decode
+from localllm.kernels.fused import triton_ops, triton_rope
+from localllm.kernels.quant import triton_dp4a
+
+F32, I32, I64 = "*fp32", "*i32", "*i64"
+PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+
+
+def compile_one(fn, sig: dict[str, str], const: dict, warps: int = 4) -> str:
+    """ptxas's resource line for `fn` with these argument types and constexprs."""
+    full = {**sig, **dict.fromkeys(const, "constexpr")}
+    names = list(full)
+    constexprs = {(names.index(k),): v for k, v in const.items()}
+    src = ASTSource(fn=fn, signature=full, constexprs=constexprs)
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+    with tempfile.TemporaryDirectory() as d:
+        ptx = os.path.join(d, "k.ptx")
+        with open(ptx, "w") as f:
+            f.write(k.asm["ptx"])
+        cmd = [PTXAS, "-v", "--gpu-name", "sm_90a", ptx, "-o", os.path.join(d, "k.cubin")]
+        out = subprocess.run(cmd, capture_output=True, text=True, check=True).stderr
+    regs = re.search(r"Used (\d+) registers", out)
+    spill = re.search(r"(\d+) bytes spill stores", out)
+    return (
+        f"{regs.group(1) if regs else '?'} registers, {spill.group(1) if spill else '?'} B spilled"
+    )
+
+
+def main() -> None:
+    norm = dict.fromkeys(("x_ptr", "r_ptr", "s_ptr", "w_ptr", "y_ptr"), F32)
+    norm |= {"q_ptr": I32, "d_ptr": F32, "s16_ptr": I32, "xs_ptr": F32, "D": "i32", "eps": "fp32"}
+    silu = {"gu_ptr": F32, "y_ptr": F32, "q_ptr": I32, "d_ptr": F32, "s16_ptr": I32, "xs_ptr": F32}
+    silu["H"] = "i32"
+    rope = dict.fromkeys(("q_ptr", "k_ptr", "v_ptr"), F32) | dict.fromkeys(
+        ("sq", "sk", "sv"), "i32"
+    )
+    rope |= dict.fromkeys(("cos_ptr", "sin_ptr", "qn_ptr", "kn_ptr"), F32) | {"eps": "fp32"}
+    rope |= {"out_ptr": F32, "kc_ptr": "*fp16", "vc_ptr": "*fp16", "slot_ptr": I64, "s_slot": "i32"}
+    split = {"q_ptr": F32, "rows_ptr": I64, "k_ptr": "*fp16", "v_ptr": "*fp16", "slots_ptr": I64}
+    split |= {"pad_ptr": "*i1", "m_ptr": F32, "l_ptr": F32, "acc_ptr": F32, "M": "i32", "NS": "i32"}
+    split |= {"scale": "fp32", "softcap": "fp32"}
+    comb = {
+        "m_ptr": F32,
+        "l_ptr": F32,
+        "acc_ptr": F32,
+        "rows_ptr": I64,
+        "out_ptr": F32,
+        "NS": "i32",
+    }
+    quant = {"x_ptr": F32, "q_ptr": I32, "d_ptr": F32, "s16_ptr": I32, "xsum_ptr": F32, "K": "i32"}
+    cases = [
+        (triton_dp4a._quant_x8, quant, {"G": 16, "RN": True}, 4),
+        (triton_ops._silu_mul, silu, {"BH": 1024, "QUANT": True, "RN": True}, 4),
+    ]
+    for d in (2048, 4096):
+        flags = {"BD": d, "ADD": True, "QUANT": True, "RN": True}
+        cases.append((triton_ops._rms_norm, norm, flags, 4))
+    for kv, g in ((8, 4), (4, 8)):  # Llama-3-8B, Qwen3-30B-A3B
+        heads = {"NQ": kv * g, "NKV": kv, "HD": 128, "ROT": 128, "NEOX": kv == 4, "NORM": kv == 4}
+        cases.append((triton_rope._rope_qkv, rope, {**heads, "BP": 64, "BD": 128}, 1))
+        bj = 32 if g == 4 else 16
+        geo = {"CHUNK": bj, "KV": kv, "G": g, "GP": g, "D": 128, "DV": 128, "BJ": bj}
+        cases.append(
+            (triton_decode._split_kernel, split, {**geo, "HAS_PAD": True, "CAP": False}, 4)
+        )
+        cases.append((triton_decode._combine_kernel, comb, {"KV": kv, "G": g, "GP": g, "DV": 128,
+                                                            "CB": 64, "NSP": 64}, 4))  # fmt: skip
+    for fn, sig, const, warps in cases:
+        shown = {k: v for k, v in const.items() if k in ("BD", "NQ", "NKV", "G", "BJ", "QUANT")}
+        print(f"{fn.__name__} {shown} x {warps} warps: {compile_one(fn, sig, const, warps)}")
+
+
+if __name__ == "__main__":
+    main()

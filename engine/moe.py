@@ -12,7 +12,6 @@ block gets, and the plan itself, are `engine.moe_residency`'s.
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -36,9 +35,6 @@ from localllm.offload.expert_cache import (
 )
 
 log = logging.getLogger(__name__)
-
-if TYPE_CHECKING:
-    pass
 
 EXPERT_TENSORS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
 
@@ -198,7 +194,9 @@ class MoEFeedForward(nn.Module):
     def forward(self, x: torch.Tensor, xq=None) -> torch.Tensor:
         """`xq`: x's rows quantized by the norm that made x (resident packed experts use it)."""
         weights, ids = self.route(x)
-        self.source.routed(self.layer, ids)
+        # a slot pool maps ids to slots on the host: one copy serves the source and the mapping
+        host = ids.cpu() if getattr(self.source, "packed_pool", None) is not None else None
+        self.source.routed(self.layer, ids if host is None else host)
         if self.guess_next is not None:  # reads for the next layer overlap this one's compute
             self.guess_next(x)
         # shared experts first: on a device their kernels run while the CPU does host experts
@@ -206,13 +204,14 @@ class MoEFeedForward(nn.Module):
         if self.compute_on is not None:
             y = self._routed_on_host(x, weights, ids)
         else:
-            y = self._routed(x.reshape(-1, self.dim), weights, ids, xq)
+            y = self._routed(x.reshape(-1, self.dim), weights, ids, xq, host)
         y = y.reshape(x.shape).to(x.dtype)
         return y + shared if shared is not None else y
 
     def _routed(
-        self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, xq=None
+        self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, xq=None, host=None
     ) -> torch.Tensor:
+        """`host`: ids copied to the host already (streamed into a slot pool), or None."""
         self._device = x.device
         if self.packed is not None:  # resident on the GPU: routing never leaves the device
             from localllm.kernels.moe.packed import expert_ffn_packed
@@ -221,14 +220,32 @@ class MoEFeedForward(nn.Module):
             self.source.stats.lookups += ids.numel()
             self.source.stats.hits += ids.numel()
             return expert_ffn_packed(x, weights, ids, self.packed, self.format, xq)
+        pool = getattr(self.source, "packed_pool", None)
+        if pool is not None and ids.shape[0] <= pool.max_tokens:
+            slots = self._slots(ids if host is None else host, x.device)
+            if slots is not None:  # the resident kernels over the slot pool: same bits
+                from localllm.kernels.moe.packed import expert_ffn_packed
+
+                return expert_ffn_packed(x, weights, slots, pool.pe, self.format, xq)
         parts = (self.ffn_gate_exps, self.ffn_up_exps, self.ffn_down_exps)
         biases = ExpertBiases(*(t.bias for t in parts)) if parts[0].bias is not None else None
-        if x.is_cuda and biases is None:
+        if (x.is_cuda or pool is not None) and biases is None:
             from localllm.kernels.moe.packed import expert_ffn_fetched, packable
 
             if packable(self.format):  # streamed or host-copied: the same math as resident
                 return expert_ffn_fetched(x, weights, ids, self.fetch, self.format)
         return expert_ffn_grouped(x, weights, ids, self.fetch, self.format, biases)
+
+    def _slots(self, ids: torch.Tensor, device: torch.device) -> torch.Tensor | None:
+        """`ids` [T, k] as slot numbers on `device` of a streamed packed pool, the missing
+        experts read in; None when the layer's experts outnumber the slots."""
+        flat = ids.reshape(-1).tolist()
+        experts = sorted(set(flat))
+        if len(experts) > self.source.n_slots:
+            return None
+        slot = dict(zip(experts, self.source.slots_for(self.layer, experts), strict=True))
+        sid = torch.tensor([slot[e] for e in flat], dtype=torch.int64)
+        return sid.to(device).view(ids.shape)
 
     def _routed_on_host(
         self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor

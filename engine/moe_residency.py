@@ -57,7 +57,8 @@ def _pack_on(disk: list[MoEFeedForward]) -> torch.device | None:
 
 def apply_residency(model: nn.Module, plan: ResidencyPlan) -> list[ExpertSource]:
     """Give every MoE block its expert source from the plan: resident layers share one
-    `ResidentExperts`, disk layers one `StreamedExperts` (their blocks are then released).
+    `ResidentExperts`, disk layers a `StreamedExperts` (one per expert format when the slots are
+    packed on a GPU; their blocks are then released).
     Host-tier layers compute on the CPU unless the plan says `host_compute = device` (on a
     CPU-only run that dispatch moves nothing)."""
     tiers = plan.expert_tiers()
@@ -72,20 +73,11 @@ def apply_residency(model: nn.Module, plan: ResidencyPlan) -> list[ExpertSource]
             ranges, shapes = tuple(r for r, _ in parts), tuple(s for _, s in parts)
             layouts[b.layer] = ExpertLayout(b.ffn_gate_exps.shape[0], ranges, shapes, b.format)
             del resident[b.layer]
-        st = plan.streaming
-        prepare = all(_on_cpu(b) for b in disk)  # a device model gets its disk experts raw
-        streamed = StreamedExperts(
-            layouts, st.slots, st.prefetch, st.evict, prepare=prepare, pack_on=_pack_on(disk)
-        )
-        for b in disk:
-            b.attach(streamed)
-            for t in (b.ffn_gate_exps, b.ffn_up_exps, b.ffn_down_exps):
-                t.release()
-        if st.prefetch:  # each block guesses for the next one when that one streams
+        sources += _stream(disk, layouts, plan)
+        if plan.streaming.prefetch:  # each block guesses for the next one when that one streams
             for b, nxt in itertools.pairwise(blocks):
                 if nxt in disk:
                     b.guess_next = nxt.guess_experts
-        sources.append(streamed)
     if resident:
         for b in blocks:
             if tiers.get(b.layer) == "host" and plan.host_compute == "host":
@@ -96,6 +88,32 @@ def apply_residency(model: nn.Module, plan: ResidencyPlan) -> list[ExpertSource]
             if b.layer in resident:
                 b.attach(shared)
         sources.append(shared)
+    return sources
+
+
+def _stream(
+    disk: list[MoEFeedForward], layouts: dict[int, ExpertLayout], plan: ResidencyPlan
+) -> list[StreamedExperts]:
+    """The disk layers' slot caches: one, or where the slots are packed on a GPU, one per expert
+    format (a packed pool holds one format), the slots shared out by layer count."""
+    st = plan.streaming
+    prepare = all(_on_cpu(b) for b in disk)  # a device model gets its disk experts raw
+    pack_on = _pack_on(disk)
+    groups: dict[object, list[MoEFeedForward]] = {}
+    for b in disk:
+        groups.setdefault(b.format if pack_on is not None else None, []).append(b)
+    sources = []
+    for group in groups.values():
+        share = max(1, st.slots * len(group) // len(disk))
+        mine = {b.layer: layouts[b.layer] for b in group}
+        streamed = StreamedExperts(
+            mine, share, st.prefetch, st.evict, prepare, pack_on, n_used=group[0].n_used
+        )
+        for b in group:
+            b.attach(streamed)
+            for t in (b.ffn_gate_exps, b.ffn_up_exps, b.ffn_down_exps):
+                t.release()
+        sources.append(streamed)
     return sources
 
 

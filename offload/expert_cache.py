@@ -188,8 +188,10 @@ class StreamedExperts:
     `prepare` (experts computed on the CPU; every layout needs its `fmt`), a slot's expert is
     prepared right after it is read, in the reading thread, and `fetch` answers with that
     PreparedExpert until the slot is reused: at most slots x (raw + prepared) bytes. With
-    `pack_on` (a CUDA device), the slot's expert is instead copied there once, in the GPU kernels'
-    packed layout (`kernels.moe.packed.PackedExperts`), and hits never cross the bus again. With
+    `pack_on` (a CUDA device; all layouts of one format), the slots are a `PackedSlotPool` there:
+    a read is staged in one of two host buffers (one per reading thread) and packed into its
+    slot once, hits never cross the bus again, and `slots_for` gives the slot numbers the grouped
+    GEMVs read in place of expert ids (`n_used`: choices per token, for the pool's counters). With
     `prefetch`, `guess(layer, experts)` starts reading the guessed experts of a coming layer on
     one background thread into free or evictable slots (never the current layer's experts);
     all slot bookkeeping stays on the calling thread, the worker only fills a reserved slot.
@@ -203,6 +205,7 @@ class StreamedExperts:
         evict: str = "lru",
         prepare: bool = False,
         pack_on: torch.device | None = None,
+        n_used: int = 8,
     ):
         if slots < 1:
             raise ValueError("expert streaming needs at least one slot")
@@ -210,7 +213,6 @@ class StreamedExperts:
             raise ValueError(f"evict must be lru or lfu, not {evict!r}")
         if (prepare or pack_on) and any(lay.fmt is None for lay in layouts.values()):
             raise ValueError("preparing streamed experts needs every layout's fmt")
-        self.pack_on = pack_on
         self.layouts = dict(layouts)
         self.slot_bytes = max(lay.expert_nbytes for lay in self.layouts.values())
         self.prepare = prepare
@@ -218,12 +220,14 @@ class StreamedExperts:
         self.prepared_slot_bytes = (
             max(prepared_format_nbytes(lay.fmt) for lay in self.layouts.values()) if prepare else 0
         )
-        if pack_on is not None:  # a device copy of the slot in the GPU kernels' layout
-            self.prepared_slot_bytes = self.slot_bytes
+        self.packed_pool = None if pack_on is None else self._device_pool(pack_on, slots, n_used)
         self._prepared: list[PreparedExpert | None] = [None] * slots  # per slot, with prepare
         self.n_slots, self.prefetch, self.evict = slots, prefetch, evict
-        self.pool = torch.empty(slots, self.slot_bytes, dtype=torch.uint8)
-        self._views = [memoryview(self.pool[i].numpy()) for i in range(slots)]
+        # packed on a device: the host only stages reads (one buffer per reading thread)
+        buffers = 2 if self.packed_pool is not None else slots
+        pin = pack_on is not None and pack_on.type == "cuda"
+        self.pool = torch.empty(buffers, self.slot_bytes, dtype=torch.uint8, pin_memory=pin)
+        self._views = [memoryview(self.pool[i].numpy()) for i in range(buffers)]
         self._lru: OrderedDict[tuple[int, int], int] = OrderedDict()  # key -> slot, oldest first
         self._free = list(range(slots - 1, -1, -1))
         self._loading: dict[tuple[int, int], tuple[int, Future]] = {}  # read-ahead in flight
@@ -238,25 +242,37 @@ class StreamedExperts:
         self._fds: dict[str, int] = {path: os.open(path, os.O_RDONLY) for path in paths}
         self.stats = ExpertStats()
 
+    def _device_pool(self, device: torch.device, slots: int, n_used: int):
+        """The slots as one packed pool on `device` (every layout must share one format)."""
+        fmts = {lay.fmt for lay in self.layouts.values()}
+        if len(fmts) != 1:
+            raise ValueError(f"a packed slot pool holds one expert format, not {len(fmts)}")
+        from localllm.kernels.moe.slot_pool import PackedSlotPool  # CUDA only: imports triton
+
+        pool = PackedSlotPool(next(iter(fmts)), slots, n_used, device)
+        self.prepared_slot_bytes = pool.slot_nbytes
+        return pool
+
     @property
     def nbytes(self) -> int:
-        """The most the pool holds: slots x (raw expert + its prepared form, if preparing)."""
+        """The most the slots hold: raw buffers + prepared or packed forms (host and device)."""
         return self.pool.numel() + self.n_slots * self.prepared_slot_bytes
 
-    def _blocks(self, slot: int, layout: ExpertLayout) -> ExpertBlocks:
+    def _blocks(self, buf: int, layout: ExpertLayout) -> ExpertBlocks:
         parts, pos = [], 0
         for rows, rb in layout.shapes:
-            parts.append(self.pool[slot, pos : pos + rows * rb].view(rows, rb))
+            parts.append(self.pool[buf, pos : pos + rows * rb].view(rows, rb))
             pos += rows * rb
         return ExpertBlocks(*parts)
 
-    def _read(self, slot: int, layout: ExpertLayout, expert: int) -> float:
+    def _read(self, slot: int, layout: ExpertLayout, expert: int, ahead: bool = False) -> float:
         """Fill `slot` with the expert (and prepare it) and count the read; returns the seconds
-        both took. Touches only the slot's buffer and prepared entry, and (under the lock) the
-        counters."""
+        both took. Touches only the slot's buffer (or, packed on a device, the reading thread's
+        staging buffer) and prepared entry, and (under the lock) the counters."""
         self._prepared[slot] = None  # freed before the next one is made: the bound holds
         t0 = time.perf_counter()
-        pos, view = 0, self._views[slot]
+        buf = int(ahead) if self.packed_pool is not None else slot
+        pos, view = 0, self._views[buf]
         for rng in layout.expert_ranges(expert):
             fd, done = self._fds[rng.path], 0
             while done < rng.nbytes:  # pread may return short counts
@@ -269,23 +285,17 @@ class StreamedExperts:
         with self._lock:
             self.stats.bytes_read += pos
             self.stats.read_seconds += seconds
-        if self.prepare or self.pack_on is not None:
+        if self.prepare or self.packed_pool is not None:
             t1 = time.perf_counter()
-            self._prepared[slot] = self._prepare(self._blocks(slot, layout), layout.fmt)
+            b, pool = self._blocks(buf, layout), self.packed_pool
+            made = prepare_expert(b, layout.fmt) if pool is None else pool.fill(slot, b)
+            self._prepared[slot] = made
             prep = time.perf_counter() - t1
             with self._lock:
                 self.stats.prepared += 1
                 self.stats.prepare_seconds += prep
             seconds += prep
         return seconds
-
-    def _prepare(self, b: ExpertBlocks, fmt: ExpertFormat):
-        if self.pack_on is None:
-            return prepare_expert(b, fmt)
-        from localllm.kernels.moe.packed import pack_experts  # CUDA only: imports triton
-
-        dev = [t.to(self.pack_on)[None] for t in (b.gate, b.up, b.down)]
-        return pack_experts(*dev, fmt, 1)
 
     def _victim(self, keep: set[tuple[int, int]]) -> int | None:
         """A slot to reuse: a free one, else an evicted one outside `keep` (None: none)."""
@@ -315,7 +325,22 @@ class StreamedExperts:
             self._lru.move_to_end(key, last=False)
 
     def fetch(self, layer: int, expert: int) -> ExpertBlocks | PreparedExpert:
-        key, layout = (layer, expert), self.layouts[layer]
+        slot = self._lookup(layer, expert, keep_layer=False)
+        if self.prepare or self.packed_pool is not None:
+            return self._prepared[slot]
+        return self._blocks(slot, self.layouts[layer])
+
+    def slots_for(self, layer: int, experts: list[int]) -> list[int]:
+        """The slot of each of `experts` (one layer's, after `routed`), reading the missing
+        ones; all stay in place together, so there must be no more of them than slots."""
+        if len(experts) > self.n_slots:
+            raise ValueError(f"{len(experts)} experts do not fit in {self.n_slots} slots")
+        return [self._lookup(layer, e, keep_layer=True) for e in experts]
+
+    def _lookup(self, layer: int, expert: int, keep_layer: bool) -> int:
+        """The slot holding (layer, expert), read into one on a miss. `keep_layer`: never evict
+        the layer's other experts (wait for read-aheads instead); else only prefer not to."""
+        key = (layer, expert)
         self.stats.lookups += 1
         self._uses[key] = self._uses.get(key, 0) + 1
         if key in self._loading:
@@ -327,21 +352,22 @@ class StreamedExperts:
             if key in self._ahead:
                 self._ahead.discard(key)
                 self.stats.prefetch_hits += 1
-        else:
-            self.stats.misses += 1
-            # spare the layer's other experts (a read-ahead may hold one it has yet to use)
-            slot = self._victim(self._pinned)
-            slot = self._victim(set()) if slot is None else slot
-            while slot is None:  # every slot is being read ahead: take one when it lands
-                self._settle(next(iter(self._loading)))
-                slot = self._victim(set())
-            self._lru[key] = slot
-            seconds = self._read(slot, layout, expert)
-            with self._lock:
-                self.stats.stall_seconds += seconds
-        if self.prepare or self.pack_on is not None:
-            return self._prepared[slot]
-        return self._blocks(slot, layout)
+            return slot
+        self.stats.misses += 1
+        # spare the layer's other experts (a read-ahead may hold one it has yet to use)
+        slot = self._victim(self._pinned)
+        if slot is None and not keep_layer:
+            slot = self._victim(set())
+        while slot is None:  # every slot is being read ahead: take one when it lands
+            if not self._loading:
+                raise RuntimeError("no expert slot can be reused")
+            self._settle(next(iter(self._loading)))
+            slot = self._victim(self._pinned if keep_layer else set())
+        self._lru[key] = slot
+        seconds = self._read(slot, self.layouts[layer], expert)
+        with self._lock:
+            self.stats.stall_seconds += seconds
+        return slot
 
     def routed(self, layer: int, ids: torch.Tensor) -> None:
         used = set(torch.unique(ids).tolist())
@@ -367,7 +393,7 @@ class StreamedExperts:
             slot = self._victim(keep | {key})
             if slot is None:
                 return
-            fut = self._worker.submit(self._read, slot, self.layouts[layer], e)
+            fut = self._worker.submit(self._read, slot, self.layouts[layer], e, True)
             self._loading[key] = (slot, fut)
             self._ahead.add(key)
             self.stats.prefetched += 1

@@ -20,6 +20,9 @@ PROGRAM_TARGET = 264  # (sequence, kv head, key chunk) programs: two per SM of a
 # Qwen3-30B-A3B shapes, 8 warps 0-60 % slower (H200, tests/perf/bench_attention.py).
 PRODUCT_VALUES = 16384
 COMBINE_VALUES = 8192  # partial-sum values one combine program loads at once (64 registers)
+# The split on tensor cores (`_split_dot_kernel`): None (the FMA split), "exact" or "native" (see
+# the kernel). Not yet measured on the H200, so not the default.
+SPLIT_DOT: str | None = None
 
 
 @triton.jit
@@ -65,6 +68,62 @@ def _split_kernel(
     tl.store(m_ptr + part * GP + gi, mx)
     tl.store(l_ptr + part * GP + gi, den)
     tl.store(acc_ptr + (part * GP + gi)[:, None] * DV + dv[None, :], acc)
+
+
+@triton.jit
+def _split_dot_kernel(
+    q_ptr, rows_ptr, k_ptr, v_ptr, slots_ptr, pad_ptr, m_ptr, l_ptr, acc_ptr,
+    M, NS, scale, softcap, CHUNK: tl.constexpr,
+    KV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, GH: tl.constexpr, D: tl.constexpr,
+    DV: tl.constexpr, BJ: tl.constexpr, HAS_PAD: tl.constexpr, CAP: tl.constexpr,
+    EXACT: tl.constexpr,
+):  # fmt: skip
+    """`_split_kernel` with both products on tensor cores, the group's query heads padded to GH
+    (>= 16) rows. EXACT: float32 operands in three tf32 passes (~float32 products); else q and
+    the softmax weights are rounded to the cache's type (llama.cpp's flash attention does so)."""
+    b, g, c = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    gi = tl.arange(0, GH)
+    gm = gi < G
+    d = tl.arange(0, D)
+    dv = tl.arange(0, DV)
+    row = tl.load(rows_ptr + b)
+    qo = (row * KV * G + g * G + gi)[:, None] * D + d[None, :]
+    q = tl.load(q_ptr + qo, mask=gm[:, None], other=0.0).to(tl.float32) * scale
+    mx = tl.full([GH], float("-inf"), tl.float32)
+    den = tl.zeros([GH], dtype=tl.float32)
+    acc = tl.zeros([GH, DV], dtype=tl.float32)
+    for i in range(CHUNK // BJ):
+        j = c * CHUNK + i * BJ + tl.arange(0, BJ)
+        ok = j < M
+        slot = tl.load(slots_ptr + b.to(tl.int64) * M + j, mask=ok, other=0)
+        if HAS_PAD:
+            ok &= tl.load(pad_ptr + b.to(tl.int64) * M + j, mask=ok, other=1) == 0
+        base = slot * KV + g
+        k = tl.load(k_ptr + base[:, None] * D + d[None, :], mask=ok[:, None], other=0.0)
+        v = tl.load(v_ptr + base[:, None] * DV + dv[None, :], mask=ok[:, None], other=0.0)
+        if EXACT:
+            s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="tf32x3")  # [GH, BJ]
+        else:
+            s = tl.dot(q.to(k.dtype), tl.trans(k))
+        if CAP:
+            s = softcap * (1.0 - 2.0 / (tl.exp(2.0 * s / softcap) + 1.0))
+        s = tl.where(ok[None, :], s, float("-inf"))
+        new = tl.maximum(mx, tl.max(s, axis=1))
+        safe = tl.where(new == float("-inf"), 0.0, new)
+        p = tl.exp(s - safe[:, None])
+        alpha = tl.exp(mx - safe)
+        if EXACT:
+            pv = tl.dot(p, v.to(tl.float32), input_precision="tf32x3")
+        else:
+            pv = tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + pv
+        den = den * alpha + tl.sum(p, axis=1)
+        mx = new
+    part = (b * KV + g) * NS + c
+    keep = gi < GP  # the partials are laid out for GP heads per group
+    tl.store(m_ptr + part * GP + gi, mx, mask=keep)
+    tl.store(l_ptr + part * GP + gi, den, mask=keep)
+    tl.store(acc_ptr + (part * GP + gi)[:, None] * DV + dv[None, :], acc, mask=keep[:, None])
 
 
 @triton.jit
@@ -120,10 +179,11 @@ def flash_decode(
     out: torch.Tensor | None = None,
     bj: int | None = None,
     warps: int = 4,
+    dot: str | None = SPLIT_DOT,
 ) -> torch.Tensor:
     """`decode_attention` for unquantized caches: q [T, H, D] float32 -> [nd, H, Dv] float32.
     With `out` [T, H, Dv] the results go straight to the plan's rows of it (returned). `bj`
-    (keys per step) and `warps` override the launch geometry (benchmarks)."""
+    (keys per step), `warps` and `dot` (the tensor-core split) override the launch (benchmarks)."""
     nd, m = plan.slots.shape
     _, _, kvh, d = k_cache.shape
     dv = v_cache.shape[-1]
@@ -145,12 +205,16 @@ def flash_decode(
     pad = plan.pad.reshape(nd, m) if plan.pad is not None else plan.slots
     slots = plan.slots.contiguous()
     qc = q.contiguous()
-    _split_kernel[(nd, kvh, ns)](
-        qc, plan.rows, k_cache, v_cache, slots, pad.contiguous(), mx, den, acc,
-        m, ns, scale, softcap or 0.0, CHUNK=chunk,
-        KV=kvh, G=g, GP=gp, D=d, DV=dv, BJ=bj, HAS_PAD=plan.pad is not None,
-        CAP=softcap is not None, num_warps=warps,
-    )  # fmt: skip
+    args = (qc, plan.rows, k_cache, v_cache, slots, pad.contiguous(), mx, den, acc, m, ns, scale)
+    geo = {"CHUNK": chunk, "KV": kvh, "G": g, "GP": gp, "D": d, "DV": dv, "BJ": bj}
+    flags = {"HAS_PAD": plan.pad is not None, "CAP": softcap is not None, "num_warps": warps}
+    if dot is not None and min(d, dv) >= 16:  # tl.dot needs 16-wide operands
+        if dot not in ("exact", "native"):
+            raise ValueError(f"dot must be None, 'exact' or 'native', not {dot!r}")
+        dot_geo = {"GH": max(16, gp), "EXACT": dot == "exact"}
+        _split_dot_kernel[(nd, kvh, ns)](*args, softcap or 0.0, **geo, **dot_geo, **flags)
+    else:
+        _split_kernel[(nd, kvh, ns)](*args, softcap or 0.0, **geo, **flags)
     if out is None:
         out = torch.empty(nd, h, dv, dtype=torch.float32, device=dev)
         rows = torch.arange(nd, device=dev)

@@ -4,10 +4,12 @@
 
 For the Llama-3-8B (32 q / 8 kv heads) and Qwen3-30B-A3B (32 / 4) attention shapes, one
 single-token query over m padded keys (the decode graph's table buckets): the GPU time of
-`flash_decode` (split + combine) per call from CUDA-graph replays, for keys-per-step x warps,
-each checked against the plain-torch reference first.
+`flash_decode` (split + combine) per call from CUDA-graph replays, for the FMA or tensor-core
+split (`dot` exact or native) x keys per step x warps, each checked against the plain-torch
+reference first.
 """
 
+import itertools
 from functools import partial
 
 import torch
@@ -16,6 +18,7 @@ from localllm.kernels.attention.decode import DecodePlan, decode_attention
 from localllm.kernels.attention.triton_decode import flash_decode
 
 SHAPES = {"llama3-8b": (32, 8, 128), "qwen3moe-30b": (32, 4, 128)}
+DOTS = (None, "exact", "native")  # the FMA split, the tensor-core split's two precisions
 
 
 def _time(fn, reps: int = 200) -> float:
@@ -51,13 +54,14 @@ def main() -> None:
                 torch.zeros(1, dtype=torch.long).cuda(), slots[None], pad[None, None, None]
             )
             ref = decode_attention(q.double(), kc.double(), vc.double(), plan, d**-0.5)
-            for bj in (None, 16, 32):
-                for warps in (4, 8):
-                    run = partial(flash_decode, q, kc, vc, plan, d**-0.5, None, None, bj, warps)
-                    err = (run().double() - ref).abs().max().item()
-                    us = _time(run)
-                    label = f"{bj or 'auto'} x {warps}"
-                    print(f"| {name} | {m} ({real}) | {label} | {us:.1f} | {err:.1e} |")
+            for dot, bj, warps in itertools.product(DOTS, (None, 16, 32, 64), (4, 8)):
+                if bj == 64 and dot is None:  # the FMA split's product does not fit registers
+                    continue
+                run = partial(flash_decode, q, kc, vc, plan, d**-0.5, None, None, bj, warps, dot)
+                err = (run().double() - ref).abs().max().item()
+                us = _time(run)
+                label = f"{dot or 'fma'} {bj or 'auto'} x {warps}"
+                print(f"| {name} | {m} ({real}) | {label} | {us:.1f} | {err:.1e} |")
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ device call is spent on them. Prints ptxas's registers and spill bytes per kerne
 decode shapes of Llama-3-8B (4096 wide, 32 q / 8 kv heads of 128) and Qwen3-30B-A3B (2048, 32 / 4).
 """
 
+import itertools
 import os
 import re
 import subprocess
@@ -73,7 +74,7 @@ def main() -> None:
     ]
     for d in (2048, 4096):
         flags = {"BD": d, "ADD": True, "QUANT": True, "RN": True}
-        cases.append((triton_ops._rms_norm, norm, flags, 4))
+        cases.append((triton_ops._rms_norm, norm, flags, triton_ops.norm_warps(d)))
     for kv, g in ((8, 4), (4, 8)):  # Llama-3-8B, Qwen3-30B-A3B
         heads = {"NQ": kv * g, "NKV": kv, "HD": 128, "ROT": 128, "NEOX": kv == 4, "NORM": kv == 4}
         cases.append((triton_rope._rope_qkv, rope, {**heads, "BP": 64, "BD": 128}, 1))
@@ -82,10 +83,14 @@ def main() -> None:
         cases.append(
             (triton_decode._split_kernel, split, {**geo, "HAS_PAD": True, "CAP": False}, 4)
         )
+        for bj, exact in itertools.product((16, 32, 64), (True, False)):  # tensor-core split
+            dot = {**geo, "CHUNK": bj, "BJ": bj, "GH": 16, "HAS_PAD": True, "CAP": False}
+            cases.append((triton_decode._split_dot_kernel, split, {**dot, "EXACT": exact}, 4))
         cases.append((triton_decode._combine_kernel, comb, {"KV": kv, "G": g, "GP": g, "DV": 128,
                                                             "CB": 64, "NSP": 64}, 4))  # fmt: skip
     for fn, sig, const, warps in cases:
-        shown = {k: v for k, v in const.items() if k in ("BD", "NQ", "NKV", "G", "BJ", "QUANT")}
+        keys = ("BD", "NQ", "NKV", "G", "BJ", "QUANT", "EXACT")
+        shown = {k: v for k, v in const.items() if k in keys}
         print(f"{fn.__name__} {shown} x {warps} warps: {compile_one(fn, sig, const, warps)}")
 
 

@@ -1,0 +1,79 @@
+"""A fixed pool of expert slots on the device, in the packed dp4a layout: streamed experts are
+packed into a slot once when read, and decode runs the resident path's grouped GEMVs over the
+pool with each (token, choice) pair's expert id replaced by its slot number.
+
+The pool is one `PackedExperts` whose "experts" are the slots (planes [slots, words, N]), so a
+pair is computed by the same kernel, with the same split, as the resident layer computes it:
+greedy output does not depend on residency. One pool holds one `ExpertFormat` (a Q4_K_M model's
+layers with Q6_K `ffn_down_exps` get a pool of their own). Imported only where CUDA exists (or
+under TRITON_INTERPRET=1 in tests).
+"""
+
+import torch
+
+from localllm.kernels.moe.experts import ExpertBlocks, ExpertFormat
+from localllm.kernels.moe.packed import PACKED_MAX_T, PackedExperts, pack_experts
+from localllm.kernels.quant.repack import PackedBlocks
+from localllm.kernels.quant.types import row_nbytes
+
+
+def _empty_like(p: PackedBlocks, slots: int) -> PackedBlocks:
+    planes = {
+        name: torch.zeros((slots, *t.shape[1:]), dtype=t.dtype, device=t.device)
+        for name, t in p.planes.items()
+    }
+    return PackedBlocks(p.qtype, p.n, p.k, planes)
+
+
+def _slot(p: PackedBlocks, slot: int) -> PackedBlocks:
+    return PackedBlocks(p.qtype, p.n, p.k, {k: t[slot : slot + 1] for k, t in p.planes.items()})
+
+
+class PackedSlotPool:
+    """`slots` experts of format `fmt` packed on `device`; counters sized for grouped launches of
+    up to PACKED_MAX_T tokens x `n_used` choices, as a resident layer's."""
+
+    max_tokens = PACKED_MAX_T  # token rows per call that the grouped GEMVs over slots take
+
+    def __init__(self, fmt: ExpertFormat, slots: int, n_used: int, device: torch.device):
+        self.fmt, self.n_slots = fmt, slots
+        d, h = fmt.dim, fmt.hidden
+        shapes = (
+            (h, row_nbytes(fmt.gate, d)),
+            (h, row_nbytes(fmt.up, d)),
+            (d, row_nbytes(fmt.down, h)),
+        )
+        # one zero expert packed gives every plane's shape; the pool repeats it `slots` times
+        zero = [torch.zeros((1, r, c), dtype=torch.uint8, device=device) for r, c in shapes]
+        one = pack_experts(*zero, fmt, n_used)
+        self.pe = PackedExperts(
+            tuple(_empty_like(p, slots) for p in one.gate_up),
+            _empty_like(one.down, slots),
+            one.counters,
+        )
+
+    @property
+    def nbytes(self) -> int:
+        return self.pe.nbytes
+
+    @property
+    def slot_nbytes(self) -> int:
+        return self.pe.nbytes // self.n_slots
+
+    def fill(self, slot: int, blocks: ExpertBlocks) -> PackedExperts:
+        """Pack one expert's raw blocks (any device) into `slot`; returns that slot alone as a
+        one-expert PackedExperts (views of the pool, the pool's counters)."""
+        dev = self.pe.down.device
+        raw = [t.to(dev, non_blocking=False)[None] for t in (blocks.gate, blocks.up, blocks.down)]
+        one = pack_experts(*raw, self.fmt, 1)
+        pairs = zip((*self.pe.gate_up, self.pe.down), (*one.gate_up, one.down), strict=True)
+        for dst, src in pairs:
+            for name, t in dst.planes.items():
+                t[slot].copy_(src.planes[name][0])
+        return self.view(slot)
+
+    def view(self, slot: int) -> PackedExperts:
+        pe = self.pe
+        return PackedExperts(
+            tuple(_slot(p, slot) for p in pe.gate_up), _slot(pe.down, slot), pe.counters
+        )

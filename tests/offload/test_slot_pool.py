@@ -1,0 +1,176 @@
+"""Streamed experts kept packed in a device slot pool: the grouped GEMVs over slot numbers give
+the bits of the resident packed layer, whatever was evicted or read ahead; counters stay exact;
+a tiny qwen3moe decodes token- and bit-identically resident vs streamed into few slots.
+
+Kernel tests run on CUDA (marked `gpu`) or on CPU tensors under TRITON_INTERPRET=1; the model
+test runs under the interpreter (on a GPU the engine path is `test_gpu_residency.py`'s).
+"""
+
+import itertools
+import os
+from dataclasses import replace
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as QT
+
+from localllm.engine.generator import Generator
+from localllm.engine.gguf import open_gguf
+from localllm.engine.loader import build_model
+from localllm.engine.moe import moe_blocks
+from localllm.engine.sampling_params import SamplingParams
+from localllm.kernels.moe import ExpertFormat, route_topk
+from localllm.kernels.quant import QuantType
+from localllm.offload.expert_cache import ExpertLayout, ResidentExperts, StreamedExperts
+from localllm.offload.ranges import ByteRange
+from tests.offload.tiny_moe import QWEN3MOE, write_moe_gguf
+from tests.perf.make_synthetic import random_rows
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+CUDA = torch.cuda.is_available()
+DEVICE = torch.device("cuda" if CUDA else "cpu")
+needs_triton = pytest.mark.skipif(
+    not (CUDA or INTERPRET), reason="needs a CUDA device (or TRITON_INTERPRET=1 with triton)"
+)
+E, K_USED, D, H = 6, 2, 256, 256
+FMT = ExpertFormat(QuantType.Q4_K, QuantType.Q4_K, QuantType.Q6_K, D, H)
+
+
+def _layer_file(path, seed: int, layers: int = 2):
+    """`layers` layers of E experts (Q4_K gate/up, Q6_K down) in one file: per layer the stacked
+    raw tensors and its ExpertLayout."""
+    rng = np.random.default_rng(seed)
+    raws, layouts, pos = {}, {}, 0
+    with open(path, "wb") as f:
+        for layer in range(layers):
+            parts = [
+                np.stack([random_rows(QT.Q4_K, H, D, rng) for _ in range(E)]),
+                np.stack([random_rows(QT.Q4_K, H, D, rng) for _ in range(E)]),
+                np.stack([random_rows(QT.Q6_K, D, H, rng) for _ in range(E)]),
+            ]
+            ranges = []
+            for a in parts:
+                f.write(a.tobytes())
+                ranges.append(ByteRange(str(path), pos, a.nbytes))
+                pos += a.nbytes
+            shapes = tuple((a.shape[1], a.shape[2]) for a in parts)
+            layouts[layer] = ExpertLayout(E, tuple(ranges), shapes, FMT)
+            raws[layer] = [torch.from_numpy(a) for a in parts]
+    return raws, layouts
+
+
+@pytest.mark.gpu
+@needs_triton
+@pytest.mark.parametrize(("slots", "prefetch"), [(2, False), (3, False), (3, True), (6, False)])
+def test_grouped_ffn_over_slots_equals_resident_bit_for_bit(tmp_path, slots, prefetch):
+    from localllm.kernels.moe.packed import expert_ffn_packed, pack_experts
+    from localllm.kernels.quant.repack import expert_planes
+
+    raws, layouts = _layer_file(tmp_path / "experts.bin", seed=slots)
+    resident = {
+        layer: pack_experts(*(t.to(DEVICE) for t in raw), FMT, K_USED)
+        for layer, raw in raws.items()
+    }
+    src = StreamedExperts(layouts, slots, prefetch=prefetch, pack_on=DEVICE, n_used=K_USED)
+    pool = src.packed_pool
+    assert pool.n_slots == slots and pool.pe.n_expert == slots
+    assert src.pool.shape[0] == 2  # host memory: two staging buffers, not one per slot
+    gen = torch.Generator().manual_seed(slots)
+    for _ in range(4):
+        for layer in (0, 1):
+            tokens = 1 if slots < 4 else 2
+            x = torch.randn(tokens, D, generator=gen).to(DEVICE)
+            w, ids = route_topk(torch.randn(tokens, E, generator=gen), K_USED, True)
+            src.routed(layer, ids)
+            experts = sorted(set(ids.reshape(-1).tolist()))
+            slot = dict(zip(experts, src.slots_for(layer, experts), strict=True))
+            sid = torch.tensor([[slot[e] for e in row] for row in ids.tolist()])
+            w, ids, sid = w.to(DEVICE), ids.to(DEVICE), sid.to(DEVICE)
+            want = expert_ffn_packed(x, w, ids, resident[layer], FMT)
+            got = expert_ffn_packed(x, w, sid, pool.pe, FMT)
+            assert torch.equal(got, want), (layer, experts, slot)
+            for e, s in slot.items():  # the slot holds exactly that expert's packed planes
+                mine, theirs = pool.view(s), resident[layer]
+                parts = zip((*mine.gate_up, mine.down), (*theirs.gate_up, theirs.down), strict=True)
+                for a, b in parts:
+                    ref = expert_planes(b, e)
+                    assert all(torch.equal(a.planes[k][0], ref.planes[k]) for k in ref.planes)
+            if prefetch:  # guess the other layer's experts: reads land in the pool meanwhile
+                src.guess(1 - layer, list(range(E))[:K_USED])
+    src.close()
+    s = src.stats
+    assert s.lookups == s.hits + s.misses and s.misses > 0
+    assert s.bytes_read == (s.misses + s.prefetched) * layouts[0].expert_nbytes
+
+
+@pytest.mark.gpu
+@needs_triton
+def test_slot_pool_rejects_two_formats_and_too_many_experts(tmp_path):
+    _, layouts = _layer_file(tmp_path / "experts.bin", seed=1)
+    other = replace(FMT, act="gelu")  # same shapes, another format
+    mixed = {0: layouts[0], 1: replace(layouts[1], fmt=other)}
+    with pytest.raises(ValueError, match="one expert format"):
+        StreamedExperts(mixed, 2, pack_on=DEVICE, n_used=K_USED)
+    src = StreamedExperts(layouts, 2, pack_on=DEVICE, n_used=K_USED)
+    with pytest.raises(ValueError, match="do not fit"):
+        src.slots_for(0, [0, 1, 2])
+    src.close()
+
+
+PROMPT = [1, 5, 9, 33, 7, 11]  # at most the pool's max_tokens: every step takes packed kernels
+MODES = {"8 slots": (8, False), "3 slots": (3, False), "2 slots, read-ahead": (2, True)}
+
+
+def _decode(path, mode: str | None):
+    """Greedy tokens and every step's output of the last MoE block, resident packed experts or
+    streamed into a packed slot pool (CPU tensors through the interpreted kernels)."""
+    from localllm.kernels.moe.packed import pack_experts
+
+    g = open_gguf(path)
+    model = build_model(g)
+    blocks = moe_blocks(model)
+    if mode is None:
+        for b in blocks:
+            b.packed = pack_experts(*(w.data for w in b.expert_weights()), b.format, b.n_used)
+        source = ResidentExperts({})
+    else:
+        slots, prefetch = MODES[mode]
+        layouts = {}
+        for b in blocks:
+            parts = [t.layout() for t in (b.ffn_gate_exps, b.ffn_up_exps, b.ffn_down_exps)]
+            ranges, shapes = tuple(r for r, _ in parts), tuple(s for _, s in parts)
+            layouts[b.layer] = ExpertLayout(b.ffn_gate_exps.shape[0], ranges, shapes, b.format)
+            for t in (b.ffn_gate_exps, b.ffn_up_exps, b.ffn_down_exps):
+                t.release()
+        n_used = blocks[0].n_used
+        source = StreamedExperts(layouts, slots, prefetch, pack_on=DEVICE, n_used=n_used)
+        if prefetch:
+            for b, nxt in itertools.pairwise(blocks):
+                b.guess_next = nxt.guess_experts
+    for b in blocks:
+        b.attach(source)
+    outs = []
+    blocks[-1].register_forward_hook(lambda m, a, out: outs.append(out.clone()))
+    gen = Generator(g, model, SimpleNamespace(eog_ids=frozenset()), load_seconds=0.0)
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    tokens = list(gen.stream(PROMPT, params))
+    if isinstance(source, StreamedExperts):
+        source.close()
+    return tokens, outs, source
+
+
+@pytest.mark.skipif(not INTERPRET, reason="the interpreted kernels on CPU tensors")
+def test_tiny_qwen3moe_identical_resident_vs_slot_pool(tmp_path):
+    path = write_moe_gguf(tmp_path / "moe.gguf", replace(QWEN3MOE, expert_qtype=QT.Q8_0), seed=5)
+    want_tokens, want_outs, _ = _decode(path, None)
+    assert len(set(want_tokens)) > 3
+    for mode in MODES:
+        tokens, outs, src = _decode(path, mode)
+        assert tokens == want_tokens, mode
+        assert len(outs) == len(want_outs)
+        assert all(torch.equal(a, b) for a, b in zip(outs, want_outs, strict=True)), mode
+        s = src.stats
+        assert s.misses > 0 and s.lookups == s.hits + s.misses, mode
+        assert src.packed_pool.n_slots == MODES[mode][0]

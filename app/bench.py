@@ -196,7 +196,8 @@ def run_model(path: str, args: argparse.Namespace) -> list[BenchResult]:
         sources = getattr(model, "expert_sources", None)
         layers, kvh, hd = model.kv_shape()
         longest = _longest(args)
-        kv = PagedKVCache(layers, -(-longest // 16), 16, kvh, hd, "f16", device)
+        vd = model.kv_value_dim()
+        kv = PagedKVCache(layers, -(-longest // 16), 16, kvh, hd, "f16", device, vd)
         vocab = model.args.vocab_size
         info = _model_info(gguf, "CUDA" if device.type == "cuda" else "CPU")
         graphs = None

@@ -75,7 +75,10 @@ class Generator:
     def _cache(self, max_len: int) -> PagedKVCache:
         layers, kv_heads, head_dim = self.model.kv_shape()
         blocks = -(-max_len // KV_BLOCK)
-        return PagedKVCache(layers, blocks, KV_BLOCK, kv_heads, head_dim, dtype=self.kv_dtype)
+        vd = self.model.kv_value_dim()
+        return PagedKVCache(
+            layers, blocks, KV_BLOCK, kv_heads, head_dim, dtype=self.kv_dtype, v_head_dim=vd
+        )
 
     def _forward(self, ids: Sequence[int], start: int, kv: PagedKVCache) -> torch.Tensor:
         """Hidden states for `ids` placed at positions start.. of the one sequence (blocks 0..)."""

@@ -62,8 +62,11 @@ class LLMEngine:
         # Encoder-only models (BERT) make embeddings and never generate.
         self.generates = getattr(self.model, "generates", True)
         layers, kv_heads, head_dim = self.model.kv_shape()
+        vd = self.model.kv_value_dim()
         dtype = "f32" if args.precise and args.kv_cache_dtype == "f16" else args.kv_cache_dtype
-        per_block = PagedKVCache.bytes_per_block(layers, args.block_size, kv_heads, head_dim, dtype)
+        per_block = PagedKVCache.bytes_per_block(
+            layers, args.block_size, kv_heads, head_dim, dtype, vd
+        )
         free = available_bytes(args.device)  # measured after the weights are on the device
         ctx = self.model.args.context_length
         # An encoder keeps no KV cache: two blocks keep the (idle) scheduler well-formed.
@@ -74,7 +77,7 @@ class LLMEngine:
         if not self.generates:
             self.max_model_len = min(args.max_model_len or ctx, ctx)
         self.kv_cache = PagedKVCache(
-            layers, plan.num_blocks, args.block_size, kv_heads, head_dim, dtype, args.device
+            layers, plan.num_blocks, args.block_size, kv_heads, head_dim, dtype, args.device, vd
         )
         self.kv_manager = KVCacheManager(
             args.block_size, plan.num_blocks, enable_caching=args.enable_prefix_caching

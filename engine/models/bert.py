@@ -155,6 +155,9 @@ class Model(nn.Module):
     def kv_shape(self) -> tuple[int, int, int]:
         return self.args.n_layers, self.args.n_heads, self.args.head_dim
 
+    def kv_value_dim(self) -> None:
+        return None
+
     def finish_load(self, extra: dict[str, torch.Tensor]) -> None:
         if self.args.nomic:
             a = self.args

@@ -43,6 +43,10 @@ class Decoder(nn.Module):
         """(layers, kv heads, head dim) for the runner's cache allocation."""
         return self.args.n_layers, self.args.n_kv_heads, self.args.head_dim
 
+    def kv_value_dim(self) -> int | None:
+        """Width of a cached V row when it differs from K's (deepseek2's latent), else None."""
+        return getattr(self.args, "v_cache_dim", None)
+
     def forward(
         self, ids: torch.Tensor, positions: torch.Tensor, batch: BatchMeta, kv: PagedKVCache
     ) -> torch.Tensor:

@@ -2,9 +2,13 @@
 
 Multi-head latent attention as llama.cpp lays it out: q from `attn_q` or the low-rank
 `attn_q_a` -> `attn_q_a_norm` -> `attn_q_b`; a shared compressed kv plus one rope key from
-`attn_kv_a_mqa`, the latent normed by `attn_kv_a_norm` and expanded per head by `attn_kv_b` (or
-the split `attn_k_b`/`attn_v_b` of newer GGUFs). Rope (NORM pairs, optional YaRN) touches only the
-decoupled rope dims. The cache holds the expanded per-head K and V (V zero-padded to K's width).
+`attn_kv_a_mqa`, the latent normed by `attn_kv_a_norm`; `attn_kv_b` (or the split
+`attn_k_b`/`attn_v_b` of newer GGUFs) maps it to per-head keys and values. Rope (NORM pairs,
+optional YaRN) touches only the decoupled rope dims. The cache holds the latent, not per-head K/V
+(DeepSeek's "absorbed" MLA, as llama.cpp runs it): one cached row of kv_lora + rope values per
+token and layer (576 for V3, 43x fewer than 128 heads' expanded K and V), read by every head as
+one shared KV head; each head's query is mapped into the latent by k_b, and the attention output,
+a latent, back out by v_b.
 The first `leading_dense_block_count` layers have a dense FFN, the rest routed experts with
 DeepSeek routing and shared experts (`ffn_*_shexp`) through the shared MoE block.
 """
@@ -14,11 +18,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from localllm.engine.layers import DenseParam, GatedMLP, RMSNorm, attention
-from localllm.engine.linear import QuantLinear
+from localllm.engine.linear import QuantLinear, dense
 from localllm.engine.models.common import arch_key
 from localllm.engine.models.decoder import Decoder
 from localllm.engine.moe import EXPERT_TENSORS, MoEFeedForward, Routing
@@ -58,12 +61,17 @@ class ModelArgs:
 
     @property
     def n_kv_heads(self) -> int:
-        return self.n_heads
+        return 1  # the latent: one KV head shared by every query head
 
     @property
     def head_dim(self) -> int:
-        """Width of a cached K/V row (V is padded to K's width when narrower)."""
-        return max(self.qk_nope_dim + self.qk_rope_dim, self.v_head_dim)
+        """Width of a cached K row: the normed latent, then the rope key."""
+        return self.kv_lora_rank + self.qk_rope_dim
+
+    @property
+    def v_cache_dim(self) -> int:
+        """Width of a cached V row: the latent alone."""
+        return self.kv_lora_rank
 
     @classmethod
     def from_gguf(cls, meta: dict[str, Any], vocab_size: int) -> "ModelArgs":
@@ -117,7 +125,7 @@ class ModelArgs:
 
 
 class Attention(nn.Module):
-    """MLA with the latent expanded to per-head K/V before the paged cache."""
+    """MLA over a cached latent: per-head queries absorbed into it by k_b, outputs by v_b."""
 
     def __init__(self, a: ModelArgs, precise: bool):
         super().__init__()
@@ -139,32 +147,39 @@ class Attention(nn.Module):
             self.attn_kv_b = QuantLinear(a.kv_lora_rank, rows, precise)
         self.attn_output = QuantLinear(a.n_heads * a.v_head_dim, a.dim, precise)
 
-    def expand(self, latent: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per-head (k_nope [T, H, nope], v [T, H, v]) from the normed latent [T, kv_lora]."""
+    def absorb(self) -> None:
+        """k_b [H, kv_lora, nope] and v_b [H, v, kv_lora] as float32 tensors (a merged `attn_kv_b`
+        is dequantized once and dropped: the same bytes as the split layout holds)."""
         a = self.a
         if a.split_kv_b:
-            k = torch.einsum("tc,hcn->thn", latent, self.attn_k_b.value)
-            return k, torch.einsum("tc,hvc->thv", latent, self.attn_v_b.value)
-        kv = self.attn_kv_b(latent).reshape(-1, a.n_heads, a.qk_nope_dim + a.v_head_dim)
-        return kv.split([a.qk_nope_dim, a.v_head_dim], dim=-1)
+            k_b, v_b = self.attn_k_b.value.float(), self.attn_v_b.value.float()
+        else:
+            w = dense(self.attn_kv_b.weight)
+            w = w.reshape(a.n_heads, a.qk_nope_dim + a.v_head_dim, a.kv_lora_rank)
+            k_b, v_b = w[:, : a.qk_nope_dim].transpose(1, 2).contiguous(), w[:, a.qk_nope_dim :]
+            del self.attn_kv_b
+        self.register_buffer("k_b", k_b, persistent=False)
+        self.register_buffer("v_b", v_b.contiguous(), persistent=False)
 
     def forward(self, h, positions, cos_sin, rotary, batch, kv, layer, scale):
         a = self.a
-        nope, rope, d = a.qk_nope_dim, a.qk_rope_dim, a.head_dim
+        nope, lora = a.qk_nope_dim, a.kv_lora_rank
         if a.q_lora_rank:
             q = self.attn_q_b(self.attn_q_a_norm(self.attn_q_a(h)))
         else:
             q = self.attn_q(h)
-        q = q.reshape(-1, a.n_heads, nope + rope)
-        q = torch.cat((q[..., :nope], rotary.apply(q[..., nope:].contiguous(), *cos_sin)), -1)
+        q = q.reshape(-1, a.n_heads, nope + a.qk_rope_dim)
+        q_pe = rotary.apply(q[..., nope:].contiguous(), *cos_sin)
+        # q_nope . (k_b c) == (k_b^T q_nope) . c: each head's query moved into the latent
+        q_lat = torch.einsum("thn,hcn->thc", q[..., :nope].float(), self.k_b).to(q.dtype)
         ckv = self.attn_kv_a_mqa(h)
-        k_nope, v = self.expand(self.attn_kv_a_norm(ckv[:, : a.kv_lora_rank]))
-        k_pe = rotary.apply(ckv[:, None, a.kv_lora_rank :].contiguous(), *cos_sin)
-        k = torch.cat((k_nope, k_pe.expand(-1, a.n_heads, -1)), -1)
-        # one cache width for K and V: pad the narrower with zeros (q too, so scores are exact)
-        q, k, v = (F.pad(t, (0, d - t.shape[-1])) for t in (q, k, v))
-        o = attention(q, k, v, positions, batch, kv, layer, scale=scale)
-        return self.attn_output(o[..., : a.v_head_dim].reshape(-1, a.n_heads * a.v_head_dim))
+        latent = self.attn_kv_a_norm(ckv[:, :lora])
+        k_pe = rotary.apply(ckv[:, None, lora:].contiguous(), *cos_sin)
+        k = torch.cat((latent[:, None], k_pe), -1)  # [T, 1, lora + rope]
+        o = attention(torch.cat((q_lat, q_pe), -1), k, latent[:, None], positions, batch, kv, layer,
+                      scale=scale)  # fmt: skip
+        o = torch.einsum("thc,hvc->thv", o.float(), self.v_b).to(h.dtype)
+        return self.attn_output(o.reshape(-1, a.n_heads * a.v_head_dim))
 
 
 class Block(nn.Module):
@@ -241,4 +256,5 @@ class Model(Decoder):
         scale = mscale * mscale / math.sqrt(a.qk_nope_dim + a.qk_rope_dim)
         for blk in self.blk:
             blk.scale = scale
+            blk.attn.absorb()
             blk.mlp.fuse()

@@ -1,7 +1,8 @@
 """The `deepseek2` family on a tiny random GGUF (V3 layout: low-rank q, MLA kv, one dense layer,
 sigmoid grouped routing with exp_probs_b, a shared expert, YaRN) vs transformers'
 DeepseekV3ForCausalLM holding the same weights; the split attn_k_b/attn_v_b layout vs the merged
-attn_kv_b; KV-cache decode vs full recompute; a batch of two vs each alone.
+attn_kv_b; decode over the latent KV cache (one shared head of kv_lora + rope values, V the latent)
+vs full recompute; a batch of two vs each alone.
 
 transformers' GGUF reader has no deepseek2 mapping, so its state dict is built here.
 """
@@ -162,7 +163,8 @@ def tokens(n: int, seed: int) -> list[int]:
 
 def new_cache(model, blocks: int) -> PagedKVCache:
     layers, kv_heads, head_dim = model.kv_shape()
-    return PagedKVCache(layers, blocks, BLOCK, kv_heads, head_dim, dtype="f32")
+    vd = model.kv_value_dim()
+    return PagedKVCache(layers, blocks, BLOCK, kv_heads, head_dim, dtype="f32", v_head_dim=vd)
 
 
 @torch.inference_mode()
@@ -279,7 +281,10 @@ def test_structure(ours):
     moe = m.blk[2].mlp
     assert isinstance(moe, MoEFeedForward) and moe.layer == 2 and moe.shexp is not None
     assert moe.routing.scoring == "sigmoid" and moe.routing.n_group == GROUPS
-    assert m.kv_shape() == (LAYERS, H, NOPE + ROPE)
+    # the cache holds the latent: one shared KV head of kv_lora + rope, V the latent alone
+    assert m.kv_shape() == (LAYERS, 1, KVL + ROPE) and m.kv_value_dim() == KVL
+    assert not hasattr(m.blk[0].attn, "attn_kv_b")  # absorbed into k_b / v_b at load
+    assert m.blk[0].attn.k_b.shape == (H, KVL, NOPE) and m.blk[0].attn.v_b.shape == (H, V, KVL)
     assert isinstance(m.blk[0].attn, Attention) and m.args.split_kv_b is False
     assert ours["split"].args.split_kv_b is True
     v2 = ours["v2"]

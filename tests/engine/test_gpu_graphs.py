@@ -65,7 +65,8 @@ def _setup(path, device):
     layers, kvh, hd = model.kv_shape()
 
     def cache():
-        return PagedKVCache(layers, 12, BS, kvh, hd, "f16" if device != "cpu" else "f32", device)
+        dtype = "f16" if device != "cpu" else "f32"
+        return PagedKVCache(layers, 12, BS, kvh, hd, dtype, device, model.kv_value_dim())
 
     return gguf, model, cache
 

@@ -183,7 +183,7 @@ def breakdown(path: str, depth: int = 512) -> None:
     gg = open_gguf(path)
     model = build_model(gg, device="cuda")
     layers, kvh, hd = model.kv_shape()
-    kv = PagedKVCache(layers, depth // 16 + 2, 16, kvh, hd, "f16", "cuda")
+    kv = PagedKVCache(layers, depth // 16 + 2, 16, kvh, hd, "f16", "cuda", model.kv_value_dim())
 
     def step(n: int, start: int):
         b = BatchMeta.contiguous(n, start + n, 16)

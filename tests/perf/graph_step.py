@@ -29,7 +29,7 @@ def main(path: str, depth: int = 512) -> None:
     model = build_model(gg, device="cuda")
     layers, kvh, hd = model.kv_shape()
     blocks = depth // BS + 2
-    kv = PagedKVCache(layers, blocks, BS, kvh, hd, "f16", "cuda")
+    kv = PagedKVCache(layers, blocks, BS, kvh, hd, "f16", "cuda", model.kv_value_dim())
     table = list(range(blocks))
     with torch.inference_mode():
         b = BatchMeta.contiguous(depth, depth, BS)

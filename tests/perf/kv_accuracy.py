@@ -52,7 +52,9 @@ def measure(path: Path, ids: list[int]) -> dict:
     layers, kv_heads, head_dim = model.kv_shape()
     blocks = -(-len(ids) // BLOCK)
     caches = {
-        d: PagedKVCache(layers, blocks, BLOCK, kv_heads, head_dim, dtype=d)
+        d: PagedKVCache(
+            layers, blocks, BLOCK, kv_heads, head_dim, dtype=d, v_head_dim=model.kv_value_dim()
+        )
         for d in ("f32", *DTYPES)
     }
     n_rows = len(ids) - 1  # rows that predict a next token

@@ -2,7 +2,8 @@
 # One H200 device call for issue 6 (RESULTS.md says which figures came from it). Run from the repo
 # root on the device machine; $OUT collects the logs. Wheels the image lacks (gguf, llguidance) come
 # in .whl; SmolLM2 (98 MB, over one call's 64 MiB carry) arrives in two halves, .gpuA from the call
-# before and .gpuB from this one.
+# before and .gpuB from this one. `tests/perf/h200_prepare.sh` makes .whl, .refbuild/smollm2-tok.gguf
+# and (LLAMA=...) the trimmed llama.cpp tree for BUILD=1 on the development machine.
 set -u
 export PYTHONUNBUFFERED=1 PYTHONSAFEPATH=1
 OUT=${OUT:-/tmp/out}

@@ -64,10 +64,8 @@ class ModelRunner:
         wanted += [r for rs, _ in rows.prompt.values() for r in rs]
         if not wanted:
             return out
+        # left on the device: greedy rows are answered there (see `Sampler`), the rest copied
         logits = self.model.logits(hidden[torch.tensor(wanted, device=self.device)]).float()
-        if logits.device.type != "cpu":
-            # one copy of the needed rows; sampling (grammars, penalties, rngs) stays on the host
-            logits = logits.cpu()
         offset = {r: i for i, r in enumerate(wanted)}
         reqs = {r.request_id: r for r in sched.requests}
         for rid, (prows, targets) in rows.prompt.items():
@@ -99,7 +97,6 @@ class ModelRunner:
         logits = self.graphs.run(pack_decode(ids, positions, slots, tables))
         if logits is None:
             return None
-        logits = logits.cpu()  # one copy; sampling (grammars, penalties, rngs) stays on the host
         out = RunnerOutput()
         rows = _Rows(sample={r.request_id: [i] for i, r in enumerate(reqs)})
         offset = {i: i for i in range(len(reqs))}

@@ -5,7 +5,9 @@ Per row: logit_bias -> allowed/banned/grammar masks -> min_tokens -> repetition 
 presence/frequency penalties -> argmax (temperature 0) or llama.cpp's chain top_k -> typical_p ->
 top_p -> min_p (untempered) -> temperature -> one uniform from the request's generator inverts the
 CDF of the candidates sorted by probability (ties by id), so a seeded request draws the same
-tokens whatever its batch. Rows with nothing to do (greedy, no processors) share one argmax.
+tokens whatever its batch. Rows with nothing to do (greedy, no processors) share one argmax, on
+the logits' device: from a GPU only the rows' maxima and argmax cross to the host (one copy of
+2 x rows values); rows with processors are copied and sampled on the host.
 """
 
 import math
@@ -22,6 +24,7 @@ _CHUNK_ELEMENTS = 1 << 24  # prompt_logprobs works on at most this many logits a
 # Sampling without top_k first tries the best _HEAD ids, which hold nearly all the mass of an LM
 # distribution, so a draw rarely sorts the whole vocabulary (slow on CPU for 262k ids).
 _HEAD = 1024
+_EXACT_IDS = 1 << 24  # token ids a float32 holds exactly (the argmax rides with the maxima)
 
 
 @dataclass(slots=True)
@@ -244,15 +247,19 @@ class Sampler:
             )
         logits = logits.detach().float()
         best, greedy = logits.max(-1)  # every row's max (validation) and the plain argmax
-        for i, m in enumerate(best.tolist()):
+        if logits.shape[1] <= _EXACT_IDS:  # one small copy from a device: maxima and ids together
+            host = torch.stack((best, greedy.to(best.dtype))).cpu().tolist()
+            maxima, chosen = host[0], [int(t) for t in host[1]]
+        else:
+            maxima, chosen = best.tolist(), greedy.tolist()
+        for i, m in enumerate(maxima):
             if math.isnan(m) or m == math.inf:
                 raise ValueError(f"logits row {i} contains NaN or +inf")
             if m == _NEG_INF:
                 raise ValueError(f"logits row {i} is -inf everywhere: nothing to sample")
-        chosen = greedy.tolist()
         for i, row in enumerate(rows):
-            if needs_processing(row):
-                chosen[i] = self._sample_row(logits[i], row)
+            if needs_processing(row):  # on the host, whatever device the logits are on
+                chosen[i] = self._sample_row(logits[i].cpu(), row)
         out = [SampledToken(t) for t in chosen]
         want = [i for i, r in enumerate(rows) if r.params.logprobs is not None]
         if want:

@@ -351,6 +351,27 @@ def test_greedy_batch_path_equals_per_row_path(monkeypatch):
     assert got[5] == 10
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_device_logits_give_the_host_tokens_and_logprobs():
+    """Logits left on the GPU: greedy rows answered there (ties to the lower id), rows with
+    processors sampled on the host from a copy: the same tokens as host logits, seeds included."""
+    g = torch.Generator().manual_seed(4)
+    logits = torch.randn(8, 3000, generator=g)
+    logits[2, 7] = logits[2, 2900] = 40.0
+    greedy, sampled = {"temperature": 0.0}, {"temperature": 0.7, "top_p": 0.9}
+    kinds = [greedy, sampled, greedy, {**greedy, "repetition_penalty": 1.3}] * 2
+
+    def rows():
+        return [_row(seed=i, output=[1, 2, 3], logprobs=2, **k) for i, k in enumerate(kinds)]
+
+    host = Sampler()(logits, rows())
+    dev = Sampler()(logits.cuda(), rows())
+    assert [t.token_id for t in dev] == [t.token_id for t in host] and dev[2].token_id == 7
+    for a, b in zip(dev, host, strict=True):
+        assert a.rank == b.rank and abs(a.logprob - b.logprob) < 1e-5
+
+
 def test_half_precision_logits_are_cast():
     logits = torch.randn(3, 100).to(torch.bfloat16)
     rows = [_row(temperature=0, logprobs=2) for _ in range(3)]

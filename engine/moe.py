@@ -29,6 +29,7 @@ from localllm.kernels.moe import (
 from localllm.kernels.moe.prepared import PreparedExpert
 from localllm.offload import ByteRange, QuantWeight
 from localllm.offload.expert_cache import (
+    ExpertLayout,
     ExpertSource,
     ExpertStats,
     ResidentExperts,
@@ -123,6 +124,12 @@ class MoEFeedForward(nn.Module):
 
     def expert_weights(self) -> tuple[QuantWeight, QuantWeight, QuantWeight]:
         return self.ffn_gate_exps.weight, self.ffn_up_exps.weight, self.ffn_down_exps.weight
+
+    def stream_layout(self) -> ExpertLayout:
+        """Where this layer's experts are in the file, for streaming them (before `release`)."""
+        parts = [t.layout() for t in (self.ffn_gate_exps, self.ffn_up_exps, self.ffn_down_exps)]
+        ranges, shapes = tuple(r for r, _ in parts), tuple(s for _, s in parts)
+        return ExpertLayout(self.ffn_gate_exps.shape[0], ranges, shapes, self.format)
 
     def fuse(self) -> None:
         """Set the expert format and, unless a plan attached another source, resident experts."""

@@ -69,9 +69,7 @@ def apply_residency(model: nn.Module, plan: ResidencyPlan) -> list[ExpertSource]
     if disk:
         layouts = {}
         for b in disk:
-            parts = [t.layout() for t in (b.ffn_gate_exps, b.ffn_up_exps, b.ffn_down_exps)]
-            ranges, shapes = tuple(r for r, _ in parts), tuple(s for _, s in parts)
-            layouts[b.layer] = ExpertLayout(b.ffn_gate_exps.shape[0], ranges, shapes, b.format)
+            layouts[b.layer] = b.stream_layout()
             del resident[b.layer]
         sources += _stream(disk, layouts, plan)
         if plan.streaming.prefetch:  # each block guesses for the next one when that one streams

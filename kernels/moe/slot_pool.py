@@ -64,7 +64,7 @@ class PackedSlotPool:
         """Pack one expert's raw blocks (any device) into `slot`; returns that slot alone as a
         one-expert PackedExperts (views of the pool, the pool's counters)."""
         dev = self.pe.down.device
-        raw = [t.to(dev, non_blocking=False)[None] for t in (blocks.gate, blocks.up, blocks.down)]
+        raw = [t.to(dev)[None] for t in (blocks.gate, blocks.up, blocks.down)]
         one = pack_experts(*raw, self.fmt, 1)
         pairs = zip((*self.pe.gate_up, self.pe.down), (*one.gate_up, one.down), strict=True)
         for dst, src in pairs:

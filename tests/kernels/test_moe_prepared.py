@@ -309,9 +309,7 @@ def _generate(path, mode: str, prepare: bool = True):
         slots, prefetch, evict = MODEL_MODES[mode]
         layouts = {}
         for b in blocks:
-            parts = [t.layout() for t in (b.ffn_gate_exps, b.ffn_up_exps, b.ffn_down_exps)]
-            ranges, shapes = tuple(r for r, _ in parts), tuple(s for _, s in parts)
-            layouts[b.layer] = ExpertLayout(b.ffn_gate_exps.shape[0], ranges, shapes, b.format)
+            layouts[b.layer] = b.stream_layout()
             for t in (b.ffn_gate_exps, b.ffn_up_exps, b.ffn_down_exps):
                 t.release()  # the resident blocks cannot be used by mistake
         source = StreamedExperts(layouts, slots, prefetch, evict, prepare=prepare)

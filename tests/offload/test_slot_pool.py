@@ -139,9 +139,7 @@ def _decode(path, mode: str | None):
         slots, prefetch = MODES[mode]
         layouts = {}
         for b in blocks:
-            parts = [t.layout() for t in (b.ffn_gate_exps, b.ffn_up_exps, b.ffn_down_exps)]
-            ranges, shapes = tuple(r for r, _ in parts), tuple(s for _, s in parts)
-            layouts[b.layer] = ExpertLayout(b.ffn_gate_exps.shape[0], ranges, shapes, b.format)
+            layouts[b.layer] = b.stream_layout()
             for t in (b.ffn_gate_exps, b.ffn_up_exps, b.ffn_down_exps):
                 t.release()
         n_used = blocks[0].n_used

@@ -182,7 +182,7 @@ def run_model(path: str, args: argparse.Namespace) -> list[BenchResult]:
     from localllm.engine.gguf import open_gguf
     from localllm.engine.kv_cache import PagedKVCache
     from localllm.engine.loader import build_model
-    from localllm.engine.moe import expert_stats, graph_safe
+    from localllm.engine.moe import expert_stats
     from localllm.engine.moe_residency import load_model
 
     device = torch.device(args.device)
@@ -201,8 +201,8 @@ def run_model(path: str, args: argparse.Namespace) -> list[BenchResult]:
         vocab = model.args.vocab_size
         info = _model_info(gguf, "CUDA" if device.type == "cuda" else "CPU")
         graphs = None
-        # experts on host or disk (or unpacked types) run host code per step: nothing to capture
-        if device.type == "cuda" and getattr(args, "cuda_graphs", 1) and graph_safe(model):
+        # experts on host or disk (or unpacked types) run host code per step: captured in pieces
+        if device.type == "cuda" and getattr(args, "cuda_graphs", 1):
             from localllm.engine.cuda_graphs import DecodeGraphs
 
             graphs = DecodeGraphs(model, kv, batch_sizes=(1,))

@@ -1,11 +1,14 @@
 """Decode CUDA graphs: the single-token forward (and its logits) captured once per shape, replayed.
 
 Eager decode on a GPU is bound by Python dispatch (~1,300 torch ops and ~160 triton launches per
-token). A graph is captured per (batch size from a small ladder, table width bucket) and fed through
-fixed static buffers: one int64 row per sequence holding [token id, position, slot, seq_len, block
-table padded to the bucket]. Attention uses the device-built padded plan (`padded_decode_plan`), so
-nothing in the captured region depends on host-side lengths. Rows past the real batch repeat row 0:
-they rewrite row 0's KV slot with the same values, so they touch no other sequence's cache.
+token). A graph is captured per (batch size from a small ladder, table width bucket) and fed
+through fixed static buffers: one int64 row per sequence holding [token id, position, slot,
+seq_len, block table padded to the bucket]. Attention uses the device-built padded plan
+(`padded_decode_plan`), so nothing in the captured region depends on host-side lengths. Rows past
+the real batch repeat row 0: they rewrite row 0's KV slot with the same values, so they touch no
+other sequence's cache. MoE layers that need the host each step (experts streamed or computed on
+the CPU) split the capture into a chain of graphs with their host steps between
+(`engine.graph_breaks`).
 """
 
 from dataclasses import dataclass
@@ -14,7 +17,9 @@ import torch
 from torch import nn
 
 from localllm.engine.batch import BatchMeta
+from localllm.engine.graph_breaks import HostBreaks
 from localllm.engine.kv_cache import PagedKVCache
+from localllm.engine.moe import graph_safe, moe_blocks
 from localllm.kernels.attention.decode import DecodePlan
 from localllm.kernels.attention.decode_graph import PaddedPositions, padded_decode_plan
 
@@ -45,7 +50,7 @@ class _DevicePlans(dict):
 class _Graph:
     inputs: torch.Tensor  # [B, COLS + blocks] int64 static input
     logits: torch.Tensor | None  # [B, vocab] float32 static output
-    graph: "torch.cuda.CUDAGraph | None"
+    graph: "torch.cuda.CUDAGraph | HostBreaks | None"  # one graph, or a chain with host steps
 
 
 class DecodeGraphs:
@@ -122,10 +127,32 @@ class DecodeGraphs:
         torch.cuda.current_stream(self.kv.device).wait_stream(side)
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            g.logits = self.forward(g.inputs)
-        g.graph = graph
+        if graph_safe(self.model):
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                g.logits = self.forward(g.inputs)
+            g.graph = graph
+            return
+        # MoE layers that need the host: one graph piece between each two of their host steps
+        chain, blocks = HostBreaks(self.pool), moe_blocks(self.model)
+        for b in blocks:  # the warm-up's read-aheads land before capture starts
+            getattr(b.source, "drain", lambda: None)()
+            b.breaks = chain
+        torch.cuda.synchronize(self.kv.device)
+        try:
+            with torch.cuda.stream(side):
+                chain.begin()
+                try:
+                    g.logits = self.forward(g.inputs)
+                    chain.end()
+                except BaseException:
+                    chain.abort()
+                    raise
+        finally:
+            for b in blocks:
+                b.breaks = None
+        torch.cuda.current_stream(self.kv.device).wait_stream(side)
+        g.graph = chain
 
 
 def pack_decode(

@@ -10,12 +10,12 @@ block gets, and the plan itself, are `engine.moe_residency`'s.
 """
 
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
+from localllm.engine.graph_breaks import HostBreaks
 from localllm.engine.layers import DenseParam, GatedMLP
 from localllm.engine.linear import QuantLinear, dense, without_bytes
 from localllm.kernels.moe import (
@@ -120,7 +120,8 @@ class MoEFeedForward(nn.Module):
         self.packed = None  # `kernels.moe.packed.PackedExperts` when the experts sit on a GPU
         self._device = torch.device("cpu")  # where the current forward computes
         self.compute_on: torch.device | None = None  # host compute of host-tier experts
-        self.guess_next: Callable[[torch.Tensor], None] | None = None  # next layer's prefetch
+        self.guess_next: MoEFeedForward | None = None  # the next layer, told what to read ahead
+        self.breaks: HostBreaks | None = None  # set while a decode graph is captured in pieces
 
     def expert_weights(self) -> tuple[QuantWeight, QuantWeight, QuantWeight]:
         return self.ffn_gate_exps.weight, self.ffn_up_exps.weight, self.ffn_down_exps.weight
@@ -176,8 +177,11 @@ class MoEFeedForward(nn.Module):
     def guess_experts(self, x: torch.Tensor) -> None:
         """Tell the source which experts this layer will probably use, from the previous
         layer's FFN input `x` through this layer's router (most tokens first, at most k)."""
-        ids = self._route(x)[1].reshape(-1)
-        counts = torch.bincount(ids, minlength=self.ffn_gate_exps.shape[0])
+        self.guess_from(self._route(x)[1])
+
+    def guess_from(self, ids: torch.Tensor) -> None:
+        """`guess_experts` from this layer's routing ids [T, k] of the previous layer's input."""
+        counts = torch.bincount(ids.reshape(-1), minlength=self.ffn_gate_exps.shape[0])
         top = counts.topk(self.n_used)
         self.source.guess(self.layer, top.indices[top.values > 0].tolist())
 
@@ -201,11 +205,17 @@ class MoEFeedForward(nn.Module):
     def forward(self, x: torch.Tensor, xq=None) -> torch.Tensor:
         """`xq`: x's rows quantized by the norm that made x (resident packed experts use it)."""
         weights, ids = self.route(x)
+        if self.breaks is not None and self.packed is None:  # captured, and needs the host
+            return self._forward_captured(x, xq, weights, ids)
+        return self.forward_routed(x, xq, weights, ids)
+
+    def forward_routed(self, x: torch.Tensor, xq, weights, ids) -> torch.Tensor:
+        """The forward from the routing (weights, ids [T, k]) on, eagerly."""
         # a slot pool maps ids to slots on the host: one copy serves the source and the mapping
         host = ids.cpu() if getattr(self.source, "packed_pool", None) is not None else None
         self.source.routed(self.layer, ids if host is None else host)
         if self.guess_next is not None:  # reads for the next layer overlap this one's compute
-            self.guess_next(x)
+            self.guess_next.guess_experts(x)
         # shared experts first: on a device their kernels run while the CPU does host experts
         shared = self.shexp(x, xq) if self.shexp is not None else None
         if self.compute_on is not None:
@@ -214,6 +224,38 @@ class MoEFeedForward(nn.Module):
             y = self._routed(x.reshape(-1, self.dim), weights, ids, xq, host)
         y = y.reshape(x.shape).to(x.dtype)
         return y + shared if shared is not None else y
+
+    def _forward_captured(self, x: torch.Tensor, xq, weights, ids) -> torch.Tensor:
+        """The forward captured as graph pieces around a host step (`engine.graph_breaks`).
+        Streamed experts kept packed on the GPU: the step reads the missing experts and writes
+        the slot numbers; the grouped GEMVs over the slot pool stay in the next graph. Anything
+        else: the step runs the eager forward from the routing on and writes its output."""
+        pool = getattr(self.source, "packed_pool", None)
+        if pool is not None and self.compute_on is None and ids.shape[0] <= pool.max_tokens:
+            if ids.numel() > self.source.n_slots:
+                n = self.source.n_slots
+                raise RuntimeError(f"{ids.numel()} routed experts exceed {n} slots")
+            slots = torch.zeros_like(ids)  # static: written by the step, read by the next graph
+            nxt = self.guess_next
+            guess = nxt._route(x)[1] if nxt is not None else None  # in this graph, read after
+
+            def step() -> None:
+                host = ids.cpu()
+                self.source.routed(self.layer, host)
+                if guess is not None:
+                    nxt.guess_from(guess.cpu())
+                slots.copy_(self._slots(host))
+
+            self.breaks.host(step)
+            from localllm.kernels.moe.packed import expert_ffn_packed
+
+            shared = self.shexp(x, xq) if self.shexp is not None else None
+            y = expert_ffn_packed(x.reshape(-1, self.dim), weights, slots, pool.pe, self.format, xq)
+            y = y.reshape(x.shape).to(x.dtype)
+            return y + shared if shared is not None else y
+        out = torch.empty_like(x)
+        self.breaks.host(lambda: out.copy_(self.forward_routed(x, xq, weights, ids)))
+        return out
 
     def _routed(
         self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, xq=None, host=None
@@ -229,10 +271,11 @@ class MoEFeedForward(nn.Module):
             return expert_ffn_packed(x, weights, ids, self.packed, self.format, xq)
         pool = getattr(self.source, "packed_pool", None)
         if pool is not None and ids.shape[0] <= pool.max_tokens:
-            slots = self._slots(ids if host is None else host, x.device)
+            slots = self._slots(ids if host is None else host)
             if slots is not None:  # the resident kernels over the slot pool: same bits
                 from localllm.kernels.moe.packed import expert_ffn_packed
 
+                slots = slots.to(x.device)
                 return expert_ffn_packed(x, weights, slots, pool.pe, self.format, xq)
         parts = (self.ffn_gate_exps, self.ffn_up_exps, self.ffn_down_exps)
         biases = ExpertBiases(*(t.bias for t in parts)) if parts[0].bias is not None else None
@@ -243,16 +286,15 @@ class MoEFeedForward(nn.Module):
                 return expert_ffn_fetched(x, weights, ids, self.fetch, self.format)
         return expert_ffn_grouped(x, weights, ids, self.fetch, self.format, biases)
 
-    def _slots(self, ids: torch.Tensor, device: torch.device) -> torch.Tensor | None:
-        """`ids` [T, k] as slot numbers on `device` of a streamed packed pool, the missing
+    def _slots(self, ids: torch.Tensor) -> torch.Tensor | None:
+        """Host `ids` [T, k] as the host slot numbers of a streamed packed pool, the missing
         experts read in; None when the layer's experts outnumber the slots."""
         flat = ids.reshape(-1).tolist()
         experts = sorted(set(flat))
         if len(experts) > self.source.n_slots:
             return None
         slot = dict(zip(experts, self.source.slots_for(self.layer, experts), strict=True))
-        sid = torch.tensor([slot[e] for e in flat], dtype=torch.int64)
-        return sid.to(device).view(ids.shape)
+        return torch.tensor([slot[e] for e in flat], dtype=torch.int64).view(ids.shape)
 
     def _routed_on_host(
         self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
@@ -278,8 +320,9 @@ def moe_blocks(model: nn.Module) -> list[MoEFeedForward]:
 
 
 def graph_safe(model: nn.Module) -> bool:
-    """Whether a decode step can be captured in a CUDA graph: every MoE block (if any) computes
-    resident packed experts on the device, so no routing decision reaches the host."""
+    """Whether a decode step can be captured as one CUDA graph: every MoE block (if any) computes
+    resident packed experts on the device, so no routing decision reaches the host (otherwise
+    `DecodeGraphs` captures it in pieces around the blocks' host steps)."""
     return all(
         b.packed is not None and b.compute_on is None and b.guess_next is None
         for b in moe_blocks(model)

@@ -75,7 +75,7 @@ def apply_residency(model: nn.Module, plan: ResidencyPlan) -> list[ExpertSource]
         if plan.streaming.prefetch:  # each block guesses for the next one when that one streams
             for b, nxt in itertools.pairwise(blocks):
                 if nxt in disk:
-                    b.guess_next = nxt.guess_experts
+                    b.guess_next = nxt
     if resident:
         for b in blocks:
             if tiers.get(b.layer) == "host" and plan.host_compute == "host":

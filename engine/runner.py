@@ -20,7 +20,6 @@ from localllm.engine.core.request import Request
 from localllm.engine.core.scheduler import SchedulerOutput
 from localllm.engine.cuda_graphs import DecodeGraphs, pack_decode
 from localllm.engine.kv_cache import PagedKVCache
-from localllm.engine.moe import graph_safe
 from localllm.engine.sampler import SampledToken, Sampler, SamplingRow, prompt_logprobs
 
 
@@ -47,8 +46,8 @@ class ModelRunner:
         self.block_ids = block_ids  # request -> its block table (the KV manager's view)
         self.sampler = Sampler()
         self.device = kv.device  # the model's and the cache's device
-        # MoE layers whose experts move between tiers or route on the host are not captured
-        use = cuda_graphs and self.device.type == "cuda" and graph_safe(model)
+        # MoE layers whose experts are read or computed on the host are captured in pieces
+        use = cuda_graphs and self.device.type == "cuda"
         self.graphs = DecodeGraphs(model, kv) if use else None
 
     @torch.inference_mode()

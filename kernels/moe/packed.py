@@ -61,15 +61,22 @@ def pack_experts(
     gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, fmt: ExpertFormat, n_used: int
 ) -> PackedExperts:
     """Raw stacked blocks gate/up [E, H, rb], down [E, D, rb] -> PackedExperts."""
+    gu, dn = pack_expert_planes(gate, up, down, fmt)
+    pairs = PACKED_MAX_T * n_used
+    return PackedExperts(gu, dn, tuple(grouped_counters(p, pairs) for p in (*gu, dn)))
+
+
+def pack_expert_planes(
+    gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, fmt: ExpertFormat
+) -> tuple[tuple[PackedBlocks, ...], PackedBlocks]:
+    """`pack_experts`' planes alone: (gate_up, down), no split-K counters."""
     e, h, d = gate.shape[0], fmt.hidden, fmt.dim
     if fmt.gate == fmt.up:
         both = torch.cat([gate.reshape(e, h, -1), up.reshape(e, h, -1)], dim=1)
         gu = (pack_expert_blocks(both, fmt.gate, 2 * h, d),)
     else:
         gu = (pack_expert_blocks(gate, fmt.gate, h, d), pack_expert_blocks(up, fmt.up, h, d))
-    dn = pack_expert_blocks(down, fmt.down, d, h)
-    pairs = PACKED_MAX_T * n_used
-    return PackedExperts(gu, dn, tuple(grouped_counters(p, pairs) for p in (*gu, dn)))
+    return gu, pack_expert_blocks(down, fmt.down, d, h)
 
 
 def _act(h: torch.Tensor, fmt: ExpertFormat) -> torch.Tensor:

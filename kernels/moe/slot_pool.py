@@ -12,7 +12,12 @@ under TRITON_INTERPRET=1 in tests).
 import torch
 
 from localllm.kernels.moe.experts import ExpertBlocks, ExpertFormat
-from localllm.kernels.moe.packed import PACKED_MAX_T, PackedExperts, pack_experts
+from localllm.kernels.moe.packed import (
+    PACKED_MAX_T,
+    PackedExperts,
+    pack_expert_planes,
+    pack_experts,
+)
 from localllm.kernels.quant.repack import PackedBlocks
 from localllm.kernels.quant.types import row_nbytes
 
@@ -65,8 +70,8 @@ class PackedSlotPool:
         one-expert PackedExperts (views of the pool, the pool's counters)."""
         dev = self.pe.down.device
         raw = [t.to(dev)[None] for t in (blocks.gate, blocks.up, blocks.down)]
-        one = pack_experts(*raw, self.fmt, 1)
-        pairs = zip((*self.pe.gate_up, self.pe.down), (*one.gate_up, one.down), strict=True)
+        gu, dn = pack_expert_planes(*raw, self.fmt)
+        pairs = zip((*self.pe.gate_up, self.pe.down), (*gu, dn), strict=True)
         for dst, src in pairs:
             for name, t in dst.planes.items():
                 t[slot].copy_(src.planes[name][0])

@@ -315,7 +315,7 @@ def _generate(path, mode: str, prepare: bool = True):
         source = StreamedExperts(layouts, slots, prefetch, evict, prepare=prepare)
         if prefetch:
             for b, nxt in itertools.pairwise(blocks):
-                b.guess_next = nxt.guess_experts
+                b.guess_next = nxt
     for b in blocks:
         b.attach(source)
     gen = Generator(g, model, SimpleNamespace(eog_ids=frozenset()), load_seconds=0.0)

@@ -9,6 +9,7 @@ import torch
 from gguf import GGMLQuantizationType as QT
 
 from localllm.engine import LLM, SamplingParams
+from localllm.engine.graph_breaks import HostBreaks
 from localllm.engine.moe import expert_stats, graph_safe, moe_blocks
 from localllm.offload.residency import resolve
 from tests.engine.test_deepseek2 import write_deepseek2
@@ -26,11 +27,12 @@ def _greedy(path, layer):
     llm = LLM(str(path), max_model_len=128, device="cuda", residency=cfg)
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     out = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params)]
-    graphs = llm.engine.runner.graphs
-    if graph_safe(llm.engine.model):  # decode really went through captured graphs
-        assert graphs is not None and graphs.failed is None and graphs.graphs
-    else:
-        assert graphs is None
+    graphs = llm.engine.runner.graphs  # decode really went through captured graphs
+    assert graphs is not None and graphs.failed is None and graphs.graphs
+    for g in graphs.graphs.values():  # experts that need the host: a chain of graph pieces
+        assert isinstance(g.graph, HostBreaks) != graph_safe(llm.engine.model)
+        if isinstance(g.graph, HostBreaks):
+            assert len(g.graph) == sum(b.packed is None for b in moe_blocks(llm.engine.model)) + 1
     return out, llm.engine.model
 
 
@@ -83,7 +85,7 @@ def test_cuda_tokens_equal_in_every_residency_mode(tmp_path, qtype):
         s = expert_stats(model.expert_sources)
         assert s.hits + s.misses == s.lookups > 0
         if tiers == {"disk"}:  # packable streamed experts stay packed on the GPU per slot
-            assert (model.expert_sources[0].pack_on is not None) == packed
+            assert (model.expert_sources[0].packed_pool is not None) == packed
 
 
 # deepseek2's tiny file has no tokenizer (LLM needs one); its host dispatch is checked on CPU in

@@ -146,7 +146,7 @@ def _decode(path, mode: str | None):
         source = StreamedExperts(layouts, slots, prefetch, pack_on=DEVICE, n_used=n_used)
         if prefetch:
             for b, nxt in itertools.pairwise(blocks):
-                b.guess_next = nxt.guess_experts
+                b.guess_next = nxt
     for b in blocks:
         b.attach(source)
     outs = []

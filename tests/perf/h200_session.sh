@@ -75,6 +75,16 @@ for step in ${STEPS:-tests packed bench breakdown}; do
         timeout ${MOE_T:-150} python3 -m localllm.app.bench -m /tmp/moe.gguf --device cuda $mode \
           2>&1 | tee -a "$OUT/moe.md" | grep -E "qwen3moe|expert|Error" ; date -u
       done ;;
+    prof) wait $GENMOE  # where eager MoE decode goes: cProfile of short runs, `pstats` them here
+      pmodes=${PROF_MODES:-"--cuda-graphs 0|--experts disk --expert-slots 3072|--cpu-moe"}
+      IFS='|' read -ra plist <<<"$pmodes"
+      i=0
+      for mode in "${plist[@]}"; do
+        i=$((i + 1)); echo "prof$i: $mode" | tee -a "$OUT/prof.md"
+        timeout 150 python3 -m cProfile -o "$OUT/prof$i.pstats" -m localllm.app.bench \
+          -m /tmp/moe.gguf --device cuda -p 0 -n 32 -r 1 $mode 2>&1 | tee -a "$OUT/prof.md" \
+          | grep -E "qwen3moe|expert|Error"
+      done ;;
     mbreak) wait $GENMOE  # one MoE decode step, kernel by kernel
       timeout 200 python3 tests/perf/bench_gpu.py breakdown /tmp/moe.gguf 2>&1 | tee "$OUT/mbreak.md" \
         | grep -v "^ " | tail -40 ;;

@@ -218,6 +218,8 @@ def run_model(path: str, args: argparse.Namespace) -> list[BenchResult]:
                 experts = ExpertCounters.between(before, expert_stats(sources)) if sources else None
                 out.append(BenchResult(Path(path).name, *info, p, n, depth,
                                        statistics.fmean(rates), std, rates, experts))  # fmt: skip
+        if graphs is not None and graphs.failed is not None:  # the figures are eager decode's
+            print(f"decode graphs not captured: {graphs.failed}", file=sys.stderr)
         return out
     finally:
         gguf.close()

@@ -73,7 +73,7 @@ for step in ${STEPS:-tests packed bench breakdown}; do
       IFS='|' read -ra mlist <<<"$modes"
       for mode in "${mlist[@]}"; do
         timeout ${MOE_T:-150} python3 -m localllm.app.bench -m /tmp/moe.gguf --device cuda $mode \
-          2>&1 | tee -a "$OUT/moe.md" | grep -E "qwen3moe|expert|Error" ; date -u
+          2>&1 | tee -a "$OUT/moe.md" | grep -E "qwen3moe|expert|graphs|Error" ; date -u
       done ;;
     prof) wait $GENMOE  # where eager MoE decode goes: cProfile of short runs, `pstats` them here
       pmodes=${PROF_MODES:-"--cuda-graphs 0|--experts disk --expert-slots 3072|--cpu-moe"}

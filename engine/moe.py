@@ -10,6 +10,7 @@ block gets, and the plan itself, are `engine.moe_residency`'s.
 """
 
 import logging
+from concurrent.futures import Executor
 from dataclasses import dataclass
 
 import torch
@@ -120,6 +121,7 @@ class MoEFeedForward(nn.Module):
         self.packed = None  # `kernels.moe.packed.PackedExperts` when the experts sit on a GPU
         self._device = torch.device("cpu")  # where the current forward computes
         self.compute_on: torch.device | None = None  # host compute of host-tier experts
+        self.host_threads: Executor | None = None  # threads computing host experts side by side
         self.guess_next: MoEFeedForward | None = None  # the next layer, told what to read ahead
         self.breaks: HostBreaks | None = None  # set while a decode graph is captured in pieces
 
@@ -231,10 +233,9 @@ class MoEFeedForward(nn.Module):
         the slot numbers; the grouped GEMVs over the slot pool stay in the next graph. Anything
         else: the step runs the eager forward from the routing on and writes its output."""
         pool = getattr(self.source, "packed_pool", None)
-        if pool is not None and self.compute_on is None and ids.shape[0] <= pool.max_tokens:
-            if ids.numel() > self.source.n_slots:
-                n = self.source.n_slots
-                raise RuntimeError(f"{ids.numel()} routed experts exceed {n} slots")
+        # (more routed pairs than slots may not fit at once: the eager step's fallback then)
+        fits = pool is not None and ids.shape[0] <= pool.max_tokens
+        if fits and ids.numel() <= self.source.n_slots and self.compute_on is None:
             slots = torch.zeros_like(ids)  # static: written by the step, read by the next graph
             nxt = self.guess_next
             guess = nxt._route(x)[1] if nxt is not None else None  # in this graph, read after
@@ -284,7 +285,8 @@ class MoEFeedForward(nn.Module):
 
             if packable(self.format):  # streamed or host-copied: the same math as resident
                 return expert_ffn_fetched(x, weights, ids, self.fetch, self.format)
-        return expert_ffn_grouped(x, weights, ids, self.fetch, self.format, biases)
+        threads = self.host_threads if self.compute_on is not None else None
+        return expert_ffn_grouped(x, weights, ids, self.fetch, self.format, biases, threads)
 
     def _slots(self, ids: torch.Tensor) -> torch.Tensor | None:
         """Host `ids` [T, k] as the host slot numbers of a streamed packed pool, the missing
@@ -307,9 +309,10 @@ class MoEFeedForward(nn.Module):
         y = self._routed(rows, weights.to(host), ids.to(host))
         return y.to(x.dtype).to(x.device)
 
-    def compute_on_host(self, host: torch.device) -> None:
-        """Run this block's routed experts on `host` (their tier), biases included."""
-        self.compute_on = host
+    def compute_on_host(self, host: torch.device, threads: Executor | None = None) -> None:
+        """Run this block's routed experts on `host` (their tier), biases included; with
+        `threads`, a step's experts side by side on them."""
+        self.compute_on, self.host_threads = host, threads
         for t in (self.ffn_gate_exps, self.ffn_up_exps, self.ffn_down_exps):
             if t.bias is not None:
                 t.bias = t.bias.to(host)

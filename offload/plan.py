@@ -246,8 +246,9 @@ def plan_residency(
                 f"{slots} expert slots of {fmt_bytes(slot_bytes)} do not fit in the "
                 f"{fmt_bytes(budget - used)} the budget leaves"
             )
-        # read-ahead takes a CPU core: measured slower on a CPU-only run (tests/perf/RESULTS.md)
-        prefetch = separate if st.prefetch is None else st.prefetch
+        # read-ahead off unless asked: measured slower on a CPU-only run and on the H200, where it
+        # competes with the decode chain's host steps (tests/perf/RESULTS.md)
+        prefetch = bool(st.prefetch)
         streaming = replace(st, enabled=True, slots=int(slots), prefetch=prefetch)
         notes.append(f"{slots} slots stream the disk-tier experts ({fmt_bytes(slot_bytes)} each)")
     rules = tuple(f"{r.pattern} -> {r.tier}  ({r.source})" for r in config.rules)

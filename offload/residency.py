@@ -13,7 +13,7 @@ A settings *layer* is a plain mapping with the keys of a residency document (TOM
     enabled = true           # disk-tier experts are streamed into slots
     slots = 16               # slot count (default: as many as the budget leaves)
     prefetch = true          # read ahead the experts the next layer's router guesses
-                             # (unset: on when a GPU computes, off on CPU-only runs)
+                             # (unset: off; it measured slower)
     evict = "lru"            # or "lfu": the least used of the least recently used slots
 
 Layers come from the command line, the environment and a document; `resolve` merges them with
@@ -71,7 +71,7 @@ class Rule:
 class Streaming:
     enabled: bool = True
     slots: int | None = None  # None: as many as the budget leaves
-    prefetch: bool | None = None  # None: on when a separate device computes (the CPU is free)
+    prefetch: bool | None = None  # None: off (measured slower, CPU-only and on a GPU)
     evict: str = "lru"  # "lru" or "lfu"
 
 

@@ -247,12 +247,13 @@ def test_evict_and_prefetch_settings(tmp_path):
 
 
 def test_show_plan_names_the_eviction_and_prefetch_default(files):
-    """Read-ahead unset: on when a separate device computes, off on a CPU-only run."""
+    """Read-ahead unset: off, with a GPU too (measured slower on both); asked for: on."""
     g = open_gguf(files["qwen3moe"])
     gpu = MemoryInfo("cuda:0", host_free=1 << 30, device_free=1 << 30)
     for memory, st, want in (
         (MEMORY, {}, "prefetch off, evict lfu"),
-        (gpu, {}, "prefetch on, evict lfu"),
+        (gpu, {}, "prefetch off, evict lfu"),
+        (gpu, {"prefetch": True}, "prefetch on, evict lfu"),
         (MEMORY, {"prefetch": True}, "prefetch on, evict lfu"),
         (gpu, {"prefetch": False}, "prefetch off, evict lfu"),
     ):

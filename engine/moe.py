@@ -10,7 +10,6 @@ block gets, and the plan itself, are `engine.moe_residency`'s.
 """
 
 import logging
-from concurrent.futures import Executor
 from dataclasses import dataclass
 
 import torch
@@ -121,7 +120,6 @@ class MoEFeedForward(nn.Module):
         self.packed = None  # `kernels.moe.packed.PackedExperts` when the experts sit on a GPU
         self._device = torch.device("cpu")  # where the current forward computes
         self.compute_on: torch.device | None = None  # host compute of host-tier experts
-        self.host_threads: Executor | None = None  # threads computing host experts side by side
         self.guess_next: MoEFeedForward | None = None  # the next layer, told what to read ahead
         self.breaks: HostBreaks | None = None  # set while a decode graph is captured in pieces
 
@@ -285,8 +283,7 @@ class MoEFeedForward(nn.Module):
 
             if packable(self.format):  # streamed or host-copied: the same math as resident
                 return expert_ffn_fetched(x, weights, ids, self.fetch, self.format)
-        threads = self.host_threads if self.compute_on is not None else None
-        return expert_ffn_grouped(x, weights, ids, self.fetch, self.format, biases, threads)
+        return expert_ffn_grouped(x, weights, ids, self.fetch, self.format, biases)
 
     def _slots(self, ids: torch.Tensor) -> torch.Tensor | None:
         """Host `ids` [T, k] as the host slot numbers of a streamed packed pool, the missing
@@ -309,10 +306,9 @@ class MoEFeedForward(nn.Module):
         y = self._routed(rows, weights.to(host), ids.to(host))
         return y.to(x.dtype).to(x.device)
 
-    def compute_on_host(self, host: torch.device, threads: Executor | None = None) -> None:
-        """Run this block's routed experts on `host` (their tier), biases included; with
-        `threads`, a step's experts side by side on them."""
-        self.compute_on, self.host_threads = host, threads
+    def compute_on_host(self, host: torch.device) -> None:
+        """Run this block's routed experts on `host` (their tier), biases included."""
+        self.compute_on = host
         for t in (self.ffn_gate_exps, self.ffn_up_exps, self.ffn_down_exps):
             if t.bias is not None:
                 t.bias = t.bias.to(host)

@@ -6,8 +6,6 @@ on the GPU when the kernels can use them)."""
 import itertools
 import logging
 import math
-import os
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 import torch
@@ -35,7 +33,6 @@ if TYPE_CHECKING:
     from localllm.engine.gguf import GGUFModel
     from localllm.engine.gguf.model import TensorInfo
 
-HOST_EXPERT_THREADS = 8  # a decode step routes each token to 8 experts in the common MoEs
 PLAN_KV_TOKENS = 8192  # KV the plan reserves when no context length is given
 SCRATCH_TOKENS = 512  # tokens per step the scratch estimate allows for (the engine's default)
 
@@ -45,17 +42,6 @@ def _on_cpu(b: MoEFeedForward) -> bool:
     prepared experts (precise runs keep the exact raw-block path)."""
     on_cpu = b.ffn_gate_inp.weight.data.device.type == "cpu" or b.compute_on is not None
     return on_cpu and not b.precise
-
-
-def _host_threads() -> ThreadPoolExecutor | None:
-    """Threads computing a step's host experts side by side (a GPU model's `--cpu-moe`), each
-    with its share of the cores for its own ops: at one token the ops are too small for torch's
-    intra-op split to pay, so experts in parallel beat each expert on every core."""
-    n = min(HOST_EXPERT_THREADS, os.cpu_count() or 1)
-    if n < 2:
-        return None
-    per = max(1, (os.cpu_count() or 1) // n)
-    return ThreadPoolExecutor(n, "host-experts", initializer=torch.set_num_threads, initargs=(per,))
 
 
 def _pack_on(disk: list[MoEFeedForward]) -> torch.device | None:
@@ -91,10 +77,9 @@ def apply_residency(model: nn.Module, plan: ResidencyPlan) -> list[ExpertSource]
                 if nxt in disk:
                     b.guess_next = nxt
     if resident:
-        host = [b for b in blocks if tiers.get(b.layer) == "host" and plan.host_compute == "host"]
-        threads = _host_threads() if host and blocks[0].ffn_gate_inp.weight.data.is_cuda else None
-        for b in host:
-            b.compute_on_host(torch.device("cpu"), threads)
+        for b in blocks:
+            if tiers.get(b.layer) == "host" and plan.host_compute == "host":
+                b.compute_on_host(torch.device("cpu"))
         prepared = {b.layer: b.format for b in blocks if b.layer in resident and _on_cpu(b)}
         shared = ResidentExperts(resident, prepared)
         for b in blocks:

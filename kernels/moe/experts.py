@@ -9,7 +9,6 @@ weights prepared once, multiplied with `.matmul`, never dequantized per use).
 `expert_ffn_reference` is the dense oracle: every expert on every token, masked, raw blocks.
 """
 
-import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -22,8 +21,6 @@ from localllm.kernels.quant.linear import TRITON_TYPES
 from localllm.kernels.quant.types import QuantType
 
 if TYPE_CHECKING:  # prepared.py imports this module
-    from concurrent.futures import Executor
-
     from localllm.kernels.moe.prepared import PreparedExpert
 
 
@@ -124,14 +121,12 @@ def expert_ffn_grouped(
     fetch: "Callable[[int], ExpertBlocks | PreparedExpert]",
     fmt: ExpertFormat,
     biases: ExpertBiases | None = None,
-    parallel: "Executor | None" = None,
 ) -> torch.Tensor:
     """x [T, dim], routing weights/ids [T, k] -> [T, dim]; touches only the selected experts.
 
     `fetch(e)` is called once per selected expert, in ascending order, and its blocks (raw or
     prepared) are used before the next call, so a streaming cache may reuse one slot for the
-    next expert. With `parallel` (resident experts only: all fetched blocks stay valid), the
-    experts are computed on its threads and summed in the same order: the same result.
+    next expert.
     """
     x = x.float()
     k = ids.shape[-1]
@@ -139,18 +134,14 @@ def expert_ffn_grouped(
     tokens = order // k
     w = weights.reshape(-1)[order].float()
     out = torch.zeros_like(x)
-    ends = list(itertools.accumulate(counts))
-    sels = [tokens[end - n : end] for n, end in zip(counts, ends, strict=True)]
-    if parallel is not None and len(experts) > 1:
-        jobs = [(x[s], fetch(e), fmt, _bias(biases, e)) for e, s in zip(experts, sels, strict=True)]
-        ys = list(parallel.map(lambda job: expert_ffn_one(*job), jobs))
-    else:
-        ys = None
-    for i, (e, n, sel) in enumerate(zip(experts, counts, sels, strict=True)):
-        y = ys[i] if ys is not None else expert_ffn_one(x[sel], fetch(e), fmt, _bias(biases, e))
+    start = 0
+    for e, n in zip(experts, counts, strict=True):
+        sel = tokens[start : start + n]
+        y = expert_ffn_one(x[sel], fetch(e), fmt, _bias(biases, e))
         # index_put_ over index_add_: same sums (a token meets each expert once) and ~50x less
         # dispatch overhead on CPU for the few rows of a decode step
-        out.index_put_((sel,), y * w[ends[i] - n : ends[i], None], accumulate=True)
+        out.index_put_((sel,), y * w[start : start + n, None], accumulate=True)
+        start += n
     return out
 
 

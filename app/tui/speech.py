@@ -112,12 +112,15 @@ class Spoken:
     seconds: float
 
 
+SPEAK_SEED = 0  # VITS samples noise: a fixed seed says the same answer the same way every time
+
+
 def speak(models: SpeechModels, text: str, out_path: Path, player: Player) -> Spoken:
     """Synthesize `text`, play it, and when it cannot be played, write it to `out_path` (wav)."""
     from localllm.media.audio.encode import encode
 
     voice = models.voice()
-    samples = voice.synthesize(text)
+    samples = voice.synthesize(text, seed=SPEAK_SEED)
     if samples.size == 0:
         raise ValueError("the answer has nothing to say aloud")
     seconds = len(samples) / voice.sample_rate

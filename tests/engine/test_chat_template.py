@@ -114,7 +114,7 @@ HOSTILE = {
         "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
     ),
     "loop over messages squared": (
-        "{% for a in range(100000) %}{% for m in messages %}{% endfor %}{% endfor %}"
+        "{% for a in range(10**7) %}{% for m in messages %}{% endfor %}{% endfor %}"
     ),
     "string doubling with ~": (
         "{% set ns = namespace(s='a') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}"

@@ -89,10 +89,14 @@ def test_logprobs_agree_with_prompt_logprobs(llm):
     scored = llm.generate([ids], greedy(1, prompt_logprobs=1))[0].prompt_logprobs
     assert scored[0] is None and len(scored) == len(ids)
     n = len(out.prompt_token_ids)
+    diffs = []
     for i, tok in enumerate(comp.token_ids):
         a, b = comp.logprobs[i][tok].logprob, scored[n + i][tok].logprob
-        # bf16-GEMV noise between step shapes is ~1e-2 nats; a misaligned position is not close.
-        assert math.isclose(a, b, abs_tol=0.05), (i, a, b)
+        # bf16 noise between step shapes: ~1e-2 nats, one position 0.051 on an AMX CPU (its
+        # oneDNN kernels round differently); a misaligned position is off by nats.
+        assert math.isclose(a, b, abs_tol=0.1), (i, a, b)
+        diffs.append(abs(a - b))
+    assert sum(diffs) / len(diffs) < 0.03, diffs
     assert comp.cumulative_logprob == pytest.approx(
         sum(p[t].logprob for t, p in zip(comp.token_ids, comp.logprobs, strict=True))
     )

@@ -48,7 +48,10 @@ def reset_peak() -> bool:
 
 def main() -> None:
     path, warmup, layer = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
-    generate(warmup, {})  # torch's lazy one-time allocations happen before the baseline
+    # torch's lazy one-time allocations (oneDNN/AMX kernels and scratch for these shapes: 10-17
+    # MiB on some CPUs) happen before the baseline: the warm-up model has the measured one's
+    # shapes and runs under the same layer, with too few experts to matter
+    generate(warmup, layer)
     reset = reset_peak()
     before = _status_kib("VmRSS") * 1024
     out, model = generate(path, layer)

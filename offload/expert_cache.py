@@ -305,8 +305,11 @@ class StreamedExperts:
             self.stats.read_seconds += seconds
         if self.prepare or self.packed_pool is not None:
             t1 = time.perf_counter()
-            b, pool = self._blocks(buf, layout), self.packed_pool
-            made = prepare_expert(b, layout.fmt) if pool is None else pool.fill(slot, b)
+            pool = self.packed_pool
+            if pool is None:
+                made = prepare_expert(self._blocks(buf, layout), layout.fmt)
+            else:  # one upload of the staged bytes, packed into the slot in place
+                made = pool.fill_raw(slot, self.pool[buf, : layout.expert_nbytes])
             self._prepared[slot] = made
             prep = time.perf_counter() - t1
             with self._lock:

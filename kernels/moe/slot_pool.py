@@ -18,7 +18,7 @@ from localllm.kernels.moe.packed import (
     pack_expert_planes,
     pack_experts,
 )
-from localllm.kernels.quant.repack import PackedBlocks
+from localllm.kernels.quant.repack import PackedBlocks, pack_into
 from localllm.kernels.quant.types import row_nbytes
 
 
@@ -75,6 +75,26 @@ class PackedSlotPool:
         for dst, src in pairs:
             for name, t in dst.planes.items():
                 t[slot].copy_(src.planes[name][0])
+        return self.view(slot)
+
+    def fill_raw(self, slot: int, raw: torch.Tensor) -> PackedExperts:
+        """`fill` from one expert's raw bytes back to back (gate, up, down; any device, pinned
+        host memory for a fast upload): one copy to the device, then each field written into
+        its plane in place (no intermediate planes, no cat of gate and up)."""
+        dev = self.pe.down.device
+        f, d, h = self.fmt, self.fmt.dim, self.fmt.hidden
+        sizes = (h * row_nbytes(f.gate, d), h * row_nbytes(f.up, d), d * row_nbytes(f.down, h))
+        if raw.numel() < sum(sizes):
+            raise ValueError(f"{raw.numel()} bytes do not hold one expert of {f}")
+        flat = raw[: sum(sizes)].to(dev)
+        gate, up, down = flat.split(sizes)
+        if len(self.pe.gate_up) == 1:  # gate and up share one plane: gate rows first
+            pack_into(self.pe.gate_up[0], slot, gate.view(h, -1))
+            pack_into(self.pe.gate_up[0], slot, up.view(h, -1), row0=h)
+        else:
+            pack_into(self.pe.gate_up[0], slot, gate.view(h, -1))
+            pack_into(self.pe.gate_up[1], slot, up.view(h, -1))
+        pack_into(self.pe.down, slot, down.view(d, -1))
         return self.view(slot)
 
     def view(self, slot: int) -> PackedExperts:

@@ -100,6 +100,25 @@ def pack_expert_blocks(data: torch.Tensor, qtype: QuantType, n: int, k: int) -> 
     return PackedBlocks(qtype, n, k, planes)
 
 
+def pack_into(dst: PackedBlocks, expert: int, data: torch.Tensor, row0: int = 0) -> None:
+    """Pack raw blocks uint8 [n, row_bytes] straight into rows row0..row0+n of expert `expert`
+    of a `pack_expert_blocks`-shaped dst: one strided copy per field (two where the block size
+    does not keep the field's words aligned), no intermediate planes."""
+    block, nbytes = block_geometry(dst.qtype)
+    n, nb = data.shape[0], dst.k // block
+    if data.numel() != n * nb * nbytes or row0 + n > dst.n:
+        raise ValueError(f"{dst.qtype.name} data of {data.numel()} bytes is not {n}x{dst.k}")
+    blocks = data.reshape(n, nb, nbytes)
+    for name, start, end, dtype in _FIELDS[dst.qtype]:
+        field = blocks[..., start:end]
+        size = torch.tensor([], dtype=dtype).element_size()
+        if nbytes % size or start % size:  # unaligned words: make the field contiguous first
+            field = field.contiguous()
+        words = field.view(dtype)  # [n, nb, w]
+        plane = dst.planes[name][expert].view(nb, -1, dst.n)[:, :, row0 : row0 + n]
+        plane.copy_(words.permute(1, 2, 0))
+
+
 def expert_planes(p: PackedBlocks, expert: int) -> PackedBlocks:
     """One expert of a `pack_expert_blocks` result as an ordinary PackedBlocks (views)."""
     return PackedBlocks(p.qtype, p.n, p.k, {name: t[expert] for name, t in p.planes.items()})

@@ -119,6 +119,35 @@ def test_slot_pool_rejects_two_formats_and_too_many_experts(tmp_path):
     src.close()
 
 
+@pytest.mark.parametrize(
+    "types", [(QT.Q4_K, QT.Q4_K, QT.Q6_K), (QT.Q8_0, QT.Q8_0, QT.Q8_0), (QT.Q4_K, QT.Q8_0, QT.Q6_K)]
+)
+def test_fill_raw_packs_the_planes_pack_experts_makes(types):
+    """A slot filled from one expert's raw bytes back to back (one upload, fields written in
+    place) holds exactly the planes `pack_experts` makes of that expert; the slot beside it is
+    untouched. Pure torch: runs on CPU tensors wherever triton imports."""
+    pytest.importorskip("triton")
+    from localllm.kernels.moe.packed import pack_experts
+    from localllm.kernels.moe.slot_pool import PackedSlotPool
+
+    fmt = ExpertFormat(*(QuantType(t) for t in types), D, H)
+    rng = np.random.default_rng(3)
+    parts = [random_rows(types[0], H, D, rng), random_rows(types[1], H, D, rng)]
+    parts.append(random_rows(types[2], D, H, rng))
+    raw = torch.from_numpy(np.concatenate([p.reshape(-1) for p in parts]))
+    want = pack_experts(*(torch.from_numpy(p)[None] for p in parts), fmt, K_USED)
+    pool = PackedSlotPool(fmt, 3, K_USED, DEVICE)
+    pool.fill_raw(1, raw.to(DEVICE))
+    pairs = zip((*pool.pe.gate_up, pool.pe.down), (*want.gate_up, want.down), strict=True)
+    for got, ref in pairs:
+        assert got.planes.keys() == ref.planes.keys()
+        for name, plane in got.planes.items():
+            assert torch.equal(plane[1].cpu(), ref.planes[name][0]), name
+            assert not plane[0].any() and not plane[2].any(), name
+    with pytest.raises(ValueError, match="do not hold one expert"):
+        pool.fill_raw(0, raw[:-1])
+
+
 PROMPT = [1, 5, 9, 33, 7, 11]  # at most the pool's max_tokens: every step takes packed kernels
 MODES = {"8 slots": (8, False), "3 slots": (3, False), "2 slots, read-ahead": (2, True)}
 

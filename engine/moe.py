@@ -18,6 +18,7 @@ from torch import nn
 from localllm.engine.graph_breaks import HostBreaks
 from localllm.engine.layers import DenseParam, GatedMLP
 from localllm.engine.linear import QuantLinear, dense, without_bytes
+from localllm.kernels.cpu.native import NativeKernels
 from localllm.kernels.moe import (
     ExpertBiases,
     ExpertBlocks,
@@ -38,6 +39,9 @@ from localllm.offload.expert_cache import (
 log = logging.getLogger(__name__)
 
 EXPERT_TENSORS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
+# Host experts of a GPU model take the native kernels up to this many token rows: they read a
+# layer's experts once per (token, choice) pair, where a prompt's rows share prepared weights.
+NATIVE_MAX_T = 8
 
 
 class ExpertTensor(nn.Module):
@@ -120,6 +124,7 @@ class MoEFeedForward(nn.Module):
         self.packed = None  # `kernels.moe.packed.PackedExperts` when the experts sit on a GPU
         self._device = torch.device("cpu")  # where the current forward computes
         self.compute_on: torch.device | None = None  # host compute of host-tier experts
+        self.native: NativeKernels | None = None  # C kernels for host experts (decode steps)
         self.guess_next: MoEFeedForward | None = None  # the next layer, told what to read ahead
         self.breaks: HostBreaks | None = None  # set while a decode graph is captured in pieces
 
@@ -303,12 +308,24 @@ class MoEFeedForward(nn.Module):
         host = self.compute_on
         rows = x.reshape(-1, self.dim).to(host)
         self.source.stats.host_rows += rows.shape[0]
-        y = self._routed(rows, weights.to(host), ids.to(host))
+        weights, ids = weights.to(host), ids.to(host)
+        if self.native is not None and rows.shape[0] <= NATIVE_MAX_T:
+            used = torch.unique(ids).numel()  # counted as the resident source counts fetches
+            self.source.stats.lookups += used
+            self.source.stats.hits += used
+            fmt = self.format
+            blocks = (w.data for w in self.expert_weights())
+            types = (fmt.gate, fmt.up, fmt.down)
+            y = self.native.moe_ffn(rows, weights, ids, *blocks, types, fmt.act)
+        else:
+            y = self._routed(rows, weights, ids)
         return y.to(x.dtype).to(x.device)
 
-    def compute_on_host(self, host: torch.device) -> None:
-        """Run this block's routed experts on `host` (their tier), biases included."""
-        self.compute_on = host
+    def compute_on_host(self, host: torch.device, native: "NativeKernels | None" = None) -> None:
+        """Run this block's routed experts on `host` (their tier), biases included; with
+        `native` (kernels that take this block's format), decode steps' experts run there in
+        one call over the raw blocks (prompts keep the prepared path)."""
+        self.compute_on, self.native = host, native
         for t in (self.ffn_gate_exps, self.ffn_up_exps, self.ffn_down_exps):
             if t.bias is not None:
                 t.bias = t.bias.to(host)

@@ -13,6 +13,7 @@ from torch import nn
 
 from localllm.engine.models import model_module
 from localllm.engine.moe import MoEFeedForward, moe_blocks
+from localllm.kernels.cpu.native import load as load_native
 from localllm.kernels.moe.prepared import prepared_expert_nbytes
 from localllm.kernels.quant.linear import choose_strategy
 from localllm.offload import QuantWeight
@@ -77,9 +78,15 @@ def apply_residency(model: nn.Module, plan: ResidencyPlan) -> list[ExpertSource]
                 if nxt in disk:
                     b.guess_next = nxt
     if resident:
-        for b in blocks:
-            if tiers.get(b.layer) == "host" and plan.host_compute == "host":
-                b.compute_on_host(torch.device("cpu"))
+        host = [b for b in blocks if tiers.get(b.layer) == "host" and plan.host_compute == "host"]
+        # a GPU model's host experts: the native CPU kernels where they load and take the format
+        on_gpu = bool(host) and host[0].ffn_gate_inp.weight.data.device.type != "cpu"
+        native = load_native() if on_gpu else None
+        for b in host:
+            f = b.format
+            fits = native is not None and b.ffn_gate_exps.bias is None and not b.precise
+            ok = fits and native.supports(f.gate, f.up, f.down, f.dim, f.hidden, f.act)
+            b.compute_on_host(torch.device("cpu"), native if ok else None)
         prepared = {b.layer: b.format for b in blocks if b.layer in resident and _on_cpu(b)}
         shared = ResidentExperts(resident, prepared)
         for b in blocks:

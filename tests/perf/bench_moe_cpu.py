@@ -24,6 +24,7 @@ from gguf import GGMLQuantizationType as QT
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests.kernels.test_moe_prepared
 
+from localllm.kernels.cpu.native import load as load_native
 from localllm.kernels.moe import ExpertBlocks, ExpertFormat, expert_ffn_grouped
 from localllm.kernels.moe.prepared import prepare_expert, prepared_format_nbytes
 from localllm.kernels.quant import QuantType
@@ -42,6 +43,21 @@ def time_steps(fetch, fmt: ExpertFormat, n_expert: int, steps: int, seed: int) -
         w = torch.softmax(torch.randn(1, TOP_K, generator=gen), -1)
         t0 = time.perf_counter()
         expert_ffn_grouped(x, w, ids, fetch, fmt)
+        if i:
+            out.append(time.perf_counter() - t0)
+    return out
+
+
+def time_native(native, g, u, d, types, n_expert: int, steps: int, seed: int) -> list[float]:
+    """`time_steps` for the native kernels over the raw stacked tensors."""
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(steps + 1):
+        x = torch.randn(1, DIM, generator=gen)
+        ids = torch.randperm(n_expert, generator=gen)[:TOP_K][None]
+        w = torch.softmax(torch.randn(1, TOP_K, generator=gen), -1)
+        t0 = time.perf_counter()
+        native.moe_ffn(x, w, ids, g, u, d, types)
         if i:
             out.append(time.perf_counter() - t0)
     return out
@@ -94,6 +110,19 @@ def main() -> None:
     print(f"{layers * np.median(old):.2f} s/token dequant per use (routed experts only)")
     print(f"  prepare: {1e3 * prep_s:.1f} ms/expert; bytes/expert raw {raw_b:,}", end="")
     print(f", prepared {prepared[0].nbytes:,} ({prepared[0].nbytes / raw_b:.2f}x raw)")
+    native = load_native()
+    if native is None:
+        print("  native kernels: none (no C compiler, or their self-check failed)")
+        return
+    types = (QuantType.Q4_K, QuantType.Q4_K, QuantType.Q6_K)
+    nat = time_native(native, g, u, d, types, a.experts, a.steps, seed=1)
+    got = native.moe_ffn(x, w, ids, g, u, d, types)
+    nerr = (got - ref).norm() / ref.norm()
+    ms = 1e3 * float(np.median(nat))
+    name, gain = "native (raw blocks, int8 activations)", np.median(new) / np.median(nat)
+    print(f"  {name:36s} median {ms:8.2f} ms/token-layer  (min {1e3 * min(nat):.2f}", end="")
+    print(f", n={len(nat)}); {gain:.1f}x prepared; rel. error {nerr:.1e}", end="")
+    print(f"; flags {' '.join(native.flags)}")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,225 @@
+"""Native CPU kernels: `moe_gemv.c` compiled at first use with the system C compiler and loaded
+with ctypes (the calls release the GIL).
+
+`load()` answers a `NativeKernels`, or None where no compiler, no OpenMP-less build either, or a
+failed self-check (the kernels against dequantized float math on random blocks: a compiler that
+mis-vectorizes is caught here, not in a user's tokens) leaves the torch paths in charge. The
+library is cached on disk under a name hashed from the source, the compiler and the flags, so a
+later process only loads it. Float32 in, float32 out; Q4_K, Q6_K and Q8_0 weights whose row
+length is a multiple of 256.
+"""
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from localllm.kernels.quant.types import QuantType
+
+SOURCE = Path(__file__).with_name("moe_gemv.c")
+TYPES = frozenset({QuantType.Q4_K, QuantType.Q6_K, QuantType.Q8_0})
+ACTS = {"silu": 0, "gelu": 1}
+# fastest first; the last builds anywhere (no OpenMP: one thread)
+FLAG_SETS = (
+    ("-O3", "-march=native", "-fopenmp"),
+    ("-O3", "-fopenmp"),
+    ("-O3", "-march=native"),
+    ("-O2",),
+)
+CHECK_TOL = 0.1  # int8 activations: 0.7-2.4 % off (random experts); a wrong kernel: ~100 %
+
+_P, _I, _INT, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
+
+
+def _ptr(t: torch.Tensor) -> int:
+    return t.data_ptr()
+
+
+@dataclass(frozen=True)
+class NativeKernels:
+    lib: ctypes.CDLL
+    path: Path
+    flags: tuple[str, ...]
+
+    def supports(self, gate: QuantType, up: QuantType, down: QuantType, dim: int, hidden: int,
+                 act: str) -> bool:  # fmt: skip
+        """Whether `moe_ffn` computes experts of these types, sizes and activation."""
+        types = {QuantType(gate), QuantType(up), QuantType(down)}
+        return types <= TYPES and dim % 256 == 0 and hidden % 256 == 0 and act in ACTS
+
+    def gemv(self, w: torch.Tensor, qtype: QuantType, n: int, k: int, x: torch.Tensor,
+             threads: int | None = None) -> torch.Tensor:  # fmt: skip
+        """Raw blocks w [n, row bytes] times x [k] -> float32 [n] (one matrix: tests, benches)."""
+        x = x.float().contiguous().reshape(-1)
+        y = torch.empty(n)
+        q8, d8, bs = (
+            torch.empty(k, dtype=torch.int8),
+            torch.empty(k // 32),
+            torch.empty(k // 16, dtype=torch.int16),
+        )
+        w = w.contiguous()
+        self.lib.gemv(int(qtype), _ptr(w), n, k, _ptr(x), _ptr(y), _ptr(q8), _ptr(d8), _ptr(bs),
+                      threads or torch.get_num_threads())  # fmt: skip
+        return y
+
+    def moe_ffn(
+        self,
+        x: torch.Tensor,
+        weights: torch.Tensor,
+        ids: torch.Tensor,
+        gate: torch.Tensor,
+        up: torch.Tensor,
+        down: torch.Tensor,
+        types: tuple[QuantType, QuantType, QuantType],
+        act: str = "silu",
+        threads: int | None = None,
+    ) -> torch.Tensor:
+        """Routed experts of one layer: x [T, dim], weights / ids [T, k], the layer's raw expert
+        tensors gate / up [E, hidden, rb], down [E, dim, rb] (CPU) -> float32 [T, dim]."""
+        t, dim = x.shape
+        kk, hidden = ids.shape[1], gate.shape[1]
+        x = x.float().contiguous()
+        ids = ids.to(torch.int64).contiguous()
+        wts = weights.float().contiguous()
+        n_expert = gate.shape[0]
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= n_expert):
+            raise ValueError(f"expert ids outside 0..{n_expert - 1}")
+        pairs = t * kk
+        y = torch.empty(t, dim)
+        xq, xd, xb = _qbuf(t * dim)
+        h = torch.empty(pairs * 2 * hidden)
+        aq, ad, ab = _qbuf(pairs * hidden)
+        dn = torch.empty(pairs * dim)
+        g, u, d = (w.contiguous() for w in (gate, up, down))
+        self.lib.moe_ffn(
+            t, kk, _ptr(x), _ptr(ids), _ptr(wts), _ptr(g), _ptr(u), _ptr(d),
+            *(int(q) for q in types), dim, hidden, ACTS[act], _ptr(y),
+            _ptr(xq), _ptr(xd), _ptr(xb), _ptr(h), _ptr(aq), _ptr(ad), _ptr(ab), _ptr(dn),
+            threads or torch.get_num_threads(),
+        )  # fmt: skip
+        return y
+
+
+def _qbuf(n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return (
+        torch.empty(n, dtype=torch.int8),
+        torch.empty(n // 32),
+        torch.empty(n // 16, dtype=torch.int16),
+    )
+
+
+def _compiler() -> str | None:
+    return next((c for c in ("cc", "gcc", "clang") if shutil.which(c)), None)
+
+
+def _build(cc: str, flags: tuple[str, ...], out_dir: Path) -> Path | None:
+    key = hashlib.sha256(
+        SOURCE.read_bytes() + " ".join((cc, *flags, platform.machine())).encode()
+    ).hexdigest()[:16]
+    lib = out_dir / f"localllm-moe-gemv-{key}.so"
+    if lib.exists():
+        return lib
+    tmp = out_dir / f".{lib.name}.{os.getpid()}"
+    cmd = [cc, *flags, "-shared", "-fPIC", str(SOURCE), "-o", str(tmp), "-lm"]
+    try:
+        done = subprocess.run(cmd, capture_output=True, timeout=120, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if done.returncode != 0 or not tmp.exists():
+        tmp.unlink(missing_ok=True)
+        return None
+    os.replace(tmp, lib)  # atomic: a process beside this one loads a whole file or none
+    return lib
+
+
+def _bind(lib: ctypes.CDLL) -> None:
+    lib.gemv.argtypes = [_INT, _P, _I, _I, _P, _P, _P, _P, _P, _INT]
+    lib.gemv.restype = None
+    lib.moe_ffn.argtypes = [_I, _I, _P, _P, _P, _P, _P, _P, _INT, _INT, _INT, _I, _I, _INT, _P,
+                            _P, _P, _P, _P, _P, _P, _P, _P, _INT]  # fmt: skip
+    lib.moe_ffn.restype = None
+
+
+def load(cache_dir: Path | None = None) -> NativeKernels | None:
+    """The compiled kernels, checked, or None (then callers keep their torch paths)."""
+    cc = _compiler()
+    if cc is None or not SOURCE.exists():
+        return None
+    out_dir = Path(cache_dir or tempfile.gettempdir())
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return None
+    for flags in FLAG_SETS:
+        path = _build(cc, flags, out_dir)
+        if path is None:
+            continue
+        try:
+            lib = ctypes.CDLL(str(path))
+            _bind(lib)
+        except (OSError, AttributeError):
+            continue
+        kernels = NativeKernels(lib, path, flags)
+        if self_check(kernels):
+            return kernels
+    return None
+
+
+def self_check(k: NativeKernels, seed: int = 0) -> bool:
+    """Every kernel on random blocks against dequantized float math (relative error)."""
+    from localllm.kernels.quant.dequant import dequantize
+
+    rng = np.random.default_rng(seed)
+    dim, hidden, n_exp = 256, 512, 3
+    gen = torch.Generator().manual_seed(seed)
+    for types in ((QuantType.Q4_K, QuantType.Q4_K, QuantType.Q6_K), (QuantType.Q8_0,) * 3):
+        raws = [
+            random_blocks(types[0], n_exp * hidden, dim, rng).reshape(n_exp, hidden, -1),
+            random_blocks(types[1], n_exp * hidden, dim, rng).reshape(n_exp, hidden, -1),
+            random_blocks(types[2], n_exp * dim, hidden, rng).reshape(n_exp, dim, -1),
+        ]
+        x = torch.randn(2, dim, generator=gen)
+        ids = torch.tensor([[0, 2], [1, 0]])
+        wts = torch.tensor([[0.7, 0.3], [0.4, 0.6]])
+        got = k.moe_ffn(x, wts, ids, *raws, types, threads=2)
+        g, u, d = (
+            dequantize(r, q).reshape(r.shape[0], r.shape[1], -1).double()
+            for r, q in zip(raws, types, strict=True)
+        )
+        want = torch.zeros(2, dim, dtype=torch.float64)
+        for i in range(2):
+            for j in range(2):
+                e = int(ids[i, j])
+                xi = x[i].double()
+                a = torch.nn.functional.silu(g[e] @ xi) * (u[e] @ xi)
+                want[i] += float(wts[i, j]) * (d[e] @ a)
+        err = ((got.double() - want).norm() / want.norm()).item()
+        if not err < CHECK_TOL:
+            return False
+    return True
+
+
+def random_blocks(qtype: QuantType, rows: int, k: int, rng: np.random.Generator) -> torch.Tensor:
+    """uint8 [rows, row bytes] of random blocks with small finite fp16 scales."""
+    qtype = QuantType(qtype)
+    nbytes = {QuantType.Q4_K: 144, QuantType.Q6_K: 210, QuantType.Q8_0: 34}[qtype]
+    per = 256 if qtype != QuantType.Q8_0 else 32
+    nb = rows * k // per
+    raw = rng.integers(0, 256, size=(nb, nbytes), dtype=np.uint8)
+    small = (rng.uniform(0.5, 1.5, nb) * 1e-2).astype(np.float16).view(np.uint8).reshape(nb, 2)
+    if qtype == QuantType.Q8_0:
+        raw[:, 0:2] = small
+    elif qtype == QuantType.Q4_K:
+        raw[:, 0:2] = small
+        raw[:, 2:4] = small
+    else:
+        raw[:, 208:210] = small
+    return torch.from_numpy(raw.reshape(rows, -1))

@@ -1,0 +1,154 @@
+"""The native CPU kernels (`kernels/cpu/moe_gemv.c`, built at first use) against dequantized
+float math: single matrices per type, a layer's routed experts, thread counts, bad input, and
+`load` falling back to None when the compiler or the self-check fails. A tiny MoE on the CPU with
+its host experts on the native kernels scores like the torch path (int8 activations: ~1 %)."""
+
+from dataclasses import replace
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as QT
+
+from localllm.engine.generator import Generator
+from localllm.engine.gguf import open_gguf
+from localllm.engine.loader import build_model
+from localllm.engine.moe import moe_blocks
+from localllm.kernels.cpu import native
+from localllm.kernels.moe import ExpertFormat, expert_ffn_reference
+from localllm.kernels.quant import QuantType
+from localllm.kernels.quant.dequant import dequantize
+from tests.offload.tiny_moe import QWEN3MOE, write_moe_gguf
+from tests.perf.make_synthetic import random_rows
+
+INT8_TOL = 2e-2  # int8 input and SiLU product per 32 values: measured 1.2-1.3 % off exact math
+
+
+@pytest.fixture(scope="module")
+def kernels(tmp_path_factory):
+    k = native.load(tmp_path_factory.mktemp("native"))
+    if k is None:
+        pytest.skip("no C compiler here (the torch paths are used)")
+    return k
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+@pytest.mark.parametrize("qtype", [QT.Q4_K, QT.Q6_K, QT.Q8_0])
+@pytest.mark.parametrize(("n", "k"), [(37, 256), (300, 768)])
+def test_gemv_matches_dequantized_weights(kernels, qtype, n, k):
+    rng = np.random.default_rng(n + k)
+    w = torch.from_numpy(random_rows(qtype, n, k, rng))
+    x = torch.randn(k, generator=torch.Generator().manual_seed(k))
+    want = dequantize(w, QuantType(qtype)).reshape(n, k).double() @ x.double()
+    got = kernels.gemv(w, QuantType(qtype), n, k, x)
+    assert got.shape == (n,) and want.abs().max() > 1e-3
+    assert _rel(got, want) < 1.5e-2  # the input rounded to int8 per 256 values
+    assert torch.equal(kernels.gemv(w, QuantType(qtype), n, k, x, threads=1), got)
+
+
+def _fake_int8(v: torch.Tensor) -> torch.Tensor:
+    """v rounded as the kernels quantize it: int8 codes, one scale per 32 values."""
+    s = v.reshape(-1, 32)
+    scale = s.abs().amax(1, keepdim=True) / 127
+    return (torch.round(s / scale.clamp_min(1e-30)) * scale).reshape(v.shape)
+
+
+def _simulated(x, w, ids, g, u, d, types, act):
+    """The kernels' arithmetic in float64: exact weights, activations rounded per 32."""
+    mats = [
+        dequantize(t, QuantType(q)).reshape(t.shape[0], t.shape[1], -1).double()
+        for t, q in zip((g, u, d), types, strict=True)
+    ]
+    f = torch.nn.functional
+    out = torch.zeros(x.shape, dtype=torch.float64)
+    for i in range(x.shape[0]):
+        xi = _fake_int8(x[i].double())
+        for j in range(ids.shape[1]):
+            e = int(ids[i, j])
+            gate = mats[0][e] @ xi
+            gate = f.silu(gate) if act == "silu" else f.gelu(gate, approximate="tanh")
+            out[i] += float(w[i, j]) * (mats[2][e] @ _fake_int8(gate * (mats[1][e] @ xi)))
+    return out
+
+
+def _layer(types, n_expert: int, dim: int, hidden: int, seed: int):
+    rng = np.random.default_rng(seed)
+    g, u, d = (
+        torch.from_numpy(np.stack([random_rows(types[i], r, c, rng) for _ in range(n_expert)]))
+        for i, (r, c) in enumerate(((hidden, dim), (hidden, dim), (dim, hidden)))
+    )
+    return g, u, d
+
+
+@pytest.mark.parametrize(
+    ("types", "act"),
+    [
+        ((QT.Q4_K, QT.Q4_K, QT.Q6_K), "silu"),  # Qwen3-30B-A3B Q4_K_M's mix
+        ((QT.Q8_0, QT.Q8_0, QT.Q8_0), "silu"),
+        ((QT.Q6_K, QT.Q4_K, QT.Q8_0), "gelu"),
+    ],
+)
+@pytest.mark.parametrize(("tokens", "k_used"), [(1, 8), (3, 2)])
+def test_moe_ffn_matches_the_dense_oracle(kernels, types, act, tokens, k_used):
+    dim, hidden, n_expert = 256, 512, 10
+    g, u, d = _layer(types, n_expert, dim, hidden, seed=tokens)
+    gen = torch.Generator().manual_seed(tokens)
+    x = torch.randn(tokens, dim, generator=gen)
+    ids = torch.stack([torch.randperm(n_expert, generator=gen)[:k_used] for _ in range(tokens)])
+    w = torch.softmax(torch.randn(tokens, k_used, generator=gen), -1)
+    qt = tuple(QuantType(t) for t in types)
+    fmt = ExpertFormat(*qt, dim, hidden, act)
+    want = expert_ffn_reference(x, w, ids, g, u, d, fmt)
+    got = kernels.moe_ffn(x, w, ids, g, u, d, qt, act)
+    assert got.shape == (tokens, dim) and want.abs().max() > 1e-3
+    assert _rel(got, want) < INT8_TOL
+    # and the arithmetic it claims, the rounding of its activations alone (float32 vs float64
+    # products may move a code across a rounding edge: 6e-4 seen; a wrong scale is >= 1e-2)
+    assert _rel(got, _simulated(x, w, ids, g, u, d, types, act)) < 2e-3
+    # each output is one thread's sum: the thread count cannot change a bit
+    assert torch.equal(kernels.moe_ffn(x, w, ids, g, u, d, qt, act, threads=1), got)
+
+
+def test_supports_and_bad_ids(kernels):
+    q4, q6, f16 = QuantType.Q4_K, QuantType.Q6_K, QuantType.F16
+    assert kernels.supports(q4, q4, q6, 2048, 768, "silu")
+    assert not kernels.supports(q4, q4, f16, 2048, 768, "silu")  # no kernel for the type
+    assert not kernels.supports(q4, q4, q6, 2048, 700, "silu")  # rows not whole 256-blocks
+    assert not kernels.supports(q4, q4, q6, 2048, 768, "swiglu_oai")
+    g, u, d = _layer((QT.Q8_0,) * 3, 4, 256, 256, seed=0)
+    x, w = torch.randn(1, 256), torch.ones(1, 2) / 2
+    with pytest.raises(ValueError, match="expert ids outside"):
+        kernels.moe_ffn(x, w, torch.tensor([[0, 4]]), g, u, d, (QuantType.Q8_0,) * 3)
+
+
+def test_load_falls_back_to_none(tmp_path, monkeypatch):
+    monkeypatch.setattr(native, "_compiler", lambda: "false")  # a "compiler" that always fails
+    assert native.load(tmp_path / "a") is None
+    monkeypatch.undo()
+    monkeypatch.setattr(native, "self_check", lambda k: False)  # mis-compiled kernels
+    assert native.load(tmp_path / "b") is None
+
+
+def test_tiny_moe_host_experts_on_native_kernels(kernels, tmp_path):
+    """Host compute of a CPU model's blocks forced onto the native kernels: the same prompt
+    scores like the torch path (prepared experts) within the int8 error, decode rows only."""
+    spec = replace(QWEN3MOE, dim=256, expert_ff=256, expert_qtype=QT.Q8_0)
+    path = write_moe_gguf(tmp_path / "m.gguf", spec)
+    g = open_gguf(path)
+    try:
+        model = build_model(g)
+        gen = Generator(g, model, SimpleNamespace(eog_ids=frozenset()), load_seconds=0.0)
+        prompt = [1, 5, 9, 33, 7, 11]
+        want = gen.score(prompt)
+        for b in moe_blocks(model):
+            b.compute_on_host(torch.device("cpu"), kernels)
+        got = gen.score(prompt)  # 6 rows: within NATIVE_MAX_T
+        assert not torch.equal(got, want)  # the native kernels ran (int8 activations)
+        assert _rel(got[-1], want[-1]) < INT8_TOL
+        assert sum(b.source.stats.host_rows for b in moe_blocks(model)) > 0
+    finally:
+        g.close()

@@ -156,12 +156,16 @@ void gemv(int type, const uint8_t *w, int64_t n, int64_t k, const float *x, floa
     for (int64_t r = 0; r < n; r++) y[r] = dot(type, w + r * rb, q8, d8, bs, k);
 }
 
-/* Every (token, choice) pair of one MoE layer: x [t, dim], ids / wts [t, kk], expert tensors
- * [E, rows, row bytes] (gate, up: hidden rows of dim; down: dim rows of hidden); act 0 = SiLU,
- * 1 = GELU (tanh). y [t, dim] = sum over choices (in order) of wts * down(act(gate) * up).
- * Scratch (caller's): xq [t*dim] + xd [t*dim/32] + xb [t*dim/16], h [t*kk*2*hidden],
- * aq [t*kk*hidden] + ad [t*kk*hidden/32] + ab [t*kk*hidden/16], dn [t*kk*dim]. */
-void moe_ffn(int64_t t, int64_t kk, const float *x, const int64_t *ids, const float *wts,
+/* Every (token, choice) pair of one MoE layer, pairs grouped by expert: group g is pairs
+ * gstart[g] .. gstart[g+1]-1 of expert gexp[g], pair p belongs to token row tok[p], and choice j
+ * of row i is pair pos[i*kk + j]. x [t, dim]; wts [t, kk]; expert tensors [E, rows, row bytes]
+ * (gate, up: hidden rows of dim; down: dim rows of hidden); act 0 = SiLU, 1 = GELU (tanh).
+ * y [t, dim] = sum over choices (in order) of wts * down(act(gate) * up). A weight row is read
+ * once per group and dotted with each of its pairs (a prompt's tokens share their experts).
+ * Scratch (caller's): xq [t*dim] + xd [t*dim/32] + xb [t*dim/16], h [pairs*2*hidden],
+ * aq [pairs*hidden] + ad [pairs*hidden/32] + ab [pairs*hidden/16], dn [pairs*dim]. */
+void moe_ffn(int64_t t, int64_t kk, int64_t ngroups, const int64_t *gstart, const int64_t *gexp,
+             const int64_t *tok, const int64_t *pos, const float *x, const float *wts,
              const uint8_t *gate, const uint8_t *up, const uint8_t *down, int tg, int tu, int td,
              int64_t dim, int64_t hidden, int act, float *y, int8_t *xq, float *xd, int16_t *xb,
              float *h, int8_t *aq, float *ad, int16_t *ab, float *dn, int threads) {
@@ -172,41 +176,47 @@ void moe_ffn(int64_t t, int64_t kk, const float *x, const int64_t *ids, const fl
 #pragma omp for schedule(static)
         for (int64_t i = 0; i < t; i++)
             quantize_row(x + i * dim, dim, xq + i * dim, xd + i * dim / 32, xb + i * dim / 16);
-#pragma omp for collapse(2) schedule(static)
-        for (int64_t p = 0; p < pairs; p++) {
+#pragma omp for collapse(2) schedule(dynamic, 32)
+        for (int64_t g = 0; g < ngroups; g++) {
             for (int64_t r = 0; r < 2 * hidden; r++) {
-                int64_t e = ids[p], i = p / kk, rr = r < hidden ? r : r - hidden;
+                int64_t e = gexp[g], rr = r < hidden ? r : r - hidden;
+                int type = r < hidden ? tg : tu;
                 const uint8_t *w = r < hidden ? gate + (e * hidden + rr) * rg
                                               : up + (e * hidden + rr) * ru;
-                h[p * 2 * hidden + r] = dot(r < hidden ? tg : tu, w, xq + i * dim,
-                                            xd + i * dim / 32, xb + i * dim / 16, dim);
+                for (int64_t p = gstart[g]; p < gstart[g + 1]; p++) {
+                    int64_t i = tok[p];
+                    h[p * 2 * hidden + r] = dot(type, w, xq + i * dim, xd + i * dim / 32,
+                                                xb + i * dim / 16, dim);
+                }
             }
         }
 #pragma omp for schedule(static)
         for (int64_t p = 0; p < pairs; p++) {
-            float *g = h + p * 2 * hidden, *u = g + hidden;
+            float *gp = h + p * 2 * hidden, *u = gp + hidden;
             for (int64_t r = 0; r < hidden; r++) {
-                float v = g[r];
+                float v = gp[r];
                 float a = act == 0 ? v / (1.f + expf(-v))
                                    : 0.5f * v * (1.f + tanhf(0.7978845608f * (v + 0.044715f * v * v * v)));
-                g[r] = a * u[r];
+                gp[r] = a * u[r];
             }
-            quantize_row(g, hidden, aq + p * hidden, ad + p * hidden / 32, ab + p * hidden / 16);
+            quantize_row(gp, hidden, aq + p * hidden, ad + p * hidden / 32, ab + p * hidden / 16);
         }
-#pragma omp for collapse(2) schedule(static)
-        for (int64_t p = 0; p < pairs; p++) {
+#pragma omp for collapse(2) schedule(dynamic, 32)
+        for (int64_t g = 0; g < ngroups; g++) {
             for (int64_t r = 0; r < dim; r++) {
-                const uint8_t *w = down + (ids[p] * dim + r) * rd;
-                dn[p * dim + r] = dot(td, w, aq + p * hidden, ad + p * hidden / 32,
-                                      ab + p * hidden / 16, hidden);
+                const uint8_t *w = down + (gexp[g] * dim + r) * rd;
+                for (int64_t p = gstart[g]; p < gstart[g + 1]; p++)
+                    dn[p * dim + r] = dot(td, w, aq + p * hidden, ad + p * hidden / 32,
+                                          ab + p * hidden / 16, hidden);
             }
         }
 #pragma omp for collapse(2) schedule(static)
         for (int64_t i = 0; i < t; i++) {
             for (int64_t r = 0; r < dim; r++) {
-                float s = 0.f;
-                for (int64_t j = 0; j < kk; j++) s += wts[i * kk + j] * dn[(i * kk + j) * dim + r];
-                y[i * dim + r] = s;
+                float acc = 0.f;
+                for (int64_t j = 0; j < kk; j++)
+                    acc += wts[i * kk + j] * dn[pos[i * kk + j] * dim + r];
+                y[i * dim + r] = acc;
             }
         }
     }

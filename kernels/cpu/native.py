@@ -93,6 +93,15 @@ class NativeKernels:
         if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= n_expert):
             raise ValueError(f"expert ids outside 0..{n_expert - 1}")
         pairs = t * kk
+        # pairs grouped by expert: a weight row is read once for all the pairs that use it
+        flat = ids.reshape(-1)
+        order = torch.argsort(flat, stable=True)
+        experts, counts = torch.unique_consecutive(flat[order], return_counts=True)
+        gstart = torch.zeros(experts.numel() + 1, dtype=torch.int64)
+        torch.cumsum(counts, 0, out=gstart[1:])
+        tok = (order // kk).contiguous()
+        pos = torch.empty_like(order)
+        pos[order] = torch.arange(pairs)
         y = torch.empty(t, dim)
         xq, xd, xb = _qbuf(t * dim)
         h = torch.empty(pairs * 2 * hidden)
@@ -100,7 +109,8 @@ class NativeKernels:
         dn = torch.empty(pairs * dim)
         g, u, d = (w.contiguous() for w in (gate, up, down))
         self.lib.moe_ffn(
-            t, kk, _ptr(x), _ptr(ids), _ptr(wts), _ptr(g), _ptr(u), _ptr(d),
+            t, kk, experts.numel(), _ptr(gstart), _ptr(experts), _ptr(tok), _ptr(pos),
+            _ptr(x), _ptr(wts), _ptr(g), _ptr(u), _ptr(d),
             *(int(q) for q in types), dim, hidden, ACTS[act], _ptr(y),
             _ptr(xq), _ptr(xd), _ptr(xb), _ptr(h), _ptr(aq), _ptr(ad), _ptr(ab), _ptr(dn),
             threads or torch.get_num_threads(),
@@ -143,8 +153,8 @@ def _build(cc: str, flags: tuple[str, ...], out_dir: Path) -> Path | None:
 def _bind(lib: ctypes.CDLL) -> None:
     lib.gemv.argtypes = [_INT, _P, _I, _I, _P, _P, _P, _P, _P, _INT]
     lib.gemv.restype = None
-    lib.moe_ffn.argtypes = [_I, _I, _P, _P, _P, _P, _P, _P, _INT, _INT, _INT, _I, _I, _INT, _P,
-                            _P, _P, _P, _P, _P, _P, _P, _P, _INT]  # fmt: skip
+    lib.moe_ffn.argtypes = [_I, _I, _I, _P, _P, _P, _P, _P, _P, _P, _P, _P, _INT, _INT, _INT,
+                            _I, _I, _INT, _P, _P, _P, _P, _P, _P, _P, _P, _P, _INT]  # fmt: skip
     lib.moe_ffn.restype = None
 
 

@@ -9,10 +9,20 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
 
 enum { Q8_0 = 8, Q4_K = 12, Q6_K = 14 };
 
 static float h2f(uint16_t h) {
+#if defined(__F16C__)
+    return _cvtsh_ss(h);  /* one instruction where the CPU has it (x86-64-v3 and up) */
+#elif defined(__aarch64__)
+    __fp16 v;
+    memcpy(&v, &h, 2);
+    return (float)v;
+#else
     uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, f;
     if (exp == 0) {
         if (man == 0) {
@@ -30,6 +40,7 @@ static float h2f(uint16_t h) {
     float out;
     memcpy(&out, &f, 4);
     return out;
+#endif
 }
 
 static uint16_t rd16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2); return v; }

@@ -85,6 +85,14 @@ for step in ${STEPS:-tests packed bench breakdown}; do
           -m /tmp/moe.gguf --device cuda -p 0 -n 32 -r 1 $mode 2>&1 | tee -a "$OUT/prof.md" \
           | grep -E "qwen3moe|expert|Error"
       done ;;
+    hostab) wait $GENMOE  # host experts (--cpu-moe): native kernels vs torch's path, one call
+      for impl in native torch; do
+        off=""; [ $impl = torch ] && off="import localllm.engine.moe_residency as m; m.load_native = lambda *a: None; "
+        echo "hostab $impl" | tee -a "$OUT/hostab.md"
+        timeout 200 python3 -c "${off}import sys; from localllm.app.bench import main; sys.exit(main(sys.argv[1:]))" \
+          -m /tmp/moe.gguf --device cuda -p 0 -n 32 -r 2 ${HOSTAB_MODE:---cpu-moe} 2>&1 \
+          | tee -a "$OUT/hostab.md" | grep -E "qwen3moe|graphs|Error"
+      done ;;
     mbreak) wait $GENMOE  # one MoE decode step, kernel by kernel
       timeout 200 python3 tests/perf/bench_gpu.py breakdown /tmp/moe.gguf 2>&1 | tee "$OUT/mbreak.md" \
         | grep -v "^ " | tail -40 ;;

@@ -11,6 +11,7 @@ from gguf import GGMLQuantizationType as QT
 from localllm.engine import LLM, SamplingParams
 from localllm.engine.graph_breaks import HostBreaks
 from localllm.engine.moe import expert_stats, graph_safe, moe_blocks
+from localllm.kernels.cpu.native import load as load_native
 from localllm.offload.residency import resolve
 from tests.engine.test_deepseek2 import write_deepseek2
 from tests.offload.tiny_moe import QWEN3MOE, write_moe_gguf
@@ -90,19 +91,29 @@ def test_cuda_tokens_equal_in_every_residency_mode(tmp_path, qtype):
 
 # deepseek2's tiny file has no tokenizer (LLM needs one); its host dispatch is checked on CPU in
 # test_host_compute.py
-@pytest.mark.parametrize("family", ["qwen3moe"])
+@pytest.mark.parametrize("family", ["qwen3moe", "qwen3moe_native"])
 def test_cuda_host_compute_token_exact(tmp_path, family):
     """Experts on host computed on the CPU (default) or copied per use (host_compute = device):
-    the same greedy tokens as all on the GPU; only host compute ships token rows to the CPU
-    (deepseek2: its shared experts stay on the GPU and overlap the host experts)."""
+    the same greedy tokens as all on the GPU (near-ties where the CPU rounds otherwise); only
+    host compute ships token rows to the CPU (deepseek2: its shared experts stay on the GPU and
+    overlap the host experts). qwen3moe_native: 256-wide Q8_0 experts, which the native CPU
+    kernels take for decode steps (where a C compiler is found)."""
     if family == "deepseek2":
         path = write_deepseek2(tmp_path / "ds.gguf", seed=4)
+    elif family == "qwen3moe_native":
+        spec = replace(QWEN3MOE, dim=256, expert_ff=256, expert_qtype=QT.Q8_0)
+        path = write_moe_gguf(tmp_path / "moe.gguf", spec)
     else:
         path = write_moe_gguf(tmp_path / "moe.gguf")
     want, _ = _greedy(path, None)
     for compute in ("host", "device"):
         got, model = _greedy(path, {"cpu_moe": True, "host_compute": compute})
-        assert got == want, compute
+        if family == "qwen3moe_native":
+            _near_ties_only(path, want, got)  # int8 activations on the CPU, the GPU's on the GPU
+            native = [b.native is not None for b in moe_blocks(model)]
+            assert all(native) if compute == "host" and load_native() else not any(native)
+        else:
+            assert got == want, compute
         assert model.residency_plan.host_compute == compute
         for blk in moe_blocks(model):
             assert blk.ffn_gate_exps.weight.data.device.type == "cpu"

@@ -8,7 +8,7 @@ Each timed step routes one token (T=1) to 8 experts drawn at random from the 128
 come from memory as in a real decode, not from the cache. Also: the preparation time and the
 bytes per expert (raw blocks, prepared form).
 
-    python tests/perf/bench_moe_cpu.py [--threads 2] [--steps 20] [--experts 128]
+    python tests/perf/bench_moe_cpu.py [--threads 2] [--steps 20] [--experts 128] [--rows 2 4 ...]
 """
 
 import argparse
@@ -68,6 +68,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--experts", type=int, default=128)
+    ap.add_argument("--rows", type=int, nargs="*", default=[2, 4, 8, 16, 64, 256])
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     rng = np.random.default_rng(0)
@@ -123,6 +124,25 @@ def main() -> None:
     print(f"  {name:36s} median {ms:8.2f} ms/token-layer  (min {1e3 * min(nat):.2f}", end="")
     print(f", n={len(nat)}); {gain:.1f}x prepared; rel. error {nerr:.1e}", end="")
     print(f"; flags {' '.join(native.flags)}")
+    # more rows per call (decode batches, prompt chunks): where the native kernels stop paying
+    gen, fetch = torch.Generator().manual_seed(2), prepared.__getitem__
+    for rows in a.rows:
+        x = torch.randn(rows, DIM, generator=gen)
+        ids = torch.stack([torch.randperm(a.experts, generator=gen)[:TOP_K] for _ in range(rows)])
+        w = torch.softmax(torch.randn(rows, TOP_K, generator=gen), -1)
+        times = {}
+        for name, f in (
+            ("prepared", lambda x=x, w=w, i=ids: expert_ffn_grouped(x, w, i, fetch, fmt)),
+            ("native", lambda x=x, w=w, i=ids: native.moe_ffn(x, w, i, g, u, d, types)),
+        ):
+            f()
+            reps = max(2, 20 // rows)
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                f()
+            times[name] = (time.perf_counter() - t0) / reps
+        print(f"  {rows:4d} rows: prepared {1e3 * times['prepared']:8.2f} ms, native ", end="")
+        print(f"{1e3 * times['native']:8.2f} ms per layer call")
 
 
 if __name__ == "__main__":

@@ -39,10 +39,10 @@ from localllm.offload.expert_cache import (
 log = logging.getLogger(__name__)
 
 EXPERT_TENSORS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
-# Host experts of a GPU model take the native kernels up to this many token rows; prompts keep
-# torch's prepared GEMMs (2-core AMX Xeon, one Qwen3-30B-A3B layer: native 2.4 vs 2.7 ms at 1
-# row, 29.8 vs 22.6 at 16, 404 vs 149 at 256).
-NATIVE_MAX_T = 4
+# Host experts of a GPU model take the native kernels up to this many token rows; longer prompts
+# keep torch's prepared GEMMs (2-core AMX Xeon, one Qwen3-30B-A3B layer, ms per call, native vs
+# prepared: 3.7 / 4.3 at 1 row, 41.4 / 47.0 at 16, 110.7 / 98.7 at 64, 390.5 / 223.4 at 256).
+NATIVE_MAX_T = 16
 
 
 class ExpertTensor(nn.Module):

@@ -142,7 +142,7 @@ def test_tiny_moe_host_experts_on_native_kernels(kernels, tmp_path):
     try:
         model = build_model(g)
         gen = Generator(g, model, SimpleNamespace(eog_ids=frozenset()), load_seconds=0.0)
-        prompt = [1, 5, 9, 33]  # 4 rows: within NATIVE_MAX_T, so the host step runs natively
+        prompt = [1, 5, 9, 33]  # 4 rows: within NATIVE_MAX_T, so the host experts run natively
         want = gen.score(prompt)
         for b in moe_blocks(model):
             b.compute_on_host(torch.device("cpu"), kernels)

@@ -130,10 +130,19 @@ def _compiler() -> str | None:
     return next((c for c in ("cc", "gcc", "clang") if shutil.which(c)), None)
 
 
+def _cpu_id() -> str:
+    """What -march=native compiles for: a library built on another CPU must not be loaded here."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or platform.machine()
+    lines = [ln for ln in text.splitlines() if ln.startswith(("flags", "Features", "model name"))]
+    return "\n".join(sorted(set(lines)))
+
+
 def _build(cc: str, flags: tuple[str, ...], out_dir: Path) -> Path | None:
-    key = hashlib.sha256(
-        SOURCE.read_bytes() + " ".join((cc, *flags, platform.machine())).encode()
-    ).hexdigest()[:16]
+    ident = " ".join((cc, *flags, platform.machine(), _cpu_id()))
+    key = hashlib.sha256(SOURCE.read_bytes() + ident.encode()).hexdigest()[:16]
     lib = out_dir / f"localllm-moe-gemv-{key}.so"
     if lib.exists():
         return lib

@@ -11,11 +11,10 @@ under TRITON_INTERPRET=1 in tests).
 
 import torch
 
-from localllm.kernels.moe.experts import ExpertBlocks, ExpertFormat
+from localllm.kernels.moe.experts import ExpertFormat
 from localllm.kernels.moe.packed import (
     PACKED_MAX_T,
     PackedExperts,
-    pack_expert_planes,
     pack_experts,
 )
 from localllm.kernels.quant.repack import PackedBlocks, pack_into
@@ -65,22 +64,11 @@ class PackedSlotPool:
     def slot_nbytes(self) -> int:
         return self.pe.nbytes // self.n_slots
 
-    def fill(self, slot: int, blocks: ExpertBlocks) -> PackedExperts:
-        """Pack one expert's raw blocks (any device) into `slot`; returns that slot alone as a
-        one-expert PackedExperts (views of the pool, the pool's counters)."""
-        dev = self.pe.down.device
-        raw = [t.to(dev)[None] for t in (blocks.gate, blocks.up, blocks.down)]
-        gu, dn = pack_expert_planes(*raw, self.fmt)
-        pairs = zip((*self.pe.gate_up, self.pe.down), (*gu, dn), strict=True)
-        for dst, src in pairs:
-            for name, t in dst.planes.items():
-                t[slot].copy_(src.planes[name][0])
-        return self.view(slot)
-
     def fill_raw(self, slot: int, raw: torch.Tensor) -> PackedExperts:
-        """`fill` from one expert's raw bytes back to back (gate, up, down; any device, pinned
-        host memory for a fast upload): one copy to the device, then each field written into
-        its plane in place (no intermediate planes, no cat of gate and up)."""
+        """Pack one expert's raw bytes back to back (gate, up, down; any device, pinned host
+        memory for a fast upload) into `slot`: one copy to the device, then each block field
+        written into its plane in place. Returns that slot alone as a one-expert PackedExperts
+        (views of the pool, the pool's counters)."""
         dev = self.pe.down.device
         f, d, h = self.fmt, self.fmt.dim, self.fmt.hidden
         sizes = (h * row_nbytes(f.gate, d), h * row_nbytes(f.up, d), d * row_nbytes(f.down, h))

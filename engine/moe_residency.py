@@ -87,6 +87,10 @@ def apply_residency(model: nn.Module, plan: ResidencyPlan) -> list[ExpertSource]
             fits = native is not None and b.ffn_gate_exps.bias is None and not b.precise
             ok = fits and native.supports(f.gate, f.up, f.down, f.dim, f.hidden, f.act)
             b.compute_on_host(torch.device("cpu"), native if ok else None)
+        if on_gpu:  # say which CPU kernels the host experts' decode steps take
+            n = sum(b.native is not None for b in host)
+            how = "torch (no C build)" if native is None else f"native ({' '.join(native.flags)})"
+            log.info("host experts: %d of %d layers on %s CPU kernels", n, len(host), how)
         prepared = {b.layer: b.format for b in blocks if b.layer in resident and _on_cpu(b)}
         shared = ResidentExperts(resident, prepared)
         for b in blocks:

@@ -41,8 +41,8 @@ log = logging.getLogger(__name__)
 EXPERT_TENSORS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
 # Host experts of a GPU model take the native kernels up to this many token rows; longer prompts
 # keep torch's prepared GEMMs (2-core AMX Xeon, one Qwen3-30B-A3B layer, ms per call, native vs
-# prepared: 3.7 / 4.3 at 1 row, 41.4 / 47.0 at 16, 110.7 / 98.7 at 64, 390.5 / 223.4 at 256).
-NATIVE_MAX_T = 16
+# prepared: 3.2 / 3.9 at 1 row, 34.8 / 45.3 at 16, 80.4 / 95.3 at 64, 283.6 / 208.8 at 256).
+NATIVE_MAX_T = 64
 
 
 class ExpertTensor(nn.Module):

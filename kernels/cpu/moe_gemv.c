@@ -9,7 +9,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
-#if defined(__F16C__)
+#if defined(__F16C__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -74,6 +74,50 @@ static void scale_min_k4(int j, const uint8_t *q, int *d, int *m) {
     }
 }
 
+#if defined(__AVX2__) && defined(__FMA__)
+/* Q4_K with AVX2: 32 nibbles x 32 int8 per multiply-add pair, the int32 sums scaled and kept in
+ * float lanes across the row (one horizontal sum per row, where the plain loop reduces every 32
+ * values); same integer sums, float additions in another order. */
+static inline __m256i dot_u8s8(__m256i u, __m256i s) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+#else
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+#endif
+}
+
+static float dot_q4_k(const uint8_t *w, const int8_t *q8, const float *d8, const int16_t *bs,
+                      int64_t nb) {
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    __m256 acc = _mm256_setzero_ps();
+    float summ_all = 0.f;
+    for (int64_t b = 0; b < nb; b++, w += 144, q8 += 256, d8 += 8, bs += 16) {
+        const uint8_t *sc = w + 4, *qs = w + 16;
+        const float d = h2f(rd16(w)), dmin = h2f(rd16(w + 2));
+        float summ = 0.f;
+        for (int j = 0; j < 4; j++) {
+            int s1, m1, s2, m2;
+            scale_min_k4(2 * j, sc, &s1, &m1);
+            scale_min_k4(2 * j + 1, sc, &s2, &m2);
+            const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));
+            const __m256i x1 = _mm256_loadu_si256((const __m256i *)(q8 + 64 * j));
+            const __m256i x2 = _mm256_loadu_si256((const __m256i *)(q8 + 64 * j + 32));
+            const __m256i p1 = dot_u8s8(_mm256_and_si256(q, low), x1);
+            const __m256i p2 = dot_u8s8(_mm256_and_si256(_mm256_srli_epi16(q, 4), low), x2);
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_set1_ps(d * d8[2 * j] * s1), acc);
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p2), _mm256_set1_ps(d * d8[2 * j + 1] * s2),
+                                  acc);
+            summ += d8[2 * j] * (float)(m1 * (bs[4 * j] + bs[4 * j + 1])) +
+                    d8[2 * j + 1] * (float)(m2 * (bs[4 * j + 2] + bs[4 * j + 3]));
+        }
+        summ_all += dmin * summ;
+    }
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h) - summ_all;
+}
+#else
 static float dot_q4_k(const uint8_t *w, const int8_t *q8, const float *d8, const int16_t *bs,
                       int64_t nb) {
     float sum = 0.f;
@@ -101,6 +145,53 @@ static float dot_q4_k(const uint8_t *w, const int8_t *q8, const float *d8, const
     return sum;
 }
 
+#endif
+
+#if defined(__AVX2__) && defined(__FMA__)
+/* Q6_K with AVX2: the 6-bit codes of 32 values assembled per vector (low nibbles | 2 high bits),
+ * two 16-value scales per vector (lanes 0-3 and 4-7), the -32 offset through the 16-sums. */
+static float dot_q6_k(const uint8_t *w, const int8_t *q8, const float *d8, const int16_t *bs,
+                      int64_t nb) {
+    const __m256i low = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(3);
+    __m256 acc = _mm256_setzero_ps();
+    float off_all = 0.f;
+    for (int64_t b = 0; b < nb; b++, w += 210, q8 += 256, d8 += 8, bs += 16) {
+        const int8_t *sc = (const int8_t *)(w + 192);
+        const float d = h2f(rd16(w + 208));
+        float off = 0.f;
+        for (int n = 0; n < 2; n++) {
+            const uint8_t *l0 = w + 64 * n, *h0 = w + 128 + 32 * n;
+            const int8_t *s = sc + 8 * n, *x = q8 + 128 * n;
+            const __m256i la = _mm256_loadu_si256((const __m256i *)l0);
+            const __m256i lb = _mm256_loadu_si256((const __m256i *)(l0 + 32));
+            const __m256i hh = _mm256_loadu_si256((const __m256i *)h0);
+            __m256i q[4];
+            q[0] = _mm256_or_si256(_mm256_and_si256(la, low),
+                                   _mm256_slli_epi16(_mm256_and_si256(hh, two), 4));
+            q[1] = _mm256_or_si256(_mm256_and_si256(lb, low),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hh, 2), two), 4));
+            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(la, 4), low),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hh, 4), two), 4));
+            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(lb, 4), low),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hh, 6), two), 4));
+            for (int p = 0; p < 4; p++) {
+                const __m256i xv = _mm256_loadu_si256((const __m256i *)(x + 32 * p));
+                const float e = d8[4 * n + p] * d;
+                const __m256 scale = _mm256_set_m128(_mm_set1_ps(e * s[2 * p + 1]),
+                                                     _mm_set1_ps(e * s[2 * p]));
+                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_u8s8(q[p], xv)), scale, acc);
+                const int16_t *bj = bs + 8 * n + 2 * p;
+                off += e * (float)(s[2 * p] * bj[0] + s[2 * p + 1] * bj[1]);
+            }
+        }
+        off_all += off;
+    }
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h) - 32.f * off_all;
+}
+#else
 static float dot_q6_k(const uint8_t *w, const int8_t *q8, const float *d8, const int16_t *bs,
                       int64_t nb) {
     float sum = 0.f;
@@ -133,6 +224,8 @@ static float dot_q6_k(const uint8_t *w, const int8_t *q8, const float *d8, const
     }
     return sum;
 }
+
+#endif
 
 static float dot_q8_0(const uint8_t *w, const int8_t *q8, const float *d8, int64_t nb) {
     float sum = 0.f;

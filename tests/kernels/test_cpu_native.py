@@ -113,6 +113,36 @@ def test_moe_ffn_matches_the_dense_oracle(kernels, types, act, tokens, k_used):
     assert torch.equal(kernels.moe_ffn(x, w, ids, g, u, d, qt, act, threads=1), got)
 
 
+@pytest.mark.parametrize(
+    "flags", [("-O3", "-march=x86-64-v3", "-fopenmp"), ("-O3", "-fopenmp"), ("-O2",)]
+)
+def test_every_build_computes_the_same_arithmetic(kernels, tmp_path, flags):
+    """The AVX2 (maddubs) path, the plain C path and a build without OpenMP: each within float
+    rounding of the simulated arithmetic, like the native build."""
+    import ctypes
+    import platform
+
+    if "x86-64-v3" in " ".join(flags) and platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("an x86-64 build")
+    path = native._build(native._compiler(), flags, tmp_path)
+    if path is None:
+        pytest.skip(f"{flags} does not build here")
+    lib = ctypes.CDLL(str(path))
+    native._bind(lib)
+    other = native.NativeKernels(lib, path, flags)
+    assert native.self_check(other)
+    types = (QT.Q4_K, QT.Q4_K, QT.Q6_K)
+    g, u, d = _layer(types, 6, 256, 512, seed=5)
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(3, 256, generator=gen)
+    ids = torch.tensor([[0, 5], [2, 0], [3, 1]])
+    w = torch.softmax(torch.randn(3, 2, generator=gen), -1)
+    qt = tuple(QuantType(t) for t in types)
+    got = other.moe_ffn(x, w, ids, g, u, d, qt)
+    assert _rel(got, _simulated(x, w, ids, g, u, d, types, "silu")) < 2e-3
+    assert _rel(got, kernels.moe_ffn(x, w, ids, g, u, d, qt)) < 1e-3
+
+
 def test_supports_and_bad_ids(kernels):
     q4, q6, f16 = QuantType.Q4_K, QuantType.Q6_K, QuantType.F16
     assert kernels.supports(q4, q4, q6, 2048, 768, "silu")

@@ -86,6 +86,8 @@ for step in ${STEPS:-tests packed bench breakdown}; do
           | grep -E "qwen3moe|expert|Error"
       done ;;
     hostab) wait $GENMOE  # host experts (--cpu-moe): native kernels vs torch's path, one call
+      python3 -c "from localllm.kernels.cpu.native import load; k = load(); print('native kernels:',
+        k and k.flags)" 2>&1 | tee -a "$OUT/hostab.md"
       for impl in native torch; do
         off=""; [ $impl = torch ] && off="import localllm.engine.moe_residency as m; m.load_native = lambda *a: None; "
         echo "hostab $impl" | tee -a "$OUT/hostab.md"

@@ -136,7 +136,7 @@ class DecodeGraphs:
         # MoE layers that need the host: one graph piece between each two of their host steps
         chain, blocks = HostBreaks(self.pool), moe_blocks(self.model)
         for b in blocks:  # the warm-up's read-aheads land before capture starts
-            getattr(b.source, "drain", lambda: None)()
+            b.source.drain()
             b.breaks = chain
         torch.cuda.synchronize(self.kv.device)
         try:

@@ -75,6 +75,9 @@ class ExpertSource(Protocol):
     def guess(self, layer: int, experts: list[int]) -> None:
         """Experts `layer` will probably use, best first (a prefetch hint)."""
 
+    def drain(self) -> None:
+        """Wait for reads in flight (before a CUDA graph is captured)."""
+
 
 PREPARE_THREADS = 8  # threads preparing resident experts at load
 # One expert's read is split into chunks pread in parallel: a page-cache copy runs ~5 GB/s per
@@ -148,6 +151,9 @@ class ResidentExperts:
         pass
 
     def guess(self, layer: int, experts: list[int]) -> None:
+        pass
+
+    def drain(self) -> None:
         pass
 
 

@@ -11,6 +11,7 @@ length is a multiple of 256.
 
 import ctypes
 import hashlib
+import itertools
 import os
 import platform
 import shutil
@@ -22,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from localllm.kernels.moe.experts import ExpertFormat, expert_ffn_reference, group_by_expert
 from localllm.kernels.quant.types import QuantType
 
 SOURCE = Path(__file__).with_name("moe_gemv.c")
@@ -94,11 +96,9 @@ class NativeKernels:
             raise ValueError(f"expert ids outside 0..{n_expert - 1}")
         pairs = t * kk
         # pairs grouped by expert: a weight row is read once for all the pairs that use it
-        flat = ids.reshape(-1)
-        order = torch.argsort(flat, stable=True)
-        experts, counts = torch.unique_consecutive(flat[order], return_counts=True)
-        gstart = torch.zeros(experts.numel() + 1, dtype=torch.int64)
-        torch.cumsum(counts, 0, out=gstart[1:])
+        order, used, counts = group_by_expert(ids)
+        experts = torch.tensor(used, dtype=torch.int64)
+        gstart = torch.tensor([0, *itertools.accumulate(counts)], dtype=torch.int64)
         tok = (order // kk).contiguous()
         pos = torch.empty_like(order)
         pos[order] = torch.arange(pairs)
@@ -194,8 +194,6 @@ def load(cache_dir: Path | None = None) -> NativeKernels | None:
 
 def self_check(k: NativeKernels, seed: int = 0) -> bool:
     """Every kernel on random blocks against dequantized float math (relative error)."""
-    from localllm.kernels.quant.dequant import dequantize
-
     rng = np.random.default_rng(seed)
     dim, hidden, n_exp = 256, 512, 3
     gen = torch.Generator().manual_seed(seed)
@@ -209,17 +207,7 @@ def self_check(k: NativeKernels, seed: int = 0) -> bool:
         ids = torch.tensor([[0, 2], [1, 0]])
         wts = torch.tensor([[0.7, 0.3], [0.4, 0.6]])
         got = k.moe_ffn(x, wts, ids, *raws, types, threads=2)
-        g, u, d = (
-            dequantize(r, q).reshape(r.shape[0], r.shape[1], -1).double()
-            for r, q in zip(raws, types, strict=True)
-        )
-        want = torch.zeros(2, dim, dtype=torch.float64)
-        for i in range(2):
-            for j in range(2):
-                e = int(ids[i, j])
-                xi = x[i].double()
-                a = torch.nn.functional.silu(g[e] @ xi) * (u[e] @ xi)
-                want[i] += float(wts[i, j]) * (d[e] @ a)
+        want = expert_ffn_reference(x, wts, ids, *raws, ExpertFormat(*types, dim, hidden))
         err = ((got.double() - want).norm() / want.norm()).item()
         if not err < CHECK_TOL:
             return False

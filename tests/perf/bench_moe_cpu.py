@@ -33,8 +33,9 @@ from tests.kernels.test_moe_prepared import expert_blocks
 DIM, HIDDEN, TOP_K = 2048, 768, 8
 
 
-def time_steps(fetch, fmt: ExpertFormat, n_expert: int, steps: int, seed: int) -> list[float]:
-    """Seconds of each decode step's routed-expert compute (one warm-up step first)."""
+def time_steps(run, n_expert: int, steps: int, seed: int) -> list[float]:
+    """Seconds of each decode step's routed-expert compute `run(x, weights, ids)` (one warm-up
+    step first)."""
     gen = torch.Generator().manual_seed(seed)
     out = []
     for i in range(steps + 1):
@@ -42,22 +43,7 @@ def time_steps(fetch, fmt: ExpertFormat, n_expert: int, steps: int, seed: int) -
         ids = torch.randperm(n_expert, generator=gen)[:TOP_K][None]
         w = torch.softmax(torch.randn(1, TOP_K, generator=gen), -1)
         t0 = time.perf_counter()
-        expert_ffn_grouped(x, w, ids, fetch, fmt)
-        if i:
-            out.append(time.perf_counter() - t0)
-    return out
-
-
-def time_native(native, g, u, d, types, n_expert: int, steps: int, seed: int) -> list[float]:
-    """`time_steps` for the native kernels over the raw stacked tensors."""
-    gen = torch.Generator().manual_seed(seed)
-    out = []
-    for i in range(steps + 1):
-        x = torch.randn(1, DIM, generator=gen)
-        ids = torch.randperm(n_expert, generator=gen)[:TOP_K][None]
-        w = torch.softmax(torch.randn(1, TOP_K, generator=gen), -1)
-        t0 = time.perf_counter()
-        native.moe_ffn(x, w, ids, g, u, d, types)
+        run(x, w, ids)
         if i:
             out.append(time.perf_counter() - t0)
     return out
@@ -86,8 +72,11 @@ def main() -> None:
     raw_b = g[0].numel() + u[0].numel() + d[0].numel()
     assert prepared[0].nbytes == prepared_format_nbytes(fmt)
 
-    old = time_steps(raw, fmt, a.experts, min(a.steps, 5), seed=1)  # seconds each: few steps
-    new = time_steps(prepared.__getitem__, fmt, a.experts, a.steps, seed=1)
+    def grouped(fetch):
+        return lambda x, w, ids: expert_ffn_grouped(x, w, ids, fetch, fmt)
+
+    old = time_steps(grouped(raw), a.experts, min(a.steps, 5), seed=1)  # seconds each: few steps
+    new = time_steps(grouped(prepared.__getitem__), a.experts, a.steps, seed=1)
     x = torch.randn(1, DIM)
     ids = torch.arange(TOP_K)[None]
     w = torch.full((1, TOP_K), 1 / TOP_K)
@@ -116,7 +105,8 @@ def main() -> None:
         print("  native kernels: none (no C compiler, or their self-check failed)")
         return
     types = (QuantType.Q4_K, QuantType.Q4_K, QuantType.Q6_K)
-    nat = time_native(native, g, u, d, types, a.experts, a.steps, seed=1)
+    run = lambda x, w, ids: native.moe_ffn(x, w, ids, g, u, d, types)
+    nat = time_steps(run, a.experts, a.steps, seed=1)
     got = native.moe_ffn(x, w, ids, g, u, d, types)
     nerr = (got - ref).norm() / ref.norm()
     ms = 1e3 * float(np.median(nat))

@@ -63,6 +63,7 @@ class DecodeGraphs:
         self.where: dict[int, PaddedPositions] = {}
         self.failed: str | None = None  # why capture failed (then every call falls back to eager)
         self.pool = None
+        self._mapped = [b for b in moe_blocks(model) if b.mapped is not None]
 
     def key(self, batch: int, blocks: int) -> tuple[int, int] | None:
         """The graph shape for `batch` sequences of at most `blocks` blocks (None: run eager)."""
@@ -114,6 +115,8 @@ class DecodeGraphs:
                 self.failed = f"{type(e).__name__}: {e}"
                 return None
             self.graphs[key] = g
+        for b in self._mapped:  # replays run no Python: mapped expert caches step from here
+            b.mapped.tick()
         g.graph.replay()
         return g.logits[:n]
 

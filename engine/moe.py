@@ -35,6 +35,7 @@ from localllm.offload.expert_cache import (
     ExpertStats,
     ResidentExperts,
 )
+from localllm.offload.mapped_experts import MappedExperts
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +129,7 @@ class MoEFeedForward(nn.Module):
         self.native: NativeKernels | None = None  # C kernels for host experts (decode steps)
         self.guess_next: MoEFeedForward | None = None  # the next layer, told what to read ahead
         self.breaks: HostBreaks | None = None  # set while a decode graph is captured in pieces
+        self.mapped: MappedExperts | None = None  # host-tier experts the GPU reads in place
 
     def expert_weights(self) -> tuple[QuantWeight, QuantWeight, QuantWeight]:
         return self.ffn_gate_exps.weight, self.ffn_up_exps.weight, self.ffn_down_exps.weight
@@ -163,6 +165,19 @@ class MoEFeedForward(nn.Module):
             return
         g, u, d = self.expert_weights()
         self.packed = pack_experts(g.data, u.data, d.data, self.format, self.n_used)
+        for t in (self.ffn_gate_exps, self.ffn_up_exps, self.ffn_down_exps):
+            t.weight = without_bytes(t.weight)
+
+    def map_experts(self, slots: int) -> None:
+        """Host-tier experts read by this block's GPU from mapped host memory, the hottest
+        `slots` cached on the device (`offload.mapped_experts`); packed once on the GPU (one
+        layer at a time), then the raw copies are released."""
+        from localllm.kernels.moe.packed import pack_experts
+
+        dev = self.ffn_gate_inp.weight.data.device
+        g, u, d = (w.data.to(dev) for w in self.expert_weights())
+        self.mapped = MappedExperts(pack_experts(g, u, d, self.format, self.n_used), slots)
+        self.packed = self.mapped.packed
         for t in (self.ffn_gate_exps, self.ffn_up_exps, self.ffn_down_exps):
             t.weight = without_bytes(t.weight)
 
@@ -270,9 +285,13 @@ class MoEFeedForward(nn.Module):
         if self.packed is not None:  # resident on the GPU: routing never leaves the device
             from localllm.kernels.moe.packed import expert_ffn_packed
 
-            # counted as Python runs it: replays of a captured decode graph are not counted
-            self.source.stats.lookups += ids.numel()
-            self.source.stats.hits += ids.numel()
+            if self.mapped is not None:  # counted on the device, accounted by `tick`
+                self.mapped.count(ids)
+                if not torch.cuda.is_current_stream_capturing():  # (replays tick in DecodeGraphs)
+                    self.mapped.tick()
+            else:  # counted as Python runs it: replays of a captured decode graph are not
+                self.source.stats.lookups += ids.numel()
+                self.source.stats.hits += ids.numel()
             return expert_ffn_packed(x, weights, ids, self.packed, self.format, xq)
         pool = getattr(self.source, "packed_pool", None)
         if pool is not None and ids.shape[0] <= pool.max_tokens:

@@ -60,10 +60,14 @@ def apply_residency(model: nn.Module, plan: ResidencyPlan) -> list[ExpertSource]
     """Give every MoE block its expert source from the plan: resident layers share one
     `ResidentExperts`, disk layers a `StreamedExperts` (one per expert format when the slots are
     packed on a GPU; their blocks are then released).
-    Host-tier layers compute on the CPU unless the plan says `host_compute = device` (on a
-    CPU-only run that dispatch moves nothing)."""
+    Host-tier layers compute on the CPU unless the plan says `host_compute = device` (copied
+    per use) or `mapped` (read in place by the GPU; see `offload.mapped_experts`); on a
+    CPU-only run that dispatch moves nothing."""
     tiers = plan.expert_tiers()
     blocks = moe_blocks(model)
+    host_tier = [b for b in blocks if tiers.get(b.layer) == "host"]
+    mapped = [b for b in host_tier if plan.host_compute == "mapped" and _mappable(b)]
+    _map(mapped, plan.streaming.slots or 0)
     resident = {b.layer: tuple(w.data for w in b.expert_weights()) for b in blocks}
     disk = [b for b in blocks if tiers.get(b.layer) == "disk"]
     sources: list[ExpertSource] = []
@@ -78,7 +82,8 @@ def apply_residency(model: nn.Module, plan: ResidencyPlan) -> list[ExpertSource]
                 if nxt in disk:
                     b.guess_next = nxt
     if resident:
-        host = [b for b in blocks if tiers.get(b.layer) == "host" and plan.host_compute == "host"]
+        # (host experts that could not be mapped are computed on the CPU)
+        host = [b for b in host_tier if b not in mapped and plan.host_compute != "device"]
         # a GPU model's host experts: the native CPU kernels where they load and take the format
         on_gpu = bool(host) and host[0].ffn_gate_inp.weight.data.device.type != "cpu"
         native = load_native() if on_gpu else None
@@ -96,8 +101,31 @@ def apply_residency(model: nn.Module, plan: ResidencyPlan) -> list[ExpertSource]
         for b in blocks:
             if b.layer in resident:
                 b.attach(shared)
+        for b in mapped:  # their routing is counted on the device, accounted every few steps
+            b.mapped.stats = shared.stats
         sources.append(shared)
     return sources
+
+
+def _mappable(b: MoEFeedForward) -> bool:
+    """A GPU model's block whose experts the packed kernels can read from mapped host memory."""
+    if b.ffn_gate_inp.weight.data.device.type != "cuda" or b.precise:
+        return False
+    from localllm.kernels.moe.packed import packable  # CUDA only: imports triton
+
+    return packable(b.format) and b.ffn_gate_exps.bias is None
+
+
+def _map(blocks: list[MoEFeedForward], slots: int) -> None:
+    """Host-tier experts into mapped host memory, `slots` device slots shared out by layer."""
+    if not blocks:
+        return
+    share = slots // len(blocks)
+    for b in blocks:
+        b.map_experts(share)
+    cached = f", the {share} hottest of each cached in device slots" if share else ""
+    n = len(blocks)
+    log.info("host experts: %d layers read by the GPU from mapped host memory%s", n, cached)
 
 
 def _stream(

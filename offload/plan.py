@@ -67,7 +67,17 @@ class ResidencyPlan:
 
     @property
     def slot_pool_bytes(self) -> int:
-        return (self.streaming.slots or 0) * self.slot_bytes if self.streams else 0
+        """Device (or host) slots: the disk tier's stream pool, or the mapped host tier's cache."""
+        return (self.streaming.slots or 0) * self.slot_bytes if self.streams or self.maps else 0
+
+    @property
+    def maps(self) -> bool:
+        """Host-tier experts read in place by a separate device (`host_compute = mapped`)."""
+        return (
+            self.host_compute == "mapped"
+            and self.memory.separate_device
+            and "host" in self.expert_tiers().values()
+        )
 
     @property
     def streams(self) -> bool:
@@ -89,6 +99,11 @@ class ResidencyPlan:
             f"  KV cache {fmt_bytes(self.kv_bytes):>11}  (estimate)",
             f"  scratch  {fmt_bytes(self.scratch_bytes):>11}  (one step's activations)",
         ]
+        if self.maps and not self.streams:
+            lines.append(
+                f"  expert slots {self.streaming.slots or 0} x {fmt_bytes(self.slot_bytes)} = "
+                f"{fmt_bytes(self.slot_pool_bytes)} on the device (the hottest host-tier experts)"
+            )
         if self.streams:
             s = self.streaming
             lines.append(
@@ -114,6 +129,11 @@ def _host_compute_text(plan: ResidencyPlan) -> str:
         return "computed where they are (host RAM is the compute device)"
     if plan.host_compute == "host":
         return "computed on the CPU (host_compute = host; only token rows cross)"
+    if plan.host_compute == "mapped":
+        return (
+            "read in place by the device from page-locked host memory (host_compute = mapped; "
+            "CPU kernels where they cannot be)"
+        )
     return "copied to the device per use (host_compute = device)"
 
 
@@ -251,6 +271,14 @@ def plan_residency(
         prefetch = bool(st.prefetch)
         streaming = replace(st, enabled=True, slots=int(slots), prefetch=prefetch)
         notes.append(f"{slots} slots stream the disk-tier experts ({fmt_bytes(slot_bytes)} each)")
+    mapped = config.host_compute == "mapped" and separate and "host" in tiers.values()
+    if mapped and st.slots and "disk" not in tiers.values():
+        if used + st.slots * slot_bytes > budget:
+            raise ResidencyError(
+                f"{st.slots} expert slots of {fmt_bytes(slot_bytes)} do not fit in the "
+                f"{fmt_bytes(budget - used)} the budget leaves"
+            )
+        notes.append(f"{st.slots} device slots cache the hottest host-tier experts")
     rules = tuple(f"{r.pattern} -> {r.tier}  ({r.source})" for r in config.rules)
     return ResidencyPlan(
         tiers, dict(sizes), kv_bytes, scratch_bytes, budget, source, memory, config.load_mode,

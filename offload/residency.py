@@ -7,7 +7,8 @@ A settings *layer* is a plain mapping with the keys of a residency document (TOM
     experts = "disk"         # shortcut: every routed-expert tensor to this tier
     cpu_moe = true           # shortcut: experts on host (llama.cpp --cpu-moe)
     n_cpu_moe = 12           # shortcut: experts of the first 12 layers on host (--n-cpu-moe)
-    host_compute = "host"    # host-tier experts run on the CPU ("device": copied over per use)
+    host_compute = "host"    # host-tier experts run on the CPU ("device": copied over per use;
+                             # "mapped": the GPU reads them in place, slots cache the hottest)
     rules = ["blk\\.[0-3]\\.ffn_.*_exps=device", {pattern = "output", tier = "host"}]
     [streaming]
     enabled = true           # disk-tier experts are streamed into slots
@@ -32,7 +33,7 @@ from typing import Any
 
 TIERS = ("device", "host", "disk")
 LOAD_MODES = ("mmap", "read")
-HOST_COMPUTE = ("host", "device")
+HOST_COMPUTE = ("host", "device", "mapped")
 KEYS = (
     "budget",
     "load_mode",

@@ -133,3 +133,29 @@ def test_cuda_streaming_modes_token_exact(tmp_path):
             assert got == want, st
             s = expert_stats(model.expert_sources)
             assert (s.guessed > 0) == prefetch and s.misses > 0, st
+
+
+@pytest.mark.parametrize("slots", [0, 3, 16])
+def test_cuda_mapped_host_experts_token_exact(tmp_path, slots):
+    """Experts on host read in place by the GPU (host_compute = mapped), with no device cache,
+    a cache of one of the 8 experts per layer, and room for all: the same kernels over the same
+    bytes, so the greedy tokens equal the all-on-GPU run's exactly; the decode is one graph, no
+    token row goes to the CPU, and the cache's routing counts reach the stats."""
+    spec = replace(QWEN3MOE, dim=256, expert_ff=256, expert_qtype=QT.Q8_0)
+    path = write_moe_gguf(tmp_path / "moe.gguf", spec)
+    want, _ = _greedy(path, None)
+    cfg = {"cpu_moe": True, "host_compute": "mapped", "streaming": {"slots": slots}}
+    got, model = _greedy(path, cfg)
+    assert got == want
+    assert graph_safe(model)
+    blocks = moe_blocks(model)
+    share = min(slots // len(blocks), spec.n_expert)
+    for b in blocks:
+        assert b.mapped is not None and b.mapped.slots == share and b.compute_on is None
+        assert b.packed is b.mapped.packed
+        assert b.mapped.steps > 8  # ticked by eager prefill and by every graph replay
+        held = [e for e in b.mapped.slot_expert if e >= 0]
+        assert len(held) == (share and len(set(held)))  # slots filled, no expert twice
+    st = expert_stats(model.expert_sources)
+    assert st.host_rows == 0 and st.lookups > 0 and st.lookups == st.hits + st.misses
+    assert (st.hits > 0) == (slots > 0)

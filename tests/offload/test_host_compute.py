@@ -105,7 +105,29 @@ def test_host_compute_flag_env_and_bad_value(tmp_path):
     assert residency_config(parse("--host-compute", "host"), env=env).host_compute == "host"
     doc = tmp_path / "r.toml"
     doc.write_text('host_compute = "gpu"\n')
-    with pytest.raises(ResidencyError, match="host_compute must be one of host, device"):
+    with pytest.raises(ResidencyError, match="host_compute must be one of host, device, mapped"):
         residency_config(parse("--residency", str(doc)), env={})
     with pytest.raises(SystemExit):
         parse("--host-compute", "gpu")
+
+
+def test_plan_of_mapped_host_experts_counts_their_device_slots():
+    """host_compute = mapped: the device slots caching the hottest host experts are part of the
+    plan's device use and must fit the budget; without slots the plan keeps no device bytes
+    for them; on a CPU-only box nothing is mapped."""
+    sizes = {f"blk.{i}.ffn_{p}_exps.weight": 800 for i in (0, 1) for p in ("gate", "up", "down")}
+    sizes["token_embd.weight"] = 10
+    cfg = resolve([("t", {"cpu_moe": True, "host_compute": "mapped", "streaming": {"slots": 4}})])
+    plan = plan_residency(cfg, sizes, 0, GPU, n_expert=8)
+    assert plan.maps and not plan.computes_on_host and not plan.streams
+    assert plan.slot_bytes == 3 * 800 // 8 and plan.slot_pool_bytes == 4 * 300
+    text = plan.describe()
+    assert "read in place by the device from page-locked host memory" in text
+    assert "expert slots 4 x" in text and "the hottest host-tier experts" in text
+    bare = resolve([("t", {"cpu_moe": True, "host_compute": "mapped"})])
+    assert plan_residency(bare, sizes, 0, GPU).slot_pool_bytes == 0
+    many = {"cpu_moe": True, "host_compute": "mapped", "streaming": {"slots": 10**7}}
+    big = resolve([("t", many)])
+    with pytest.raises(ResidencyError, match=r"expert slots .* do not fit"):
+        plan_residency(big, sizes, 0, GPU, n_expert=8)
+    assert not plan_residency(cfg, sizes, 0, CPU).maps

@@ -1,0 +1,92 @@
+"""Host memory that CUDA kernels read in place ("mapped" host tier): bytes in an ordinary host
+buffer, page-locked and registered with the driver (cudaHostRegister, mapped), seen through CUDA
+tensor views of the same addresses. A GPU kernel given such a view reads the host's copy over the
+bus, so host-tier weights need no device copy and no host step: the decode graph stays whole.
+Needs unified virtual addressing (every 64-bit CUDA platform), where a registered host pointer is
+also its device pointer.
+"""
+
+import dataclasses
+import weakref
+
+import torch
+
+_REGISTER_FLAGS = 1 | 2  # cudaHostRegisterPortable | cudaHostRegisterMapped
+_ALIGN = 256
+
+
+class _DeviceView:
+    """The `__cuda_array_interface__` of registered host bytes, for `torch.as_tensor`."""
+
+    def __init__(self, ptr: int, shape: tuple[int, ...], dtype: torch.dtype) -> None:
+        typestr = {torch.int32: "<i4", torch.float16: "<f2", torch.uint8: "|u1",
+                   torch.int8: "|i1", torch.float32: "<f4", torch.int16: "<i2"}[dtype]  # fmt: skip
+        self.__cuda_array_interface__ = {
+            "data": (ptr, False),
+            "shape": shape,
+            "typestr": typestr,
+            "strides": None,
+            "version": 3,
+        }
+
+
+def _unregister(ptr: int, host: torch.Tensor) -> None:
+    # `host` rides along so its bytes are freed only after the driver lets go of them
+    torch.cuda.cudart().cudaHostUnregister(ptr)
+    del host
+
+
+def map_tensors(tensors: dict[str, torch.Tensor], device: torch.device | str = "cuda") -> dict:
+    """Copies of `tensors` (any device, contiguous) in one registered host buffer, returned as
+    CUDA views on `device` (`host_view` gives the same bytes as a CPU tensor, for DMA copies).
+    The buffer lives while any returned view does."""
+    spans, total = [], 0
+    for t in tensors.values():
+        spans.append(total)
+        total += -(-t.numel() * t.element_size() // _ALIGN) * _ALIGN
+    host = torch.empty(max(total, _ALIGN), dtype=torch.uint8)
+    ptr = host.data_ptr()
+    err = int(torch.cuda.cudart().cudaHostRegister(ptr, host.numel(), _REGISTER_FLAGS))
+    if err != 0:
+        raise RuntimeError(f"cudaHostRegister of {host.numel():,} bytes failed (cudaError {err})")
+    out, keep = {}, []
+    with torch.cuda.device(device):
+        for (name, t), off in zip(tensors.items(), spans, strict=True):
+            n = t.numel() * t.element_size()
+            host[off : off + n].view(t.dtype).view(t.shape).copy_(t)
+            view = torch.as_tensor(_DeviceView(ptr + off, tuple(t.shape), t.dtype), device=device)
+            view._host_view = host[off : off + n].view(t.dtype).view(t.shape)
+            out[name] = view
+            keep.append(view)
+    # the buffer is unregistered and freed when the last view goes
+    anchor = _Anchor()
+    for v in keep:
+        v._mapped_anchor = anchor  # a tensor attribute: keeps the buffer alive
+    weakref.finalize(anchor, _unregister, ptr, host)
+    return out
+
+
+class _Anchor:
+    """Shared by a buffer's views; its finalizer unregisters and frees the buffer."""
+
+
+def is_mapped(t: torch.Tensor) -> bool:
+    """Whether `t` is a CUDA view of registered host memory made here."""
+    return hasattr(t, "_mapped_anchor")
+
+
+def host_view(t: torch.Tensor) -> torch.Tensor:
+    """The page-locked CPU tensor behind a mapped CUDA view (a copy from it is a DMA); a CPU
+    tensor is its own."""
+    return t if t.device.type == "cpu" else t._host_view
+
+
+def map_packed_experts(pe):
+    """A layer's packed experts (`kernels.moe.packed.PackedExperts`) with every plane moved to
+    mapped host memory; the split-K counters stay on the device. Same kernels, same bits."""
+    from localllm.kernels.quant.repack import PackedBlocks
+
+    def one(p: PackedBlocks) -> PackedBlocks:
+        return PackedBlocks(p.qtype, p.n, p.k, map_tensors(p.planes, pe.counters[0].device))
+
+    return dataclasses.replace(pe, gate_up=tuple(one(p) for p in pe.gate_up), down=one(pe.down))

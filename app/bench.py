@@ -182,7 +182,7 @@ def run_model(path: str, args: argparse.Namespace) -> list[BenchResult]:
     from localllm.engine.gguf import open_gguf
     from localllm.engine.kv_cache import PagedKVCache
     from localllm.engine.loader import build_model
-    from localllm.engine.moe import expert_stats
+    from localllm.engine.moe import account_mapped, expert_stats
     from localllm.engine.moe_residency import load_model
 
     device = torch.device(args.device)
@@ -212,9 +212,11 @@ def run_model(path: str, args: argparse.Namespace) -> list[BenchResult]:
             for p, n in tests:
                 run = _Runner(model, kv, vocab, device, graphs)
                 run.once(depth, p, n)  # warm-up: kernel compilation, allocator
+                account_mapped(model)  # (device-side counters come in every few steps)
                 before = expert_stats(sources) if sources else None
                 rates = [run.once(depth, p, n) for _ in range(args.repetitions)]
                 std = statistics.stdev(rates) if len(rates) > 1 else 0.0
+                account_mapped(model)
                 experts = ExpertCounters.between(before, expert_stats(sources)) if sources else None
                 out.append(BenchResult(Path(path).name, *info, p, n, depth,
                                        statistics.fmean(rates), std, rates, experts))  # fmt: skip

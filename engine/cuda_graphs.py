@@ -115,8 +115,8 @@ class DecodeGraphs:
                 self.failed = f"{type(e).__name__}: {e}"
                 return None
             self.graphs[key] = g
-        for b in self._mapped:  # replays run no Python: mapped expert caches step from here
-            b.mapped.tick()
+        for b in self._mapped:  # replays run no Python: mapped host experts count from here
+            b.mapped.replayed(key[0])
         g.graph.replay()
         return g.logits[:n]
 

@@ -169,15 +169,16 @@ class MoEFeedForward(nn.Module):
             t.weight = without_bytes(t.weight)
 
     def map_experts(self, slots: int) -> None:
-        """Host-tier experts read by this block's GPU from mapped host memory, the hottest
+        """Host-tier experts read by this block's GPU from mapped host memory, the last used
         `slots` cached on the device (`offload.mapped_experts`); packed once on the GPU (one
         layer at a time), then the raw copies are released."""
         from localllm.kernels.moe.packed import pack_experts
 
         dev = self.ffn_gate_inp.weight.data.device
         g, u, d = (w.data.to(dev) for w in self.expert_weights())
-        self.mapped = MappedExperts(pack_experts(g, u, d, self.format, self.n_used), slots)
-        self.packed = self.mapped.packed
+        pe = pack_experts(g, u, d, self.format, self.n_used)
+        self.mapped = MappedExperts(pe, slots, self.n_used)
+        self.packed = self.mapped.host
         for t in (self.ffn_gate_exps, self.ffn_up_exps, self.ffn_down_exps):
             t.weight = without_bytes(t.weight)
 
@@ -285,13 +286,11 @@ class MoEFeedForward(nn.Module):
         if self.packed is not None:  # resident on the GPU: routing never leaves the device
             from localllm.kernels.moe.packed import expert_ffn_packed
 
-            if self.mapped is not None:  # counted on the device, accounted by `tick`
-                self.mapped.count(ids)
-                if not torch.cuda.is_current_stream_capturing():  # (replays tick in DecodeGraphs)
-                    self.mapped.tick()
-            else:  # counted as Python runs it: replays of a captured decode graph are not
-                self.source.stats.lookups += ids.numel()
-                self.source.stats.hits += ids.numel()
+            if self.mapped is not None:  # host experts read by the GPU (and its slot cache)
+                return self.mapped.ffn(x, weights, ids, self.format, xq)
+            # counted as Python runs it: replays of a captured decode graph are not counted
+            self.source.stats.lookups += ids.numel()
+            self.source.stats.hits += ids.numel()
             return expert_ffn_packed(x, weights, ids, self.packed, self.format, xq)
         pool = getattr(self.source, "packed_pool", None)
         if pool is not None and ids.shape[0] <= pool.max_tokens:
@@ -363,6 +362,13 @@ def graph_safe(model: nn.Module) -> bool:
         b.packed is not None and b.compute_on is None and b.guess_next is None
         for b in moe_blocks(model)
     )
+
+
+def account_mapped(model: nn.Module) -> None:
+    """Bring the mapped host experts' device-side counters into their sources' stats now."""
+    for b in moe_blocks(model):
+        if b.mapped is not None:
+            b.mapped.account()
 
 
 def expert_stats(sources: list[ExpertSource]) -> ExpertStats:

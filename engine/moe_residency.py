@@ -123,7 +123,7 @@ def _map(blocks: list[MoEFeedForward], slots: int) -> None:
     share = slots // len(blocks)
     for b in blocks:
         b.map_experts(share)
-    cached = f", the {share} hottest of each cached in device slots" if share else ""
+    cached = f", {share} device slots each (LRU)" if share else ""
     n = len(blocks)
     log.info("host experts: %d layers read by the GPU from mapped host memory%s", n, cached)
 

@@ -102,7 +102,8 @@ class ResidencyPlan:
         if self.maps and not self.streams:
             lines.append(
                 f"  expert slots {self.streaming.slots or 0} x {fmt_bytes(self.slot_bytes)} = "
-                f"{fmt_bytes(self.slot_pool_bytes)} on the device (the hottest host-tier experts)"
+                f"{fmt_bytes(self.slot_pool_bytes)} on the device: recently used host-tier "
+                "experts (LRU)"
             )
         if self.streams:
             s = self.streaming
@@ -278,7 +279,7 @@ def plan_residency(
                 f"{st.slots} expert slots of {fmt_bytes(slot_bytes)} do not fit in the "
                 f"{fmt_bytes(budget - used)} the budget leaves"
             )
-        notes.append(f"{st.slots} device slots cache the hottest host-tier experts")
+        notes.append(f"{st.slots} device slots cache recently used host-tier experts (LRU)")
     rules = tuple(f"{r.pattern} -> {r.tier}  ({r.source})" for r in config.rules)
     return ResidencyPlan(
         tiers, dict(sizes), kv_bytes, scratch_bytes, budget, source, memory, config.load_mode,

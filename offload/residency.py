@@ -8,7 +8,7 @@ A settings *layer* is a plain mapping with the keys of a residency document (TOM
     cpu_moe = true           # shortcut: experts on host (llama.cpp --cpu-moe)
     n_cpu_moe = 12           # shortcut: experts of the first 12 layers on host (--n-cpu-moe)
     host_compute = "host"    # host-tier experts run on the CPU ("device": copied over per use;
-                             # "mapped": the GPU reads them in place, slots cache the hottest)
+                             # "mapped": the GPU reads them in place, slots keep recently used ones)
     rules = ["blk\\.[0-3]\\.ffn_.*_exps=device", {pattern = "output", tier = "host"}]
     [streaming]
     enabled = true           # disk-tier experts are streamed into slots

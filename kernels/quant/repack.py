@@ -43,10 +43,6 @@ class PackedBlocks:
     n: int
     k: int
     planes: dict[str, torch.Tensor]
-    # Stacked experts whose planes live in more than one place (a device slot cache over
-    # mapped host memory): int64 [E, fields] of each expert's plane addresses, `_FIELDS` order;
-    # the GEMV kernels then take each pair's planes from it (`planes` gives dtypes and shapes).
-    table: torch.Tensor | None = None
 
     @property
     def nbytes(self) -> int:

@@ -186,17 +186,10 @@ def _pair(ids_ptr, XDIV, P, M, N, BN: tl.constexpr, MOE: tl.constexpr):
 
 
 @triton.jit
-def _base(tab_ptr, e, NF: tl.constexpr, f: tl.constexpr, like):
-    """Field f's plane of expert e from an address table [E, NF] (int64; fields in
-    `repack._FIELDS` order), typed as the pointer `like`."""
-    return tl.load(tab_ptr + e * NF + f).to(like.dtype)
-
-
-@triton.jit
 def _gemv_q4k_packed(
-    x8_ptr, xd_ptr, xsum_ptr, qs_ptr, hdr_ptr, out_ptr, part_ptr, cnt_ptr, ids_ptr, tab_ptr, M, N,
-    K, nb, XDIV, P, spb: tl.constexpr, SPLIT: tl.constexpr, MP: tl.constexpr, BN: tl.constexpr,
-    ASM: tl.constexpr, MOE: tl.constexpr, TAB: tl.constexpr,
+    x8_ptr, xd_ptr, xsum_ptr, qs_ptr, hdr_ptr, out_ptr, part_ptr, cnt_ptr, ids_ptr, M, N, K, nb,
+    XDIV, P, spb: tl.constexpr, SPLIT: tl.constexpr, MP: tl.constexpr, BN: tl.constexpr,
+    ASM: tl.constexpr, MOE: tl.constexpr,
 ):  # fmt: skip
     pn, pk = tl.program_id(0), tl.program_id(1)
     cols = pn * BN + tl.arange(0, BN)
@@ -206,12 +199,8 @@ def _gemv_q4k_packed(
     lane = tl.arange(0, 8)
     K4, K32 = K // 4, K // 32
     e, xr, orow, ps, cb = _pair(ids_ptr, XDIV, P, M, N, BN, MOE)
-    if TAB:  # the expert's planes wherever its row of the address table says (device or host)
-        hdr_ptr = _base(tab_ptr, e, 2, 0, hdr_ptr)
-        qs_ptr = _base(tab_ptr, e, 2, 1, qs_ptr)
-    else:
-        qs_ptr += e * (nb * 32 * N)
-        hdr_ptr += e * (nb * 4 * N)
+    qs_ptr += e * (nb * 32 * N)
+    hdr_ptr += e * (nb * 4 * N)
     x8_ptr += xr * K4
     xd_ptr += xr * K32
     xsum_ptr += xr * K32
@@ -243,8 +232,8 @@ def _gemv_q4k_packed(
 @triton.jit
 def _gemv_q6k_packed(
     x8_ptr, xd_ptr, s16_ptr, ql_ptr, qh_ptr, sc_ptr, d_ptr, out_ptr, part_ptr, cnt_ptr, ids_ptr,
-    tab_ptr, M, N, K, nb, XDIV, P, spb: tl.constexpr, SPLIT: tl.constexpr, MP: tl.constexpr,
-    BN: tl.constexpr, ASM: tl.constexpr, MOE: tl.constexpr, TAB: tl.constexpr,
+    M, N, K, nb, XDIV, P, spb: tl.constexpr, SPLIT: tl.constexpr, MP: tl.constexpr,
+    BN: tl.constexpr, ASM: tl.constexpr, MOE: tl.constexpr,
 ):  # fmt: skip
     pn, pk = tl.program_id(0), tl.program_id(1)
     cols = pn * BN + tl.arange(0, BN)
@@ -254,16 +243,10 @@ def _gemv_q6k_packed(
     l4 = tl.arange(0, 4)
     K4, K16, K32 = K // 4, K // 16, K // 32
     e, xr, orow, ps, cb = _pair(ids_ptr, XDIV, P, M, N, BN, MOE)
-    if TAB:
-        ql_ptr = _base(tab_ptr, e, 4, 0, ql_ptr)
-        qh_ptr = _base(tab_ptr, e, 4, 1, qh_ptr)
-        sc_ptr = _base(tab_ptr, e, 4, 2, sc_ptr)
-        d_ptr = _base(tab_ptr, e, 4, 3, d_ptr)
-    else:
-        ql_ptr += e * (nb * 32 * N)
-        qh_ptr += e * (nb * 16 * N)
-        sc_ptr += e * (nb * 4 * N)
-        d_ptr += e * (nb * N)
+    ql_ptr += e * (nb * 32 * N)
+    qh_ptr += e * (nb * 16 * N)
+    sc_ptr += e * (nb * 4 * N)
+    d_ptr += e * (nb * N)
     x8_ptr += xr * K4
     xd_ptr += xr * K32
     s16_ptr += xr * K16
@@ -301,9 +284,9 @@ def _gemv_q6k_packed(
 
 @triton.jit
 def _gemv_q8_0_packed(
-    x8_ptr, xd_ptr, qs_ptr, d_ptr, out_ptr, part_ptr, cnt_ptr, ids_ptr, tab_ptr, M, N, K, nb, XDIV,
-    P, spb: tl.constexpr, SPLIT: tl.constexpr, MP: tl.constexpr, BN: tl.constexpr,
-    ASM: tl.constexpr, MOE: tl.constexpr, TAB: tl.constexpr,
+    x8_ptr, xd_ptr, qs_ptr, d_ptr, out_ptr, part_ptr, cnt_ptr, ids_ptr, M, N, K, nb, XDIV, P,
+    spb: tl.constexpr, SPLIT: tl.constexpr, MP: tl.constexpr, BN: tl.constexpr, ASM: tl.constexpr,
+    MOE: tl.constexpr,
 ):  # fmt: skip
     pn, pk = tl.program_id(0), tl.program_id(1)
     cols = pn * BN + tl.arange(0, BN)
@@ -313,12 +296,8 @@ def _gemv_q8_0_packed(
     lane = tl.arange(0, 8)
     K4, K32 = K // 4, K // 32
     e, xr, orow, ps, cb = _pair(ids_ptr, XDIV, P, M, N, BN, MOE)
-    if TAB:
-        d_ptr = _base(tab_ptr, e, 2, 0, d_ptr)
-        qs_ptr = _base(tab_ptr, e, 2, 1, qs_ptr)
-    else:
-        qs_ptr += e * (nb * 8 * N)
-        d_ptr += e * (nb * N)
+    qs_ptr += e * (nb * 8 * N)
+    d_ptr += e * (nb * N)
     x8_ptr += xr * K4
     xd_ptr += xr * K32
     out_ptr += orow * N

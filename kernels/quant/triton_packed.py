@@ -142,17 +142,13 @@ def grouped_counters(p: PackedBlocks, pairs: int) -> torch.Tensor:
 
 
 def _launch(xq: QuantizedX, p: PackedBlocks, grid, args, c: PackedConfig, split, m, moe: bool):
-    """Launch the type's kernel; args = (y, part, counters, ids, M, N, K, nb, xdiv, pairs). A
-    weight with an address table (`PackedBlocks.table`) reads each pair's planes through it."""
-    tab = p.table if p.table is not None else args[3]  # (any pointer when unused)
-    args = (*args[:4], tab, *args[4:])
+    """Launch the type's kernel; args = (y, part, counters, ids, M, N, K, nb, xdiv, pairs)."""
     geo = {
         "SPLIT": split,
         "MP": triton.next_power_of_2(m),
         "BN": c.block_n,
         "ASM": xq.words.device.type == "cuda",
         "MOE": moe,
-        "TAB": p.table is not None,
         "num_warps": c.num_warps,
     }
     tail = (*args, c.blocks_per_program)

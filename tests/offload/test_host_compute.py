@@ -112,7 +112,7 @@ def test_host_compute_flag_env_and_bad_value(tmp_path):
 
 
 def test_plan_of_mapped_host_experts_counts_their_device_slots():
-    """host_compute = mapped: the device slots caching the hottest host experts are part of the
+    """host_compute = mapped: the device slots caching recently used host experts are part of the
     plan's device use and must fit the budget; without slots the plan keeps no device bytes
     for them; on a CPU-only box nothing is mapped."""
     sizes = {f"blk.{i}.ffn_{p}_exps.weight": 800 for i in (0, 1) for p in ("gate", "up", "down")}
@@ -123,7 +123,7 @@ def test_plan_of_mapped_host_experts_counts_their_device_slots():
     assert plan.slot_bytes == 3 * 800 // 8 and plan.slot_pool_bytes == 4 * 300
     text = plan.describe()
     assert "read in place by the device from page-locked host memory" in text
-    assert "expert slots 4 x" in text and "the hottest host-tier experts" in text
+    assert "expert slots 4 x" in text and "recently used host-tier experts (LRU)" in text
     bare = resolve([("t", {"cpu_moe": True, "host_compute": "mapped"})])
     assert plan_residency(bare, sizes, 0, GPU).slot_pool_bytes == 0
     many = {"cpu_moe": True, "host_compute": "mapped", "streaming": {"slots": 10**7}}

@@ -1,7 +1,7 @@
-"""Mapped host experts with a device cache (`offload.mapped_experts`): the grouped GEMVs reading
-each pair's planes through an address table give the bits of the plain resident launch whatever
-is cached; the kernels really read the slot of a cached expert; re-ranking caches the hottest
-experts and accounts the routing.
+"""Mapped host experts with a device-side LRU of slots (`offload.mapped_experts`,
+`kernels.moe.slot_lru`): the assign kernel makes the plain-torch oracle's decisions; the grouped
+GEMVs over the slots give the bits of the resident launch whatever is cached or evicted; a
+cached expert really is read from its slot; lookups and misses reach the stats.
 
 Runs on CUDA (marked `gpu`, with real mapped host memory) or on CPU tensors under
 TRITON_INTERPRET=1 (the "host copy" is then a plain clone).
@@ -55,17 +55,41 @@ def _experts(types, seed):
     return pack_experts(*(torch.from_numpy(a).to(DEVICE) for a in parts), fmt, K_USED), fmt
 
 
-def _mapped(pe, slots, every=1):
+def _mapped(pe, slots):
     from localllm.offload.mapped_experts import MappedExperts
 
     mapper = {} if CUDA else {"mapper": _clone_mapper}
-    return MappedExperts(pe, slots, every=every, **mapper)
+    return MappedExperts(pe, slots, K_USED, **mapper)
+
+
+@pytest.mark.parametrize("slots", [2, 5, 8])
+def test_assign_makes_the_reference_decisions(slots):
+    from localllm.kernels.moe.slot_lru import LruState, assign, assign_reference
+
+    st = LruState.empty(E, slots, DEVICE)
+    ref = LruState.empty(E, slots, "cpu")
+    jobs = torch.zeros(2 * E, dtype=torch.int32, device=DEVICE)
+    njobs = torch.zeros(1, dtype=torch.int32, device=DEVICE)
+    gen = torch.Generator().manual_seed(slots)
+    for step in range(12):
+        tokens = 1 if slots < 4 else 2
+        ids = torch.stack([torch.randperm(E, generator=gen)[:K_USED] for _ in range(tokens)])
+        if step % 3 == 2:
+            ids[:, 0] = 0  # a repeat: expert 0 stays hot
+        got = assign(ids.to(DEVICE), st, jobs, njobs)
+        want, want_jobs = assign_reference(ids, ref)
+        assert torch.equal(got.cpu(), want), step
+        n = int(njobs)
+        assert [tuple(j) for j in jobs.view(-1, 2)[:n].tolist()] == want_jobs
+        for a, b in zip(dataclasses.astuple(st), dataclasses.astuple(ref), strict=True):
+            assert torch.equal(a.cpu(), b), step
+    assert 0 < int(ref.counters[2]) < int(ref.counters[1])  # some hits, some misses
 
 
 @pytest.mark.parametrize(
     "types", [(QT.Q4_K, QT.Q4_K, QT.Q6_K), (QT.Q8_0, QT.Q8_0, QT.Q8_0), (QT.Q4_K, QT.Q8_0, QT.Q6_K)]
 )
-def test_table_reads_equal_resident_bits_whatever_is_cached(types):
+def test_slot_reads_equal_resident_bits_whatever_is_cached(types):
     from localllm.kernels.moe.packed import expert_ffn_packed
 
     pe, fmt = _experts(types, seed=1)
@@ -73,70 +97,61 @@ def test_table_reads_equal_resident_bits_whatever_is_cached(types):
     m.stats = ExpertStats()
     gen = torch.Generator().manual_seed(0)
     bias = torch.zeros(E)
-    bias[[1, 6]] = 4.0  # two hot experts, the rest by chance
+    bias[6] = 4.0  # one hot expert, the rest by chance: hits and evictions both happen
     routed = 0
-    for step in range(6):
-        x = torch.randn(2, D, generator=gen).to(DEVICE)
-        w, ids = route_topk(torch.randn(2, E, generator=gen) + bias, K_USED, True)
+    for step in range(8):
+        x = torch.randn(1, D, generator=gen).to(DEVICE)
+        w, ids = route_topk(torch.randn(1, E, generator=gen) + bias, K_USED, True)
         w, ids = w.to(DEVICE), ids.to(DEVICE)
         want = expert_ffn_packed(x, w, ids, pe, fmt)
-        got = expert_ffn_packed(x, w, ids, m.packed, fmt)
-        assert torch.equal(got, want), (step, m.slot_expert)
-        m.count(ids)
+        assert torch.equal(m.ffn(x, w, ids, fmt), want), step
         routed += ids.numel()
-        m.tick()  # every=1: account and re-rank after each step
-    assert {1, 6} <= set(m.slot_expert) and m.moved >= 2
-    assert m.stats.lookups == routed and m.stats.hits + m.stats.misses == routed
-    assert m.stats.hits > 0
-    # the tables point cached experts at their slots and the rest at the host copy
-    for w, pool, tab in zip((*m.host.gate_up, m.host.down), m._pool, m._tabs, strict=True):
-        for slot, e in enumerate(m.slot_expert):
-            if e < 0:  # (a slot no routed expert needed yet)
-                continue
-            for j, f in enumerate(w.planes):
-                assert int(tab[e, j]) == pool[f][slot].data_ptr()
-        cold = next(e for e in range(E) if e not in m.slot_expert)
-        plane = next(iter(w.planes.values()))
-        assert int(tab[cold, 0]) == plane[cold].data_ptr()
+    m.account()
+    s = m.stats
+    assert s.lookups == routed and s.hits + s.misses == routed and s.hits > 0 and s.misses >= 3
+    assert 6 in m.lru.expert_of.tolist()
+    for slot, e in enumerate(m.lru.expert_of.tolist()):  # each slot holds its expert's planes
+        for mine, theirs in zip(
+            (*m.pool.gate_up, m.pool.down), (*pe.gate_up, pe.down), strict=True
+        ):
+            for f, plane in theirs.planes.items():
+                assert torch.equal(mine.planes[f][slot], plane[e]), (slot, e, f)
 
 
 def test_kernels_read_a_cached_expert_from_its_slot():
-    """Zeroing a slot changes exactly the pairs routed to the expert it holds: the table is
-    what the kernels follow (a launch ignoring it would still read the host copy)."""
+    """Zeroing the slot of a cached expert changes exactly the pairs routed to it next time: the
+    GEMVs read the slots (a path reading the host copy would not notice)."""
     from localllm.kernels.moe.packed import expert_ffn_packed
 
     pe, fmt = _experts((QT.Q4_K, QT.Q4_K, QT.Q6_K), seed=2)
-    m = _mapped(pe, slots=2)
-    hot = torch.tensor([[3, 5]], device=DEVICE)
-    m.count(hot)
-    assert m.rebalance() == 2 and sorted(m.slot_expert) == [3, 5]
+    m = _mapped(pe, slots=4)
     x = torch.randn(2, D, generator=torch.Generator().manual_seed(1)).to(DEVICE)
     w = torch.full((2, K_USED), 0.5, device=DEVICE)
     ids = torch.tensor([[3, 0], [1, 2]], device=DEVICE)
     want = expert_ffn_packed(x, w, ids, pe, fmt)
-    assert torch.equal(expert_ffn_packed(x, w, ids, m.packed, fmt), want)
-    slot = m.slot_expert.index(3)
-    for pool in m._pool:
-        for t in pool.values():
+    assert torch.equal(m.ffn(x, w, ids, fmt), want)  # misses: copied in, then read
+    slot = m.lru.expert_of.tolist().index(3)
+    for p in (*m.pool.gate_up, m.pool.down):
+        for t in p.planes.values():
             t[slot].zero_()
-    got = expert_ffn_packed(x, w, ids, m.packed, fmt)
+    got = m.ffn(x, w, ids, fmt)  # all hits now
     assert not torch.equal(got[0], want[0])  # token 0 uses expert 3
     assert torch.equal(got[1], want[1])  # token 1 does not
 
 
-def test_no_slots_reads_the_host_copy_and_still_accounts():
+def test_no_slots_or_too_many_pairs_read_the_host_copy_and_count():
     from localllm.kernels.moe.packed import expert_ffn_packed
 
     pe, fmt = _experts((QT.Q8_0, QT.Q8_0, QT.Q8_0), seed=3)
-    m = _mapped(pe, slots=0, every=2)
-    m.stats = ExpertStats()
-    assert all(p.table is None for p in (*m.packed.gate_up, m.packed.down))
-    x = torch.randn(1, D).to(DEVICE)
-    w, ids = route_topk(torch.randn(1, E), K_USED, True)
-    w, ids = w.to(DEVICE), ids.to(DEVICE)
-    assert torch.equal(expert_ffn_packed(x, w, ids, m.packed, fmt),
-                       expert_ffn_packed(x, w, ids, pe, fmt))  # fmt: skip
-    for _ in range(2):
-        m.count(ids)
-        m.tick()
-    assert (m.stats.lookups, m.stats.hits, m.stats.misses) == (4, 0, 4)
+    for slots in (0, 3):  # 3 slots, 4 pairs: the host copy for this call
+        m = _mapped(pe, slots)
+        m.stats = ExpertStats()
+        x = torch.randn(2, D).to(DEVICE)
+        w, ids = route_topk(torch.randn(2, E), K_USED, True)
+        w, ids = w.to(DEVICE), ids.to(DEVICE)
+        assert torch.equal(m.ffn(x, w, ids, fmt), expert_ffn_packed(x, w, ids, pe, fmt))
+        m.replayed(1)  # a graph replay of one token
+        m.account()
+        replay = K_USED if slots == 0 else 0  # (a cache counts replays on the device)
+        want = 4 + replay
+        assert (m.stats.lookups, m.stats.hits, m.stats.misses) == (want, 0, want)

@@ -51,9 +51,16 @@ def add_residency_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--host-compute",
         choices=HOST_COMPUTE,
-        help="host-tier experts run on the CPU (host, default) or are copied to the device",
+        help="host-tier experts on a GPU box: auto (default: mapped where the GPU's kernels "
+        "take them, else host), mapped (the GPU reads them in host memory), host (the CPU "
+        "computes them), device (copied over per use)",
     )
-    g.add_argument("--expert-slots", type=int, metavar="N", help="slots for streamed experts")
+    g.add_argument(
+        "--expert-slots",
+        type=int,
+        metavar="N",
+        help="device slots for streamed (disk) or mapped host experts",
+    )
     g.add_argument("--expert-evict", choices=EVICTIONS, help="slot eviction: lru (default) or lfu")
     g.add_argument(
         "--expert-prefetch",

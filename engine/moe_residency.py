@@ -60,14 +60,14 @@ def apply_residency(model: nn.Module, plan: ResidencyPlan) -> list[ExpertSource]
     """Give every MoE block its expert source from the plan: resident layers share one
     `ResidentExperts`, disk layers a `StreamedExperts` (one per expert format when the slots are
     packed on a GPU; their blocks are then released).
-    Host-tier layers compute on the CPU unless the plan says `host_compute = device` (copied
-    per use) or `mapped` (read in place by the GPU; see `offload.mapped_experts`); on a
-    CPU-only run that dispatch moves nothing."""
+    Host-tier layers of a GPU model are read in place by the GPU (`host_compute` mapped or auto,
+    `offload.mapped_experts`) where its kernels take the format, else computed on the CPU
+    (`host`) or copied per use (`device`); on a CPU-only run that dispatch moves nothing."""
     tiers = plan.expert_tiers()
     blocks = moe_blocks(model)
     host_tier = [b for b in blocks if tiers.get(b.layer) == "host"]
-    mapped = [b for b in host_tier if plan.host_compute == "mapped" and _mappable(b)]
-    _map(mapped, plan.streaming.slots or 0)
+    maps = plan.host_compute in ("mapped", "auto")
+    mapped = _map([b for b in host_tier if maps and _mappable(b)], plan.streaming.slots or 0)
     resident = {b.layer: tuple(w.data for w in b.expert_weights()) for b in blocks}
     disk = [b for b in blocks if tiers.get(b.layer) == "disk"]
     sources: list[ExpertSource] = []
@@ -116,16 +116,24 @@ def _mappable(b: MoEFeedForward) -> bool:
     return packable(b.format) and b.ffn_gate_exps.bias is None
 
 
-def _map(blocks: list[MoEFeedForward], slots: int) -> None:
-    """Host-tier experts into mapped host memory, `slots` device slots shared out by layer."""
+def _map(blocks: list[MoEFeedForward], slots: int) -> list[MoEFeedForward]:
+    """Host-tier experts into mapped host memory, `slots` device slots shared out by layer; the
+    blocks mapped (where page-locking fails, the rest stay for the CPU to compute)."""
     if not blocks:
-        return
-    share = slots // len(blocks)
+        return []
+    share, done = slots // len(blocks), []
     for b in blocks:
-        b.map_experts(share)
+        try:
+            b.map_experts(share)
+        except RuntimeError as e:  # e.g. no page-locked memory left: the CPU computes the rest
+            log.warning("host experts: mapping layer %d failed (%s); the CPU computes the "
+                        "remaining %d layers", b.layer, e, len(blocks) - len(done))  # fmt: skip
+            break
+        done.append(b)
     cached = f", {share} device slots each (LRU)" if share else ""
-    n = len(blocks)
+    n = len(done)
     log.info("host experts: %d layers read by the GPU from mapped host memory%s", n, cached)
+    return done
 
 
 def _stream(

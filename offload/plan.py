@@ -48,7 +48,9 @@ class ResidencyPlan:
     notes: tuple[str, ...]  # why tensors went where they did (what did not fit)
     warnings: tuple[str, ...]
     rules: tuple[str, ...]  # the rules as applied, for describe()
-    host_compute: str = "host"  # host-tier experts: computed on the CPU, or copied to the device
+    host_compute: str = (
+        "auto"  # host-tier experts: mapped, computed on the CPU, or copied (residency.py)
+    )
 
     @property
     def computes_on_host(self) -> bool:
@@ -74,7 +76,7 @@ class ResidencyPlan:
     def maps(self) -> bool:
         """Host-tier experts read in place by a separate device (`host_compute = mapped`)."""
         return (
-            self.host_compute == "mapped"
+            self.host_compute in ("mapped", "auto")
             and self.memory.separate_device
             and "host" in self.expert_tiers().values()
         )
@@ -130,10 +132,10 @@ def _host_compute_text(plan: ResidencyPlan) -> str:
         return "computed where they are (host RAM is the compute device)"
     if plan.host_compute == "host":
         return "computed on the CPU (host_compute = host; only token rows cross)"
-    if plan.host_compute == "mapped":
+    if plan.host_compute in ("mapped", "auto"):
         return (
-            "read in place by the device from page-locked host memory (host_compute = mapped; "
-            "CPU kernels where they cannot be)"
+            "read in place by the device from page-locked host memory (host_compute = "
+            f"{plan.host_compute}; computed on the CPU where the device's kernels cannot)"
         )
     return "copied to the device per use (host_compute = device)"
 
@@ -272,7 +274,7 @@ def plan_residency(
         prefetch = bool(st.prefetch)
         streaming = replace(st, enabled=True, slots=int(slots), prefetch=prefetch)
         notes.append(f"{slots} slots stream the disk-tier experts ({fmt_bytes(slot_bytes)} each)")
-    mapped = config.host_compute == "mapped" and separate and "host" in tiers.values()
+    mapped = config.host_compute in ("mapped", "auto") and separate and "host" in tiers.values()
     if mapped and st.slots and "disk" not in tiers.values():
         if used + st.slots * slot_bytes > budget:
             raise ResidencyError(

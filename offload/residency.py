@@ -7,8 +7,9 @@ A settings *layer* is a plain mapping with the keys of a residency document (TOM
     experts = "disk"         # shortcut: every routed-expert tensor to this tier
     cpu_moe = true           # shortcut: experts on host (llama.cpp --cpu-moe)
     n_cpu_moe = 12           # shortcut: experts of the first 12 layers on host (--n-cpu-moe)
-    host_compute = "host"    # host-tier experts run on the CPU ("device": copied over per use;
-                             # "mapped": the GPU reads them in place, slots keep recently used ones)
+    host_compute = "auto"    # host-tier experts: "mapped" (a GPU reads them in place; slots keep
+                             # recently used ones) where it can, else "host" (the CPU computes
+                             # them); "device": copied over per use
     rules = ["blk\\.[0-3]\\.ffn_.*_exps=device", {pattern = "output", tier = "host"}]
     [streaming]
     enabled = true           # disk-tier experts are streamed into slots
@@ -33,7 +34,7 @@ from typing import Any
 
 TIERS = ("device", "host", "disk")
 LOAD_MODES = ("mmap", "read")
-HOST_COMPUTE = ("host", "device", "mapped")
+HOST_COMPUTE = ("auto", "host", "device", "mapped")
 KEYS = (
     "budget",
     "load_mode",
@@ -85,7 +86,7 @@ class ResidencyConfig:
     # where host-tier experts are computed when the model runs on a separate device: "host"
     # ships the routed tokens' hidden rows to the CPU (llama.cpp --cpu-moe), "device" copies
     # the expert weights over per use
-    host_compute: str = "host"
+    host_compute: str = "auto"
 
     def tier_of(self, name: str) -> Rule | None:
         """The first rule matching `name`, or None (the planner decides)."""

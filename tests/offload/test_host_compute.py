@@ -99,13 +99,15 @@ def test_host_compute_flag_env_and_bad_value(tmp_path):
     def parse(*flags):
         return build_parser().parse_args(["run", "-m", "x.gguf", *flags, "hi"])
 
-    assert residency_config(parse(), env={}).host_compute == "host"  # the default
+    assert residency_config(parse(), env={}).host_compute == "auto"  # the default
     env = {"LOCALLLM_HOST_COMPUTE": "device"}
     assert residency_config(parse(), env=env).host_compute == "device"
     assert residency_config(parse("--host-compute", "host"), env=env).host_compute == "host"
     doc = tmp_path / "r.toml"
     doc.write_text('host_compute = "gpu"\n')
-    with pytest.raises(ResidencyError, match="host_compute must be one of host, device, mapped"):
+    with pytest.raises(
+        ResidencyError, match="host_compute must be one of auto, host, device, mapped"
+    ):
         residency_config(parse("--residency", str(doc)), env={})
     with pytest.raises(SystemExit):
         parse("--host-compute", "gpu")

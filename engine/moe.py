@@ -19,6 +19,7 @@ from localllm.engine.graph_breaks import HostBreaks
 from localllm.engine.layers import DenseParam, GatedMLP
 from localllm.engine.linear import QuantLinear, dense, without_bytes
 from localllm.kernels.cpu.native import NativeKernels
+from localllm.kernels.cpu.native import load as load_native
 from localllm.kernels.moe import (
     ExpertBiases,
     ExpertBlocks,
@@ -148,9 +149,11 @@ class MoEFeedForward(nn.Module):
             self.shexp.fuse()
         if g.data.is_cuda and self.ffn_gate_exps.bias is None:
             self._pack_on_device()
+        if not g.data.is_cuda and not self.precise and self.ffn_gate_exps.bias is None:
+            self.native = cpu_native(self.format)  # raw blocks, no prepared copies
         if self.source is None:
             # CPU experts prepared on first use: a plan's source usually replaces this one first
-            cpu = g.data.device.type == "cpu" and not self.precise
+            cpu = g.data.device.type == "cpu" and not self.precise and self.native is None
             prepared = {self.layer: self.format} if cpu else {}
             self.attach(
                 ResidentExperts({self.layer: (g.data, u.data, d.data)}, prepared, lazy=True)
@@ -302,12 +305,34 @@ class MoEFeedForward(nn.Module):
                 return expert_ffn_packed(x, weights, slots, pool.pe, self.format, xq)
         parts = (self.ffn_gate_exps, self.ffn_up_exps, self.ffn_down_exps)
         biases = ExpertBiases(*(t.bias for t in parts)) if parts[0].bias is not None else None
+        if self.native is not None and self.compute_on is None and not x.is_cuda:
+            return self._native(x, weights, ids)
         if (x.is_cuda or pool is not None) and biases is None:
             from localllm.kernels.moe.packed import expert_ffn_fetched, packable
 
             if packable(self.format):  # streamed or host-copied: the same math as resident
                 return expert_ffn_fetched(x, weights, ids, self.fetch, self.format)
         return expert_ffn_grouped(x, weights, ids, self.fetch, self.format, biases)
+
+    def _native(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """A CPU model's routed experts through the native kernels over the raw blocks, as
+        many experts at once as the source keeps valid together (slots), one at a time past
+        that (a prompt routed to more experts than slots)."""
+        used = torch.unique(ids).numel()
+        at_once = self.source.together
+        if at_once is not None and used > at_once:
+            at_once = 1
+
+        def fetch(experts: list[int]) -> list[tuple[torch.Tensor, ...]]:
+            if at_once == 1:
+                b = self.source.fetch(self.layer, experts[0])
+                return [(b.gate, b.up, b.down)]
+            return [(b.gate, b.up, b.down) for b in self.source.fetch_together(self.layer, experts)]
+
+        f = self.format
+        return self.native.moe_ffn_fetched(
+            x, weights, ids, fetch, (f.gate, f.up, f.down), f.act, at_once=at_once
+        )
 
     def _slots(self, ids: torch.Tensor) -> torch.Tensor | None:
         """Host `ids` [T, k] as the host slot numbers of a streamed packed pool, the missing
@@ -328,7 +353,9 @@ class MoEFeedForward(nn.Module):
         rows = x.reshape(-1, self.dim).to(host)
         self.source.stats.host_rows += rows.shape[0]
         weights, ids = weights.to(host), ids.to(host)
-        if self.native is not None and rows.shape[0] <= NATIVE_MAX_T:
+        # a GPU model's long prompts keep the prepared path; a CPU model has no other
+        local = x.device == host
+        if self.native is not None and (rows.shape[0] <= NATIVE_MAX_T or local):
             used = torch.unique(ids).numel()  # counted as the resident source counts fetches
             self.source.stats.lookups += used
             self.source.stats.hits += used
@@ -348,6 +375,15 @@ class MoEFeedForward(nn.Module):
         for t in (self.ffn_gate_exps, self.ffn_up_exps, self.ffn_down_exps):
             if t.bias is not None:
                 t.bias = t.bias.to(host)
+
+
+def cpu_native(fmt: ExpertFormat) -> "NativeKernels | None":
+    """The native CPU kernels when they load and take `fmt` (else None: the prepared path)."""
+    native = load_native()
+    ok = native is not None and native.supports(
+        fmt.gate, fmt.up, fmt.down, fmt.dim, fmt.hidden, fmt.act
+    )
+    return native if ok else None
 
 
 def moe_blocks(model: nn.Module) -> list[MoEFeedForward]:

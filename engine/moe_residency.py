@@ -41,7 +41,10 @@ SCRATCH_TOKENS = 512  # tokens per step the scratch estimate allows for (the eng
 def _on_cpu(b: MoEFeedForward) -> bool:
     """The block computes its routed experts on the CPU (a CPU model, or host compute) with
     prepared experts (precise runs keep the exact raw-block path)."""
-    on_cpu = b.ffn_gate_inp.weight.data.device.type == "cpu" or b.compute_on is not None
+    cpu_model = b.ffn_gate_inp.weight.data.device.type == "cpu"
+    if cpu_model and b.native is not None:
+        return False  # a CPU model's experts through the native kernels: raw blocks only
+    on_cpu = cpu_model or b.compute_on is not None
     return on_cpu and not b.precise
 
 
@@ -91,7 +94,8 @@ def apply_residency(model: nn.Module, plan: ResidencyPlan) -> list[ExpertSource]
             f = b.format
             fits = native is not None and b.ffn_gate_exps.bias is None and not b.precise
             ok = fits and native.supports(f.gate, f.up, f.down, f.dim, f.hidden, f.act)
-            b.compute_on_host(torch.device("cpu"), native if ok else None)
+            # (a CPU model's block keeps the kernels it chose at load)
+            b.compute_on_host(torch.device("cpu"), native if ok else None if on_gpu else b.native)
         if on_gpu:  # say which CPU kernels the host experts' decode steps take
             n = sum(b.native is not None for b in host)
             how = "torch (no C build)" if native is None else f"native ({' '.join(native.flags)})"
@@ -189,8 +193,12 @@ def plan_model(
     scratch = SCRATCH_TOKENS * (args.vocab_size + 8 * args.dim) * 4
     scratch += 3 * expert_f32 if getattr(args, "n_expert", 0) else 0
     memory = memory or probe_memory("cpu")
-    cpu = not memory.separate_device  # CPU compute: experts are held prepared too
-    sizes = {name: _memory_cost(t, precise, tied, cpu) for name, t in gguf.tensors.items()}
+    cpu = not memory.separate_device  # CPU compute: experts are held prepared too ...
+    raw = _native_layers(gguf) if cpu and not precise else set()  # ... unless native
+    sizes = {
+        name: _memory_cost(t, precise, tied, cpu and expert_layer(name) not in raw)
+        for name, t in gguf.tensors.items()
+    }
     return plan_residency(
         config,
         sizes,
@@ -200,6 +208,28 @@ def plan_model(
         min_slots=getattr(args, "n_expert_used", 0) or 1,
         scratch_bytes=scratch,
     )
+
+
+def _native_layers(gguf: "GGUFModel") -> set[int]:
+    """Layers whose routed experts a CPU model computes with the native kernels (raw blocks,
+    nothing prepared): the kernels load and take the layer's three types and sizes (experts
+    with biases, gpt-oss's, never do)."""
+    native = load_native()
+    if native is None:
+        return set()
+    parts: dict[int, dict[str, TensorInfo]] = {}
+    for name, t in gguf.tensors.items():
+        layer = expert_layer(name)
+        if layer is not None:
+            parts.setdefault(layer, {})[name.split(".", 2)[2]] = t
+    out = set()
+    for layer, ts in parts.items():
+        g, u, d = (ts.get(f"ffn_{p}_exps.weight") for p in ("gate", "up", "down"))
+        if g is None or u is None or d is None or "ffn_gate_exps.bias" in ts:
+            continue
+        if native.supports(g.qtype, u.qtype, d.qtype, g.shape[-1], g.shape[-2], "silu"):
+            out.add(layer)
+    return out
 
 
 # Bytes per weight of the copy a CPU kernel strategy keeps next to the file's blocks (an upper

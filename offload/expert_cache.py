@@ -69,6 +69,12 @@ class ExpertSource(Protocol):
 
     def fetch(self, layer: int, expert: int) -> ExpertBlocks | PreparedExpert: ...
 
+    def fetch_together(self, layer: int, experts: list[int]) -> list[ExpertBlocks]:
+        """Raw blocks of `experts` (one layer's, after `routed`), all valid at once; at most
+        `together` of them (None: no limit)."""
+
+    together: int | None
+
     def routed(self, layer: int, ids: torch.Tensor) -> None:
         """The experts `layer` is about to use (they must stay while it computes)."""
 
@@ -137,6 +143,14 @@ class ResidentExperts:
         p = prepare_expert(ExpertBlocks(g[expert], u[expert], d[expert]), self.formats[layer])
         self.prepared[layer][expert] = p
         return p
+
+    together = None
+
+    def fetch_together(self, layer: int, experts: list[int]) -> list[ExpertBlocks]:
+        g, u, d = self.layers[layer]
+        self.stats.lookups += len(experts)
+        self.stats.hits += len(experts)
+        return [ExpertBlocks(g[e], u[e], d[e]) for e in experts]
 
     def fetch(self, layer: int, expert: int) -> ExpertBlocks | PreparedExpert:
         self.stats.lookups += 1
@@ -356,6 +370,16 @@ class StreamedExperts:
         if self.prepare or self.packed_pool is not None:
             return self._prepared[slot]
         return self._blocks(slot, self.layouts[layer])
+
+    @property
+    def together(self) -> int:
+        return self.n_slots
+
+    def fetch_together(self, layer: int, experts: list[int]) -> list[ExpertBlocks]:
+        if self.prepare or self.packed_pool is not None:
+            raise ValueError("raw blocks of slots that are prepared or packed")
+        slots = self.slots_for(layer, experts)
+        return [self._blocks(s, self.layouts[layer]) for s in slots]
 
     def slots_for(self, layer: int, experts: list[int]) -> list[int]:
         """The slot of each of `experts` (one layer's, after `routed`), reading the missing

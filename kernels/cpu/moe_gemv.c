@@ -260,21 +260,21 @@ void gemv(int type, const uint8_t *w, int64_t n, int64_t k, const float *x, floa
     for (int64_t r = 0; r < n; r++) y[r] = dot(type, w + r * rb, q8, d8, bs, k);
 }
 
-/* Every (token, choice) pair of one MoE layer, pairs grouped by expert: group g is pairs
- * gstart[g] .. gstart[g+1]-1 of expert gexp[g], pair p belongs to token row tok[p], and choice j
- * of row i is pair pos[i*kk + j]. x [t, dim]; wts [t, kk]; expert tensors [E, rows, row bytes]
- * (gate, up: hidden rows of dim; down: dim rows of hidden); act 0 = SiLU, 1 = GELU (tanh).
- * y [t, dim] = sum over choices (in order) of wts * down(act(gate) * up). A weight row is read
- * once per group and dotted with each of its pairs (a prompt's tokens share their experts).
- * Scratch (caller's): xq [t*dim] + xd [t*dim/32] + xb [t*dim/16], h [pairs*2*hidden],
- * aq [pairs*hidden] + ad [pairs*hidden/32] + ab [pairs*hidden/16], dn [pairs*dim]. */
-void moe_ffn(int64_t t, int64_t kk, int64_t ngroups, const int64_t *gstart, const int64_t *gexp,
-             const int64_t *tok, const int64_t *pos, const float *x, const float *wts,
-             const uint8_t *gate, const uint8_t *up, const uint8_t *down, int tg, int tu, int td,
-             int64_t dim, int64_t hidden, int act, float *y, int8_t *xq, float *xd, int16_t *xb,
-             float *h, int8_t *aq, float *ad, int16_t *ab, float *dn, int threads) {
+/* Pairs of one MoE layer grouped by expert: group g is pairs gstart[g] .. gstart[g+1]-1 of the
+ * expert whose raw blocks start at gate[g], up[g], down[g] (gate, up: hidden rows of dim; down: dim
+ * rows of hidden); pair p belongs to token row tok[p]. x [t, dim]; act 0 = SiLU, 1 = GELU (tanh).
+ * dn [p, dim] = down(act(gate) * up) of pair p's row; every other dn row is left as it is, so a
+ * caller may pass the groups in several calls. A weight row is read once per group and dotted
+ * with each of its pairs (a prompt's tokens share their experts). Scratch (caller's): xq [t*dim]
+ * + xd [t*dim/32] + xb [t*dim/16], h [pairs*2*hidden], aq [pairs*hidden] + ad [pairs*hidden/32]
+ * + ab [pairs*hidden/16], pairs = gstart[ngroups] (indices of p). */
+void moe_pairs(int64_t t, int64_t ngroups, const int64_t *gstart, const uint8_t *const *gate,
+               const uint8_t *const *up, const uint8_t *const *down, const int64_t *tok,
+               const float *x, int tg, int tu, int td, int64_t dim, int64_t hidden, int act,
+               int8_t *xq, float *xd, int16_t *xb, float *h, int8_t *aq, float *ad, int16_t *ab,
+               float *dn, int threads) {
     int64_t rg = row_bytes(tg, dim), ru = row_bytes(tu, dim), rd = row_bytes(td, hidden);
-    int64_t pairs = t * kk;
+    int64_t p0 = gstart[0], p1 = gstart[ngroups];
 #pragma omp parallel num_threads(threads)
     {
 #pragma omp for schedule(static)
@@ -283,10 +283,9 @@ void moe_ffn(int64_t t, int64_t kk, int64_t ngroups, const int64_t *gstart, cons
 #pragma omp for collapse(2) schedule(dynamic, 32)
         for (int64_t g = 0; g < ngroups; g++) {
             for (int64_t r = 0; r < 2 * hidden; r++) {
-                int64_t e = gexp[g], rr = r < hidden ? r : r - hidden;
+                int64_t rr = r < hidden ? r : r - hidden;
                 int type = r < hidden ? tg : tu;
-                const uint8_t *w = r < hidden ? gate + (e * hidden + rr) * rg
-                                              : up + (e * hidden + rr) * ru;
+                const uint8_t *w = r < hidden ? gate[g] + rr * rg : up[g] + rr * ru;
                 for (int64_t p = gstart[g]; p < gstart[g + 1]; p++) {
                     int64_t i = tok[p];
                     h[p * 2 * hidden + r] = dot(type, w, xq + i * dim, xd + i * dim / 32,
@@ -295,7 +294,7 @@ void moe_ffn(int64_t t, int64_t kk, int64_t ngroups, const int64_t *gstart, cons
             }
         }
 #pragma omp for schedule(static)
-        for (int64_t p = 0; p < pairs; p++) {
+        for (int64_t p = p0; p < p1; p++) {
             float *gp = h + p * 2 * hidden, *u = gp + hidden;
             for (int64_t r = 0; r < hidden; r++) {
                 float v = gp[r];
@@ -308,20 +307,25 @@ void moe_ffn(int64_t t, int64_t kk, int64_t ngroups, const int64_t *gstart, cons
 #pragma omp for collapse(2) schedule(dynamic, 32)
         for (int64_t g = 0; g < ngroups; g++) {
             for (int64_t r = 0; r < dim; r++) {
-                const uint8_t *w = down + (gexp[g] * dim + r) * rd;
+                const uint8_t *w = down[g] + r * rd;
                 for (int64_t p = gstart[g]; p < gstart[g + 1]; p++)
                     dn[p * dim + r] = dot(td, w, aq + p * hidden, ad + p * hidden / 32,
                                           ab + p * hidden / 16, hidden);
             }
         }
-#pragma omp for collapse(2) schedule(static)
-        for (int64_t i = 0; i < t; i++) {
-            for (int64_t r = 0; r < dim; r++) {
-                float acc = 0.f;
-                for (int64_t j = 0; j < kk; j++)
-                    acc += wts[i * kk + j] * dn[pos[i * kk + j] * dim + r];
-                y[i * dim + r] = acc;
-            }
+    }
+}
+
+/* y [t, dim] = sum over choices j (in order) of wts [i, j] * dn [pos[i*kk + j]] (moe_pairs' rows). */
+void moe_combine(int64_t t, int64_t kk, const int64_t *pos, const float *wts, const float *dn,
+                 int64_t dim, float *y, int threads) {
+#pragma omp parallel for collapse(2) schedule(static) num_threads(threads)
+    for (int64_t i = 0; i < t; i++) {
+        for (int64_t r = 0; r < dim; r++) {
+            float acc = 0.f;
+            for (int64_t j = 0; j < kk; j++)
+                acc += wts[i * kk + j] * dn[pos[i * kk + j] * dim + r];
+            y[i * dim + r] = acc;
         }
     }
 }

@@ -86,35 +86,62 @@ class NativeKernels:
     ) -> torch.Tensor:
         """Routed experts of one layer: x [T, dim], weights / ids [T, k], the layer's raw expert
         tensors gate / up [E, hidden, rb], down [E, dim, rb] (CPU) -> float32 [T, dim]."""
-        t, dim = x.shape
-        kk, hidden = ids.shape[1], gate.shape[1]
-        x = x.float().contiguous()
-        ids = ids.to(torch.int64).contiguous()
-        wts = weights.float().contiguous()
         n_expert = gate.shape[0]
         if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= n_expert):
             raise ValueError(f"expert ids outside 0..{n_expert - 1}")
+        g, u, d = (w.contiguous() for w in (gate, up, down))
+        return self.moe_ffn_fetched(
+            x, weights, ids, lambda es: [(g[e], u[e], d[e]) for e in es], types, act, threads
+        )
+
+    def moe_ffn_fetched(
+        self,
+        x: torch.Tensor,
+        weights: torch.Tensor,
+        ids: torch.Tensor,
+        fetch,
+        types: tuple[QuantType, QuantType, QuantType],
+        act: str = "silu",
+        threads: int | None = None,
+        at_once: int | None = None,
+    ) -> torch.Tensor:
+        """`moe_ffn` over fetched experts: `fetch(experts)` -> each one's raw (gate, up, down)
+        blocks ([hidden, rb], [hidden, rb], [dim, rb]; CPU, contiguous), valid together until
+        the next call. At most `at_once` experts per fetch (a slot pool's size; None: all);
+        their pairs go to the kernels per fetch, then one combine: the same bits whatever
+        `at_once` is."""
+        t, dim = x.shape
+        kk = ids.shape[1]
+        x = x.float().contiguous()
+        wts = weights.float().contiguous()
+        threads = threads or torch.get_num_threads()
         pairs = t * kk
-        # pairs grouped by expert: a weight row is read once for all the pairs that use it
-        order, used, counts = group_by_expert(ids)
-        experts = torch.tensor(used, dtype=torch.int64)
-        gstart = torch.tensor([0, *itertools.accumulate(counts)], dtype=torch.int64)
+        order, used, counts = group_by_expert(ids.to(torch.int64))
+        bounds = [0, *itertools.accumulate(counts)]
         tok = (order // kk).contiguous()
         pos = torch.empty_like(order)
         pos[order] = torch.arange(pairs)
-        y = torch.empty(t, dim)
+        step = at_once or len(used) or 1
+        chunks = [used[c0 : c0 + step] for c0 in range(0, len(used), step)]
+        blocks = fetch(chunks[0]) if chunks else []
+        hidden = blocks[0][0].shape[0] if blocks else 0
         xq, xd, xb = _qbuf(t * dim)
         h = torch.empty(pairs * 2 * hidden)
         aq, ad, ab = _qbuf(pairs * hidden)
         dn = torch.empty(pairs * dim)
-        g, u, d = (w.contiguous() for w in (gate, up, down))
-        self.lib.moe_ffn(
-            t, kk, experts.numel(), _ptr(gstart), _ptr(experts), _ptr(tok), _ptr(pos),
-            _ptr(x), _ptr(wts), _ptr(g), _ptr(u), _ptr(d),
-            *(int(q) for q in types), dim, hidden, ACTS[act], _ptr(y),
-            _ptr(xq), _ptr(xd), _ptr(xb), _ptr(h), _ptr(aq), _ptr(ad), _ptr(ab), _ptr(dn),
-            threads or torch.get_num_threads(),
-        )  # fmt: skip
+        for n, chunk in enumerate(chunks):
+            c0 = n * step
+            blocks = blocks if n == 0 else fetch(chunk)
+            ptrs = [(ctypes.c_void_p * len(chunk))(*(_ptr(b[i]) for b in blocks)) for i in range(3)]
+            gstart = torch.tensor(bounds[c0 : c0 + len(chunk) + 1], dtype=torch.int64)
+            self.lib.moe_pairs(
+                t, len(chunk), _ptr(gstart), *ptrs, _ptr(tok), _ptr(x),
+                *(int(q) for q in types), dim, hidden, ACTS[act],
+                _ptr(xq), _ptr(xd), _ptr(xb), _ptr(h), _ptr(aq), _ptr(ad), _ptr(ab), _ptr(dn),
+                threads,
+            )  # fmt: skip
+        y = torch.empty(t, dim)
+        self.lib.moe_combine(t, kk, _ptr(pos), _ptr(wts), _ptr(dn), dim, _ptr(y), threads)
         return y
 
 
@@ -162,9 +189,11 @@ def _build(cc: str, flags: tuple[str, ...], out_dir: Path) -> Path | None:
 def _bind(lib: ctypes.CDLL) -> None:
     lib.gemv.argtypes = [_INT, _P, _I, _I, _P, _P, _P, _P, _P, _INT]
     lib.gemv.restype = None
-    lib.moe_ffn.argtypes = [_I, _I, _I, _P, _P, _P, _P, _P, _P, _P, _P, _P, _INT, _INT, _INT,
-                            _I, _I, _INT, _P, _P, _P, _P, _P, _P, _P, _P, _P, _INT]  # fmt: skip
-    lib.moe_ffn.restype = None
+    lib.moe_pairs.argtypes = [_I, _I, _P, _P, _P, _P, _P, _P, _INT, _INT, _INT, _I, _I, _INT,
+                              _P, _P, _P, _P, _P, _P, _P, _P, _INT]  # fmt: skip
+    lib.moe_pairs.restype = None
+    lib.moe_combine.argtypes = [_I, _I, _P, _P, _P, _I, _P, _INT]
+    lib.moe_combine.restype = None
 
 
 def load(cache_dir: Path | None = None) -> NativeKernels | None:

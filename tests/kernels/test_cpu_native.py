@@ -19,6 +19,7 @@ from localllm.kernels.cpu import native
 from localllm.kernels.moe import ExpertFormat, expert_ffn_reference
 from localllm.kernels.quant import QuantType
 from localllm.kernels.quant.dequant import dequantize
+from localllm.offload.expert_cache import ResidentExperts
 from tests.offload.tiny_moe import QWEN3MOE, write_moe_gguf
 from tests.perf.make_synthetic import random_rows
 
@@ -163,22 +164,58 @@ def test_load_falls_back_to_none(tmp_path, monkeypatch):
     assert native.load(tmp_path / "b") is None
 
 
-def test_tiny_moe_host_experts_on_native_kernels(kernels, tmp_path):
-    """Host compute of a CPU model's blocks forced onto the native kernels: the same prompt
-    scores like the torch path (prepared experts) within the int8 error, decode rows only."""
+def test_tiny_cpu_moe_runs_on_native_kernels(kernels, tmp_path):
+    """A CPU model whose expert format the native kernels take computes its experts there by
+    default, holding no prepared copies: the same prompt scores like the torch path (prepared
+    experts) within the int8 error, and bit-identically through host compute's entry point."""
     spec = replace(QWEN3MOE, dim=256, expert_ff=256, expert_qtype=QT.Q8_0)
     path = write_moe_gguf(tmp_path / "m.gguf", spec)
     g = open_gguf(path)
     try:
         model = build_model(g)
+        blocks = moe_blocks(model)
+        assert all(b.native is not None for b in blocks)
+        assert all(not b.source.prepared for b in blocks)  # raw blocks only
         gen = Generator(g, model, SimpleNamespace(eog_ids=frozenset()), load_seconds=0.0)
-        prompt = [1, 5, 9, 33]  # 4 rows: within NATIVE_MAX_T, so the host experts run natively
-        want = gen.score(prompt)
-        for b in moe_blocks(model):
-            b.compute_on_host(torch.device("cpu"), kernels)
+        prompt = [1, 5, 9, 33]  # 4 rows: within NATIVE_MAX_T, so host compute runs natively too
         got = gen.score(prompt)
+        for b in blocks:
+            b.compute_on_host(torch.device("cpu"), kernels)
+        assert torch.equal(gen.score(prompt), got)
+        assert sum(b.source.stats.host_rows for b in blocks) > 0
+        for b in blocks:  # the torch path: prepared experts
+            b.compute_on, b.native = None, None
+            raw = {b.layer: tuple(w.data for w in b.expert_weights())}
+            b.attach(ResidentExperts(raw, {b.layer: b.format}))
+        want = gen.score(prompt)
         assert not torch.equal(got, want)  # the native kernels ran (int8 activations)
         assert _rel(got, want) < INT8_TOL
-        assert sum(b.source.stats.host_rows for b in moe_blocks(model)) > 0
     finally:
         g.close()
+
+
+def test_experts_fetched_in_chunks_give_the_same_bits(kernels):
+    """A slot pool hands the kernels a few experts at a time: any chunking gives the bits of
+    the whole layer in one call (pairs per chunk, one combine)."""
+    rng = np.random.default_rng(5)
+    dim, hidden, n_exp = 256, 256, 6
+    types = (QuantType.Q4_K, QuantType.Q4_K, QuantType.Q6_K)
+    g = native.random_blocks(types[0], n_exp * hidden, dim, rng).reshape(n_exp, hidden, -1)
+    u = native.random_blocks(types[1], n_exp * hidden, dim, rng).reshape(n_exp, hidden, -1)
+    d = native.random_blocks(types[2], n_exp * dim, hidden, rng).reshape(n_exp, dim, -1)
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(5, dim, generator=gen)
+    ids = torch.stack([torch.randperm(n_exp, generator=gen)[:2] for _ in range(5)])
+    w = torch.softmax(torch.randn(5, 2, generator=gen), -1)
+    whole = kernels.moe_ffn(x, w, ids, g, u, d, types)
+    calls = []
+
+    def fetch(experts):
+        calls.append(len(experts))
+        return [(g[e], u[e], d[e]) for e in experts]
+
+    for at_once in (1, 2, 4):
+        calls.clear()
+        got = kernels.moe_ffn_fetched(x, w, ids, fetch, types, at_once=at_once)
+        assert torch.equal(got, whole), at_once
+        assert max(calls) <= at_once and sum(calls) == len(set(ids.reshape(-1).tolist()))

@@ -18,6 +18,7 @@ from localllm.engine.loader import build_model
 from localllm.engine.moe import expert_stats, moe_blocks
 from localllm.engine.moe_residency import load_model, plan_model
 from localllm.engine.sampling_params import SamplingParams
+from localllm.kernels.cpu.native import load as load_native
 from localllm.offload.expert_cache import ExpertLayout, StreamedExperts
 from localllm.offload.memory import MemoryInfo
 from localllm.offload.ranges import ByteRange
@@ -29,6 +30,7 @@ from tests.offload.tiny_moe import MIXTRAL, QWEN3MOE, MoESpec, write_moe_gguf
 PROMPT = [1, 5, 9, 33, 7, 11, 200, 3]
 PARAMS = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
 MEMORY = MemoryInfo("cpu", host_free=1 << 30)  # a fixed machine: plans do not depend on this box
+NATIVE_SPEC = MoESpec(dim=256, expert_ff=256, expert_qtype=QT.Q8_0)
 
 
 def test_slot_cache_lru_and_counters(tmp_path):
@@ -62,6 +64,8 @@ def moe_files(tmp_path_factory):
     return {
         "qwen3moe": write_moe_gguf(d / "q.gguf", QWEN3MOE),
         "qwen3moe_q8_0": write_moe_gguf(d / "q8.gguf", MoESpec(expert_qtype=QT.Q8_0), seed=3),
+        # 256 wide: the native CPU kernels take these experts (raw blocks, int8 activations)
+        "qwen3moe_native": write_moe_gguf(d / "n.gguf", NATIVE_SPEC, seed=4),
         "mixtral": write_moe_gguf(d / "mix.gguf", MIXTRAL, seed=2),
         "deepseek2": write_deepseek2(d / "ds.gguf", seed=4),
         "gpt-oss": write_gpt_oss(d / "oss.gguf", seed=5),
@@ -101,13 +105,19 @@ MODES = {
 }
 
 
-@pytest.mark.parametrize("family", ["qwen3moe", "qwen3moe_q8_0", "mixtral", "deepseek2", "gpt-oss"])
+FAMILIES = ["qwen3moe", "qwen3moe_q8_0", "qwen3moe_native", "mixtral", "deepseek2", "gpt-oss"]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
 def test_greedy_output_identical_in_every_residency_mode(family, moe_files):
-    want_tokens, want_logits, _, _ = _run(moe_files[family], None)
+    want_tokens, want_logits, want_model, _ = _run(moe_files[family], None)
+    native = [b.native is not None for b in moe_blocks(want_model)]
+    assert all(native) if family == "qwen3moe_native" and load_native() else not any(native)
     assert len(set(want_tokens)) > 3  # a real sequence, not one token repeated
     for mode, layer in MODES.items():
         tokens, logits, model, lookups = _run(moe_files[family], layer)
         assert tokens == want_tokens, mode
+        assert [b.native is not None for b in moe_blocks(model)] == native, mode
         # same bytes, same kernels, same order: not just close but equal
         assert torch.equal(logits, want_logits), mode
         stats = expert_stats(model.expert_sources)

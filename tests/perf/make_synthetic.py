@@ -17,6 +17,7 @@ and localllm both load the file.
 """
 
 import argparse
+import dataclasses
 import math
 import sys
 from dataclasses import dataclass
@@ -276,6 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quant", choices=sorted(FILE_TYPES), default="Q4_K_M")
     p.add_argument("--tokenizer-from", type=Path, default=None, help="GGUF (SmolLM2 default)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--layers", type=int, default=None, help="fewer layers than the shape's")
     p.add_argument("--tokenizer-only", action="store_true", help="write just the tokenizer")
     p.add_argument("-o", "--output", type=Path, required=True)
     a = p.parse_args(argv)
@@ -286,8 +288,12 @@ def main(argv: list[str] | None = None) -> int:
     if a.tokenizer_only:
         write_tokenizer_only(a.output, src)
         return 0
-    n = write_synthetic(a.output, SHAPES[a.shape], a.quant, src, a.seed)
-    print(f"{a.output}: {a.shape} {a.quant}, {n / 2**30:.2f} GiB of tensors")
+    shape = SHAPES[a.shape]
+    if a.layers:
+        shape = dataclasses.replace(shape, n_layers=a.layers)
+    n = write_synthetic(a.output, shape, a.quant, src, a.seed)
+    layers = f" ({shape.n_layers} layers)" if a.layers else ""
+    print(f"{a.output}: {a.shape}{layers} {a.quant}, {n / 2**30:.2f} GiB of tensors")
     return 0
 
 

@@ -149,7 +149,8 @@ class MoEFeedForward(nn.Module):
             self.shexp.fuse()
         if g.data.is_cuda and self.ffn_gate_exps.bias is None:
             self._pack_on_device()
-        if not g.data.is_cuda and not self.precise and self.ffn_gate_exps.bias is None:
+        cpu_model = self.ffn_gate_inp.weight.data.device.type == "cpu"
+        if cpu_model and not self.precise and self.ffn_gate_exps.bias is None:
             self.native = cpu_native(self.format)  # raw blocks, no prepared copies
         if self.source is None:
             # CPU experts prepared on first use: a plan's source usually replaces this one first

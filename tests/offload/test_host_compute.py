@@ -133,3 +133,25 @@ def test_plan_of_mapped_host_experts_counts_their_device_slots():
     with pytest.raises(ResidencyError, match=r"expert slots .* do not fit"):
         plan_residency(big, sizes, 0, GPU, n_expert=8)
     assert not plan_residency(cfg, sizes, 0, CPU).maps
+
+
+def test_mapping_that_fails_leaves_the_rest_to_the_cpu(caplog):
+    """Page-locking can fail (no pinned memory left): the layers mapped so far stay mapped,
+    the rest are handed back for the CPU to compute, with a warning that says so."""
+    from localllm.engine.moe_residency import _map
+
+    class Block:
+        def __init__(self, layer, fails):
+            self.layer, self.fails, self.share = layer, fails, None
+
+        def map_experts(self, share):
+            if self.fails:
+                raise RuntimeError("cudaHostRegister of 1,024 bytes failed (cudaError 2)")
+            self.share = share
+
+    blocks = [Block(0, False), Block(1, True), Block(2, False)]
+    with caplog.at_level("WARNING"):
+        done = _map(blocks, slots=7)
+    assert done == blocks[:1] and blocks[0].share == 7 // 3 and blocks[2].share is None
+    assert "mapping layer 1 failed" in caplog.text and "remaining 2 layers" in caplog.text
+    assert _map([], slots=4) == []

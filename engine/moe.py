@@ -127,7 +127,7 @@ class MoEFeedForward(nn.Module):
         self.packed = None  # `kernels.moe.packed.PackedExperts` when the experts sit on a GPU
         self._device = torch.device("cpu")  # where the current forward computes
         self.compute_on: torch.device | None = None  # host compute of host-tier experts
-        self.native: NativeKernels | None = None  # C kernels for host experts (decode steps)
+        self.native: NativeKernels | None = None  # C kernels: a CPU model's experts, host compute
         self.guess_next: MoEFeedForward | None = None  # the next layer, told what to read ahead
         self.breaks: HostBreaks | None = None  # set while a decode graph is captured in pieces
         self.mapped: MappedExperts | None = None  # host-tier experts the GPU reads in place

@@ -90,3 +90,29 @@ def test_tiny_file_runs_in_our_engine(tiny):
     streamed = load_model(g, plan_model(g, cfg, 64, MemoryInfo("cpu", 1 << 30)))
     gen = Generator(g, streamed, SimpleNamespace(eog_ids=frozenset()), load_seconds=0.0)
     assert list(gen.stream([1, 2, 3, 4], params)) == want
+
+
+def test_cpu_plan_counts_prepared_bytes_only_where_the_native_kernels_do_not_run(tiny, monkeypatch):
+    """The tiny Q4_K_M's experts (Q4_K / Q6_K, 256 wide) run on the native CPU kernels where
+    they load: the plan then holds their file bytes alone; without the kernels (or `--precise`,
+    where the exact path reads the blocks) the prepared copies are counted too."""
+    import localllm.engine.moe_residency as mr
+    from localllm.kernels.cpu.native import load as load_native
+
+    path, _ = tiny
+    g = open_gguf(path)
+    try:
+        cpu = MemoryInfo("cpu", 1 << 30)
+        cfg = resolve([("t", {"experts": "host"})])
+        raw = {n: t.range.nbytes for n, t in g.tensors.items() if "_exps" in n}
+        native = {n: s for n, s in plan_model(g, cfg, 64, cpu).sizes.items() if n in raw}
+        precise = {n: s for n, s in plan_model(g, cfg, 64, cpu, precise=True).sizes.items()
+                   if n in raw}  # fmt: skip
+        assert precise == raw
+        if load_native() is not None:
+            assert native == raw
+        monkeypatch.setattr(mr, "load_native", lambda *a: None)
+        torch_path = plan_model(g, cfg, 64, cpu).sizes
+        assert all(torch_path[n] > raw[n] for n in raw)  # int4pack / fp16 copies beside them
+    finally:
+        g.close()

@@ -70,11 +70,6 @@ class _Anchor:
     """Shared by a buffer's views; its finalizer unregisters and frees the buffer."""
 
 
-def is_mapped(t: torch.Tensor) -> bool:
-    """Whether `t` is a CUDA view of registered host memory made here."""
-    return hasattr(t, "_mapped_anchor")
-
-
 def host_view(t: torch.Tensor) -> torch.Tensor:
     """The page-locked CPU tensor behind a mapped CUDA view (a copy from it is a DMA); a CPU
     tensor is its own."""

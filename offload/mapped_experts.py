@@ -53,14 +53,6 @@ class MappedExperts:
         self._jobs = torch.zeros(self.n_expert * 2, dtype=torch.int32, device=dev)
         self._njobs = torch.zeros(1, dtype=torch.int32, device=dev)
 
-    @property
-    def nbytes_device(self) -> int:
-        """Bytes of the device slots."""
-        if self.lru is None:
-            return 0
-        blocks = (*self.pool.gate_up, self.pool.down)
-        return sum(t.numel() * t.element_size() for p in blocks for t in p.planes.values())
-
     def ffn(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, fmt, xq=None):
         """The routed experts of x [T, dim] -> float32 [T, dim] (the resident packed math)."""
         from localllm.kernels.moe.packed import PACKED_MAX_T, expert_ffn_packed

@@ -15,6 +15,7 @@ from torch import nn
 from localllm.engine.gguf import GGUFModel
 from localllm.engine.linear import QuantLinear, dense
 from localllm.engine.models import model_module
+from localllm.engine.moe import use_native_cpu_experts
 from localllm.engine.rope import Rotary
 from localllm.offload import QuantWeight
 
@@ -69,6 +70,8 @@ def build_model(
     if missing:
         raise ModelLoadError(f"{gguf.path}: missing tensors: {', '.join(missing[:8])}")
     model.finish_load(extra)
+    if device.type == "cpu":
+        use_native_cpu_experts(model)  # raw expert blocks, no prepared copies
     if device.type != "cpu":
         _move_leftovers(model, device)
         for m in model.modules():

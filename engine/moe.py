@@ -149,12 +149,9 @@ class MoEFeedForward(nn.Module):
             self.shexp.fuse()
         if g.data.is_cuda and self.ffn_gate_exps.bias is None:
             self._pack_on_device()
-        cpu_model = self.ffn_gate_inp.weight.data.device.type == "cpu"
-        if cpu_model and not self.precise and self.ffn_gate_exps.bias is None:
-            self.native = cpu_native(self.format)  # raw blocks, no prepared copies
         if self.source is None:
             # CPU experts prepared on first use: a plan's source usually replaces this one first
-            cpu = g.data.device.type == "cpu" and not self.precise and self.native is None
+            cpu = g.data.device.type == "cpu" and not self.precise
             prepared = {self.layer: self.format} if cpu else {}
             self.attach(
                 ResidentExperts({self.layer: (g.data, u.data, d.data)}, prepared, lazy=True)
@@ -378,13 +375,25 @@ class MoEFeedForward(nn.Module):
                 t.bias = t.bias.to(host)
 
 
-def cpu_native(fmt: ExpertFormat) -> "NativeKernels | None":
-    """The native CPU kernels when they load and take `fmt` (else None: the prepared path)."""
-    native = load_native()
-    ok = native is not None and native.supports(
-        fmt.gate, fmt.up, fmt.down, fmt.dim, fmt.hidden, fmt.act
-    )
-    return native if ok else None
+def use_native_cpu_experts(model: nn.Module) -> None:
+    """A CPU model's MoE blocks take the native kernels where they load and take the block's
+    format (one build lookup and self-check per model): their default sources then hold the raw
+    blocks alone, nothing prepared. Precise blocks and experts with biases keep their paths."""
+    blocks = [
+        b
+        for b in moe_blocks(model)
+        if b.ffn_gate_inp.weight.data.device.type == "cpu"
+        and not b.precise
+        and b.ffn_gate_exps.bias is None
+    ]
+    native = load_native() if blocks else None
+    if native is None:
+        return
+    for b in blocks:
+        f = b.format
+        if native.supports(f.gate, f.up, f.down, f.dim, f.hidden, f.act):
+            b.native = native
+            b.attach(ResidentExperts({b.layer: tuple(w.data for w in b.expert_weights())}))
 
 
 def moe_blocks(model: nn.Module) -> list[MoEFeedForward]:

@@ -32,17 +32,12 @@ class MappedExperts:
         if not self.slots:
             return
         from localllm.kernels.moe.slot_lru import LruState, copy_descriptors
-        from localllm.kernels.quant.repack import PackedBlocks
+        from localllm.kernels.moe.slot_pool import empty_slots
 
         dev = pe.counters[0].device
-
-        def pool(p: PackedBlocks) -> PackedBlocks:
-            planes = {f: torch.empty(self.slots, *t.shape[1:], dtype=t.dtype, device=dev)
-                      for f, t in p.planes.items()}  # fmt: skip
-            return PackedBlocks(p.qtype, p.n, p.k, planes)
-
-        gate_up = tuple(pool(p) for p in self.host.gate_up)
-        self.pool = type(self.host)(gate_up, pool(self.host.down), self.host.counters)
+        gate_up = tuple(empty_slots(p, self.slots) for p in self.host.gate_up)
+        down = empty_slots(self.host.down, self.slots)
+        self.pool = type(self.host)(gate_up, down, self.host.counters)
         self.lru = LruState.empty(self.n_expert, self.slots, dev)
         srcs, dsts = (*self.host.gate_up, self.host.down), (*gate_up, self.pool.down)
         pairs = [

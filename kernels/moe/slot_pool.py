@@ -21,7 +21,8 @@ from localllm.kernels.quant.repack import PackedBlocks, pack_into
 from localllm.kernels.quant.types import row_nbytes
 
 
-def _empty_like(p: PackedBlocks, slots: int) -> PackedBlocks:
+def empty_slots(p: PackedBlocks, slots: int) -> PackedBlocks:
+    """Zeroed planes for `slots` experts shaped as stacked `p`'s, on its device."""
     planes = {
         name: torch.zeros((slots, *t.shape[1:]), dtype=t.dtype, device=t.device)
         for name, t in p.planes.items()
@@ -51,8 +52,8 @@ class PackedSlotPool:
         zero = [torch.zeros((1, r, c), dtype=torch.uint8, device=device) for r, c in shapes]
         one = pack_experts(*zero, fmt, n_used)
         self.pe = PackedExperts(
-            tuple(_empty_like(p, slots) for p in one.gate_up),
-            _empty_like(one.down, slots),
+            tuple(empty_slots(p, slots) for p in one.gate_up),
+            empty_slots(one.down, slots),
             one.counters,
         )
 

@@ -309,7 +309,8 @@ class MoEFeedForward(nn.Module):
             from localllm.kernels.moe.packed import expert_ffn_fetched, packable
 
             if packable(self.format):  # streamed or host-copied: the same math as resident
-                return expert_ffn_fetched(x, weights, ids, self.fetch, self.format)
+                n_expert = self.ffn_gate_exps.shape[0]
+                return expert_ffn_fetched(x, weights, ids, self.fetch, self.format, n_expert)
         return expert_ffn_grouped(x, weights, ids, self.fetch, self.format, biases)
 
     def _native(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:

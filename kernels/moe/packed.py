@@ -15,6 +15,7 @@ import torch
 
 from localllm.kernels.fused.ops import silu_mul, silu_mul_q
 from localllm.kernels.moe.experts import ExpertBlocks, ExpertFormat, _glu, group_by_expert
+from localllm.kernels.moe.grouped import SortedPairs, block_rows, grouped_gemm, sort_pairs
 from localllm.kernels.quant.repack import (
     PACKED_TYPES,
     PackedBlocks,
@@ -30,7 +31,7 @@ from localllm.kernels.quant.triton_packed import (
 from localllm.kernels.quant.types import block_geometry
 
 PACKED_MAX_T = 8  # token rows per call that take the grouped GEMVs (the decode graph ladder's top)
-PREFILL_BF16_BYTES = 512 << 20  # experts expanded to bf16 at once in prefill
+PREFILL_EXPANDED = False  # the previous prefill (bf16 expansion), for tests/perf only
 
 
 @dataclass(frozen=True)
@@ -112,22 +113,48 @@ def ffn_pairs(
     return gemv_packed_grouped(aq, pe.down, ids, 1, pe.counters[-1])
 
 
-def _grouped_mm(a: torch.Tensor, w: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
-    """Rows of `a` (bf16, sorted by expert) times their expert's W^T w [E, K, N]; `offs` [E] int32
-    are the groups' cumulative row ends. One torch grouped GEMM (no host sync)."""
-    return torch._grouped_mm(a, w, offs=offs).float()
-
-
-def ffn_sorted_bf16(
-    xs: torch.Tensor, offs: torch.Tensor, pe: PackedExperts, e0: int, e1: int, fmt: ExpertFormat
+def ffn_sorted(
+    x: torch.Tensor, sp: SortedPairs, xdiv: int, pe: PackedExperts, fmt: ExpertFormat
 ) -> torch.Tensor:
-    """Experts e0..e1-1 on their rows of xs [n, dim] (sorted by expert, group ends `offs`):
-    each expert's weights expanded to bf16 once, two grouped GEMMs -> float32 [n, dim]."""
-    xb = xs.to(torch.bfloat16)
-    parts = [_grouped_mm(xb, dequantize_experts_t(p, e0, e1), offs) for p in pe.gate_up]
+    """Pair p's FFN: row p // xdiv of x [R, dim] through its expert -> float32 [pairs, dim],
+    with the pairs grouped by expert (`sp`) for the grouped tensor-core GEMMs."""
+    pairs = sp.pairs
+    parts = [grouped_gemm(x, sp, p, xdiv, pairs) for p in pe.gate_up]
     h = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
-    a = _act(h, fmt).to(torch.bfloat16)
-    return _grouped_mm(a, dequantize_experts_t(pe.down, e0, e1), offs)
+    return grouped_gemm(_act(h, fmt), sp, pe.down, 1, pairs)
+
+
+def _expanded(
+    x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, pe: PackedExperts, fmt: ExpertFormat
+) -> torch.Tensor:
+    """The previous prefill, kept for the side-by-side bench only: experts expanded to bf16 in
+    chunks, torch grouped GEMMs."""
+    t, k = ids.shape
+    flat = ids.reshape(-1)
+    n_expert = pe.n_expert
+    order = torch.argsort(flat, stable=True)
+    ends = torch.bincount(flat, minlength=n_expert).cumsum(0)
+    xs = x.float()[order // k]
+    chunk = max(1, (512 << 20) // (2 * fmt.dim * fmt.hidden * 3))
+    bounds = [0, *ends.tolist()]
+    ys = torch.empty(t * k, fmt.dim, dtype=torch.float32, device=x.device)
+
+    def mm(a, w, offs):
+        return torch._grouped_mm(a, w, offs=offs).float()
+
+    for e0 in range(0, n_expert, chunk):
+        e1 = min(n_expert, e0 + chunk)
+        r0, r1 = bounds[e0], bounds[e1]
+        if r1 > r0:
+            offs = (ends[e0:e1] - r0).to(torch.int32)
+            xb = xs[r0:r1].to(torch.bfloat16)
+            parts = [mm(xb, dequantize_experts_t(p, e0, e1), offs) for p in pe.gate_up]
+            h = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+            a = _act(h, fmt).to(torch.bfloat16)
+            ys[r0:r1] = mm(a, dequantize_experts_t(pe.down, e0, e1), offs)
+    y = torch.empty_like(ys)
+    y[order] = ys
+    return combine(y, weights)
 
 
 def combine(y: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -155,27 +182,12 @@ def expert_ffn_packed(
 def _prefill(
     x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, pe: PackedExperts, fmt: ExpertFormat
 ) -> torch.Tensor:
-    """Many tokens: pairs sorted by expert, experts expanded to bf16 in chunks of at most
-    PREFILL_BF16_BYTES, grouped GEMMs per chunk (one host sync for the chunks' row ranges)."""
+    """Many tokens: pairs sorted by expert on the device, grouped GEMMs over the packed blocks."""
     t, k = ids.shape
-    flat = ids.reshape(-1)
-    n_expert = pe.n_expert
-    order = torch.argsort(flat, stable=True)
-    ends = torch.bincount(flat, minlength=n_expert).cumsum(0)
-    xs = x.float()[order // k]
-    per_expert = 2 * fmt.dim * fmt.hidden * (2 + 1)  # bf16 gate, up and down
-    chunk = max(1, PREFILL_BF16_BYTES // per_expert)
-    bounds = [0, *ends.tolist()]
-    ys = torch.empty(t * k, fmt.dim, dtype=torch.float32, device=x.device)
-    for e0 in range(0, n_expert, chunk):
-        e1 = min(n_expert, e0 + chunk)
-        r0, r1 = bounds[e0], bounds[e1]
-        if r1 > r0:
-            offs = (ends[e0:e1] - r0).to(torch.int32)
-            ys[r0:r1] = ffn_sorted_bf16(xs[r0:r1], offs, pe, e0, e1, fmt)
-    y = torch.empty_like(ys)
-    y[order] = ys
-    return combine(y, weights)
+    if PREFILL_EXPANDED:
+        return _expanded(x, weights, ids, pe, fmt)
+    sp = sort_pairs(ids, pe.n_expert, block_rows(t * k, pe.n_expert))
+    return combine(ffn_sorted(x, sp, k, pe, fmt), weights)
 
 
 def expert_ffn_fetched(
@@ -184,9 +196,10 @@ def expert_ffn_fetched(
     ids: torch.Tensor,
     fetch: Callable[[int], "ExpertBlocks | PackedExperts"],
     fmt: ExpertFormat,
+    n_expert: int,
 ) -> torch.Tensor:
-    """Experts fetched one at a time (a streamed slot, a host copy): each is packed as it comes
-    and computed exactly as its resident packed form would be."""
+    """Experts fetched one at a time (a streamed slot, a host copy) of a layer of `n_expert`:
+    each is packed as it comes and computed exactly as its resident packed form would be."""
 
     def one(e: int) -> PackedExperts:
         b = fetch(e)
@@ -194,7 +207,7 @@ def expert_ffn_fetched(
             return b
         return pack_experts(b.gate[None], b.up[None], b.down[None], fmt, 1)
 
-    return _per_expert(x, weights, ids, one, fmt)
+    return _per_expert(x, weights, ids, one, fmt, n_expert)
 
 
 def _per_expert(
@@ -203,22 +216,23 @@ def _per_expert(
     ids: torch.Tensor,
     expert: Callable[[int], PackedExperts],
     fmt: ExpertFormat,
+    n_expert: int,
 ) -> torch.Tensor:
     """Experts one at a time in ascending order (each `expert(e)` used before the next call)."""
     t, k = ids.shape
     order, experts, counts = group_by_expert(ids)
     tokens = order // k
     y = torch.empty(t * k, fmt.dim, dtype=torch.float32, device=x.device)
+    bm = block_rows(t * k, n_expert)  # the tiles the resident launch takes: the same bits
     start = 0
     for e, n in zip(experts, counts, strict=True):
         pairs = order[start : start + n]
         rows = x[tokens[start : start + n]]
         pe = expert(e)
+        zero = torch.zeros(n, dtype=torch.int64, device=x.device)
         if t <= PACKED_MAX_T:
-            zero = torch.zeros(n, dtype=torch.int64, device=x.device)
             y[pairs] = ffn_pairs(rows, zero, 1, pe, fmt)
-        else:  # the grouped GEMM with one group: the same kernel and bits as `_prefill`
-            offs = torch.full((1,), n, dtype=torch.int32, device=x.device)
-            y[pairs] = ffn_sorted_bf16(rows, offs, pe, 0, 1, fmt)
+        else:
+            y[pairs] = ffn_sorted(rows, sort_pairs(zero, 1, bm), 1, pe, fmt)
         start += n
     return combine(y, weights)

@@ -98,6 +98,8 @@ for step in ${STEPS:-tests packed bench breakdown}; do
     mbreak) wait $GENMOE  # one MoE decode step, kernel by kernel
       timeout 200 python3 tests/perf/bench_gpu.py breakdown /tmp/moe.gguf 2>&1 | tee "$OUT/mbreak.md" \
         | grep -v "^ " | tail -40 ;;
+    mprefill) timeout ${MPRE_T:-300} python3 tests/perf/bench_moe_prefill.py ${MPRE_ARGS:-} 2>&1 \
+        | tee "$OUT/mprefill.md" | grep -v "^  bm" ;;
     norm) timeout 200 python3 tests/perf/bench_norm.py 2>&1 | tee "$OUT/norm.md" | tail -22 ;;
     attn) timeout 300 python3 tests/perf/bench_attention.py 2>&1 | tee "$OUT/attn.md" | tail -40 ;;
     gstep) wait $GEN  # one replayed decode graph, kernel by kernel (8B, and the MoE file if made)

@@ -59,9 +59,9 @@ def _grouped_q4k(
 ):  # fmt: skip
     e, pair, rm, arow = _rows(sid_ptr, bexp_ptr, ADIV, BM)
     if e >= 0:
-        e = e.to(tl.int64)
-        qs_ptr += e * (NB * 32 * N)
-        hdr_ptr += e * (NB * 4 * N)
+        e64 = e.to(tl.int64)
+        qs_ptr += e64 * (NB * 32 * N)
+        hdr_ptr += e64 * (NB * 4 * N)
         cols = tl.program_id(1) * BN + tl.arange(0, BN)
         cm = cols < N
         lane = tl.arange(0, 8)
@@ -89,11 +89,11 @@ def _grouped_q6k(
 ):  # fmt: skip
     e, pair, rm, arow = _rows(sid_ptr, bexp_ptr, ADIV, BM)
     if e >= 0:
-        e = e.to(tl.int64)
-        ql_ptr += e * (NB * 32 * N)
-        qh_ptr += e * (NB * 16 * N)
-        sc_ptr += e * (NB * 4 * N)
-        d_ptr += e * (NB * N)
+        e64 = e.to(tl.int64)
+        ql_ptr += e64 * (NB * 32 * N)
+        qh_ptr += e64 * (NB * 16 * N)
+        sc_ptr += e64 * (NB * 4 * N)
+        d_ptr += e64 * (NB * N)
         cols = tl.program_id(1) * BN + tl.arange(0, BN)
         cm = cols < N
         lane = tl.arange(0, 8)
@@ -127,9 +127,9 @@ def _grouped_q8_0(
 ):  # fmt: skip
     e, pair, rm, arow = _rows(sid_ptr, bexp_ptr, ADIV, BM)
     if e >= 0:
-        e = e.to(tl.int64)
-        qs_ptr += e * (NB * 8 * N)
-        d_ptr += e * (NB * N)
+        e64 = e.to(tl.int64)
+        qs_ptr += e64 * (NB * 8 * N)
+        d_ptr += e64 * (NB * N)
         cols = tl.program_id(1) * BN + tl.arange(0, BN)
         cm = cols < N
         wd = tl.arange(0, 8 * BB)  # word wd: block wd // 8 of the step, word wd % 8 in it

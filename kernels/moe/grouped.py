@@ -1,6 +1,6 @@
 """Host side of the grouped expert GEMMs (`triton_grouped`): pairs sorted and padded by expert
-on the device, the K order the kernels' weight tiles come out in, the launch, and a plain-torch
-reference. Prefill runs an expert's rows through its quantized weights without expanding them.
+on the device, the launch, and a plain-torch reference. Prefill runs an expert's rows through
+its quantized weights, int8 activations against the file's codes, without expanding anything.
 
 Sorting never syncs with the host: the launch has an upper bound of row blocks, and blocks past
 the last expert's padded rows see expert -1 and return. A pair's row is computed from its own
@@ -9,7 +9,6 @@ experts are resident or fetched one at a time) does not change its bits.
 """
 
 from dataclasses import dataclass
-from functools import lru_cache
 
 import torch
 import triton
@@ -17,6 +16,7 @@ import triton
 from localllm.kernels.moe.triton_grouped import _grouped_q4k, _grouped_q6k, _grouped_q8_0
 from localllm.kernels.quant.dequant import dequantize
 from localllm.kernels.quant.repack import PackedBlocks
+from localllm.kernels.quant.triton_packed import QuantizedX, quantize_x8_reference
 from localllm.kernels.quant.types import QuantType, block_geometry
 
 
@@ -68,68 +68,31 @@ def sort_pairs(ids: torch.Tensor, n_expert: int, bm: int) -> SortedPairs:
     return SortedPairs(rows, experts, bm, p)
 
 
-def _q8_step(nb: int) -> int:
-    return 2 if nb % 2 == 0 else 1
-
-
-@lru_cache(maxsize=64)
-def _k_order(qtype: QuantType, k: int) -> tuple[int, ...]:
-    nb = k // block_geometry(qtype)[0]
-    out = []
-    if qtype == QuantType.Q4_K:  # per 64: nibble t of word w -> sub-block 2 jj + t % 2
-        for s in range(nb):
-            for jj in range(4):
-                out += [
-                    s * 256 + (2 * jj + t % 2) * 32 + 4 * w + t // 2
-                    for t in range(8)
-                    for w in range(8)
-                ]
-    elif qtype == QuantType.Q6_K:  # per 32: byte b of word w of quarter q of half hf
-        for s in range(nb):
-            for hf in range(2):
-                for q in range(4):
-                    base = s * 256 + hf * 128 + 32 * q
-                    out += [base + 4 * w + b for b in range(4) for w in range(8)]
-    elif qtype == QuantType.Q8_0:  # per BB blocks: byte b of word w
-        bb = _q8_step(nb)
-        for i in range(nb // bb):
-            out += [
-                (i * bb + w // 8) * 32 + 4 * (w % 8) + b for b in range(4) for w in range(8 * bb)
-            ]
-    else:
-        raise ValueError(f"no grouped GEMM for {qtype.name}")
-    return tuple(out)
-
-
-def k_order(qtype: QuantType, k: int, device: torch.device) -> torch.Tensor:
-    """Column j of the kernels' K order is column k_order[j] of the activations."""
-    return torch.tensor(_k_order(QuantType(qtype), k), dtype=torch.int64, device=device)
-
-
 def grouped_gemm(
-    a: torch.Tensor,
+    xq: QuantizedX,
     sp: SortedPairs,
     p: PackedBlocks,
     adiv: int,
-    pairs: int,
     cfg: GroupedConfig = GroupedConfig(),
 ) -> torch.Tensor:
-    """Pair i's row: activation row i // adiv of `a` [R, K] times its expert's W^T (stacked
-    planes `p`) -> float32 [pairs, N]. `a` in the file's K order (permuted here, cast to bf16)."""
-    ap = a.index_select(1, k_order(p.qtype, p.k, a.device)).float().contiguous()
-    out = torch.empty(pairs, p.n, dtype=torch.float32, device=a.device)
+    """Pair i's row: quantized activation row i // adiv of `xq` ([R, K] as `quantize_x8` makes
+    it) times its expert's W^T (stacked planes `p`) -> float32 [pairs, N]."""
+    x8 = xq.words.view(torch.int8)
+    out = torch.empty(sp.pairs, p.n, dtype=torch.float32, device=x8.device)
     pl, nb = p.planes, p.k // block_geometry(p.qtype)[0]
     grid = (sp.experts.numel(), triton.cdiv(p.n, cfg.block_n))
-    head = (ap, sp.rows, sp.experts)
+    rows = (sp.rows, sp.experts)
     tail = (out, p.n, p.k, adiv)
-    geo = {"NB": nb, "BM": sp.bm, "BN": cfg.block_n, "F32": not a.is_cuda}
-    geo |= {"num_warps": cfg.warps, "num_stages": cfg.stages}
+    geo = {"NB": nb, "BM": sp.bm, "BN": cfg.block_n, "num_warps": cfg.warps}
+    geo["num_stages"] = cfg.stages
+    u8 = {name: t.view(torch.uint8) for name, t in pl.items()}
     if p.qtype == QuantType.Q4_K:
-        _grouped_q4k[grid](*head, pl["qs"], pl["hdr"], *tail, **geo)
+        _grouped_q4k[grid](x8, xq.scale, xq.xsum, *rows, u8["qs"], pl["hdr"], *tail, **geo)
     elif p.qtype == QuantType.Q6_K:
-        _grouped_q6k[grid](*head, pl["ql"], pl["qh"], pl["sc"], pl["d"], *tail, **geo)
+        planes = (u8["ql"], u8["qh"], pl["sc"], pl["d"])
+        _grouped_q6k[grid](x8, xq.scale, *rows, *planes, *tail, **geo)
     elif p.qtype == QuantType.Q8_0:
-        _grouped_q8_0[grid](*head, pl["qs"], pl["d"], *tail, BB=_q8_step(nb), **geo)
+        _grouped_q8_0[grid](x8, xq.scale, *rows, u8["qs"].view(torch.int8), pl["d"], *tail, **geo)
     else:
         raise ValueError(f"no grouped GEMM for {p.qtype.name}")
     return out
@@ -139,10 +102,9 @@ def grouped_gemm_reference(
     a: torch.Tensor, ids: torch.Tensor, raw: torch.Tensor, qtype: QuantType, adiv: int
 ) -> torch.Tensor:
     """Plain torch over the file's blocks `raw` uint8 [E, N, row_bytes] (K from `a`): each pair's
-    bf16 row times its expert's W^T rounded to bf16, in float64."""
+    activation row rounded to int8 per 32 times its expert's gguf-dequantized W^T, in float64."""
     flat = ids.reshape(-1).long().cpu()
     e, n, k = raw.shape[0], raw.shape[1], a.shape[1]
-    w = dequantize(raw.cpu().reshape(e * n, -1), qtype).reshape(e, n, k)
-    w = w.to(torch.bfloat16).double()
-    x = a.cpu().to(torch.bfloat16).double()[torch.arange(flat.numel()) // adiv]
+    w = dequantize(raw.cpu().reshape(e * n, -1), qtype).reshape(e, n, k).double()
+    x = quantize_x8_reference(a.cpu())[torch.arange(flat.numel()) // adiv]
     return torch.einsum("pk,pnk->pn", x, w[flat])

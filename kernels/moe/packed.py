@@ -114,14 +114,25 @@ def ffn_pairs(
 
 
 def ffn_sorted(
-    x: torch.Tensor, sp: SortedPairs, xdiv: int, pe: PackedExperts, fmt: ExpertFormat
+    x: torch.Tensor,
+    sp: SortedPairs,
+    xdiv: int,
+    pe: PackedExperts,
+    fmt: ExpertFormat,
+    xq: QuantizedX | None = None,
 ) -> torch.Tensor:
     """Pair p's FFN: row p // xdiv of x [R, dim] through its expert -> float32 [pairs, dim],
-    with the pairs grouped by expert (`sp`) for the grouped tensor-core GEMMs."""
-    pairs = sp.pairs
-    parts = [grouped_gemm(x, sp, p, xdiv, pairs) for p in pe.gate_up]
+    the pairs grouped by expert (`sp`) for the grouped int8 tensor-core GEMMs. `xq`: x's rows
+    already quantized, or None."""
+    if xq is None:
+        xq = quantize_x8(x.float().contiguous())
+    parts = [grouped_gemm(xq, sp, p, xdiv) for p in pe.gate_up]
     h = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
-    return grouped_gemm(_act(h, fmt), sp, pe.down, 1, pairs)
+    if fmt.act == "silu":
+        a, aq = silu_mul_q(h, fmt.hidden, max_rows=h.shape[0])
+    else:
+        a, aq = _act(h, fmt), None
+    return grouped_gemm(aq if aq is not None else quantize_x8(a), sp, pe.down, 1)
 
 
 def _expanded(
@@ -176,18 +187,23 @@ def expert_ffn_packed(
     t, k = ids.shape
     if t <= PACKED_MAX_T:
         return combine(ffn_pairs(x, ids.reshape(-1), k, pe, fmt, xq), weights)
-    return _prefill(x, weights, ids, pe, fmt)
+    return _prefill(x, weights, ids, pe, fmt, xq)
 
 
 def _prefill(
-    x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, pe: PackedExperts, fmt: ExpertFormat
+    x: torch.Tensor,
+    weights: torch.Tensor,
+    ids: torch.Tensor,
+    pe: PackedExperts,
+    fmt: ExpertFormat,
+    xq: QuantizedX | None = None,
 ) -> torch.Tensor:
     """Many tokens: pairs sorted by expert on the device, grouped GEMMs over the packed blocks."""
     t, k = ids.shape
     if PREFILL_EXPANDED:
         return _expanded(x, weights, ids, pe, fmt)
     sp = sort_pairs(ids, pe.n_expert, block_rows(t * k, pe.n_expert))
-    return combine(ffn_sorted(x, sp, k, pe, fmt), weights)
+    return combine(ffn_sorted(x, sp, k, pe, fmt, xq), weights)
 
 
 def expert_ffn_fetched(

@@ -1,20 +1,21 @@
-"""Triton grouped GEMMs over packed expert planes, on tensor cores (MoE prefill).
+"""Triton grouped GEMMs over packed expert blocks, on int8 tensor cores (MoE prefill).
 
 Program (m, n) multiplies BM activation rows that share one expert (rows sorted by expert and
-padded per expert, `grouped.sort_pairs`) by BN weight rows of that expert. The weight is
-dequantized tile by tile in registers to bf16 -- each value rounded once from the float32 value
-gguf defines, as `dequantize_experts_t` writes it -- and never exists expanded in memory.
-
-A tile's K positions come out in the packed words' order (word, then nibble or byte within it),
-not the file's; `grouped.k_order` gives that order and the host permutes the activation columns
-once per call to match (a dot product does not care about the order of its terms). Padding rows
-carry pair -1: they load zeros and store nothing. Layouts: `repack.PackedBlocks`.
+padded per expert, `grouped.sort_pairs`) by BN weight rows of that expert. As llama.cpp's MMQ
+does, the activations come quantized to int8 per 32 values (`quantize_x8`, the decode GEMVs'
+format) and every 32-value sub-block is one int8 tensor-core product of the raw weight codes:
+no weight value is ever converted to float, and floats appear once per sub-block (scales, and
+the Q4_K minimum through the activations' code sums). Weight bytes are read straight from the
+packed planes: byte b of plane word w is the code at K offset 4 w + b, the file's order.
+Padding rows carry pair -1: they load zeros and store nothing. Layouts: `repack.PackedBlocks`;
+the float formulas are those of `triton_dp4a`'s GEMVs, so a pair's value matches decode's
+within float rounding.
 """
 
 import triton
 import triton.language as tl
 
-from localllm.kernels.quant.triton_dp4a import _plane, _q4k_affine, _q4k_header, _q6k_quarter
+from localllm.kernels.quant.triton_dp4a import _q4k_affine, _q4k_header
 
 
 @triton.jit
@@ -29,21 +30,16 @@ def _rows(sid_ptr, bexp_ptr, ADIV, BM: tl.constexpr):
 
 
 @triton.jit
-def _a_tile(a_ptr, arow, rm, K, k0, BK: tl.constexpr, F32: tl.constexpr):
-    kk = k0 + tl.arange(0, BK)
-    a = tl.load(a_ptr + arow[:, None] * K + kk[None, :], mask=rm[:, None], other=0.0)
-    return _bf16(a, F32)
+def _bytes(ptr, word0, roff, cm):
+    """Bytes [32, BN] of 8 plane words from `word0` (row r: byte r % 4 of word r // 4)."""
+    return tl.load(ptr + word0 + roff, mask=cm[None, :], other=0)
 
 
 @triton.jit
-def _bf16(x, F32: tl.constexpr):
-    """x rounded to bf16 (to nearest, ties to even). F32: the triton interpreter, whose bf16
-    conversion truncates and whose bf16 dot is wrong: the same values, kept as float32."""
-    if F32:
-        bits = x.to(tl.int32, bitcast=True)
-        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536
-        return bits.to(tl.float32, bitcast=True)
-    return x.to(tl.bfloat16)
+def _x8(x8_ptr, arow, rm, K, k0):
+    """Activation codes [BM, 32] at K offset k0 (int8)."""
+    kk = k0 + tl.arange(0, 32)
+    return tl.load(x8_ptr + arow[:, None] * K + kk[None, :], mask=rm[:, None], other=0)
 
 
 @triton.jit
@@ -53,92 +49,103 @@ def _store(out_ptr, acc, pair, rm, cols, cm, N):
 
 
 @triton.jit
+def _byte_offsets(cols, N):
+    """Byte offsets [32, BN] of 8 consecutive plane words' bytes, for rows `cols`."""
+    r = tl.arange(0, 32)
+    return (r // 4)[:, None] * (N * 4) + cols[None, :] * 4 + (r % 4)[:, None]
+
+
+@triton.jit
 def _grouped_q4k(
-    a_ptr, sid_ptr, bexp_ptr, qs_ptr, hdr_ptr, out_ptr, N, K, ADIV,
-    NB: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, F32: tl.constexpr,
+    x8_ptr, xd_ptr, xs_ptr, sid_ptr, bexp_ptr, qs_ptr, hdr_ptr, out_ptr, N, K, ADIV,
+    NB: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
 ):  # fmt: skip
     e, pair, rm, arow = _rows(sid_ptr, bexp_ptr, ADIV, BM)
     if e >= 0:
         e64 = e.to(tl.int64)
-        qs_ptr += e64 * (NB * 32 * N)
+        qs_ptr += e64 * (NB * 128 * N)  # bytes
         hdr_ptr += e64 * (NB * 4 * N)
         cols = tl.program_id(1) * BN + tl.arange(0, BN)
         cm = cols < N
-        lane = tl.arange(0, 8)
-        t = tl.arange(0, 8)  # nibble t of a word: byte t // 2, high half when t is odd
-        low = (t % 2 == 0)[:, None, None]
+        roff = _byte_offsets(cols, N)
+        K32 = K // 32
         acc = tl.zeros([BM, BN], dtype=tl.float32)
         for s in range(0, NB):
             d, dmin, h1, h2, h3 = _q4k_header(hdr_ptr, s, N, cols, cm)
             for jj in tl.static_range(4):
-                w = _plane(qs_ptr, s * 32 + jj * 8 + lane, cols, N, cm)  # [8 words, BN]
-                q = ((w[None, :, :] >> (4 * t)[:, None, None]) & 15).to(tl.float32)
-                sc0, mn0 = _q4k_affine(h1, h2, h3, 2 * jj)
-                sc1, mn1 = _q4k_affine(h1, h2, h3, 2 * jj + 1)
-                a = tl.where(low, (d * sc0)[None, None, :], (d * sc1)[None, None, :])
-                c = tl.where(low, (dmin * mn0)[None, None, :], (dmin * mn1)[None, None, :])
-                wt = _bf16(tl.reshape(a * q - c, (64, BN)), F32)  # row t * 8 + word
-                acc = tl.dot(_a_tile(a_ptr, arow, rm, K, s * 256 + jj * 64, 64, F32), wt, acc)
+                wb = _bytes(qs_ptr, (s * 32 + jj * 8) * N * 4, roff, cm)  # [32, BN] uint8
+                for h in tl.static_range(2):  # low nibbles: sub-block 2 jj, high: 2 jj + 1
+                    sub = 2 * jj + h
+                    q = ((wb >> (4 * h)) & 15).to(tl.int8)
+                    a8 = _x8(x8_ptr, arow, rm, K, s * 256 + sub * 32)
+                    isum = tl.dot(a8, q, out_dtype=tl.int32).to(tl.float32)
+                    sc, mn = _q4k_affine(h1, h2, h3, sub)
+                    dx = tl.load(xd_ptr + arow * K32 + s * 8 + sub, mask=rm, other=0.0)
+                    xs = tl.load(xs_ptr + arow * K32 + s * 8 + sub, mask=rm, other=0.0)
+                    low = (dmin * mn)[None, :] * xs[:, None]  # the sub-block's minimum, summed
+                    acc += (d * sc)[None, :] * (dx[:, None] * isum) - low
         _store(out_ptr, acc, pair, rm, cols, cm, N)
 
 
 @triton.jit
 def _grouped_q6k(
-    a_ptr, sid_ptr, bexp_ptr, ql_ptr, qh_ptr, sc_ptr, d_ptr, out_ptr, N, K, ADIV,
-    NB: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, F32: tl.constexpr,
+    x8_ptr, xd_ptr, sid_ptr, bexp_ptr, ql_ptr, qh_ptr, sc_ptr, d_ptr, out_ptr, N, K, ADIV,
+    NB: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
 ):  # fmt: skip
     e, pair, rm, arow = _rows(sid_ptr, bexp_ptr, ADIV, BM)
     if e >= 0:
         e64 = e.to(tl.int64)
-        ql_ptr += e64 * (NB * 32 * N)
-        qh_ptr += e64 * (NB * 16 * N)
+        ql_ptr += e64 * (NB * 128 * N)  # bytes
+        qh_ptr += e64 * (NB * 64 * N)  # bytes
         sc_ptr += e64 * (NB * 4 * N)
         d_ptr += e64 * (NB * N)
         cols = tl.program_id(1) * BN + tl.arange(0, BN)
         cm = cols < N
-        lane = tl.arange(0, 8)
-        b = tl.arange(0, 4)  # byte b of a word of 4 codes
-        first = (lane < 4)[None, :, None]  # lanes 0-3 and 4-7 fall in two 16-value scale groups
+        roff = _byte_offsets(cols, N)
+        first = (tl.arange(0, 32) < 16)[None, :]  # the quarter's two 16-value scale groups
+        K32 = K // 32
         acc = tl.zeros([BM, BN], dtype=tl.float32)
         for s in range(0, NB):
             d = tl.load(d_ptr + s * N + cols, mask=cm, other=0.0).to(tl.float32)
             for hf in tl.static_range(2):
-                qla = _plane(ql_ptr, s * 32 + hf * 16 + lane, cols, N, cm)
-                qlb = _plane(ql_ptr, s * 32 + hf * 16 + 8 + lane, cols, N, cm)
-                qh = _plane(qh_ptr, s * 16 + hf * 8 + lane, cols, N, cm)
-                for k in tl.static_range(4):
-                    grp = hf * 8 + 2 * k  # lanes 0-3; lanes 4-7 take grp + 1 (same word)
+                qh = _bytes(qh_ptr, (s * 16 + hf * 8) * N * 4, roff, cm)
+                for k in tl.static_range(4):  # quarter k: 32 values, low nibbles from 8 words
+                    lo = _bytes(ql_ptr, (s * 32 + hf * 16 + (k % 2) * 8) * N * 4, roff, cm)
+                    code = ((lo >> (4 * (k // 2))) & 15) | (((qh >> (2 * k)) & 3) << 4)
+                    q = (code.to(tl.int32) - 32).to(tl.int8)
+                    k0 = s * 256 + hf * 128 + k * 32
+                    a8 = _x8(x8_ptr, arow, rm, K, k0)
+                    i0 = tl.dot(tl.where(first, a8, 0), q, out_dtype=tl.int32).to(tl.float32)
+                    i1 = tl.dot(tl.where(first, 0, a8), q, out_dtype=tl.int32).to(tl.float32)
+                    grp = hf * 8 + 2 * k  # the first group's scale; the second is the next byte
                     scw = tl.load(sc_ptr + (s * 4 + grp // 4) * N + cols, mask=cm, other=0)
                     s0 = ((scw << (24 - 8 * (grp % 4))) >> 24).to(tl.float32)
                     s1 = ((scw << (16 - 8 * (grp % 4))) >> 24).to(tl.float32)
-                    sc = tl.where(first, (d * s0)[None, None, :], (d * s1)[None, None, :])
-                    q = _q6k_quarter(qla, qlb, qh, k)  # [8 words, BN]
-                    code = ((q[None, :, :] >> (8 * b)[:, None, None]) & 63).to(tl.float32) - 32.0
-                    wt = _bf16(tl.reshape(sc * code, (32, BN)), F32)  # row b * 8 + word
-                    k0 = s * 256 + hf * 128 + k * 32
-                    acc = tl.dot(_a_tile(a_ptr, arow, rm, K, k0, 32, F32), wt, acc)
+                    dx = tl.load(xd_ptr + arow * K32 + k0 // 32, mask=rm, other=0.0)[:, None]
+                    acc += (d * s0)[None, :] * (i0 * dx) + (d * s1)[None, :] * (i1 * dx)
         _store(out_ptr, acc, pair, rm, cols, cm, N)
 
 
 @triton.jit
 def _grouped_q8_0(
-    a_ptr, sid_ptr, bexp_ptr, qs_ptr, d_ptr, out_ptr, N, K, ADIV,
-    NB: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BB: tl.constexpr, F32: tl.constexpr,
+    x8_ptr, xd_ptr, sid_ptr, bexp_ptr, qs_ptr, d_ptr, out_ptr, N, K, ADIV,
+    NB: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
 ):  # fmt: skip
     e, pair, rm, arow = _rows(sid_ptr, bexp_ptr, ADIV, BM)
     if e >= 0:
         e64 = e.to(tl.int64)
-        qs_ptr += e64 * (NB * 8 * N)
+        qs_ptr += e64 * (NB * 32 * N)  # bytes
         d_ptr += e64 * (NB * N)
         cols = tl.program_id(1) * BN + tl.arange(0, BN)
         cm = cols < N
-        wd = tl.arange(0, 8 * BB)  # word wd: block wd // 8 of the step, word wd % 8 in it
-        b = tl.arange(0, 4)
+        roff = _byte_offsets(cols, N)
+        K32 = K // 32
         acc = tl.zeros([BM, BN], dtype=tl.float32)
-        for i in range(0, NB // BB):
-            w = _plane(qs_ptr, i * 8 * BB + wd, cols, N, cm)  # [8 * BB, BN]
-            d = _plane(d_ptr, i * BB + wd // 8, cols, N, cm).to(tl.float32)
-            code = ((w[None, :, :] << (24 - 8 * b)[:, None, None]) >> 24).to(tl.float32)
-            wt = _bf16(tl.reshape(d[None, :, :] * code, (32 * BB, BN)), F32)  # row b * 8BB + word
-            acc = tl.dot(_a_tile(a_ptr, arow, rm, K, i * 32 * BB, 32 * BB, F32), wt, acc)
+        for b in range(0, NB):
+            q = _bytes(qs_ptr, b * 8 * N * 4, roff, cm)  # int8 codes
+            a8 = _x8(x8_ptr, arow, rm, K, b * 32)
+            isum = tl.dot(a8, q, out_dtype=tl.int32).to(tl.float32)
+            d = tl.load(d_ptr + b * N + cols, mask=cm, other=0.0).to(tl.float32)
+            dx = tl.load(xd_ptr + arow * K32 + b, mask=rm, other=0.0)
+            acc += d[None, :] * (dx[:, None] * isum)
         _store(out_ptr, acc, pair, rm, cols, cm, N)

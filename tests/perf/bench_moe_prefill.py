@@ -1,8 +1,8 @@
 """MoE prefill on CUDA, one Qwen3-30B-A3B-shaped layer (128 experts, 8 used, dim 2048, hidden
-768; Q4_K gate/up, Q6_K or Q4_K down, random blocks): the grouped tensor-core GEMMs over packed
-blocks (`kernels.moe.grouped`) against the previous path (experts expanded to bf16, torch grouped
-GEMMs), a launch-geometry sweep of each GEMM, and whether a pair's bits depend on the row block
-size. Run on the H200: `python3 tests/perf/bench_moe_prefill.py [--tokens 128,512,2048]`.
+768; Q4_K gate/up, Q6_K or Q4_K down, random blocks): the grouped int8 tensor-core GEMMs over
+packed blocks (`kernels.moe.grouped`) against the previous path (experts expanded to bf16, torch
+grouped GEMMs), a launch-geometry sweep of each GEMM, and whether a pair's bits depend on the row
+block size. Run on the H200: `python3 tests/perf/bench_moe_prefill.py [--tokens 128,512,2048]`.
 """
 
 import argparse
@@ -15,6 +15,7 @@ from gguf import GGMLQuantizationType as QT
 from localllm.kernels.moe import ExpertFormat, packed, route_topk
 from localllm.kernels.moe.grouped import GroupedConfig, block_rows, grouped_gemm, sort_pairs
 from localllm.kernels.quant import QuantType
+from localllm.kernels.quant.triton_packed import quantize_x8
 from tests.perf.make_synthetic import random_rows
 
 E, K_USED, D, H = 128, 8, 2048, 768
@@ -94,15 +95,19 @@ def _sweep(pe, fmt, t: int, dev) -> None:
     x = torch.randn(t, D, device=dev, generator=gen)
     _, ids = route_topk(torch.randn(t, E, device=dev, generator=gen), K_USED, True)
     act = torch.randn(t * K_USED, H, device=dev, generator=gen)
-    jobs = (("gate_up", x, pe.gate_up[0], K_USED), ("down", act, pe.down, 1))
+    jobs = (
+        ("gate_up", quantize_x8(x), pe.gate_up[0], K_USED),
+        ("down", quantize_x8(act), pe.down, 1),
+    )
     for name, a, p, adiv in jobs:
         flops = 2 * t * K_USED * p.n * p.k
         rows = []
-        for bm, bn, warps, stages in itertools.product((16, 32, 64), (64, 128), (4, 8), (2, 3, 4)):
+        geos = itertools.product((16, 32, 64, 128), (64, 128, 256), (4, 8), (2, 3))
+        for bm, bn, warps, stages in geos:
             sp = sort_pairs(ids, E, bm)
             cfg = GroupedConfig(bn, warps, stages)
             try:
-                call = (a, sp, p, adiv, t * K_USED, cfg)
+                call = (a, sp, p, adiv, cfg)
                 ms = _time(lambda call=call: grouped_gemm(*call), 10)
             except Exception as exc:  # a geometry the compiler rejects (registers, shared memory)
                 print(f"{name} bm {bm} bn {bn} w {warps} s {stages}: {type(exc).__name__}")

@@ -53,6 +53,7 @@ def main() -> None:
     ap.add_argument(
         "--sweep", type=int, default=512, help="tokens for the geometry sweep (0: none)"
     )
+    ap.add_argument("--variants", action="store_true", help="the Q4_K loop variants, then stop")
     args = ap.parse_args()
     dev = torch.device("cuda")
     print(torch.cuda.get_device_name(), "torch", torch.__version__)

@@ -5,8 +5,11 @@ padded per expert, `grouped.sort_pairs`) by BN weight rows of that expert. As ll
 does, the activations come quantized to int8 per 32 values (`quantize_x8`, the decode GEMVs'
 format) and every 32-value sub-block is one int8 tensor-core product of the raw weight codes:
 no weight value is ever converted to float, and floats appear once per sub-block (scales, and
-the Q4_K minimum through the activations' code sums). Weight bytes are read straight from the
-packed planes: byte b of plane word w is the code at K offset 4 w + b, the file's order.
+the Q4_K minimum through the activations' code sums). Weight words are read from the packed
+planes and split into bytes in registers: byte b of word w is the code at K offset 4 w + b, the
+file's order, so the activations need no permutation. One flat loop per kernel over 32- or
+64-value steps lets triton's software pipeliner prefetch every load (nested loops measured 1.9x
+slower at 512 tokens, tests/perf/RESULTS.md).
 Padding rows carry pair -1: they load zeros and store nothing. Layouts: `repack.PackedBlocks`;
 the float formulas are those of `triton_dp4a`'s GEMVs, so a pair's value matches decode's
 within float rounding.
@@ -15,7 +18,7 @@ within float rounding.
 import triton
 import triton.language as tl
 
-from localllm.kernels.quant.triton_dp4a import _q4k_affine, _q4k_header
+from localllm.kernels.quant.triton_dp4a import _plane, _q4k_header
 
 
 @triton.jit
@@ -30,9 +33,11 @@ def _rows(sid_ptr, bexp_ptr, ADIV, BM: tl.constexpr):
 
 
 @triton.jit
-def _bytes(ptr, word0, roff, cm):
-    """Bytes [32, BN] of 8 plane words from `word0` (row r: byte r % 4 of word r // 4)."""
-    return tl.load(ptr + word0 + roff, mask=cm[None, :], other=0)
+def _split(w):
+    """Words [8, BN] -> their bytes [32, BN] as int32 (row r: byte r % 4 of word r // 4, the
+    code at K offset r)."""
+    b4 = tl.arange(0, 4)
+    return tl.reshape((w[:, None, :] >> (8 * b4)[None, :, None]) & 0xFF, (32, w.shape[1]))
 
 
 @triton.jit
@@ -49,13 +54,6 @@ def _store(out_ptr, acc, pair, rm, cols, cm, N):
 
 
 @triton.jit
-def _byte_offsets(cols, N):
-    """Byte offsets [32, BN] of 8 consecutive plane words' bytes, for rows `cols`."""
-    r = tl.arange(0, 32)
-    return (r // 4)[:, None] * (N * 4) + cols[None, :] * 4 + (r % 4)[:, None]
-
-
-@triton.jit
 def _grouped_q4k(
     x8_ptr, xd_ptr, xs_ptr, sid_ptr, bexp_ptr, qs_ptr, hdr_ptr, out_ptr, N, K, ADIV,
     NB: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
@@ -63,28 +61,41 @@ def _grouped_q4k(
     e, pair, rm, arow = _rows(sid_ptr, bexp_ptr, ADIV, BM)
     if e >= 0:
         e64 = e.to(tl.int64)
-        qs_ptr += e64 * (NB * 128 * N)  # bytes
+        qs_ptr += e64 * (NB * 32 * N)
         hdr_ptr += e64 * (NB * 4 * N)
         cols = tl.program_id(1) * BN + tl.arange(0, BN)
         cm = cols < N
-        roff = _byte_offsets(cols, N)
+        lane = tl.arange(0, 8)
         K32 = K // 32
         acc = tl.zeros([BM, BN], dtype=tl.float32)
-        for s in range(0, NB):
+        # one flat loop (the software pipeliner sees every load): 64 values a step, 8 words
+        for i in range(0, NB * 4):
+            s = i // 4
             d, dmin, h1, h2, h3 = _q4k_header(hdr_ptr, s, N, cols, cm)
-            for jj in tl.static_range(4):
-                wb = _bytes(qs_ptr, (s * 32 + jj * 8) * N * 4, roff, cm)  # [32, BN] uint8
-                for h in tl.static_range(2):  # low nibbles: sub-block 2 jj, high: 2 jj + 1
-                    sub = 2 * jj + h
-                    q = ((wb >> (4 * h)) & 15).to(tl.int8)
-                    a8 = _x8(x8_ptr, arow, rm, K, s * 256 + sub * 32)
-                    isum = tl.dot(a8, q, out_dtype=tl.int32).to(tl.float32)
-                    sc, mn = _q4k_affine(h1, h2, h3, sub)
-                    dx = tl.load(xd_ptr + arow * K32 + s * 8 + sub, mask=rm, other=0.0)
-                    xs = tl.load(xs_ptr + arow * K32 + s * 8 + sub, mask=rm, other=0.0)
-                    low = (dmin * mn)[None, :] * xs[:, None]  # the sub-block's minimum, summed
-                    acc += (d * sc)[None, :] * (dx[:, None] * isum) - low
+            wb = _split(_plane(qs_ptr, i * 8 + lane, cols, N, cm))
+            for h in tl.static_range(2):  # low nibbles: sub-block 2 (i % 4), high: the next
+                sub = 2 * (i % 4) + h
+                q = ((wb >> (4 * h)) & 15).to(tl.int8)
+                isum = tl.dot(_x8(x8_ptr, arow, rm, K, i * 64 + h * 32), q, out_dtype=tl.int32)
+                sc, mn = _affine(h1, h2, h3, sub)
+                dx = tl.load(xd_ptr + arow * K32 + i * 2 + h, mask=rm, other=0.0)
+                xs = tl.load(xs_ptr + arow * K32 + i * 2 + h, mask=rm, other=0.0)
+                low = (dmin * mn)[None, :] * xs[:, None]  # the sub-block's minimum, summed
+                acc += (d * sc)[None, :] * (dx[:, None] * isum.to(tl.float32)) - low
         _store(out_ptr, acc, pair, rm, cols, cm, N)
+
+
+@triton.jit
+def _affine(h1, h2, h3, sub):
+    """`triton_dp4a._q4k_affine` for a sub-block index known only at run time."""
+    sh = (sub % 4) * 8
+    a1 = (h1 >> sh) & 0xFF
+    a2 = (h2 >> sh) & 0xFF
+    a3 = (h3 >> sh) & 0xFF
+    lo = sub < 4
+    sc = tl.where(lo, a1 & 63, (a3 & 15) | ((a1 >> 6) << 4))
+    mn = tl.where(lo, a2 & 63, ((a3 >> 4) & 15) | ((a2 >> 6) << 4))
+    return sc.to(tl.float32), mn.to(tl.float32)
 
 
 @triton.jit
@@ -95,34 +106,34 @@ def _grouped_q6k(
     e, pair, rm, arow = _rows(sid_ptr, bexp_ptr, ADIV, BM)
     if e >= 0:
         e64 = e.to(tl.int64)
-        ql_ptr += e64 * (NB * 128 * N)  # bytes
-        qh_ptr += e64 * (NB * 64 * N)  # bytes
+        ql_ptr += e64 * (NB * 32 * N)
+        qh_ptr += e64 * (NB * 16 * N)
         sc_ptr += e64 * (NB * 4 * N)
         d_ptr += e64 * (NB * N)
         cols = tl.program_id(1) * BN + tl.arange(0, BN)
         cm = cols < N
-        roff = _byte_offsets(cols, N)
-        first = (tl.arange(0, 32) < 16)[None, :]  # the quarter's two 16-value scale groups
+        lane = tl.arange(0, 8)
+        first = (tl.arange(0, 32) < 16)[None, :]  # a quarter's two 16-value scale groups
         K32 = K // 32
         acc = tl.zeros([BM, BN], dtype=tl.float32)
-        for s in range(0, NB):
+        for i in range(0, NB * 8):  # quarter k of half hf of super-block s: 32 values
+            s = i // 8
+            hf = (i // 4) % 2
+            k = i % 4
             d = tl.load(d_ptr + s * N + cols, mask=cm, other=0.0).to(tl.float32)
-            for hf in tl.static_range(2):
-                qh = _bytes(qh_ptr, (s * 16 + hf * 8) * N * 4, roff, cm)
-                for k in tl.static_range(4):  # quarter k: 32 values, low nibbles from 8 words
-                    lo = _bytes(ql_ptr, (s * 32 + hf * 16 + (k % 2) * 8) * N * 4, roff, cm)
-                    code = ((lo >> (4 * (k // 2))) & 15) | (((qh >> (2 * k)) & 3) << 4)
-                    q = (code.to(tl.int32) - 32).to(tl.int8)
-                    k0 = s * 256 + hf * 128 + k * 32
-                    a8 = _x8(x8_ptr, arow, rm, K, k0)
-                    i0 = tl.dot(tl.where(first, a8, 0), q, out_dtype=tl.int32).to(tl.float32)
-                    i1 = tl.dot(tl.where(first, 0, a8), q, out_dtype=tl.int32).to(tl.float32)
-                    grp = hf * 8 + 2 * k  # the first group's scale; the second is the next byte
-                    scw = tl.load(sc_ptr + (s * 4 + grp // 4) * N + cols, mask=cm, other=0)
-                    s0 = ((scw << (24 - 8 * (grp % 4))) >> 24).to(tl.float32)
-                    s1 = ((scw << (16 - 8 * (grp % 4))) >> 24).to(tl.float32)
-                    dx = tl.load(xd_ptr + arow * K32 + k0 // 32, mask=rm, other=0.0)[:, None]
-                    acc += (d * s0)[None, :] * (i0 * dx) + (d * s1)[None, :] * (i1 * dx)
+            lo = _plane(ql_ptr, s * 32 + hf * 16 + (k % 2) * 8 + lane, cols, N, cm)
+            hi = _plane(qh_ptr, s * 16 + hf * 8 + lane, cols, N, cm)
+            words = ((lo >> (4 * (k // 2))) & 0x0F0F0F0F) | (((hi >> (2 * k)) & 0x03030303) << 4)
+            q = (_split(words) - 32).to(tl.int8)
+            a8 = _x8(x8_ptr, arow, rm, K, i * 32)
+            i0 = tl.dot(tl.where(first, a8, 0), q, out_dtype=tl.int32).to(tl.float32)
+            i1 = tl.dot(tl.where(first, 0, a8), q, out_dtype=tl.int32).to(tl.float32)
+            grp = hf * 8 + 2 * k  # the first group's scale; the second is the next byte
+            scw = tl.load(sc_ptr + (s * 4 + grp // 4) * N + cols, mask=cm, other=0)
+            s0 = ((scw << (24 - 8 * (grp % 4))) >> 24).to(tl.float32)
+            s1 = ((scw << (16 - 8 * (grp % 4))) >> 24).to(tl.float32)
+            dx = tl.load(xd_ptr + arow * K32 + i, mask=rm, other=0.0)[:, None]
+            acc += (d * s0)[None, :] * (i0 * dx) + (d * s1)[None, :] * (i1 * dx)
         _store(out_ptr, acc, pair, rm, cols, cm, N)
 
 
@@ -134,18 +145,17 @@ def _grouped_q8_0(
     e, pair, rm, arow = _rows(sid_ptr, bexp_ptr, ADIV, BM)
     if e >= 0:
         e64 = e.to(tl.int64)
-        qs_ptr += e64 * (NB * 32 * N)  # bytes
+        qs_ptr += e64 * (NB * 8 * N)
         d_ptr += e64 * (NB * N)
         cols = tl.program_id(1) * BN + tl.arange(0, BN)
         cm = cols < N
-        roff = _byte_offsets(cols, N)
+        lane = tl.arange(0, 8)
         K32 = K // 32
         acc = tl.zeros([BM, BN], dtype=tl.float32)
         for b in range(0, NB):
-            q = _bytes(qs_ptr, b * 8 * N * 4, roff, cm)  # int8 codes
-            a8 = _x8(x8_ptr, arow, rm, K, b * 32)
-            isum = tl.dot(a8, q, out_dtype=tl.int32).to(tl.float32)
+            q = _split(_plane(qs_ptr, b * 8 + lane, cols, N, cm)).to(tl.int8)  # wraps: signed
+            isum = tl.dot(_x8(x8_ptr, arow, rm, K, b * 32), q, out_dtype=tl.int32)
             d = tl.load(d_ptr + b * N + cols, mask=cm, other=0.0).to(tl.float32)
             dx = tl.load(xd_ptr + arow * K32 + b, mask=rm, other=0.0)
-            acc += d[None, :] * (dx[:, None] * isum)
+            acc += d[None, :] * (dx[:, None] * isum.to(tl.float32))
         _store(out_ptr, acc, pair, rm, cols, cm, N)

@@ -148,7 +148,7 @@ def _sweep(pe, fmt, t: int, dev) -> None:
     for name, a, p, adiv in jobs:
         flops = 2 * t * K_USED * p.n * p.k
         rows = []
-        geos = itertools.product((16, 32, 64, 128), (64, 128, 256), (4, 8), (2, 3))
+        geos = itertools.product((16, 64), (64, 128, 256), (4, 8), (3,))
         for bm, bn, warps, stages in geos:
             sp = sort_pairs(ids, E, bm)
             cfg = GroupedConfig(bn, warps, stages)
@@ -165,7 +165,7 @@ def _sweep(pe, fmt, t: int, dev) -> None:
             tf = flops / ms / 1e9
             geo = f"bm {bm:3d} bn {bn:3d} warps {warps} stages {stages}"
             print(f"  {geo}: {ms:.3f} ms {tf:.0f} TFLOPS")
-        base = [r for r in rows if r[1:] == (block_rows(t * K_USED, E), 64, 4, 3)]
+        base = [r for r in rows if r[1:] == (block_rows(t * K_USED, E), 128, 4, 3)]
         if base:
             print(f"  default: {base[0][0]:.3f} ms")
 

@@ -57,11 +57,10 @@ def sort_pairs(ids: torch.Tensor, n_expert: int, bm: int) -> SortedPairs:
     padded = (counts + bm - 1) // bm * bm
     pend = padded.cumsum(0)
     order = torch.argsort(flat, stable=True)
-    se = flat[order]
-    rank = torch.arange(p, device=dev) - (counts.cumsum(0) - counts)[se]
+    shift = (pend - padded) - (counts.cumsum(0) - counts)  # padded start - packed start
     blocks = triton.cdiv(p + min(n_expert, p) * (bm - 1), bm)
     rows = torch.full((blocks * bm,), -1, dtype=torch.int32, device=dev)
-    rows[(pend - padded)[se] + rank] = order.to(torch.int32)
+    rows[torch.arange(p, device=dev) + shift[flat[order]]] = order.to(torch.int32)
     starts = torch.arange(blocks, device=dev) * bm
     experts = torch.searchsorted(pend, starts, right=True)
     experts = torch.where(experts < n_expert, experts, -1).to(torch.int32)

@@ -1,6 +1,7 @@
 """Experts on a CUDA device in the packed dp4a layout (`repack`): decode runs grouped GEMVs whose
 programs read each pair's expert id on the device (no host sync, so CUDA graphs capture it);
-prefill expands the experts to bf16 in chunks for torch's grouped GEMM (rows sorted by expert).
+prefill sorts the pairs by expert on the device and runs grouped int8 tensor-core GEMMs over the
+same packed blocks (`grouped`), again without a host sync.
 
 Every path computes a (token, expert) pair the same way whatever shares its launch: experts
 resident as [E, ...] planes and experts packed one at a time from a streamed slot give the same
@@ -23,7 +24,6 @@ from localllm.kernels.quant.repack import (
 )
 from localllm.kernels.quant.triton_packed import (
     QuantizedX,
-    dequantize_experts_t,
     gemv_packed_grouped,
     grouped_counters,
     quantize_x8,
@@ -31,7 +31,6 @@ from localllm.kernels.quant.triton_packed import (
 from localllm.kernels.quant.types import block_geometry
 
 PACKED_MAX_T = 8  # token rows per call that take the grouped GEMVs (the decode graph ladder's top)
-PREFILL_EXPANDED = False  # the previous prefill (bf16 expansion), for tests/perf only
 
 
 @dataclass(frozen=True)
@@ -135,39 +134,6 @@ def ffn_sorted(
     return grouped_gemm(aq if aq is not None else quantize_x8(a), sp, pe.down, 1)
 
 
-def _expanded(
-    x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, pe: PackedExperts, fmt: ExpertFormat
-) -> torch.Tensor:
-    """The previous prefill, kept for the side-by-side bench only: experts expanded to bf16 in
-    chunks, torch grouped GEMMs."""
-    t, k = ids.shape
-    flat = ids.reshape(-1)
-    n_expert = pe.n_expert
-    order = torch.argsort(flat, stable=True)
-    ends = torch.bincount(flat, minlength=n_expert).cumsum(0)
-    xs = x.float()[order // k]
-    chunk = max(1, (512 << 20) // (2 * fmt.dim * fmt.hidden * 3))
-    bounds = [0, *ends.tolist()]
-    ys = torch.empty(t * k, fmt.dim, dtype=torch.float32, device=x.device)
-
-    def mm(a, w, offs):
-        return torch._grouped_mm(a, w, offs=offs).float()
-
-    for e0 in range(0, n_expert, chunk):
-        e1 = min(n_expert, e0 + chunk)
-        r0, r1 = bounds[e0], bounds[e1]
-        if r1 > r0:
-            offs = (ends[e0:e1] - r0).to(torch.int32)
-            xb = xs[r0:r1].to(torch.bfloat16)
-            parts = [mm(xb, dequantize_experts_t(p, e0, e1), offs) for p in pe.gate_up]
-            h = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
-            a = _act(h, fmt).to(torch.bfloat16)
-            ys[r0:r1] = mm(a, dequantize_experts_t(pe.down, e0, e1), offs)
-    y = torch.empty_like(ys)
-    y[order] = ys
-    return combine(y, weights)
-
-
 def combine(y: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """Weighted sum over each token's k pairs: y [T * k, dim], weights [T, k] -> [T, dim]."""
     t, k = weights.shape
@@ -200,8 +166,6 @@ def _prefill(
 ) -> torch.Tensor:
     """Many tokens: pairs sorted by expert on the device, grouped GEMMs over the packed blocks."""
     t, k = ids.shape
-    if PREFILL_EXPANDED:
-        return _expanded(x, weights, ids, pe, fmt)
     sp = sort_pairs(ids, pe.n_expert, block_rows(t * k, pe.n_expert))
     return combine(ffn_sorted(x, sp, k, pe, fmt, xq), weights)
 

@@ -6,7 +6,8 @@ The layout test is plain torch (runs everywhere). Kernel tests run on CUDA (mark
 CPU tensors under TRITON_INTERPRET=1. Tolerances: a grouped pair against `gemv_q8x_reference`
 as for the plain packed GEMV (1e-5 Q8_0, 2e-4 K-quants); the whole FFN against the float oracle
 5e-2 relative (activations are rounded to int8 twice, before the input projections and before
-down; ~1-2 % each on random data); the prefill path (bf16 weights and activations) 2e-2.
+down; ~1-2 % each on random data); the prefill path (the same int8 activations, summed
+without split-K) 2e-2.
 """
 
 import os

@@ -3,6 +3,7 @@
 packed blocks (`kernels.moe.grouped`) against the previous path (experts expanded to bf16, torch
 grouped GEMMs), a launch-geometry sweep of each GEMM, and whether a pair's bits depend on the row
 block size. Run on the H200: `python3 tests/perf/bench_moe_prefill.py [--tokens 128,512,2048]`.
+End to end, `expanded` can replace `packed._prefill` for an A/B of `localllm bench`.
 """
 
 import argparse
@@ -15,7 +16,7 @@ from gguf import GGMLQuantizationType as QT
 from localllm.kernels.moe import ExpertFormat, packed, route_topk
 from localllm.kernels.moe.grouped import GroupedConfig, block_rows, grouped_gemm, sort_pairs
 from localllm.kernels.quant import QuantType
-from localllm.kernels.quant.triton_packed import quantize_x8
+from localllm.kernels.quant.triton_packed import dequantize_experts_t, quantize_x8
 from tests.perf.make_synthetic import random_rows
 
 E, K_USED, D, H = 128, 8, 2048, 768
@@ -24,6 +25,37 @@ E, K_USED, D, H = 128, 8, 2048, 768
 def _stack(name: str, rows: int, cols: int, seed: int) -> torch.Tensor:
     rng = np.random.default_rng(seed)
     return torch.from_numpy(np.stack([random_rows(QT[name], rows, cols, rng) for _ in range(E)]))
+
+
+def expanded(x, weights, ids, pe, fmt):
+    """The previous prefill (until 2026-12-01): experts expanded to bf16 in chunks of 512 MiB,
+    torch grouped GEMMs, one host sync per layer for the chunks' row ranges."""
+    t, k = ids.shape
+    flat = ids.reshape(-1)
+    n_expert = pe.n_expert
+    order = torch.argsort(flat, stable=True)
+    ends = torch.bincount(flat, minlength=n_expert).cumsum(0)
+    xs = x.float()[order // k]
+    chunk = max(1, (512 << 20) // (2 * fmt.dim * fmt.hidden * 3))
+    bounds = [0, *ends.tolist()]
+    ys = torch.empty(t * k, fmt.dim, dtype=torch.float32, device=x.device)
+
+    def mm(a, w, offs):
+        return torch._grouped_mm(a, w, offs=offs).float()
+
+    for e0 in range(0, n_expert, chunk):
+        e1 = min(n_expert, e0 + chunk)
+        r0, r1 = bounds[e0], bounds[e1]
+        if r1 > r0:
+            offs = (ends[e0:e1] - r0).to(torch.int32)
+            xb = xs[r0:r1].to(torch.bfloat16)
+            parts = [mm(xb, dequantize_experts_t(p, e0, e1), offs) for p in pe.gate_up]
+            h = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+            a = packed._act(h, fmt).to(torch.bfloat16)
+            ys[r0:r1] = mm(a, dequantize_experts_t(pe.down, e0, e1), offs)
+    y = torch.empty_like(ys)
+    y[order] = ys
+    return packed.combine(y, weights)
 
 
 def _time(fn, reps: int = 20) -> float:
@@ -77,7 +109,7 @@ def main() -> None:
             w, ids = route_topk(torch.randn(t, E, device=dev, generator=gen), K_USED, True)
 
             def old(x=x, w=w, ids=ids, pe=pe, fmt=fmt):
-                return packed._expanded(x, w, ids, pe, fmt)
+                return expanded(x, w, ids, pe, fmt)
 
             def new(x=x, w=w, ids=ids, pe=pe, fmt=fmt):
                 return packed._prefill(x, w, ids, pe, fmt)
@@ -127,13 +159,11 @@ def _variants(pe, fmt, tokens: str, dev) -> None:
                     print(row, type(exc).__name__, "|")
                     continue
                 print(row, f"{ms:.3f} | {flops / ms / 1e9:.0f} | {same} |")
-    from localllm.kernels.quant.triton_packed import dequantize_experts_t
-
     for q in (*pe.gate_up, pe.down):
         ms = _time(lambda q=q: dequantize_experts_t(q, 0, E), 10)
         gb = E * q.n * q.k * 2 / 1e9
         what = f"expand {q.qtype.name} {q.n}x{q.k} x {E}"
-        print(f"{what}: {ms:.3f} ms ({gb / ms:.0f} GB/s of bf16 written)")
+        print(f"{what}: {ms:.3f} ms ({gb / ms * 1e3:.0f} GB/s of bf16 written)")
 
 
 def _sweep(pe, fmt, t: int, dev) -> None:

@@ -100,6 +100,9 @@ for step in ${STEPS:-tests packed bench breakdown}; do
         | grep -v "^ " | tail -40 ;;
     mprefill) timeout ${MPRE_T:-300} python3 tests/perf/bench_moe_prefill.py ${MPRE_ARGS:-} 2>&1 \
         | tee "$OUT/mprefill.md" | grep -v "^  bm" ;;
+    pprof) wait $GENMOE  # a prompt's kernels by device time (torch.profiler)
+      timeout 250 python3 tests/perf/prof_prefill.py -m /tmp/moe.gguf --device cuda \
+        ${PPROF_ARGS:--p 512 -n 0 -r 1} 2>&1 | tee "$OUT/pprof.md" | cut -c1-160 | head -60 ;;
     norm) timeout 200 python3 tests/perf/bench_norm.py 2>&1 | tee "$OUT/norm.md" | tail -22 ;;
     attn) timeout 300 python3 tests/perf/bench_attention.py 2>&1 | tee "$OUT/attn.md" | tail -40 ;;
     gstep) wait $GEN  # one replayed decode graph, kernel by kernel (8B, and the MoE file if made)

@@ -169,16 +169,17 @@ class MoEFeedForward(nn.Module):
         for t in (self.ffn_gate_exps, self.ffn_up_exps, self.ffn_down_exps):
             t.weight = without_bytes(t.weight)
 
-    def map_experts(self, slots: int) -> None:
+    def map_experts(self, slots: int, prompt_copy: bool = False) -> None:
         """Host-tier experts read by this block's GPU from mapped host memory, the last used
-        `slots` cached on the device (`offload.mapped_experts`); packed once on the GPU (one
-        layer at a time), then the raw copies are released."""
+        `slots` cached on the device (`offload.mapped_experts`; `prompt_copy`: prompts copy the
+        layer to the device first); packed once on the GPU (one layer at a time), then the raw
+        copies are released."""
         from localllm.kernels.moe.packed import pack_experts
 
         dev = self.ffn_gate_inp.weight.data.device
         g, u, d = (w.data.to(dev) for w in self.expert_weights())
         pe = pack_experts(g, u, d, self.format, self.n_used)
-        self.mapped = MappedExperts(pe, slots, self.n_used)
+        self.mapped = MappedExperts(pe, slots, self.n_used, prompt_copy=prompt_copy)
         self.packed = self.mapped.host
         for t in (self.ffn_gate_exps, self.ffn_up_exps, self.ffn_down_exps):
             t.weight = without_bytes(t.weight)

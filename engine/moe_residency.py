@@ -70,7 +70,8 @@ def apply_residency(model: nn.Module, plan: ResidencyPlan) -> list[ExpertSource]
     blocks = moe_blocks(model)
     host_tier = [b for b in blocks if tiers.get(b.layer) == "host"]
     maps = plan.host_compute in ("mapped", "auto")
-    mapped = _map([b for b in host_tier if maps and _mappable(b)], plan.streaming.slots or 0)
+    mapped = [b for b in host_tier if maps and _mappable(b)]
+    mapped = _map(mapped, plan.streaming.slots or 0, plan.prompt_copy_bytes > 0)
     resident = {b.layer: tuple(w.data for w in b.expert_weights()) for b in blocks}
     disk = [b for b in blocks if tiers.get(b.layer) == "disk"]
     sources: list[ExpertSource] = []
@@ -120,15 +121,16 @@ def _mappable(b: MoEFeedForward) -> bool:
     return packable(b.format) and b.ffn_gate_exps.bias is None
 
 
-def _map(blocks: list[MoEFeedForward], slots: int) -> list[MoEFeedForward]:
-    """Host-tier experts into mapped host memory, `slots` device slots shared out by layer; the
-    blocks mapped (where page-locking fails, the rest stay for the CPU to compute)."""
+def _map(blocks: list[MoEFeedForward], slots: int, copy: bool) -> list[MoEFeedForward]:
+    """Host-tier experts into mapped host memory, `slots` device slots shared out by layer,
+    `copy`: prompts copy a layer's experts to the device; the blocks mapped (where page-locking
+    fails, the rest stay for the CPU to compute)."""
     if not blocks:
         return []
     share, done = slots // len(blocks), []
     for b in blocks:
         try:
-            b.map_experts(share)
+            b.map_experts(share, copy)
         except RuntimeError as e:  # e.g. no page-locked memory left: the CPU computes the rest
             log.warning("host experts: mapping layer %d failed (%s); the CPU computes the "
                         "remaining %d layers", b.layer, e, len(blocks) - len(done))  # fmt: skip

@@ -51,6 +51,7 @@ class ResidencyPlan:
     host_compute: str = (
         "auto"  # host-tier experts: mapped, computed on the CPU, or copied (residency.py)
     )
+    prompt_copy_bytes: int = 0  # mapped experts: one layer's copied to the device per prompt
 
     @property
     def computes_on_host(self) -> bool:
@@ -116,8 +117,14 @@ class ResidencyPlan:
             )
         if "host" in self.expert_tiers().values():
             lines.append(f"  host-tier experts: {_host_compute_text(self)}")
+        if self.prompt_copy_bytes:
+            lines.append(
+                f"  prompt copy {fmt_bytes(self.prompt_copy_bytes)} on the device: one layer's "
+                "host-tier experts at a time, for prompts"
+            )
         lines.append(f"  load mode {self.load_mode}")
         used = by["device"] + self.kv_bytes + self.scratch_bytes + self.slot_pool_bytes
+        used += self.prompt_copy_bytes
         if not mem.separate_device:
             used += by["host"]
         lines.append(f"  planned use {fmt_bytes(used)} of {fmt_bytes(self.budget)}")
@@ -282,8 +289,17 @@ def plan_residency(
                 f"{fmt_bytes(budget - used)} the budget leaves"
             )
         notes.append(f"{st.slots} device slots cache recently used host-tier experts (LRU)")
+    copy = 0
+    if mapped and "disk" not in tiers.values():
+        # a prompt copies a layer's mapped experts to the device in one DMA per plane (each
+        # byte crosses the bus once, at copy speed) where the budget has room for one layer
+        layer = n_expert * slot_bytes
+        if used + (st.slots or 0) * slot_bytes + layer <= budget:
+            copy = layer
+        else:
+            notes.append("prompts read the host-tier experts in place (no room for a layer's copy)")
     rules = tuple(f"{r.pattern} -> {r.tier}  ({r.source})" for r in config.rules)
     return ResidencyPlan(
         tiers, dict(sizes), kv_bytes, scratch_bytes, budget, source, memory, config.load_mode,
-        streaming, slot_bytes, tuple(notes), tuple(warnings), rules, config.host_compute,
+        streaming, slot_bytes, tuple(notes), tuple(warnings), rules, config.host_compute, copy,
     )  # fmt: skip

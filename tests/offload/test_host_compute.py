@@ -135,6 +135,25 @@ def test_plan_of_mapped_host_experts_counts_their_device_slots():
     assert not plan_residency(cfg, sizes, 0, CPU).maps
 
 
+def test_plan_makes_room_for_a_prompts_copy_of_one_mapped_layer():
+    """Mapped host experts: a prompt copies one layer's experts to the device where the budget
+    has room after the slots (counted in the plan's use, said in its text); where it has not,
+    prompts read in place and the notes say so."""
+    sizes = {f"blk.{i}.ffn_{p}_exps.weight": 800 for i in (0, 1) for p in ("gate", "up", "down")}
+    sizes["token_embd.weight"] = 10
+    roomy = {"cpu_moe": True, "host_compute": "mapped", "streaming": {"slots": 4}}
+    plan = plan_residency(resolve([("t", roomy)]), sizes, 0, GPU, n_expert=8)
+    assert plan.prompt_copy_bytes == 8 * 300  # a layer: its 8 experts of 300 bytes
+    text = plan.describe()
+    assert "prompt copy 2.34 KiB on the device" in text
+    assert "planned use 3.53 KiB" in text  # 10 + 4 slots x 300 + 2,400
+    tight = resolve([("t", {**roomy, "budget": "2000"})])  # the slots fit, a layer does not
+    plan = plan_residency(tight, sizes, 0, GPU, n_expert=8)
+    assert plan.prompt_copy_bytes == 0 and "prompt copy" not in plan.describe()
+    assert any("read the host-tier experts in place" in n for n in plan.notes)
+    assert plan_residency(resolve([("t", {"cpu_moe": True})]), sizes, 0, CPU).prompt_copy_bytes == 0
+
+
 def test_mapping_that_fails_leaves_the_rest_to_the_cpu(caplog):
     """Page-locking can fail (no pinned memory left): the layers mapped so far stay mapped,
     the rest are handed back for the CPU to compute, with a warning that says so."""
@@ -144,14 +163,14 @@ def test_mapping_that_fails_leaves_the_rest_to_the_cpu(caplog):
         def __init__(self, layer, fails):
             self.layer, self.fails, self.share = layer, fails, None
 
-        def map_experts(self, share):
+        def map_experts(self, share, copy):
             if self.fails:
                 raise RuntimeError("cudaHostRegister of 1,024 bytes failed (cudaError 2)")
             self.share = share
 
     blocks = [Block(0, False), Block(1, True), Block(2, False)]
     with caplog.at_level("WARNING"):
-        done = _map(blocks, slots=7)
+        done = _map(blocks, slots=7, copy=False)
     assert done == blocks[:1] and blocks[0].share == 7 // 3 and blocks[2].share is None
     assert "mapping layer 1 failed" in caplog.text and "remaining 2 layers" in caplog.text
-    assert _map([], slots=4) == []
+    assert _map([], slots=4, copy=True) == []

@@ -155,3 +155,30 @@ def test_no_slots_or_too_many_pairs_read_the_host_copy_and_count():
         replay = K_USED if slots == 0 else 0  # (a cache counts replays on the device)
         want = 4 + replay
         assert (m.stats.lookups, m.stats.hits, m.stats.misses) == (want, 0, want)
+
+
+def test_a_prompt_copies_the_layer_once_and_gives_the_in_place_bits(monkeypatch):
+    """prompt_copy: a prompt routing at least as many pairs as experts runs on a device copy of
+    the layer (one copy per plane), with the bits of reading the host copy in place; a short
+    call and a layer mapped without the copy read in place."""
+    from localllm.offload import mapped_experts
+
+    pe, fmt = _experts((QT.Q4_K, QT.Q4_K, QT.Q6_K), seed=4)
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(12, D, generator=gen).to(DEVICE)
+    w, ids = route_topk(torch.randn(12, E, generator=gen), K_USED, True)
+    w, ids = w.to(DEVICE), ids.to(DEVICE)
+    copies = []
+    real = mapped_experts.host_view
+    monkeypatch.setattr(mapped_experts, "host_view", lambda t: copies.append(t) or real(t))
+    plain = _mapped(pe, 0)
+    in_place = plain.ffn(x, w, ids, fmt)
+    assert not copies
+    mapper = {} if CUDA else {"mapper": _clone_mapper}
+    copying = mapped_experts.MappedExperts(pe, 0, K_USED, prompt_copy=True, **mapper)
+    assert torch.equal(copying.ffn(x, w, ids, fmt), in_place)
+    planes = [t for p in (*copying.host.gate_up, copying.host.down) for t in p.planes.values()]
+    assert len(copies) == len(planes) and all(a is b for a, b in zip(copies, planes, strict=True))
+    copies.clear()
+    copying.ffn(x[:2], w[:2], ids[:2], fmt)  # decode-sized: read in place
+    assert not copies

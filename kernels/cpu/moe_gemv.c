@@ -86,36 +86,59 @@ static inline __m256i dot_u8s8(__m256i u, __m256i s) {
 #endif
 }
 
+static inline __m256 lane(__m256 v, int i) {
+    return _mm256_permutevar8x32_ps(v, _mm256_set1_epi32(i));
+}
+
+static inline float hsum(__m256 v) {
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h);
+}
+
+/* The 8 6-bit scales (bytes 0-7 of out) and mins (bytes 8-15) of a Q4_K super-block's 12
+ * packed bytes, all at once (scale_min_k4 for j = 0..7). */
+static inline void scales_mins_k4(const uint8_t *q, uint32_t out[4]) {
+    uint32_t a[3];
+    memcpy(a, q, 12);
+    out[0] = a[0] & 0x3f3f3f3f;
+    out[1] = (a[2] & 0x0f0f0f0f) | (((a[0] >> 6) & 0x03030303) << 4);
+    out[2] = a[1] & 0x3f3f3f3f;
+    out[3] = ((a[2] >> 4) & 0x0f0f0f0f) | (((a[1] >> 6) & 0x03030303) << 4);
+}
+
 static float dot_q4_k(const uint8_t *w, const int8_t *q8, const float *d8, const int16_t *bs,
                       int64_t nb) {
     const __m256i low = _mm256_set1_epi8(0x0F);
-    __m256 acc = _mm256_setzero_ps();
-    float summ_all = 0.f;
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc = _mm256_setzero_ps(), macc = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++, w += 144, q8 += 256, d8 += 8, bs += 16) {
-        const uint8_t *sc = w + 4, *qs = w + 16;
+        const uint8_t *qs = w + 16;
         const float d = h2f(rd16(w)), dmin = h2f(rd16(w + 2));
-        float summ = 0.f;
+        uint32_t sm[4];
+        scales_mins_k4(w + 4, sm);
+        /* per 32-value sub-block: d * (its activation scale) * (its 6-bit scale), as before */
+        const __m256 dx = _mm256_loadu_ps(d8);
+        const __m256i s8 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)sm));
+        const __m256i m8 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(sm + 2)));
+        const __m256 scale = _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(d), dx),
+                                           _mm256_cvtepi32_ps(s8));
         for (int j = 0; j < 4; j++) {
-            int s1, m1, s2, m2;
-            scale_min_k4(2 * j, sc, &s1, &m1);
-            scale_min_k4(2 * j + 1, sc, &s2, &m2);
             const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));
             const __m256i x1 = _mm256_loadu_si256((const __m256i *)(q8 + 64 * j));
             const __m256i x2 = _mm256_loadu_si256((const __m256i *)(q8 + 64 * j + 32));
             const __m256i p1 = dot_u8s8(_mm256_and_si256(q, low), x1);
             const __m256i p2 = dot_u8s8(_mm256_and_si256(_mm256_srli_epi16(q, 4), low), x2);
-            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_set1_ps(d * d8[2 * j] * s1), acc);
-            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p2), _mm256_set1_ps(d * d8[2 * j + 1] * s2),
-                                  acc);
-            summ += d8[2 * j] * (float)(m1 * (bs[4 * j] + bs[4 * j + 1])) +
-                    d8[2 * j + 1] * (float)(m2 * (bs[4 * j + 2] + bs[4 * j + 3]));
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), lane(scale, 2 * j), acc);
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p2), lane(scale, 2 * j + 1), acc);
         }
-        summ_all += dmin * summ;
+        /* minimums: each sub-block's min times its activation code sum (the 16-sums paired) */
+        const __m256i bsum = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)bs), ones);
+        const __m256 mterm = _mm256_mul_ps(dx, _mm256_cvtepi32_ps(_mm256_mullo_epi32(m8, bsum)));
+        macc = _mm256_fmadd_ps(mterm, _mm256_set1_ps(dmin), macc);
     }
-    __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-    h = _mm_add_ss(h, _mm_movehdup_ps(h));
-    return _mm_cvtss_f32(h) - summ_all;
+    return hsum(acc) - hsum(macc);
 }
 #else
 static float dot_q4_k(const uint8_t *w, const int8_t *q8, const float *d8, const int16_t *bs,
@@ -153,15 +176,23 @@ static float dot_q4_k(const uint8_t *w, const int8_t *q8, const float *d8, const
 static float dot_q6_k(const uint8_t *w, const int8_t *q8, const float *d8, const int16_t *bs,
                       int64_t nb) {
     const __m256i low = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(3);
-    __m256 acc = _mm256_setzero_ps();
-    float off_all = 0.f;
+    /* 16-value group g of half n uses activation scale d8[4 n + g / 2]: lanes duplicated */
+    const __m256i dup = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
+    __m256 acc = _mm256_setzero_ps(), oacc = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++, w += 210, q8 += 256, d8 += 8, bs += 16) {
         const int8_t *sc = (const int8_t *)(w + 192);
-        const float d = h2f(rd16(w + 208));
-        float off = 0.f;
+        const __m256 d = _mm256_set1_ps(h2f(rd16(w + 208)));
+        const __m256 dx = _mm256_loadu_ps(d8);
+        const __m256 e8 = _mm256_mul_ps(dx, d); /* per 32 values: activation scale x d */
         for (int n = 0; n < 2; n++) {
             const uint8_t *l0 = w + 64 * n, *h0 = w + 128 + 32 * n;
-            const int8_t *s = sc + 8 * n, *x = q8 + 128 * n;
+            const int8_t *x = q8 + 128 * n;
+            /* e x scale per 16-value group, lanes 2p and 2p + 1 for quarter p */
+            const __m256 en = _mm256_permutevar8x32_ps(
+                _mm256_castps128_ps256(n ? _mm256_extractf128_ps(e8, 1) : _mm256_castps256_ps128(e8)),
+                dup);
+            const __m256i s16 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(sc + 8 * n)));
+            const __m256 scale = _mm256_mul_ps(en, _mm256_cvtepi32_ps(s16));
             const __m256i la = _mm256_loadu_si256((const __m256i *)l0);
             const __m256i lb = _mm256_loadu_si256((const __m256i *)(l0 + 32));
             const __m256i hh = _mm256_loadu_si256((const __m256i *)h0);
@@ -176,20 +207,19 @@ static float dot_q6_k(const uint8_t *w, const int8_t *q8, const float *d8, const
                                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hh, 6), two), 4));
             for (int p = 0; p < 4; p++) {
                 const __m256i xv = _mm256_loadu_si256((const __m256i *)(x + 32 * p));
-                const float e = d8[4 * n + p] * d;
-                const __m256 scale = _mm256_set_m128(_mm_set1_ps(e * s[2 * p + 1]),
-                                                     _mm_set1_ps(e * s[2 * p]));
-                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_u8s8(q[p], xv)), scale, acc);
-                const int16_t *bj = bs + 8 * n + 2 * p;
-                off += e * (float)(s[2 * p] * bj[0] + s[2 * p + 1] * bj[1]);
+                const __m256i idx = _mm256_setr_epi32(2 * p, 2 * p, 2 * p, 2 * p, 2 * p + 1,
+                                                      2 * p + 1, 2 * p + 1, 2 * p + 1);
+                const __m256 sp = _mm256_permutevar8x32_ps(scale, idx);
+                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_u8s8(q[p], xv)), sp, acc);
             }
         }
-        off_all += off;
+        /* the -32 offset, both halves at once: scale x code sum per 16-value group, paired per
+         * quarter (8 sums), times that quarter's e */
+        const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc));
+        const __m256i off = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)bs));
+        oacc = _mm256_fmadd_ps(e8, _mm256_cvtepi32_ps(off), oacc);
     }
-    __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-    h = _mm_add_ss(h, _mm_movehdup_ps(h));
-    return _mm_cvtss_f32(h) - 32.f * off_all;
+    return hsum(acc) - 32.f * hsum(oacc);
 }
 #else
 static float dot_q6_k(const uint8_t *w, const int8_t *q8, const float *d8, const int16_t *bs,

@@ -3,7 +3,7 @@ Qwen3-30B-A3B-shaped layers (gate/up Q4_K, down Q6_K, 128 experts, top-8; ~370 M
 rotated call by call, random experts per token, native kernels over the raw blocks against the
 prepared torch path. Not a test.
 
-    python tests/perf/bench_moe_cold.py [--threads 2] [--layers 4] [--rows 1 16 64]
+    python tests/perf/bench_moe_cold.py [--threads 2] [--layers 4] [--rows 1 16 64] [--native-only]
 """
 
 import argparse
@@ -50,6 +50,7 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--calls", type=int, default=20)
     ap.add_argument("--rows", type=int, nargs="*", default=[1, 16, 64])
+    ap.add_argument("--native-only", action="store_true", help="skip the prepared torch path")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     rng = np.random.default_rng(0)
@@ -57,7 +58,7 @@ def main() -> None:
            for _ in range(a.layers)]  # fmt: skip
     native = load_native()
     prepared = [[prepare_expert(ExpertBlocks(g[e], u[e], d[e]), FMT) for e in range(E)]
-                for g, u, d in raw]  # fmt: skip
+                for g, u, d in raw] if not a.native_only else None  # fmt: skip
     types = (FMT.gate, FMT.up, FMT.down)
     mb = sum(t.numel() for t in raw[0]) / 1e6
     flags = native and " ".join(native.flags)
@@ -67,7 +68,7 @@ def main() -> None:
         nat = median_ms(lambda L, x, w, i: native.moe_ffn(x, w, i, *L, types), raw, rows,
                         a.calls, rows) if native else float("nan")  # fmt: skip
         prep = median_ms(lambda P, x, w, i: expert_ffn_grouped(x, w, i, P.__getitem__, FMT),
-                         prepared, rows, a.calls, rows)  # fmt: skip
+                         prepared, rows, a.calls, rows) if prepared else float("nan")  # fmt: skip
         print(f"rows {rows:3d}: native {nat:8.2f} ms, prepared {prep:8.2f} ms per layer call")
 
 

@@ -257,6 +257,20 @@ static float dot_q6_k(const uint8_t *w, const int8_t *q8, const float *d8, const
 
 #endif
 
+#if defined(__AVX2__) && defined(__FMA__)
+/* Q8_0 with AVX2: the signs moved onto the activations so the weights enter unsigned (|w| <= 127:
+ * the pair sums cannot saturate), one multiply-add chain per 32 values, scales in float lanes. */
+static float dot_q8_0(const uint8_t *w, const int8_t *q8, const float *d8, int64_t nb) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++, w += 34, q8 += 32) {
+        const __m256i qw = _mm256_loadu_si256((const __m256i *)(w + 2));
+        const __m256i xv = _mm256_loadu_si256((const __m256i *)q8);
+        const __m256i p = dot_u8s8(_mm256_sign_epi8(qw, qw), _mm256_sign_epi8(xv, qw));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(h2f(rd16(w)) * d8[b]), acc);
+    }
+    return hsum(acc);
+}
+#else
 static float dot_q8_0(const uint8_t *w, const int8_t *q8, const float *d8, int64_t nb) {
     float sum = 0.f;
     for (int64_t b = 0; b < nb; b++, w += 34, q8 += 32) {
@@ -267,6 +281,7 @@ static float dot_q8_0(const uint8_t *w, const int8_t *q8, const float *d8, int64
     }
     return sum;
 }
+#endif
 
 /* The hardware prefetchers stop at 4 KiB pages (file pages are never huge): ask for the row
  * PREFETCH_ROWS ahead of the one being dotted, so each thread keeps reads in flight. */

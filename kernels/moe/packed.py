@@ -16,7 +16,8 @@ import torch
 
 from localllm.kernels.fused.ops import silu_mul, silu_mul_q
 from localllm.kernels.moe.experts import ExpertBlocks, ExpertFormat, _glu, group_by_expert
-from localllm.kernels.moe.grouped import SortedPairs, block_rows, grouped_gemm, sort_pairs
+from localllm.kernels.moe.grouped import grouped_gemm
+from localllm.kernels.moe.pairs import SortedPairs, block_rows, sort_pairs
 from localllm.kernels.quant.repack import (
     PACKED_TYPES,
     PackedBlocks,

@@ -34,8 +34,7 @@ def _rel(a, b):
 
 @pytest.mark.parametrize(("pairs", "n_expert", "bm"), [(1, 4, 16), (40, 6, 16), (300, 5, 32)])
 def test_sort_pairs_groups_every_pair_once_by_expert(pairs, n_expert, bm):
-    pytest.importorskip("triton")
-    from localllm.kernels.moe.grouped import sort_pairs
+    from localllm.kernels.moe.pairs import sort_pairs
 
     gen = torch.Generator().manual_seed(pairs)
     ids = torch.randint(0, n_expert - 1, (pairs,), generator=gen)  # the last expert gets none
@@ -66,7 +65,8 @@ def _experts(name: str, e: int, n: int, k: int, seed: int) -> torch.Tensor:
 @pytest.mark.parametrize("name", ["Q4_K", "Q6_K", "Q8_0"])
 @pytest.mark.parametrize(("k", "adiv", "bm"), [(256, 1, 16), (512, 2, 32)])
 def test_grouped_gemm_matches_reference(name, k, adiv, bm):
-    from localllm.kernels.moe.grouped import grouped_gemm, grouped_gemm_reference, sort_pairs
+    from localllm.kernels.moe.grouped import grouped_gemm, grouped_gemm_reference
+    from localllm.kernels.moe.pairs import sort_pairs
     from localllm.kernels.quant.triton_packed import quantize_x8
 
     e, n, pairs = 4, 72, 38  # N not a multiple of the tile, an expert without rows
@@ -89,7 +89,8 @@ def test_grouped_gemm_matches_reference(name, k, adiv, bm):
 def test_a_pairs_bits_do_not_depend_on_its_launch(name):
     """The rows of one expert computed alone (a one-expert launch over its planes only) equal
     the same rows computed among every expert's pairs, bit for bit."""
-    from localllm.kernels.moe.grouped import grouped_gemm, sort_pairs
+    from localllm.kernels.moe.grouped import grouped_gemm
+    from localllm.kernels.moe.pairs import sort_pairs
     from localllm.kernels.quant.triton_packed import quantize_x8
 
     e, n, k, pairs = 5, 64, 512, 70

@@ -14,7 +14,8 @@ import torch
 from gguf import GGMLQuantizationType as QT
 
 from localllm.kernels.moe import ExpertFormat, packed, route_topk
-from localllm.kernels.moe.grouped import GroupedConfig, block_rows, grouped_gemm, sort_pairs
+from localllm.kernels.moe.grouped import GroupedConfig, grouped_gemm
+from localllm.kernels.moe.pairs import block_rows, sort_pairs
 from localllm.kernels.quant import QuantType
 from localllm.kernels.quant.triton_packed import dequantize_experts_t, quantize_x8
 from tests.perf.make_synthetic import random_rows

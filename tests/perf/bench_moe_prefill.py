@@ -86,16 +86,10 @@ def main() -> None:
     ap.add_argument(
         "--sweep", type=int, default=512, help="tokens for the geometry sweep (0: none)"
     )
-    ap.add_argument("--variants", action="store_true", help="the Q4_K loop variants, then stop")
     args = ap.parse_args()
     dev = torch.device("cuda")
     print(torch.cuda.get_device_name(), "torch", torch.__version__)
     gate, up = _stack("Q4_K", H, D, 1).to(dev), _stack("Q4_K", H, D, 2).to(dev)
-    if args.variants:
-        down = _stack("Q6_K", D, H, 3).to(dev)
-        fmt = ExpertFormat(QuantType.Q4_K, QuantType.Q4_K, QuantType.Q6_K, D, H)
-        _variants(packed.pack_experts(gate, up, down, fmt, K_USED), fmt, args.tokens, dev)
-        return
     for down_t in args.down.split(","):
         down = _stack(down_t, D, H, 3).to(dev)
         fmt = ExpertFormat(QuantType.Q4_K, QuantType.Q4_K, QuantType[down_t], D, H)
@@ -127,44 +121,6 @@ def main() -> None:
             print(f"|   bits equal across bm 16/32/64: {same} |")
         if args.sweep and down_t == args.down.split(",")[0]:
             _sweep(pe, fmt, args.sweep, dev)
-
-
-def _variants(pe, fmt, tokens: str, dev) -> None:
-    """gate_up through the library kernel and the flat-loop variants; the expansion's parts."""
-    from tests.perf.grouped_variants import launch
-
-    p = pe.gate_up[0]
-    print("| tokens | kernel | bm | bn | warps | stages | ms | TFLOPS | equal |")
-    print("|---:|---|---:|---:|---:|---:|---:|---:|---|")
-    for t in (int(v) for v in tokens.split(",")):
-        gen = torch.Generator(device=dev).manual_seed(t)
-        x = torch.randn(t, D, device=dev, generator=gen)
-        _, ids = route_topk(torch.randn(t, E, device=dev, generator=gen), K_USED, True)
-        xq, flops = quantize_x8(x), 2 * t * K_USED * p.n * p.k
-        for bm in sorted({block_rows(t * K_USED, E), 64}):
-            sp = sort_pairs(ids, E, bm)
-            ref = grouped_gemm(xq, sp, p, K_USED)
-            lib = (xq, sp, p, K_USED, GroupedConfig(128, 4, 3))
-            runs = [("lib", 128, 4, 3, lambda lib=lib: grouped_gemm(*lib))]
-            geos = itertools.product((False, True), (64, 128), (4,), (2, 3))
-            for words, bn, warps, stages in geos:
-                name = "flat-words" if words else "flat-bytes"
-                call = (xq, sp, p, K_USED, words, bn, warps, stages)
-                runs.append((name, bn, warps, stages, lambda call=call: launch(*call)))
-            for name, bn, warps, stages, fn in runs:
-                row = f"| {t} | {name} | {bm} | {bn} | {warps} | {stages} |"
-                try:
-                    same = torch.equal(fn(), ref)
-                    ms = _time(fn, 10)
-                except Exception as exc:
-                    print(row, type(exc).__name__, "|")
-                    continue
-                print(row, f"{ms:.3f} | {flops / ms / 1e9:.0f} | {same} |")
-    for q in (*pe.gate_up, pe.down):
-        ms = _time(lambda q=q: dequantize_experts_t(q, 0, E), 10)
-        gb = E * q.n * q.k * 2 / 1e9
-        what = f"expand {q.qtype.name} {q.n}x{q.k} x {E}"
-        print(f"{what}: {ms:.3f} ms ({gb / ms * 1e3:.0f} GB/s of bf16 written)")
 
 
 def _sweep(pe, fmt, t: int, dev) -> None:

@@ -104,13 +104,16 @@ def ffn_pairs(
         gemv_packed_grouped(xq, p, ids, xdiv, c) for p, c in zip(pe.gate_up, counters, strict=True)
     ]
     h = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
-    if fmt.act == "silu":  # the product comes out quantized for down: one launch, not two
+    return gemv_packed_grouped(_act_quantized(h, fmt), pe.down, ids, 1, pe.counters[-1])
+
+
+def _act_quantized(h: torch.Tensor, fmt: ExpertFormat) -> QuantizedX:
+    """act(gate) * up of h [pairs, 2 hidden], quantized for down (SiLU: one launch, not two)."""
+    if fmt.act == "silu":
         a, aq = silu_mul_q(h, fmt.hidden, max_rows=h.shape[0])
     else:
         a, aq = _act(h, fmt), None
-    if aq is None:
-        aq = quantize_x8(a)
-    return gemv_packed_grouped(aq, pe.down, ids, 1, pe.counters[-1])
+    return aq if aq is not None else quantize_x8(a)
 
 
 def ffn_sorted(
@@ -128,11 +131,7 @@ def ffn_sorted(
         xq = quantize_x8(x.float().contiguous())
     parts = [grouped_gemm(xq, sp, p, xdiv) for p in pe.gate_up]
     h = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
-    if fmt.act == "silu":
-        a, aq = silu_mul_q(h, fmt.hidden, max_rows=h.shape[0])
-    else:
-        a, aq = _act(h, fmt), None
-    return grouped_gemm(aq if aq is not None else quantize_x8(a), sp, pe.down, 1)
+    return grouped_gemm(_act_quantized(h, fmt), sp, pe.down, 1)
 
 
 def combine(y: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:

@@ -1,7 +1,8 @@
-"""Where a prompt's GPU time goes: `localllm bench` arguments run under torch.profiler (CUDA
-activity only, so the host side is not slowed), kernels listed by total device time. The bench
-runs a warm-up and its repetitions: divide the totals by (1 + r) for one prompt. Run on the
-H200: `python3 tests/perf/prof_prefill.py -m FILE --device cuda -p 512 -n 0 -r 1`."""
+"""Where a prompt's time goes: `localllm bench` arguments run under torch.profiler (on a GPU
+the CUDA activity only, so the host side is not slowed; on a CPU the CPU ops), listed by total
+time. The bench runs a warm-up and its repetitions: divide the totals by (1 + r) for one
+prompt. On the H200: `python3 tests/perf/prof_prefill.py -m FILE --device cuda -p 512 -n 0 -r 1`.
+"""
 
 import sys
 
@@ -11,9 +12,12 @@ from torch.profiler import ProfilerActivity, profile
 from localllm.app.bench import main
 
 if __name__ == "__main__":
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    gpu = torch.cuda.is_available()
+    with profile(activities=[ProfilerActivity.CUDA if gpu else ProfilerActivity.CPU]) as prof:
         main(sys.argv[1:])
     events = prof.key_averages()
-    print(events.table(sort_by="device_time_total", row_limit=40, max_name_column_width=60))
-    total = sum(e.device_time_total for e in events) / 1e3
-    print(f"device time, all kernels: {total:.1f} ms ({torch.cuda.get_device_name()})")
+    key = "device_time_total" if gpu else "self_cpu_time_total"
+    print(events.table(sort_by=key, row_limit=40, max_name_column_width=60))
+    total = sum(getattr(e, key) for e in events) / 1e3
+    where = torch.cuda.get_device_name() if gpu else "CPU, self time"
+    print(f"all ops: {total:.1f} ms ({where})")

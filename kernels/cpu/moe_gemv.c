@@ -64,6 +64,7 @@ static void quantize_row(const float *x, int64_t k, int8_t *q, float *d, int16_t
     }
 }
 
+#if !(defined(__AVX2__) && defined(__FMA__)) /* the plain Q4_K dot's; AVX2 unpacks all 8 at once */
 static void scale_min_k4(int j, const uint8_t *q, int *d, int *m) {
     if (j < 4) {
         *d = q[j] & 63;
@@ -73,6 +74,7 @@ static void scale_min_k4(int j, const uint8_t *q, int *d, int *m) {
         *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
     }
 }
+#endif
 
 #if defined(__AVX2__) && defined(__FMA__)
 /* Q4_K with AVX2: 32 nibbles x 32 int8 per multiply-add pair, the int32 sums scaled and kept in
@@ -108,38 +110,59 @@ static inline void scales_mins_k4(const uint8_t *q, uint32_t out[4]) {
     out[3] = ((a[2] >> 4) & 0x0f0f0f0f) | (((a[1] >> 6) & 0x03030303) << 4);
 }
 
-static float dot_q4_k(const uint8_t *w, const int8_t *q8, const float *d8, const int16_t *bs,
-                      int64_t nb) {
+/* Q4_K rows of R pairs at once (R = 1 or 2): the weight's scales, minimums and nibbles are
+ * decoded once for both; each pair's own arithmetic is the one-pair dot's, in the same order,
+ * so its result has the same bits whichever way it is computed. */
+static inline void dot_q4_k_rows(const uint8_t *w, const int8_t *const *q8, const float *const *d8,
+                                 const int16_t *const *bs, int64_t nb, int R, float *out) {
     const __m256i low = _mm256_set1_epi8(0x0F);
     const __m256i ones = _mm256_set1_epi16(1);
-    __m256 acc = _mm256_setzero_ps(), macc = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; b++, w += 144, q8 += 256, d8 += 8, bs += 16) {
+    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    __m256 macc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int64_t b = 0; b < nb; b++, w += 144) {
         const uint8_t *qs = w + 16;
         const float d = h2f(rd16(w)), dmin = h2f(rd16(w + 2));
         uint32_t sm[4];
         scales_mins_k4(w + 4, sm);
-        /* per 32-value sub-block: d * (its activation scale) * (its 6-bit scale), as before */
-        const __m256 dx = _mm256_loadu_ps(d8);
-        const __m256i s8 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)sm));
+        const __m256 sf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)sm)));
         const __m256i m8 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(sm + 2)));
-        const __m256 scale = _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(d), dx),
-                                           _mm256_cvtepi32_ps(s8));
+        __m256 scale[2], dx[2];
+        for (int r = 0; r < R; r++) {
+            /* per 32-value sub-block: d * (its activation scale) * (its 6-bit scale) */
+            dx[r] = _mm256_loadu_ps(d8[r] + 8 * b);
+            scale[r] = _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(d), dx[r]), sf);
+        }
         for (int j = 0; j < 4; j++) {
             const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));
-            const __m256i x1 = _mm256_loadu_si256((const __m256i *)(q8 + 64 * j));
-            const __m256i x2 = _mm256_loadu_si256((const __m256i *)(q8 + 64 * j + 32));
-            const __m256i p1 = dot_u8s8(_mm256_and_si256(q, low), x1);
-            const __m256i p2 = dot_u8s8(_mm256_and_si256(_mm256_srli_epi16(q, 4), low), x2);
-            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), lane(scale, 2 * j), acc);
-            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p2), lane(scale, 2 * j + 1), acc);
+            const __m256i lo = _mm256_and_si256(q, low);
+            const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low);
+            for (int r = 0; r < R; r++) {
+                const int8_t *x = q8[r] + 256 * b + 64 * j;
+                const __m256i p1 = dot_u8s8(lo, _mm256_loadu_si256((const __m256i *)x));
+                const __m256i p2 = dot_u8s8(hi, _mm256_loadu_si256((const __m256i *)(x + 32)));
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), lane(scale[r], 2 * j), acc[r]);
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p2), lane(scale[r], 2 * j + 1), acc[r]);
+            }
         }
-        /* minimums: each sub-block's min times its activation code sum (the 16-sums paired) */
-        const __m256i bsum = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)bs), ones);
-        const __m256 mterm = _mm256_mul_ps(dx, _mm256_cvtepi32_ps(_mm256_mullo_epi32(m8, bsum)));
-        macc = _mm256_fmadd_ps(mterm, _mm256_set1_ps(dmin), macc);
+        for (int r = 0; r < R; r++) {
+            /* minimums: each sub-block's min times its activation code sum (16-sums paired) */
+            const __m256i bsum =
+                _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(bs[r] + 16 * b)), ones);
+            const __m256 mterm =
+                _mm256_mul_ps(dx[r], _mm256_cvtepi32_ps(_mm256_mullo_epi32(m8, bsum)));
+            macc[r] = _mm256_fmadd_ps(mterm, _mm256_set1_ps(dmin), macc[r]);
+        }
     }
-    return hsum(acc) - hsum(macc);
+    for (int r = 0; r < R; r++) out[r] = hsum(acc[r]) - hsum(macc[r]);
 }
+
+static float dot_q4_k(const uint8_t *w, const int8_t *q8, const float *d8, const int16_t *bs,
+                      int64_t nb) {
+    float out;
+    dot_q4_k_rows(w, &q8, &d8, &bs, nb, 1, &out);
+    return out;
+}
+#define Q4K_ROWS 1
 #else
 static float dot_q4_k(const uint8_t *w, const int8_t *q8, const float *d8, const int16_t *bs,
                       int64_t nb) {
@@ -341,7 +364,20 @@ void moe_pairs(int64_t t, int64_t ngroups, const int64_t *gstart, const uint8_t 
                 const uint8_t *w = r < hidden ? gate[g] + rr * rg : up[g] + rr * ru;
                 if (gstart[g + 1] - gstart[g] <= PREFETCH_PAIRS && rr + PREFETCH_ROWS < hidden)
                     prefetch_row(w + PREFETCH_ROWS * (r < hidden ? rg : ru), r < hidden ? rg : ru);
-                for (int64_t p = gstart[g]; p < gstart[g + 1]; p++) {
+                int64_t p = gstart[g];
+#ifdef Q4K_ROWS
+                for (; type == Q4_K && p + 1 < gstart[g + 1]; p += 2) {  /* decode once, dot twice */
+                    int64_t i = tok[p], i2 = tok[p + 1];
+                    const int8_t *q[2] = {xq + i * dim, xq + i2 * dim};
+                    const float *dd[2] = {xd + i * dim / 32, xd + i2 * dim / 32};
+                    const int16_t *bb[2] = {xb + i * dim / 16, xb + i2 * dim / 16};
+                    float two[2];
+                    dot_q4_k_rows(w, q, dd, bb, dim / 256, 2, two);
+                    h[p * 2 * hidden + r] = two[0];
+                    h[(p + 1) * 2 * hidden + r] = two[1];
+                }
+#endif
+                for (; p < gstart[g + 1]; p++) {
                     int64_t i = tok[p];
                     h[p * 2 * hidden + r] = dot(type, w, xq + i * dim, xd + i * dim / 32,
                                                 xb + i * dim / 16, dim);

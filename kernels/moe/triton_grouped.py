@@ -33,6 +33,13 @@ def _rows(sid_ptr, bexp_ptr, ADIV, BM: tl.constexpr):
 
 
 @triton.jit
+def _cols(N, BN: tl.constexpr):
+    """This program's weight rows (output columns) and which of them exist."""
+    cols = tl.program_id(1) * BN + tl.arange(0, BN)
+    return cols, cols < N
+
+
+@triton.jit
 def _split(w):
     """Words [8, BN] -> their bytes [32, BN] as int32 (row r: byte r % 4 of word r // 4, the
     code at K offset r)."""
@@ -63,8 +70,7 @@ def _grouped_q4k(
         e64 = e.to(tl.int64)
         qs_ptr += e64 * (NB * 32 * N)
         hdr_ptr += e64 * (NB * 4 * N)
-        cols = tl.program_id(1) * BN + tl.arange(0, BN)
-        cm = cols < N
+        cols, cm = _cols(N, BN)
         lane = tl.arange(0, 8)
         K32 = K // 32
         acc = tl.zeros([BM, BN], dtype=tl.float32)
@@ -87,7 +93,8 @@ def _grouped_q4k(
 
 @triton.jit
 def _affine(h1, h2, h3, sub):
-    """`triton_dp4a._q4k_affine` for a sub-block index known only at run time."""
+    """`triton_dp4a._q4k_affine` for a sub-block index known only at run time (the flat loop's);
+    the decode GEMVs keep the compile-time form, whose branch drops the unused header word."""
     sh = (sub % 4) * 8
     a1 = (h1 >> sh) & 0xFF
     a2 = (h2 >> sh) & 0xFF
@@ -110,8 +117,7 @@ def _grouped_q6k(
         qh_ptr += e64 * (NB * 16 * N)
         sc_ptr += e64 * (NB * 4 * N)
         d_ptr += e64 * (NB * N)
-        cols = tl.program_id(1) * BN + tl.arange(0, BN)
-        cm = cols < N
+        cols, cm = _cols(N, BN)
         lane = tl.arange(0, 8)
         first = (tl.arange(0, 32) < 16)[None, :]  # a quarter's two 16-value scale groups
         K32 = K // 32
@@ -147,8 +153,7 @@ def _grouped_q8_0(
         e64 = e.to(tl.int64)
         qs_ptr += e64 * (NB * 8 * N)
         d_ptr += e64 * (NB * N)
-        cols = tl.program_id(1) * BN + tl.arange(0, BN)
-        cm = cols < N
+        cols, cm = _cols(N, BN)
         lane = tl.arange(0, 8)
         K32 = K // 32
         acc = tl.zeros([BM, BN], dtype=tl.float32)

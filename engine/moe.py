@@ -213,10 +213,15 @@ class MoEFeedForward(nn.Module):
         x = x.reshape(-1, self.dim)
         r, w = self.routing, self.ffn_gate_inp.dense_weight()
         if r is None and x.is_cuda and w is not None and self.ffn_gate_inp.bias is None:
-            from localllm.kernels.moe.triton_route import ROUTE_MAX_T, route_topk_cuda
+            from localllm.kernels.moe.triton_route import (
+                ROUTE_MAX_T,
+                route_topk_cuda,
+                topk_softmax_cuda,
+            )
 
             if x.shape[0] <= ROUTE_MAX_T:  # decode: two launches instead of ~6
                 return route_topk_cuda(x, w, self.n_used, self.norm_topk_prob)
+            return topk_softmax_cuda(self.ffn_gate_inp(x), self.n_used, self.norm_topk_prob)
         logits = self.ffn_gate_inp(x)
         if r is None:
             return route_topk(logits, self.n_used, self.norm_topk_prob)

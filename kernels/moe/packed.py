@@ -18,6 +18,7 @@ from localllm.kernels.fused.ops import silu_mul, silu_mul_q
 from localllm.kernels.moe.experts import ExpertBlocks, ExpertFormat, _glu, group_by_expert
 from localllm.kernels.moe.grouped import grouped_gemm
 from localllm.kernels.moe.pairs import SortedPairs, block_rows, sort_pairs
+from localllm.kernels.moe.triton_pairs import sort_pairs_cuda
 from localllm.kernels.quant.repack import (
     PACKED_TYPES,
     PackedBlocks,
@@ -166,7 +167,7 @@ def _prefill(
 ) -> torch.Tensor:
     """Many tokens: pairs sorted by expert on the device, grouped GEMMs over the packed blocks."""
     t, k = ids.shape
-    sp = sort_pairs(ids, pe.n_expert, block_rows(t * k, pe.n_expert))
+    sp = sort_pairs_cuda(ids, pe.n_expert, block_rows(t * k, pe.n_expert))
     return combine(ffn_sorted(x, sp, k, pe, fmt, xq), weights)
 
 

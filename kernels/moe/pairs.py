@@ -27,6 +27,12 @@ def block_rows(pairs: int, n_expert: int) -> int:
     return 16 if per <= 12 else 64  # per expert, 64 at 32 and 128 (bench_moe_prefill)
 
 
+def pair_blocks(pairs: int, n_expert: int, bm: int) -> int:
+    """Row blocks enough for `pairs` over `n_expert` experts whatever the routing: each used
+    expert pads its rows to a whole block (at most bm - 1 rows of padding each)."""
+    return -(-(pairs + min(n_expert, pairs) * (bm - 1)) // bm)
+
+
 def sort_pairs(ids: torch.Tensor, n_expert: int, bm: int) -> SortedPairs:
     """Flat expert ids [P] -> SortedPairs, on the ids' device with no host sync."""
     flat = ids.reshape(-1).long()
@@ -37,7 +43,7 @@ def sort_pairs(ids: torch.Tensor, n_expert: int, bm: int) -> SortedPairs:
     pend = padded.cumsum(0)
     order = torch.argsort(flat, stable=True)
     shift = (pend - padded) - (counts.cumsum(0) - counts)  # padded start - packed start
-    blocks = -(-(p + min(n_expert, p) * (bm - 1)) // bm)
+    blocks = pair_blocks(p, n_expert, bm)
     rows = torch.full((blocks * bm,), -1, dtype=torch.int32, device=dev)
     rows[torch.arange(p, device=dev) + shift[flat[order]]] = order.to(torch.int32)
     starts = torch.arange(blocks, device=dev) * bm

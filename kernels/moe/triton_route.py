@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-ROUTE_MAX_T = 8  # tokens per call (decode); prefill keeps torch's batched ops
+ROUTE_MAX_T = 8  # tokens per call of the router GEMV (decode); prompts take torch's GEMM
 
 
 @triton.jit
@@ -72,8 +72,18 @@ def route_topk_cuda(
     bt = triton.next_power_of_2(max(t, 1))
     bk = min(512 // bt, triton.next_power_of_2(d))
     _router_logits[(e,)](x, w, logits, t, e, K=d, BT=bt, BK=bk, num_warps=2)
-    weights = torch.empty(t, k, dtype=torch.float32, device=x.device)
-    ids = torch.empty(t, k, dtype=torch.int64, device=x.device)
+    return topk_softmax_cuda(logits, k, norm_topk_prob)
+
+
+def topk_softmax_cuda(
+    logits: torch.Tensor, k: int, norm_topk_prob: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`route_topk` of float32 logits [T, E] in one launch (any T: prompts take torch's router
+    GEMM, then this in place of a sorting top-k, a softmax and copies)."""
+    t, e = logits.shape
+    logits = logits.float().contiguous()
+    weights = torch.empty(t, k, dtype=torch.float32, device=logits.device)
+    ids = torch.empty(t, k, dtype=torch.int64, device=logits.device)
     be, kp = triton.next_power_of_2(e), triton.next_power_of_2(k)
     _topk_softmax[(t,)](logits, weights, ids, e, KSEL=k, KP=kp, BE=be, NORM=norm_topk_prob)
     return weights, ids

@@ -55,6 +55,32 @@ def test_sort_pairs_groups_every_pair_once_by_expert(pairs, n_expert, bm):
     assert used == sorted(used) and n_expert - 1 not in used
 
 
+@needs_triton
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("pairs", "n_expert", "bm"),
+    [(1, 4, 16), (40, 6, 16), (300, 5, 32), (4096, 128, 64), (1000, 256, 16), (9000, 128, 64)],
+)
+def test_sort_pairs_cuda_equals_the_torch_sort(pairs, n_expert, bm):
+    from localllm.kernels.moe.pairs import sort_pairs
+    from localllm.kernels.moe.triton_pairs import sort_pairs_cuda
+
+    gen = torch.Generator().manual_seed(pairs + n_expert)
+    # skewed routing (a few hot experts, some unused), as a real router's
+    hot = torch.randint(0, n_expert, (pairs,), generator=gen) % max(1, n_expert // 3)
+    ids = torch.where(
+        torch.rand(pairs, generator=gen) < 0.5,
+        hot,
+        torch.randint(0, n_expert, (pairs,), generator=gen),
+    )
+    want = sort_pairs(ids, n_expert, bm)
+    for dtype in (torch.int64, torch.int32):
+        got = sort_pairs_cuda(ids.to(DEVICE, dtype), n_expert, bm)
+        assert (got.bm, got.pairs) == (want.bm, want.pairs)
+        assert torch.equal(got.rows.cpu(), want.rows.cpu())
+        assert torch.equal(got.experts.cpu(), want.experts.cpu())
+
+
 def _experts(name: str, e: int, n: int, k: int, seed: int) -> torch.Tensor:
     rng = np.random.default_rng(seed)
     return torch.from_numpy(np.stack([random_rows(QT[name], n, k, rng) for _ in range(e)]))

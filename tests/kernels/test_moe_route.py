@@ -1,6 +1,7 @@
-"""The fused decode routing (`triton_route.route_topk_cuda`) against `route_topk` on the float32
-logits of the same router: same experts in the same order, weights within float32 rounding.
-Runs on CUDA (marked `gpu`) or on CPU tensors under TRITON_INTERPRET=1."""
+"""The fused routing (`triton_route`: decode's `route_topk_cuda`, prompts' `topk_softmax_cuda`)
+against `route_topk` on the float32 logits of the same router: same experts in the same order,
+weights within float32 rounding. Runs on CUDA (marked `gpu`) or on CPU tensors under
+TRITON_INTERPRET=1."""
 
 import os
 
@@ -46,3 +47,16 @@ def test_exact_ties_pick_the_lowest_expert():
     weights, ids = route_topk_cuda(x.to(DEVICE), w.to(DEVICE), 4, True)
     assert ids.cpu().tolist() == [[3, 9, 12, 0]]  # then the lowest of the zero logits
     assert torch.allclose(weights.cpu()[0, :3], weights.cpu()[0, :1].expand(3))
+
+
+@pytest.mark.parametrize(("n_expert", "k"), [(128, 8), (60, 4), (256, 8)])
+@pytest.mark.parametrize("norm", [True, False])
+def test_prompt_topk_softmax_matches_torch(n_expert, k, norm):
+    from localllm.kernels.moe.triton_route import topk_softmax_cuda
+
+    gen = torch.Generator().manual_seed(n_expert + k)
+    logits = torch.randn(300, n_expert, generator=gen) * 3  # a prompt's rows, past the GEMV's 8
+    weights, ids = topk_softmax_cuda(logits.to(DEVICE), k, norm)
+    want_w, want_ids = route_topk(logits, k, norm)
+    assert torch.equal(ids.cpu(), want_ids)
+    torch.testing.assert_close(weights.cpu(), want_w, rtol=1e-5, atol=1e-6)

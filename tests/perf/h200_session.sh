@@ -36,8 +36,10 @@ built() { [ -z "${BLD:-}" ] || wait $BLD; [ -x $LB ] || { tail -20 /tmp/build.lo
 GEN=$!
 [ -n "${Q8:-}" ] && { (synth Q8_0 q8) & GEN8=$!; }
 if [ -n "${MOE:-}" ]; then
-  (python3 tests/perf/make_synthetic.py --shape qwen3moe-30b-a3b --quant Q4_K_M -o /tmp/moe.gguf \
-    --tokenizer-from .refbuild/smollm2-tok.gguf >/tmp/make_moe.log 2>&1) &
+  # a warm machine keeps /tmp: the file from the call before is reused
+  ([ -f /tmp/moe.done ] || { python3 tests/perf/make_synthetic.py --shape qwen3moe-30b-a3b \
+    --quant Q4_K_M -o /tmp/moe.gguf --tokenizer-from .refbuild/smollm2-tok.gguf \
+    >/tmp/make_moe.log 2>&1 && touch /tmp/moe.done; }) &
   GENMOE=$!
 fi
 for step in ${STEPS:-tests packed bench breakdown}; do
@@ -102,7 +104,11 @@ for step in ${STEPS:-tests packed bench breakdown}; do
         | tee "$OUT/mprefill.md" | grep -v "^  bm" ;;
     pprof) wait $GENMOE  # a prompt's kernels by device time (torch.profiler)
       timeout 250 python3 tests/perf/prof_prefill.py -m /tmp/moe.gguf --device cuda \
-        ${PPROF_ARGS:--p 512 -n 0 -r 1} 2>&1 | tee "$OUT/pprof.md" | cut -c1-160 | head -60 ;;
+        ${PPROF_ARGS:--p 512 -n 0 -r 1} 2>&1 | tee "$OUT/pprof.md" | cut -c1-160 | head -60
+      # the same with the host side recorded: the device's idle gaps and what surrounds them
+      timeout 250 python3 tests/perf/prof_prefill.py -m /tmp/moe.gguf --device cuda \
+        ${PPROF_ARGS:--p 512 -n 0 -r 1} --trace "$OUT/pprof_trace.json.gz" 2>&1 \
+        | tee "$OUT/pgaps.md" | sed -n '/^device:/,$p' | cut -c1-160 ;;
     norm) timeout 200 python3 tests/perf/bench_norm.py 2>&1 | tee "$OUT/norm.md" | tail -22 ;;
     attn) timeout 300 python3 tests/perf/bench_attention.py 2>&1 | tee "$OUT/attn.md" | tail -40 ;;
     gstep) wait $GEN  # one replayed decode graph, kernel by kernel (8B, and the MoE file if made)

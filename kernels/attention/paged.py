@@ -88,8 +88,10 @@ def paged_attention(
         if len(ids) != b1 - b0:
             raise ValueError(f"sequence {b}: block table too short for {n} tokens")
         off = lo - b0 * bs
-        keys = _gather(k_cache, k_scales, ids, off, n - lo, q.dtype)  # [m, KV, D]
-        vals = _gather(v_cache, v_scales, ids, off, n - lo, q.dtype)
+        # prompt chunks on CUDA read f16/bf16 keys as they are (flash_prefill), not a copy
+        want = None if t > 1 and q.is_cuda and k_scales is None else q.dtype
+        keys = _gather(k_cache, k_scales, ids, off, n - lo, want)  # [m, KV, D]
+        vals = _gather(v_cache, v_scales, ids, off, n - lo, want)
         if t == 1:
             outs.append(_decode_one(q[s], keys, vals, scale, softcap, sinks))
         else:
@@ -147,9 +149,10 @@ def _gather(
     ids: tuple[int, ...],
     off: int,
     m: int,
-    dtype: torch.dtype,
+    dtype: torch.dtype | None,
 ) -> torch.Tensor:
-    """Tokens off..off+m of the concatenated blocks `ids`, decoded to `dtype`: [m, KV, D]."""
+    """Tokens off..off+m of the concatenated blocks `ids`, decoded to `dtype` (None: as stored,
+    for unquantized caches): [m, KV, D]."""
     first = ids[0]
     if ids == tuple(range(first, first + len(ids))):  # consecutive ids: a view, no copy
         start = first * cache.shape[1] + off
@@ -159,7 +162,7 @@ def _gather(
         index = torch.tensor(ids, dtype=torch.long, device=cache.device)
         vals = cache.index_select(0, index).flatten(0, 1)[off : off + m]
         sc = None if scales is None else scales.index_select(0, index).flatten(0, 1)[off : off + m]
-    return vals if vals.dtype == dtype else decode_kv(vals, sc, dtype)
+    return vals if dtype is None or vals.dtype == dtype else decode_kv(vals, sc, dtype)
 
 
 def _decode_one(
@@ -195,6 +198,12 @@ def _chunk(
     sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """t queries [t, H, D] at key offsets q0..q0+t-1 over keys/vals [m, KV, D] -> [t, H, Dv]."""
+    if q.is_cuda:
+        from localllm.kernels.attention.triton_prefill import flash_prefill, supports
+
+        if supports(q, keys, vals):  # one launch instead of ~12
+            return flash_prefill(q, keys, vals, q0, scale, window, softcap, sinks)
+        keys, vals = keys.to(q.dtype), vals.to(q.dtype)  # gathered as stored
     qb, kb, vb = q.transpose(0, 1), keys.transpose(0, 1), vals.transpose(0, 1)
     mask = _mask(q0, q.shape[0], keys.shape[0], window, q.device)
     if softcap is None and sinks is None:

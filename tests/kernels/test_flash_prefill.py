@@ -1,0 +1,69 @@
+"""Flash attention for prompt chunks (`triton_prefill.flash_prefill`) against `paged._chunk`'s
+dense torch path in float64: GQA groups, earlier context (queries not at key 0), sliding window,
+soft-cap, attention sinks, f16/f32 keys, strided views of a cache, tiles cut mid-sequence.
+
+Runs on CUDA (marked `gpu`) or under TRITON_INTERPRET=1 (CPU tensors; never in CI, which has no
+triton). Tolerance: products as float32 in three tf32 passes and the online softmax in another
+order, 2e-5 absolute on O(1) outputs.
+"""
+
+import os
+
+import pytest
+import torch
+
+from localllm.kernels.attention.paged import _chunk
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if CUDA else "cpu"
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(
+        not (CUDA or INTERPRET), reason="needs a CUDA device (or TRITON_INTERPRET=1 with triton)"
+    ),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize(
+    ("t", "m", "heads", "kvh", "d", "window", "softcap", "sinks"),
+    [
+        (100, 100, 8, 2, 64, None, None, False),  # a fresh prompt, tiles cut mid-sequence
+        (37, 170, 4, 4, 32, None, None, False),  # a chunk after 133 keys of context
+        (130, 130, 6, 2, 64, 48, None, False),  # sliding window
+        (70, 90, 4, 2, 64, None, 30.0, True),  # soft-cap and sinks
+        (64, 300, 4, 1, 128, 100, 50.0, True),  # everything at once, window past the tile
+    ],
+)
+def test_flash_prefill_matches_reference(t, m, heads, kvh, d, window, softcap, sinks, dtype):
+    from localllm.kernels.attention.triton_prefill import flash_prefill, supports
+
+    gen = torch.Generator().manual_seed(t * m + heads)
+    # keys/values as views of a cache's rows [m, KV, D] with a row stride past KV * D
+    cache_k = torch.randn(m, kvh + 1, d, generator=gen).to(dtype)
+    cache_v = torch.randn(m, kvh + 1, d, generator=gen).to(dtype)
+    keys, vals = cache_k[:, 1:], cache_v[:, 1:]
+    q = torch.randn(t, heads, d, generator=gen)
+    sk = torch.randn(heads, generator=gen) if sinks else None
+    q0 = m - t
+    want = _chunk(
+        q.double(), keys.double(), vals.double(), q0, d**-0.5, window, softcap,
+        None if sk is None else sk.double(),
+    )  # fmt: skip
+    kd, vd = keys.to(DEVICE), vals.to(DEVICE)
+    assert supports(q.to(DEVICE), kd, vd) == CUDA
+    got = flash_prefill(
+        q.to(DEVICE), kd, vd, q0, d**-0.5, window, softcap, None if sk is None else sk.to(DEVICE)
+    )
+    assert got.shape == (t, heads, d) and got.dtype == torch.float32
+    torch.testing.assert_close(got.cpu().double(), want, rtol=0, atol=2e-5)
+
+
+def test_head_dims_that_are_not_tiles_stay_on_the_reference():
+    from localllm.kernels.attention.triton_prefill import supports
+
+    q = torch.zeros(4, 2, 80, device=DEVICE)
+    k = torch.zeros(4, 1, 80, device=DEVICE)
+    assert not supports(q, k, k)
+    assert not supports(q[..., :8].contiguous(), k[..., :8], k[..., :8])

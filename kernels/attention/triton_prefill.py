@@ -5,17 +5,22 @@ matmul + softmax + matmul: ~12 kernels and as many host dispatches per layer, ~2
 time for a 512-token Qwen3-30B-A3B layer on an H200).
 
 Keys and values come as the reference gathers them: [m, KV, D] views of the cache (zero-copy
-when the sequence's blocks are consecutive). Products run on tensor cores as float32 in three
-tf32 passes ("tf32x3", ~float32 products, as the decode kernel's default); the softmax is the
-online one, in float32. Reference: `paged._chunk`. Imported only where CUDA exists (or under
-TRITON_INTERPRET=1 in tests).
+when the sequence's blocks are consecutive). Products run on tensor cores, as precise as the
+cache's type warrants (`BLOCKS`); the softmax is the online one, in float32. Reference:
+`paged._chunk`. Imported only where CUDA exists (or under TRITON_INTERPRET=1 in tests).
 """
 
 import torch
 import triton
 import triton.language as tl
 
-BLOCK_M, BLOCK_N, WARPS = 64, 32, 4  # query rows x keys per step (H200: tests/perf/bench_attention)
+# Products per cache type: float32 keys get ~float32 products (three tf32 passes); f16/bf16 keys,
+# already rounded to 10/7 mantissa bits, get one tf32 pass (q and the softmax weights rounded to
+# 10 bits, as llama.cpp's f16 flash attention does). H200, 32 q heads of 128, f16 keys
+# (tests/perf/bench_prefill_attention.py): 512 / 2,048 tokens, tf32x3 150 / 1,470 us, tf32 56 /
+# 356 us at its best geometry, the float32 SDPA path before 374 / 3,211 us; max error 2e-6 / 2e-3.
+# Geometry per precision: (query rows, keys per step, warps).
+BLOCKS = {"tf32x3": (64, 32, 4), "tf32": (32, 64, 4)}
 
 
 @triton.jit
@@ -23,7 +28,7 @@ def _prefill_kernel(
     q_ptr, k_ptr, v_ptr, sinks_ptr, out_ptr, T, M, Q0, WINDOW, scale, softcap,
     sq_t, sq_h, sk_m, sk_h, sv_m, sv_h,
     G: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-    HAS_WINDOW: tl.constexpr, CAP: tl.constexpr, SINKS: tl.constexpr,
+    HAS_WINDOW: tl.constexpr, CAP: tl.constexpr, SINKS: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
     i0, h = tl.program_id(0) * BM, tl.program_id(1)
     g = h // G
@@ -44,7 +49,7 @@ def _prefill_kernel(
         jm = j < M
         k = tl.load(k_ptr + j[:, None] * sk_m + g * sk_h + d[None, :], mask=jm[:, None], other=0.0)
         v = tl.load(v_ptr + j[:, None] * sv_m + g * sv_h + dv[None, :], mask=jm[:, None], other=0.0)
-        s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="tf32x3")  # [BM, BN]
+        s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision=DOT)  # [BM, BN]
         if CAP:
             s = softcap * (1.0 - 2.0 / (tl.exp(2.0 * s / softcap) + 1.0))  # softcap * tanh(s / cap)
         ok = (j[None, :] <= pos[:, None]) & jm[None, :]
@@ -55,7 +60,7 @@ def _prefill_kernel(
         safe = tl.where(new == float("-inf"), 0.0, new)  # a row with no key yet: weights stay 0
         p = tl.exp(s - safe[:, None])
         alpha = tl.exp(mx - safe)
-        acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="tf32x3")
+        acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision=DOT)
         den = den * alpha + tl.sum(p, axis=1)
         mx = new
     if SINKS:  # a virtual key with a zero value: it joins the denominator only
@@ -88,23 +93,26 @@ def flash_prefill(
     window: int | None = None,
     softcap: float | None = None,
     sinks: torch.Tensor | None = None,
-    block: tuple[int, int, int] = (BLOCK_M, BLOCK_N, WARPS),
+    block: tuple[int, int, int] | None = None,
+    dot: str | None = None,
 ) -> torch.Tensor:
     """`paged._chunk`: t queries q [t, H, D] at key indices q0..q0+t-1 over keys/vals [m, KV, D]
-    (row strides free, last dim contiguous) -> float32 [t, H, Dv]. `block`: (query rows, keys
-    per step, warps), for benchmarks."""
+    (row strides free, last dim contiguous) -> float32 [t, H, Dv]. `dot` (the products'
+    precision, "tf32x3" or "tf32") and `block` (query rows, keys per step, warps) default by the
+    keys' type (`BLOCKS`)."""
     t, h, d = q.shape
     m, kvh, _ = keys.shape
     dv = vals.shape[-1]
     if q.stride(-1) != 1 or keys.stride(-1) != 1 or vals.stride(-1) != 1:
         raise ValueError("flash_prefill needs the head dims contiguous")
-    bm, bn, warps = block
+    dot = dot or ("tf32x3" if keys.dtype == torch.float32 else "tf32")
+    bm, bn, warps = block or BLOCKS[dot]
     out = torch.empty(t, h, dv, dtype=torch.float32, device=q.device)
     sk = sinks if sinks is not None else out  # unread without SINKS
     _prefill_kernel[(triton.cdiv(t, bm), h)](
         q, keys, vals, sk, out, t, m, q0, window or 0, scale, softcap or 0.0,
         q.stride(0), q.stride(1), keys.stride(0), keys.stride(1), vals.stride(0), vals.stride(1),
         G=h // kvh, D=d, DV=dv, BM=bm, BN=bn, HAS_WINDOW=bool(window), CAP=softcap is not None,
-        SINKS=sinks is not None, num_warps=warps,
+        SINKS=sinks is not None, DOT=dot, num_warps=warps,
     )  # fmt: skip
     return out

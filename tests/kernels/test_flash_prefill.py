@@ -3,8 +3,9 @@ dense torch path in float64: GQA groups, earlier context (queries not at key 0),
 soft-cap, attention sinks, f16/f32 keys, strided views of a cache, tiles cut mid-sequence.
 
 Runs on CUDA (marked `gpu`) or under TRITON_INTERPRET=1 (CPU tensors; never in CI, which has no
-triton). Tolerance: products as float32 in three tf32 passes and the online softmax in another
-order, 2e-5 absolute on O(1) outputs.
+triton). Tolerance: float32 keys, products in three tf32 passes and the online softmax in
+another order, 2e-5 absolute on O(1) outputs; f16 keys, one tf32 pass (q and the softmax weights
+rounded to 10 bits), 5e-3 (2e-3 measured at 512 and 2,048 tokens on the H200).
 """
 
 import os
@@ -57,7 +58,8 @@ def test_flash_prefill_matches_reference(t, m, heads, kvh, d, window, softcap, s
         q.to(DEVICE), kd, vd, q0, d**-0.5, window, softcap, None if sk is None else sk.to(DEVICE)
     )
     assert got.shape == (t, heads, d) and got.dtype == torch.float32
-    torch.testing.assert_close(got.cpu().double(), want, rtol=0, atol=2e-5)
+    tol = 2e-5 if dtype == torch.float32 else 5e-3
+    torch.testing.assert_close(got.cpu().double(), want, rtol=0, atol=tol)
 
 
 def test_head_dims_that_are_not_tiles_stay_on_the_reference():

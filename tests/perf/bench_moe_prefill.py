@@ -135,7 +135,7 @@ def _sweep(pe, fmt, t: int, dev) -> None:
     for name, a, p, adiv in jobs:
         flops = 2 * t * K_USED * p.n * p.k
         rows = []
-        geos = itertools.product((16, 64), (64, 128, 256), (4, 8), (3,))
+        geos = itertools.product((16, 64, 128), (64, 128, 256), (4, 8), (3,))
         for bm, bn, warps, stages in geos:
             sp = sort_pairs(ids, E, bm)
             cfg = GroupedConfig(bn, warps, stages)

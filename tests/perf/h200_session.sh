@@ -109,6 +109,8 @@ for step in ${STEPS:-tests packed bench breakdown}; do
       timeout 250 python3 tests/perf/prof_prefill.py -m /tmp/moe.gguf --device cuda \
         ${PPROF_ARGS:--p 512 -n 0 -r 1} --trace "$OUT/pprof_trace.json.gz" 2>&1 \
         | tee "$OUT/pgaps.md" | sed -n '/^device:/,$p' | cut -c1-160 ;;
+    attnp) timeout ${ATTNP_T:-300} python3 tests/perf/bench_prefill_attention.py ${ATTNP_ARGS:-} 2>&1 \
+        | tee "$OUT/attnp.md" | tail -60 ;;
     norm) timeout 200 python3 tests/perf/bench_norm.py 2>&1 | tee "$OUT/norm.md" | tail -22 ;;
     attn) timeout 300 python3 tests/perf/bench_attention.py 2>&1 | tee "$OUT/attn.md" | tail -40 ;;
     gstep) wait $GEN  # one replayed decode graph, kernel by kernel (8B, and the MoE file if made)

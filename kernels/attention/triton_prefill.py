@@ -20,7 +20,7 @@ import triton.language as tl
 # (tests/perf/bench_prefill_attention.py): 512 / 2,048 tokens, tf32x3 150 / 1,470 us, tf32 56 /
 # 356 us at its best geometry, the float32 SDPA path before 374 / 3,211 us; max error 2e-6 / 2e-3.
 # Geometry per precision: (query rows, keys per step, warps).
-BLOCKS = {"tf32x3": (64, 32, 4), "tf32": (32, 64, 4)}
+BLOCKS = {"tf32x3": (32, 32, 4), "tf32": (32, 64, 4)}
 
 
 @triton.jit

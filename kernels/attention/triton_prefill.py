@@ -14,8 +14,6 @@ import torch
 import triton
 import triton.language as tl
 
-from localllm.kernels.launch import FastKernel
-
 # Products per cache type: float32 keys get ~float32 products (three tf32 passes); f16/bf16 keys,
 # already rounded to 10/7 mantissa bits, get one tf32 pass (q and the softmax weights rounded to
 # 10 bits, as llama.cpp's f16 flash attention does). H200, 32 q heads of 128, f16 keys
@@ -74,10 +72,6 @@ def _prefill_kernel(
     tl.store(out, acc / den[:, None], mask=(i < T)[:, None])
 
 
-# compiled kernels per specialization, launched without the JIT's binding (`kernels.launch`)
-_PREFILL = FastKernel(_prefill_kernel)
-
-
 def supports(q: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor) -> bool:
     """Chunks the kernel takes: float32 queries on CUDA, float keys, power-of-two head dims
     of at least 16 (tensor-core tiles)."""
@@ -115,7 +109,7 @@ def flash_prefill(
     bm, bn, warps = block or BLOCKS[dot]
     out = torch.empty(t, h, dv, dtype=torch.float32, device=q.device)
     sk = sinks if sinks is not None else out  # unread without SINKS
-    _PREFILL[(triton.cdiv(t, bm), h)](
+    _prefill_kernel[(triton.cdiv(t, bm), h)](
         q, keys, vals, sk, out, t, m, q0, window or 0, scale, softcap or 0.0,
         q.stride(0), q.stride(1), keys.stride(0), keys.stride(1), vals.stride(0), vals.stride(1),
         G=h // kvh, D=d, DV=dv, BM=bm, BN=bn, HAS_WINDOW=bool(window), CAP=softcap is not None,

@@ -7,7 +7,6 @@ import torch
 import triton
 import triton.language as tl
 
-from localllm.kernels.launch import FastKernel
 from localllm.kernels.quant.triton_dp4a import quant_groups
 from localllm.kernels.quant.triton_packed import QuantizedX, empty_quantized
 
@@ -58,10 +57,6 @@ def _silu_mul(
         )
 
 
-# compiled kernels per specialization, launched without the JIT's binding (`kernels.launch`)
-_RMS_NORM, _SILU_MUL = FastKernel(_rms_norm), FastKernel(_silu_mul)
-
-
 def norm_warps(d: int) -> int:
     """Warps of one RMSNorm row: 8 up to 2,048 values, 16 above (H200, one decode row with its
     quantized twin: 2,048 wide 2.01 us at 8 warps vs 2.27 at 4; 4,096 wide 2.57 at 16 vs 2.89;
@@ -90,7 +85,7 @@ def rms_norm_cuda(
     d = x2.shape[1]
     xq, qa = _quant_out(x2.shape[0], d, quant, y)
     bd = triton.next_power_of_2(d)
-    _RMS_NORM[(x2.shape[0],)](
+    _rms_norm[(x2.shape[0],)](
         x2,
         x2,
         x2,
@@ -121,7 +116,7 @@ def add_rms_norm_cuda(
     d = x2.shape[1]
     xq, qa = _quant_out(x2.shape[0], d, quant, y)
     bd = triton.next_power_of_2(d)
-    _RMS_NORM[(x2.shape[0],)](
+    _rms_norm[(x2.shape[0],)](
         x2,
         r2,
         s,
@@ -147,5 +142,5 @@ def silu_mul_cuda(
     xq, qa = _quant_out(g2.shape[0], hidden, quant, y)
     bh = 1024
     grid = (g2.shape[0], triton.cdiv(hidden, bh))
-    _SILU_MUL[grid](g2, y, *qa, hidden, BH=bh, QUANT=xq is not None, RN=gu.is_cuda, num_warps=4)
+    _silu_mul[grid](g2, y, *qa, hidden, BH=bh, QUANT=xq is not None, RN=gu.is_cuda, num_warps=4)
     return y.reshape(*gu.shape[:-1], hidden), xq

@@ -10,7 +10,6 @@ import triton
 import triton.language as tl
 
 from localllm.kernels.fused.rope_qkv import HeadLayout, HeadNorms
-from localllm.kernels.launch import FastKernel
 
 
 @triton.jit
@@ -106,10 +105,6 @@ def _rope_qkv(
         tl.store(v_dst + d, val.to(v_dst.dtype.element_ty), mask=dm)
 
 
-# compiled kernels per specialization, launched without the JIT's binding (`kernels.launch`)
-_ROPE_QKV = FastKernel(_rope_qkv)
-
-
 def _rows(x: torch.Tensor) -> torch.Tensor:
     """A 2-D view whose rows may be strided but whose columns are contiguous."""
     x2 = x.reshape(x.shape[0], -1)
@@ -140,7 +135,7 @@ def rope_qkv_write_cuda(
     bp = triton.next_power_of_2(max(lay.rot_dims // 2, 1))
     bd = triton.next_power_of_2(lay.head_dim)
     grid = (t, lay.n_q + lay.n_kv)
-    _ROPE_QKV[grid](
+    _rope_qkv[grid](
         q2,
         k2,
         v2,

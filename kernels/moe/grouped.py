@@ -12,16 +12,12 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from localllm.kernels.launch import FastKernel
 from localllm.kernels.moe.pairs import SortedPairs
 from localllm.kernels.moe.triton_grouped import _grouped_q4k, _grouped_q6k, _grouped_q8_0
 from localllm.kernels.quant.dequant import dequantize
 from localllm.kernels.quant.repack import PackedBlocks
 from localllm.kernels.quant.triton_packed import QuantizedX, quantize_x8_reference
 from localllm.kernels.quant.types import QuantType, block_geometry
-
-# compiled kernels per specialization, launched without the JIT's binding (`kernels.launch`)
-_Q4K, _Q6K, _Q8_0 = (FastKernel(k) for k in (_grouped_q4k, _grouped_q6k, _grouped_q8_0))
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,12 +47,12 @@ def grouped_gemm(
     geo = {"NB": nb, "BM": sp.bm, "BN": cfg.block_n, "num_warps": cfg.warps}
     geo["num_stages"] = cfg.stages
     if p.qtype == QuantType.Q4_K:
-        _Q4K[grid](x8, xq.scale, xq.xsum, *rows, pl["qs"], pl["hdr"], *tail, **geo)
+        _grouped_q4k[grid](x8, xq.scale, xq.xsum, *rows, pl["qs"], pl["hdr"], *tail, **geo)
     elif p.qtype == QuantType.Q6_K:
         planes = (pl["ql"], pl["qh"], pl["sc"], pl["d"])
-        _Q6K[grid](x8, xq.scale, *rows, *planes, *tail, **geo)
+        _grouped_q6k[grid](x8, xq.scale, *rows, *planes, *tail, **geo)
     elif p.qtype == QuantType.Q8_0:
-        _Q8_0[grid](x8, xq.scale, *rows, pl["qs"], pl["d"], *tail, **geo)
+        _grouped_q8_0[grid](x8, xq.scale, *rows, pl["qs"], pl["d"], *tail, **geo)
     else:
         raise ValueError(f"no grouped GEMM for {p.qtype.name}")
     return out

@@ -15,7 +15,6 @@ import torch
 import triton
 import triton.language as tl
 
-from localllm.kernels.launch import FastKernel
 from localllm.kernels.moe.pairs import SortedPairs, pair_blocks
 
 CHUNK = 128  # pairs per program
@@ -71,10 +70,6 @@ def _place_pairs(
     tl.store(experts_ptr + b, tl.where(ex < E, ex, -1), mask=b < NBLOCKS)
 
 
-# compiled kernels per specialization, launched without the JIT's binding (`kernels.launch`)
-_COUNT, _PLACE = FastKernel(_count_chunks), FastKernel(_place_pairs)
-
-
 def sort_pairs_cuda(ids: torch.Tensor, n_expert: int, bm: int) -> SortedPairs:
     """Flat expert ids [P] (any integer dtype) -> SortedPairs, as `pairs.sort_pairs`."""
     flat = ids.reshape(-1).contiguous()
@@ -86,10 +81,10 @@ def sort_pairs_cuda(ids: torch.Tensor, n_expert: int, bm: int) -> SortedPairs:
     experts = torch.empty(blocks, dtype=torch.int32, device=dev)
     counts = torch.empty(nch, be, dtype=torch.int32, device=dev)
     grid = (max(nch, -(-blocks * bm // br)),)
-    _COUNT[grid](flat, counts, rows, p, nch, blocks * bm, BP=CHUNK, BE=be, BR=br)
+    _count_chunks[grid](flat, counts, rows, p, nch, blocks * bm, BP=CHUNK, BE=be, BR=br)
     bc = min(32, triton.next_power_of_2(nch))
     grid = (max(nch, -(-blocks // br)),)
-    _PLACE[grid](
+    _place_pairs[grid](
         flat, counts, rows, experts, p, n_expert, nch, blocks, BM=bm, BP=CHUNK, BE=be, BR=br,
         BC=bc, NC=triton.next_power_of_2(-(-nch // bc)),
     )  # fmt: skip

@@ -11,8 +11,6 @@ import torch
 import triton
 import triton.language as tl
 
-from localllm.kernels.launch import FastKernel
-
 ROUTE_MAX_T = 8  # tokens per call of the router GEMV (decode); prompts take torch's GEMM
 
 
@@ -62,10 +60,6 @@ def _topk_softmax(
     tl.store(id_ptr + t * KSEL + j, ids, mask=j < KSEL)
 
 
-# compiled kernels per specialization, launched without the JIT's binding (`kernels.launch`)
-_TOPK = FastKernel(_topk_softmax)
-
-
 def route_topk_cuda(
     x: torch.Tensor, w: torch.Tensor, k: int, norm_topk_prob: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -91,5 +85,5 @@ def topk_softmax_cuda(
     weights = torch.empty(t, k, dtype=torch.float32, device=logits.device)
     ids = torch.empty(t, k, dtype=torch.int64, device=logits.device)
     be, kp = triton.next_power_of_2(e), triton.next_power_of_2(k)
-    _TOPK[(t,)](logits, weights, ids, e, KSEL=k, KP=kp, BE=be, NORM=norm_topk_prob)
+    _topk_softmax[(t,)](logits, weights, ids, e, KSEL=k, KP=kp, BE=be, NORM=norm_topk_prob)
     return weights, ids

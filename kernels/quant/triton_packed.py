@@ -10,7 +10,6 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from localllm.kernels.launch import FastKernel
 from localllm.kernels.quant.dequant import dequantize
 from localllm.kernels.quant.repack import PackedBlocks
 from localllm.kernels.quant.triton_dp4a import (
@@ -28,13 +27,6 @@ from localllm.kernels.quant.types import QuantType, block_geometry
 SM_TARGET = 2048
 NO_SPLIT_TILES = 1024
 MAX_ROWS = 4  # activation rows per launch: Q6_K with 8 spills registers (50x slower on the H200)
-
-
-# compiled kernels per specialization, launched without the JIT's binding (`kernels.launch`)
-_QUANT_X8 = FastKernel(_quant_x8)
-_DEQ_Q4K, _DEQ_Q6K, _DEQ_Q8_0 = (
-    FastKernel(k) for k in (_deq_q4k_packed, _deq_q6k_packed, _deq_q8_0_packed)
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +73,7 @@ def quantize_x8(x: torch.Tensor) -> QuantizedX:
     m, k = x.shape
     xq = empty_quantized(m, k, x.device)
     g = 16
-    _QUANT_X8[(m, triton.cdiv(k // 32, g))](
+    _quant_x8[(m, triton.cdiv(k // 32, g))](
         x, xq.words, xq.scale, xq.sum16, xq.xsum, k, G=g, RN=x.is_cuda, num_warps=4
     )
     return xq
@@ -192,16 +184,16 @@ def _dequantize(p: PackedBlocks, out: torch.Tensor, e0: int, ne: int, block_n: i
     nb = p.k // block_geometry(p.qtype)[0]
     if p.qtype == QuantType.Q4_K:
         grid = (tiles, nb, ne)
-        _DEQ_Q4K[grid](pl["qs"], pl["hdr"], out, p.n, nb, e0, BN=block_n, num_warps=2)
+        _deq_q4k_packed[grid](pl["qs"], pl["hdr"], out, p.n, nb, e0, BN=block_n, num_warps=2)
     elif p.qtype == QuantType.Q6_K:
         grid = (tiles, nb, ne)
         planes = (pl["ql"], pl["qh"], pl["sc"], pl["d"])
-        _DEQ_Q6K[grid](*planes, out, p.n, nb, e0, BN=block_n, num_warps=2)
+        _deq_q6k_packed[grid](*planes, out, p.n, nb, e0, BN=block_n, num_warps=2)
     elif p.qtype == QuantType.Q8_0:
         bb = 4 if nb % 4 == 0 else 1
         grid = (tiles, nb // bb, ne)
         args = (pl["qs"], pl["d"], out, p.n, nb, e0)
-        _DEQ_Q8_0[grid](*args, BN=block_n, BB=bb, num_warps=2)
+        _deq_q8_0_packed[grid](*args, BN=block_n, BB=bb, num_warps=2)
     else:
         raise ValueError(f"no packed dequant for {p.qtype.name}")
 

@@ -7,22 +7,13 @@ FMA split and the exact tensor-core split (three tf32 passes: ~float32 products)
 tensor-core split rounds q and the softmax weights to an f16 cache's type: 5e-3.
 """
 
-import os
-
 import pytest
 import torch
 
 from localllm.kernels.attention.decode import DecodePlan, decode_attention
+from tests.triton_env import CUDA, DEVICE, TRITON_MARKS
 
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-CUDA = torch.cuda.is_available()
-DEVICE = "cuda" if CUDA else "cpu"
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(
-        not (CUDA or INTERPRET), reason="needs a CUDA device (or TRITON_INTERPRET=1 with triton)"
-    ),
-]
+pytestmark = TRITON_MARKS
 
 
 def _plan(lens, m, blocks, bs, gen):

@@ -8,22 +8,13 @@ another order, 2e-5 absolute on O(1) outputs; f16 keys, one tf32 pass (q and the
 rounded to 10 bits), 5e-3 (2e-3 measured at 512 and 2,048 tokens on the H200).
 """
 
-import os
-
 import pytest
 import torch
 
 from localllm.kernels.attention.paged import _chunk
+from tests.triton_env import CUDA, DEVICE, TRITON_MARKS
 
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-CUDA = torch.cuda.is_available()
-DEVICE = "cuda" if CUDA else "cpu"
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(
-        not (CUDA or INTERPRET), reason="needs a CUDA device (or TRITON_INTERPRET=1 with triton)"
-    ),
-]
+pytestmark = TRITON_MARKS
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])

@@ -5,20 +5,12 @@ The references run everywhere; the kernels on CUDA (marked `gpu`) or under TRITO
 relative (RMSNorm) and 1e-6 (SiLU product, elementwise).
 """
 
-import os
-
 import pytest
 import torch
 import torch.nn.functional as F
 
 from localllm.kernels.fused import add_rms_norm, rms_norm, silu_mul
-
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-CUDA = torch.cuda.is_available()
-DEVICE = "cuda" if CUDA else "cpu"
-needs_triton = pytest.mark.skipif(
-    not (CUDA or INTERPRET), reason="needs a CUDA device (or TRITON_INTERPRET=1 with triton)"
-)
+from tests.triton_env import DEVICE, needs_triton
 
 
 def test_references_match_the_unfused_formulas():

@@ -9,8 +9,6 @@ exact, the float scaling per 32 values rounds (1e-5 Q8_0; K-quants 2e-4, where Q
 term cancels much of the sum).
 """
 
-import os
-
 import numpy as np
 import pytest
 import torch
@@ -19,13 +17,7 @@ from gguf import GGMLQuantizationType as QT
 from localllm.kernels.quant import QuantType
 from localllm.kernels.quant.repack import pack_expert_blocks
 from tests.perf.make_synthetic import random_rows
-
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-CUDA = torch.cuda.is_available()
-DEVICE = "cuda" if CUDA else "cpu"
-needs_triton = pytest.mark.skipif(
-    not (CUDA or INTERPRET), reason="needs a CUDA device (or TRITON_INTERPRET=1 with triton)"
-)
+from tests.triton_env import DEVICE, needs_triton
 
 
 def _rel(a, b):

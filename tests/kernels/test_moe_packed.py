@@ -10,8 +10,6 @@ down; ~1-2 % each on random data); the prefill path (the same int8 activations, 
 without split-K) 2e-2.
 """
 
-import os
-
 import numpy as np
 import pytest
 import torch
@@ -21,13 +19,8 @@ from localllm.kernels.moe import ExpertBlocks, ExpertFormat, expert_ffn_referenc
 from localllm.kernels.quant import QuantType
 from localllm.kernels.quant.repack import expert_planes, pack_blocks, pack_expert_blocks
 from tests.perf.make_synthetic import random_rows
+from tests.triton_env import CUDA, DEVICE, INTERPRET, needs_triton
 
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-CUDA = torch.cuda.is_available()
-DEVICE = "cuda" if CUDA else "cpu"
-needs_triton = pytest.mark.skipif(
-    not (CUDA or INTERPRET), reason="needs a CUDA device (or TRITON_INTERPRET=1 with triton)"
-)
 E, K_USED = 6, 2
 D, H = (256, 256) if INTERPRET or not CUDA else (1024, 512)
 

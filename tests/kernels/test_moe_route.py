@@ -3,22 +3,13 @@ against `route_topk` on the float32 logits of the same router: same experts in t
 weights within float32 rounding. Runs on CUDA (marked `gpu`) or on CPU tensors under
 TRITON_INTERPRET=1."""
 
-import os
-
 import pytest
 import torch
 
 from localllm.kernels.moe import route_topk
+from tests.triton_env import DEVICE, TRITON_MARKS
 
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-CUDA = torch.cuda.is_available()
-DEVICE = "cuda" if CUDA else "cpu"
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(
-        not (CUDA or INTERPRET), reason="needs a CUDA device (or TRITON_INTERPRET=1 with triton)"
-    ),
-]
+pytestmark = TRITON_MARKS
 
 
 @pytest.mark.parametrize(("n_expert", "k", "dim"), [(8, 2, 64), (128, 8, 2048), (60, 4, 96)])

@@ -6,8 +6,6 @@ CI). Tolerance: float32 math in the same order up to the norm's sum (1e-5 relati
 stores compare after the same cast (one unit of the half type's mantissa).
 """
 
-import os
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -15,13 +13,8 @@ import torch.nn.functional as F
 from localllm.engine.rope import RopeConfig, Rotary
 from localllm.kernels.attention import write_paged
 from localllm.kernels.fused.rope_qkv import HeadLayout, HeadNorms, rope_qkv_write
+from tests.triton_env import DEVICE, needs_triton
 
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-CUDA = torch.cuda.is_available()
-DEVICE = "cuda" if CUDA else "cpu"
-needs_triton = pytest.mark.skipif(
-    not (CUDA or INTERPRET), reason="needs a CUDA device (or TRITON_INTERPRET=1 with triton)"
-)
 DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 
 

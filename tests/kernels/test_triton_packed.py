@@ -10,7 +10,6 @@ with a per-sub-block min term that cancels); against the unrounded x
 rounding of each value.
 """
 
-import os
 import secrets
 
 import numpy as np
@@ -19,14 +18,9 @@ import torch
 
 from localllm.kernels.quant import QuantType, dequantize
 from localllm.kernels.quant.repack import PACKED_TYPES, pack_blocks, unpack_blocks
+from tests.triton_env import DEVICE, INTERPRET, needs_triton
 
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-CUDA = torch.cuda.is_available()
-DEVICE = "cuda" if CUDA else "cpu"
 NAMES = ["Q4_K", "Q6_K", "Q8_0"]
-needs_triton = pytest.mark.skipif(
-    not (CUDA or INTERPRET), reason="needs a CUDA device (or TRITON_INTERPRET=1 with triton)"
-)
 # GPU adds the Llama-3-8B gate_up shape (28672 rows: many row tiles, no split-K)
 SHAPES = [(37, 512)] if INTERPRET else [(37, 512), (4104, 4096), (1000, 14336), (28672, 4096)]
 

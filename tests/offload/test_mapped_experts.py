@@ -8,7 +8,6 @@ TRITON_INTERPRET=1 (the "host copy" is then a plain clone).
 """
 
 import dataclasses
-import os
 
 import numpy as np
 import pytest
@@ -19,16 +18,11 @@ from localllm.kernels.moe import ExpertFormat, route_topk
 from localllm.kernels.quant import QuantType
 from localllm.offload.expert_cache import ExpertStats
 from tests.perf.make_synthetic import random_rows
+from tests.triton_env import CUDA, TRITON_MARKS
+from tests.triton_env import DEVICE as DEVICE_NAME
 
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-CUDA = torch.cuda.is_available()
-DEVICE = torch.device("cuda" if CUDA else "cpu")
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(
-        not (CUDA or INTERPRET), reason="needs a CUDA device (or TRITON_INTERPRET=1 with triton)"
-    ),
-]
+DEVICE = torch.device(DEVICE_NAME)
+pytestmark = TRITON_MARKS
 E, K_USED, D, H = 8, 2, 256, 256
 
 

@@ -7,7 +7,6 @@ test runs under the interpreter (on a GPU the engine path is `test_gpu_residency
 """
 
 import itertools
-import os
 from dataclasses import replace
 from types import SimpleNamespace
 
@@ -27,13 +26,10 @@ from localllm.offload.expert_cache import ExpertLayout, ResidentExperts, Streame
 from localllm.offload.ranges import ByteRange
 from tests.offload.tiny_moe import QWEN3MOE, write_moe_gguf
 from tests.perf.make_synthetic import random_rows
+from tests.triton_env import DEVICE as DEVICE_NAME
+from tests.triton_env import INTERPRET, needs_triton
 
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-CUDA = torch.cuda.is_available()
-DEVICE = torch.device("cuda" if CUDA else "cpu")
-needs_triton = pytest.mark.skipif(
-    not (CUDA or INTERPRET), reason="needs a CUDA device (or TRITON_INTERPRET=1 with triton)"
-)
+DEVICE = torch.device(DEVICE_NAME)
 E, K_USED, D, H = 6, 2, 256, 256
 FMT = ExpertFormat(QuantType.Q4_K, QuantType.Q4_K, QuantType.Q6_K, D, H)
 

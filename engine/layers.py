@@ -14,7 +14,7 @@ from localllm.engine.batch import BatchMeta
 from localllm.engine.kv_cache import PagedKVCache
 from localllm.engine.linear import FusedLinear, QuantLinear, dense
 from localllm.engine.rope import Rotary
-from localllm.kernels.fused import add_rms_norm_q, rms_norm_q, silu_mul_q
+from localllm.kernels.fused import QUANT_MAX_ROWS, add_rms_norm_q, rms_norm_q, silu_mul_q
 from localllm.kernels.fused.rope_qkv import HeadLayout, HeadNorms, fusable, rope_qkv_write
 from localllm.kernels.quant.dequant import dequantize
 from localllm.offload import QuantWeight
@@ -87,9 +87,10 @@ class RMSNorm(nn.Module):
         """(x + r, norm(x + r)) in one pass where a fused kernel exists."""
         return add_rms_norm_q(x, r, self.weight, self.eps, quant=False)[:2]
 
-    def residual_q(self, x: torch.Tensor, r: torch.Tensor):
-        """(x + r, norm(x + r), the norm's quantized rows or None)."""
-        return add_rms_norm_q(x, r, self.weight, self.eps)
+    def residual_q(self, x: torch.Tensor, r: torch.Tensor, max_rows: int = QUANT_MAX_ROWS):
+        """(x + r, norm(x + r), the norm's quantized rows or None); `max_rows`: the most rows
+        the reader takes quantized."""
+        return add_rms_norm_q(x, r, self.weight, self.eps, max_rows=max_rows)
 
 
 class GatedMLP(nn.Module):

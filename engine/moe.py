@@ -20,6 +20,7 @@ from localllm.engine.layers import DenseParam, GatedMLP
 from localllm.engine.linear import QuantLinear, dense, without_bytes
 from localllm.kernels.cpu.native import NativeKernels
 from localllm.kernels.cpu.native import load as load_native
+from localllm.kernels.fused import QUANT_MAX_ROWS
 from localllm.kernels.moe import (
     ExpertBiases,
     ExpertBlocks,
@@ -131,6 +132,12 @@ class MoEFeedForward(nn.Module):
         self.guess_next: MoEFeedForward | None = None  # the next layer, told what to read ahead
         self.breaks: HostBreaks | None = None  # set while a decode graph is captured in pieces
         self.mapped: MappedExperts | None = None  # host-tier experts the GPU reads in place
+
+    @property
+    def quant_rows(self) -> int:
+        """Rows up to which this FFN reads its input quantized by the norm that made it: any
+        number for experts packed on a GPU (the grouped GEMMs of prompts take int8 rows too)."""
+        return 1 << 30 if self.packed is not None else QUANT_MAX_ROWS
 
     def expert_weights(self) -> tuple[QuantWeight, QuantWeight, QuantWeight]:
         return self.ffn_gate_exps.weight, self.ffn_up_exps.weight, self.ffn_down_exps.weight

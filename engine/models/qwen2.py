@@ -17,6 +17,7 @@ from localllm.engine.linear import FusedLinear, QuantLinear
 from localllm.engine.models.common import arch_key, rope_scale
 from localllm.engine.models.decoder import Decoder
 from localllm.engine.rope import RopeConfig, Rotary
+from localllm.kernels.fused import QUANT_MAX_ROWS
 from localllm.kernels.fused.rope_qkv import HeadNorms
 
 
@@ -102,7 +103,9 @@ class Block(nn.Module):
         norms = self.head_norms()
         o = rope_attention(q, k, v, lay, cos_sin, rotary, batch, kv, layer, a.head_dim**-0.5, norms)
         o = self.attn_output(o.reshape(-1, a.n_heads * a.head_dim))
-        x, h, hq = self.ffn_norm.residual_q(x, o)
+        # MoE experts packed on a GPU read a prompt's rows quantized too: the norm writes them
+        rows = getattr(self.mlp, "quant_rows", QUANT_MAX_ROWS)
+        x, h, hq = self.ffn_norm.residual_q(x, o, rows)
         return x, self.mlp(h, hq)
 
 

@@ -40,12 +40,21 @@ def add_rms_norm(
     return add_rms_norm_q(x, r, w, eps, quant=False)[:2]
 
 
-def add_rms_norm_q(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, eps: float, quant=True):
-    """(x + r, rms_norm(x + r), the norm's quantized rows or None)."""
+def add_rms_norm_q(
+    x: torch.Tensor,
+    r: torch.Tensor,
+    w: torch.Tensor,
+    eps: float,
+    quant: bool = True,
+    max_rows: int = QUANT_MAX_ROWS,
+):
+    """(x + r, rms_norm(x + r), the norm's quantized rows or None); `max_rows`: the reader's
+    row limit (a GEMV's, or any number for MoE experts' grouped GEMMs)."""
     if _cuda32(x, r):
         from localllm.kernels.fused.triton_ops import add_rms_norm_cuda
 
-        return add_rms_norm_cuda(x, r, w, eps, quant and _quant(x))
+        rows = x.reshape(-1, x.shape[-1]).shape[0]
+        return add_rms_norm_cuda(x, r, w, eps, quant and rows <= max_rows)
     s = x + r
     return s, F.rms_norm(s, w.shape, w, eps), None
 

@@ -36,6 +36,7 @@ class QuantLinear(nn.Module):
         self.weight: QuantWeight | None = None
         self.bias: torch.Tensor | None = None
         self._prepared = None
+        self.native = None  # the native CPU kernels, set by the loader before the weights come
 
     def load_tensor(self, suffix: str, w: QuantWeight) -> None:
         if suffix == "bias":
@@ -48,7 +49,9 @@ class QuantLinear(nn.Module):
                 f"expected shape {(self.out_features, self.in_features)}, got {tuple(w.shape)}"
             )
         self.weight = w
-        self._prepared = prepare_linear(w.data, w.qtype, w.shape, precise=self.precise)
+        self._prepared = prepare_linear(
+            w.data, w.qtype, w.shape, precise=self.precise, native=self.native
+        )
 
     @property
     def loaded(self) -> bool:
@@ -123,7 +126,9 @@ class FusedLinear(nn.Module):
         w0 = parts[0].weight
         data = torch.cat([p.weight.data for p in parts])
         shape = (sum(p.out_features for p in parts), parts[0].in_features)
-        prepared = prepare_linear(data, w0.qtype, shape, precise=parts[0].precise)
+        prepared = prepare_linear(
+            data, w0.qtype, shape, precise=parts[0].precise, native=parts[0].native
+        )
         if getattr(prepared, "repacked", False) and data.device.type != "cpu":
             for p in parts:  # the kernel holds the only device copy, in its own layout
                 p.weight = without_bytes(p.weight)

@@ -17,6 +17,7 @@ from localllm.engine.linear import QuantLinear, dense
 from localllm.engine.models import model_module
 from localllm.engine.moe import use_native_cpu_experts
 from localllm.engine.rope import Rotary
+from localllm.kernels.cpu.native import load as load_native
 from localllm.offload import QuantWeight
 
 
@@ -46,6 +47,13 @@ def build_model(
     except KeyError as e:
         raise ModelLoadError(f"{gguf.path}: {e.args[0]}") from None
     model = mod.Model(args, precise=precise)
+    # the native CPU kernels (one build lookup and self-check) take Q6_K / Q8_0 linears and
+    # MoE experts from the file's blocks; set before the weights come, so no fp16 copy is made
+    native = load_native() if device.type == "cpu" and not precise else None
+    if native is not None:
+        for m in model.modules():
+            if isinstance(m, QuantLinear):
+                m.native = native
     aliases = getattr(model, "tensor_aliases", {})
     optional = set(getattr(model, "optional_tensors", ()))
     extra: dict[str, torch.Tensor] = {}
@@ -71,7 +79,7 @@ def build_model(
         raise ModelLoadError(f"{gguf.path}: missing tensors: {', '.join(missing[:8])}")
     model.finish_load(extra)
     if device.type == "cpu":
-        use_native_cpu_experts(model)  # raw expert blocks, no prepared copies
+        use_native_cpu_experts(model, native)  # raw expert blocks, no prepared copies
     if device.type != "cpu":
         _move_leftovers(model, device)
         for m in model.modules():

@@ -389,10 +389,11 @@ class MoEFeedForward(nn.Module):
                 t.bias = t.bias.to(host)
 
 
-def use_native_cpu_experts(model: nn.Module) -> None:
-    """A CPU model's MoE blocks take the native kernels where they load and take the block's
-    format (one build lookup and self-check per model): their default sources then hold the raw
-    blocks alone, nothing prepared. Precise blocks and experts with biases keep their paths."""
+def use_native_cpu_experts(model: nn.Module, native: NativeKernels | None = None) -> None:
+    """A CPU model's MoE blocks take the native kernels (`native`, or loaded here: one build
+    lookup and self-check per model) where they take the block's format: their default sources
+    then hold the raw blocks alone, nothing prepared. Precise blocks and experts with biases
+    keep their paths."""
     blocks = [
         b
         for b in moe_blocks(model)
@@ -400,8 +401,8 @@ def use_native_cpu_experts(model: nn.Module) -> None:
         and not b.precise
         and b.ffn_gate_exps.bias is None
     ]
-    native = load_native() if blocks else None
-    if native is None:
+    native = native or (load_native() if blocks else None)
+    if native is None or not blocks:
         return
     for b in blocks:
         f = b.format

@@ -16,6 +16,8 @@ from localllm.engine.moe import MoEFeedForward, moe_blocks
 from localllm.kernels.cpu.native import load as load_native
 from localllm.kernels.moe.prepared import prepared_expert_nbytes
 from localllm.kernels.quant.linear import choose_strategy
+from localllm.kernels.quant.linear_native import NATIVE_TYPES
+from localllm.kernels.quant.types import QuantType
 from localllm.offload import QuantWeight
 from localllm.offload.expert_cache import (
     ExpertLayout,
@@ -196,9 +198,10 @@ def plan_model(
     scratch += 3 * expert_f32 if getattr(args, "n_expert", 0) else 0
     memory = memory or probe_memory("cpu")
     cpu = not memory.separate_device  # CPU compute: experts are held prepared too ...
-    raw = _native_layers(gguf) if cpu and not precise else set()  # ... unless native
+    native = load_native() if cpu and not precise else None
+    raw = _native_layers(gguf, native)  # ... unless native
     sizes = {
-        name: _memory_cost(t, precise, tied, cpu and expert_layer(name) not in raw)
+        name: _memory_cost(t, precise, tied, cpu and expert_layer(name) not in raw, native)
         for name, t in gguf.tensors.items()
     }
     return plan_residency(
@@ -212,11 +215,10 @@ def plan_model(
     )
 
 
-def _native_layers(gguf: "GGUFModel") -> set[int]:
+def _native_layers(gguf: "GGUFModel", native) -> set[int]:
     """Layers whose routed experts a CPU model computes with the native kernels (raw blocks,
-    nothing prepared): the kernels load and take the layer's three types and sizes (experts
+    nothing prepared): the kernels loaded and take the layer's three types and sizes (experts
     with biases, gpt-oss's, never do)."""
-    native = load_native()
     if native is None:
         return set()
     parts: dict[int, dict[str, TensorInfo]] = {}
@@ -239,10 +241,13 @@ def _native_layers(gguf: "GGUFModel") -> set[int]:
 _PREPARED = {"dense_f32": 4.0, "dense_f16": 2.0, "dense_bf16": 2.0, "int4pack": 0.875}
 
 
-def _memory_cost(info: "TensorInfo", precise: bool, tied: bool, cpu: bool = False) -> int:
+def _memory_cost(
+    info: "TensorInfo", precise: bool, tied: bool, cpu: bool = False, native=None
+) -> int:
     """Resident bytes of a tensor: its file bytes (mapped or read) plus the kernel's prepared
     copy for linear weights (and for experts computed on the CPU), plus a float32 copy for
-    small tensors (norms, biases)."""
+    small tensors (norms, biases). `native`: the CPU kernels that keep Q6_K / Q8_0 linears as
+    blocks (at most one stacked copy of them, for fused q/k/v)."""
     n = info.range.nbytes
     numel = math.prod(info.shape)
     if expert_layer(info.name) is not None:
@@ -256,6 +261,8 @@ def _memory_cost(info: "TensorInfo", precise: bool, tied: bool, cpu: bool = Fals
         return n  # looked up row by row, never multiplied
     rows, cols = math.prod(info.shape[:-1]), info.shape[-1]
     strategy = "dense_f32" if precise else choose_strategy(info.qtype, (rows, cols), "cpu")
+    if native is not None and strategy == "dense_f16" and QuantType(info.qtype) in NATIVE_TYPES:
+        return 2 * n
     return n + int(_PREPARED.get(strategy, 0.0) * numel)
 
 

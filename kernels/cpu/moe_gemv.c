@@ -336,6 +336,55 @@ void gemv(int type, const uint8_t *w, int64_t n, int64_t k, const float *x, floa
     for (int64_t r = 0; r < n; r++) y[r] = dot(type, w + r * rb, q8, d8, bs, k);
 }
 
+/* y [t, n] = x [t, k] . W [n, k]^T for a few token rows (dense linears at decode): each weight
+ * row is read from memory once and dotted with every token row from cache. Scratch: q8 [t*k],
+ * d8 [t*k/32], bs [t*k/16]. */
+void gemm_rows(int type, const uint8_t *w, int64_t n, int64_t k, int64_t t, const float *x,
+               float *y, int8_t *q8, float *d8, int16_t *bs, int threads) {
+    for (int64_t i = 0; i < t; i++)
+        quantize_row(x + i * k, k, q8 + i * k, d8 + i * k / 32, bs + i * k / 16);
+    int64_t rb = row_bytes(type, k);
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t r = 0; r < n; r++)
+        for (int64_t i = 0; i < t; i++)
+            y[i * n + r] = dot(type, w + r * rb, q8 + i * k, d8 + i * k / 32, bs + i * k / 16, k);
+}
+
+/* out [rows, k] = float32 values of Q6_K or Q8_0 rows (ggml's dequantize: d * scale * q) */
+void dequant_rows(int type, const uint8_t *w, int64_t rows, int64_t k, float *out, int threads) {
+    int64_t rb = row_bytes(type, k);
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        const uint8_t *b = w + r * rb;
+        float *y = out + r * k;
+        if (type == Q8_0) {
+            for (int64_t j = 0; j < k / 32; j++, b += 34, y += 32) {
+                const float d = h2f(rd16(b));
+                for (int l = 0; l < 32; l++) y[l] = d * (float)(int8_t)b[2 + l];
+            }
+            continue;
+        }
+        for (int64_t j = 0; j < k / 256; j++, b += 210) {
+            const uint8_t *ql = b, *qh = b + 128;
+            const int8_t *sc = (const int8_t *)(b + 192);
+            const float d = h2f(rd16(b + 208));
+            for (int n2 = 0; n2 < 2; n2++, ql += 64, qh += 32, sc += 8, y += 128) {
+                for (int l = 0; l < 32; l++) {
+                    const int is = l / 16;
+                    const int q1 = (int)((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
+                    const int q2 = (int)((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+                    const int q3 = (int)((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+                    const int q4 = (int)((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+                    y[l] = d * sc[is] * q1;
+                    y[l + 32] = d * sc[is + 2] * q2;
+                    y[l + 64] = d * sc[is + 4] * q3;
+                    y[l + 96] = d * sc[is + 6] * q4;
+                }
+            }
+        }
+    }
+}
+
 /* Pairs of one MoE layer grouped by expert: group g is pairs gstart[g] .. gstart[g+1]-1 of the
  * expert whose raw blocks start at gate[g], up[g], down[g] (gate, up: hidden rows of dim; down: dim
  * rows of hidden); pair p belongs to token row tok[p]. x [t, dim]; act 0 = SiLU, 1 = GELU (tanh).

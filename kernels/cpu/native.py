@@ -72,6 +72,27 @@ class NativeKernels:
                       threads or torch.get_num_threads())  # fmt: skip
         return y
 
+    def gemm_rows(self, w: torch.Tensor, qtype: QuantType, n: int, k: int, x: torch.Tensor,
+                  threads: int | None = None) -> torch.Tensor:  # fmt: skip
+        """Raw blocks w [n, row bytes] times a few rows x [t, k] -> float32 [t, n]: int8
+        activations per 32, each weight row read once for all t rows (dense linears at decode)."""
+        x = x.float().contiguous()
+        t = x.shape[0]
+        y = torch.empty(t, n)
+        q8, d8, bs = _qbuf(t * k)
+        self.lib.gemm_rows(int(qtype), _ptr(w), n, k, t, _ptr(x), _ptr(y), _ptr(q8), _ptr(d8),
+                           _ptr(bs), threads or torch.get_num_threads())  # fmt: skip
+        return y
+
+    def dequantize(self, w: torch.Tensor, qtype: QuantType, k: int,
+                   threads: int | None = None) -> torch.Tensor:  # fmt: skip
+        """Q6_K or Q8_0 rows w [rows, row bytes] (contiguous) -> float32 [rows, k] (ggml values)."""
+        rows = w.shape[0]
+        out = torch.empty(rows, k)
+        self.lib.dequant_rows(int(qtype), _ptr(w), rows, k, _ptr(out),
+                              threads or torch.get_num_threads())  # fmt: skip
+        return out
+
     def moe_ffn(
         self,
         x: torch.Tensor,
@@ -192,6 +213,10 @@ def _bind(lib: ctypes.CDLL) -> None:
     lib.moe_pairs.argtypes = [_I, _I, _P, _P, _P, _P, _P, _P, _INT, _INT, _INT, _I, _I, _INT,
                               _P, _P, _P, _P, _P, _P, _P, _P, _INT]  # fmt: skip
     lib.moe_pairs.restype = None
+    lib.gemm_rows.argtypes = [_INT, _P, _I, _I, _I, _P, _P, _P, _P, _P, _INT]
+    lib.gemm_rows.restype = None
+    lib.dequant_rows.argtypes = [_INT, _P, _I, _I, _P, _INT]
+    lib.dequant_rows.restype = None
     lib.moe_combine.argtypes = [_I, _I, _P, _P, _P, _I, _P, _INT]
     lib.moe_combine.restype = None
 

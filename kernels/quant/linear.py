@@ -7,6 +7,7 @@ CPU"; tests/perf/bench_quant_linear.py):
   GEMV, ~3e-3 relative error); T >= 64: unpack to fp32 tiles (= gguf dequant) + fp32 GEMM.
 - Q5_*/Q8_0/Q6_K: an fp16 copy (bf16 if out of range), 2 B/weight, ~3e-4 relative error;
   F16/BF16 files are used as they are. T < 8: half GEMV; T >= 8: fp32 GEMM on widened tiles.
+  Where the native CPU kernels load, Q8_0/Q6_K keep their blocks instead (`linear_native`).
 - F32 as is; every other type keeps its raw blocks and dequantizes row tiles per call.
 CUDA policy: Q8_0/Q4_0/IQ4_NL/MXFP4/IQ4_XS/Q4_K/Q5_K/Q6_K run triton kernels through
 `triton_linear` (triton is imported only then): Q4_K/Q6_K/Q8_0 re-laid out column-major once
@@ -25,6 +26,7 @@ from localllm.kernels.quant.affine import CODE_BITS
 from localllm.kernels.quant.dequant import dequantize
 from localllm.kernels.quant.linear_dense import DenseHalfLinear, DequantTilesLinear, Float32Linear
 from localllm.kernels.quant.linear_int4 import Int4PackLinear
+from localllm.kernels.quant.linear_native import NATIVE_TYPES, NativeLinear
 from localllm.kernels.quant.types import QuantType, block_geometry
 
 # Calls with at least this many rows leave the bf16/fp16 kernels for fp32 GEMM on row tiles
@@ -87,11 +89,13 @@ def prepare_linear(
     shape: tuple[int, int],
     precise: bool = False,
     strategy: str | None = None,
+    native=None,
 ) -> PreparedLinear:
     """Prepare raw ggml blocks (uint8 [N, row_bytes]) of a weight of logical shape (N, K).
 
     `strategy` overrides the policy (benchmarks, tests). With `precise`, results equal
-    dequantize + fp32 matmul up to fp32 summation order.
+    dequantize + fp32 matmul up to fp32 summation order. `native`: the loaded native CPU kernels
+    (`kernels.cpu.native`), which then take Q6_K and Q8_0 in place of an fp16 copy.
     """
     qtype, shape = QuantType(qtype), (int(shape[0]), int(shape[1]))
     block, nbytes = block_geometry(qtype)
@@ -107,6 +111,8 @@ def prepare_linear(
         if qtype not in CODE_BITS:
             raise ValueError(f"{qtype.name} has no int4pack form")
         return Int4PackLinear(data, qtype, shape, exact_from_t=0 if precise else INT4_EXACT_FROM_T)
+    if strategy == "dense_f16" and native is not None and qtype in NATIVE_TYPES:
+        return NativeLinear(data, qtype, shape, native)
     if strategy in ("dense_f16", "dense_bf16"):
         dtype = torch.float16 if strategy == "dense_f16" else torch.bfloat16
         return DenseHalfLinear(data, qtype, shape, HALF_FP32_FROM_T, dtype)

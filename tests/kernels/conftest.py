@@ -62,3 +62,15 @@ def random_blocks(name: str, rows: int, blocks_per_row: int, rng, finite: bool =
 def make_blocks():
     """random_blocks(name, rows, blocks_per_row, rng, finite=True) -> uint8 [rows, row_bytes]."""
     return random_blocks
+
+
+@pytest.fixture(scope="session")
+def kernels(tmp_path_factory):
+    """The native CPU kernels (`kernels/cpu/moe_gemv.c`) built into a fresh directory; the test
+    skips where no C compiler is (the torch paths are used there)."""
+    from localllm.kernels.cpu import native
+
+    k = native.load(tmp_path_factory.mktemp("native"))
+    if k is None:
+        pytest.skip("no C compiler here (the torch paths are used)")
+    return k

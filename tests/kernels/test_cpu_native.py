@@ -26,14 +26,6 @@ from tests.perf.make_synthetic import random_rows
 INT8_TOL = 2e-2  # int8 input and SiLU product per 32 values: measured 1.2-1.3 % off exact math
 
 
-@pytest.fixture(scope="module")
-def kernels(tmp_path_factory):
-    k = native.load(tmp_path_factory.mktemp("native"))
-    if k is None:
-        pytest.skip("no C compiler here (the torch paths are used)")
-    return k
-
-
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.double() - b.double()).norm() / b.double().norm()).item()
 

@@ -10,19 +10,10 @@ from gguf import GGMLQuantizationType as QT
 from gguf import quants
 
 from localllm.engine.generator import Generator
-from localllm.kernels.cpu import native
 from localllm.kernels.quant import QuantType
 from localllm.kernels.quant.linear import prepare_linear, quant_matmul_reference
 from localllm.kernels.quant.linear_native import NATIVE_MAX_T
 from tests.perf.make_synthetic import random_rows
-
-
-@pytest.fixture(scope="module")
-def kernels(tmp_path_factory):
-    k = native.load(tmp_path_factory.mktemp("native"))
-    if k is None:
-        pytest.skip("no C compiler here (the torch paths are used)")
-    return k
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:

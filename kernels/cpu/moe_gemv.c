@@ -307,11 +307,12 @@ static float dot_q8_0(const uint8_t *w, const int8_t *q8, const float *d8, int64
 #endif
 
 /* The hardware prefetchers stop at 4 KiB pages (file pages are never huge): ask for the row
- * PREFETCH_ROWS ahead of the one being dotted, so each thread keeps reads in flight. */
+ * PREFETCH_ROWS ahead of the one being dotted, so each thread keeps reads in flight. Into L2
+ * (prefetcht1): the non-temporal hint used before made experts already in cache 2.5x slower and
+ * a layer from memory 1.3-1.6x slower (bench_moe_cold.py, 2026-12-01 18:10 UTC). */
 #define PREFETCH_ROWS 4
-#define PREFETCH_PAIRS 2 /* more pairs per row: the dots hide the reads (prefetch slowed them) */
 static inline void prefetch_row(const uint8_t *w, int64_t rb) {
-    for (int64_t o = 0; o < rb; o += 64) __builtin_prefetch(w + o, 0, 0);
+    for (int64_t o = 0; o < rb; o += 64) __builtin_prefetch(w + o, 0, 2);
 }
 
 static int64_t row_bytes(int type, int64_t k) {
@@ -345,9 +346,12 @@ void gemm_rows(int type, const uint8_t *w, int64_t n, int64_t k, int64_t t, cons
         quantize_row(x + i * k, k, q8 + i * k, d8 + i * k / 32, bs + i * k / 16);
     int64_t rb = row_bytes(type, k);
 #pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t r = 0; r < n; r++)
+    for (int64_t r = 0; r < n; r++) {
+        /* file-backed weights: pages of 4 KiB, where the hardware prefetchers stop */
+        if (r + PREFETCH_ROWS < n) prefetch_row(w + (r + PREFETCH_ROWS) * rb, rb);
         for (int64_t i = 0; i < t; i++)
             y[i * n + r] = dot(type, w + r * rb, q8 + i * k, d8 + i * k / 32, bs + i * k / 16, k);
+    }
 }
 
 /* out [rows, k] = float32 values of Q6_K or Q8_0 rows (ggml's dequantize: d * scale * q) */
@@ -411,7 +415,7 @@ void moe_pairs(int64_t t, int64_t ngroups, const int64_t *gstart, const uint8_t 
                 int64_t rr = r < hidden ? r : r - hidden;
                 int type = r < hidden ? tg : tu;
                 const uint8_t *w = r < hidden ? gate[g] + rr * rg : up[g] + rr * ru;
-                if (gstart[g + 1] - gstart[g] <= PREFETCH_PAIRS && rr + PREFETCH_ROWS < hidden)
+                if (rr + PREFETCH_ROWS < hidden)
                     prefetch_row(w + PREFETCH_ROWS * (r < hidden ? rg : ru), r < hidden ? rg : ru);
                 int64_t p = gstart[g];
 #ifdef Q4K_ROWS
@@ -448,8 +452,7 @@ void moe_pairs(int64_t t, int64_t ngroups, const int64_t *gstart, const uint8_t 
         for (int64_t g = 0; g < ngroups; g++) {
             for (int64_t r = 0; r < dim; r++) {
                 const uint8_t *w = down[g] + r * rd;
-                if (gstart[g + 1] - gstart[g] <= PREFETCH_PAIRS && r + PREFETCH_ROWS < dim)
-                    prefetch_row(w + PREFETCH_ROWS * rd, rd);
+                if (r + PREFETCH_ROWS < dim) prefetch_row(w + PREFETCH_ROWS * rd, rd);
                 for (int64_t p = gstart[g]; p < gstart[g + 1]; p++)
                     dn[p * dim + r] = dot(td, w, aq + p * hidden, ad + p * hidden / 32,
                                           ab + p * hidden / 16, hidden);

@@ -19,7 +19,6 @@ from localllm.engine.graph_breaks import HostBreaks
 from localllm.engine.layers import DenseParam, GatedMLP
 from localllm.engine.linear import QuantLinear, dense, without_bytes
 from localllm.kernels.cpu.native import NativeKernels
-from localllm.kernels.cpu.native import load as load_native
 from localllm.kernels.fused import QUANT_MAX_ROWS
 from localllm.kernels.moe import (
     ExpertBiases,
@@ -389,11 +388,10 @@ class MoEFeedForward(nn.Module):
                 t.bias = t.bias.to(host)
 
 
-def use_native_cpu_experts(model: nn.Module, native: NativeKernels | None = None) -> None:
-    """A CPU model's MoE blocks take the native kernels (`native`, or loaded here: one build
-    lookup and self-check per model) where they take the block's format: their default sources
-    then hold the raw blocks alone, nothing prepared. Precise blocks and experts with biases
-    keep their paths."""
+def use_native_cpu_experts(model: nn.Module, native: NativeKernels | None) -> None:
+    """A CPU model's MoE blocks take the native kernels the loader loaded (None: none built)
+    where they take the block's format: their default sources then hold the raw blocks alone,
+    nothing prepared. Precise blocks and experts with biases keep their paths."""
     blocks = [
         b
         for b in moe_blocks(model)
@@ -401,8 +399,7 @@ def use_native_cpu_experts(model: nn.Module, native: NativeKernels | None = None
         and not b.precise
         and b.ffn_gate_exps.bias is None
     ]
-    native = native or (load_native() if blocks else None)
-    if native is None or not blocks:
+    if native is None:
         return
     for b in blocks:
         f = b.format

@@ -203,7 +203,21 @@ def _chunk(
 
         if supports(q, keys, vals):  # one launch instead of ~12
             return flash_prefill(q, keys, vals, q0, scale, window, softcap, sinks)
-        keys, vals = keys.to(q.dtype), vals.to(q.dtype)  # gathered as stored
+    return chunk_dense(q, keys, vals, q0, scale, window, softcap, sinks)
+
+
+def chunk_dense(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    vals: torch.Tensor,
+    q0: int,
+    scale: float,
+    window: int | None,
+    softcap: float | None,
+    sinks: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """`_chunk` in plain torch (a mask, then SDPA or matmul + softmax), keys of any float type."""
+    keys, vals = keys.to(q.dtype), vals.to(q.dtype)  # gathered as stored on CUDA
     qb, kb, vb = q.transpose(0, 1), keys.transpose(0, 1), vals.transpose(0, 1)
     mask = _mask(q0, q.shape[0], keys.shape[0], window, q.device)
     if softcap is None and sinks is None:

@@ -1,5 +1,5 @@
 """Prompt attention on the H200 (run there; not a test): `triton_prefill.flash_prefill`'s launch
-geometry and precision against the torch path it replaced (`paged._chunk` without the kernel:
+geometry and precision against the torch path it replaced (`paged.chunk_dense`:
 a mask, SDPA's float32 math path), for the Llama-3-8B (32 q / 8 kv heads) and Qwen3-30B-A3B
 (32 / 4) shapes, a fresh prompt of t tokens, f16 keys (the bench's cache; others with
 `--keys`). Each variant is checked against a float64 reference first (max abs error printed).
@@ -11,7 +11,6 @@ import argparse
 import itertools
 
 import torch
-import torch.nn.functional as F
 
 from localllm.kernels.attention import paged
 from localllm.kernels.attention.triton_prefill import BLOCKS, flash_prefill
@@ -29,14 +28,6 @@ def _time(fn, reps: int = 20) -> float:
     e1.record()
     torch.cuda.synchronize()
     return e0.elapsed_time(e1) * 1e3 / reps  # us
-
-
-def _torch_chunk(q, keys, vals, scale):
-    """The path before the kernel: the boolean causal mask and SDPA on float32 (math path)."""
-    qb, kb, vb = (x.to(q.dtype).transpose(0, 1) for x in (q, keys, vals))
-    mask = paged._mask(0, q.shape[0], keys.shape[0], None, q.device)
-    o = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask, scale=scale, enable_gqa=True)
-    return o.transpose(0, 1)
 
 
 def main() -> None:
@@ -57,8 +48,10 @@ def main() -> None:
         keys = torch.randn(t, kvh, d, device=dev, generator=gen).to(kdt)
         vals = torch.randn(t, kvh, d, device=dev, generator=gen).to(kdt)
         scale = d**-0.5
-        want = _torch_chunk(q.double(), keys.double(), vals.double(), scale)
-        old = _time(lambda q=q, k=keys, v=vals, s=scale: _torch_chunk(q, k, v, s))
+        want = paged.chunk_dense(q.double(), keys, vals, 0, scale, None, None)
+        old = _time(
+            lambda q=q, k=keys, v=vals, s=scale: paged.chunk_dense(q, k, v, 0, s, None, None)
+        )
         print(f"\n## {name} t {t} keys {kdt}: torch path {old:.1f} us")
         rows = []
         for (bm, bn, warps), dot in itertools.product(geos, ("tf32x3", "tf32")):

@@ -11,6 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
+from localllm.kernels import pdl
 from localllm.kernels.attention.decode import DecodePlan
 
 PROGRAM_TARGET = 264  # (sequence, kv head, key chunk) programs: two per SM of an H100/H200
@@ -31,8 +32,10 @@ def _split_kernel(
     q_ptr, rows_ptr, k_ptr, v_ptr, slots_ptr, pad_ptr, m_ptr, l_ptr, acc_ptr,
     M, NS, scale, softcap, CHUNK: tl.constexpr,
     KV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
-    BJ: tl.constexpr, HAS_PAD: tl.constexpr, CAP: tl.constexpr,
+    BJ: tl.constexpr, HAS_PAD: tl.constexpr, CAP: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
+    pdl.gdc_begin(PDL)
+    pdl.gdc_wait(PDL)
     b, g, c = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     gi = tl.arange(0, GP)
     gm = gi < G
@@ -77,11 +80,13 @@ def _split_dot_kernel(
     M, NS, scale, softcap, CHUNK: tl.constexpr,
     KV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, GH: tl.constexpr, D: tl.constexpr,
     DV: tl.constexpr, BJ: tl.constexpr, HAS_PAD: tl.constexpr, CAP: tl.constexpr,
-    EXACT: tl.constexpr,
+    EXACT: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """`_split_kernel` with both products on tensor cores, the group's query heads padded to GH
     (>= 16) rows. EXACT: float32 operands in three tf32 passes (~float32 products); else q and
     the softmax weights are rounded to the cache's type (llama.cpp's flash attention does so)."""
+    pdl.gdc_begin(PDL)
+    pdl.gdc_wait(PDL)
     b, g, c = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     gi = tl.arange(0, GH)
     gm = gi < G
@@ -130,10 +135,12 @@ def _split_dot_kernel(
 @triton.jit
 def _combine_kernel(
     m_ptr, l_ptr, acc_ptr, rows_ptr, out_ptr, NS, KV: tl.constexpr, G: tl.constexpr,
-    GP: tl.constexpr, DV: tl.constexpr, CB: tl.constexpr, NSP: tl.constexpr,
+    GP: tl.constexpr, DV: tl.constexpr, CB: tl.constexpr, NSP: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """One query head per program: merge its chunk partials CB chunks at a time (one round trip
     of loads for up to CB chunks; a running max across blocks) into output row rows[b]."""
+    pdl.gdc_begin(PDL)
+    pdl.gdc_wait(PDL)
     b, hh = tl.program_id(0), tl.program_id(1)
     g, gi = hh // G, hh % G
     dv = tl.arange(0, DV)
@@ -208,7 +215,9 @@ def flash_decode(
     qc = q.contiguous()
     args = (qc, plan.rows, k_cache, v_cache, slots, pad.contiguous(), mx, den, acc, m, ns, scale)
     geo = {"CHUNK": chunk, "KV": kvh, "G": g, "GP": gp, "D": d, "DV": dv, "BJ": bj}
+    launch = pdl.launch_options(pdl.enabled(q))
     flags = {"HAS_PAD": plan.pad is not None, "CAP": softcap is not None, "num_warps": warps}
+    flags |= launch
     if dot is not None and min(d, dv) >= 16:  # tl.dot needs 16-wide operands
         if dot not in ("exact", "native"):
             raise ValueError(f"dot must be None, 'exact' or 'native', not {dot!r}")
@@ -224,5 +233,6 @@ def flash_decode(
     nsp = triton.next_power_of_2(ns)
     cb = min(nsp, max(1, COMBINE_VALUES // dv))
     grid = (nd, kvh * g)
-    _combine_kernel[grid](mx, den, acc, rows, out, ns, KV=kvh, G=g, GP=gp, DV=dv, CB=cb, NSP=nsp)
+    geo = {"KV": kvh, "G": g, "GP": gp, "DV": dv, "CB": cb, "NSP": nsp}
+    _combine_kernel[grid](mx, den, acc, rows, out, ns, **geo, **launch)
     return out

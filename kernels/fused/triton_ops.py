@@ -7,6 +7,7 @@ import torch
 import triton
 import triton.language as tl
 
+from localllm.kernels import pdl
 from localllm.kernels.quant.triton_dp4a import quant_groups
 from localllm.kernels.quant.triton_packed import QuantizedX, empty_quantized
 
@@ -15,16 +16,19 @@ from localllm.kernels.quant.triton_packed import QuantizedX, empty_quantized
 def _rms_norm(
     x_ptr, r_ptr, s_ptr, w_ptr, y_ptr, q_ptr, d_ptr, s16_ptr, xs_ptr, D, eps,
     BD: tl.constexpr, ADD: tl.constexpr, QUANT: tl.constexpr, RN: tl.constexpr,
+    PDL: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
     c = tl.arange(0, BD)
     m = c < D
+    pdl.gdc_begin(PDL)
+    w = tl.load(w_ptr + c, mask=m, other=0.0)  # a weight: no earlier kernel writes it
+    pdl.gdc_wait(PDL)
     v = tl.load(x_ptr + row * D + c, mask=m, other=0.0)
     if ADD:
         v += tl.load(r_ptr + row * D + c, mask=m, other=0.0)
         tl.store(s_ptr + row * D + c, v, mask=m)
     inv = 1.0 / tl.sqrt(tl.sum(v * v, axis=0) / D + eps)
-    w = tl.load(w_ptr + c, mask=m, other=0.0)
     y = v * inv * w
     tl.store(y_ptr + row * D + c, y, mask=m)
     if QUANT:  # D is a multiple of 32; padding groups are masked
@@ -38,8 +42,10 @@ def _rms_norm(
 @triton.jit
 def _silu_mul(
     gu_ptr, y_ptr, q_ptr, d_ptr, s16_ptr, xs_ptr, H,
-    BH: tl.constexpr, QUANT: tl.constexpr, RN: tl.constexpr,
+    BH: tl.constexpr, QUANT: tl.constexpr, RN: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
+    pdl.gdc_begin(PDL)
+    pdl.gdc_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1) * BH + tl.arange(0, BH)
     m = c < H
@@ -99,6 +105,7 @@ def rms_norm_cuda(
         QUANT=xq is not None,
         RN=x.is_cuda,
         num_warps=norm_warps(d),
+        **pdl.launch_options(pdl.enabled(x)),
     )
     return y.reshape(x.shape), xq
 
@@ -130,6 +137,7 @@ def add_rms_norm_cuda(
         QUANT=xq is not None,
         RN=x.is_cuda,
         num_warps=warps or norm_warps(d),
+        **pdl.launch_options(pdl.enabled(x)),
     )
     return s.reshape(x.shape), y.reshape(x.shape), xq
 
@@ -142,5 +150,6 @@ def silu_mul_cuda(
     xq, qa = _quant_out(g2.shape[0], hidden, quant, y)
     bh = 1024
     grid = (g2.shape[0], triton.cdiv(hidden, bh))
-    _silu_mul[grid](g2, y, *qa, hidden, BH=bh, QUANT=xq is not None, RN=gu.is_cuda, num_warps=4)
+    flags = {"QUANT": xq is not None, "RN": gu.is_cuda, **pdl.launch_options(pdl.enabled(gu))}
+    _silu_mul[grid](g2, y, *qa, hidden, BH=bh, num_warps=4, **flags)
     return y.reshape(*gu.shape[:-1], hidden), xq

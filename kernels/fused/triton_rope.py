@@ -9,6 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
+from localllm.kernels import pdl
 from localllm.kernels.fused.rope_qkv import HeadLayout, HeadNorms
 
 
@@ -80,7 +81,10 @@ def _rope_qkv(
     NORM: tl.constexpr,
     BP: tl.constexpr,
     BD: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl.gdc_begin(PDL)
+    pdl.gdc_wait(PDL)
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     cs = cos_ptr + t * (ROT // 2)
@@ -161,5 +165,6 @@ def rope_qkv_write_cuda(
         BP=bp,
         BD=bd,
         num_warps=1,
+        **pdl.launch_options(pdl.enabled(q)),
     )
     return out

@@ -11,14 +11,21 @@ import torch
 import triton
 import triton.language as tl
 
+from localllm.kernels import pdl
+
 ROUTE_MAX_T = 8  # tokens per call of the router GEMV (decode); prompts take torch's GEMM
 
 
 @triton.jit
 def _router_logits(
-    x_ptr, w_ptr, out_ptr, T, E, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr
-):
+    x_ptr, w_ptr, out_ptr, T, E, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    KL: tl.constexpr, PDL: tl.constexpr,
+):  # fmt: skip
     e = tl.program_id(0)
+    pdl.gdc_begin(PDL)
+    lines = tl.arange(0, KL) * 32  # the expert's router row, one request per 128-byte line
+    pdl.prefetch_l2(w_ptr + e * K + lines, lines < K, PDL)
+    pdl.gdc_wait(PDL)
     t = tl.arange(0, BT)
     tm = t < T
     acc = tl.zeros([BT, BK], dtype=tl.float32)
@@ -35,8 +42,10 @@ def _router_logits(
 @triton.jit
 def _topk_softmax(
     logits_ptr, w_ptr, id_ptr, E, KSEL: tl.constexpr, KP: tl.constexpr, BE: tl.constexpr,
-    NORM: tl.constexpr,
+    NORM: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
+    pdl.gdc_begin(PDL)
+    pdl.gdc_wait(PDL)
     t = tl.program_id(0)
     idx = tl.arange(0, BE)
     v = tl.load(logits_ptr + t * E + idx, mask=idx < E, other=-float("inf"))
@@ -71,7 +80,9 @@ def route_topk_cuda(
     logits = torch.empty(t, e, dtype=torch.float32, device=x.device)
     bt = triton.next_power_of_2(max(t, 1))
     bk = min(512 // bt, triton.next_power_of_2(d))
-    _router_logits[(e,)](x, w, logits, t, e, K=d, BT=bt, BK=bk, num_warps=2)
+    kl = triton.next_power_of_2(triton.cdiv(d, 32))
+    geo = {"K": d, "BT": bt, "BK": bk, "KL": kl, **pdl.launch_options(pdl.enabled(x))}
+    _router_logits[(e,)](x, w, logits, t, e, num_warps=2, **geo)
     return topk_softmax_cuda(logits, k, norm_topk_prob)
 
 
@@ -85,5 +96,6 @@ def topk_softmax_cuda(
     weights = torch.empty(t, k, dtype=torch.float32, device=logits.device)
     ids = torch.empty(t, k, dtype=torch.int64, device=logits.device)
     be, kp = triton.next_power_of_2(e), triton.next_power_of_2(k)
-    _topk_softmax[(t,)](logits, weights, ids, e, KSEL=k, KP=kp, BE=be, NORM=norm_topk_prob)
+    geo = {"KSEL": k, "KP": kp, "BE": be, "NORM": norm_topk_prob}
+    _topk_softmax[(t,)](logits, weights, ids, e, **geo, **pdl.launch_options(pdl.enabled(logits)))
     return weights, ids

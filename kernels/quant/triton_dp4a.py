@@ -15,6 +15,8 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
+from localllm.kernels.pdl import gdc_begin, gdc_wait, prefetch_plane
+
 
 @triton.jit
 def _dp4a(a, b, SIGNED_A: tl.constexpr, ASM: tl.constexpr):
@@ -70,9 +72,14 @@ def quant_groups(v, g, gm, q_ptr, d_ptr, s16_ptr, xsum_ptr, G: tl.constexpr, RN:
 
 
 @triton.jit
-def _quant_x8(x_ptr, q_ptr, d_ptr, s16_ptr, xsum_ptr, K, G: tl.constexpr, RN: tl.constexpr):
+def _quant_x8(
+    x_ptr, q_ptr, d_ptr, s16_ptr, xsum_ptr, K, G: tl.constexpr, RN: tl.constexpr,
+    PDL: tl.constexpr,
+):  # fmt: skip
     """x [M, K] float32 -> int8 codes (4 per int32 word), scale and code sums per 32 values
     (dx, dx * sum) and integer code sums per 16. Program (m, chunk) handles G groups of 32."""
+    gdc_begin(PDL)
+    gdc_wait(PDL)
     m = tl.program_id(0)
     g = tl.program_id(1) * G + tl.arange(0, G)
     gm = g < K // 32
@@ -189,9 +196,15 @@ def _pair(ids_ptr, XDIV, P, M, N, BN: tl.constexpr, MOE: tl.constexpr):
 def _gemv_q4k_packed(
     x8_ptr, xd_ptr, xsum_ptr, qs_ptr, hdr_ptr, out_ptr, part_ptr, cnt_ptr, ids_ptr, M, N, K, nb,
     XDIV, P, spb: tl.constexpr, SPLIT: tl.constexpr, MP: tl.constexpr, BN: tl.constexpr,
-    ASM: tl.constexpr, MOE: tl.constexpr,
+    ASM: tl.constexpr, MOE: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     pn, pk = tl.program_id(0), tl.program_id(1)
+    gdc_begin(PDL)
+    if not MOE:  # the weight does not depend on earlier kernels: fetch its first block now
+        s0 = pk * spb
+        prefetch_plane(qs_ptr, s0 * 32, 32, pn * BN, N, s0 < nb, BN, PDL)
+        prefetch_plane(hdr_ptr, s0 * 4, 4, pn * BN, N, s0 < nb, BN, PDL)
+    gdc_wait(PDL)
     cols = pn * BN + tl.arange(0, BN)
     cols_ok = cols < N
     rows = tl.arange(0, MP)
@@ -233,9 +246,17 @@ def _gemv_q4k_packed(
 def _gemv_q6k_packed(
     x8_ptr, xd_ptr, s16_ptr, ql_ptr, qh_ptr, sc_ptr, d_ptr, out_ptr, part_ptr, cnt_ptr, ids_ptr,
     M, N, K, nb, XDIV, P, spb: tl.constexpr, SPLIT: tl.constexpr, MP: tl.constexpr,
-    BN: tl.constexpr, ASM: tl.constexpr, MOE: tl.constexpr,
+    BN: tl.constexpr, ASM: tl.constexpr, MOE: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     pn, pk = tl.program_id(0), tl.program_id(1)
+    gdc_begin(PDL)
+    if not MOE:
+        s0 = pk * spb
+        prefetch_plane(ql_ptr, s0 * 32, 32, pn * BN, N, s0 < nb, BN, PDL)
+        prefetch_plane(qh_ptr, s0 * 16, 16, pn * BN, N, s0 < nb, BN, PDL)
+        prefetch_plane(sc_ptr, s0 * 4, 4, pn * BN, N, s0 < nb, BN, PDL)
+        prefetch_plane(d_ptr, s0, 1, pn * BN, N, s0 < nb, BN, PDL)
+    gdc_wait(PDL)
     cols = pn * BN + tl.arange(0, BN)
     cols_ok = cols < N
     rows = tl.arange(0, MP)
@@ -286,9 +307,17 @@ def _gemv_q6k_packed(
 def _gemv_q8_0_packed(
     x8_ptr, xd_ptr, qs_ptr, d_ptr, out_ptr, part_ptr, cnt_ptr, ids_ptr, M, N, K, nb, XDIV, P,
     spb: tl.constexpr, SPLIT: tl.constexpr, MP: tl.constexpr, BN: tl.constexpr, ASM: tl.constexpr,
-    MOE: tl.constexpr,
+    MOE: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     pn, pk = tl.program_id(0), tl.program_id(1)
+    gdc_begin(PDL)
+    if not MOE:
+        for i in tl.static_range(4):  # up to 4 blocks of 32 values (8 plane rows each)
+            if i < spb:
+                b0 = pk * spb + i
+                prefetch_plane(qs_ptr, b0 * 8, 8, pn * BN, N, b0 < nb, BN, PDL)
+                prefetch_plane(d_ptr, b0, 1, pn * BN, N, b0 < nb, BN, PDL)
+    gdc_wait(PDL)
     cols = pn * BN + tl.arange(0, BN)
     cols_ok = cols < N
     rows = tl.arange(0, MP)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
+from localllm.kernels import pdl
 from localllm.kernels.quant.dequant import dequantize
 from localllm.kernels.quant.repack import PackedBlocks
 from localllm.kernels.quant.triton_dp4a import (
@@ -74,8 +75,9 @@ def quantize_x8(x: torch.Tensor) -> QuantizedX:
     xq = empty_quantized(m, k, x.device)
     g = 16
     _quant_x8[(m, triton.cdiv(k // 32, g))](
-        x, xq.words, xq.scale, xq.sum16, xq.xsum, k, G=g, RN=x.is_cuda, num_warps=4
-    )
+        x, xq.words, xq.scale, xq.sum16, xq.xsum, k, G=g, RN=x.is_cuda, num_warps=4,
+        **pdl.launch_options(pdl.enabled(x)),
+    )  # fmt: skip
     return xq
 
 
@@ -150,6 +152,7 @@ def _launch(xq: QuantizedX, p: PackedBlocks, grid, args, c: PackedConfig, split,
         "ASM": xq.words.device.type == "cuda",
         "MOE": moe,
         "num_warps": c.num_warps,
+        **pdl.launch_options(pdl.enabled(xq.words)),
     }
     tail = (*args, c.blocks_per_program)
     pl = p.planes

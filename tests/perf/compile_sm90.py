@@ -1,6 +1,9 @@
 """Compile the fused and attention triton kernels for sm_90 on a machine without a GPU (not a test).
 
-    python tests/perf/compile_sm90.py
+    python tests/perf/compile_sm90.py [--pdl]
+
+`--pdl` compiles the programmatic-dependent-launch variants (`kernels/pdl.py`) and checks that
+their PTX holds the griddepcontrol instructions (and, for the GEMVs, the L2 prefetches).
 
 triton's frontend, its LLVM/PTX passes and its bundled ptxas run without a device, so type errors
 (one name bound to two pointer types across an `if`) and register spills show up here before a
@@ -12,6 +15,7 @@ import itertools
 import os
 import re
 import subprocess
+import sys
 import tempfile
 
 import triton
@@ -27,7 +31,8 @@ PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bi
 
 
 def compile_one(fn, sig: dict[str, str], const: dict, warps: int = 4) -> str:
-    """ptxas's resource line for `fn` with these argument types and constexprs."""
+    """ptxas's resource line for `fn` with these argument types and constexprs (plus, with PDL,
+    how many griddepcontrol and prefetch instructions the PTX holds)."""
     full = {**sig, **dict.fromkeys(const, "constexpr")}
     names = list(full)
     constexprs = {(names.index(k),): v for k, v in const.items()}
@@ -41,12 +46,20 @@ def compile_one(fn, sig: dict[str, str], const: dict, warps: int = 4) -> str:
         out = subprocess.run(cmd, capture_output=True, text=True, check=True).stderr
     regs = re.search(r"Used (\d+) registers", out)
     spill = re.search(r"(\d+) bytes spill stores", out)
-    return (
-        f"{regs.group(1) if regs else '?'} registers, {spill.group(1) if spill else '?'} B spilled"
-    )
+    line = f"{regs.group(1) if regs else '?'} registers, "
+    line += f"{spill.group(1) if spill else '?'} B spilled"
+    if const.get("PDL"):
+        ptx_text = k.asm["ptx"]
+        waits = ptx_text.count("griddepcontrol.wait")
+        starts = ptx_text.count("griddepcontrol.launch_dependents")
+        if not (waits and starts):
+            raise RuntimeError(f"{fn.__name__}: PDL variant without griddepcontrol ({line})")
+        pre = ptx_text.count("prefetch.global.L2")
+        line += f", griddepcontrol {starts}+{waits}, L2 prefetches {pre}"
+    return line
 
 
-def main() -> None:
+def main(pdl: bool = False) -> None:
     norm = dict.fromkeys(("x_ptr", "r_ptr", "s_ptr", "w_ptr", "y_ptr"), F32)
     norm |= {"q_ptr": I32, "d_ptr": F32, "s16_ptr": I32, "xs_ptr": F32, "D": "i32", "eps": "fp32"}
     silu = {"gu_ptr": F32, "y_ptr": F32, "q_ptr": I32, "d_ptr": F32, "s16_ptr": I32, "xs_ptr": F32}
@@ -88,11 +101,24 @@ def main() -> None:
             cases.append((triton_decode._split_dot_kernel, split, {**dot, "EXACT": exact}, 4))
         cases.append((triton_decode._combine_kernel, comb, {"KV": kv, "G": g, "GP": g, "DV": 128,
                                                             "CB": 64, "NSP": 64}, 4))  # fmt: skip
+    gemv = {"x8_ptr": I32, "xd_ptr": F32, "out_ptr": F32, "part_ptr": F32, "cnt_ptr": I32}
+    gemv |= {"ids_ptr": I64} | dict.fromkeys(("M", "N", "K", "nb", "XDIV", "P"), "i32")
+    q4k = {"x8_ptr": I32, "xd_ptr": F32, "xsum_ptr": F32, "qs_ptr": I32, "hdr_ptr": I32} | gemv
+    q6k = {"x8_ptr": I32, "xd_ptr": F32, "s16_ptr": I32, "ql_ptr": I32, "qh_ptr": I32} | gemv
+    q6k |= {"sc_ptr": I32, "d_ptr": "*fp16"}
+    q8 = {"x8_ptr": I32, "xd_ptr": F32, "qs_ptr": I32, "d_ptr": "*fp16"} | gemv
+    for fn, sig in ((triton_dp4a._gemv_q4k_packed, q4k), (triton_dp4a._gemv_q6k_packed, q6k),
+                    (triton_dp4a._gemv_q8_0_packed, q8)):  # fmt: skip
+        order = [n for n in fn.arg_names if n in sig]
+        for moe in (False, True):
+            geo = {"spb": 4, "SPLIT": 4, "MP": 1, "BN": 64, "ASM": True, "MOE": moe}
+            cases.append((fn, {n: sig[n] for n in order}, geo, 1))
     for fn, sig, const, warps in cases:
-        keys = ("BD", "NQ", "NKV", "G", "BJ", "QUANT", "EXACT")
+        const = {**const, "PDL": pdl}
+        keys = ("BD", "NQ", "NKV", "G", "BJ", "QUANT", "EXACT", "MOE")
         shown = {k: v for k, v in const.items() if k in keys}
         print(f"{fn.__name__} {shown} x {warps} warps: {compile_one(fn, sig, const, warps)}")
 
 
 if __name__ == "__main__":
-    main()
+    main(pdl="--pdl" in sys.argv)

@@ -20,6 +20,10 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents
 from triton.language.extra.cuda import gdc_wait as _gdc_wait
 
+# PDL for kernels launched eagerly too, not only inside CUDA-graph captures (an A/B switch for
+# tests/perf: prompts are launched eagerly and are bound by the host's launch rate)
+EAGER = True
+
 
 @cache
 def _capable(index: int) -> bool:
@@ -31,7 +35,9 @@ def enabled(t: torch.Tensor) -> bool:
     if not t.is_cuda:
         return False
     index = t.device.index
-    return _capable(torch.cuda.current_device() if index is None else index)
+    if not _capable(torch.cuda.current_device() if index is None else index):
+        return False
+    return EAGER or torch.cuda.is_current_stream_capturing()
 
 
 def launch_options(on: bool) -> dict:

@@ -196,11 +196,11 @@ def _pair(ids_ptr, XDIV, P, M, N, BN: tl.constexpr, MOE: tl.constexpr):
 def _gemv_q4k_packed(
     x8_ptr, xd_ptr, xsum_ptr, qs_ptr, hdr_ptr, out_ptr, part_ptr, cnt_ptr, ids_ptr, M, N, K, nb,
     XDIV, P, spb: tl.constexpr, SPLIT: tl.constexpr, MP: tl.constexpr, BN: tl.constexpr,
-    ASM: tl.constexpr, MOE: tl.constexpr, PDL: tl.constexpr,
+    ASM: tl.constexpr, MOE: tl.constexpr, PDL: tl.constexpr, PF: tl.constexpr,
 ):  # fmt: skip
     pn, pk = tl.program_id(0), tl.program_id(1)
     gdc_begin(PDL)
-    if not MOE:  # the weight does not depend on earlier kernels: fetch its first block now
+    if PF and not MOE:  # the weight does not depend on earlier kernels: fetch its first block
         s0 = pk * spb
         prefetch_plane(qs_ptr, s0 * 32, 32, pn * BN, N, s0 < nb, BN, PDL)
         prefetch_plane(hdr_ptr, s0 * 4, 4, pn * BN, N, s0 < nb, BN, PDL)
@@ -246,11 +246,11 @@ def _gemv_q4k_packed(
 def _gemv_q6k_packed(
     x8_ptr, xd_ptr, s16_ptr, ql_ptr, qh_ptr, sc_ptr, d_ptr, out_ptr, part_ptr, cnt_ptr, ids_ptr,
     M, N, K, nb, XDIV, P, spb: tl.constexpr, SPLIT: tl.constexpr, MP: tl.constexpr,
-    BN: tl.constexpr, ASM: tl.constexpr, MOE: tl.constexpr, PDL: tl.constexpr,
+    BN: tl.constexpr, ASM: tl.constexpr, MOE: tl.constexpr, PDL: tl.constexpr, PF: tl.constexpr,
 ):  # fmt: skip
     pn, pk = tl.program_id(0), tl.program_id(1)
     gdc_begin(PDL)
-    if not MOE:
+    if PF and not MOE:
         s0 = pk * spb
         prefetch_plane(ql_ptr, s0 * 32, 32, pn * BN, N, s0 < nb, BN, PDL)
         prefetch_plane(qh_ptr, s0 * 16, 16, pn * BN, N, s0 < nb, BN, PDL)
@@ -307,11 +307,11 @@ def _gemv_q6k_packed(
 def _gemv_q8_0_packed(
     x8_ptr, xd_ptr, qs_ptr, d_ptr, out_ptr, part_ptr, cnt_ptr, ids_ptr, M, N, K, nb, XDIV, P,
     spb: tl.constexpr, SPLIT: tl.constexpr, MP: tl.constexpr, BN: tl.constexpr, ASM: tl.constexpr,
-    MOE: tl.constexpr, PDL: tl.constexpr,
+    MOE: tl.constexpr, PDL: tl.constexpr, PF: tl.constexpr,
 ):  # fmt: skip
     pn, pk = tl.program_id(0), tl.program_id(1)
     gdc_begin(PDL)
-    if not MOE:
+    if PF and not MOE:
         for i in tl.static_range(4):  # up to 4 blocks of 32 values (8 plane rows each)
             if i < spb:
                 b0 = pk * spb + i

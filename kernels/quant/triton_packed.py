@@ -28,6 +28,10 @@ from localllm.kernels.quant.types import QuantType, block_geometry
 SM_TARGET = 2048
 NO_SPLIT_TILES = 1024
 MAX_ROWS = 4  # activation rows per launch: Q6_K with 8 spills registers (50x slower on the H200)
+# Programmatic dependent launch for these GEMVs, and their L2 prefetch of the first weight block
+# while the previous kernel runs (`kernels/pdl.py`; tests/perf/h200_session.sh `pdlab` A/Bs them)
+GEMV_PDL = True
+GEMV_PREFETCH = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,7 +156,8 @@ def _launch(xq: QuantizedX, p: PackedBlocks, grid, args, c: PackedConfig, split,
         "ASM": xq.words.device.type == "cuda",
         "MOE": moe,
         "num_warps": c.num_warps,
-        **pdl.launch_options(pdl.enabled(xq.words)),
+        **pdl.launch_options(GEMV_PDL and pdl.enabled(xq.words)),
+        "PF": GEMV_PREFETCH,
     }
     tail = (*args, c.blocks_per_program)
     pl = p.planes

@@ -127,13 +127,15 @@ for step in ${STEPS:-tests packed bench breakdown}; do
             -p 512 -n 128 -r 3 --device cuda 2>&1 | tee -a "$OUT/ab.md" | grep -E "pp|tg|Error"
         done
       done ;;
-    pdlab) wait $GEN ${GENMOE:-}  # programmatic dependent launch off / on, same process code
+    pdlab) wait $GEN ${GENMOE:-}  # programmatic dependent launch: off, on, and partial variants
+      pk="import localllm.kernels.pdl as p; import localllm.kernels.quant.triton_packed as tp; "
+      declare -A var=([off]="p.enabled = lambda t: False; " [on]="" [graphs]="p.EAGER = False; "
+        [nopf]="tp.GEMV_PREFETCH = False; " [nogemv]="tp.GEMV_PDL = False; ")
       for m in /tmp/q4km.gguf ${Q8:+/tmp/q8.gguf} ${MOE:+/tmp/moe.gguf}; do
-        for mode in off on; do
-          off=""; [ $mode = off ] && off="import localllm.kernels.pdl as p; p.enabled = lambda t: False; "
+        for mode in ${PDL_MODES:-off on}; do
           echo "pdl $mode $m" | tee -a "$OUT/pdlab.md"
-          timeout 150 python3 -c "${off}import sys; from localllm.app.bench import main; sys.exit(main(sys.argv[1:]))" \
-            -m $m -p 512 -n 128 -r 3 --device cuda 2>&1 | tee -a "$OUT/pdlab.md" | grep -E "pp|tg|Error"
+          timeout 150 python3 -c "${pk}${var[$mode]}import sys; from localllm.app.bench import main; sys.exit(main(sys.argv[1:]))" \
+            -m $m ${PDL_BENCH:--p 512 -n 128 -r 3} --device cuda 2>&1 | tee -a "$OUT/pdlab.md" | grep -E "pp|tg|Error"
         done
       done ;;
     breakdown) wait $GEN

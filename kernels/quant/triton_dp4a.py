@@ -197,9 +197,11 @@ def _gemv_q4k_packed(
     x8_ptr, xd_ptr, xsum_ptr, qs_ptr, hdr_ptr, out_ptr, part_ptr, cnt_ptr, ids_ptr, M, N, K, nb,
     XDIV, P, spb: tl.constexpr, SPLIT: tl.constexpr, MP: tl.constexpr, BN: tl.constexpr,
     ASM: tl.constexpr, MOE: tl.constexpr, PDL: tl.constexpr, PF: tl.constexpr,
+    LATE: tl.constexpr,
 ):  # fmt: skip
     pn, pk = tl.program_id(0), tl.program_id(1)
-    gdc_begin(PDL)
+    if not LATE:  # else once the weights are read: one kernel ahead, not a chain
+        gdc_begin(PDL)
     if PF and not MOE:  # the weight does not depend on earlier kernels: fetch its first block
         s0 = pk * spb
         prefetch_plane(qs_ptr, s0 * 32, 32, pn * BN, N, s0 < nb, BN, PDL)
@@ -239,6 +241,8 @@ def _gemv_q4k_packed(
                 dx = tl.load(xd_ptr + rows * K32 + s * 8 + sub, mask=xm, other=0.0)
                 xs = tl.load(xsum_ptr + rows * K32 + s * 8 + sub, mask=xm, other=0.0)
                 acc += (d * sc)[None, :] * (dx[:, None] * isum) - (dmin * mn)[None, :] * xs[:, None]
+    if LATE:
+        gdc_begin(PDL)
     _finish(acc, out_ptr, part_ptr, cnt_ptr, pn, pk, rows, rmask, cols, cols_ok, ps, N, SPLIT)
 
 
@@ -247,9 +251,11 @@ def _gemv_q6k_packed(
     x8_ptr, xd_ptr, s16_ptr, ql_ptr, qh_ptr, sc_ptr, d_ptr, out_ptr, part_ptr, cnt_ptr, ids_ptr,
     M, N, K, nb, XDIV, P, spb: tl.constexpr, SPLIT: tl.constexpr, MP: tl.constexpr,
     BN: tl.constexpr, ASM: tl.constexpr, MOE: tl.constexpr, PDL: tl.constexpr, PF: tl.constexpr,
+    LATE: tl.constexpr,
 ):  # fmt: skip
     pn, pk = tl.program_id(0), tl.program_id(1)
-    gdc_begin(PDL)
+    if not LATE:  # else once the weights are read: one kernel ahead, not a chain
+        gdc_begin(PDL)
     if PF and not MOE:
         s0 = pk * spb
         prefetch_plane(ql_ptr, s0 * 32, 32, pn * BN, N, s0 < nb, BN, PDL)
@@ -300,6 +306,8 @@ def _gemv_q6k_packed(
                     dx = tl.load(xd_ptr + rows * K32 + s * 8 + grp // 2, mask=xm, other=0.0)
                     t = (isum - 32 * x16[:, None]).to(tl.float32) * dx[:, None]
                     acc += (d * sc)[None, :] * t
+    if LATE:
+        gdc_begin(PDL)
     _finish(acc, out_ptr, part_ptr, cnt_ptr, pn, pk, rows, rmask, cols, cols_ok, ps, N, SPLIT)
 
 
@@ -308,9 +316,11 @@ def _gemv_q8_0_packed(
     x8_ptr, xd_ptr, qs_ptr, d_ptr, out_ptr, part_ptr, cnt_ptr, ids_ptr, M, N, K, nb, XDIV, P,
     spb: tl.constexpr, SPLIT: tl.constexpr, MP: tl.constexpr, BN: tl.constexpr, ASM: tl.constexpr,
     MOE: tl.constexpr, PDL: tl.constexpr, PF: tl.constexpr,
+    LATE: tl.constexpr,
 ):  # fmt: skip
     pn, pk = tl.program_id(0), tl.program_id(1)
-    gdc_begin(PDL)
+    if not LATE:  # else once the weights are read: one kernel ahead, not a chain
+        gdc_begin(PDL)
     if PF and not MOE:
         for i in tl.static_range(4):  # up to 4 blocks of 32 values (8 plane rows each)
             if i < spb:
@@ -344,4 +354,6 @@ def _gemv_q8_0_packed(
         isum = tl.sum(_dp4a(w[None, :, :], xw[:, :, None], True, ASM), axis=1).to(tl.float32)
         dx = tl.load(xd_ptr + rows * K32 + b, mask=xm, other=0.0)
         acc += d[None, :] * (dx[:, None] * isum)
+    if LATE:
+        gdc_begin(PDL)
     _finish(acc, out_ptr, part_ptr, cnt_ptr, pn, pk, rows, rmask, cols, cols_ok, ps, N, SPLIT)

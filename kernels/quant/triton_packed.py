@@ -32,6 +32,9 @@ MAX_ROWS = 4  # activation rows per launch: Q6_K with 8 spills registers (50x sl
 # while the previous kernel runs (`kernels/pdl.py`; tests/perf/h200_session.sh `pdlab` A/Bs them)
 GEMV_PDL = True
 GEMV_PREFETCH = True
+# Let the next kernel be placed only after the weights are read (else at the start: the next
+# kernels' programs, placed and prefetching a chain ahead, slowed Llama-3-8B decode 4 %)
+GEMV_LATE_TRIGGER = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +161,7 @@ def _launch(xq: QuantizedX, p: PackedBlocks, grid, args, c: PackedConfig, split,
         "num_warps": c.num_warps,
         **pdl.launch_options(GEMV_PDL and pdl.enabled(xq.words)),
         "PF": GEMV_PREFETCH,
+        "LATE": GEMV_LATE_TRIGGER,
     }
     tail = (*args, c.blocks_per_program)
     pl = p.planes

@@ -111,7 +111,16 @@ def main(pdl: bool = False) -> None:
                     (triton_dp4a._gemv_q8_0_packed, q8)):  # fmt: skip
         order = [n for n in fn.arg_names if n in sig]
         for moe in (False, True):
-            geo = {"spb": 4, "SPLIT": 4, "MP": 1, "BN": 64, "ASM": True, "MOE": moe, "PF": True}
+            geo = {
+                "spb": 4,
+                "SPLIT": 4,
+                "MP": 1,
+                "BN": 64,
+                "ASM": True,
+                "MOE": moe,
+                "PF": True,
+                "LATE": True,
+            }
             cases.append((fn, {n: sig[n] for n in order}, geo, 1))
     for fn, sig, const, warps in cases:
         const = {**const, "PDL": pdl}

@@ -32,6 +32,9 @@ MAX_ROWS = 4  # activation rows per launch: Q6_K with 8 spills registers (50x sl
 # while the previous kernel runs (`kernels/pdl.py`; tests/perf/h200_session.sh `pdlab` A/Bs them)
 GEMV_PDL = True
 GEMV_PREFETCH = True
+# Prefetch only matrices this small: it hid the Qwen3-30B-A3B attention projections' first
+# round trip (MoE decode 404 -> 415 t/s) but slowed Llama-3-8B's 9-66 MB GEMVs (410 -> 396)
+PREFETCH_MAX_BYTES = 8 << 20
 # Let the next kernel be placed only after the weights are read (else at the start: the next
 # kernels' programs, placed and prefetching a chain ahead, slowed Llama-3-8B decode 4 %)
 GEMV_LATE_TRIGGER = True
@@ -152,6 +155,8 @@ def grouped_counters(p: PackedBlocks, pairs: int) -> torch.Tensor:
 
 def _launch(xq: QuantizedX, p: PackedBlocks, grid, args, c: PackedConfig, split, m, moe: bool):
     """Launch the type's kernel; args = (y, part, counters, ids, M, N, K, nb, xdiv, pairs)."""
+    block, block_bytes = block_geometry(p.qtype)
+    small = p.n * (p.k // block) * block_bytes <= PREFETCH_MAX_BYTES
     geo = {
         "SPLIT": split,
         "MP": triton.next_power_of_2(m),
@@ -160,7 +165,7 @@ def _launch(xq: QuantizedX, p: PackedBlocks, grid, args, c: PackedConfig, split,
         "MOE": moe,
         "num_warps": c.num_warps,
         **pdl.launch_options(GEMV_PDL and pdl.enabled(xq.words)),
-        "PF": GEMV_PREFETCH,
+        "PF": GEMV_PREFETCH and small,
         "LATE": GEMV_LATE_TRIGGER,
     }
     tail = (*args, c.blocks_per_program)

@@ -128,7 +128,6 @@ class MoEFeedForward(nn.Module):
         self._device = torch.device("cpu")  # where the current forward computes
         self.compute_on: torch.device | None = None  # host compute of host-tier experts
         self.native: NativeKernels | None = None  # C kernels: a CPU model's experts, host compute
-        self._route_counter: torch.Tensor | None = None  # CUDA decode routing's launch counter
         self.guess_next: MoEFeedForward | None = None  # the next layer, told what to read ahead
         self.breaks: HostBreaks | None = None  # set while a decode graph is captured in pieces
         self.mapped: MappedExperts | None = None  # host-tier experts the GPU reads in place
@@ -222,16 +221,12 @@ class MoEFeedForward(nn.Module):
         if r is None and x.is_cuda and w is not None and self.ffn_gate_inp.bias is None:
             from localllm.kernels.moe.triton_route import (
                 ROUTE_MAX_T,
-                route_counter,
                 route_topk_cuda,
                 topk_softmax_cuda,
             )
 
-            if x.shape[0] <= ROUTE_MAX_T:  # decode: one launch instead of ~6
-                c = self._route_counter
-                if c is None or c.device != x.device:
-                    c = self._route_counter = route_counter(x.device)
-                return route_topk_cuda(x, w, self.n_used, self.norm_topk_prob, c)
+            if x.shape[0] <= ROUTE_MAX_T:  # decode: two launches instead of ~6
+                return route_topk_cuda(x, w, self.n_used, self.norm_topk_prob)
             return topk_softmax_cuda(self.ffn_gate_inp(x), self.n_used, self.norm_topk_prob)
         logits = self.ffn_gate_inp(x)
         if r is None:

@@ -1,6 +1,5 @@
-"""Decode routing on CUDA in one launch: the float32 router GEMV (one program per expert row),
-then top-k + softmax per token (k rounds of max over the row's logits) by the program that
-finishes last (a self-resetting counter, as the split-K GEMVs do).
+"""Decode routing on CUDA in two launches: the float32 router GEMV (one program per expert row)
+and top-k + softmax per token (k rounds of max over the row's logits).
 
 Eager torch spends ~6 launches per layer here (cuBLAS GEMV, a top-k that sorts, softmax, copies):
 ~20 us of a ~130 us MoE decode layer on an H200. Same results as `routing.route_topk` on the same
@@ -15,7 +14,6 @@ import triton.language as tl
 from localllm.kernels import pdl
 
 ROUTE_MAX_T = 8  # tokens per call of the router GEMV (decode); prompts take torch's GEMM
-FUSED = True  # one launch when a counter is given (tests/perf A/B switch)
 
 
 @triton.jit
@@ -23,7 +21,6 @@ def _router_logits(
     x_ptr, w_ptr, out_ptr, T, E, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     KL: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
-    """Program e: logit e of the T rows (x [T, K] float32, router rows [E, K])."""
     e = tl.program_id(0)
     pdl.gdc_begin(PDL)
     lines = tl.arange(0, KL) * 32  # the expert's router row, one request per 128-byte line
@@ -43,20 +40,17 @@ def _router_logits(
 
 
 @triton.jit
-def _router_logits_kernel(
-    x_ptr, w_ptr, out_ptr, T, E, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-    KL: tl.constexpr, PDL: tl.constexpr,
+def _topk_softmax(
+    logits_ptr, w_ptr, id_ptr, E, KSEL: tl.constexpr, KP: tl.constexpr, BE: tl.constexpr,
+    NORM: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
-    _router_logits(x_ptr, w_ptr, out_ptr, T, E, K, BT, BK, KL, PDL)
-
-
-@triton.jit
-def _topk_row(v, idx, w_ptr, id_ptr, KSEL: tl.constexpr, KP: tl.constexpr, BE: tl.constexpr,
-              NORM: tl.constexpr):  # fmt: skip
-    """Top-k of one row's logits v [BE] (-inf past E) and their softmax weights, stored at
-    w_ptr / id_ptr (the row's k slots)."""
+    pdl.gdc_begin(PDL)
+    pdl.gdc_wait(PDL)
+    t = tl.program_id(0)
+    idx = tl.arange(0, BE)
+    v = tl.load(logits_ptr + t * E + idx, mask=idx < E, other=-float("inf"))
     mx = tl.max(v, axis=0)
-    total = tl.sum(tl.exp(v - mx), axis=0)
+    total = tl.sum(tl.where(idx < E, tl.exp(v - mx), 0.0), axis=0)
     j = tl.arange(0, KP)
     top = tl.full([KP], -float("inf"), tl.float32)
     ids = tl.zeros([KP], dtype=tl.int64)
@@ -71,55 +65,15 @@ def _topk_row(v, idx, w_ptr, id_ptr, KSEL: tl.constexpr, KP: tl.constexpr, BE: t
         w = p / tl.sum(tl.where(j < KSEL, p, 0.0), axis=0)
     else:
         w = tl.exp(top - mx) / total
-    tl.store(w_ptr + j, w, mask=j < KSEL)
-    tl.store(id_ptr + j, ids, mask=j < KSEL)
-
-
-@triton.jit
-def _topk_softmax(
-    logits_ptr, w_ptr, id_ptr, E, KSEL: tl.constexpr, KP: tl.constexpr, BE: tl.constexpr,
-    NORM: tl.constexpr, PDL: tl.constexpr,
-):  # fmt: skip
-    pdl.gdc_begin(PDL)
-    pdl.gdc_wait(PDL)
-    t = tl.program_id(0)
-    idx = tl.arange(0, BE)
-    v = tl.load(logits_ptr + t * E + idx, mask=idx < E, other=-float("inf"))
-    _topk_row(v, idx, w_ptr + t * KSEL, id_ptr + t * KSEL, KSEL, KP, BE, NORM)
-
-
-@triton.jit
-def _route_fused(
-    x_ptr, r_ptr, logits_ptr, w_ptr, id_ptr, cnt_ptr, T, E, K: tl.constexpr, BT: tl.constexpr,
-    BK: tl.constexpr, KL: tl.constexpr, KSEL: tl.constexpr, KP: tl.constexpr,
-    BE: tl.constexpr, NORM: tl.constexpr, PDL: tl.constexpr,
-):  # fmt: skip
-    """`_router_logits`, then the program that finishes last runs `_topk_softmax` over every
-    row (reading the logits from L2) and resets the counter: one launch per decode layer."""
-    _router_logits(x_ptr, r_ptr, logits_ptr, T, E, K, BT, BK, KL, PDL)
-    tl.debug_barrier()  # every thread's logit is written before the counter moves
-    done = tl.atomic_add(cnt_ptr, 1, sem="acq_rel")
-    if done == E - 1:
-        idx = tl.arange(0, BE)
-        for t in range(0, T):  # L1 is not coherent across SMs: read the logits from L2
-            v = tl.load(logits_ptr + t * E + idx, mask=idx < E, other=-float("inf"),
-                        cache_modifier=".cg")  # fmt: skip
-            _topk_row(v, idx, w_ptr + t * KSEL, id_ptr + t * KSEL, KSEL, KP, BE, NORM)
-        tl.atomic_xchg(cnt_ptr, 0)
-
-
-def route_counter(device: torch.device) -> torch.Tensor:
-    """The zeroed counter `route_topk_cuda` takes (it resets itself: one per router serves every
-    call on one stream, CUDA-graph replays included)."""
-    return torch.zeros(1, dtype=torch.int32, device=device)
+    tl.store(w_ptr + t * KSEL + j, w, mask=j < KSEL)
+    tl.store(id_ptr + t * KSEL + j, ids, mask=j < KSEL)
 
 
 def route_topk_cuda(
-    x: torch.Tensor, w: torch.Tensor, k: int, norm_topk_prob: bool, counter=None
+    x: torch.Tensor, w: torch.Tensor, k: int, norm_topk_prob: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """x [T, D] (T <= ROUTE_MAX_T), router weight w float32 [E, D] -> (weights [T, k] float32,
-    ids [T, k] int64), as `route_topk(x @ w.T, k, norm_topk_prob)`. With `counter`
-    (`route_counter`) one launch, else two."""
+    ids [T, k] int64), as `route_topk(x @ w.T, k, norm_topk_prob)`."""
     t, d = x.shape
     e = w.shape[0]
     x = x.float().contiguous()
@@ -128,15 +82,8 @@ def route_topk_cuda(
     bk = min(512 // bt, triton.next_power_of_2(d))
     kl = triton.next_power_of_2(triton.cdiv(d, 32))
     geo = {"K": d, "BT": bt, "BK": bk, "KL": kl, **pdl.launch_options(pdl.enabled(x))}
-    if counter is None or not FUSED:
-        _router_logits_kernel[(e,)](x, w, logits, t, e, num_warps=2, **geo)
-        return topk_softmax_cuda(logits, k, norm_topk_prob)
-    weights = torch.empty(t, k, dtype=torch.float32, device=x.device)
-    ids = torch.empty(t, k, dtype=torch.int64, device=x.device)
-    top = {"KSEL": k, "KP": triton.next_power_of_2(k), "BE": triton.next_power_of_2(e)}
-    args = (x, w, logits, weights, ids, counter, t, e)
-    _route_fused[(e,)](*args, NORM=norm_topk_prob, num_warps=2, **geo, **top)
-    return weights, ids
+    _router_logits[(e,)](x, w, logits, t, e, num_warps=2, **geo)
+    return topk_softmax_cuda(logits, k, norm_topk_prob)
 
 
 def topk_softmax_cuda(

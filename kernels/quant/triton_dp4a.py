@@ -44,8 +44,10 @@ def _dp4a(a, b, SIGNED_A: tl.constexpr, ASM: tl.constexpr):
 
 
 @triton.jit
-def _codes32(v, RN: tl.constexpr):
-    """Rows of 32 values v [R, 32] -> int8 codes as int32 [R, 32] and their scales dx [R].
+def quant_groups(v, g, gm, q_ptr, d_ptr, s16_ptr, xsum_ptr, G: tl.constexpr, RN: tl.constexpr):
+    """Quantize groups `g` [G] of 32 values v [G, 32] of one row (pointers at the row's start)
+    to int8 codes (4 per int32 word), scale and code sums per 32 (dx, dx * sum) and integer
+    code sums per 16; `gm` masks groups past the row. Fused kernels call it on their output.
     RN (CUDA): round the product before adding 0.5, as the reference does; the compiler would
     fuse them into one fma and round differently at near-ties. The interpreter never fuses."""
     amax = tl.max(tl.abs(v), axis=1)
@@ -56,40 +58,17 @@ def _codes32(v, RN: tl.constexpr):
         t = v * inv[:, None]
     q = tl.floor(t + 0.5).to(tl.int32)
     q = tl.minimum(tl.maximum(q, -127), 127)
-    return q, amax / 127.0
-
-
-@triton.jit
-def _words32(q, R: tl.constexpr):
-    """Codes [R, 32] -> [R, 8] int32 words of 4 codes each (the dp4a operand)."""
-    qb = tl.reshape(q & 255, (R, 8, 4))
+    qb = tl.reshape(q & 255, (G, 8, 4))
     sh = (tl.arange(0, 4) * 8)[None, None, :]
-    return tl.sum(qb << sh, axis=2)  # disjoint bytes: the sum is their bitwise or
-
-
-@triton.jit
-def quant_groups(v, g, gm, q_ptr, d_ptr, s16_ptr, xsum_ptr, G: tl.constexpr, RN: tl.constexpr):
-    """Quantize groups `g` [G] of 32 values v [G, 32] of one row (pointers at the row's start)
-    to int8 codes (4 per int32 word), scale and code sums per 32 (dx, dx * sum) and integer
-    code sums per 16; `gm` masks groups past the row. Fused kernels call it on their output."""
-    q, dx = _codes32(v, RN)
+    words = tl.sum(qb << sh, axis=2)  # disjoint bytes: the sum is their bitwise or
     w8 = tl.arange(0, 8)
-    tl.store(q_ptr + g[:, None] * 8 + w8[None, :], _words32(q, G), mask=gm[:, None])
+    tl.store(q_ptr + g[:, None] * 8 + w8[None, :], words, mask=gm[:, None])
     s16 = tl.sum(tl.reshape(q, (G, 2, 16)), axis=2)
     i2 = tl.arange(0, 2)
     tl.store(s16_ptr + g[:, None] * 2 + i2[None, :], s16, mask=gm[:, None])
+    dx = amax / 127.0
     tl.store(d_ptr + g, dx, mask=gm)
     tl.store(xsum_ptr + g, dx * tl.sum(q, axis=1).to(tl.float32), mask=gm)
-
-
-@triton.jit
-def _x_quant(xf_ptr, rows, xm, K, v0, MP: tl.constexpr, RN: tl.constexpr):
-    """QX launches: 32 float activations from value v0 of each row, quantized in registers
-    exactly as `quantize_x8` would: (words [MP, 8], dx [MP], dx * code sum [MP])."""
-    j = tl.arange(0, 32)
-    v = tl.load(xf_ptr + rows[:, None] * K + v0 + j[None, :], mask=xm[:, None], other=0.0)
-    q, dx = _codes32(v, RN)
-    return _words32(q, MP), dx, dx * tl.sum(q, axis=1).to(tl.float32)
 
 
 @triton.jit
@@ -218,10 +197,8 @@ def _gemv_q4k_packed(
     x8_ptr, xd_ptr, xsum_ptr, qs_ptr, hdr_ptr, out_ptr, part_ptr, cnt_ptr, ids_ptr, M, N, K, nb,
     XDIV, P, spb: tl.constexpr, SPLIT: tl.constexpr, MP: tl.constexpr, BN: tl.constexpr,
     ASM: tl.constexpr, MOE: tl.constexpr, PDL: tl.constexpr, PF: tl.constexpr,
-    LATE: tl.constexpr, QX: tl.constexpr,
+    LATE: tl.constexpr,
 ):  # fmt: skip
-    """QX: x8_ptr points at float32 rows, quantized here (no quantization launch before)."""
-    tl.static_assert(not (QX and MOE))
     pn, pk = tl.program_id(0), tl.program_id(1)
     if not LATE:  # else once the weights are read: one kernel ahead, not a chain
         gdc_begin(PDL)
@@ -257,18 +234,12 @@ def _gemv_q4k_packed(
             for h in tl.static_range(2):
                 sub = 2 * jj + h
                 q = (w >> (4 * h)) & 0x0F0F0F0F
-                if QX:
-                    xw, dxq, xsq = _x_quant(x8_ptr, rows, xm, K, s * 256 + sub * 32, MP, ASM)
-                else:
-                    xw = _x_rows(x8_ptr, rows, xm, K4, s * 64 + sub * 8)  # [MP, 8]
+                xw = _x_rows(x8_ptr, rows, xm, K4, s * 64 + sub * 8)  # [MP, 8]
                 p = _dp4a(q[None, :, :], xw[:, :, None], False, ASM)  # [MP, 8, BN]
                 isum = tl.sum(p, axis=1).to(tl.float32)  # [MP, BN]
                 sc, mn = _q4k_affine(h1, h2, h3, sub)
-                if QX:
-                    dx, xs = dxq, xsq
-                else:
-                    dx = tl.load(xd_ptr + rows * K32 + s * 8 + sub, mask=xm, other=0.0)
-                    xs = tl.load(xsum_ptr + rows * K32 + s * 8 + sub, mask=xm, other=0.0)
+                dx = tl.load(xd_ptr + rows * K32 + s * 8 + sub, mask=xm, other=0.0)
+                xs = tl.load(xsum_ptr + rows * K32 + s * 8 + sub, mask=xm, other=0.0)
                 acc += (d * sc)[None, :] * (dx[:, None] * isum) - (dmin * mn)[None, :] * xs[:, None]
     if LATE:
         gdc_begin(PDL)
@@ -345,10 +316,8 @@ def _gemv_q8_0_packed(
     x8_ptr, xd_ptr, qs_ptr, d_ptr, out_ptr, part_ptr, cnt_ptr, ids_ptr, M, N, K, nb, XDIV, P,
     spb: tl.constexpr, SPLIT: tl.constexpr, MP: tl.constexpr, BN: tl.constexpr, ASM: tl.constexpr,
     MOE: tl.constexpr, PDL: tl.constexpr, PF: tl.constexpr,
-    LATE: tl.constexpr, QX: tl.constexpr,
+    LATE: tl.constexpr,
 ):  # fmt: skip
-    """QX: x8_ptr points at float32 rows, quantized here (no quantization launch before)."""
-    tl.static_assert(not (QX and MOE))
     pn, pk = tl.program_id(0), tl.program_id(1)
     if not LATE:  # else once the weights are read: one kernel ahead, not a chain
         gdc_begin(PDL)
@@ -381,15 +350,9 @@ def _gemv_q8_0_packed(
         xm = rmask & real
         w = _plane(qs_ptr, b * 8 + lane, cols, N, cm)
         d = tl.load(d_ptr + b * N + cols, mask=cm, other=0.0).to(tl.float32)
-        if QX:
-            xw, dxq, _ = _x_quant(x8_ptr, rows, xm, K, b * 32, MP, ASM)
-        else:
-            xw = _x_rows(x8_ptr, rows, xm, K4, b * 8)
+        xw = _x_rows(x8_ptr, rows, xm, K4, b * 8)
         isum = tl.sum(_dp4a(w[None, :, :], xw[:, :, None], True, ASM), axis=1).to(tl.float32)
-        if QX:
-            dx = dxq
-        else:
-            dx = tl.load(xd_ptr + rows * K32 + b, mask=xm, other=0.0)
+        dx = tl.load(xd_ptr + rows * K32 + b, mask=xm, other=0.0)
         acc += d[None, :] * (dx[:, None] * isum)
     if LATE:
         gdc_begin(PDL)

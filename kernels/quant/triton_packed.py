@@ -38,10 +38,6 @@ PREFETCH_MAX_BYTES = 8 << 20
 # Let the next kernel be placed only after the weights are read (else at the start: the next
 # kernels' programs, placed and prefetching a chain ahead, slowed Llama-3-8B decode 4 %)
 GEMV_LATE_TRIGGER = True
-# Types whose GEMV quantizes float rows itself when no quantized twin comes with them (saves the
-# attention output's quantization launch per layer; the codes are quantize_x8's, bit for bit)
-QX_TYPES = frozenset({QuantType.Q4_K, QuantType.Q8_0})
-QX_IN_KERNEL = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,17 +117,12 @@ def gemv_packed(
     c = cfg or packed_config(p.qtype, p.n, p.k)
     nb = p.k // block_geometry(p.qtype)[0]
     split = triton.cdiv(nb, c.blocks_per_program)
-    qx = xq is None and p.qtype in QX_TYPES and QX_IN_KERNEL
-    if qx:  # the kernel quantizes x's rows itself: the four fields all point at them
-        xq = QuantizedX(x, x, x, x)
-    elif xq is None:
-        xq = quantize_x8(x)
+    xq = xq if xq is not None else quantize_x8(x)
     part = torch.empty(split, m, p.n, dtype=torch.float32, device=x.device) if split > 1 else y
     if counters is None:
         counters = split_counters(p, c) if split > 1 else y
     grid = (triton.cdiv(p.n, c.block_n), split)
-    args = (y, part, counters, y, m, p.n, p.k, nb, 1, 1)
-    _launch(xq, p, grid, args, c, split, m, moe=False, qx=qx)
+    _launch(xq, p, grid, (y, part, counters, y, m, p.n, p.k, nb, 1, 1), c, split, m, moe=False)
     return y
 
 
@@ -162,11 +153,8 @@ def grouped_counters(p: PackedBlocks, pairs: int) -> torch.Tensor:
     return torch.zeros(pairs * tiles, dtype=torch.int32, device=p.device)
 
 
-def _launch(
-    xq: QuantizedX, p: PackedBlocks, grid, args, c: PackedConfig, split, m, moe: bool, qx=False
-):
-    """Launch the type's kernel; args = (y, part, counters, ids, M, N, K, nb, xdiv, pairs).
-    `qx`: xq's fields are x's float rows, quantized by the kernel (QX_TYPES only)."""
+def _launch(xq: QuantizedX, p: PackedBlocks, grid, args, c: PackedConfig, split, m, moe: bool):
+    """Launch the type's kernel; args = (y, part, counters, ids, M, N, K, nb, xdiv, pairs)."""
     block, block_bytes = block_geometry(p.qtype)
     small = p.n * (p.k // block) * block_bytes <= PREFETCH_MAX_BYTES
     geo = {
@@ -183,13 +171,12 @@ def _launch(
     tail = (*args, c.blocks_per_program)
     pl = p.planes
     if p.qtype == QuantType.Q4_K:
-        planes = (pl["qs"], pl["hdr"])
-        _gemv_q4k_packed[grid](xq.words, xq.scale, xq.xsum, *planes, *tail, **geo, QX=qx)
+        _gemv_q4k_packed[grid](xq.words, xq.scale, xq.xsum, pl["qs"], pl["hdr"], *tail, **geo)
     elif p.qtype == QuantType.Q6_K:
         planes = (pl["ql"], pl["qh"], pl["sc"], pl["d"])
         _gemv_q6k_packed[grid](xq.words, xq.scale, xq.sum16, *planes, *tail, **geo)
     elif p.qtype == QuantType.Q8_0:
-        _gemv_q8_0_packed[grid](xq.words, xq.scale, pl["qs"], pl["d"], *tail, **geo, QX=qx)
+        _gemv_q8_0_packed[grid](xq.words, xq.scale, pl["qs"], pl["d"], *tail, **geo)
     else:
         raise ValueError(f"no packed GEMV for {p.qtype.name}")
 

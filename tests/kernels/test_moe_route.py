@@ -16,9 +16,7 @@ pytestmark = TRITON_MARKS
 @pytest.mark.parametrize("tokens", [1, 3, 8])
 @pytest.mark.parametrize("norm", [True, False])
 def test_route_topk_cuda_matches_torch(n_expert, k, dim, tokens, norm):
-    """Two launches and the fused one (the last program ranks): the same bits, three calls on
-    one counter (it must reset itself), and the torch reference's experts and weights."""
-    from localllm.kernels.moe.triton_route import route_counter, route_topk_cuda
+    from localllm.kernels.moe.triton_route import route_topk_cuda
 
     gen = torch.Generator().manual_seed(n_expert * 100 + tokens)
     x = torch.randn(tokens, dim, generator=gen)
@@ -28,11 +26,6 @@ def test_route_topk_cuda_matches_torch(n_expert, k, dim, tokens, norm):
     assert ids.dtype == torch.int64 and weights.shape == (tokens, k)
     assert torch.equal(ids.cpu(), want_ids)
     torch.testing.assert_close(weights.cpu(), want_w.float(), rtol=1e-5, atol=1e-6)
-    counter = route_counter(torch.device(DEVICE))
-    for _ in range(3):
-        fw, fi = route_topk_cuda(x.to(DEVICE), w.to(DEVICE), k, norm, counter)
-        assert torch.equal(fi, ids) and torch.equal(fw, weights)
-        assert int(counter.item()) == 0
 
 
 def test_exact_ties_pick_the_lowest_expert():

@@ -110,28 +110,6 @@ def test_split_k_uneven_chunks_and_counter_reuse(name, make_blocks):
 
 @pytest.mark.gpu
 @needs_triton
-@pytest.mark.parametrize("name", ["Q4_K", "Q8_0"])
-@pytest.mark.parametrize("m", [1, 3])
-def test_gemv_quantizes_float_rows_as_quantize_x8(name, m, make_blocks):
-    """QX launches (float rows, no quantized twin) quantize inside the GEMV: the same codes and
-    sums as a `quantize_x8` launch before it, so the same bits; zero and tiny groups included."""
-    from localllm.kernels.quant import triton_packed as tp
-
-    n, k = (37, 512) if INTERPRET else (4104, 4096)
-    seed, raw = _case(make_blocks, name, n, k, DEVICE)
-    p = pack_blocks(raw, QuantType[name], n, k)
-    assert QuantType[name] in tp.QX_TYPES
-    x = torch.randn(m, k) * torch.logspace(-3, 2, k)
-    x[0, 32:64] = 0.0
-    x = x.to(DEVICE)
-    y = tp.gemv_packed(x, p)
-    assert torch.equal(y, tp.gemv_packed(x, p, xq=tp.quantize_x8(x))), f"seed {seed}"
-    ref = tp.gemv_q8x_reference(x.cpu(), raw, QuantType[name], n, k)
-    assert _rel(y, ref) < (1e-5 if name == "Q8_0" else 2e-4), f"seed {seed}"
-
-
-@pytest.mark.gpu
-@needs_triton
 @pytest.mark.parametrize("name", NAMES)
 def test_dequantize_packed_t(name, make_blocks):
     from localllm.kernels.quant.triton_packed import dequantize_packed_t

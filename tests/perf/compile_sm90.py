@@ -24,7 +24,6 @@ from triton.compiler import ASTSource
 
 from localllm.kernels.attention import triton_decode
 from localllm.kernels.fused import triton_ops, triton_rope
-from localllm.kernels.moe import triton_route
 from localllm.kernels.quant import triton_dp4a
 
 F32, I32, I64 = "*fp32", "*i32", "*i64"
@@ -123,10 +122,6 @@ def main(pdl: bool = False) -> None:
                 "LATE": True,
             }
             cases.append((fn, {n: sig[n] for n in order}, geo, 1))
-    route = {"x_ptr": F32, "r_ptr": F32, "logits_ptr": F32, "w_ptr": F32, "id_ptr": I64}
-    route |= {"cnt_ptr": I32, "T": "i32", "E": "i32"}
-    top = {"K": 2048, "BT": 1, "BK": 512, "KL": 64, "KSEL": 8, "KP": 8, "BE": 128, "NORM": True}
-    cases.append((triton_route._route_fused, route, top, 2))
     for fn, sig, const, warps in cases:
         const = {**const, "PDL": pdl}
         keys = ("BD", "NQ", "NKV", "G", "BJ", "QUANT", "EXACT", "MOE")

@@ -130,8 +130,7 @@ for step in ${STEPS:-tests packed bench breakdown}; do
     pdlab) wait $GEN ${GENMOE:-}  # programmatic dependent launch: off, on, and partial variants
       pk="import localllm.kernels.pdl as p; import localllm.kernels.quant.triton_packed as tp; "
       declare -A var=([off]="p.enabled = lambda t: False; " [on]="" [graphs]="p.EAGER = False; "
-        [nopf]="tp.GEMV_PREFETCH = False; " [nogemv]="tp.GEMV_PDL = False; " [early]="tp.GEMV_LATE_TRIGGER = False; " [noqx]="tp.QX_IN_KERNEL = False; "
-        [nofuse]="tp.QX_IN_KERNEL = False; import localllm.kernels.moe.triton_route as tr; tr.FUSED = False; ")
+        [nopf]="tp.GEMV_PREFETCH = False; " [nogemv]="tp.GEMV_PDL = False; " [early]="tp.GEMV_LATE_TRIGGER = False; ")
       for m in /tmp/q4km.gguf ${Q8:+/tmp/q8.gguf} ${MOE:+/tmp/moe.gguf}; do
         for mode in ${PDL_MODES:-off on}; do
           echo "pdl $mode $m" | tee -a "$OUT/pdlab.md"

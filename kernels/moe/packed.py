@@ -18,6 +18,7 @@ from localllm.kernels.fused.ops import silu_mul, silu_mul_q
 from localllm.kernels.moe.experts import ExpertBlocks, ExpertFormat, _glu, group_by_expert
 from localllm.kernels.moe.grouped import grouped_gemm
 from localllm.kernels.moe.pairs import SortedPairs, block_rows, sort_pairs
+from localllm.kernels.moe.triton_combine import combine_cuda
 from localllm.kernels.moe.triton_pairs import sort_pairs_cuda
 from localllm.kernels.quant.repack import (
     PACKED_TYPES,
@@ -33,6 +34,7 @@ from localllm.kernels.quant.triton_packed import (
 from localllm.kernels.quant.types import block_geometry
 
 PACKED_MAX_T = 8  # token rows per call that take the grouped GEMVs (the decode graph ladder's top)
+TRITON_COMBINE = True  # the weighted sum as a PDL Triton kernel (tests/perf A/B switch)
 
 
 @dataclass(frozen=True)
@@ -136,7 +138,10 @@ def ffn_sorted(
 
 
 def combine(y: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """Weighted sum over each token's k pairs: y [T * k, dim], weights [T, k] -> [T, dim]."""
+    """Weighted sum over each token's k pairs: y [T * k, dim], weights [T, k] -> [T, dim]
+    (a Triton kernel on CUDA, see `triton_combine`; torch's bmm elsewhere)."""
+    if y.is_cuda and TRITON_COMBINE:
+        return combine_cuda(y, weights)
     t, k = weights.shape
     return torch.bmm(weights.float().view(t, 1, k), y.view(t, k, -1)).view(t, -1)
 

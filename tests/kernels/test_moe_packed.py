@@ -79,6 +79,23 @@ def test_grouped_gemv_pairs_match_reference(name):
 
 @pytest.mark.gpu
 @needs_triton
+@pytest.mark.parametrize(("tokens", "k", "dim"), [(1, 8, 2048), (5, 2, 100), (3, 4, 3000)])
+def test_combine_kernel_matches_weighted_sum(tokens, k, dim):
+    """The Triton weighted sum of each token's k outputs (decode's and prompts' `combine` on
+    CUDA) against the float64 sum; rows past one program's block and a width not a power of 2."""
+    from localllm.kernels.moe.triton_combine import combine_cuda
+
+    gen = torch.Generator().manual_seed(tokens * k + dim)
+    y = torch.randn(tokens * k, dim, generator=gen)
+    w = torch.rand(tokens, k, generator=gen)
+    got = combine_cuda(y.to(DEVICE), w.to(DEVICE))
+    want = torch.einsum("tk,tkd->td", w.double(), y.double().view(tokens, k, dim))
+    assert got.shape == (tokens, dim) and got.dtype == torch.float32
+    torch.testing.assert_close(got.cpu().double(), want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.gpu
+@needs_triton
 @pytest.mark.parametrize("name", ["Q4_K", "Q6_K", "Q8_0"])
 def test_dequantize_experts_t_equals_each_expert(name):
     from localllm.kernels.quant.triton_packed import dequantize_experts_t, dequantize_packed_t

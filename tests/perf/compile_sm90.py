@@ -24,6 +24,7 @@ from triton.compiler import ASTSource
 
 from localllm.kernels.attention import triton_decode
 from localllm.kernels.fused import triton_ops, triton_rope
+from localllm.kernels.moe import triton_combine
 from localllm.kernels.quant import triton_dp4a
 
 F32, I32, I64 = "*fp32", "*i32", "*i64"
@@ -122,6 +123,8 @@ def main(pdl: bool = False) -> None:
                 "LATE": True,
             }
             cases.append((fn, {n: sig[n] for n in order}, geo, 1))
+    comb_sig = {"y_ptr": F32, "w_ptr": F32, "out_ptr": F32, "D": "i32"}
+    cases.append((triton_combine._combine, comb_sig, {"KSEL": 8, "BD": 1024}, 4))
     for fn, sig, const, warps in cases:
         const = {**const, "PDL": pdl}
         keys = ("BD", "NQ", "NKV", "G", "BJ", "QUANT", "EXACT", "MOE")

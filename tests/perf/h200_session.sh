@@ -38,7 +38,7 @@ GEN=$!
 if [ -n "${MOE:-}" ]; then
   # a warm machine keeps /tmp: the file from the call before is reused
   ([ -f /tmp/moe.done ] || { python3 tests/perf/make_synthetic.py --shape qwen3moe-30b-a3b \
-    --quant Q4_K_M -o /tmp/moe.gguf --tokenizer-from .refbuild/smollm2-tok.gguf \
+    ${MOE_LAYERS:+--layers $MOE_LAYERS} --quant Q4_K_M -o /tmp/moe.gguf --tokenizer-from .refbuild/smollm2-tok.gguf \
     >/tmp/make_moe.log 2>&1 && touch /tmp/moe.done; }) &
   GENMOE=$!
 fi
@@ -130,8 +130,9 @@ for step in ${STEPS:-tests packed bench breakdown}; do
     pdlab) wait $GEN ${GENMOE:-}  # programmatic dependent launch: off, on, and partial variants
       pk="import localllm.kernels.pdl as p; import localllm.kernels.quant.triton_packed as tp; "
       declare -A var=([off]="p.enabled = lambda t: False; " [on]="" [graphs]="p.EAGER = False; "
-        [nopf]="tp.GEMV_PREFETCH = False; " [nogemv]="tp.GEMV_PDL = False; " [early]="tp.GEMV_LATE_TRIGGER = False; ")
-      for m in /tmp/q4km.gguf ${Q8:+/tmp/q8.gguf} ${MOE:+/tmp/moe.gguf}; do
+        [nopf]="tp.GEMV_PREFETCH = False; " [nogemv]="tp.GEMV_PDL = False; " [early]="tp.GEMV_LATE_TRIGGER = False; "
+        [bmm]="import localllm.kernels.moe.packed as mp; mp.TRITON_COMBINE = False; ")
+      for m in ${PDL_FILES:-/tmp/q4km.gguf ${Q8:+/tmp/q8.gguf} ${MOE:+/tmp/moe.gguf}}; do
         for mode in ${PDL_MODES:-off on}; do
           echo "pdl $mode $m" | tee -a "$OUT/pdlab.md"
           timeout 150 python3 -c "${pk}${var[$mode]}import sys; from localllm.app.bench import main; sys.exit(main(sys.argv[1:]))" \

@@ -34,7 +34,9 @@ from localllm.kernels.quant.triton_packed import (
 from localllm.kernels.quant.types import block_geometry
 
 PACKED_MAX_T = 8  # token rows per call that take the grouped GEMVs (the decode graph ladder's top)
-TRITON_COMBINE = True  # the weighted sum as a PDL Triton kernel (tests/perf A/B switch)
+# The weighted sum as a PDL Triton kernel: written and tested under the interpreter and compiled
+# for sm_90, not yet run on a GPU, so off until measured (h200_session.sh pdlab mode `tcomb`)
+TRITON_COMBINE = False
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,8 @@ programmatic dependent launch (`kernels/pdl.py`).
 
 torch's bmm here was the one non-Triton kernel of a MoE decode layer: a cuBLAS launch neither
 placed early nor releasing the next kernel, so it broke the PDL chain twice per layer. The sum
-runs over the k outputs in order, in float32. Reference: `packed.combine`'s torch path.
+runs over the k outputs in order, in float32. Reference: `packed.combine`'s torch path. Off by
+default (`packed.TRITON_COMBINE`) until it has been measured on a GPU.
 """
 
 import torch

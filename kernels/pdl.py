@@ -2,11 +2,13 @@
 
 A decode step is a chain of ~400 small kernels (H200: 1.5-25 us each), and each one's launch and
 first round trip to memory used to start only after the previous kernel had drained. Launched
-with PDL, a kernel's programs are placed while its predecessor still runs: they announce at once
-that their own successor may be placed (`gdc_begin`), may prefetch what no earlier kernel writes
-(weights) into L2, and wait (`gdc_wait`) before they read or write anything else. The wait
-returns once the predecessor has finished and its writes are visible, which in turn waited for
-its own predecessor, so the chain keeps stream order. Host side: `enabled(tensor)`.
+with PDL, a kernel's programs are placed while its predecessor still runs once that predecessor
+has released them (`gdc_begin`: small kernels at their start, GEMVs after their main loop, so
+the kernels placed ahead are one, not a chain streaming weights meanwhile). They may read or
+prefetch what no earlier kernel writes (weights), and wait (`gdc_wait`) before they read or
+write anything else. The wait returns once the predecessor has finished and its writes are
+visible, which in turn waited for its own predecessor, so the chain keeps stream order. Host
+side: `enabled(tensor)`. H200 figures: tests/perf/RESULTS.md, "Programmatic dependent launch".
 
 Rule for every kernel launched with PDL: nothing but immutable data is touched before `gdc_wait`.
 Under the triton interpreter (CPU tests) PDL is off and the helpers are no-ops.

@@ -94,7 +94,11 @@ def main() -> None:
     ap.add_argument("--evict", nargs="+", default=["lru"], choices=("lru", "lfu"))
     ap.add_argument("--prefetch", nargs="+", default=["on"], choices=("on", "off"))
     ap.add_argument("--dir", default=None, help="folder for the model file (default: tmp)")
+    ap.add_argument("--gguf", type=Path, default=None, help="an existing MoE GGUF instead")
     a = ap.parse_args()
+    if a.gguf is not None:
+        bench_file(a.gguf, a)
+        return
     spec = MoESpec(
         n_layers=a.layers, dim=a.dim, n_heads=8, n_kv_heads=2, head_dim=a.dim // 8,
         n_expert=a.experts, n_used=a.used, expert_ff=a.ff, expert_qtype=QT.Q8_0,
@@ -109,28 +113,50 @@ def main() -> None:
             f"torch threads {torch.get_num_threads()}, loadavg {os.getloadavg()[0]:.1f}"
         )
         print(f"disk: cold sequential read {disk_bandwidth(path):.2f} GB/s ({path.parent})\n")
-        base = run(path, {"experts": "device"}, a.tokens)
-        head = "| experts | slots | evict | prefetch | slot MiB | decode tok/s | hit rate | guess "
-        print(head + "| ahead | read MB | GB/s | stall s |")
-        print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-        print(f"| resident | - | - | - | - | {base['tok_s']:.1f} | 1.00 | - | - | 0 | - | 0 |")
-        total = a.layers * a.experts
-        for slots in a.slots:
-            if slots > total:
-                continue
-            for evict in a.evict:
-                for pf in a.prefetch:
-                    st = {"slots": slots, "prefetch": pf == "on", "evict": evict}
-                    r = run(path, {"experts": "disk", "streaming": st}, a.tokens)
-                    assert r["tokens"] == base["tokens"], "streamed output differs from resident"
-                    s = r["stats"]
-                    print(
-                        f"| disk | {slots} | {evict} | {pf} | {slots * per_expert / 2**20:.1f} "
-                        f"| {r['tok_s']:.1f} | {s.hit_rate:.2f} | {s.guess_rate:.2f} | "
-                        f"{s.prefetch_hits} | {s.bytes_read / 1e6:.0f} | {s.read_gbps:.2f} | "
-                        f"{s.stall_seconds:.2f} |",
-                        flush=True,
-                    )
+        sweep(path, a, a.layers * a.experts, per_expert)
+
+
+def bench_file(path: Path, a) -> None:
+    """The sweep over an existing MoE GGUF (e.g. `make_synthetic.py --shape qwen3moe-30b-a3b
+    --layers 6`): its layer and expert counts and per-expert bytes from the file."""
+    g = open_gguf(path)
+    names = [n for n in g.tensors if "_exps." in n]
+    layers = len({n.split(".")[1] for n in names})
+    experts = g.weight(names[0]).shape[0]
+    per_expert = sum(g.weight(n).nbytes for n in names) // (layers * experts)
+    g.close()
+    print(
+        f"# MoE streaming: {path.name}, {layers} layers x {experts} experts, "
+        f"{per_expert / 2**10:.0f} KiB each; {platform.machine()}, torch threads "
+        f"{torch.get_num_threads()}, loadavg {os.getloadavg()[0]:.1f}"
+    )
+    print(f"disk: cold sequential read {disk_bandwidth(path):.2f} GB/s ({path.parent})\n")
+    sweep(path, a, layers * experts, per_expert)
+
+
+def sweep(path: Path, a, total: int, per_expert: int) -> None:
+    """All experts resident, then each slot count x eviction x read-ahead setting."""
+    base = run(path, {"experts": "device"}, a.tokens)
+    head = "| experts | slots | evict | prefetch | slot MiB | decode tok/s | hit rate | guess "
+    print(head + "| ahead | read MB | GB/s | stall s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print(f"| resident | - | - | - | - | {base['tok_s']:.1f} | 1.00 | - | - | 0 | - | 0 |")
+    for slots in a.slots:
+        if slots > total:
+            continue
+        for evict in a.evict:
+            for pf in a.prefetch:
+                st = {"slots": slots, "prefetch": pf == "on", "evict": evict}
+                r = run(path, {"experts": "disk", "streaming": st}, a.tokens)
+                assert r["tokens"] == base["tokens"], "streamed output differs from resident"
+                s = r["stats"]
+                print(
+                    f"| disk | {slots} | {evict} | {pf} | {slots * per_expert / 2**20:.1f} "
+                    f"| {r['tok_s']:.1f} | {s.hit_rate:.2f} | {s.guess_rate:.2f} | "
+                    f"{s.prefetch_hits} | {s.bytes_read / 1e6:.0f} | {s.read_gbps:.2f} | "
+                    f"{s.stall_seconds:.2f} |",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

@@ -19,8 +19,23 @@ from functools import cache
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents
-from triton.language.extra.cuda import gdc_wait as _gdc_wait
+
+try:  # triton >= 3.3; older versions launch everything without PDL
+    from triton.language.extra.cuda import gdc_launch_dependents
+    from triton.language.extra.cuda import gdc_wait as _gdc_wait
+
+    HAS_GDC = True
+except ImportError:
+    HAS_GDC = False
+
+    @triton.jit
+    def gdc_launch_dependents():
+        pass
+
+    @triton.jit
+    def _gdc_wait():
+        pass
+
 
 # PDL for kernels launched eagerly too, not only inside CUDA-graph captures (an A/B switch for
 # tests/perf: prompts are launched eagerly and are bound by the host's launch rate)
@@ -29,7 +44,7 @@ EAGER = True
 
 @cache
 def _capable(index: int) -> bool:
-    return torch.cuda.get_device_capability(index)[0] >= 9
+    return HAS_GDC and torch.cuda.get_device_capability(index)[0] >= 9
 
 
 def enabled(t: torch.Tensor) -> bool:

@@ -1,12 +1,14 @@
 """One decode step as the engine runs it on a GPU, kernel by kernel (run on the H200; not a test).
 
-    python tests/perf/graph_step.py MODEL [DEPTH]
+    python tests/perf/graph_step.py MODEL [DEPTH] [--no-pdl]
 
 Prefills DEPTH random tokens, then replays the captured single-sequence decode graph
 (`engine.cuda_graphs.DecodeGraphs`, flash-decoding attention) under the torch profiler: the
 kernels of a replay, their GPU time and count, and the replay's wall time from CUDA events. The
 eager `bench_gpu.py breakdown` runs another attention path and pays host time per op; this is
-the step `localllm bench` measures.
+the step `localllm bench` measures. Under programmatic dependent launch (`kernels/pdl.py`, on by
+default on sm_90+) a kernel's programs wait on the SMs for their predecessor, so the profiler's
+per-kernel times include that wait; `--no-pdl` launches without it for a kernel-by-kernel split.
 """
 
 import sys
@@ -70,4 +72,9 @@ def main(path: str, depth: int = 512) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], *(int(a) for a in sys.argv[2:]))
+    args = [a for a in sys.argv[1:] if a != "--no-pdl"]
+    if "--no-pdl" in sys.argv:
+        from localllm.kernels import pdl
+
+        pdl.enabled = lambda t: False  # noqa: ARG005 - every launch site asks this function
+    main(args[0], *(int(a) for a in args[1:]))

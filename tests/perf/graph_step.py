@@ -76,5 +76,5 @@ if __name__ == "__main__":
     if "--no-pdl" in sys.argv:
         from localllm.kernels import pdl
 
-        pdl.enabled = lambda t: False  # noqa: ARG005 - every launch site asks this function
+        pdl.enabled = lambda t: False  # every launch site asks this function
     main(args[0], *(int(a) for a in args[1:]))

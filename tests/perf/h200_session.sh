@@ -115,9 +115,9 @@ for step in ${STEPS:-tests packed bench breakdown}; do
     norm) timeout 200 python3 tests/perf/bench_norm.py 2>&1 | tee "$OUT/norm.md" | tail -22 ;;
     attn) timeout 300 python3 tests/perf/bench_attention.py 2>&1 | tee "$OUT/attn.md" | tail -40 ;;
     gstep) wait $GEN  # one replayed decode graph, kernel by kernel (8B, and the MoE file if made)
-      timeout 200 python3 tests/perf/graph_step.py /tmp/q4km.gguf 2>&1 | tee "$OUT/gstep.md" | head -40
+      timeout 200 python3 tests/perf/graph_step.py /tmp/q4km.gguf ${GSTEP_ARGS:-} 2>&1 | tee "$OUT/gstep.md" | head -40
       [ -n "${MOE:-}" ] && wait $GENMOE && timeout 200 python3 tests/perf/graph_step.py /tmp/moe.gguf \
-        2>&1 | tee "$OUT/gstep_moe.md" | head -40 ;;
+        ${GSTEP_ARGS:-} 2>&1 | tee "$OUT/gstep_moe.md" | head -40 ;;
     ab) wait $GEN ${GENMOE:-}  # the same bench from an older tree exported to .ab (A/B in one call)
       mkdir -p /tmp/absite && ln -sfn "$PWD/.ab" /tmp/absite/localllm
       for m in /tmp/q4km.gguf ${MOE:+/tmp/moe.gguf}; do

@@ -9,6 +9,9 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 #if defined(__F16C__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
@@ -404,12 +407,25 @@ void moe_pairs(int64_t t, int64_t ngroups, const int64_t *gstart, const uint8_t 
                float *dn, int threads) {
     int64_t rg = row_bytes(tg, dim), ru = row_bytes(tu, dim), rd = row_bytes(td, hidden);
     int64_t p0 = gstart[0], p1 = gstart[ngroups];
+    /* Groups of equal size (decode: one pair each): rows split into one contiguous run per
+     * thread, whose reads the hardware prefetchers follow (a decode layer 1.5 -> 1.24 ms here);
+     * else chunks of 32 rows handed out as threads free up, which balances groups of unequal
+     * size. Either way each row's sums are the same. */
+    int uniform = 1;
+    for (int64_t g = 1; g < ngroups; g++)
+        uniform &= gstart[g + 1] - gstart[g] == gstart[1] - gstart[0];
+#ifdef _OPENMP
+    omp_sched_t kind;
+    int chunk;
+    omp_get_schedule(&kind, &chunk);
+    omp_set_schedule(uniform ? omp_sched_static : omp_sched_dynamic, uniform ? 0 : 32);
+#endif
 #pragma omp parallel num_threads(threads)
     {
 #pragma omp for schedule(static)
         for (int64_t i = 0; i < t; i++)
             quantize_row(x + i * dim, dim, xq + i * dim, xd + i * dim / 32, xb + i * dim / 16);
-#pragma omp for collapse(2) schedule(dynamic, 32)
+#pragma omp for collapse(2) schedule(runtime)
         for (int64_t g = 0; g < ngroups; g++) {
             for (int64_t r = 0; r < 2 * hidden; r++) {
                 int64_t rr = r < hidden ? r : r - hidden;
@@ -448,7 +464,7 @@ void moe_pairs(int64_t t, int64_t ngroups, const int64_t *gstart, const uint8_t 
             }
             quantize_row(gp, hidden, aq + p * hidden, ad + p * hidden / 32, ab + p * hidden / 16);
         }
-#pragma omp for collapse(2) schedule(dynamic, 32)
+#pragma omp for collapse(2) schedule(runtime)
         for (int64_t g = 0; g < ngroups; g++) {
             for (int64_t r = 0; r < dim; r++) {
                 const uint8_t *w = down[g] + r * rd;
@@ -459,6 +475,9 @@ void moe_pairs(int64_t t, int64_t ngroups, const int64_t *gstart, const uint8_t 
             }
         }
     }
+#ifdef _OPENMP
+    omp_set_schedule(kind, chunk);  /* the caller's setting, as it was */
+#endif
 }
 
 /* y [t, dim] = sum over choices j (in order) of wts [i, j] * dn [pos[i*kk + j]] (moe_pairs' rows). */

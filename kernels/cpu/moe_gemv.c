@@ -67,6 +67,33 @@ static void quantize_row(const float *x, int64_t k, int8_t *q, float *d, int16_t
     }
 }
 
+/* Q4_K's activations, llama.cpp's Q8_K: one scale per 256 values d [k/256] (so a super-block's
+ * eight products add up in integers before one float multiply), codes q [k], bs [k/16] */
+static void quantize_row_k(const float *x, int64_t k, int8_t *q, float *d, int16_t *bs) {
+    for (int64_t b = 0; b < k / 256; b++) {
+        const float *xb = x + b * 256;
+        int8_t *qb = q + b * 256;
+        float amax = 0.f;
+        for (int i = 0; i < 256; i++) amax = fmaxf(amax, fabsf(xb[i]));
+        float inv = amax > 0.f ? 127.f / amax : 0.f;
+        d[b] = amax / 127.f;
+        for (int i = 0; i < 256; i++) qb[i] = (int8_t)lrintf(xb[i] * inv);
+        for (int j = 0; j < 16; j++) {
+            int s = 0;
+            for (int i = 0; i < 16; i++) s += qb[16 * j + i];
+            bs[b * 16 + j] = (int16_t)s;
+        }
+    }
+}
+
+/* the activation format `type`'s dot reads: per 256 values for Q4_K, per 32 for Q6_K and Q8_0 */
+static void quantize_for(int type, const float *x, int64_t k, int8_t *q, float *d, int16_t *bs) {
+    if (type == Q4_K)
+        quantize_row_k(x, k, q, d, bs);
+    else
+        quantize_row(x, k, q, d, bs);
+}
+
 #if !(defined(__AVX2__) && defined(__FMA__)) /* the plain Q4_K dot's; AVX2 unpacks all 8 at once */
 static void scale_min_k4(int j, const uint8_t *q, int *d, int *m) {
     if (j < 4) {
@@ -113,9 +140,11 @@ static inline void scales_mins_k4(const uint8_t *q, uint32_t out[4]) {
     out[3] = ((a[2] >> 4) & 0x0f0f0f0f) | (((a[1] >> 6) & 0x03030303) << 4);
 }
 
-/* Q4_K rows of R pairs at once (R = 1 or 2): the weight's scales, minimums and nibbles are
- * decoded once for both; each pair's own arithmetic is the one-pair dot's, in the same order,
- * so its result has the same bits whichever way it is computed. */
+/* Q4_K rows of R pairs at once (R = 1 or 2) against Q8_K activations (`quantize_row_k`): per
+ * 32-value sub-block the code products are summed in 16 bits and scaled by the 6-bit scale in
+ * 32 (maddubs, madd: at most 2 x 15 x 127 and 2 x 3810 x 63), so a super-block's sums stay in
+ * integers and meet the floats d x dx once. The weight's scales, minimums and nibbles are
+ * decoded once for both pairs; each pair's arithmetic is the one-pair dot's, in the same order. */
 static inline void dot_q4_k_rows(const uint8_t *w, const int8_t *const *q8, const float *const *d8,
                                  const int16_t *const *bs, int64_t nb, int R, float *out) {
     const __m256i low = _mm256_set1_epi8(0x0F);
@@ -127,33 +156,31 @@ static inline void dot_q4_k_rows(const uint8_t *w, const int8_t *const *q8, cons
         const float d = h2f(rd16(w)), dmin = h2f(rd16(w + 2));
         uint32_t sm[4];
         scales_mins_k4(w + 4, sm);
-        const __m256 sf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)sm)));
+        const uint8_t *sc = (const uint8_t *)sm;
         const __m256i m8 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(sm + 2)));
-        __m256 scale[2], dx[2];
-        for (int r = 0; r < R; r++) {
-            /* per 32-value sub-block: d * (its activation scale) * (its 6-bit scale) */
-            dx[r] = _mm256_loadu_ps(d8[r] + 8 * b);
-            scale[r] = _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(d), dx[r]), sf);
-        }
+        __m256i sumi[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
         for (int j = 0; j < 4; j++) {
             const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));
             const __m256i lo = _mm256_and_si256(q, low);
             const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low);
+            const __m256i s1 = _mm256_set1_epi16(sc[2 * j]), s2 = _mm256_set1_epi16(sc[2 * j + 1]);
             for (int r = 0; r < R; r++) {
                 const int8_t *x = q8[r] + 256 * b + 64 * j;
-                const __m256i p1 = dot_u8s8(lo, _mm256_loadu_si256((const __m256i *)x));
-                const __m256i p2 = dot_u8s8(hi, _mm256_loadu_si256((const __m256i *)(x + 32)));
-                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), lane(scale[r], 2 * j), acc[r]);
-                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p2), lane(scale[r], 2 * j + 1), acc[r]);
+                const __m256i p1 = _mm256_madd_epi16(
+                    _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)x)), s1);
+                const __m256i p2 = _mm256_madd_epi16(
+                    _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(x + 32))), s2);
+                sumi[r] = _mm256_add_epi32(sumi[r], _mm256_add_epi32(p1, p2));
             }
         }
         for (int r = 0; r < R; r++) {
+            const float dx = d8[r][b];
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[r]), _mm256_set1_ps(d * dx), acc[r]);
             /* minimums: each sub-block's min times its activation code sum (16-sums paired) */
             const __m256i bsum =
                 _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(bs[r] + 16 * b)), ones);
-            const __m256 mterm =
-                _mm256_mul_ps(dx[r], _mm256_cvtepi32_ps(_mm256_mullo_epi32(m8, bsum)));
-            macc[r] = _mm256_fmadd_ps(mterm, _mm256_set1_ps(dmin), macc[r]);
+            const __m256 mterm = _mm256_cvtepi32_ps(_mm256_mullo_epi32(m8, bsum));
+            macc[r] = _mm256_fmadd_ps(mterm, _mm256_set1_ps(dmin * dx), macc[r]);
         }
     }
     for (int r = 0; r < R; r++) out[r] = hsum(acc[r]) - hsum(macc[r]);
@@ -170,9 +197,9 @@ static float dot_q4_k(const uint8_t *w, const int8_t *q8, const float *d8, const
 static float dot_q4_k(const uint8_t *w, const int8_t *q8, const float *d8, const int16_t *bs,
                       int64_t nb) {
     float sum = 0.f;
-    for (int64_t b = 0; b < nb; b++, w += 144, q8 += 256, d8 += 8, bs += 16) {
+    for (int64_t b = 0; b < nb; b++, w += 144, q8 += 256, bs += 16) {
         const uint8_t *sc = w + 4, *qs = w + 16;
-        float sumi = 0.f, summ = 0.f;
+        int32_t sumi = 0, summ = 0;
         for (int j = 0; j < 4; j++) {
             int s1, m1, s2, m2;
             scale_min_k4(2 * j, sc, &s1, &m1);
@@ -184,12 +211,10 @@ static float dot_q4_k(const uint8_t *w, const int8_t *q8, const float *d8, const
                 a1 += (uint8_t)(qj[l] & 0xF) * xj[l];
                 a2 += (uint8_t)(qj[l] >> 4) * xj[l + 32];
             }
-            const float e1 = d8[2 * j], e2 = d8[2 * j + 1];
-            sumi += e1 * (float)(s1 * a1) + e2 * (float)(s2 * a2);
-            summ += e1 * (float)(m1 * (bs[4 * j] + bs[4 * j + 1])) +
-                    e2 * (float)(m2 * (bs[4 * j + 2] + bs[4 * j + 3]));
+            sumi += s1 * a1 + s2 * a2;
+            summ += m1 * (bs[4 * j] + bs[4 * j + 1]) + m2 * (bs[4 * j + 2] + bs[4 * j + 3]);
         }
-        sum += h2f(rd16(w)) * sumi - h2f(rd16(w + 2)) * summ;
+        sum += d8[b] * (h2f(rd16(w)) * (float)sumi - h2f(rd16(w + 2)) * (float)summ);
     }
     return sum;
 }
@@ -334,7 +359,7 @@ int moe_supports(int type) { return type == Q4_K || type == Q6_K || type == Q8_0
 /* y [n] = W [n, k] (raw blocks of `type`) . x [k]: the kernels one matrix at a time (tests) */
 void gemv(int type, const uint8_t *w, int64_t n, int64_t k, const float *x, float *y,
           int8_t *q8, float *d8, int16_t *bs, int threads) {
-    quantize_row(x, k, q8, d8, bs);
+    quantize_for(type, x, k, q8, d8, bs);
     int64_t rb = row_bytes(type, k);
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t r = 0; r < n; r++) y[r] = dot(type, w + r * rb, q8, d8, bs, k);
@@ -346,7 +371,7 @@ void gemv(int type, const uint8_t *w, int64_t n, int64_t k, const float *x, floa
 void gemm_rows(int type, const uint8_t *w, int64_t n, int64_t k, int64_t t, const float *x,
                float *y, int8_t *q8, float *d8, int16_t *bs, int threads) {
     for (int64_t i = 0; i < t; i++)
-        quantize_row(x + i * k, k, q8 + i * k, d8 + i * k / 32, bs + i * k / 16);
+        quantize_for(type, x + i * k, k, q8 + i * k, d8 + i * k / 32, bs + i * k / 16);
     int64_t rb = row_bytes(type, k);
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t r = 0; r < n; r++) {
@@ -398,7 +423,8 @@ void dequant_rows(int type, const uint8_t *w, int64_t rows, int64_t k, float *ou
  * dn [p, dim] = down(act(gate) * up) of pair p's row; every other dn row is left as it is, so a
  * caller may pass the groups in several calls. A weight row is read once per group and dotted
  * with each of its pairs (a prompt's tokens share their experts). Scratch (caller's): xq [t*dim]
- * + xd [t*dim/32] + xb [t*dim/16], h [pairs*2*hidden], aq [pairs*hidden] + ad [pairs*hidden/32]
+ * + xd [t*dim/32] + xb [t*dim/16] and the same again in kq / kd / kb (used when one of gate and
+ * up is Q4_K and the other not), h [pairs*2*hidden], aq [pairs*hidden] + ad [pairs*hidden/32]
  * + ab [pairs*hidden/16], pairs = gstart[ngroups] (indices of p). */
 /* The flattened (group, row) index, groups of `rows` rows, where the cost of the rows before it
  * first reaches `work` (whole rows). A row costs its read (about one pair's dot) plus a dot per
@@ -427,15 +453,22 @@ static void share(int64_t ngroups, const int64_t *gstart, int64_t rows, int n, i
 void moe_pairs(int64_t t, int64_t ngroups, const int64_t *gstart, const uint8_t *const *gate,
                const uint8_t *const *up, const uint8_t *const *down, const int64_t *tok,
                const float *x, int tg, int tu, int td, int64_t dim, int64_t hidden, int act,
-               int8_t *xq, float *xd, int16_t *xb, float *h, int8_t *aq, float *ad, int16_t *ab,
-               float *dn, int threads) {
+               int8_t *xq, float *xd, int16_t *xb, int8_t *kq, float *kd, int16_t *kb, float *h,
+               int8_t *aq, float *ad, int16_t *ab, float *dn, int threads) {
     int64_t rg = row_bytes(tg, dim), ru = row_bytes(tu, dim), rd = row_bytes(td, hidden);
     int64_t p0 = gstart[0], p1 = gstart[ngroups];
+    /* gate and up read x in their types' formats: one quantization, or (a Q4_K beside another
+     * type) a second one per 256 into kq / kd / kb */
+    int two = (tg == Q4_K) != (tu == Q4_K);
 #pragma omp parallel num_threads(threads)
     {
 #pragma omp for schedule(static)
-        for (int64_t i = 0; i < t; i++)
-            quantize_row(x + i * dim, dim, xq + i * dim, xd + i * dim / 32, xb + i * dim / 16);
+        for (int64_t i = 0; i < t; i++) {
+            quantize_for(two ? (tg == Q4_K ? tu : tg) : tg, x + i * dim, dim, xq + i * dim,
+                         xd + i * dim / 32, xb + i * dim / 16);
+            if (two)
+                quantize_row_k(x + i * dim, dim, kq + i * dim, kd + i * dim / 256, kb + i * dim / 16);
+        }
         int nth = 1, id = 0;
 #ifdef _OPENMP
         nth = omp_get_num_threads();
@@ -450,23 +483,29 @@ void moe_pairs(int64_t t, int64_t ngroups, const int64_t *gstart, const uint8_t 
             const uint8_t *w = r < hidden ? gate[g] + rr * rg : up[g] + rr * ru;
             if (rr + PREFETCH_ROWS < hidden)
                 prefetch_row(w + PREFETCH_ROWS * (r < hidden ? rg : ru), r < hidden ? rg : ru);
+            /* this row's activation format: the shared one, or Q4_K's own beside another type */
+            int own = two && type == Q4_K;
+            const int8_t *aq8 = own ? kq : xq;
+            const float *ad8 = own ? kd : xd;
+            const int16_t *ab8 = own ? kb : xb;
+            int64_t ds = own ? dim / 256 : dim / 32;
             int64_t p = gstart[g];
 #ifdef Q4K_ROWS
             for (; type == Q4_K && p + 1 < gstart[g + 1]; p += 2) {  /* decode once, dot twice */
                 int64_t i = tok[p], i2 = tok[p + 1];
-                const int8_t *q[2] = {xq + i * dim, xq + i2 * dim};
-                const float *dd[2] = {xd + i * dim / 32, xd + i2 * dim / 32};
-                const int16_t *bb[2] = {xb + i * dim / 16, xb + i2 * dim / 16};
-                float two[2];
-                dot_q4_k_rows(w, q, dd, bb, dim / 256, 2, two);
-                h[p * 2 * hidden + r] = two[0];
-                h[(p + 1) * 2 * hidden + r] = two[1];
+                const int8_t *q[2] = {aq8 + i * dim, aq8 + i2 * dim};
+                const float *dd[2] = {ad8 + i * ds, ad8 + i2 * ds};
+                const int16_t *bb[2] = {ab8 + i * dim / 16, ab8 + i2 * dim / 16};
+                float pair[2];
+                dot_q4_k_rows(w, q, dd, bb, dim / 256, 2, pair);
+                h[p * 2 * hidden + r] = pair[0];
+                h[(p + 1) * 2 * hidden + r] = pair[1];
             }
 #endif
             for (; p < gstart[g + 1]; p++) {
                 int64_t i = tok[p];
-                h[p * 2 * hidden + r] = dot(type, w, xq + i * dim, xd + i * dim / 32,
-                                            xb + i * dim / 16, dim);
+                h[p * 2 * hidden + r] = dot(type, w, aq8 + i * dim, ad8 + i * ds,
+                                            ab8 + i * dim / 16, dim);
             }
         }
 #pragma omp barrier
@@ -479,7 +518,7 @@ void moe_pairs(int64_t t, int64_t ngroups, const int64_t *gstart, const uint8_t 
                                    : 0.5f * v * (1.f + tanhf(0.7978845608f * (v + 0.044715f * v * v * v)));
                 gp[r] = a * u[r];
             }
-            quantize_row(gp, hidden, aq + p * hidden, ad + p * hidden / 32, ab + p * hidden / 16);
+            quantize_for(td, gp, hidden, aq + p * hidden, ad + p * hidden / 32, ab + p * hidden / 16);
         }
         share(ngroups, gstart, dim, nth, id, &lo, &hi);
         for (int64_t idx = lo; idx < hi; idx++) {

@@ -147,6 +147,11 @@ class NativeKernels:
         blocks = fetch(chunks[0]) if chunks else []
         hidden = blocks[0][0].shape[0] if blocks else 0
         xq, xd, xb = _qbuf(t * dim)
+        kq, kd, kb = (
+            _qbuf(t * dim)
+            if (types[0] == QuantType.Q4_K) != (types[1] == QuantType.Q4_K)
+            else (xq, xd, xb)
+        )
         h = torch.empty(pairs * 2 * hidden)
         aq, ad, ab = _qbuf(pairs * hidden)
         dn = torch.empty(pairs * dim)
@@ -158,7 +163,8 @@ class NativeKernels:
             self.lib.moe_pairs(
                 t, len(chunk), _ptr(gstart), *ptrs, _ptr(tok), _ptr(x),
                 *(int(q) for q in types), dim, hidden, ACTS[act],
-                _ptr(xq), _ptr(xd), _ptr(xb), _ptr(h), _ptr(aq), _ptr(ad), _ptr(ab), _ptr(dn),
+                _ptr(xq), _ptr(xd), _ptr(xb), _ptr(kq), _ptr(kd), _ptr(kb), _ptr(h), _ptr(aq),
+                _ptr(ad), _ptr(ab), _ptr(dn),
                 threads,
             )  # fmt: skip
         y = torch.empty(t, dim)
@@ -211,7 +217,7 @@ def _bind(lib: ctypes.CDLL) -> None:
     lib.gemv.argtypes = [_INT, _P, _I, _I, _P, _P, _P, _P, _P, _INT]
     lib.gemv.restype = None
     lib.moe_pairs.argtypes = [_I, _I, _P, _P, _P, _P, _P, _P, _INT, _INT, _INT, _I, _I, _INT,
-                              _P, _P, _P, _P, _P, _P, _P, _P, _INT]  # fmt: skip
+                              _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _P, _INT]  # fmt: skip
     lib.moe_pairs.restype = None
     lib.gemm_rows.argtypes = [_INT, _P, _I, _I, _I, _P, _P, _P, _P, _P, _INT]
     lib.gemm_rows.restype = None

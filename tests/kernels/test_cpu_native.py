@@ -43,15 +43,16 @@ def test_gemv_matches_dequantized_weights(kernels, qtype, n, k):
     assert torch.equal(kernels.gemv(w, QuantType(qtype), n, k, x, threads=1), got)
 
 
-def _fake_int8(v: torch.Tensor) -> torch.Tensor:
-    """v rounded as the kernels quantize it: int8 codes, one scale per 32 values."""
-    s = v.reshape(-1, 32)
+def _fake_int8(v: torch.Tensor, qtype) -> torch.Tensor:
+    """v rounded as the kernels quantize it for a weight of `qtype`: int8 codes, one scale per
+    256 values for Q4_K (llama.cpp's Q8_K), per 32 for Q6_K and Q8_0."""
+    s = v.reshape(-1, 256 if QuantType(qtype) == QuantType.Q4_K else 32)
     scale = s.abs().amax(1, keepdim=True) / 127
     return (torch.round(s / scale.clamp_min(1e-30)) * scale).reshape(v.shape)
 
 
 def _simulated(x, w, ids, g, u, d, types, act):
-    """The kernels' arithmetic in float64: exact weights, activations rounded per 32."""
+    """The kernels' arithmetic in float64: exact weights, activations rounded as for each type."""
     mats = [
         dequantize(t, QuantType(q)).reshape(t.shape[0], t.shape[1], -1).double()
         for t, q in zip((g, u, d), types, strict=True)
@@ -59,12 +60,13 @@ def _simulated(x, w, ids, g, u, d, types, act):
     f = torch.nn.functional
     out = torch.zeros(x.shape, dtype=torch.float64)
     for i in range(x.shape[0]):
-        xi = _fake_int8(x[i].double())
+        xg, xu = (_fake_int8(x[i].double(), types[n]) for n in (0, 1))
         for j in range(ids.shape[1]):
             e = int(ids[i, j])
-            gate = mats[0][e] @ xi
+            gate = mats[0][e] @ xg
             gate = f.silu(gate) if act == "silu" else f.gelu(gate, approximate="tanh")
-            out[i] += float(w[i, j]) * (mats[2][e] @ _fake_int8(gate * (mats[1][e] @ xi)))
+            h = _fake_int8(gate * (mats[1][e] @ xu), types[2])
+            out[i] += float(w[i, j]) * (mats[2][e] @ h)
     return out
 
 

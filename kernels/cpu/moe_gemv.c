@@ -1,6 +1,7 @@
 /* Routed-expert FFN on the CPU over raw GGUF blocks (Q4_K, Q6_K, Q8_0), llama.cpp's arithmetic:
- * activations quantized to int8 per 32 values (one float scale each, sums of every 16 codes),
- * integer dot products per 32 (or 16) weights, float scales applied per group. One call computes every (token,
+ * activations quantized to int8 (one float scale per 256 values for Q4_K, as llama.cpp's Q8_K;
+ * per 32 for Q6_K and Q8_0; sums of every 16 codes), integer dot products per 32 (or 16)
+ * weights, float scales applied per super-block (Q4_K) or group. One call computes every (token,
  * expert) pair of a layer in one OpenMP region: a decode step's 8 experts x 3 projections are
  * too small for per-matrix calls to pay their thread start-up (torch: ~1.45 ms per layer on 16
  * cores, H200 host). Built by native.py with the system compiler; checked against dequantized

@@ -1,8 +1,8 @@
 """Q6_K and Q8_0 linears on the CPU through the native kernels (`kernels/cpu/moe_gemv.c`),
 holding the file's blocks alone (keep-quant: the fp16 copy they replace took 2 bytes a weight).
 
-Decode-sized calls (up to NATIVE_MAX_T rows) multiply int8 activations (per 32 values, as the
-expert kernels and llama.cpp's decode do) and read each weight row once for all rows. Longer
+Decode-sized calls (up to NATIVE_MAX_T rows) multiply int8 activations (per 32 values for these
+types, as llama.cpp's decode does for Q8_0) and read each weight row once for all rows. Longer
 calls (prompts) decode row tiles to ggml's float32 values in C for an exact fp32 GEMM: exact
 prompt math is what keeps teacher-forced logits as close to llama.cpp's as transformers' are
 (tests/perf/RESULTS.md, "CPU-only MoE next to llama.cpp").

@@ -224,27 +224,24 @@ static float dot_q4_k(const uint8_t *w, const int8_t *q8, const float *d8, const
 
 #if defined(__AVX2__) && defined(__FMA__)
 /* Q6_K with AVX2: the 6-bit codes of 32 values assembled per vector (low nibbles | 2 high bits),
- * two 16-value scales per vector (lanes 0-3 and 4-7), the -32 offset through the 16-sums. */
-static float dot_q6_k(const uint8_t *w, const int8_t *q8, const float *d8, const int16_t *bs,
-                      int64_t nb) {
+ * two 16-value scales per vector (lanes 0-3 and 4-7), the -32 offset through the 16-sums. R = 1
+ * or 2 pairs per call: the codes are assembled once for both; each pair's arithmetic is the
+ * one-pair dot's, in the same order, so its bits do not depend on R. */
+static inline void dot_q6_k_rows(const uint8_t *w, const int8_t *const *q8, const float *const *d8,
+                                 const int16_t *const *bs, int64_t nb, int R, float *out) {
     const __m256i low = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(3);
     /* 16-value group g of half n uses activation scale d8[4 n + g / 2]: lanes duplicated */
     const __m256i dup = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
-    __m256 acc = _mm256_setzero_ps(), oacc = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; b++, w += 210, q8 += 256, d8 += 8, bs += 16) {
+    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    __m256 oacc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int64_t b = 0; b < nb; b++, w += 210) {
         const int8_t *sc = (const int8_t *)(w + 192);
         const __m256 d = _mm256_set1_ps(h2f(rd16(w + 208)));
-        const __m256 dx = _mm256_loadu_ps(d8);
-        const __m256 e8 = _mm256_mul_ps(dx, d); /* per 32 values: activation scale x d */
+        __m256 e8[2]; /* per 32 values: activation scale x d */
+        for (int r = 0; r < R; r++) e8[r] = _mm256_mul_ps(_mm256_loadu_ps(d8[r] + 8 * b), d);
         for (int n = 0; n < 2; n++) {
             const uint8_t *l0 = w + 64 * n, *h0 = w + 128 + 32 * n;
-            const int8_t *x = q8 + 128 * n;
-            /* e x scale per 16-value group, lanes 2p and 2p + 1 for quarter p */
-            const __m256 en = _mm256_permutevar8x32_ps(
-                _mm256_castps128_ps256(n ? _mm256_extractf128_ps(e8, 1) : _mm256_castps256_ps128(e8)),
-                dup);
             const __m256i s16 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(sc + 8 * n)));
-            const __m256 scale = _mm256_mul_ps(en, _mm256_cvtepi32_ps(s16));
             const __m256i la = _mm256_loadu_si256((const __m256i *)l0);
             const __m256i lb = _mm256_loadu_si256((const __m256i *)(l0 + 32));
             const __m256i hh = _mm256_loadu_si256((const __m256i *)h0);
@@ -257,22 +254,42 @@ static float dot_q6_k(const uint8_t *w, const int8_t *q8, const float *d8, const
                                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hh, 4), two), 4));
             q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(lb, 4), low),
                                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hh, 6), two), 4));
-            for (int p = 0; p < 4; p++) {
-                const __m256i xv = _mm256_loadu_si256((const __m256i *)(x + 32 * p));
-                const __m256i idx = _mm256_setr_epi32(2 * p, 2 * p, 2 * p, 2 * p, 2 * p + 1,
-                                                      2 * p + 1, 2 * p + 1, 2 * p + 1);
-                const __m256 sp = _mm256_permutevar8x32_ps(scale, idx);
-                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_u8s8(q[p], xv)), sp, acc);
+            for (int r = 0; r < R; r++) {
+                const int8_t *x = q8[r] + 256 * b + 128 * n;
+                /* e x scale per 16-value group, lanes 2p and 2p + 1 for quarter p */
+                const __m256 en = _mm256_permutevar8x32_ps(
+                    _mm256_castps128_ps256(n ? _mm256_extractf128_ps(e8[r], 1)
+                                             : _mm256_castps256_ps128(e8[r])),
+                    dup);
+                const __m256 scale = _mm256_mul_ps(en, _mm256_cvtepi32_ps(s16));
+                for (int p = 0; p < 4; p++) {
+                    const __m256i xv = _mm256_loadu_si256((const __m256i *)(x + 32 * p));
+                    const __m256i idx = _mm256_setr_epi32(2 * p, 2 * p, 2 * p, 2 * p, 2 * p + 1,
+                                                          2 * p + 1, 2 * p + 1, 2 * p + 1);
+                    const __m256 sp = _mm256_permutevar8x32_ps(scale, idx);
+                    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_u8s8(q[p], xv)), sp, acc[r]);
+                }
             }
         }
         /* the -32 offset, both halves at once: scale x code sum per 16-value group, paired per
          * quarter (8 sums), times that quarter's e */
         const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc));
-        const __m256i off = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)bs));
-        oacc = _mm256_fmadd_ps(e8, _mm256_cvtepi32_ps(off), oacc);
+        for (int r = 0; r < R; r++) {
+            const __m256i off =
+                _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)(bs[r] + 16 * b)));
+            oacc[r] = _mm256_fmadd_ps(e8[r], _mm256_cvtepi32_ps(off), oacc[r]);
+        }
     }
-    return hsum(acc) - 32.f * hsum(oacc);
+    for (int r = 0; r < R; r++) out[r] = hsum(acc[r]) - 32.f * hsum(oacc[r]);
 }
+
+static float dot_q6_k(const uint8_t *w, const int8_t *q8, const float *d8, const int16_t *bs,
+                      int64_t nb) {
+    float out;
+    dot_q6_k_rows(w, &q8, &d8, &bs, nb, 1, &out);
+    return out;
+}
+#define Q6K_ROWS 1
 #else
 static float dot_q6_k(const uint8_t *w, const int8_t *q8, const float *d8, const int16_t *bs,
                       int64_t nb) {
@@ -526,7 +543,19 @@ void moe_pairs(int64_t t, int64_t ngroups, const int64_t *gstart, const uint8_t 
             int64_t g = idx / dim, r = idx % dim;
             const uint8_t *w = down[g] + r * rd;
             if (r + PREFETCH_ROWS < dim) prefetch_row(w + PREFETCH_ROWS * rd, rd);
-            for (int64_t p = gstart[g]; p < gstart[g + 1]; p++)
+            int64_t p = gstart[g];
+#ifdef Q6K_ROWS
+            for (; td == Q6_K && p + 1 < gstart[g + 1]; p += 2) {  /* assemble once, dot twice */
+                const int8_t *q[2] = {aq + p * hidden, aq + (p + 1) * hidden};
+                const float *dd[2] = {ad + p * hidden / 32, ad + (p + 1) * hidden / 32};
+                const int16_t *bb[2] = {ab + p * hidden / 16, ab + (p + 1) * hidden / 16};
+                float pair[2];
+                dot_q6_k_rows(w, q, dd, bb, hidden / 256, 2, pair);
+                dn[p * dim + r] = pair[0];
+                dn[(p + 1) * dim + r] = pair[1];
+            }
+#endif
+            for (; p < gstart[g + 1]; p++)
                 dn[p * dim + r] = dot(td, w, aq + p * hidden, ad + p * hidden / 32,
                                       ab + p * hidden / 16, hidden);
         }

@@ -216,8 +216,9 @@ def test_experts_fetched_in_chunks_give_the_same_bits(kernels):
 
 
 def test_pairs_decoded_together_keep_each_pairs_bits(kernels):
-    """A prompt's Q4_K weight rows are decoded once for two pairs of the same expert: every
-    token's output equals the one it gets alone in a call (where each row meets one pair)."""
+    """A prompt's Q4_K (gate/up) and Q6_K (down) weight rows are decoded once for two pairs of
+    the same expert: every token's output equals the one it gets alone in a call (where each row
+    meets one pair)."""
     types = (QT.Q4_K, QT.Q4_K, QT.Q6_K)
     qt = tuple(QuantType(t) for t in types)
     g, u, d = _layer(types, 3, 256, 512, seed=9)

@@ -49,42 +49,32 @@ static float h2f(uint16_t h) {
 
 static uint16_t rd16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2); return v; }
 
-/* x [k] -> q [k] int8 with one scale per 32 values d [k/32], bs [k/16] sums of 16 codes;
- * k a multiple of 256 (the weights' super-blocks) */
-static void quantize_row(const float *x, int64_t k, int8_t *q, float *d, int16_t *bs) {
-    for (int64_t b = 0; b < k / 32; b++) {
-        const float *xb = x + b * 32;
-        int8_t *qb = q + b * 32;
+/* x [k] -> q [k] int8 with one scale per g values d [k/g] (g = 32, or 256: llama.cpp's Q8_K,
+ * whose super-block sums stay in integers before one float multiply) and bs [k/16] sums of 16
+ * codes; k a multiple of 256 (the weights' super-blocks) */
+static void quantize_groups(const float *x, int64_t k, int g, int8_t *q, float *d, int16_t *bs) {
+    for (int64_t b = 0; b < k / g; b++) {
+        const float *xb = x + b * g;
+        int8_t *qb = q + b * g;
         float amax = 0.f;
-        for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(xb[i]));
+        for (int i = 0; i < g; i++) amax = fmaxf(amax, fabsf(xb[i]));
         float inv = amax > 0.f ? 127.f / amax : 0.f;
         d[b] = amax / 127.f;
-        for (int i = 0; i < 32; i++) qb[i] = (int8_t)lrintf(xb[i] * inv);
-        for (int j = 0; j < 2; j++) {
+        for (int i = 0; i < g; i++) qb[i] = (int8_t)lrintf(xb[i] * inv);
+        for (int j = 0; j < g / 16; j++) {
             int s = 0;
             for (int i = 0; i < 16; i++) s += qb[16 * j + i];
-            bs[b * 2 + j] = (int16_t)s;
+            bs[b * (g / 16) + j] = (int16_t)s;
         }
     }
 }
 
-/* Q4_K's activations, llama.cpp's Q8_K: one scale per 256 values d [k/256] (so a super-block's
- * eight products add up in integers before one float multiply), codes q [k], bs [k/16] */
+static void quantize_row(const float *x, int64_t k, int8_t *q, float *d, int16_t *bs) {
+    quantize_groups(x, k, 32, q, d, bs);
+}
+
 static void quantize_row_k(const float *x, int64_t k, int8_t *q, float *d, int16_t *bs) {
-    for (int64_t b = 0; b < k / 256; b++) {
-        const float *xb = x + b * 256;
-        int8_t *qb = q + b * 256;
-        float amax = 0.f;
-        for (int i = 0; i < 256; i++) amax = fmaxf(amax, fabsf(xb[i]));
-        float inv = amax > 0.f ? 127.f / amax : 0.f;
-        d[b] = amax / 127.f;
-        for (int i = 0; i < 256; i++) qb[i] = (int8_t)lrintf(xb[i] * inv);
-        for (int j = 0; j < 16; j++) {
-            int s = 0;
-            for (int i = 0; i < 16; i++) s += qb[16 * j + i];
-            bs[b * 16 + j] = (int16_t)s;
-        }
-    }
+    quantize_groups(x, k, 256, q, d, bs);
 }
 
 /* the activation format `type`'s dot reads: per 256 values for Q4_K, per 32 for Q6_K and Q8_0 */

@@ -19,7 +19,7 @@ from localllm.engine.graph_breaks import HostBreaks
 from localllm.engine.layers import DenseParam, GatedMLP
 from localllm.engine.linear import QuantLinear, dense, without_bytes
 from localllm.kernels.cpu.native import NativeKernels
-from localllm.kernels.fused import QUANT_MAX_ROWS
+from localllm.kernels.fused import QUANT_MAX_ROWS, WeightedRows
 from localllm.kernels.moe import (
     ExpertBiases,
     ExpertBlocks,
@@ -131,6 +131,9 @@ class MoEFeedForward(nn.Module):
         self.guess_next: MoEFeedForward | None = None  # the next layer, told what to read ahead
         self.breaks: HostBreaks | None = None  # set while a decode graph is captured in pieces
         self.mapped: MappedExperts | None = None  # host-tier experts the GPU reads in place
+        # Set by blocks whose next norm adds this output (`defers_residual`): resident experts on
+        # a GPU then return decode rows unsummed (`WeightedRows`), and that norm's kernel sums them
+        self.sum_in_norm = False
 
     @property
     def quant_rows(self) -> int:
@@ -257,6 +260,8 @@ class MoEFeedForward(nn.Module):
             y = self._routed_on_host(x, weights, ids)
         else:
             y = self._routed(x.reshape(-1, self.dim), weights, ids, xq, host)
+        if isinstance(y, WeightedRows):  # only without shared experts (`_routed`)
+            return y
         y = y.reshape(x.shape).to(x.dtype)
         return y + shared if shared is not None else y
 
@@ -304,7 +309,8 @@ class MoEFeedForward(nn.Module):
             # counted as Python runs it: replays of a captured decode graph are not counted
             self.source.stats.lookups += ids.numel()
             self.source.stats.hits += ids.numel()
-            return expert_ffn_packed(x, weights, ids, self.packed, self.format, xq)
+            defer = self.sum_in_norm and self.shexp is None and x.dtype == torch.float32
+            return expert_ffn_packed(x, weights, ids, self.packed, self.format, xq, defer)
         pool = getattr(self.source, "packed_pool", None)
         if pool is not None and ids.shape[0] <= pool.max_tokens:
             slots = self._slots(ids if host is None else host)

@@ -14,6 +14,7 @@ from localllm.engine.kv_cache import PagedKVCache
 from localllm.engine.layers import QuantEmbedding, RMSNorm
 from localllm.engine.linear import QuantLinear
 from localllm.engine.rope import Rotary
+from localllm.kernels.fused import WeightedRows
 
 
 class Decoder(nn.Module):
@@ -58,8 +59,8 @@ class Decoder(nn.Module):
             if getattr(blk, "defers_residual", False):
                 x, r = blk(x, r, positions, cos_sin, self.rotary, batch, kv, i)
                 continue
-            if r is not None:
-                x, r = x + r, None
+            if r is not None:  # a block that adds its input itself: sum a pending output now
+                x, r = x + (r.total().to(x.dtype) if isinstance(r, WeightedRows) else r), None
             x = blk(x, positions, cos_sin, self.rotary, batch, kv, i)
         if r is not None:
             return self.output_norm.residual(x, r)[1]

@@ -79,6 +79,7 @@ class Block(nn.Module):
             self.mlp = MoEFeedForward(
                 0, args.dim, args.hidden_dim, args.n_expert, args.n_expert_used, True
             )
+            self.mlp.sum_in_norm = True  # its output is pending until the next norm adds it
         else:
             self.mlp = GatedMLP(args.dim, args.hidden_dim, "silu", precise)
         self.qkv: FusedLinear | None = None

@@ -48,6 +48,7 @@ class Block(qwen3.Block):
             norm_topk_prob=True,
             precise=precise,
         )
+        self.mlp.sum_in_norm = True  # its output is pending until the next norm adds it
 
 
 class Model(qwen3.Model):

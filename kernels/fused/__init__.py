@@ -4,6 +4,7 @@ the attention prologue in `rope_qkv`): plain-torch references here, triton kerne
 
 from localllm.kernels.fused.ops import (
     QUANT_MAX_ROWS,
+    WeightedRows,
     add_rms_norm,
     add_rms_norm_q,
     rms_norm,
@@ -14,6 +15,7 @@ from localllm.kernels.fused.ops import (
 
 __all__ = [
     "QUANT_MAX_ROWS",
+    "WeightedRows",
     "add_rms_norm",
     "add_rms_norm_q",
     "rms_norm",

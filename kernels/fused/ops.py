@@ -3,12 +3,30 @@ of `triton_ops` (one launch each instead of 2-6 eager kernels; decode on a GPU i
 once the GEMVs are fast). The `_q` variants also return their output quantized for the dp4a
 GEMV that reads it next (None on CPU, or for rows the GEMVs would not take quantized)."""
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
 # Rows up to which a GEMV takes a pre-quantized activation (`triton_packed.MAX_ROWS`; kept here
 # so CPU code never imports triton).
 QUANT_MAX_ROWS = 4
+
+
+@dataclass(frozen=True)
+class WeightedRows:
+    """A residual not yet summed: row t is the sum over j of weights[t, j] * rows[t * k + j] (a
+    MoE layer's k expert outputs). The norm that adds it to the stream sums it in its kernel on
+    CUDA, which saves decode a launch per layer; elsewhere `total` sums it first."""
+
+    rows: torch.Tensor  # [T * k, D]
+    weights: torch.Tensor  # [T, k]
+
+    def total(self) -> torch.Tensor:
+        """The sum as a tensor [T, D] (float32)."""
+        t, k = self.weights.shape
+        w = self.weights.float().view(t, 1, k)
+        return torch.bmm(w, self.rows.float().view(t, k, -1)).view(t, -1)
 
 
 def _cuda32(*xs: torch.Tensor) -> bool:
@@ -34,7 +52,7 @@ def rms_norm_q(x: torch.Tensor, w: torch.Tensor, eps: float, quant: bool = True)
 
 
 def add_rms_norm(
-    x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, eps: float
+    x: torch.Tensor, r: "torch.Tensor | WeightedRows", w: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(x + r, rms_norm(x + r)): the residual stream and the next sub-layer's input."""
     return add_rms_norm_q(x, r, w, eps, quant=False)[:2]
@@ -42,19 +60,23 @@ def add_rms_norm(
 
 def add_rms_norm_q(
     x: torch.Tensor,
-    r: torch.Tensor,
+    r: "torch.Tensor | WeightedRows",
     w: torch.Tensor,
     eps: float,
     quant: bool = True,
     max_rows: int = QUANT_MAX_ROWS,
 ):
     """(x + r, rms_norm(x + r), the norm's quantized rows or None); `max_rows`: the reader's
-    row limit (a GEMV's, or any number for MoE experts' grouped GEMMs)."""
+    row limit (a GEMV's, or any number for MoE experts' grouped GEMMs). `r` may be a
+    `WeightedRows` (the kernel sums it)."""
+    rw = None
+    if isinstance(r, WeightedRows):
+        r, rw = (r.rows, r.weights) if _cuda32(x, r.rows) else (r.total().to(x.dtype), None)
     if _cuda32(x, r):
         from localllm.kernels.fused.triton_ops import add_rms_norm_cuda
 
         rows = x.reshape(-1, x.shape[-1]).shape[0]
-        return add_rms_norm_cuda(x, r, w, eps, quant and rows <= max_rows)
+        return add_rms_norm_cuda(x, r, w, eps, quant and rows <= max_rows, rw=rw)
     s = x + r
     return s, F.rms_norm(s, w.shape, w, eps), None
 

@@ -14,9 +14,9 @@ from localllm.kernels.quant.triton_packed import QuantizedX, empty_quantized
 
 @triton.jit
 def _rms_norm(
-    x_ptr, r_ptr, s_ptr, w_ptr, y_ptr, q_ptr, d_ptr, s16_ptr, xs_ptr, D, eps,
-    BD: tl.constexpr, ADD: tl.constexpr, QUANT: tl.constexpr, RN: tl.constexpr,
-    PDL: tl.constexpr,
+    x_ptr, r_ptr, rw_ptr, s_ptr, w_ptr, y_ptr, q_ptr, d_ptr, s16_ptr, xs_ptr, D, eps,
+    BD: tl.constexpr, ADD: tl.constexpr, KSEL: tl.constexpr, QUANT: tl.constexpr,
+    RN: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
     c = tl.arange(0, BD)
@@ -26,7 +26,14 @@ def _rms_norm(
     pdl.gdc_wait(PDL)
     v = tl.load(x_ptr + row * D + c, mask=m, other=0.0)
     if ADD:
-        v += tl.load(r_ptr + row * D + c, mask=m, other=0.0)
+        if KSEL == 0:
+            v += tl.load(r_ptr + row * D + c, mask=m, other=0.0)
+        else:  # r is the weighted sum of KSEL rows per row, in order (`ops.WeightedRows`)
+            acc = tl.zeros([BD], dtype=tl.float32)
+            for j in tl.static_range(KSEL):  # unrolled: the rows' loads go out together
+                rj = row * KSEL + j
+                acc += tl.load(rw_ptr + rj) * tl.load(r_ptr + rj * D + c, mask=m, other=0.0)
+            v += acc
         tl.store(s_ptr + row * D + c, v, mask=m)
     inv = 1.0 / tl.sqrt(tl.sum(v * v, axis=0) / D + eps)
     y = v * inv * w
@@ -95,6 +102,7 @@ def rms_norm_cuda(
         x2,
         x2,
         x2,
+        x2,
         w,
         y,
         *qa,
@@ -102,6 +110,7 @@ def rms_norm_cuda(
         eps,
         BD=bd,
         ADD=False,
+        KSEL=0,
         QUANT=xq is not None,
         RN=x.is_cuda,
         num_warps=norm_warps(d),
@@ -117,15 +126,22 @@ def add_rms_norm_cuda(
     eps: float,
     quant: bool = False,
     warps: int | None = None,
+    rw: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, QuantizedX | None]:
+    """x + r, its norm and quantized twin; with `rw` [T, k], r [T * k, D] holds k rows per row
+    of x, summed with those weights (`ops.WeightedRows`)."""
     x2, r2 = _rows(x), _rows(r)
     s, y = torch.empty_like(x2), torch.empty_like(x2)
     d = x2.shape[1]
     xq, qa = _quant_out(x2.shape[0], d, quant, y)
     bd = triton.next_power_of_2(d)
+    ksel = 0 if rw is None else rw.shape[-1]
+    if rw is not None and r2.shape[0] != x2.shape[0] * ksel:
+        raise ValueError(f"{r2.shape[0]} rows do not hold {ksel} per row of {x2.shape[0]}")
     _rms_norm[(x2.shape[0],)](
         x2,
         r2,
+        x2 if rw is None else rw.float().contiguous(),
         s,
         w,
         y,
@@ -134,6 +150,7 @@ def add_rms_norm_cuda(
         eps,
         BD=bd,
         ADD=True,
+        KSEL=ksel,
         QUANT=xq is not None,
         RN=x.is_cuda,
         num_warps=warps or norm_warps(d),

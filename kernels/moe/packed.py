@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from localllm.kernels.fused.ops import silu_mul, silu_mul_q
+from localllm.kernels.fused.ops import WeightedRows, silu_mul, silu_mul_q
 from localllm.kernels.moe.experts import ExpertBlocks, ExpertFormat, _glu, group_by_expert
 from localllm.kernels.moe.grouped import grouped_gemm
 from localllm.kernels.moe.pairs import SortedPairs, block_rows, sort_pairs
@@ -37,6 +37,8 @@ PACKED_MAX_T = 8  # token rows per call that take the grouped GEMVs (the decode 
 # The weighted sum as a PDL Triton kernel: written and tested under the interpreter and compiled
 # for sm_90, not yet run on a GPU, so off until measured (h200_session.sh pdlab mode `tcomb`)
 TRITON_COMBINE = False
+# Decode rows summed by the next norm's kernel when the caller defers (benchmarks switch it off)
+SUM_IN_NORM = True
 
 
 @dataclass(frozen=True)
@@ -155,12 +157,15 @@ def expert_ffn_packed(
     pe: PackedExperts,
     fmt: ExpertFormat,
     xq: QuantizedX | None = None,
-) -> torch.Tensor:
+    defer: bool = False,
+) -> "torch.Tensor | WeightedRows":
     """Resident packed experts: x [T, dim], routing [T, k] -> float32 [T, dim]; `xq`: x's rows
-    already quantized, or None."""
+    already quantized, or None. `defer`: decode rows come back as their k expert outputs with
+    the weights, for the next norm's kernel to sum (one launch fewer per layer)."""
     t, k = ids.shape
     if t <= PACKED_MAX_T:
-        return combine(ffn_pairs(x, ids.reshape(-1), k, pe, fmt, xq), weights)
+        y = ffn_pairs(x, ids.reshape(-1), k, pe, fmt, xq)
+        return WeightedRows(y, weights) if defer and SUM_IN_NORM else combine(y, weights)
     return _prefill(x, weights, ids, pe, fmt, xq)
 
 

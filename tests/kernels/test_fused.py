@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from localllm.kernels.fused import add_rms_norm, rms_norm, silu_mul
+from localllm.kernels.fused import WeightedRows, add_rms_norm, add_rms_norm_q, rms_norm, silu_mul
 from tests.triton_env import DEVICE, needs_triton
 
 
@@ -22,6 +22,44 @@ def test_references_match_the_unfused_formulas():
     assert torch.allclose(rms_norm(x, w, 1e-6), F.rms_norm(x, (96,), w, 1e-6))
     gu = torch.randn(4, 2 * 40)
     assert torch.equal(silu_mul(gu, 40), F.silu(gu[:, :40]) * gu[:, 40:])
+
+
+def test_weighted_rows_reference_sums_k_rows_per_row():
+    """A MoE layer's pending output (k expert rows per token and their weights) added by the
+    norm: on CPU it is summed first, the same as adding the float64 weighted sum."""
+    gen = torch.Generator().manual_seed(3)
+    y, wts = torch.randn(3 * 4, 96, generator=gen), torch.rand(3, 4, generator=gen)
+    x, w = torch.randn(3, 96, generator=gen), torch.rand(96, generator=gen) + 0.5
+    want = torch.einsum("tk,tkd->td", wts.double(), y.double().view(3, 4, 96))
+    pending = WeightedRows(y, wts)
+    torch.testing.assert_close(pending.total().double(), want, rtol=1e-6, atol=1e-6)
+    s, h, xq = add_rms_norm_q(x, pending, w, 1e-6)
+    assert xq is None and torch.equal(s, x + pending.total())
+    assert torch.equal(h, add_rms_norm(x, pending.total(), w, 1e-6)[1])
+
+
+@pytest.mark.gpu
+@needs_triton
+@pytest.mark.parametrize(("rows", "k", "d"), [(1, 8, 2048), (3, 2, 576), (2, 4, 4096)])
+def test_triton_norm_adds_weighted_rows(rows, k, d):
+    """The norm kernel summing k rows per row itself (decode's MoE output): the sum in the
+    order the Triton weighted sum takes, so the stream equals x + `combine_cuda` bit for bit;
+    the norm and its quantized twin as for a plain residual."""
+    from localllm.kernels.fused.triton_ops import add_rms_norm_cuda
+    from localllm.kernels.moe.triton_combine import combine_cuda
+
+    gen = torch.Generator().manual_seed(rows * k + d)
+    x, y = torch.randn(rows, d, generator=gen) * 3, torch.randn(rows * k, d, generator=gen)
+    wts, w = torch.rand(rows, k, generator=gen), torch.rand(d, generator=gen) + 0.5
+    dx, dy, dwts, dw = (t.to(DEVICE) for t in (x, y, wts, w))
+    s, h, xq = add_rms_norm_cuda(dx, dy, dw, 1e-5, quant=True, rw=dwts)
+    assert torch.equal(s, dx + combine_cuda(dy, dwts))
+    want = x.double() + torch.einsum("tk,tkd->td", wts.double(), y.double().view(rows, k, d))
+    torch.testing.assert_close(s.cpu().double(), want, rtol=1e-6, atol=1e-5)
+    assert torch.allclose(h.cpu(), F.rms_norm(s.cpu(), (d,), w, 1e-5), rtol=1e-5, atol=1e-6)
+    _assert_same_quant(xq, h)
+    with pytest.raises(ValueError, match="do not hold"):
+        add_rms_norm_cuda(dx, dy[:-1], dw, 1e-5, rw=dwts)
 
 
 @pytest.mark.gpu

@@ -140,6 +140,14 @@ def test_packed_ffn_matches_oracle_and_fetched_bit_for_bit(gate_t, down_t, token
     want = expert_ffn_reference(x, w, ids, gate, up, down, fmt)
     assert got.shape == (tokens, D) and want.abs().max() > 0.05
     assert _rel(got, want) < (5e-2 if tokens <= PACKED_MAX_T else 2e-2)
+    pending = expert_ffn_packed(x.to(DEVICE), w.to(DEVICE), ids.to(DEVICE), pe, fmt, defer=True)
+    if tokens <= PACKED_MAX_T:  # decode rows: the k outputs unsummed, for the next norm
+        assert pending.rows.shape == (tokens * K_USED, D) and torch.equal(
+            pending.weights, w.to(DEVICE)
+        )
+        torch.testing.assert_close(pending.total(), got, rtol=1e-6, atol=1e-6)
+    else:  # prompts are summed here
+        assert torch.equal(pending, got)
     fetched = []
 
     def fetch(e):

@@ -61,7 +61,7 @@ def compile_one(fn, sig: dict[str, str], const: dict, warps: int = 4) -> str:
 
 
 def main(pdl: bool = False) -> None:
-    norm = dict.fromkeys(("x_ptr", "r_ptr", "s_ptr", "w_ptr", "y_ptr"), F32)
+    norm = dict.fromkeys(("x_ptr", "r_ptr", "rw_ptr", "s_ptr", "w_ptr", "y_ptr"), F32)
     norm |= {"q_ptr": I32, "d_ptr": F32, "s16_ptr": I32, "xs_ptr": F32, "D": "i32", "eps": "fp32"}
     silu = {"gu_ptr": F32, "y_ptr": F32, "q_ptr": I32, "d_ptr": F32, "s16_ptr": I32, "xs_ptr": F32}
     silu["H"] = "i32"
@@ -86,8 +86,8 @@ def main(pdl: bool = False) -> None:
         (triton_dp4a._quant_x8, quant, {"G": 16, "RN": True}, 4),
         (triton_ops._silu_mul, silu, {"BH": 1024, "QUANT": True, "RN": True}, 4),
     ]
-    for d in (2048, 4096):
-        flags = {"BD": d, "ADD": True, "QUANT": True, "RN": True}
+    for d, ksel in ((2048, 0), (4096, 0), (2048, 8)):  # 8: a MoE layer's output summed in
+        flags = {"BD": d, "ADD": True, "KSEL": ksel, "QUANT": True, "RN": True}
         cases.append((triton_ops._rms_norm, norm, flags, triton_ops.norm_warps(d)))
     for kv, g in ((8, 4), (4, 8)):  # Llama-3-8B, Qwen3-30B-A3B
         heads = {"NQ": kv * g, "NKV": kv, "HD": 128, "ROT": 128, "NEOX": kv == 4, "NORM": kv == 4}

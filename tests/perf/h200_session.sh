@@ -131,7 +131,9 @@ for step in ${STEPS:-tests packed bench breakdown}; do
       pk="import localllm.kernels.pdl as p; import localllm.kernels.quant.triton_packed as tp; "
       declare -A var=([off]="p.enabled = lambda t: False; " [on]="" [graphs]="p.EAGER = False; "
         [nopf]="tp.GEMV_PREFETCH = False; " [nogemv]="tp.GEMV_PDL = False; " [early]="tp.GEMV_LATE_TRIGGER = False; "
-        [tcomb]="import localllm.kernels.moe.packed as mp; mp.TRITON_COMBINE = True; ")
+        [tcomb]="import localllm.kernels.moe.packed as mp; mp.TRITON_COMBINE = True; "
+        [nofold]="import localllm.kernels.moe.packed as mp; mp.SUM_IN_NORM = False; "
+        [nofoldtc]="import localllm.kernels.moe.packed as mp; mp.SUM_IN_NORM = False; mp.TRITON_COMBINE = True; ")
       for m in ${PDL_FILES:-/tmp/q4km.gguf ${Q8:+/tmp/q8.gguf} ${MOE:+/tmp/moe.gguf}}; do
         for mode in ${PDL_MODES:-off on}; do
           echo "pdl $mode $m" | tee -a "$OUT/pdlab.md"

@@ -1,7 +1,7 @@
 """GPU measurements for RESULTS.md (run on the H200; not a test).
 
     python tests/perf/bench_gpu.py kernels          # each GEMV / prefill dequant vs its byte floor
-    python tests/perf/bench_gpu.py packed           # dp4a GEMVs over packed blocks: geometry sweep
+    python tests/perf/bench_gpu.py packed [moe]     # dp4a GEMVs over packed blocks: geometry sweep
     python tests/perf/bench_gpu.py breakdown MODEL  # one decode step: time per op vs byte floor
 
 Byte floors use the measured copy bandwidth of the H200 here (4.25 TB/s, bytes read + written).
@@ -15,6 +15,9 @@ import torch
 COPY_BW = 4.25e12
 # Llama-3.1-8B linear shapes (N, K) per layer, fused as the engine runs them
 LLAMA8B = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
+# Qwen3-30B-A3B's attention projections and head (`packed moe`): q+k and v are two weights of one
+# fused launch where v is Q6_K (Q4_K_M's "more bits" layers)
+QWEN3MOE = {"qkv": (5120, 2048), "qk": (4608, 2048), "v": (512, 2048), "o": (2048, 4096)}
 
 
 def _blocks(qtype, n: int, k: int) -> torch.Tensor:
@@ -94,7 +97,7 @@ def sweep() -> None:
             print(f"best {name} {n}x{k}: {best}")
 
 
-def packed() -> None:
+def packed(model: str = "llama8b") -> None:
     """dp4a GEMVs over packed Q4_K / Q6_K / Q8_0 (activation quantization included): rows per
     program x warps x split-K target at M = 1, each first checked against the q8x reference, timed
     as CUDA-graph replays (GPU time; the host's launch cost is what graphs remove in decode)."""
@@ -119,6 +122,9 @@ def packed() -> None:
         *(("Q8_0", "qkv"), ("Q8_0", "o")),
     ]
     shapes = {**LLAMA8B, "output": (128256, 4096)}
+    if model == "moe":
+        cases = [("Q4_K", "qkv"), ("Q4_K", "qk"), ("Q6_K", "v"), ("Q4_K", "o"), ("Q6_K", "output")]
+        shapes = {**QWEN3MOE, "output": (151936, 2048)}
     geos = [(32, 1), (64, 1), (64, 2), (128, 1), (128, 2)]
     print("| type | shape | N x K | block_n | warps | split | us | GB/s | % of 4.25 TB/s |")
     print("|---|---|---|---:|---:|---:|---:|---:|---:|")
@@ -268,6 +274,6 @@ if __name__ == "__main__":
     elif sys.argv[1] == "sweep":
         sweep()
     elif sys.argv[1] == "packed":
-        packed()
+        packed(*sys.argv[2:3])
     else:
         breakdown(sys.argv[2])

@@ -49,7 +49,7 @@ for step in ${STEPS:-tests packed bench breakdown}; do
       timeout 400 python3 -m pytest -q -m gpu -p no:cacheprovider --continue-on-collection-errors \
         ${TESTS:-$base} ${EXTRA_TESTS:-} \
         2>&1 | tee "$OUT/pytest.log" | grep -v "^\." | tail -25 ;;
-    packed) timeout 400 python3 tests/perf/bench_gpu.py packed 2>&1 | tee "$OUT/packed.md" | grep -E "best|default|WRONG|Error" ;;
+    packed) timeout 400 python3 tests/perf/bench_gpu.py packed ${PACKED_MODEL:-} 2>&1 | tee "$OUT/packed.md" | grep -E "best|default|WRONG|Error" ;;
     bench) wait $GEN ${GEN8:-}; date -u
       models="-m /tmp/q4km.gguf"; [ -n "${Q8:-}" ] && models="$models -m /tmp/q8.gguf"
       timeout 300 python3 -m localllm.app.bench $models -p 512 -n 128 -r 3 --device cuda \
@@ -134,6 +134,7 @@ for step in ${STEPS:-tests packed bench breakdown}; do
       declare -A var=([off]="p.enabled = lambda t: False; " [on]="" [graphs]="p.EAGER = False; "
         [nopf]="tp.GEMV_PREFETCH = False; " [nogemv]="tp.GEMV_PDL = False; " [early]="tp.GEMV_LATE_TRIGGER = False; "
         [tcomb]="import localllm.kernels.moe.packed as mp; mp.TRITON_COMBINE = True; "
+        [gw1]="tp.grouped_config = lambda q, n, k: tp.packed_config(q, n, k); "
         [nofold]="import localllm.kernels.moe.packed as mp; mp.SUM_IN_NORM = False; "
         [nofoldtc]="import localllm.kernels.moe.packed as mp; mp.SUM_IN_NORM = False; mp.TRITON_COMBINE = True; ")
       for m in ${PDL_FILES:-/tmp/q4km.gguf ${Q8:+/tmp/q8.gguf} ${MOE:+/tmp/moe.gguf}}; do

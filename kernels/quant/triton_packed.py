@@ -27,6 +27,12 @@ from localllm.kernels.quant.types import QuantType, block_geometry
 # or within 10 % for every Llama-3-8B shape and type; above ~1,000 row tiles split-K only costs).
 SM_TARGET = 2048
 NO_SPLIT_TILES = 1024
+# Matrices this small take two warps per 64-row program (H200, one token: Qwen3-30B-A3B's experts
+# in grouped launches, tests/perf/bench_grouped.py, Q6_K down 7.17 us against 8.67 with one
+# warp, Q4_K down 6.32 against 6.66, gate_up 8.05 against 8.15; its attention projections,
+# bench_gpu.py packed moe, Q6_K v 4.5 against 5.3, qkv 5.6 against 5.8; MoE decode 431.5 t/s
+# against 422.1). Llama-3-8B's projections (9-66 MB) keep one.
+SMALL_BYTES = 8 << 20
 MAX_ROWS = 4  # activation rows per launch: Q6_K with 8 spills registers (50x slower on the H200)
 # Programmatic dependent launch for these GEMVs, and their L2 prefetch of the first weight block
 # while the previous kernel runs (`kernels/pdl.py`; tests/perf/h200_session.sh `pdlab` A/Bs them)
@@ -60,12 +66,17 @@ class PackedConfig:
     blocks_per_program: int
 
 
-def packed_config(qtype: QuantType, n: int, k: int, block_n: int = 64, warps: int = 1):
+def packed_config(
+    qtype: QuantType, n: int, k: int, block_n: int = 64, warps: int | None = None
+) -> PackedConfig:
     """Split K until the launch has about SM_TARGET programs (N alone gives too few for the
-    4096-row projections)."""
-    nb = k // block_geometry(qtype)[0]
+    4096-row projections). Warps: two per program for matrices up to SMALL_BYTES, else one."""
+    block, block_bytes = block_geometry(qtype)
+    nb = k // block
     tiles = triton.cdiv(n, block_n)
     split = 1 if tiles >= NO_SPLIT_TILES else max(1, min(nb, triton.cdiv(SM_TARGET, tiles)))
+    if warps is None:
+        warps = 2 if n * nb * block_bytes <= SMALL_BYTES else 1
     return PackedConfig(block_n, warps, triton.cdiv(nb, split))
 
 
@@ -154,11 +165,9 @@ def gemv_packed_grouped(
 
 
 def grouped_config(qtype: QuantType, n: int, k: int) -> PackedConfig:
-    """The geometry of one expert's GEMV in a grouped launch (fixed per shape: a pair's bits
-    must not depend on its launch): two warps per 64 rows (H200, Qwen3-30B-A3B experts, one
-    token, tests/perf/bench_grouped.py: Q6_K down 7.17 us against 8.67 with one warp, Q4_K down
-    6.32 against 6.66, gate_up 8.05 against 8.15)."""
-    return packed_config(qtype, n, k, warps=2)
+    """The geometry of one expert's GEMV in a grouped launch: `packed_config`'s for one expert
+    (fixed per shape: a pair's bits must not depend on its launch)."""
+    return packed_config(qtype, n, k)
 
 
 def grouped_counters(p: PackedBlocks, pairs: int) -> torch.Tensor:

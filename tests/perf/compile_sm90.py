@@ -111,7 +111,7 @@ def main(pdl: bool = False) -> None:
     for fn, sig in ((triton_dp4a._gemv_q4k_packed, q4k), (triton_dp4a._gemv_q6k_packed, q6k),
                     (triton_dp4a._gemv_q8_0_packed, q8)):  # fmt: skip
         order = [n for n in fn.arg_names if n in sig]
-        for moe in (False, True):
+        for moe, warps in ((False, 1), (False, 2), (True, 2)):  # `packed_config`'s choices
             geo = {
                 "spb": 4,
                 "SPLIT": 4,
@@ -122,7 +122,7 @@ def main(pdl: bool = False) -> None:
                 "PF": True,
                 "LATE": True,
             }
-            cases.append((fn, {n: sig[n] for n in order}, geo, 1))
+            cases.append((fn, {n: sig[n] for n in order}, geo, warps))
     comb_sig = {"y_ptr": F32, "w_ptr": F32, "out_ptr": F32, "D": "i32"}
     cases.append((triton_combine._combine, comb_sig, {"KSEL": 8, "BD": 1024}, 4))
     for fn, sig, const, warps in cases:

@@ -14,6 +14,9 @@ import triton.language as tl
 from localllm.kernels import pdl
 
 ROUTE_MAX_T = 8  # tokens per call of the router GEMV (decode); prompts take torch's GEMM
+# Warps of a top-k program: its 2k + 2 reductions over one row of logits stay within a warp
+# (shuffles) instead of crossing warps through shared memory with a barrier each
+TOPK_WARPS = 1
 
 
 @triton.jit
@@ -97,5 +100,6 @@ def topk_softmax_cuda(
     ids = torch.empty(t, k, dtype=torch.int64, device=logits.device)
     be, kp = triton.next_power_of_2(e), triton.next_power_of_2(k)
     geo = {"KSEL": k, "KP": kp, "BE": be, "NORM": norm_topk_prob}
-    _topk_softmax[(t,)](logits, weights, ids, e, **geo, **pdl.launch_options(pdl.enabled(logits)))
+    launch = {"num_warps": TOPK_WARPS, **pdl.launch_options(pdl.enabled(logits))}
+    _topk_softmax[(t,)](logits, weights, ids, e, **geo, **launch)
     return weights, ids

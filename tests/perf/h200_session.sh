@@ -135,6 +135,7 @@ for step in ${STEPS:-tests packed bench breakdown}; do
         [nopf]="tp.GEMV_PREFETCH = False; " [nogemv]="tp.GEMV_PDL = False; " [early]="tp.GEMV_LATE_TRIGGER = False; "
         [tcomb]="import localllm.kernels.moe.packed as mp; mp.TRITON_COMBINE = True; "
         [w1]="tp.SMALL_BYTES = 0; "
+        [tk4]="import localllm.kernels.moe.triton_route as tr; tr.TOPK_WARPS = 4; "
         [nofold]="import localllm.kernels.moe.packed as mp; mp.SUM_IN_NORM = False; "
         [nofoldtc]="import localllm.kernels.moe.packed as mp; mp.SUM_IN_NORM = False; mp.TRITON_COMBINE = True; ")
       for m in ${PDL_FILES:-/tmp/q4km.gguf ${Q8:+/tmp/q8.gguf} ${MOE:+/tmp/moe.gguf}}; do

@@ -21,6 +21,7 @@ PROGRAM_TARGET = 264  # (sequence, kv head, key chunk) programs: two per SM of a
 # Qwen3-30B-A3B shapes, 8 warps 0-60 % slower (H200, tests/perf/bench_attention.py).
 PRODUCT_VALUES = 16384
 COMBINE_VALUES = 8192  # partial-sum values one combine program loads at once (64 registers)
+COMBINE_WARPS = 4  # warps of a combine program (one query head)
 # The split on tensor cores (`_split_dot_kernel`): None (the FMA split), "exact" or "native" (see
 # the kernel). "exact" (float32 in three tf32 passes, 5e-8 off) takes 8.1 / 17.7 us per 8B layer at
 # 513 / 4,000 keys where the FMA split takes 12.1 / 35.2 (H200, bench_attention.py, 2026-12-01).
@@ -234,5 +235,5 @@ def flash_decode(
     cb = min(nsp, max(1, COMBINE_VALUES // dv))
     grid = (nd, kvh * g)
     geo = {"KV": kvh, "G": g, "GP": gp, "DV": dv, "CB": cb, "NSP": nsp}
-    _combine_kernel[grid](mx, den, acc, rows, out, ns, **geo, **launch)
+    _combine_kernel[grid](mx, den, acc, rows, out, ns, **geo, **launch, num_warps=COMBINE_WARPS)
     return out

@@ -135,6 +135,8 @@ for step in ${STEPS:-tests packed bench breakdown}; do
         [nopf]="tp.GEMV_PREFETCH = False; " [nogemv]="tp.GEMV_PDL = False; " [early]="tp.GEMV_LATE_TRIGGER = False; "
         [tcomb]="import localllm.kernels.moe.packed as mp; mp.TRITON_COMBINE = True; "
         [w1]="tp.SMALL_BYTES = 0; "
+        [cw2]="import localllm.kernels.attention.triton_decode as td; td.COMBINE_WARPS = 2; "
+        [cw1]="import localllm.kernels.attention.triton_decode as td; td.COMBINE_WARPS = 1; td.COMBINE_VALUES = 2048; "
         [tk4]="import localllm.kernels.moe.triton_route as tr; tr.TOPK_WARPS = 4; "
         [nofold]="import localllm.kernels.moe.packed as mp; mp.SUM_IN_NORM = False; "
         [nofoldtc]="import localllm.kernels.moe.packed as mp; mp.SUM_IN_NORM = False; mp.TRITON_COMBINE = True; ")

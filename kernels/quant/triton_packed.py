@@ -242,7 +242,9 @@ def quantize_x8_reference(x: torch.Tensor) -> torch.Tensor:
     """The values the kernels multiply by: x rounded to int8 codes per 32 (float64 [M, K])."""
     g = x.float().reshape(x.shape[0], -1, 32)
     amax = g.abs().amax(-1, keepdim=True)
-    inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
+    # a tensor divided by a tensor: torch computes `127.0 / amax` as 127 * (1 / amax), an ulp
+    # off the kernels' correctly rounded division, which flipped codes at near-halves (H200)
+    inv = torch.where(amax > 0, torch.full_like(amax, 127.0) / amax, torch.zeros_like(amax))
     q = torch.floor(g * inv + 0.5).clamp(-127, 127)
     return (q.double() * (amax / 127.0).double()).reshape(x.shape)
 

@@ -123,6 +123,47 @@ def test_dequantize_packed_t(name, make_blocks):
     assert ((wt.double().cpu().T - w).abs() <= w.abs() * ulp).all(), f"seed {seed}"
 
 
+# (value, its group's largest magnitude) pairs whose code sits an ulp from a half: found on the
+# H200, where the kernel's correctly rounded 127 / amax and torch's 127 * (1 / amax) disagreed
+NEAR_HALVES = [
+    (2.03509521484375, 2.3389782905578613, 110),
+    (1.3673615455627441, 2.7784788608551025, 62),
+    (-1.537031888961792, 3.226496696472168, -60),
+    (-1.027890682220459, 2.0239086151123047, -65),
+    (1.24170982837677, 2.175133228302002, 73),
+    (-1.6232507228851318, 2.051271915435791, -101),
+]
+
+
+def _near_half_rows() -> torch.Tensor:
+    x = torch.zeros(len(NEAR_HALVES), 64)
+    for i, (v, amax, _) in enumerate(NEAR_HALVES):
+        x[i, 0], x[i, 1] = amax, v
+    return x
+
+
+def test_quantize_reference_rounds_near_halves_as_the_kernels():
+    """The reference divides as the kernels do (correctly rounded), so codes an ulp from a half
+    come out as on the GPU: 110.49999... -> 110, not 111."""
+    from localllm.kernels.quant.triton_packed import quantize_x8_reference
+
+    x = _near_half_rows()
+    amax = x[:, :32].abs().amax(1).double()
+    codes = torch.round(quantize_x8_reference(x)[:, 1] * 127.0 / amax).tolist()
+    assert codes == [float(c) for _, _, c in NEAR_HALVES]
+
+
+@pytest.mark.gpu
+@needs_triton
+def test_quantized_x_near_halves_match_reference():
+    from localllm.kernels.quant.triton_packed import quantize_x8
+
+    x = _near_half_rows()
+    q = quantize_x8(x.to(DEVICE))
+    codes = q.words.cpu().contiguous().view(torch.int8).reshape(x.shape)[:, 1].tolist()
+    assert codes == [c for _, _, c in NEAR_HALVES]
+
+
 @pytest.mark.gpu
 @needs_triton
 @pytest.mark.parametrize("name", NAMES)

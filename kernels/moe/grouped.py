@@ -15,8 +15,9 @@ import triton
 from localllm.kernels.moe.pairs import SortedPairs
 from localllm.kernels.moe.triton_grouped import _grouped_q4k, _grouped_q6k, _grouped_q8_0
 from localllm.kernels.quant.dequant import dequantize
+from localllm.kernels.quant.q8x_reference import quantize_x8_reference
 from localllm.kernels.quant.repack import PackedBlocks
-from localllm.kernels.quant.triton_packed import QuantizedX, quantize_x8_reference
+from localllm.kernels.quant.triton_packed import QuantizedX
 from localllm.kernels.quant.types import QuantType, block_geometry
 
 

@@ -8,7 +8,7 @@ values. Layouts are `repack.PackedBlocks`: a [words, BN] tile is BN neighbouring
 per thread, so loads coalesce and sums stay in registers. Programs split K in chunks of blocks
 (grid axis 1) and write partial sums that the host adds. `ASM` is false only under the triton
 interpreter (CPU tests), which runs the same integer math without the PTX instruction. The torch
-reference is `triton_packed.gemv_q8x_reference`.
+reference is `q8x_reference.gemv_q8x_reference`.
 """
 
 import triton

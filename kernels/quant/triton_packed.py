@@ -1,5 +1,5 @@
 """Host side of the packed dp4a kernels: activation quantization, `gemv_packed`,
-`dequantize_packed_t`, launch geometry, and the plain-torch reference they are tested against.
+`dequantize_packed_t` and launch geometry (their plain-torch oracles: `q8x_reference`).
 
 Imported only where CUDA exists (or under TRITON_INTERPRET=1 in tests). `ASM` (the real dp4a
 instruction) is used whenever the tensors are on CUDA; CPU tensors mean the triton interpreter.
@@ -11,7 +11,6 @@ import torch
 import triton
 
 from localllm.kernels import pdl
-from localllm.kernels.quant.dequant import dequantize
 from localllm.kernels.quant.repack import PackedBlocks
 from localllm.kernels.quant.triton_dp4a import (
     _gemv_q4k_packed,
@@ -236,20 +235,3 @@ def _dequantize(p: PackedBlocks, out: torch.Tensor, e0: int, ne: int, block_n: i
         _deq_q8_0_packed[grid](*args, BN=block_n, BB=bb, num_warps=2)
     else:
         raise ValueError(f"no packed dequant for {p.qtype.name}")
-
-
-def quantize_x8_reference(x: torch.Tensor) -> torch.Tensor:
-    """The values the kernels multiply by: x rounded to int8 codes per 32 (float64 [M, K])."""
-    g = x.float().reshape(x.shape[0], -1, 32)
-    amax = g.abs().amax(-1, keepdim=True)
-    # a tensor divided by a tensor: torch computes `127.0 / amax` as 127 * (1 / amax), an ulp
-    # off the kernels' correctly rounded division, which flipped codes at near-halves (H200)
-    inv = torch.where(amax > 0, torch.full_like(amax, 127.0) / amax, torch.zeros_like(amax))
-    q = torch.floor(g * inv + 0.5).clamp(-127, 127)
-    return (q.double() * (amax / 127.0).double()).reshape(x.shape)
-
-
-def gemv_q8x_reference(x: torch.Tensor, data: torch.Tensor, qtype: QuantType, n: int, k: int):
-    """Plain-torch oracle of `gemv_packed`: quantized x times the gguf-dequantized W, float64."""
-    w = dequantize(data.cpu(), qtype).reshape(n, k).double()
-    return quantize_x8_reference(x.cpu()) @ w.T

@@ -54,9 +54,9 @@ def test_stacked_planes_equal_per_expert_packing(name):
 def test_grouped_gemv_pairs_match_reference(name):
     """Pairs with repeated and unordered expert ids, rows shared through xdiv, two calls on one
     counter buffer (each call must leave the counters at zero)."""
+    from localllm.kernels.quant.q8x_reference import gemv_q8x_reference
     from localllm.kernels.quant.triton_packed import (
         gemv_packed_grouped,
-        gemv_q8x_reference,
         grouped_counters,
         quantize_x8,
     )

@@ -90,7 +90,7 @@ def test_prepared_linear_both_paths(name, m, make_blocks):
     x = torch.randn(m, k, dtype=torch.float64)
     y = prep.matmul(x.float().to(DEVICE))
     if prep.repacked and m <= 8:  # dp4a kernels: int8 activations (test_triton_packed.py)
-        from localllm.kernels.quant.triton_packed import gemv_q8x_reference
+        from localllm.kernels.quant.q8x_reference import gemv_q8x_reference
 
         ref = gemv_q8x_reference(x.float(), raw, QuantType[name], n, k)
         assert _rel(y, ref) < 1e-5, f"seed {seed}"

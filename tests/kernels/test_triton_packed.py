@@ -66,7 +66,8 @@ def _rel(a, b):
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("m", [1, 3, 8])
 def test_gemv_packed_matches_reference(name, shape, m, make_blocks):
-    from localllm.kernels.quant.triton_packed import gemv_packed, gemv_q8x_reference
+    from localllm.kernels.quant.q8x_reference import gemv_q8x_reference
+    from localllm.kernels.quant.triton_packed import gemv_packed
 
     n, k = shape
     seed, raw = _case(make_blocks, name, n, k, DEVICE)
@@ -88,12 +89,8 @@ def test_gemv_packed_matches_reference(name, shape, m, make_blocks):
 def test_split_k_uneven_chunks_and_counter_reuse(name, make_blocks):
     """Chunks that do not divide the row (the last program runs past it) and one counter buffer
     over several calls: each call's last program must reset the tile counters it used."""
-    from localllm.kernels.quant.triton_packed import (
-        PackedConfig,
-        gemv_packed,
-        gemv_q8x_reference,
-        split_counters,
-    )
+    from localllm.kernels.quant.q8x_reference import gemv_q8x_reference
+    from localllm.kernels.quant.triton_packed import PackedConfig, gemv_packed, split_counters
 
     n, k = 70, 1280 if name != "Q8_0" else 224  # 5 super-blocks / 7 blocks in chunks of 2 or 3
     seed, raw = _case(make_blocks, name, n, k, DEVICE)
@@ -145,7 +142,7 @@ def _near_half_rows() -> torch.Tensor:
 def test_quantize_reference_rounds_near_halves_as_the_kernels():
     """The reference divides as the kernels do (correctly rounded), so codes an ulp from a half
     come out as on the GPU: 110.49999... -> 110, not 111."""
-    from localllm.kernels.quant.triton_packed import quantize_x8_reference
+    from localllm.kernels.quant.q8x_reference import quantize_x8_reference
 
     x = _near_half_rows()
     amax = x[:, :32].abs().amax(1).double()
@@ -168,7 +165,8 @@ def test_quantized_x_near_halves_match_reference():
 @needs_triton
 @pytest.mark.parametrize("name", NAMES)
 def test_quantized_x_matches_reference(name):
-    from localllm.kernels.quant.triton_packed import quantize_x8, quantize_x8_reference
+    from localllm.kernels.quant.q8x_reference import quantize_x8_reference
+    from localllm.kernels.quant.triton_packed import quantize_x8
 
     x = torch.randn(3, 512) * torch.logspace(-3, 2, 512)  # groups of very different ranges
     x[1, :32] = 0.0  # an all-zero group: scale 0, codes 0

@@ -107,12 +107,12 @@ def packed(model: str = "llama8b") -> None:
 
     from localllm.kernels.quant import QuantType
     from localllm.kernels.quant.dequant import dequantize
+    from localllm.kernels.quant.q8x_reference import quantize_x8_reference
     from localllm.kernels.quant.repack import pack_blocks
     from localllm.kernels.quant.triton_packed import (
         PackedConfig,
         gemv_packed,
         packed_config,
-        quantize_x8_reference,
         split_counters,
     )
 

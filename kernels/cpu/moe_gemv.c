@@ -85,7 +85,8 @@ static void quantize_for(int type, const float *x, int64_t k, int8_t *q, float *
         quantize_row(x, k, q, d, bs);
 }
 
-#if !(defined(__AVX2__) && defined(__FMA__)) /* the plain Q4_K dot's; AVX2 unpacks all 8 at once */
+/* Q4_K's 6-bit scale and min of sub-block j (the plain dot and dequantization; the AVX2 dot
+ * unpacks all 8 at once) */
 static void scale_min_k4(int j, const uint8_t *q, int *d, int *m) {
     if (j < 4) {
         *d = q[j] & 63;
@@ -95,7 +96,6 @@ static void scale_min_k4(int j, const uint8_t *q, int *d, int *m) {
         *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
     }
 }
-#endif
 
 #if defined(__AVX2__) && defined(__FMA__)
 /* Q4_K with AVX2: 32 nibbles x 32 int8 per multiply-add pair, the int32 sums scaled and kept in
@@ -373,9 +373,32 @@ void gemv(int type, const uint8_t *w, int64_t n, int64_t k, const float *x, floa
     for (int64_t r = 0; r < n; r++) y[r] = dot(type, w + r * rb, q8, d8, bs, k);
 }
 
+/* A weight row's dots with token rows i and i + 1 of gemm_rows' scratch, its codes decoded once
+ * (Q4_K, Q6_K with AVX2); each dot's bits are the one-row kernel's. 0: not for this type. */
+static int dot_two_rows(int type, const uint8_t *w, const int8_t *q8, const float *d8,
+                        const int16_t *bs, int64_t k, int64_t i, float out[2]) {
+    const int8_t *q[2] = {q8 + i * k, q8 + (i + 1) * k};
+    const float *dd[2] = {d8 + i * k / 32, d8 + (i + 1) * k / 32};
+    const int16_t *bb[2] = {bs + i * k / 16, bs + (i + 1) * k / 16};
+#ifdef Q4K_ROWS
+    if (type == Q4_K) {
+        dot_q4_k_rows(w, q, dd, bb, k / 256, 2, out);
+        return 1;
+    }
+#endif
+#ifdef Q6K_ROWS
+    if (type == Q6_K) {
+        dot_q6_k_rows(w, q, dd, bb, k / 256, 2, out);
+        return 1;
+    }
+#endif
+    (void)w, (void)q, (void)dd, (void)bb, (void)out, (void)type;
+    return 0;
+}
+
 /* y [t, n] = x [t, k] . W [n, k]^T for a few token rows (dense linears at decode): each weight
- * row is read from memory once and dotted with every token row from cache. Scratch: q8 [t*k],
- * d8 [t*k/32], bs [t*k/16]. */
+ * row is read from memory once and dotted with every token row from cache, two rows per decode
+ * of its codes where the type allows. Scratch: q8 [t*k], d8 [t*k/32], bs [t*k/16]. */
 void gemm_rows(int type, const uint8_t *w, int64_t n, int64_t k, int64_t t, const float *x,
                float *y, int8_t *q8, float *d8, int16_t *bs, int threads) {
     for (int64_t i = 0; i < t; i++)
@@ -383,20 +406,51 @@ void gemm_rows(int type, const uint8_t *w, int64_t n, int64_t k, int64_t t, cons
     int64_t rb = row_bytes(type, k);
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t r = 0; r < n; r++) {
+        const uint8_t *wr = w + r * rb;
         /* file-backed weights: pages of 4 KiB, where the hardware prefetchers stop */
         if (r + PREFETCH_ROWS < n) prefetch_row(w + (r + PREFETCH_ROWS) * rb, rb);
-        for (int64_t i = 0; i < t; i++)
-            y[i * n + r] = dot(type, w + r * rb, q8 + i * k, d8 + i * k / 32, bs + i * k / 16, k);
+        int64_t i = 0;
+        float two[2];
+        for (; i + 1 < t && dot_two_rows(type, wr, q8, d8, bs, k, i, two); i += 2) {
+            y[i * n + r] = two[0];
+            y[(i + 1) * n + r] = two[1];
+        }
+        for (; i < t; i++)
+            y[i * n + r] = dot(type, wr, q8 + i * k, d8 + i * k / 32, bs + i * k / 16, k);
     }
 }
 
-/* out [rows, k] = float32 values of Q6_K or Q8_0 rows (ggml's dequantize: d * scale * q) */
+/* One Q4_K row's values (ggml's dequantize: d * scale * q - dmin * min per 32). d * scale and
+ * dmin * min are exact in float32 (11 + 6 bits), and so is their product with a 4-bit code: the
+ * subtraction alone rounds, fused or not, as in gguf-py. */
+static void dequant_q4_k_row(const uint8_t *b, int64_t nb, float *y) {
+    for (int64_t j = 0; j < nb; j++, b += 144) {
+        const float d = h2f(rd16(b)), dmin = h2f(rd16(b + 2));
+        const uint8_t *sc = b + 4, *q = b + 16;
+        for (int g = 0; g < 8; g += 2, q += 32, y += 64) {
+            int s0, m0, s1, m1;
+            scale_min_k4(g, sc, &s0, &m0);
+            scale_min_k4(g + 1, sc, &s1, &m1);
+            const float d0 = d * s0, n0 = dmin * m0, d1 = d * s1, n1 = dmin * m1;
+            for (int l = 0; l < 32; l++) {
+                y[l] = d0 * (float)(q[l] & 0xF) - n0;
+                y[l + 32] = d1 * (float)(q[l] >> 4) - n1;
+            }
+        }
+    }
+}
+
+/* out [rows, k] = float32 values of Q4_K, Q6_K or Q8_0 rows (ggml's dequantize) */
 void dequant_rows(int type, const uint8_t *w, int64_t rows, int64_t k, float *out, int threads) {
     int64_t rb = row_bytes(type, k);
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t r = 0; r < rows; r++) {
         const uint8_t *b = w + r * rb;
         float *y = out + r * k;
+        if (type == Q4_K) {
+            dequant_q4_k_row(b, k / 256, y);
+            continue;
+        }
         if (type == Q8_0) {
             for (int64_t j = 0; j < k / 32; j++, b += 34, y += 32) {
                 const float d = h2f(rd16(b));

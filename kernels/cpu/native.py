@@ -86,7 +86,8 @@ class NativeKernels:
 
     def dequantize(self, w: torch.Tensor, qtype: QuantType, k: int,
                    threads: int | None = None) -> torch.Tensor:  # fmt: skip
-        """Q6_K or Q8_0 rows w [rows, row bytes] (contiguous) -> float32 [rows, k] (ggml values)."""
+        """Q4_K, Q6_K or Q8_0 rows w [rows, row bytes] (contiguous) -> float32 [rows, k] (ggml
+        values)."""
         rows = w.shape[0]
         out = torch.empty(rows, k)
         self.lib.dequant_rows(int(qtype), _ptr(w), rows, k, _ptr(out),

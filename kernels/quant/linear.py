@@ -7,7 +7,8 @@ CPU"; tests/perf/bench_quant_linear.py):
   GEMV, ~3e-3 relative error); T >= 64: unpack to fp32 tiles (= gguf dequant) + fp32 GEMM.
 - Q5_*/Q8_0/Q6_K: an fp16 copy (bf16 if out of range), 2 B/weight, ~3e-4 relative error;
   F16/BF16 files are used as they are. T < 8: half GEMV; T >= 8: fp32 GEMM on widened tiles.
-  Where the native CPU kernels load, Q8_0/Q6_K keep their blocks instead (`linear_native`).
+  Where the native CPU kernels load, Q4_K/Q6_K/Q8_0 keep their blocks instead (`linear_native`:
+  int8 dots for decode, exact fp32 tiles decoded in C for prompts).
 - F32 as is; every other type keeps its raw blocks and dequantizes row tiles per call.
 CUDA policy: Q8_0/Q4_0/IQ4_NL/MXFP4/IQ4_XS/Q4_K/Q5_K/Q6_K run triton kernels through
 `triton_linear` (triton is imported only then): Q4_K/Q6_K/Q8_0 re-laid out column-major once
@@ -95,7 +96,8 @@ def prepare_linear(
 
     `strategy` overrides the policy (benchmarks, tests). With `precise`, results equal
     dequantize + fp32 matmul up to fp32 summation order. `native`: the loaded native CPU kernels
-    (`kernels.cpu.native`), which then take Q6_K and Q8_0 in place of an fp16 copy.
+    (`kernels.cpu.native`), which then take Q4_K, Q6_K and Q8_0 on their blocks (in place of
+    an int4pack form or an fp16 copy).
     """
     qtype, shape = QuantType(qtype), (int(shape[0]), int(shape[1]))
     block, nbytes = block_geometry(qtype)
@@ -107,12 +109,13 @@ def prepare_linear(
         raise ValueError(f"unknown strategy {strategy!r}; one of {STRATEGIES}")
     if precise and strategy in ("dense_f16", "dense_bf16", "triton"):
         strategy = "dense_f32" if qtype == QuantType.F32 else "dequant_tiles"
+    native_ok = native is not None and not precise and qtype in NATIVE_TYPES
+    if native_ok and strategy in ("int4pack", "dense_f16"):
+        return NativeLinear(data, qtype, shape, native)
     if strategy == "int4pack":
         if qtype not in CODE_BITS:
             raise ValueError(f"{qtype.name} has no int4pack form")
         return Int4PackLinear(data, qtype, shape, exact_from_t=0 if precise else INT4_EXACT_FROM_T)
-    if strategy == "dense_f16" and native is not None and qtype in NATIVE_TYPES:
-        return NativeLinear(data, qtype, shape, native)
     if strategy in ("dense_f16", "dense_bf16"):
         dtype = torch.float16 if strategy == "dense_f16" else torch.bfloat16
         return DenseHalfLinear(data, qtype, shape, HALF_FP32_FROM_T, dtype)

@@ -1,10 +1,10 @@
-"""Native CPU kernels: `moe_gemv.c` compiled at first use with the system C compiler and loaded
-with ctypes (the calls release the GIL).
+"""Native CPU kernels: `moe_gemv.c` (its dot products in `quant_dots.h`) compiled at first use
+with the system C compiler and loaded with ctypes (the calls release the GIL).
 
 `load()` answers a `NativeKernels`, or None where no compiler, no OpenMP-less build either, or a
 failed self-check (the kernels against dequantized float math on random blocks: a compiler that
 mis-vectorizes is caught here, not in a user's tokens) leaves the torch paths in charge. The
-library is cached on disk under a name hashed from the source, the compiler and the flags, so a
+library is cached on disk under a name hashed from the sources, the compiler and the flags, so a
 later process only loads it. Float32 in, float32 out; Q4_K, Q6_K and Q8_0 weights whose row
 length is a multiple of 256.
 """
@@ -27,6 +27,7 @@ from localllm.kernels.moe.experts import ExpertFormat, expert_ffn_reference, gro
 from localllm.kernels.quant.types import QuantType
 
 SOURCE = Path(__file__).with_name("moe_gemv.c")
+HEADERS = (Path(__file__).with_name("quant_dots.h"),)  # included by SOURCE: part of the build key
 TYPES = frozenset({QuantType.Q4_K, QuantType.Q6_K, QuantType.Q8_0})
 ACTS = {"silu": 0, "gelu": 1}
 # fastest first; the last builds anywhere (no OpenMP: one thread)
@@ -197,7 +198,8 @@ def _cpu_id() -> str:
 
 def _build(cc: str, flags: tuple[str, ...], out_dir: Path) -> Path | None:
     ident = " ".join((cc, *flags, platform.machine(), _cpu_id()))
-    key = hashlib.sha256(SOURCE.read_bytes() + ident.encode()).hexdigest()[:16]
+    text = b"".join(p.read_bytes() for p in (SOURCE, *HEADERS))
+    key = hashlib.sha256(text + ident.encode()).hexdigest()[:16]
     lib = out_dir / f"localllm-moe-gemv-{key}.so"
     if lib.exists():
         return lib
@@ -231,7 +233,7 @@ def _bind(lib: ctypes.CDLL) -> None:
 def load(cache_dir: Path | None = None) -> NativeKernels | None:
     """The compiled kernels, checked, or None (then callers keep their torch paths)."""
     cc = _compiler()
-    if cc is None or not SOURCE.exists():
+    if cc is None or not all(p.exists() for p in (SOURCE, *HEADERS)):
         return None
     out_dir = Path(cache_dir or tempfile.gettempdir())
     try:

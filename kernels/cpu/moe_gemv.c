@@ -45,22 +45,32 @@ void gemv(int type, const uint8_t *w, int64_t n, int64_t k, const float *x, floa
     for (int64_t r = 0; r < n; r++) y[r] = dot(type, w + r * rb, q8, d8, bs, k);
 }
 
-/* A weight row's dots with token rows i and i + 1 of gemm_rows' scratch, its codes decoded once
- * (Q4_K, Q6_K with AVX2); each dot's bits are the one-row kernel's. 0: not for this type. */
-static int dot_two_rows(int type, const uint8_t *w, const int8_t *q8, const float *d8,
-                        const int16_t *bs, int64_t k, int64_t i, float out[2]) {
-    const int8_t *q[2] = {q8 + i * k, q8 + (i + 1) * k};
-    const float *dd[2] = {d8 + i * k / 32, d8 + (i + 1) * k / 32};
-    const int16_t *bb[2] = {bs + i * k / 16, bs + (i + 1) * k / 16};
+/* A weight row's dots with token rows i .. i + R - 1 of gemm_rows' scratch (R <= ROWS_MAX), its
+ * codes decoded once (Q4_K, Q6_K with AVX2); each dot's bits are the one-row kernel's. 0: not
+ * for this type. */
+static int dot_some_rows(int type, const uint8_t *w, const int8_t *q8, const float *d8,
+                         const int16_t *bs, int64_t k, int64_t i, int R, float *out) {
+    const int8_t *q[ROWS_MAX];
+    const float *dd[ROWS_MAX];
+    const int16_t *bb[ROWS_MAX];
+    for (int r = 0; r < R; r++) {
+        q[r] = q8 + (i + r) * k, dd[r] = d8 + (i + r) * k / 32, bb[r] = bs + (i + r) * k / 16;
+    }
 #ifdef Q4K_ROWS
-    if (type == Q4_K) {
-        dot_q4_k_rows(w, q, dd, bb, k / 256, 2, out);
+    if (type == Q4_K) {  /* constant R: each count compiles to its own unrolled loop */
+        if (R == 4)
+            dot_q4_k_rows(w, q, dd, bb, k / 256, 4, out);
+        else
+            dot_q4_k_rows(w, q, dd, bb, k / 256, 2, out);
         return 1;
     }
 #endif
 #ifdef Q6K_ROWS
     if (type == Q6_K) {
-        dot_q6_k_rows(w, q, dd, bb, k / 256, 2, out);
+        if (R == 4)
+            dot_q6_k_rows(w, q, dd, bb, k / 256, 4, out);
+        else
+            dot_q6_k_rows(w, q, dd, bb, k / 256, 2, out);
         return 1;
     }
 #endif
@@ -69,8 +79,8 @@ static int dot_two_rows(int type, const uint8_t *w, const int8_t *q8, const floa
 }
 
 /* y [t, n] = x [t, k] . W [n, k]^T for a few token rows (dense linears at decode): each weight
- * row is read from memory once and dotted with every token row from cache, two rows per decode
- * of its codes where the type allows. Scratch: q8 [t*k], d8 [t*k/32], bs [t*k/16]. */
+ * row is read from memory once and dotted with every token row from cache, up to ROWS_MAX rows
+ * per decode of its codes where the type allows. Scratch: q8 [t*k], d8 [t*k/32], bs [t*k/16]. */
 void gemm_rows(int type, const uint8_t *w, int64_t n, int64_t k, int64_t t, const float *x,
                float *y, int8_t *q8, float *d8, int16_t *bs, int threads) {
     for (int64_t i = 0; i < t; i++)
@@ -82,10 +92,10 @@ void gemm_rows(int type, const uint8_t *w, int64_t n, int64_t k, int64_t t, cons
         /* file-backed weights: pages of 4 KiB, where the hardware prefetchers stop */
         if (r + PREFETCH_ROWS < n) prefetch_row(w + (r + PREFETCH_ROWS) * rb, rb);
         int64_t i = 0;
-        float two[2];
-        for (; i + 1 < t && dot_two_rows(type, wr, q8, d8, bs, k, i, two); i += 2) {
-            y[i * n + r] = two[0];
-            y[(i + 1) * n + r] = two[1];
+        float some[ROWS_MAX];
+        for (int R = ROWS_MAX; R >= 2; R /= 2) {  /* 4 rows at a time, then 2, then one */
+            for (; i + R <= t && dot_some_rows(type, wr, q8, d8, bs, k, i, R, some); i += R)
+                for (int j = 0; j < R; j++) y[(i + j) * n + r] = some[j];
         }
         for (; i < t; i++)
             y[i * n + r] = dot(type, wr, q8 + i * k, d8 + i * k / 32, bs + i * k / 16, k);

@@ -13,6 +13,7 @@
 #endif
 
 enum { Q8_0 = 8, Q4_K = 12, Q6_K = 14 };
+enum { ROWS_MAX = 4 }; /* activation rows per decoded weight row (the AVX2 Q4_K / Q6_K dots) */
 
 static float h2f(uint16_t h) {
 #if defined(__F16C__)
@@ -126,17 +127,17 @@ static inline void scales_mins_k4(const uint8_t *q, uint32_t out[4]) {
     out[3] = ((a[2] >> 4) & 0x0f0f0f0f) | (((a[1] >> 6) & 0x03030303) << 4);
 }
 
-/* Q4_K rows of R pairs at once (R = 1 or 2) against Q8_K activations (`quantize_row_k`): per
+/* Q4_K rows of R pairs at once (R = 1 .. ROWS_MAX) against Q8_K activations (`quantize_row_k`): per
  * 32-value sub-block the code products are summed in 16 bits and scaled by the 6-bit scale in
  * 32 (maddubs, madd: at most 2 x 15 x 127 and 2 x 3810 x 63), so a super-block's sums stay in
  * integers and meet the floats d x dx once. The weight's scales, minimums and nibbles are
- * decoded once for both pairs; each pair's arithmetic is the one-pair dot's, in the same order. */
+ * decoded once for all R; each pair's arithmetic is the one-pair dot's, in the same order. */
 static inline void dot_q4_k_rows(const uint8_t *w, const int8_t *const *q8, const float *const *d8,
                                  const int16_t *const *bs, int64_t nb, int R, float *out) {
     const __m256i low = _mm256_set1_epi8(0x0F);
     const __m256i ones = _mm256_set1_epi16(1);
-    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-    __m256 macc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    __m256 acc[ROWS_MAX], macc[ROWS_MAX];
+    for (int r = 0; r < R; r++) acc[r] = macc[r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++, w += 144) {
         const uint8_t *qs = w + 16;
         const float d = h2f(rd16(w)), dmin = h2f(rd16(w + 2));
@@ -144,7 +145,8 @@ static inline void dot_q4_k_rows(const uint8_t *w, const int8_t *const *q8, cons
         scales_mins_k4(w + 4, sm);
         const uint8_t *sc = (const uint8_t *)sm;
         const __m256i m8 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(sm + 2)));
-        __m256i sumi[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+        __m256i sumi[ROWS_MAX];
+        for (int r = 0; r < R; r++) sumi[r] = _mm256_setzero_si256();
         for (int j = 0; j < 4; j++) {
             const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));
             const __m256i lo = _mm256_and_si256(q, low);
@@ -210,19 +212,19 @@ static float dot_q4_k(const uint8_t *w, const int8_t *q8, const float *d8, const
 #if defined(__AVX2__) && defined(__FMA__)
 /* Q6_K with AVX2: the 6-bit codes of 32 values assembled per vector (low nibbles | 2 high bits),
  * two 16-value scales per vector (lanes 0-3 and 4-7), the -32 offset through the 16-sums. R = 1
- * or 2 pairs per call: the codes are assembled once for both; each pair's arithmetic is the
+ * to ROWS_MAX pairs per call: the codes are assembled once for both; each pair's arithmetic is the
  * one-pair dot's, in the same order, so its bits do not depend on R. */
 static inline void dot_q6_k_rows(const uint8_t *w, const int8_t *const *q8, const float *const *d8,
                                  const int16_t *const *bs, int64_t nb, int R, float *out) {
     const __m256i low = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(3);
     /* 16-value group g of half n uses activation scale d8[4 n + g / 2]: lanes duplicated */
     const __m256i dup = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
-    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-    __m256 oacc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    __m256 acc[ROWS_MAX], oacc[ROWS_MAX];
+    for (int r = 0; r < R; r++) acc[r] = oacc[r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++, w += 210) {
         const int8_t *sc = (const int8_t *)(w + 192);
         const __m256 d = _mm256_set1_ps(h2f(rd16(w + 208)));
-        __m256 e8[2]; /* per 32 values: activation scale x d */
+        __m256 e8[ROWS_MAX]; /* per 32 values: activation scale x d */
         for (int r = 0; r < R; r++) e8[r] = _mm256_mul_ps(_mm256_loadu_ps(d8[r] + 8 * b), d);
         for (int n = 0; n < 2; n++) {
             const uint8_t *l0 = w + 64 * n, *h0 = w + 128 + 32 * n;

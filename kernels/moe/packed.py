@@ -146,8 +146,7 @@ def combine(y: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     (a Triton kernel on CUDA, see `triton_combine`; torch's bmm elsewhere)."""
     if y.is_cuda and TRITON_COMBINE:
         return combine_cuda(y, weights)
-    t, k = weights.shape
-    return torch.bmm(weights.float().view(t, 1, k), y.view(t, k, -1)).view(t, -1)
+    return WeightedRows(y, weights).total()
 
 
 def expert_ffn_packed(

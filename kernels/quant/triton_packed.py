@@ -146,14 +146,14 @@ def gemv_packed_grouped(
 ) -> torch.Tensor:
     """One GEMV per (token, choice) pair: row `pair // xdiv` of the quantized activations times
     expert `ids[pair]`'s weight (planes [E, words, N]) -> float32 [pairs, N]. `counters` holds at
-    least pairs x column tiles zeros (see `grouped_counters`); the split is `grouped_config`'s for
+    least pairs x column tiles zeros (see `grouped_counters`); the split is `packed_config`'s for
     one expert, so a pair's result does not depend on how many pairs share the launch. `cfg`
     overrides the geometry (benchmarks)."""
     pairs = ids.numel()
     y = torch.empty(pairs, p.n, dtype=torch.float32, device=ids.device)
     if pairs == 0:
         return y
-    c = cfg or grouped_config(p.qtype, p.n, p.k)
+    c = cfg or packed_config(p.qtype, p.n, p.k)
     nb = p.k // block_geometry(p.qtype)[0]
     split = triton.cdiv(nb, c.blocks_per_program)
     part = torch.empty(split, pairs, p.n, dtype=torch.float32, device=y.device) if split > 1 else y
@@ -163,15 +163,9 @@ def gemv_packed_grouped(
     return y
 
 
-def grouped_config(qtype: QuantType, n: int, k: int) -> PackedConfig:
-    """The geometry of one expert's GEMV in a grouped launch: `packed_config`'s for one expert
-    (fixed per shape: a pair's bits must not depend on its launch)."""
-    return packed_config(qtype, n, k)
-
-
 def grouped_counters(p: PackedBlocks, pairs: int) -> torch.Tensor:
     """Zeroed split-K counters for grouped launches of up to `pairs` pairs (self-resetting)."""
-    tiles = triton.cdiv(p.n, grouped_config(p.qtype, p.n, p.k).block_n)
+    tiles = triton.cdiv(p.n, packed_config(p.qtype, p.n, p.k).block_n)
     return torch.zeros(pairs * tiles, dtype=torch.int32, device=p.device)
 
 

@@ -44,7 +44,7 @@ def sweep(label: str, name: str, n: int, k: int, a, gen: torch.Generator) -> Non
     from localllm.kernels.quant.triton_packed import (
         PackedConfig,
         gemv_packed_grouped,
-        grouped_config,
+        packed_config,
         quantize_x8,
     )
     from localllm.kernels.quant.types import block_geometry
@@ -61,7 +61,7 @@ def sweep(label: str, name: str, n: int, k: int, a, gen: torch.Generator) -> Non
         for _ in range(a.launches)
     ]  # fmt: skip
     nb = k // block_geometry(qt)[0]
-    dflt = grouped_config(qt, n, k)
+    dflt = packed_config(qt, n, k)
     cfgs = {dflt}
     for bn, warps in GEOS:
         for split in sorted({1, 2, 4, nb}):

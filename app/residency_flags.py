@@ -53,7 +53,8 @@ def add_residency_flags(p: argparse.ArgumentParser) -> None:
         choices=HOST_COMPUTE,
         help="host-tier experts on a GPU box: auto (default: mapped where the GPU's kernels "
         "take them, else host), mapped (the GPU reads them in host memory), host (the CPU "
-        "computes them), device (copied over per use)",
+        "computes them), split (mapped, and the CPU computes a share of each token's experts "
+        "at the same time), device (copied over per use)",
     )
     g.add_argument(
         "--expert-slots",

@@ -41,6 +41,15 @@ class HostBreaks:
         self.steps.append(step)
         self.begin()
 
+    def fork(self) -> torch.cuda.Event:
+        """End the graph being captured and begin the next; at every replay an event is recorded
+        between the two, which a later host step can wait on alone while the GPU runs on."""
+        event = torch.cuda.Event()
+        self._end()
+        self.steps.append(event.record)
+        self.begin()
+        return event
+
     def end(self) -> None:
         self._end()
 

@@ -18,6 +18,7 @@ from torch import nn
 from localllm.engine.graph_breaks import HostBreaks
 from localllm.engine.layers import DenseParam, GatedMLP
 from localllm.engine.linear import QuantLinear, dense, without_bytes
+from localllm.engine.moe_split import SplitExperts
 from localllm.kernels.cpu.native import NativeKernels
 from localllm.kernels.fused import QUANT_MAX_ROWS, WeightedRows
 from localllm.kernels.moe import (
@@ -131,6 +132,7 @@ class MoEFeedForward(nn.Module):
         self.guess_next: MoEFeedForward | None = None  # the next layer, told what to read ahead
         self.breaks: HostBreaks | None = None  # set while a decode graph is captured in pieces
         self.mapped: MappedExperts | None = None  # host-tier experts the GPU reads in place
+        self.split: SplitExperts | None = None  # with `mapped`: the CPU computes a share too
         # Set by blocks whose next norm adds this output (`defers_residual`): resident experts on
         # a GPU then return decode rows unsummed (`WeightedRows`), and that norm's kernel sums them
         self.sum_in_norm = False
@@ -178,11 +180,11 @@ class MoEFeedForward(nn.Module):
         for t in (self.ffn_gate_exps, self.ffn_up_exps, self.ffn_down_exps):
             t.weight = without_bytes(t.weight)
 
-    def map_experts(self, slots: int, prompt_copy: bool = False) -> None:
+    def map_experts(self, slots: int, prompt_copy: bool = False, keep_raw: bool = False) -> None:
         """Host-tier experts read by this block's GPU from mapped host memory, the last used
         `slots` cached on the device (`offload.mapped_experts`; `prompt_copy`: prompts copy the
         layer to the device first); packed once on the GPU (one layer at a time), then the raw
-        copies are released."""
+        copies are released unless `keep_raw` (the CPU computes a share: `split`)."""
         from localllm.kernels.moe.packed import pack_experts
 
         dev = self.ffn_gate_inp.weight.data.device
@@ -190,6 +192,8 @@ class MoEFeedForward(nn.Module):
         pe = pack_experts(g, u, d, self.format, self.n_used)
         self.mapped = MappedExperts(pe, slots, self.n_used, prompt_copy=prompt_copy)
         self.packed = self.mapped.host
+        if keep_raw:
+            return
         for t in (self.ffn_gate_exps, self.ffn_up_exps, self.ffn_down_exps):
             t.weight = without_bytes(t.weight)
 
@@ -243,9 +247,20 @@ class MoEFeedForward(nn.Module):
     def forward(self, x: torch.Tensor, xq=None) -> torch.Tensor:
         """`xq`: x's rows quantized by the norm that made x (resident packed experts use it)."""
         weights, ids = self.route(x)
+        if self.split is not None and self.split.takes(ids):  # the GPU and the CPU together
+            return self._split(x, xq, weights, ids)
         if self.breaks is not None and self.packed is None:  # captured, and needs the host
             return self._forward_captured(x, xq, weights, ids)
         return self.forward_routed(x, xq, weights, ids)
+
+    def _split(self, x: torch.Tensor, xq, weights, ids) -> torch.Tensor:
+        def gpu(x, xq, w, i):
+            return self.mapped.ffn(x, w, i, self.format, xq)
+
+        shared = self.shexp(x, xq) if self.shexp is not None else None
+        y = self.split.ffn(x.reshape(-1, self.dim), xq, weights, ids, gpu, self.breaks)
+        y = y.reshape(x.shape).to(x.dtype)
+        return y + shared if shared is not None else y
 
     def forward_routed(self, x: torch.Tensor, xq, weights, ids) -> torch.Tensor:
         """The forward from the routing (weights, ids [T, k]) on, eagerly."""
@@ -423,7 +438,7 @@ def graph_safe(model: nn.Module) -> bool:
     resident packed experts on the device, so no routing decision reaches the host (otherwise
     `DecodeGraphs` captures it in pieces around the blocks' host steps)."""
     return all(
-        b.packed is not None and b.compute_on is None and b.guess_next is None
+        b.packed is not None and b.compute_on is None and b.guess_next is None and b.split is None
         for b in moe_blocks(model)
     )
 

@@ -11,8 +11,10 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from localllm.engine.linear import without_bytes
 from localllm.engine.models import model_module
 from localllm.engine.moe import MoEFeedForward, moe_blocks
+from localllm.engine.moe_split import SplitExperts
 from localllm.kernels.cpu.native import load as load_native
 from localllm.kernels.moe.prepared import prepared_expert_nbytes
 from localllm.kernels.quant.linear import choose_strategy
@@ -71,9 +73,12 @@ def apply_residency(model: nn.Module, plan: ResidencyPlan) -> list[ExpertSource]
     tiers = plan.expert_tiers()
     blocks = moe_blocks(model)
     host_tier = [b for b in blocks if tiers.get(b.layer) == "host"]
-    maps = plan.host_compute in ("mapped", "auto")
+    maps = plan.host_compute in ("mapped", "auto", "split")
     mapped = [b for b in host_tier if maps and _mappable(b)]
-    mapped = _map(mapped, plan.streaming.slots or 0, plan.prompt_copy_bytes > 0)
+    split = plan.host_compute == "split"
+    mapped = _map(mapped, plan.streaming.slots or 0, plan.prompt_copy_bytes > 0, split)
+    if split:
+        _split(mapped)
     resident = {b.layer: tuple(w.data for w in b.expert_weights()) for b in blocks}
     disk = [b for b in blocks if tiers.get(b.layer) == "disk"]
     sources: list[ExpertSource] = []
@@ -123,16 +128,19 @@ def _mappable(b: MoEFeedForward) -> bool:
     return packable(b.format) and b.ffn_gate_exps.bias is None
 
 
-def _map(blocks: list[MoEFeedForward], slots: int, copy: bool) -> list[MoEFeedForward]:
+def _map(
+    blocks: list[MoEFeedForward], slots: int, copy: bool, keep_raw: bool = False
+) -> list[MoEFeedForward]:
     """Host-tier experts into mapped host memory, `slots` device slots shared out by layer,
-    `copy`: prompts copy a layer's experts to the device; the blocks mapped (where page-locking
-    fails, the rest stay for the CPU to compute)."""
+    `copy`: prompts copy a layer's experts to the device, `keep_raw`: the file's blocks stay
+    for the CPU (split); the blocks mapped (where page-locking fails, the rest stay for the CPU
+    to compute)."""
     if not blocks:
         return []
     share, done = slots // len(blocks), []
     for b in blocks:
         try:
-            b.map_experts(share, copy)
+            b.map_experts(share, copy, keep_raw)
         except RuntimeError as e:  # e.g. no page-locked memory left: the CPU computes the rest
             log.warning("host experts: mapping layer %d failed (%s); the CPU computes the "
                         "remaining %d layers", b.layer, e, len(blocks) - len(done))  # fmt: skip
@@ -142,6 +150,30 @@ def _map(blocks: list[MoEFeedForward], slots: int, copy: bool) -> list[MoEFeedFo
     n = len(done)
     log.info("host experts: %d layers read by the GPU from mapped host memory%s", n, cached)
     return done
+
+
+def _split(blocks: list[MoEFeedForward]) -> None:
+    """Mapped blocks whose CPU also computes a share of each decode token's experts from the
+    file's blocks (`engine.moe_split`), where the native kernels load and take the format; the
+    rest stay mapped alone (their raw blocks released)."""
+    native = load_native() if blocks else None
+    n = 0
+    for b in blocks:
+        f = b.format
+        if native is not None and native.supports(f.gate, f.up, f.down, f.dim, f.hidden, f.act):
+            raw = tuple(w.data for w in b.expert_weights())
+            dev = b.ffn_gate_inp.weight.data.device
+            b.split = SplitExperts(native, raw, (f.gate, f.up, f.down), f.act, f.dim, b.n_used,
+                                   device=dev)  # fmt: skip
+            b.mapped.n_used = b.n_used - b.split.cpu  # replays count the bus's pairs
+            n += 1
+        else:
+            for t in (b.ffn_gate_exps, b.ffn_up_exps, b.ffn_down_exps):
+                t.weight = without_bytes(t.weight)
+    if blocks:
+        how = "no native CPU kernels" if native is None else f"native ({' '.join(native.flags)})"
+        log.info("host experts: %d of %d mapped layers split with the CPU (%s)",
+                 n, len(blocks), how)  # fmt: skip
 
 
 def _stream(

@@ -77,7 +77,7 @@ class ResidencyPlan:
     def maps(self) -> bool:
         """Host-tier experts read in place by a separate device (`host_compute = mapped`)."""
         return (
-            self.host_compute in ("mapped", "auto")
+            self.host_compute in ("mapped", "auto", "split")
             and self.memory.separate_device
             and "host" in self.expert_tiers().values()
         )
@@ -139,6 +139,12 @@ def _host_compute_text(plan: ResidencyPlan) -> str:
         return "computed where they are (host RAM is the compute device)"
     if plan.host_compute == "host":
         return "computed on the CPU (host_compute = host; only token rows cross)"
+    if plan.host_compute == "split":
+        return (
+            "read in place by the device from page-locked host memory while the CPU computes a "
+            "share of each decode token's experts from the file's blocks (host_compute = split; "
+            "the blocks stay mapped from the file beside the page-locked copy)"
+        )
     if plan.host_compute in ("mapped", "auto"):
         return (
             "read in place by the device from page-locked host memory (host_compute = "
@@ -281,7 +287,8 @@ def plan_residency(
         prefetch = bool(st.prefetch)
         streaming = replace(st, enabled=True, slots=int(slots), prefetch=prefetch)
         notes.append(f"{slots} slots stream the disk-tier experts ({fmt_bytes(slot_bytes)} each)")
-    mapped = config.host_compute in ("mapped", "auto") and separate and "host" in tiers.values()
+    maps = config.host_compute in ("mapped", "auto", "split")
+    mapped = maps and separate and "host" in tiers.values()
     if mapped and st.slots and "disk" not in tiers.values():
         if used + st.slots * slot_bytes > budget:
             raise ResidencyError(

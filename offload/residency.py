@@ -9,7 +9,8 @@ A settings *layer* is a plain mapping with the keys of a residency document (TOM
     n_cpu_moe = 12           # shortcut: experts of the first 12 layers on host (--n-cpu-moe)
     host_compute = "auto"    # host-tier experts: "mapped" (a GPU reads them in place; slots keep
                              # recently used ones) where it can, else "host" (the CPU computes
-                             # them); "device": copied over per use
+                             # them); "split": mapped, and the CPU computes a share of each
+                             # token's experts meanwhile; "device": copied over per use
     rules = ["blk\\.[0-3]\\.ffn_.*_exps=device", {pattern = "output", tier = "host"}]
     [streaming]
     enabled = true           # disk-tier experts are streamed into slots
@@ -34,7 +35,7 @@ from typing import Any
 
 TIERS = ("device", "host", "disk")
 LOAD_MODES = ("mmap", "read")
-HOST_COMPUTE = ("auto", "host", "device", "mapped")
+HOST_COMPUTE = ("auto", "host", "device", "mapped", "split")
 KEYS = (
     "budget",
     "load_mode",

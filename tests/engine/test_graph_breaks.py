@@ -105,3 +105,42 @@ def test_chain_replays_graphs_and_host_steps_in_order():
         torch.cuda.synchronize()
         assert seen[-1].tolist() == [2 * v] * 4
         assert c.cpu().tolist() == [3 * (2 * v + 1)] * 4
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_fork_lets_the_host_wait_for_the_first_graph_alone():
+    """A fork's event is recorded between two graphs: the host step after the second graph
+    waits on it and reads what the first graph copied to page-locked memory while the second
+    graph (a long GEMM chain here) may still run; the third graph adds the host's result."""
+    from localllm.engine.graph_breaks import HostBreaks
+
+    x = torch.zeros(4, device="cuda")
+    m = torch.randn(2048, 2048, device="cuda") / 64
+    pinned_in = torch.zeros(4, pin_memory=True)
+    pinned_out = torch.zeros(4, pin_memory=True)
+    chain = HostBreaks()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        chain.begin()
+        pinned_in.copy_(x * 2, non_blocking=True)  # graph 0
+        ready = chain.fork()
+        busy = m
+        for _ in range(20):  # graph 1: work the host step does not wait for
+            busy = busy @ m
+
+        def step():
+            ready.synchronize()
+            pinned_out.copy_(pinned_in + 1)
+
+        chain.host(step)
+        y = pinned_out.to("cuda", non_blocking=True) + busy[0, :4] * 0  # graph 2
+        chain.end()
+    torch.cuda.current_stream().wait_stream(side)
+    assert len(chain) == 3
+    for v in (1.0, 5.0, -2.0):
+        x.fill_(v)
+        chain.replay()
+        torch.cuda.synchronize()
+        assert y.cpu().tolist() == [2 * v + 1] * 4

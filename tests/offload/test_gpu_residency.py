@@ -33,7 +33,11 @@ def _greedy(path, layer):
     for g in graphs.graphs.values():  # experts that need the host: a chain of graph pieces
         assert isinstance(g.graph, HostBreaks) != graph_safe(llm.engine.model)
         if isinstance(g.graph, HostBreaks):
-            assert len(g.graph) == sum(b.packed is None for b in moe_blocks(llm.engine.model)) + 1
+            blocks = moe_blocks(llm.engine.model)  # a split block: a fork and a host step
+            pieces = sum(b.packed is None for b in blocks) + 2 * sum(
+                b.split is not None for b in blocks
+            )
+            assert len(g.graph) == pieces + 1
     return out, llm.engine.model
 
 
@@ -93,11 +97,13 @@ def test_cuda_tokens_equal_in_every_residency_mode(tmp_path, qtype):
 # test_host_compute.py
 @pytest.mark.parametrize("family", ["qwen3moe", "qwen3moe_native"])
 def test_cuda_host_compute_token_exact(tmp_path, family):
-    """Experts on host computed on the CPU (default) or copied per use (host_compute = device):
-    the same greedy tokens as all on the GPU (near-ties where the CPU rounds otherwise); only
-    host compute ships token rows to the CPU (deepseek2: its shared experts stay on the GPU and
-    overlap the host experts). qwen3moe_native: 256-wide Q8_0 experts, which the native CPU
-    kernels take for decode steps (where a C compiler is found)."""
+    """Experts on host computed on the CPU (default), copied per use (host_compute = device), or
+    split between the GPU reading them mapped and the CPU (split; the CPU's share where the
+    native kernels take the format): the same greedy tokens as all on the GPU (near-ties where
+    the CPU rounds otherwise); only host compute ships token rows to the CPU (deepseek2: its
+    shared experts stay on the GPU and overlap the host experts). qwen3moe_native: 256-wide
+    Q8_0 experts, which the native CPU kernels take for decode steps (where a C compiler is
+    found)."""
     if family == "deepseek2":
         path = write_deepseek2(tmp_path / "ds.gguf", seed=4)
     elif family == "qwen3moe_native":
@@ -106,20 +112,28 @@ def test_cuda_host_compute_token_exact(tmp_path, family):
     else:
         path = write_moe_gguf(tmp_path / "moe.gguf")
     want, _ = _greedy(path, None)
-    for compute in ("host", "device"):
+    for compute in ("host", "device", "split"):
         got, model = _greedy(path, {"cpu_moe": True, "host_compute": compute})
         if family == "qwen3moe_native":
             _near_ties_only(path, want, got)  # int8 activations on the CPU, the GPU's on the GPU
             native = [b.native is not None for b in moe_blocks(model)]
             assert all(native) if compute == "host" and load_native() else not any(native)
+            split = [b.split is not None for b in moe_blocks(model)]
+            assert all(split) if compute == "split" and load_native() else not any(split)
         else:
             assert got == want, compute
         assert model.residency_plan.host_compute == compute
+        # split maps what the GPU's kernels take (Q8_0 here; F32 experts are computed on the CPU)
+        mapped = compute == "split" and family == "qwen3moe_native"
+        on_host = compute == "host" or (compute == "split" and not mapped)
         for blk in moe_blocks(model):
             assert blk.ffn_gate_exps.weight.data.device.type == "cpu"
-            assert blk.compute_on == (torch.device("cpu") if compute == "host" else None)
+            assert blk.compute_on == (torch.device("cpu") if on_host else None)
+            assert (blk.mapped is not None) == mapped
+            if blk.split is not None:  # the CPU took its share of every decode token
+                assert blk.split.host_rows >= 7 and blk.ffn_gate_exps.weight.nbytes > 0
         rows = expert_stats(model.expert_sources).host_rows
-        assert (rows > 0) if compute == "host" else rows == 0
+        assert (rows > 0) if on_host else rows == 0
 
 
 def test_cuda_streaming_modes_token_exact(tmp_path):

@@ -84,7 +84,12 @@ def test_only_host_tier_layers_compute_on_host(files):
 def test_plan_declares_host_compute():
     sizes = {f"blk.0.ffn_{p}_exps.weight": 100 for p in ("gate", "up", "down")}
     sizes["token_embd.weight"] = 10
-    for compute, text in (("host", "computed on the CPU"), ("device", "copied to the device")):
+    texts = (
+        ("host", "computed on the CPU"),
+        ("device", "copied to the device"),
+        ("split", "read in place by the device from page-locked host memory while the CPU"),
+    )
+    for compute, text in texts:
         cfg = resolve([("t", {"cpu_moe": True, "host_compute": compute})])
         plan = plan_residency(cfg, sizes, 0, GPU)
         assert plan.host_compute == compute and plan.computes_on_host == (compute == "host")
@@ -106,7 +111,7 @@ def test_host_compute_flag_env_and_bad_value(tmp_path):
     doc = tmp_path / "r.toml"
     doc.write_text('host_compute = "gpu"\n')
     with pytest.raises(
-        ResidencyError, match="host_compute must be one of auto, host, device, mapped"
+        ResidencyError, match="host_compute must be one of auto, host, device, mapped, split"
     ):
         residency_config(parse("--residency", str(doc)), env={})
     with pytest.raises(SystemExit):
@@ -163,7 +168,7 @@ def test_mapping_that_fails_leaves_the_rest_to_the_cpu(caplog):
         def __init__(self, layer, fails):
             self.layer, self.fails, self.share = layer, fails, None
 
-        def map_experts(self, share, copy):
+        def map_experts(self, share, copy, keep_raw=False):
             if self.fails:
                 raise RuntimeError("cudaHostRegister of 1,024 bytes failed (cudaError 2)")
             self.share = share

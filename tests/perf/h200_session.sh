@@ -77,6 +77,13 @@ for step in ${STEPS:-tests packed bench breakdown}; do
         timeout ${MOE_T:-150} python3 -m localllm.app.bench -m /tmp/moe.gguf --device cuda $mode \
           2>&1 | tee -a "$OUT/moe.md" | grep -E "qwen3moe|expert|graphs|Error" ; date -u
       done ;;
+    split) wait $GENMOE; date -u  # host experts split between the bus and the CPU, by CPU share
+      for share in ${SPLIT_SHARES:-0.25 0.375 0.5}; do
+        echo "split $share" | tee -a "$OUT/split.md"
+        timeout ${MOE_T:-150} python3 -c "import localllm.engine.moe_split as s; s.SPLIT_CPU_SHARE = $share; import sys; from localllm.app.bench import main; sys.exit(main(sys.argv[1:]))" \
+          -m /tmp/moe.gguf --device cuda ${SPLIT_BENCH:--p 0 -n 32 -r 2} --cpu-moe --host-compute split ${SPLIT_ARGS:-} \
+          2>&1 | tee -a "$OUT/split.md" | grep -E "qwen3moe|expert|graphs|Error"; date -u
+      done ;;
     prof) wait $GENMOE  # where eager MoE decode goes: cProfile of short runs, `pstats` them here
       pmodes=${PROF_MODES:-"--cuda-graphs 0|--experts disk --expert-slots 3072|--cpu-moe"}
       IFS='|' read -ra plist <<<"$pmodes"

@@ -1,0 +1,68 @@
+"""Host experts split between the GPU and the CPU (`engine.moe_split`), on CPU tensors: each
+token's first k - c experts go to the GPU part with their own weights, the last c to the native
+CPU kernels, and the sum is those two parts' sum (the GPU test is in test_gpu_residency.py)."""
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as QT
+
+from localllm.engine.moe_split import SPLIT_MAX_T, SplitExperts, cpu_count
+from localllm.kernels.cpu import native
+from localllm.kernels.moe import ExpertFormat, expert_ffn_reference
+from localllm.kernels.quant import QuantType
+from tests.perf.make_synthetic import random_rows
+
+TYPES = (QT.Q4_K, QT.Q4_K, QT.Q6_K)  # Qwen3-30B-A3B Q4_K_M's mix
+
+
+@pytest.fixture(scope="module")
+def kernels(tmp_path_factory):
+    k = native.load(tmp_path_factory.mktemp("native"))
+    if k is None:
+        pytest.skip("no C compiler here")
+    return k
+
+
+def _layer(n_expert=12, dim=256, hidden=512, seed=0):
+    rng = np.random.default_rng(seed)
+    shapes = ((hidden, dim), (hidden, dim), (dim, hidden))
+    return tuple(
+        torch.from_numpy(np.stack([random_rows(TYPES[i], r, c, rng) for _ in range(n_expert)]))
+        for i, (r, c) in enumerate(shapes)
+    )
+
+
+def test_cpu_count_keeps_both_sides_busy():
+    assert [cpu_count(8, s) for s in (0.0, 0.2, 0.375, 0.5, 0.99)] == [1, 2, 3, 4, 7]
+    assert cpu_count(2) == 1 and cpu_count(4) == 2
+
+
+@pytest.mark.parametrize("tokens", [1, 3, SPLIT_MAX_T])
+def test_split_sums_the_gpu_share_and_the_cpu_share(kernels, tokens):
+    g, u, d = _layer(seed=tokens)
+    qt = tuple(QuantType(t) for t in TYPES)
+    k, dim = 8, 256
+    gen = torch.Generator().manual_seed(tokens)
+    x = torch.randn(tokens, dim, generator=gen)
+    ids = torch.stack([torch.randperm(12, generator=gen)[:k] for _ in range(tokens)])
+    w = torch.softmax(torch.randn(tokens, k, generator=gen), -1)
+    split = SplitExperts(kernels, (g, u, d), qt, "silu", dim, k)
+    c = split.cpu
+    seen = []
+
+    def gpu(x, xq, wg, ig):  # the "GPU" share on the same kernels, recording what it got
+        seen.append((wg.clone(), ig.clone()))
+        return kernels.moe_ffn(x, wg, ig, g, u, d, qt, "silu")
+
+    y = split.ffn(x, None, w, ids, gpu)
+    assert torch.equal(seen[0][1], ids[:, : k - c]) and torch.equal(seen[0][0], w[:, : k - c])
+    gp = kernels.moe_ffn(x, w[:, : k - c], ids[:, : k - c], g, u, d, qt, "silu")
+    cpu = kernels.moe_ffn(x, w[:, k - c :], ids[:, k - c :], g, u, d, qt, "silu")
+    assert torch.equal(y, gp + cpu)
+    assert split.host_rows == tokens
+    # against the dense oracle over all k experts (int8 activations: ~1 %)
+    want = expert_ffn_reference(x, w, ids, g, u, d, ExpertFormat(*qt, dim, 512, "silu"))
+    rel = ((y.double() - want.double()).norm() / want.double().norm()).item()
+    assert want.abs().max() > 1e-3 and rel < 2e-2
+    assert split.takes(ids) and not split.takes(ids.repeat(SPLIT_MAX_T + 1, 1))

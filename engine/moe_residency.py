@@ -164,7 +164,7 @@ def _split(blocks: list[MoEFeedForward]) -> None:
             raw = tuple(w.data for w in b.expert_weights())
             dev = b.ffn_gate_inp.weight.data.device
             b.split = SplitExperts(native, raw, (f.gate, f.up, f.down), f.act, f.dim, b.n_used,
-                                   device=dev)  # fmt: skip
+                                   device=dev, layer=b.layer)  # fmt: skip
             b.mapped.n_used = b.n_used - b.split.cpu  # replays count the bus's pairs
             n += 1
         else:

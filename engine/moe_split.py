@@ -13,12 +13,15 @@ and adds. In a decode graph chain (`engine.graph_breaks`) the event sits between
 (`HostBreaks.fork`) and the host part is a host step; eagerly it is the same sequence.
 """
 
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
 from localllm.engine.graph_breaks import HostBreaks
 from localllm.kernels.cpu.native import NativeKernels
+from localllm.kernels.cpu.rows_call import RowsCall
 from localllm.kernels.quant.types import QuantType
 
 # Share of each token's routed experts the CPU computes. H200 host (16 cores): one expert over
@@ -29,16 +32,31 @@ SPLIT_MAX_T = 8  # token rows per step that split (decode); prompts read every e
 GpuPart = Callable[[torch.Tensor, object, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-def cpu_count(n_used: int, share: float | None = None) -> int:
-    """How many of a token's `n_used` experts the CPU takes (`share` of them, default
-    SPLIT_CPU_SHARE): at least one, at most all but one."""
+def cpu_count(n_used: int, share: float | None = None, layer: int = 0) -> int:
+    """How many of a token's `n_used` experts the CPU takes in `layer`: `share` of them
+    (default SPLIT_CPU_SHARE), a fraction of an expert as the layers alternate (3.5 of 8: 3, 4,
+    3, 4, ...); at least one, at most all but one."""
     share = SPLIT_CPU_SHARE if share is None else share
-    return min(n_used - 1, max(1, round(n_used * share)))
+    c = round(n_used * share * (layer + 1), 6) // 1 - round(n_used * share * layer, 6) // 1
+    return min(n_used - 1, max(1, int(c)))
+
+
+@dataclass
+class SplitTiming:
+    """A layer's host steps: how long the host waited for the token rows, how long the CPU's
+    share took, and in how many steps the GPU's share was still running when the CPU's was done
+    (mostly: the bus is the bottleneck, give the CPU more; rarely: the CPU is)."""
+
+    steps: int = 0
+    wait_seconds: float = 0.0
+    cpu_seconds: float = 0.0
+    gpu_busy: int = 0
 
 
 class SplitExperts:
-    """One layer's CPU side: its raw expert blocks (gate / up [E, hidden, rb], down [E, dim, rb]
-    on the host), the native kernels, and the page-locked buffers of one step."""
+    """One layer's CPU side: the native kernels prepared over its raw expert blocks (gate / up
+    [E, hidden, rb], down [E, dim, rb] on the host; `kernels.cpu.rows_call`), the page-locked
+    buffers of one step, and counters (`host_rows`, `timing`)."""
 
     def __init__(
         self,
@@ -50,11 +68,12 @@ class SplitExperts:
         n_used: int,
         share: float | None = None,
         device: torch.device | None = None,
+        layer: int = 0,
     ) -> None:
-        self.native, self.act, self.types = native, act, types
-        self.blocks = tuple(b.contiguous() for b in blocks)
-        self.n_used, self.cpu = n_used, cpu_count(n_used, share)
+        self.n_used, self.cpu = n_used, cpu_count(n_used, share, layer)
+        self.call = RowsCall(native, blocks, types, act, SPLIT_MAX_T, self.cpu)
         self.host_rows = 0  # token rows whose CPU share ran (replays included)
+        self.timing = SplitTiming()
         pin = device is not None and device.type == "cuda"
         t, c = SPLIT_MAX_T, self.cpu
 
@@ -90,21 +109,22 @@ class SplitExperts:
         yg = gpu(x, xq, weights[:, :g].contiguous(), ids[:, :g].contiguous())
 
         def step() -> None:
+            t0 = time.perf_counter()
             ready.synchronize()  # the rows and routing are here; the GPU's share runs on
-            self.host_rows += t
-            y.copy_(self._cpu(rows, w, cids))
+            t1 = time.perf_counter()
+            self.call.run(t, rows.data_ptr(), w.data_ptr(), cids.reshape(-1).tolist(),
+                          y.data_ptr(), torch.get_num_threads())  # fmt: skip
+            tm = self.timing
+            tm.steps, self.host_rows = tm.steps + 1, self.host_rows + t
+            tm.wait_seconds += t1 - t0
+            tm.cpu_seconds += time.perf_counter() - t1
+            tm.gpu_busy += x.is_cuda and not torch.cuda.current_stream(x.device).query()
 
         if breaks is None:
             step()
         else:
             breaks.host(step)
         return yg + y.to(x.device, non_blocking=True)
-
-    def _cpu(self, rows: torch.Tensor, w: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        g, u, d = self.blocks
-        return self.native.moe_ffn_fetched(
-            rows, w, ids, lambda es: [(g[e], u[e], d[e]) for e in es], self.types, self.act
-        )
 
 
 class _Ready:

@@ -80,7 +80,7 @@ class NativeKernels:
         x = x.float().contiguous()
         t = x.shape[0]
         y = torch.empty(t, n)
-        q8, d8, bs = _qbuf(t * k)
+        q8, d8, bs = quant_buffers(t * k)
         self.lib.gemm_rows(int(qtype), _ptr(w), n, k, t, _ptr(x), _ptr(y), _ptr(q8), _ptr(d8),
                            _ptr(bs), threads or torch.get_num_threads())  # fmt: skip
         return y
@@ -148,14 +148,14 @@ class NativeKernels:
         chunks = [used[c0 : c0 + step] for c0 in range(0, len(used), step)]
         blocks = fetch(chunks[0]) if chunks else []
         hidden = blocks[0][0].shape[0] if blocks else 0
-        xq, xd, xb = _qbuf(t * dim)
+        xq, xd, xb = quant_buffers(t * dim)
         kq, kd, kb = (
-            _qbuf(t * dim)
+            quant_buffers(t * dim)
             if (types[0] == QuantType.Q4_K) != (types[1] == QuantType.Q4_K)
             else (xq, xd, xb)
         )
         h = torch.empty(pairs * 2 * hidden)
-        aq, ad, ab = _qbuf(pairs * hidden)
+        aq, ad, ab = quant_buffers(pairs * hidden)
         dn = torch.empty(pairs * dim)
         for n, chunk in enumerate(chunks):
             c0 = n * step
@@ -174,7 +174,9 @@ class NativeKernels:
         return y
 
 
-def _qbuf(n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def quant_buffers(n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Scratch for n activations quantized by the kernels: int8 codes, a scale per 32, and
+    int16 sums per 16."""
     return (
         torch.empty(n, dtype=torch.int8),
         torch.empty(n // 32),

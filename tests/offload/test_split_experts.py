@@ -9,6 +9,7 @@ from gguf import GGMLQuantizationType as QT
 
 from localllm.engine.moe_split import SPLIT_MAX_T, SplitExperts, cpu_count
 from localllm.kernels.cpu import native
+from localllm.kernels.cpu.rows_call import RowsCall
 from localllm.kernels.moe import ExpertFormat, expert_ffn_reference
 from localllm.kernels.quant import QuantType
 from tests.perf.make_synthetic import random_rows
@@ -34,8 +35,11 @@ def _layer(n_expert=12, dim=256, hidden=512, seed=0):
 
 
 def test_cpu_count_keeps_both_sides_busy():
-    assert [cpu_count(8, s) for s in (0.0, 0.2, 0.375, 0.5, 0.99)] == [1, 2, 3, 4, 7]
-    assert cpu_count(2) == 1 and cpu_count(4) == 2
+    assert [cpu_count(8, s) for s in (0.0, 0.2, 0.375, 0.5, 0.99)] == [1, 1, 3, 4, 7]
+    assert cpu_count(2) == 1 and [cpu_count(4, 0.375, layer) for layer in range(4)] == [1, 2, 1, 2]
+    # a fraction of an expert: the layers alternate, averaging the share over layer pairs
+    assert [cpu_count(8, 0.4375, layer) for layer in range(6)] == [3, 4, 3, 4, 3, 4]
+    assert [cpu_count(8, 0.3125, layer) for layer in range(4)] == [2, 3, 2, 3]
 
 
 @pytest.mark.parametrize("tokens", [1, 3, SPLIT_MAX_T])
@@ -60,9 +64,34 @@ def test_split_sums_the_gpu_share_and_the_cpu_share(kernels, tokens):
     gp = kernels.moe_ffn(x, w[:, : k - c], ids[:, : k - c], g, u, d, qt, "silu")
     cpu = kernels.moe_ffn(x, w[:, k - c :], ids[:, k - c :], g, u, d, qt, "silu")
     assert torch.equal(y, gp + cpu)
-    assert split.host_rows == tokens
+    assert split.host_rows == tokens and split.timing.steps == 1 and split.timing.cpu_seconds > 0
     # against the dense oracle over all k experts (int8 activations: ~1 %)
     want = expert_ffn_reference(x, w, ids, g, u, d, ExpertFormat(*qt, dim, 512, "silu"))
     rel = ((y.double() - want.double()).norm() / want.double().norm()).item()
     assert want.abs().max() > 1e-3 and rel < 2e-2
     assert split.takes(ids) and not split.takes(ids.repeat(SPLIT_MAX_T + 1, 1))
+
+
+@pytest.mark.parametrize("types", [TYPES, (QT.Q8_0,) * 3, (QT.Q6_K, QT.Q4_K, QT.Q8_0)])
+def test_rows_call_equals_moe_ffn_bit_for_bit(kernels, types):
+    """The prepared per-pair call (each pair its own group, in routing order) gives moe_ffn's
+    bits, rows sharing an expert included; bad routing is refused before any kernel runs."""
+    rng = np.random.default_rng(3)
+    shapes = ((512, 256), (512, 256), (256, 512))
+    g, u, d = (
+        torch.from_numpy(np.stack([random_rows(types[i], r, c, rng) for _ in range(6)]))
+        for i, (r, c) in enumerate(shapes)
+    )
+    qt = tuple(QuantType(t) for t in types)
+    call = RowsCall(kernels, (g, u, d), qt, "silu", max_rows=4, k=3)
+    gen = torch.Generator().manual_seed(1)
+    for t in (1, 2, 4):
+        x = torch.randn(t, 256, generator=gen)
+        ids = torch.tensor([[5, 0, 2], [2, 5, 1], [0, 3, 4], [1, 2, 5]][:t])
+        w = torch.rand(t, 3, generator=gen)
+        y = torch.empty(t, 256)
+        call.run(t, x.data_ptr(), w.data_ptr(), ids.reshape(-1).tolist(), y.data_ptr(), 2)
+        assert torch.equal(y, kernels.moe_ffn(x, w, ids, g, u, d, qt, "silu"))
+    for t, bad in ((1, [0, 1, 6]), (1, [0, -1, 2]), (5, [0] * 15), (1, [0, 1])):
+        with pytest.raises(ValueError, match="bad routing"):
+            call.run(t, x.data_ptr(), w.data_ptr(), bad, y.data_ptr(), 2)

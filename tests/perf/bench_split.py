@@ -1,0 +1,60 @@
+"""Host experts split between the GPU and the CPU (`--host-compute split`): decode tokens/s and
+where each layer's host step goes, for a few CPU shares (not a test; needs a CUDA device).
+
+    python tests/perf/bench_split.py MODEL.gguf [--shares 0.375,0.4375] [--tokens 64]
+
+Per share: tokens/s of a greedy decode through the decode graphs, then per layer step (means over
+the timed tokens): the host's wait for the token rows (the GPU's attention part), the CPU's share,
+and how often the GPU's share was still running when the CPU's was done (near 100 %: the bus is
+the bottleneck, a larger share may pay; near 0 %: the CPU is).
+"""
+
+import argparse
+import time
+
+from localllm.engine import moe_split
+from localllm.engine.llm import LLM
+from localllm.engine.moe import moe_blocks
+from localllm.engine.sampling_params import SamplingParams
+from localllm.offload.residency import resolve
+
+
+def run(path: str, share: float, tokens: int) -> str:
+    moe_split.SPLIT_CPU_SHARE = share
+    cfg = resolve([("bench", {"cpu_moe": True, "host_compute": "split"})])
+    llm = LLM(path, max_model_len=512, device="cuda", residency=cfg)
+    params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
+    prompt = [[1, 5, 9, 33, 7, 11, 200, 3]]
+    llm.generate(prompt, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))  # capture
+    blocks = [b for b in moe_blocks(llm.engine.model) if b.split is not None]
+    for b in blocks:
+        b.split.timing = moe_split.SplitTiming()
+    t0 = time.perf_counter()
+    llm.generate(prompt, params)
+    dt = time.perf_counter() - t0
+    steps = sum(b.split.timing.steps for b in blocks)
+    wait = sum(b.split.timing.wait_seconds for b in blocks) / max(steps, 1) * 1e6
+    cpu = sum(b.split.timing.cpu_seconds for b in blocks) / max(steps, 1) * 1e6
+    busy = sum(b.split.timing.gpu_busy for b in blocks) / max(steps, 1)
+    per = {c: sum(b.split.cpu == c for b in blocks) for c in sorted({b.split.cpu for b in blocks})}
+    del llm
+    return (
+        f"| {share} | {per} | {tokens / dt:.2f} | {dt / tokens * 1e3:.2f} | {wait:.0f} | "
+        f"{cpu:.0f} | {busy:.0%} |"
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model")
+    ap.add_argument("--shares", default="0.3125,0.375,0.4375")
+    ap.add_argument("--tokens", type=int, default=64)
+    a = ap.parse_args()
+    print("| share | layers by CPU experts | t/s | ms/token | wait us | CPU us | GPU busy |")
+    print("|---|---|---:|---:|---:|---:|---:|")
+    for s in a.shares.split(","):
+        print(run(a.model, float(s), a.tokens), flush=True)
+
+
+if __name__ == "__main__":
+    main()

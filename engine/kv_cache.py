@@ -6,6 +6,8 @@ caller's business (`BatchMeta.block_tables`); this class only stores and attends
 `num_blocks` from a memory budget with `bytes_per_block`.
 """
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from localllm.engine.batch import BatchMeta
@@ -15,10 +17,14 @@ from localllm.kernels.attention import (
     encode_kv,
     paged_attention,
     plan_decode,
+    quantized_output,
     scale_shape,
     vector_nbytes,
     write_paged,
 )
+
+if TYPE_CHECKING:
+    from localllm.kernels.quant.triton_packed import QuantizedX
 
 
 class PagedKVCache:
@@ -103,23 +109,45 @@ class PagedKVCache:
     ) -> torch.Tensor:
         """Causal GQA attention of q [T, H, D] (the last tokens of each sequence) -> [T, H, Dv];
         `sinks` [H]: per-head attention-sink logits (gpt-oss)."""
+        return self.attend_q(layer, q, batch, scale, window, softcap, sinks, quant=False)[0]
+
+    def attend_q(
+        self,
+        layer: int,
+        q: torch.Tensor,
+        batch: BatchMeta,
+        scale: float,
+        window: int | None = None,
+        softcap: float | None = None,
+        sinks: torch.Tensor | None = None,
+        quant: bool = True,
+    ) -> tuple[torch.Tensor, "QuantizedX | None"]:
+        """(`attend`, its rows quantized for the dp4a GEMV that reads them next or None): the
+        flash-decoding kernel writes them where it serves every row (`quantized_output`)."""
         if batch.block_size != self.block_size:
             raise ValueError(f"batch block size {batch.block_size} != cache {self.block_size}")
-        return paged_attention(
+        plan = self._decode_plan(batch, window)
+        k, v = self.k[layer], self.v[layer]
+        ks = self.k_scales[layer] if self.k_scales else None
+        vs = self.v_scales[layer] if self.v_scales else None
+        xq = quantized_output(q, k, v, plan, ks, sinks) if quant and plan is not None else None
+        o = paged_attention(
             q,
-            self.k[layer],
-            self.v[layer],
+            k,
+            v,
             batch.query_start,
             batch.seq_lens,
             batch.block_tables,
             scale,
             window,
             softcap,
-            self.k_scales[layer] if self.k_scales else None,
-            self.v_scales[layer] if self.v_scales else None,
-            decode=self._decode_plan(batch, window),
+            ks,
+            vs,
+            decode=plan,
             sinks=sinks,
+            quant=xq,
         )
+        return o, xq
 
     def _decode_plan(self, batch: BatchMeta, window: int | None):
         key = ("decode", window)

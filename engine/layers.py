@@ -166,11 +166,32 @@ def rope_attention(
     """A layer's attention from its projections: q [T, n_q * D], k and v [T, n_kv * D] (views of
     one fused projection are fine) -> [T, n_q, D]. Per-head norms (`norms`), rope and the KV write
     run as one kernel where the cache stores plain floats on CUDA, else step by step."""
+    args = (q, k, v, lay, cos_sin, rotary, batch, kv, layer, scale, norms)
+    return rope_attention_q(*args, quant=False)[0]
+
+
+def rope_attention_q(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    lay: HeadLayout,
+    cos_sin: tuple[torch.Tensor, torch.Tensor],
+    rotary: Rotary,
+    batch: BatchMeta,
+    kv: PagedKVCache,
+    layer: int,
+    scale: float,
+    norms: HeadNorms | None = None,
+    quant: bool = True,
+):
+    """(`rope_attention`, its rows [T, n_q * D] quantized for the dp4a GEMV that reads them next
+    or None): the flash-decoding kernel writes them on CUDA decode steps of few rows (pass
+    `quant` only where the reader takes them: `QuantLinear.takes_quantized`)."""
     cache = kv.plain_layer(layer)
     if cache is not None and fusable(q, cache[0]):
         cos, sin = cos_sin
         q3 = rope_qkv_write(q, k, v, cos, sin, lay, *cache, batch.slot_mapping, norms)
-        return kv.attend(layer, q3, batch, scale)
+        return kv.attend_q(layer, q3, batch, scale, quant=quant)
     hd = lay.head_dim
     q3, k3 = q.reshape(-1, lay.n_q, hd), k.reshape(-1, lay.n_kv, hd)
     if norms is not None:
@@ -178,4 +199,4 @@ def rope_attention(
         k3 = rms_norm_q(k3, norms.k, norms.eps, quant=False)[0]
     q3, k3 = rotary.apply(q3, *cos_sin), rotary.apply(k3, *cos_sin)
     v3 = v.reshape(-1, lay.n_kv, hd)
-    return attention(q3, k3, v3, None, batch, kv, layer, scale)
+    return attention(q3, k3, v3, None, batch, kv, layer, scale), None

@@ -70,6 +70,12 @@ class QuantLinear(nn.Module):
         w = getattr(self._prepared, "w", None)
         return w if isinstance(w, torch.Tensor) and w.dtype == torch.float32 else None
 
+    @property
+    def takes_quantized(self) -> bool:
+        """Whether `forward` reads an `xq` (its dp4a GEMVs of packed weights on CUDA)."""
+        p = self._prepared
+        return p is not None and p.kind == "triton" and getattr(p, "repacked", False)
+
     def drop_raw_copy(self) -> None:
         """Free the raw device copy once the kernel holds the bytes in its own layout (call after
         fusing: FusedLinear stacks raw rows). The QuantWeight keeps its shape and byte count."""

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from localllm.engine.layers import GatedMLP, RMSNorm, rope_attention
+from localllm.engine.layers import GatedMLP, RMSNorm, rope_attention_q
 from localllm.engine.linear import FusedLinear, QuantLinear
 from localllm.engine.models.common import arch_key, rope_scale
 from localllm.engine.models.decoder import Decoder
@@ -104,8 +104,10 @@ class Block(nn.Module):
         else:
             q, k, v = self.attn_q(h, hq), self.attn_k(h, hq), self.attn_v(h, hq)
         lay = rotary.layout(nq, nkv, hd)
-        o = rope_attention(q, k, v, lay, cos_sin, rotary, batch, kv, layer, hd**-0.5)
-        x, h, hq = self.ffn_norm.residual_q(x, self.attn_output(o.reshape(-1, nq * hd)))
+        # oq: o quantized by the attention kernel for the output projection's GEMV, or None
+        args = (q, k, v, lay, cos_sin, rotary, batch, kv, layer, hd**-0.5)
+        o, oq = rope_attention_q(*args, quant=self.attn_output.takes_quantized)
+        x, h, hq = self.ffn_norm.residual_q(x, self.attn_output(o.reshape(-1, nq * hd), oq))
         return x, self.mlp(h, hq)
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from localllm.engine.layers import GatedMLP, RMSNorm, rope_attention
+from localllm.engine.layers import GatedMLP, RMSNorm, rope_attention_q
 from localllm.engine.linear import FusedLinear, QuantLinear
 from localllm.engine.models.common import arch_key, rope_scale
 from localllm.engine.models.decoder import Decoder
@@ -101,8 +101,10 @@ class Block(nn.Module):
         q, k, v = self.qkv(h, hq)
         lay = rotary.layout(a.n_heads, a.n_kv_heads, a.head_dim)
         norms = self.head_norms()
-        o = rope_attention(q, k, v, lay, cos_sin, rotary, batch, kv, layer, a.head_dim**-0.5, norms)
-        o = self.attn_output(o.reshape(-1, a.n_heads * a.head_dim))
+        args = (q, k, v, lay, cos_sin, rotary, batch, kv, layer, a.head_dim**-0.5, norms)
+        # oq: o quantized by the attention kernel for the output projection's GEMV, or None
+        o, oq = rope_attention_q(*args, quant=self.attn_output.takes_quantized)
+        o = self.attn_output(o.reshape(-1, a.n_heads * a.head_dim), oq)
         # MoE experts packed on a GPU read a prompt's rows quantized too: the norm writes them
         rows = getattr(self.mlp, "quant_rows", QUANT_MAX_ROWS)
         x, h, hq = self.ffn_norm.residual_q(x, o, rows)

@@ -1,6 +1,11 @@
 """Attention over a paged KV cache: plain-torch reference ops (triton variants plug in on GPU)."""
 
-from localllm.kernels.attention.decode import DecodePlan, decode_attention, plan_decode
+from localllm.kernels.attention.decode import (
+    DecodePlan,
+    decode_attention,
+    plan_decode,
+    quantized_output,
+)
 from localllm.kernels.attention.kv_quant import (
     KV_DTYPES,
     decode_kv,
@@ -28,6 +33,7 @@ __all__ = [
     "q8_group",
     "quantize_fp8",
     "quantize_q8_0",
+    "quantized_output",
     "scale_shape",
     "vector_nbytes",
     "write_paged",

@@ -9,10 +9,15 @@ every layer.
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from localllm.kernels.attention.kv_quant import decode_kv
+from localllm.kernels.fused import QUANT_MAX_ROWS
+
+if TYPE_CHECKING:  # triton is imported only where CUDA (or the interpreter) runs it
+    from localllm.kernels.quant.triton_packed import QuantizedX
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +66,40 @@ def _take(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     return flat[slots]
 
 
+def _flash(q: torch.Tensor, k_cache: torch.Tensor, k_scales, sinks) -> bool:
+    """Whether the flash-decoding kernel (`triton_decode`) serves the call."""
+    if not (q.is_cuda and q.dtype == torch.float32 and k_scales is None and sinks is None):
+        return False
+    from localllm.kernels.attention.triton_decode import supports
+
+    return supports(k_cache, k_scales, sinks)
+
+
+def quantized_output(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    plan: DecodePlan,
+    k_scales: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
+) -> "QuantizedX | None":
+    """Buffers (`triton_packed.QuantizedX`, [T, H * Dv]) for the output rows quantized for the
+    dp4a GEMV that reads them next, which the flash kernel's combine fills along with the float
+    rows (`decode_attention`'s `quant`): where that kernel runs, every row of q is one of the
+    plan's, the GEMV takes that many rows quantized and Dv splits into 32-value groups (else
+    None; also with `triton_decode.COMBINE_QUANT` off)."""
+    t, h = q.shape[:2]
+    dv = v_cache.shape[-1]
+    if plan.slots.shape[0] != t or t > QUANT_MAX_ROWS or dv % 32:
+        return None
+    if not _flash(q, k_cache, k_scales, sinks):
+        return None
+    from localllm.kernels.attention import triton_decode
+    from localllm.kernels.quant.triton_packed import empty_quantized
+
+    return empty_quantized(t, h * dv, q.device) if triton_decode.COMBINE_QUANT else None
+
+
 def decode_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -72,15 +111,18 @@ def decode_attention(
     v_scales: torch.Tensor | None = None,
     sinks: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
+    quant: "QuantizedX | None" = None,
 ) -> torch.Tensor:
     """Attention of the plan's query rows of q [T, H, D] -> [nd, H, Dv]; `sinks` [H] as in
     `paged_attention`. On CUDA, unquantized caches take the flash-decoding kernel, which writes
-    the rows of `out` [T, H, Dv] directly when given (and returns `out`)."""
-    if q.is_cuda and q.dtype == torch.float32 and k_scales is None and sinks is None:
-        from localllm.kernels.attention.triton_decode import flash_decode, supports
+    the rows of `out` [T, H, Dv] directly when given (and returns `out`), and with `quant` (from
+    `quantized_output` for the same arguments) those rows quantized too."""
+    if _flash(q, k_cache, k_scales, sinks):
+        from localllm.kernels.attention.triton_decode import flash_decode
 
-        if supports(k_cache, k_scales, sinks):
-            return flash_decode(q, k_cache, v_cache, plan, scale, softcap, out)
+        return flash_decode(q, k_cache, v_cache, plan, scale, softcap, out, quant=quant)
+    if quant is not None:
+        raise ValueError("quant is written by the flash-decoding kernel, which does not run here")
     keys = decode_kv(
         _take(k_cache, plan.slots),
         _take(k_scales, plan.slots) if k_scales is not None else None,

@@ -11,12 +11,16 @@ consecutive, one index_select otherwise), decodes them to the query dtype and ru
 """
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
 from localllm.kernels.attention.decode import DecodePlan, decode_attention
 from localllm.kernels.attention.kv_quant import decode_kv
+
+if TYPE_CHECKING:
+    from localllm.kernels.quant.triton_packed import QuantizedX
 
 
 def write_paged(cache: torch.Tensor, values: torch.Tensor, slot_mapping: torch.Tensor) -> None:
@@ -47,6 +51,7 @@ def paged_attention(
     v_scales: torch.Tensor | None = None,
     decode: DecodePlan | None = None,
     sinks: torch.Tensor | None = None,
+    quant: "QuantizedX | None" = None,
 ) -> torch.Tensor:
     """Causal GQA attention of each sequence's new queries over its paged context.
 
@@ -57,8 +62,11 @@ def paged_attention(
     `decode` (from `plan_decode` for the same layout and window) runs every single-token sequence
     in one batched gather. `sinks` [H] (gpt-oss) are per-head logits of a virtual key with a zero
     value: they join each softmax's denominator only. Returns [T, H, Dv] in q's dtype (possibly
-    a non-contiguous view).
+    a non-contiguous view). `quant`: `decode.quantized_output`'s buffers for `decode`, which the
+    flash-decoding kernel fills with the output rows quantized.
     """
+    if decode is None and quant is not None:
+        raise ValueError("quant needs a decode plan")
     if decode is not None:
         return _with_plan(
             q,
@@ -74,6 +82,7 @@ def paged_attention(
             v_scales,
             decode,
             sinks,
+            quant,
         )
     bs = k_cache.shape[1]
     outs = []
@@ -115,11 +124,12 @@ def _with_plan(
     v_scales,
     decode: DecodePlan,
     sinks: torch.Tensor | None = None,
+    quant: "QuantizedX | None" = None,
 ) -> torch.Tensor:
     """Single-token sequences in one batched pass; the others one by one into the same output."""
     out = q.new_empty(q.shape[0], q.shape[1], v_cache.shape[-1])
     got = decode_attention(
-        q, k_cache, v_cache, decode, scale, softcap, k_scales, v_scales, sinks, out=out
+        q, k_cache, v_cache, decode, scale, softcap, k_scales, v_scales, sinks, out, quant
     )
     if got is not out:  # the reference path returns the plan's rows only
         out[decode.rows] = got

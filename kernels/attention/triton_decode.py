@@ -13,6 +13,8 @@ import triton.language as tl
 
 from localllm.kernels import pdl
 from localllm.kernels.attention.decode import DecodePlan
+from localllm.kernels.quant.triton_dp4a import quant_groups
+from localllm.kernels.quant.triton_packed import QuantizedX
 
 PROGRAM_TARGET = 264  # (sequence, kv head, key chunk) programs: two per SM of an H100/H200
 # Values of the [heads, keys, dims] score product one program holds. A chunk within this runs in
@@ -26,6 +28,10 @@ COMBINE_WARPS = 4  # warps of a combine program (one query head)
 # the kernel). "exact" (float32 in three tf32 passes, 5e-8 off) takes 8.1 / 17.7 us per 8B layer at
 # 513 / 4,000 keys where the FMA split takes 12.1 / 35.2 (H200, bench_attention.py, 2026-12-01).
 SPLIT_DOT: str | None = "exact"
+# The combine also writes its rows quantized for the output projection's dp4a GEMV, which then
+# skips its own quantization launch (`decode.quantized_output`; tests/perf/h200_session.sh `pdlab`
+# mode `nocq` turns it off)
+COMBINE_QUANT = True
 
 
 @triton.jit
@@ -135,11 +141,14 @@ def _split_dot_kernel(
 
 @triton.jit
 def _combine_kernel(
-    m_ptr, l_ptr, acc_ptr, rows_ptr, out_ptr, NS, KV: tl.constexpr, G: tl.constexpr,
-    GP: tl.constexpr, DV: tl.constexpr, CB: tl.constexpr, NSP: tl.constexpr, PDL: tl.constexpr,
+    m_ptr, l_ptr, acc_ptr, rows_ptr, out_ptr, q_ptr, d_ptr, s16_ptr, xs_ptr, NS,
+    KV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, DV: tl.constexpr, CB: tl.constexpr,
+    NSP: tl.constexpr, QUANT: tl.constexpr, RN: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """One query head per program: merge its chunk partials CB chunks at a time (one round trip
-    of loads for up to CB chunks; a running max across blocks) into output row rows[b]."""
+    of loads for up to CB chunks; a running max across blocks) into output row rows[b]. QUANT:
+    also quantize the head's DV values (whole 32-value groups of the row) into the row's
+    `QuantizedX` buffers, as `quantize_x8` of the float output would."""
     pdl.gdc_begin(PDL)
     pdl.gdc_wait(PDL)
     b, hh = tl.program_id(0), tl.program_id(1)
@@ -163,7 +172,16 @@ def _combine_kernel(
         acc = acc * a_old + tl.sum(w[:, None] * chunk, axis=0)
         top = new
     row = tl.load(rows_ptr + b)
-    tl.store(out_ptr + (row * KV * G + hh) * DV + dv, acc / den)
+    y = acc / den
+    tl.store(out_ptr + (row * KV * G + hh) * DV + dv, y)
+    if QUANT:  # the row is KV * G * DV wide; this head holds its groups hh * DV / 32 onwards
+        ng = KV * G * (DV // 32)  # groups per row
+        grp = hh * (DV // 32) + tl.arange(0, DV // 32)
+        q_row, s16_row = q_ptr + row * ng * 8, s16_ptr + row * ng * 2
+        yg = tl.reshape(y, (DV // 32, 32))
+        quant_groups(
+            yg, grp, grp < ng, q_row, d_ptr + row * ng, s16_row, xs_ptr + row * ng, DV // 32, RN
+        )
 
 
 def supports(k_cache: torch.Tensor, k_scales, sinks) -> bool:
@@ -189,14 +207,22 @@ def flash_decode(
     bj: int | None = None,
     warps: int = 4,
     dot: str | None = SPLIT_DOT,
+    quant: QuantizedX | None = None,
 ) -> torch.Tensor:
     """`decode_attention` for unquantized caches: q [T, H, D] float32 -> [nd, H, Dv] float32.
     With `out` [T, H, Dv] the results go straight to the plan's rows of it (returned). `bj`
-    (keys per step), `warps` and `dot` (the tensor-core split) override the launch (benchmarks)."""
+    (keys per step), `warps` and `dot` (the tensor-core split) override the launch (benchmarks).
+    `quant`: buffers for the output's rows quantized ([T or nd, H * Dv], `empty_quantized`; Dv a
+    multiple of 32), which the combine fills along with the float rows; with `out`, the plan's
+    rows must be all of out's (`decode.quantized_output` allocates them)."""
     nd, m = plan.slots.shape
     _, _, kvh, d = k_cache.shape
     dv = v_cache.shape[-1]
     h = q.shape[1]
+    if quant is not None:  # every row quantized: rows the plan skips would hold garbage
+        t = nd if out is None else out.shape[0]
+        if t != nd or dv % 32 or quant.scale.shape != (t, h * dv // 32):
+            raise ValueError(f"quant needs all {t} rows in the plan ({nd}) and Dv % 32 == 0")
     g = h // kvh
     gp = triton.next_power_of_2(g)
     step = 16
@@ -231,9 +257,13 @@ def flash_decode(
         rows = torch.arange(nd, device=dev)
     else:
         rows = plan.rows
+    qa = (out,) * 4 if quant is None else (quant.words, quant.scale, quant.sum16, quant.xsum)
     nsp = triton.next_power_of_2(ns)
     cb = min(nsp, max(1, COMBINE_VALUES // dv))
     grid = (nd, kvh * g)
     geo = {"KV": kvh, "G": g, "GP": gp, "DV": dv, "CB": cb, "NSP": nsp}
-    _combine_kernel[grid](mx, den, acc, rows, out, ns, **geo, **launch, num_warps=COMBINE_WARPS)
+    geo |= {"QUANT": quant is not None, "RN": q.is_cuda}
+    _combine_kernel[grid](
+        mx, den, acc, rows, out, *qa, ns, **geo, **launch, num_warps=COMBINE_WARPS
+    )
     return out

@@ -77,3 +77,51 @@ def test_flash_decode_writes_the_plan_rows_of_out():
     assert got is out
     assert (out[[3, 1]].double().cpu() - ref).abs().max() < 2e-5
     assert (out[[0, 2]] == 7.0).all()
+
+
+def _on_device(plan: DecodePlan) -> DecodePlan:
+    pad = None if plan.pad is None else plan.pad.to(DEVICE)
+    return DecodePlan(plan.rows.to(DEVICE), plan.slots.to(DEVICE), pad)
+
+
+@pytest.mark.parametrize(("g", "dv", "t"), [(4, 128, 1), (8, 64, 3), (4, 64, 3), (8, 128, 1)])
+@pytest.mark.parametrize("m", [9, 150, 2300])  # one key chunk, a few, more than a combine block
+def test_combine_quantizes_its_rows_like_quantize_x8(g, dv, t, m):
+    """With `quant` the combine also writes its rows as `quantize_x8` would (bit for bit); the
+    float output is the same as without. The plan's rows are out's rows in another order."""
+    from localllm.kernels.attention.triton_decode import flash_decode
+    from localllm.kernels.quant.triton_packed import empty_quantized, quantize_x8
+
+    gen = torch.Generator().manual_seed(g * dv + t + m)
+    bs, d, kvh = 16, 64, 2
+    blocks = (m + bs - 1) // bs * t
+    kc = torch.randn(blocks, bs, kvh, d, generator=gen)
+    vc = torch.randn(blocks, bs, kvh, dv, generator=gen) * 3.0
+    q = torch.randn(t, kvh * g, d, generator=gen)
+    lens = [max(1, m - 7 * i) for i in range(t)]
+    plan = _plan(lens, m, blocks, bs, gen)
+    plan = DecodePlan(torch.randperm(t, generator=gen), plan.slots, plan.pad)
+    dev = _on_device(plan)
+    args = (q.to(DEVICE), kc.to(DEVICE), vc.to(DEVICE), dev, d**-0.5, None)
+    plain = flash_decode(*args, torch.full((t, kvh * g, dv), 7.0, device=DEVICE))
+    out = torch.full((t, kvh * g, dv), 7.0, device=DEVICE)
+    xq = empty_quantized(t, kvh * g * dv, out.device)
+    assert flash_decode(*args, out, quant=xq) is out
+    assert torch.equal(out, plain)
+    ref = quantize_x8(out.reshape(t, -1))
+    for name in ("words", "scale", "sum16", "xsum"):
+        assert torch.equal(getattr(xq, name), getattr(ref, name)), name
+
+
+def test_combine_quant_needs_every_row_of_out():
+    from localllm.kernels.attention.triton_decode import flash_decode
+    from localllm.kernels.quant.triton_packed import empty_quantized
+
+    gen = torch.Generator().manual_seed(5)
+    kc = torch.randn(4, 16, 2, 32, generator=gen).to(DEVICE)
+    q = torch.randn(3, 4, 32, generator=gen).to(DEVICE)
+    plan = _plan([5, 9], 9, 4, 16, gen)
+    dev = _on_device(plan)
+    out = torch.zeros(3, 4, 32, device=DEVICE)
+    with pytest.raises(ValueError, match="all 3 rows"):
+        flash_decode(q, kc, kc, dev, 0.1, None, out, quant=empty_quantized(3, 128, out.device))

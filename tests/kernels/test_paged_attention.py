@@ -20,6 +20,7 @@ from localllm.kernels.attention import (
     q8_group,
     quantize_fp8,
     quantize_q8_0,
+    quantized_output,
     write_paged,
 )
 
@@ -277,3 +278,16 @@ def test_batched_decode_plan_on_8bit_and_half_caches(fmt):
 
 def test_plan_needs_two_decoders():
     assert plan_decode((0, 1, 9), (5, 8), ((0,), (1,)), 16) is None
+
+
+def test_quantized_output_only_where_the_flash_kernel_writes_it():
+    """CPU (no flash-decoding kernel): no buffers for the quantized rows, and buffers passed
+    anyway are refused rather than left unwritten."""
+    seqs = ((37, 1), (5, 1))
+    q, kc, vc, starts, lens, tables, _, _, _ = build(seqs, 16, 8, 2, 64, 64, seed=4)
+    plan = plan_decode(starts, lens, tables, 16)
+    assert quantized_output(q, kc, vc, plan) is None
+    with pytest.raises(ValueError, match="flash-decoding"):
+        paged_attention(q, kc, vc, starts, lens, tables, 0.125, decode=plan, quant=object())
+    with pytest.raises(ValueError, match="decode plan"):
+        paged_attention(q, kc, vc, starts, lens, tables, 0.125, quant=object())

@@ -84,6 +84,9 @@ for step in ${STEPS:-tests packed bench breakdown}; do
           -m /tmp/moe.gguf --device cuda ${SPLIT_BENCH:--p 0 -n 32 -r 2} --cpu-moe --host-compute split ${SPLIT_ARGS:-} \
           2>&1 | tee -a "$OUT/split.md" | grep -E "qwen3moe|expert|graphs|Error"; date -u
       done ;;
+    splitlab) wait $GENMOE; date -u  # per CPU share: t/s and where each layer's host step goes
+      timeout ${MOE_T:-300} python3 tests/perf/bench_split.py /tmp/moe.gguf ${SPLITLAB_ARGS:-} 2>&1 \
+        | tee -a "$OUT/splitlab.md" | grep -E "^\||Error"; date -u ;;
     prof) wait $GENMOE  # where eager MoE decode goes: cProfile of short runs, `pstats` them here
       pmodes=${PROF_MODES:-"--cuda-graphs 0|--experts disk --expert-slots 3072|--cpu-moe"}
       IFS='|' read -ra plist <<<"$pmodes"
@@ -144,7 +147,10 @@ for step in ${STEPS:-tests packed bench breakdown}; do
         [w1]="tp.SMALL_BYTES = 0; "
         [cw2]="import localllm.kernels.attention.triton_decode as td; td.COMBINE_WARPS = 2; "
         [cw1]="import localllm.kernels.attention.triton_decode as td; td.COMBINE_WARPS = 1; td.COMBINE_VALUES = 2048; "
+        [nocq]="import localllm.kernels.attention.triton_decode as td; td.COMBINE_QUANT = False; "
         [tk4]="import localllm.kernels.moe.triton_route as tr; tr.TOPK_WARPS = 4; "
+        [noroute]="import localllm.kernels.moe.triton_route as tr; tr.FUSED_ROUTE = False; "
+        [norw2]="import localllm.kernels.moe.triton_route as tr; tr.FUSED_ROUTE = False; tr.ROUTE_WARPS = 2; "
         [nofold]="import localllm.kernels.moe.packed as mp; mp.SUM_IN_NORM = False; "
         [nofoldtc]="import localllm.kernels.moe.packed as mp; mp.SUM_IN_NORM = False; mp.TRITON_COMBINE = True; ")
       for m in ${PDL_FILES:-/tmp/q4km.gguf ${Q8:+/tmp/q8.gguf} ${MOE:+/tmp/moe.gguf}}; do

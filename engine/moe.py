@@ -131,7 +131,6 @@ class MoEFeedForward(nn.Module):
         self.native: NativeKernels | None = None  # C kernels: a CPU model's experts, host compute
         self.guess_next: MoEFeedForward | None = None  # the next layer, told what to read ahead
         self.breaks: HostBreaks | None = None  # set while a decode graph is captured in pieces
-        self._route_counter: torch.Tensor | None = None  # decode routing's one launch (`_route`)
         self.mapped: MappedExperts | None = None  # host-tier experts the GPU reads in place
         self.split: SplitExperts | None = None  # with `mapped`: the CPU computes a share too
         # Set by blocks whose next norm adds this output (`defers_residual`): resident experts on
@@ -229,18 +228,12 @@ class MoEFeedForward(nn.Module):
         if r is None and x.is_cuda and w is not None and self.ffn_gate_inp.bias is None:
             from localllm.kernels.moe.triton_route import (
                 ROUTE_MAX_T,
-                route_counter,
                 route_topk_cuda,
                 topk_softmax_cuda,
             )
 
-            if x.shape[0] <= ROUTE_MAX_T:  # decode: one launch (two without a counter), not ~6
-                c = self._route_counter
-                if c is None or c.device != x.device:  # made outside captures (one made in one
-                    c = None  # would live in that graph's pool); two launches until then
-                    if not torch.cuda.is_current_stream_capturing():
-                        c = self._route_counter = route_counter(x.device)
-                return route_topk_cuda(x, w, self.n_used, self.norm_topk_prob, c)
+            if x.shape[0] <= ROUTE_MAX_T:  # decode: two launches instead of ~6
+                return route_topk_cuda(x, w, self.n_used, self.norm_topk_prob)
             return topk_softmax_cuda(self.ffn_gate_inp(x), self.n_used, self.norm_topk_prob)
         logits = self.ffn_gate_inp(x)
         if r is None:

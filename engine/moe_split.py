@@ -28,6 +28,7 @@ from localllm.kernels.quant.types import QuantType
 # the bus ~61 us, on the CPU's native kernels ~80 us (RESULTS "Mapped host experts"), so ~3 of 8
 SPLIT_CPU_SHARE = 0.375
 SPLIT_MAX_T = 8  # token rows per step that split (decode); prompts read every expert over the bus
+SPLIT_THREADS: int | None = None  # CPU threads of the host share (None: torch's thread count)
 
 GpuPart = Callable[[torch.Tensor, object, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -113,7 +114,7 @@ class SplitExperts:
             ready.synchronize()  # the rows and routing are here; the GPU's share runs on
             t1 = time.perf_counter()
             self.call.run(t, rows.data_ptr(), w.data_ptr(), cids.reshape(-1).tolist(),
-                          y.data_ptr(), torch.get_num_threads())  # fmt: skip
+                          y.data_ptr(), SPLIT_THREADS or torch.get_num_threads())  # fmt: skip
             tm = self.timing
             tm.steps, self.host_rows = tm.steps + 1, self.host_rows + t
             tm.wait_seconds += t1 - t0

@@ -24,7 +24,7 @@ from triton.compiler import ASTSource
 
 from localllm.kernels.attention import triton_decode
 from localllm.kernels.fused import triton_ops, triton_rope
-from localllm.kernels.moe import triton_combine, triton_route
+from localllm.kernels.moe import triton_combine
 from localllm.kernels.quant import triton_dp4a
 
 F32, I32, I64 = "*fp32", "*i32", "*i64"
@@ -130,16 +130,9 @@ def main(pdl: bool = False) -> None:
             cases.append((fn, {n: sig[n] for n in order}, geo, warps))
     comb_sig = {"y_ptr": F32, "w_ptr": F32, "out_ptr": F32, "D": "i32"}
     cases.append((triton_combine._combine, comb_sig, {"KSEL": 8, "BD": 1024}, 4))
-    route = dict.fromkeys(("x_ptr", "w_ptr", "logits_ptr", "wt_ptr"), F32) | {"id_ptr": I64}
-    route |= {"cnt_ptr": I32, "T": "i32", "E": "i32"}
-    for bt in (1, 8):  # one launch of decode routing, Qwen3-30B-A3B's router (128 x 2048, top 8)
-        geo = {"K": 2048, "BT": bt, "BK": 512 // bt, "KL": 64, "KSEL": 8, "KP": 8, "BE": 128}
-        cases.append(
-            (triton_route._route_fused, route, {**geo, "NORM": True}, triton_route.ROUTE_WARPS)
-        )
     for fn, sig, const, warps in cases:
         const = {**const, "PDL": pdl}
-        keys = ("BD", "NQ", "NKV", "G", "BJ", "QUANT", "EXACT", "MOE", "BT")
+        keys = ("BD", "NQ", "NKV", "G", "BJ", "QUANT", "EXACT", "MOE")
         shown = {k: v for k, v in const.items() if k in keys}
         print(f"{fn.__name__} {shown} x {warps} warps: {compile_one(fn, sig, const, warps)}")
 

@@ -78,9 +78,10 @@ for step in ${STEPS:-tests packed bench breakdown}; do
           2>&1 | tee -a "$OUT/moe.md" | grep -E "qwen3moe|expert|graphs|Error" ; date -u
       done ;;
     split) wait $GENMOE; date -u  # host experts split between the bus and the CPU, by CPU share
-      for share in ${SPLIT_SHARES:-0.25 0.375 0.5}; do
-        echo "split $share" | tee -a "$OUT/split.md"
-        timeout ${MOE_T:-150} python3 -c "import localllm.engine.moe_split as s; s.SPLIT_CPU_SHARE = $share; import sys; from localllm.app.bench import main; sys.exit(main(sys.argv[1:]))" \
+      for v in ${SPLIT_SHARES:-0.25 0.375 0.5}; do  # SHARE or SHARE:THREADS
+        share=${v%%:*}; th=None; [ "$v" != "$share" ] && th=${v#*:}
+        echo "split $share threads $th" | tee -a "$OUT/split.md"
+        timeout ${MOE_T:-150} python3 -c "import localllm.engine.moe_split as s; s.SPLIT_CPU_SHARE = $share; s.SPLIT_THREADS = $th; import sys; from localllm.app.bench import main; sys.exit(main(sys.argv[1:]))" \
           -m /tmp/moe.gguf --device cuda ${SPLIT_BENCH:--p 0 -n 32 -r 2} --cpu-moe --host-compute split ${SPLIT_ARGS:-} \
           2>&1 | tee -a "$OUT/split.md" | grep -E "qwen3moe|expert|graphs|Error"; date -u
       done ;;
@@ -149,8 +150,6 @@ for step in ${STEPS:-tests packed bench breakdown}; do
         [cw1]="import localllm.kernels.attention.triton_decode as td; td.COMBINE_WARPS = 1; td.COMBINE_VALUES = 2048; "
         [nocq]="import localllm.kernels.attention.triton_decode as td; td.COMBINE_QUANT = False; "
         [tk4]="import localllm.kernels.moe.triton_route as tr; tr.TOPK_WARPS = 4; "
-        [noroute]="import localllm.kernels.moe.triton_route as tr; tr.FUSED_ROUTE = False; "
-        [norw2]="import localllm.kernels.moe.triton_route as tr; tr.FUSED_ROUTE = False; tr.ROUTE_WARPS = 2; "
         [nofold]="import localllm.kernels.moe.packed as mp; mp.SUM_IN_NORM = False; "
         [nofoldtc]="import localllm.kernels.moe.packed as mp; mp.SUM_IN_NORM = False; mp.TRITON_COMBINE = True; ")
       for m in ${PDL_FILES:-/tmp/q4km.gguf ${Q8:+/tmp/q8.gguf} ${MOE:+/tmp/moe.gguf}}; do

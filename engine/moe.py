@@ -20,6 +20,7 @@ from localllm.engine.layers import DenseParam, GatedMLP
 from localllm.engine.linear import QuantLinear, dense, without_bytes
 from localllm.engine.moe_split import SplitExperts
 from localllm.kernels.cpu.native import NativeKernels
+from localllm.kernels.cpu.rows_call import RowsCall, RowsScratch
 from localllm.kernels.fused import QUANT_MAX_ROWS, WeightedRows
 from localllm.kernels.moe import (
     ExpertBiases,
@@ -46,6 +47,7 @@ EXPERT_TENSORS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
 # keep torch's prepared GEMMs (2-core AMX Xeon, one Qwen3-30B-A3B layer, ms per call, native vs
 # prepared: 3.2 / 3.9 at 1 row, 34.8 / 45.3 at 16, 80.4 / 95.3 at 64, 283.6 / 208.8 at 256).
 NATIVE_MAX_T = 64
+ROWS_MAX_T = 8  # decode rows of resident raw experts through one prepared call (`_decode_rows`)
 
 
 class ExpertTensor(nn.Module):
@@ -129,6 +131,8 @@ class MoEFeedForward(nn.Module):
         self._device = torch.device("cpu")  # where the current forward computes
         self.compute_on: torch.device | None = None  # host compute of host-tier experts
         self.native: NativeKernels | None = None  # C kernels: a CPU model's experts, host compute
+        self.rows_scratch: RowsScratch | None = None  # shared by a model's `_decode_rows` calls
+        self._rows_call: RowsCall | None = None
         self.guess_next: MoEFeedForward | None = None  # the next layer, told what to read ahead
         self.breaks: HostBreaks | None = None  # set while a decode graph is captured in pieces
         self.mapped: MappedExperts | None = None  # host-tier experts the GPU reads in place
@@ -346,10 +350,28 @@ class MoEFeedForward(nn.Module):
                 return expert_ffn_fetched(x, weights, ids, self.fetch, self.format, n_expert)
         return expert_ffn_grouped(x, weights, ids, self.fetch, self.format, biases)
 
+    def _decode_rows(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor):
+        """Decode rows of resident raw experts through the native kernels' prepared call
+        (`kernels.cpu.rows_call`: moe_ffn's bits without its ~20 torch ops); None otherwise."""
+        if ids.shape[0] > ROWS_MAX_T or not isinstance(self.source, ResidentExperts):
+            return None
+        if self._rows_call is None:
+            f, raw = self.format, tuple(w.data for w in self.expert_weights())
+            types = (f.gate, f.up, f.down)
+            self._rows_call = RowsCall(self.native, raw, types, f.act, ROWS_MAX_T, self.n_used,
+                                       self.rows_scratch)  # fmt: skip
+        used = len(set(ids.reshape(-1).tolist()))  # counted as the resident source counts fetches
+        self.source.stats.lookups += used
+        self.source.stats.hits += used
+        return self._rows_call(x, weights, ids)
+
     def _native(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """A CPU model's routed experts through the native kernels over the raw blocks, as
         many experts at once as the source keeps valid together (slots), one at a time past
         that (a prompt routed to more experts than slots)."""
+        y = self._decode_rows(x, weights, ids)
+        if y is not None:
+            return y
         used = torch.unique(ids).numel()
         at_once = self.source.together
         if at_once is not None and used > at_once:
@@ -387,7 +409,8 @@ class MoEFeedForward(nn.Module):
         weights, ids = weights.to(host), ids.to(host)
         # a GPU model's long prompts keep the prepared path; a CPU model has no other
         local = x.device == host
-        if self.native is not None and (rows.shape[0] <= NATIVE_MAX_T or local):
+        y = self._decode_rows(rows, weights, ids) if self.native is not None else None
+        if y is None and self.native is not None and (rows.shape[0] <= NATIVE_MAX_T or local):
             used = torch.unique(ids).numel()  # counted as the resident source counts fetches
             self.source.stats.lookups += used
             self.source.stats.hits += used
@@ -395,7 +418,7 @@ class MoEFeedForward(nn.Module):
             blocks = (w.data for w in self.expert_weights())
             types = (fmt.gate, fmt.up, fmt.down)
             y = self.native.moe_ffn(rows, weights, ids, *blocks, types, fmt.act)
-        else:
+        elif y is None:
             y = self._routed(rows, weights, ids)
         return y.to(x.dtype).to(x.device)
 
@@ -422,10 +445,11 @@ def use_native_cpu_experts(model: nn.Module, native: NativeKernels | None) -> No
     ]
     if native is None:
         return
+    scratch = RowsScratch()  # one decode call at a time: the layers share its buffers
     for b in blocks:
         f = b.format
         if native.supports(f.gate, f.up, f.down, f.dim, f.hidden, f.act):
-            b.native = native
+            b.native, b.rows_scratch = native, scratch
             b.attach(ResidentExperts({b.layer: tuple(w.data for w in b.expert_weights())}))
 
 

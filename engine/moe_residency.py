@@ -16,6 +16,7 @@ from localllm.engine.models import model_module
 from localllm.engine.moe import MoEFeedForward, moe_blocks
 from localllm.engine.moe_split import SplitExperts
 from localllm.kernels.cpu.native import load as load_native
+from localllm.kernels.cpu.rows_call import RowsScratch
 from localllm.kernels.moe.prepared import prepared_expert_nbytes
 from localllm.kernels.quant.linear import choose_strategy
 from localllm.kernels.quant.linear_native import NATIVE_TYPES
@@ -98,7 +99,9 @@ def apply_residency(model: nn.Module, plan: ResidencyPlan) -> list[ExpertSource]
         # a GPU model's host experts: the native CPU kernels where they load and take the format
         on_gpu = bool(host) and host[0].ffn_gate_inp.weight.data.device.type != "cpu"
         native = load_native() if on_gpu else None
+        scratch = RowsScratch()  # the host experts' decode calls share their buffers
         for b in host:
+            b.rows_scratch = b.rows_scratch or scratch
             f = b.format
             fits = native is not None and b.ffn_gate_exps.bias is None and not b.precise
             ok = fits and native.supports(f.gate, f.up, f.down, f.dim, f.hidden, f.act)

@@ -188,6 +188,33 @@ def test_tiny_cpu_moe_runs_on_native_kernels(kernels, tmp_path):
         g.close()
 
 
+def test_decode_rows_call_gives_moe_ffns_bits(kernels, tmp_path, monkeypatch):
+    """Decode steps (up to ROWS_MAX_T rows) of a CPU model's resident native experts go through
+    the prepared per-layer call; its logits equal moe_ffn's (the call switched off) bit for bit,
+    for one row and for a few, and the resident source still counts every expert used."""
+    from localllm.engine import moe as moe_mod
+
+    spec = replace(QWEN3MOE, dim=256, expert_ff=256, expert_qtype=QT.Q8_0)
+    path = write_moe_gguf(tmp_path / "m.gguf", spec)
+    g = open_gguf(path)
+    try:
+        model = build_model(g)
+        blocks = moe_blocks(model)
+        gen = Generator(g, model, SimpleNamespace(eog_ids=frozenset()), load_seconds=0.0)
+        scores = {}
+        for rows in (moe_mod.ROWS_MAX_T, 0):
+            monkeypatch.setattr(moe_mod, "ROWS_MAX_T", rows)
+            before = sum(b.source.stats.lookups for b in blocks)
+            scores[rows] = [gen.score(p) for p in ([7], [1, 5, 9, 33, 2])]
+            assert sum(b.source.stats.lookups for b in blocks) > before
+        assert all(b._rows_call is not None for b in blocks)
+        assert len({id(b.rows_scratch) for b in blocks}) == 1  # one scratch for the model
+        for a, b in zip(*scores.values(), strict=True):
+            assert torch.equal(a, b)
+    finally:
+        g.close()
+
+
 def test_experts_fetched_in_chunks_give_the_same_bits(kernels):
     """A slot pool hands the kernels a few experts at a time: any chunking gives the bits of
     the whole layer in one call (pairs per chunk, one combine)."""

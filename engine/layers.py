@@ -150,26 +150,6 @@ def attention(
     return kv.attend(layer, q, batch, scale, window, softcap, sinks)
 
 
-def rope_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    lay: HeadLayout,
-    cos_sin: tuple[torch.Tensor, torch.Tensor],
-    rotary: Rotary,
-    batch: BatchMeta,
-    kv: PagedKVCache,
-    layer: int,
-    scale: float,
-    norms: HeadNorms | None = None,
-) -> torch.Tensor:
-    """A layer's attention from its projections: q [T, n_q * D], k and v [T, n_kv * D] (views of
-    one fused projection are fine) -> [T, n_q, D]. Per-head norms (`norms`), rope and the KV write
-    run as one kernel where the cache stores plain floats on CUDA, else step by step."""
-    args = (q, k, v, lay, cos_sin, rotary, batch, kv, layer, scale, norms)
-    return rope_attention_q(*args, quant=False)[0]
-
-
 def rope_attention_q(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -184,9 +164,12 @@ def rope_attention_q(
     norms: HeadNorms | None = None,
     quant: bool = True,
 ):
-    """(`rope_attention`, its rows [T, n_q * D] quantized for the dp4a GEMV that reads them next
-    or None): the flash-decoding kernel writes them on CUDA decode steps of few rows (pass
-    `quant` only where the reader takes them: `QuantLinear.takes_quantized`)."""
+    """A layer's attention from its projections: q [T, n_q * D], k and v [T, n_kv * D] (views of
+    one fused projection are fine) -> ([T, n_q, D], its rows [T, n_q * D] quantized for the dp4a
+    GEMV that reads them next, or None). Per-head norms (`norms`), rope and the KV write run as
+    one kernel where the cache stores plain floats on CUDA, else step by step; the quantized rows
+    come from the flash-decoding kernel on CUDA decode steps of few rows (pass `quant` only where
+    the reader takes them: `QuantLinear.takes_quantized`)."""
     cache = kv.plain_layer(layer)
     if cache is not None and fusable(q, cache[0]):
         cos, sin = cos_sin

@@ -158,16 +158,21 @@ def test_load_falls_back_to_none(tmp_path, monkeypatch):
     assert native.load(tmp_path / "b") is None
 
 
+def _tiny_native(tmp_path):
+    """A tiny qwen3moe whose 256-wide Q8_0 experts the native kernels take: (gguf, model,
+    its MoE blocks); the caller closes the gguf."""
+    spec = replace(QWEN3MOE, dim=256, expert_ff=256, expert_qtype=QT.Q8_0)
+    g = open_gguf(write_moe_gguf(tmp_path / "m.gguf", spec))
+    model = build_model(g)
+    return g, model, moe_blocks(model)
+
+
 def test_tiny_cpu_moe_runs_on_native_kernels(kernels, tmp_path):
     """A CPU model whose expert format the native kernels take computes its experts there by
     default, holding no prepared copies: the same prompt scores like the torch path (prepared
     experts) within the int8 error, and bit-identically through host compute's entry point."""
-    spec = replace(QWEN3MOE, dim=256, expert_ff=256, expert_qtype=QT.Q8_0)
-    path = write_moe_gguf(tmp_path / "m.gguf", spec)
-    g = open_gguf(path)
+    g, model, blocks = _tiny_native(tmp_path)
     try:
-        model = build_model(g)
-        blocks = moe_blocks(model)
         assert all(b.native is not None for b in blocks)
         assert all(not b.source.prepared for b in blocks)  # raw blocks only
         gen = Generator(g, model, SimpleNamespace(eog_ids=frozenset()), load_seconds=0.0)
@@ -194,12 +199,8 @@ def test_decode_rows_call_gives_moe_ffns_bits(kernels, tmp_path, monkeypatch):
     for one row and for a few, and the resident source still counts every expert used."""
     from localllm.engine import moe as moe_mod
 
-    spec = replace(QWEN3MOE, dim=256, expert_ff=256, expert_qtype=QT.Q8_0)
-    path = write_moe_gguf(tmp_path / "m.gguf", spec)
-    g = open_gguf(path)
+    g, model, blocks = _tiny_native(tmp_path)
     try:
-        model = build_model(g)
-        blocks = moe_blocks(model)
         gen = Generator(g, model, SimpleNamespace(eog_ids=frozenset()), load_seconds=0.0)
         scores = {}
         for rows in (moe_mod.ROWS_MAX_T, 0):

@@ -118,6 +118,8 @@ def apply_residency(model: nn.Module, plan: ResidencyPlan) -> list[ExpertSource]
                 b.attach(shared)
         for b in mapped:  # their routing is counted on the device, accounted every few steps
             b.mapped.stats = shared.stats
+            if b.split is not None:  # the CPU's pairs: counted as served where they are
+                b.split.stats = shared.stats
         sources.append(shared)
     return sources
 

@@ -74,6 +74,7 @@ class SplitExperts:
         self.n_used, self.cpu = n_used, cpu_count(n_used, share, layer)
         self.call = RowsCall(native, blocks, types, act, SPLIT_MAX_T, self.cpu)
         self.host_rows = 0  # token rows whose CPU share ran (replays included)
+        self.stats = None  # an `ExpertStats`: the CPU's pairs count as hits, its rows as host rows
         self.timing = SplitTiming()
         pin = device is not None and device.type == "cuda"
         t, c = SPLIT_MAX_T, self.cpu
@@ -117,6 +118,10 @@ class SplitExperts:
                           y.data_ptr(), SPLIT_THREADS or torch.get_num_threads())  # fmt: skip
             tm = self.timing
             tm.steps, self.host_rows = tm.steps + 1, self.host_rows + t
+            if self.stats is not None:
+                self.stats.host_rows += t
+                self.stats.lookups += t * self.cpu
+                self.stats.hits += t * self.cpu
             tm.wait_seconds += t1 - t0
             tm.cpu_seconds += time.perf_counter() - t1
             tm.gpu_busy += x.is_cuda and not torch.cuda.current_stream(x.device).query()

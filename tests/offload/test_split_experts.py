@@ -12,6 +12,7 @@ from localllm.kernels.cpu import native
 from localllm.kernels.cpu.rows_call import RowsCall
 from localllm.kernels.moe import ExpertFormat, expert_ffn_reference
 from localllm.kernels.quant import QuantType
+from localllm.offload.expert_cache import ExpertStats
 from tests.perf.make_synthetic import random_rows
 
 TYPES = (QT.Q4_K, QT.Q4_K, QT.Q6_K)  # Qwen3-30B-A3B Q4_K_M's mix
@@ -52,6 +53,7 @@ def test_split_sums_the_gpu_share_and_the_cpu_share(kernels, tokens):
     ids = torch.stack([torch.randperm(12, generator=gen)[:k] for _ in range(tokens)])
     w = torch.softmax(torch.randn(tokens, k, generator=gen), -1)
     split = SplitExperts(kernels, (g, u, d), qt, "silu", dim, k)
+    split.stats = ExpertStats()
     c = split.cpu
     seen = []
 
@@ -65,6 +67,8 @@ def test_split_sums_the_gpu_share_and_the_cpu_share(kernels, tokens):
     cpu = kernels.moe_ffn(x, w[:, k - c :], ids[:, k - c :], g, u, d, qt, "silu")
     assert torch.equal(y, gp + cpu)
     assert split.host_rows == tokens and split.timing.steps == 1 and split.timing.cpu_seconds > 0
+    st = split.stats  # the CPU's pairs count as served where they are
+    assert st.host_rows == tokens and st.lookups == st.hits == tokens * c
     # against the dense oracle over all k experts (int8 activations: ~1 %)
     want = expert_ffn_reference(x, w, ids, g, u, d, ExpertFormat(*qt, dim, 512, "silu"))
     rel = ((y.double() - want.double()).norm() / want.double().norm()).item()

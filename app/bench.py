@@ -182,8 +182,9 @@ def run_model(path: str, args: argparse.Namespace) -> list[BenchResult]:
     from localllm.engine.gguf import open_gguf
     from localllm.engine.kv_cache import PagedKVCache
     from localllm.engine.loader import build_model
-    from localllm.engine.moe import account_mapped, expert_stats
+    from localllm.engine.moe import account_mapped
     from localllm.engine.moe_residency import load_model
+    from localllm.offload.expert_cache import expert_stats
 
     device = torch.device(args.device)
     gguf = open_gguf(path)

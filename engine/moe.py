@@ -35,7 +35,6 @@ from localllm.offload import ByteRange, QuantWeight
 from localllm.offload.expert_cache import (
     ExpertLayout,
     ExpertSource,
-    ExpertStats,
     ResidentExperts,
 )
 from localllm.offload.mapped_experts import MappedExperts
@@ -472,24 +471,3 @@ def account_mapped(model: nn.Module) -> None:
     for b in moe_blocks(model):
         if b.mapped is not None:
             b.mapped.account()
-
-
-def expert_stats(sources: list[ExpertSource]) -> ExpertStats:
-    """Counters summed over the sources (hits + misses = lookups)."""
-    total = ExpertStats()
-    for s in sources:
-        st = s.stats
-        total.lookups += st.lookups
-        total.hits += st.hits
-        total.misses += st.misses
-        total.bytes_read += st.bytes_read
-        total.stall_seconds += st.stall_seconds
-        total.prefetched += st.prefetched
-        total.host_rows += st.host_rows
-        total.read_seconds += st.read_seconds
-        total.prefetch_hits += st.prefetch_hits
-        total.guessed += st.guessed
-        total.guessed_right += st.guessed_right
-        total.prepared += st.prepared
-        total.prepare_seconds += st.prepare_seconds
-    return total

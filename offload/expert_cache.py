@@ -16,7 +16,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from types import MappingProxyType
 from typing import Protocol
 
@@ -62,6 +62,15 @@ class ExpertStats:
 
     def snapshot(self) -> "ExpertStats":
         return replace(self)
+
+
+def expert_stats(sources: "list[ExpertSource]") -> ExpertStats:
+    """Counters summed over the sources (hits + misses = lookups)."""
+    total = ExpertStats()
+    for s in sources:
+        for f in fields(ExpertStats):
+            setattr(total, f.name, getattr(total, f.name) + getattr(s.stats, f.name))
+    return total
 
 
 class ExpertSource(Protocol):

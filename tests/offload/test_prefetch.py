@@ -14,10 +14,10 @@ from localllm.app.residency_flags import residency_config
 from localllm.engine.generator import Generator
 from localllm.engine.gguf import open_gguf
 from localllm.engine.loader import build_model
-from localllm.engine.moe import expert_stats, moe_blocks
+from localllm.engine.moe import moe_blocks
 from localllm.engine.moe_residency import load_model, plan_model
 from localllm.engine.sampling_params import SamplingParams
-from localllm.offload.expert_cache import ExpertLayout, StreamedExperts
+from localllm.offload.expert_cache import ExpertLayout, StreamedExperts, expert_stats
 from localllm.offload.memory import MemoryInfo
 from localllm.offload.ranges import ByteRange
 from localllm.offload.residency import ResidencyError, load_document, resolve

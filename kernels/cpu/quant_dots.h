@@ -135,7 +135,6 @@ static inline void scales_mins_k4(const uint8_t *q, uint32_t out[4]) {
 static inline void dot_q4_k_rows(const uint8_t *w, const int8_t *const *q8, const float *const *d8,
                                  const int16_t *const *bs, int64_t nb, int R, float *out) {
     const __m256i low = _mm256_set1_epi8(0x0F);
-    const __m256i ones = _mm256_set1_epi16(1);
     __m256 acc[ROWS_MAX], macc[ROWS_MAX];
     for (int r = 0; r < R; r++) acc[r] = macc[r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++, w += 144) {
@@ -144,7 +143,10 @@ static inline void dot_q4_k_rows(const uint8_t *w, const int8_t *const *q8, cons
         uint32_t sm[4];
         scales_mins_k4(w + 4, sm);
         const uint8_t *sc = (const uint8_t *)sm;
-        const __m256i m8 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(sm + 2)));
+        /* each sub-block's min twice, beside its two 16-value code sums: one madd gives
+         * min x (sum + sum) per sub-block, exactly (|sum| <= 2032, min <= 63) */
+        const __m128i m16 = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(sm + 2)));
+        const __m256i mdup = _mm256_set_m128i(_mm_unpackhi_epi16(m16, m16), _mm_unpacklo_epi16(m16, m16));
         __m256i sumi[ROWS_MAX];
         for (int r = 0; r < R; r++) sumi[r] = _mm256_setzero_si256();
         for (int j = 0; j < 4; j++) {
@@ -164,10 +166,9 @@ static inline void dot_q4_k_rows(const uint8_t *w, const int8_t *const *q8, cons
         for (int r = 0; r < R; r++) {
             const float dx = d8[r][b];
             acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[r]), _mm256_set1_ps(d * dx), acc[r]);
-            /* minimums: each sub-block's min times its activation code sum (16-sums paired) */
-            const __m256i bsum =
-                _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(bs[r] + 16 * b)), ones);
-            const __m256 mterm = _mm256_cvtepi32_ps(_mm256_mullo_epi32(m8, bsum));
+            /* minimums: each sub-block's min times its activation code sum */
+            const __m256i bs16 = _mm256_loadu_si256((const __m256i *)(bs[r] + 16 * b));
+            const __m256 mterm = _mm256_cvtepi32_ps(_mm256_madd_epi16(bs16, mdup));
             macc[r] = _mm256_fmadd_ps(mterm, _mm256_set1_ps(dmin * dx), macc[r]);
         }
     }

@@ -1,6 +1,7 @@
-"""Residency flags and environment for the commands that load a model (`run`, `serve`): the one
-place that turns `--residency FILE`, `--ot`, `--cpu-moe`, ... and `LOCALLLM_*` variables into
-an `offload.residency.ResidencyConfig` (precedence: flags > environment > document > default).
+"""Residency flags and environment for the commands that load a model (`run`, `serve`, `bench`,
+the TUI and its load dialog): the one place that turns `--residency FILE`, `--ot`, `--cpu-moe`,
+... and `LOCALLLM_*` variables into an `offload.residency.ResidencyConfig` (precedence: flags >
+environment > document > default).
 
 Environment: LOCALLLM_RESIDENCY (document path), LOCALLLM_OT (PATTERN=TIER[,...]),
 LOCALLLM_CPU_MOE (1/0), LOCALLLM_N_CPU_MOE, LOCALLLM_EXPERTS, LOCALLLM_EXPERT_SLOTS,
@@ -10,6 +11,7 @@ LOCALLLM_EXPERT_PREFETCH (1/0).
 
 import argparse
 import os
+import shlex
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -147,13 +149,41 @@ def residency_config(
     return resolve(layers)
 
 
-def show_plan(model: Path, args: argparse.Namespace, config: ResidencyConfig) -> str:
-    """The plan `run`/`serve` would load `model` with, as text (reads the header only)."""
+class _LineParser(argparse.ArgumentParser):
+    """argparse for flags typed in a dialog: a bad flag raises instead of exiting."""
+
+    def error(self, message: str):
+        raise ResidencyError(message)
+
+
+def residency_from_text(text: str, env: Mapping[str, str] | None = None) -> ResidencyConfig:
+    """Residency flags typed as one line, in the command line's spelling (`--cpu-moe
+    --expert-slots 64`), over the environment and document as `residency_config` orders them;
+    ResidencyError for an unknown flag or a bad value (the TUI's load dialog)."""
+    try:
+        words = shlex.split(text)
+    except ValueError as e:  # an unbalanced quote
+        raise ResidencyError(f"cannot read the flags: {e}") from None
+    parser = _LineParser(prog="load", add_help=False)
+    add_residency_flags(parser)
+    return residency_config(parser.parse_args(words), env)
+
+
+def plan_text(
+    model: Path, config: ResidencyConfig, device: str = "cpu", ctx: int | None = None,
+    precise: bool = False,
+) -> str:  # fmt: skip
+    """The plan loading `model` under `config` would follow, as text (reads the header only)."""
     from localllm.engine.gguf import open_gguf
     from localllm.engine.moe_residency import plan_model
     from localllm.offload.memory import probe_memory
 
     with open_gguf(model) as g:
-        device = getattr(args, "device", "cpu")
-        plan = plan_model(g, config, args.ctx_size, probe_memory(device), args.precise)
+        plan = plan_model(g, config, ctx, probe_memory(device), precise)
         return f"model {model.name} ({g.architecture})\n{plan.describe()}"
+
+
+def show_plan(model: Path, args: argparse.Namespace, config: ResidencyConfig) -> str:
+    """The plan `run`/`serve` would load `model` with, as text (reads the header only)."""
+    device = getattr(args, "device", "cpu")
+    return plan_text(model, config, device, args.ctx_size, args.precise)

@@ -25,6 +25,7 @@ from localllm.app.tui.screens.chat import ChatScreen
 from localllm.app.tui.screens.models import ModelScreen
 from localllm.app.tui.speech import Player, SpeechModels, sounddevice_player
 from localllm.app.tui.widgets.prompt import ModelDropped
+from localllm.offload.residency import ResidencyConfig
 
 
 class LocalLLMApp(App):
@@ -55,6 +56,7 @@ class LocalLLMApp(App):
         self.export_dir = export_dir or Path.cwd()
         self.probe, self.hub_config = probe, hub_config
         self.backend: ChatBackend | None = None
+        self.load_flags: dict[str, str] = {}  # residency flags last typed per model (load dialog)
         self.speech = SpeechModels(self.config.whisper_model, self.config.voice)
         self.player = player
 
@@ -76,9 +78,10 @@ class LocalLLMApp(App):
 
     # -- models ------------------------------------------------------------------------------
 
-    def load_model(self, name: str | None) -> None:
+    def load_model(self, name: str | None, residency: ResidencyConfig | None = None) -> None:
         """Load `name` (path, library name, `org/repo:QUANT`; None: the default) in place of the
-        current model; a Hub model not yet downloaded is downloaded first."""
+        current model, under `residency` (None: the loader's own; the local engine only); a Hub
+        model not yet downloaded is downloaded first."""
         if name and getattr(self.loader, "local", False):  # an endpoint's model ids are no specs
             try:
                 spec = parse_spec(name)
@@ -92,14 +95,17 @@ class LocalLLMApp(App):
                     self.download(spec, load=True)
                     return
                 name = str(found.path)
-        self._load(name)
+        self._load(name, residency)
 
     @work(exclusive=True, group="load")
-    async def _load(self, name: str | None) -> None:
+    async def _load(self, name: str | None, residency: ResidencyConfig | None = None) -> None:
         await self.unload_model()
         self.model_state = f"loading {Path(name).name if name else 'the default model'}…"
         try:
-            backend = await self.loader(name)
+            if residency is not None:
+                backend = await self.loader(name, residency=residency)
+            else:
+                backend = await self.loader(name)
         except Exception as e:
             self.model_state = "no model"
             self.notify(str(e) or type(e).__name__, title="Cannot load model", severity="error")

@@ -12,7 +12,8 @@ Loader = Callable[[str | None], Awaitable[ChatBackend]]
 
 
 def engine_loader(**engine_args: Any) -> Loader:
-    async def load(name: str | None) -> ChatBackend:
+    async def load(name: str | None, residency: Any = None) -> ChatBackend:
+        """`residency` (a `ResidencyConfig`): this load's, in place of `engine_args`' own."""
         from localllm.app.hub.spec import parse_spec
         from localllm.app.model_path import resolve_model
         from localllm.app.tui.engine_backend import EngineBackend
@@ -21,9 +22,11 @@ def engine_loader(**engine_args: Any) -> Loader:
             # resolve_model would ask on the terminal; the TUI downloads hub models itself.
             raise ValueError(f"{name} is a Hub model: download it from the Models screen first")
         path = await asyncio.to_thread(resolve_model, name, yes=False)
-        return await asyncio.to_thread(EngineBackend.load, path, **engine_args)
+        args = engine_args if residency is None else {**engine_args, "residency": residency}
+        return await asyncio.to_thread(EngineBackend.load, path, **args)
 
     load.local = True  # the app resolves Hub specs (downloading them) before calling us
+    load.device = engine_args.get("device", "cpu")  # where a load dialog's plan is made for
     return load
 
 

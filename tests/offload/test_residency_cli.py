@@ -107,3 +107,29 @@ def test_serve_show_plan_prints_and_exits(model, capsys):
     out = capsys.readouterr().out
     assert rc == 0
     assert "host      384.00 KiB  6 tensors" in out and "load mode read" in out
+
+
+def test_flags_typed_as_one_line_read_as_the_command_lines(tmp_path):
+    """The TUI load dialog's line: the same flags, over the environment and a document in the
+    same order; a bad flag or value and an unbalanced quote raise ResidencyError (no exit)."""
+    from localllm.app.residency_flags import residency_from_text
+
+    doc = tmp_path / "r.toml"
+    doc.write_text('budget = "2GiB"\nhost_compute = "host"\n')
+    env = {"LOCALLLM_RESIDENCY": str(doc), "LOCALLLM_EXPERT_SLOTS": "9"}
+    line = "--cpu-moe --ot 'blk\\.0\\..*_exps=disk' --host-compute split"
+    got = residency_from_text(line, env)
+    want = residency_config(parse("--cpu-moe", "--ot", r"blk\.0\..*_exps=disk",
+                                  "--host-compute", "split"), env)  # fmt: skip
+    assert got == want
+    assert got.host_compute == "split" and got.budget == 2 << 30 and got.streaming.slots == 9
+    assert got.rules[0].pattern == r"blk\.0\..*_exps" and got.rules[0].tier == "disk"
+    assert residency_from_text("", {}) == ResidencyConfig()
+    for bad, msg in (
+        ("--expert-slots many", "many"),
+        ("--tier gpu", "unrecognized arguments"),
+        ("--host-compute gpu", "invalid choice"),
+        ("--ot 'unclosed", "cannot read the flags"),
+    ):
+        with pytest.raises(ResidencyError, match=msg):
+            residency_from_text(bad, {})

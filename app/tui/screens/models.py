@@ -22,6 +22,7 @@ from localllm.app.hub.progress import Progress, human_bytes
 from localllm.app.hub.spec import ModelSpec
 from localllm.app.tui.fit import LibraryEntry, scan_entries
 from localllm.app.tui.resources import available_for_model
+from localllm.app.tui.screens.load_modal import LoadChoice, LoadModal
 from localllm.app.tui.screens.modals import ConfirmModal
 from localllm.app.tui.widgets.download import DownloadRow
 from localllm.app.tui.widgets.resources import ResourcePanel
@@ -98,10 +99,25 @@ class ModelScreen(Screen):
 
     @on(DataTable.RowSelected, "#library-table")
     def _load_selected(self, event: DataTable.RowSelected) -> None:
+        """The load dialog (residency flags, the plan) for the local engine; an endpoint's
+        models load at once."""
         model = self.entries[event.cursor_row].model
-        self.app.load_model(str(model.path))
-        self.notify(f"Loading {model.name}")
-        self.app.pop_screen()
+        path = str(model.path)
+
+        def load(choice: LoadChoice | None) -> None:
+            if choice is None:
+                return
+            self.app.load_flags[path] = choice.flags
+            self.app.load_model(path, choice.residency)
+            self.notify(f"Loading {model.name}")
+            self.app.pop_screen()
+
+        loader = self.app.loader
+        if not getattr(loader, "local", False):
+            load(LoadChoice("", None))
+            return
+        flags = self.app.load_flags.get(path, "")
+        self.app.push_screen(LoadModal(model.path, flags, getattr(loader, "device", "cpu")), load)
 
     async def action_unload(self) -> None:
         await self.app.unload_model()

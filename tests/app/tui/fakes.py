@@ -56,12 +56,15 @@ def loader_for(*backends: FakeBackend):
     """A loader handing out the given backends in turn (records the names asked for)."""
     queue = list(backends)
     asked: list[str | None] = []
+    residencies: list = []  # the residency of each load (None: the loader's own)
 
-    async def load(name):
+    async def load(name, residency=None):
         asked.append(name)
+        residencies.append(residency)
         return queue.pop(0)
 
-    load.asked = asked
+    load.asked, load.residencies = asked, residencies
+    load.local, load.device = True, "cpu"  # like the engine's loader (load dialog, Hub specs)
     return load
 
 

@@ -13,12 +13,14 @@ from localllm.app.hub import search as hub_search
 from localllm.app.hub.progress import Progress
 from localllm.app.tui.config import TuiConfig
 from localllm.app.tui.fit import DEFAULT_CONTEXT, OVERHEAD, fit, kv_bytes
+from localllm.app.tui.screens.load_modal import LoadModal
 from localllm.app.tui.screens.models import ModelScreen
 from localllm.app.tui.widgets.download import DownloadRow
 from localllm.app.tui.widgets.prompt import PromptInput
 from tests.app.tui.fakes import GB, FakeBackend, make_app, wait_for
 from tests.app.tui.test_chat_screen import ready
 from tests.engine.gguf_fixtures import write_gguf
+from tests.offload.tiny_moe import write_moe_gguf
 
 pytestmark = pytest.mark.anyio
 
@@ -76,9 +78,12 @@ async def test_library_lists_models_with_fit_and_loads_one(tmp_path, model_dir):
         app.screen.query_one("#library-table", DataTable).move_cursor(
             row=[r[0] for r in table].index("small")
         )
+        await pilot.press("enter")  # the load dialog, Load focused: Enter again loads
+        await wait_for(pilot, lambda: isinstance(app.screen, LoadModal))
         await pilot.press("enter")
         await wait_for(pilot, lambda: app.backend is second)
         assert app.loader.asked[-1] == str(model_dir / "small.gguf")
+        assert app.loader.residencies[-1] is None  # no flags typed: the TUI's own
         assert first.closed  # the previous model was unloaded first
         assert not isinstance(app.screen, ModelScreen)
         await pilot.press("ctrl+l", "ctrl+u")
@@ -191,3 +196,59 @@ async def test_a_failed_load_is_reported_and_leaves_no_model(tmp_path):
         (note,) = list(app._notifications)
         assert note.message == "bad.gguf: not a GGUF file" and note.severity == "error"
         assert app.backend is None and app.model_state == "no model"
+
+
+async def test_load_dialog_reads_flags_shows_the_plan_and_loads_under_them(tmp_path):
+    """The load dialog takes residency flags in `run`'s spelling: bad ones are refused with the
+    parser's message (nothing loads), Plan shows the plan from the header (or why there is
+    none), Load hands the loader that residency; the flags are offered again next time."""
+    models = tmp_path / "models"
+    models.mkdir()
+    write_moe_gguf(models / "tiny-moe.gguf")
+    tiny_gguf(models / "broken.gguf", 2, 4, 2, 64, 256)  # no feed-forward length: no plan
+    first, second = FakeBackend(["a"]), FakeBackend(["b"], name="tiny-moe")
+    app = make_app(tmp_path, first, second, config=TuiConfig(model_dirs=(models,)))
+
+    async def open_dialog(pilot, name: str) -> LoadModal:
+        await wait_for(pilot, lambda: len(rows(app, "#library-table")) == 2)
+        table = app.screen.query_one("#library-table", DataTable)
+        table.focus()
+        table.move_cursor(row=[r[0] for r in rows(app, "#library-table")].index(name))
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: isinstance(app.screen, LoadModal))
+        return app.screen
+
+    async with app.run_test(size=(110, 40)) as pilot:
+        await ready(pilot)
+        await pilot.press("ctrl+l")
+        modal = await open_dialog(pilot, "broken")
+        await pilot.click("#show-plan")
+        text = modal.query_one("#plan-text")
+        await wait_for(pilot, lambda: "no plan:" in str(text.render()))
+        assert "feed_forward_length" in str(text.render())
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: isinstance(app.screen, ModelScreen))
+        modal = await open_dialog(pilot, "tiny-moe")
+        flags, error = modal.query_one("#flags", Input), modal.query_one("#error")
+        flags.value = "--expert-slots many"
+        await pilot.click("#load")
+        assert "many" in str(error.render()) and isinstance(app.screen, LoadModal)
+        flags.value = "--cpu-moe --expert-slots 4 --mem-budget 3GiB"
+        await pilot.click("#show-plan")
+        text = modal.query_one("#plan-text")
+        await wait_for(pilot, lambda: "residency plan on" in str(text.render()))
+        plan = str(text.render())
+        assert "budget   3.00 GiB (given)" in plan and "host-tier experts" in plan
+        assert str(error.render()) == ""
+        await pilot.click("#load")
+        await wait_for(pilot, lambda: app.backend is second)
+        cfg = app.loader.residencies[-1]
+        assert cfg.budget == 3 << 30 and cfg.streaming.slots == 4
+        assert any("exps" in r.pattern and r.tier == "host" for r in cfg.rules)
+        assert app.loader.asked[-1] == str(models / "tiny-moe.gguf")
+        await pilot.press("ctrl+l")  # again: the flags typed last time are offered
+        modal = await open_dialog(pilot, "tiny-moe")
+        assert modal.query_one("#flags", Input).value.startswith("--cpu-moe")
+        await pilot.press("escape")  # cancel: nothing loads, the model stays
+        await wait_for(pilot, lambda: isinstance(app.screen, ModelScreen))
+        assert app.backend is second and len(app.loader.asked) == 2

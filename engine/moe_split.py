@@ -24,8 +24,8 @@ from localllm.kernels.cpu.native import NativeKernels
 from localllm.kernels.cpu.rows_call import RowsCall
 from localllm.kernels.quant.types import QuantType
 
-# Share of each token's routed experts the CPU computes. H200 host (16 cores): one expert over
-# the bus ~61 us, on the CPU's native kernels ~80 us (RESULTS "Mapped host experts"), so ~3 of 8
+# Share of each token's routed experts the CPU computes: 3 of 8 was the fastest of 2 / 2.5 / 3 /
+# 3.5 / 4 on the H200 box (16 cores; RESULTS "MoE decode 1.54x; host experts split ...")
 SPLIT_CPU_SHARE = 0.375
 SPLIT_MAX_T = 8  # token rows per step that split (decode); prompts read every expert over the bus
 SPLIT_THREADS: int | None = None  # CPU threads of the host share (None: torch's thread count)

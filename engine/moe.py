@@ -359,10 +359,11 @@ class MoEFeedForward(nn.Module):
             types = (f.gate, f.up, f.down)
             self._rows_call = RowsCall(self.native, raw, types, f.act, ROWS_MAX_T, self.n_used,
                                        self.rows_scratch)  # fmt: skip
-        used = len(set(ids.reshape(-1).tolist()))  # counted as the resident source counts fetches
+        flat = ids.reshape(-1).tolist()
+        used = len(set(flat))  # counted as the resident source counts fetches
         self.source.stats.lookups += used
         self.source.stats.hits += used
-        return self._rows_call(x, weights, ids)
+        return self._rows_call(x, weights, flat)
 
     def _native(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """A CPU model's routed experts through the native kernels over the raw blocks, as

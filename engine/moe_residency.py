@@ -162,6 +162,7 @@ def _split(blocks: list[MoEFeedForward]) -> None:
     file's blocks (`engine.moe_split`), where the native kernels load and take the format; the
     rest stay mapped alone (their raw blocks released)."""
     native = load_native() if blocks else None
+    scratch = RowsScratch()  # the layers' CPU shares run one at a time: one set of buffers
     n = 0
     for b in blocks:
         f = b.format
@@ -169,7 +170,7 @@ def _split(blocks: list[MoEFeedForward]) -> None:
             raw = tuple(w.data for w in b.expert_weights())
             dev = b.ffn_gate_inp.weight.data.device
             b.split = SplitExperts(native, raw, (f.gate, f.up, f.down), f.act, f.dim, b.n_used,
-                                   device=dev, layer=b.layer)  # fmt: skip
+                                   device=dev, layer=b.layer, scratch=scratch)  # fmt: skip
             b.mapped.n_used = b.n_used - b.split.cpu  # replays count the bus's pairs
             n += 1
         else:

@@ -21,7 +21,7 @@ import torch
 
 from localllm.engine.graph_breaks import HostBreaks
 from localllm.kernels.cpu.native import NativeKernels
-from localllm.kernels.cpu.rows_call import RowsCall
+from localllm.kernels.cpu.rows_call import RowsCall, RowsScratch
 from localllm.kernels.quant.types import QuantType
 
 # Share of each token's routed experts the CPU computes: 3 of 8 was the fastest of 2 / 2.5 / 3 /
@@ -70,9 +70,11 @@ class SplitExperts:
         share: float | None = None,
         device: torch.device | None = None,
         layer: int = 0,
+        scratch: RowsScratch | None = None,
     ) -> None:
+        """`scratch`: buffers shared with the model's other split layers (one step at a time)."""
         self.n_used, self.cpu = n_used, cpu_count(n_used, share, layer)
-        self.call = RowsCall(native, blocks, types, act, SPLIT_MAX_T, self.cpu)
+        self.call = RowsCall(native, blocks, types, act, SPLIT_MAX_T, self.cpu, scratch)
         self.host_rows = 0  # token rows whose CPU share ran (replays included)
         self.stats = None  # an `ExpertStats`: the CPU's pairs count as hits, its rows as host rows
         self.timing = SplitTiming()

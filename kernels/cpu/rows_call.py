@@ -61,12 +61,12 @@ class RowsCall:
         self.two = q4[0] != q4[1]  # gate and up read x in two formats
         self.scratch = scratch or RowsScratch()
 
-    def __call__(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """x [t, dim], weights and ids [t, k] (CPU) -> float32 [t, dim]."""
+    def __call__(self, x: torch.Tensor, weights: torch.Tensor, ids: list[int]) -> torch.Tensor:
+        """x [t, dim], weights [t, k] (CPU), expert ids (t * k, row-major: the caller has them
+        as a list already) -> float32 [t, dim]."""
         x, w = x.float().contiguous(), weights.float().contiguous()
         y = torch.empty(x.shape[0], self.dim)
-        flat, threads = ids.reshape(-1).tolist(), torch.get_num_threads()
-        self.run(x.shape[0], x.data_ptr(), w.data_ptr(), flat, y.data_ptr(), threads)
+        self.run(x.shape[0], x.data_ptr(), w.data_ptr(), ids, y.data_ptr(), torch.get_num_threads())
         return y
 
     def takes(self, ids: torch.Tensor) -> bool:

@@ -5,8 +5,9 @@ one; tg<N>: N single-token decode steps after D tokens of context, each feeding 
 (kept on the device: no host sync inside the timed loop). Random prompt tokens as llama-bench
 uses, one warm-up run, then -r timed repetitions reported as mean ± sample std of tokens/s.
 The model forward runs directly on a paged KV cache (no scheduler, no sampler), which is what
-llama-bench measures of llama.cpp. On CUDA, tg replays a captured decode graph per step (as the
-engine does; `--cuda-graphs 0` runs it eagerly). The residency flags (`--experts disk`,
+llama-bench measures of llama.cpp. On CUDA, tg replays a captured decode graph per step and a
+prompt's first chunk a captured prompt graph (as the engine does; `--cuda-graphs 0` runs both
+eagerly). The residency flags (`--experts disk`,
 `--cpu-moe`, `--expert-slots N`, ...) load MoE models under a plan, as `run` does; each result
 then carries the expert cache's counters over its timed runs (`--show-plan` prints the plan).
 """
@@ -198,20 +199,24 @@ def run_model(path: str, args: argparse.Namespace) -> list[BenchResult]:
         layers, kvh, hd = model.kv_shape()
         longest = _longest(args)
         vd = model.kv_value_dim()
-        kv = PagedKVCache(layers, -(-longest // 16), 16, kvh, hd, "f16", device, vd)
+        blocks = -(-longest // 16)
+        kv = PagedKVCache(layers, blocks + 1, 16, kvh, hd, "f16", device, vd)  # +1: spare slots
         vocab = model.args.vocab_size
         info = _model_info(gguf, "CUDA" if device.type == "cuda" else "CPU")
-        graphs = None
+        graphs = prompts = None
         # experts on host or disk (or unpacked types) run host code per step: captured in pieces
         if device.type == "cuda" and getattr(args, "cuda_graphs", 1):
             from localllm.engine.cuda_graphs import DecodeGraphs
+            from localllm.engine.prefill_graphs import PrefillGraphs
 
             graphs = DecodeGraphs(model, kv, batch_sizes=(1,))
+            prompts = PrefillGraphs(model, kv, spare_slot=blocks * 16)
+            graphs.pool = prompts.pool = torch.cuda.graph_pool_handle()
         out = []
         for depth in args.n_depth:
             tests = [(p, 0) for p in args.n_prompt if p] + [(0, n) for n in args.n_gen if n]
             for p, n in tests:
-                run = _Runner(model, kv, vocab, device, graphs)
+                run = _Runner(model, kv, vocab, device, graphs, prompts)
                 run.once(depth, p, n)  # warm-up: kernel compilation, allocator
                 account_mapped(model)  # (device-side counters come in every few steps)
                 before = expert_stats(sources) if sources else None
@@ -223,6 +228,8 @@ def run_model(path: str, args: argparse.Namespace) -> list[BenchResult]:
                                        statistics.fmean(rates), std, rates, experts))  # fmt: skip
         if graphs is not None and graphs.failed is not None:  # the figures are eager decode's
             print(f"decode graphs not captured: {graphs.failed}", file=sys.stderr)
+        if prompts is not None and prompts.failed is not None:
+            print(f"prompt graphs not captured: {prompts.failed}", file=sys.stderr)
         return out
     finally:
         gguf.close()
@@ -231,11 +238,12 @@ def run_model(path: str, args: argparse.Namespace) -> list[BenchResult]:
 class _Runner:
     """Times one pp or tg run over a contiguous block table (block i holds tokens 16i..)."""
 
-    def __init__(self, model, kv, vocab: int, device, graphs=None):
+    def __init__(self, model, kv, vocab: int, device, graphs=None, prompts=None):
         import torch
 
         self.torch, self.model, self.kv, self.vocab, self.device = torch, model, kv, vocab, device
         self.graphs = graphs  # DecodeGraphs for tg on CUDA, or None (eager)
+        self.prompts = prompts  # PrefillGraphs for a prompt's first chunk on CUDA, or None
         self.gen = torch.Generator().manual_seed(0)
 
     def _sync(self) -> None:
@@ -255,8 +263,12 @@ class _Runner:
             batch.slot_mapping.to(self.device),
             batch.block_size,
         )
-        pos = torch.arange(start, start + n, device=self.device)
-        hidden = self.model(ids, pos, batch, self.kv)
+        hidden = None
+        if start == 0 and self.prompts is not None:
+            hidden = self.prompts.run(ids, batch.slot_mapping)
+        if hidden is None:
+            pos = torch.arange(start, start + n, device=self.device)
+            hidden = self.model(ids, pos, batch, self.kv)
         return self.model.logits(hidden[-1:])
 
     def _prefill(self, ids, start: int):

@@ -24,6 +24,10 @@ class BatchMeta:
     # Per-step memo for attention backends (e.g. the batched decode gather plan, keyed by window):
     # built on first use by one layer, reused by the others; it lives and dies with this step.
     plans: dict = field(default_factory=dict, repr=False)
+    # One sequence whose whole context is this step's tokens (a prompt from position 0): its
+    # keys are read back by `slot_mapping`, so no host block table is needed (a captured prompt
+    # graph replays with other slots); its table is then empty.
+    fresh: bool = False
 
     def __post_init__(self) -> None:
         b = len(self.seq_lens)
@@ -34,6 +38,10 @@ class BatchMeta:
                 f"slot_mapping has shape {tuple(self.slot_mapping.shape)}, "
                 f"expected ({self.query_start[-1]},)"
             )
+        if self.fresh:
+            if b != 1 or self.seq_lens[0] != self.query_start[-1]:
+                raise ValueError("a fresh batch is one sequence made of this step's tokens alone")
+            return
         for i, (n, table) in enumerate(zip(self.seq_lens, self.block_tables, strict=True)):
             if len(table) * self.block_size < n:
                 raise ValueError(f"sequence {i}: {len(table)} blocks cannot hold {n} tokens")

@@ -15,6 +15,7 @@ from localllm.kernels.attention import (
     KV_DTYPES,
     DecodePlan,
     encode_kv,
+    fresh_attention,
     paged_attention,
     plan_decode,
     quantized_output,
@@ -126,10 +127,13 @@ class PagedKVCache:
         flash-decoding kernel writes them where it serves every row (`quantized_output`)."""
         if batch.block_size != self.block_size:
             raise ValueError(f"batch block size {batch.block_size} != cache {self.block_size}")
-        plan = self._decode_plan(batch, window)
         k, v = self.k[layer], self.v[layer]
         ks = self.k_scales[layer] if self.k_scales else None
         vs = self.v_scales[layer] if self.v_scales else None
+        if batch.fresh:  # keys by slot: no host block table (a captured prompt graph)
+            o = fresh_attention(q, k, v, batch.slot_mapping, scale, window, softcap, ks, vs, sinks)
+            return o, None
+        plan = self._decode_plan(batch, window)
         xq = quantized_output(q, k, v, plan, ks, sinks) if quant and plan is not None else None
         o = paged_attention(
             q,

@@ -12,6 +12,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+import torch
+
 from localllm.engine.config import EngineArgs, plan_kv
 from localllm.engine.core.kv_manager import KVCacheManager
 from localllm.engine.core.outputs import RequestOutput
@@ -76,9 +78,12 @@ class LLMEngine:
         self.max_model_len = plan.max_model_len
         if not self.generates:
             self.max_model_len = min(args.max_model_len or ctx, ctx)
+        # one block more than the plan on a GPU: its slots take prompt graphs' padding
+        spare = 1 if torch.device(args.device).type == "cuda" else 0
         self.kv_cache = PagedKVCache(
-            layers, plan.num_blocks, args.block_size, kv_heads, head_dim, dtype, args.device, vd
-        )
+            layers, plan.num_blocks + spare, args.block_size, kv_heads, head_dim, dtype,
+            args.device, vd,
+        )  # fmt: skip
         self.kv_manager = KVCacheManager(
             args.block_size, plan.num_blocks, enable_caching=args.enable_prefix_caching
         )
@@ -88,7 +93,10 @@ class LLMEngine:
             max_model_len=self.max_model_len,
         )
         self.scheduler = Scheduler(config, self.kv_manager)
-        self.runner = ModelRunner(self.model, self.kv_cache, self.kv_manager.get_block_ids)
+        self.runner = ModelRunner(
+            self.model, self.kv_cache, self.kv_manager.get_block_ids,
+            spare_slot=plan.num_blocks * args.block_size if spare else None,
+        )  # fmt: skip
         self.proposer = (
             NgramProposer(args.num_speculative_tokens, args.ngram_max, args.ngram_min)
             if args.num_speculative_tokens

@@ -6,7 +6,9 @@ known token of each request, draft tokens being verified, prompt-logprob positio
 Draft verification is exact: a draft token is kept only if the target samples exactly it, and
 randomness is drawn one row at a time so a seeded request draws the same numbers with or without
 speculation. On CUDA, steps where every request decodes one token replay a captured decode graph
-(`DecodeGraphs`); everything else (prefill, drafts, prompt logprobs, CPU) runs eagerly.
+(`DecodeGraphs`), a step that is one prompt from its first token replays a prompt graph
+(`PrefillGraphs`, given a spare KV slot for its padding); everything else (later prompt chunks,
+batches of prompts, drafts, CPU) runs eagerly.
 """
 
 from dataclasses import dataclass, field
@@ -20,6 +22,7 @@ from localllm.engine.core.request import Request
 from localllm.engine.core.scheduler import SchedulerOutput
 from localllm.engine.cuda_graphs import DecodeGraphs, pack_decode
 from localllm.engine.kv_cache import PagedKVCache
+from localllm.engine.prefill_graphs import PrefillGraphs
 from localllm.engine.sampler import SampledToken, Sampler, SamplingRow, prompt_logprobs
 
 
@@ -40,7 +43,14 @@ class _Rows:
 
 
 class ModelRunner:
-    def __init__(self, model: nn.Module, kv: PagedKVCache, block_ids, cuda_graphs: bool = True):
+    def __init__(
+        self,
+        model: nn.Module,
+        kv: PagedKVCache,
+        block_ids,
+        cuda_graphs: bool = True,
+        spare_slot: int | None = None,
+    ):
         self.model = model
         self.kv = kv
         self.block_ids = block_ids  # request -> its block table (the KV manager's view)
@@ -49,6 +59,11 @@ class ModelRunner:
         # MoE layers whose experts are read or computed on the host are captured in pieces
         use = cuda_graphs and self.device.type == "cuda"
         self.graphs = DecodeGraphs(model, kv) if use else None
+        # `spare_slot`: a KV slot no request owns, where prompt graphs write their padding
+        self.prompts = None
+        if use and spare_slot is not None:
+            self.prompts = PrefillGraphs(model, kv, spare_slot)
+            self.graphs.pool = self.prompts.pool = torch.cuda.graph_pool_handle()
 
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> RunnerOutput:
@@ -57,7 +72,11 @@ class ModelRunner:
             if out is not None:
                 return out
         ids, positions, rows, batch = self._prepare(sched)
-        hidden = self.model(ids, positions, batch, self.kv)
+        hidden = None
+        if self.prompts is not None and batch.num_seqs == 1 and batch.seq_lens[0] == len(ids):
+            hidden = self.prompts.run(ids, batch.slot_mapping)  # a prompt from its first token
+        if hidden is None:
+            hidden = self.model(ids, positions, batch, self.kv)
         out = RunnerOutput()
         wanted = [r for rs in rows.sample.values() for r in rs]
         wanted += [r for rs, _ in rows.prompt.values() for r in rs]

@@ -18,7 +18,7 @@ from localllm.kernels.attention.kv_quant import (
     scale_shape,
     vector_nbytes,
 )
-from localllm.kernels.attention.paged import paged_attention, write_paged
+from localllm.kernels.attention.paged import fresh_attention, paged_attention, write_paged
 
 __all__ = [
     "KV_DTYPES",
@@ -28,6 +28,7 @@ __all__ = [
     "dequantize_fp8",
     "dequantize_q8_0",
     "encode_kv",
+    "fresh_attention",
     "paged_attention",
     "plan_decode",
     "q8_group",

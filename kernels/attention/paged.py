@@ -110,6 +110,37 @@ def paged_attention(
     return torch.cat(outs) if outs else q.new_empty(0, q.shape[1], v_cache.shape[-1])
 
 
+def fresh_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    scale: float,
+    window: int | None = None,
+    softcap: float | None = None,
+    k_scales: torch.Tensor | None = None,
+    v_scales: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """`paged_attention` of one sequence made of this step's tokens alone (a prompt from position
+    0, `BatchMeta.fresh`): its keys are gathered by `slot_mapping` on the device, so no host-side
+    block table is read (a captured graph replays with other slots). Same keys, same kernels."""
+    t = q.shape[0]
+    want = None if t > 1 and q.is_cuda and k_scales is None else q.dtype
+    keys = _take(k_cache, k_scales, slot_mapping, want)
+    vals = _take(v_cache, v_scales, slot_mapping, want)
+    if t == 1:
+        return _decode_one(q[0], keys, vals, scale, softcap, sinks)
+    return _chunk(q, keys, vals, 0, scale, window, softcap, sinks)
+
+
+def _take(cache, scales, slots: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    """The cache rows at `slots` [m] -> [m, KV, D], decoded to `dtype` (None: as stored)."""
+    vals = cache.flatten(0, 1).index_select(0, slots)
+    sc = None if scales is None else scales.flatten(0, 1).index_select(0, slots)
+    return vals if dtype is None or vals.dtype == dtype else decode_kv(vals, sc, dtype)
+
+
 def _with_plan(
     q,
     k_cache,

@@ -150,6 +150,7 @@ for step in ${STEPS:-tests packed bench breakdown}; do
         [cw1]="import localllm.kernels.attention.triton_decode as td; td.COMBINE_WARPS = 1; td.COMBINE_VALUES = 2048; "
         [nocq]="import localllm.kernels.attention.triton_decode as td; td.COMBINE_QUANT = False; "
         [tk4]="import localllm.kernels.moe.triton_route as tr; tr.TOPK_WARPS = 4; "
+        [nopg]="import localllm.engine.prefill_graphs as pg; pg.PrefillGraphs.bucket = lambda self, n: None; "
         [nofold]="import localllm.kernels.moe.packed as mp; mp.SUM_IN_NORM = False; "
         [nofoldtc]="import localllm.kernels.moe.packed as mp; mp.SUM_IN_NORM = False; mp.TRITON_COMBINE = True; ")
       for m in ${PDL_FILES:-/tmp/q4km.gguf ${Q8:+/tmp/q8.gguf} ${MOE:+/tmp/moe.gguf}}; do

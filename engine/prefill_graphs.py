@@ -1,0 +1,114 @@
+"""Prompt CUDA graphs: a fresh prompt's forward captured once per padded length, then replayed.
+
+A GPU prompt of a few hundred tokens is bound by host dispatch: a MoE layer launches ~22 kernels
+and ~25 torch ops, ~1.3 ms of Python against ~0.8 ms of kernels, and how far the host falls
+behind moves the prompt's speed 1.8x between runs. A prompt that starts its sequence reads no
+block table (its keys are its own, read back by slot: `BatchMeta.fresh`), so its forward has
+nothing host-side but its length: it is captured per length bucket and replayed with the ids and
+slots written into static buffers. Rows past the prompt up to the bucket are padding (token 0 at
+the prompt's last position, k/v written to `spare_slot`, a slot no sequence owns): causal
+attention keeps them out of every real row, and every other op is row by row.
+"""
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from localllm.engine.batch import BatchMeta
+from localllm.engine.kv_cache import PagedKVCache
+from localllm.engine.moe import graph_safe, moe_blocks
+
+# ~1.5x apart: padding costs at most a third of a bucket's device time
+BUCKETS = (32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
+
+
+def bucket_of(n: int) -> int | None:
+    """The smallest bucket that holds `n` tokens (None: too short to pay, or too long)."""
+    return next((b for b in BUCKETS if b >= n), None) if n >= BUCKETS[0] else None
+
+
+@dataclass(slots=True)
+class _Graph:
+    inputs: torch.Tensor  # [3, P] int64: ids, positions, slots (static)
+    hidden: torch.Tensor | None  # [P, dim] static output
+    graph: "torch.cuda.CUDAGraph | None"
+
+
+class PrefillGraphs:
+    """Captured fresh-prompt forwards of `model` over `kv`, keyed by padded length."""
+
+    def __init__(self, model: nn.Module, kv: PagedKVCache, spare_slot: int, pool=None):
+        if not 0 <= spare_slot < kv.num_blocks * kv.block_size:
+            raise ValueError(f"spare slot {spare_slot} is outside the cache")
+        self.model, self.kv, self.spare_slot = model, kv, spare_slot
+        self.graphs: dict[int, _Graph] = {}
+        self.pool = pool  # a graph memory pool shared with the decode graphs (or None: own)
+        self.failed: str | None = None  # why capture failed (then every prompt runs eager)
+        # resident experts only (host steps cannot be captured whole); plain float caches only
+        # (the 8-bit formats' scales take the eager path's decode)
+        self.usable = (
+            kv.device.type == "cuda"
+            and kv.k_scales is None
+            and graph_safe(model)
+            and not any(b.mapped is not None for b in moe_blocks(model))
+        )
+
+    def bucket(self, n: int) -> int | None:
+        """The padded length that a fresh prompt of `n` tokens replays at (None: eager)."""
+        return bucket_of(n) if self.usable and self.failed is None else None
+
+    def fill(self, inputs: torch.Tensor, ids: torch.Tensor, slots: torch.Tensor) -> None:
+        """Write a prompt of n tokens into static inputs [3, P]: its ids, positions 0..n-1 and
+        slots, then the padding (token 0 at position n-1, the spare slot)."""
+        n = ids.shape[0]
+        inputs[0, :n].copy_(ids)
+        inputs[0, n:].zero_()
+        torch.clamp(torch.arange(inputs.shape[1], device=inputs.device), max=n - 1, out=inputs[1])
+        inputs[2, :n].copy_(slots)
+        inputs[2, n:].fill_(self.spare_slot)
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        """The model over static inputs [3, P] -> hidden [P, dim] (no host sync)."""
+        p = inputs.shape[1]
+        meta = BatchMeta((0, p), (p,), ((),), inputs[2], self.kv.block_size, fresh=True)
+        return self.model(inputs[0], inputs[1], meta, self.kv)
+
+    def run(self, ids: torch.Tensor, slots: torch.Tensor) -> torch.Tensor | None:
+        """Hidden states [n, dim] of a fresh prompt: `ids` and `slots` [n] on the model's
+        device (positions are 0..n-1), or None when it runs eager (a view of the graph's
+        output: valid until the next call)."""
+        n = ids.shape[0]
+        p = self.bucket(n)
+        if p is None:
+            return None
+        g = self.graphs.get(p)
+        first = g is None
+        if first:
+            g = _Graph(torch.zeros(3, p, dtype=torch.long, device=self.kv.device), None, None)
+        self.fill(g.inputs, ids, slots)
+        if first:
+            try:
+                self._capture(g)
+            except Exception as e:  # an op that cannot be captured: eager from now on
+                self.failed = f"{type(e).__name__}: {e}"
+                return None
+            self.graphs[p] = g
+        g.graph.replay()
+        return g.hidden[:n]
+
+    def _capture(self, g: _Graph) -> None:
+        # warm-up on a side stream (triton compiles and autotunes for this length); it writes
+        # the KV that the replay writes again
+        dev = self.kv.device
+        side = torch.cuda.Stream(dev)
+        side.wait_stream(torch.cuda.current_stream(dev))
+        with torch.cuda.stream(side):
+            self.forward(g.inputs)
+        torch.cuda.current_stream(dev).wait_stream(side)
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            g.hidden = self.forward(g.inputs)
+        g.graph = graph

@@ -5,8 +5,8 @@ one; tg<N>: N single-token decode steps after D tokens of context, each feeding 
 (kept on the device: no host sync inside the timed loop). Random prompt tokens as llama-bench
 uses, one warm-up run, then -r timed repetitions reported as mean ± sample std of tokens/s.
 The model forward runs directly on a paged KV cache (no scheduler, no sampler), which is what
-llama-bench measures of llama.cpp. On CUDA, tg replays a captured decode graph per step and a
-prompt's first chunk a captured prompt graph (as the engine does; `--cuda-graphs 0` runs both
+llama-bench measures of llama.cpp. On CUDA, tg replays a captured decode graph per step and each
+prompt chunk a captured prompt graph (as the engine does; `--cuda-graphs 0` runs both
 eagerly). The residency flags (`--experts disk`,
 `--cpu-moe`, `--expert-slots N`, ...) load MoE models under a plan, as `run` does; each result
 then carries the expert cache's counters over its timed runs (`--show-plan` prints the plan).
@@ -210,7 +210,7 @@ def run_model(path: str, args: argparse.Namespace) -> list[BenchResult]:
             from localllm.engine.prefill_graphs import PrefillGraphs
 
             graphs = DecodeGraphs(model, kv, batch_sizes=(1,))
-            prompts = PrefillGraphs(model, kv, spare_slot=blocks * 16)
+            prompts = PrefillGraphs(model, kv, spare_slot=blocks * 16, max_blocks=blocks)
             graphs.pool = prompts.pool = torch.cuda.graph_pool_handle()
         out = []
         for depth in args.n_depth:
@@ -264,8 +264,8 @@ class _Runner:
             batch.block_size,
         )
         hidden = None
-        if start == 0 and self.prompts is not None:
-            hidden = self.prompts.run(ids, batch.slot_mapping)
+        if self.prompts is not None:
+            hidden = self.prompts.run(ids, batch.slot_mapping, start, batch.block_tables[0])
         if hidden is None:
             pos = torch.arange(start, start + n, device=self.device)
             hidden = self.model(ids, pos, batch, self.kv)

@@ -24,10 +24,11 @@ class BatchMeta:
     # Per-step memo for attention backends (e.g. the batched decode gather plan, keyed by window):
     # built on first use by one layer, reused by the others; it lives and dies with this step.
     plans: dict = field(default_factory=dict, repr=False)
-    # One sequence whose whole context is this step's tokens (a prompt from position 0): its
-    # keys are read back by `slot_mapping`, so no host block table is needed (a captured prompt
-    # graph replays with other slots); its table is then empty.
-    fresh: bool = False
+    # One sequence whose block table [W] and (first new position, length after the step) [2]
+    # are int64 tensors on the device: attention reads its context through them alone, so a
+    # captured prompt graph replays for any context. Its host table is then empty and its host
+    # length is the step's token count (padding included).
+    context: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def __post_init__(self) -> None:
         b = len(self.seq_lens)
@@ -38,9 +39,9 @@ class BatchMeta:
                 f"slot_mapping has shape {tuple(self.slot_mapping.shape)}, "
                 f"expected ({self.query_start[-1]},)"
             )
-        if self.fresh:
-            if b != 1 or self.seq_lens[0] != self.query_start[-1]:
-                raise ValueError("a fresh batch is one sequence made of this step's tokens alone")
+        if self.context is not None:
+            if b != 1 or self.seq_lens[0] != self.query_start[-1] or self.block_tables[0]:
+                raise ValueError("a device context is one sequence, its host table empty")
             return
         for i, (n, table) in enumerate(zip(self.seq_lens, self.block_tables, strict=True)):
             if len(table) * self.block_size < n:

@@ -14,8 +14,8 @@ from localllm.engine.batch import BatchMeta
 from localllm.kernels.attention import (
     KV_DTYPES,
     DecodePlan,
+    context_attention,
     encode_kv,
-    fresh_attention,
     paged_attention,
     plan_decode,
     quantized_output,
@@ -130,8 +130,9 @@ class PagedKVCache:
         k, v = self.k[layer], self.v[layer]
         ks = self.k_scales[layer] if self.k_scales else None
         vs = self.v_scales[layer] if self.v_scales else None
-        if batch.fresh:  # keys by slot: no host block table (a captured prompt graph)
-            o = fresh_attention(q, k, v, batch.slot_mapping, scale, window, softcap, ks, vs, sinks)
+        if batch.context is not None:  # the table and lengths on the device (a prompt graph)
+            table, ctx = batch.context
+            o = context_attention(q, k, v, table, ctx, scale, window, softcap, ks, vs, sinks)
             return o, None
         plan = self._decode_plan(batch, window)
         xq = quantized_output(q, k, v, plan, ks, sinks) if quant and plan is not None else None

@@ -1,13 +1,13 @@
-"""Prompt CUDA graphs: a fresh prompt's forward captured once per padded length, then replayed.
+"""Prompt CUDA graphs: a prompt chunk's forward captured once per padded length, then replayed.
 
 A GPU prompt of a few hundred tokens is bound by host dispatch: a MoE layer launches ~22 kernels
 and ~25 torch ops, ~1.3 ms of Python against ~0.8 ms of kernels, and how far the host falls
-behind moves the prompt's speed 1.8x between runs. A prompt that starts its sequence reads no
-block table (its keys are its own, read back by slot: `BatchMeta.fresh`), so its forward has
-nothing host-side but its length: it is captured per length bucket and replayed with the ids and
-slots written into static buffers. Rows past the prompt up to the bucket are padding (token 0 at
-the prompt's last position, k/v written to `spare_slot`, a slot no sequence owns): causal
-attention keeps them out of every real row, and every other op is row by row.
+behind moved a 512-token prompt's speed 1.8x between runs. A chunk of one sequence needs nothing
+host-side but its token count once its block table and lengths are device tensors
+(`BatchMeta.context`; attention reads the blocks through the table), so its forward is captured
+per length bucket and replayed for any context. Rows past the chunk up to the bucket are padding
+(token 0 at the chunk's last position, k/v written to `spare_slot`, a slot no sequence owns):
+causal attention keeps them out of every real row, and every other op is row by row.
 """
 
 from dataclasses import dataclass
@@ -36,57 +36,72 @@ class _Graph:
 
 
 class PrefillGraphs:
-    """Captured fresh-prompt forwards of `model` over `kv`, keyed by padded length."""
+    """Captured prompt-chunk forwards of `model` over `kv`, keyed by padded length; one
+    sequence's block table of up to `max_blocks` blocks."""
 
-    def __init__(self, model: nn.Module, kv: PagedKVCache, spare_slot: int, pool=None):
+    def __init__(self, model: nn.Module, kv: PagedKVCache, spare_slot: int, max_blocks: int,
+                 pool=None):  # fmt: skip
         if not 0 <= spare_slot < kv.num_blocks * kv.block_size:
             raise ValueError(f"spare slot {spare_slot} is outside the cache")
         self.model, self.kv, self.spare_slot = model, kv, spare_slot
+        dev = kv.device
+        self.table = torch.zeros(max_blocks, dtype=torch.long, device=dev)  # static, shared
+        self.ctx = torch.zeros(2, dtype=torch.long, device=dev)  # first position, length after
         self.graphs: dict[int, _Graph] = {}
         self.pool = pool  # a graph memory pool shared with the decode graphs (or None: own)
         self.failed: str | None = None  # why capture failed (then every prompt runs eager)
         # resident experts only (host steps cannot be captured whole); plain float caches only
         # (the 8-bit formats' scales take the eager path's decode)
         self.usable = (
-            kv.device.type == "cuda"
+            dev.type == "cuda"
             and kv.k_scales is None
             and graph_safe(model)
             and not any(b.mapped is not None for b in moe_blocks(model))
         )
 
     def bucket(self, n: int) -> int | None:
-        """The padded length that a fresh prompt of `n` tokens replays at (None: eager)."""
+        """The padded length that a chunk of `n` tokens replays at (None: eager)."""
         return bucket_of(n) if self.usable and self.failed is None else None
 
-    def fill(self, inputs: torch.Tensor, ids: torch.Tensor, slots: torch.Tensor) -> None:
-        """Write a prompt of n tokens into static inputs [3, P]: its ids, positions 0..n-1 and
-        slots, then the padding (token 0 at position n-1, the spare slot)."""
-        n = ids.shape[0]
+    def fill(self, inputs: torch.Tensor, ids: torch.Tensor, slots: torch.Tensor, start: int,
+             table: list[int]) -> None:  # fmt: skip
+        """Write a chunk of n tokens at positions start.. into static inputs [3, P] and the
+        context: ids, positions, slots, then the padding (token 0 at the chunk's last position,
+        the spare slot); the table and (start, start + n)."""
+        n, p = ids.shape[0], inputs.shape[1]
         inputs[0, :n].copy_(ids)
         inputs[0, n:].zero_()
-        torch.clamp(torch.arange(inputs.shape[1], device=inputs.device), max=n - 1, out=inputs[1])
+        pos = torch.arange(start, start + p, device=inputs.device)
+        torch.clamp(pos, max=start + n - 1, out=inputs[1])
         inputs[2, :n].copy_(slots)
         inputs[2, n:].fill_(self.spare_slot)
+        host = torch.tensor([start, start + n, *table], dtype=torch.long)
+        both = host.to(inputs.device, non_blocking=False)
+        self.ctx.copy_(both[:2])
+        self.table[: len(table)].copy_(both[2:])
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
-        """The model over static inputs [3, P] -> hidden [P, dim] (no host sync)."""
+        """The model over static inputs [3, P] and the context -> hidden [P, dim] (no host
+        sync)."""
         p = inputs.shape[1]
-        meta = BatchMeta((0, p), (p,), ((),), inputs[2], self.kv.block_size, fresh=True)
+        meta = BatchMeta((0, p), (p,), ((),), inputs[2], self.kv.block_size,
+                         context=(self.table, self.ctx))  # fmt: skip
         return self.model(inputs[0], inputs[1], meta, self.kv)
 
-    def run(self, ids: torch.Tensor, slots: torch.Tensor) -> torch.Tensor | None:
-        """Hidden states [n, dim] of a fresh prompt: `ids` and `slots` [n] on the model's
-        device (positions are 0..n-1), or None when it runs eager (a view of the graph's
-        output: valid until the next call)."""
+    def run(self, ids: torch.Tensor, slots: torch.Tensor, start: int,
+            table: list[int]) -> torch.Tensor | None:  # fmt: skip
+        """Hidden states [n, dim] of a chunk of one sequence: `ids` and `slots` [n] on the
+        model's device at positions start..start+n-1, `table` its block table (host ints); or
+        None when it runs eager. A view of the graph's output: valid until the next call."""
         n = ids.shape[0]
         p = self.bucket(n)
-        if p is None:
+        if p is None or len(table) > self.table.shape[0]:
             return None
         g = self.graphs.get(p)
         first = g is None
         if first:
             g = _Graph(torch.zeros(3, p, dtype=torch.long, device=self.kv.device), None, None)
-        self.fill(g.inputs, ids, slots)
+        self.fill(g.inputs, ids, slots, start, table)
         if first:
             try:
                 self._capture(g)

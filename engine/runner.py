@@ -6,9 +6,9 @@ known token of each request, draft tokens being verified, prompt-logprob positio
 Draft verification is exact: a draft token is kept only if the target samples exactly it, and
 randomness is drawn one row at a time so a seeded request draws the same numbers with or without
 speculation. On CUDA, steps where every request decodes one token replay a captured decode graph
-(`DecodeGraphs`), a step that is one prompt from its first token replays a prompt graph
-(`PrefillGraphs`, given a spare KV slot for its padding); everything else (later prompt chunks,
-batches of prompts, drafts, CPU) runs eagerly.
+(`DecodeGraphs`), a step of one request's prompt chunk replays a prompt graph (`PrefillGraphs`,
+given a spare KV slot for its padding); everything else (batches of prompts, drafts, CPU) runs
+eagerly.
 """
 
 from dataclasses import dataclass, field
@@ -50,6 +50,7 @@ class ModelRunner:
         block_ids,
         cuda_graphs: bool = True,
         spare_slot: int | None = None,
+        max_blocks: int = 0,
     ):
         self.model = model
         self.kv = kv
@@ -59,10 +60,11 @@ class ModelRunner:
         # MoE layers whose experts are read or computed on the host are captured in pieces
         use = cuda_graphs and self.device.type == "cuda"
         self.graphs = DecodeGraphs(model, kv) if use else None
-        # `spare_slot`: a KV slot no request owns, where prompt graphs write their padding
+        # `spare_slot`: a KV slot no request owns, where prompt graphs write their padding;
+        # `max_blocks`: the longest block table a request can have
         self.prompts = None
         if use and spare_slot is not None:
-            self.prompts = PrefillGraphs(model, kv, spare_slot)
+            self.prompts = PrefillGraphs(model, kv, spare_slot, max_blocks)
             self.graphs.pool = self.prompts.pool = torch.cuda.graph_pool_handle()
 
     @torch.inference_mode()
@@ -73,8 +75,9 @@ class ModelRunner:
                 return out
         ids, positions, rows, batch = self._prepare(sched)
         hidden = None
-        if self.prompts is not None and batch.num_seqs == 1 and batch.seq_lens[0] == len(ids):
-            hidden = self.prompts.run(ids, batch.slot_mapping)  # a prompt from its first token
+        if self.prompts is not None and batch.num_seqs == 1:  # one request's prompt chunk
+            start = batch.seq_lens[0] - len(ids)
+            hidden = self.prompts.run(ids, batch.slot_mapping, start, batch.block_tables[0])
         if hidden is None:
             hidden = self.model(ids, positions, batch, self.kv)
         out = RunnerOutput()

@@ -18,17 +18,17 @@ from localllm.kernels.attention.kv_quant import (
     scale_shape,
     vector_nbytes,
 )
-from localllm.kernels.attention.paged import fresh_attention, paged_attention, write_paged
+from localllm.kernels.attention.paged import context_attention, paged_attention, write_paged
 
 __all__ = [
     "KV_DTYPES",
     "DecodePlan",
+    "context_attention",
     "decode_attention",
     "decode_kv",
     "dequantize_fp8",
     "dequantize_q8_0",
     "encode_kv",
-    "fresh_attention",
     "paged_attention",
     "plan_decode",
     "q8_group",

@@ -110,11 +110,12 @@ def paged_attention(
     return torch.cat(outs) if outs else q.new_empty(0, q.shape[1], v_cache.shape[-1])
 
 
-def fresh_attention(
+def context_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,
+    table: torch.Tensor,
+    ctx: torch.Tensor,
     scale: float,
     window: int | None = None,
     softcap: float | None = None,
@@ -122,23 +123,26 @@ def fresh_attention(
     v_scales: torch.Tensor | None = None,
     sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """`paged_attention` of one sequence made of this step's tokens alone (a prompt from position
-    0, `BatchMeta.fresh`): its keys are gathered by `slot_mapping` on the device, so no host-side
-    block table is read (a captured graph replays with other slots). Same keys, same kernels."""
-    t = q.shape[0]
-    want = None if t > 1 and q.is_cuda and k_scales is None else q.dtype
-    keys = _take(k_cache, k_scales, slot_mapping, want)
-    vals = _take(v_cache, v_scales, slot_mapping, want)
-    if t == 1:
-        return _decode_one(q[0], keys, vals, scale, softcap, sinks)
-    return _chunk(q, keys, vals, 0, scale, window, softcap, sinks)
+    """`paged_attention` of one sequence whose context lives on the device (`BatchMeta.context`:
+    `ctx` [2] int64, its first new position and its length after the step; `table` [W] int64,
+    its block table, zero-padded): q [t, H, D], rows past ctx[1] - ctx[0] padding. On CUDA with
+    plain float caches one kernel reads the blocks through the table (no host value depends on
+    the context: a captured graph replays for any); elsewhere the reference reads them to the
+    host and returns zeros for the padding rows."""
+    if q.is_cuda and k_scales is None:
+        from localllm.kernels.attention.triton_prefill import flash_prefill_paged, supports
 
-
-def _take(cache, scales, slots: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
-    """The cache rows at `slots` [m] -> [m, KV, D], decoded to `dtype` (None: as stored)."""
-    vals = cache.flatten(0, 1).index_select(0, slots)
-    sc = None if scales is None else scales.flatten(0, 1).index_select(0, slots)
-    return vals if dtype is None or vals.dtype == dtype else decode_kv(vals, sc, dtype)
+        if supports(q, k_cache, v_cache):
+            return flash_prefill_paged(q, k_cache, v_cache, table, ctx, scale, window, softcap,
+                                       sinks)  # fmt: skip
+    start, n = ctx.tolist()
+    blocks = tuple(table[: -(-n // k_cache.shape[1])].tolist())
+    out = q.new_zeros(q.shape[0], q.shape[1], v_cache.shape[-1])
+    out[: n - start] = paged_attention(
+        q[: n - start], k_cache, v_cache, (0, n - start), (n,), (blocks,), scale, window, softcap,
+        k_scales, v_scales, sinks=sinks,
+    )  # fmt: skip
+    return out
 
 
 def _with_plan(

@@ -25,13 +25,17 @@ BLOCKS = {"tf32x3": (32, 32, 4), "tf32": (32, 64, 4)}
 
 @triton.jit
 def _prefill_kernel(
-    q_ptr, k_ptr, v_ptr, sinks_ptr, out_ptr, T, M, Q0, WINDOW, scale, softcap,
-    sq_t, sq_h, sk_m, sk_h, sv_m, sv_h,
+    q_ptr, k_ptr, v_ptr, sinks_ptr, out_ptr, table_ptr, ctx_ptr, T, M, Q0, WINDOW, scale,
+    softcap, sq_t, sq_h, sk_m, sk_h, sv_m, sv_h,
     G: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
     HAS_WINDOW: tl.constexpr, CAP: tl.constexpr, SINKS: tl.constexpr, DOT: tl.constexpr,
+    PAGED: tl.constexpr, BS: tl.constexpr,
 ):  # fmt: skip
     i0, h = tl.program_id(0) * BM, tl.program_id(1)
     g = h // G
+    if PAGED:  # the context on the device: first new key index, keys after the step
+        Q0 = tl.load(ctx_ptr)
+        M = tl.load(ctx_ptr + 1)
     i = i0 + tl.arange(0, BM)
     d, dv = tl.arange(0, D), tl.arange(0, DV)
     pos = Q0 + i  # each query's own key index: it sees keys <= pos (and > pos - WINDOW)
@@ -47,8 +51,12 @@ def _prefill_kernel(
     for j0 in range(lo, hi, BN):
         j = j0 + tl.arange(0, BN)
         jm = j < M
-        k = tl.load(k_ptr + j[:, None] * sk_m + g * sk_h + d[None, :], mask=jm[:, None], other=0.0)
-        v = tl.load(v_ptr + j[:, None] * sv_m + g * sv_h + dv[None, :], mask=jm[:, None], other=0.0)
+        if PAGED:  # key j sits in block table[j // BS], row j % BS
+            r = tl.load(table_ptr + j // BS, mask=jm, other=0) * BS + j % BS
+        else:
+            r = j
+        k = tl.load(k_ptr + r[:, None] * sk_m + g * sk_h + d[None, :], mask=jm[:, None], other=0.0)
+        v = tl.load(v_ptr + r[:, None] * sv_m + g * sv_h + dv[None, :], mask=jm[:, None], other=0.0)
         s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision=DOT)  # [BM, BN]
         if CAP:
             s = softcap * (1.0 - 2.0 / (tl.exp(2.0 * s / softcap) + 1.0))  # softcap * tanh(s / cap)
@@ -110,9 +118,44 @@ def flash_prefill(
     out = torch.empty(t, h, dv, dtype=torch.float32, device=q.device)
     sk = sinks if sinks is not None else out  # unread without SINKS
     _prefill_kernel[(triton.cdiv(t, bm), h)](
-        q, keys, vals, sk, out, t, m, q0, window or 0, scale, softcap or 0.0,
+        q, keys, vals, sk, out, out, out, t, m, q0, window or 0, scale, softcap or 0.0,
         q.stride(0), q.stride(1), keys.stride(0), keys.stride(1), vals.stride(0), vals.stride(1),
         G=h // kvh, D=d, DV=dv, BM=bm, BN=bn, HAS_WINDOW=bool(window), CAP=softcap is not None,
-        SINKS=sinks is not None, DOT=dot, num_warps=warps,
+        SINKS=sinks is not None, DOT=dot, PAGED=False, BS=1, num_warps=warps,
+    )  # fmt: skip
+    return out
+
+
+def flash_prefill_paged(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    table: torch.Tensor,
+    ctx: torch.Tensor,
+    scale: float,
+    window: int | None = None,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """`flash_prefill` for one sequence whose context lives on the device: `ctx` [2] int64 (the
+    first new token's key index, the keys after the step) and its block `table` [W] int64 over
+    caches [blocks, BS, KV, D] (keys read in place, as stored). q [t, H, D] holds the new tokens;
+    rows past ctx[1] - ctx[0] are padding (computed, never meant to be read). No host value
+    depends on the context, so a graph captured once replays for any."""
+    t, h, d = q.shape
+    _, bs, kvh, _ = k_cache.shape
+    dv = v_cache.shape[-1]
+    keys, vals = k_cache.flatten(0, 1), v_cache.flatten(0, 1)
+    if q.stride(-1) != 1 or keys.stride(-1) != 1 or vals.stride(-1) != 1:
+        raise ValueError("flash_prefill_paged needs the head dims contiguous")
+    dot = "tf32x3" if keys.dtype == torch.float32 else "tf32"
+    bm, bn, warps = BLOCKS[dot]
+    out = torch.empty(t, h, dv, dtype=torch.float32, device=q.device)
+    sk = sinks if sinks is not None else out  # unread without SINKS
+    _prefill_kernel[(triton.cdiv(t, bm), h)](
+        q, keys, vals, sk, out, table, ctx, t, 0, 0, window or 0, scale, softcap or 0.0,
+        q.stride(0), q.stride(1), keys.stride(0), keys.stride(1), vals.stride(0), vals.stride(1),
+        G=h // kvh, D=d, DV=dv, BM=bm, BN=bn, HAS_WINDOW=bool(window), CAP=softcap is not None,
+        SINKS=sinks is not None, DOT=dot, PAGED=True, BS=bs, num_warps=warps,
     )  # fmt: skip
     return out

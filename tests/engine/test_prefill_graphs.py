@@ -1,13 +1,14 @@
 """Prompt CUDA graphs against eager prompts.
 
-CPU (always run): attention of a fresh prompt read back by slot equals the block-table path bit
-for bit (every cache format, windows, soft-cap, sinks); a fresh batch must be one sequence made of
-its step's tokens; `PrefillGraphs.forward` (the captured function, run eagerly) over padded
-inputs gives the eager prompt's hidden states and writes the same KV at the prompt's slots, and
-its padding touches no slot but the spare one. GPU (marked `gpu`): replayed prompt graphs of a
-tiny llama and a tiny qwen3moe, at an exact bucket and padded, a second prompt on another block
-table through the same graph, equal eager prompts; the engine's greedy tokens after a 40-token
-prompt are the same with prompt graphs on and off.
+CPU (always run): the device-context attention's reference is the block-table path with zeros
+for padding rows (every cache format, windows, soft-cap, sinks); a device context is one sequence
+with no host table; `PrefillGraphs.forward` (the captured function, run eagerly) over padded
+inputs gives the eager chunks' hidden states and writes the same KV at their slots, and the
+padding touches no slot but the spare one. GPU (marked `gpu`): replayed prompt graphs of a tiny
+llama and a tiny qwen3moe (first chunks and chunks after context, an exact bucket and padded, two
+block tables through the same graphs) equal eager chunks; the engine's greedy tokens after a
+40-token prompt are the same with prompt graphs on and off. The kernel reading blocks through
+the table: tests/kernels/test_flash_prefill.py.
 """
 
 import dataclasses
@@ -21,7 +22,7 @@ from localllm.engine.gguf import open_gguf
 from localllm.engine.kv_cache import PagedKVCache
 from localllm.engine.loader import build_model
 from localllm.engine.prefill_graphs import BUCKETS, PrefillGraphs, bucket_of
-from localllm.kernels.attention import encode_kv, fresh_attention, paged_attention, write_paged
+from localllm.kernels.attention import context_attention, encode_kv, paged_attention, write_paged
 from tests.engine.near_ties import assert_same_or_near_tie
 from tests.perf.make_synthetic import SHAPES, write_synthetic
 
@@ -29,7 +30,7 @@ gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA dev
 BS = 16
 NB = 12  # blocks in the test caches; the last one is the spare
 SPARE = (NB - 1) * BS
-TABLES = ([7, 2, 9, 0], [3, 10, 1, 5])  # shuffled (non-consecutive) block tables
+TABLES = ([7, 2, 9, 0, 4, 8], [3, 10, 1, 5, 6])  # shuffled (non-consecutive) block tables
 
 
 def _slots(table, n):
@@ -38,39 +39,40 @@ def _slots(table, n):
 
 @pytest.mark.parametrize("dtype", ["f32", "f16", "q8_0", "fp8"])
 @pytest.mark.parametrize("extra", [{}, {"window": 5}, {"softcap": 3.0}, {"sinks": True}])
-def test_fresh_attention_equals_the_block_table_path(dtype, extra):
+def test_context_attention_reference_is_the_table_path_with_zero_padding(dtype, extra):
+    """Off CUDA (and for 8-bit caches) the device-context path reads the context back to the
+    host: the block-table path's rows, zeros for the padding rows."""
     g = torch.Generator().manual_seed(0)
-    kvh, h, d, n = 2, 4, 16, 37
-    k = torch.randn(n, kvh, d, generator=g)
-    v = torch.randn(n, kvh, d, generator=g)
-    q = torch.randn(n, h, d, generator=g)
-    caches = []
-    for vals in (k, v):
+    kvh, h, d, n, start, pad = 2, 4, 16, 37, 20, 11
+    kc, vc = [], []
+    for cache in (kc, vc):
+        vals = torch.randn(n, kvh, d, generator=g)
         enc, sc = encode_kv(vals, dtype)
-        cache = torch.zeros(NB, BS, kvh, d).to(enc.dtype)
-        scales = None if sc is None else torch.zeros(NB, BS, *sc.shape[1:], dtype=sc.dtype)
+        cache.append(torch.zeros(NB, BS, kvh, d).to(enc.dtype))
+        cache.append(None if sc is None else torch.zeros(NB, BS, *sc.shape[1:], dtype=sc.dtype))
         slots = torch.tensor(_slots(TABLES[0], n))
-        write_paged(cache, enc, slots)
+        write_paged(cache[0], enc, slots)
         if sc is not None:
-            write_paged(scales, sc, slots)
-        caches.append((cache, scales))
-    (kc, ks), (vc, vs) = caches
+            write_paged(cache[1], sc, slots)
+    q = torch.randn(n - start + pad, h, d, generator=g)
     sinks = torch.randn(h, generator=g) if extra.get("sinks") else None
     window, softcap = extra.get("window"), extra.get("softcap")
     table = tuple(TABLES[0][: -(-n // BS)])
-    ref = paged_attention(q, kc, vc, (0, n), (n,), (table,), 0.25, window, softcap, ks, vs,
-                          sinks=sinks)  # fmt: skip
-    got = fresh_attention(q, kc, vc, slots, 0.25, window, softcap, ks, vs, sinks)
-    assert torch.equal(got, ref)
+    ref = paged_attention(q[: n - start], kc[0], vc[0], (0, n - start), (n,), (table,), 0.25,
+                          window, softcap, kc[1], vc[1], sinks=sinks)  # fmt: skip
+    padded = torch.tensor(TABLES[0] + [0] * 2)
+    got = context_attention(q, kc[0], vc[0], padded, torch.tensor([start, n]), 0.25, window,
+                            softcap, kc[1], vc[1], sinks)  # fmt: skip
+    assert torch.equal(got[: n - start], ref) and not got[n - start :].any()
 
 
-def test_a_fresh_batch_is_one_sequence_of_its_own_tokens():
-    slots = torch.arange(4)
-    BatchMeta((0, 4), (4,), ((),), slots, BS, fresh=True)  # fine: no table needed
-    with pytest.raises(ValueError, match="fresh"):
-        BatchMeta((0, 4), (6,), ((0,),), slots, BS, fresh=True)  # context before the step
-    with pytest.raises(ValueError, match="fresh"):
-        BatchMeta((0, 2, 4), (2, 2), ((), ()), slots, BS, fresh=True)
+def test_a_device_context_is_one_sequence_with_no_host_table():
+    slots, ctx = torch.arange(4), (torch.zeros(8, dtype=torch.long), torch.tensor([0, 4]))
+    BatchMeta((0, 4), (4,), ((),), slots, BS, context=ctx)  # fine: no host table needed
+    with pytest.raises(ValueError, match="device context"):
+        BatchMeta((0, 4), (4,), ((0,),), slots, BS, context=ctx)  # a host table as well
+    with pytest.raises(ValueError, match="device context"):
+        BatchMeta((0, 2, 4), (2, 2), ((), ()), slots, BS, context=ctx)
 
 
 @pytest.fixture(scope="module")
@@ -85,11 +87,11 @@ def models(tmp_path_factory):
     return out
 
 
-def _eager(model, kv, prompt, table, device):
-    n = len(prompt)
-    slots = torch.tensor(_slots(table, n), device=device)
-    meta = BatchMeta((0, n), (n,), (tuple(table[: -(-n // BS)]),), slots, BS)
-    ids, pos = torch.tensor(prompt, device=device), torch.arange(n, device=device)
+def _eager(model, kv, chunk, start, table, device):
+    n, end = len(chunk), start + len(chunk)
+    slots = torch.tensor(_slots(table, end)[start:], device=device)
+    meta = BatchMeta((0, n), (end,), (tuple(table[: -(-end // BS)]),), slots, BS)
+    ids, pos = torch.tensor(chunk, device=device), torch.arange(start, end, device=device)
     return model(ids, pos, meta, kv)
 
 
@@ -97,10 +99,14 @@ def _written(kv, slots):
     return [t.flatten(0, 1)[slots].float() for t in kv.k + kv.v]
 
 
+# (sequence, first position, tokens): a 32-token prompt (a bucket) then a 40-token chunk after
+# it (padded to 48), a 40-token prompt on another table through the same graph, then 33 more
+CHUNKS = [(0, 0, 32), (0, 32, 40), (1, 0, 40), (1, 40, 33)]
+
+
 def _compare(path, device: str, replay: bool):
-    """Prompts of 32 (a bucket), 40 (padded to 48) and 40 again on another table through the
-    same graph: (eager hidden, graph hidden, eager KV rows, graph KV rows) per prompt; and the
-    spare block's other slots are untouched."""
+    """CHUNKS eagerly and through prompt graphs: (eager hidden, graph hidden, eager KV rows,
+    graph KV rows) per chunk; and the spare block's other slots are untouched."""
     gguf = open_gguf(str(path))
     try:
         model = build_model(gguf, device=device)
@@ -114,24 +120,24 @@ def _compare(path, device: str, replay: bool):
             return kv
 
         kv_e, kv_g = cache(), cache()
-        prompts = PrefillGraphs(model, kv_g, SPARE)
+        prompts = PrefillGraphs(model, kv_g, SPARE, max_blocks=8)
         g = torch.Generator().manual_seed(3)
-        cases = [(32, TABLES[0]), (40, TABLES[0]), (40, TABLES[1])]
         out = []
         with torch.inference_mode():
-            for n, table in cases:
-                prompt = torch.randint(0, 512, (n,), generator=g).tolist()
-                ref = _eager(model, kv_e, prompt, table, device)
-                ids = torch.tensor(prompt, device=device)
-                slots = torch.tensor(_slots(table, n), device=device)
+            for seq, start, n in CHUNKS:
+                table = TABLES[seq]
+                chunk = torch.randint(0, 512, (n,), generator=g).tolist()
+                ref = _eager(model, kv_e, chunk, start, table, device)
+                ids = torch.tensor(chunk, device=device)
+                s = _slots(table, start + n)[start:]
+                slots = torch.tensor(s, device=device)
                 if replay:
-                    got = prompts.run(ids, slots)
+                    got = prompts.run(ids, slots, start, table)
                     assert got is not None, prompts.failed
                 else:  # the captured function, run eagerly on the padded input
                     inputs = torch.zeros(3, bucket_of(n), dtype=torch.long, device=device)
-                    prompts.fill(inputs, ids, slots)
+                    prompts.fill(inputs, ids, slots, start, table)
                     got = prompts.forward(inputs)[:n]
-                s = _slots(table, n)
                 out.append((ref.float().cpu(), got.float().cpu(),
                             _written(kv_e, s), _written(kv_g, s)))  # fmt: skip
         if replay:

@@ -62,6 +62,7 @@ class ExpertCounters:
     stall_s: float
     prefetch_hits: int
     guess_rate: float
+    prepare_s: float  # of the stall: preparing (CPU) or packing (device) the experts read
 
     @classmethod
     def between(cls, before, after) -> "ExpertCounters":
@@ -79,6 +80,7 @@ class ExpertCounters:
             after.stall_seconds - before.stall_seconds,
             after.prefetch_hits - before.prefetch_hits,
             right / guessed if guessed else 0.0,
+            after.prepare_seconds - before.prepare_seconds,
         )
 
     def line(self) -> str:
@@ -86,7 +88,7 @@ class ExpertCounters:
         return (
             f"{self.hits} hits, {self.misses} misses (hit rate {rate:.2f}), "
             f"{self.bytes_read / 1e9:.3f} GB read at {self.read_gbps:.2f} GB/s, "
-            f"stall {self.stall_s:.3f} s"
+            f"stall {self.stall_s:.3f} s (packing or preparing {self.prepare_s:.3f} s)"
         )
 
 
@@ -185,7 +187,7 @@ def run_model(path: str, args: argparse.Namespace) -> list[BenchResult]:
     from localllm.engine.loader import build_model
     from localllm.engine.moe import account_mapped
     from localllm.engine.moe_residency import load_model
-    from localllm.offload.expert_cache import expert_stats
+    from localllm.offload.expert_stats import expert_stats
 
     device = torch.device(args.device)
     gguf = open_gguf(path)

@@ -145,7 +145,7 @@ def _stream(engine, ids, params):
 
 def _report_experts(model) -> None:
     """Expert lookups and streaming reads of an MoE model loaded under a residency plan."""
-    from localllm.offload.expert_cache import expert_stats
+    from localllm.offload.expert_stats import expert_stats
 
     if not getattr(model, "expert_sources", None):
         return

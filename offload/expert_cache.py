@@ -16,7 +16,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Protocol
 
@@ -25,52 +25,9 @@ import torch
 from localllm.kernels.moe import ExpertBlocks, ExpertFormat
 from localllm.kernels.moe.prepared import PreparedExpert, prepare_expert, prepared_format_nbytes
 from localllm.kernels.quant.types import row_nbytes
+from localllm.offload.expert_stats import ExpertStats
 from localllm.offload.ranges import ByteRange
-
-
-@dataclass(slots=True)
-class ExpertStats:
-    """Counters of one expert source; `hits + misses == lookups` always."""
-
-    lookups: int = 0
-    hits: int = 0
-    misses: int = 0
-    bytes_read: int = 0
-    stall_seconds: float = 0.0  # time compute waited on reads (misses, unfinished read-aheads)
-    read_seconds: float = 0.0  # time reads took, in the foreground or on the prefetch thread
-    prefetched: int = 0  # experts read ahead on a guess
-    prefetch_hits: int = 0  # lookups served by a read-ahead
-    guessed: int = 0  # experts guessed for a coming layer (prefetch)
-    guessed_right: int = 0  # of those, the ones the layer then routed to
-    host_rows: int = 0  # token rows whose routed experts ran on the host (host compute)
-    prepared: int = 0  # experts prepared for CPU compute after a read (streamed sources)
-    prepare_seconds: float = 0.0  # time those preparations took (in the reads' thread)
-
-    @property
-    def read_gbps(self) -> float:
-        """Bandwidth of the expert reads, in GB/s (0 before any read)."""
-        return self.bytes_read / self.read_seconds / 1e9 if self.read_seconds > 0 else 0.0
-
-    @property
-    def guess_rate(self) -> float:
-        """Share of the prefetch's guessed experts that the layer then used."""
-        return self.guessed_right / self.guessed if self.guessed else 0.0
-
-    @property
-    def hit_rate(self) -> float:
-        return self.hits / self.lookups if self.lookups else 0.0
-
-    def snapshot(self) -> "ExpertStats":
-        return replace(self)
-
-
-def expert_stats(sources: "list[ExpertSource]") -> ExpertStats:
-    """Counters summed over the sources (hits + misses = lookups)."""
-    total = ExpertStats()
-    for s in sources:
-        for f in fields(ExpertStats):
-            setattr(total, f.name, getattr(total, f.name) + getattr(s.stats, f.name))
-    return total
+from localllm.offload.staging import StagingRing
 
 
 class ExpertSource(Protocol):
@@ -95,10 +52,14 @@ class ExpertSource(Protocol):
 
 
 PREPARE_THREADS = 8  # threads preparing resident experts at load
-# One expert's read is split into chunks pread in parallel: a page-cache copy runs ~5 GB/s per
-# thread (H200 host), and a decode step waits for every miss.
-READ_THREADS = 4
+# A layer's missing experts are read in chunks pread in parallel: a page-cache copy runs ~5 GB/s
+# per thread (H200 host), and a decode step waits for every miss.
+READ_THREADS = 8
 READ_CHUNK = 1 << 19
+# Packed on a device: misses staged in a ring of page-locked buffers (at most this many bytes),
+# read and uploaded this many at a time.
+STAGE_BYTES = 256 << 20
+STAGE_WAVE = 8
 
 
 def _pread_exact(fd: int, view: memoryview, offset: int, path: str) -> None:
@@ -231,9 +192,10 @@ class StreamedExperts:
     prepared right after it is read, in the reading thread, and `fetch` answers with that
     PreparedExpert until the slot is reused: at most slots x (raw + prepared) bytes. With
     `pack_on` (a CUDA device; all layouts of one format), the slots are a `PackedSlotPool` there:
-    a read is staged in one of two host buffers (one per reading thread) and packed into its
-    slot once, hits never cross the bus again, and `slots_for` gives the slot numbers the grouped
-    GEMVs read in place of expert ids (`n_used`: choices per token, for the pool's counters). With
+    a read is staged in a ring of page-locked host buffers (`StagingRing`), uploaded without
+    waiting and packed into its slot by one gather per plane, hits never cross the bus again, and
+    `slots_for` gives the slot numbers the grouped GEMVs read in place of expert ids, reading a
+    layer's misses together (`n_used`: choices per token, for the pool's counters). With
     `prefetch`, `guess(layer, experts)` starts reading the guessed experts of a coming layer on
     one background thread into free or evictable slots (never the current layer's experts);
     all slot bookkeeping stays on the calling thread, the worker only fills a reserved slot.
@@ -265,11 +227,17 @@ class StreamedExperts:
         self.packed_pool = None if pack_on is None else self._device_pool(pack_on, slots, n_used)
         self._prepared: list[PreparedExpert | None] = [None] * slots  # per slot, with prepare
         self.n_slots, self.prefetch, self.evict = slots, prefetch, evict
-        # packed on a device: the host only stages reads (one buffer per reading thread)
-        buffers = 2 if self.packed_pool is not None else slots
-        pin = pack_on is not None and pack_on.type == "cuda"
-        self.pool = torch.empty(buffers, self.slot_bytes, dtype=torch.uint8, pin_memory=pin)
-        self._views = [memoryview(self.pool[i].numpy()) for i in range(buffers)]
+        # packed on a device: the host only stages reads; else each slot holds its raw blocks
+        self.ring = None
+        if self.packed_pool is not None:
+            # (a call reads at most `slots` experts, the prefetch thread one more)
+            n = max(2, min(2 * STAGE_WAVE, slots + 1, STAGE_BYTES // self.slot_bytes))
+            pin = pack_on.type == "cuda"
+            self.ring = StagingRing(n, self.slot_bytes, pin)
+            self.pool, self._views = self.ring.buffers, self.ring.views
+        else:
+            self.pool = torch.empty(slots, self.slot_bytes, dtype=torch.uint8)
+            self._views = [memoryview(self.pool[i].numpy()) for i in range(slots)]
         self._lru: OrderedDict[tuple[int, int], int] = OrderedDict()  # key -> slot, oldest first
         self._free = list(range(slots - 1, -1, -1))
         self._loading: dict[tuple[int, int], tuple[int, Future]] = {}  # read-ahead in flight
@@ -309,13 +277,8 @@ class StreamedExperts:
             pos += rows * rb
         return ExpertBlocks(*parts)
 
-    def _read(self, slot: int, layout: ExpertLayout, expert: int, ahead: bool = False) -> float:
-        """Fill `slot` with the expert (and prepare it) and count the read; returns the seconds
-        both took. Touches only the slot's buffer (or, packed on a device, the reading thread's
-        staging buffer) and prepared entry, and (under the lock) the counters."""
-        self._prepared[slot] = None  # freed before the next one is made: the bound holds
-        t0 = time.perf_counter()
-        buf = int(ahead) if self.packed_pool is not None else slot
+    def _jobs(self, buf: int, layout: ExpertLayout, expert: int) -> list[tuple]:
+        """The pread jobs (fd, view, offset, path) that fill buffer `buf` with the expert."""
         pos, view, jobs = 0, self._views[buf], []
         for rng in layout.expert_ranges(expert):
             fd = self._fds[rng.path]
@@ -323,29 +286,53 @@ class StreamedExperts:
                 n = min(READ_CHUNK, rng.nbytes - off)
                 jobs.append((fd, view[pos + off : pos + off + n], rng.offset + off, rng.path))
             pos += rng.nbytes
-        if len(jobs) > 1 and self._readers is not None:  # preadv releases the GIL
-            list(self._readers.map(lambda job: _pread_exact(*job), jobs))
-        else:
-            for job in jobs:
-                _pread_exact(*job)
-        seconds = time.perf_counter() - t0
-        with self._lock:
-            self.stats.bytes_read += pos
-            self.stats.read_seconds += seconds
-        if self.prepare or self.packed_pool is not None:
-            t1 = time.perf_counter()
-            pool = self.packed_pool
-            if pool is None:
-                made = prepare_expert(self._blocks(buf, layout), layout.fmt)
-            else:  # one upload of the staged bytes, packed into the slot in place
-                made = pool.fill_raw(slot, self.pool[buf, : layout.expert_nbytes])
-            self._prepared[slot] = made
-            prep = time.perf_counter() - t1
+        return jobs
+
+    def _read(self, slot: int, layout: ExpertLayout, expert: int) -> float:
+        """Fill `slot` with the expert (and prepare or pack it); returns the seconds taken."""
+        return self._read_many(layout, [(slot, expert)])
+
+    def _read_many(self, layout: ExpertLayout, misses: list[tuple[int, int]]) -> float:
+        """Fill each (slot, expert) of `misses` (one layer's; and prepare or pack it) and count
+        the reads; returns the seconds taken. Every chunk of up to STAGE_WAVE experts is pread
+        on the reading threads at once. Touches only those slots' buffers (or, packed on a
+        device, staging buffers taken from the ring) and prepared entries, and (under the lock)
+        the counters."""
+        total, pool = 0.0, self.packed_pool
+        for w in range(0, len(misses), STAGE_WAVE):
+            wave = misses[w : w + STAGE_WAVE]
+            for slot, _ in wave:
+                self._prepared[slot] = None  # freed before the next one is made: the bound holds
+            bufs = [self.ring.take() if self.ring is not None else slot for slot, _ in wave]
+            t0 = time.perf_counter()
+            jobs = [
+                j for (_, e), b in zip(wave, bufs, strict=True) for j in self._jobs(b, layout, e)
+            ]
+            if len(jobs) > 1 and self._readers is not None:  # preadv releases the GIL
+                list(self._readers.map(lambda job: _pread_exact(*job), jobs))
+            else:
+                for job in jobs:
+                    _pread_exact(*job)
+            seconds = time.perf_counter() - t0
             with self._lock:
-                self.stats.prepared += 1
-                self.stats.prepare_seconds += prep
-            seconds += prep
-        return seconds
+                self.stats.bytes_read += len(wave) * layout.expert_nbytes
+                self.stats.read_seconds += seconds
+            if self.prepare or pool is not None:
+                t1 = time.perf_counter()
+                for (slot, _), b in zip(wave, bufs, strict=True):
+                    if pool is None:
+                        made = prepare_expert(self._blocks(b, layout), layout.fmt)
+                    else:  # an upload that does not wait, packed into the slot in place
+                        made = pool.fill_mapped(slot, self.pool[b, : layout.expert_nbytes])
+                        self.ring.give(b)
+                    self._prepared[slot] = made
+                prep = time.perf_counter() - t1
+                with self._lock:
+                    self.stats.prepared += len(wave)
+                    self.stats.prepare_seconds += prep
+                seconds += prep
+            total += seconds
+        return total
 
     def _victim(self, keep: set[tuple[int, int]]) -> int | None:
         """A slot to reuse: a free one, else an evicted one outside `keep` (None: none)."""
@@ -395,11 +382,19 @@ class StreamedExperts:
         ones; all stay in place together, so there must be no more of them than slots."""
         if len(experts) > self.n_slots:
             raise ValueError(f"{len(experts)} experts do not fit in {self.n_slots} slots")
-        return [self._lookup(layer, e, keep_layer=True) for e in experts]
+        self._pinned = self._pinned | {(layer, e) for e in experts}  # none evicts another
+        misses: list[tuple[int, int]] = []  # (slot, expert), read together below
+        slots = [self._lookup(layer, e, keep_layer=True, defer=misses) for e in experts]
+        if misses:
+            seconds = self._read_many(self.layouts[layer], misses)
+            with self._lock:
+                self.stats.stall_seconds += seconds
+        return slots
 
-    def _lookup(self, layer: int, expert: int, keep_layer: bool) -> int:
-        """The slot holding (layer, expert), read into one on a miss. `keep_layer`: never evict
-        the layer's other experts (wait for read-aheads instead); else only prefer not to."""
+    def _lookup(self, layer: int, expert: int, keep_layer: bool, defer=None) -> int:
+        """The slot holding (layer, expert), read into one on a miss (or, with `defer`, the
+        (slot, expert) appended there for the caller to read). `keep_layer`: never evict the
+        layer's other experts (wait for read-aheads instead); else only prefer not to."""
         key = (layer, expert)
         self.stats.lookups += 1
         self._uses[key] = self._uses.get(key, 0) + 1
@@ -424,6 +419,9 @@ class StreamedExperts:
             self._settle(next(iter(self._loading)))
             slot = self._victim(self._pinned if keep_layer else set())
         self._lru[key] = slot
+        if defer is not None:
+            defer.append((slot, expert))
+            return slot
         seconds = self._read(slot, self.layouts[layer], expert)
         with self._lock:
             self.stats.stall_seconds += seconds
@@ -458,7 +456,7 @@ class StreamedExperts:
             slot = self._victim(keep | {key})
             if slot is None:
                 return
-            fut = self._worker.submit(self._read, slot, self.layouts[layer], e, True)
+            fut = self._worker.submit(self._read, slot, self.layouts[layer], e)
             self._loading[key] = (slot, fut)
             self._ahead.add(key)
             self.stats.prefetched += 1

@@ -13,7 +13,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse
 
 from localllm.engine.core.outputs import RequestOutput
-from localllm.offload.expert_cache import expert_stats
+from localllm.offload.expert_stats import expert_stats
 
 # vLLM's TTFT buckets (seconds).
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,

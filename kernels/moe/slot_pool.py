@@ -56,6 +56,7 @@ class PackedSlotPool:
             empty_slots(one.down, slots),
             one.counters,
         )
+        self._maps: list[torch.Tensor] | None = None  # made on first use (`byte_maps`)
 
     @property
     def nbytes(self) -> int:
@@ -65,14 +66,59 @@ class PackedSlotPool:
     def slot_nbytes(self) -> int:
         return self.pe.nbytes // self.n_slots
 
+    @property
+    def expert_nbytes(self) -> int:
+        """Raw bytes of one expert (gate, up, down back to back)."""
+        return sum(self._sizes())
+
+    def _sizes(self) -> tuple[int, int, int]:
+        f, d, h = self.fmt, self.fmt.dim, self.fmt.hidden
+        return h * row_nbytes(f.gate, d), h * row_nbytes(f.up, d), d * row_nbytes(f.down, h)
+
+    def _planes(self) -> list[torch.Tensor]:
+        """Every plane of the pool as bytes [slots, plane bytes per slot] (views)."""
+        out = []
+        for p in (*self.pe.gate_up, self.pe.down):
+            out += [t.view(torch.uint8).view(self.n_slots, -1) for t in p.planes.values()]
+        return out
+
+    def byte_maps(self) -> list[torch.Tensor]:
+        """Per plane, the raw expert byte that each of a slot's plane bytes is (int32 [plane
+        bytes]): `fill_raw`'s packing as one gather per plane. Found by packing raw experts
+        whose bytes spell their own offsets, 8 bits at a time, into slot 0 (left zeroed)."""
+        if self._maps is None:
+            total = self.expert_nbytes
+            pos = torch.arange(total, dtype=torch.int64, device=self.pe.down.device)
+            maps = [torch.zeros(t.shape[1], dtype=torch.int64, device=t.device)
+                    for t in self._planes()]  # fmt: skip
+            for shift in range(0, max(total - 1, 1).bit_length(), 8):
+                self.fill_raw(0, ((pos >> shift) & 255).to(torch.uint8))
+                for m, t in zip(maps, self._planes(), strict=True):
+                    m |= t[0].long() << shift
+            for t in self._planes():
+                t[0].zero_()
+            self._maps = [m.int() for m in maps]
+        return self._maps
+
+    def fill_mapped(self, slot: int, raw: torch.Tensor) -> PackedExperts:
+        """`fill_raw` in one gather per plane (`byte_maps`): a copy to the device that does not
+        wait for it (`non_blocking`, from page-locked memory), then 6 launches for a Q4_K_M
+        expert instead of ~15. Same bytes in every plane (test)."""
+        if raw.numel() < self.expert_nbytes:
+            raise ValueError(f"{raw.numel()} bytes do not hold one expert of {self.fmt}")
+        flat = raw[: self.expert_nbytes].to(self.pe.down.device, non_blocking=True)
+        for dst, index in zip(self._planes(), self.byte_maps(), strict=True):
+            torch.index_select(flat, 0, index, out=dst[slot])
+        return self.view(slot)
+
     def fill_raw(self, slot: int, raw: torch.Tensor) -> PackedExperts:
         """Pack one expert's raw bytes back to back (gate, up, down; any device, pinned host
         memory for a fast upload) into `slot`: one copy to the device, then each block field
         written into its plane in place. Returns that slot alone as a one-expert PackedExperts
-        (views of the pool, the pool's counters)."""
+        (views of the pool, the pool's counters). The reference of `fill_mapped`."""
         dev = self.pe.down.device
         f, d, h = self.fmt, self.fmt.dim, self.fmt.hidden
-        sizes = (h * row_nbytes(f.gate, d), h * row_nbytes(f.up, d), d * row_nbytes(f.down, h))
+        sizes = self._sizes()
         if raw.numel() < sum(sizes):
             raise ValueError(f"{raw.numel()} bytes do not hold one expert of {f}")
         flat = raw[: sum(sizes)].to(dev)

@@ -19,7 +19,7 @@ from localllm.engine.generator import Generator
 from localllm.engine.gguf import open_gguf
 from localllm.engine.moe_residency import load_model, plan_model
 from localllm.engine.sampling_params import SamplingParams
-from localllm.offload.expert_cache import expert_stats
+from localllm.offload.expert_stats import expert_stats
 from localllm.offload.residency import resolve
 
 PARAMS = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)

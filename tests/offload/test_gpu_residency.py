@@ -12,7 +12,7 @@ from localllm.engine import LLM, SamplingParams
 from localllm.engine.graph_breaks import HostBreaks
 from localllm.engine.moe import account_mapped, graph_safe, moe_blocks
 from localllm.kernels.cpu.native import load as load_native
-from localllm.offload.expert_cache import expert_stats
+from localllm.offload.expert_stats import expert_stats
 from localllm.offload.residency import resolve
 from tests.engine.test_deepseek2 import write_deepseek2
 from tests.offload.tiny_moe import QWEN3MOE, write_moe_gguf

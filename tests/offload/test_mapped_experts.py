@@ -16,7 +16,7 @@ from gguf import GGMLQuantizationType as QT
 
 from localllm.kernels.moe import ExpertFormat, route_topk
 from localllm.kernels.quant import QuantType
-from localllm.offload.expert_cache import ExpertStats
+from localllm.offload.expert_stats import ExpertStats
 from tests.perf.make_synthetic import random_rows
 from tests.triton_env import CUDA, TRITON_MARKS
 from tests.triton_env import DEVICE as DEVICE_NAME

@@ -20,9 +20,15 @@ from localllm.engine.gguf import open_gguf
 from localllm.engine.loader import build_model
 from localllm.engine.moe import moe_blocks
 from localllm.engine.sampling_params import SamplingParams
+from localllm.kernels.fused import WeightedRows
 from localllm.kernels.moe import ExpertFormat, route_topk
 from localllm.kernels.quant import QuantType
-from localllm.offload.expert_cache import ExpertLayout, ResidentExperts, StreamedExperts
+from localllm.offload.expert_cache import (
+    STAGE_WAVE,
+    ExpertLayout,
+    ResidentExperts,
+    StreamedExperts,
+)
 from localllm.offload.ranges import ByteRange
 from tests.offload.tiny_moe import QWEN3MOE, write_moe_gguf
 from tests.perf.make_synthetic import random_rows
@@ -72,7 +78,9 @@ def test_grouped_ffn_over_slots_equals_resident_bit_for_bit(tmp_path, slots, pre
     src = StreamedExperts(layouts, slots, prefetch=prefetch, pack_on=DEVICE, n_used=K_USED)
     pool = src.packed_pool
     assert pool.n_slots == slots and pool.pe.n_expert == slots
-    assert src.pool.shape[0] == 2  # host memory: two staging buffers, not one per slot
+    # host memory: a ring of staging buffers (one per slot and one for the prefetch thread,
+    # up to twice the experts read at once), never a raw copy of every slot
+    assert src.pool.shape[0] == min(2 * STAGE_WAVE, slots + 1)
     gen = torch.Generator().manual_seed(slots)
     for _ in range(4):
         for layer in (0, 1):
@@ -144,6 +152,31 @@ def test_fill_raw_packs_the_planes_pack_experts_makes(types):
         pool.fill_raw(0, raw[:-1])
 
 
+@pytest.mark.parametrize(
+    "types", [(QT.Q4_K, QT.Q4_K, QT.Q6_K), (QT.Q8_0, QT.Q8_0, QT.Q8_0), (QT.Q4_K, QT.Q8_0, QT.Q6_K)]
+)
+def test_fill_mapped_writes_the_bytes_fill_raw_writes(types):
+    """One gather per plane through the byte maps fills a slot with exactly `fill_raw`'s planes
+    (the reference packing); the maps leave slot 0 zeroed and other slots are untouched."""
+    pytest.importorskip("triton")
+    from localllm.kernels.moe.slot_pool import PackedSlotPool
+
+    fmt = ExpertFormat(*(QuantType(t) for t in types), D, H)
+    rng = np.random.default_rng(4)
+    parts = [random_rows(types[0], H, D, rng), random_rows(types[1], H, D, rng)]
+    parts.append(random_rows(types[2], D, H, rng))
+    raw = torch.from_numpy(np.concatenate([p.reshape(-1) for p in parts]))
+    ref, got = PackedSlotPool(fmt, 3, K_USED, DEVICE), PackedSlotPool(fmt, 3, K_USED, DEVICE)
+    ref.fill_raw(2, raw.to(DEVICE))
+    got.byte_maps()
+    assert all(not t.any() for t in got._planes())
+    got.fill_mapped(2, raw)  # from host memory, as staged reads come
+    for a, b in zip(got._planes(), ref._planes(), strict=True):
+        assert torch.equal(a.cpu(), b.cpu())
+    with pytest.raises(ValueError, match="do not hold one expert"):
+        got.fill_mapped(0, raw[:-1])
+
+
 PROMPT = [1, 5, 9, 33, 7, 11]  # at most the pool's max_tokens: every step takes packed kernels
 MODES = {"8 slots": (8, False), "3 slots": (3, False), "2 slots, read-ahead": (2, True)}
 
@@ -175,7 +208,10 @@ def _decode(path, mode: str | None):
     for b in blocks:
         b.attach(source)
     outs = []
-    blocks[-1].register_forward_hook(lambda m, a, out: outs.append(out.clone()))
+    # resident decode rows come back unsummed (the next norm's kernel sums them): their total
+    blocks[-1].register_forward_hook(
+        lambda m, a, out: outs.append(out.total() if isinstance(out, WeightedRows) else out.clone())
+    )
     gen = Generator(g, model, SimpleNamespace(eog_ids=frozenset()), load_seconds=0.0)
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
     tokens = list(gen.stream(PROMPT, params))

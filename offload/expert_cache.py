@@ -27,6 +27,7 @@ from localllm.kernels.moe.prepared import PreparedExpert, prepare_expert, prepar
 from localllm.kernels.quant.types import row_nbytes
 from localllm.offload.expert_stats import ExpertStats
 from localllm.offload.ranges import ByteRange
+from localllm.offload.reader import pread_all, shares
 from localllm.offload.staging import StagingRing
 
 
@@ -52,23 +53,14 @@ class ExpertSource(Protocol):
 
 
 PREPARE_THREADS = 8  # threads preparing resident experts at load
-# A layer's missing experts are read in chunks pread in parallel: a page-cache copy runs ~5 GB/s
-# per thread (H200 host), and a decode step waits for every miss.
+# A layer's missing experts are read by up to READ_THREADS threads, each one contiguous share of
+# their bytes (`reader.shares`): a page-cache copy runs ~5 GB/s per thread (H200 host), and a
+# decode step waits for every miss.
 READ_THREADS = 8
-READ_CHUNK = 1 << 19
 # Packed on a device: misses staged in a ring of page-locked buffers (at most this many bytes),
 # read and uploaded this many at a time.
 STAGE_BYTES = 256 << 20
 STAGE_WAVE = 8
-
-
-def _pread_exact(fd: int, view: memoryview, offset: int, path: str) -> None:
-    done = 0
-    while done < len(view):  # pread may return short counts
-        n = os.preadv(fd, [view[done:]], offset + done)
-        if n <= 0:
-            raise OSError(f"{path}: unexpected end of file reading an expert")
-        done += n
 
 
 class ResidentExperts:
@@ -246,7 +238,7 @@ class StreamedExperts:
         self._pinned: set[tuple[int, int]] = set()  # the current layer's experts
         self._guesses: dict[int, set[int]] = {}  # layer -> experts guessed for it
         self._worker = ThreadPoolExecutor(1, "expert-prefetch") if prefetch else None
-        threads = min(READ_THREADS, os.cpu_count() or 1)
+        self._threads = threads = min(READ_THREADS, os.cpu_count() or 1)
         self._readers = ThreadPoolExecutor(threads, "expert-read") if threads > 1 else None
         self._lock = threading.Lock()  # the read counters, shared with the prefetch thread
         # opened up front: the prefetch thread must not race the caller on this dict
@@ -278,13 +270,10 @@ class StreamedExperts:
         return ExpertBlocks(*parts)
 
     def _jobs(self, buf: int, layout: ExpertLayout, expert: int) -> list[tuple]:
-        """The pread jobs (fd, view, offset, path) that fill buffer `buf` with the expert."""
+        """The reads (fd, view, offset, path) that fill buffer `buf` with the expert."""
         pos, view, jobs = 0, self._views[buf], []
         for rng in layout.expert_ranges(expert):
-            fd = self._fds[rng.path]
-            for off in range(0, rng.nbytes, READ_CHUNK):
-                n = min(READ_CHUNK, rng.nbytes - off)
-                jobs.append((fd, view[pos + off : pos + off + n], rng.offset + off, rng.path))
+            jobs.append((self._fds[rng.path], view[pos : pos + rng.nbytes], rng.offset, rng.path))
             pos += rng.nbytes
         return jobs
 
@@ -294,8 +283,8 @@ class StreamedExperts:
 
     def _read_many(self, layout: ExpertLayout, misses: list[tuple[int, int]]) -> float:
         """Fill each (slot, expert) of `misses` (one layer's; and prepare or pack it) and count
-        the reads; returns the seconds taken. Every chunk of up to STAGE_WAVE experts is pread
-        on the reading threads at once. Touches only those slots' buffers (or, packed on a
+        the reads; returns the seconds taken. The bytes of up to STAGE_WAVE experts are pread in
+        one share per reading thread. Touches only those slots' buffers (or, packed on a
         device, staging buffers taken from the ring) and prepared entries, and (under the lock)
         the counters."""
         total, pool = 0.0, self.packed_pool
@@ -308,11 +297,11 @@ class StreamedExperts:
             jobs = [
                 j for (_, e), b in zip(wave, bufs, strict=True) for j in self._jobs(b, layout, e)
             ]
-            if len(jobs) > 1 and self._readers is not None:  # preadv releases the GIL
-                list(self._readers.map(lambda job: _pread_exact(*job), jobs))
+            parts = shares(jobs, self._threads)
+            if len(parts) > 1 and self._readers is not None:  # preadv releases the GIL
+                list(self._readers.map(pread_all, parts))
             else:
-                for job in jobs:
-                    _pread_exact(*job)
+                pread_all(jobs)
             seconds = time.perf_counter() - t0
             with self._lock:
                 self.stats.bytes_read += len(wave) * layout.expert_nbytes

@@ -1,4 +1,5 @@
-"""Plain reads of byte ranges into private memory (the `read` load mode, and tests)."""
+"""Plain reads of byte ranges into private memory: the `read` load mode, and the expert
+streamer's preads, cut into one contiguous share per reading thread."""
 
 import os
 
@@ -6,18 +7,50 @@ import torch
 
 from localllm.offload.ranges import ByteRange
 
+READ_SHARE_MIN = 1 << 18  # no thread's share is smaller
+
 
 def read_range(rng: ByteRange) -> torch.Tensor:
     """The bytes of `rng` as a new uint8 tensor, read with pread (no mapping of the file)."""
     out = torch.empty(rng.nbytes, dtype=torch.uint8)
-    view, done = memoryview(out.numpy()), 0
     fd = os.open(rng.path, os.O_RDONLY)
     try:
-        while done < rng.nbytes:
-            n = os.preadv(fd, [view[done:]], rng.offset + done)
-            if n <= 0:
-                raise OSError(f"{rng.path}: unexpected end of file at {rng.offset + done}")
-            done += n
+        pread_exact(fd, memoryview(out.numpy()), rng.offset, rng.path)
     finally:
         os.close(fd)
     return out
+
+
+def shares(segments: list[tuple], parts: int) -> list[list[tuple]]:
+    """Reads (fd, view, offset, path) cut into `parts` lists of about equal bytes, in order."""
+    total = sum(len(v) for _, v, _, _ in segments)
+    size = -(-total // max(1, min(parts, total // READ_SHARE_MIN)))
+    out, cur, room = [], [], size
+    for fd, view, off, path in segments:
+        pos = 0
+        while pos < len(view):
+            n = min(room, len(view) - pos)
+            cur.append((fd, view[pos : pos + n], off + pos, path))
+            pos, room = pos + n, room - n
+            if room == 0:
+                out.append(cur)
+                cur, room = [], size
+    if cur:
+        out.append(cur)
+    return out
+
+
+def pread_all(reads: list[tuple]) -> None:
+    """Every read (fd, view, offset, path) of a list, in order."""
+    for read in reads:
+        pread_exact(*read)
+
+
+def pread_exact(fd: int, view: memoryview, offset: int, path: str) -> None:
+    """Fill `view` from `offset` of the open file (pread may return short counts)."""
+    done = 0
+    while done < len(view):  # pread may return short counts
+        n = os.preadv(fd, [view[done:]], offset + done)
+        if n <= 0:
+            raise OSError(f"{path}: unexpected end of file at {offset + done}")
+        done += n

@@ -133,6 +133,8 @@ for step in ${STEPS:-tests packed bench breakdown}; do
         | tee "$OUT/attnp.md" | tail -60 ;;
     grouped) timeout 300 python3 tests/perf/bench_grouped.py ${GROUPED_ARGS:-} 2>&1 | tee "$OUT/grouped.md" \
         | grep -E "best|default|WRONG|Error|Traceback" ;;
+    pread) wait $GENMOE  # the streamer's reads: page cache or disk, by thread count
+      timeout 200 python3 tests/perf/bench_pread.py /tmp/moe.gguf ${PREAD_ARGS:-} 2>&1 | tee "$OUT/pread.md" | tail -12 ;;
     launch) timeout 120 python3 tests/perf/bench_launch.py 2>&1 | tee "$OUT/launch.md" | tail -10 ;;
     norm) timeout 200 python3 tests/perf/bench_norm.py 2>&1 | tee "$OUT/norm.md" | tail -22 ;;
     attn) timeout 300 python3 tests/perf/bench_attention.py 2>&1 | tee "$OUT/attn.md" | tail -40 ;;

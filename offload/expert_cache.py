@@ -299,7 +299,10 @@ class StreamedExperts:
             ]
             parts = shares(jobs, self._threads)
             if len(parts) > 1 and self._readers is not None:  # preadv releases the GIL
-                list(self._readers.map(pread_all, parts))
+                others = [self._readers.submit(pread_all, p) for p in parts[1:]]
+                pread_all(parts[0])  # this thread reads a share too: one handoff fewer
+                for f in others:
+                    f.result()
             else:
                 pread_all(jobs)
             seconds = time.perf_counter() - t0

@@ -7,7 +7,10 @@ import torch
 
 from localllm.offload.ranges import ByteRange
 
-READ_SHARE_MIN = 1 << 18  # no thread's share is smaller
+# no thread's share is smaller: a share handed to a pool thread costs ~20-40 us of Python and a
+# wake-up; a 3 MB expert cut in 8 (~380 KB each) read at 5.4 GB/s against 26 GB/s for 96 experts
+# at once (H200 host, page cache, 01:59 UTC)
+READ_SHARE_MIN = 1 << 20
 
 
 def read_range(rng: ByteRange) -> torch.Tensor:

@@ -121,13 +121,7 @@ class DecodeGraphs:
         return g.logits[:n]
 
     def _capture(self, g: _Graph) -> None:
-        # Warm-up on a side stream (triton compiles, autotunes, lazy weight preparation) with the
-        # real inputs: it writes the same KV the replay writes again.
-        side = torch.cuda.Stream(self.kv.device)
-        side.wait_stream(torch.cuda.current_stream(self.kv.device))
-        with torch.cuda.stream(side):
-            self.forward(g.inputs)
-        torch.cuda.current_stream(self.kv.device).wait_stream(side)
+        side = warm_up(self.forward, g.inputs, self.kv.device)
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
         if graph_safe(self.model):
@@ -156,6 +150,18 @@ class DecodeGraphs:
                 b.breaks = None
         torch.cuda.current_stream(self.kv.device).wait_stream(side)
         g.graph = chain
+
+
+def warm_up(forward, inputs: torch.Tensor, device: torch.device) -> "torch.cuda.Stream":
+    """`forward(inputs)` once on a side stream before a capture (triton compiles and autotunes,
+    lazy weight preparation), with the real inputs: it writes the KV the replay writes again.
+    Returns the side stream, the current one waiting for it."""
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        forward(inputs)
+    torch.cuda.current_stream(device).wait_stream(side)
+    return side
 
 
 def pack_decode(

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from localllm.engine.batch import BatchMeta
+from localllm.engine.cuda_graphs import warm_up
 from localllm.engine.kv_cache import PagedKVCache
 from localllm.engine.moe import graph_safe, moe_blocks
 
@@ -113,14 +114,7 @@ class PrefillGraphs:
         return g.hidden[:n]
 
     def _capture(self, g: _Graph) -> None:
-        # warm-up on a side stream (triton compiles and autotunes for this length); it writes
-        # the KV that the replay writes again
-        dev = self.kv.device
-        side = torch.cuda.Stream(dev)
-        side.wait_stream(torch.cuda.current_stream(dev))
-        with torch.cuda.stream(side):
-            self.forward(g.inputs)
-        torch.cuda.current_stream(dev).wait_stream(side)
+        warm_up(self.forward, g.inputs, self.kv.device)  # compiles for this length
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()

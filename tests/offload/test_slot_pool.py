@@ -123,6 +123,15 @@ def test_slot_pool_rejects_two_formats_and_too_many_experts(tmp_path):
     src.close()
 
 
+def _one_expert(types, seed: int):
+    """(format, its gate/up/down raw rows, the three back to back as one uint8 tensor)."""
+    fmt = ExpertFormat(*(QuantType(t) for t in types), D, H)
+    rng = np.random.default_rng(seed)
+    parts = [random_rows(types[0], H, D, rng), random_rows(types[1], H, D, rng)]
+    parts.append(random_rows(types[2], D, H, rng))
+    return fmt, parts, torch.from_numpy(np.concatenate([p.reshape(-1) for p in parts]))
+
+
 @pytest.mark.parametrize(
     "types", [(QT.Q4_K, QT.Q4_K, QT.Q6_K), (QT.Q8_0, QT.Q8_0, QT.Q8_0), (QT.Q4_K, QT.Q8_0, QT.Q6_K)]
 )
@@ -134,11 +143,7 @@ def test_fill_raw_packs_the_planes_pack_experts_makes(types):
     from localllm.kernels.moe.packed import pack_experts
     from localllm.kernels.moe.slot_pool import PackedSlotPool
 
-    fmt = ExpertFormat(*(QuantType(t) for t in types), D, H)
-    rng = np.random.default_rng(3)
-    parts = [random_rows(types[0], H, D, rng), random_rows(types[1], H, D, rng)]
-    parts.append(random_rows(types[2], D, H, rng))
-    raw = torch.from_numpy(np.concatenate([p.reshape(-1) for p in parts]))
+    fmt, parts, raw = _one_expert(types, seed=3)
     want = pack_experts(*(torch.from_numpy(p)[None] for p in parts), fmt, K_USED)
     pool = PackedSlotPool(fmt, 3, K_USED, DEVICE)
     pool.fill_raw(1, raw.to(DEVICE))
@@ -161,11 +166,7 @@ def test_fill_mapped_writes_the_bytes_fill_raw_writes(types):
     pytest.importorskip("triton")
     from localllm.kernels.moe.slot_pool import PackedSlotPool
 
-    fmt = ExpertFormat(*(QuantType(t) for t in types), D, H)
-    rng = np.random.default_rng(4)
-    parts = [random_rows(types[0], H, D, rng), random_rows(types[1], H, D, rng)]
-    parts.append(random_rows(types[2], D, H, rng))
-    raw = torch.from_numpy(np.concatenate([p.reshape(-1) for p in parts]))
+    fmt, _, raw = _one_expert(types, seed=4)
     ref, got = PackedSlotPool(fmt, 3, K_USED, DEVICE), PackedSlotPool(fmt, 3, K_USED, DEVICE)
     ref.fill_raw(2, raw.to(DEVICE))
     got.byte_maps()

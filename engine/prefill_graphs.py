@@ -51,10 +51,11 @@ class PrefillGraphs:
         self.graphs: dict[int, _Graph] = {}
         self.pool = pool  # a graph memory pool shared with the decode graphs (or None: own)
         self.failed: str | None = None  # why capture failed (then every prompt runs eager)
-        # resident experts only (host steps cannot be captured whole); plain float caches only
-        # (the 8-bit formats' scales take the eager path's decode)
+        # causal decoders only (padding must stay out of real rows); resident experts only (host
+        # steps cannot be captured whole); plain float caches (8-bit formats decode eagerly)
         self.usable = (
             dev.type == "cuda"
+            and getattr(model, "generates", True)
             and kv.k_scales is None
             and graph_safe(model)
             and not any(b.mapped is not None for b in moe_blocks(model))

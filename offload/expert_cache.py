@@ -185,7 +185,7 @@ class StreamedExperts:
     PreparedExpert until the slot is reused: at most slots x (raw + prepared) bytes. With
     `pack_on` (a CUDA device; all layouts of one format), the slots are a `PackedSlotPool` there:
     a read is staged in a ring of page-locked host buffers (`StagingRing`), uploaded without
-    waiting and scattered into its slot's planes at once, hits never cross the bus again, and
+    waiting and packed into its slot by one gather per plane, hits never cross the bus again, and
     `slots_for` gives the slot numbers the grouped GEMVs read in place of expert ids, reading a
     layer's misses together (`n_used`: choices per token, for the pool's counters). With
     `prefetch`, `guess(layer, experts)` starts reading the guessed experts of a coming layer on
@@ -314,10 +314,9 @@ class StreamedExperts:
                 for (slot, _), b in zip(wave, bufs, strict=True):
                     if pool is None:
                         made = prepare_expert(self._blocks(b, layout), layout.fmt)
-                    else:  # an upload that does not wait, scattered into the slot's planes
-                        pool.fill_mapped(slot, self.pool[b, : layout.expert_nbytes])
+                    else:  # an upload that does not wait, packed into the slot in place
+                        made = pool.fill_mapped(slot, self.pool[b, : layout.expert_nbytes])
                         self.ring.give(b)
-                        made = None  # `fetch` makes the slot's views when a caller wants them
                     self._prepared[slot] = made
                 prep = time.perf_counter() - t1
                 with self._lock:
@@ -356,9 +355,7 @@ class StreamedExperts:
 
     def fetch(self, layer: int, expert: int) -> ExpertBlocks | PreparedExpert:
         slot = self._lookup(layer, expert, keep_layer=False)
-        if self.packed_pool is not None:
-            return self.packed_pool.view(slot)
-        if self.prepare:
+        if self.prepare or self.packed_pool is not None:
             return self._prepared[slot]
         return self._blocks(slot, self.layouts[layer])
 

@@ -2,8 +2,7 @@
 packed into a slot once when read, and decode runs the resident path's grouped GEMVs over the
 pool with each (token, choice) pair's expert id replaced by its slot number.
 
-The pool is one `PackedExperts` whose "experts" are the slots (planes [slots, words, N], views
-of one byte store, so a read expert lands in all of them by one scatter), so a
+The pool is one `PackedExperts` whose "experts" are the slots (planes [slots, words, N]), so a
 pair is computed by the same kernel, with the same split, as the resident layer computes it:
 greedy output does not depend on residency. One pool holds one `ExpertFormat` (a Q4_K_M model's
 layers with Q6_K `ffn_down_exps` get a pool of their own). Imported only where CUDA exists (or
@@ -31,30 +30,6 @@ def empty_slots(p: PackedBlocks, slots: int) -> PackedBlocks:
     return PackedBlocks(p.qtype, p.n, p.k, planes)
 
 
-ALIGN = 256  # each plane's start in the pool's byte store
-
-
-def carve_slots(parts: list[PackedBlocks], slots: int, device) -> tuple[torch.Tensor, list]:
-    """One zeroed byte store for `slots` experts shaped as each of `parts` (stacked one-expert
-    planes), and the parts' planes as views of it [slots, ...], each plane contiguous and
-    ALIGN-aligned: a slot's bytes can then be written by one scatter into the store."""
-    specs, total = [], 0
-    for p in parts:
-        for t in p.planes.values():
-            n = t[0].numel() * t.element_size()
-            specs.append((total, n, t))
-            total += -(-n * slots // ALIGN) * ALIGN
-    store = torch.zeros(total, dtype=torch.uint8, device=device)
-    views, it = [], iter(specs)
-    for p in parts:
-        planes = {}
-        for name in p.planes:
-            off, n, t = next(it)
-            planes[name] = store[off : off + n * slots].view(t.dtype).view(slots, *t.shape[1:])
-        views.append(PackedBlocks(p.qtype, p.n, p.k, planes))
-    return store, views
-
-
 def _slot(p: PackedBlocks, slot: int) -> PackedBlocks:
     return PackedBlocks(p.qtype, p.n, p.k, {k: t[slot : slot + 1] for k, t in p.planes.items()})
 
@@ -76,11 +51,13 @@ class PackedSlotPool:
         # one zero expert packed gives every plane's shape; the pool repeats it `slots` times
         zero = [torch.zeros((1, r, c), dtype=torch.uint8, device=device) for r, c in shapes]
         one = pack_experts(*zero, fmt, n_used)
-        self.store, parts = carve_slots([*one.gate_up, one.down], slots, device)
-        self.pe = PackedExperts(tuple(parts[:-1]), parts[-1], one.counters)
+        self.pe = PackedExperts(
+            tuple(empty_slots(p, slots) for p in one.gate_up),
+            empty_slots(one.down, slots),
+            one.counters,
+        )
         self._maps: list[torch.Tensor] | None = None  # made on first use (`byte_maps`)
         self._bytes: list[torch.Tensor] | None = None  # the planes as bytes (`_planes`)
-        self._scatter: tuple[torch.Tensor, torch.Tensor] | None = None  # (`scatter_index`)
 
     @property
     def nbytes(self) -> int:
@@ -111,8 +88,8 @@ class PackedSlotPool:
 
     def byte_maps(self) -> list[torch.Tensor]:
         """Per plane, the raw expert byte that each of a slot's plane bytes is (int32 [plane
-        bytes]; `scatter_index` inverts them). Found by packing raw experts whose bytes spell
-        their own offsets, 8 bits at a time, into slot 0 (left zeroed) with `fill_raw`."""
+        bytes]): `fill_raw`'s packing as one gather per plane. Found by packing raw experts
+        whose bytes spell their own offsets, 8 bits at a time, into slot 0 (left zeroed)."""
         if self._maps is None:
             total = self.expert_nbytes
             pos = torch.arange(total, dtype=torch.int64, device=self.pe.down.device)
@@ -127,34 +104,16 @@ class PackedSlotPool:
             self._maps = [m.int() for m in maps]
         return self._maps
 
-    def scatter_index(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(base, step) int64 [expert bytes]: raw byte j of an expert lands at byte base[j] +
-        slot * step[j] of the store; the inverse of `byte_maps` (a permutation: packing moves
-        bytes, it neither drops nor repeats one; checked)."""
-        if self._scatter is None:
-            dev, planes, maps = self.store.device, self._planes(), self.byte_maps()
-            src = torch.cat([m.long() for m in maps])
-            n = self.expert_nbytes
-            if src.numel() != n or not torch.equal(src.sort().values, torch.arange(n, device=dev)):
-                raise AssertionError(f"packing {self.fmt} is not a permutation of its bytes")
-            origin = self.store.data_ptr()
-            dst = [t.data_ptr() - origin + torch.arange(t.shape[1], device=dev) for t in planes]
-            step = [torch.full((t.shape[1],), t.shape[1], device=dev) for t in planes]
-            base, steps = torch.empty_like(src), torch.empty_like(src)
-            base[src], steps[src] = torch.cat(dst), torch.cat(step)
-            self._scatter = base, steps
-        return self._scatter
-
-    def fill_mapped(self, slot: int, raw: torch.Tensor) -> None:
-        """`fill_raw` as one scatter into the pool's byte store (`scatter_index`): a copy to the
-        device that does not wait for it (`non_blocking`, from page-locked memory), the slot's
-        indices, the scatter: 3 launches where the per-field packing takes ~15. Same bytes in
-        every plane (test)."""
+    def fill_mapped(self, slot: int, raw: torch.Tensor) -> PackedExperts:
+        """`fill_raw` in one gather per plane (`byte_maps`): a copy to the device that does not
+        wait for it (`non_blocking`, from page-locked memory), then 6 launches for a Q4_K_M
+        expert instead of ~15. Same bytes in every plane (test)."""
         if raw.numel() < self.expert_nbytes:
             raise ValueError(f"{raw.numel()} bytes do not hold one expert of {self.fmt}")
-        flat = raw[: self.expert_nbytes].to(self.store.device, non_blocking=True)
-        base, step = self.scatter_index()
-        self.store.index_put_((torch.add(base, step, alpha=slot),), flat)
+        flat = raw[: self.expert_nbytes].to(self.pe.down.device, non_blocking=True)
+        for dst, index in zip(self._planes(), self.byte_maps(), strict=True):
+            torch.index_select(flat, 0, index, out=dst[slot])
+        return self.view(slot)
 
     def fill_raw(self, slot: int, raw: torch.Tensor) -> PackedExperts:
         """Pack one expert's raw bytes back to back (gate, up, down; any device, pinned host

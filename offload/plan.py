@@ -33,6 +33,11 @@ def expert_layer(name: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+# a device slot pool packs a streamed expert by one gather per plane through int32 byte maps:
+# four bytes of device memory per byte of one expert (`kernels.moe.slot_pool`)
+PACKING_MAPS = 4
+
+
 @dataclass(frozen=True, slots=True)
 class ResidencyPlan:
     tiers: Mapping[str, str]  # tensor name -> device / host / disk
@@ -70,8 +75,16 @@ class ResidencyPlan:
 
     @property
     def slot_pool_bytes(self) -> int:
-        """Device (or host) slots: the disk tier's stream pool, or the mapped host tier's cache."""
-        return (self.streaming.slots or 0) * self.slot_bytes if self.streams or self.maps else 0
+        """Device (or host) slots: the disk tier's stream pool (with its packing maps on a
+        separate device), or the mapped host tier's cache."""
+        if not (self.streams or self.maps):
+            return 0
+        return (self.streaming.slots or 0) * self.slot_bytes + self.packing_maps_bytes
+
+    @property
+    def packing_maps_bytes(self) -> int:
+        """The byte maps that pack streamed experts into a device slot pool (`fill_mapped`)."""
+        return PACKING_MAPS * self.slot_bytes if self.streams and self.memory.separate_device else 0
 
     @property
     def maps(self) -> bool:
@@ -110,10 +123,12 @@ class ResidencyPlan:
             )
         if self.streams:
             s = self.streaming
+            maps = self.packing_maps_bytes
             lines.append(
-                f"  expert slots {s.slots} x {fmt_bytes(self.slot_bytes)} = "
-                f"{fmt_bytes(self.slot_pool_bytes)}, prefetch {'on' if s.prefetch else 'off'}, "
-                f"evict {s.evict}"
+                f"  expert slots {s.slots} x {fmt_bytes(self.slot_bytes)}"
+                + (f" + {fmt_bytes(maps)} of packing maps" if maps else "")
+                + f" = {fmt_bytes(self.slot_pool_bytes)}, prefetch "
+                f"{'on' if s.prefetch else 'off'}, evict {s.evict}"
             )
         if "host" in self.expert_tiers().values():
             lines.append(f"  host-tier experts: {_host_compute_text(self)}")
@@ -276,8 +291,9 @@ def plan_residency(
     if "disk" in tiers.values():
         if not st.enabled:
             raise ResidencyError("experts are on disk but [streaming] enabled = false")
-        slots = st.slots or max(min_slots, (budget - used) // max(slot_bytes, 1))
-        if used + slots * slot_bytes > budget:
+        maps = PACKING_MAPS * slot_bytes if separate else 0  # a device slot pool's maps
+        slots = st.slots or max(min_slots, (budget - used - maps) // max(slot_bytes, 1))
+        if used + slots * slot_bytes + maps > budget:
             raise ResidencyError(
                 f"{slots} expert slots of {fmt_bytes(slot_bytes)} do not fit in the "
                 f"{fmt_bytes(budget - used)} the budget leaves"

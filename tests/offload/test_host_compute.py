@@ -17,7 +17,7 @@ from localllm.engine.moe_residency import load_model, plan_model
 from localllm.engine.sampling_params import SamplingParams
 from localllm.offload.expert_stats import expert_stats
 from localllm.offload.memory import MemoryInfo
-from localllm.offload.plan import plan_residency
+from localllm.offload.plan import fmt_bytes, plan_residency
 from localllm.offload.residency import ResidencyError, resolve
 from tests.engine.test_deepseek2 import write_deepseek2
 from tests.engine.test_gpt_oss import write_gpt_oss
@@ -180,3 +180,23 @@ def test_mapping_that_fails_leaves_the_rest_to_the_cpu(caplog):
     assert done == blocks[:1] and blocks[0].share == 7 // 3 and blocks[2].share is None
     assert "mapping layer 1 failed" in caplog.text and "remaining 2 layers" in caplog.text
     assert _map([], slots=4, copy=True) == []
+
+
+def test_plan_of_streamed_experts_on_a_gpu_counts_the_packing_maps():
+    """Disk-tier experts on a separate device are packed into a device slot pool through byte
+    maps of four bytes per byte of one expert: part of the slot pool's bytes, of the text, and of
+    what auto-sized slots leave room for; a CPU-only plan has no maps."""
+    from localllm.offload.plan import PACKING_MAPS
+
+    sizes = {f"blk.{i}.ffn_{p}_exps.weight": 800 for i in (0, 1) for p in ("gate", "up", "down")}
+    sizes["token_embd.weight"] = 10
+    cfg = resolve([("t", {"experts": "disk", "streaming": {"slots": 4}})])
+    plan = plan_residency(cfg, sizes, 0, GPU, n_expert=8)
+    assert plan.streams and plan.packing_maps_bytes == PACKING_MAPS * 300
+    assert plan.slot_pool_bytes == 4 * 300 + PACKING_MAPS * 300
+    assert f"+ {fmt_bytes(PACKING_MAPS * 300)} of packing maps" in plan.describe()
+    on_cpu = plan_residency(cfg, sizes, 0, CPU, n_expert=8)
+    assert on_cpu.packing_maps_bytes == 0 and on_cpu.slot_pool_bytes == 4 * 300
+    auto = resolve([("t", {"experts": "disk", "budget": 10 + 10 * 300})])
+    slots = plan_residency(auto, sizes, 0, GPU, n_expert=8).streaming.slots
+    assert slots == (10 * 300 - PACKING_MAPS * 300) // 300

@@ -245,7 +245,7 @@ class _Runner:
 
         self.torch, self.model, self.kv, self.vocab, self.device = torch, model, kv, vocab, device
         self.graphs = graphs  # DecodeGraphs for tg on CUDA, or None (eager)
-        self.prompts = prompts  # PrefillGraphs for a prompt's first chunk on CUDA, or None
+        self.prompts = prompts  # PrefillGraphs for prompt chunks on CUDA, or None
         self.gen = torch.Generator().manual_seed(0)
 
     def _sync(self) -> None:

@@ -26,10 +26,6 @@ class StagingRing:
         self._next = 0
         self._lock = threading.Lock()  # the foreground and the prefetch thread both take
 
-    @property
-    def nbytes(self) -> int:
-        return self.buffers.numel()
-
     def take(self) -> int:
         """A buffer nobody holds, once the copy that last read it has finished."""
         n = len(self._events)

@@ -32,7 +32,7 @@ from localllm.kernels.moe import (
 )
 from localllm.kernels.moe.prepared import PreparedExpert
 from localllm.offload import ByteRange, QuantWeight
-from localllm.offload.expert_cache import ExpertLayout, ExpertSource, ResidentExperts
+from localllm.offload.expert_source import ExpertLayout, ExpertSource, ResidentExperts
 from localllm.offload.mapped_experts import MappedExperts
 
 log = logging.getLogger(__name__)

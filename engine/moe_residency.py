@@ -22,12 +22,8 @@ from localllm.kernels.quant.linear import choose_strategy
 from localllm.kernels.quant.linear_native import NATIVE_TYPES
 from localllm.kernels.quant.types import QuantType
 from localllm.offload import QuantWeight
-from localllm.offload.expert_cache import (
-    ExpertLayout,
-    ExpertSource,
-    ResidentExperts,
-    StreamedExperts,
-)
+from localllm.offload.expert_cache import StreamedExperts
+from localllm.offload.expert_source import ExpertLayout, ExpertSource, ResidentExperts
 from localllm.offload.memory import MemoryInfo, probe_memory
 from localllm.offload.plan import ResidencyPlan, expert_layer, plan_residency
 from localllm.offload.reader import read_range

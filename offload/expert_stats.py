@@ -5,7 +5,7 @@ from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from localllm.offload.expert_cache import ExpertSource
+    from localllm.offload.expert_source import ExpertSource
 
 
 @dataclass(slots=True)

@@ -19,7 +19,7 @@ from localllm.kernels.cpu import native
 from localllm.kernels.moe import ExpertFormat, expert_ffn_reference
 from localllm.kernels.quant import QuantType
 from localllm.kernels.quant.dequant import dequantize
-from localllm.offload.expert_cache import ResidentExperts
+from localllm.offload.expert_source import ResidentExperts
 from tests.offload.tiny_moe import QWEN3MOE, write_moe_gguf
 from tests.perf.make_synthetic import random_rows
 

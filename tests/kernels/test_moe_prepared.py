@@ -38,7 +38,8 @@ from localllm.kernels.moe.prepared import (
 )
 from localllm.kernels.quant import QuantType
 from localllm.offload import expert_cache
-from localllm.offload.expert_cache import ExpertLayout, ResidentExperts, StreamedExperts
+from localllm.offload.expert_cache import StreamedExperts
+from localllm.offload.expert_source import ExpertLayout, ResidentExperts
 from localllm.offload.ranges import ByteRange
 from tests.offload.tiny_moe import MoESpec, write_moe_gguf
 

@@ -17,7 +17,8 @@ from localllm.engine.loader import build_model
 from localllm.engine.moe import moe_blocks
 from localllm.engine.moe_residency import load_model, plan_model
 from localllm.engine.sampling_params import SamplingParams
-from localllm.offload.expert_cache import ExpertLayout, StreamedExperts
+from localllm.offload.expert_cache import StreamedExperts
+from localllm.offload.expert_source import ExpertLayout
 from localllm.offload.expert_stats import expert_stats
 from localllm.offload.memory import MemoryInfo
 from localllm.offload.ranges import ByteRange

@@ -23,12 +23,8 @@ from localllm.engine.sampling_params import SamplingParams
 from localllm.kernels.fused import WeightedRows
 from localllm.kernels.moe import ExpertFormat, route_topk
 from localllm.kernels.quant import QuantType
-from localllm.offload.expert_cache import (
-    STAGE_WAVE,
-    ExpertLayout,
-    ResidentExperts,
-    StreamedExperts,
-)
+from localllm.offload.expert_cache import STAGE_WAVE, StreamedExperts
+from localllm.offload.expert_source import ExpertLayout, ResidentExperts
 from localllm.offload.ranges import ByteRange
 from tests.offload.tiny_moe import QWEN3MOE, write_moe_gguf
 from tests.perf.make_synthetic import random_rows

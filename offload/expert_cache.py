@@ -32,6 +32,8 @@ STAGE_WAVE = 8
 
 
 LFU_WINDOW = 32  # lfu: the victim is the least used of this many least recently used slots
+# Misses computed elsewhere (`held` / `admit`): each earns this share of one read into a slot
+ADMIT_SHARE = 0.25
 
 
 class StreamedExperts:
@@ -97,6 +99,7 @@ class StreamedExperts:
         self._uses: dict[tuple[int, int], int] = {}  # lfu: uses of each expert so far
         self._pinned: set[tuple[int, int]] = set()  # the current layer's experts
         self._guesses: dict[int, set[int]] = {}  # layer -> experts guessed for it
+        self._credit = 0.0  # `admit`: reads into slots earned by misses and not made yet
         self._worker = ThreadPoolExecutor(1, "expert-prefetch") if prefetch else None
         self._threads = threads = min(READ_THREADS, os.cpu_count() or 1)
         self._readers = ThreadPoolExecutor(threads, "expert-read") if threads > 1 else None
@@ -278,6 +281,61 @@ class StreamedExperts:
         with self._lock:
             self.stats.stall_seconds += seconds
         return slot
+
+    def held(self, layer: int, experts: list[int]) -> list[int | None]:
+        """The slot of each of `experts` (one layer's) that holds it now, None for the others;
+        counted as hits and misses, nothing read (a caller computing misses elsewhere)."""
+        self._pinned = {(layer, e) for e in experts}
+        out: list[int | None] = []
+        for e in experts:
+            key = (layer, e)
+            self.stats.lookups += 1
+            self._uses[key] = self._uses.get(key, 0) + 1
+            if key in self._loading and self._loading[key][1].done():
+                self._settle(key)
+            slot = self._lru.get(key)
+            if slot is None:
+                self.stats.misses += 1
+            else:
+                self._lru.move_to_end(key)
+                self.stats.hits += 1
+            out.append(slot)
+        return out
+
+    def admit(self, layer: int, missed: list[int]) -> int:
+        """Read some of the experts `held` just missed into slots; returns how many. Each miss
+        earns ADMIT_SHARE of a read (so reads cost at most that share of the misses); the most
+        used go first, each into a free slot or that of a less used expert (the least used of
+        the LFU_WINDOW least recent): frequency-aware admission whatever `evict` says."""
+        self._credit = min(self._credit + ADMIT_SHARE * len(missed), STAGE_WAVE)
+        keep, todo = set(self._pinned), []
+        for e in sorted(missed, key=lambda e: -self._uses.get((layer, e), 0)):
+            key = (layer, e)
+            if self._credit < 1 or key in self._lru or key in self._loading:
+                continue
+            slot = self._admission_slot(key, keep)
+            if slot is None:
+                break  # the most used first: a less used one would not replace it either
+            self._lru[key] = slot
+            keep.add(key)
+            todo.append((slot, e))
+            self._credit -= 1
+        if todo:
+            seconds = self._read_many(self.layouts[layer], todo)
+            with self._lock:
+                self.stats.stall_seconds += seconds
+        return len(todo)
+
+    def _admission_slot(self, key: tuple[int, int], keep: set[tuple[int, int]]) -> int | None:
+        if self._free:
+            return self._free.pop()
+        window = [k for k, _ in zip((k for k in self._lru if k not in keep), range(LFU_WINDOW),
+                                    strict=False)]  # fmt: skip
+        victim = min(window, key=lambda k: self._uses.get(k, 0), default=None)
+        if victim is None or self._uses.get(victim, 0) >= self._uses.get(key, 0):
+            return None
+        self._ahead.discard(victim)
+        return self._lru.pop(victim)
 
     def routed(self, layer: int, ids: torch.Tensor) -> None:
         used = set(torch.unique(ids).tolist())

@@ -32,8 +32,10 @@ STAGE_WAVE = 8
 
 
 LFU_WINDOW = 32  # lfu: the victim is the least used of this many least recently used slots
-# Misses computed elsewhere (`held` / `admit`): each earns this share of one read into a slot
+# Misses computed elsewhere (`held` / `admit`): each earns this share of one read into a slot,
+# and at most this many reads are on their way at once (off the decode's path, on one thread)
 ADMIT_SHARE = 0.25
+ADMIT_IN_FLIGHT = 4
 
 
 class StreamedExperts:
@@ -100,6 +102,7 @@ class StreamedExperts:
         self._pinned: set[tuple[int, int]] = set()  # the current layer's experts
         self._guesses: dict[int, set[int]] = {}  # layer -> experts guessed for it
         self._credit = 0.0  # `admit`: reads into slots earned by misses and not made yet
+        self._admitter: ThreadPoolExecutor | None = None  # `admit`'s reads, made on first use
         self._worker = ThreadPoolExecutor(1, "expert-prefetch") if prefetch else None
         self._threads = threads = min(READ_THREADS, os.cpu_count() or 1)
         self._readers = ThreadPoolExecutor(threads, "expert-read") if threads > 1 else None
@@ -209,9 +212,11 @@ class StreamedExperts:
         guess (`wanted` false) goes to the eviction end, so it is the first to go."""
         slot, fut = self._loading.pop(key)
         t0 = time.perf_counter()
-        fut.result()
+        landed = fut.result()
         with self._lock:
             self.stats.stall_seconds += time.perf_counter() - t0
+        if landed is not None:  # packed on another thread: this stream reads after it
+            torch.cuda.current_stream().wait_event(landed)
         self._lru[key] = slot
         if not wanted:
             self._lru.move_to_end(key, last=False)
@@ -303,28 +308,43 @@ class StreamedExperts:
         return out
 
     def admit(self, layer: int, missed: list[int]) -> int:
-        """Read some of the experts `held` just missed into slots; returns how many. Each miss
-        earns ADMIT_SHARE of a read (so reads cost at most that share of the misses); the most
-        used go first, each into a free slot or that of a less used expert (the least used of
-        the LFU_WINDOW least recent): frequency-aware admission whatever `evict` says."""
+        """Start reading some of the experts `held` just missed into slots, on the admission
+        thread (a later `held` finds them once read); returns how many. Each miss earns
+        ADMIT_SHARE of a read, and at most ADMIT_IN_FLIGHT experts are on their way at once;
+        the most used go first, each into a free slot or that of a less used expert (the least
+        used of the LFU_WINDOW least recent): frequency-aware admission whatever `evict` says."""
         self._credit = min(self._credit + ADMIT_SHARE * len(missed), STAGE_WAVE)
-        keep, todo = set(self._pinned), []
+        keep, todo = self._pinned | set(self._loading), []
+        room = ADMIT_IN_FLIGHT - len(self._loading)
         for e in sorted(missed, key=lambda e: -self._uses.get((layer, e), 0)):
             key = (layer, e)
-            if self._credit < 1 or key in self._lru or key in self._loading:
+            if self._credit < 1 or len(todo) >= room:
+                break
+            if key in self._lru or key in self._loading:
                 continue
             slot = self._admission_slot(key, keep)
             if slot is None:
                 break  # the most used first: a less used one would not replace it either
-            self._lru[key] = slot
             keep.add(key)
             todo.append((slot, e))
             self._credit -= 1
         if todo:
-            seconds = self._read_many(self.layouts[layer], todo)
-            with self._lock:
-                self.stats.stall_seconds += seconds
+            if self._admitter is None:
+                self._admitter = ThreadPoolExecutor(1, "expert-admit")
+            fut = self._admitter.submit(self._read_landed, self.layouts[layer], todo)
+            for slot, e in todo:
+                self._loading[(layer, e)] = (slot, fut)
         return len(todo)
+
+    def _read_landed(self, layout: ExpertLayout, misses: list[tuple[int, int]]):
+        """`_read_many` on the admission or read-ahead thread; for a device pool, the CUDA event
+        behind the uploads and packing (a stream that reads the slots waits for it: `_settle`)."""
+        self._read_many(layout, misses)
+        if self.packed_pool is None or self.packed_pool.pe.down.device.type != "cuda":
+            return None
+        event = torch.cuda.Event()
+        event.record()
+        return event
 
     def _admission_slot(self, key: tuple[int, int], keep: set[tuple[int, int]]) -> int | None:
         if self._free:
@@ -366,7 +386,7 @@ class StreamedExperts:
             slot = self._victim(keep | {key})
             if slot is None:
                 return
-            fut = self._worker.submit(self._read, slot, self.layouts[layer], e)
+            fut = self._worker.submit(self._read_landed, self.layouts[layer], [(slot, e)])
             self._loading[key] = (slot, fut)
             self._ahead.add(key)
             self.stats.prefetched += 1
@@ -375,6 +395,9 @@ class StreamedExperts:
         if getattr(self, "_worker", None) is not None:
             self._worker.shutdown(wait=True)  # reads in flight finish and are counted
             self._worker = None  # later guesses are ignored
+        if getattr(self, "_admitter", None) is not None:
+            self._admitter.shutdown(wait=True)
+            self._admitter = None
         if getattr(self, "_readers", None) is not None:
             self._readers.shutdown(wait=True)
             self._readers = None

@@ -4,6 +4,8 @@ native kernels over the file's blocks; the sum is those two parts' sum and equal
 oracle; misses earn reads into slots at a bounded rate, most used first (the GPU test is in
 test_gpu_residency.py)."""
 
+import threading
+
 import numpy as np
 import pytest
 import torch
@@ -108,6 +110,7 @@ def test_hits_run_on_slots_and_misses_on_the_cpu(kernels, layer, tokens):
     w = torch.softmax(torch.randn(tokens, K, generator=gen), -1)
     before = source.stats.snapshot()
     y = hybrid.ffn(x, None, w, ids, gpu)
+    source.drain()  # the admission thread's reads have landed
     st = source.stats.snapshot()
 
     ((gw, gs, yg),) = seen
@@ -144,21 +147,49 @@ def test_admission_reads_the_most_used_into_less_used_slots(kernels, layer, monk
     source = StreamedExperts(layouts, slots=2)
     assert source.held(0, [0, 1]) == [None, None]
     assert source.admit(0, [0, 1]) == 1  # 2 misses x 0.5: one read, into a free slot
+    source.drain()  # (reads land on the admission thread; `held` settles the finished ones)
     assert source.held(0, [3, 4]) == [None, None]
     assert source.admit(0, [3, 4]) == 1  # the other free slot (equal uses: the first)
+    source.drain()
     assert source.held(0, [3, 4])[1] is None
     assert source.admit(0, [4]) == 0  # half a read earned: none yet
     # expert 4 (3 uses) replaces the least used expert outside the step's own: 0 (1 use), not 3
     # (2 uses)
     assert source.held(0, [4]) == [None]
     assert source.admit(0, [4]) == 1
+    source.drain()
     held = dict(zip([0, 3, 4], source.held(0, [0, 3, 4]), strict=True))
     assert held[0] is None and held[3] is not None and held[4] is not None
     b = source._blocks(held[4], layouts[0])
     assert torch.equal(b.gate, g[4]) and torch.equal(b.up, u[4]) and torch.equal(b.down, d[4])
     # an expert used less than every held one is never read in, whatever the credit
     assert source.held(0, [5]) == [None]
-    before = source.stats.bytes_read
     source._credit = 4.0
-    assert source.admit(0, [5]) == 0 and source.stats.bytes_read == before
+    assert source.admit(0, [5]) == 0
+    source.drain()
     assert source.stats.bytes_read == 3 * layouts[0].expert_nbytes
+
+
+def test_admissions_in_flight_are_bounded_and_miss_until_they_land(layer, monkeypatch):
+    """At most ADMIT_IN_FLIGHT reads are on their way; an expert being read is a miss (never
+    waited for) until its read has landed, then a hit."""
+    monkeypatch.setattr(expert_cache, "ADMIT_SHARE", 1.0)
+    monkeypatch.setattr(expert_cache, "ADMIT_IN_FLIGHT", 2)
+    _, layouts = layer
+    source = StreamedExperts(layouts, slots=6)
+    gate = threading.Event()
+    real = source._read_many
+
+    def slow(layout, misses):
+        gate.wait(10)
+        return real(layout, misses)
+
+    source._read_many = slow
+    assert source.held(0, [0, 1, 2, 3]) == [None] * 4
+    assert source.admit(0, [0, 1, 2, 3]) == 2  # four earned, two at once
+    assert source.held(0, [0, 1]) == [None, None]  # on their way: misses, nothing waited for
+    assert source.admit(0, [0, 1, 2]) == 0  # (0 and 1 in flight; no room for 2)
+    gate.set()
+    source.drain()
+    assert None not in source.held(0, [0, 1])
+    assert source.stats.stall_seconds < 10 and source.stats.bytes_read > 0

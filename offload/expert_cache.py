@@ -5,6 +5,7 @@ layer's router guesses from the current hidden state. Disk-tier experts are neve
 their slots.
 """
 
+import logging
 import os
 import threading
 import time
@@ -20,6 +21,8 @@ from localllm.offload.expert_source import ExpertLayout
 from localllm.offload.expert_stats import ExpertStats
 from localllm.offload.reader import pread_all, shares
 from localllm.offload.staging import StagingRing
+
+log = logging.getLogger(__name__)
 
 # A layer's missing experts are read by up to READ_THREADS threads, each one contiguous share of
 # their bytes (`reader.shares`): a page-cache copy runs ~5 GB/s per thread (H200 host), and a
@@ -153,44 +156,52 @@ class StreamedExperts:
         one share per reading thread. Touches only those slots' buffers (or, packed on a
         device, staging buffers taken from the ring) and prepared entries, and (under the lock)
         the counters."""
-        total, pool = 0.0, self.packed_pool
+        total = 0.0
         for w in range(0, len(misses), STAGE_WAVE):
             wave = misses[w : w + STAGE_WAVE]
             for slot, _ in wave:
                 self._prepared[slot] = None  # freed before the next one is made: the bound holds
             bufs = [self.ring.take() if self.ring is not None else slot for slot, _ in wave]
-            t0 = time.perf_counter()
-            jobs = [
-                j for (_, e), b in zip(wave, bufs, strict=True) for j in self._jobs(b, layout, e)
-            ]
-            parts = shares(jobs, self._threads)
-            if len(parts) > 1 and self._readers is not None:  # preadv releases the GIL
-                others = [self._readers.submit(pread_all, p) for p in parts[1:]]
-                pread_all(parts[0])  # this thread reads a share too: one handoff fewer
-                for f in others:
-                    f.result()
-            else:
-                pread_all(jobs)
-            seconds = time.perf_counter() - t0
-            with self._lock:
-                self.stats.bytes_read += len(wave) * layout.expert_nbytes
-                self.stats.read_seconds += seconds
-            if self.prepare or pool is not None:
-                t1 = time.perf_counter()
-                for (slot, _), b in zip(wave, bufs, strict=True):
-                    if pool is None:
-                        made = prepare_expert(self._blocks(b, layout), layout.fmt)
-                    else:  # an upload that does not wait, packed into the slot in place
-                        made = pool.fill_mapped(slot, self.pool[b, : layout.expert_nbytes])
+            try:
+                seconds = self._read_wave(layout, wave, bufs)
+            finally:  # (a failed read must not keep staging buffers from the next one)
+                if self.ring is not None:
+                    for b in bufs:
                         self.ring.give(b)
-                    self._prepared[slot] = made
-                prep = time.perf_counter() - t1
-                with self._lock:
-                    self.stats.prepared += len(wave)
-                    self.stats.prepare_seconds += prep
-                seconds += prep
             total += seconds
         return total
+
+    def _read_wave(self, layout: ExpertLayout, wave: list[tuple[int, int]], bufs: list[int]):
+        """`_read_many`'s reads of one wave into `bufs`, then preparing or packing; seconds."""
+        pool = self.packed_pool
+        t0 = time.perf_counter()
+        jobs = [j for (_, e), b in zip(wave, bufs, strict=True) for j in self._jobs(b, layout, e)]
+        parts = shares(jobs, self._threads)
+        if len(parts) > 1 and self._readers is not None:  # preadv releases the GIL
+            others = [self._readers.submit(pread_all, p) for p in parts[1:]]
+            pread_all(parts[0])  # this thread reads a share too: one handoff fewer
+            for f in others:
+                f.result()
+        else:
+            pread_all(jobs)
+        seconds = time.perf_counter() - t0
+        with self._lock:
+            self.stats.bytes_read += len(wave) * layout.expert_nbytes
+            self.stats.read_seconds += seconds
+        if not self.prepare and pool is None:
+            return seconds
+        t1 = time.perf_counter()
+        for (slot, _), b in zip(wave, bufs, strict=True):
+            if pool is None:
+                made = prepare_expert(self._blocks(b, layout), layout.fmt)
+            else:  # an upload that does not wait, packed into the slot in place
+                made = pool.fill_mapped(slot, self.pool[b, : layout.expert_nbytes])
+            self._prepared[slot] = made
+        prep = time.perf_counter() - t1
+        with self._lock:
+            self.stats.prepared += len(wave)
+            self.stats.prepare_seconds += prep
+        return seconds + prep
 
     def _victim(self, keep: set[tuple[int, int]]) -> int | None:
         """A slot to reuse: a free one, else an evicted one outside `keep` (None: none)."""
@@ -212,9 +223,15 @@ class StreamedExperts:
         guess (`wanted` false) goes to the eviction end, so it is the first to go."""
         slot, fut = self._loading.pop(key)
         t0 = time.perf_counter()
-        landed = fut.result()
-        with self._lock:
-            self.stats.stall_seconds += time.perf_counter() - t0
+        try:
+            landed = fut.result()
+        except Exception as e:  # e.g. an I/O error: the expert stays a miss, the slot free
+            log.warning("expert read of layer %d expert %d failed: %s", *key, e)
+            self._free.append(slot)
+            return
+        finally:
+            with self._lock:
+                self.stats.stall_seconds += time.perf_counter() - t0
         if landed is not None:  # packed on another thread: this stream reads after it
             torch.cuda.current_stream().wait_event(landed)
         self._lru[key] = slot
@@ -339,7 +356,8 @@ class StreamedExperts:
     def _read_landed(self, layout: ExpertLayout, misses: list[tuple[int, int]]):
         """`_read_many` on the admission or read-ahead thread; for a device pool, the CUDA event
         behind the uploads and packing (a stream that reads the slots waits for it: `_settle`)."""
-        self._read_many(layout, misses)
+        with torch.inference_mode():  # the pool's tensors are (a model's load makes them)
+            self._read_many(layout, misses)
         if self.packed_pool is None or self.packed_pool.pe.down.device.type != "cuda":
             return None
         event = torch.cuda.Event()

@@ -193,3 +193,23 @@ def test_admissions_in_flight_are_bounded_and_miss_until_they_land(layer, monkey
     source.drain()
     assert None not in source.held(0, [0, 1])
     assert source.stats.stall_seconds < 10 and source.stats.bytes_read > 0
+
+
+def test_a_failed_admission_read_leaves_a_miss_and_a_free_slot(layer, monkeypatch, caplog):
+    monkeypatch.setattr(expert_cache, "ADMIT_SHARE", 1.0)
+    _, layouts = layer
+    source = StreamedExperts(layouts, slots=1)
+
+    def broken(layout, misses):
+        raise OSError(5, "Input/output error")
+
+    real, source._read_many = source._read_many, broken
+    assert source.held(0, [3]) == [None]
+    assert source.admit(0, [3]) == 1
+    source.drain()  # the failure is logged, not raised into the decode step
+    assert "expert read of layer 0 expert 3 failed" in caplog.text
+    assert source.held(0, [3]) == [None] and source._free == [0]
+    source._read_many = real  # the next admission takes the freed slot
+    assert source.admit(0, [3]) == 1
+    source.drain()
+    assert source.held(0, [3]) == [0]

@@ -173,7 +173,11 @@ class StreamedExperts:
 
     def _read_wave(self, layout: ExpertLayout, wave: list[tuple[int, int]], bufs: list[int]):
         """`_read_many`'s reads of one wave into `bufs`, then preparing or packing; seconds."""
-        pool = self.packed_pool
+        return self._pread_wave(layout, wave, bufs) + self._finish_wave(layout, wave, bufs)
+
+    def _pread_wave(self, layout: ExpertLayout, wave: list[tuple[int, int]], bufs: list[int]):
+        """Read each (slot, expert) of `wave` into its buffer of `bufs` (a slot's own, or a
+        staging buffer): one share of their bytes per reading thread; seconds."""
         t0 = time.perf_counter()
         jobs = [j for (_, e), b in zip(wave, bufs, strict=True) for j in self._jobs(b, layout, e)]
         parts = shares(jobs, self._threads)
@@ -188,8 +192,13 @@ class StreamedExperts:
         with self._lock:
             self.stats.bytes_read += len(wave) * layout.expert_nbytes
             self.stats.read_seconds += seconds
+        return seconds
+
+    def _finish_wave(self, layout: ExpertLayout, wave: list[tuple[int, int]], bufs: list[int]):
+        """Prepare (CPU compute) or upload and pack (device pool) the read experts; seconds."""
+        pool = self.packed_pool
         if not self.prepare and pool is None:
-            return seconds
+            return 0.0
         t1 = time.perf_counter()
         for (slot, _), b in zip(wave, bufs, strict=True):
             if pool is None:
@@ -201,7 +210,7 @@ class StreamedExperts:
         with self._lock:
             self.stats.prepared += len(wave)
             self.stats.prepare_seconds += prep
-        return seconds + prep
+        return prep
 
     def _victim(self, keep: set[tuple[int, int]]) -> int | None:
         """A slot to reuse: a free one, else an evicted one outside `keep` (None: none)."""
@@ -232,7 +241,9 @@ class StreamedExperts:
         finally:
             with self._lock:
                 self.stats.stall_seconds += time.perf_counter() - t0
-        if landed is not None:  # packed on another thread: this stream reads after it
+        if isinstance(landed, _Staged):  # read on the admission thread: packed here, once
+            landed.land(self)
+        elif landed is not None:  # packed on another thread: this stream reads after it
             torch.cuda.current_stream().wait_event(landed)
         self._lru[key] = slot
         if not wanted:
@@ -313,9 +324,7 @@ class StreamedExperts:
             key = (layer, e)
             self.stats.lookups += 1
             self._uses[key] = self._uses.get(key, 0) + 1
-            if key in self._loading and self._loading[key][1].done():
-                self._settle(key)
-            slot = self._lru.get(key)
+            slot = self._lru.get(key)  # (a read on its way is a miss: `admit` lands it)
             if slot is None:
                 self.stats.misses += 1
             else:
@@ -325,11 +334,14 @@ class StreamedExperts:
         return out
 
     def admit(self, layer: int, missed: list[int]) -> int:
-        """Start reading some of the experts `held` just missed into slots, on the admission
-        thread (a later `held` finds them once read); returns how many. Each miss earns
-        ADMIT_SHARE of a read, and at most ADMIT_IN_FLIGHT experts are on their way at once;
-        the most used go first, each into a free slot or that of a less used expert (the least
-        used of the LFU_WINDOW least recent): frequency-aware admission whatever `evict` says."""
+        """Start reading some of the experts `held` just missed, on the admission thread, and
+        pack the reads that have landed since into their slots (here: the decode's stream; a
+        later `held` finds them); returns how many reads started. Each miss earns ADMIT_SHARE
+        of a read, at most ADMIT_IN_FLIGHT are on their way at once; the most used go first,
+        each into a free slot or that of a less used expert (the least used of the LFU_WINDOW
+        least recent): frequency-aware admission whatever `evict` says."""
+        for key in [k for k, (_, f) in self._loading.items() if f.done()]:
+            self._settle(key)
         self._credit = min(self._credit + ADMIT_SHARE * len(missed), STAGE_WAVE)
         keep, todo = self._pinned | set(self._loading), []
         room = ADMIT_IN_FLIGHT - len(self._loading)
@@ -348,14 +360,31 @@ class StreamedExperts:
         if todo:
             if self._admitter is None:
                 self._admitter = ThreadPoolExecutor(1, "expert-admit")
-            fut = self._admitter.submit(self._read_landed, self.layouts[layer], todo)
+            fut = self._admitter.submit(self._stage, self.layouts[layer], todo)
             for slot, e in todo:
                 self._loading[(layer, e)] = (slot, fut)
         return len(todo)
 
+    def _stage(self, layout: ExpertLayout, misses: list[tuple[int, int]]):
+        """The admission thread's reads: into staging buffers for a device pool (a `_Staged`
+        that the decode's thread packs: torch launches from a second Python thread would wait
+        on the GIL), else straight into the slots (prepared here where the source prepares)."""
+        with torch.inference_mode():  # the pool's tensors are (a model's load makes them)
+            if self.ring is None:
+                self._read_many(layout, misses)
+                return None
+            bufs = [self.ring.take() for _ in misses]
+            try:
+                self._pread_wave(layout, misses, bufs)
+            except BaseException:
+                for b in bufs:
+                    self.ring.give(b)
+                raise
+            return _Staged(layout, misses, bufs)
+
     def _read_landed(self, layout: ExpertLayout, misses: list[tuple[int, int]]):
-        """`_read_many` on the admission or read-ahead thread; for a device pool, the CUDA event
-        behind the uploads and packing (a stream that reads the slots waits for it: `_settle`)."""
+        """`_read_many` on the read-ahead thread; for a device pool, the CUDA event behind the
+        uploads and packing (a stream that reads the slots waits for it: `_settle`)."""
         with torch.inference_mode():  # the pool's tensors are (a model's load makes them)
             self._read_many(layout, misses)
         if self.packed_pool is None or self.packed_pool.pe.down.device.type != "cuda":
@@ -425,3 +454,22 @@ class StreamedExperts:
 
     def __del__(self):
         self.close()
+
+
+class _Staged:
+    """Experts an admission read into staging buffers; `land` uploads and packs them into their
+    slots on the calling thread's stream, once, and gives the buffers back."""
+
+    def __init__(self, layout: ExpertLayout, wave: list[tuple[int, int]], bufs: list[int]):
+        self.layout, self.wave, self.bufs = layout, wave, bufs
+        self.landed = False
+
+    def land(self, source: StreamedExperts) -> None:
+        if self.landed:
+            return
+        self.landed = True
+        try:
+            source._finish_wave(self.layout, self.wave, self.bufs)
+        finally:
+            for b in self.bufs:
+                source.ring.give(b)

@@ -175,12 +175,14 @@ class StreamedExperts:
         """`_read_many`'s reads of one wave into `bufs`, then preparing or packing; seconds."""
         return self._pread_wave(layout, wave, bufs) + self._finish_wave(layout, wave, bufs)
 
-    def _pread_wave(self, layout: ExpertLayout, wave: list[tuple[int, int]], bufs: list[int]):
+    def _pread_wave(
+        self, layout: ExpertLayout, wave: list[tuple[int, int]], bufs: list[int], threads=None
+    ) -> float:
         """Read each (slot, expert) of `wave` into its buffer of `bufs` (a slot's own, or a
         staging buffer): one share of their bytes per reading thread; seconds."""
         t0 = time.perf_counter()
         jobs = [j for (_, e), b in zip(wave, bufs, strict=True) for j in self._jobs(b, layout, e)]
-        parts = shares(jobs, self._threads)
+        parts = shares(jobs, threads or self._threads)
         if len(parts) > 1 and self._readers is not None:  # preadv releases the GIL
             others = [self._readers.submit(pread_all, p) for p in parts[1:]]
             pread_all(parts[0])  # this thread reads a share too: one handoff fewer
@@ -200,9 +202,13 @@ class StreamedExperts:
         if not self.prepare and pool is None:
             return 0.0
         t1 = time.perf_counter()
+        if pool is not None and len(wave) > 1:  # uploads that do not wait, packed together
+            pool.fill_many([s for s, _ in wave], [self.pool[b] for b in bufs])
         for (slot, _), b in zip(wave, bufs, strict=True):
             if pool is None:
                 made = prepare_expert(self._blocks(b, layout), layout.fmt)
+            elif len(wave) > 1:
+                made = pool.view(slot)
             else:  # an upload that does not wait, packed into the slot in place
                 made = pool.fill_mapped(slot, self.pool[b, : layout.expert_nbytes])
             self._prepared[slot] = made
@@ -374,8 +380,8 @@ class StreamedExperts:
                 self._read_many(layout, misses)
                 return None
             bufs = [self.ring.take() for _ in misses]
-            try:
-                self._pread_wave(layout, misses, bufs)
+            try:  # (one thread: more would take cores from the CPU's misses)
+                self._pread_wave(layout, misses, bufs, threads=1)
             except BaseException:
                 for b in bufs:
                     self.ring.give(b)

@@ -36,9 +36,11 @@ STAGE_WAVE = 8
 
 LFU_WINDOW = 32  # lfu: the victim is the least used of this many least recently used slots
 # Misses computed elsewhere (`held` / `admit`): each earns this share of one read into a slot,
-# and at most this many reads are on their way at once (off the decode's path, on one thread)
-ADMIT_SHARE = 0.25
-ADMIT_IN_FLIGHT = 4
+# at most this many reads are on their way at once (off the decode's path, on one thread that
+# reads with this many)
+ADMIT_SHARE = 1.0
+ADMIT_IN_FLIGHT = 16
+ADMIT_READ_THREADS = 2
 
 
 class StreamedExperts:
@@ -89,8 +91,10 @@ class StreamedExperts:
         # packed on a device: the host only stages reads; else each slot holds its raw blocks
         self.ring = None
         if self.packed_pool is not None:
-            # (a call reads at most `slots` experts, the prefetch thread one more)
-            n = max(2, min(2 * STAGE_WAVE, slots + 1, STAGE_BYTES // self.slot_bytes))
+            # a wave (at most `slots` experts, one more with read-ahead), the next one while the
+            # last uploads, and admissions' reads (they wait in the ring until packed)
+            wave = min(STAGE_WAVE, slots + 1)
+            n = max(2, min(wave + STAGE_WAVE + ADMIT_IN_FLIGHT, STAGE_BYTES // self.slot_bytes))
             pin = pack_on.type == "cuda"
             self.ring = StagingRing(n, self.slot_bytes, pin)
             self.pool, self._views = self.ring.buffers, self.ring.views
@@ -344,20 +348,23 @@ class StreamedExperts:
         pack the reads that have landed since into their slots (here: the decode's stream; a
         later `held` finds them); returns how many reads started. Each miss earns ADMIT_SHARE
         of a read, at most ADMIT_IN_FLIGHT are on their way at once; the most used go first,
-        each into a free slot or that of a less used expert (the least used of the LFU_WINDOW
-        least recent): frequency-aware admission whatever `evict` says."""
+        each into a free slot, else (lru) the least recently used one, or (lfu) that of a less
+        used expert (the least used of the LFU_WINDOW least recent; none: not read)."""
         for key in [k for k, (_, f) in self._loading.items() if f.done()]:
             self._settle(key)
         self._credit = min(self._credit + ADMIT_SHARE * len(missed), STAGE_WAVE)
         keep, todo = self._pinned | set(self._loading), []
-        room = ADMIT_IN_FLIGHT - len(self._loading)
+        # (the ring keeps a wave's worth for foreground reads and one for a read-ahead)
+        wave = min(STAGE_WAVE, self.n_slots)
+        ring = len(self.ring.buffers) - wave - 1 if self.ring is not None else 1 << 30
+        room = min(ADMIT_IN_FLIGHT, ring) - len(self._loading)
         for e in sorted(missed, key=lambda e: -self._uses.get((layer, e), 0)):
             key = (layer, e)
             if self._credit < 1 or len(todo) >= room:
                 break
             if key in self._lru or key in self._loading:
                 continue
-            slot = self._admission_slot(key, keep)
+            slot = self._admission_slot(key, keep) if self.evict == "lfu" else self._victim(keep)
             if slot is None:
                 break  # the most used first: a less used one would not replace it either
             keep.add(key)
@@ -380,8 +387,8 @@ class StreamedExperts:
                 self._read_many(layout, misses)
                 return None
             bufs = [self.ring.take() for _ in misses]
-            try:  # (one thread: more would take cores from the CPU's misses)
-                self._pread_wave(layout, misses, bufs, threads=1)
+            try:  # (few threads: more would take cores from the CPU's misses)
+                self._pread_wave(layout, misses, bufs, threads=ADMIT_READ_THREADS)
             except BaseException:
                 for b in bufs:
                     self.ring.give(b)

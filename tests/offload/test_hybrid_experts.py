@@ -133,18 +133,18 @@ def test_hits_run_on_slots_and_misses_on_the_cpu(kernels, layer, tokens):
     assert st.lookups - before.lookups == n_used
     assert st.misses - before.misses == len(set(ids.reshape(-1).tolist()) - set(held))
     assert st.cpu_pairs == n_miss and st.cpu_seconds > 0
-    # the misses earned a quarter read each, into the one free slot (the others hold experts
-    # of the step itself, which stay)
-    reads = min(int((st.misses - before.misses) * 0.25), 1)
+    # the misses earned reads, into the one free slot (the others hold experts of the step
+    # itself, which stay)
+    reads = min(int((st.misses - before.misses) * expert_cache.ADMIT_SHARE), 1)
     assert st.bytes_read - before.bytes_read == reads * layouts[0].expert_nbytes
 
 
 def test_admission_reads_the_most_used_into_less_used_slots(kernels, layer, monkeypatch):
-    """Each miss earns ADMIT_SHARE of a read; free slots first, then only in place of a less
-    used expert; the slot then holds the expert's bytes from the file."""
+    """Each miss earns ADMIT_SHARE of a read; free slots first, then (lfu) only in place of a
+    less used expert; the slot then holds the expert's bytes from the file."""
     monkeypatch.setattr(expert_cache, "ADMIT_SHARE", 0.5)
     (g, u, d), layouts = layer
-    source = StreamedExperts(layouts, slots=2)
+    source = StreamedExperts(layouts, slots=2, evict="lfu")
     assert source.held(0, [0, 1]) == [None, None]
     assert source.admit(0, [0, 1]) == 1  # 2 misses x 0.5: one read, into a free slot
     source.drain()  # (reads land on the admission thread; `held` settles the finished ones)
@@ -213,3 +213,19 @@ def test_a_failed_admission_read_leaves_a_miss_and_a_free_slot(layer, monkeypatc
     assert source.admit(0, [3]) == 1
     source.drain()
     assert source.held(0, [3]) == [0]
+
+
+def test_lru_admission_takes_the_least_recent_slot(layer):
+    """evict = lru: every miss is read in (ADMIT_SHARE 1), into the least recently used slot
+    outside the step's own experts, whatever the uses."""
+    _, layouts = layer
+    source = StreamedExperts(layouts, slots=2)
+    for e in (0, 1):
+        assert source.held(0, [e]) == [None] and source.admit(0, [e]) == 1
+        source.drain()
+    for _ in range(3):
+        assert None not in source.held(0, [0, 1])  # both held, 1 the more recent
+    assert source.held(0, [1, 5]) == [source.held(0, [1])[0], None]
+    assert source.admit(0, [5]) == 1  # replaces 0 (least recent, used more than 5)
+    source.drain()
+    assert source.held(0, [0]) == [None] and None not in source.held(0, [1, 5])

@@ -90,7 +90,7 @@ for step in ${STEPS:-tests packed bench breakdown}; do
       for v in ${HYB:-0.25:4 1:4 1:8}; do
         share=${v%%:*}; fl=${v#*:}; echo "hyb share $share in flight $fl" | tee -a "$OUT/hyb.md"
         timeout ${MOE_T:-150} python3 -c "import localllm.offload.expert_cache as c; c.ADMIT_SHARE = $share; c.ADMIT_IN_FLIGHT = $fl; import sys; from localllm.app.bench import main; sys.exit(main(sys.argv[1:]))" \
-          -m /tmp/moe.gguf --device cuda ${HYB_BENCH:--p 0 -n 32 -r 3} --experts disk --expert-slots ${HYB_SLOTS:-3072} \
+          -m /tmp/moe.gguf --device cuda ${HYB_BENCH:--p 0 -n 32 -r 3} --experts disk --expert-slots ${HYB_SLOTS:-3072} --expert-misses cpu ${HYB_ARGS:-} \
           2>&1 | tee -a "$OUT/hyb.md" | grep -E "qwen3moe|expert|Error"; date -u
       done ;;
     split) wait $GENMOE; date -u  # host experts split between the bus and the CPU, by CPU share

@@ -63,8 +63,6 @@ class ExpertCounters:
     prefetch_hits: int
     guess_rate: float
     prepare_s: float  # of the stall: preparing (CPU) or packing (device) the experts read
-    cpu_pairs: int = 0  # a GPU's missed pairs the CPU computed from the file
-    cpu_s: float = 0.0
 
     @classmethod
     def between(cls, before, after) -> "ExpertCounters":
@@ -83,8 +81,6 @@ class ExpertCounters:
             after.prefetch_hits - before.prefetch_hits,
             right / guessed if guessed else 0.0,
             after.prepare_seconds - before.prepare_seconds,
-            after.cpu_pairs - before.cpu_pairs,
-            after.cpu_seconds - before.cpu_seconds,
         )
 
     def line(self) -> str:
@@ -93,9 +89,7 @@ class ExpertCounters:
             f"{self.hits} hits, {self.misses} misses (hit rate {rate:.2f}), "
             f"{self.bytes_read / 1e9:.3f} GB read at {self.read_gbps:.2f} GB/s, "
             f"stall {self.stall_s:.3f} s (packing or preparing {self.prepare_s:.3f} s)"
-            + (f", {self.cpu_pairs} missed pairs on the CPU ({self.cpu_s:.3f} s)"
-               if self.cpu_pairs else "")
-        )  # fmt: skip
+        )
 
 
 def _ints(text: str) -> list[int]:

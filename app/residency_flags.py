@@ -6,7 +6,7 @@ environment > document > default).
 Environment: LOCALLLM_RESIDENCY (document path), LOCALLLM_OT (PATTERN=TIER[,...]),
 LOCALLLM_CPU_MOE (1/0), LOCALLLM_N_CPU_MOE, LOCALLLM_EXPERTS, LOCALLLM_EXPERT_SLOTS,
 LOCALLLM_MEM_BUDGET, LOCALLLM_LOAD_MODE, LOCALLLM_HOST_COMPUTE, LOCALLLM_EXPERT_EVICT,
-LOCALLLM_EXPERT_PREFETCH (1/0), LOCALLLM_EXPERT_MISSES.
+LOCALLLM_EXPERT_PREFETCH (1/0).
 """
 
 import argparse
@@ -20,7 +20,6 @@ from localllm.offload.residency import (
     EVICTIONS,
     HOST_COMPUTE,
     LOAD_MODES,
-    MISSES,
     TIERS,
     ResidencyConfig,
     ResidencyError,
@@ -67,13 +66,6 @@ def add_residency_flags(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--expert-evict", choices=EVICTIONS, help="slot eviction: lru (default) or lfu")
     g.add_argument(
-        "--expert-misses",
-        choices=MISSES,
-        help="streamed experts no GPU slot holds: cpu (the CPU computes them from the file; the "
-        "most used are read into slots at a bounded rate), read (read into a slot first), auto "
-        "(default: cpu where the native CPU kernels take the format)",
-    )
-    g.add_argument(
         "--expert-prefetch",
         choices=("on", "off"),
         help="read ahead the experts the next layer's router guesses (default: off; it "
@@ -84,10 +76,8 @@ def add_residency_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--show-plan", action="store_true", help="print the residency plan and exit")
 
 
-def _streaming(
-    slots: int | None, evict: str | None, prefetch: bool | None, misses: str | None = None
-) -> dict[str, Any]:
-    given = {"slots": slots, "evict": evict, "prefetch": prefetch, "misses": misses}
+def _streaming(slots: int | None, evict: str | None, prefetch: bool | None) -> dict[str, Any]:
+    given = {"slots": slots, "evict": evict, "prefetch": prefetch}
     st = {k: v for k, v in given.items() if v is not None}
     return {"streaming": st} if st else {}
 
@@ -114,7 +104,7 @@ def cli_layer(args: argparse.Namespace) -> dict[str, Any]:
         if value is not None:
             layer[key] = value
     prefetch = None if args.expert_prefetch is None else args.expert_prefetch == "on"
-    return layer | _streaming(args.expert_slots, args.expert_evict, prefetch, args.expert_misses)
+    return layer | _streaming(args.expert_slots, args.expert_evict, prefetch)
 
 
 def _env_int(env: Mapping[str, str], name: str) -> int | None:
@@ -144,8 +134,7 @@ def env_layer(env: Mapping[str, str]) -> dict[str, Any]:
             layer[key] = env[name]
     slots = _env_int(env, "LOCALLLM_EXPERT_SLOTS")
     prefetch = _bool_env(env, "LOCALLLM_EXPERT_PREFETCH")
-    evict = env.get("LOCALLLM_EXPERT_EVICT") or None
-    return layer | _streaming(slots, evict, prefetch, env.get("LOCALLLM_EXPERT_MISSES") or None)
+    return layer | _streaming(slots, env.get("LOCALLLM_EXPERT_EVICT") or None, prefetch)
 
 
 def residency_config(

@@ -18,7 +18,6 @@ from torch import nn
 from localllm.engine.graph_breaks import HostBreaks
 from localllm.engine.layers import DenseParam, GatedMLP
 from localllm.engine.linear import QuantLinear, dense, without_bytes
-from localllm.engine.moe_hybrid import HybridExperts
 from localllm.engine.moe_split import SplitExperts
 from localllm.kernels.cpu.native import NativeKernels
 from localllm.kernels.cpu.rows_call import RowsCall, RowsScratch
@@ -133,7 +132,6 @@ class MoEFeedForward(nn.Module):
         self.breaks: HostBreaks | None = None  # set while a decode graph is captured in pieces
         self.mapped: MappedExperts | None = None  # host-tier experts the GPU reads in place
         self.split: SplitExperts | None = None  # with `mapped`: the CPU computes a share too
-        self.hybrid: HybridExperts | None = None  # streamed: the CPU computes the slots' misses
         # Set by blocks whose next norm adds this output (`defers_residual`): resident experts on
         # a GPU then return decode rows unsummed (`WeightedRows`), and that norm's kernel sums them
         self.sum_in_norm = False
@@ -248,30 +246,18 @@ class MoEFeedForward(nn.Module):
     def forward(self, x: torch.Tensor, xq=None) -> torch.Tensor:
         """`xq`: x's rows quantized by the norm that made x (resident packed experts use it)."""
         weights, ids = self.route(x)
-        if self.hybrid is not None and self.hybrid.takes(ids):  # slots on the GPU, misses on CPU
-            pool = self.source.packed_pool
-
-            def slots(x, xq, w, s):
-                from localllm.kernels.moe.packed import expert_ffn_packed
-
-                return expert_ffn_packed(x, w, s, pool.pe, self.format, xq)
-
-            return self._with_cpu(self.hybrid, slots, x, xq, weights, ids)
         if self.split is not None and self.split.takes(ids):  # the GPU and the CPU together
-
-            def mapped(x, xq, w, i):
-                return self.mapped.ffn(x, w, i, self.format, xq)
-
-            return self._with_cpu(self.split, mapped, x, xq, weights, ids)
+            return self._split(x, xq, weights, ids)
         if self.breaks is not None and self.packed is None:  # captured, and needs the host
             return self._forward_captured(x, xq, weights, ids)
         return self.forward_routed(x, xq, weights, ids)
 
-    def _with_cpu(self, part, gpu, x: torch.Tensor, xq, weights, ids) -> torch.Tensor:
-        """A decode step whose routed experts the GPU (`gpu`) and the CPU share (`part`: a
-        `SplitExperts` or `HybridExperts`), shared experts first."""
+    def _split(self, x: torch.Tensor, xq, weights, ids) -> torch.Tensor:
+        def gpu(x, xq, w, i):
+            return self.mapped.ffn(x, w, i, self.format, xq)
+
         shared = self.shexp(x, xq) if self.shexp is not None else None
-        y = part.ffn(x.reshape(-1, self.dim), xq, weights, ids, gpu, self.breaks)
+        y = self.split.ffn(x.reshape(-1, self.dim), xq, weights, ids, gpu, self.breaks)
         y = y.reshape(x.shape).to(x.dtype)
         return y + shared if shared is not None else y
 

@@ -14,7 +14,6 @@ from torch import nn
 from localllm.engine.linear import without_bytes
 from localllm.engine.models import model_module
 from localllm.engine.moe import MoEFeedForward, moe_blocks
-from localllm.engine.moe_hybrid import HybridExperts
 from localllm.engine.moe_split import SplitExperts
 from localllm.kernels.cpu.native import load as load_native
 from localllm.kernels.cpu.rows_call import RowsScratch
@@ -197,37 +196,12 @@ def _stream(
         streamed = StreamedExperts(
             mine, share, st.prefetch, st.evict, prepare, pack_on, n_used=group[0].n_used
         )
-        if pack_on is not None and st.misses != "read":
-            _cpu_misses(group, streamed, pack_on, st.misses == "cpu")
         for b in group:
             b.attach(streamed)
             for t in (b.ffn_gate_exps, b.ffn_up_exps, b.ffn_down_exps):
                 t.release()
         sources.append(streamed)
     return sources
-
-
-def _cpu_misses(
-    blocks: list[MoEFeedForward], source: StreamedExperts, device: torch.device, asked: bool
-) -> None:
-    """Streamed blocks of a GPU model whose decode misses the CPU computes from the file's
-    blocks (`engine.moe_hybrid`), where the native kernels load and take the format (`asked`:
-    the plan said cpu, so say why not where they do not)."""
-    native = load_native()
-    scratch = RowsScratch()  # one layer's CPU part at a time: one set of buffers
-    n = 0
-    for b in blocks:
-        f = b.format
-        if native is None or not native.supports(f.gate, f.up, f.down, f.dim, f.hidden, f.act):
-            continue
-        raw = tuple(w.data for w in b.expert_weights())  # the mapping's views: never copied
-        b.hybrid = HybridExperts(native, raw, (f.gate, f.up, f.down), f.act, f.dim, b.n_used,
-                                 source, b.layer, device, scratch)  # fmt: skip
-        n += 1
-    how = "no native CPU kernels" if native is None else f"native ({' '.join(native.flags)})"
-    level = logging.WARNING if asked and n < len(blocks) else logging.INFO
-    log.log(level, "streamed experts: the CPU computes the slots' misses in %d of %d layers "
-            "(%s); the others read them into slots", n, len(blocks), how)  # fmt: skip
 
 
 def plan_model(

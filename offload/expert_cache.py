@@ -35,12 +35,6 @@ STAGE_WAVE = 8
 
 
 LFU_WINDOW = 32  # lfu: the victim is the least used of this many least recently used slots
-# Misses computed elsewhere (`held` / `admit`): each earns this share of one read into a slot,
-# at most this many reads are on their way at once (off the decode's path, on one thread that
-# reads with this many)
-ADMIT_SHARE = 1.0
-ADMIT_IN_FLIGHT = 16
-ADMIT_READ_THREADS = 2
 
 
 class StreamedExperts:
@@ -91,10 +85,8 @@ class StreamedExperts:
         # packed on a device: the host only stages reads; else each slot holds its raw blocks
         self.ring = None
         if self.packed_pool is not None:
-            # a wave (at most `slots` experts, one more with read-ahead), the next one while the
-            # last uploads, and admissions' reads (they wait in the ring until packed)
-            wave = min(STAGE_WAVE, slots + 1)
-            n = max(2, min(wave + STAGE_WAVE + ADMIT_IN_FLIGHT, STAGE_BYTES // self.slot_bytes))
+            # (a call reads at most `slots` experts, the prefetch thread one more)
+            n = max(2, min(2 * STAGE_WAVE, slots + 1, STAGE_BYTES // self.slot_bytes))
             pin = pack_on.type == "cuda"
             self.ring = StagingRing(n, self.slot_bytes, pin)
             self.pool, self._views = self.ring.buffers, self.ring.views
@@ -108,8 +100,6 @@ class StreamedExperts:
         self._uses: dict[tuple[int, int], int] = {}  # lfu: uses of each expert so far
         self._pinned: set[tuple[int, int]] = set()  # the current layer's experts
         self._guesses: dict[int, set[int]] = {}  # layer -> experts guessed for it
-        self._credit = 0.0  # `admit`: reads into slots earned by misses and not made yet
-        self._admitter: ThreadPoolExecutor | None = None  # `admit`'s reads, made on first use
         self._worker = ThreadPoolExecutor(1, "expert-prefetch") if prefetch else None
         self._threads = threads = min(READ_THREADS, os.cpu_count() or 1)
         self._readers = ThreadPoolExecutor(threads, "expert-read") if threads > 1 else None
@@ -176,17 +166,12 @@ class StreamedExperts:
         return total
 
     def _read_wave(self, layout: ExpertLayout, wave: list[tuple[int, int]], bufs: list[int]):
-        """`_read_many`'s reads of one wave into `bufs`, then preparing or packing; seconds."""
-        return self._pread_wave(layout, wave, bufs) + self._finish_wave(layout, wave, bufs)
-
-    def _pread_wave(
-        self, layout: ExpertLayout, wave: list[tuple[int, int]], bufs: list[int], threads=None
-    ) -> float:
-        """Read each (slot, expert) of `wave` into its buffer of `bufs` (a slot's own, or a
-        staging buffer): one share of their bytes per reading thread; seconds."""
+        """`_read_many`'s reads of one wave into `bufs` (slots' own buffers, or staging ones),
+        then preparing or packing; returns the seconds taken."""
+        pool = self.packed_pool
         t0 = time.perf_counter()
         jobs = [j for (_, e), b in zip(wave, bufs, strict=True) for j in self._jobs(b, layout, e)]
-        parts = shares(jobs, threads or self._threads)
+        parts = shares(jobs, self._threads)
         if len(parts) > 1 and self._readers is not None:  # preadv releases the GIL
             others = [self._readers.submit(pread_all, p) for p in parts[1:]]
             pread_all(parts[0])  # this thread reads a share too: one handoff fewer
@@ -198,21 +183,12 @@ class StreamedExperts:
         with self._lock:
             self.stats.bytes_read += len(wave) * layout.expert_nbytes
             self.stats.read_seconds += seconds
-        return seconds
-
-    def _finish_wave(self, layout: ExpertLayout, wave: list[tuple[int, int]], bufs: list[int]):
-        """Prepare (CPU compute) or upload and pack (device pool) the read experts; seconds."""
-        pool = self.packed_pool
         if not self.prepare and pool is None:
-            return 0.0
+            return seconds
         t1 = time.perf_counter()
-        if pool is not None and len(wave) > 1:  # uploads that do not wait, packed together
-            pool.fill_many([s for s, _ in wave], [self.pool[b] for b in bufs])
         for (slot, _), b in zip(wave, bufs, strict=True):
             if pool is None:
                 made = prepare_expert(self._blocks(b, layout), layout.fmt)
-            elif len(wave) > 1:
-                made = pool.view(slot)
             else:  # an upload that does not wait, packed into the slot in place
                 made = pool.fill_mapped(slot, self.pool[b, : layout.expert_nbytes])
             self._prepared[slot] = made
@@ -220,7 +196,19 @@ class StreamedExperts:
         with self._lock:
             self.stats.prepared += len(wave)
             self.stats.prepare_seconds += prep
-        return prep
+        return seconds + prep
+
+    def _read_ahead(self, slot: int, layout: ExpertLayout, expert: int):
+        """`_read` on the read-ahead thread (in inference mode, as the pool's tensors were
+        made); for a CUDA pool, the event behind the upload and packing, which the stream that
+        reads the slot waits for (`_settle`), else None."""
+        with torch.inference_mode():
+            self._read(slot, layout, expert)
+        if self.packed_pool is None or self.packed_pool.pe.down.device.type != "cuda":
+            return None
+        event = torch.cuda.Event()
+        event.record()
+        return event
 
     def _victim(self, keep: set[tuple[int, int]]) -> int | None:
         """A slot to reuse: a free one, else an evicted one outside `keep` (None: none)."""
@@ -245,15 +233,14 @@ class StreamedExperts:
         try:
             landed = fut.result()
         except Exception as e:  # e.g. an I/O error: the expert stays a miss, the slot free
-            log.warning("expert read of layer %d expert %d failed: %s", *key, e)
+            log.warning("read-ahead of layer %d expert %d failed: %s", *key, e)
+            self._ahead.discard(key)
             self._free.append(slot)
             return
         finally:
             with self._lock:
                 self.stats.stall_seconds += time.perf_counter() - t0
-        if isinstance(landed, _Staged):  # read on the admission thread: packed here, once
-            landed.land(self)
-        elif landed is not None:  # packed on another thread: this stream reads after it
+        if landed is not None:  # packed on the read-ahead thread: this stream reads after it
             torch.cuda.current_stream().wait_event(landed)
         self._lru[key] = slot
         if not wanted:
@@ -325,98 +312,6 @@ class StreamedExperts:
             self.stats.stall_seconds += seconds
         return slot
 
-    def held(self, layer: int, experts: list[int]) -> list[int | None]:
-        """The slot of each of `experts` (one layer's) that holds it now, None for the others;
-        counted as hits and misses, nothing read (a caller computing misses elsewhere)."""
-        self._pinned = {(layer, e) for e in experts}
-        out: list[int | None] = []
-        for e in experts:
-            key = (layer, e)
-            self.stats.lookups += 1
-            self._uses[key] = self._uses.get(key, 0) + 1
-            slot = self._lru.get(key)  # (a read on its way is a miss: `admit` lands it)
-            if slot is None:
-                self.stats.misses += 1
-            else:
-                self._lru.move_to_end(key)
-                self.stats.hits += 1
-            out.append(slot)
-        return out
-
-    def admit(self, layer: int, missed: list[int]) -> int:
-        """Start reading some of the experts `held` just missed, on the admission thread, and
-        pack the reads that have landed since into their slots (here: the decode's stream; a
-        later `held` finds them); returns how many reads started. Each miss earns ADMIT_SHARE
-        of a read, at most ADMIT_IN_FLIGHT are on their way at once; the most used go first,
-        each into a free slot, else (lru) the least recently used one, or (lfu) that of a less
-        used expert (the least used of the LFU_WINDOW least recent; none: not read)."""
-        for key in [k for k, (_, f) in self._loading.items() if f.done()]:
-            self._settle(key)
-        self._credit = min(self._credit + ADMIT_SHARE * len(missed), STAGE_WAVE)
-        keep, todo = self._pinned | set(self._loading), []
-        # (the ring keeps a wave's worth for foreground reads and one for a read-ahead)
-        wave = min(STAGE_WAVE, self.n_slots)
-        ring = len(self.ring.buffers) - wave - 1 if self.ring is not None else 1 << 30
-        room = min(ADMIT_IN_FLIGHT, ring) - len(self._loading)
-        for e in sorted(missed, key=lambda e: -self._uses.get((layer, e), 0)):
-            key = (layer, e)
-            if self._credit < 1 or len(todo) >= room:
-                break
-            if key in self._lru or key in self._loading:
-                continue
-            slot = self._admission_slot(key, keep) if self.evict == "lfu" else self._victim(keep)
-            if slot is None:
-                break  # the most used first: a less used one would not replace it either
-            keep.add(key)
-            todo.append((slot, e))
-            self._credit -= 1
-        if todo:
-            if self._admitter is None:
-                self._admitter = ThreadPoolExecutor(1, "expert-admit")
-            fut = self._admitter.submit(self._stage, self.layouts[layer], todo)
-            for slot, e in todo:
-                self._loading[(layer, e)] = (slot, fut)
-        return len(todo)
-
-    def _stage(self, layout: ExpertLayout, misses: list[tuple[int, int]]):
-        """The admission thread's reads: into staging buffers for a device pool (a `_Staged`
-        that the decode's thread packs: torch launches from a second Python thread would wait
-        on the GIL), else straight into the slots (prepared here where the source prepares)."""
-        with torch.inference_mode():  # the pool's tensors are (a model's load makes them)
-            if self.ring is None:
-                self._read_many(layout, misses)
-                return None
-            bufs = [self.ring.take() for _ in misses]
-            try:  # (few threads: more would take cores from the CPU's misses)
-                self._pread_wave(layout, misses, bufs, threads=ADMIT_READ_THREADS)
-            except BaseException:
-                for b in bufs:
-                    self.ring.give(b)
-                raise
-            return _Staged(layout, misses, bufs)
-
-    def _read_landed(self, layout: ExpertLayout, misses: list[tuple[int, int]]):
-        """`_read_many` on the read-ahead thread; for a device pool, the CUDA event behind the
-        uploads and packing (a stream that reads the slots waits for it: `_settle`)."""
-        with torch.inference_mode():  # the pool's tensors are (a model's load makes them)
-            self._read_many(layout, misses)
-        if self.packed_pool is None or self.packed_pool.pe.down.device.type != "cuda":
-            return None
-        event = torch.cuda.Event()
-        event.record()
-        return event
-
-    def _admission_slot(self, key: tuple[int, int], keep: set[tuple[int, int]]) -> int | None:
-        if self._free:
-            return self._free.pop()
-        window = [k for k, _ in zip((k for k in self._lru if k not in keep), range(LFU_WINDOW),
-                                    strict=False)]  # fmt: skip
-        victim = min(window, key=lambda k: self._uses.get(k, 0), default=None)
-        if victim is None or self._uses.get(victim, 0) >= self._uses.get(key, 0):
-            return None
-        self._ahead.discard(victim)
-        return self._lru.pop(victim)
-
     def routed(self, layer: int, ids: torch.Tensor) -> None:
         used = set(torch.unique(ids).tolist())
         self._pinned = {(layer, e) for e in used}
@@ -446,7 +341,7 @@ class StreamedExperts:
             slot = self._victim(keep | {key})
             if slot is None:
                 return
-            fut = self._worker.submit(self._read_landed, self.layouts[layer], [(slot, e)])
+            fut = self._worker.submit(self._read_ahead, slot, self.layouts[layer], e)
             self._loading[key] = (slot, fut)
             self._ahead.add(key)
             self.stats.prefetched += 1
@@ -455,9 +350,6 @@ class StreamedExperts:
         if getattr(self, "_worker", None) is not None:
             self._worker.shutdown(wait=True)  # reads in flight finish and are counted
             self._worker = None  # later guesses are ignored
-        if getattr(self, "_admitter", None) is not None:
-            self._admitter.shutdown(wait=True)
-            self._admitter = None
         if getattr(self, "_readers", None) is not None:
             self._readers.shutdown(wait=True)
             self._readers = None
@@ -467,22 +359,3 @@ class StreamedExperts:
 
     def __del__(self):
         self.close()
-
-
-class _Staged:
-    """Experts an admission read into staging buffers; `land` uploads and packs them into their
-    slots on the calling thread's stream, once, and gives the buffers back."""
-
-    def __init__(self, layout: ExpertLayout, wave: list[tuple[int, int]], bufs: list[int]):
-        self.layout, self.wave, self.bufs = layout, wave, bufs
-        self.landed = False
-
-    def land(self, source: StreamedExperts) -> None:
-        if self.landed:
-            return
-        self.landed = True
-        try:
-            source._finish_wave(self.layout, self.wave, self.bufs)
-        finally:
-            for b in self.bufs:
-                source.ring.give(b)

@@ -25,8 +25,6 @@ class ExpertStats:
     host_rows: int = 0  # token rows whose routed experts ran on the host (host compute)
     prepared: int = 0  # experts prepared for CPU compute after a read (streamed sources)
     prepare_seconds: float = 0.0  # time those preparations took (in the reads' thread)
-    cpu_pairs: int = 0  # missed (token, expert) pairs the CPU computed from the file in place
-    cpu_seconds: float = 0.0  # time the CPU took on them (a GPU's slots served the rest)
 
     @property
     def read_gbps(self) -> float:

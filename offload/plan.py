@@ -128,7 +128,7 @@ class ResidencyPlan:
                 f"  expert slots {s.slots} x {fmt_bytes(self.slot_bytes)}"
                 + (f" + {fmt_bytes(maps)} of packing maps" if maps else "")
                 + f" = {fmt_bytes(self.slot_pool_bytes)}, prefetch "
-                f"{'on' if s.prefetch else 'off'}, evict {s.evict}, misses {s.misses}"
+                f"{'on' if s.prefetch else 'off'}, evict {s.evict}"
             )
         if "host" in self.expert_tiers().values():
             lines.append(f"  host-tier experts: {_host_compute_text(self)}")

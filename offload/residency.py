@@ -18,9 +18,6 @@ A settings *layer* is a plain mapping with the keys of a residency document (TOM
     prefetch = true          # read ahead the experts the next layer's router guesses
                              # (unset: off; it measured slower)
     evict = "lru"            # or "lfu": the least used of the least recently used slots
-    misses = "auto"          # experts no device slot holds: "cpu" (the CPU computes them from
-                             # the file in place; the most used are read into slots at a bounded
-                             # rate), "read" (read into a slot first); auto: cpu where it can
 
 Layers come from the command line, the environment and a document; `resolve` merges them with
 the command line first: scalars from the first layer that sets them, rules concatenated in
@@ -49,9 +46,8 @@ KEYS = (
     "rules",
     "streaming",
 )
-STREAMING_KEYS = ("enabled", "slots", "prefetch", "evict", "misses")
+STREAMING_KEYS = ("enabled", "slots", "prefetch", "evict")
 EVICTIONS = ("lru", "lfu")
-MISSES = ("auto", "cpu", "read")
 # llama.cpp's --cpu-moe pattern: the three routed-expert tensors of every layer.
 EXPERTS_PATTERN = r"\.ffn_(up|down|gate)_exps"
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
@@ -80,7 +76,6 @@ class Streaming:
     slots: int | None = None  # None: as many as the budget leaves
     prefetch: bool | None = None  # None: off (measured slower, CPU-only and on a GPU)
     evict: str = "lru"  # "lru" or "lfu"
-    misses: str = "auto"  # a GPU's missing experts: "cpu" computes them, "read" reads them first
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,18 +193,12 @@ def validate_layer(d: Mapping[str, Any], source: str) -> dict[str, Any]:
         _check_keys(s, STREAMING_KEYS, f"{source} [streaming]")
         where = f"{source} [streaming]"
         out["streaming"] = {
-            k: _typed(s, k, int if k == "slots" else bool, where)
-            for k in s
-            if k not in ("evict", "misses")
+            k: _typed(s, k, int if k == "slots" else bool, where) for k in s if k != "evict"
         }
         if "evict" in s:
             if s["evict"] not in EVICTIONS:
                 raise ResidencyError(f"{where}: evict must be one of {', '.join(EVICTIONS)}")
             out["streaming"]["evict"] = s["evict"]
-        if "misses" in s:
-            if s["misses"] not in MISSES:
-                raise ResidencyError(f"{where}: misses must be one of {', '.join(MISSES)}")
-            out["streaming"]["misses"] = s["misses"]
         if out["streaming"].get("slots", 1) < 1:
             raise ResidencyError(f"{source} [streaming]: slots must be >= 1")
     return out

@@ -24,7 +24,7 @@ TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75
 EXPERT_COUNTERS = (
     ("lookups", "Routed-expert uses looked up in the expert cache."),
     ("hits", "Expert lookups served from a resident slot."),
-    ("misses", "Expert lookups no slot held (read into one, or computed by the CPU)."),
+    ("misses", "Expert lookups that read the expert from the file."),
     ("bytes_read", "Expert bytes read from the file."),
     ("stall_seconds", "Seconds compute waited on expert reads."),
     ("read_seconds", "Seconds spent reading experts (foreground and read-ahead)."),
@@ -33,7 +33,6 @@ EXPERT_COUNTERS = (
     ("guessed", "Experts guessed for a coming layer (read-ahead)."),
     ("guessed_right", "Guessed experts the layer then routed to."),
     ("prepared", "Streamed experts prepared for CPU compute after their read."),
-    ("cpu_pairs", "Missed expert uses the CPU computed from the file in place."),
 )
 
 

@@ -78,40 +78,6 @@ class RowsCall:
         n, e = len(ids), self.blocks[0].shape[0]
         if not 0 < t <= self.max_rows or n != t * self.k or not 0 <= min(ids) <= max(ids) < e:
             raise ValueError(f"bad routing for {t} rows of {self.k} of {e} experts: {ids}")
-        dn = self._pairs(t, ids, self.tok, x_ptr, threads)
-        ptr = torch.Tensor.data_ptr
-        self.native.lib.moe_combine(t, self.k, ptr(self.pos), w_ptr, ptr(dn), self.dim, y_ptr,
-                                    threads)  # fmt: skip
-
-    def run_pairs(
-        self, t: int, x_ptr: int, pairs: list[tuple[int, int, float]], y_ptr: int, threads: int
-    ) -> None:
-        """Rows x [t, dim] at `x_ptr` and any (row, expert, weight) pairs, up to k per row ->
-        y [t, dim] at `y_ptr`: each row the weighted sum of its pairs in their order (the
-        experts of a step that a device's slots did not hold)."""
-        e, per_row = self.blocks[0].shape[0], [[] for _ in range(max(t, 0))]
-        if not 0 < t <= self.max_rows or not pairs:
-            raise ValueError(f"bad pairs for {t} rows: {pairs}")
-        for p, (row, expert, _) in enumerate(pairs):
-            if not (0 <= row < t and 0 <= expert < e) or len(per_row[row]) == self.k:
-                raise ValueError(f"bad pairs for {t} rows of at most {self.k} of {e}: {pairs}")
-            per_row[row].append(p)
-        tok = torch.tensor([r for r, _, _ in pairs], dtype=torch.int64)
-        dn = self._pairs(t, [x for _, x, _ in pairs], tok, x_ptr, threads)
-        # one combine per row: padding rows to one pair count changes the sums' last bits
-        ptr, row_bytes = torch.Tensor.data_ptr, self.dim * 4
-        for i, ps in enumerate(per_row):
-            if not ps:
-                ctypes.memset(y_ptr + i * row_bytes, 0, row_bytes)
-                continue
-            pos = torch.tensor(ps, dtype=torch.int64)
-            wts = torch.tensor([pairs[p][2] for p in ps], dtype=torch.float32)
-            self.native.lib.moe_combine(1, len(ps), ptr(pos), ptr(wts), ptr(dn), self.dim,
-                                        y_ptr + i * row_bytes, threads)  # fmt: skip
-
-    def _pairs(self, t: int, ids: list[int], tok: torch.Tensor, x_ptr: int, threads: int):
-        """Each pair's down-projected output [n, dim] (pair p: row tok[p], expert ids[p])."""
-        n = len(ids)
         arr = ctypes.c_void_p * n
         addr = [arr(*(b + i * s for i in ids)) for b, s in zip(self.base, self.stride, strict=True)]
         ptr = torch.Tensor.data_ptr
@@ -121,9 +87,10 @@ class RowsCall:
         a8 = sc.get("a8", n * hid, quant_buffers)
         h = sc.get("h", n * 2 * hid, torch.empty)
         dn = sc.get("dn", n * dim, torch.empty)
-        self.native.lib.moe_pairs(
-            t, n, ptr(self.gstart), *addr, ptr(tok), x_ptr, *self.types, dim, hid,
+        lib = self.native.lib
+        lib.moe_pairs(
+            t, n, ptr(self.gstart), *addr, ptr(self.tok), x_ptr, *self.types, dim, hid,
             self.act, *(ptr(b) for b in x8), *(ptr(b) for b in k8), ptr(h),
             *(ptr(b) for b in a8), ptr(dn), threads,
         )  # fmt: skip
-        return dn
+        lib.moe_combine(t, self.k, ptr(self.pos), w_ptr, ptr(dn), dim, y_ptr, threads)

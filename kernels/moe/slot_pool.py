@@ -115,20 +115,6 @@ class PackedSlotPool:
             torch.index_select(flat, 0, index, out=dst[slot])
         return self.view(slot)
 
-    def fill_many(self, slots: list[int], raws: list[torch.Tensor]) -> None:
-        """`fill_mapped` of several experts: their copies to the device side by side, then one
-        gather and one scatter per plane for all of them (12 launches for a Q4_K_M wave
-        instead of 6 per expert). Same bytes as `fill_mapped` (test)."""
-        n, dev = self.expert_nbytes, self.pe.down.device
-        if any(r.numel() < n for r in raws) or len(raws) != len(slots):
-            raise ValueError(f"{len(raws)} buffers do not hold {len(slots)} experts of {self.fmt}")
-        flat = torch.empty(len(raws), n, dtype=torch.uint8, device=dev)
-        for row, raw in zip(flat, raws, strict=True):
-            row.copy_(raw[:n], non_blocking=True)
-        where = torch.tensor(slots, dtype=torch.int64).to(dev)
-        for dst, index in zip(self._planes(), self.byte_maps(), strict=True):
-            dst.index_copy_(0, where, flat.index_select(1, index))
-
     def fill_raw(self, slot: int, raw: torch.Tensor) -> PackedExperts:
         """Pack one expert's raw bytes back to back (gate, up, down; any device, pinned host
         memory for a fast upload) into `slot`: one copy to the device, then each block field

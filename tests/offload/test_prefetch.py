@@ -69,6 +69,27 @@ def test_read_ahead_fills_free_slots_and_serves_hits(tmp_path):
     assert s.read_gbps > 0 and s.guess_rate == pytest.approx(2 / 3)
 
 
+def test_a_failed_read_ahead_leaves_a_miss_that_reads_again(tmp_path, caplog):
+    """A read-ahead that fails (an I/O error on its thread) is logged, its slot freed, and the
+    expert read in the foreground when the layer uses it: nothing is raised into the step."""
+    cache, data = _cache(tmp_path, 8, slots=2, prefetch=True)
+    real = cache._read
+
+    def broken(slot, layout, expert):
+        raise OSError(5, "Input/output error")
+
+    cache._read = broken
+    cache.guess(1, [5])
+    cache.drain()
+    assert "read-ahead of layer 1 expert 5 failed" in caplog.text
+    cache._read = real
+    cache.routed(1, torch.tensor([[5]]))
+    _check(cache.fetch(1, 5), data, 5)
+    s = cache.stats
+    assert (s.prefetched, s.prefetch_hits, s.misses, s.hits) == (1, 0, 1, 0)
+    cache.close()
+
+
 def test_read_ahead_evicts_only_unpinned_slots(tmp_path):
     cache, data = _cache(tmp_path, 8, slots=3, prefetch=True)
     cache.routed(0, torch.tensor([[0, 1, 2]]))

@@ -102,7 +102,6 @@ def test_precedence_cli_over_env_over_document(tmp_path):
     doc = tmp_path / "r.toml"
     doc.write_text(
         'budget = "1GiB"\nload_mode = "read"\n[streaming]\nslots = 3\nprefetch = false\n'
-        'misses = "read"\n'
     )
     layers = [
         ("cli", {"budget": "2GiB"}),
@@ -112,7 +111,6 @@ def test_precedence_cli_over_env_over_document(tmp_path):
     cfg = resolve(layers)
     assert cfg.budget == 2 << 30 and cfg.load_mode == "mmap"
     assert cfg.streaming.slots == 3 and cfg.streaming.prefetch is False
-    assert cfg.streaming.misses == "read" and resolve([]).streaming.misses == "auto"
     assert cfg.streaming.enabled is True  # the default, nobody set it
     assert resolve([]).budget is None and resolve([]).load_mode == "mmap"
 
@@ -136,7 +134,6 @@ def test_shortcuts_cpu_moe_and_n_cpu_moe():
         ({"cpu_moe": "yes"}, "cpu_moe must be true or false"),
         ({"streaming": {"slots": 0}}, "slots must be >= 1"),
         ({"experts": "gpu0"}, "unknown tier"),
-        ({"streaming": {"misses": "gpu"}}, r"misses must be one of auto, cpu, read"),
     ],
 )
 def test_invalid_documents_are_errors(tmp_path, doc, match):

@@ -45,13 +45,6 @@ def test_flags_beat_environment_beat_document(tmp_path):
         (r"\.ffn_(up|down|gate)_exps", "host", "environment cpu_moe"),
         ("output", "host", str(doc)),
     ]
-    # the streamed experts' misses: flag over environment over document (default auto)
-    assert cfg.streaming.misses == "auto"
-    env["LOCALLLM_EXPERT_MISSES"] = "read"
-    assert residency_config(parse(), env=env).streaming.misses == "read"
-    assert residency_config(parse("--expert-misses", "cpu"), env=env).streaming.misses == "cpu"
-    with pytest.raises(ResidencyError, match="misses must be one of"):
-        residency_config(parse(), env={"LOCALLLM_EXPERT_MISSES": "gpu"})
     # --residency on the command line replaces $LOCALLLM_RESIDENCY
     other = tmp_path / "other.json"
     other.write_text('{"load_mode": "mmap"}')
@@ -72,7 +65,7 @@ def test_show_plan_prints_and_exits(model, capsys, monkeypatch):
     assert rc == 0
     assert "model moe.gguf (qwen3moe)" in out
     assert "disk      384.00 KiB  6 tensors" in out  # 2 layers x 3 tensors of 8 x 32 x 64 f32
-    assert "expert slots 3 x 24.00 KiB" in out and "evict lru, misses auto" in out
+    assert "expert slots 3 x 24.00 KiB" in out
     assert r"\.ffn_(up|down|gate)_exps -> disk  (command line experts)" in out
 
 

@@ -172,15 +172,6 @@ def test_fill_mapped_writes_the_bytes_fill_raw_writes(types):
         assert torch.equal(a.cpu(), b.cpu())
     with pytest.raises(ValueError, match="do not hold one expert"):
         got.fill_mapped(0, raw[:-1])
-    # several at once (an admission's wave): the same bytes, other slots untouched
-    _, _, other = _one_expert(types, seed=5)
-    ref.fill_raw(0, other.to(DEVICE))
-    many = PackedSlotPool(fmt, 3, K_USED, DEVICE)
-    many.fill_many([2, 0], [raw, other])
-    for a, b in zip(many._planes(), ref._planes(), strict=True):
-        assert torch.equal(a.cpu(), b.cpu())
-    with pytest.raises(ValueError, match="do not hold 2 experts"):
-        many.fill_many([0, 1], [raw, other[:-1]])
 
 
 PROMPT = [1, 5, 9, 33, 7, 11]  # at most the pool's max_tokens: every step takes packed kernels

@@ -86,13 +86,6 @@ for step in ${STEPS:-tests packed bench breakdown}; do
         timeout ${MOE_T:-150} python3 -m localllm.app.bench -m /tmp/moe.gguf --device cuda $mode \
           2>&1 | tee -a "$OUT/moe.md" | grep -E "qwen3moe|expert|graphs|Error" ; date -u
       done ;;
-    hyb) wait $GENMOE; date -u  # streamed experts, misses on the CPU: admission share:reads in flight
-      for v in ${HYB:-0.25:4 1:4 1:8}; do
-        share=${v%%:*}; fl=${v#*:}; echo "hyb share $share in flight $fl" | tee -a "$OUT/hyb.md"
-        timeout ${MOE_T:-150} python3 -c "import localllm.offload.expert_cache as c; c.ADMIT_SHARE = $share; c.ADMIT_IN_FLIGHT = $fl; import sys; from localllm.app.bench import main; sys.exit(main(sys.argv[1:]))" \
-          -m /tmp/moe.gguf --device cuda ${HYB_BENCH:--p 0 -n 32 -r 3} --experts disk --expert-slots ${HYB_SLOTS:-3072} --expert-misses cpu ${HYB_ARGS:-} \
-          2>&1 | tee -a "$OUT/hyb.md" | grep -E "qwen3moe|expert|Error"; date -u
-      done ;;
     split) wait $GENMOE; date -u  # host experts split between the bus and the CPU, by CPU share
       for v in ${SPLIT_SHARES:-0.25 0.375 0.5}; do  # SHARE or SHARE:THREADS
         share=${v%%:*}; th=None; [ "$v" != "$share" ] && th=${v#*:}

@@ -56,8 +56,11 @@ class PackedSlotPool:
             empty_slots(one.down, slots),
             one.counters,
         )
-        self._maps: list[torch.Tensor] | None = None  # made on first use (`byte_maps`)
+        self._maps: list[torch.Tensor] | None = None
         self._bytes: list[torch.Tensor] | None = None  # the planes as bytes (`_planes`)
+        # found by packing into slot 0: now, while no slot holds an expert (made on a first
+        # fill instead, they clobbered slot 0 under a read-ahead thread filling it)
+        self.byte_maps()
 
     @property
     def nbytes(self) -> int:

@@ -172,6 +172,13 @@ def test_fill_mapped_writes_the_bytes_fill_raw_writes(types):
         assert torch.equal(a.cpu(), b.cpu())
     with pytest.raises(ValueError, match="do not hold one expert"):
         got.fill_mapped(0, raw[:-1])
+    # the maps exist before any fill: a first fill_mapped into slot 1 (another thread's) leaves
+    # an expert already in slot 0 alone (made lazily, they were found by packing into slot 0)
+    fresh = PackedSlotPool(fmt, 3, K_USED, DEVICE)
+    fresh.fill_raw(0, raw.to(DEVICE))
+    fresh.fill_mapped(1, raw)
+    for a, b in zip(fresh._planes(), ref._planes(), strict=True):
+        assert torch.equal(a[:1].cpu(), b[2:].cpu()) and torch.equal(a[1:2].cpu(), b[2:].cpu())
 
 
 PROMPT = [1, 5, 9, 33, 7, 11]  # at most the pool's max_tokens: every step takes packed kernels

@@ -56,11 +56,14 @@ class PackedSlotPool:
             empty_slots(one.down, slots),
             one.counters,
         )
-        self._maps: list[torch.Tensor] | None = None
-        self._bytes: list[torch.Tensor] | None = None  # the planes as bytes (`_planes`)
+        self._bytes = [  # every plane as bytes [slots, plane bytes per slot] (views)
+            t.view(torch.uint8).view(slots, -1)
+            for p in (*self.pe.gate_up, self.pe.down)
+            for t in p.planes.values()
+        ]
         # found by packing into slot 0: now, while no slot holds an expert (made on a first
         # fill instead, they clobbered slot 0 under a read-ahead thread filling it)
-        self.byte_maps()
+        self._maps = self._find_maps()
 
     @property
     def nbytes(self) -> int:
@@ -80,32 +83,26 @@ class PackedSlotPool:
         return h * row_nbytes(f.gate, d), h * row_nbytes(f.up, d), d * row_nbytes(f.down, h)
 
     def _planes(self) -> list[torch.Tensor]:
-        """Every plane of the pool as bytes [slots, plane bytes per slot] (views, made once)."""
-        if self._bytes is None:
-            self._bytes = []
-            for p in (*self.pe.gate_up, self.pe.down):
-                self._bytes += [
-                    t.view(torch.uint8).view(self.n_slots, -1) for t in p.planes.values()
-                ]
         return self._bytes
 
     def byte_maps(self) -> list[torch.Tensor]:
         """Per plane, the raw expert byte that each of a slot's plane bytes is (int32 [plane
-        bytes]): `fill_raw`'s packing as one gather per plane. Found by packing raw experts
-        whose bytes spell their own offsets, 8 bits at a time, into slot 0 (left zeroed)."""
-        if self._maps is None:
-            total = self.expert_nbytes
-            pos = torch.arange(total, dtype=torch.int64, device=self.pe.down.device)
-            maps = [torch.zeros(t.shape[1], dtype=torch.int64, device=t.device)
-                    for t in self._planes()]  # fmt: skip
-            for shift in range(0, max(total - 1, 1).bit_length(), 8):
-                self.fill_raw(0, ((pos >> shift) & 255).to(torch.uint8))
-                for m, t in zip(maps, self._planes(), strict=True):
-                    m |= t[0].long() << shift
-            for t in self._planes():
-                t[0].zero_()
-            self._maps = [m.int() for m in maps]
+        bytes]): `fill_raw`'s packing as one gather per plane."""
         return self._maps
+
+    def _find_maps(self) -> list[torch.Tensor]:
+        """`byte_maps`, found by packing raw experts whose bytes spell their own offsets, 8 bits
+        at a time, into slot 0 (left zeroed)."""
+        total = self.expert_nbytes
+        pos = torch.arange(total, dtype=torch.int64, device=self.pe.down.device)
+        maps = [torch.zeros(t.shape[1], dtype=torch.int64, device=t.device) for t in self._bytes]
+        for shift in range(0, max(total - 1, 1).bit_length(), 8):
+            self.fill_raw(0, ((pos >> shift) & 255).to(torch.uint8))
+            for m, t in zip(maps, self._bytes, strict=True):
+                m |= t[0].long() << shift
+        for t in self._bytes:
+            t[0].zero_()
+        return [m.int() for m in maps]
 
     def fill_mapped(self, slot: int, raw: torch.Tensor) -> PackedExperts:
         """`fill_raw` in one gather per plane (`byte_maps`): a copy to the device that does not

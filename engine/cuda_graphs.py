@@ -108,13 +108,8 @@ class DecodeGraphs:
         g.inputs[:n, : COLS + w].copy_(inputs, non_blocking=True)
         if key[0] > n:
             g.inputs[n:, : COLS + w].copy_(inputs[:1].expand(key[0] - n, -1), non_blocking=True)
-        if first:
-            try:
-                self._capture(g)
-            except Exception as e:  # an op that cannot be captured: eager from now on
-                self.failed = f"{type(e).__name__}: {e}"
-                return None
-            self.graphs[key] = g
+        if first and not capture_first(self, key, g):
+            return None
         for b in self._mapped:  # replays run no Python: mapped host experts count from here
             b.mapped.replayed(key[0])
         g.graph.replay()
@@ -150,6 +145,18 @@ class DecodeGraphs:
                 b.breaks = None
         torch.cuda.current_stream(self.kv.device).wait_stream(side)
         g.graph = chain
+
+
+def capture_first(owner, key, g) -> bool:
+    """`owner._capture(g)` on a shape's first use, kept in `owner.graphs[key]`; False when an
+    op cannot be captured (the reason in `owner.failed`: eager from then on)."""
+    try:
+        owner._capture(g)
+    except Exception as e:
+        owner.failed = f"{type(e).__name__}: {e}"
+        return False
+    owner.graphs[key] = g
+    return True
 
 
 def warm_up(forward, inputs: torch.Tensor, device: torch.device) -> "torch.cuda.Stream":

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from localllm.engine.batch import BatchMeta
-from localllm.engine.cuda_graphs import warm_up
+from localllm.engine.cuda_graphs import capture_first, warm_up
 from localllm.engine.kv_cache import PagedKVCache
 from localllm.engine.moe import graph_safe, moe_blocks
 
@@ -104,13 +104,8 @@ class PrefillGraphs:
         if first:
             g = _Graph(torch.zeros(3, p, dtype=torch.long, device=self.kv.device), None, None)
         self.fill(g.inputs, ids, slots, start, table)
-        if first:
-            try:
-                self._capture(g)
-            except Exception as e:  # an op that cannot be captured: eager from now on
-                self.failed = f"{type(e).__name__}: {e}"
-                return None
-            self.graphs[p] = g
+        if first and not capture_first(self, p, g):
+            return None
         g.graph.replay()
         return g.hidden[:n]
 

@@ -6,7 +6,7 @@ environment > document > default).
 Environment: LOCALLLM_RESIDENCY (document path), LOCALLLM_OT (PATTERN=TIER[,...]),
 LOCALLLM_CPU_MOE (1/0), LOCALLLM_N_CPU_MOE, LOCALLLM_EXPERTS, LOCALLLM_EXPERT_SLOTS,
 LOCALLLM_MEM_BUDGET, LOCALLLM_LOAD_MODE, LOCALLLM_HOST_COMPUTE, LOCALLLM_EXPERT_EVICT,
-LOCALLLM_EXPERT_PREFETCH (1/0).
+LOCALLLM_EXPERT_PREFETCH (1/0), LOCALLLM_EXPERT_READS.
 """
 
 import argparse
@@ -20,6 +20,7 @@ from localllm.offload.residency import (
     EVICTIONS,
     HOST_COMPUTE,
     LOAD_MODES,
+    READS,
     TIERS,
     ResidencyConfig,
     ResidencyError,
@@ -71,13 +72,23 @@ def add_residency_flags(p: argparse.ArgumentParser) -> None:
         help="read ahead the experts the next layer's router guesses (default: off; it "
         "measured slower, CPU-only and on a GPU)",
     )
+    g.add_argument(
+        "--expert-reads",
+        choices=READS,
+        help="who asks for a streamed expert's read on a GPU: gpu (the decode step stays one "
+        "CUDA graph and waits on the device for a reader thread), host (a host step per "
+        "layer, with read-ahead), auto (default: gpu where its reader builds and read-ahead "
+        "is off)",
+    )
     g.add_argument("--mem-budget", metavar="SIZE", help="memory the plan may use, e.g. 6GiB")
     g.add_argument("--load-mode", choices=LOAD_MODES, help="mmap (default) or read into RAM")
     g.add_argument("--show-plan", action="store_true", help="print the residency plan and exit")
 
 
-def _streaming(slots: int | None, evict: str | None, prefetch: bool | None) -> dict[str, Any]:
-    given = {"slots": slots, "evict": evict, "prefetch": prefetch}
+def _streaming(
+    slots: int | None, evict: str | None, prefetch: bool | None, reads: str | None = None
+) -> dict[str, Any]:
+    given = {"slots": slots, "evict": evict, "prefetch": prefetch, "reads": reads}
     st = {k: v for k, v in given.items() if v is not None}
     return {"streaming": st} if st else {}
 
@@ -104,7 +115,8 @@ def cli_layer(args: argparse.Namespace) -> dict[str, Any]:
         if value is not None:
             layer[key] = value
     prefetch = None if args.expert_prefetch is None else args.expert_prefetch == "on"
-    return layer | _streaming(args.expert_slots, args.expert_evict, prefetch)
+    st = _streaming(args.expert_slots, args.expert_evict, prefetch, args.expert_reads)
+    return layer | st
 
 
 def _env_int(env: Mapping[str, str], name: str) -> int | None:
@@ -134,7 +146,8 @@ def env_layer(env: Mapping[str, str]) -> dict[str, Any]:
             layer[key] = env[name]
     slots = _env_int(env, "LOCALLLM_EXPERT_SLOTS")
     prefetch = _bool_env(env, "LOCALLLM_EXPERT_PREFETCH")
-    return layer | _streaming(slots, env.get("LOCALLLM_EXPERT_EVICT") or None, prefetch)
+    evict, reads = env.get("LOCALLLM_EXPERT_EVICT") or None, env.get("LOCALLLM_EXPERT_READS")
+    return layer | _streaming(slots, evict, prefetch, reads or None)
 
 
 def residency_config(

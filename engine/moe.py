@@ -33,6 +33,7 @@ from localllm.kernels.moe import (
 from localllm.kernels.moe.prepared import PreparedExpert
 from localllm.offload import ByteRange, QuantWeight
 from localllm.offload.expert_source import ExpertLayout, ExpertSource, ResidentExperts
+from localllm.offload.file_experts import FileExperts
 from localllm.offload.mapped_experts import MappedExperts
 
 log = logging.getLogger(__name__)
@@ -130,7 +131,8 @@ class MoEFeedForward(nn.Module):
         self._rows_call: RowsCall | None = None
         self.guess_next: MoEFeedForward | None = None  # the next layer, told what to read ahead
         self.breaks: HostBreaks | None = None  # set while a decode graph is captured in pieces
-        self.mapped: MappedExperts | None = None  # host-tier experts the GPU reads in place
+        # host-tier experts the GPU reads in place, or disk-tier ones read at its request
+        self.mapped: MappedExperts | FileExperts | None = None
         self.split: SplitExperts | None = None  # with `mapped`: the CPU computes a share too
         # Set by blocks whose next norm adds this output (`defers_residual`): resident experts on
         # a GPU then return decode rows unsummed (`WeightedRows`), and that norm's kernel sums them
@@ -195,6 +197,15 @@ class MoEFeedForward(nn.Module):
             return
         for t in (self.ffn_gate_exps, self.ffn_up_exps, self.ffn_down_exps):
             t.weight = without_bytes(t.weight)
+
+    def request_experts(self, layout: ExpertLayout, slots: int, shared) -> None:
+        """Disk-tier experts read at the GPU's request into `slots` device slots of this block
+        (`offload.file_experts`, `shared`: its model's `FileSlots`); the file's blocks are
+        released (they are read from the file)."""
+        self.mapped = FileExperts(self.layer, layout, self.format, slots, self.n_used, shared)
+        self.packed = self.mapped.host
+        for t in (self.ffn_gate_exps, self.ffn_up_exps, self.ffn_down_exps):
+            t.release()
 
     def attach(self, source: ExpertSource) -> None:
         self.source = source

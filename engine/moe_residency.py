@@ -23,11 +23,13 @@ from localllm.kernels.quant.linear_native import NATIVE_TYPES
 from localllm.kernels.quant.types import QuantType
 from localllm.offload import QuantWeight
 from localllm.offload.expert_cache import StreamedExperts
+from localllm.offload.expert_reads import load_library as load_reader
 from localllm.offload.expert_source import ExpertLayout, ExpertSource, ResidentExperts
+from localllm.offload.file_experts import FileSlots
 from localllm.offload.memory import MemoryInfo, probe_memory
-from localllm.offload.plan import ResidencyPlan, expert_layer, plan_residency
+from localllm.offload.plan import REQUEST_STAGE, ResidencyPlan, expert_layer, plan_residency
 from localllm.offload.reader import read_range
-from localllm.offload.residency import ResidencyConfig
+from localllm.offload.residency import ResidencyConfig, ResidencyError
 
 log = logging.getLogger(__name__)
 
@@ -180,12 +182,16 @@ def _split(blocks: list[MoEFeedForward]) -> None:
 
 def _stream(
     disk: list[MoEFeedForward], layouts: dict[int, ExpertLayout], plan: ResidencyPlan
-) -> list[StreamedExperts]:
-    """The disk layers' slot caches: one, or where the slots are packed on a GPU, one per expert
-    format (a packed pool holds one format), the slots shared out by layer count."""
+) -> list[StreamedExperts | FileSlots]:
+    """The disk layers' slot caches: one `FileSlots` (`_on_request`), or `StreamedExperts`:
+    one, or where the slots are packed on a GPU, one per expert format (a packed pool holds
+    one format), the slots shared out by layer count."""
     st = plan.streaming
     prepare = all(_on_cpu(b) for b in disk)  # a device model gets its disk experts raw
     pack_on = _pack_on(disk)
+    on_request = _on_request(disk, layouts, plan, pack_on)
+    if on_request is not None:
+        return [on_request]
     groups: dict[object, list[MoEFeedForward]] = {}
     for b in disk:
         groups.setdefault(b.format if pack_on is not None else None, []).append(b)
@@ -202,6 +208,40 @@ def _stream(
                 t.release()
         sources.append(streamed)
     return sources
+
+
+def _on_request(
+    disk: list[MoEFeedForward], layouts: dict[int, ExpertLayout], plan: ResidencyPlan, pack_on
+) -> FileSlots | None:
+    """The disk layers' experts read at the GPU's request into per-layer device slots
+    (`offload.file_experts`: decode stays one CUDA graph), where `[streaming] reads` allows it
+    and it can run; else None (the host-driven `StreamedExperts`). `reads = gpu` that cannot
+    run is an error."""
+    st = plan.streaming
+    if pack_on is None or st.reads == "host" or (st.reads == "auto" and st.prefetch):
+        if st.reads == "gpu":
+            raise ResidencyError("reads = gpu needs a GPU whose kernels take the experts' format")
+        return None
+    share, n_used = (st.slots or 0) // len(disk), max(b.n_used for b in disk)
+    why = f"{share} slots a layer hold fewer than a token's {n_used} experts"
+    why = why if share < n_used else ""
+    lib = None if why else load_reader()
+    if not why and lib is None:
+        why = "no C compiler builds the reader"
+    if why:
+        if st.reads == "gpu":
+            raise ResidencyError(f"reads = gpu: {why}")
+        log.info("streamed experts: read at the host's request (%s)", why)
+        return None
+    if st.prefetch:
+        log.warning("streamed experts: read-ahead is not used with reads = gpu")
+    shared = FileSlots(layouts, min(share, max(n_used, REQUEST_STAGE)), pack_on, lib)
+    for b in disk:
+        b.request_experts(layouts[b.layer], share, shared)
+        b.attach(shared)
+    log.info("streamed experts: %d layers, %d device slots each, read at the GPU's request",
+             len(disk), share)  # fmt: skip
+    return shared
 
 
 def plan_model(

@@ -36,6 +36,9 @@ def expert_layer(name: str) -> int | None:
 # a device slot pool packs a streamed expert by one gather per plane through int32 byte maps:
 # four bytes of device memory per byte of one expert (`kernels.moe.slot_pool`)
 PACKING_MAPS = 4
+# experts read at the GPU's request are staged (page-locked) and cross into device scratch up to
+# this many at a time (`offload.file_experts`)
+REQUEST_STAGE = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,8 +86,11 @@ class ResidencyPlan:
 
     @property
     def packing_maps_bytes(self) -> int:
-        """The byte maps that pack streamed experts into a device slot pool (`fill_mapped`)."""
-        return PACKING_MAPS * self.slot_bytes if self.streams and self.memory.separate_device else 0
+        """The byte maps that pack streamed experts into a device slot pool (`fill_mapped`),
+        and the device scratch that reads at the GPU's request cross into."""
+        if not (self.streams and self.memory.separate_device):
+            return 0
+        return (PACKING_MAPS + REQUEST_STAGE) * self.slot_bytes
 
     @property
     def maps(self) -> bool:

@@ -18,6 +18,10 @@ A settings *layer* is a plain mapping with the keys of a residency document (TOM
     prefetch = true          # read ahead the experts the next layer's router guesses
                              # (unset: off; it measured slower)
     evict = "lru"            # or "lfu": the least used of the least recently used slots
+    reads = "auto"           # who asks for a miss on a GPU: "gpu" (the decode step, one CUDA
+                             # graph, asks a reader thread and waits on the device), "host" (a
+                             # host step per layer; read-ahead needs it); auto: gpu where the
+                             # reader builds and read-ahead is off
 
 Layers come from the command line, the environment and a document; `resolve` merges them with
 the command line first: scalars from the first layer that sets them, rules concatenated in
@@ -46,8 +50,9 @@ KEYS = (
     "rules",
     "streaming",
 )
-STREAMING_KEYS = ("enabled", "slots", "prefetch", "evict")
+STREAMING_KEYS = ("enabled", "slots", "prefetch", "evict", "reads")
 EVICTIONS = ("lru", "lfu")
+READS = ("auto", "gpu", "host")
 # llama.cpp's --cpu-moe pattern: the three routed-expert tensors of every layer.
 EXPERTS_PATTERN = r"\.ffn_(up|down|gate)_exps"
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
@@ -76,6 +81,7 @@ class Streaming:
     slots: int | None = None  # None: as many as the budget leaves
     prefetch: bool | None = None  # None: off (measured slower, CPU-only and on a GPU)
     evict: str = "lru"  # "lru" or "lfu"
+    reads: str = "auto"  # "auto", "gpu" or "host": who asks for a miss's read on a GPU
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,12 +199,15 @@ def validate_layer(d: Mapping[str, Any], source: str) -> dict[str, Any]:
         _check_keys(s, STREAMING_KEYS, f"{source} [streaming]")
         where = f"{source} [streaming]"
         out["streaming"] = {
-            k: _typed(s, k, int if k == "slots" else bool, where) for k in s if k != "evict"
+            k: _typed(s, k, int if k == "slots" else bool, where)
+            for k in s
+            if k not in ("evict", "reads")
         }
-        if "evict" in s:
-            if s["evict"] not in EVICTIONS:
-                raise ResidencyError(f"{where}: evict must be one of {', '.join(EVICTIONS)}")
-            out["streaming"]["evict"] = s["evict"]
+        for key, allowed in (("evict", EVICTIONS), ("reads", READS)):
+            if key in s:
+                if s[key] not in allowed:
+                    raise ResidencyError(f"{where}: {key} must be one of {', '.join(allowed)}")
+                out["streaming"][key] = s[key]
         if out["streaming"].get("slots", 1) < 1:
             raise ResidencyError(f"{source} [streaming]: slots must be >= 1")
     return out

@@ -10,12 +10,7 @@ length is a multiple of 256.
 """
 
 import ctypes
-import hashlib
 import itertools
-import os
-import platform
-import shutil
-import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from localllm.kernels.cpu.cbuild import build_library, compiler
 from localllm.kernels.moe.experts import ExpertFormat, expert_ffn_reference, group_by_expert
 from localllm.kernels.quant.types import QuantType
 
@@ -185,37 +181,11 @@ def quant_buffers(n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 
 
 def _compiler() -> str | None:
-    return next((c for c in ("cc", "gcc", "clang") if shutil.which(c)), None)
-
-
-def _cpu_id() -> str:
-    """What -march=native compiles for: a library built on another CPU must not be loaded here."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return platform.processor() or platform.machine()
-    lines = [ln for ln in text.splitlines() if ln.startswith(("flags", "Features", "model name"))]
-    return "\n".join(sorted(set(lines)))
+    return compiler()
 
 
 def _build(cc: str, flags: tuple[str, ...], out_dir: Path) -> Path | None:
-    ident = " ".join((cc, *flags, platform.machine(), _cpu_id()))
-    text = b"".join(p.read_bytes() for p in (SOURCE, *HEADERS))
-    key = hashlib.sha256(text + ident.encode()).hexdigest()[:16]
-    lib = out_dir / f"localllm-moe-gemv-{key}.so"
-    if lib.exists():
-        return lib
-    tmp = out_dir / f".{lib.name}.{os.getpid()}"
-    cmd = [cc, *flags, "-shared", "-fPIC", str(SOURCE), "-o", str(tmp), "-lm"]
-    try:
-        done = subprocess.run(cmd, capture_output=True, timeout=120, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if done.returncode != 0 or not tmp.exists():
-        tmp.unlink(missing_ok=True)
-        return None
-    os.replace(tmp, lib)  # atomic: a process beside this one loads a whole file or none
-    return lib
+    return build_library(cc, flags, (SOURCE, *HEADERS), "localllm-moe-gemv", out_dir)
 
 
 def _bind(lib: ctypes.CDLL) -> None:

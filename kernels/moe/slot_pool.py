@@ -40,7 +40,9 @@ class PackedSlotPool:
 
     max_tokens = PACKED_MAX_T  # token rows per call that the grouped GEMVs over slots take
 
-    def __init__(self, fmt: ExpertFormat, slots: int, n_used: int, device: torch.device):
+    def __init__(self, fmt: ExpertFormat, slots: int, n_used: int, device: torch.device,
+                 maps: list[torch.Tensor] | None = None):  # fmt: skip
+        """`maps`: `byte_maps` of another pool of the same format (found once, shared)."""
         self.fmt, self.n_slots = fmt, slots
         d, h = fmt.dim, fmt.hidden
         shapes = (
@@ -63,7 +65,7 @@ class PackedSlotPool:
         ]
         # found by packing into slot 0: now, while no slot holds an expert (made on a first
         # fill instead, they clobbered slot 0 under a read-ahead thread filling it)
-        self._maps = self._find_maps()
+        self._maps = self._find_maps() if maps is None else maps
 
     @property
     def nbytes(self) -> int:
@@ -82,7 +84,9 @@ class PackedSlotPool:
         f, d, h = self.fmt, self.fmt.dim, self.fmt.hidden
         return h * row_nbytes(f.gate, d), h * row_nbytes(f.up, d), d * row_nbytes(f.down, h)
 
-    def _planes(self) -> list[torch.Tensor]:
+    @property
+    def plane_bytes(self) -> list[torch.Tensor]:
+        """Every plane as bytes [slots, plane bytes per slot] (views of the pool)."""
         return self._bytes
 
     def byte_maps(self) -> list[torch.Tensor]:
@@ -111,7 +115,7 @@ class PackedSlotPool:
         if raw.numel() < self.expert_nbytes:
             raise ValueError(f"{raw.numel()} bytes do not hold one expert of {self.fmt}")
         flat = raw[: self.expert_nbytes].to(self.pe.down.device, non_blocking=True)
-        for dst, index in zip(self._planes(), self.byte_maps(), strict=True):
+        for dst, index in zip(self._bytes, self.byte_maps(), strict=True):
             torch.index_select(flat, 0, index, out=dst[slot])
         return self.view(slot)
 

@@ -13,7 +13,8 @@ from localllm.engine.graph_breaks import HostBreaks
 from localllm.engine.moe import account_mapped, graph_safe, moe_blocks
 from localllm.kernels.cpu.native import load as load_native
 from localllm.offload.expert_stats import expert_stats
-from localllm.offload.residency import resolve
+from localllm.offload.file_experts import FileSlots
+from localllm.offload.residency import ResidencyError, resolve
 from tests.engine.test_deepseek2 import write_deepseek2
 from tests.offload.tiny_moe import QWEN3MOE, write_moe_gguf
 
@@ -77,7 +78,12 @@ def test_cuda_tokens_equal_in_every_residency_mode(tmp_path, qtype):
         {"experts": "disk", "streaming": {"slots": 2}},
         # read-ahead packs on its own thread (in inference mode; the step's stream waits)
         {"experts": "disk", "streaming": {"slots": 6, "prefetch": True}},
+        # misses read at the GPU's request: the decode step is one graph (2 or 4 slots a layer)
+        {"experts": "disk", "streaming": {"slots": 4, "reads": "gpu"}},
+        {"experts": "disk", "streaming": {"slots": 8, "reads": "gpu"}},
     ):
+        if not packed and layer.get("streaming", {}).get("reads") == "gpu":
+            continue  # (F32 experts have no packed kernels: reads = gpu refuses them)
         got, model = _greedy(path, layer)
         if packed and "cpu_moe" in layer:  # CPU expert math next to the GPU's int8 activations
             _near_ties_only(path, want, got)
@@ -90,9 +96,14 @@ def test_cuda_tokens_equal_in_every_residency_mode(tmp_path, qtype):
                 assert w is None
             else:
                 assert w.data.device.type == ("cuda" if tiers == {"device"} else "cpu")
+        account_mapped(model)  # (device-side counters come in every few steps)
         s = expert_stats(model.expert_sources)
         assert s.hits + s.misses == s.lookups > 0
-        if tiers == {"disk"}:  # packable streamed experts stay packed on the GPU per slot
+        on_request = layer.get("streaming", {}).get("reads") == "gpu"
+        if on_request:  # one graph per decode step; the reader thread really read
+            assert isinstance(model.expert_sources[0], FileSlots) and graph_safe(model)
+            assert s.bytes_read > 0 and s.misses > 0
+        elif tiers == {"disk"}:  # packable streamed experts stay packed on the GPU per slot
             assert (model.expert_sources[0].packed_pool is not None) == packed
             assert (s.prefetched > 0) == layer["streaming"].get("prefetch", False)
 
@@ -152,6 +163,16 @@ def test_cuda_streaming_modes_token_exact(tmp_path):
             assert got == want, st
             s = expert_stats(model.expert_sources)
             assert (s.guessed > 0) == prefetch and s.misses > 0, st
+
+
+def test_cuda_reads_gpu_that_cannot_run_is_an_error(tmp_path):
+    """Fewer slots a layer than a token's experts, or experts without packed kernels."""
+    path = write_moe_gguf(tmp_path / "moe.gguf", replace(QWEN3MOE, expert_qtype=QT.Q8_0))
+    with pytest.raises(ResidencyError, match="fewer than a token's 2 experts"):
+        _greedy(path, {"experts": "disk", "streaming": {"slots": 2, "reads": "gpu"}})
+    f32 = write_moe_gguf(tmp_path / "f32.gguf", replace(QWEN3MOE, expert_qtype=QT.F32))
+    with pytest.raises(ResidencyError, match="kernels take the experts' format"):
+        _greedy(f32, {"experts": "disk", "streaming": {"slots": 8, "reads": "gpu"}})
 
 
 @pytest.mark.parametrize("slots", [0, 3, 8, 16])

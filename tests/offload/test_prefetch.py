@@ -269,6 +269,27 @@ def test_evict_and_prefetch_settings(tmp_path):
         residency_config(parse(), env={"LOCALLLM_EXPERT_PREFETCH": "sometimes"})
 
 
+def test_reads_setting_flag_environment_document(tmp_path):
+    """Who asks for a streamed expert's read: the flag over the environment over the document."""
+
+    def parse(*flags):
+        return build_parser().parse_args(["bench", "-m", "x.gguf", *flags])
+
+    doc = tmp_path / "r.toml"
+    doc.write_text('[streaming]\nreads = "gpu"\n')
+    assert resolve([]).streaming.reads == "auto"
+    assert residency_config(parse("--residency", str(doc)), env={}).streaming.reads == "gpu"
+    env = {"LOCALLLM_EXPERT_READS": "host"}
+    assert residency_config(parse("--residency", str(doc)), env=env).streaming.reads == "host"
+    cfg = residency_config(parse("--residency", str(doc), "--expert-reads", "auto"), env=env)
+    assert cfg.streaming.reads == "auto"
+    doc.write_text('[streaming]\nreads = "cpu"\n')
+    with pytest.raises(ResidencyError, match="reads must be one of auto, gpu, host"):
+        load_document(doc)
+    with pytest.raises(ResidencyError, match="reads must be one of"):
+        residency_config(parse(), env={"LOCALLLM_EXPERT_READS": "disk"})
+
+
 def test_show_plan_names_the_eviction_and_prefetch_default(files):
     """Read-ahead unset: off, with a GPU too (measured slower on both); asked for: on."""
     g = open_gguf(files["qwen3moe"])

@@ -24,9 +24,8 @@ from localllm.kernels.fused import WeightedRows
 from localllm.kernels.moe import ExpertFormat, route_topk
 from localllm.kernels.quant import QuantType
 from localllm.offload.expert_cache import STAGE_WAVE, StreamedExperts
-from localllm.offload.expert_source import ExpertLayout, ResidentExperts
-from localllm.offload.ranges import ByteRange
-from tests.offload.tiny_moe import QWEN3MOE, write_moe_gguf
+from localllm.offload.expert_source import ResidentExperts
+from tests.offload.tiny_moe import QWEN3MOE, expert_layers_file, write_moe_gguf
 from tests.perf.make_synthetic import random_rows
 from tests.triton_env import DEVICE as DEVICE_NAME
 from tests.triton_env import INTERPRET, needs_triton
@@ -36,29 +35,6 @@ E, K_USED, D, H = 6, 2, 256, 256
 FMT = ExpertFormat(QuantType.Q4_K, QuantType.Q4_K, QuantType.Q6_K, D, H)
 
 
-def _layer_file(path, seed: int, layers: int = 2):
-    """`layers` layers of E experts (Q4_K gate/up, Q6_K down) in one file: per layer the stacked
-    raw tensors and its ExpertLayout."""
-    rng = np.random.default_rng(seed)
-    raws, layouts, pos = {}, {}, 0
-    with open(path, "wb") as f:
-        for layer in range(layers):
-            parts = [
-                np.stack([random_rows(QT.Q4_K, H, D, rng) for _ in range(E)]),
-                np.stack([random_rows(QT.Q4_K, H, D, rng) for _ in range(E)]),
-                np.stack([random_rows(QT.Q6_K, D, H, rng) for _ in range(E)]),
-            ]
-            ranges = []
-            for a in parts:
-                f.write(a.tobytes())
-                ranges.append(ByteRange(str(path), pos, a.nbytes))
-                pos += a.nbytes
-            shapes = tuple((a.shape[1], a.shape[2]) for a in parts)
-            layouts[layer] = ExpertLayout(E, tuple(ranges), shapes, FMT)
-            raws[layer] = [torch.from_numpy(a) for a in parts]
-    return raws, layouts
-
-
 @pytest.mark.gpu
 @needs_triton
 @pytest.mark.parametrize(("slots", "prefetch"), [(2, False), (3, False), (3, True), (6, False)])
@@ -66,7 +42,7 @@ def test_grouped_ffn_over_slots_equals_resident_bit_for_bit(tmp_path, slots, pre
     from localllm.kernels.moe.packed import expert_ffn_packed, pack_experts
     from localllm.kernels.quant.repack import expert_planes
 
-    raws, layouts = _layer_file(tmp_path / "experts.bin", seed=slots)
+    raws, layouts = expert_layers_file(tmp_path / "experts.bin", seed=slots)
     resident = {
         layer: pack_experts(*(t.to(DEVICE) for t in raw), FMT, K_USED)
         for layer, raw in raws.items()
@@ -108,7 +84,7 @@ def test_grouped_ffn_over_slots_equals_resident_bit_for_bit(tmp_path, slots, pre
 @pytest.mark.gpu
 @needs_triton
 def test_slot_pool_rejects_two_formats_and_too_many_experts(tmp_path):
-    _, layouts = _layer_file(tmp_path / "experts.bin", seed=1)
+    _, layouts = expert_layers_file(tmp_path / "experts.bin", seed=1)
     other = replace(FMT, act="gelu")  # same shapes, another format
     mixed = {0: layouts[0], 1: replace(layouts[1], fmt=other)}
     with pytest.raises(ValueError, match="one expert format"):
@@ -166,9 +142,9 @@ def test_fill_mapped_writes_the_bytes_fill_raw_writes(types):
     ref, got = PackedSlotPool(fmt, 3, K_USED, DEVICE), PackedSlotPool(fmt, 3, K_USED, DEVICE)
     ref.fill_raw(2, raw.to(DEVICE))
     got.byte_maps()
-    assert all(not t.any() for t in got._planes())
+    assert all(not t.any() for t in got.plane_bytes)
     got.fill_mapped(2, raw)  # from host memory, as staged reads come
-    for a, b in zip(got._planes(), ref._planes(), strict=True):
+    for a, b in zip(got.plane_bytes, ref.plane_bytes, strict=True):
         assert torch.equal(a.cpu(), b.cpu())
     with pytest.raises(ValueError, match="do not hold one expert"):
         got.fill_mapped(0, raw[:-1])
@@ -177,7 +153,7 @@ def test_fill_mapped_writes_the_bytes_fill_raw_writes(types):
     fresh = PackedSlotPool(fmt, 3, K_USED, DEVICE)
     fresh.fill_raw(0, raw.to(DEVICE))
     fresh.fill_mapped(1, raw)
-    for a, b in zip(fresh._planes(), ref._planes(), strict=True):
+    for a, b in zip(fresh.plane_bytes, ref.plane_bytes, strict=True):
         assert torch.equal(a[:1].cpu(), b[2:].cpu()) and torch.equal(a[1:2].cpu(), b[2:].cpu())
 
 

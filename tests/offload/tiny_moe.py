@@ -140,3 +140,37 @@ def write_moe_gguf(path: Path, spec: MoESpec = QWEN3MOE, seed: int = 0) -> Path:
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def expert_layers_file(path, seed: int, layers: int = 2, fmt=None, n_expert: int = 6):
+    """`layers` layers of `n_expert` random experts of `fmt` (default Q4_K gate/up, Q6_K down,
+    dim = hidden = 256) in one file: per layer the stacked raw tensors and its ExpertLayout."""
+    import torch
+
+    from localllm.kernels.moe import ExpertFormat
+    from localllm.kernels.quant import QuantType
+    from localllm.offload.expert_source import ExpertLayout
+    from localllm.offload.ranges import ByteRange
+    from tests.perf.make_synthetic import random_rows
+
+    fmt = fmt or ExpertFormat(QuantType.Q4_K, QuantType.Q4_K, QuantType.Q6_K, 256, 256)
+    E, D, H = n_expert, fmt.dim, fmt.hidden
+    types = (QT(int(fmt.gate)), QT(int(fmt.up)), QT(int(fmt.down)))
+    rng = np.random.default_rng(seed)
+    raws, layouts, pos = {}, {}, 0
+    with open(path, "wb") as f:
+        for layer in range(layers):
+            parts = [
+                np.stack([random_rows(types[0], H, D, rng) for _ in range(E)]),
+                np.stack([random_rows(types[1], H, D, rng) for _ in range(E)]),
+                np.stack([random_rows(types[2], D, H, rng) for _ in range(E)]),
+            ]
+            ranges = []
+            for a in parts:
+                f.write(a.tobytes())
+                ranges.append(ByteRange(str(path), pos, a.nbytes))
+                pos += a.nbytes
+            shapes = tuple((a.shape[1], a.shape[2]) for a in parts)
+            layouts[layer] = ExpertLayout(E, tuple(ranges), shapes, fmt)
+            raws[layer] = [torch.from_numpy(a) for a in parts]
+    return raws, layouts

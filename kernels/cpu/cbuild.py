@@ -1,0 +1,48 @@
+"""Shared libraries compiled from C sources at first use with the system compiler, cached on
+disk under a name hashed from the sources, the compiler, the flags and the CPU (so another
+process only loads them, and a `-march=native` build made on another CPU is never loaded)."""
+
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+from pathlib import Path
+
+
+def compiler() -> str | None:
+    return next((c for c in ("cc", "gcc", "clang") if shutil.which(c)), None)
+
+
+def cpu_id() -> str:
+    """What -march=native compiles for: a library built on another CPU must not be loaded here."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or platform.machine()
+    lines = [ln for ln in text.splitlines() if ln.startswith(("flags", "Features", "model name"))]
+    return "\n".join(sorted(set(lines)))
+
+
+def build_library(
+    cc: str, flags: tuple[str, ...], sources: tuple[Path, ...], stem: str, out_dir: Path
+) -> Path | None:
+    """`sources[0]` (the others: headers it includes, part of the key) compiled with `flags`
+    into `out_dir`; None when the compiler fails."""
+    ident = " ".join((cc, *flags, platform.machine(), cpu_id()))
+    text = b"".join(p.read_bytes() for p in sources)
+    key = hashlib.sha256(text + ident.encode()).hexdigest()[:16]
+    lib = out_dir / f"{stem}-{key}.so"
+    if lib.exists():
+        return lib
+    tmp = out_dir / f".{lib.name}.{os.getpid()}"
+    cmd = [cc, *flags, "-shared", "-fPIC", str(sources[0]), "-o", str(tmp), "-lm", "-lpthread"]
+    try:
+        done = subprocess.run(cmd, capture_output=True, timeout=120, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if done.returncode != 0 or not tmp.exists():
+        tmp.unlink(missing_ok=True)
+        return None
+    os.replace(tmp, lib)  # atomic: a process beside this one loads a whole file or none
+    return lib

@@ -1,0 +1,118 @@
+"""Device expert slots filled from the file at the GPU's own request (the disk tier through
+`offload.expert_reads`): once `slot_lru.assign` has queued a layer's misses, `request` posts
+their expert ids to a mailbox in page-locked host memory and spins until the host's reader
+thread has staged their bytes (a step without a miss returns at once, the host never hears of
+it), `copy_staged` brings the staged raw bytes over the bus into device scratch with every SM,
+and `pack_staged` lays each expert into its slot's planes by the pool's byte maps (one gather
+per plane: `PackedSlotPool.byte_maps`, whose reference is `fill_raw`). All of it is captured in a
+decode graph. Mailbox words: see `offload/expert_reads.c`. Imported only where CUDA exists (or
+under TRITON_INTERPRET=1 in tests: CPU tensors, no fence instruction emitted).
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+BOX_REQ, BOX_DONE, BOX_LAYER, BOX_N, BOX_ERR, BOX_JOBS = 0, 1, 2, 3, 4, 8
+TIMED_OUT = -2  # BOX_ERR when the reader did not answer within SPIN_LIMIT polls
+# polls of the answer word (each a read over the bus, ~1 us): a stalled reader fails the step
+# after some seconds instead of hanging it; later requests then skip waiting (BOX_ERR is set)
+SPIN_LIMIT = 1 << 24
+COPY_WORDS = 4096  # int32 words one copy program moves
+PACK_BYTES = 4096  # slot bytes one packing program writes
+
+
+@triton.jit
+def _request(njob_ptr, job_ptr, box_ptr, seq_ptr, layer, MAXJ: tl.constexpr, SPIN: tl.constexpr,
+             FENCE: tl.constexpr):  # fmt: skip
+    n = tl.load(njob_ptr)
+    failed = tl.load(box_ptr + 4, volatile=True)
+    if (n > 0) & (failed == 0):
+        offs = tl.arange(0, MAXJ)
+        m = offs < n
+        e = tl.load(job_ptr + 2 * offs + 1, mask=m, other=0)
+        tl.store(box_ptr + 8 + offs, e.to(tl.int64), mask=m)
+        tl.store(box_ptr + 2, layer)
+        tl.store(box_ptr + 3, n.to(tl.int64))
+        seq = tl.load(seq_ptr) + 1
+        tl.store(seq_ptr, seq)
+        tl.debug_barrier()  # every thread's stores above are issued before the fence
+        if FENCE:  # ... and visible to the host before the request number that announces them
+            seq = tl.inline_asm_elementwise(
+                "fence.sc.sys;\n\tmov.b64 $0, $1;", "=l,l", [seq], dtype=tl.int64,
+                is_pure=False, pack=1,
+            )  # fmt: skip
+        tl.store(box_ptr + 0, seq)
+        done = tl.load(box_ptr + 1, volatile=True)
+        i = 0
+        while (done != seq) & (i < SPIN):
+            done = tl.load(box_ptr + 1, volatile=True)
+            i += 1
+        if done != seq:
+            tl.store(box_ptr + 4, -2)
+
+
+def request(njobs: torch.Tensor, jobs: torch.Tensor, box: torch.Tensor, seq: torch.Tensor,
+            layer: int, max_jobs: int, spin: int = SPIN_LIMIT) -> None:  # fmt: skip
+    """Post the queued jobs' experts of `layer` to the reader's mailbox `box` (int64, mapped
+    host memory) and wait for its answer; `seq` int64 [1] on the device numbers the requests."""
+    _request[(1,)](njobs, jobs, box, seq, layer, MAXJ=triton.next_power_of_2(max(max_jobs, 2)),
+                   SPIN=spin, FENCE=box.is_cuda, num_warps=1)  # fmt: skip
+
+
+@triton.jit
+def _copy(njob_ptr, src_ptr, dst_ptr, STRIDE, WORDS, CH: tl.constexpr, CV: tl.constexpr):
+    j, c = tl.program_id(0), tl.program_id(1)
+    if j < tl.load(njob_ptr):
+        offs = c * CH + tl.arange(0, CH)
+        m = offs < WORDS
+        base = j.to(tl.int64) * STRIDE
+        if CV:  # the host wrote these bytes since the last copy: never an older cached line
+            v = tl.load(src_ptr + base + offs, mask=m, volatile=True)
+        else:
+            v = tl.load(src_ptr + base + offs, mask=m)
+        tl.store(dst_ptr + base + offs, v, mask=m)
+
+
+def copy_staged(njobs: torch.Tensor, staging: torch.Tensor, scratch: torch.Tensor,
+                max_jobs: int, nbytes: int) -> None:  # fmt: skip
+    """The first `nbytes` of staging rows 0..njobs (uint8 [cap, stride], mapped host memory)
+    into the same rows of `scratch` (the device's)."""
+    stride = staging.shape[1] // 4
+    words = -(-nbytes // 4)
+    grid = (max_jobs, triton.cdiv(words, COPY_WORDS))
+    _copy[grid](njobs, staging.view(torch.int32), scratch.view(torch.int32), stride, words,
+                CH=COPY_WORDS, CV=staging.is_cuda, num_warps=4)  # fmt: skip
+
+
+@triton.jit
+def _pack(njob_ptr, job_ptr, src_ptr, STRIDE, desc_ptr, CH: tl.constexpr):
+    j, f, c = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    if j < tl.load(njob_ptr):
+        slot = tl.load(job_ptr + 2 * j).to(tl.int64)
+        index = tl.load(desc_ptr + 4 * f).to(tl.pointer_type(tl.int32))
+        dst = tl.load(desc_ptr + 4 * f + 1) + slot * tl.load(desc_ptr + 4 * f + 2)
+        n = tl.load(desc_ptr + 4 * f + 3)
+        offs = c * CH + tl.arange(0, CH)
+        m = offs < n
+        at = tl.load(index + offs, mask=m, other=0)
+        v = tl.load(src_ptr + j.to(tl.int64) * STRIDE + at, mask=m)
+        tl.store(dst.to(tl.pointer_type(tl.uint8)) + offs, v, mask=m)
+
+
+def pack_descriptors(planes: list[torch.Tensor], maps: list[torch.Tensor]) -> torch.Tensor:
+    """int64 [planes, 4] for `pack_staged`: per slot plane (uint8 [slots, bytes] views), its
+    byte map's address, the plane's base, bytes per slot, bytes per slot used."""
+    rows = []
+    for plane, index in zip(planes, maps, strict=True):
+        if index.numel() != plane.shape[1] or index.dtype != torch.int32:
+            raise ValueError("a byte map must give an int32 source byte for each plane byte")
+        rows.append([index.data_ptr(), plane.data_ptr(), plane.stride(0), plane.shape[1]])
+    return torch.tensor(rows, dtype=torch.int64, device=planes[0].device)
+
+
+def pack_staged(njobs: torch.Tensor, jobs: torch.Tensor, scratch: torch.Tensor,
+                desc: torch.Tensor, max_jobs: int, max_bytes: int) -> None:  # fmt: skip
+    """Each queued job's raw expert (scratch row j) packed into its slot (jobs [j, 0])."""
+    grid = (max_jobs, desc.shape[0], triton.cdiv(max_bytes, PACK_BYTES))
+    _pack[grid](njobs, jobs, scratch, scratch.shape[1], desc, CH=PACK_BYTES, num_warps=4)

@@ -1,0 +1,226 @@
+"""The disk tier on a GPU without the host in the decode step: each MoE layer keeps a device-side
+LRU of expert slots (`kernels.moe.slot_lru`, as mapped host experts do), and its misses are read
+from the GGUF at the GPU's own request (`kernels.moe.slot_requests` + `offload.expert_reads`): the
+decode step stays one CUDA graph, a step whose experts all sit in slots never involves the host,
+and a miss costs one round trip to the reader thread, its preads, a copy over the bus and a
+gather into the slot's planes. Prompts read the experts they use once per layer on the calling
+thread, pack them on the device and run the resident grouped kernels over them. Outputs are the
+resident kernels' bits wherever the bytes came from.
+
+`FileSlots` is what a model's streamed layers share (reader, device scratch, byte maps, the
+request counter; it is their `ExpertSource` for counters); `FileExperts` is one layer.
+"""
+
+import time
+
+import torch
+
+from localllm.kernels.moe import ExpertFormat
+from localllm.offload.expert_reads import READ_THREADS, ExpertReader
+from localllm.offload.expert_source import ExpertLayout
+from localllm.offload.expert_stats import ExpertStats
+
+ACCOUNT_EVERY = 8  # steps between reads of the device counters (each one small copy to the host)
+PROMPT_WAVE = 8  # experts a prompt reads into page-locked buffers before copying them over
+
+
+class FileSlots:
+    """The streamed layers' shared parts on `device`; `cap` staging rows (the most misses one
+    request carries). `mapper`: see `ExpertReader` (tests on CPU keep plain tensors)."""
+
+    together = None
+
+    def __init__(self, layouts: dict[int, ExpertLayout], cap: int, device, lib, mapper=None,
+                 threads: int = READ_THREADS):  # fmt: skip
+        self.reader = ExpertReader(layouts, cap, lib, mapper, threads)
+        self.device = torch.device(device)
+        self.scratch = torch.empty(cap, self.reader.stride, dtype=torch.uint8, device=device)
+        self.seq = torch.zeros(1, dtype=torch.int64, device=device)
+        self.stats = ExpertStats()
+        self._maps: dict[ExpertFormat, list[torch.Tensor]] = {}
+        self._read = (0, 0.0)  # reader counters already in `stats`
+        self.layers: list[FileExperts] = []  # reset together when a read fails
+        pin = self.device.type == "cuda"
+        most = [max(lay.shapes[p][0] * lay.shapes[p][1] for lay in layouts.values())
+                for p in range(3)]  # fmt: skip
+        self._waves = []
+        for _ in range(2):  # a prompt reads one wave while the last one crosses the bus
+            bufs = tuple(torch.empty(PROMPT_WAVE * n, dtype=torch.uint8, pin_memory=pin)
+                         for n in most)  # fmt: skip
+            self._waves.append([bufs, None])
+        self.reader.start()
+
+    def check(self) -> None:
+        """Raise the error a request met since the last check; every layer's slots are emptied
+        first (a failed request left some holding bytes that are not their expert's)."""
+        try:
+            self.reader.check()
+        except Exception:
+            for layer in self.layers:
+                layer.forget()
+            raise
+
+    def maps(self, pool) -> list[torch.Tensor]:
+        """The byte maps of `pool`'s format, found once per format and shared by its layers."""
+        if pool.fmt not in self._maps:
+            self._maps[pool.fmt] = pool.byte_maps()
+        return self._maps[pool.fmt]
+
+    def read_experts(self, layer: int, experts: list[int]) -> tuple[torch.Tensor, ...]:
+        """Raw (gate, up, down) [n, rows, row bytes] of `experts` of `layer` on the device, read
+        PROMPT_WAVE at a time into page-locked buffers, each wave's copy overlapping the next
+        wave's reads."""
+        lay = self.reader.layouts[layer]
+        n, t0 = len(experts), time.perf_counter()
+        out = tuple(torch.empty((n, r, b), dtype=torch.uint8, device=self.device)
+                    for r, b in lay.shapes)  # fmt: skip
+        for i, w in enumerate(range(0, n, PROMPT_WAVE)):
+            wave = self._waves[i % 2]
+            if wave[1] is not None:
+                wave[1].synchronize()  # its last copy has left the buffers
+            part = experts[w : w + PROMPT_WAVE]
+            bufs = tuple(b[: PROMPT_WAVE * r * c].view(PROMPT_WAVE, r * c)
+                         for b, (r, c) in zip(wave[0], lay.shapes, strict=True))  # fmt: skip
+            self.reader.read_parts(layer, part, bufs)
+            for o, b in zip(out, bufs, strict=True):
+                o[w : w + len(part)].view(len(part), -1).copy_(b[: len(part)], non_blocking=True)
+            if self.device.type == "cuda":
+                wave[1] = torch.cuda.Event()
+                wave[1].record()
+        seconds = time.perf_counter() - t0
+        self.stats.bytes_read += n * lay.expert_nbytes
+        self.stats.read_seconds += seconds
+        self.stats.stall_seconds += seconds
+        return out
+
+    def account(self) -> None:
+        """The reader's counters since the last call into `stats` (the GPU waited for them)."""
+        _, _, nbytes, seconds = self.reader.stats()
+        b0, s0 = self._read
+        self._read = (nbytes, seconds)
+        self.stats.bytes_read += nbytes - b0
+        self.stats.read_seconds += seconds - s0
+        self.stats.stall_seconds += seconds - s0
+
+    # the ExpertSource calls a block makes whatever its path (nothing to do here)
+    def routed(self, layer: int, ids: torch.Tensor) -> None:
+        pass
+
+    def guess(self, layer: int, experts: list[int]) -> None:
+        pass
+
+    def drain(self) -> None:
+        pass
+
+    def fetch(self, layer: int, expert: int):
+        raise ValueError("experts streamed at the GPU's request are not fetched one by one")
+
+    def close(self) -> None:
+        self.reader.close()
+
+
+class FileExperts:
+    """One layer's `slots` device slots of format `fmt`, filled from the file on request;
+    `ffn(...)`, `replayed(tokens)` and `account()` as `offload.mapped_experts.MappedExperts`."""
+
+    def __init__(self, layer: int, layout: ExpertLayout, fmt: ExpertFormat, slots: int,
+                 n_used: int, shared: FileSlots):  # fmt: skip
+        from localllm.kernels.moe.slot_lru import LruState
+        from localllm.kernels.moe.slot_pool import PackedSlotPool
+        from localllm.kernels.moe.slot_requests import pack_descriptors
+
+        if slots < n_used:
+            raise ValueError(f"{slots} slots cannot hold one token's {n_used} experts")
+        self.layer, self.n_expert, self.n_used = layer, layout.n_expert, n_used
+        self.shared, self.slots, self.stats = shared, slots, shared.stats
+        dev = shared.device
+        known = shared._maps.get(fmt)
+        self.pool = PackedSlotPool(fmt, slots, n_used, dev, maps=known)
+        shared.layers.append(self)
+        self._desc = pack_descriptors(self.pool.plane_bytes, shared.maps(self.pool))
+        self._max_bytes = max(p.shape[1] for p in self.pool.plane_bytes)
+        self.host = self.pool.pe  # what the block's kernels are given (`packed`)
+        self.lru = LruState.empty(self.n_expert, slots, dev)
+        self._jobs = torch.zeros(self.n_expert * 2, dtype=torch.int32, device=dev)
+        self._njobs = torch.zeros(1, dtype=torch.int32, device=dev)
+        self.rows = min(slots // n_used, shared.reader.cap // n_used)  # token rows per request
+        self.steps, self._seen = 0, (0, 0)
+        self._expert_nbytes = layout.expert_nbytes
+
+    def ffn(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, fmt, xq=None):
+        """The routed experts of x [T, dim] -> float32 [T, dim] (the resident packed math)."""
+        from localllm.kernels.moe.packed import PACKED_MAX_T
+
+        self.shared.check()
+        t = ids.shape[0]
+        if t > PACKED_MAX_T:
+            y = self._prompt(x, weights, ids, fmt, xq)
+        elif t <= self.rows:
+            y = self._cached(x, weights, ids, fmt, xq)
+        else:  # fewer slots than the step's pairs: a request per group of rows
+            r = self.rows
+            y = torch.cat([self._cached(x[i : i + r], weights[i : i + r], ids[i : i + r], fmt)
+                           for i in range(0, t, r)])  # fmt: skip
+        if not _capturing(x):
+            self._step()
+        return y
+
+    def _cached(self, x, weights, ids, fmt, xq=None):
+        from localllm.kernels.moe.packed import expert_ffn_packed
+        from localllm.kernels.moe.slot_lru import assign
+        from localllm.kernels.moe.slot_requests import copy_staged, pack_staged, request
+
+        sh, n = self.shared, ids.numel()
+        slots = assign(ids, self.lru, self._jobs, self._njobs)
+        request(self._njobs, self._jobs, sh.reader.box, sh.seq, self.layer, n)
+        copy_staged(self._njobs, sh.reader.staging, sh.scratch, n, self._expert_nbytes)
+        pack_staged(self._njobs, self._jobs, sh.scratch, self._desc, n, self._max_bytes)
+        return expert_ffn_packed(x, weights, slots, self.pool.pe, fmt, xq)
+
+    def _prompt(self, x, weights, ids, fmt, xq):
+        """Every expert the prompt routes to, read once, packed on the device for this layer's
+        grouped GEMMs (the slots keep what decode cached)."""
+        from localllm.kernels.moe.packed import expert_ffn_packed, pack_experts
+
+        if _capturing(x):
+            raise RuntimeError("a prompt over experts read from the file cannot be captured")
+        used = torch.unique(ids)
+        g, u, d = self.shared.read_experts(self.layer, used.tolist())
+        pe = pack_experts(g, u, d, fmt, self.n_used)
+        del g, u, d
+        local = torch.zeros(self.n_expert, dtype=ids.dtype, device=ids.device)
+        local[used] = torch.arange(used.numel(), dtype=ids.dtype, device=ids.device)
+        self.stats.lookups += ids.numel()
+        self.stats.misses += ids.numel()
+        return expert_ffn_packed(x, weights, local[ids], pe, fmt, xq)
+
+    def replayed(self, tokens: int) -> None:
+        """A decode-graph replay ran this layer (no Python ran in it)."""
+        self.shared.check()
+        self._step()
+
+    def forget(self) -> None:
+        """Every slot empty (their bytes are no longer trusted)."""
+        self.lru.slot_of.fill_(-1)
+        self.lru.expert_of.fill_(-1)
+        self.lru.stamp.fill_(-1)
+
+    def _step(self) -> None:
+        self.steps += 1
+        if self.steps % ACCOUNT_EVERY == 0:
+            self.account()
+
+    def account(self) -> None:
+        """Lookups and misses since the last call into `stats` (misses: pairs whose expert was
+        read from the file), and the reader's counters."""
+        _, seen, missed = self.lru.counters.tolist()
+        lookups, misses = seen - self._seen[0], missed - self._seen[1]
+        self._seen = (seen, missed)
+        self.stats.lookups += lookups
+        self.stats.misses += misses
+        self.stats.hits += lookups - misses
+        self.shared.account()
+
+
+def _capturing(x: torch.Tensor) -> bool:
+    return x.is_cuda and torch.cuda.is_current_stream_capturing()

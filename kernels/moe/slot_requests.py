@@ -19,7 +19,8 @@ TIMED_OUT = -2  # BOX_ERR when the reader did not answer within SPIN_LIMIT polls
 # after some seconds instead of hanging it; later requests then skip waiting (BOX_ERR is set)
 SPIN_LIMIT = 1 << 24
 COPY_WORDS = 4096  # int32 words one copy program moves
-PACK_BYTES = 4096  # slot bytes one packing program writes
+PACK_BYTES = 4096  # slot bytes one packing program writes per pass
+PROGRAMS = 64  # programs per job (and plane): each loops over its share (few programs idle fast)
 
 
 @triton.jit
@@ -61,17 +62,19 @@ def request(njobs: torch.Tensor, jobs: torch.Tensor, box: torch.Tensor, seq: tor
 
 
 @triton.jit
-def _copy(njob_ptr, src_ptr, dst_ptr, STRIDE, WORDS, CH: tl.constexpr, CV: tl.constexpr):
+def _copy(njob_ptr, src_ptr, dst_ptr, STRIDE, WORDS, CH: tl.constexpr, NP: tl.constexpr,
+          CV: tl.constexpr):  # fmt: skip
     j, c = tl.program_id(0), tl.program_id(1)
     if j < tl.load(njob_ptr):
-        offs = c * CH + tl.arange(0, CH)
-        m = offs < WORDS
         base = j.to(tl.int64) * STRIDE
-        if CV:  # the host wrote these bytes since the last copy: never an older cached line
-            v = tl.load(src_ptr + base + offs, mask=m, volatile=True)
-        else:
-            v = tl.load(src_ptr + base + offs, mask=m)
-        tl.store(dst_ptr + base + offs, v, mask=m)
+        for start in range(c * CH, WORDS, NP * CH):
+            offs = start + tl.arange(0, CH)
+            m = offs < WORDS
+            if CV:  # the host wrote these bytes since the last copy: never an older cached line
+                v = tl.load(src_ptr + base + offs, mask=m, volatile=True)
+            else:
+                v = tl.load(src_ptr + base + offs, mask=m)
+            tl.store(dst_ptr + base + offs, v, mask=m)
 
 
 def copy_staged(njobs: torch.Tensor, staging: torch.Tensor, scratch: torch.Tensor,
@@ -80,24 +83,26 @@ def copy_staged(njobs: torch.Tensor, staging: torch.Tensor, scratch: torch.Tenso
     into the same rows of `scratch` (the device's)."""
     stride = staging.shape[1] // 4
     words = -(-nbytes // 4)
-    grid = (max_jobs, triton.cdiv(words, COPY_WORDS))
+    grid = (max_jobs, min(PROGRAMS, triton.cdiv(words, COPY_WORDS)))
     _copy[grid](njobs, staging.view(torch.int32), scratch.view(torch.int32), stride, words,
-                CH=COPY_WORDS, CV=staging.is_cuda, num_warps=4)  # fmt: skip
+                CH=COPY_WORDS, NP=grid[1], CV=staging.is_cuda, num_warps=4)  # fmt: skip
 
 
 @triton.jit
-def _pack(njob_ptr, job_ptr, src_ptr, STRIDE, desc_ptr, CH: tl.constexpr):
+def _pack(njob_ptr, job_ptr, src_ptr, STRIDE, desc_ptr, CH: tl.constexpr, NP: tl.constexpr):
     j, f, c = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     if j < tl.load(njob_ptr):
         slot = tl.load(job_ptr + 2 * j).to(tl.int64)
         index = tl.load(desc_ptr + 4 * f).to(tl.pointer_type(tl.int32))
         dst = tl.load(desc_ptr + 4 * f + 1) + slot * tl.load(desc_ptr + 4 * f + 2)
+        dst = dst.to(tl.pointer_type(tl.uint8))
         n = tl.load(desc_ptr + 4 * f + 3)
-        offs = c * CH + tl.arange(0, CH)
-        m = offs < n
-        at = tl.load(index + offs, mask=m, other=0)
-        v = tl.load(src_ptr + j.to(tl.int64) * STRIDE + at, mask=m)
-        tl.store(dst.to(tl.pointer_type(tl.uint8)) + offs, v, mask=m)
+        src = src_ptr + j.to(tl.int64) * STRIDE
+        for start in range(c * CH, n, NP * CH):
+            offs = start + tl.arange(0, CH)
+            m = offs < n
+            at = tl.load(index + offs, mask=m, other=0)
+            tl.store(dst + offs, tl.load(src + at, mask=m), mask=m)
 
 
 def pack_descriptors(planes: list[torch.Tensor], maps: list[torch.Tensor]) -> torch.Tensor:
@@ -114,5 +119,6 @@ def pack_descriptors(planes: list[torch.Tensor], maps: list[torch.Tensor]) -> to
 def pack_staged(njobs: torch.Tensor, jobs: torch.Tensor, scratch: torch.Tensor,
                 desc: torch.Tensor, max_jobs: int, max_bytes: int) -> None:  # fmt: skip
     """Each queued job's raw expert (scratch row j) packed into its slot (jobs [j, 0])."""
-    grid = (max_jobs, desc.shape[0], triton.cdiv(max_bytes, PACK_BYTES))
-    _pack[grid](njobs, jobs, scratch, scratch.shape[1], desc, CH=PACK_BYTES, num_warps=4)
+    grid = (max_jobs, desc.shape[0], min(PROGRAMS, triton.cdiv(max_bytes, PACK_BYTES)))
+    _pack[grid](njobs, jobs, scratch, scratch.shape[1], desc, CH=PACK_BYTES, NP=grid[2],
+                num_warps=4)  # fmt: skip

@@ -20,7 +20,8 @@ class _DeviceView:
 
     def __init__(self, ptr: int, shape: tuple[int, ...], dtype: torch.dtype) -> None:
         typestr = {torch.int32: "<i4", torch.float16: "<f2", torch.uint8: "|u1",
-                   torch.int8: "|i1", torch.float32: "<f4", torch.int16: "<i2"}[dtype]  # fmt: skip
+                   torch.int8: "|i1", torch.float32: "<f4", torch.int16: "<i2",
+                   torch.int64: "<i8"}[dtype]  # fmt: skip
         self.__cuda_array_interface__ = {
             "data": (ptr, False),
             "shape": shape,

@@ -235,7 +235,8 @@ def _on_request(
         return None
     if st.prefetch:
         log.warning("streamed experts: read-ahead is not used with reads = gpu")
-    shared = FileSlots(layouts, min(share, max(n_used, REQUEST_STAGE)), pack_on, lib)
+    cap = min(share, max(n_used, REQUEST_STAGE))
+    shared = FileSlots(layouts, cap, pack_on, lib, prompt_copy=plan.prompt_copy_bytes > 0)
     for b in disk:
         b.request_experts(layouts[b.layer], share, shared)
         b.attach(shared)

@@ -4,8 +4,10 @@ from the GGUF at the GPU's own request (`kernels.moe.slot_requests` + `offload.e
 decode step stays one CUDA graph, a step whose experts all sit in slots never involves the host,
 and a miss costs one round trip to the reader thread, its preads, a copy over the bus and a
 gather into the slot's planes. Prompts read the experts they use once per layer on the calling
-thread, pack them on the device and run the resident grouped kernels over them. Outputs are the
-resident kernels' bits wherever the bytes came from.
+thread, pack them on the device and run the resident grouped kernels over them (where the plan
+made room; else they go through the slots a few rows at a time). Outputs are the resident
+kernels' bits for the same launch wherever the bytes came from (a step with more pairs than a
+request carries is launched per group of rows: the bits of those smaller launches).
 
 `FileSlots` is what a model's streamed layers share (reader, device scratch, byte maps, the
 request counter; it is their `ExpertSource` for counters); `FileExperts` is one layer.
@@ -31,7 +33,8 @@ class FileSlots:
     together = None
 
     def __init__(self, layouts: dict[int, ExpertLayout], cap: int, device, lib, mapper=None,
-                 threads: int = READ_THREADS):  # fmt: skip
+                 threads: int = READ_THREADS, prompt_copy: bool = True):  # fmt: skip
+        self.prompt_copy = prompt_copy  # the plan made room for a prompt's layer on the device
         self.reader = ExpertReader(layouts, cap, lib, mapper, threads)
         self.device = torch.device(device)
         self.scratch = torch.empty(cap, self.reader.stride, dtype=torch.uint8, device=device)
@@ -153,11 +156,11 @@ class FileExperts:
 
         self.shared.check()
         t = ids.shape[0]
-        if t > PACKED_MAX_T:
+        if t > PACKED_MAX_T and self.shared.prompt_copy:
             y = self._prompt(x, weights, ids, fmt, xq)
         elif t <= self.rows:
             y = self._cached(x, weights, ids, fmt, xq)
-        else:  # fewer slots than the step's pairs: a request per group of rows
+        else:  # fewer slots than the pairs (or no room for a prompt's copy): groups of rows
             r = self.rows
             y = torch.cat([self._cached(x[i : i + r], weights[i : i + r], ids[i : i + r], fmt)
                            for i in range(0, t, r)])  # fmt: skip

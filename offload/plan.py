@@ -59,7 +59,8 @@ class ResidencyPlan:
     host_compute: str = (
         "auto"  # host-tier experts: mapped, computed on the CPU, or copied (residency.py)
     )
-    prompt_copy_bytes: int = 0  # mapped experts: one layer's copied to the device per prompt
+    # mapped or disk-tier experts: one layer's copied to the device per prompt (0: no room)
+    prompt_copy_bytes: int = 0
 
     @property
     def computes_on_host(self) -> bool:
@@ -90,7 +91,8 @@ class ResidencyPlan:
         and the device scratch that reads at the GPU's request cross into."""
         if not (self.streams and self.memory.separate_device):
             return 0
-        return (PACKING_MAPS + REQUEST_STAGE) * self.slot_bytes
+        stage = min(REQUEST_STAGE, self.streaming.slots or 0)
+        return (PACKING_MAPS + stage) * self.slot_bytes
 
     @property
     def maps(self) -> bool:
@@ -293,17 +295,33 @@ def plan_residency(
     for layer, ns in experts.items():
         if len({tiers[n] for n in ns}) > 1:
             raise ResidencyError(f"layer {layer}: gate/up/down experts must share one tier")
-    streaming = st
+    streaming, disk_copy = st, 0
     if "disk" in tiers.values():
         if not st.enabled:
             raise ResidencyError("experts are on disk but [streaming] enabled = false")
-        maps = PACKING_MAPS * slot_bytes if separate else 0  # a device slot pool's maps
-        slots = st.slots or max(min_slots, (budget - used - maps) // max(slot_bytes, 1))
+        # a device slot pool's maps, and the scratch that misses cross into (as many experts as
+        # one request stages); prompts copy the experts of the layer they use to the device (raw
+        # and packed: twice a layer's bytes) where the budget has room
+        maps = PACKING_MAPS * slot_bytes if separate else 0
+        layer_copy = 2 * n_expert * slot_bytes if separate else 0
+        per, stage = max(slot_bytes, 1), REQUEST_STAGE if separate else 0
+        if st.slots:
+            slots = st.slots
+        else:
+            room = budget - used - maps
+            room = room - layer_copy if room - layer_copy >= (min_slots + stage) * per else room
+            slots = max(min_slots, room // per - stage)
+        maps += min(stage, slots) * slot_bytes
         if used + slots * slot_bytes + maps > budget:
             raise ResidencyError(
                 f"{slots} expert slots of {fmt_bytes(slot_bytes)} do not fit in the "
                 f"{fmt_bytes(budget - used)} the budget leaves"
             )
+        if separate and used + slots * slot_bytes + maps + layer_copy <= budget:
+            disk_copy = layer_copy
+        elif separate:
+            notes.append("prompts read the disk-tier experts through the slots, a few rows at a "
+                         "time (no room for a layer's copy)")  # fmt: skip
         # read-ahead off unless asked: measured slower on a CPU-only run and on the H200, where it
         # competes with the decode chain's host steps (tests/perf/RESULTS.md)
         prefetch = bool(st.prefetch)
@@ -327,6 +345,7 @@ def plan_residency(
             copy = layer
         else:
             notes.append("prompts read the host-tier experts in place (no room for a layer's copy)")
+    copy = copy or disk_copy
     rules = tuple(f"{r.pattern} -> {r.tier}  ({r.source})" for r in config.rules)
     return ResidencyPlan(
         tiers, dict(sizes), kv_bytes, scratch_bytes, budget, source, memory, config.load_mode,

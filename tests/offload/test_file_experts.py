@@ -49,6 +49,17 @@ def _route(gen, t, hot=None):
     return w.to(DEVICE), ids.to(DEVICE)
 
 
+def _by_rows(x, w, ids, pe, rows):
+    """The resident launch per group of `rows` rows (a GPU's split of one launch over all rows
+    may sum in another order: not the same bits)."""
+    from localllm.kernels.moe.packed import expert_ffn_packed
+
+    t = ids.shape[0]
+    parts = [expert_ffn_packed(x[i : i + rows], w[i : i + rows], ids[i : i + rows], pe, FMT)
+             for i in range(0, t, rows)]  # fmt: skip
+    return torch.cat(parts)
+
+
 def test_decode_steps_give_the_resident_bits_and_slots_hold_their_experts(tmp_path):
     from localllm.kernels.moe.packed import expert_ffn_packed
 
@@ -80,15 +91,16 @@ def test_decode_steps_give_the_resident_bits_and_slots_hold_their_experts(tmp_pa
 
 
 def test_more_pairs_than_slots_are_served_in_groups_of_rows(tmp_path):
-    from localllm.kernels.moe.packed import expert_ffn_packed
 
     shared, layers, resident, _ = _setup(tmp_path, slots=2, cap=4)  # one token's pairs per request
     try:
         gen = torch.Generator().manual_seed(1)
+        r = layers[1].rows
+        assert r == 1
         for t in (1, 3, 5):
             x = torch.randn(t, FMT.dim, generator=gen).to(DEVICE)
             w, ids = _route(gen, t)
-            want = expert_ffn_packed(x, w, ids, resident[1], FMT)
+            want = _by_rows(x, w, ids, resident[1], r)
             assert torch.equal(layers[1].ffn(x, w, ids, FMT), want), t
     finally:
         shared.close()
@@ -107,6 +119,22 @@ def test_a_prompt_reads_its_experts_once_and_gives_the_resident_bits(tmp_path):
         used = torch.unique(ids).numel()
         assert shared.stats.bytes_read == used * layers[0].pool.expert_nbytes
         assert layers[0].lru.expert_of.tolist() == [-1, -1]  # decode's slots untouched
+    finally:
+        shared.close()
+
+
+def test_a_prompt_without_room_for_its_copy_goes_through_the_slots(tmp_path):
+
+    shared, layers, resident, _ = _setup(tmp_path, slots=4)
+    shared.prompt_copy = False
+    try:
+        gen = torch.Generator().manual_seed(4)
+        x = torch.randn(12, FMT.dim, generator=gen).to(DEVICE)
+        w, ids = _route(gen, 12)
+        r = layers[0].rows
+        want = _by_rows(x, w, ids, resident[0], r)
+        assert torch.equal(layers[0].ffn(x, w, ids, FMT), want)
+        assert sorted(layers[0].lru.expert_of.tolist()) != [-1] * 4  # the slots served it
     finally:
         shared.close()
 

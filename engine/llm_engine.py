@@ -73,6 +73,11 @@ class LLMEngine:
         ctx = self.model.args.context_length
         # An encoder keeps no KV cache: two blocks keep the (idle) scheduler well-formed.
         kv_args = args if self.generates else replace(args, kv_cache_memory=2 * per_block)
+        budgeted = getattr(self.model, "residency_plan", None)
+        if budgeted is not None and budgeted.budget_source == "given" and self.generates:
+            # a given memory budget holds the KV its plan reserved, not a share of what is free
+            reserved = max(budgeted.kv_bytes, 2 * per_block)
+            kv_args = replace(kv_args, kv_cache_memory=args.kv_cache_memory or reserved)
         plan = plan_kv(kv_args, ctx, per_block, free)
         self.kv_plan = plan
         self.max_model_len = plan.max_model_len

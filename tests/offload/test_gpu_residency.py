@@ -165,6 +165,36 @@ def test_cuda_streaming_modes_token_exact(tmp_path):
             assert (s.guessed > 0) == prefetch and s.misses > 0, st
 
 
+def test_cuda_model_four_times_its_device_budget_runs_under_it(tmp_path):
+    """Experts read at the GPU's request: a model whose expert bytes are 4x a 12 MiB budget
+    decodes, and the device memory the process allocates from before the load on (torch's peak:
+    weights, slots, maps, scratch, KV, decode graphs) stays under the budget. The control run
+    holds its experts on the device and must blow the same bound: the measurement can fail."""
+    from tests.offload.test_streaming import BIG, BUDGET
+
+    big = write_moe_gguf(tmp_path / "big.gguf", BIG)
+    budget = 12 << 20
+    assert BUDGET == "12MiB" and BIG.expert_nbytes >= 4 * budget
+    peaks, tokens = {}, {}
+    for name, layer in (
+        ("disk", {"experts": "disk", "budget": BUDGET, "streaming": {"reads": "gpu"}}),
+        ("device", {"experts": "device"}),
+    ):
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        tokens[name], model = _greedy(big, layer)
+        peaks[name] = torch.cuda.max_memory_allocated() - base
+        if name == "disk":
+            assert isinstance(model.expert_sources[0], FileSlots)
+            assert model.residency_plan.budget == budget
+        del model
+    assert peaks["disk"] < budget, peaks
+    assert peaks["device"] > BIG.expert_nbytes > budget, peaks
+    assert tokens["disk"] == tokens["device"]
+
+
 def test_cuda_reads_gpu_that_cannot_run_is_an_error(tmp_path):
     """Fewer slots a layer than a token's experts, or experts without packed kernels."""
     path = write_moe_gguf(tmp_path / "moe.gguf", replace(QWEN3MOE, expert_qtype=QT.Q8_0))

@@ -182,3 +182,16 @@ def test_model_four_times_its_budget_runs_under_it(tmp_path, moe_files):
     assert held["tokens"] == streamed["tokens"]
     assert all(held["held"]) and held["misses"] == 0
     assert held["growth"] > BIG.expert_nbytes > streamed["budget"]
+
+
+def test_a_given_budget_holds_the_kv_its_plan_reserved(moe_files):
+    """With a memory budget, the engine's KV pool is the plan's reservation, not a share of the
+    free memory (which the budget may be far below); without one it is sized from what is free."""
+    from localllm.engine import LLM
+
+    path = str(moe_files["qwen3moe"])
+    llm = LLM(path, max_model_len=64, residency=resolve([("test", {"budget": "64MiB"})]))
+    plan, kv = llm.engine.model.residency_plan, llm.engine.kv_plan
+    assert kv.nbytes <= max(plan.kv_bytes, 2 * kv.bytes_per_block) < 64 << 20
+    free = LLM(path, max_model_len=64, residency=resolve([("test", {})])).engine.kv_plan
+    assert free.nbytes > kv.nbytes

@@ -191,6 +191,10 @@ def run_model(path: str, args: argparse.Namespace) -> list[BenchResult]:
 
     device = torch.device(args.device)
     gguf = open_gguf(path)
+    if device.type == "cuda":  # the device memory the model and its runs take, from here on
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
     try:
         plan = _plan(path, args, gguf)
         if plan is None:
@@ -232,6 +236,11 @@ def run_model(path: str, args: argparse.Namespace) -> list[BenchResult]:
             print(f"decode graphs not captured: {graphs.failed}", file=sys.stderr)
         if prompts is not None and prompts.failed is not None:
             print(f"prompt graphs not captured: {prompts.failed}", file=sys.stderr)
+        if device.type == "cuda":
+            peak = (torch.cuda.max_memory_allocated(device) - base) / (1 << 30)
+            gib = plan.budget / (1 << 30) if plan else 0
+            budget = f" (plan budget {gib:.2f} GiB, {plan.budget_source})" if plan else ""
+            print(f"device memory: peak {peak:.2f} GiB allocated{budget}", file=sys.stderr)
         return out
     finally:
         gguf.close()

@@ -84,7 +84,7 @@ for step in ${STEPS:-tests packed bench breakdown}; do
       IFS='|' read -ra mlist <<<"$modes"
       for mode in "${mlist[@]}"; do
         timeout ${MOE_T:-150} python3 -m localllm.app.bench -m /tmp/moe.gguf --device cuda $mode \
-          2>&1 | tee -a "$OUT/moe.md" | grep -E "qwen3moe|expert|graphs|Error" ; date -u
+          2>&1 | tee -a "$OUT/moe.md" | grep -E "qwen3moe|expert|graphs|memory|Error" ; date -u
       done ;;
     split) wait $GENMOE; date -u  # host experts split between the bus and the CPU, by CPU share
       for v in ${SPLIT_SHARES:-0.25 0.375 0.5}; do  # SHARE or SHARE:THREADS

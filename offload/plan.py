@@ -134,7 +134,7 @@ class ResidencyPlan:
             maps = self.packing_maps_bytes
             lines.append(
                 f"  expert slots {s.slots} x {fmt_bytes(self.slot_bytes)}"
-                + (f" + {fmt_bytes(maps)} of packing maps" if maps else "")
+                + (f" + {fmt_bytes(maps)} of packing maps and staging" if maps else "")
                 + f" = {fmt_bytes(self.slot_pool_bytes)}, prefetch "
                 f"{'on' if s.prefetch else 'off'}, evict {s.evict}"
             )
@@ -143,7 +143,7 @@ class ResidencyPlan:
         if self.prompt_copy_bytes:
             lines.append(
                 f"  prompt copy {fmt_bytes(self.prompt_copy_bytes)} on the device: one layer's "
-                "host-tier experts at a time, for prompts"
+                f"{'disk' if self.streams else 'host'}-tier experts at a time, for prompts"
             )
         lines.append(f"  load mode {self.load_mode}")
         used = by["device"] + self.kv_bytes + self.scratch_bytes + self.slot_pool_bytes
@@ -309,8 +309,11 @@ def plan_residency(
             slots = st.slots
         else:
             room = budget - used - maps
-            room = room - layer_copy if room - layer_copy >= (min_slots + stage) * per else room
-            slots = max(min_slots, room // per - stage)
+            # reads at the GPU's request keep a token's experts in each layer's own slots
+            disk = sum(t == "disk" for t in {expert_layer(n): t for n, t in tiers.items()}.values())
+            floor = min_slots * (disk if separate and st.reads != "host" else 1)
+            room = room - layer_copy if room - layer_copy >= (floor + stage) * per else room
+            slots = max(floor, room // per - stage)
         maps += min(stage, slots) * slot_bytes
         if used + slots * slot_bytes + maps > budget:
             raise ResidencyError(

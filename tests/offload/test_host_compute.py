@@ -184,19 +184,27 @@ def test_mapping_that_fails_leaves_the_rest_to_the_cpu(caplog):
 
 def test_plan_of_streamed_experts_on_a_gpu_counts_the_packing_maps():
     """Disk-tier experts on a separate device are packed into a device slot pool through byte
-    maps of four bytes per byte of one expert: part of the slot pool's bytes, of the text, and of
-    what auto-sized slots leave room for; a CPU-only plan has no maps."""
-    from localllm.offload.plan import PACKING_MAPS
+    maps of four bytes per byte of one expert, and cross into device scratch of up to
+    REQUEST_STAGE experts (no more than the slots): part of the slot pool's bytes, of the text,
+    and of what auto-sized slots leave room for (at least a token's experts per disk layer for
+    reads at the GPU's request); a CPU-only plan has neither."""
+    from localllm.offload.plan import PACKING_MAPS, REQUEST_STAGE
 
     sizes = {f"blk.{i}.ffn_{p}_exps.weight": 800 for i in (0, 1) for p in ("gate", "up", "down")}
     sizes["token_embd.weight"] = 10
     cfg = resolve([("t", {"experts": "disk", "streaming": {"slots": 4}})])
     plan = plan_residency(cfg, sizes, 0, GPU, n_expert=8)
-    assert plan.streams and plan.packing_maps_bytes == PACKING_MAPS * 300
-    assert plan.slot_pool_bytes == 4 * 300 + PACKING_MAPS * 300
-    assert f"+ {fmt_bytes(PACKING_MAPS * 300)} of packing maps" in plan.describe()
+    extra = (PACKING_MAPS + min(REQUEST_STAGE, 4)) * 300
+    assert plan.streams and plan.packing_maps_bytes == extra
+    assert plan.slot_pool_bytes == 4 * 300 + extra
+    assert f"+ {fmt_bytes(extra)} of packing maps and staging" in plan.describe()
     on_cpu = plan_residency(cfg, sizes, 0, CPU, n_expert=8)
     assert on_cpu.packing_maps_bytes == 0 and on_cpu.slot_pool_bytes == 4 * 300
     auto = resolve([("t", {"experts": "disk", "budget": 10 + 10 * 300})])
     slots = plan_residency(auto, sizes, 0, GPU, n_expert=8).streaming.slots
-    assert slots == (10 * 300 - PACKING_MAPS * 300) // 300
+    assert slots == 2  # one a layer (min_slots 1) x 2 disk layers; no room for a prompt copy
+    roomy = resolve([("t", {"experts": "disk", "budget": 10 + 60 * 300})])
+    plan = plan_residency(roomy, sizes, 0, GPU, n_expert=8)
+    # room for a layer's prompt copy (raw and packed: 2 x 8 experts) and the staging
+    assert plan.prompt_copy_bytes == 16 * 300
+    assert plan.streaming.slots == 60 - PACKING_MAPS - 16 - REQUEST_STAGE

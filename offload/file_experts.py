@@ -70,12 +70,12 @@ class FileSlots:
         return self._maps[pool.fmt]
 
     def read_experts(self, layer: int, experts: list[int]) -> tuple[torch.Tensor, ...]:
-        """Raw (gate, up, down) [n, rows, row bytes] of `experts` of `layer` on the device, read
-        PROMPT_WAVE at a time into page-locked buffers, each wave's copy overlapping the next
-        wave's reads."""
+        """Raw (gate, up, down) [n_expert, rows, row bytes] of `layer` on the device with
+        `experts` read in at their own index (the others left unwritten): read PROMPT_WAVE at a
+        time into page-locked buffers, each wave's copy overlapping the next wave's reads."""
         lay = self.reader.layouts[layer]
         n, t0 = len(experts), time.perf_counter()
-        out = tuple(torch.empty((n, r, b), dtype=torch.uint8, device=self.device)
+        out = tuple(torch.empty((lay.n_expert, r, b), dtype=torch.uint8, device=self.device)
                     for r, b in lay.shapes)  # fmt: skip
         for i, w in enumerate(range(0, n, PROMPT_WAVE)):
             wave = self._waves[i % 2]
@@ -85,8 +85,10 @@ class FileSlots:
             bufs = tuple(b[: PROMPT_WAVE * r * c].view(PROMPT_WAVE, r * c)
                          for b, (r, c) in zip(wave[0], lay.shapes, strict=True))  # fmt: skip
             self.reader.read_parts(layer, part, bufs)
+            at = torch.tensor(part, device=self.device)
             for o, b in zip(out, bufs, strict=True):
-                o[w : w + len(part)].view(len(part), -1).copy_(b[: len(part)], non_blocking=True)
+                moved = b[: len(part)].to(self.device, non_blocking=True)
+                o.view(lay.n_expert, -1).index_copy_(0, at, moved)
             if self.device.type == "cuda":
                 wave[1] = torch.cuda.Event()
                 wave[1].record()
@@ -181,21 +183,19 @@ class FileExperts:
         return expert_ffn_packed(x, weights, slots, self.pool.pe, fmt, xq)
 
     def _prompt(self, x, weights, ids, fmt, xq):
-        """Every expert the prompt routes to, read once, packed on the device for this layer's
-        grouped GEMMs (the slots keep what decode cached)."""
+        """Every expert the prompt routes to, read once and packed on the device as a whole
+        layer (rows of experts it does not use are left unwritten and never read): the resident
+        grouped GEMMs on the resident shapes. The slots keep what decode cached."""
         from localllm.kernels.moe.packed import expert_ffn_packed, pack_experts
 
         if _capturing(x):
             raise RuntimeError("a prompt over experts read from the file cannot be captured")
-        used = torch.unique(ids)
-        g, u, d = self.shared.read_experts(self.layer, used.tolist())
+        g, u, d = self.shared.read_experts(self.layer, torch.unique(ids).tolist())
         pe = pack_experts(g, u, d, fmt, self.n_used)
         del g, u, d
-        local = torch.zeros(self.n_expert, dtype=ids.dtype, device=ids.device)
-        local[used] = torch.arange(used.numel(), dtype=ids.dtype, device=ids.device)
         self.stats.lookups += ids.numel()
         self.stats.misses += ids.numel()
-        return expert_ffn_packed(x, weights, local[ids], pe, fmt, xq)
+        return expert_ffn_packed(x, weights, ids, pe, fmt, xq)
 
     def replayed(self, tokens: int) -> None:
         """A decode-graph replay ran this layer (no Python ran in it)."""

@@ -235,7 +235,7 @@ def _on_request(
         return None
     if st.prefetch:
         log.warning("streamed experts: read-ahead is not used with reads = gpu")
-    cap = min(share, max(n_used, REQUEST_STAGE))
+    cap = min(share, max(n_used, REQUEST_STAGE))  # (the plan's `_staged` for n_used <= 16)
     shared = FileSlots(layouts, cap, pack_on, lib, prompt_copy=plan.prompt_copy_bytes > 0)
     for b in disk:
         b.request_experts(layouts[b.layer], share, shared)
@@ -272,6 +272,7 @@ def plan_model(
     scratch = SCRATCH_TOKENS * (args.vocab_size + 8 * args.dim) * 4
     scratch += 3 * expert_f32 if getattr(args, "n_expert", 0) else 0
     memory = memory or probe_memory("cpu")
+    scratch += _cublas_workspaces(memory)
     cpu = not memory.separate_device  # CPU compute: experts are held prepared too ...
     native = load_native() if cpu and not precise else None
     raw = _native_layers(gguf, native)  # ... unless native
@@ -288,6 +289,17 @@ def plan_model(
         min_slots=getattr(args, "n_expert_used", 0) or 1,
         scratch_bytes=scratch,
     )
+
+
+def _cublas_workspaces(memory: MemoryInfo) -> int:
+    """Device memory torch's cuBLAS keeps per stream that runs a matmul (32 MiB on Hopper, 8 MiB
+    + 128 KiB elsewhere: PyTorch's defaults), for the compute stream and a graph capture's."""
+    if not (memory.separate_device and memory.device.startswith("cuda")):
+        return 0
+    if not torch.cuda.is_available():
+        return 2 * (32 << 20)  # (a plan made without the device: the larger)
+    major = torch.cuda.get_device_capability(torch.device(memory.device))[0]
+    return 2 * ((32 << 20) if major == 9 else (8 << 20) + (128 << 10))
 
 
 def _native_layers(gguf: "GGUFModel", native) -> set[int]:

@@ -27,6 +27,11 @@ def fmt_bytes(n: int) -> str:
     return f"{n} B"
 
 
+def _staged(stage: int, slots: int, disk_layers: int) -> int:
+    """Experts one request at the GPU's request stages: at most a layer's share of the slots."""
+    return min(stage, max(1, slots // max(disk_layers, 1)))
+
+
 def expert_layer(name: str) -> int | None:
     """The layer of a routed-expert tensor (`blk.N.ffn_{gate,up,down}_exps.weight`), else None."""
     m = _EXPERT.match(name)
@@ -91,7 +96,8 @@ class ResidencyPlan:
         and the device scratch that reads at the GPU's request cross into."""
         if not (self.streams and self.memory.separate_device):
             return 0
-        stage = min(REQUEST_STAGE, self.streaming.slots or 0)
+        disk = sum(t == "disk" for t in self.expert_tiers().values())
+        stage = _staged(REQUEST_STAGE, self.streaming.slots or 0, disk)
         return (PACKING_MAPS + stage) * self.slot_bytes
 
     @property
@@ -121,7 +127,7 @@ class ResidencyPlan:
             f"  host     {fmt_bytes(by['host']):>11}  {count['host']} tensors",
             f"  disk     {fmt_bytes(by['disk']):>11}  {count['disk']} tensors (read on demand)",
             f"  KV cache {fmt_bytes(self.kv_bytes):>11}  (estimate)",
-            f"  scratch  {fmt_bytes(self.scratch_bytes):>11}  (one step's activations)",
+            f"  scratch  {fmt_bytes(self.scratch_bytes):>11}  (activations, workspaces)",
         ]
         if self.maps and not self.streams:
             lines.append(
@@ -305,16 +311,16 @@ def plan_residency(
         maps = PACKING_MAPS * slot_bytes if separate else 0
         layer_copy = 2 * n_expert * slot_bytes if separate else 0
         per, stage = max(slot_bytes, 1), REQUEST_STAGE if separate else 0
+        disk = sum(t == "disk" for t in {expert_layer(n): t for n, t in tiers.items()}.values())
         if st.slots:
             slots = st.slots
         else:
             room = budget - used - maps
             # reads at the GPU's request keep a token's experts in each layer's own slots
-            disk = sum(t == "disk" for t in {expert_layer(n): t for n, t in tiers.items()}.values())
             floor = min_slots * (disk if separate and st.reads != "host" else 1)
             room = room - layer_copy if room - layer_copy >= (floor + stage) * per else room
             slots = max(floor, room // per - stage)
-        maps += min(stage, slots) * slot_bytes
+        maps += _staged(stage, slots, disk) * slot_bytes
         if used + slots * slot_bytes + maps > budget:
             raise ResidencyError(
                 f"{slots} expert slots of {fmt_bytes(slot_bytes)} do not fit in the "

@@ -283,6 +283,9 @@ class LLMEngine:
     def close(self) -> None:
         for gid in list(self.groups):
             self.abort_request(gid)
+        for source in getattr(self.model, "expert_sources", ()):  # reader threads, open files
+            if hasattr(source, "close"):
+                source.close()
         self.gguf.close()
 
     def chat_prompt(

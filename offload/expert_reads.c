@@ -19,7 +19,9 @@
 enum { BOX_REQ = 0, BOX_DONE = 1, BOX_LAYER = 2, BOX_N = 3, BOX_ERR = 4, BOX_JOBS = 8 };
 enum { PARTS = 3 };                    /* gate, up, down: each experts back to back */
 static const int64_t SPIN_NS = 20000000; /* poll without sleeping this long after a request */
-static const long NAP_NS = 50000;      /* then sleep this long between polls */
+static const long NAP_NS = 50000;      /* then sleep this long between polls ... */
+static const int64_t DOZE_NS = 1000000000; /* ... and after this long without one, */
+static const long LONG_NAP_NS = 2000000;   /* this long (an idle model: few wake-ups) */
 static const int64_t MIN_CHUNK = 65536; /* no pread is cut smaller */
 
 typedef struct {
@@ -168,7 +170,7 @@ static void *serve(void *h) {
             continue;
         }
         idle = 1;
-        struct timespec nap = {0, NAP_NS};
+        struct timespec nap = {0, now_ns() - active < DOZE_NS ? NAP_NS : LONG_NAP_NS};
         nanosleep(&nap, NULL);
     }
     return NULL;

@@ -195,3 +195,15 @@ def test_a_given_budget_holds_the_kv_its_plan_reserved(moe_files):
     assert kv.nbytes <= max(plan.kv_bytes, 2 * kv.bytes_per_block) < 64 << 20
     free = LLM(path, max_model_len=64, residency=resolve([("test", {})])).engine.kv_plan
     assert free.nbytes > kv.nbytes
+
+
+def test_closing_the_engine_closes_its_expert_sources(moe_files):
+    """The disk tier's threads and open files go with the engine, not with the next GC."""
+    from localllm.engine import LLM
+
+    disk = resolve([("test", {"experts": "disk", "streaming": {"slots": 4}})])
+    llm = LLM(str(moe_files["qwen3moe"]), max_model_len=64, residency=disk)
+    (source,) = llm.engine.model.expert_sources
+    assert source._fds
+    llm.engine.close()
+    assert source._fds == {} and source._readers is None

@@ -6,14 +6,13 @@ experts on the calling thread for a prompt. The GPU side is `kernels.moe.slot_re
 
 import ctypes
 import os
-import tempfile
 import weakref
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import torch
 
-from localllm.kernels.cpu.cbuild import build_library, compiler
+from localllm.kernels.cpu.cbuild import built_libraries
 from localllm.offload.expert_source import ExpertLayout
 
 SOURCE = Path(__file__).with_name("expert_reads.c")
@@ -30,35 +29,21 @@ _P, _I, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 def load_library(cache_dir: Path | None = None) -> ctypes.CDLL | None:
     """The compiled reader, or None where no C compiler builds it (the disk tier then keeps the
     host-driven streamer)."""
-    cc = compiler()
-    if cc is None or not SOURCE.exists():
-        return None
-    out_dir = Path(cache_dir or tempfile.gettempdir())
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    except OSError:
-        return None
-    for flags in FLAG_SETS:
-        path = build_library(cc, flags, (SOURCE,), "localllm-expert-reads", out_dir)
-        if path is None:
-            continue
-        try:
-            lib = ctypes.CDLL(str(path))
-        except OSError:
-            continue
-        lib.reader_new.argtypes = [_P, _P, _I, _I, _P, _INT, _INT, _I]
-        lib.reader_new.restype = _P
-        lib.reader_read.argtypes = [_P, _I, _P, _I]
-        lib.reader_read.restype = _INT
-        for name in ("reader_start",):
-            getattr(lib, name).argtypes, getattr(lib, name).restype = [_P], _INT
-        for name in ("reader_stop", "reader_free"):
-            getattr(lib, name).argtypes, getattr(lib, name).restype = [_P], None
-        lib.reader_stats.argtypes, lib.reader_stats.restype = [_P, _P], None
-        lib.read_segments.argtypes = [_P, _P, _P, _P, _I, _INT, _I]
-        lib.read_segments.restype = _INT
-        return lib
-    return None
+    built = built_libraries((SOURCE,), FLAG_SETS, "localllm-expert-reads", _bind, cache_dir)
+    return next((lib for lib, _, _ in built), None)
+
+
+def _bind(lib: ctypes.CDLL) -> None:
+    lib.reader_new.argtypes = [_P, _P, _I, _I, _P, _INT, _INT, _I]
+    lib.reader_new.restype = _P
+    lib.reader_read.argtypes = [_P, _I, _P, _I]
+    lib.reader_read.restype = _INT
+    lib.reader_start.argtypes, lib.reader_start.restype = [_P], _INT
+    for name in ("reader_stop", "reader_free"):
+        getattr(lib, name).argtypes, getattr(lib, name).restype = [_P], None
+    lib.reader_stats.argtypes, lib.reader_stats.restype = [_P, _P], None
+    lib.read_segments.argtypes = [_P, _P, _P, _P, _I, _INT, _I]
+    lib.read_segments.restype = _INT
 
 
 def _plain(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -48,7 +48,21 @@ class ExpertSource(Protocol):
 PREPARE_THREADS = 8  # threads preparing resident experts at load
 
 
-class ResidentExperts:
+class IgnoresHints:
+    """`ExpertSource`'s routing, prefetch and drain calls as no-ops, for sources that hold what
+    they serve (or whose reads a GPU asks for)."""
+
+    def routed(self, layer: int, ids: torch.Tensor) -> None:
+        pass
+
+    def guess(self, layer: int, experts: list[int]) -> None:
+        pass
+
+    def drain(self) -> None:
+        pass
+
+
+class ResidentExperts(IgnoresHints):
     """Experts held in memory: per layer the (gate, up, down) raw tensors [n_expert, rows, rb].
 
     The layers in `prepared` (layer -> its ExpertFormat) whose tensors are on the CPU get every
@@ -107,15 +121,6 @@ class ResidentExperts:
             return prepared[expert] or self._prepare(layer, expert)
         g, u, d = self.layers[layer]
         return ExpertBlocks(g[expert], u[expert], d[expert])
-
-    def routed(self, layer: int, ids: torch.Tensor) -> None:
-        pass
-
-    def guess(self, layer: int, experts: list[int]) -> None:
-        pass
-
-    def drain(self) -> None:
-        pass
 
 
 @dataclass(frozen=True, slots=True)

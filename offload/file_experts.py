@@ -19,14 +19,14 @@ import torch
 
 from localllm.kernels.moe import ExpertFormat
 from localllm.offload.expert_reads import READ_THREADS, ExpertReader
-from localllm.offload.expert_source import ExpertLayout
+from localllm.offload.expert_source import ExpertLayout, IgnoresHints
 from localllm.offload.expert_stats import ExpertStats
 
 ACCOUNT_EVERY = 8  # steps between reads of the device counters (each one small copy to the host)
 PROMPT_WAVE = 8  # experts a prompt reads into page-locked buffers before copying them over
 
 
-class FileSlots:
+class FileSlots(IgnoresHints):
     """The streamed layers' shared parts on `device`; `cap` staging rows (the most misses one
     request carries). `mapper`: see `ExpertReader` (tests on CPU keep plain tensors)."""
 
@@ -106,16 +106,6 @@ class FileSlots:
         self.stats.bytes_read += nbytes - b0
         self.stats.read_seconds += seconds - s0
         self.stats.stall_seconds += seconds - s0
-
-    # the ExpertSource calls a block makes whatever its path (nothing to do here)
-    def routed(self, layer: int, ids: torch.Tensor) -> None:
-        pass
-
-    def guess(self, layer: int, experts: list[int]) -> None:
-        pass
-
-    def drain(self) -> None:
-        pass
 
     def fetch(self, layer: int, expert: int):
         raise ValueError("experts streamed at the GPU's request are not fetched one by one")

@@ -2,11 +2,14 @@
 disk under a name hashed from the sources, the compiler, the flags and the CPU (so another
 process only loads them, and a `-march=native` build made on another CPU is never loaded)."""
 
+import ctypes
 import hashlib
 import os
 import platform
 import shutil
 import subprocess
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 
@@ -46,3 +49,30 @@ def build_library(
         return None
     os.replace(tmp, lib)  # atomic: a process beside this one loads a whole file or none
     return lib
+
+
+def built_libraries(
+    sources: tuple[Path, ...], flag_sets: tuple[tuple[str, ...], ...], stem: str,
+    bind: Callable[[ctypes.CDLL], None], cache_dir: Path | None = None,
+    cc: str | None = None,
+) -> Iterator[tuple[ctypes.CDLL, Path, tuple[str, ...]]]:  # fmt: skip
+    """Each flag set's library that builds, loads and binds (`bind` sets argtypes; a missing
+    symbol skips it), fastest first; nothing where no compiler or source is there."""
+    cc = cc or compiler()
+    if cc is None or not all(p.exists() for p in sources):
+        return
+    out_dir = Path(cache_dir or tempfile.gettempdir())
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return
+    for flags in flag_sets:
+        path = build_library(cc, flags, sources, stem, out_dir)
+        if path is None:
+            continue
+        try:
+            lib = ctypes.CDLL(str(path))
+            bind(lib)
+        except (OSError, AttributeError):
+            continue
+        yield lib, path, flags

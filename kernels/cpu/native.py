@@ -11,14 +11,13 @@ length is a multiple of 256.
 
 import ctypes
 import itertools
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from localllm.kernels.cpu.cbuild import build_library, compiler
+from localllm.kernels.cpu.cbuild import build_library, built_libraries, compiler
 from localllm.kernels.moe.experts import ExpertFormat, expert_ffn_reference, group_by_expert
 from localllm.kernels.quant.types import QuantType
 
@@ -205,22 +204,11 @@ def _bind(lib: ctypes.CDLL) -> None:
 def load(cache_dir: Path | None = None) -> NativeKernels | None:
     """The compiled kernels, checked, or None (then callers keep their torch paths)."""
     cc = _compiler()
-    if cc is None or not all(p.exists() for p in (SOURCE, *HEADERS)):
+    if cc is None:
         return None
-    out_dir = Path(cache_dir or tempfile.gettempdir())
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    except OSError:
-        return None
-    for flags in FLAG_SETS:
-        path = _build(cc, flags, out_dir)
-        if path is None:
-            continue
-        try:
-            lib = ctypes.CDLL(str(path))
-            _bind(lib)
-        except (OSError, AttributeError):
-            continue
+    sources = (SOURCE, *HEADERS)
+    for lib, path, flags in built_libraries(sources, FLAG_SETS, "localllm-moe-gemv", _bind,
+                                            cache_dir, cc):  # fmt: skip
         kernels = NativeKernels(lib, path, flags)
         if self_check(kernels):
             return kernels

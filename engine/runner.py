@@ -62,6 +62,9 @@ class ModelRunner:
         self.graphs = DecodeGraphs(model, kv) if use else None
         # `spare_slot`: a KV slot no request owns, where prompt graphs write their padding;
         # `max_blocks`: the longest block table a request can have
+        # sources whose reads a GPU asks for: a failed read is raised once the step's tokens are
+        # sampled (their device work has run), before they reach a request
+        self.read_checks = [s for s in getattr(model, "expert_sources", ()) if hasattr(s, "check")]
         self.prompts = None
         if use and spare_slot is not None:
             self.prompts = PrefillGraphs(model, kv, spare_slot, max_blocks)
@@ -95,7 +98,12 @@ class ModelRunner:
                 logits[[offset[r] for r in prows]], targets, k
             )
         self._sample(sched, reqs, rows, logits, offset, out)
+        self._check_reads()
         return out
+
+    def _check_reads(self) -> None:
+        for source in self.read_checks:
+            source.check()
 
     def _execute_graph(self, sched: SchedulerOutput) -> RunnerOutput | None:
         """The step through a decode graph, or None when it is not a plain decode step."""
@@ -122,6 +130,7 @@ class ModelRunner:
         rows = _Rows(sample={r.request_id: [i] for i, r in enumerate(reqs)})
         offset = {i: i for i in range(len(reqs))}
         self._sample(sched, {r.request_id: r for r in reqs}, rows, logits, offset, out)
+        self._check_reads()
         return out
 
     def _prepare(self, sched: SchedulerOutput):

@@ -63,11 +63,14 @@ class FileSlots(IgnoresHints):
                 layer.forget()
             raise
 
-    def maps(self, pool) -> list[torch.Tensor]:
-        """The byte maps of `pool`'s format, found once per format and shared by its layers."""
-        if pool.fmt not in self._maps:
-            self._maps[pool.fmt] = pool.byte_maps()
-        return self._maps[pool.fmt]
+    def pool(self, fmt: ExpertFormat, slots: int, n_used: int):
+        """A device slot pool of `fmt` (`kernels.moe.slot_pool`) whose byte maps are found once
+        per format and shared by its layers."""
+        from localllm.kernels.moe.slot_pool import PackedSlotPool
+
+        pool = PackedSlotPool(fmt, slots, n_used, self.device, maps=self._maps.get(fmt))
+        self._maps.setdefault(fmt, pool.byte_maps())
+        return pool
 
     def read_experts(self, layer: int, experts: list[int]) -> tuple[torch.Tensor, ...]:
         """Raw (gate, up, down) [n_expert, rows, row bytes] of `layer` on the device with
@@ -121,7 +124,6 @@ class FileExperts:
     def __init__(self, layer: int, layout: ExpertLayout, fmt: ExpertFormat, slots: int,
                  n_used: int, shared: FileSlots):  # fmt: skip
         from localllm.kernels.moe.slot_lru import LruState
-        from localllm.kernels.moe.slot_pool import PackedSlotPool
         from localllm.kernels.moe.slot_requests import pack_descriptors
 
         if slots < n_used:
@@ -129,10 +131,9 @@ class FileExperts:
         self.layer, self.n_expert, self.n_used = layer, layout.n_expert, n_used
         self.shared, self.slots, self.stats = shared, slots, shared.stats
         dev = shared.device
-        known = shared._maps.get(fmt)
-        self.pool = PackedSlotPool(fmt, slots, n_used, dev, maps=known)
+        self.pool = shared.pool(fmt, slots, n_used)
         shared.layers.append(self)
-        self._desc = pack_descriptors(self.pool.plane_bytes, shared.maps(self.pool))
+        self._desc = pack_descriptors(self.pool.plane_bytes, self.pool.byte_maps())
         self._max_bytes = max(p.shape[1] for p in self.pool.plane_bytes)
         self.host = self.pool.pe  # what the block's kernels are given (`packed`)
         self.lru = LruState.empty(self.n_expert, slots, dev)

@@ -207,3 +207,26 @@ def test_closing_the_engine_closes_its_expert_sources(moe_files):
     assert source._fds
     llm.engine.close()
     assert source._fds == {} and source._readers is None
+
+
+def test_a_failed_read_the_runner_checks_fails_the_step_before_its_tokens(moe_files):
+    """Sources whose reads a GPU asks for are checked once a step's tokens are sampled: an error
+    fails the step's requests with it, without that step's tokens (here a stand-in source; the
+    GPU path is test_file_experts.py's)."""
+    from localllm.engine import LLM, SamplingParams
+
+    llm = LLM(str(moe_files["qwen3moe"]), max_model_len=64)
+    calls = []
+
+    class Failing:
+        def check(self):
+            calls.append(1)
+            if len(calls) == 3:
+                raise OSError(5, "reading experts failed")
+
+    llm.engine.runner.read_checks.append(Failing())
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    (out,) = llm.generate([[1, 5, 9]], params)
+    assert len(calls) == 3  # the prompt's step, a decode step, then the failing one
+    assert out.error == "OSError: [Errno 5] reading experts failed"
+    assert out.outputs[0].finish_reason == "error" and len(out.outputs[0].token_ids) == 2

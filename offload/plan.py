@@ -143,6 +143,7 @@ class ResidencyPlan:
                 + (f" + {fmt_bytes(maps)} of packing maps and staging" if maps else "")
                 + f" = {fmt_bytes(self.slot_pool_bytes)}, prefetch "
                 f"{'on' if s.prefetch else 'off'}, evict {s.evict}"
+                + (f", reads {s.reads}" if self.memory.separate_device else "")
             )
         if "host" in self.expert_tiers().values():
             lines.append(f"  host-tier experts: {_host_compute_text(self)}")

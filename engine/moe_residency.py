@@ -216,10 +216,9 @@ def _on_request(
     """The disk layers' experts read at the GPU's request into per-layer device slots
     (`offload.file_experts`: decode stays one CUDA graph), where `[streaming] reads` allows it
     and it can run; else None (the host-driven `StreamedExperts`). `reads = gpu` that cannot
-    run is an error. With prefetch, each layer's decode step reads the next layer's guessed
-    experts (its router on this layer's input) while it computes."""
+    run is an error."""
     st = plan.streaming
-    if pack_on is None or st.reads == "host":
+    if pack_on is None or st.reads == "host" or (st.reads == "auto" and st.prefetch):
         if st.reads == "gpu":
             raise ResidencyError("reads = gpu needs a GPU whose kernels take the experts' format")
         return None
@@ -234,14 +233,13 @@ def _on_request(
             raise ResidencyError(f"reads = gpu: {why}")
         log.info("streamed experts: read at the host's request (%s)", why)
         return None
+    if st.prefetch:
+        log.warning("streamed experts: read-ahead is not used with reads = gpu")
     cap = min(share, max(n_used, REQUEST_STAGE))  # (the plan's `_staged` for n_used <= 16)
     shared = FileSlots(layouts, cap, pack_on, lib, prompt_copy=plan.prompt_copy_bytes > 0)
     for b in disk:
         b.request_experts(layouts[b.layer], share, shared)
         b.attach(shared)
-    for b, nxt in itertools.pairwise(disk):  # each layer's step reads the next one's guesses
-        if st.prefetch and nxt.layer == b.layer + 1:
-            b.read_ahead_next, b.mapped.ahead = nxt, nxt.mapped
     log.info("streamed experts: %d layers, %d device slots each, read at the GPU's request",
              len(disk), share)  # fmt: skip
     return shared

@@ -60,11 +60,11 @@ class ModelRunner:
         # MoE layers whose experts are read or computed on the host are captured in pieces
         use = cuda_graphs and self.device.type == "cuda"
         self.graphs = DecodeGraphs(model, kv) if use else None
-        # `spare_slot`: a KV slot no request owns, where prompt graphs write their padding;
-        # `max_blocks`: the longest block table a request can have
         # sources whose reads a GPU asks for: a failed read is raised once the step's tokens are
         # sampled (their device work has run), before they reach a request
         self.read_checks = [s for s in getattr(model, "expert_sources", ()) if hasattr(s, "check")]
+        # `spare_slot`: a KV slot no request owns, where prompt graphs write their padding;
+        # `max_blocks`: the longest block table a request can have
         self.prompts = None
         if use and spare_slot is not None:
             self.prompts = PrefillGraphs(model, kv, spare_slot, max_blocks)

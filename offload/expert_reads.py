@@ -14,11 +14,13 @@ import torch
 
 from localllm.kernels.cpu.cbuild import built_libraries
 from localllm.offload.expert_source import ExpertLayout
+from localllm.offload.mapped import host_view
 
 SOURCE = Path(__file__).with_name("expert_reads.c")
 FLAG_SETS = (("-O2", "-fopenmp"), ("-O2",))  # the last: reads on one thread
 BOX_WORDS = 8  # mailbox words before the expert ids (their meaning: expert_reads.c)
 BOX_ERR = 4
+TIMED_OUT = -2  # BOX_ERR the request kernel writes when the reader did not answer in time
 READ_THREADS = 8  # page-cache copies run ~5 GB/s per thread (H200 host): a miss waits for them
 CHUNK = 1 << 20  # bytes per pread at most (smaller where that gives every thread a share)
 ROW_ALIGN = 256  # staging rows start on this boundary (whole int32 words for the copy kernel)
@@ -46,15 +48,11 @@ def _bind(lib: ctypes.CDLL) -> None:
     lib.read_segments.restype = _INT
 
 
-def _plain(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    return tensors  # CPU: the reader and the "device" share plain memory (tests)
-
-
 class ExpertReader:
     """Reads experts of `layouts`' layers into `cap` staging rows when the mailbox asks.
 
     `mapper` turns the mailbox and staging tensors into what the GPU's kernels read (default:
-    `offload.mapped.map_tensors`, page-locked and mapped; `_plain` keeps CPU tensors). `box` and
+    `offload.mapped.map_tensors`, page-locked and mapped; tests on CPU keep the tensors). `box` and
     `staging` are those views; `box_host` / `staging_host` the host's own. `start()` runs the
     service thread; `check()` raises the error a request met (and clears it)."""
 
@@ -81,7 +79,6 @@ class ExpertReader:
                 table[layer, 1 + 3 * p : 4 + 3 * p] = torch.tensor(
                     [self._fds[rng.path], rng.offset, rows * rb]
                 )
-        self._table = table
         if mapper is None:
             from localllm.offload.mapped import map_tensors as mapper
         views = mapper({
@@ -89,7 +86,7 @@ class ExpertReader:
             "staging": torch.zeros(cap, self.stride, dtype=torch.uint8),
         })  # fmt: skip
         self.box, self.staging = views["box"], views["staging"]
-        self.box_host, self.staging_host = (_host(views[k]) for k in ("box", "staging"))
+        self.box_host, self.staging_host = (host_view(views[k]) for k in ("box", "staging"))
         self._h = lib.reader_new(
             self.box_host.data_ptr(), self.staging_host.data_ptr(), self.stride, cap,
             table.data_ptr(), n_layers, threads, CHUNK,
@@ -103,9 +100,6 @@ class ExpertReader:
         err = self._lib.reader_start(self._h)
         if err:
             raise OSError(err, "the expert reader thread did not start")
-
-    def stop(self) -> None:
-        self._lib.reader_stop(self._h)
 
     def read(self, layer: int, experts: list[int]) -> None:
         """Experts of `layer` into staging rows 0.. on this thread (tests; no GPU involved)."""
@@ -142,7 +136,7 @@ class ExpertReader:
         if not err:
             return
         self.box_host[BOX_ERR] = 0
-        if err == -2:
+        if err == TIMED_OUT:
             raise TimeoutError("the expert reader did not answer the GPU's request")
         self._raise(err)
 
@@ -155,12 +149,6 @@ class ExpertReader:
 
     def close(self) -> None:
         self._closer()
-
-
-def _host(t: torch.Tensor) -> torch.Tensor:
-    from localllm.offload.mapped import host_view
-
-    return host_view(t)
 
 
 def _close(lib: ctypes.CDLL, handle: int, fds: list[int]) -> None:

@@ -27,6 +27,11 @@ def fmt_bytes(n: int) -> str:
     return f"{n} B"
 
 
+def _disk_layers(tiers: Mapping[str, str]) -> int:
+    """Layers whose routed experts are on disk."""
+    return len({expert_layer(n) for n, t in tiers.items() if t == "disk"} - {None})
+
+
 def _staged(stage: int, slots: int, disk_layers: int) -> int:
     """Experts one request at the GPU's request stages: at most a layer's share of the slots."""
     return min(stage, max(1, slots // max(disk_layers, 1)))
@@ -96,8 +101,7 @@ class ResidencyPlan:
         and the device scratch that reads at the GPU's request cross into."""
         if not (self.streams and self.memory.separate_device):
             return 0
-        disk = sum(t == "disk" for t in self.expert_tiers().values())
-        stage = _staged(REQUEST_STAGE, self.streaming.slots or 0, disk)
+        stage = _staged(REQUEST_STAGE, self.streaming.slots or 0, _disk_layers(self.tiers))
         return (PACKING_MAPS + stage) * self.slot_bytes
 
     @property
@@ -312,7 +316,7 @@ def plan_residency(
         maps = PACKING_MAPS * slot_bytes if separate else 0
         layer_copy = 2 * n_expert * slot_bytes if separate else 0
         per, stage = max(slot_bytes, 1), REQUEST_STAGE if separate else 0
-        disk = sum(t == "disk" for t in {expert_layer(n): t for n, t in tiers.items()}.values())
+        disk = _disk_layers(tiers)
         if st.slots:
             slots = st.slots
         else:

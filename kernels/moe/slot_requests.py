@@ -13,8 +13,6 @@ import torch
 import triton
 import triton.language as tl
 
-BOX_REQ, BOX_DONE, BOX_LAYER, BOX_N, BOX_ERR, BOX_JOBS = 0, 1, 2, 3, 4, 8
-TIMED_OUT = -2  # BOX_ERR when the reader did not answer within SPIN_LIMIT polls
 # polls of the answer word (each a read over the bus, ~1 us): a stalled reader fails the step
 # after some seconds instead of hanging it; later requests then skip waiting (BOX_ERR is set)
 SPIN_LIMIT = 1 << 24
@@ -49,7 +47,7 @@ def _request(njob_ptr, job_ptr, box_ptr, seq_ptr, layer, MAXJ: tl.constexpr, SPI
         while (done != seq) & (i < SPIN):
             done = tl.load(box_ptr + 1, volatile=True)
             i += 1
-        if done != seq:
+        if done != seq:  # (offload.expert_reads.TIMED_OUT)
             tl.store(box_ptr + 4, -2)
 
 

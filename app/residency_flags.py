@@ -77,8 +77,7 @@ def add_residency_flags(p: argparse.ArgumentParser) -> None:
         choices=READS,
         help="who asks for a streamed expert's read on a GPU: gpu (the decode step stays one "
         "CUDA graph and waits on the device for a reader thread), host (a host step per "
-        "layer, with read-ahead), auto (default: gpu where its reader builds and read-ahead "
-        "is off)",
+        "layer), auto (default: gpu where its reader builds)",
     )
     g.add_argument("--mem-budget", metavar="SIZE", help="memory the plan may use, e.g. 6GiB")
     g.add_argument("--load-mode", choices=LOAD_MODES, help="mmap (default) or read into RAM")

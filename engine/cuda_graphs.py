@@ -11,6 +11,7 @@ the CPU) split the capture into a chain of graphs with their host steps between
 (`engine.graph_breaks`).
 """
 
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -22,6 +23,8 @@ from localllm.engine.kv_cache import PagedKVCache
 from localllm.engine.moe import graph_safe, moe_blocks
 from localllm.kernels.attention.decode import DecodePlan
 from localllm.kernels.attention.decode_graph import PaddedPositions, padded_decode_plan
+
+log = logging.getLogger(__name__)
 
 BATCH_SIZES = (1, 2, 4, 8)
 MIN_BLOCKS = 16  # the smallest table-width bucket (256 tokens at block size 16)
@@ -154,6 +157,7 @@ def capture_first(owner, key, g) -> bool:
         owner._capture(g)
     except Exception as e:
         owner.failed = f"{type(e).__name__}: {e}"
+        log.warning("graph capture failed, eager from now on: %s", owner.failed)
         return False
     owner.graphs[key] = g
     return True

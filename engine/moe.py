@@ -130,6 +130,8 @@ class MoEFeedForward(nn.Module):
         self.rows_scratch: RowsScratch | None = None  # shared by a model's `_decode_rows` calls
         self._rows_call: RowsCall | None = None
         self.guess_next: MoEFeedForward | None = None  # the next layer, told what to read ahead
+        # the next layer, whose experts read at the GPU's request this one's step reads ahead
+        self.read_ahead_next: MoEFeedForward | None = None
         self.breaks: HostBreaks | None = None  # set while a decode graph is captured in pieces
         # host-tier experts the GPU reads in place, or disk-tier ones read at its request
         self.mapped: MappedExperts | FileExperts | None = None
@@ -330,7 +332,11 @@ class MoEFeedForward(nn.Module):
             from localllm.kernels.moe.packed import expert_ffn_packed
 
             if self.mapped is not None:  # host experts read by the GPU (and its slot cache)
-                return self.mapped.ffn(x, weights, ids, self.format, xq)
+                nxt = self.read_ahead_next  # (disk experts read at the GPU's request)
+                if nxt is None or ids.shape[0] > self.mapped.rows:
+                    return self.mapped.ffn(x, weights, ids, self.format, xq)
+                guess = nxt._route(x)[1]  # the next layer's router on this layer's input
+                return self.mapped.ffn(x, weights, ids, self.format, xq, guess=guess)
             # counted as Python runs it: replays of a captured decode graph are not counted
             self.source.stats.lookups += ids.numel()
             self.source.stats.hits += ids.numel()

@@ -27,7 +27,7 @@ from localllm.offload.expert_reads import load_library as load_reader
 from localllm.offload.expert_source import ExpertLayout, ExpertSource, ResidentExperts
 from localllm.offload.file_experts import FileSlots
 from localllm.offload.memory import MemoryInfo, probe_memory
-from localllm.offload.plan import REQUEST_STAGE, ResidencyPlan, expert_layer, plan_residency
+from localllm.offload.plan import ResidencyPlan, expert_layer, plan_residency
 from localllm.offload.reader import read_range
 from localllm.offload.residency import ResidencyConfig, ResidencyError
 
@@ -86,8 +86,11 @@ def apply_residency(model: nn.Module, plan: ResidencyPlan) -> list[ExpertSource]
         for b in disk:
             layouts[b.layer] = b.stream_layout()
             del resident[b.layer]
-        sources += _stream(disk, layouts, plan)
-        if plan.streaming.prefetch:  # each block guesses for the next one when that one streams
+        streamed = _stream(disk, layouts, plan)
+        sources += streamed
+        # each block guesses for the next one when that one streams from the host's side (reads
+        # at the GPU's request guess inside the decode graph: `_on_request`)
+        if plan.streaming.prefetch and not isinstance(streamed[0], FileSlots):
             for b, nxt in itertools.pairwise(blocks):
                 if nxt in disk:
                     b.guess_next = nxt
@@ -216,9 +219,10 @@ def _on_request(
     """The disk layers' experts read at the GPU's request into per-layer device slots
     (`offload.file_experts`: decode stays one CUDA graph), where `[streaming] reads` allows it
     and it can run; else None (the host-driven `StreamedExperts`). `reads = gpu` that cannot
-    run is an error."""
+    run is an error. With prefetch, each layer's decode step reads the next layer's guessed
+    experts (its router on this layer's input) while it computes."""
     st = plan.streaming
-    if pack_on is None or st.reads == "host" or (st.reads == "auto" and st.prefetch):
+    if pack_on is None or st.reads == "host":
         if st.reads == "gpu":
             raise ResidencyError("reads = gpu needs a GPU whose kernels take the experts' format")
         return None
@@ -233,13 +237,14 @@ def _on_request(
             raise ResidencyError(f"reads = gpu: {why}")
         log.info("streamed experts: read at the host's request (%s)", why)
         return None
-    if st.prefetch:
-        log.warning("streamed experts: read-ahead is not used with reads = gpu")
-    cap = min(share, max(n_used, REQUEST_STAGE))  # (the plan's `_staged` for n_used <= 16)
+    cap = min(share, plan.request_stage)  # (the plan's `_staged`)
     shared = FileSlots(layouts, cap, pack_on, lib, prompt_copy=plan.prompt_copy_bytes > 0)
     for b in disk:
         b.request_experts(layouts[b.layer], share, shared)
         b.attach(shared)
+    for b, nxt in itertools.pairwise(disk):  # each layer's step reads the next one's guesses
+        if st.prefetch and nxt.layer == b.layer + 1:
+            b.read_ahead_next, b.mapped.ahead = nxt, nxt.mapped
     log.info("streamed experts: %d layers, %d device slots each, read at the GPU's request",
              len(disk), share)  # fmt: skip
     return shared

@@ -39,6 +39,9 @@ class FileSlots(IgnoresHints):
         self.device = torch.device(device)
         self.scratch = torch.empty(cap, self.reader.stride, dtype=torch.uint8, device=device)
         self.seq = torch.zeros(1, dtype=torch.int64, device=device)
+        # the read-ahead in flight (its request number, 0: none) and experts read ahead so far
+        self.ahead = torch.zeros(2, dtype=torch.int64, device=device)
+        self._ahead_seen = 0
         self.stats = ExpertStats()
         self._maps: dict[ExpertFormat, list[torch.Tensor]] = {}
         self._read = (0, 0.0)  # reader counters already in `stats`
@@ -104,6 +107,9 @@ class FileSlots(IgnoresHints):
     def account(self) -> None:
         """The reader's counters since the last call into `stats` (the GPU waited for them)."""
         _, _, nbytes, seconds = self.reader.stats()
+        ahead = int(self.ahead[1])
+        self.stats.prefetched += ahead - self._ahead_seen
+        self._ahead_seen = ahead
         b0, s0 = self._read
         self._read = (nbytes, seconds)
         self.stats.bytes_read += nbytes - b0
@@ -139,20 +145,29 @@ class FileExperts:
         self.lru = LruState.empty(self.n_expert, slots, dev)
         self._jobs = torch.zeros(self.n_expert * 2, dtype=torch.int32, device=dev)
         self._njobs = torch.zeros(1, dtype=torch.int32, device=dev)
+        # read ahead into this layer's slots by the layer before (`read_ahead`), packed by
+        # `_settle` when this layer runs; `ahead`: the next layer, when reads ahead are on
+        self._ahead_jobs = torch.zeros(self.n_expert * 2, dtype=torch.int32, device=dev)
+        self._ahead_n = torch.zeros(1, dtype=torch.int32, device=dev)
+        self.ahead: FileExperts | None = None
         self.rows = min(slots // n_used, shared.reader.cap // n_used)  # token rows per request
-        self.steps, self._seen = 0, (0, 0)
+        self.steps, self._seen, self._ahead_most = 0, (0, 0), 0
         self._expert_nbytes = layout.expert_nbytes
 
-    def ffn(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, fmt, xq=None):
-        """The routed experts of x [T, dim] -> float32 [T, dim] (the resident packed math)."""
+    def ffn(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, fmt, xq=None,
+            guess: torch.Tensor | None = None):  # fmt: skip
+        """The routed experts of x [T, dim] -> float32 [T, dim] (the resident packed math).
+        `guess`: the next layer's routing of x (its router's ids [T, k]); with `ahead` set, a
+        decode step reads that layer's missing guesses while this one computes."""
         from localllm.kernels.moe.packed import PACKED_MAX_T
 
         self.shared.check()
+        self._settle()
         t = ids.shape[0]
         if t > PACKED_MAX_T and self.shared.prompt_copy:
             y = self._prompt(x, weights, ids, fmt, xq)
         elif t <= self.rows:
-            y = self._cached(x, weights, ids, fmt, xq)
+            y = self._cached(x, weights, ids, fmt, xq, guess)
         else:  # fewer slots than the pairs (or no room for a prompt's copy): groups of rows
             r = self.rows
             y = torch.cat([self._cached(x[i : i + r], weights[i : i + r], ids[i : i + r], fmt)
@@ -161,17 +176,51 @@ class FileExperts:
             self._step()
         return y
 
-    def _cached(self, x, weights, ids, fmt, xq=None):
+    def _cached(self, x, weights, ids, fmt, xq=None, guess=None):
         from localllm.kernels.moe.packed import expert_ffn_packed
         from localllm.kernels.moe.slot_lru import assign
-        from localllm.kernels.moe.slot_requests import copy_staged, pack_staged, request
+        from localllm.kernels.moe.slot_requests import request
 
-        sh, n = self.shared, ids.numel()
+        sh = self.shared
         slots = assign(ids, self.lru, self._jobs, self._njobs)
-        request(self._njobs, self._jobs, sh.reader.box, sh.seq, self.layer, n)
-        copy_staged(self._njobs, sh.reader.staging, sh.scratch, n, self._expert_nbytes)
-        pack_staged(self._njobs, self._jobs, sh.scratch, self._desc, n, self._max_bytes)
+        request(self._njobs, self._jobs, sh.reader.box, sh.seq, self.layer, ids.numel())
+        self._fill(self._njobs, self._jobs, ids.numel())
+        if guess is not None and self.ahead is not None:
+            self.ahead.read_ahead(guess)
         return expert_ffn_packed(x, weights, slots, self.pool.pe, fmt, xq)
+
+    def _fill(self, njobs: torch.Tensor, jobs: torch.Tensor, most: int) -> None:
+        """The staged experts of `jobs` over the bus and packed into their slots."""
+        from localllm.kernels.moe.slot_requests import copy_staged, pack_staged
+
+        sh = self.shared
+        copy_staged(njobs, sh.reader.staging, sh.scratch, most, self._expert_nbytes)
+        pack_staged(njobs, jobs, sh.scratch, self._desc, most, self._max_bytes)
+
+    def read_ahead(self, guess: torch.Tensor) -> None:
+        """Slots for this layer's guessed experts (ids, at most a request's worth), their reads
+        posted without waiting (the layer before computes meanwhile); `_settle` packs them."""
+        from localllm.kernels.moe.slot_lru import assign
+        from localllm.kernels.moe.slot_requests import request
+
+        sh, n = self.shared, guess.numel()
+        if n > sh.reader.cap or n > self.slots:
+            return
+        assign(guess, self.lru, self._ahead_jobs, self._ahead_n, count=False)
+        request(self._ahead_n, self._ahead_jobs, sh.reader.box, sh.seq, self.layer, n,
+                ahead=sh.ahead)  # fmt: skip
+        self._ahead_most = n
+
+    def _settle(self) -> None:
+        """The read-ahead posted for this layer (if any) answered, and packed into its slots
+        before anything else uses the mailbox, the staging rows or these slots."""
+        from localllm.kernels.moe.slot_requests import settle
+
+        if self._ahead_most:
+            sh, most = self.shared, self._ahead_most
+            settle(sh.reader.box, sh.ahead, sh.seq, self._ahead_jobs, self._ahead_n, self.lru, most)
+            self._fill(self._ahead_n, self._ahead_jobs, most)
+            self._ahead_n.zero_()
 
     def _prompt(self, x, weights, ids, fmt, xq):
         """Every expert the prompt routes to, read once and packed on the device as a whole
@@ -198,6 +247,8 @@ class FileExperts:
         self.lru.slot_of.fill_(-1)
         self.lru.expert_of.fill_(-1)
         self.lru.stamp.fill_(-1)
+        self._ahead_n.zero_()
+        self.shared.ahead[:1].zero_()  # (a kernel: this may run while a graph is captured)
 
     def _step(self) -> None:
         self.steps += 1

@@ -47,7 +47,7 @@ def expert_layer(name: str) -> int | None:
 # four bytes of device memory per byte of one expert (`kernels.moe.slot_pool`)
 PACKING_MAPS = 4
 # experts read at the GPU's request are staged (page-locked) and cross into device scratch up to
-# this many at a time (`offload.file_experts`)
+# this many at a time, or a token's experts where more (`offload.file_experts`)
 REQUEST_STAGE = 16
 
 
@@ -71,6 +71,8 @@ class ResidencyPlan:
     )
     # mapped or disk-tier experts: one layer's copied to the device per prompt (0: no room)
     prompt_copy_bytes: int = 0
+    # experts one request at the GPU's request stages (a token's experts at least)
+    request_stage: int = REQUEST_STAGE
 
     @property
     def computes_on_host(self) -> bool:
@@ -101,7 +103,7 @@ class ResidencyPlan:
         and the device scratch that reads at the GPU's request cross into."""
         if not (self.streams and self.memory.separate_device):
             return 0
-        stage = _staged(REQUEST_STAGE, self.streaming.slots or 0, _disk_layers(self.tiers))
+        stage = _staged(self.request_stage, self.streaming.slots or 0, _disk_layers(self.tiers))
         return (PACKING_MAPS + stage) * self.slot_bytes
 
     @property
@@ -315,7 +317,7 @@ def plan_residency(
         # and packed: twice a layer's bytes) where the budget has room
         maps = PACKING_MAPS * slot_bytes if separate else 0
         layer_copy = 2 * n_expert * slot_bytes if separate else 0
-        per, stage = max(slot_bytes, 1), REQUEST_STAGE if separate else 0
+        per, stage = max(slot_bytes, 1), max(REQUEST_STAGE, min_slots) if separate else 0
         disk = _disk_layers(tiers)
         if st.slots:
             slots = st.slots
@@ -364,4 +366,5 @@ def plan_residency(
     return ResidencyPlan(
         tiers, dict(sizes), kv_bytes, scratch_bytes, budget, source, memory, config.load_mode,
         streaming, slot_bytes, tuple(notes), tuple(warnings), rules, config.host_compute, copy,
+        max(REQUEST_STAGE, min_slots),
     )  # fmt: skip

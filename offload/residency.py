@@ -20,8 +20,7 @@ A settings *layer* is a plain mapping with the keys of a residency document (TOM
     evict = "lru"            # or "lfu": the least used of the least recently used slots
     reads = "auto"           # who asks for a miss on a GPU: "gpu" (the decode step, one CUDA
                              # graph, asks a reader thread and waits on the device), "host" (a
-                             # host step per layer; read-ahead needs it); auto: gpu where the
-                             # reader builds and read-ahead is off
+                             # host step per layer); auto: gpu where the reader builds
 
 Layers come from the command line, the environment and a document; `resolve` merges them with
 the command line first: scalars from the first layer that sets them, rules concatenated in

@@ -41,7 +41,7 @@ class LruState:
 @triton.jit
 def _assign(
     ids_ptr, slot_of_ptr, expert_of_ptr, stamp_ptr, cnt_ptr, out_ptr, job_ptr, njob_ptr, S,
-    P: tl.constexpr, SP: tl.constexpr,
+    P: tl.constexpr, SP: tl.constexpr, COUNT: tl.constexpr,
 ):  # fmt: skip
     clock = tl.load(cnt_ptr) + 1
     offs = tl.arange(0, SP)
@@ -67,21 +67,23 @@ def _assign(
         tl.debug_barrier()  # the next pair reads what this one wrote
     tl.store(njob_ptr, n)
     tl.store(cnt_ptr, clock)
-    tl.store(cnt_ptr + 1, tl.load(cnt_ptr + 1) + P)
-    tl.store(cnt_ptr + 2, tl.load(cnt_ptr + 2) + n)
+    if COUNT:
+        tl.store(cnt_ptr + 1, tl.load(cnt_ptr + 1) + P)
+        tl.store(cnt_ptr + 2, tl.load(cnt_ptr + 2) + n)
 
 
 def assign(
-    ids: torch.Tensor, st: LruState, jobs: torch.Tensor, njobs: torch.Tensor
+    ids: torch.Tensor, st: LruState, jobs: torch.Tensor, njobs: torch.Tensor, count: bool = True
 ) -> torch.Tensor:
     """Slots for routed ids (any shape, int64) -> int64 slots of the same shape; queues copy
-    jobs in `jobs` int32 [>= pairs, 2] and their count in `njobs` int32 [1]."""
+    jobs in `jobs` int32 [>= pairs, 2] and their count in `njobs` int32 [1]. `count`: add the
+    pairs to the lookup and miss counters (not for a read-ahead's guesses)."""
     flat = ids.reshape(-1)
     out = torch.empty_like(flat)
     s = st.expert_of.numel()
     _assign[(1,)](
         flat, st.slot_of, st.expert_of, st.stamp, st.counters, out, jobs, njobs, s,
-        P=flat.numel(), SP=triton.next_power_of_2(s), num_warps=1,
+        P=flat.numel(), SP=triton.next_power_of_2(s), COUNT=count, num_warps=1,
     )  # fmt: skip
     return out.view(ids.shape)
 

@@ -22,10 +22,12 @@ PROGRAMS = 64  # programs per job (and plane): each loops over its share (few pr
 
 
 @triton.jit
-def _request(njob_ptr, job_ptr, box_ptr, seq_ptr, layer, MAXJ: tl.constexpr, SPIN: tl.constexpr,
-             FENCE: tl.constexpr):  # fmt: skip
+def _request(njob_ptr, job_ptr, box_ptr, seq_ptr, ahead_ptr, layer, MAXJ: tl.constexpr,
+             SPIN: tl.constexpr, FENCE: tl.constexpr, WAIT: tl.constexpr):  # fmt: skip
     n = tl.load(njob_ptr)
     failed = tl.load(box_ptr + 4, volatile=True)
+    if not WAIT:  # a read-ahead: nothing in flight unless posted below
+        tl.store(ahead_ptr, 0)
     if (n > 0) & (failed == 0):
         offs = tl.arange(0, MAXJ)
         m = offs < n
@@ -42,21 +44,65 @@ def _request(njob_ptr, job_ptr, box_ptr, seq_ptr, layer, MAXJ: tl.constexpr, SPI
                 is_pure=False, pack=1,
             )  # fmt: skip
         tl.store(box_ptr + 0, seq)
+        if WAIT:
+            _wait_for(box_ptr, seq, SPIN)
+        else:  # answered while the GPU computes on: `settle` waits for it before the next post
+            tl.store(ahead_ptr, seq)
+            tl.store(ahead_ptr + 1, tl.load(ahead_ptr + 1) + n)
+
+
+@triton.jit
+def _wait_for(box_ptr, seq, SPIN: tl.constexpr):
+    done = tl.load(box_ptr + 1, volatile=True)
+    i = 0
+    while (done < seq) & (i < SPIN):
         done = tl.load(box_ptr + 1, volatile=True)
-        i = 0
-        while (done != seq) & (i < SPIN):
-            done = tl.load(box_ptr + 1, volatile=True)
-            i += 1
-        if done != seq:  # (offload.expert_reads.TIMED_OUT)
-            tl.store(box_ptr + 4, -2)
+        i += 1
+    if done < seq:  # (offload.expert_reads.TIMED_OUT)
+        tl.store(box_ptr + 4, -2)
 
 
 def request(njobs: torch.Tensor, jobs: torch.Tensor, box: torch.Tensor, seq: torch.Tensor,
-            layer: int, max_jobs: int, spin: int = SPIN_LIMIT) -> None:  # fmt: skip
+            layer: int, max_jobs: int, spin: int = SPIN_LIMIT,
+            ahead: torch.Tensor | None = None) -> None:  # fmt: skip
     """Post the queued jobs' experts of `layer` to the reader's mailbox `box` (int64, mapped
-    host memory) and wait for its answer; `seq` int64 [1] on the device numbers the requests."""
-    _request[(1,)](njobs, jobs, box, seq, layer, MAXJ=triton.next_power_of_2(max(max_jobs, 2)),
-                   SPIN=spin, FENCE=box.is_cuda, num_warps=1)  # fmt: skip
+    host memory) and wait for its answer; `seq` int64 [1] on the device numbers the requests.
+    With `ahead` (int64 [2] on the device: the request in flight, experts read ahead so far) the
+    post is a read-ahead: no wait, the request's number goes to `ahead[0]` (0: none posted)."""
+    _request[(1,)](njobs, jobs, box, seq, seq if ahead is None else ahead, layer,
+                   MAXJ=triton.next_power_of_2(max(max_jobs, 2)), SPIN=spin,
+                   FENCE=box.is_cuda, WAIT=ahead is None, num_warps=1)  # fmt: skip
+
+
+@triton.jit
+def _settle(box_ptr, ahead_ptr, seq_ptr, job_ptr, njob_ptr, slot_of_ptr, expert_of_ptr,
+            MAXJ: tl.constexpr, SPIN: tl.constexpr):  # fmt: skip
+    n = tl.load(njob_ptr)
+    if n > 0:
+        posted = tl.load(ahead_ptr)
+        intact = (posted > 0) & (posted == tl.load(seq_ptr))  # no request since: rows intact
+        if intact & (tl.load(box_ptr + 4, volatile=True) == 0):
+            _wait_for(box_ptr, posted, SPIN)
+        else:  # never posted, or its staging rows reused since: the slots hold nothing
+            offs = tl.arange(0, MAXJ)
+            m = offs < n
+            slot = tl.load(job_ptr + 2 * offs, mask=m, other=0)
+            e = tl.load(job_ptr + 2 * offs + 1, mask=m, other=0)
+            tl.store(slot_of_ptr + e, -1, mask=m)
+            tl.store(expert_of_ptr + slot, -1, mask=m)
+            tl.store(njob_ptr, 0)
+    tl.store(ahead_ptr, 0)
+
+
+def settle(box: torch.Tensor, ahead: torch.Tensor, seq: torch.Tensor, jobs: torch.Tensor,
+           njobs: torch.Tensor, lru, max_jobs: int, spin: int = SPIN_LIMIT) -> None:  # fmt: skip
+    """A layer's read-ahead (`jobs`, `njobs`: slots its guesses were given in `lru`) before the
+    layer runs: waited for when it was the last request (its staging rows are then intact, for
+    `copy_staged`); otherwise (never posted, or the rows reused since) its slots are emptied and
+    `njobs` zeroed. The read-ahead in flight (`ahead[0]`) is cleared."""
+    _settle[(1,)](box, ahead, seq, jobs, njobs, lru.slot_of, lru.expert_of,
+                  MAXJ=triton.next_power_of_2(max(max_jobs, 2)), SPIN=spin,
+                  num_warps=1)  # fmt: skip
 
 
 @triton.jit

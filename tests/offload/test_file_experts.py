@@ -161,3 +161,54 @@ def test_a_failed_read_raises_empties_the_slots_and_the_layer_reads_again(tmp_pa
         assert torch.equal(layers[1].ffn(x, w, ids, FMT), want)
     finally:
         shared.close()
+
+
+def test_reads_ahead_fill_the_next_layers_slots_and_keep_the_resident_bits(tmp_path):
+    """Layer 0's step reads layer 1's guessed experts without waiting; layer 1 packs them first:
+    a right guess leaves layer 1 no miss of its own, a wrong one costs slots but never bits."""
+    from localllm.kernels.moe.packed import expert_ffn_packed
+
+    shared, layers, resident, _ = _setup(tmp_path, slots=4)
+    layers[0].ahead = layers[1]
+    try:
+        gen = torch.Generator().manual_seed(5)
+        for step in range(6):
+            x0, x1 = (torch.randn(1, FMT.dim, generator=gen).to(DEVICE) for _ in range(2))
+            (w0, ids0), (w1, ids1) = _route(gen, 1), _route(gen, 1)
+            right = step % 2 == 0
+            guess = ids1 if right else (ids1 + 1) % E
+            got = layers[0].ffn(x0, w0, ids0, FMT, guess=guess)
+            assert torch.equal(got, expert_ffn_packed(x0, w0, ids0, resident[0], FMT)), step
+            missed = int(layers[1].lru.counters[2])
+            got = layers[1].ffn(x1, w1, ids1, FMT)
+            assert torch.equal(got, expert_ffn_packed(x1, w1, ids1, resident[1], FMT)), step
+            if right:
+                assert int(layers[1].lru.counters[2]) == missed, step  # every pair a hit
+        for layer in layers.values():
+            layer.account()
+        assert shared.stats.prefetched > 0
+        assert shared.stats.lookups == 6 * 2 * K_USED  # guesses are not lookups
+    finally:
+        shared.close()
+
+
+def test_a_read_ahead_whose_rows_were_reused_is_dropped(tmp_path):
+    """Another request between a read-ahead and its layer reuses the staging rows: the guessed
+    slots are emptied instead of packed from them, and the layer reads its experts itself."""
+    from localllm.kernels.moe.packed import expert_ffn_packed
+
+    shared, layers, resident, _ = _setup(tmp_path, slots=4)
+    layers[0].ahead = layers[1]
+    try:
+        gen = torch.Generator().manual_seed(6)
+        x = torch.randn(1, FMT.dim, generator=gen).to(DEVICE)
+        w = torch.full((1, K_USED), 0.5, device=DEVICE)
+        ids1 = torch.tensor([[4, 5]], device=DEVICE)
+        layers[0].ffn(x, w, torch.tensor([[0, 1]], device=DEVICE), FMT, guess=ids1)
+        layers[0].ffn(x, w, torch.tensor([[2, 3]], device=DEVICE), FMT)  # misses: a request
+        got = layers[1].ffn(x, w, ids1, FMT)
+        assert torch.equal(got, expert_ffn_packed(x, w, ids1, resident[1], FMT))
+        layers[1].account()  # (layer 1's counts alone)
+        assert (shared.stats.hits, shared.stats.misses) == (0, K_USED)  # read both itself
+    finally:
+        shared.close()

@@ -208,3 +208,18 @@ def test_plan_of_streamed_experts_on_a_gpu_counts_the_packing_maps():
     # room for a layer's prompt copy (raw and packed: 2 x 8 experts) and the staging
     assert plan.prompt_copy_bytes == 16 * 300
     assert plan.streaming.slots == 60 - PACKING_MAPS - 16 - REQUEST_STAGE
+
+
+def test_plan_stages_a_tokens_experts_when_a_model_routes_more_than_request_stage():
+    """A model routing more experts a token than REQUEST_STAGE stages that many per request (the
+    engine's reader is sized from the plan): the plan counts those bytes, not REQUEST_STAGE's."""
+    from localllm.offload.plan import PACKING_MAPS, REQUEST_STAGE
+
+    sizes = {f"blk.{i}.ffn_{p}_exps.weight": 800 for i in (0, 1) for p in ("gate", "up", "down")}
+    cfg = resolve([("t", {"experts": "disk", "streaming": {"slots": 2 * 20}})])
+    wide = plan_residency(cfg, sizes, 0, GPU, n_expert=8, min_slots=REQUEST_STAGE + 4)
+    assert wide.request_stage == REQUEST_STAGE + 4
+    assert wide.packing_maps_bytes == (PACKING_MAPS + REQUEST_STAGE + 4) * 300
+    narrow = plan_residency(cfg, sizes, 0, GPU, n_expert=8, min_slots=8)
+    assert narrow.request_stage == REQUEST_STAGE
+    assert narrow.packing_maps_bytes == (PACKING_MAPS + REQUEST_STAGE) * 300

@@ -238,9 +238,12 @@ def run_model(path: str, args: argparse.Namespace) -> list[BenchResult]:
             print(f"prompt graphs not captured: {prompts.failed}", file=sys.stderr)
         if device.type == "cuda":
             peak = (torch.cuda.max_memory_allocated(device) - base) / (1 << 30)
+            # (held by torch's caching allocator: the CUDA context and modules are not in it)
+            held = torch.cuda.max_memory_reserved(device) / (1 << 30)
             gib = plan.budget / (1 << 30) if plan else 0
             budget = f" (plan budget {gib:.2f} GiB, {plan.budget_source})" if plan else ""
-            print(f"device memory: peak {peak:.2f} GiB allocated{budget}", file=sys.stderr)
+            print(f"device memory: peak {peak:.2f} GiB allocated, {held:.2f} GiB reserved"
+                  f"{budget}", file=sys.stderr)  # fmt: skip
         return out
     finally:
         gguf.close()

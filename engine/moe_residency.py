@@ -20,7 +20,8 @@ from localllm.kernels.cpu.rows_call import RowsScratch
 from localllm.kernels.moe.prepared import prepared_expert_nbytes
 from localllm.kernels.quant.linear import choose_strategy
 from localllm.kernels.quant.linear_native import NATIVE_TYPES
-from localllm.kernels.quant.types import QuantType
+from localllm.kernels.quant.repack import PACKED_TYPES
+from localllm.kernels.quant.types import QuantType, block_geometry
 from localllm.offload import QuantWeight
 from localllm.offload.expert_cache import StreamedExperts
 from localllm.offload.expert_reads import load_library as load_reader
@@ -293,7 +294,20 @@ def plan_model(
         n_expert=getattr(args, "n_expert", 0) or 1,
         min_slots=getattr(args, "n_expert_used", 0) or 1,
         scratch_bytes=scratch,
+        host_cache=not precise and _host_cacheable(gguf, memory),
     )
+
+
+def _host_cacheable(gguf: "GGUFModel", memory: MemoryInfo) -> bool:
+    """Whether a separate CUDA device's packed kernels take every layer's expert types (and
+    sizes), so host-tier experts are read in place and can be cached in device slots."""
+    if not (memory.separate_device and memory.device.startswith("cuda")):
+        return False
+    experts = [t for n, t in gguf.tensors.items() if expert_layer(n) is not None]
+    if not experts or any(n.endswith("_exps.bias") for n in gguf.tensors):  # (gpt-oss)
+        return False
+    return all(t.qtype in PACKED_TYPES and t.shape[-1] % block_geometry(t.qtype)[0] == 0
+               for t in experts)  # fmt: skip
 
 
 def _cublas_workspaces(memory: MemoryInfo) -> int:

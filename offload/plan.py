@@ -37,6 +37,21 @@ def _staged(stage: int, slots: int, disk_layers: int) -> int:
     return min(stage, max(1, slots // max(disk_layers, 1)))
 
 
+def _host_cache_slots(
+    room: int, layers: list[int], host_free: int, slot_bytes: int, n_expert: int, n_used: int
+) -> int:
+    """Device slots for a cache over host-tier experts in `room` bytes (a layer's prompt copy
+    kept where it fits), when every one of the `layers` (their experts' bytes) fits on host and
+    each layer gets a token's experts; else 0 (a split by layer then)."""
+    per = max(slot_bytes, 1)
+    if sum(layers) > host_free or room < 0:
+        return 0
+    floor = n_used * len(layers)
+    copy = n_expert * slot_bytes
+    slots = (room - copy) // per if (room - copy) // per >= floor else room // per
+    return int(min(slots, n_expert * len(layers))) if slots >= floor else 0
+
+
 def expert_layer(name: str) -> int | None:
     """The layer of a routed-expert tensor (`blk.N.ffn_{gate,up,down}_exps.weight`), else None."""
     m = _EXPERT.match(name)
@@ -217,11 +232,14 @@ def plan_residency(
     n_expert: int = 1,
     min_slots: int = 1,
     scratch_bytes: int = 0,
+    host_cache: bool = False,
 ) -> ResidencyPlan:
     """Place every tensor. `n_expert` is the experts per layer (a slot holds one);
     `min_slots` the fewest slots worth streaming with (the engine passes the experts used
     per token), `scratch_bytes` the compute scratch a step needs (activations, dequantized
-    experts). Raises ResidencyError, with the numbers, when the model cannot fit."""
+    experts), `host_cache`: the device reads host-tier experts in place and can cache them in
+    slots (its kernels take the experts' types). Raises ResidencyError, with the numbers, when
+    the model cannot fit."""
     names = list(sizes)
     warnings = _unmatched_warnings(config, names)
     tiers: dict[str, str] = {}
@@ -282,6 +300,7 @@ def plan_residency(
     reserve = (st.slots or min_slots) * slot_bytes if st.enabled else 0
     host_left = memory.host_free if separate else 0
     moved: dict[str, list[int]] = {"device": [], "host": [], "disk": []}
+    before = used  # (what the auto-placed experts find taken)
     for layer in auto:
         need = sum(sizes[n] for n in experts[layer])
         if used + need + reserve <= budget:
@@ -297,6 +316,21 @@ def plan_residency(
             )
         moved[tier].append(layer)
         tiers.update(dict.fromkeys(experts[layer], tier))
+    cache = host_cache and config.host_compute in ("mapped", "auto") and not st.slots
+    if cache and moved["host"] and not moved["disk"]:
+        slots = _host_cache_slots(budget - before, [sum(sizes[n] for n in experts[la])
+                                  for la in auto], memory.host_free, slot_bytes, n_expert,
+                                  min_slots)  # fmt: skip
+        if slots:  # every auto-placed layer on host, the device's room as their LRU slots
+            for layer in moved["device"]:
+                tiers.update(dict.fromkeys(experts[layer], "host"))
+                used -= sum(sizes[n] for n in experts[layer])
+            moved = {"device": [], "host": auto, "disk": []}
+            st = replace(st, slots=slots)
+            notes.append(
+                "every layer's experts on host, the device's room as slots over them "
+                "(more of a token's experts on the device than a split by layer)"
+            )
     for tier, layers in moved.items():
         if layers:
             notes.append(f"experts of layers {_ranges(layers)} auto-placed on {tier}")

@@ -240,3 +240,34 @@ def test_cuda_mapped_host_experts_token_exact(tmp_path, slots):
     st = expert_stats(model.expert_sources)
     assert st.host_rows == 0 and st.lookups > 0 and st.lookups == st.hits + st.misses
     assert (st.hits > 0) == (share >= spec.n_used)
+
+
+def test_cuda_auto_fit_caches_host_experts_in_the_devices_room(tmp_path):
+    """A budget with room for half the experts: the planner puts every layer's experts on host
+    and that room in device slots over them (not half the layers on the device); the decode is
+    one graph, the slots are hit, and the greedy tokens equal the all-on-GPU run's."""
+    from localllm.engine.gguf import open_gguf
+    from localllm.engine.moe_residency import plan_model
+    from localllm.offload.memory import probe_memory
+
+    spec = replace(QWEN3MOE, dim=256, expert_ff=256, expert_qtype=QT.Q8_0)
+    path = write_moe_gguf(tmp_path / "moe.gguf", spec)
+    want, _ = _greedy(path, None)
+    g = open_gguf(path)
+    try:
+        whole = plan_model(g, resolve([]), 128, probe_memory("cuda"))
+    finally:
+        g.close()
+    experts = sum(s for n, s in whole.sizes.items() if "_exps." in n)
+    rest = sum(whole.sizes.values()) - experts
+    budget = rest + whole.kv_bytes + whole.scratch_bytes + experts // 2
+    got, model = _greedy(path, {"budget": budget})
+    plan = model.residency_plan
+    assert set(plan.expert_tiers().values()) == {"host"} and plan.streaming.slots > 0
+    assert got == want
+    assert graph_safe(model)
+    account_mapped(model)
+    blocks = moe_blocks(model)
+    assert all(b.mapped is not None and b.mapped.slots >= spec.n_used for b in blocks)
+    st = expert_stats(model.expert_sources)
+    assert st.hits > 0 and st.host_rows == 0

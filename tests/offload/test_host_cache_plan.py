@@ -1,0 +1,109 @@
+"""The auto-fit planner on a separate GPU whose kernels read host-tier experts in place: when not
+every layer's experts fit on the device, all of them go to host and the device's room becomes an
+LRU of expert slots over them (measured faster than a split by layer: tests/perf/RESULTS.md),
+unless the user set the slots, the host cannot hold them all, the room does not give each layer
+a token's experts, or host experts are computed on the CPU."""
+
+import dataclasses
+
+import pytest
+from gguf import GGMLQuantizationType as QT
+
+from localllm.engine.gguf import open_gguf
+from localllm.engine.moe_residency import plan_model
+from localllm.offload.memory import MemoryInfo
+from localllm.offload.plan import plan_residency
+from localllm.offload.residency import resolve
+from tests.offload.tiny_moe import QWEN3MOE, write_moe_gguf
+
+LAYERS, E, USED, SLOT = 4, 8, 2, 300  # slot: one expert's gate + up + down bytes
+
+
+def _sizes() -> dict[str, int]:
+    sizes = {f"blk.{i}.ffn_{p}_exps.weight": E * SLOT // 3
+             for i in range(LAYERS) for p in ("gate", "up", "down")}  # fmt: skip
+    sizes["token_embd.weight"] = 1000
+    return sizes
+
+
+def _plan(budget: int, host_free: int = 1 << 30, cache: bool = True, used: int = USED,
+          **settings):  # fmt: skip
+    gpu = MemoryInfo("cuda:0", host_free=host_free, device_free=1 << 30)
+    cfg = resolve([("t", {"budget": budget, **settings})])
+    return plan_residency(cfg, _sizes(), 0, gpu, n_expert=E, min_slots=used, host_cache=cache)
+
+
+def test_layers_that_do_not_all_fit_go_to_host_with_the_room_as_slots():
+    # room for two of the four layers' experts (2 x 8 x 300) and a little more
+    room = 2 * E * SLOT + 700
+    plan = _plan(1000 + room)
+    assert set(plan.expert_tiers().values()) == {"host"}
+    copy = E * SLOT  # a prompt's copy of one layer stays where it fits
+    assert plan.streaming.slots == (room - copy) // SLOT
+    assert plan.prompt_copy_bytes == copy
+    assert plan.slot_pool_bytes == plan.streaming.slots * SLOT
+    assert "the device's room as slots" in "\n".join(plan.notes)
+    assert f"expert slots {plan.streaming.slots} x" in plan.describe()
+    used = 1000 + plan.slot_pool_bytes + plan.prompt_copy_bytes
+    assert used <= plan.budget
+
+
+def test_without_room_for_the_copy_the_slots_take_all_of_it():
+    room = LAYERS * USED * SLOT + 100  # a token's experts a layer, not a layer's copy on top
+    plan = _plan(1000 + room)
+    assert plan.streaming.slots == room // SLOT and plan.prompt_copy_bytes == 0
+
+
+@pytest.mark.parametrize(
+    ("why", "kw"),
+    [
+        ("no cache (kernels do not take the types)", {"cache": False}),
+        ("host experts computed by the CPU", {"host_compute": "host"}),
+        ("the host cannot hold every layer", {"host_free": 3 * E * SLOT}),
+    ],
+)
+def test_otherwise_the_split_by_layer_stays(why, kw):
+    plan = _plan(1000 + 2 * E * SLOT + 700, **kw)
+    tiers = plan.expert_tiers()
+    assert sorted(tiers.values()).count("device") == 2 and not plan.streaming.slots, why
+
+
+def test_slots_the_user_set_are_kept():
+    plan = _plan(1000 + 2 * E * SLOT + 700, streaming={"slots": 4})
+    assert plan.streaming.slots == 4
+    assert "the device's room as slots" not in "\n".join(plan.notes)
+
+
+def test_too_little_room_for_a_tokens_experts_a_layer_stays_split():
+    # 4 experts a token: one layer fits (with 4 slots kept), 4 layers x 4 slots (4,800 B) do not
+    plan = _plan(1000 + E * SLOT + 4 * SLOT + 10, used=4)
+    assert sorted(plan.expert_tiers().values()).count("device") == 1
+    assert not plan.streaming.slots
+
+
+def test_everything_fitting_stays_on_the_device():
+    plan = _plan(1000 + LAYERS * E * SLOT + USED * SLOT)  # (with the slots kept for streaming)
+    assert set(plan.expert_tiers().values()) == {"device"} and not plan.streaming.slots
+
+
+def test_plan_model_asks_for_the_cache_only_on_a_cuda_device_with_packed_types(tmp_path):
+    """The tiny qwen3moe's Q8_0 experts have packed kernels: a CUDA plan caches, a CPU plan and
+    an F32 model do not (their host experts are computed by the CPU)."""
+    for qtype, device, want in ((QT.Q8_0, "cuda:0", True), (QT.Q8_0, "cpu", False),
+                                (QT.F32, "cuda:0", False)):  # fmt: skip
+        spec = dataclasses.replace(QWEN3MOE, expert_qtype=qtype)
+        g = open_gguf(write_moe_gguf(tmp_path / f"{qtype.name}.gguf", spec))
+        try:
+            free = None if device == "cpu" else 1 << 30
+            mem = MemoryInfo(device, host_free=1 << 30, device_free=free)
+            whole = plan_model(g, resolve([]), memory=mem)
+            nbytes = sum(whole.sizes[n] for n in whole.tiers if ".ffn_" in n and "_exps" in n)
+            fixed = sum(whole.sizes.values()) - nbytes
+            room = nbytes // 2  # half the experts' bytes
+            need = fixed + whole.kv_bytes + whole.scratch_bytes + room
+            cfg = resolve([("t", {"budget": need})])
+            plan = plan_model(g, cfg, memory=mem)
+        finally:
+            g.close()
+        cached = bool(plan.streaming.slots) and set(plan.expert_tiers().values()) == {"host"}
+        assert cached == want, (qtype, device)

@@ -207,6 +207,8 @@ def run_model(path: str, args: argparse.Namespace) -> list[BenchResult]:
         vd = model.kv_value_dim()
         blocks = -(-longest // 16)
         kv = PagedKVCache(layers, blocks + 1, 16, kvh, hd, "f16", device, vd)  # +1: spare slots
+        if device.type == "cuda":  # what the loaded model and its KV hold between runs
+            loaded = (torch.cuda.memory_allocated(device) - base) / (1 << 30)
         vocab = model.args.vocab_size
         info = _model_info(gguf, "CUDA" if device.type == "cuda" else "CPU")
         graphs = prompts = None
@@ -242,8 +244,8 @@ def run_model(path: str, args: argparse.Namespace) -> list[BenchResult]:
             held = torch.cuda.max_memory_reserved(device) / (1 << 30)
             gib = plan.budget / (1 << 30) if plan else 0
             budget = f" (plan budget {gib:.2f} GiB, {plan.budget_source})" if plan else ""
-            print(f"device memory: peak {peak:.2f} GiB allocated, {held:.2f} GiB reserved"
-                  f"{budget}", file=sys.stderr)  # fmt: skip
+            print(f"device memory: {loaded:.2f} GiB after loading, peak {peak:.2f} GiB "
+                  f"allocated, {held:.2f} GiB reserved{budget}", file=sys.stderr)  # fmt: skip
         return out
     finally:
         gguf.close()

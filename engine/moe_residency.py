@@ -404,6 +404,10 @@ def load_model(
     model = build_model(src, precise=precise, host_tensors=off_device, **loader_args)
     model.expert_sources = apply_residency(model, plan)
     model.residency_plan = plan
+    if plan.memory.separate_device and torch.cuda.is_available():
+        # the load's transients (stacked and packed copies) go back to the device, not to
+        # torch's cache: the process holds what the plan counts
+        torch.cuda.empty_cache()
     return model
 
 

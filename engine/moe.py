@@ -163,6 +163,7 @@ class MoEFeedForward(nn.Module):
             self.shexp.fuse()
         if g.data.is_cuda and self.ffn_gate_exps.bias is None:
             self._pack_on_device()
+            g, u, d = self.expert_weights()  # (stand-ins now: the raw device copy must go)
         if self.source is None:
             # CPU experts prepared on first use: a plan's source usually replaces this one first
             cpu = g.data.device.type == "cpu" and not self.precise

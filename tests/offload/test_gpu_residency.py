@@ -271,3 +271,29 @@ def test_cuda_auto_fit_caches_host_experts_in_the_devices_room(tmp_path):
     assert all(b.mapped is not None and b.mapped.slots >= spec.n_used for b in blocks)
     st = expert_stats(model.expert_sources)
     assert st.hits > 0 and st.host_rows == 0
+
+
+def test_cuda_experts_packed_at_load_leave_no_raw_copy(tmp_path):
+    """A model loaded onto the GPU without a plan packs its experts and frees the raw upload:
+    the device memory the load keeps is about the file's bytes, not the experts twice (the
+    layer's default source once held the raw copies)."""
+    from localllm.engine.gguf import open_gguf
+    from localllm.engine.loader import build_model
+    from tests.offload.test_streaming import BIG
+
+    spec = replace(BIG, n_layers=2)
+    path = write_moe_gguf(tmp_path / "big.gguf", spec)
+    g = open_gguf(path)
+    try:
+        file_bytes = sum(t.range.nbytes for t in g.tensors.values())
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        base = torch.cuda.memory_allocated()
+        model = build_model(g, device="cuda")
+        torch.cuda.synchronize()
+        kept = torch.cuda.memory_allocated() - base
+    finally:
+        g.close()
+    assert all(b.packed is not None for b in moe_blocks(model))
+    assert spec.expert_nbytes > 0.8 * file_bytes  # (the experts are most of the file)
+    assert kept < 1.25 * file_bytes, (kept, file_bytes)

@@ -318,8 +318,10 @@ def plan_residency(
         tiers.update(dict.fromkeys(experts[layer], tier))
     cache = host_cache and config.host_compute in ("mapped", "auto") and not st.slots
     if cache and moved["host"] and not moved["disk"]:
+        # (layers a rule put on host share the slots too)
+        hosted = [la for la, ns in experts.items() if la in auto or tiers[ns[0]] == "host"]
         slots = _host_cache_slots(budget - before, [sum(sizes[n] for n in experts[la])
-                                  for la in auto], memory.host_free, slot_bytes, n_expert,
+                                  for la in hosted], memory.host_free, slot_bytes, n_expert,
                                   min_slots)  # fmt: skip
         if slots:  # every auto-placed layer on host, the device's room as their LRU slots
             for layer in moved["device"]:

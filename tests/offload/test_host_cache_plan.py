@@ -107,3 +107,16 @@ def test_plan_model_asks_for_the_cache_only_on_a_cuda_device_with_packed_types(t
             g.close()
         cached = bool(plan.streaming.slots) and set(plan.expert_tiers().values()) == {"host"}
         assert cached == want, (qtype, device)
+
+
+def test_layers_a_rule_put_on_host_count_for_the_slots_each_layer_needs():
+    """A rule puts layer 0 on host; the slots are shared by every mapped layer, so the room
+    must give all four layers a token's experts (4 x 4 slots here), not only the three placed
+    automatically (3 x 4)."""
+    rule = {"rules": [r"blk\.0\.ffn_.*_exps=host"]}
+    room = 14 * SLOT  # over 3 x 4 and a layer's (8-slot) copy's worth short of 4 x 4
+    plan = _plan(1000 + room, used=4, **rule)
+    assert not plan.streaming.slots, "under a token's experts for one of the layers"
+    roomy = _plan(1000 + 2 * E * SLOT + 4 * SLOT, used=4, **rule)
+    assert set(roomy.expert_tiers().values()) == {"host"}
+    assert roomy.streaming.slots >= 4 * 4

@@ -187,14 +187,16 @@ class MoEFeedForward(nn.Module):
     def map_experts(self, slots: int, prompt_copy: bool = False, keep_raw: bool = False) -> None:
         """Host-tier experts read by this block's GPU from mapped host memory, the last used
         `slots` cached on the device (`offload.mapped_experts`; `prompt_copy`: prompts copy the
-        layer to the device first); packed once on the GPU (one layer at a time), then the raw
-        copies are released unless `keep_raw` (the CPU computes a share: `split`)."""
-        from localllm.kernels.moe.packed import pack_experts
+        layer to the device first); packed on the GPU a few experts at a time straight into the
+        mapped copy, then the raw copies are released unless `keep_raw` (the CPU computes a
+        share: `split`)."""
+        from localllm.offload.mapped import map_packed_layer
 
         dev = self.ffn_gate_inp.weight.data.device
-        g, u, d = (w.data.to(dev) for w in self.expert_weights())
-        pe = pack_experts(g, u, d, self.format, self.n_used)
-        self.mapped = MappedExperts(pe, slots, self.n_used, prompt_copy=prompt_copy)
+        g, u, d = (w.data for w in self.expert_weights())
+        pe = map_packed_layer(g, u, d, self.format, self.n_used, dev)
+        # (the mapper: `pe` is in mapped memory already)
+        self.mapped = MappedExperts(pe, slots, self.n_used, lambda p: p, prompt_copy)
         self.packed = self.mapped.host
         if keep_raw:
             return

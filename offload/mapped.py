@@ -7,12 +7,14 @@ also its device pointer.
 """
 
 import dataclasses
+import math
 import weakref
 
 import torch
 
 _REGISTER_FLAGS = 1 | 2  # cudaHostRegisterPortable | cudaHostRegisterMapped
 _ALIGN = 256
+PACK_CHUNK = 16  # experts a layer's load packs on the device at a time (`map_packed_layer`)
 
 
 class _DeviceView:
@@ -41,10 +43,18 @@ def map_tensors(tensors: dict[str, torch.Tensor], device: torch.device | str = "
     """Copies of `tensors` (any device, contiguous) in one registered host buffer, returned as
     CUDA views on `device` (`host_view` gives the same bytes as a CPU tensor, for DMA copies).
     The buffer lives while any returned view does."""
+    out = map_empty({n: (tuple(t.shape), t.dtype) for n, t in tensors.items()}, device)
+    for name, t in tensors.items():
+        host_view(out[name]).copy_(t)
+    return out
+
+
+def map_empty(specs: dict[str, tuple[tuple[int, ...], torch.dtype]], device="cuda") -> dict:
+    """`map_tensors` without the copies: mapped views of (shape, dtype) `specs`, unwritten."""
     spans, total = [], 0
-    for t in tensors.values():
+    for shape, dtype in specs.values():
         spans.append(total)
-        total += -(-t.numel() * t.element_size() // _ALIGN) * _ALIGN
+        total += -(-math.prod(shape) * dtype.itemsize // _ALIGN) * _ALIGN
     host = torch.empty(max(total, _ALIGN), dtype=torch.uint8)
     ptr = host.data_ptr()
     err = int(torch.cuda.cudart().cudaHostRegister(ptr, host.numel(), _REGISTER_FLAGS))
@@ -52,11 +62,10 @@ def map_tensors(tensors: dict[str, torch.Tensor], device: torch.device | str = "
         raise RuntimeError(f"cudaHostRegister of {host.numel():,} bytes failed (cudaError {err})")
     out, keep = {}, []
     with torch.cuda.device(device):
-        for (name, t), off in zip(tensors.items(), spans, strict=True):
-            n = t.numel() * t.element_size()
-            host[off : off + n].view(t.dtype).view(t.shape).copy_(t)
-            view = torch.as_tensor(_DeviceView(ptr + off, tuple(t.shape), t.dtype), device=device)
-            view._host_view = host[off : off + n].view(t.dtype).view(t.shape)
+        for (name, (shape, dtype)), off in zip(specs.items(), spans, strict=True):
+            n = math.prod(shape) * dtype.itemsize
+            view = torch.as_tensor(_DeviceView(ptr + off, tuple(shape), dtype), device=device)
+            view._host_view = host[off : off + n].view(dtype).view(shape)
             out[name] = view
             keep.append(view)
     # the buffer is unregistered and freed when the last view goes
@@ -86,3 +95,27 @@ def map_packed_experts(pe):
         return PackedBlocks(p.qtype, p.n, p.k, map_tensors(p.planes, pe.counters[0].device))
 
     return dataclasses.replace(pe, gate_up=tuple(one(p) for p in pe.gate_up), down=one(pe.down))
+
+
+def map_packed_layer(gate, up, down, fmt, n_used: int, device, chunk: int = PACK_CHUNK,
+                     empty=map_empty):  # fmt: skip
+    """A layer's raw expert blocks (host tensors) as `map_packed_experts` gives them, packed on
+    `device` `chunk` experts at a time and copied into the mapped buffer: the device holds one
+    chunk's raw and packed bytes during the load, never the layer's. `empty`: `map_empty`
+    (tests on CPU pass one that makes plain tensors)."""
+    from localllm.kernels.moe.packed import PACKED_MAX_T, PackedExperts, pack_planes_in_chunks
+    from localllm.kernels.quant.repack import PackedBlocks
+    from localllm.kernels.quant.triton_packed import grouped_counters
+
+    out: list[PackedBlocks] = []
+    e = gate.shape[0]
+    for i, parts in pack_planes_in_chunks(gate, up, down, fmt, device, chunk):
+        if not out:  # the whole layer's planes, shaped from the first chunk's
+            out = [PackedBlocks(p.qtype, p.n, p.k, empty(
+                {f: ((e, *t.shape[1:]), t.dtype) for f, t in p.planes.items()}, device))
+                for p in parts]  # fmt: skip
+        for dst, src in zip(out, parts, strict=True):
+            for f, t in src.planes.items():
+                host_view(dst.planes[f])[i : i + t.shape[0]].copy_(t)
+    counters = tuple(grouped_counters(p, PACKED_MAX_T * n_used) for p in out)
+    return PackedExperts(tuple(out[:-1]), out[-1], counters)

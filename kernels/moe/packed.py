@@ -9,7 +9,7 @@ bits, so greedy output does not depend on where the experts live. Imported only 
 exists (or under TRITON_INTERPRET=1 in tests). The oracle is `experts.expert_ffn_reference`.
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -85,6 +85,17 @@ def pack_expert_planes(
     else:
         gu = (pack_expert_blocks(gate, fmt.gate, h, d), pack_expert_blocks(up, fmt.up, h, d))
     return gu, pack_expert_blocks(down, fmt.down, d, h)
+
+
+def pack_planes_in_chunks(
+    gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, fmt: ExpertFormat, device, chunk: int
+) -> Iterator[tuple[int, tuple[PackedBlocks, ...]]]:
+    """`pack_expert_planes` of raw blocks (on any device) packed on `device` `chunk` experts at a
+    time: (first expert, (*gate_up, down)) per chunk. An expert's planes are its own slice, so
+    the chunks stacked are the layer's planes; `device` holds one chunk's bytes at a time."""
+    for i in range(0, gate.shape[0], chunk):
+        gu, dn = pack_expert_planes(*(t[i : i + chunk].to(device) for t in (gate, up, down)), fmt)
+        yield i, (*gu, dn)
 
 
 def _act(h: torch.Tensor, fmt: ExpertFormat) -> torch.Tensor:

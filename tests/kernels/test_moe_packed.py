@@ -48,6 +48,25 @@ def test_stacked_planes_equal_per_expert_packing(name):
             assert torch.equal(one.planes[f], mine.planes[f]), (e, f)
 
 
+@needs_triton  # (kernels.moe.packed imports the kernels; the chunking itself is plain torch)
+@pytest.mark.parametrize(("gate", "down", "chunk"), [("Q4_K", "Q6_K", 4), ("Q8_0", "Q8_0", 5)])
+def test_planes_packed_in_chunks_stack_into_the_layers(gate, down, chunk):
+    """A mapped layer is packed a few experts at a time (`offload.mapped.map_packed_layer`):
+    the chunks' planes, stacked, are the whole layer's, byte for byte (a last chunk shorter)."""
+    from localllm.kernels.moe.packed import pack_expert_planes, pack_planes_in_chunks
+
+    fmt = ExpertFormat(QuantType[gate], QuantType[gate], QuantType[down], 256, 256, "silu")
+    g, u, d = (_stack(QT[t], 256, 256, s) for t, s in ((gate, 1), (gate, 2), (down, 3)))
+    gu, dn = pack_expert_planes(g, u, d, fmt)
+    whole = (*gu, dn)
+    parts = list(pack_planes_in_chunks(g, u, d, fmt, "cpu", chunk))
+    assert [i for i, _ in parts] == list(range(0, E, chunk))
+    for k, want in enumerate(whole):
+        for f, plane in want.planes.items():
+            got = torch.cat([ps[k].planes[f] for _, ps in parts])
+            assert torch.equal(got, plane), (k, f)
+
+
 @pytest.mark.gpu
 @needs_triton
 @pytest.mark.parametrize("name", ["Q4_K", "Q6_K", "Q8_0"])
@@ -187,3 +206,24 @@ def test_packed_decode_replays_in_a_cuda_graph():
         g.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, step())
+
+
+@needs_triton
+def test_a_layer_packed_in_chunks_into_mapped_memory_is_pack_experts():
+    """`map_packed_layer` (plain tensors standing in for the mapped buffer on a CPU run) gives
+    `pack_experts`' planes and split-K counters of the same shapes."""
+    from localllm.kernels.moe.packed import pack_experts
+    from localllm.offload.mapped import map_packed_layer
+
+    def plain(specs, device):
+        return {n: torch.empty(shape, dtype=t, device=device) for n, (shape, t) in specs.items()}
+
+    fmt = ExpertFormat(QuantType.Q4_K, QuantType.Q4_K, QuantType.Q6_K, 256, 256, "silu")
+    g, u, d = (_stack(t, 256, 256, s) for t, s in ((QT.Q4_K, 4), (QT.Q4_K, 5), (QT.Q6_K, 6)))
+    want = pack_experts(g.to(DEVICE), u.to(DEVICE), d.to(DEVICE), fmt, K_USED)
+    got = map_packed_layer(g, u, d, fmt, K_USED, DEVICE, chunk=4, empty=plain)
+    for a, b in zip((*got.gate_up, got.down), (*want.gate_up, want.down), strict=True):
+        assert (a.qtype, a.n, a.k) == (b.qtype, b.n, b.k)
+        for f in b.planes:
+            assert torch.equal(a.planes[f], b.planes[f]), f
+    assert [c.shape for c in got.counters] == [c.shape for c in want.counters]

@@ -94,7 +94,7 @@ for step in ${STEPS:-tests packed bench breakdown}; do
           -m /tmp/moe.gguf --device cuda ${SPLIT_BENCH:--p 0 -n 32 -r 2} --cpu-moe --host-compute split ${SPLIT_ARGS:-} \
           2>&1 | tee -a "$OUT/split.md" | grep -E "qwen3moe|expert|graphs|Error"; date -u
       done ;;
-    lab) wait $GENMOE; built; bash "${LAB:-lab.sh}" 2>&1 | tee -a "$OUT/lab.md" ;;  # an uncommitted script
+    lab) wait $GENMOE; built; bash "${LAB:-tests/perf/moe_memory.sh}" 2>&1 | tee -a "$OUT/lab.md" ;;  # bench lines
     splitlab) wait $GENMOE; date -u  # per CPU share: t/s and where each layer's host step goes
       timeout ${MOE_T:-300} python3 tests/perf/bench_split.py /tmp/moe.gguf ${SPLITLAB_ARGS:-} 2>&1 \
         | tee -a "$OUT/splitlab.md" | grep -E "^\||Error"; date -u ;;

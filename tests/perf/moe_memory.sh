@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# MoE decode beside llama.cpp with each process's device memory (issue 7): run by
+# `STEPS=lab LAB=tests/perf/moe_memory.sh MOE=1 bash tests/perf/h200_session.sh` on the H200
+# (it needs /tmp/moe.gguf and the llama-bench that script unpacks). Per run: tokens/s, our
+# torch figures (after loading, peak allocated, peak reserved) and the peak of nvidia-smi's
+# memory.used every 100 ms (the whole process, CUDA context included).
+M=${M:-/tmp/moe.gguf}
+LB=${LB:-/tmp/llb/bin/llama-bench}
+ours() { timeout 150 python3 -m localllm.app.bench -m "$M" --device cuda "$@" 2>&1 |
+  grep -E "qwen3moe|expert|graphs|memory|Error|rror"; }
+polled() {
+  nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 >/tmp/poll.txt &
+  local pp=$!
+  "$@"
+  kill $pp; wait $pp 2>/dev/null
+  echo "nvidia-smi peak MiB: $(sort -n /tmp/poll.txt | tail -1)"
+}
+llama() { timeout 100 "$LB" -m "$M" -ngl 99 -fa 1 "$@" 2>&1 | grep -E "^\| q|error"; }
+date -u
+echo "== (a) all on the GPU";            polled ours -p 0 -n 64 -r 3
+echo "== (a) llama.cpp";                 polled llama -p 0 -n 64 -r 3
+echo "== auto-fit, 10 GiB";              polled ours -p 0 -n 64 -r 3 --mem-budget 10GiB
+echo "== llama.cpp -ncmoe 24";           polled llama -p 0 -n 64 -r 3 -ncmoe 24
+echo "== (c) disk, 3,072 slots";         polled ours -p 0 -n 64 -r 3 --experts disk --expert-slots 3072
+echo "== (b) llama.cpp -ot exps=CPU";    polled llama -p 0 -n 64 -r 3 -ot exps=CPU
+echo "== (b) --cpu-moe split";           polled ours -p 0 -n 64 -r 3 --cpu-moe --host-compute split
+echo "== (b) --cpu-moe (mapped)";        polled ours -p 0 -n 64 -r 3 --cpu-moe
+date -u

@@ -239,7 +239,8 @@ def _on_request(
         log.info("streamed experts: read at the host's request (%s)", why)
         return None
     cap = min(share, plan.request_stage)  # (the plan's `_staged`)
-    shared = FileSlots(layouts, cap, pack_on, lib, prompt_copy=plan.prompt_copy_bytes > 0)
+    shared = FileSlots(layouts, cap, pack_on, lib, prompt_copy=plan.prompt_copy_bytes > 0,
+                       in_place=plan.memory.unified)  # fmt: skip
     for b in disk:
         b.request_experts(layouts[b.layer], share, shared)
         b.attach(shared)

@@ -10,7 +10,8 @@ kernels' bits for the same launch wherever the bytes came from (a step with more
 request carries is launched per group of rows: the bits of those smaller launches).
 
 `FileSlots` is what a model's streamed layers share (reader, device scratch, byte maps, the
-request counter; it is their `ExpertSource` for counters); `FileExperts` is one layer.
+request counter; it is their `ExpertSource` for counters); `FileExperts` is one layer. On unified
+memory the staging rows are packed in place (no device scratch, one copy fewer).
 """
 
 import time
@@ -33,11 +34,16 @@ class FileSlots(IgnoresHints):
     together = None
 
     def __init__(self, layouts: dict[int, ExpertLayout], cap: int, device, lib, mapper=None,
-                 threads: int = READ_THREADS, prompt_copy: bool = True):  # fmt: skip
+                 threads: int = READ_THREADS, prompt_copy: bool = True,
+                 in_place: bool = False):  # fmt: skip
         self.prompt_copy = prompt_copy  # the plan made room for a prompt's layer on the device
         self.reader = ExpertReader(layouts, cap, lib, mapper, threads)
         self.device = torch.device(device)
-        self.scratch = torch.empty(cap, self.reader.stride, dtype=torch.uint8, device=device)
+        # unified memory (`in_place`): misses are packed straight from the staging rows, which
+        # are the device's memory too; a separate device first copies them over the bus
+        self.in_place = in_place
+        self.scratch = self.reader.staging if in_place else torch.empty(
+            cap, self.reader.stride, dtype=torch.uint8, device=device)  # fmt: skip
         self.seq = torch.zeros(1, dtype=torch.int64, device=device)
         # the read-ahead in flight (its request number, 0: none) and experts read ahead so far
         self.ahead = torch.zeros(2, dtype=torch.int64, device=device)
@@ -194,8 +200,9 @@ class FileExperts:
         from localllm.kernels.moe.slot_requests import copy_staged, pack_staged
 
         sh = self.shared
-        copy_staged(njobs, sh.reader.staging, sh.scratch, most, self._expert_nbytes)
-        pack_staged(njobs, jobs, sh.scratch, self._desc, most, self._max_bytes)
+        if not sh.in_place:
+            copy_staged(njobs, sh.reader.staging, sh.scratch, most, self._expert_nbytes)
+        pack_staged(njobs, jobs, sh.scratch, self._desc, most, self._max_bytes, sh.in_place)
 
     def read_ahead(self, guess: torch.Tensor) -> None:
         """Slots for this layer's guessed experts (ids, at most a request's worth), their reads

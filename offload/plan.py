@@ -32,6 +32,12 @@ def _disk_layers(tiers: Mapping[str, str]) -> int:
     return len({expert_layer(n) for n, t in tiers.items() if t == "disk"} - {None})
 
 
+def _packs(memory: MemoryInfo) -> bool:
+    """A CUDA device computes the streamed experts (separate, or on unified memory): it packs
+    them into slots through byte maps and reads misses at its own request."""
+    return memory.device.startswith("cuda")
+
+
 def _staged(stage: int, slots: int, disk_layers: int) -> int:
     """Experts one request at the GPU's request stages: at most a layer's share of the slots."""
     return min(stage, max(1, slots // max(disk_layers, 1)))
@@ -114,9 +120,10 @@ class ResidencyPlan:
 
     @property
     def packing_maps_bytes(self) -> int:
-        """The byte maps that pack streamed experts into a device slot pool (`fill_mapped`),
-        and the device scratch that reads at the GPU's request cross into."""
-        if not (self.streams and self.memory.separate_device):
+        """The byte maps that pack streamed experts into a GPU's slot pool (`fill_mapped`), and
+        the rows that reads at the GPU's request cross (device scratch; on unified memory the
+        page-locked staging, in the same pool)."""
+        if not (self.streams and _packs(self.memory)):
             return 0
         stage = _staged(self.request_stage, self.streaming.slots or 0, _disk_layers(self.tiers))
         return (PACKING_MAPS + stage) * self.slot_bytes
@@ -164,7 +171,7 @@ class ResidencyPlan:
                 + (f" + {fmt_bytes(maps)} of packing maps and staging" if maps else "")
                 + f" = {fmt_bytes(self.slot_pool_bytes)}, prefetch "
                 f"{'on' if s.prefetch else 'off'}, evict {s.evict}"
-                + (f", reads {s.reads}" if self.memory.separate_device else "")
+                + (f", reads {s.reads}" if _packs(self.memory) else "")
             )
         if "host" in self.expert_tiers().values():
             lines.append(f"  host-tier experts: {_host_compute_text(self)}")
@@ -351,16 +358,17 @@ def plan_residency(
         # a device slot pool's maps, and the scratch that misses cross into (as many experts as
         # one request stages); prompts copy the experts of the layer they use to the device (raw
         # and packed: twice a layer's bytes) where the budget has room
-        maps = PACKING_MAPS * slot_bytes if separate else 0
-        layer_copy = 2 * n_expert * slot_bytes if separate else 0
-        per, stage = max(slot_bytes, 1), max(REQUEST_STAGE, min_slots) if separate else 0
+        gpu = _packs(memory)  # (a separate GPU, or one on unified memory)
+        maps = PACKING_MAPS * slot_bytes if gpu else 0
+        layer_copy = 2 * n_expert * slot_bytes if gpu else 0
+        per, stage = max(slot_bytes, 1), max(REQUEST_STAGE, min_slots) if gpu else 0
         disk = _disk_layers(tiers)
         if st.slots:
             slots = st.slots
         else:
             room = budget - used - maps
             # reads at the GPU's request keep a token's experts in each layer's own slots
-            floor = min_slots * (disk if separate and st.reads != "host" else 1)
+            floor = min_slots * (disk if gpu and st.reads != "host" else 1)
             room = room - layer_copy if room - layer_copy >= (floor + stage) * per else room
             slots = max(floor, room // per - stage)
         maps += _staged(stage, slots, disk) * slot_bytes
@@ -369,9 +377,9 @@ def plan_residency(
                 f"{slots} expert slots of {fmt_bytes(slot_bytes)} do not fit in the "
                 f"{fmt_bytes(budget - used)} the budget leaves"
             )
-        if separate and used + slots * slot_bytes + maps + layer_copy <= budget:
+        if gpu and used + slots * slot_bytes + maps + layer_copy <= budget:
             disk_copy = layer_copy
-        elif separate:
+        elif gpu:
             notes.append("prompts read the disk-tier experts through the slots, a few rows at a "
                          "time (no room for a layer's copy)")  # fmt: skip
         # read-ahead off unless asked: measured slower on a CPU-only run and on the H200, where it

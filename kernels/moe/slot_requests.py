@@ -133,7 +133,8 @@ def copy_staged(njobs: torch.Tensor, staging: torch.Tensor, scratch: torch.Tenso
 
 
 @triton.jit
-def _pack(njob_ptr, job_ptr, src_ptr, STRIDE, desc_ptr, CH: tl.constexpr, NP: tl.constexpr):
+def _pack(njob_ptr, job_ptr, src_ptr, STRIDE, desc_ptr, CH: tl.constexpr, NP: tl.constexpr,
+          VOL: tl.constexpr):  # fmt: skip
     j, f, c = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     if j < tl.load(njob_ptr):
         slot = tl.load(job_ptr + 2 * j).to(tl.int64)
@@ -146,7 +147,11 @@ def _pack(njob_ptr, job_ptr, src_ptr, STRIDE, desc_ptr, CH: tl.constexpr, NP: tl
             offs = start + tl.arange(0, CH)
             m = offs < n
             at = tl.load(index + offs, mask=m, other=0)
-            tl.store(dst + offs, tl.load(src + at, mask=m), mask=m)
+            if VOL:  # straight from the staging rows the host rewrites (as `_copy` reads them)
+                v = tl.load(src + at, mask=m, volatile=True)
+            else:
+                v = tl.load(src + at, mask=m)
+            tl.store(dst + offs, v, mask=m)
 
 
 def pack_descriptors(planes: list[torch.Tensor], maps: list[torch.Tensor]) -> torch.Tensor:
@@ -161,8 +166,10 @@ def pack_descriptors(planes: list[torch.Tensor], maps: list[torch.Tensor]) -> to
 
 
 def pack_staged(njobs: torch.Tensor, jobs: torch.Tensor, scratch: torch.Tensor,
-                desc: torch.Tensor, max_jobs: int, max_bytes: int) -> None:  # fmt: skip
-    """Each queued job's raw expert (scratch row j) packed into its slot (jobs [j, 0])."""
+                desc: torch.Tensor, max_jobs: int, max_bytes: int,
+                staged: bool = False) -> None:  # fmt: skip
+    """Each queued job's raw expert (scratch row j) packed into its slot (jobs [j, 0]).
+    `staged`: `scratch` is the reader's staging itself (mapped host memory, read in place)."""
     grid = (max_jobs, desc.shape[0], min(PROGRAMS, triton.cdiv(max_bytes, PACK_BYTES)))
     _pack[grid](njobs, jobs, scratch, scratch.shape[1], desc, CH=PACK_BYTES, NP=grid[2],
-                num_warps=4)  # fmt: skip
+                VOL=staged and scratch.is_cuda, num_warps=4)  # fmt: skip

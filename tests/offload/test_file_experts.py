@@ -29,13 +29,14 @@ E, K_USED = 6, 2
 FMT = ExpertFormat(QuantType.Q4_K, QuantType.Q4_K, QuantType.Q6_K, 256, 256)
 
 
-def _setup(tmp_path, slots, cap=None, seed=0, fmt=FMT):
+def _setup(tmp_path, slots, cap=None, seed=0, fmt=FMT, in_place=False):
     from localllm.kernels.moe.packed import pack_experts
     from localllm.offload.file_experts import FileExperts, FileSlots
 
     raws, layouts = expert_layers_file(tmp_path / "experts.bin", seed, fmt=fmt, n_expert=E)
     mapper = {} if CUDA else {"mapper": lambda t: t}
-    shared = FileSlots(layouts, cap or 2 * K_USED, DEVICE, LIB, threads=2, **mapper)
+    shared = FileSlots(layouts, cap or 2 * K_USED, DEVICE, LIB, threads=2, in_place=in_place,
+                       **mapper)  # fmt: skip
     layers = {i: FileExperts(i, layouts[i], fmt, slots, K_USED, shared) for i in layouts}
     resident = {i: pack_experts(*(t.to(DEVICE) for t in raws[i]), fmt, K_USED) for i in raws}
     return shared, layers, resident, layouts
@@ -60,10 +61,13 @@ def _by_rows(x, w, ids, pe, rows):
     return torch.cat(parts)
 
 
-def test_decode_steps_give_the_resident_bits_and_slots_hold_their_experts(tmp_path):
+@pytest.mark.parametrize("in_place", [False, True])
+def test_decode_steps_give_the_resident_bits_and_slots_hold_their_experts(tmp_path, in_place):
+    """`in_place` (unified memory): misses are packed straight from the staging rows."""
     from localllm.kernels.moe.packed import expert_ffn_packed
 
-    shared, layers, resident, _ = _setup(tmp_path, slots=3)
+    shared, layers, resident, _ = _setup(tmp_path, slots=3, in_place=in_place)
+    assert (shared.scratch is shared.reader.staging) == in_place
     try:
         gen = torch.Generator().manual_seed(0)
         routed = 0

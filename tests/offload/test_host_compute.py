@@ -223,3 +223,22 @@ def test_plan_stages_a_tokens_experts_when_a_model_routes_more_than_request_stag
     narrow = plan_residency(cfg, sizes, 0, GPU, n_expert=8, min_slots=8)
     assert narrow.request_stage == REQUEST_STAGE
     assert narrow.packing_maps_bytes == (PACKING_MAPS + REQUEST_STAGE) * 300
+
+
+def test_plan_of_streamed_experts_on_unified_memory_counts_maps_staging_and_the_prompt_copy():
+    """A CUDA device on unified memory (one pool) packs streamed experts through byte maps too,
+    its staging rows are in that pool, and prompts copy a layer where the budget has room; a CPU
+    plan counts none of them."""
+    from localllm.offload.plan import PACKING_MAPS
+
+    sizes = {f"blk.{i}.ffn_{p}_exps.weight": 800 for i in (0, 1) for p in ("gate", "up", "down")}
+    sizes["token_embd.weight"] = 10
+    unified = MemoryInfo("cuda:0", host_free=10 + 60 * 300, unified=True)
+    cfg = resolve([("t", {"experts": "disk", "streaming": {"slots": 4}})])
+    plan = plan_residency(cfg, sizes, 0, unified, n_expert=8, min_slots=2)
+    assert plan.packing_maps_bytes == (PACKING_MAPS + 4 // 2) * 300  # (staged: a layer's share)
+    assert plan.prompt_copy_bytes == 2 * 8 * 300
+    assert "reads auto" in plan.describe()
+    on_cpu = plan_residency(cfg, sizes, 0, MemoryInfo("cpu", host_free=10 + 60 * 300),
+                            n_expert=8, min_slots=2)  # fmt: skip
+    assert on_cpu.packing_maps_bytes == 0 and on_cpu.prompt_copy_bytes == 0

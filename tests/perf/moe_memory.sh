@@ -21,6 +21,8 @@ echo "== (a) all on the GPU";            polled ours -p 0 -n 64 -r 3
 echo "== (a) llama.cpp";                 polled llama -p 0 -n 64 -r 3
 echo "== auto-fit, 10 GiB";              polled ours -p 0 -n 64 -r 3 --mem-budget 10GiB
 echo "== llama.cpp -ncmoe 24";           polled llama -p 0 -n 64 -r 3 -ncmoe 24
+echo "== auto-fit, 6 GiB";               polled ours -p 0 -n 64 -r 3 --mem-budget 6GiB
+echo "== llama.cpp -ncmoe 36";           polled llama -p 0 -n 64 -r 3 -ncmoe 36
 echo "== (c) disk, 3,072 slots";         polled ours -p 0 -n 64 -r 3 --experts disk --expert-slots 3072
 echo "== (b) llama.cpp -ot exps=CPU";    polled llama -p 0 -n 64 -r 3 -ot exps=CPU
 echo "== (b) --cpu-moe split";           polled ours -p 0 -n 64 -r 3 --cpu-moe --host-compute split

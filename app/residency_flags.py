@@ -63,7 +63,9 @@ def add_residency_flags(p: argparse.ArgumentParser) -> None:
         "--expert-slots",
         type=int,
         metavar="N",
-        help="device slots for streamed (disk) or mapped host experts",
+        help="device slots for streamed (disk) or mapped host experts (default: what the "
+        "budget leaves for disk experts; for host experts none, or the device's room when "
+        "auto-fit puts every layer's experts on host)",
     )
     g.add_argument("--expert-evict", choices=EVICTIONS, help="slot eviction: lru (default) or lfu")
     g.add_argument(

@@ -20,8 +20,8 @@ from localllm.kernels.cpu.rows_call import RowsScratch
 from localllm.kernels.moe.prepared import prepared_expert_nbytes
 from localllm.kernels.quant.linear import choose_strategy
 from localllm.kernels.quant.linear_native import NATIVE_TYPES
-from localllm.kernels.quant.repack import PACKED_TYPES
-from localllm.kernels.quant.types import QuantType, block_geometry
+from localllm.kernels.quant.repack import packs
+from localllm.kernels.quant.types import QuantType
 from localllm.offload import QuantWeight
 from localllm.offload.expert_cache import StreamedExperts
 from localllm.offload.expert_reads import load_library as load_reader
@@ -307,8 +307,7 @@ def _host_cacheable(gguf: "GGUFModel", memory: MemoryInfo) -> bool:
     experts = [t for n, t in gguf.tensors.items() if expert_layer(n) is not None]
     if not experts or any(n.endswith("_exps.bias") for n in gguf.tensors):  # (gpt-oss)
         return False
-    return all(t.qtype in PACKED_TYPES and t.shape[-1] % block_geometry(t.qtype)[0] == 0
-               for t in experts)  # fmt: skip
+    return all(packs(t.qtype, t.shape[-1]) for t in experts)
 
 
 def _cublas_workspaces(memory: MemoryInfo) -> int:

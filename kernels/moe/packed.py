@@ -20,18 +20,13 @@ from localllm.kernels.moe.grouped import grouped_gemm
 from localllm.kernels.moe.pairs import SortedPairs, block_rows, sort_pairs
 from localllm.kernels.moe.triton_combine import combine_cuda
 from localllm.kernels.moe.triton_pairs import sort_pairs_cuda
-from localllm.kernels.quant.repack import (
-    PACKED_TYPES,
-    PackedBlocks,
-    pack_expert_blocks,
-)
+from localllm.kernels.quant.repack import PackedBlocks, pack_expert_blocks, packs
 from localllm.kernels.quant.triton_packed import (
     QuantizedX,
     gemv_packed_grouped,
     grouped_counters,
     quantize_x8,
 )
-from localllm.kernels.quant.types import block_geometry
 
 PACKED_MAX_T = 8  # token rows per call that take the grouped GEMVs (the decode graph ladder's top)
 # The weighted sum as a PDL Triton kernel: written and tested under the interpreter and compiled
@@ -62,7 +57,7 @@ class PackedExperts:
 def packable(fmt: ExpertFormat) -> bool:
     """Whether the layer's expert types have packed kernels (K a whole number of blocks)."""
     shapes = ((fmt.gate, fmt.dim), (fmt.up, fmt.dim), (fmt.down, fmt.hidden))
-    return all(t in PACKED_TYPES and k % block_geometry(t)[0] == 0 for t, k in shapes)
+    return all(packs(t, k) for t, k in shapes)
 
 
 def pack_experts(

@@ -31,6 +31,11 @@ _FIELDS: dict[QuantType, tuple[tuple[str, int, int, torch.dtype], ...]] = {
 PACKED_TYPES = frozenset(_FIELDS)
 
 
+def packs(qtype: QuantType, k: int) -> bool:
+    """Whether the packed layout takes rows of `k` values of `qtype` (a whole number of blocks)."""
+    return qtype in PACKED_TYPES and k % block_geometry(qtype)[0] == 0
+
+
 @dataclass(frozen=True, slots=True)
 class PackedBlocks:
     """A weight [N, K] whose block fields are planes [blocks * words per block, N].

@@ -17,14 +17,19 @@ polled() {
 }
 llama() { timeout 100 "$LB" -m "$M" -ngl 99 -fa 1 "$@" 2>&1 | grep -E "^\| q|error"; }
 date -u
+# the CUDA context and cuBLAS's workspace alone: what no torch figure counts
+echo "== torch's CUDA context + one fp16 matmul"
+polled python3 -c "import torch; a = torch.randn(4096, 4096, device='cuda', dtype=torch.float16)
+(a @ a).sum().item(); import time; time.sleep(0.5)
+print('torch reserved MiB', torch.cuda.memory_reserved() >> 20)"
 echo "== (a) all on the GPU";            polled ours -p 0 -n 64 -r 3
 echo "== (a) llama.cpp";                 polled llama -p 0 -n 64 -r 3
+echo "== (b) llama.cpp -ot exps=CPU";    polled llama -p 0 -n 64 -r 3 -ot exps=CPU
+echo "== (b) --cpu-moe split";           polled ours -p 0 -n 64 -r 3 --cpu-moe --host-compute split
+echo "== (b) --cpu-moe (mapped)";        polled ours -p 0 -n 64 -r 3 --cpu-moe
 echo "== auto-fit, 10 GiB";              polled ours -p 0 -n 64 -r 3 --mem-budget 10GiB
 echo "== llama.cpp -ncmoe 24";           polled llama -p 0 -n 64 -r 3 -ncmoe 24
 echo "== auto-fit, 6 GiB";               polled ours -p 0 -n 64 -r 3 --mem-budget 6GiB
 echo "== llama.cpp -ncmoe 36";           polled llama -p 0 -n 64 -r 3 -ncmoe 36
 echo "== (c) disk, 3,072 slots";         polled ours -p 0 -n 64 -r 3 --experts disk --expert-slots 3072
-echo "== (b) llama.cpp -ot exps=CPU";    polled llama -p 0 -n 64 -r 3 -ot exps=CPU
-echo "== (b) --cpu-moe split";           polled ours -p 0 -n 64 -r 3 --cpu-moe --host-compute split
-echo "== (b) --cpu-moe (mapped)";        polled ours -p 0 -n 64 -r 3 --cpu-moe
 date -u

@@ -4,7 +4,9 @@ Each stream must equal the same request made without streaming (greedy), with ch
 only; then half of 32 streams hang up after a few chunks: the rest still complete correctly,
 the abandoned ones are aborted, and /metrics shows nothing running and the KV cache back at
 its idle usage. Prompts are counting sequences: distinct per client, and their greedy
-continuation has wide logit margins, so batch composition cannot flip a token.
+continuation has wide logit margins (over 0.4 nats a token, one sequence at a time), so batch
+composition cannot flip a token. Two starts of the stride are left out for their narrow ones:
+320 (0.055: " 327" instead of " 326" in some batches) and 661 (0.186).
 """
 
 import asyncio
@@ -19,7 +21,7 @@ pytestmark = pytest.mark.slow
 
 MODEL = "SmolLM2-135M-Instruct.Q4_1"
 CLIENTS = 32
-STARTS = [10 + 31 * i for i in range(CLIENTS)]
+STARTS = [s for s in (10 + 31 * i for i in range(CLIENTS + 2)) if s not in (320, 661)]
 MAX_TOKENS = 12
 
 

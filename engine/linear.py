@@ -19,10 +19,11 @@ def dense(w: QuantWeight) -> torch.Tensor:
     return dequantize(w.data, w.qtype).reshape(w.shape)
 
 
-def without_bytes(w: QuantWeight) -> QuantWeight:
-    """`w` with a zero-storage stand-in of the same shape for its data: the metadata (type, shape,
-    byte count, source range) stays for residency accounting; the bytes live in a kernel layout."""
-    stub = torch.zeros(1, dtype=torch.uint8, device=w.data.device).expand(w.data.shape)
+def without_bytes(w: QuantWeight, device: torch.device | None = None) -> QuantWeight:
+    """`w` with a zero-storage stand-in of the same shape for its data (on `device`, default its
+    own): the metadata (type, shape, byte count, source range) stays for residency accounting;
+    the bytes live in a kernel layout."""
+    stub = torch.zeros(1, dtype=torch.uint8, device=device or w.data.device).expand(w.data.shape)
     return dataclasses.replace(w, data=stub)
 
 

@@ -3,7 +3,8 @@
 Each GGUF tensor `a.b.c.weight` goes to the module at path `a.b.c` (after the family's aliases)
 through its `load_tensor`. Unknown tensors and modules left unloaded are errors, not silence.
 On a GPU every tensor's raw ggml blocks are uploaded once, before `load_tensor`, so the kernels
-pick their device strategy and small tensors (norms, biases) are expanded on the device.
+pick their device strategy and small tensors (norms, biases) are expanded on the device; routed
+experts are the exception: their MoE block packs them from the host a few at a time.
 """
 
 import dataclasses
@@ -15,7 +16,7 @@ from torch import nn
 from localllm.engine.gguf import GGUFModel
 from localllm.engine.linear import QuantLinear, dense
 from localllm.engine.models import model_module
-from localllm.engine.moe import use_native_cpu_experts
+from localllm.engine.moe import ExpertTensor, use_native_cpu_experts
 from localllm.engine.rope import Rotary
 from localllm.kernels.cpu.native import load as load_native
 from localllm.offload import QuantWeight
@@ -67,6 +68,9 @@ def build_model(
             continue
         try:
             where = device if name not in host_tensors else torch.device("cpu")
+            if where.type == "cuda" and isinstance(target, ExpertTensor) and suffix == "weight":
+                target.home = where  # (its block packs the host blocks onto the GPU: `fuse`)
+                where = torch.device("cpu")
             target.load_tensor(suffix, _upload(gguf.weight(name), where))
         except (KeyError, ValueError) as e:
             raise ModelLoadError(f"{gguf.path}: tensor '{name}': {e}") from None

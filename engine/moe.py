@@ -9,6 +9,7 @@ token rows and their routing cross, the expert weights stay where they are. Whic
 block gets, and the plan itself, are `engine.moe_residency`'s.
 """
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 
@@ -55,6 +56,9 @@ class ExpertTensor(nn.Module):
         self.weight: QuantWeight | None = None
         self.bias: torch.Tensor | None = None  # [n_expert, rows] float32 (gpt-oss), always held
         self.streamed = False  # disk tier: the blocks are not held, a streamer reads them
+        # the GPU the experts belong on: the loader leaves their blocks on the host, and the
+        # block's `fuse` packs them there (None: they stay where they were loaded)
+        self.home: torch.device | None = None
 
     def load_tensor(self, suffix: str, w: QuantWeight) -> None:
         if suffix == "bias" and tuple(w.shape) == self.shape[:2]:
@@ -161,9 +165,10 @@ class MoEFeedForward(nn.Module):
         self.format = ExpertFormat(g.qtype, u.qtype, d.qtype, self.dim, self.hidden, self.act)
         if self.shexp is not None:
             self.shexp.fuse()
-        if g.data.is_cuda and self.ffn_gate_exps.bias is None:
-            self._pack_on_device()
-            g, u, d = self.expert_weights()  # (stand-ins now: the raw device copy must go)
+        home = self.ffn_gate_exps.home
+        if home is not None and home.type == "cuda":
+            self._to_device(home)
+            g, u, d = self.expert_weights()
         if self.source is None:
             # CPU experts prepared on first use: a plan's source usually replaces this one first
             cpu = g.data.device.type == "cpu" and not self.precise
@@ -172,17 +177,24 @@ class MoEFeedForward(nn.Module):
                 ResidentExperts({self.layer: (g.data, u.data, d.data)}, prepared, lazy=True)
             )
 
-    def _pack_on_device(self) -> None:
-        """Experts uploaded to a GPU are re-laid out once for the dp4a kernels; the raw device
-        copy is then freed (the QuantWeights keep shape, bytes and file range for the plan)."""
-        from localllm.kernels.moe.packed import pack_experts, packable
+    def _to_device(self, device: torch.device) -> None:
+        """Host blocks of experts that belong on a GPU: packed there for the dp4a kernels a few
+        experts at a time (`pack_layer`: the layer's raw bytes never sit on the device, whose
+        allocator would keep their blocks), else uploaded raw. The QuantWeights keep shape,
+        bytes and file range for the plan."""
+        from localllm.kernels.moe.packed import pack_layer, packable
 
-        if not packable(self.format):
+        tensors = (self.ffn_gate_exps, self.ffn_up_exps, self.ffn_down_exps)
+        if self.ffn_gate_exps.bias is None and packable(self.format):
+            g, u, d = (w.data for w in self.expert_weights())
+            self.packed = pack_layer(g, u, d, self.format, self.n_used, device)
+            for t in tensors:
+                t.weight = without_bytes(t.weight, device)
             return
-        g, u, d = self.expert_weights()
-        self.packed = pack_experts(g.data, u.data, d.data, self.format, self.n_used)
-        for t in (self.ffn_gate_exps, self.ffn_up_exps, self.ffn_down_exps):
-            t.weight = without_bytes(t.weight)
+        for t in tensors:
+            t.weight = dataclasses.replace(t.weight, data=t.weight.data.to(device))
+            if t.bias is not None:
+                t.bias = t.bias.to(device)
 
     def map_experts(self, slots: int, prompt_copy: bool = False, keep_raw: bool = False) -> None:
         """Host-tier experts read by this block's GPU from mapped host memory, the last used

@@ -40,6 +40,9 @@ if TYPE_CHECKING:
 
 PLAN_KV_TOKENS = 8192  # KV the plan reserves when no context length is given
 SCRATCH_TOKENS = 512  # tokens per step the scratch estimate allows for (the engine's default)
+# Device memory of the CUDA context with torch's kernels loaded, which no torch figure counts:
+# nvidia-smi read 783 MiB for a process holding 98 MiB of tensors (H200, torch 2.11, driver 580)
+CUDA_CONTEXT = 685 << 20
 
 
 def _on_cpu(b: MoEFeedForward) -> bool:
@@ -283,10 +286,14 @@ def plan_model(
     cpu = not memory.separate_device  # CPU compute: experts are held prepared too ...
     native = load_native() if cpu and not precise else None
     raw = _native_layers(gguf, native)  # ... unless native
+    gpu = memory.device != "cpu"
     sizes = {
-        name: _memory_cost(t, precise, tied, cpu and expert_layer(name) not in raw, native)
+        name: _memory_cost(t, precise, tied, cpu and expert_layer(name) not in raw, native, gpu)
         for name, t in gguf.tensors.items()
     }
+    # a given budget is the whole process's device memory (what nvidia-smi shows); measured
+    # free memory is read with the context already made, so it is counted there once
+    cuda = memory.device.startswith("cuda")
     return plan_residency(
         config,
         sizes,
@@ -296,6 +303,7 @@ def plan_model(
         min_slots=getattr(args, "n_expert_used", 0) or 1,
         scratch_bytes=scratch,
         host_cache=not precise and _host_cacheable(gguf, memory),
+        runtime_bytes=CUDA_CONTEXT if cuda and config.budget else 0,
     )
 
 
@@ -348,12 +356,13 @@ _PREPARED = {"dense_f32": 4.0, "dense_f16": 2.0, "dense_bf16": 2.0, "int4pack": 
 
 
 def _memory_cost(
-    info: "TensorInfo", precise: bool, tied: bool, cpu: bool = False, native=None
+    info: "TensorInfo", precise: bool, tied: bool, cpu: bool = False, native=None, gpu=False
 ) -> int:
     """Resident bytes of a tensor: its file bytes (mapped or read) plus the kernel's prepared
     copy for linear weights (and for experts computed on the CPU), plus a float32 copy for
     small tensors (norms, biases). `native`: the CPU kernels that keep Q6_K / Q8_0 linears as
-    blocks (at most one stacked copy of them, for fused q/k/v)."""
+    blocks (at most one stacked copy of them, for fused q/k/v). `gpu`: a GPU computes the
+    linears, from their blocks (or the same bytes re-laid out: `TritonLinear`)."""
     n = info.range.nbytes
     numel = math.prod(info.shape)
     if expert_layer(info.name) is not None:
@@ -363,8 +372,8 @@ def _memory_cost(
         return n + n_expert * prepared_expert_nbytes(info.qtype, rows, cols)
     if len(info.shape) == 1:
         return n + 4 * numel
-    if info.name == "token_embd.weight" and not tied:
-        return n  # looked up row by row, never multiplied
+    if gpu or (info.name == "token_embd.weight" and not tied):
+        return n  # (an untied embedding is looked up row by row, never multiplied)
     rows, cols = math.prod(info.shape[:-1]), info.shape[-1]
     strategy = "dense_f32" if precise else choose_strategy(info.qtype, (rows, cols), "cpu")
     if native is not None and strategy == "dense_f16" and QuantType(info.qtype) in NATIVE_TYPES:

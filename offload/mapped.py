@@ -14,7 +14,6 @@ import torch
 
 _REGISTER_FLAGS = 1 | 2  # cudaHostRegisterPortable | cudaHostRegisterMapped
 _ALIGN = 256
-PACK_CHUNK = 16  # experts a layer's load packs on the device at a time (`map_packed_layer`)
 
 
 class _DeviceView:
@@ -97,25 +96,12 @@ def map_packed_experts(pe):
     return dataclasses.replace(pe, gate_up=tuple(one(p) for p in pe.gate_up), down=one(pe.down))
 
 
-def map_packed_layer(gate, up, down, fmt, n_used: int, device, chunk: int = PACK_CHUNK,
+def map_packed_layer(gate, up, down, fmt, n_used: int, device, chunk: int | None = None,
                      empty=map_empty):  # fmt: skip
     """A layer's raw expert blocks (host tensors) as `map_packed_experts` gives them, packed on
-    `device` `chunk` experts at a time and copied into the mapped buffer: the device holds one
-    chunk's raw and packed bytes during the load, never the layer's. `empty`: `map_empty`
-    (tests on CPU pass one that makes plain tensors)."""
-    from localllm.kernels.moe.packed import PACKED_MAX_T, PackedExperts, pack_planes_in_chunks
-    from localllm.kernels.quant.repack import PackedBlocks
-    from localllm.kernels.quant.triton_packed import grouped_counters
+    `device` a chunk of experts at a time (`kernels.moe.packed.pack_layer`) and copied into the
+    mapped buffer. `empty`: `map_empty` (tests on CPU pass one that makes plain tensors)."""
+    from localllm.kernels.moe.packed import PACK_CHUNK, pack_layer
 
-    out: list[PackedBlocks] = []
-    e = gate.shape[0]
-    for i, parts in pack_planes_in_chunks(gate, up, down, fmt, device, chunk):
-        if not out:  # the whole layer's planes, shaped from the first chunk's
-            out = [PackedBlocks(p.qtype, p.n, p.k, empty(
-                {f: ((e, *t.shape[1:]), t.dtype) for f, t in p.planes.items()}, device))
-                for p in parts]  # fmt: skip
-        for dst, src in zip(out, parts, strict=True):
-            for f, t in src.planes.items():
-                host_view(dst.planes[f])[i : i + t.shape[0]].copy_(t)
-    counters = tuple(grouped_counters(p, PACKED_MAX_T * n_used) for p in out)
-    return PackedExperts(tuple(out[:-1]), out[-1], counters)
+    return pack_layer(gate, up, down, fmt, n_used, device, lambda specs: empty(specs, device),
+                      host_view, chunk or PACK_CHUNK)  # fmt: skip

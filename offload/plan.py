@@ -94,6 +94,7 @@ class ResidencyPlan:
     prompt_copy_bytes: int = 0
     # experts one request at the GPU's request stages (a token's experts at least)
     request_stage: int = REQUEST_STAGE
+    runtime_bytes: int = 0  # the device runtime's own memory (a CUDA context), in a given budget
 
     @property
     def computes_on_host(self) -> bool:
@@ -157,6 +158,8 @@ class ResidencyPlan:
             f"  KV cache {fmt_bytes(self.kv_bytes):>11}  (estimate)",
             f"  scratch  {fmt_bytes(self.scratch_bytes):>11}  (activations, workspaces)",
         ]
+        if self.runtime_bytes:
+            lines.append(f"  runtime  {fmt_bytes(self.runtime_bytes):>11}  (the CUDA context)")
         if self.maps and not self.streams:
             lines.append(
                 f"  expert slots {self.streaming.slots or 0} x {fmt_bytes(self.slot_bytes)} = "
@@ -182,6 +185,7 @@ class ResidencyPlan:
             )
         lines.append(f"  load mode {self.load_mode}")
         used = by["device"] + self.kv_bytes + self.scratch_bytes + self.slot_pool_bytes
+        used += self.runtime_bytes
         used += self.prompt_copy_bytes
         if not mem.separate_device:
             used += by["host"]
@@ -240,11 +244,13 @@ def plan_residency(
     min_slots: int = 1,
     scratch_bytes: int = 0,
     host_cache: bool = False,
+    runtime_bytes: int = 0,
 ) -> ResidencyPlan:
     """Place every tensor. `n_expert` is the experts per layer (a slot holds one);
     `min_slots` the fewest slots worth streaming with (the engine passes the experts used
     per token), `scratch_bytes` the compute scratch a step needs (activations, dequantized
-    experts), `host_cache`: the device reads host-tier experts in place and can cache them in
+    experts), `runtime_bytes` what the device's runtime holds itself (a CUDA context: counted in
+    a given budget), `host_cache`: the device reads host-tier experts in place and can cache them in
     slots (its kernels take the experts' types). Raises ResidencyError, with the numbers, when
     the model cannot fit."""
     names = list(sizes)
@@ -272,11 +278,12 @@ def plan_residency(
     # the pool the budget covers: the device's, which on CPU/unified also holds host tensors
     pool_tiers = ("device",) if separate else ("device", "host")
     fixed = sum(sizes[n] for n, t in tiers.items() if t in pool_tiers and expert_layer(n) is None)
-    if fixed + kv_bytes + scratch_bytes > budget:
+    runtime = f" and the CUDA context {fmt_bytes(runtime_bytes)}" if runtime_bytes else ""
+    if fixed + kv_bytes + scratch_bytes + runtime_bytes > budget:
         raise ResidencyError(
             f"budget {fmt_bytes(budget)} ({source}) is too small: the non-expert weights need "
-            f"{fmt_bytes(fixed)}, the KV cache {fmt_bytes(kv_bytes)} and compute scratch "
-            f"{fmt_bytes(scratch_bytes)}; raise --mem-budget, "
+            f"{fmt_bytes(fixed)}, the KV cache {fmt_bytes(kv_bytes)}, compute scratch "
+            f"{fmt_bytes(scratch_bytes)}{runtime}; raise --mem-budget, "
             "shorten the context (-c) or pick a smaller quantization"
         )
     experts: dict[int, list[str]] = {}
@@ -285,12 +292,13 @@ def plan_residency(
             experts.setdefault(layer, []).append(n)
     notes = [
         f"non-expert weights {fmt_bytes(fixed)} + KV {fmt_bytes(kv_bytes)} + scratch "
-        f"{fmt_bytes(scratch_bytes)} on the device"
+        f"{fmt_bytes(scratch_bytes)}{runtime.replace(' and', ' +')} on the device"
     ]
     used = (
         fixed
         + kv_bytes
         + scratch_bytes
+        + runtime_bytes
         + sum(sizes[n] for n, t in tiers.items() if t in pool_tiers and expert_layer(n) is not None)
     )
     if used > budget:
@@ -410,5 +418,5 @@ def plan_residency(
     return ResidencyPlan(
         tiers, dict(sizes), kv_bytes, scratch_bytes, budget, source, memory, config.load_mode,
         streaming, slot_bytes, tuple(notes), tuple(warnings), rules, config.host_compute, copy,
-        max(REQUEST_STAGE, min_slots),
+        max(REQUEST_STAGE, min_slots), runtime_bytes,
     )  # fmt: skip

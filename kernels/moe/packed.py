@@ -28,6 +28,7 @@ from localllm.kernels.quant.triton_packed import (
     quantize_x8,
 )
 
+PACK_CHUNK = 16  # experts a layer's load packs on the device at a time (`pack_layer`)
 PACKED_MAX_T = 8  # token rows per call that take the grouped GEMVs (the decode graph ladder's top)
 # The weighted sum as a PDL Triton kernel: written and tested under the interpreter and compiled
 # for sm_90, not yet run on a GPU, so off until measured (h200_session.sh pdlab mode `tcomb`)
@@ -91,6 +92,39 @@ def pack_planes_in_chunks(
     for i in range(0, gate.shape[0], chunk):
         gu, dn = pack_expert_planes(*(t[i : i + chunk].to(device) for t in (gate, up, down)), fmt)
         yield i, (*gu, dn)
+
+
+def pack_layer(
+    gate: torch.Tensor,
+    up: torch.Tensor,
+    down: torch.Tensor,
+    fmt: ExpertFormat,
+    n_used: int,
+    device,
+    empty: Callable[[dict], dict] | None = None,
+    writable: Callable[[torch.Tensor], torch.Tensor] = lambda t: t,
+    chunk: int = PACK_CHUNK,
+) -> PackedExperts:
+    """`pack_experts` of a layer's raw blocks (host tensors: the file's mapping) packed on
+    `device` `chunk` experts at a time into planes from `empty` ({name: (shape, dtype)} ->
+    {name: tensor}; default: on `device`), written through `writable` (a mapped plane's host
+    view): the device holds one chunk's raw and packed bytes besides the planes, never the
+    layer's twice."""
+    if empty is None:
+        empty = lambda specs: {n: torch.empty(s, dtype=d, device=device)
+                               for n, (s, d) in specs.items()}  # fmt: skip
+    out: list[PackedBlocks] = []
+    e = gate.shape[0]
+    for i, parts in pack_planes_in_chunks(gate, up, down, fmt, device, chunk):
+        if not out:  # the whole layer's planes, shaped from the first chunk's
+            out = [PackedBlocks(p.qtype, p.n, p.k, empty(
+                {f: ((e, *t.shape[1:]), t.dtype) for f, t in p.planes.items()}))
+                for p in parts]  # fmt: skip
+        for dst, src in zip(out, parts, strict=True):
+            for f, t in src.planes.items():
+                writable(dst.planes[f])[i : i + t.shape[0]].copy_(t)
+    counters = tuple(grouped_counters(p, PACKED_MAX_T * n_used) for p in out)
+    return PackedExperts(tuple(out[:-1]), out[-1], counters)
 
 
 def _act(h: torch.Tensor, fmt: ExpertFormat) -> torch.Tensor:

@@ -274,14 +274,15 @@ def test_cuda_auto_fit_caches_host_experts_in_the_devices_room(tmp_path):
 
 
 def test_cuda_experts_packed_at_load_leave_no_raw_copy(tmp_path):
-    """A model loaded onto the GPU without a plan packs its experts and frees the raw upload:
-    the device memory the load keeps is about the file's bytes, not the experts twice (the
-    layer's default source once held the raw copies)."""
+    """A model loaded onto the GPU without a plan packs its experts and keeps no raw copy: the
+    device memory the load keeps is about the file's bytes, not the experts twice (the layer's
+    default source once held the raw copies), and its peak is that plus a chunk of experts in
+    flight, under half a layer (the whole file was once uploaded raw, then packed)."""
     from localllm.engine.gguf import open_gguf
     from localllm.engine.loader import build_model
     from tests.offload.test_streaming import BIG
 
-    spec = replace(BIG, n_layers=2)
+    spec = replace(BIG, n_layers=2, n_expert=128)  # a layer is 8 chunks of 16 experts
     path = write_moe_gguf(tmp_path / "big.gguf", spec)
     g = open_gguf(path)
     try:
@@ -289,11 +290,15 @@ def test_cuda_experts_packed_at_load_leave_no_raw_copy(tmp_path):
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
         base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
         model = build_model(g, device="cuda")
         torch.cuda.synchronize()
         kept = torch.cuda.memory_allocated() - base
+        peak = torch.cuda.max_memory_allocated() - base
     finally:
         g.close()
     assert all(b.packed is not None for b in moe_blocks(model))
     assert spec.expert_nbytes > 0.8 * file_bytes  # (the experts are most of the file)
     assert kept < 1.25 * file_bytes, (kept, file_bytes)
+    layer = spec.expert_nbytes // spec.n_layers
+    assert peak - kept < layer // 2, (peak, kept, layer)

@@ -10,7 +10,7 @@ import pytest
 from gguf import GGMLQuantizationType as QT
 
 from localllm.engine.gguf import open_gguf
-from localllm.engine.moe_residency import plan_model
+from localllm.engine.moe_residency import CUDA_CONTEXT, plan_model
 from localllm.offload.memory import MemoryInfo
 from localllm.offload.plan import plan_residency
 from localllm.offload.residency import resolve
@@ -101,6 +101,7 @@ def test_plan_model_asks_for_the_cache_only_on_a_cuda_device_with_packed_types(t
             fixed = sum(whole.sizes.values()) - nbytes
             room = nbytes // 2  # half the experts' bytes
             need = fixed + whole.kv_bytes + whole.scratch_bytes + room
+            need += CUDA_CONTEXT if device.startswith("cuda") else 0  # (in a given budget)
             cfg = resolve([("t", {"budget": need})])
             plan = plan_model(g, cfg, memory=mem)
         finally:

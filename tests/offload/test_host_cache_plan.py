@@ -13,7 +13,7 @@ from localllm.engine.gguf import open_gguf
 from localllm.engine.moe_residency import CUDA_CONTEXT, plan_model
 from localllm.offload.memory import MemoryInfo
 from localllm.offload.plan import plan_residency
-from localllm.offload.residency import resolve
+from localllm.offload.residency import ResidencyError, resolve
 from tests.offload.tiny_moe import QWEN3MOE, write_moe_gguf
 
 LAYERS, E, USED, SLOT = 4, 8, 2, 300  # slot: one expert's gate + up + down bytes
@@ -121,3 +121,29 @@ def test_layers_a_rule_put_on_host_count_for_the_slots_each_layer_needs():
     roomy = _plan(1000 + 2 * E * SLOT + 4 * SLOT, used=4, **rule)
     assert set(roomy.expert_tiers().values()) == {"host"}
     assert roomy.streaming.slots >= 4 * 4
+
+
+def test_a_gpu_plan_counts_weights_at_their_blocks_and_a_given_budget_the_cuda_context(tmp_path):
+    """On a GPU the linears are used from their blocks (no CPU prepared copy is counted), and a
+    given budget, being the process's whole device memory, holds the CUDA context too; free
+    memory measured on the device already excludes it."""
+    g = open_gguf(write_moe_gguf(tmp_path / "m.gguf", QWEN3MOE))
+    try:
+        gpu_mem = MemoryInfo("cuda:0", host_free=1 << 30, device_free=1 << 30)
+        cpu = plan_model(g, resolve([]), memory=MemoryInfo("cpu", host_free=1 << 30))
+        gpu = plan_model(g, resolve([]), memory=gpu_mem)
+        linears = [n for n, t in g.tensors.items() if len(t.shape) == 2]
+        assert linears
+        for n in linears:
+            assert gpu.sizes[n] == g.tensors[n].range.nbytes, n
+        assert sum(cpu.sizes[n] for n in linears) > sum(gpu.sizes[n] for n in linears)
+        assert gpu.runtime_bytes == 0 and "CUDA context" not in gpu.describe()
+        fixed = sum(s for n, s in gpu.sizes.items() if "_exps" not in n)
+        need = fixed + gpu.kv_bytes + gpu.scratch_bytes + CUDA_CONTEXT
+        given = plan_model(g, resolve([("t", {"budget": need + (64 << 20)})]), memory=gpu_mem)
+        assert given.runtime_bytes == CUDA_CONTEXT
+        assert "(the CUDA context)" in given.describe()
+        with pytest.raises(ResidencyError, match="the CUDA context"):
+            plan_model(g, resolve([("t", {"budget": need - 1})]), memory=gpu_mem)
+    finally:
+        g.close()

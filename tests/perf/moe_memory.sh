@@ -17,6 +17,7 @@ polled() {
 }
 llama() { timeout 100 "$LB" -m "$M" -ngl 99 -fa 1 "$@" 2>&1 | grep -E "^\| q|error"; }
 date -u
+python3 -m localllm.app run -m "$M" --device cuda --mem-budget 10GiB -c 4096 --show-plan 2>&1 | head -30
 # the CUDA context and cuBLAS's workspace alone: what no torch figure counts
 echo "== torch's CUDA context + one fp16 matmul"
 polled python3 -c "import torch; a = torch.randn(4096, 4096, device='cuda', dtype=torch.float16)
@@ -25,8 +26,11 @@ print('torch reserved MiB', torch.cuda.memory_reserved() >> 20)"
 echo "== (a) all on the GPU";            polled ours -p 0 -n 64 -r 3
 echo "== (a) llama.cpp";                 polled llama -p 0 -n 64 -r 3
 echo "== (b) llama.cpp -ot exps=CPU";    polled llama -p 0 -n 64 -r 3 -ot exps=CPU
-echo "== (b) --cpu-moe split";           polled ours -p 0 -n 64 -r 3 --cpu-moe --host-compute split
-echo "== (b) --cpu-moe (mapped)";        polled ours -p 0 -n 64 -r 3 --cpu-moe
+# llama.cpp with about our (b) footprint: the last two layers' experts on the GPU
+echo "== (b) llama.cpp -ncmoe 46";       polled llama -p 0 -n 64 -r 3 -ncmoe 46
+# (b) under a budget: no prompt copy, the plan's minimum (the CUDA context included)
+echo "== (b) --cpu-moe split, 2.2 GiB";  polled ours -p 0 -n 64 -r 3 --cpu-moe --host-compute split --mem-budget 2.2GiB
+echo "== (b) --cpu-moe mapped, 2.2 GiB"; polled ours -p 0 -n 64 -r 3 --cpu-moe --mem-budget 2.2GiB
 echo "== auto-fit, 10 GiB";              polled ours -p 0 -n 64 -r 3 --mem-budget 10GiB
 echo "== llama.cpp -ncmoe 24";           polled llama -p 0 -n 64 -r 3 -ncmoe 24
 echo "== auto-fit, 6 GiB";               polled ours -p 0 -n 64 -r 3 --mem-budget 6GiB

@@ -38,6 +38,9 @@ class QuantLinear(nn.Module):
         self.bias: torch.Tensor | None = None
         self._prepared = None
         self.native = None  # the native CPU kernels, set by the loader before the weights come
+        # the GPU the weight belongs on: the loader passes host blocks, uploaded here only for
+        # the kernel (a re-laid-out kernel then holds the only device copy)
+        self.home: torch.device | None = None
 
     def load_tensor(self, suffix: str, w: QuantWeight) -> None:
         if suffix == "bias":
@@ -49,10 +52,14 @@ class QuantLinear(nn.Module):
             raise ValueError(
                 f"expected shape {(self.out_features, self.in_features)}, got {tuple(w.shape)}"
             )
-        self.weight = w
+        data = w.data if self.home is None else w.data.to(self.home)
         self._prepared = prepare_linear(
-            w.data, w.qtype, w.shape, precise=self.precise, native=self.native
+            data, w.qtype, w.shape, precise=self.precise, native=self.native
         )
+        # (re-laid out: the upload goes now, not after the whole load; the weight keeps the
+        # host blocks, the file's mapping, for a FusedLinear to stack)
+        host = self.home is not None and getattr(self._prepared, "repacked", False)
+        self.weight = w if host else dataclasses.replace(w, data=data)
 
     @property
     def loaded(self) -> bool:
@@ -78,10 +85,11 @@ class QuantLinear(nn.Module):
         return p is not None and p.kind == "triton" and getattr(p, "repacked", False)
 
     def drop_raw_copy(self) -> None:
-        """Free the raw device copy once the kernel holds the bytes in its own layout (call after
+        """Free the raw copy once a GPU kernel holds the bytes in its own layout (call after
         fusing: FusedLinear stacks raw rows). The QuantWeight keeps its shape and byte count."""
-        if getattr(self._prepared, "repacked", False) and self.weight.data.device.type != "cpu":
-            self.weight = without_bytes(self.weight)
+        on_gpu = self.home is not None or self.weight.data.device.type != "cpu"
+        if getattr(self._prepared, "repacked", False) and on_gpu:
+            self.weight = without_bytes(self.weight, self.home)
 
     def forward(self, x: torch.Tensor, xq=None) -> torch.Tensor:
         """`xq`: x's rows already quantized by the kernel that made x (see `kernels.fused`)."""
@@ -118,7 +126,7 @@ class FusedLinear(nn.Module):
                 j += 1
             self._groups.append((self._stack(parts[i:j]), self.sizes[i:j]))
             i = j
-        device = parts[0].weight.data.device
+        device = parts[0].home or parts[0].weight.data.device
         biases = [
             p.bias if p.bias is not None else torch.zeros(p.out_features, device=device)
             for p in parts
@@ -132,6 +140,8 @@ class FusedLinear(nn.Module):
     def _stack(parts: list[QuantLinear]):
         w0 = parts[0].weight
         data = torch.cat([p.weight.data for p in parts])
+        if parts[0].home is not None:  # (re-laid-out parts keep host blocks: stacked there)
+            data = data.to(parts[0].home)
         shape = (sum(p.out_features for p in parts), parts[0].in_features)
         prepared = prepare_linear(
             data, w0.qtype, shape, precise=parts[0].precise, native=parts[0].native

@@ -68,9 +68,11 @@ def build_model(
             continue
         try:
             where = device if name not in host_tensors else torch.device("cpu")
-            if where.type == "cuda" and isinstance(target, ExpertTensor) and suffix == "weight":
-                target.home = where  # (its block packs the host blocks onto the GPU: `fuse`)
-                where = torch.device("cpu")
+            gpu = where.type == "cuda" and suffix == "weight"
+            if gpu and isinstance(target, (ExpertTensor, QuantLinear)):
+                # uploaded by the module for its kernel's layout, never held raw: experts packed
+                # by their block's `fuse` a chunk at a time, linears one at a time
+                target.home, where = where, torch.device("cpu")
             target.load_tensor(suffix, _upload(gguf.weight(name), where))
         except (KeyError, ValueError) as e:
             raise ModelLoadError(f"{gguf.path}: tensor '{name}': {e}") from None

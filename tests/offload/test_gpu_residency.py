@@ -172,11 +172,13 @@ def test_cuda_streaming_modes_token_exact(tmp_path):
 
 
 def test_cuda_model_four_times_its_device_budget_runs_under_it(tmp_path):
-    """Experts read at the GPU's request: a model whose expert bytes are 4x a 128 MiB budget
-    decodes, and the device memory the process allocates from before the load on (torch's peak:
-    weights, slots, maps, scratch, KV, decode graphs, cuBLAS's 32 MiB workspaces) stays under the
-    budget. The control run holds its experts on the device and must blow the same bound: the
-    measurement can fail."""
+    """Experts read at the GPU's request: a model whose expert bytes are 4x the 128 MiB a budget
+    leaves beside the CUDA context (which the plan counts in a given budget and no torch figure
+    shows) decodes, and the device memory the process allocates from before the load on (torch's
+    peak: weights, slots, maps, scratch, KV, decode graphs, cuBLAS's 32 MiB workspaces) stays
+    under those 128 MiB. The control run holds its experts on the device and must blow the same
+    bound: the measurement can fail."""
+    from localllm.engine.moe_residency import CUDA_CONTEXT
     from tests.offload.test_streaming import BIG
 
     # 611 MiB of Q8_0 experts in 8 layers of 96
@@ -186,7 +188,10 @@ def test_cuda_model_four_times_its_device_budget_runs_under_it(tmp_path):
     assert spec.expert_nbytes >= 4 * budget
     peaks, tokens = {}, {}
     for name, layer in (
-        ("disk", {"experts": "disk", "budget": "128MiB", "streaming": {"reads": "gpu"}}),
+        (
+            "disk",
+            {"experts": "disk", "budget": budget + CUDA_CONTEXT, "streaming": {"reads": "gpu"}},
+        ),
         ("device", {"experts": "device"}),
     ):
         torch.cuda.synchronize()
@@ -197,7 +202,7 @@ def test_cuda_model_four_times_its_device_budget_runs_under_it(tmp_path):
         peaks[name] = torch.cuda.max_memory_allocated() - base
         if name == "disk":
             assert isinstance(model.expert_sources[0], FileSlots)
-            assert model.residency_plan.budget == budget
+            assert model.residency_plan.budget == budget + CUDA_CONTEXT
         del model
     assert peaks["disk"] < budget, peaks
     assert peaks["device"] > spec.expert_nbytes > budget, peaks
@@ -247,7 +252,7 @@ def test_cuda_auto_fit_caches_host_experts_in_the_devices_room(tmp_path):
     and that room in device slots over them (not half the layers on the device); the decode is
     one graph, the slots are hit, and the greedy tokens equal the all-on-GPU run's."""
     from localllm.engine.gguf import open_gguf
-    from localllm.engine.moe_residency import plan_model
+    from localllm.engine.moe_residency import CUDA_CONTEXT, plan_model
     from localllm.offload.memory import probe_memory
 
     spec = replace(QWEN3MOE, dim=256, expert_ff=256, expert_qtype=QT.Q8_0)
@@ -260,7 +265,7 @@ def test_cuda_auto_fit_caches_host_experts_in_the_devices_room(tmp_path):
         g.close()
     experts = sum(s for n, s in whole.sizes.items() if "_exps." in n)
     rest = sum(whole.sizes.values()) - experts
-    budget = rest + whole.kv_bytes + whole.scratch_bytes + experts // 2
+    budget = rest + whole.kv_bytes + whole.scratch_bytes + experts // 2 + CUDA_CONTEXT
     got, model = _greedy(path, {"budget": budget})
     plan = model.residency_plan
     assert set(plan.expert_tiers().values()) == {"host"} and plan.streaming.slots > 0
@@ -277,7 +282,8 @@ def test_cuda_experts_packed_at_load_leave_no_raw_copy(tmp_path):
     """A model loaded onto the GPU without a plan packs its experts and keeps no raw copy: the
     device memory the load keeps is about the file's bytes, not the experts twice (the layer's
     default source once held the raw copies), and its peak is that plus a chunk of experts in
-    flight, under half a layer (the whole file was once uploaded raw, then packed)."""
+    flight (16 of the layer's 128, raw and packed, with the packing's temporaries), under a
+    layer's bytes (the whole file was once uploaded raw, then packed: a layer over at least)."""
     from localllm.engine.gguf import open_gguf
     from localllm.engine.loader import build_model
     from tests.offload.test_streaming import BIG
@@ -301,4 +307,4 @@ def test_cuda_experts_packed_at_load_leave_no_raw_copy(tmp_path):
     assert spec.expert_nbytes > 0.8 * file_bytes  # (the experts are most of the file)
     assert kept < 1.25 * file_bytes, (kept, file_bytes)
     layer = spec.expert_nbytes // spec.n_layers
-    assert peak - kept < layer // 2, (peak, kept, layer)
+    assert peak - kept < layer, (peak, kept, layer)

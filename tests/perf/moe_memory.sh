@@ -16,24 +16,29 @@ polled() {
   echo "nvidia-smi peak MiB: $(sort -n /tmp/poll.txt | tail -1)"
 }
 llama() { timeout 100 "$LB" -m "$M" -ngl 99 -fa 1 "$@" 2>&1 | grep -E "^\| q|error"; }
+# one run under its title; ONLY (an extended regex) picks the titles to run
+section() {
+  local title=$1; shift
+  [[ -z "${ONLY:-}" || "$title" =~ $ONLY ]] || return 0
+  echo "== $title"; polled "$@"
+}
 date -u
-python3 -m localllm.app run -m "$M" --device cuda --mem-budget 10GiB -c 4096 --show-plan 2>&1 | head -30
+[ -z "${ONLY:-}" ] && python3 -m localllm.app run -m "$M" --device cuda --mem-budget 10GiB -c 4096 --show-plan 2>&1 | head -30
 # the CUDA context and cuBLAS's workspace alone: what no torch figure counts
-echo "== torch's CUDA context + one fp16 matmul"
-polled python3 -c "import torch; a = torch.randn(4096, 4096, device='cuda', dtype=torch.float16)
-(a @ a).sum().item(); import time; time.sleep(0.5)
-print('torch reserved MiB', torch.cuda.memory_reserved() >> 20)"
-echo "== (a) all on the GPU";            polled ours -p 0 -n 64 -r 3
-echo "== (a) llama.cpp";                 polled llama -p 0 -n 64 -r 3
-echo "== (b) llama.cpp -ot exps=CPU";    polled llama -p 0 -n 64 -r 3 -ot exps=CPU
+section "torch's CUDA context + one fp16 matmul" python3 -c "import torch
+a = torch.randn(4096, 4096, device='cuda', dtype=torch.float16); (a @ a).sum().item()
+import time; time.sleep(0.5); print('torch reserved MiB', torch.cuda.memory_reserved() >> 20)"
+section "(a) all on the GPU" ours -p 0 -n 64 -r 3
+section "(a) llama.cpp" llama -p 0 -n 64 -r 3
+section "(b) llama.cpp -ot exps=CPU" llama -p 0 -n 64 -r 3 -ot exps=CPU
 # llama.cpp with about our (b) footprint: the last two layers' experts on the GPU
-echo "== (b) llama.cpp -ncmoe 46";       polled llama -p 0 -n 64 -r 3 -ncmoe 46
+section "(b) llama.cpp -ncmoe 46" llama -p 0 -n 64 -r 3 -ncmoe 46
 # (b) under a budget: no prompt copy, the plan's minimum (the CUDA context included)
-echo "== (b) --cpu-moe split, 2.2 GiB";  polled ours -p 0 -n 64 -r 3 --cpu-moe --host-compute split --mem-budget 2.2GiB
-echo "== (b) --cpu-moe mapped, 2.2 GiB"; polled ours -p 0 -n 64 -r 3 --cpu-moe --mem-budget 2.2GiB
-echo "== auto-fit, 10 GiB";              polled ours -p 0 -n 64 -r 3 --mem-budget 10GiB
-echo "== llama.cpp -ncmoe 24";           polled llama -p 0 -n 64 -r 3 -ncmoe 24
-echo "== auto-fit, 6 GiB";               polled ours -p 0 -n 64 -r 3 --mem-budget 6GiB
-echo "== llama.cpp -ncmoe 36";           polled llama -p 0 -n 64 -r 3 -ncmoe 36
-echo "== (c) disk, 3,072 slots";         polled ours -p 0 -n 64 -r 3 --experts disk --expert-slots 3072
+section "(b) --cpu-moe split, 2.2 GiB" ours -p 0 -n 64 -r 3 --cpu-moe --host-compute split --mem-budget 2.2GiB
+section "(b) --cpu-moe mapped, 2.2 GiB" ours -p 0 -n 64 -r 3 --cpu-moe --mem-budget 2.2GiB
+section "auto-fit, 10 GiB" ours -p 0 -n 64 -r 3 --mem-budget 10GiB
+section "llama.cpp -ncmoe 24" llama -p 0 -n 64 -r 3 -ncmoe 24
+section "auto-fit, 6 GiB" ours -p 0 -n 64 -r 3 --mem-budget 6GiB
+section "llama.cpp -ncmoe 36" llama -p 0 -n 64 -r 3 -ncmoe 36
+section "(c) disk, 3,072 slots" ours -p 0 -n 64 -r 3 --experts disk --expert-slots 3072
 date -u

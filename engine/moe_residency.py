@@ -320,8 +320,9 @@ def _host_cacheable(gguf: "GGUFModel", memory: MemoryInfo) -> bool:
 
 def _cublas_workspaces(memory: MemoryInfo) -> int:
     """Device memory torch's cuBLAS keeps per stream that runs a matmul (32 MiB on Hopper, 8 MiB
-    + 128 KiB elsewhere: PyTorch's defaults), for the compute stream and a graph capture's."""
-    if not (memory.separate_device and memory.device.startswith("cuda")):
+    + 128 KiB elsewhere: PyTorch's defaults), for the compute stream and a graph capture's
+    (on unified memory too: they come out of its one pool)."""
+    if not memory.device.startswith("cuda"):
         return 0
     if not torch.cuda.is_available():
         return 2 * (32 << 20)  # (a plan made without the device: the larger)

@@ -147,3 +147,22 @@ def test_a_gpu_plan_counts_weights_at_their_blocks_and_a_given_budget_the_cuda_c
             plan_model(g, resolve([("t", {"budget": need - 1})]), memory=gpu_mem)
     finally:
         g.close()
+
+
+def test_a_unified_cuda_plan_counts_cublas_workspaces_like_a_separate_one(tmp_path):
+    """cuBLAS's per-stream workspaces come out of a unified GPU's one pool too (they were left
+    out there): the scratch is the separate device's, more than a CPU plan's."""
+    g = open_gguf(write_moe_gguf(tmp_path / "m.gguf", QWEN3MOE))
+    try:
+        plans = {
+            kind: plan_model(g, resolve([]), memory=mem)
+            for kind, mem in (
+                ("separate", MemoryInfo("cuda:0", host_free=1 << 30, device_free=1 << 30)),
+                ("unified", MemoryInfo("cuda:0", host_free=1 << 30, unified=True)),
+                ("cpu", MemoryInfo("cpu", host_free=1 << 30)),
+            )
+        }
+    finally:
+        g.close()
+    assert plans["unified"].scratch_bytes == plans["separate"].scratch_bytes
+    assert plans["unified"].scratch_bytes >= plans["cpu"].scratch_bytes + (16 << 20)

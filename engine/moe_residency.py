@@ -3,6 +3,7 @@
 resident, host-computed with prepared CPU weights, or streamed from disk into slots, kept packed
 on the GPU when the kernels can use them)."""
 
+import dataclasses
 import itertools
 import logging
 import math
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
     from localllm.engine.gguf import GGUFModel
     from localllm.engine.gguf.model import TensorInfo
 
+EMBEDDING = "token_embd.weight"  # read in place from host memory by a GPU where the plan says
 PLAN_KV_TOKENS = 8192  # KV the plan reserves when no context length is given
 SCRATCH_TOKENS = 512  # tokens per step the scratch estimate allows for (the engine's default)
 # Device memory of the CUDA context with torch's kernels loaded, which no torch figure counts:
@@ -294,7 +296,7 @@ def plan_model(
     # a given budget is the whole process's device memory (what nvidia-smi shows); measured
     # free memory is read with the context already made, so it is counted there once
     cuda = memory.device.startswith("cuda")
-    return plan_residency(
+    plan = plan_residency(
         config,
         sizes,
         kv_bytes,
@@ -304,7 +306,15 @@ def plan_model(
         scratch_bytes=scratch,
         host_cache=not precise and _host_cacheable(gguf, memory),
         runtime_bytes=CUDA_CONTEXT if cuda and config.budget else 0,
+        # an untied embedding table is read a row per token: the cheapest bytes to leave on host
+        host_first=(EMBEDDING,) if cuda and memory.separate_device and not tied else (),
     )
+    if plan.tiers.get(EMBEDDING) == "host" and memory.separate_device and tied:
+        raise ResidencyError(
+            "token_embd.weight is the output head too (the file has no output.weight): "
+            "it stays on the device"
+        )
+    return plan
 
 
 def _host_cacheable(gguf: "GGUFModel", memory: MemoryInfo) -> bool:
@@ -409,9 +419,16 @@ def load_model(
     from localllm.engine.loader import build_model  # the loader imports the families
 
     src = _ReadCopies(gguf, plan) if plan.load_mode == "read" else gguf
-    # only experts leave the device: other host-tier tensors would need host compute paths
+    # experts leave the device, and the embedding table on a separate GPU (mapped, a row read per
+    # token); other host-tier tensors would need host compute paths
     off_device = {n for n, t in plan.tiers.items() if t != "device" and expert_layer(n) is not None}
+    device = torch.device(loader_args.get("device", "cpu"))
+    embd_host = plan.tiers.get(EMBEDDING) == "host" and device.type == "cuda"
+    if embd_host and plan.memory.separate_device:
+        off_device.add(EMBEDDING)
     model = build_model(src, precise=precise, host_tensors=off_device, **loader_args)
+    if EMBEDDING in off_device:
+        _map_embedding(model, device)
     model.expert_sources = apply_residency(model, plan)
     model.residency_plan = plan
     if plan.memory.separate_device and torch.cuda.is_available():
@@ -419,6 +436,16 @@ def load_model(
         # torch's cache: the process holds what the plan counts
         torch.cuda.empty_cache()
     return model
+
+
+def _map_embedding(model: nn.Module, device: torch.device) -> None:
+    """The embedding table's host blocks into page-locked host memory that `device` reads in
+    place (`offload.mapped`): a lookup gathers its rows over the bus, inside the decode graph."""
+    from localllm.offload.mapped import map_tensors
+
+    embd = model.get_submodule("token_embd")
+    w = embd.weight
+    embd.weight = dataclasses.replace(w, data=map_tensors({"rows": w.data}, device)["rows"])
 
 
 def load_planned(

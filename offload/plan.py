@@ -245,14 +245,16 @@ def plan_residency(
     scratch_bytes: int = 0,
     host_cache: bool = False,
     runtime_bytes: int = 0,
+    host_first: tuple[str, ...] = (),
 ) -> ResidencyPlan:
     """Place every tensor. `n_expert` is the experts per layer (a slot holds one);
     `min_slots` the fewest slots worth streaming with (the engine passes the experts used
     per token), `scratch_bytes` the compute scratch a step needs (activations, dequantized
     experts), `runtime_bytes` what the device's runtime holds itself (a CUDA context: counted in
     a given budget), `host_cache`: the device reads host-tier experts in place and can cache them in
-    slots (its kernels take the experts' types). Raises ResidencyError, with the numbers, when
-    the model cannot fit."""
+    slots (its kernels take the experts' types), `host_first`: tensors a separate device reads
+    in place from host memory when not every expert fits on it (an untied embedding table, a
+    row per token). Raises ResidencyError, with the numbers, when the model cannot fit."""
     names = list(sizes)
     warnings = _unmatched_warnings(config, names)
     tiers: dict[str, str] = {}
@@ -272,6 +274,15 @@ def plan_residency(
     separate = memory.separate_device
     budget = config.budget or (memory.device_free if separate else memory.host_free)
     source = "given" if config.budget else "measured free memory"
+    overhead = kv_bytes + scratch_bytes + runtime_bytes
+    if (
+        separate
+        and sum(sizes[n] for n in names if tiers.get(n, "device") == "device") + overhead > budget
+    ):
+        first = [n for n in host_first if n in sizes and n not in tiers]
+        tiers.update(dict.fromkeys(first, "host"))
+    else:
+        first = []
     for n in names:
         if expert_layer(n) is None:
             tiers.setdefault(n, "device")
@@ -308,6 +319,9 @@ def plan_residency(
         )
     slot_bytes = max((sum(sizes[n] for n in ns) // n_expert for ns in experts.values()), default=0)
     pinned = sorted(layer for layer, ns in experts.items() if any(n in tiers for n in ns))
+    if first:
+        notes.append(f"{', '.join(first)} on host, read in place by the device (the experts do not "
+                     "all fit on it)")  # fmt: skip
     if pinned:
         notes.append(f"experts of layers {_ranges(pinned)} placed by rules")
     auto = sorted(layer for layer, ns in experts.items() if not any(n in tiers for n in ns))

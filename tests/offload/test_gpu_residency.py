@@ -278,6 +278,34 @@ def test_cuda_auto_fit_caches_host_experts_in_the_devices_room(tmp_path):
     assert st.hits > 0 and st.host_rows == 0
 
 
+def test_cuda_untied_embedding_on_host_is_read_in_place(tmp_path):
+    """Where the experts do not all fit, an untied embedding table goes to host memory that the
+    GPU reads in place (page-locked, mapped): the lookup gathers its rows over the bus inside
+    the decode graph, and the greedy tokens equal the all-on-GPU run's."""
+    from localllm.engine.gguf import open_gguf
+    from localllm.engine.moe_residency import CUDA_CONTEXT, plan_model
+    from localllm.offload.memory import probe_memory
+
+    spec = replace(QWEN3MOE, dim=256, expert_ff=256, expert_qtype=QT.Q8_0, tied=False)
+    path = write_moe_gguf(tmp_path / "moe.gguf", spec)
+    want, model = _greedy(path, None)
+    assert not hasattr(model.token_embd.weight.data, "_host_view")
+    g = open_gguf(path)
+    try:
+        whole = plan_model(g, resolve([]), 128, probe_memory("cuda"))
+    finally:
+        g.close()
+    experts = sum(s for n, s in whole.sizes.items() if "_exps." in n)
+    rest = sum(whole.sizes.values()) - experts
+    budget = rest + whole.kv_bytes + whole.scratch_bytes + experts // 2 + CUDA_CONTEXT
+    got, model = _greedy(path, {"budget": budget})
+    assert model.residency_plan.tiers["token_embd.weight"] == "host"
+    rows = model.token_embd.weight.data
+    assert rows.is_cuda and rows._host_view.device.type == "cpu"  # the mapped buffer's views
+    assert got == want
+    assert graph_safe(model)
+
+
 def test_cuda_experts_packed_at_load_leave_no_raw_copy(tmp_path):
     """A model loaded onto the GPU without a plan packs its experts and keeps no raw copy: the
     device memory the load keeps is about the file's bytes, not the experts twice (the layer's

@@ -166,3 +166,54 @@ def test_a_unified_cuda_plan_counts_cublas_workspaces_like_a_separate_one(tmp_pa
         g.close()
     assert plans["unified"].scratch_bytes == plans["separate"].scratch_bytes
     assert plans["unified"].scratch_bytes >= plans["cpu"].scratch_bytes + (16 << 20)
+
+
+def _first(budget: int, first=("token_embd.weight",), **settings):
+    gpu = MemoryInfo("cuda:0", host_free=1 << 30, device_free=1 << 30)
+    sizes = {**_sizes(), "output.weight": 1000}
+    cfg = resolve([("t", {"budget": budget, **settings})])
+    return plan_residency(cfg, sizes, 0, gpu, n_expert=E, min_slots=USED, host_cache=True,
+                          host_first=first)  # fmt: skip
+
+
+def test_an_untied_embedding_goes_to_host_first_where_the_experts_do_not_all_fit():
+    """The embedding table is read a row per token: where the experts do not all fit on a
+    separate device it is read in place from host memory, and its bytes become slots; where
+    everything fits, or a rule places it, it stays."""
+    experts = LAYERS * E * SLOT
+    assert _first(2000 + experts).tiers["token_embd.weight"] == "device"
+    tight = _first(2000 + experts // 2)
+    assert tight.tiers["token_embd.weight"] == "host"
+    assert tight.tiers["output.weight"] == "device"
+    assert "token_embd.weight on host, read in place" in "\n".join(tight.notes)
+    kept = _first(2000 + experts // 2, first=())
+    assert kept.tiers["token_embd.weight"] == "device"
+    assert tight.streaming.slots == kept.streaming.slots + 1000 // SLOT
+    ruled = _first(2000 + experts // 2, rules=[r"token_embd\.weight=device"])
+    assert ruled.tiers["token_embd.weight"] == "device"
+
+
+def test_a_tied_embedding_on_host_is_refused_and_a_cpu_plan_keeps_it(tmp_path):
+    """A file without output.weight multiplies by the embedding table: it must stay on the GPU
+    (a rule asking for host is an error); on the CPU the device tier is host RAM anyway."""
+    g = open_gguf(write_moe_gguf(tmp_path / "tied.gguf", QWEN3MOE))
+    untied = dataclasses.replace(QWEN3MOE, tied=False)
+    u = open_gguf(write_moe_gguf(tmp_path / "untied.gguf", untied))
+    try:
+        gpu = MemoryInfo("cuda:0", host_free=1 << 30, device_free=1 << 30)
+        rule = resolve([("t", {"rules": [r"token_embd\.weight=host"]})])
+        with pytest.raises(ResidencyError, match="output head too"):
+            plan_model(g, rule, memory=gpu)
+        assert plan_model(u, rule, memory=gpu).tiers["token_embd.weight"] == "host"
+        whole = plan_model(u, resolve([]), memory=gpu)
+        experts = sum(s for n, s in whole.sizes.items() if "_exps." in n)
+        need = sum(whole.sizes.values()) - experts + whole.kv_bytes + whole.scratch_bytes
+        cfg = resolve([("t", {"budget": need + CUDA_CONTEXT + experts // 2})])
+        tight = plan_model(u, cfg, memory=gpu)
+        assert tight.tiers["token_embd.weight"] == "host"
+        assert plan_model(g, cfg, memory=gpu).tiers["token_embd.weight"] == "device"
+        cpu = MemoryInfo("cpu", host_free=1 << 30)
+        assert plan_model(u, cfg, memory=cpu).tiers["token_embd.weight"] == "device"
+    finally:
+        g.close()
+        u.close()

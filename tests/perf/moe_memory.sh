@@ -23,7 +23,7 @@ section() {
   echo "== $title"; polled "$@"
 }
 date -u
-[ -z "${ONLY:-}" ] && python3 -m localllm.app run -m "$M" --device cuda --mem-budget 10GiB -c 4096 --show-plan 2>&1 | head -30
+[[ -z "${ONLY:-}" || "plan" =~ $ONLY ]] && python3 -m localllm.app run -m "$M" --device cuda --mem-budget 10GiB -c 4096 --show-plan 2>&1 | head -30
 # the CUDA context and cuBLAS's workspace alone: what no torch figure counts
 section "torch's CUDA context + one fp16 matmul" python3 -c "import torch
 a = torch.randn(4096, 4096, device='cuda', dtype=torch.float16); (a @ a).sum().item()

@@ -13,10 +13,11 @@ from collections.abc import Collection
 import torch
 from torch import nn
 
+from localllm.engine.expert_tensor import ExpertTensor
 from localllm.engine.gguf import GGUFModel
 from localllm.engine.linear import QuantLinear, dense
 from localllm.engine.models import model_module
-from localllm.engine.moe import ExpertTensor, use_native_cpu_experts
+from localllm.engine.moe import use_native_cpu_experts
 from localllm.engine.rope import Rotary
 from localllm.kernels.cpu.native import load as load_native
 from localllm.offload import QuantWeight

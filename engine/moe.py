@@ -16,9 +16,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from localllm.engine.expert_tensor import ExpertTensor
 from localllm.engine.graph_breaks import HostBreaks
 from localllm.engine.layers import DenseParam, GatedMLP
-from localllm.engine.linear import QuantLinear, dense, without_bytes
+from localllm.engine.linear import QuantLinear, without_bytes
 from localllm.engine.moe_split import SplitExperts
 from localllm.kernels.cpu.native import NativeKernels
 from localllm.kernels.cpu.rows_call import RowsCall, RowsScratch
@@ -32,56 +33,18 @@ from localllm.kernels.moe import (
     route_topk,
 )
 from localllm.kernels.moe.prepared import PreparedExpert
-from localllm.offload import ByteRange, QuantWeight
+from localllm.offload import QuantWeight
 from localllm.offload.expert_source import ExpertLayout, ExpertSource, ResidentExperts
 from localllm.offload.file_experts import FileExperts
 from localllm.offload.mapped_experts import MappedExperts
 
 log = logging.getLogger(__name__)
 
-EXPERT_TENSORS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
 # Host experts of a GPU model take the native kernels up to this many token rows; longer prompts
 # keep torch's prepared GEMMs (2-core AMX Xeon, one Qwen3-30B-A3B layer, ms per call, native vs
 # prepared: 3.2 / 3.9 at 1 row, 34.8 / 45.3 at 16, 80.4 / 95.3 at 64, 283.6 / 208.8 at 256).
 NATIVE_MAX_T = 64
 ROWS_MAX_T = 8  # decode rows of resident raw experts through one prepared call (`_decode_rows`)
-
-
-class ExpertTensor(nn.Module):
-    """One `ffn_*_exps` tensor: [n_expert, rows, cols] raw ggml blocks, one slice per expert."""
-
-    def __init__(self, n_expert: int, rows: int, cols: int):
-        super().__init__()
-        self.shape = (n_expert, rows, cols)
-        self.weight: QuantWeight | None = None
-        self.bias: torch.Tensor | None = None  # [n_expert, rows] float32 (gpt-oss), always held
-        self.streamed = False  # disk tier: the blocks are not held, a streamer reads them
-        # the GPU the experts belong on: the loader leaves their blocks on the host, and the
-        # block's `fuse` packs them there (None: they stay where they were loaded)
-        self.home: torch.device | None = None
-
-    def load_tensor(self, suffix: str, w: QuantWeight) -> None:
-        if suffix == "bias" and tuple(w.shape) == self.shape[:2]:
-            self.bias = dense(w)
-            return
-        if suffix != "weight" or tuple(w.shape) != self.shape:
-            raise ValueError(f"expected expert weight {self.shape}, got {tuple(w.shape)}")
-        self.weight = w
-
-    @property
-    def loaded(self) -> bool:
-        return self.weight is not None or self.streamed
-
-    def layout(self) -> tuple[ByteRange, tuple[int, int]]:
-        """Where the whole tensor is in the file and one expert's uint8 shape [rows, rb]."""
-        w = self.weight
-        if w.source is None or w.source.nbytes != w.nbytes:
-            raise ValueError("expert streaming needs weights that come straight from a file")
-        return w.source, (w.data.shape[1], w.data.shape[2])
-
-    def release(self) -> None:
-        """Stop holding the blocks (the disk tier reads them on demand)."""
-        self.weight, self.streamed = None, True
 
 
 @dataclass(frozen=True)

@@ -13,11 +13,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from localllm.engine.expert_tensor import EXPERT_TENSORS
 from localllm.engine.layers import DenseParam, RMSNorm, attention
 from localllm.engine.linear import QuantLinear
 from localllm.engine.models.common import arch_key
 from localllm.engine.models.decoder import Decoder
-from localllm.engine.moe import EXPERT_TENSORS, MoEFeedForward
+from localllm.engine.moe import MoEFeedForward
 from localllm.engine.rope import RopeConfig, Rotary, yarn_mscale
 
 

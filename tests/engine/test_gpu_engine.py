@@ -98,23 +98,10 @@ def test_gpu_load_holds_no_raw_copy_beside_the_kernels_layout(tmp_path):
     """Linears whose GPU kernel re-lays their blocks out are uploaded one at a time for it: the
     load's peak is what it keeps plus a weight or two in flight, not every raw upload beside
     its kernel copy (they were all held until the end of the load, twice the weights at once)."""
-    from localllm.engine.gguf import open_gguf
-    from localllm.engine.loader import build_model
+    from tests.engine.load_memory import measured_load
 
     shape = dataclasses.replace(SHAPES["tiny"], n_layers=8, vocab=512)
     write_synthetic(tmp_path / "m.gguf", shape, "Q4_K_M", None, seed=1)
-    g = open_gguf(tmp_path / "m.gguf")
-    try:
-        file_bytes = sum(t.range.nbytes for t in g.tensors.values())
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
-        base = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-        model = build_model(g, device="cuda")
-        torch.cuda.synchronize()
-        kept = torch.cuda.memory_allocated() - base
-        peak = torch.cuda.max_memory_allocated() - base
-    finally:
-        g.close()
+    model, file_bytes, kept, peak = measured_load(tmp_path / "m.gguf")
     assert model is not None and kept < 1.5 * file_bytes, (kept, file_bytes)
     assert peak - kept < file_bytes // 4, (peak, kept, file_bytes)

@@ -247,17 +247,12 @@ def test_cuda_mapped_host_experts_token_exact(tmp_path, slots):
     assert (st.hits > 0) == (share >= spec.n_used)
 
 
-def test_cuda_auto_fit_caches_host_experts_in_the_devices_room(tmp_path):
-    """A budget with room for half the experts: the planner puts every layer's experts on host
-    and that room in device slots over them (not half the layers on the device); the decode is
-    one graph, the slots are hit, and the greedy tokens equal the all-on-GPU run's."""
+def _half_the_experts(path) -> int:
+    """A budget (the CUDA context counted) with room for everything but half the experts."""
     from localllm.engine.gguf import open_gguf
     from localllm.engine.moe_residency import CUDA_CONTEXT, plan_model
     from localllm.offload.memory import probe_memory
 
-    spec = replace(QWEN3MOE, dim=256, expert_ff=256, expert_qtype=QT.Q8_0)
-    path = write_moe_gguf(tmp_path / "moe.gguf", spec)
-    want, _ = _greedy(path, None)
     g = open_gguf(path)
     try:
         whole = plan_model(g, resolve([]), 128, probe_memory("cuda"))
@@ -265,8 +260,17 @@ def test_cuda_auto_fit_caches_host_experts_in_the_devices_room(tmp_path):
         g.close()
     experts = sum(s for n, s in whole.sizes.items() if "_exps." in n)
     rest = sum(whole.sizes.values()) - experts
-    budget = rest + whole.kv_bytes + whole.scratch_bytes + experts // 2 + CUDA_CONTEXT
-    got, model = _greedy(path, {"budget": budget})
+    return rest + whole.kv_bytes + whole.scratch_bytes + experts // 2 + CUDA_CONTEXT
+
+
+def test_cuda_auto_fit_caches_host_experts_in_the_devices_room(tmp_path):
+    """A budget with room for half the experts: the planner puts every layer's experts on host
+    and that room in device slots over them (not half the layers on the device); the decode is
+    one graph, the slots are hit, and the greedy tokens equal the all-on-GPU run's."""
+    spec = replace(QWEN3MOE, dim=256, expert_ff=256, expert_qtype=QT.Q8_0)
+    path = write_moe_gguf(tmp_path / "moe.gguf", spec)
+    want, _ = _greedy(path, None)
+    got, model = _greedy(path, {"budget": _half_the_experts(path)})
     plan = model.residency_plan
     assert set(plan.expert_tiers().values()) == {"host"} and plan.streaming.slots > 0
     assert got == want
@@ -282,23 +286,11 @@ def test_cuda_untied_embedding_on_host_is_read_in_place(tmp_path):
     """Where the experts do not all fit, an untied embedding table goes to host memory that the
     GPU reads in place (page-locked, mapped): the lookup gathers its rows over the bus inside
     the decode graph, and the greedy tokens equal the all-on-GPU run's."""
-    from localllm.engine.gguf import open_gguf
-    from localllm.engine.moe_residency import CUDA_CONTEXT, plan_model
-    from localllm.offload.memory import probe_memory
-
     spec = replace(QWEN3MOE, dim=256, expert_ff=256, expert_qtype=QT.Q8_0, tied=False)
     path = write_moe_gguf(tmp_path / "moe.gguf", spec)
     want, model = _greedy(path, None)
     assert not hasattr(model.token_embd.weight.data, "_host_view")
-    g = open_gguf(path)
-    try:
-        whole = plan_model(g, resolve([]), 128, probe_memory("cuda"))
-    finally:
-        g.close()
-    experts = sum(s for n, s in whole.sizes.items() if "_exps." in n)
-    rest = sum(whole.sizes.values()) - experts
-    budget = rest + whole.kv_bytes + whole.scratch_bytes + experts // 2 + CUDA_CONTEXT
-    got, model = _greedy(path, {"budget": budget})
+    got, model = _greedy(path, {"budget": _half_the_experts(path)})
     assert model.residency_plan.tiers["token_embd.weight"] == "host"
     rows = model.token_embd.weight.data
     assert rows.is_cuda and rows._host_view.device.type == "cpu"  # the mapped buffer's views
@@ -312,25 +304,11 @@ def test_cuda_experts_packed_at_load_leave_no_raw_copy(tmp_path):
     default source once held the raw copies), and its peak is that plus a chunk of experts in
     flight (16 of the layer's 128, raw and packed, with the packing's temporaries), under a
     layer's bytes (the whole file was once uploaded raw, then packed: a layer over at least)."""
-    from localllm.engine.gguf import open_gguf
-    from localllm.engine.loader import build_model
+    from tests.engine.load_memory import measured_load
     from tests.offload.test_streaming import BIG
 
     spec = replace(BIG, n_layers=2, n_expert=128)  # a layer is 8 chunks of 16 experts
-    path = write_moe_gguf(tmp_path / "big.gguf", spec)
-    g = open_gguf(path)
-    try:
-        file_bytes = sum(t.range.nbytes for t in g.tensors.values())
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
-        base = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-        model = build_model(g, device="cuda")
-        torch.cuda.synchronize()
-        kept = torch.cuda.memory_allocated() - base
-        peak = torch.cuda.max_memory_allocated() - base
-    finally:
-        g.close()
+    model, file_bytes, kept, peak = measured_load(write_moe_gguf(tmp_path / "big.gguf", spec))
     assert all(b.packed is not None for b in moe_blocks(model))
     assert spec.expert_nbytes > 0.8 * file_bytes  # (the experts are most of the file)
     assert kept < 1.25 * file_bytes, (kept, file_bytes)

@@ -56,6 +56,9 @@ def build_model(
         for m in model.modules():
             if isinstance(m, QuantLinear):
                 m.native = native
+    # host blocks that are views of the file's mapping cost nothing to keep until the modules
+    # re-lay them out on the GPU; private read copies are uploaded at once
+    views = getattr(gguf, "views", True)
     aliases = getattr(model, "tensor_aliases", {})
     optional = set(getattr(model, "optional_tensors", ()))
     extra: dict[str, torch.Tensor] = {}
@@ -69,7 +72,7 @@ def build_model(
             continue
         try:
             where = device if name not in host_tensors else torch.device("cpu")
-            gpu = where.type == "cuda" and suffix == "weight"
+            gpu = views and where.type == "cuda" and suffix == "weight"
             if gpu and isinstance(target, (ExpertTensor, QuantLinear)):
                 # uploaded by the module for its kernel's layout, never held raw: experts packed
                 # by their block's `fuse` a chunk at a time, linears one at a time

@@ -128,8 +128,8 @@ class MoEFeedForward(nn.Module):
         self.format = ExpertFormat(g.qtype, u.qtype, d.qtype, self.dim, self.hidden, self.act)
         if self.shexp is not None:
             self.shexp.fuse()
-        home = self.ffn_gate_exps.home
-        if home is not None and home.type == "cuda":
+        home = self.ffn_gate_exps.home or g.data.device  # (uploaded already: `read` load mode)
+        if home.type == "cuda":
             self._to_device(home)
             g, u, d = self.expert_weights()
         if self.source is None:
@@ -141,8 +141,8 @@ class MoEFeedForward(nn.Module):
             )
 
     def _to_device(self, device: torch.device) -> None:
-        """Host blocks of experts that belong on a GPU: packed there for the dp4a kernels a few
-        experts at a time (`pack_layer`: the layer's raw bytes never sit on the device, whose
+        """Experts that belong on a GPU: packed there for the dp4a kernels a few experts at a time
+        (`pack_layer`: from host blocks, the layer's raw bytes never sit on the device, whose
         allocator would keep their blocks), else uploaded raw. The QuantWeights keep shape,
         bytes and file range for the plan."""
         from localllm.kernels.moe.packed import pack_layer, packable

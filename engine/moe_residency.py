@@ -397,6 +397,9 @@ class _ReadCopies:
     private pread copies instead of views of the mapping; disk-tier tensors stay views (never
     touched, so never resident)."""
 
+    # private copies cost host memory while held: the loader uploads them at once (`build_model`)
+    views = False
+
     def __init__(self, gguf: "GGUFModel", plan: ResidencyPlan):
         self._gguf, self._plan = gguf, plan
 

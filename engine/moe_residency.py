@@ -296,7 +296,13 @@ def plan_model(
     # a given budget is the whole process's device memory (what nvidia-smi shows); measured
     # free memory is read with the context already made, so it is counted there once
     cuda = memory.device.startswith("cuda")
-    plan = plan_residency(
+    rule = config.tier_of(EMBEDDING)
+    if tied and memory.separate_device and rule is not None and rule.tier == "host":
+        raise ResidencyError(
+            "token_embd.weight is the output head too (the file has no output.weight): "
+            "it stays on the device"
+        )
+    return plan_residency(
         config,
         sizes,
         kv_bytes,
@@ -309,12 +315,6 @@ def plan_model(
         # an untied embedding table is read a row per token: the cheapest bytes to leave on host
         host_first=(EMBEDDING,) if cuda and memory.separate_device and not tied else (),
     )
-    if plan.tiers.get(EMBEDDING) == "host" and memory.separate_device and tied:
-        raise ResidencyError(
-            "token_embd.weight is the output head too (the file has no output.weight): "
-            "it stays on the device"
-        )
-    return plan
 
 
 def _host_cacheable(gguf: "GGUFModel", memory: MemoryInfo) -> bool:

@@ -272,6 +272,14 @@ def plan_residency(
             f"only routed-expert tensors (ffn_*_exps) can stay on disk, not {', '.join(bad[:4])}"
         )
     separate = memory.separate_device
+    stuck = [n for n, t in tiers.items() if t == "host" and expert_layer(n) is None
+             and not _EXPERT_BIAS.match(n) and n not in host_first]  # fmt: skip
+    if separate and stuck:  # (the device would compute them from its own copy after all)
+        also = f" and {', '.join(host_first)}" if host_first else ""
+        raise ResidencyError(
+            f"only routed experts{also} can be on host beside a separate device, not "
+            f"{', '.join(stuck[:4])}: their layers compute on the device; place them there"
+        )
     budget = config.budget or (memory.device_free if separate else memory.host_free)
     source = "given" if config.budget else "measured free memory"
     overhead = kv_bytes + scratch_bytes + runtime_bytes

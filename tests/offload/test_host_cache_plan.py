@@ -217,3 +217,17 @@ def test_a_tied_embedding_on_host_is_refused_and_a_cpu_plan_keeps_it(tmp_path):
     finally:
         g.close()
         u.close()
+
+
+def test_a_rule_cannot_put_weights_the_device_computes_on_host():
+    """Beside a separate device only routed experts (and an untied embedding table, read in
+    place) can be on host: a rule putting the output head there is refused instead of a plan
+    that leaves out of the device's count a tensor loaded onto it; on the CPU it is no matter."""
+    with pytest.raises(ResidencyError, match=r"not output\.weight: their layers compute"):
+        _first(10**6, rules=[r"output\.weight=host"])
+    ok = _first(10**6, rules=[r"token_embd\.weight=host"])
+    assert ok.tiers["token_embd.weight"] == "host"
+    cfg = resolve([("t", {"rules": [r"output\.weight=host"]})])
+    cpu = MemoryInfo("cpu", host_free=1 << 30)
+    plan = plan_residency(cfg, {**_sizes(), "output.weight": 1000}, 0, cpu, n_expert=E)
+    assert plan.tiers["output.weight"] == "host"

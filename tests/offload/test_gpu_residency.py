@@ -74,6 +74,8 @@ def test_cuda_tokens_equal_in_every_residency_mode(tmp_path, qtype):
     assert graph_safe(model) == packed
     for layer in (
         {"experts": "device"},
+        # private read copies: uploaded at once, the device's experts packed from the upload
+        {"experts": "device", "load_mode": "read"},
         {"cpu_moe": True},
         {"experts": "disk", "streaming": {"slots": 2}},  # 1 a layer: the host asks
         # host-driven read-ahead packs on its own thread (in inference mode; the stream waits)
@@ -92,6 +94,8 @@ def test_cuda_tokens_equal_in_every_residency_mode(tmp_path, qtype):
             _near_ties_only(path, want, got)
         else:
             assert got == want, layer
+        if layer.get("load_mode") == "read":
+            assert all((b.packed is not None) == packed for b in moe_blocks(model))
         tiers = set(model.residency_plan.expert_tiers().values())
         for blk in moe_blocks(model):
             w = blk.ffn_gate_exps.weight

@@ -253,8 +253,9 @@ def plan_residency(
     experts), `runtime_bytes` what the device's runtime holds itself (a CUDA context: counted in
     a given budget), `host_cache`: the device reads host-tier experts in place and can cache them in
     slots (its kernels take the experts' types), `host_first`: tensors a separate device reads
-    in place from host memory when not every expert fits on it (an untied embedding table, a
-    row per token). Raises ResidencyError, with the numbers, when the model cannot fit."""
+    in place from host memory when not every expert is on it (by the rules, or for room: an
+    untied embedding table, a row per token). Raises ResidencyError, with the numbers, when the
+    model cannot fit."""
     names = list(sizes)
     warnings = _unmatched_warnings(config, names)
     tiers: dict[str, str] = {}
@@ -283,10 +284,9 @@ def plan_residency(
     budget = config.budget or (memory.device_free if separate else memory.host_free)
     source = "given" if config.budget else "measured free memory"
     overhead = kv_bytes + scratch_bytes + runtime_bytes
-    if (
-        separate
-        and sum(sizes[n] for n in names if tiers.get(n, "device") == "device") + overhead > budget
-    ):
+    held = sum(sizes[n] for n in names if tiers.get(n, "device") == "device")
+    ruled_off = any(t != "device" for n, t in tiers.items() if expert_layer(n) is not None)
+    if separate and (ruled_off or held + overhead > budget):
         first = [n for n in host_first if n in sizes and n not in tiers]
         tiers.update(dict.fromkeys(first, "host"))
     else:
@@ -328,8 +328,8 @@ def plan_residency(
     slot_bytes = max((sum(sizes[n] for n in ns) // n_expert for ns in experts.values()), default=0)
     pinned = sorted(layer for layer, ns in experts.items() if any(n in tiers for n in ns))
     if first:
-        notes.append(f"{', '.join(first)} on host, read in place by the device (the experts do not "
-                     "all fit on it)")  # fmt: skip
+        notes.append(f"{', '.join(first)} on host, read in place by the device (not every expert "
+                     "is on it)")  # fmt: skip
     if pinned:
         notes.append(f"experts of layers {_ranges(pinned)} placed by rules")
     auto = sorted(layer for layer, ns in experts.items() if not any(n in tiers for n in ns))

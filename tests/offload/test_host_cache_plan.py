@@ -191,6 +191,8 @@ def test_an_untied_embedding_goes_to_host_first_where_the_experts_do_not_all_fit
     assert tight.streaming.slots == kept.streaming.slots + 1000 // SLOT
     ruled = _first(2000 + experts // 2, rules=[r"token_embd\.weight=device"])
     assert ruled.tiers["token_embd.weight"] == "device"
+    # experts a rule puts on host (--cpu-moe): the device is being saved room for, even if roomy
+    assert _first(2000 + experts, cpu_moe=True).tiers["token_embd.weight"] == "host"
 
 
 def test_a_tied_embedding_on_host_is_refused_and_a_cpu_plan_keeps_it(tmp_path):

@@ -287,9 +287,10 @@ def test_cuda_auto_fit_caches_host_experts_in_the_devices_room(tmp_path):
 
 
 def test_cuda_untied_embedding_on_host_is_read_in_place(tmp_path):
-    """Where the experts do not all fit, an untied embedding table goes to host memory that the
-    GPU reads in place (page-locked, mapped): the lookup gathers its rows over the bus inside
-    the decode graph, and the greedy tokens equal the all-on-GPU run's."""
+    """Where the experts do not all fit, or rules put them off the device, an untied embedding
+    table goes to host memory that the GPU reads in place (page-locked, mapped): the lookup
+    gathers its rows over the bus inside the decode graph, and the greedy tokens equal the
+    all-on-GPU run's."""
     spec = replace(QWEN3MOE, dim=256, expert_ff=256, expert_qtype=QT.Q8_0, tied=False)
     path = write_moe_gguf(tmp_path / "moe.gguf", spec)
     want, model = _greedy(path, None)
@@ -300,6 +301,10 @@ def test_cuda_untied_embedding_on_host_is_read_in_place(tmp_path):
     assert rows.is_cuda and rows._host_view.device.type == "cpu"  # the mapped buffer's views
     assert got == want
     assert graph_safe(model)
+    # experts a rule puts on host (mapped, read in place): the table leaves the device too
+    got, model = _greedy(path, {"cpu_moe": True, "host_compute": "mapped"})
+    assert model.residency_plan.tiers["token_embd.weight"] == "host"
+    assert got == want
 
 
 def test_cuda_experts_packed_at_load_leave_no_raw_copy(tmp_path):

@@ -293,8 +293,6 @@ def plan_model(
         name: _memory_cost(t, precise, tied, cpu and expert_layer(name) not in raw, native, gpu)
         for name, t in gguf.tensors.items()
     }
-    # a given budget is the whole process's device memory (what nvidia-smi shows); measured
-    # free memory is read with the context already made, so it is counted there once
     cuda = memory.device.startswith("cuda")
     rule = config.tier_of(EMBEDDING)
     if tied and memory.separate_device and rule is not None and rule.tier == "host":
@@ -311,6 +309,8 @@ def plan_model(
         min_slots=getattr(args, "n_expert_used", 0) or 1,
         scratch_bytes=scratch,
         host_cache=not precise and _host_cacheable(gguf, memory),
+        # a given budget is the whole process's device memory (what nvidia-smi shows); measured
+        # free memory is read with the context already made, so it is counted there once
         runtime_bytes=CUDA_CONTEXT if cuda and config.budget else 0,
         # an untied embedding table is read a row per token: the cheapest bytes to leave on host
         host_first=(EMBEDDING,) if cuda and memory.separate_device and not tied else (),
@@ -426,8 +426,8 @@ def load_model(
     # token); other host-tier tensors would need host compute paths
     off_device = {n for n, t in plan.tiers.items() if t != "device" and expert_layer(n) is not None}
     device = torch.device(loader_args.get("device", "cpu"))
-    embd_host = plan.tiers.get(EMBEDDING) == "host" and device.type == "cuda"
-    if embd_host and plan.memory.separate_device:
+    mapped = device.type == "cuda" and plan.memory.separate_device
+    if mapped and plan.tiers.get(EMBEDDING) == "host":
         off_device.add(EMBEDDING)
     model = build_model(src, precise=precise, host_tensors=off_device, **loader_args)
     if EMBEDDING in off_device:

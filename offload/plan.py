@@ -58,6 +58,22 @@ def _host_cache_slots(
     return int(min(slots, n_expert * len(layers))) if slots >= floor else 0
 
 
+def _auto_split(
+    config: ResidencyConfig, st: Streaming, memory: MemoryInfo, tiers: Mapping[str, str],
+    sizes: Mapping[str, int],
+) -> bool:  # fmt: skip
+    """`host_compute = auto` where a separate CUDA device reads host-tier experts in place with
+    no device slots over them: the CPU's share beside the bus's decoded 1.3x mapped alone (H200,
+    RESULTS.md; with slots, mapped alone was faster). The CPU reads the file's blocks beside the
+    page-locked copy, so only in mmap mode with host RAM for both (or it would read the disk)."""
+    if config.host_compute != "auto" or st.slots or "disk" in tiers.values():
+        return False
+    if not memory.device.startswith("cuda") or config.load_mode != "mmap":
+        return False
+    host = sum(sizes[n] for n, t in tiers.items() if t == "host" and expert_layer(n) is not None)
+    return 2 * host <= memory.host_free
+
+
 def expert_layer(name: str) -> int | None:
     """The layer of a routed-expert tensor (`blk.N.ffn_{gate,up,down}_exps.weight`), else None."""
     m = _EXPERT.match(name)
@@ -436,9 +452,16 @@ def plan_residency(
         else:
             notes.append("prompts read the host-tier experts in place (no room for a layer's copy)")
     copy = copy or disk_copy
+    host_compute = config.host_compute
+    if host_cache and mapped and _auto_split(config, st, memory, tiers, sizes):
+        host_compute = "split"
+        notes.append(
+            "no device slots over the host-tier experts: the CPU computes a share of each "
+            "decode token's experts while the device reads the rest (split)"
+        )
     rules = tuple(f"{r.pattern} -> {r.tier}  ({r.source})" for r in config.rules)
     return ResidencyPlan(
         tiers, dict(sizes), kv_bytes, scratch_bytes, budget, source, memory, config.load_mode,
-        streaming, slot_bytes, tuple(notes), tuple(warnings), rules, config.host_compute, copy,
+        streaming, slot_bytes, tuple(notes), tuple(warnings), rules, host_compute, copy,
         max(REQUEST_STAGE, min_slots), runtime_bytes,
     )  # fmt: skip

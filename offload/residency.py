@@ -10,7 +10,8 @@ A settings *layer* is a plain mapping with the keys of a residency document (TOM
     host_compute = "auto"    # host-tier experts: "mapped" (a GPU reads them in place; slots keep
                              # recently used ones) where it can, else "host" (the CPU computes
                              # them); "split": mapped, and the CPU computes a share of each
-                             # token's experts meanwhile; "device": copied over per use
+                             # token's experts meanwhile (auto's choice where no slots cover
+                             # them); "device": copied over per use
     rules = ["blk\\.[0-3]\\.ffn_.*_exps=device", {pattern = "output", tier = "host"}]
     [streaming]
     enabled = true           # disk-tier experts are streamed into slots

@@ -233,3 +233,30 @@ def test_a_rule_cannot_put_weights_the_device_computes_on_host():
     cpu = MemoryInfo("cpu", host_free=1 << 30)
     plan = plan_residency(cfg, {**_sizes(), "output.weight": 1000}, 0, cpu, n_expert=E)
     assert plan.tiers["output.weight"] == "host"
+
+
+def test_auto_host_compute_splits_host_experts_with_the_cpu_where_no_slots_cover_them():
+    """`host_compute = auto` with host-tier experts and no device slots over them: the CPU
+    computes a share of each decode token's experts beside the bus (split); with slots, with
+    another setting, in read load mode or without host RAM for the page-locked copy and the
+    file's blocks both, it stays as it was."""
+    tight = 1000 + E * SLOT + 4 * SLOT + 10  # one layer on the device, no room for slots
+    plan = _plan(tight, used=4)
+    assert plan.host_compute == "split" and not plan.streaming.slots
+    assert "(split)" in "\n".join(plan.notes)
+    assert "host_compute = split" in plan.describe()
+    hosted = 3 * E * SLOT  # the three layers on host
+    cases = [
+        ("device slots over them", _plan(1000 + 2 * E * SLOT + 700), "auto"),
+        ("asked for mapped", _plan(tight, used=4, host_compute="mapped"), "mapped"),
+        ("read load mode", _plan(tight, used=4, load_mode="read"), "auto"),
+        ("host RAM for one copy", _plan(tight, used=4, host_free=2 * hosted - 1), "auto"),
+        ("every expert on the device", _plan(1000 + LAYERS * E * SLOT + 4 * SLOT), "auto"),
+    ]
+    for why, other, want in cases:
+        assert other.host_compute == want, why
+    assert _plan(tight, used=4, host_free=2 * hosted).host_compute == "split"
+    cpu = MemoryInfo("cpu", host_free=1 << 30)
+    cfg = resolve([("t", {"budget": tight})])
+    cpu_plan = plan_residency(cfg, _sizes(), 0, cpu, n_expert=E, min_slots=4, host_cache=True)
+    assert cpu_plan.host_compute == "auto"

@@ -35,10 +35,19 @@ section "(b) llama.cpp -ot exps=CPU" llama -p 0 -n 64 -r 3 -ot exps=CPU
 section "(b) llama.cpp -ncmoe 46" llama -p 0 -n 64 -r 3 -ncmoe 46
 # (b) under a budget: no prompt copy, the plan's minimum (the CUDA context included)
 section "(b) --cpu-moe split, 2.2 GiB" ours -p 0 -n 64 -r 3 --cpu-moe --host-compute split --mem-budget 2.2GiB
-section "(b) --cpu-moe mapped, 2.2 GiB" ours -p 0 -n 64 -r 3 --cpu-moe --mem-budget 2.2GiB
+section "(b) --cpu-moe mapped, 2.2 GiB" ours -p 0 -n 64 -r 3 --cpu-moe --host-compute mapped --mem-budget 2.2GiB
+# (b) beside llama.cpp at about its footprints: auto-fit alone (split where no slots cover the
+# host experts), and budgets llama.cpp fills with whole layers' experts (392 MiB each)
+section "(b) auto-fit, 2.2 GiB" ours -p 0 -n 64 -r 3 --mem-budget 2.2GiB
+section "(b) auto-fit, 3 GiB" ours -p 0 -n 64 -r 3 --mem-budget 3GiB
+section "(b) llama.cpp -ncmoe 44" llama -p 0 -n 64 -r 3 -ncmoe 44
+section "(b) auto-fit, 4.5 GiB" ours -p 0 -n 64 -r 3 --mem-budget 4.5GiB
+section "(b) llama.cpp -ncmoe 40" llama -p 0 -n 64 -r 3 -ncmoe 40
 section "auto-fit, 10 GiB" ours -p 0 -n 64 -r 3 --mem-budget 10GiB
 section "llama.cpp -ncmoe 24" llama -p 0 -n 64 -r 3 -ncmoe 24
 section "auto-fit, 6 GiB" ours -p 0 -n 64 -r 3 --mem-budget 6GiB
 section "llama.cpp -ncmoe 36" llama -p 0 -n 64 -r 3 -ncmoe 36
 section "(c) disk, 3,072 slots" ours -p 0 -n 64 -r 3 --experts disk --expert-slots 3072
+# (c) in llama.cpp -ncmoe 24's device memory (9,943 MiB): the slots the budget leaves
+section "(c) disk, 9.7 GiB" ours -p 0 -n 64 -r 3 --experts disk --mem-budget 9.7GiB
 date -u

@@ -179,6 +179,8 @@ def _split(blocks: list[MoEFeedForward]) -> None:
             b.split = SplitExperts(native, raw, (f.gate, f.up, f.down), f.act, f.dim, b.n_used,
                                    device=dev, layer=b.layer, scratch=scratch)  # fmt: skip
             b.mapped.n_used = b.n_used - b.split.cpu  # replays count the bus's pairs
+            if b.mapped.lru is not None:  # the CPU takes the pairs the slots miss
+                b.split.slot_of = b.mapped.lru.slot_of
             n += 1
         else:
             for t in (b.ffn_gate_exps, b.ffn_up_exps, b.ffn_down_exps):

@@ -6,6 +6,10 @@ CPU's native kernels from the file's blocks, at the same time. Both pull expert 
 memory, so the bus's bandwidth and the CPU's add up; mapped alone leaves the CPU idle, the CPU
 alone (llama.cpp's `-ot exps=CPU`) leaves the bus idle.
 
+Where the GPU's share has device slots over it (`--expert-slots`), each token's experts the
+slots do not hold are put last first, so the CPU takes misses that would cross the bus and the
+GPU the hits it reads from its own memory.
+
 Per layer: the GPU copies the token rows and the CPU's share of the routing into page-locked
 buffers and an event marks that; the GPU goes on to its share; the host waits for that event
 alone, computes its share into a page-locked buffer, and the GPU work after it copies the sum in
@@ -75,6 +79,9 @@ class SplitExperts:
         """`scratch`: buffers shared with the model's other split layers (one step at a time)."""
         self.n_used, self.cpu = n_used, cpu_count(n_used, share, layer)
         self.call = RowsCall(native, blocks, types, act, SPLIT_MAX_T, self.cpu, scratch)
+        # the GPU's slot map (expert -> slot, -1: not on the device) where its share is cached:
+        # each token's uncached experts then go last, to the CPU, before the bus
+        self.slot_of: torch.Tensor | None = None
         self.host_rows = 0  # token rows whose CPU share ran (replays included)
         self.stats = None  # an `ExpertStats`: the CPU's pairs count as hits, its rows as host rows
         self.timing = SplitTiming()
@@ -104,6 +111,10 @@ class SplitExperts:
         rest; `breaks`: the graph chain being captured, or None (eager)."""
         t, k = ids.shape
         g = k - self.cpu
+        if self.slot_of is not None:  # (a stable sort: hits, then misses, each in routing order)
+            miss = (self.slot_of[ids] < 0).to(torch.int8)
+            order = torch.sort(miss, dim=1, stable=True).indices
+            ids, weights = ids.gather(1, order), weights.gather(1, order)
         rows, w, cids, y = self._rows[:t], self._w[:t], self._ids[:t], self._y[:t]
         rows.copy_(x, non_blocking=True)
         w.copy_(weights[:, g:], non_blocking=True)

@@ -162,6 +162,27 @@ def test_cuda_host_compute_token_exact(tmp_path, family):
         assert (rows > 0) if on_host or split else rows == 0
 
 
+def test_cuda_split_over_slots_gives_the_cpu_the_experts_the_slots_miss(tmp_path):
+    """Split with device slots over the mapped experts: the CPU's share reads each layer's slot
+    map (its pairs are the ones the slots miss, before any other), the slots are hit, the CPU
+    takes token rows, and the greedy tokens equal the all-on-GPU run's up to near-ties."""
+    if load_native() is None:
+        pytest.skip("no C compiler: split has no CPU share")
+    spec = replace(QWEN3MOE, dim=256, expert_ff=256, expert_qtype=QT.Q8_0)
+    path = write_moe_gguf(tmp_path / "moe.gguf", spec)
+    want, _ = _greedy(path, None)
+    slots = spec.n_layers * (spec.n_expert - 2)  # most of each layer's experts
+    cfg = {"cpu_moe": True, "host_compute": "split", "streaming": {"slots": slots}}
+    got, model = _greedy(path, cfg)
+    _near_ties_only(path, want, got)
+    for b in moe_blocks(model):
+        assert b.split is not None and b.split.slot_of is b.mapped.lru.slot_of
+        assert b.split.host_rows >= 7
+    account_mapped(model)
+    st = expert_stats(model.expert_sources)
+    assert st.hits > 0 and st.host_rows > 0 and st.lookups == st.hits + st.misses
+
+
 def test_cuda_streaming_modes_token_exact(tmp_path):
     """Read-ahead on and off, LRU and LFU, few slots: the GPU run's greedy tokens do not change."""
     path = write_moe_gguf(tmp_path / "moe.gguf")

@@ -76,6 +76,46 @@ def test_split_sums_the_gpu_share_and_the_cpu_share(kernels, tokens):
     assert split.takes(ids) and not split.takes(ids.repeat(SPLIT_MAX_T + 1, 1))
 
 
+def test_with_slots_the_cpu_takes_the_experts_the_slots_miss(kernels):
+    """Where the GPU's share has device slots, each token's experts are reordered hits first,
+    misses last (each in routing order), so the CPU's c computes misses where a token has them;
+    the sum is still over all k experts with their own weights."""
+    g, u, d = _layer(seed=5)
+    qt = tuple(QuantType(t) for t in TYPES)
+    k, dim, t = 8, 256, 3
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(t, dim, generator=gen)
+    ids = torch.tensor(
+        [[0, 1, 2, 3, 4, 5, 6, 7], [11, 10, 9, 8, 7, 6, 5, 4], [3, 8, 1, 9, 0, 2, 4, 5]]
+    )
+    w = torch.softmax(torch.randn(t, k, generator=gen), -1)
+    split = SplitExperts(kernels, (g, u, d), qt, "silu", dim, k)
+    c = split.cpu
+    slot_of = torch.full((12,), -1, dtype=torch.int32)
+    slot_of[[0, 2, 4, 6, 8, 10, 1, 9, 3]] = torch.arange(9, dtype=torch.int32)  # 5, 7, 11 missed
+    split.slot_of = slot_of
+    seen = []
+
+    def gpu(x, xq, wg, ig):
+        seen.append((wg.clone(), ig.clone()))
+        return kernels.moe_ffn(x, wg, ig, g, u, d, qt, "silu")
+
+    y = split.ffn(x, None, w, ids, gpu)
+    order = torch.tensor([[0, 1, 2, 3, 4, 6, 5, 7], [1, 2, 3, 5, 7, 0, 4, 6],
+                          [0, 1, 2, 3, 4, 5, 6, 7]])  # fmt: skip
+    mine = ids.gather(1, order)
+    assert mine[0, -2:].tolist() == [5, 7] and mine[1, -3:].tolist() == [11, 7, 5]
+    assert torch.equal(seen[0][1], mine[:, : k - c])
+    assert torch.equal(seen[0][0], w.gather(1, order)[:, : k - c])
+    wo = w.gather(1, order)
+    gp = kernels.moe_ffn(x, wo[:, : k - c], mine[:, : k - c], g, u, d, qt, "silu")
+    cpu = kernels.moe_ffn(x, wo[:, k - c :], mine[:, k - c :], g, u, d, qt, "silu")
+    assert torch.equal(y, gp + cpu)
+    want = expert_ffn_reference(x, w, ids, g, u, d, ExpertFormat(*qt, dim, 512, "silu"))
+    rel = ((y.double() - want.double()).norm() / want.double().norm()).item()
+    assert rel < 2e-2
+
+
 @pytest.mark.parametrize("types", [TYPES, (QT.Q8_0,) * 3, (QT.Q6_K, QT.Q4_K, QT.Q8_0)])
 def test_rows_call_equals_moe_ffn_bit_for_bit(kernels, types):
     """The prepared per-pair call (each pair its own group, in routing order) gives moe_ffn's

@@ -1,7 +1,7 @@
 """Host experts split between the GPU and the CPU (`--host-compute split`): decode tokens/s and
 where each layer's host step goes, for a few CPU shares (not a test; needs a CUDA device).
 
-    python tests/perf/bench_split.py MODEL.gguf [--shares 0.375,0.4375] [--tokens 64]
+    python tests/perf/bench_split.py MODEL.gguf [--shares 0.375,0.4375] [--tokens 64] [--slots N]
 
 Per share: tokens/s of a greedy decode through the decode graphs, then per layer step (means over
 the timed tokens): the host's wait for the token rows (the GPU's attention part), the CPU's share,
@@ -19,9 +19,12 @@ from localllm.engine.sampling_params import SamplingParams
 from localllm.offload.residency import resolve
 
 
-def run(path: str, share: float, tokens: int) -> str:
+def run(path: str, share: float, tokens: int, slots: int = 0) -> str:
     moe_split.SPLIT_CPU_SHARE = share
-    cfg = resolve([("bench", {"cpu_moe": True, "host_compute": "split"})])
+    layer = {"cpu_moe": True, "host_compute": "split"}
+    if slots:  # device slots over the mapped experts: the CPU takes the pairs they miss
+        layer["streaming"] = {"slots": slots}
+    cfg = resolve([("bench", layer)])
     llm = LLM(path, max_model_len=512, device="cuda", residency=cfg)
     params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
     prompt = [[1, 5, 9, 33, 7, 11, 200, 3]]
@@ -49,11 +52,12 @@ def main() -> None:
     ap.add_argument("model")
     ap.add_argument("--shares", default="0.3125,0.375,0.4375")
     ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--slots", type=int, default=0, help="device slots over the mapped experts")
     a = ap.parse_args()
     print("| share | layers by CPU experts | t/s | ms/token | wait us | CPU us | GPU busy |")
     print("|---|---|---:|---:|---:|---:|---:|")
     for s in a.shares.split(","):
-        print(run(a.model, float(s), a.tokens), flush=True)
+        print(run(a.model, float(s), a.tokens, a.slots), flush=True)
 
 
 if __name__ == "__main__":

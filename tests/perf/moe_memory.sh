@@ -36,6 +36,9 @@ section "(b) llama.cpp -ncmoe 46" llama -p 0 -n 64 -r 3 -ncmoe 46
 # (b) under a budget: no prompt copy, the plan's minimum (the CUDA context included)
 section "(b) --cpu-moe split, 2.2 GiB" ours -p 0 -n 64 -r 3 --cpu-moe --host-compute split --mem-budget 2.2GiB
 section "(b) --cpu-moe mapped, 2.2 GiB" ours -p 0 -n 64 -r 3 --cpu-moe --host-compute mapped --mem-budget 2.2GiB
+# host experts with 512 device slots over them: mapped alone, and split (the CPU takes misses)
+section "(b) mapped over 512 slots" ours -p 0 -n 64 -r 3 --cpu-moe --host-compute mapped --expert-slots 512
+section "(b) split over 512 slots" ours -p 0 -n 64 -r 3 --cpu-moe --host-compute split --expert-slots 512
 # (b) beside llama.cpp at about its footprints: auto-fit alone (split where no slots cover the
 # host experts), and budgets llama.cpp fills with whole layers' experts (392 MiB each)
 section "(b) auto-fit, 2.2 GiB" ours -p 0 -n 64 -r 3 --mem-budget 2.2GiB

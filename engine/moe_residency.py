@@ -287,7 +287,8 @@ def plan_model(
     scratch += 3 * expert_f32 if getattr(args, "n_expert", 0) else 0
     memory = memory or probe_memory("cpu")
     scratch += _cublas_workspaces(memory)
-    cpu = not memory.separate_device  # CPU compute: experts are held prepared too ...
+    # CPU compute: experts are held prepared too ... (a GPU, unified or not, reads the blocks)
+    cpu = not memory.device.startswith(("cuda", "mps"))
     native = load_native() if cpu and not precise else None
     raw = _native_layers(gguf, native)  # ... unless native
     gpu = memory.device != "cpu"

@@ -9,6 +9,7 @@ import dataclasses
 import pytest
 from gguf import GGMLQuantizationType as QT
 
+from localllm.engine import moe_residency
 from localllm.engine.gguf import open_gguf
 from localllm.engine.moe_residency import CUDA_CONTEXT, plan_model
 from localllm.offload.memory import MemoryInfo
@@ -149,10 +150,14 @@ def test_a_gpu_plan_counts_weights_at_their_blocks_and_a_given_budget_the_cuda_c
         g.close()
 
 
-def test_a_unified_cuda_plan_counts_cublas_workspaces_like_a_separate_one(tmp_path):
+def test_a_unified_cuda_plan_counts_cublas_workspaces_like_a_separate_one(tmp_path, monkeypatch):
     """cuBLAS's per-stream workspaces come out of a unified GPU's one pool too (they were left
-    out there): the scratch is the separate device's, more than a CPU plan's."""
-    g = open_gguf(write_moe_gguf(tmp_path / "m.gguf", QWEN3MOE))
+    out there): the scratch is the separate device's, more than a CPU plan's; its experts cost
+    their blocks' bytes, as on a separate GPU (it counted the CPU's prepared copies)."""
+    # Q8_0 experts without the native CPU kernels: a CPU plan holds them prepared too
+    monkeypatch.setattr(moe_residency, "load_native", lambda: None)
+    spec = dataclasses.replace(QWEN3MOE, expert_qtype=QT.Q8_0)
+    g = open_gguf(write_moe_gguf(tmp_path / "m.gguf", spec))
     try:
         plans = {
             kind: plan_model(g, resolve([]), memory=mem)
@@ -166,6 +171,11 @@ def test_a_unified_cuda_plan_counts_cublas_workspaces_like_a_separate_one(tmp_pa
         g.close()
     assert plans["unified"].scratch_bytes == plans["separate"].scratch_bytes
     assert plans["unified"].scratch_bytes >= plans["cpu"].scratch_bytes + (16 << 20)
+    # a unified GPU computes its experts from their blocks, as a separate one does: no CPU copies
+    for name, t in g.tensors.items():
+        if "_exps." in name:
+            assert plans["unified"].sizes[name] == plans["separate"].sizes[name] == t.range.nbytes
+            assert plans["cpu"].sizes[name] > t.range.nbytes  # (the CPU's prepared copy)
 
 
 def _first(budget: int, first=("token_embd.weight",), **settings):

@@ -57,7 +57,8 @@ def build_model(
             if isinstance(m, QuantLinear):
                 m.native = native
     # host blocks that are views of the file's mapping cost nothing to keep until the modules
-    # re-lay them out on the GPU; private read copies are uploaded at once
+    # re-lay them out on the GPU; private read copies of experts are uploaded at once (a
+    # linear's are held instead: non-expert bytes in host RAM, not beside its kernel's layout)
     views = getattr(gguf, "views", True)
     aliases = getattr(model, "tensor_aliases", {})
     optional = set(getattr(model, "optional_tensors", ()))
@@ -72,8 +73,8 @@ def build_model(
             continue
         try:
             where = device if name not in host_tensors else torch.device("cpu")
-            gpu = views and where.type == "cuda" and suffix == "weight"
-            if gpu and isinstance(target, (ExpertTensor, QuantLinear)):
+            own = isinstance(target, QuantLinear) or (views and isinstance(target, ExpertTensor))
+            if own and where.type == "cuda" and suffix == "weight":
                 # uploaded by the module for its kernel's layout, never held raw: experts packed
                 # by their block's `fuse` a chunk at a time, linears one at a time
                 target.home, where = where, torch.device("cpu")

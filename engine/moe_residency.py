@@ -400,7 +400,8 @@ class _ReadCopies:
     private pread copies instead of views of the mapping; disk-tier tensors stay views (never
     touched, so never resident)."""
 
-    # private copies cost host memory while held: the loader uploads them at once (`build_model`)
+    # private copies cost host memory while held: the loader uploads experts' at once and holds
+    # only linears' until their kernels are made (`build_model`)
     views = False
 
     def __init__(self, gguf: "GGUFModel", plan: ResidencyPlan):

@@ -15,7 +15,7 @@ from torch import nn
 from localllm.engine.linear import without_bytes
 from localllm.engine.models import model_module
 from localllm.engine.moe import MoEFeedForward, moe_blocks
-from localllm.engine.moe_split import SplitExperts
+from localllm.engine.moe_split import SPLIT_CPU_SHARE_SLOTS, SplitExperts
 from localllm.kernels.cpu.native import load as load_native
 from localllm.kernels.cpu.rows_call import RowsScratch
 from localllm.kernels.moe.prepared import prepared_expert_nbytes
@@ -176,10 +176,12 @@ def _split(blocks: list[MoEFeedForward]) -> None:
         if native is not None and native.supports(f.gate, f.up, f.down, f.dim, f.hidden, f.act):
             raw = tuple(w.data for w in b.expert_weights())
             dev = b.ffn_gate_inp.weight.data.device
+            cached = b.mapped.lru is not None
+            share = SPLIT_CPU_SHARE_SLOTS if cached else None
             b.split = SplitExperts(native, raw, (f.gate, f.up, f.down), f.act, f.dim, b.n_used,
-                                   device=dev, layer=b.layer, scratch=scratch)  # fmt: skip
+                                   share, dev, b.layer, scratch)  # fmt: skip
             b.mapped.n_used = b.n_used - b.split.cpu  # replays count the bus's pairs
-            if b.mapped.lru is not None:  # the CPU takes the pairs the slots miss
+            if cached:  # the CPU takes the pairs the slots miss
                 b.split.slot_of = b.mapped.lru.slot_of
             n += 1
         else:

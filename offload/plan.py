@@ -369,7 +369,7 @@ def plan_residency(
             )
         moved[tier].append(layer)
         tiers.update(dict.fromkeys(experts[layer], tier))
-    cache = host_cache and config.host_compute in ("mapped", "auto") and not st.slots
+    cache = host_cache and config.host_compute in ("mapped", "auto", "split") and not st.slots
     if cache and moved["host"] and not moved["disk"]:
         # (layers a rule put on host share the slots too)
         hosted = [la for la, ns in experts.items() if la in auto or tiers[ns[0]] == "host"]

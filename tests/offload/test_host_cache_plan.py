@@ -49,6 +49,14 @@ def test_layers_that_do_not_all_fit_go_to_host_with_the_room_as_slots():
     assert used <= plan.budget
 
 
+def test_split_host_compute_gets_the_slots_too():
+    """Split reads the GPU's share through the same mapped path: the room becomes slots there
+    too (the CPU then takes the experts they miss)."""
+    plan = _plan(1000 + 2 * E * SLOT + 700, host_compute="split")
+    assert set(plan.expert_tiers().values()) == {"host"} and plan.streaming.slots > 0
+    assert plan.host_compute == "split"
+
+
 def test_without_room_for_the_copy_the_slots_take_all_of_it():
     room = LAYERS * USED * SLOT + 100  # a token's experts a layer, not a layer's copy on top
     plan = _plan(1000 + room)

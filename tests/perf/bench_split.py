@@ -12,7 +12,7 @@ the bottleneck, a larger share may pay; near 0 %: the CPU is).
 import argparse
 import time
 
-from localllm.engine import moe_split
+from localllm.engine import moe_residency, moe_split
 from localllm.engine.llm import LLM
 from localllm.engine.moe import moe_blocks
 from localllm.engine.sampling_params import SamplingParams
@@ -21,6 +21,7 @@ from localllm.offload.residency import resolve
 
 def run(path: str, share: float, tokens: int, slots: int = 0) -> str:
     moe_split.SPLIT_CPU_SHARE = share
+    moe_residency.SPLIT_CPU_SHARE_SLOTS = share  # (the share over slots, read where it is used)
     layer = {"cpu_moe": True, "host_compute": "split"}
     if slots:  # device slots over the mapped experts: the CPU takes the pairs they miss
         layer["streaming"] = {"slots": slots}

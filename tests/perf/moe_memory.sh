@@ -46,6 +46,8 @@ section "(b) auto-fit, 3 GiB" ours -p 0 -n 64 -r 3 --mem-budget 3GiB
 section "(b) llama.cpp -ncmoe 44" llama -p 0 -n 64 -r 3 -ncmoe 44
 section "(b) auto-fit, 4.5 GiB" ours -p 0 -n 64 -r 3 --mem-budget 4.5GiB
 section "(b) llama.cpp -ncmoe 40" llama -p 0 -n 64 -r 3 -ncmoe 40
+section "(b) split, 4.5 GiB" ours -p 0 -n 64 -r 3 --mem-budget 4.5GiB --host-compute split
+section "split, 6 GiB" ours -p 0 -n 64 -r 3 --mem-budget 6GiB --host-compute split
 section "auto-fit, 10 GiB" ours -p 0 -n 64 -r 3 --mem-budget 10GiB
 section "llama.cpp -ncmoe 24" llama -p 0 -n 64 -r 3 -ncmoe 24
 section "auto-fit, 6 GiB" ours -p 0 -n 64 -r 3 --mem-budget 6GiB

@@ -32,7 +32,8 @@ from localllm.kernels.quant.types import QuantType
 # 3.5 / 4 on the H200 box (16 cores; RESULTS "MoE decode 1.54x; host experts split ...")
 SPLIT_CPU_SHARE = 0.375
 # with device slots over the GPU's share the bus carries only its misses and the CPU's share is
-# the longer side: 2 of 8 decoded 1.2x 3 of 8 over 512 slots (H200, RESULTS "(b) beside ...")
+# the longer side: 2 of 8 decoded 1.2x 3 of 8 over 512 slots through LLM.generate (H200; equal
+# under `localllm bench`, RESULTS "Every expert on host beside llama.cpp at its footprints")
 SPLIT_CPU_SHARE_SLOTS = 0.25
 SPLIT_MAX_T = 8  # token rows per step that split (decode); prompts read every expert over the bus
 SPLIT_THREADS: int | None = None  # CPU threads of the host share (None: torch's thread count)

@@ -7,8 +7,8 @@ memory, so the bus's bandwidth and the CPU's add up; mapped alone leaves the CPU
 alone (llama.cpp's `-ot exps=CPU`) leaves the bus idle.
 
 Where the GPU's share has device slots over it (`--expert-slots`), each token's experts the
-slots do not hold are put last first, so the CPU takes misses that would cross the bus and the
-GPU the hits it reads from its own memory.
+slots do not hold are moved to its end first, so the CPU takes misses that would cross the bus
+and the GPU the hits it reads from its own memory.
 
 Per layer: the GPU copies the token rows and the CPU's share of the routing into page-locked
 buffers and an event marks that; the GPU goes on to its share; the host waits for that event

@@ -18,9 +18,14 @@
  * PREFETCH_ROWS ahead of the one being dotted, so each thread keeps reads in flight. Into L2
  * (prefetcht1): the non-temporal hint used before made experts already in cache 2.5x slower and
  * a layer from memory 1.3-1.6x slower (bench_moe_cold.py, 2026-12-01 18:10 UTC). */
+#ifndef PREFETCH_ROWS /* (-D overrides: tests/perf/bench_moe_cold.py --defines) */
 #define PREFETCH_ROWS 4
+#endif
+#ifndef PREFETCH_LOCALITY
+#define PREFETCH_LOCALITY 2
+#endif
 static inline void prefetch_row(const uint8_t *w, int64_t rb) {
-    for (int64_t o = 0; o < rb; o += 64) __builtin_prefetch(w + o, 0, 2);
+    for (int64_t o = 0; o < rb; o += 64) __builtin_prefetch(w + o, 0, PREFETCH_LOCALITY);
 }
 
 static int64_t row_bytes(int type, int64_t k) {

@@ -4,9 +4,14 @@ rotated call by call, random experts per token, native kernels over the raw bloc
 prepared torch path. Not a test.
 
     python tests/perf/bench_moe_cold.py [--threads 2] [--layers 4] [--rows 1 16 64] [--native-only]
+        [--defines "PREFETCH_ROWS=8 PREFETCH_ROWS=16,PREFETCH_LOCALITY=3"]
+
+`--defines`: native builds with these -D settings besides the default one (space-separated
+variants, comma-separated defines within one), each timed on the same layers.
 """
 
 import argparse
+import itertools
 import sys
 import time
 from pathlib import Path
@@ -51,6 +56,7 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=20)
     ap.add_argument("--rows", type=int, nargs="*", default=[1, 16, 64])
     ap.add_argument("--native-only", action="store_true", help="skip the prepared torch path")
+    ap.add_argument("--defines", default="", help="native build variants (see the docstring)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     rng = np.random.default_rng(0)
@@ -64,12 +70,37 @@ def main() -> None:
     flags = native and " ".join(native.flags)
     print(f"# {a.layers} layers of {E} experts ({mb:.0f} MB raw each), {a.threads} threads, "
           f"native flags {flags}")  # fmt: skip
+    variants = list(_variants(a.defines))
+    for (label, k), _ in itertools.product(variants, range(2)):  # (twice: the first one warms)
+        for rows in a.rows:
+            ms = median_ms(lambda L, x, w, i, k=k: k.moe_ffn(x, w, i, *L, types), raw, rows,
+                           a.calls, rows)  # fmt: skip
+            print(f"rows {rows:3d}: native {label} {ms:8.2f} ms per layer call")
     for rows in a.rows:
         nat = median_ms(lambda L, x, w, i: native.moe_ffn(x, w, i, *L, types), raw, rows,
                         a.calls, rows) if native else float("nan")  # fmt: skip
         prep = median_ms(lambda P, x, w, i: expert_ffn_grouped(x, w, i, P.__getitem__, FMT),
                          prepared, rows, a.calls, rows) if prepared else float("nan")  # fmt: skip
         print(f"rows {rows:3d}: native {nat:8.2f} ms, prepared {prep:8.2f} ms per layer call")
+
+
+def _variants(defines: str):
+    """(label, NativeKernels) for each -D variant that builds and passes the self-check."""
+    import tempfile
+
+    from localllm.kernels.cpu import native as nat
+    from localllm.kernels.cpu.cbuild import built_libraries
+
+    for v in defines.split():
+        flags = (*nat.FLAG_SETS[0], *(f"-D{d}" for d in v.split(",")))
+        for lib, path, fl in built_libraries((nat.SOURCE, *nat.HEADERS), (flags,),
+                                             "localllm-moe-gemv-variant", nat._bind,
+                                             Path(tempfile.gettempdir()) / "variants"):  # fmt: skip
+            k = nat.NativeKernels(lib, path, fl)
+            if nat.self_check(k):
+                yield v, k
+            else:
+                print(f"# {v}: failed the self-check")
 
 
 if __name__ == "__main__":

@@ -35,6 +35,9 @@ section "(b) llama.cpp -ot exps=CPU" llama -p 0 -n 64 -r 3 -ot exps=CPU
 section "(b) llama.cpp -ncmoe 46" llama -p 0 -n 64 -r 3 -ncmoe 46
 # (b) under a budget: no prompt copy, the plan's minimum (the CUDA context included)
 section "(b) --cpu-moe split, 2.2 GiB" ours -p 0 -n 64 -r 3 --cpu-moe --host-compute split --mem-budget 2.2GiB
+# the same with libgomp's threads spinning between layers instead of sleeping after ~300k spins
+ours_active() { OMP_WAIT_POLICY=ACTIVE ours "$@"; }
+section "(b) split 2.2 GiB, OMP active" ours_active -p 0 -n 64 -r 3 --cpu-moe --host-compute split --mem-budget 2.2GiB
 section "(b) --cpu-moe mapped, 2.2 GiB" ours -p 0 -n 64 -r 3 --cpu-moe --host-compute mapped --mem-budget 2.2GiB
 # host experts with 512 device slots over them: mapped alone, and split (the CPU takes misses)
 section "(b) mapped over 512 slots" ours -p 0 -n 64 -r 3 --cpu-moe --host-compute mapped --expert-slots 512

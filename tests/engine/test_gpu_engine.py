@@ -99,7 +99,7 @@ def test_gpu_load_holds_no_raw_copy_beside_the_kernels_layout(tmp_path, load_mod
     """Linears whose GPU kernel re-lays their blocks out are uploaded one at a time for it: the
     load's peak is what it keeps plus a weight or two in flight, not every raw upload beside
     its kernel copy (they were all held until the end of the load, twice the weights at once;
-    in read mode until this session: its private copies are held on the host instead)."""
+    read mode held them so after mmap mode no longer did: its private copies wait on the host)."""
     from tests.engine.load_memory import measured_load
 
     shape = dataclasses.replace(SHAPES["tiny"], n_layers=8, vocab=512)

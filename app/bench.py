@@ -63,6 +63,7 @@ class ExpertCounters:
     prefetch_hits: int
     guess_rate: float
     prepare_s: float  # of the stall: preparing (CPU) or packing (device) the experts read
+    cpu_pairs: int = 0  # of the hits: pairs split's CPU share computed (not the device's slots)
 
     @classmethod
     def between(cls, before, after) -> "ExpertCounters":
@@ -81,12 +82,18 @@ class ExpertCounters:
             after.prefetch_hits - before.prefetch_hits,
             right / guessed if guessed else 0.0,
             after.prepare_seconds - before.prepare_seconds,
+            after.cpu_pairs - before.cpu_pairs,
         )
 
     def line(self) -> str:
         rate = self.hits / self.lookups if self.lookups else 0.0
+        split = ""
+        if self.cpu_pairs:  # the device's own rate: its slots' hits over the pairs it looked up
+            own = self.lookups - self.cpu_pairs
+            dev = (self.hits - self.cpu_pairs) / own if own else 0.0
+            split = f"; {self.cpu_pairs} of the hits by the CPU's share, the device's {dev:.2f}"
         return (
-            f"{self.hits} hits, {self.misses} misses (hit rate {rate:.2f}), "
+            f"{self.hits} hits, {self.misses} misses (hit rate {rate:.2f}{split}), "
             f"{self.bytes_read / 1e9:.3f} GB read at {self.read_gbps:.2f} GB/s, "
             f"stall {self.stall_s:.3f} s (packing or preparing {self.prepare_s:.3f} s)"
         )

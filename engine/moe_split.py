@@ -137,6 +137,7 @@ class SplitExperts:
             tm.steps, self.host_rows = tm.steps + 1, self.host_rows + t
             if self.stats is not None:
                 self.stats.host_rows += t
+                self.stats.cpu_pairs += t * self.cpu
                 self.stats.lookups += t * self.cpu
                 self.stats.hits += t * self.cpu
             tm.wait_seconds += t1 - t0

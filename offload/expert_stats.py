@@ -23,6 +23,7 @@ class ExpertStats:
     guessed: int = 0  # experts guessed for a coming layer (prefetch)
     guessed_right: int = 0  # of those, the ones the layer then routed to
     host_rows: int = 0  # token rows whose routed experts ran on the host (host compute)
+    cpu_pairs: int = 0  # split: (token, expert) pairs the CPU computed beside the device (hits)
     prepared: int = 0  # experts prepared for CPU compute after a read (streamed sources)
     prepare_seconds: float = 0.0  # time those preparations took (in the reads' thread)
 

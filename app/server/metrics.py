@@ -33,6 +33,7 @@ EXPERT_COUNTERS = (
     ("guessed", "Experts guessed for a coming layer (read-ahead)."),
     ("guessed_right", "Guessed experts the layer then routed to."),
     ("prepared", "Streamed experts prepared for CPU compute after their read."),
+    ("cpu_pairs", "Routed pairs the CPU computed beside the device (split), counted as hits."),
 )
 
 

@@ -68,3 +68,15 @@ def test_show_plan_prints_and_loads_nothing(moe, capsys):
     out = _bench(capsys, moe, "--experts", "disk", "--expert-slots", "3", "--show-plan")
     assert "residency plan on cpu" in out and "expert slots 3 x" in out
     assert "| model |" not in out  # nothing was run
+
+
+def test_a_split_runs_footer_tells_the_cpus_pairs_from_the_devices_hits():
+    """Split counts the CPU's pairs as hits (served where they are): the footer says how many
+    and gives the device's own rate, its slots' hits over the pairs it looked up."""
+    from localllm.app.bench import ExpertCounters
+
+    c = ExpertCounters(800, 500, 300, 0, 0.0, 0.0, 0, 0.0, 0.0, cpu_pairs=200)
+    line = c.line()
+    assert "hit rate 0.62; 200 of the hits by the CPU's share, the device's 0.50" in line
+    plain = ExpertCounters(800, 500, 300, 0, 0.0, 0.0, 0, 0.0, 0.0)
+    assert "CPU" not in plain.line() and "(hit rate 0.62)" in plain.line()

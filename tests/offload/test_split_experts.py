@@ -68,7 +68,7 @@ def test_split_sums_the_gpu_share_and_the_cpu_share(kernels, tokens):
     assert torch.equal(y, gp + cpu)
     assert split.host_rows == tokens and split.timing.steps == 1 and split.timing.cpu_seconds > 0
     st = split.stats  # the CPU's pairs count as served where they are
-    assert st.host_rows == tokens and st.lookups == st.hits == tokens * c
+    assert st.host_rows == tokens and st.lookups == st.hits == st.cpu_pairs == tokens * c
     # against the dense oracle over all k experts (int8 activations: ~1 %)
     want = expert_ffn_reference(x, w, ids, g, u, d, ExpertFormat(*qt, dim, 512, "silu"))
     rel = ((y.double() - want.double()).norm() / want.double().norm()).item()

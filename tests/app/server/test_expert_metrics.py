@@ -13,7 +13,7 @@ SPEC = replace(QWEN3MOE, expert_qtype=GGMLQuantizationType.Q8_0)
 
 
 COUNTERS = {"lookups", "hits", "misses", "bytes_read", "stall_seconds", "read_seconds"}
-COUNTERS |= {"prefetched", "prefetch_hits", "guessed", "guessed_right", "prepared"}
+COUNTERS |= {"prefetched", "prefetch_hits", "guessed", "guessed_right", "prepared", "cpu_pairs"}
 
 
 def _serve(tmp_path_factory, prefetch: str, slots: int = 2):
@@ -48,6 +48,7 @@ def test_expert_counters_follow_generation(base):
     r = httpx.post(base + "/v1/completions", json=body, timeout=120)
     assert r.status_code == 200, r.text
     after = _experts(base)
+    assert after["cpu_pairs"] == 0  # (no split on a CPU: nothing computes beside a device)
     lookups = after["lookups"] - before["lookups"]
     tokens = r.json()["usage"]["prompt_tokens"] + 6
     # Every layer routes each token to n_used experts; the forward of the last token is not run.

@@ -289,11 +289,10 @@ def plan_model(
     scratch += 3 * expert_f32 if getattr(args, "n_expert", 0) else 0
     memory = memory or probe_memory("cpu")
     scratch += _cublas_workspaces(memory)
-    # CPU compute: experts are held prepared too ... (a GPU, unified or not, reads the blocks)
-    cpu = not memory.device.startswith(("cuda", "mps"))
+    gpu = memory.device.startswith(("cuda", "mps"))  # (unified or not: it reads the blocks)
+    cpu = not gpu  # CPU compute: experts are held prepared too ...
     native = load_native() if cpu and not precise else None
     raw = _native_layers(gguf, native)  # ... unless native
-    gpu = memory.device != "cpu"
     sizes = {
         name: _memory_cost(t, precise, tied, cpu and expert_layer(name) not in raw, native, gpu)
         for name, t in gguf.tensors.items()

@@ -62,13 +62,14 @@ def _auto_split(
     config: ResidencyConfig, st: Streaming, memory: MemoryInfo, tiers: Mapping[str, str],
     sizes: Mapping[str, int],
 ) -> bool:  # fmt: skip
-    """`host_compute = auto` where a separate CUDA device reads host-tier experts in place with
-    no device slots over them: the CPU's share beside the bus's decoded 1.3x mapped alone (H200,
-    RESULTS.md; with slots, mapped alone was faster). The CPU reads the file's blocks beside the
-    page-locked copy, so only in mmap mode with host RAM for both (or it would read the disk)."""
-    if config.host_compute != "auto" or st.slots or "disk" in tiers.values():
+    """`host_compute = auto` where a separate CUDA device reads host-tier experts in place (the
+    caller checks that) with no device slots over them: the CPU's share beside the bus's decoded
+    1.3x mapped alone (H200, RESULTS.md; with slots, mapped alone was faster). The CPU reads the
+    file's blocks beside the page-locked copy, so only in mmap mode with host RAM for both (or
+    it would read the disk)."""
+    if config.host_compute != "auto" or config.load_mode != "mmap" or st.slots:
         return False
-    if not memory.device.startswith("cuda") or config.load_mode != "mmap":
+    if "disk" in tiers.values():
         return False
     host = sum(sizes[n] for n, t in tiers.items() if t == "host" and expert_layer(n) is not None)
     return 2 * host <= memory.host_free
@@ -314,7 +315,7 @@ def plan_residency(
     pool_tiers = ("device",) if separate else ("device", "host")
     fixed = sum(sizes[n] for n, t in tiers.items() if t in pool_tiers and expert_layer(n) is None)
     runtime = f" and the CUDA context {fmt_bytes(runtime_bytes)}" if runtime_bytes else ""
-    if fixed + kv_bytes + scratch_bytes + runtime_bytes > budget:
+    if fixed + overhead > budget:
         raise ResidencyError(
             f"budget {fmt_bytes(budget)} ({source}) is too small: the non-expert weights need "
             f"{fmt_bytes(fixed)}, the KV cache {fmt_bytes(kv_bytes)}, compute scratch "
@@ -329,12 +330,9 @@ def plan_residency(
         f"non-expert weights {fmt_bytes(fixed)} + KV {fmt_bytes(kv_bytes)} + scratch "
         f"{fmt_bytes(scratch_bytes)}{runtime.replace(' and', ' +')} on the device"
     ]
-    used = (
-        fixed
-        + kv_bytes
-        + scratch_bytes
-        + runtime_bytes
-        + sum(sizes[n] for n, t in tiers.items() if t in pool_tiers and expert_layer(n) is not None)
+    used = fixed + overhead
+    used += sum(
+        sizes[n] for n, t in tiers.items() if t in pool_tiers and expert_layer(n) is not None
     )
     if used > budget:
         raise ResidencyError(

@@ -8,7 +8,8 @@ seq_len, block table padded to the bucket]. Attention uses the device-built padd
 the real batch repeat row 0: they rewrite row 0's KV slot with the same values, so they touch no
 other sequence's cache. MoE layers that need the host each step (experts streamed or computed on
 the CPU) split the capture into a chain of graphs with their host steps between
-(`engine.graph_breaks`).
+(`engine.graph_breaks`); layers that split their experts with the CPU alone keep it one graph
+(`engine.split_link`).
 """
 
 import logging
@@ -21,12 +22,14 @@ from localllm.engine.batch import BatchMeta
 from localllm.engine.graph_breaks import HostBreaks
 from localllm.engine.kv_cache import PagedKVCache
 from localllm.engine.moe import graph_safe, moe_blocks
+from localllm.engine.split_link import SplitLink
 from localllm.kernels.attention.decode import DecodePlan
 from localllm.kernels.attention.decode_graph import PaddedPositions, padded_decode_plan
 
 log = logging.getLogger(__name__)
 
 BATCH_SIZES = (1, 2, 4, 8)
+SPLIT_LINK = True  # split layers hand over by flags in one graph (False: graph breaks; benches)
 MIN_BLOCKS = 16  # the smallest table-width bucket (256 tokens at block size 16)
 COLS = 4  # id, position, slot, seq_len; the block table follows
 
@@ -54,6 +57,7 @@ class _Graph:
     inputs: torch.Tensor  # [B, COLS + blocks] int64 static input
     logits: torch.Tensor | None  # [B, vocab] float32 static output
     graph: "torch.cuda.CUDAGraph | HostBreaks | None"  # one graph, or a chain with host steps
+    link: SplitLink | None = None  # one graph whose split layers hand over to the CPU by flags
 
 
 class DecodeGraphs:
@@ -115,18 +119,31 @@ class DecodeGraphs:
             return None
         for b in self._mapped:  # replays run no Python: mapped host experts count from here
             b.mapped.replayed(key[0])
+        if g.link is not None:
+            g.link.arm()
         g.graph.replay()
+        if g.link is not None:  # the CPU's shares of the split layers, beside the replay
+            g.link.run()
         return g.logits[:n]
 
     def _capture(self, g: _Graph) -> None:
         side = warm_up(self.forward, g.inputs, self.kv.device)
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
-        if graph_safe(self.model):
+        if graph_safe(self.model, split=SPLIT_LINK):
+            split = [b for b in moe_blocks(self.model) if b.split is not None]
+            native = split[0].split.call.native if split else None
+            link = SplitLink(native, len(split), self.kv.device) if split else None
+            for b in split:
+                b.link = link
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool):
-                g.logits = self.forward(g.inputs)
-            g.graph = graph
+            try:
+                with torch.cuda.graph(graph, pool=self.pool):
+                    g.logits = self.forward(g.inputs)
+            finally:
+                for b in split:
+                    b.link = None
+            g.graph, g.link = graph, link
             return
         # MoE layers that need the host: one graph piece between each two of their host steps
         chain, blocks = HostBreaks(self.pool), moe_blocks(self.model)

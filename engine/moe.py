@@ -100,6 +100,7 @@ class MoEFeedForward(nn.Module):
         # the next layer, whose experts read at the GPU's request this one's step reads ahead
         self.read_ahead_next: MoEFeedForward | None = None
         self.breaks: HostBreaks | None = None  # set while a decode graph is captured in pieces
+        self.link = None  # set while a decode graph with split layers is captured whole
         # host-tier experts the GPU reads in place, or disk-tier ones read at its request
         self.mapped: MappedExperts | FileExperts | None = None
         self.split: SplitExperts | None = None  # with `mapped`: the CPU computes a share too
@@ -248,7 +249,7 @@ class MoEFeedForward(nn.Module):
             return self.mapped.ffn(x, w, i, self.format, xq)
 
         shared = self.shexp(x, xq) if self.shexp is not None else None
-        y = self.split.ffn(x.reshape(-1, self.dim), xq, weights, ids, gpu, self.breaks)
+        y = self.split.ffn(x.reshape(-1, self.dim), xq, weights, ids, gpu, self.breaks, self.link)
         y = y.reshape(x.shape).to(x.dtype)
         return y + shared if shared is not None else y
 
@@ -448,12 +449,16 @@ def moe_blocks(model: nn.Module) -> list[MoEFeedForward]:
     return [m for m in model.modules() if isinstance(m, MoEFeedForward)]
 
 
-def graph_safe(model: nn.Module) -> bool:
+def graph_safe(model: nn.Module, split: bool = False) -> bool:
     """Whether a decode step can be captured as one CUDA graph: every MoE block (if any) computes
     resident packed experts on the device, so no routing decision reaches the host (otherwise
-    `DecodeGraphs` captures it in pieces around the blocks' host steps)."""
+    `DecodeGraphs` captures it in pieces around the blocks' host steps); `split`: blocks that
+    split their experts with the CPU count too (they hand over by flags, `engine.split_link`)."""
     return all(
-        b.packed is not None and b.compute_on is None and b.guess_next is None and b.split is None
+        b.packed is not None
+        and b.compute_on is None
+        and b.guess_next is None
+        and (split or b.split is None)
         for b in moe_blocks(model)
     )
 

@@ -13,8 +13,11 @@ and the GPU the hits it reads from its own memory.
 Per layer: the GPU copies the token rows and the CPU's share of the routing into page-locked
 buffers and an event marks that; the GPU goes on to its share; the host waits for that event
 alone, computes its share into a page-locked buffer, and the GPU work after it copies the sum in
-and adds. In a decode graph chain (`engine.graph_breaks`) the event sits between two graphs
-(`HostBreaks.fork`) and the host part is a host step; eagerly it is the same sequence.
+and adds. A captured decode step is one graph where every other layer allows it: the hand-over
+is then a pair of flags in host memory (`engine.split_link`), and the host runs the CPU's shares
+beside the replay. In a decode graph chain (`engine.graph_breaks`: other layers need host steps)
+the event sits between two graphs (`HostBreaks.fork`) and the host part is a host step; eagerly
+it is the same sequence.
 """
 
 import time
@@ -28,9 +31,10 @@ from localllm.kernels.cpu.native import NativeKernels
 from localllm.kernels.cpu.rows_call import RowsCall, RowsScratch
 from localllm.kernels.quant.types import QuantType
 
-# Share of each token's routed experts the CPU computes: 3 of 8 was the fastest of 2 / 2.5 / 3 /
-# 3.5 / 4 on the H200 box (16 cores; RESULTS "MoE decode 1.54x; host experts split ...")
-SPLIT_CPU_SHARE = 0.375
+# Share of each token's routed experts the CPU computes: 4 of 8 decoded 55.79 t/s where 3 of 8
+# did 49.36 once the hand-over took flags in one graph (`engine.split_link`; H200 box, 16 cores,
+# RESULTS "Split layers in one graph"); with graph breaks 3 of 8 had been the fastest
+SPLIT_CPU_SHARE = 0.5
 # with device slots over the GPU's share the bus carries only its misses and the CPU's share is
 # the longer side: 2 of 8 decoded 1.2x 3 of 8 over 512 slots through LLM.generate (H200; equal
 # under `localllm bench`, RESULTS "Every expert on host beside llama.cpp at its footprints")
@@ -54,7 +58,8 @@ def cpu_count(n_used: int, share: float | None = None, layer: int = 0) -> int:
 class SplitTiming:
     """A layer's host steps: how long the host waited for the token rows, how long the CPU's
     share took, and in how many steps the GPU's share was still running when the CPU's was done
-    (mostly: the bus is the bottleneck, give the CPU more; rarely: the CPU is)."""
+    (mostly: the bus is the bottleneck, give the CPU more; rarely: the CPU is; counted at graph
+    breaks and eagerly: a linked graph counts the GPU's waits instead, `SplitLink.gpu_waits`)."""
 
     steps: int = 0
     wait_seconds: float = 0.0
@@ -109,10 +114,12 @@ class SplitExperts:
         ids: torch.Tensor,
         gpu: GpuPart,
         breaks: HostBreaks | None = None,
+        link=None,
     ) -> torch.Tensor:
         """x [T, dim], routing [T, k] -> float32 [T, dim]: `gpu(x, xq, weights, ids)` computes
         the first k - c experts of each token (the weighted sum of its pairs), the CPU the
-        rest; `breaks`: the graph chain being captured, or None (eager)."""
+        rest; `breaks`: the graph chain being captured, `link`: the one graph being captured
+        (`engine.split_link`), or neither (eager)."""
         t, k = ids.shape
         g = k - self.cpu
         if self.slot_of is not None:  # (a stable sort: hits, then misses, each in routing order)
@@ -123,6 +130,11 @@ class SplitExperts:
         rows.copy_(x, non_blocking=True)
         w.copy_(weights[:, g:], non_blocking=True)
         cids.copy_(ids[:, g:], non_blocking=True)
+        if link is not None:  # the host's flag after the copies, the GPU's share, the wait
+            i = link.add(self, t)
+            yg = gpu(x, xq, weights[:, :g].contiguous(), ids[:, :g].contiguous())
+            link.hold(i)
+            return yg + y.to(x.device, non_blocking=True)
         ready = _Ready(x.device) if breaks is None else breaks.fork()
         # (one token's slices are contiguous already: no copy kernel in decode)
         yg = gpu(x, xq, weights[:, :g].contiguous(), ids[:, :g].contiguous())
@@ -130,25 +142,33 @@ class SplitExperts:
         def step() -> None:
             t0 = time.perf_counter()
             ready.synchronize()  # the rows and routing are here; the GPU's share runs on
-            t1 = time.perf_counter()
-            self.call.run(t, rows.data_ptr(), w.data_ptr(), cids.reshape(-1).tolist(),
-                          y.data_ptr(), SPLIT_THREADS or torch.get_num_threads())  # fmt: skip
-            tm = self.timing
-            tm.steps, self.host_rows = tm.steps + 1, self.host_rows + t
-            if self.stats is not None:
-                self.stats.host_rows += t
-                self.stats.cpu_pairs += t * self.cpu
-                self.stats.lookups += t * self.cpu
-                self.stats.hits += t * self.cpu
-            tm.wait_seconds += t1 - t0
-            tm.cpu_seconds += time.perf_counter() - t1
-            tm.gpu_busy += x.is_cuda and not torch.cuda.current_stream(x.device).query()
+            self.cpu_step(t, time.perf_counter() - t0)
+            busy = x.is_cuda and not torch.cuda.current_stream(x.device).query()
+            self.timing.gpu_busy += busy
 
         if breaks is None:
             step()
         else:
             breaks.host(step)
         return yg + y.to(x.device, non_blocking=True)
+
+    def cpu_step(self, t: int, waited: float) -> None:
+        """The CPU's share of `t` token rows from the page-locked buffers into `_y` (the GPU's
+        copies out are done); `waited`: seconds the host waited for them."""
+        t1 = time.perf_counter()
+        ids = self._ids[:t].reshape(-1).tolist()
+        threads = SPLIT_THREADS or torch.get_num_threads()
+        rows, w, y = (b.data_ptr() for b in (self._rows, self._w, self._y))
+        self.call.run(t, rows, w, ids, y, threads)
+        tm = self.timing
+        tm.steps, self.host_rows = tm.steps + 1, self.host_rows + t
+        if self.stats is not None:
+            self.stats.host_rows += t
+            self.stats.cpu_pairs += t * self.cpu
+            self.stats.lookups += t * self.cpu
+            self.stats.hits += t * self.cpu
+        tm.wait_seconds += waited
+        tm.cpu_seconds += time.perf_counter() - t1
 
 
 class _Ready:

@@ -8,6 +8,7 @@
  * float math before use. Codes enter the dot products unsigned (the Q6_K -32 offset goes through
  * the 16-sums): a signed form was mis-vectorized by GCC 12 with -march=native (AVX512-VNNI). */
 #include <stdint.h>
+#include <time.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -308,3 +309,28 @@ void moe_combine(int64_t t, int64_t kk, const int64_t *pos, const float *wts, co
         }
     }
 }
+
+/* The host side of a handshake with a GPU through page-locked flags (engine/moe_split.py's
+ * SplitLink): the GPU's signal is a store it makes after its copies into host memory, so no
+ * driver call sits between the GPU's rows and the CPU's share. 0 once *flag == want (acquire:
+ * what the GPU wrote before it is visible), -1 after timeout_us. */
+int flag_wait(const int32_t *flag, int32_t want, int64_t timeout_us) {
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (uint32_t i = 1;; i++) {
+        if (__atomic_load_n(flag, __ATOMIC_ACQUIRE) == want) return 0;
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+#elif defined(__aarch64__)
+        __asm__ volatile("yield");
+#endif
+        if ((i & 4095) == 0) {
+            clock_gettime(CLOCK_MONOTONIC, &t1);
+            int64_t us = (t1.tv_sec - t0.tv_sec) * 1000000 + (t1.tv_nsec - t0.tv_nsec) / 1000;
+            if (us > timeout_us) return -1;
+        }
+    }
+}
+
+/* *flag = v after every earlier store of this thread (release: the CPU's rows before it). */
+void flag_set(int32_t *flag, int32_t v) { __atomic_store_n(flag, v, __ATOMIC_RELEASE); }

@@ -199,6 +199,10 @@ def _bind(lib: ctypes.CDLL) -> None:
     lib.dequant_rows.restype = None
     lib.moe_combine.argtypes = [_I, _I, _P, _P, _P, _I, _P, _INT]
     lib.moe_combine.restype = None
+    lib.flag_wait.argtypes = [_P, ctypes.c_int32, _I]
+    lib.flag_wait.restype = _INT
+    lib.flag_set.argtypes = [_P, ctypes.c_int32]
+    lib.flag_set.restype = None
 
 
 def load(cache_dir: Path | None = None) -> NativeKernels | None:

@@ -32,8 +32,12 @@ def _greedy(path, layer):
     out = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params)]
     graphs = llm.engine.runner.graphs  # decode really went through captured graphs
     assert graphs is not None and graphs.failed is None and graphs.graphs
+    split = [b for b in moe_blocks(llm.engine.model) if b.split is not None]
     for g in graphs.graphs.values():  # experts that need the host: a chain of graph pieces
-        assert isinstance(g.graph, HostBreaks) != graph_safe(llm.engine.model)
+        assert isinstance(g.graph, HostBreaks) != graph_safe(llm.engine.model, split=True)
+        if not isinstance(g.graph, HostBreaks):  # split layers hand over by flags in one graph
+            assert (g.link is not None) == bool(split)
+            assert g.link is None or [s for s, _ in g.link.jobs] == [b.split for b in split]
         if isinstance(g.graph, HostBreaks):
             blocks = moe_blocks(llm.engine.model)  # a split block: a fork and a host step
             pieces = sum(b.packed is None for b in blocks) + 2 * sum(

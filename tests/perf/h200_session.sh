@@ -41,8 +41,8 @@ elif [ -n "${BUILD:-}" ]; then  # llama.cpp's llama-bench from the trimmed tree 
 fi
 LB=/tmp/llb/bin/llama-bench
 built() { [ -z "${BLD:-}" ] || wait $BLD; [ -x $LB ] || { tail -20 /tmp/build.log; return 1; }; }
-(synth Q4_K_M q4km) &
-GEN=$!
+GEN=
+[ -n "${NO8B:-}" ] || { (synth Q4_K_M q4km) & GEN=$!; }  # NO8B=1: MoE-only calls skip the 8B file
 [ -n "${Q8:-}" ] && { (synth Q8_0 q8) & GEN8=$!; }
 if [ -n "${MOE:-}" ]; then
   # a warm machine keeps /tmp: the file from the call before is reused

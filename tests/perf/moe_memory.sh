@@ -37,6 +37,16 @@ section "(b) llama.cpp -ncmoe 46" llama -p 0 -n 64 -r 3 -ncmoe 46
 section "(b) --cpu-moe split, 2.2 GiB" ours -p 0 -n 64 -r 3 --cpu-moe --host-compute split --mem-budget 2.2GiB
 # the same with libgomp's threads spinning between layers instead of sleeping after ~300k spins
 ours_active() { OMP_WAIT_POLICY=ACTIVE ours "$@"; }
+# the split with another CPU share (SHARE; `engine.moe_split.SPLIT_CPU_SHARE`)
+ours_share() {
+  timeout 150 python3 -c "import sys; from localllm.engine import moe_split
+moe_split.SPLIT_CPU_SHARE = float(sys.argv[1]); from localllm.app.bench import main
+sys.exit(main(sys.argv[2:]))" "$SHARE" -m "$M" --device cuda "$@" 2>&1 |
+    grep -E "qwen3moe|expert|graphs|memory|Error|rror"; }
+for SHARE in ${SHARES:-}; do  # SHARES="0.375 0.5": the floor's split at each
+  section "(b) split 2.2 GiB, CPU share $SHARE" ours_share -p 0 -n 64 -r 3 --cpu-moe --host-compute split --mem-budget 2.2GiB
+  section "(b) auto-fit 3 GiB, CPU share $SHARE" ours_share -p 0 -n 64 -r 3 --mem-budget 3GiB
+done
 section "(b) split 2.2 GiB, OMP active" ours_active -p 0 -n 64 -r 3 --cpu-moe --host-compute split --mem-budget 2.2GiB
 section "(b) --cpu-moe mapped, 2.2 GiB" ours -p 0 -n 64 -r 3 --cpu-moe --host-compute mapped --mem-budget 2.2GiB
 # host experts with 512 device slots over them: mapped alone, and split (the CPU takes misses)

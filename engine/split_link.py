@@ -1,0 +1,104 @@
+"""A decode graph whose split layers (`engine.moe_split`) hand their rows to the CPU and back
+through flags in page-locked host memory, with no break in the graph.
+
+Handing over at a graph break costs, every layer, the host's return from the CPU's share, a
+graph launch and the first kernel's start between the CPU's last store and the GPU's next step
+(~110-160 us a layer on the H200 host against a CPU share of ~230). Here the decode step is one
+graph; per split layer it holds the copies of the token rows and the CPU's routing out, a
+`signal` (the layer's GPU flag := this replay's number), the GPU's share, a `wait` (until the
+layer's CPU flag holds the number) and the copy of the CPU's sum back (`kernels.host_flags`).
+The host launches the replay, then runs the CPU's shares in layer order (`run`): per layer it
+spins on the GPU flag (`flag_wait`, native), computes, sets the CPU flag (`flag_set`).
+
+A host that fails half-way sets every flag left (the GPU finishes the step on stale sums, the
+caller gets the error); a host that never comes lets the GPU's waits give up after about a
+second each, which the next `arm` raises.
+"""
+
+import time
+
+import torch
+
+from localllm.kernels.cpu.native import NativeKernels
+from localllm.offload.mapped import host_view, map_empty
+
+HOST_TIMEOUT_US = 10_000_000  # the host's wait for a layer's rows (what was queued first runs)
+
+
+class SplitLinkError(RuntimeError):
+    """The GPU and the CPU lost each other in a linked decode step."""
+
+
+class SplitLink:
+    """Flags and jobs of one captured decode graph: `add` / `hold` while capturing (in layer
+    order), then per replay `arm()` before it and `run()` after its launch."""
+
+    def __init__(self, native: NativeKernels, n: int, device: torch.device) -> None:
+        """`n` split layers; on a CPU `device` (tests) the flags are plain host tensors and the
+        GPU's side is the caller's to play (`add` and `hold` capture nothing)."""
+        self.lib, self.kernels = native.lib, None
+        self.jobs: list[tuple[object, int]] = []  # (SplitExperts, token rows) per captured layer
+        spec = {"gpu": ((n,), torch.int32), "cpu": ((n,), torch.int32), "err": ((1,), torch.int32)}
+        cuda = device.type == "cuda"
+        if cuda:
+            self.flags = map_empty(spec, device)
+        else:
+            self.flags = {k: torch.zeros(shape, dtype=dt) for k, (shape, dt) in spec.items()}
+        for v in self.flags.values():
+            host_view(v).zero_()
+        self._gpu = host_view(self.flags["gpu"]).data_ptr()
+        self._cpu = host_view(self.flags["cpu"]).data_ptr()
+        self._err = host_view(self.flags["err"])
+        self.seq = 0
+        self.seq_dev = torch.zeros(1, dtype=torch.int32, device=device)
+        self.waits = torch.zeros(n, dtype=torch.int32, device=device)
+        if cuda:  # compiled here: a first launch inside the capture would load modules mid-way
+            from localllm.kernels import host_flags
+
+            self.kernels = host_flags
+            host_flags.signal(self.flags["gpu"], 0, self.seq_dev)
+            host_flags.wait(self.flags["gpu"], 0, self.seq_dev, self.waits, self.flags["err"])
+            torch.cuda.synchronize(device)
+            self.waits.zero_()
+            host_view(self.flags["gpu"]).zero_()
+
+    def add(self, split, t: int) -> int:
+        """Capture the signal of the next split layer (`t` token rows), after its copies out."""
+        i = len(self.jobs)
+        if i >= self.waits.numel():
+            raise SplitLinkError(f"more split layers than the {self.waits.numel()} planned")
+        self.jobs.append((split, t))
+        if self.kernels is not None:
+            self.kernels.signal(self.flags["gpu"], i, self.seq_dev)
+        return i
+
+    def hold(self, i: int) -> None:
+        """Capture the wait for the CPU's share of layer `i`, before its copy back."""
+        if self.kernels is not None:
+            self.kernels.wait(self.flags["cpu"], i, self.seq_dev, self.waits, self.flags["err"])
+
+    def arm(self) -> None:
+        """Before a replay: its number, on the device in stream order."""
+        if int(self._err[0]):
+            raise SplitLinkError("the GPU gave up waiting for the CPU's share of a split layer")
+        self.seq = self.seq % (2**31 - 1) + 1
+        self.seq_dev.fill_(self.seq)
+
+    def run(self) -> None:
+        """After the replay's launch: every split layer's CPU share, in order (see the module)."""
+        lib, seq, done = self.lib, self.seq, 0
+        try:
+            for i, (split, t) in enumerate(self.jobs):
+                t0 = time.perf_counter()
+                if lib.flag_wait(self._gpu + 4 * i, seq, HOST_TIMEOUT_US) != 0:
+                    raise SplitLinkError(f"split layer {i}: the GPU's rows never came")
+                split.cpu_step(t, time.perf_counter() - t0)
+                lib.flag_set(self._cpu + 4 * i, seq)
+                done = i + 1
+        finally:
+            for i in range(done, len(self.jobs)):  # release the GPU's waits
+                lib.flag_set(self._cpu + 4 * i, seq)
+
+    def gpu_waits(self) -> int:
+        """Layer steps in which the GPU waited for the CPU's share (it was the longer side)."""
+        return int(self.waits.sum())

@@ -7,19 +7,20 @@ graph launch and the first kernel's start between the CPU's last store and the G
 graph; per split layer it holds the copies of the token rows and the CPU's routing out, a
 `signal` (the layer's GPU flag := this replay's number), the GPU's share, a `wait` (until the
 layer's CPU flag holds the number) and the copy of the CPU's sum back (`kernels.host_flags`).
-The host launches the replay, then runs the CPU's shares in layer order (`run`): per layer it
-spins on the GPU flag (`flag_wait`, native), computes, sets the CPU flag (`flag_set`).
+The host launches the replay, then runs the CPU's shares in layer order in one native call
+(`run`, `kernels.cpu.split_run`): per layer it spins on the GPU flag, computes, sets the CPU
+flag.
 
 A host that fails half-way sets every flag left (the GPU finishes the step on stale sums, the
 caller gets the error); a host that never comes lets the GPU's waits give up after about a
 second each, which the next `arm` raises.
 """
 
-import time
-
 import torch
 
+from localllm.engine import moe_split
 from localllm.kernels.cpu.native import NativeKernels
+from localllm.kernels.cpu.split_run import SplitRun, SplitSpec
 from localllm.offload.mapped import host_view, map_empty
 
 HOST_TIMEOUT_US = 10_000_000  # the host's wait for a layer's rows (what was queued first runs)
@@ -36,7 +37,8 @@ class SplitLink:
     def __init__(self, native: NativeKernels, n: int, device: torch.device) -> None:
         """`n` split layers; on a CPU `device` (tests) the flags are plain host tensors and the
         GPU's side is the caller's to play (`add` and `hold` capture nothing)."""
-        self.lib, self.kernels = native.lib, None
+        self.native, self.lib, self.kernels = native, native.lib, None
+        self._run: SplitRun | None = None  # laid out at the first replay
         self.jobs: list[tuple[object, int]] = []  # (SplitExperts, token rows) per captured layer
         spec = {"gpu": ((n,), torch.int32), "cpu": ((n,), torch.int32), "err": ((1,), torch.int32)}
         cuda = device.type == "cuda"
@@ -85,19 +87,24 @@ class SplitLink:
         self.seq_dev.fill_(self.seq)
 
     def run(self) -> None:
-        """After the replay's launch: every split layer's CPU share, in order (see the module)."""
-        lib, seq, done = self.lib, self.seq, 0
-        try:
-            for i, (split, t) in enumerate(self.jobs):
-                t0 = time.perf_counter()
-                if lib.flag_wait(self._gpu + 4 * i, seq, HOST_TIMEOUT_US) != 0:
-                    raise SplitLinkError(f"split layer {i}: the GPU's rows never came")
-                split.cpu_step(t, time.perf_counter() - t0)
-                lib.flag_set(self._cpu + 4 * i, seq)
-                done = i + 1
-        finally:
-            for i in range(done, len(self.jobs)):  # release the GPU's waits
-                lib.flag_set(self._cpu + 4 * i, seq)
+        """After the replay's launch: every split layer's CPU share, in order, in one native
+        call (`kernels.cpu.split_run`; see the module)."""
+        if self._run is None:  # (after the capture: every layer is known)
+            specs = []
+            for i, (s, t) in enumerate(self.jobs):
+                bufs = (b.data_ptr() for b in (s._rows, s._w, s._ids, s._y))
+                specs.append(SplitSpec(s.call, t, self._gpu + 4 * i, self._cpu + 4 * i, *bufs))
+            self._run = SplitRun(self.native, specs)
+        threads = moe_split.SPLIT_THREADS or torch.get_num_threads()
+        bad = self._run(self.seq, HOST_TIMEOUT_US, threads)
+        done = len(self.jobs) if bad == -1 else bad if bad >= 0 else -2 - bad
+        times = self._run.timings()[:done]
+        for (split, t), (waited, computing) in zip(self.jobs[:done], times, strict=True):
+            split.count(t, waited, computing)
+        if bad >= 0:
+            raise SplitLinkError(f"split layer {bad}: the GPU's rows never came")
+        if bad < -1:
+            raise SplitLinkError(f"split layer {done}: an expert id out of range")
 
     def gpu_waits(self) -> int:
         """Layer steps in which the GPU waited for the CPU's share (it was the longer side)."""

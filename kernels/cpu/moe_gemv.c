@@ -334,3 +334,74 @@ int flag_wait(const int32_t *flag, int32_t want, int64_t timeout_us) {
 
 /* *flag = v after every earlier store of this thread (release: the CPU's rows before it). */
 void flag_set(int32_t *flag, int32_t v) { __atomic_store_n(flag, v, __ATOMIC_RELEASE); }
+
+/* One split layer's CPU share of a decode step (engine/split_link.py lays these out once per
+ * captured graph, a ctypes Structure of the same fields): its flags, its routing's shape, its
+ * experts' blocks (expert e's at gate + e * sg, ...), the page-locked rows / weights / ids the GPU
+ * copies out and the sum it copies back, RowsCall's index arrays and a scratch. */
+typedef struct {
+    const int32_t *gpu_flag;
+    int32_t *cpu_flag;
+    int64_t t, k, n_expert, dim, hidden, tg, tu, td, act;
+    const uint8_t *gate, *up, *down;
+    int64_t sg, su, sd;
+    const float *x, *w;
+    const int64_t *ids;
+    float *y;
+    const int64_t *gstart, *tok, *pos;
+    int8_t *xq, *kq, *aq;
+    float *xd, *kd, *ad, *h, *dn;
+    int16_t *xb, *kb, *ab;
+    double wait_s, cpu_s; /* summed here over the calls */
+} split_layer;
+
+#define SPLIT_MAX_PAIRS 256
+
+static double seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* A decode step's CPU shares, layer by layer: wait until the layer's GPU flag holds `seq`,
+ * compute (moe_pairs + moe_combine over the pairs in routing order, as RowsCall does), set its
+ * CPU flag. -1 when all went; else every CPU flag from the failing layer on is set all the same
+ * (the GPU must never wait for a host that gave up) and the answer is the layer's index (its
+ * rows never came) or -2 - index (an expert id out of range). No Python between layers. */
+int64_t split_run(split_layer *layers, int64_t n, int32_t seq, int64_t timeout_us, int threads) {
+    int64_t bad = -1;
+    for (int64_t i = 0; i < n && bad == -1; i++) {
+        split_layer *L = &layers[i];
+        double t0 = seconds();
+        if (flag_wait(L->gpu_flag, seq, timeout_us) != 0) {
+            bad = i;
+            break;
+        }
+        double t1 = seconds();
+        int64_t np = L->t * L->k;
+        const uint8_t *ga[SPLIT_MAX_PAIRS], *ua[SPLIT_MAX_PAIRS], *da[SPLIT_MAX_PAIRS];
+        for (int64_t p = 0; p < np; p++) {
+            int64_t e = L->ids[p];
+            if (np > SPLIT_MAX_PAIRS || e < 0 || e >= L->n_expert) {
+                bad = -2 - i;
+                break;
+            }
+            ga[p] = L->gate + e * L->sg;
+            ua[p] = L->up + e * L->su;
+            da[p] = L->down + e * L->sd;
+        }
+        if (bad != -1) break;
+        moe_pairs(L->t, np, L->gstart, ga, ua, da, L->tok, L->x, (int)L->tg, (int)L->tu,
+                  (int)L->td, L->dim, L->hidden, (int)L->act, L->xq, L->xd, L->xb, L->kq, L->kd,
+                  L->kb, L->h, L->aq, L->ad, L->ab, L->dn, threads);
+        moe_combine(L->t, L->k, L->pos, L->w, L->dn, L->dim, L->y, threads);
+        flag_set(L->cpu_flag, seq);
+        L->wait_s += t1 - t0;
+        L->cpu_s += seconds() - t1;
+    }
+    if (bad != -1) {
+        int64_t from = bad >= 0 ? bad : -2 - bad;
+        for (int64_t i = from; i < n; i++) flag_set(layers[i].cpu_flag, seq);
+    }
+    return bad;
+}

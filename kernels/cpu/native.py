@@ -203,6 +203,8 @@ def _bind(lib: ctypes.CDLL) -> None:
     lib.flag_wait.restype = _INT
     lib.flag_set.argtypes = [_P, ctypes.c_int32]
     lib.flag_set.restype = None
+    lib.split_run.argtypes = [_P, _I, ctypes.c_int32, _I, _INT]
+    lib.split_run.restype = _I
 
 
 def load(cache_dir: Path | None = None) -> NativeKernels | None:

@@ -105,21 +105,19 @@ def test_each_layers_cpu_share_runs_when_its_rows_are_signalled(kernels, tokens)
     assert split.timing.wait_seconds > 0 and split.timing.cpu_seconds > 0
 
 
-def test_a_failing_cpu_share_releases_every_wait_of_the_gpu(kernels):
-    link, _ = _captured(kernels, 3)
-
-    def broken(t, waited):
-        raise ValueError("bad routing")
-
-    link.jobs[1][0].cpu_step = broken
+def test_a_bad_expert_id_fails_its_layer_and_releases_every_wait_of_the_gpu(kernels):
+    link, want = _captured(kernels, 3)
+    link.jobs[1][0]._ids[0, 0] = 12  # the layer has 12 experts: 0..11
     link.arm()
-    order = []
-    gpu = threading.Thread(target=_gpu, args=(link, [], order))
+    got, order = [], []
+    gpu = threading.Thread(target=_gpu, args=(link, got, order))
     gpu.start()
-    with pytest.raises(ValueError, match="bad routing"):
+    with pytest.raises(SplitLinkError, match="split layer 1: an expert id out of range"):
         link.run()
     gpu.join(10)
     assert not gpu.is_alive() and order == [(0, True), (1, True), (2, True)]
+    assert torch.equal(got[0], want[0])  # the layer before it ran
+    assert [s.timing.steps for s, _ in link.jobs] == [1, 0, 0]
 
 
 def test_rows_that_never_come_time_out_and_release_the_gpu(kernels, monkeypatch):
@@ -143,3 +141,13 @@ def test_more_layers_than_planned_is_an_error(kernels):
     link, _ = _captured(kernels, 1)
     with pytest.raises(SplitLinkError, match="more split layers than the 1 planned"):
         link.add(link.jobs[0][0], 1)
+
+
+def test_more_pairs_than_the_native_loop_holds_is_refused_at_layout(kernels):
+    from localllm.kernels.cpu.split_run import MAX_PAIRS, SplitRun, SplitSpec
+
+    link, _ = _captured(kernels, 1)
+    split = link.jobs[0][0]
+    rows = MAX_PAIRS // split.cpu + 1
+    with pytest.raises(ValueError, match=f"in a split layer: at most {MAX_PAIRS}"):
+        SplitRun(kernels, [SplitSpec(split.call, rows, 0, 0, 0, 0, 0, 0)])

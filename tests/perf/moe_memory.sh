@@ -23,7 +23,7 @@ section() {
   echo "== $title"; polled "$@"
 }
 date -u
-[[ -z "${ONLY:-}" || "plan" =~ $ONLY ]] && python3 -m localllm.app run -m "$M" --device cuda --mem-budget 10GiB -c 4096 --show-plan 2>&1 | head -30
+[[ -z "${ONLY:-}" || "plan" =~ $ONLY ]] && python3 -m localllm.app run -m "$M" --device cuda --mem-budget ${PLAN_BUDGET:-10GiB} -c 4096 --show-plan 2>&1 | head -${PLAN_LINES:-30}
 # the CUDA context and cuBLAS's workspace alone: what no torch figure counts
 section "torch's CUDA context + one fp16 matmul" python3 -c "import torch
 a = torch.randn(4096, 4096, device='cuda', dtype=torch.float16); (a @ a).sum().item()
@@ -37,15 +37,15 @@ section "(b) llama.cpp -ncmoe 46" llama -p 0 -n 64 -r 3 -ncmoe 46
 section "(b) --cpu-moe split, 2.2 GiB" ours -p 0 -n 64 -r 3 --cpu-moe --host-compute split --mem-budget 2.2GiB
 # the same with libgomp's threads spinning between layers instead of sleeping after ~300k spins
 ours_active() { OMP_WAIT_POLICY=ACTIVE ours "$@"; }
-# the split with another CPU share (SHARE; `engine.moe_split.SPLIT_CPU_SHARE`)
+# the split with another CPU share (SHARE: `engine.moe_split`'s share, over slots too)
 ours_share() {
-  timeout 150 python3 -c "import sys; from localllm.engine import moe_split
-moe_split.SPLIT_CPU_SHARE = float(sys.argv[1]); from localllm.app.bench import main
-sys.exit(main(sys.argv[2:]))" "$SHARE" -m "$M" --device cuda "$@" 2>&1 |
+  timeout 150 python3 -c "import sys; from localllm.engine import moe_residency, moe_split
+moe_split.SPLIT_CPU_SHARE = moe_residency.SPLIT_CPU_SHARE_SLOTS = float(sys.argv[1])
+from localllm.app.bench import main; sys.exit(main(sys.argv[2:]))" "$SHARE" -m "$M" --device cuda "$@" 2>&1 |
     grep -E "qwen3moe|expert|graphs|memory|Error|rror"; }
-for SHARE in ${SHARES:-}; do  # SHARES="0.375 0.5": the floor's split at each
+for SHARE in ${SHARES:-}; do  # SHARES="0.375 0.5": the floor's split, and split over 3 GiB's slots
   section "(b) split 2.2 GiB, CPU share $SHARE" ours_share -p 0 -n 64 -r 3 --cpu-moe --host-compute split --mem-budget 2.2GiB
-  section "(b) auto-fit 3 GiB, CPU share $SHARE" ours_share -p 0 -n 64 -r 3 --mem-budget 3GiB
+  section "(b) split 3 GiB, CPU share $SHARE" ours_share -p 0 -n 64 -r 3 --mem-budget 3GiB --host-compute split
 done
 section "(b) split 2.2 GiB, OMP active" ours_active -p 0 -n 64 -r 3 --cpu-moe --host-compute split --mem-budget 2.2GiB
 section "(b) --cpu-moe mapped, 2.2 GiB" ours -p 0 -n 64 -r 3 --cpu-moe --host-compute mapped --mem-budget 2.2GiB

@@ -31,10 +31,11 @@ from localllm.kernels.cpu.native import NativeKernels
 from localllm.kernels.cpu.rows_call import RowsCall, RowsScratch
 from localllm.kernels.quant.types import QuantType
 
-# Share of each token's routed experts the CPU computes: 4 of 8 decoded 55.79 t/s where 3 of 8
-# did 49.36 once the hand-over took flags in one graph (`engine.split_link`; H200 box, 16 cores,
-# RESULTS "Split layers in one graph"); with graph breaks 3 of 8 had been the fastest
-SPLIT_CPU_SHARE = 0.5
+# Share of each token's routed experts the CPU computes: 5 of 8 was the fastest of 4 to 6 of 8
+# (69.14 / 67.16 t/s against 62.34 at 4 and 58.63 at 6) once the hand-over took flags in one
+# graph and one native call (`engine.split_link`; H200 box, 16 cores, RESULTS "Split layers in
+# one graph"); with graph breaks and a Python loop, 3 of 8 had been the fastest
+SPLIT_CPU_SHARE = 0.625
 # with device slots over the GPU's share the bus carries only its misses and the CPU's share is
 # the longer side: 2 of 8 decoded 1.2x 3 of 8 over 512 slots through LLM.generate (H200; equal
 # under `localllm bench`, RESULTS "Every expert on host beside llama.cpp at its footprints")

@@ -7,37 +7,27 @@ import ctypes
 import threading
 import time
 
-import numpy as np
 import pytest
 import torch
-from gguf import GGMLQuantizationType as QT
 
 from localllm.engine import split_link
 from localllm.engine.moe_split import SplitExperts
 from localllm.engine.split_link import SplitLink, SplitLinkError
-from localllm.kernels.cpu import native
 from localllm.kernels.quant import QuantType
-from tests.perf.make_synthetic import random_rows
+from tests.offload.native_layers import TYPES as QTYPES
+from tests.offload.native_layers import native_kernels, random_layer
 
-TYPES = tuple(QuantType(t) for t in (QT.Q4_K, QT.Q4_K, QT.Q6_K))
+TYPES = tuple(QuantType(t) for t in QTYPES)
 DIM, HIDDEN, K = 256, 512, 8
 
 
 @pytest.fixture(scope="module")
 def kernels(tmp_path_factory):
-    k = native.load(tmp_path_factory.mktemp("native"))
-    if k is None:
-        pytest.skip("no C compiler here")
-    return k
+    return native_kernels(tmp_path_factory)
 
 
 def _blocks(seed):
-    rng = np.random.default_rng(seed)
-    shapes = ((HIDDEN, DIM), (HIDDEN, DIM), (DIM, HIDDEN))
-    return tuple(
-        torch.from_numpy(np.stack([random_rows(TYPES[i], r, c, rng) for _ in range(12)]))
-        for i, (r, c) in enumerate(shapes)
-    )
+    return random_layer(12, DIM, HIDDEN, seed)
 
 
 def _flag(t: torch.Tensor, i: int) -> int:

@@ -8,31 +8,19 @@ import torch
 from gguf import GGMLQuantizationType as QT
 
 from localllm.engine.moe_split import SPLIT_MAX_T, SplitExperts, cpu_count
-from localllm.kernels.cpu import native
 from localllm.kernels.cpu.rows_call import RowsCall
 from localllm.kernels.moe import ExpertFormat, expert_ffn_reference
 from localllm.kernels.quant import QuantType
 from localllm.offload.expert_stats import ExpertStats
+from tests.offload.native_layers import TYPES, native_kernels, random_layer
 from tests.perf.make_synthetic import random_rows
 
-TYPES = (QT.Q4_K, QT.Q4_K, QT.Q6_K)  # Qwen3-30B-A3B Q4_K_M's mix
+_layer = random_layer
 
 
 @pytest.fixture(scope="module")
 def kernels(tmp_path_factory):
-    k = native.load(tmp_path_factory.mktemp("native"))
-    if k is None:
-        pytest.skip("no C compiler here")
-    return k
-
-
-def _layer(n_expert=12, dim=256, hidden=512, seed=0):
-    rng = np.random.default_rng(seed)
-    shapes = ((hidden, dim), (hidden, dim), (dim, hidden))
-    return tuple(
-        torch.from_numpy(np.stack([random_rows(TYPES[i], r, c, rng) for _ in range(n_expert)]))
-        for i, (r, c) in enumerate(shapes)
-    )
+    return native_kernels(tmp_path_factory)
 
 
 def test_cpu_count_keeps_both_sides_busy():

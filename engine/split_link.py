@@ -97,13 +97,13 @@ class SplitLink:
             self._run = SplitRun(self.native, specs)
         threads = moe_split.SPLIT_THREADS or torch.get_num_threads()
         bad = self._run(self.seq, HOST_TIMEOUT_US, threads)
-        done = len(self.jobs) if bad == -1 else bad if bad >= 0 else -2 - bad
+        done = len(self.jobs) if bad == -1 else bad if bad >= 0 else -2 - bad  # layers that ran
         times = self._run.timings()[:done]
         for (split, t), (waited, computing) in zip(self.jobs[:done], times, strict=True):
             split.count(t, waited, computing)
         if bad >= 0:
             raise SplitLinkError(f"split layer {bad}: the GPU's rows never came")
-        if bad < -1:
+        if bad < -1:  # (the layer that failed is the first that did not run)
             raise SplitLinkError(f"split layer {done}: an expert id out of range")
 
     def gpu_waits(self) -> int:

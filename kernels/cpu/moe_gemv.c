@@ -310,8 +310,8 @@ void moe_combine(int64_t t, int64_t kk, const int64_t *pos, const float *wts, co
     }
 }
 
-/* The host side of a handshake with a GPU through page-locked flags (engine/moe_split.py's
- * SplitLink): the GPU's signal is a store it makes after its copies into host memory, so no
+/* The host side of a handshake with a GPU through page-locked flags (engine/split_link.py,
+ * kernels/host_flags.py the GPU's side): the GPU's signal is a store it makes after its copies into host memory, so no
  * driver call sits between the GPU's rows and the CPU's share. 0 once *flag == want (acquire:
  * what the GPU wrote before it is visible), -1 after timeout_us. */
 int flag_wait(const int32_t *flag, int32_t want, int64_t timeout_us) {
@@ -335,8 +335,8 @@ int flag_wait(const int32_t *flag, int32_t want, int64_t timeout_us) {
 /* *flag = v after every earlier store of this thread (release: the CPU's rows before it). */
 void flag_set(int32_t *flag, int32_t v) { __atomic_store_n(flag, v, __ATOMIC_RELEASE); }
 
-/* One split layer's CPU share of a decode step (engine/split_link.py lays these out once per
- * captured graph, a ctypes Structure of the same fields): its flags, its routing's shape, its
+/* One split layer's CPU share of a decode step (kernels/cpu/split_run.py lays these out once
+ * per captured graph, a ctypes Structure of the same fields): its flags, its routing's shape, its
  * experts' blocks (expert e's at gate + e * sg, ...), the page-locked rows / weights / ids the GPU
  * copies out and the sum it copies back, RowsCall's index arrays and a scratch. */
 typedef struct {

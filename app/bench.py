@@ -20,8 +20,12 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from localllm.app.residency_flags import add_residency_flags, residency_config
+
+if TYPE_CHECKING:
+    from localllm.engine.split_link import SplitBalance
 
 PREFILL_CHUNK = 512
 # llama-bench's names for the common file types (general.file_type)
@@ -43,6 +47,7 @@ class BenchResult:
     stddev_ts: float
     samples_ts: list[float]
     experts: "ExpertCounters | None" = None  # with a residency plan: the timed runs' counters
+    split: "SplitBalance | None" = None  # split host experts: how the two sides waited (timed)
 
     @property
     def test(self) -> str:
@@ -161,6 +166,8 @@ def handle(args: argparse.Namespace) -> int:
         for r in results:
             if r.experts is not None:
                 print(f"expert cache {r.test}: {r.experts.line()}")
+            if r.split is not None and r.split.steps:
+                print(f"split {r.test}: {r.split.line()}")
     return 0
 
 
@@ -192,8 +199,9 @@ def run_model(path: str, args: argparse.Namespace) -> list[BenchResult]:
     from localllm.engine.gguf import open_gguf
     from localllm.engine.kv_cache import PagedKVCache
     from localllm.engine.loader import build_model
-    from localllm.engine.moe import account_mapped
+    from localllm.engine.moe import account_mapped, moe_blocks
     from localllm.engine.moe_residency import load_model
+    from localllm.engine.split_link import split_balance
     from localllm.offload.expert_stats import expert_stats
 
     device = torch.device(args.device)
@@ -235,12 +243,17 @@ def run_model(path: str, args: argparse.Namespace) -> list[BenchResult]:
                 run.once(depth, p, n)  # warm-up: kernel compilation, allocator
                 account_mapped(model)  # (device-side counters come in every few steps)
                 before = expert_stats(sources) if sources else None
+                links = [g.link for g in graphs.graphs.values() if g.link] if graphs else []
+                balanced = split_balance(moe_blocks(model), links)
                 rates = [run.once(depth, p, n) for _ in range(args.repetitions)]
                 std = statistics.stdev(rates) if len(rates) > 1 else 0.0
                 account_mapped(model)
                 experts = ExpertCounters.between(before, expert_stats(sources)) if sources else None
+                if balanced is not None:
+                    balanced = split_balance(moe_blocks(model), links).minus(balanced)
                 out.append(BenchResult(Path(path).name, *info, p, n, depth,
-                                       statistics.fmean(rates), std, rates, experts))  # fmt: skip
+                                       statistics.fmean(rates), std, rates, experts,
+                                       balanced))  # fmt: skip
         if graphs is not None and graphs.failed is not None:  # the figures are eager decode's
             print(f"decode graphs not captured: {graphs.failed}", file=sys.stderr)
         if prompts is not None and prompts.failed is not None:

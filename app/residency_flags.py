@@ -6,7 +6,7 @@ environment > document > default).
 Environment: LOCALLLM_RESIDENCY (document path), LOCALLLM_OT (PATTERN=TIER[,...]),
 LOCALLLM_CPU_MOE (1/0), LOCALLLM_N_CPU_MOE, LOCALLLM_EXPERTS, LOCALLLM_EXPERT_SLOTS,
 LOCALLLM_MEM_BUDGET, LOCALLLM_LOAD_MODE, LOCALLLM_HOST_COMPUTE, LOCALLLM_EXPERT_EVICT,
-LOCALLLM_EXPERT_PREFETCH (1/0), LOCALLLM_EXPERT_READS.
+LOCALLLM_EXPERT_PREFETCH (1/0), LOCALLLM_EXPERT_READS, LOCALLLM_SPLIT_SHARE.
 """
 
 import argparse
@@ -60,6 +60,14 @@ def add_residency_flags(p: argparse.ArgumentParser) -> None:
         "at the same time), device (copied over per use)",
     )
     g.add_argument(
+        "--split-share",
+        type=float,
+        metavar="F",
+        help="host_compute split: the share of each decode token's experts the CPU computes "
+        "(default 0.625, 5 of 8; 0.25 over device slots); `bench` prints how the two sides "
+        "waited for each other",
+    )
+    g.add_argument(
         "--expert-slots",
         type=int,
         metavar="N",
@@ -110,6 +118,7 @@ def cli_layer(args: argparse.Namespace) -> dict[str, Any]:
         ("n_cpu_moe", args.n_cpu_moe),
         ("experts", args.experts),
         ("host_compute", args.host_compute),
+        ("split_share", args.split_share),
         ("budget", args.mem_budget),
         ("load_mode", args.load_mode),
     ):
@@ -140,6 +149,7 @@ def env_layer(env: Mapping[str, str]) -> dict[str, Any]:
     for key, name in (
         ("experts", "LOCALLLM_EXPERTS"),
         ("host_compute", "LOCALLLM_HOST_COMPUTE"),
+        ("split_share", "LOCALLLM_SPLIT_SHARE"),
         ("budget", "LOCALLLM_MEM_BUDGET"),
         ("load_mode", "LOCALLLM_LOAD_MODE"),
     ):

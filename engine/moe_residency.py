@@ -83,7 +83,7 @@ def apply_residency(model: nn.Module, plan: ResidencyPlan) -> list[ExpertSource]
     split = plan.host_compute == "split"
     mapped = _map(mapped, plan.streaming.slots or 0, plan.prompt_copy_bytes > 0, split)
     if split:
-        _split(mapped)
+        _split(mapped, plan.split_share)
     resident = {b.layer: tuple(w.data for w in b.expert_weights()) for b in blocks}
     disk = [b for b in blocks if tiers.get(b.layer) == "disk"]
     sources: list[ExpertSource] = []
@@ -164,10 +164,11 @@ def _map(
     return done
 
 
-def _split(blocks: list[MoEFeedForward]) -> None:
+def _split(blocks: list[MoEFeedForward], share: float | None = None) -> None:
     """Mapped blocks whose CPU also computes a share of each decode token's experts from the
     file's blocks (`engine.moe_split`), where the native kernels load and take the format; the
-    rest stay mapped alone (their raw blocks released)."""
+    rest stay mapped alone (their raw blocks released). `share`: the plan's (None: the
+    defaults, one without device slots and one with)."""
     native = load_native() if blocks else None
     scratch = RowsScratch()  # the layers' CPU shares run one at a time: one set of buffers
     n = 0
@@ -177,9 +178,9 @@ def _split(blocks: list[MoEFeedForward]) -> None:
             raw = tuple(w.data for w in b.expert_weights())
             dev = b.ffn_gate_inp.weight.data.device
             cached = b.mapped.lru is not None
-            share = SPLIT_CPU_SHARE_SLOTS if cached else None
+            given = share if share is not None else SPLIT_CPU_SHARE_SLOTS if cached else None
             b.split = SplitExperts(native, raw, (f.gate, f.up, f.down), f.act, f.dim, b.n_used,
-                                   share, dev, b.layer, scratch)  # fmt: skip
+                                   given, dev, b.layer, scratch)  # fmt: skip
             b.mapped.n_used = b.n_used - b.split.cpu  # replays count the bus's pairs
             if cached:  # the CPU takes the pairs the slots miss
                 b.split.slot_of = b.mapped.lru.slot_of

@@ -16,6 +16,9 @@ caller gets the error); a host that never comes lets the GPU's waits give up aft
 second each, which the next `arm` raises.
 """
 
+import dataclasses
+from dataclasses import dataclass
+
 import torch
 
 from localllm.engine import moe_split
@@ -109,3 +112,53 @@ class SplitLink:
     def gpu_waits(self) -> int:
         """Layer steps in which the GPU waited for the CPU's share (it was the longer side)."""
         return int(self.waits.sum())
+
+
+@dataclass(frozen=True)
+class SplitBalance:
+    """How a model's split layers' steps went (sums since the model loaded; `minus` for a
+    window): which side waited for the other tells which way `split_share` should move."""
+
+    cpu_experts: tuple[int, ...]  # each split layer's CPU experts per token
+    n_used: int
+    steps: int  # layer steps whose CPU share ran
+    wait_s: float  # the host's waits for the GPU's rows
+    cpu_s: float  # the CPU's shares
+    gpu_waits: int  # linked steps in which the GPU's wait kernel had to spin
+
+    def minus(self, before: "SplitBalance") -> "SplitBalance":
+        return dataclasses.replace(
+            self,
+            steps=self.steps - before.steps,
+            wait_s=self.wait_s - before.wait_s,
+            cpu_s=self.cpu_s - before.cpu_s,
+            gpu_waits=self.gpu_waits - before.gpu_waits,
+        )
+
+    def line(self) -> str:
+        lo, hi = min(self.cpu_experts), max(self.cpu_experts)
+        share = f"{lo}" if lo == hi else f"{lo}-{hi}"
+        n = max(self.steps, 1)
+        return (
+            f"the CPU computed {share} of each token's {self.n_used} experts in "
+            f"{len(self.cpu_experts)} layers; a layer step waited {self.wait_s / n * 1e6:.0f} us "
+            f"for the rows and computed {self.cpu_s / n * 1e6:.0f} us; the GPU waited for the "
+            f"CPU in {self.gpu_waits / n:.0%} of them (often: a lower --split-share may pay; "
+            "rarely, with long waits for the rows: a higher one)"
+        )
+
+
+def split_balance(blocks, links) -> SplitBalance | None:
+    """The split layers among `blocks` (MoE blocks) and the decode graphs' `links`; None
+    without split layers."""
+    split = [b.split for b in blocks if b.split is not None]
+    if not split:
+        return None
+    return SplitBalance(
+        tuple(s.cpu for s in split),
+        split[0].n_used,
+        sum(s.timing.steps for s in split),
+        sum(s.timing.wait_seconds for s in split),
+        sum(s.timing.cpu_seconds for s in split),
+        sum(link.gpu_waits() for link in links),
+    )

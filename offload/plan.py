@@ -112,6 +112,7 @@ class ResidencyPlan:
     # experts one request at the GPU's request stages (a token's experts at least)
     request_stage: int = REQUEST_STAGE
     runtime_bytes: int = 0  # the device runtime's own memory (a CUDA context), in a given budget
+    split_share: float | None = None  # split: the CPU's share of a token's experts (None: default)
 
     @property
     def computes_on_host(self) -> bool:
@@ -219,10 +220,12 @@ def _host_compute_text(plan: ResidencyPlan) -> str:
     if plan.host_compute == "host":
         return "computed on the CPU (host_compute = host; only token rows cross)"
     if plan.host_compute == "split":
+        share = "default" if plan.split_share is None else f"{plan.split_share:g}"
         return (
             "read in place by the device from page-locked host memory while the CPU computes a "
-            "share of each decode token's experts from the file's blocks (host_compute = split; "
-            "the blocks stay mapped from the file beside the page-locked copy)"
+            "share of each decode token's experts from the file's blocks (host_compute = split, "
+            f"split_share {share}; the blocks stay mapped from the file beside the page-locked "
+            "copy)"
         )
     if plan.host_compute in ("mapped", "auto"):
         return (
@@ -461,5 +464,5 @@ def plan_residency(
     return ResidencyPlan(
         tiers, dict(sizes), kv_bytes, scratch_bytes, budget, source, memory, config.load_mode,
         streaming, slot_bytes, tuple(notes), tuple(warnings), rules, host_compute, copy,
-        max(REQUEST_STAGE, min_slots), runtime_bytes,
+        max(REQUEST_STAGE, min_slots), runtime_bytes, config.split_share,
     )  # fmt: skip

@@ -12,6 +12,8 @@ A settings *layer* is a plain mapping with the keys of a residency document (TOM
                              # them); "split": mapped, and the CPU computes a share of each
                              # token's experts meanwhile (auto's choice where no slots cover
                              # them); "device": copied over per use
+    split_share = 0.625      # split: the share of each decode token's experts the CPU computes
+                             # (default: 5 of 8, the H200 box's best; 2 of 8 over device slots)
     rules = ["blk\\.[0-3]\\.ffn_.*_exps=device", {pattern = "output", tier = "host"}]
     [streaming]
     enabled = true           # disk-tier experts are streamed into slots
@@ -47,6 +49,7 @@ KEYS = (
     "cpu_moe",
     "n_cpu_moe",
     "host_compute",
+    "split_share",
     "rules",
     "streaming",
 )
@@ -94,6 +97,7 @@ class ResidencyConfig:
     # ships the routed tokens' hidden rows to the CPU (llama.cpp --cpu-moe), "device" copies
     # the expert weights over per use
     host_compute: str = "auto"
+    split_share: float | None = None  # None: engine.moe_split's defaults
 
     def tier_of(self, name: str) -> Rule | None:
         """The first rule matching `name`, or None (the planner decides)."""
@@ -170,6 +174,17 @@ def _typed(d: Mapping[str, Any], key: str, kind: type, where: str) -> Any:
     return v
 
 
+def parse_share(value: Any, source: str) -> float:
+    """A split share: a number strictly between 0 and 1 (a string from the environment too)."""
+    try:
+        share = float(value) if not isinstance(value, bool) else None
+    except (TypeError, ValueError):
+        share = None
+    if share is None or not 0 < share < 1:
+        raise ResidencyError(f"{source}: split_share must be between 0 and 1, got {value!r}")
+    return share
+
+
 def validate_layer(d: Mapping[str, Any], source: str) -> dict[str, Any]:
     """Check one settings layer and normalise it (tiers, sizes, rules parsed)."""
     _check_keys(d, KEYS, source)
@@ -186,6 +201,8 @@ def validate_layer(d: Mapping[str, Any], source: str) -> dict[str, Any]:
         if d["host_compute"] not in HOST_COMPUTE:
             raise ResidencyError(f"{source}: host_compute must be one of {', '.join(HOST_COMPUTE)}")
         out["host_compute"] = d["host_compute"]
+    if "split_share" in d:
+        out["split_share"] = parse_share(d["split_share"], source)
     if "cpu_moe" in d:
         out["cpu_moe"] = _typed(d, "cpu_moe", bool, source)
     if "n_cpu_moe" in d:
@@ -275,7 +292,7 @@ def resolve(layers: Sequence[tuple[str, Mapping[str, Any]]]) -> ResidencyConfig:
     for source, raw in layers:
         layer = validate_layer(raw, source) if raw else {}
         rules += [*layer.get("rules", ()), *_shortcut_rules(layer, source)]
-        for key in ("budget", "load_mode", "host_compute"):
+        for key in ("budget", "load_mode", "host_compute", "split_share"):
             if key in layer:
                 scalars.setdefault(key, layer[key])
         for key, value in layer.get("streaming", {}).items():

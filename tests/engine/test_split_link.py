@@ -141,3 +141,27 @@ def test_more_pairs_than_the_native_loop_holds_is_refused_at_layout(kernels):
     rows = MAX_PAIRS // split.cpu + 1
     with pytest.raises(ValueError, match=f"in a split layer: at most {MAX_PAIRS}"):
         SplitRun(kernels, [SplitSpec(split.call, rows, 0, 0, 0, 0, 0, 0)])
+
+
+def test_split_balance_sums_the_layers_and_says_which_side_waited(kernels):
+    from types import SimpleNamespace
+
+    from localllm.engine.split_link import SplitBalance, split_balance
+
+    link, _ = _captured(kernels, 2)
+    blocks = [SimpleNamespace(split=s) for s, _ in link.jobs] + [SimpleNamespace(split=None)]
+    before = split_balance(blocks, [link])
+    assert before.steps == 0 and before.cpu_experts == (5, 5) and before.n_used == K
+    link.waits[1] = 3  # as the GPU's wait kernel counts
+    link.arm()
+    gpu = threading.Thread(target=_gpu, args=(link, [], []))
+    gpu.start()
+    link.run()
+    gpu.join(10)
+    got = split_balance(blocks, [link]).minus(before)
+    assert got.steps == 2 and got.gpu_waits == 3 and got.cpu_s > 0 and got.wait_s > 0
+    assert split_balance(blocks[2:], [link]) is None
+    line = SplitBalance((5, 5, 4), 8, 300, 0.03, 0.06, 75).line()
+    assert line.startswith("the CPU computed 4-5 of each token's 8 experts in 3 layers; ")
+    assert "waited 100 us for the rows and computed 200 us" in line
+    assert "the GPU waited for the CPU in 25% of them" in line

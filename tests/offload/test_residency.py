@@ -115,6 +115,17 @@ def test_precedence_cli_over_env_over_document(tmp_path):
     assert resolve([]).budget is None and resolve([]).load_mode == "mmap"
 
 
+def test_split_share_from_any_layer_reaches_the_plan(tmp_path):
+    doc = tmp_path / "r.toml"
+    doc.write_text('host_compute = "split"\nsplit_share = 0.5\n')
+    cfg = resolve([("env", {"split_share": "0.75"}), (str(doc), load_document(doc))])
+    assert cfg.split_share == 0.75 and cfg.host_compute == "split"  # env over the document
+    assert resolve([(str(doc), load_document(doc))]).split_share == 0.5
+    assert resolve([]).split_share is None  # engine.moe_split's defaults
+    p = plan([("cli", {"cpu_moe": True, "split_share": 0.375})])
+    assert p.split_share == 0.375 and plan([("cli", {"cpu_moe": True})]).split_share is None
+
+
 def test_shortcuts_cpu_moe_and_n_cpu_moe():
     assert set(plan([("cli", {"cpu_moe": True})]).expert_tiers().values()) == {"host"}
     et = plan([("cli", {"n_cpu_moe": 2})]).expert_tiers()
@@ -134,6 +145,10 @@ def test_shortcuts_cpu_moe_and_n_cpu_moe():
         ({"cpu_moe": "yes"}, "cpu_moe must be true or false"),
         ({"streaming": {"slots": 0}}, "slots must be >= 1"),
         ({"experts": "gpu0"}, "unknown tier"),
+        ({"split_share": 1}, "split_share must be between 0 and 1, got 1"),
+        ({"split_share": 0}, "split_share must be between 0 and 1"),
+        ({"split_share": "half"}, "split_share must be between 0 and 1, got 'half'"),
+        ({"split_share": True}, "split_share must be between 0 and 1"),
     ],
 )
 def test_invalid_documents_are_errors(tmp_path, doc, match):

@@ -117,18 +117,21 @@ def test_flags_typed_as_one_line_read_as_the_command_lines(tmp_path):
     doc = tmp_path / "r.toml"
     doc.write_text('budget = "2GiB"\nhost_compute = "host"\n')
     env = {"LOCALLLM_RESIDENCY": str(doc), "LOCALLLM_EXPERT_SLOTS": "9"}
-    line = "--cpu-moe --ot 'blk\\.0\\..*_exps=disk' --host-compute split"
+    env["LOCALLLM_SPLIT_SHARE"] = "0.25"
+    line = "--cpu-moe --ot 'blk\\.0\\..*_exps=disk' --host-compute split --split-share 0.5"
     got = residency_from_text(line, env)
-    want = residency_config(parse("--cpu-moe", "--ot", r"blk\.0\..*_exps=disk",
-                                  "--host-compute", "split"), env)  # fmt: skip
-    assert got == want
+    flags = ("--cpu-moe", "--ot", r"blk\.0\..*_exps=disk", "--host-compute", "split")
+    want = residency_config(parse(*flags, "--split-share", "0.5"), env)
+    assert got == want and got.split_share == 0.5  # the flag over the environment
     assert got.host_compute == "split" and got.budget == 2 << 30 and got.streaming.slots == 9
+    assert residency_from_text("", env).split_share == 0.25
     assert got.rules[0].pattern == r"blk\.0\..*_exps" and got.rules[0].tier == "disk"
     assert residency_from_text("", {}) == ResidencyConfig()
     for bad, msg in (
         ("--expert-slots many", "many"),
         ("--tier gpu", "unrecognized arguments"),
         ("--host-compute gpu", "invalid choice"),
+        ("--split-share 1.5", "split_share must be between 0 and 1, got 1.5"),
         ("--ot 'unclosed", "cannot read the flags"),
     ):
         with pytest.raises(ResidencyError, match=msg):

@@ -2,6 +2,8 @@
 token's first k - c experts go to the GPU part with their own weights, the last c to the native
 CPU kernels, and the sum is those two parts' sum (the GPU test is in test_gpu_residency.py)."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -127,3 +129,37 @@ def test_rows_call_equals_moe_ffn_bit_for_bit(kernels, types):
     for t, bad in ((1, [0, 1, 6]), (1, [0, -1, 2]), (5, [0] * 15), (1, [0, 1])):
         with pytest.raises(ValueError, match="bad routing"):
             call.run(t, x.data_ptr(), w.data_ptr(), bad, y.data_ptr(), 2)
+
+
+def test_the_plans_split_share_sets_each_layers_cpu_count(kernels, tmp_path):
+    """`split_share` (flag, environment, document) reaches every split layer: its CPU count is
+    the share's, over device slots too; unset, the defaults (SPLIT_CPU_SHARE without slots,
+    SPLIT_CPU_SHARE_SLOTS with them)."""
+    from types import SimpleNamespace
+
+    from localllm.engine.gguf import open_gguf
+    from localllm.engine.loader import build_model
+    from localllm.engine.moe import moe_blocks
+    from localllm.engine.moe_residency import _split
+    from localllm.engine.moe_split import SPLIT_CPU_SHARE, SPLIT_CPU_SHARE_SLOTS
+    from tests.offload.tiny_moe import QWEN3MOE, write_moe_gguf
+
+    spec = replace(QWEN3MOE, dim=256, expert_ff=256, expert_qtype=QT.Q8_0, n_expert=16, n_used=8)
+    g = open_gguf(write_moe_gguf(tmp_path / "moe.gguf", spec))
+    try:
+        for share, slots, want in (
+            (0.25, False, 0.25),
+            (0.75, True, 0.75),
+            (None, False, SPLIT_CPU_SHARE),
+            (None, True, SPLIT_CPU_SHARE_SLOTS),
+        ):
+            blocks = moe_blocks(build_model(g))
+            lru = SimpleNamespace(slot_of=torch.zeros(16, dtype=torch.int64)) if slots else None
+            for b in blocks:  # (the mapped side is the GPU's: only its slot map is read here)
+                b.mapped = SimpleNamespace(lru=lru, n_used=b.n_used)
+            _split(blocks, share)
+            assert [b.split.cpu for b in blocks] == [cpu_count(8, want, b.layer) for b in blocks]
+            assert all(b.mapped.n_used == 8 - b.split.cpu for b in blocks)
+            assert all((b.split.slot_of is not None) == slots for b in blocks)
+    finally:
+        g.close()

@@ -43,6 +43,8 @@ ours_share() {
 moe_split.SPLIT_CPU_SHARE = moe_residency.SPLIT_CPU_SHARE_SLOTS = float(sys.argv[1])
 from localllm.app.bench import main; sys.exit(main(sys.argv[2:]))" "$SHARE" -m "$M" --device cuda "$@" 2>&1 |
     grep -E "qwen3moe|expert|graphs|memory|Error|rror"; }
+# the share as a user sets it (its footer line says how the two sides waited)
+section "(b) split 2.2 GiB, --split-share 0.5" ours -p 0 -n 64 -r 3 --cpu-moe --host-compute split --mem-budget 2.2GiB --split-share 0.5
 for SHARE in ${SHARES:-}; do  # SHARES="0.375 0.5": the floor's split, and split over 3 GiB's slots
   section "(b) split 2.2 GiB, CPU share $SHARE" ours_share -p 0 -n 64 -r 3 --cpu-moe --host-compute split --mem-budget 2.2GiB
   section "(b) split 3 GiB, CPU share $SHARE" ours_share -p 0 -n 64 -r 3 --mem-budget 3GiB --host-compute split

@@ -119,11 +119,16 @@ class DecodeGraphs:
             return None
         for b in self._mapped:  # replays run no Python: mapped host experts count from here
             b.mapped.replayed(key[0])
-        if g.link is not None:
-            g.link.arm()
-        g.graph.replay()
-        if g.link is not None:  # the CPU's shares of the split layers, beside the replay
-            g.link.run()
+        if g.link is None:
+            g.graph.replay()
+            return g.logits[:n]
+        g.link.arm()
+        try:
+            g.graph.replay()
+        except BaseException:
+            g.link.release()
+            raise
+        g.link.run()  # the CPU's shares of the split layers, beside the replay
         return g.logits[:n]
 
     def _capture(self, g: _Graph) -> None:

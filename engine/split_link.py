@@ -83,11 +83,19 @@ class SplitLink:
             self.kernels.wait(self.flags["cpu"], i, self.seq_dev, self.waits, self.flags["err"])
 
     def arm(self) -> None:
-        """Before a replay: its number, on the device in stream order."""
+        """Before a replay: its number, on the device in stream order. A GPU that gave up
+        waiting in an earlier step is raised here, once (that step's output was wrong)."""
         if int(self._err[0]):
+            self._err[0] = 0
             raise SplitLinkError("the GPU gave up waiting for the CPU's share of a split layer")
         self.seq = self.seq % (2**31 - 1) + 1
         self.seq_dev.fill_(self.seq)
+
+    def release(self) -> None:
+        """Set every CPU flag to this replay's number: a replay whose host side will not run
+        (its launch failed) leaves the GPU no wait."""
+        for i in range(len(self.jobs)):
+            self.lib.flag_set(self._cpu + 4 * i, self.seq)
 
     def run(self) -> None:
         """After the replay's launch: every split layer's CPU share, in order, in one native

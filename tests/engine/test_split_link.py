@@ -125,6 +125,9 @@ def test_a_gpu_that_gave_up_is_raised_before_the_next_replay(kernels):
     ctypes.c_int32.from_address(link.flags["err"].data_ptr()).value = 1  # as the GPU's wait does
     with pytest.raises(SplitLinkError, match="gave up waiting"):
         link.arm()
+    link.arm()  # raised once: the next step runs
+    link.release()  # a replay whose host side will not run: no wait of the GPU is left
+    assert link.flags["cpu"].tolist() == [link.seq]
 
 
 def test_more_layers_than_planned_is_an_error(kernels):

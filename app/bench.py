@@ -244,16 +244,16 @@ def run_model(path: str, args: argparse.Namespace) -> list[BenchResult]:
                 account_mapped(model)  # (device-side counters come in every few steps)
                 before = expert_stats(sources) if sources else None
                 links = [g.link for g in graphs.graphs.values() if g.link] if graphs else []
-                balanced = split_balance(moe_blocks(model), links)
+                balance = split_balance(moe_blocks(model), links)
                 rates = [run.once(depth, p, n) for _ in range(args.repetitions)]
                 std = statistics.stdev(rates) if len(rates) > 1 else 0.0
                 account_mapped(model)
                 experts = ExpertCounters.between(before, expert_stats(sources)) if sources else None
-                if balanced is not None:
-                    balanced = split_balance(moe_blocks(model), links).minus(balanced)
+                if balance is not None:
+                    balance = split_balance(moe_blocks(model), links).minus(balance)
                 out.append(BenchResult(Path(path).name, *info, p, n, depth,
                                        statistics.fmean(rates), std, rates, experts,
-                                       balanced))  # fmt: skip
+                                       balance))  # fmt: skip
         if graphs is not None and graphs.failed is not None:  # the figures are eager decode's
             print(f"decode graphs not captured: {graphs.failed}", file=sys.stderr)
         if prompts is not None and prompts.failed is not None:

@@ -23,6 +23,8 @@ MAX_PAIRS = 256  # SPLIT_MAX_PAIRS in the C
 
 
 class SplitLayer(ctypes.Structure):
+    """`split_layer` in moe_gemv.c, field for field (int64, pointers and doubles: no padding)."""
+
     _fields_ = [
         ("gpu_flag", _P),
         ("cpu_flag", _P),

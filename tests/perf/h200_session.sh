@@ -95,6 +95,9 @@ for step in ${STEPS:-tests packed bench breakdown}; do
           2>&1 | tee -a "$OUT/split.md" | grep -E "qwen3moe|expert|graphs|Error"; date -u
       done ;;
     lab) wait $GENMOE; built; bash "${LAB:-tests/perf/moe_memory.sh}" 2>&1 | tee -a "$OUT/lab.md" ;;  # bench lines
+    gengap) wait $GENMOE; date -u  # the engine's decode beside bench's loop, then its cProfile
+      timeout ${MOE_T:-300} python3 tests/perf/bench_generate_gap.py /tmp/moe.gguf --device cuda \
+        ${GENGAP_ARGS:-} 2>&1 | tee -a "$OUT/gengap.md" | head -45 ;;
     splitlab) wait $GENMOE; date -u  # per CPU share: t/s and where each layer's host step goes
       timeout ${MOE_T:-300} python3 tests/perf/bench_split.py /tmp/moe.gguf ${SPLITLAB_ARGS:-} 2>&1 \
         | tee -a "$OUT/splitlab.md" | grep -E "^\||Error"; date -u ;;

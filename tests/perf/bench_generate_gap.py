@@ -1,0 +1,74 @@
+"""Where the engine's decode loses to `bench`'s (not a test): one model and residency, decoded
+greedily (1) through `LLM.generate` (the engine: schedule, a host sync to sample, detokenize,
+every token) and (2) as `localllm bench` times it (the decode graph replayed back to back, the
+argmax fed in on the device, no host sync per token); then the engine's run under cProfile, by
+own time. Same machine, same process, one after the other.
+
+    python tests/perf/bench_generate_gap.py MODEL.gguf [--device cuda] [--tokens 64]
+        [--top 15] [residency flags as `bench` takes them, e.g. --cpu-moe --host-compute split]
+"""
+
+import argparse
+import cProfile
+import io
+import pstats
+import time
+
+import torch
+
+from localllm.app.bench import _Runner
+from localllm.app.residency_flags import add_residency_flags, residency_config
+from localllm.engine.cuda_graphs import DecodeGraphs
+from localllm.engine.kv_cache import PagedKVCache
+from localllm.engine.llm import LLM
+from localllm.engine.sampling_params import SamplingParams
+
+PROMPT = [[1, 5, 9, 33, 7, 11, 200, 3]]
+
+
+def engine_rate(llm: LLM, tokens: int) -> float:
+    params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
+    t0 = time.perf_counter()
+    llm.generate(PROMPT, params)
+    return tokens / (time.perf_counter() - t0)
+
+
+def bench_rate(llm: LLM, tokens: int, device: torch.device) -> float:
+    """`bench`'s decode loop over the engine's model, with its own KV cache and decode graph."""
+    model = llm.engine.model
+    layers, kvh, hd = model.kv_shape()
+    blocks = -(-(tokens + 1) // 16)
+    kv = PagedKVCache(layers, blocks + 1, 16, kvh, hd, "f16", device, model.kv_value_dim())
+    graphs = DecodeGraphs(model, kv, batch_sizes=(1,)) if device.type == "cuda" else None
+    run = _Runner(model, kv, model.args.vocab_size, device, graphs)
+    run.once(0, 0, tokens)  # capture, compile
+    return run.once(0, 0, tokens)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--top", type=int, default=15)
+    add_residency_flags(ap)
+    a = ap.parse_args()
+    cfg = residency_config(a)
+    llm = LLM(a.model, max_model_len=512, device=a.device, residency=cfg)
+    engine_rate(llm, 8)  # capture, compile
+    gen = engine_rate(llm, a.tokens)
+    fast = bench_rate(llm, a.tokens, torch.device(a.device))
+    print(f"engine (LLM.generate): {gen:.2f} t/s, {1e3 / gen:.2f} ms/token")
+    print(f"bench's loop:          {fast:.2f} t/s, {1e3 / fast:.2f} ms/token")
+    print(f"the engine's extra:    {1e3 / gen - 1e3 / fast:.2f} ms/token")
+    prof = cProfile.Profile()
+    prof.enable()
+    engine_rate(llm, a.tokens)
+    prof.disable()
+    out = io.StringIO()
+    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(a.top)
+    print(out.getvalue())
+
+
+if __name__ == "__main__":
+    main()

@@ -40,7 +40,7 @@ class SplitLink:
     def __init__(self, native: NativeKernels, n: int, device: torch.device) -> None:
         """`n` split layers; on a CPU `device` (tests) the flags are plain host tensors and the
         GPU's side is the caller's to play (`add` and `hold` capture nothing)."""
-        self.native, self.lib, self.kernels = native, native.lib, None
+        self.native, self.kernels = native, None
         self._run: SplitRun | None = None  # laid out at the first replay
         self.jobs: list[tuple[object, int]] = []  # (SplitExperts, token rows) per captured layer
         spec = {"gpu": ((n,), torch.int32), "cpu": ((n,), torch.int32), "err": ((1,), torch.int32)}
@@ -95,7 +95,7 @@ class SplitLink:
         """Set every CPU flag to this replay's number: a replay whose host side will not run
         (its launch failed) leaves the GPU no wait."""
         for i in range(len(self.jobs)):
-            self.lib.flag_set(self._cpu + 4 * i, self.seq)
+            self.native.lib.flag_set(self._cpu + 4 * i, self.seq)
 
     def run(self) -> None:
         """After the replay's launch: every split layer's CPU share, in order, in one native

@@ -67,7 +67,7 @@ def _captured(kernels, layers=2, tokens=1):
 
 def _gpu(link, got, order, limit_us=10_000_000):
     """The GPU's side of one replay: per layer its rows' flag, then the wait for the CPU's."""
-    lib, gpu, cpu = link.lib, link.flags["gpu"], link.flags["cpu"]
+    lib, gpu, cpu = link.native.lib, link.flags["gpu"], link.flags["cpu"]
     for i, (split, t) in enumerate(link.jobs):
         lib.flag_set(_flag(gpu, i), link.seq)
         ok = lib.flag_wait(_flag(cpu, i), link.seq, limit_us) == 0

@@ -59,6 +59,10 @@ section "(b) split over 512 slots" ours -p 0 -n 64 -r 3 --cpu-moe --host-compute
 section "(b) auto-fit, 2.2 GiB" ours -p 0 -n 64 -r 3 --mem-budget 2.2GiB
 section "(b) auto-fit, 3 GiB" ours -p 0 -n 64 -r 3 --mem-budget 3GiB
 section "(b) llama.cpp -ncmoe 44" llama -p 0 -n 64 -r 3 -ncmoe 44
+# the crossover near 3 GiB: two layers' experts on the GPU and the rest split (no slots), and
+# llama.cpp with one layer's experts on the GPU, about our floor's footprint
+section "(b) split, --n-cpu-moe 46" ours -p 0 -n 64 -r 3 --n-cpu-moe 46 --host-compute split
+section "(b) llama.cpp -ncmoe 47" llama -p 0 -n 64 -r 3 -ncmoe 47
 section "(b) auto-fit, 4.5 GiB" ours -p 0 -n 64 -r 3 --mem-budget 4.5GiB
 section "(b) llama.cpp -ncmoe 40" llama -p 0 -n 64 -r 3 -ncmoe 40
 section "(b) split, 4.5 GiB" ours -p 0 -n 64 -r 3 --mem-budget 4.5GiB --host-compute split

@@ -96,8 +96,12 @@ for step in ${STEPS:-tests packed bench breakdown}; do
       done ;;
     lab) wait $GENMOE; built; bash "${LAB:-tests/perf/moe_memory.sh}" 2>&1 | tee -a "$OUT/lab.md" ;;  # bench lines
     gengap) wait $GENMOE; date -u  # the engine's decode beside bench's loop, then its cProfile
-      timeout ${MOE_T:-300} python3 tests/perf/bench_generate_gap.py /tmp/moe.gguf --device cuda \
-        ${GENGAP_ARGS:-} 2>&1 | tee -a "$OUT/gengap.md" | head -45 ;;
+      IFS='|' read -ra glist <<<"${GENGAP_MODES:- }"  # residency flags per run, '|' between runs
+      for mode in "${glist[@]}"; do
+        echo "gengap: $mode" | tee -a "$OUT/gengap.md"
+        timeout ${MOE_T:-300} python3 tests/perf/bench_generate_gap.py /tmp/moe.gguf --device cuda \
+          $mode 2>&1 | tee -a "$OUT/gengap.md" | head -${GENGAP_LINES:-30}
+      done ;;
     splitlab) wait $GENMOE; date -u  # per CPU share: t/s and where each layer's host step goes
       timeout ${MOE_T:-300} python3 tests/perf/bench_split.py /tmp/moe.gguf ${SPLITLAB_ARGS:-} 2>&1 \
         | tee -a "$OUT/splitlab.md" | grep -E "^\||Error"; date -u ;;

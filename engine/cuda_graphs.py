@@ -99,8 +99,9 @@ class DecodeGraphs:
         hidden = self.model(inputs[:, 0], inputs[:, 1], meta, self.kv)
         return self.model.logits(hidden).float()
 
-    def run(self, inputs: torch.Tensor) -> torch.Tensor | None:
-        """Replay (capturing on first use) for inputs [n, COLS + w] int64 on any device; returns
+    def run(self, inputs: torch.Tensor, ids: torch.Tensor | None = None) -> torch.Tensor | None:
+        """Replay (capturing on first use) for inputs [n, COLS + w] int64 on any device, token ids
+        from `ids` [n] on the device when given (a step fed the one before's argmax); returns
         logits [n, vocab] (a view of the graph's output: valid until the next call) or None when
         this shape runs eager."""
         n, w = inputs.shape[0], inputs.shape[1] - COLS
@@ -115,6 +116,9 @@ class DecodeGraphs:
         g.inputs[:n, : COLS + w].copy_(inputs, non_blocking=True)
         if key[0] > n:
             g.inputs[n:, : COLS + w].copy_(inputs[:1].expand(key[0] - n, -1), non_blocking=True)
+        if ids is not None:  # padding rows repeat row 0, its id too
+            g.inputs[:n, 0].copy_(ids)
+            g.inputs[n:, 0].copy_(ids[:1].expand(key[0] - n))
         if first and not capture_first(self, key, g):
             return None
         for b in self._mapped:  # replays run no Python: mapped host experts count from here

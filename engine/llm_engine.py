@@ -102,6 +102,7 @@ class LLMEngine:
             self.model, self.kv_cache, self.kv_manager.get_block_ids,
             spare_slot=plan.num_blocks * args.block_size if spare else None,
             max_blocks=-(-self.max_model_len // args.block_size),
+            decode_ahead=not args.num_speculative_tokens,
         )  # fmt: skip
         self.proposer = (
             NgramProposer(args.num_speculative_tokens, args.ngram_max, args.ngram_min)

@@ -6,9 +6,9 @@ known token of each request, draft tokens being verified, prompt-logprob positio
 Draft verification is exact: a draft token is kept only if the target samples exactly it, and
 randomness is drawn one row at a time so a seeded request draws the same numbers with or without
 speculation. On CUDA, steps where every request decodes one token replay a captured decode graph
-(`DecodeGraphs`), a step of one request's prompt chunk replays a prompt graph (`PrefillGraphs`,
-given a spare KV slot for its padding); everything else (batches of prompts, drafts, CPU) runs
-eagerly.
+(`DecodeGraphs`; plain greedy steps launched one ahead, `DecodeAhead`), a step of one request's
+prompt chunk replays a prompt graph (`PrefillGraphs`, given a spare KV slot for its padding);
+everything else (batches of prompts, drafts, CPU) runs eagerly.
 """
 
 from dataclasses import dataclass, field
@@ -21,9 +21,17 @@ from localllm.engine.core.outputs import PositionLogprobs
 from localllm.engine.core.request import Request
 from localllm.engine.core.scheduler import SchedulerOutput
 from localllm.engine.cuda_graphs import DecodeGraphs, pack_decode
+from localllm.engine.decode_ahead import DecodeAhead
 from localllm.engine.kv_cache import PagedKVCache
 from localllm.engine.prefill_graphs import PrefillGraphs
-from localllm.engine.sampler import SampledToken, Sampler, SamplingRow, prompt_logprobs
+from localllm.engine.sampler import (
+    SampledToken,
+    Sampler,
+    SamplingRow,
+    check_maxima,
+    needs_processing,
+    prompt_logprobs,
+)
 
 
 @dataclass(slots=True)
@@ -51,6 +59,7 @@ class ModelRunner:
         cuda_graphs: bool = True,
         spare_slot: int | None = None,
         max_blocks: int = 0,
+        decode_ahead: bool = True,
     ):
         self.model = model
         self.kv = kv
@@ -60,6 +69,8 @@ class ModelRunner:
         # MoE layers whose experts are read or computed on the host are captured in pieces
         use = cuda_graphs and self.device.type == "cuda"
         self.graphs = DecodeGraphs(model, kv) if use else None
+        # greedy decode steps launched one ahead (off where drafts would change the next step)
+        self.ahead = DecodeAhead(self.graphs.run) if use and decode_ahead else None
         # sources whose reads a GPU asks for: a failed read is raised once the step's tokens are
         # sampled (their device work has run), before they reach a request
         self.read_checks = [s for s in getattr(model, "expert_sources", ()) if hasattr(s, "check")]
@@ -76,6 +87,8 @@ class ModelRunner:
             out = self._execute_graph(sched)
             if out is not None:
                 return out
+        if self.ahead is not None:
+            self.ahead.drop()
         ids, positions, rows, batch = self._prepare(sched)
         hidden = None
         if self.prompts is not None and batch.num_seqs == 1:  # one request's prompt chunk
@@ -123,7 +136,12 @@ class ModelRunner:
             positions.append(start)
             slots.append(table[start // bs] * bs + start % bs)
             tables.append(table)
-        logits = self.graphs.run(pack_decode(ids, positions, slots, tables))
+        inputs = pack_decode(ids, positions, slots, tables)
+        if self.ahead is not None:
+            if all(self._plain(r) for r in reqs):
+                return self._execute_ahead(reqs, inputs, ids, positions, tables)
+            self.ahead.drop()
+        logits = self.graphs.run(inputs)
         if logits is None:
             return None
         out = RunnerOutput()
@@ -132,6 +150,41 @@ class ModelRunner:
         self._sample(sched, {r.request_id: r for r in reqs}, rows, logits, offset, out)
         self._check_reads()
         return out
+
+    def _plain(self, req: Request) -> bool:
+        """Greedy with nothing for the host to do: the device's argmax is its token."""
+        p = req.params
+        if req.grammar is not None or p.logprobs is not None:
+            return False
+        return not needs_processing(self._row(req, []))
+
+    def _execute_ahead(self, reqs, inputs, ids, positions, tables) -> RunnerOutput | None:
+        """A plain greedy decode step, the next one launched before this one's tokens are read
+        (`DecodeAhead`); None when its shape runs eager."""
+        key = tuple((r.request_id, p) for r, p in zip(reqs, positions, strict=True))
+        cur = self.ahead.run(key, inputs, ids)
+        if cur is None:
+            return None
+        nxt = self._next_step(reqs, positions, tables)
+        if nxt is not None:
+            self.ahead.ahead(cur, *nxt)
+        maxima, chosen = self.ahead.read(cur)
+        check_maxima(maxima)
+        sampled = {r.request_id: [SampledToken(t)] for r, t in zip(reqs, chosen, strict=True)}
+        self._check_reads()
+        return RunnerOutput(sampled)
+
+    def _next_step(self, reqs, positions, tables):
+        """(key, inputs) of the decode step after this one, or None where a request ends with
+        this step's token or its next position has no block yet (the scheduler's to give)."""
+        bs = self.kv.block_size
+        nxt = [p + 1 for p in positions]
+        for req, p, table in zip(reqs, nxt, tables, strict=True):
+            if req.num_output_tokens + 1 >= req.max_tokens or p // bs >= len(table):
+                return None
+        slots = [t[p // bs] * bs + p % bs for p, t in zip(nxt, tables, strict=True)]
+        key = tuple((r.request_id, p) for r, p in zip(reqs, nxt, strict=True))
+        return key, pack_decode([0] * len(nxt), nxt, slots, tables)
 
     def _prepare(self, sched: SchedulerOutput):
         bs = self.kv.block_size

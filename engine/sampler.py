@@ -237,6 +237,15 @@ def _logprob_rows(
     return t[:, 0].tolist(), rank.tolist(), top_v, top_i
 
 
+def check_maxima(maxima: Sequence[float]) -> None:
+    """Rows whose maximum is NaN, +inf or -inf have no token to give: a clear error."""
+    for i, m in enumerate(maxima):
+        if math.isnan(m) or m == math.inf:
+            raise ValueError(f"logits row {i} contains NaN or +inf")
+        if m == _NEG_INF:
+            raise ValueError(f"logits row {i} is -inf everywhere: nothing to sample")
+
+
 class Sampler:
     """Samples one token per logits row under that row's own request controls."""
 
@@ -252,11 +261,7 @@ class Sampler:
             maxima, chosen = host[0], [int(t) for t in host[1]]
         else:
             maxima, chosen = best.tolist(), greedy.tolist()
-        for i, m in enumerate(maxima):
-            if math.isnan(m) or m == math.inf:
-                raise ValueError(f"logits row {i} contains NaN or +inf")
-            if m == _NEG_INF:
-                raise ValueError(f"logits row {i} is -inf everywhere: nothing to sample")
+        check_maxima(maxima)
         for i, row in enumerate(rows):
             if needs_processing(row):  # on the host, whatever device the logits are on
                 chosen[i] = self._sample_row(logits[i].cpu(), row)

@@ -1,9 +1,9 @@
 """Where the engine's decode loses to `bench`'s (not a test): one model and residency, decoded
 greedily (1) through `LLM.generate`, one step at a time and with greedy steps launched one
 ahead (the engine: schedule, a host sync to sample, detokenize, every token; timed from the first
-token to the last, the prompt left out) and (2) as `localllm bench` times it (the decode graph replayed back to back, the argmax fed in on the device, no host
-sync per token); then the engine's run under cProfile, by own time. Same machine, same process,
-one after the other.
+token to the last, the prompt left out) and (2) as `localllm bench` times it (the decode graph
+replayed back to back, the argmax fed in on the device, no host sync per token); then the
+engine's run under cProfile, by own time. Same machine, same process, one after the other.
 
     python tests/perf/bench_generate_gap.py MODEL.gguf [--device cuda] [--tokens 64]
         [--top 15] [residency flags as `bench` takes them, e.g. --cpu-moe --host-compute split]

@@ -155,7 +155,7 @@ def test_ahead_on_real_graphs_equals_one_step_at_a_time(tiny):
             runner.ahead = None
         got[ahead] = _tokens(llm, work)
         if ahead:
-            assert runner.ahead.used >= 30 and runner.graphs.failed is None
+            assert runner.ahead.used >= 20 and runner.graphs.failed is None
         del llm, runner
         gc.collect()
         torch.cuda.empty_cache()

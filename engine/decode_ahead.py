@@ -1,13 +1,14 @@
-"""Decode one step ahead: the next greedy decode step is launched before this step's tokens reach
-the host, fed this step's argmax on the device, so the GPU runs it while the host samples,
-detokenizes and schedules. Without it the GPU idles for all of that every token (~0.6 ms on the
-H200, a quarter of a fast model's step).
+"""Decode one step ahead: the next decode step is launched before this step's tokens reach the
+host, fed this step's tokens on the device, so the GPU runs it while the host samples,
+detokenizes and schedules. Without it the GPU idles for all of that every token (~0.5 ms on the
+H200, a fifth of a fast model's step). Rows qualify when the device picks their token itself:
+greedy, or drawn there (`engine.device_sampling`).
 
 A launched step is used only when the scheduler then asks for exactly it (the same requests at
-the same positions, fed the tokens the host got); otherwise it is dropped unread. Dropping is
-safe: greedy decoding makes the token it was fed the one that follows, so the KV it wrote at the
-next position is what the real step would write, and a freed block's next owner writes after it
-in stream order.
+the same positions, fed the tokens the host got); otherwise it is dropped unread and the
+generators its draw advanced are put back. Dropping is safe: the token it was fed is the one that
+follows, so the KV it wrote at the next position is what the real step would write, and a freed
+block's next owner writes after it in stream order.
 """
 
 from collections.abc import Callable
@@ -15,20 +16,24 @@ from dataclasses import dataclass
 
 import torch
 
+from localllm.engine.device_sampling import DeviceDraw, tokens
+
 # (request id, position) per row: the step a launch computes
 StepKey = tuple[tuple[str, int], ...]
 # inputs [n, COLS + w] on the host, device ids for column 0 (None: the inputs' own) -> logits
 Launch = Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor | None]
+Drawer = Callable[[], DeviceDraw | None]  # a step's sampled rows, drawn when it is launched
 
 
 @dataclass(slots=True)
 class Staged:
-    """A launched step's greedy answer on its way to the host."""
+    """A launched step's tokens on their way to the host."""
 
     key: StepKey
     ids: torch.Tensor  # [n] int64 on the device: feeds the step after
-    host: torch.Tensor  # [2, n] float64 (maxima, argmax) on the host, valid once `done` is set
+    host: torch.Tensor  # [2, n] float64 (maxima, tokens) on the host, valid once `done` is set
     done: torch.cuda.Event | None  # None on a CPU: computed already
+    draw: DeviceDraw | None = None  # its sampled rows' draw
     fed: list[int] | None = None  # the tokens it was fed, known once the step before is read
 
     def read(self) -> tuple[list[float], list[int]]:
@@ -38,18 +43,18 @@ class Staged:
         return maxima, [int(t) for t in ids]
 
 
-def stage(key: StepKey, logits: torch.Tensor) -> Staged:
-    """The rows' maxima and argmax (`Sampler`'s plain greedy answer) copied to the host behind
-    the step, and the argmax kept on the device to feed the next step."""
-    best, ids = logits.detach().float().max(-1)
+def stage(key: StepKey, logits: torch.Tensor, draw: DeviceDraw | None = None) -> Staged:
+    """The rows' maxima and tokens (`Sampler`'s answer for such rows) copied to the host behind
+    the step, the tokens kept on the device to feed the next step."""
+    best, ids = tokens(logits, draw)
     pair = torch.stack((best.double(), ids.double()))  # float64: any vocabulary's ids exact
     if logits.device.type != "cuda":
-        return Staged(key, ids, pair, None)
+        return Staged(key, ids, pair, None, draw)
     host = torch.empty(pair.shape, dtype=pair.dtype, pin_memory=True)
     host.copy_(pair, non_blocking=True)
     done = torch.cuda.Event()
     done.record()
-    return Staged(key, ids, host, done)
+    return Staged(key, ids, host, done, draw)
 
 
 class DecodeAhead:
@@ -71,30 +76,35 @@ class DecodeAhead:
         return None
 
     def drop(self, p: Staged | None = None) -> None:
-        """Forget a launched step (its device work runs on; nothing reads it)."""
+        """Forget a launched step (its device work runs on; nothing reads it) and put back the
+        generators its draw advanced."""
         p = self.pending if p is None else p
         if p is not None:
             self.dropped += 1
+            if p.draw is not None:
+                p.draw.restore()
         self.pending = None
 
-    def run(self, key: StepKey, inputs: torch.Tensor, ids: list[int]) -> Staged | None:
-        """This step's staged answer: the pending one when it matches, else launched now; None
-        when its shape runs eager (nothing launched)."""
+    def run(
+        self, key: StepKey, inputs: torch.Tensor, ids: list[int], draw: Drawer
+    ) -> Staged | None:
+        """This step's staged answer: the pending one when it matches, else launched now (its
+        rows drawn by `draw()`); None when its shape runs eager (nothing launched or drawn)."""
         cur = self.take(key, ids)
         if cur is None:
             logits = self.launch(inputs, None)
             if logits is None:
                 return None
-            cur = stage(key, logits)
+            cur = stage(key, logits, draw())
         return cur
 
-    def ahead(self, cur: Staged, key: StepKey, inputs: torch.Tensor) -> None:
-        """Launch the step after `cur`, fed its argmax on the device (column 0 of `inputs` is
+    def ahead(self, cur: Staged, key: StepKey, inputs: torch.Tensor, draw: Drawer) -> None:
+        """Launch the step after `cur`, fed its tokens on the device (column 0 of `inputs` is
         ignored); it waits in `pending` until asked for."""
         logits = self.launch(inputs, cur.ids)
         if logits is None:
             return
-        self.pending = stage(key, logits)
+        self.pending = stage(key, logits, draw())
         self.launched += 1
 
     def read(self, cur: Staged) -> tuple[list[float], list[int]]:

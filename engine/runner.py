@@ -6,9 +6,9 @@ known token of each request, draft tokens being verified, prompt-logprob positio
 Draft verification is exact: a draft token is kept only if the target samples exactly it, and
 randomness is drawn one row at a time so a seeded request draws the same numbers with or without
 speculation. On CUDA, steps where every request decodes one token replay a captured decode graph
-(`DecodeGraphs`; plain greedy steps launched one ahead, `DecodeAhead`), a step of one request's
-prompt chunk replays a prompt graph (`PrefillGraphs`, given a spare KV slot for its padding);
-everything else (batches of prompts, drafts, CPU) runs eagerly.
+(`DecodeGraphs`; steps whose tokens the device picks are launched one ahead, `DecodeAhead`), a
+step of one request's prompt chunk replays a prompt graph (`PrefillGraphs`, given a spare KV slot
+for its padding); everything else (batches of prompts, drafts, CPU) runs eagerly.
 """
 
 from dataclasses import dataclass, field
@@ -22,6 +22,7 @@ from localllm.engine.core.request import Request
 from localllm.engine.core.scheduler import SchedulerOutput
 from localllm.engine.cuda_graphs import DecodeGraphs, pack_decode
 from localllm.engine.decode_ahead import DecodeAhead
+from localllm.engine.device_sampling import DeviceDraw
 from localllm.engine.kv_cache import PagedKVCache
 from localllm.engine.prefill_graphs import PrefillGraphs
 from localllm.engine.sampler import (
@@ -29,6 +30,7 @@ from localllm.engine.sampler import (
     Sampler,
     SamplingRow,
     check_maxima,
+    drawn_on_device,
     needs_processing,
     prompt_logprobs,
 )
@@ -152,22 +154,32 @@ class ModelRunner:
         return out
 
     def _plain(self, req: Request) -> bool:
-        """Greedy with nothing for the host to do: the device's argmax is its token."""
+        """Nothing for the host to do: the device picks its token (argmax or draw)."""
         p = req.params
         if req.grammar is not None or p.logprobs is not None:
             return False
-        return not needs_processing(self._row(req, []))
+        row = self._row(req, [])
+        return not needs_processing(row) or drawn_on_device(row)
+
+    @staticmethod
+    def _drawer(reqs):
+        """The draw of a step's sampled rows, made when the step is launched."""
+        on = [i for i, r in enumerate(reqs) if not r.params.greedy]
+        if not on:
+            return lambda: None
+        return lambda: DeviceDraw.draw(on, [reqs[i].params for i in on], [reqs[i].rng for i in on])
 
     def _execute_ahead(self, reqs, inputs, ids, positions, tables) -> RunnerOutput | None:
-        """A plain greedy decode step, the next one launched before this one's tokens are read
+        """A decode step whose tokens the device picks, the next one launched before they are read
         (`DecodeAhead`); None when its shape runs eager."""
         key = tuple((r.request_id, p) for r, p in zip(reqs, positions, strict=True))
-        cur = self.ahead.run(key, inputs, ids)
+        draw = self._drawer(reqs)
+        cur = self.ahead.run(key, inputs, ids, draw)
         if cur is None:
             return None
         nxt = self._next_step(reqs, positions, tables)
         if nxt is not None:
-            self.ahead.ahead(cur, *nxt)
+            self.ahead.ahead(cur, *nxt, draw)
         maxima, chosen = self.ahead.read(cur)
         check_maxima(maxima)
         sampled = {r.request_id: [SampledToken(t)] for r, t in zip(reqs, chosen, strict=True)}

@@ -7,7 +7,9 @@ top_p -> min_p (untempered) -> temperature -> one uniform from the request's gen
 CDF of the candidates sorted by probability (ties by id), so a seeded request draws the same
 tokens whatever its batch. Rows with nothing to do (greedy, no processors) share one argmax, on
 the logits' device: from a GPU only the rows' maxima and argmax cross to the host (one copy of
-2 x rows values); rows with processors are copied and sampled on the host.
+2 x rows values); a GPU draws rows whose only controls are temperature, top_k, top_p and min_p
+itself (`engine.device_sampling`, the same draw); rows with processors are copied and sampled on
+the host.
 """
 
 import math
@@ -17,6 +19,8 @@ from dataclasses import dataclass
 import torch
 
 from localllm.engine.core.outputs import Logprob
+from localllm.engine.device_sampling import DeviceDraw
+from localllm.engine.device_sampling import tokens as device_tokens
 from localllm.engine.sampling_params import SamplingParams
 
 _NEG_INF = float("-inf")
@@ -52,12 +56,11 @@ def _min_tokens_active(row: SamplingRow) -> bool:
     return len(row.output_ids) < p.min_tokens and bool(row.eos_ids or p.stop_token_ids)
 
 
-def needs_processing(row: SamplingRow) -> bool:
-    """False for rows the batched argmax can answer: greedy with no logits processor."""
+def _processors(row: SamplingRow) -> bool:
+    """Whether any logits processor applies to the row."""
     p = row.params
     return (
-        not p.greedy
-        or bool(p.logit_bias)
+        bool(p.logit_bias)
         or p.allowed_token_ids is not None
         or bool(p.banned_token_ids)
         or row.allowed is not None
@@ -66,6 +69,18 @@ def needs_processing(row: SamplingRow) -> bool:
         or p.presence_penalty != 0.0
         or p.frequency_penalty != 0.0
     )
+
+
+def needs_processing(row: SamplingRow) -> bool:
+    """False for rows the batched argmax can answer: greedy with no logits processor."""
+    return not row.params.greedy or _processors(row)
+
+
+def drawn_on_device(row: SamplingRow) -> bool:
+    """Sampled rows a GPU draws itself (`engine.device_sampling`): temperature, top_k, top_p and
+    min_p their only controls."""
+    p = row.params
+    return not p.greedy and row.rng is not None and p.typical_p == 1.0 and not _processors(row)
 
 
 def _ids(ids: Sequence[int], vocab: int, name: str, device: torch.device) -> torch.Tensor:
@@ -249,21 +264,36 @@ def check_maxima(maxima: Sequence[float]) -> None:
 class Sampler:
     """Samples one token per logits row under that row's own request controls."""
 
+    def __init__(self, device_draws: bool | None = None):
+        # plain sampled rows drawn by `device_sampling` (None: where the logits are on a GPU; a
+        # CPU draws them faster from the best ids alone, `draw_from_head`)
+        self.device_draws = device_draws
+
     def __call__(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> list[SampledToken]:
         if logits.dim() != 2 or logits.shape[0] != len(rows) or logits.shape[1] == 0:
             raise ValueError(
                 f"logits must be [rows={len(rows)}, vocab>0], got {tuple(logits.shape)}"
             )
         logits = logits.detach().float()
-        best, greedy = logits.max(-1)  # every row's max (validation) and the plain argmax
+        draw = None
+        on_device = self.device_draws
+        if on_device is None:
+            on_device = logits.device.type == "cuda"
+        if on_device:  # plain sampled rows drawn there, in the same copy
+            on = [i for i, r in enumerate(rows) if drawn_on_device(r)]
+            ps, gens = [rows[i].params for i in on], [rows[i].rng for i in on]
+            draw = DeviceDraw.draw(on, ps, gens) if on else None
+        # every row's max (validation) and its token: the argmax, or the device's draw
+        best, greedy = device_tokens(logits, draw)
         if logits.shape[1] <= _EXACT_IDS:  # one small copy from a device: maxima and ids together
             host = torch.stack((best, greedy.to(best.dtype))).cpu().tolist()
             maxima, chosen = host[0], [int(t) for t in host[1]]
         else:
             maxima, chosen = best.tolist(), greedy.tolist()
         check_maxima(maxima)
+        drawn = set(draw.rows) if draw is not None else set()
         for i, row in enumerate(rows):
-            if needs_processing(row):  # on the host, whatever device the logits are on
+            if needs_processing(row) and i not in drawn:  # on the host, from any device
                 chosen[i] = self._sample_row(logits[i].cpu(), row)
         out = [SampledToken(t) for t in chosen]
         want = [i for i, r in enumerate(rows) if r.params.logprobs is not None]

@@ -1,5 +1,6 @@
-"""Greedy decode launched one step ahead (`engine.decode_ahead`): the engine's tokens are exactly
-those of the same engine stepping one at a time, whatever joins, finishes or samples around it.
+"""Decode launched one step ahead (`engine.decode_ahead`): the engine's tokens, greedy or drawn on
+the device, are exactly those of the same engine stepping one at a time, whatever joins, finishes
+or samples on the host around them.
 
 On the CPU the decode graph's fixed-shape forward stands in for the replay (same inputs, same
 interface); tests/engine/test_gpu_graphs.py runs the real graphs on a GPU.
@@ -13,6 +14,7 @@ import torch
 from localllm.engine import LLM, SamplingParams
 from localllm.engine.cuda_graphs import COLS, DecodeGraphs
 from localllm.engine.decode_ahead import DecodeAhead, stage
+from localllm.engine.sampler import Sampler
 from tests.perf.make_synthetic import SHAPES, write_synthetic
 
 
@@ -46,6 +48,7 @@ def _engine(path, ahead: bool) -> LLM:
     runner = llm.engine.runner
     runner.graphs = _EagerGraphs(DecodeGraphs(runner.model, runner.kv))
     runner.ahead = DecodeAhead(runner.graphs.run) if ahead else None
+    runner.sampler = Sampler(device_draws=True)  # as on a GPU: plain sampled rows drawn there
     return llm
 
 
@@ -72,8 +75,12 @@ def test_ahead_tokens_equal_one_step_at_a_time(tiny):
         (list(range(3, 23)), dataclasses.replace(greedy, max_tokens=7), 0),
         ([8, 9], dataclasses.replace(greedy, stop_token_ids=[stop]), 3),  # joins: drops a step
         ([5, 17, 33], dataclasses.replace(greedy, stop_token_ids=[stop]), 9),
-        # a sampled request: steps with it run one at a time, its draws unchanged
-        ([40, 41], SamplingParams(temperature=0.8, seed=7, max_tokens=12, ignore_eos=True), 20),
+        # a sampled request with a penalty: steps with it run one at a time
+        (
+            [40, 41],
+            SamplingParams(temperature=0.8, seed=7, max_tokens=12, presence_penalty=0.5),
+            20,
+        ),
         ([77], dataclasses.replace(greedy, max_tokens=30), 30),
     ]
     want = _tokens(_engine(tiny, False), work)
@@ -82,15 +89,33 @@ def test_ahead_tokens_equal_one_step_at_a_time(tiny):
     assert got == want
     assert got[0] == plain and len(got[3]) == plain.index(stop) + 1
     ahead = llm.engine.runner.ahead
-    # most steps were launched ahead and used; joins, ends and the sampled request dropped some
+    # most steps were launched ahead and used; joins, ends and the penalized request dropped some
     assert ahead.used >= 30 and ahead.dropped >= 3 and ahead.launched == ahead.used + ahead.dropped
     assert llm.engine.runner.graphs.fed == ahead.launched
 
 
-def test_ahead_stays_off_for_sampled_and_logprobs(tiny):
+def test_sampled_rows_ahead_draw_as_one_step_at_a_time(tiny):
+    """Seeded draws are the same ahead: a dropped step puts its generators back."""
+    sampled = SamplingParams(temperature=0.9, top_p=0.9, seed=11, max_tokens=30, ignore_eos=True)
+    work = [
+        ([5, 17, 33], sampled, 0),
+        ([8, 9], dataclasses.replace(sampled, top_k=20, min_p=0.05, seed=4), 2),  # drops one
+        ([9], SamplingParams(temperature=0, max_tokens=10, ignore_eos=True), 6),  # drops one
+        ([3, 4], dataclasses.replace(sampled, temperature=0.3, seed=None), 12),
+    ]
+    want = _tokens(_engine(tiny, False), work[:3])
+    llm = _engine(tiny, True)
+    assert _tokens(llm, work[:3]) == want
+    ahead = llm.engine.runner.ahead
+    assert ahead.used >= 20 and ahead.dropped >= 2
+    got = _tokens(llm, work)  # an unseeded request beside them: theirs unchanged
+    assert got[:3] == want and len(got[3]) == 30
+
+
+def test_ahead_stays_off_for_host_sampled_and_logprobs(tiny):
     llm = _engine(tiny, True)
     ps = [
-        SamplingParams(temperature=0.7, seed=1, max_tokens=20, ignore_eos=True),
+        SamplingParams(temperature=0.7, seed=1, max_tokens=20, ignore_eos=True, typical_p=0.9),
         SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, logprobs=2),
         SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, repetition_penalty=1.3),
     ]
@@ -98,6 +123,10 @@ def test_ahead_stays_off_for_sampled_and_logprobs(tiny):
         want = _tokens(_engine(tiny, False), [([3, 4, 5], p, 0)])
         assert _tokens(llm, [([3, 4, 5], p, 0)]) == want
     assert llm.engine.runner.ahead.launched == 0
+
+
+def _none():
+    return None
 
 
 def test_a_pending_step_is_used_only_when_asked_for_exactly():
@@ -111,16 +140,16 @@ def test_a_pending_step_is_used_only_when_asked_for_exactly():
 
     ahead = DecodeAhead(launch)
     key = (("a", 4), ("b", 9))
-    cur = ahead.run(key, torch.tensor([[0, 4], [0, 9]]), [1, 2])
-    ahead.ahead(cur, (("a", 5), ("b", 10)), torch.tensor([[0, 5], [0, 10]]))
+    cur = ahead.run(key, torch.tensor([[0, 4], [0, 9]]), [1, 2], _none)
+    ahead.ahead(cur, (("a", 5), ("b", 10)), torch.tensor([[0, 5], [0, 10]]), _none)
     assert ahead.read(cur) == ([1.0, 1.0], [4, 1])
     assert calls == [None, [4, 1]]  # the step after was fed this one's argmax on the device
     # asked for with other tokens than it was fed: dropped and launched again
     assert ahead.take((("a", 5), ("b", 10)), [4, 2]) is None and ahead.dropped == 1
-    ahead.ahead(cur, (("a", 5), ("b", 10)), torch.tensor([[0, 5], [0, 10]]))
+    ahead.ahead(cur, (("a", 5), ("b", 10)), torch.tensor([[0, 5], [0, 10]]), _none)
     ahead.read(cur)
     assert ahead.take((("a", 5),), [4]) is None and ahead.dropped == 2  # another batch
-    ahead.ahead(cur, (("a", 5), ("b", 10)), torch.tensor([[0, 5], [0, 10]]))
+    ahead.ahead(cur, (("a", 5), ("b", 10)), torch.tensor([[0, 5], [0, 10]]), _none)
     ahead.read(cur)
     got = ahead.take((("a", 5), ("b", 10)), [4, 1])
     assert got is not None and ahead.used == 1 and ahead.pending is None
@@ -145,6 +174,8 @@ def test_ahead_on_real_graphs_equals_one_step_at_a_time(tiny):
         (list(range(3, 23)), dataclasses.replace(greedy, max_tokens=7), 0),
         ([8, 9], greedy, 3),
         ([40, 41], SamplingParams(temperature=0.8, seed=7, max_tokens=12, ignore_eos=True), 20),
+        ([6], SamplingParams(temperature=0.8, top_p=0.9, seed=2, max_tokens=20, min_p=0.05), 24),
+        ([7, 7], dataclasses.replace(greedy, repetition_penalty=1.2), 26),  # on the host
     ]
     got = {}
     for ahead in (False, True):

@@ -354,8 +354,9 @@ def test_greedy_batch_path_equals_per_row_path(monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_device_logits_give_the_host_tokens_and_logprobs():
-    """Logits left on the GPU: greedy rows answered there (ties to the lower id), rows with
-    processors sampled on the host from a copy: the same tokens as host logits, seeds included."""
+    """Logits left on the GPU: greedy rows answered there (ties to the lower id), plain sampled
+    rows drawn there (`device_sampling`), rows with processors sampled on the host from a copy:
+    the same tokens as host logits, seeds included."""
     g = torch.Generator().manual_seed(4)
     logits = torch.randn(8, 3000, generator=g)
     logits[2, 7] = logits[2, 2900] = 40.0

@@ -26,10 +26,12 @@ from localllm.engine.sampling_params import SamplingParams
 PROMPT = [[1, 5, 9, 33, 7, 11, 200, 3]]
 
 
-def engine_rate(llm: LLM, tokens: int) -> float:
+def engine_rate(llm: LLM, tokens: int, temperature: float = 0.0) -> float:
     """Decode tokens/s from the first token's stamp to the last's: the prompt's step left out,
     as `bench`'s tg leaves it out."""
-    params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
+    params = SamplingParams(
+        temperature=temperature, top_p=0.95, seed=0, max_tokens=tokens, ignore_eos=True
+    )
     m = llm.generate(PROMPT, params)[0].metrics
     return (m.num_generated - 1) / (m.last_token_time - m.first_token_time)
 
@@ -62,11 +64,13 @@ def main() -> None:
     single = engine_rate(llm, a.tokens)  # each step's tokens read before the next is launched
     runner.ahead = ahead
     gen = engine_rate(llm, a.tokens)
+    drawn = engine_rate(llm, a.tokens, 0.8)  # sampled: temperature 0.8, top_p 0.95
     fast = bench_rate(llm, a.tokens, torch.device(a.device))
     print(f"engine, one step at a time: {single:.2f} t/s, {1e3 / single:.2f} ms/token")
     if ahead is not None:
         used = f"{ahead.used} of {ahead.launched} launched ahead used"
         print(f"engine (LLM.generate):      {gen:.2f} t/s, {1e3 / gen:.2f} ms/token ({used})")
+    print(f"engine, sampled (T 0.8):    {drawn:.2f} t/s, {1e3 / drawn:.2f} ms/token")
     print(f"bench's loop:               {fast:.2f} t/s, {1e3 / fast:.2f} ms/token")
     print(f"the engine's extra:         {1e3 / gen - 1e3 / fast:.2f} ms/token")
     prof = cProfile.Profile()

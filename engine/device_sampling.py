@@ -1,0 +1,85 @@
+"""Sampled rows drawn on the logits' device, with no host sync: what a GPU decode step needs to
+launch the next step before its tokens reach the host (`engine.decode_ahead`).
+
+Rows qualify when temperature, top_k, top_p and min_p are their only controls (no bias, masks,
+penalties, grammar, min_tokens or typical_p: those stay on the host sampler). The draw is the
+host sampler's (`sampler.candidates` + `sampler.draw`): the row sorted by probability, ties by id
+(one stable sort), top_k, then top_p over the kept candidates, min_p on the untempered logits,
+temperature, and one uniform from the request's generator inverting the CDF. Only the float
+rounding of the sums differs from the host's, so a draw within rounding of a CDF step may differ.
+"""
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from localllm.engine.sampling_params import SamplingParams
+
+
+@dataclass(slots=True)
+class DeviceDraw:
+    """The sampled rows of one step: which rows, their controls, their uniforms (drawn from the
+    requests' generators, whose states before the draw are kept so a dropped step can put
+    them back)."""
+
+    rows: list[int]
+    params: list[SamplingParams]
+    u: list[float]
+    states: list[tuple[torch.Generator, torch.Tensor]]
+
+    @classmethod
+    def draw(cls, rows: list[int], params: list[SamplingParams], rngs: list[torch.Generator]):
+        states = [(g, g.get_state()) for g in rngs]
+        u = [float(torch.rand((), generator=g)) for g in rngs]  # one uniform per row, as the host
+        return cls(rows, params, u, states)
+
+    def restore(self) -> None:
+        """The generators as they were before this draw (its step was never used)."""
+        for g, state in self.states:
+            g.set_state(state)
+
+
+def tokens(logits: torch.Tensor, draw: DeviceDraw | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every row's maximum (for validation) and token: the argmax, or the draw's sample in its
+    rows; both stay on the logits' device."""
+    x = logits.detach().float()
+    best, ids = x.max(-1)
+    if draw is not None and draw.rows:
+        rows = _to(torch.tensor(draw.rows), x.device)
+        ids = ids.index_copy(0, rows, sample(x.index_select(0, rows), draw.params, draw.u))
+    return best, ids
+
+
+def sample(x: torch.Tensor, params: list[SamplingParams], u: list[float]) -> torch.Tensor:
+    """One token per row of x [n, V] (float32) under its params, at its uniform."""
+    vocab, dev = x.shape[1], x.device
+    vals, ids = x.sort(dim=-1, descending=True, stable=True)  # probability order, ties by id
+    col = torch.arange(vocab, device=dev)
+
+    def per_row(values: list[float]) -> torch.Tensor:
+        return _to(torch.tensor(values, dtype=torch.float32), dev)[:, None]
+
+    top_k = [p.top_k if p.top_k and p.top_k < vocab else vocab for p in params]
+    keep = (col < per_row(top_k)) & (vals > -math.inf)
+    if any(p.top_p < 1.0 for p in params):
+        cum = vals.masked_fill(~keep, -math.inf).softmax(-1).cumsum(-1)
+        top_p = per_row([p.top_p for p in params])
+        cut = ((cum < top_p) & keep).sum(-1, keepdim=True) + 1
+        keep &= (col < cut) | (top_p >= 1.0)
+    if any(p.min_p > 0.0 for p in params):
+        floor = per_row([math.log(p.min_p) if p.min_p > 0.0 else -math.inf for p in params])
+        keep &= vals >= vals[:, :1] + floor
+    temp = per_row([p.temperature for p in params])
+    probs = ((vals - vals[:, :1]) / temp).masked_fill(~keep, -math.inf).softmax(-1)
+    cdf = probs.cumsum(-1)
+    pos = (cdf <= cdf[:, -1:] * per_row(u)).sum(-1)
+    last = (probs > 0).sum(-1) - 1  # never a zero-probability id
+    return ids.gather(1, torch.minimum(pos, last)[:, None])[:, 0]
+
+
+def _to(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A small host tensor onto `device` without a host sync (page-locked, asynchronous)."""
+    if device.type != "cuda":
+        return t
+    return t.pin_memory().to(device, non_blocking=True)

@@ -99,11 +99,13 @@ class DecodeGraphs:
         hidden = self.model(inputs[:, 0], inputs[:, 1], meta, self.kv)
         return self.model.logits(hidden).float()
 
-    def run(self, inputs: torch.Tensor, ids: torch.Tensor | None = None) -> torch.Tensor | None:
+    def run(self, inputs: torch.Tensor, ids: torch.Tensor | None = None, then=None):
         """Replay (capturing on first use) for inputs [n, COLS + w] int64 on any device, token ids
-        from `ids` [n] on the device when given (a step fed the one before's argmax); returns
-        logits [n, vocab] (a view of the graph's output: valid until the next call) or None when
-        this shape runs eager."""
+        from `ids` [n] on the device when given (a step fed the one before's tokens); returns
+        logits [n, vocab] (a view of the graph's output: valid until the next call), or
+        `then(logits)` when given, called once the replay is queued and before the host's own
+        part of the step (the work it queues runs right behind the replay); None when this shape
+        runs eager."""
         n, w = inputs.shape[0], inputs.shape[1] - COLS
         key = self.key(n, w)
         if key is None:
@@ -125,15 +127,16 @@ class DecodeGraphs:
             b.mapped.replayed(key[0])
         if g.link is None:
             g.graph.replay()
-            return g.logits[:n]
+            return g.logits[:n] if then is None else then(g.logits[:n])
         g.link.arm()
         try:
             g.graph.replay()
+            out = g.logits[:n] if then is None else then(g.logits[:n])
         except BaseException:
             g.link.release()
             raise
         g.link.run()  # the CPU's shares of the split layers, beside the replay
-        return g.logits[:n]
+        return out
 
     def _capture(self, g: _Graph) -> None:
         side = warm_up(self.forward, g.inputs, self.kv.device)

@@ -20,8 +20,9 @@ from localllm.engine.device_sampling import DeviceDraw, tokens
 
 # (request id, position) per row: the step a launch computes
 StepKey = tuple[tuple[str, int], ...]
-# inputs [n, COLS + w] on the host, device ids for column 0 (None: the inputs' own) -> logits
-Launch = Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor | None]
+# inputs [n, COLS + w] on the host, device ids for column 0 (None: the inputs' own), and what to
+# queue behind the replay -> its result, or None where the shape runs eager (`DecodeGraphs.run`)
+Launch = Callable[[torch.Tensor, torch.Tensor | None, Callable], "Staged | None"]
 Drawer = Callable[[], DeviceDraw | None]  # a step's sampled rows, drawn when it is launched
 
 
@@ -92,20 +93,14 @@ class DecodeAhead:
         rows drawn by `draw()`); None when its shape runs eager (nothing launched or drawn)."""
         cur = self.take(key, ids)
         if cur is None:
-            logits = self.launch(inputs, None)
-            if logits is None:
-                return None
-            cur = stage(key, logits, draw())
+            cur = self.launch(inputs, None, lambda logits: stage(key, logits, draw()))
         return cur
 
     def ahead(self, cur: Staged, key: StepKey, inputs: torch.Tensor, draw: Drawer) -> None:
         """Launch the step after `cur`, fed its tokens on the device (column 0 of `inputs` is
         ignored); it waits in `pending` until asked for."""
-        logits = self.launch(inputs, cur.ids)
-        if logits is None:
-            return
-        self.pending = stage(key, logits, draw())
-        self.launched += 1
+        self.pending = self.launch(inputs, cur.ids, lambda logits: stage(key, logits, draw()))
+        self.launched += self.pending is not None
 
     def read(self, cur: Staged) -> tuple[list[float], list[int]]:
         """`cur`'s maxima and argmax on the host; the pending step learns what it was fed."""

@@ -46,34 +46,50 @@ def tokens(logits: torch.Tensor, draw: DeviceDraw | None) -> tuple[torch.Tensor,
     x = logits.detach().float()
     best, ids = x.max(-1)
     if draw is not None and draw.rows:
-        rows = _to(torch.tensor(draw.rows), x.device)
-        ids = ids.index_copy(0, rows, sample(x.index_select(0, rows), draw.params, draw.u))
+        ctl = _controls(draw.params, draw.u, x.shape[1], draw.rows, x.device)
+        rows = ctl[5].long()
+        ids = ids.index_copy(0, rows, _sample(x.index_select(0, rows), ctl, draw.params))
     return best, ids
 
 
 def sample(x: torch.Tensor, params: list[SamplingParams], u: list[float]) -> torch.Tensor:
     """One token per row of x [n, V] (float32) under its params, at its uniform."""
-    vocab, dev = x.shape[1], x.device
+    rows = list(range(x.shape[0]))
+    return _sample(x, _controls(params, u, x.shape[1], rows, x.device), params)
+
+
+def _controls(params, u, vocab: int, rows, device) -> torch.Tensor:
+    """The rows' controls as one [6, n] tensor on `device` (one copy): top_k (the vocabulary when
+    off), top_p, log(min_p) (-inf when off), temperature, uniform, row index."""
+    t = torch.tensor(
+        [
+            [p.top_k if p.top_k and p.top_k < vocab else vocab for p in params],
+            [p.top_p for p in params],
+            [math.log(p.min_p) if p.min_p > 0.0 else -math.inf for p in params],
+            [p.temperature for p in params],
+            u,
+            rows,
+        ],
+        dtype=torch.float32,
+    )
+    return _to(t, device)
+
+
+def _sample(x: torch.Tensor, ctl: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    vocab = x.shape[1]
     vals, ids = x.sort(dim=-1, descending=True, stable=True)  # probability order, ties by id
-    col = torch.arange(vocab, device=dev)
-
-    def per_row(values: list[float]) -> torch.Tensor:
-        return _to(torch.tensor(values, dtype=torch.float32), dev)[:, None]
-
-    top_k = [p.top_k if p.top_k and p.top_k < vocab else vocab for p in params]
-    keep = (col < per_row(top_k)) & (vals > -math.inf)
+    col = torch.arange(vocab, device=x.device)
+    top_k, top_p, floor, temp, u = (c[:, None] for c in ctl[:5])
+    keep = (col < top_k) & (vals > -math.inf)
     if any(p.top_p < 1.0 for p in params):
         cum = vals.masked_fill(~keep, -math.inf).softmax(-1).cumsum(-1)
-        top_p = per_row([p.top_p for p in params])
         cut = ((cum < top_p) & keep).sum(-1, keepdim=True) + 1
         keep &= (col < cut) | (top_p >= 1.0)
     if any(p.min_p > 0.0 for p in params):
-        floor = per_row([math.log(p.min_p) if p.min_p > 0.0 else -math.inf for p in params])
         keep &= vals >= vals[:, :1] + floor
-    temp = per_row([p.temperature for p in params])
     probs = ((vals - vals[:, :1]) / temp).masked_fill(~keep, -math.inf).softmax(-1)
     cdf = probs.cumsum(-1)
-    pos = (cdf <= cdf[:, -1:] * per_row(u)).sum(-1)
+    pos = (cdf <= cdf[:, -1:] * u).sum(-1)
     last = (probs > 0).sum(-1) - 1  # never a zero-probability id
     return ids.gather(1, torch.minimum(pos, last)[:, None])[:, 0]
 

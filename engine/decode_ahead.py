@@ -103,7 +103,7 @@ class DecodeAhead:
         self.launched += self.pending is not None
 
     def read(self, cur: Staged) -> tuple[list[float], list[int]]:
-        """`cur`'s maxima and argmax on the host; the pending step learns what it was fed."""
+        """`cur`'s maxima and tokens on the host; the pending step learns what it was fed."""
         maxima, ids = cur.read()
         if self.pending is not None:
             self.pending.fed = ids

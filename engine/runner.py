@@ -71,7 +71,8 @@ class ModelRunner:
         # MoE layers whose experts are read or computed on the host are captured in pieces
         use = cuda_graphs and self.device.type == "cuda"
         self.graphs = DecodeGraphs(model, kv) if use else None
-        # greedy decode steps launched one ahead (off where drafts would change the next step)
+        # decode steps whose tokens the device picks, launched one ahead (off where drafts would
+        # change the next step)
         self.ahead = DecodeAhead(self.graphs.run) if use and decode_ahead else None
         # sources whose reads a GPU asks for: a failed read is raised once the step's tokens are
         # sampled (their device work has run), before they reach a request
@@ -140,7 +141,7 @@ class ModelRunner:
             tables.append(table)
         inputs = pack_decode(ids, positions, slots, tables)
         if self.ahead is not None:
-            if all(self._plain(r) for r in reqs):
+            if all(self._picked_on_device(r) for r in reqs):
                 return self._execute_ahead(reqs, inputs, ids, positions, tables)
             self.ahead.drop()
         logits = self.graphs.run(inputs)
@@ -153,7 +154,7 @@ class ModelRunner:
         self._check_reads()
         return out
 
-    def _plain(self, req: Request) -> bool:
+    def _picked_on_device(self, req: Request) -> bool:
         """Nothing for the host to do: the device picks its token (argmax or draw)."""
         p = req.params
         if req.grammar is not None or p.logprobs is not None:

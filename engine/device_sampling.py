@@ -91,7 +91,10 @@ def _sample(x: torch.Tensor, ctl: torch.Tensor, params: list[SamplingParams]) ->
     cdf = probs.cumsum(-1)
     pos = (cdf <= cdf[:, -1:] * u).sum(-1)
     last = (probs > 0).sum(-1) - 1  # never a zero-probability id
-    return ids.gather(1, torch.minimum(pos, last)[:, None])[:, 0]
+    # a row with no finite maximum (NaN, +inf, all -inf) still indexes inside the row: the host
+    # rejects it from the maxima (`sampler.check_maxima`), never a device-side fault
+    at = torch.minimum(pos, last).clamp(0, vocab - 1)
+    return ids.gather(1, at[:, None])[:, 0]
 
 
 def _to(t: torch.Tensor, device: torch.device) -> torch.Tensor:

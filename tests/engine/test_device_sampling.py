@@ -95,3 +95,17 @@ def test_device_draw_on_a_gpu_equals_host_reference():
     got = sample(x.cuda(), params, u).tolist()
     want = [_host(x[i].double(), params[i], u[i]) for i in range(x.shape[0])]
     assert sum(a != b for a, b in zip(got, want, strict=True)) <= 2
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_a_row_with_no_finite_maximum_is_a_clear_error_not_a_fault(bad):
+    x = _logits(2, 300, 10, torch.float32)
+    if bad == float("-inf"):
+        x[1] = bad  # nothing to sample
+    else:
+        x[1, 17] = bad
+    _, ids = tokens(x, DeviceDraw.draw([0, 1], PARAMS[:2], [torch.Generator()] * 2))
+    assert 0 <= int(ids[1]) < 300  # indexed inside the row (a GPU would fault otherwise)
+    rows = [SamplingRow(PARAMS[1], torch.Generator(), [1], [], frozenset()) for _ in range(2)]
+    with pytest.raises(ValueError, match="row 1"):
+        Sampler(device_draws=True)(x, rows)

@@ -45,11 +45,13 @@ def tokens(logits: torch.Tensor, draw: DeviceDraw | None) -> tuple[torch.Tensor,
     rows; both stay on the logits' device."""
     x = logits.detach().float()
     best, ids = x.max(-1)
-    if draw is not None and draw.rows:
-        ctl = _controls(draw.params, draw.u, x.shape[1], draw.rows, x.device)
-        rows = ctl[5].long()
-        ids = ids.index_copy(0, rows, _sample(x.index_select(0, rows), ctl, draw.params))
-    return best, ids
+    if draw is None or not draw.rows:
+        return best, ids
+    ctl = _controls(draw.params, draw.u, x.shape[1], draw.rows, x.device)
+    if draw.rows == list(range(x.shape[0])):  # every row drawn (the common case): no gathers
+        return best, _sample(x, ctl, draw.params)
+    rows = ctl[5].long()
+    return best, ids.index_copy(0, rows, _sample(x.index_select(0, rows), ctl, draw.params))
 
 
 def sample(x: torch.Tensor, params: list[SamplingParams], u: list[float]) -> torch.Tensor:
@@ -60,11 +62,12 @@ def sample(x: torch.Tensor, params: list[SamplingParams], u: list[float]) -> tor
 
 def _controls(params, u, vocab: int, rows, device) -> torch.Tensor:
     """The rows' controls as one [6, n] tensor on `device` (one copy): top_k (the vocabulary when
-    off), top_p, log(min_p) (-inf when off), temperature, uniform, row index."""
+    off), top_p (2 when off: every cumulative mass is below it), log(min_p) (-inf when off),
+    temperature, uniform, row index."""
     t = torch.tensor(
         [
             [p.top_k if p.top_k and p.top_k < vocab else vocab for p in params],
-            [p.top_p for p in params],
+            [p.top_p if p.top_p < 1.0 else 2.0 for p in params],
             [math.log(p.min_p) if p.min_p > 0.0 else -math.inf for p in params],
             [p.temperature for p in params],
             u,
@@ -76,21 +79,22 @@ def _controls(params, u, vocab: int, rows, device) -> torch.Tensor:
 
 
 def _sample(x: torch.Tensor, ctl: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    # Few ops, as each is a launch the host makes every token. Masked (-inf) ids need no mask of
+    # their own: their probability is 0 in every sum below and a draw never lands on one.
     vocab = x.shape[1]
     vals, ids = x.sort(dim=-1, descending=True, stable=True)  # probability order, ties by id
     col = torch.arange(vocab, device=x.device)
     top_k, top_p, floor, temp, u = (c[:, None] for c in ctl[:5])
-    keep = (col < top_k) & (vals > -math.inf)
+    keep = col < top_k
     if any(p.top_p < 1.0 for p in params):
-        cum = vals.masked_fill(~keep, -math.inf).softmax(-1).cumsum(-1)
-        cut = ((cum < top_p) & keep).sum(-1, keepdim=True) + 1
-        keep &= (col < cut) | (top_p >= 1.0)
+        cum = torch.where(keep, vals, -math.inf).softmax(-1).cumsum(-1)
+        keep &= col <= (cum < top_p).sum(-1, keepdim=True)
     if any(p.min_p > 0.0 for p in params):
         keep &= vals >= vals[:, :1] + floor
-    probs = ((vals - vals[:, :1]) / temp).masked_fill(~keep, -math.inf).softmax(-1)
+    probs = torch.where(keep, (vals - vals[:, :1]) / temp, -math.inf).softmax(-1)
     cdf = probs.cumsum(-1)
     pos = (cdf <= cdf[:, -1:] * u).sum(-1)
-    last = (probs > 0).sum(-1) - 1  # never a zero-probability id
+    last = probs.count_nonzero(-1) - 1  # never a zero-probability id
     # a row with no finite maximum (NaN, +inf, all -inf) still indexes inside the row: the host
     # rejects it from the maxima (`sampler.check_maxima`), never a device-side fault
     at = torch.minimum(pos, last).clamp(0, vocab - 1)

@@ -284,6 +284,7 @@ class LLMEngine:
     def close(self) -> None:
         for gid in list(self.groups):
             self.abort_request(gid)
+        self.runner.close()  # a step launched ahead may still read host experts
         for source in getattr(self.model, "expert_sources", ()):  # reader threads, open files
             if hasattr(source, "close"):
                 source.close()

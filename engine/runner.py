@@ -117,6 +117,14 @@ class ModelRunner:
         self._check_reads()
         return out
 
+    def close(self) -> None:
+        """Drop a step launched ahead and wait for the device: nothing may still read the model's
+        host memory (mapped experts, the file's mapping) once its owner closes it."""
+        if self.ahead is not None:
+            self.ahead.drop()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
     def _check_reads(self) -> None:
         for source in self.read_checks:
             source.check()

@@ -113,6 +113,17 @@ def test_sampled_rows_ahead_draw_as_one_step_at_a_time(tiny):
     assert got[:3] == want and len(got[3]) == 30
 
 
+def test_close_drops_a_step_still_ahead(tiny):
+    llm = _engine(tiny, True)
+    stop = _tokens(_engine(tiny, False), [([5, 17, 33], SamplingParams(temperature=0), 0)])[0][4]
+    p = SamplingParams(temperature=0, max_tokens=30, stop_token_ids=[stop])
+    _tokens(llm, [([5, 17, 33], p, 0)])  # ended by its stop token: the step after it was launched
+    ahead = llm.engine.runner.ahead
+    assert ahead.pending is not None
+    llm.close()
+    assert ahead.pending is None and ahead.dropped == 1
+
+
 def test_ahead_stays_off_for_host_sampled_and_logprobs(tiny):
     llm = _engine(tiny, True)
     ps = [

@@ -92,17 +92,20 @@ class LLMEngine:
         self.kv_manager = KVCacheManager(
             args.block_size, plan.num_blocks, enable_caching=args.enable_prefix_caching
         )
+        # decode steps launched one ahead on a GPU (off where n-gram drafts change the next step)
+        ahead = torch.device(args.device).type == "cuda" and not args.num_speculative_tokens
         config = SchedulerConfig(
             max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens,
             max_model_len=self.max_model_len,
+            lookahead_slots=int(ahead),
         )
         self.scheduler = Scheduler(config, self.kv_manager)
         self.runner = ModelRunner(
             self.model, self.kv_cache, self.kv_manager.get_block_ids,
             spare_slot=plan.num_blocks * args.block_size if spare else None,
             max_blocks=-(-self.max_model_len // args.block_size),
-            decode_ahead=not args.num_speculative_tokens,
+            decode_ahead=ahead,
         )  # fmt: skip
         self.proposer = (
             NgramProposer(args.num_speculative_tokens, args.ngram_max, args.ngram_min)

@@ -22,6 +22,9 @@ class SchedulerConfig:
     max_num_seqs: int = 16  # requests in one step
     max_num_batched_tokens: int = 512  # tokens in one step (bounds activation memory)
     max_model_len: int = 4096  # prompt + output tokens of one request
+    # a decode token's next slot is allocated with it when a block is free (never by preempting):
+    # the runner launches the next step ahead only where its slot exists (`engine.decode_ahead`)
+    lookahead_slots: int = 0
 
 
 @dataclass(slots=True)
@@ -72,16 +75,25 @@ class Scheduler:
             if n <= 0:
                 i += 1
                 continue
-            while self.kv.allocate_slots(req, n) is None:
-                victim = self.running[-1]
-                self._preempt(victim)
-                out.preempted.append(victim)
-                if victim is req:
-                    return budget
+            if not self._lookahead(req, n):
+                while self.kv.allocate_slots(req, n) is None:
+                    victim = self.running[-1]
+                    self._preempt(victim)
+                    out.preempted.append(victim)
+                    if victim is req:
+                        return budget
             self._add_to_batch(out, req, n)
             budget -= n
             i += 1
         return budget
+
+    def _lookahead(self, req: Request, n: int) -> bool:
+        """A decode token's slot and the next ones allocated together, if free blocks allow."""
+        extra = self.config.lookahead_slots
+        if not extra or n != 1 or req.num_tokens_with_spec - req.num_computed_tokens != 1:
+            return False
+        extra = min(extra, self.config.max_model_len - req.num_computed_tokens - 1)
+        return extra > 0 and self.kv.allocate_slots(req, n + extra) is not None
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
         skipped: list[Request] = []

@@ -44,8 +44,11 @@ class _EagerGraphs:
         return logits if then is None else then(logits)
 
 
-def _engine(path, ahead: bool) -> LLM:
+def _engine(path, ahead: bool, lookahead: bool = True) -> LLM:
     llm = LLM(str(path), max_model_len=256, device="cpu", block_size=16)
+    if ahead and lookahead:  # as on a GPU: a decode token's next slot allocated with it
+        sched = llm.engine.scheduler
+        sched.config = dataclasses.replace(sched.config, lookahead_slots=1)
     runner = llm.engine.runner
     runner.graphs = _EagerGraphs(DecodeGraphs(runner.model, runner.kv))
     runner.ahead = DecodeAhead(runner.graphs.run) if ahead else None
@@ -72,7 +75,7 @@ def test_ahead_tokens_equal_one_step_at_a_time(tiny):
     plain = _tokens(_engine(tiny, False), [([5, 17, 33], greedy, 0)])[0]
     stop = plain[12]  # a token the greedy run makes: a request stopped by it ends early
     work = [
-        ([5, 17, 33], greedy, 0),  # crosses blocks 16, 32 (no step launched past a table's end)
+        ([5, 17, 33], greedy, 0),  # crosses blocks 16, 32
         (list(range(3, 23)), dataclasses.replace(greedy, max_tokens=7), 0),
         ([8, 9], dataclasses.replace(greedy, stop_token_ids=[stop]), 3),  # joins: drops a step
         ([5, 17, 33], dataclasses.replace(greedy, stop_token_ids=[stop]), 9),
@@ -89,6 +92,10 @@ def test_ahead_tokens_equal_one_step_at_a_time(tiny):
     got = _tokens(llm, work)
     assert got == want
     assert got[0] == plain and len(got[3]) == plain.index(stop) + 1
+    # without the lookahead slot no step is launched past a block's end: fewer steps ahead
+    bare = _engine(tiny, True, lookahead=False)
+    assert _tokens(bare, work) == want
+    assert bare.engine.runner.ahead.used < llm.engine.runner.ahead.used
     ahead = llm.engine.runner.ahead
     # most steps were launched ahead and used; joins, ends and the penalized request dropped some
     assert ahead.used >= 30 and ahead.dropped >= 3 and ahead.launched == ahead.used + ahead.dropped

@@ -165,3 +165,29 @@ def test_abort_waiting_and_running():
     s.finish(a, "abort")
     assert a.finish_reason == b.finish_reason == "abort"
     assert not s.has_unfinished() and s.kv.num_free_blocks == 64
+
+
+def test_lookahead_slot_allocated_only_from_free_blocks():
+    """With a lookahead slot a decode token's next slot comes with it (the runner's step ahead
+    writes there), but only from free blocks: never by preempting."""
+    kv = KVCacheManager(BS, 2, enable_caching=False)
+    s = Scheduler(SchedulerConfig(8, 64, 256, lookahead_slots=1), kv)
+    a = req("a", 3, max_tokens=6)  # decodes positions 3..7: 2 blocks, the pool's all
+    s.add_request(a)
+    step(s)  # the prompt: 1 block (no lookahead on a prompt)
+    assert len(kv.get_block_ids(a)) == 1
+    step(s)  # decodes position 3; position 4's slot comes with it: the second block
+    assert a.num_computed_tokens == 4 and len(kv.get_block_ids(a)) == 2
+    while s.has_unfinished():  # at position 7 the next slot has no block: none taken, none lost
+        assert not step(s).preempted
+    assert a.output_token_ids == [7] * 6 and kv.num_free_blocks == 2
+
+
+def test_lookahead_stops_at_max_model_len():
+    kv = KVCacheManager(BS, 8, enable_caching=False)
+    s = Scheduler(SchedulerConfig(8, 64, 8, lookahead_slots=1), kv)
+    a = req("a", 4, max_tokens=4)
+    s.add_request(a)
+    while s.has_unfinished():
+        step(s)
+    assert a.num_tokens == 8 and kv.num_free_blocks == 8  # 2 blocks at most held, all freed

@@ -244,13 +244,14 @@ def run_model(path: str, args: argparse.Namespace) -> list[BenchResult]:
                 account_mapped(model)  # (device-side counters come in every few steps)
                 before = expert_stats(sources) if sources else None
                 links = [g.link for g in graphs.graphs.values() if g.link] if graphs else []
-                balance = split_balance(moe_blocks(model), links)
+                moe = moe_blocks(model)
+                balance = split_balance(moe, links)
                 rates = [run.once(depth, p, n) for _ in range(args.repetitions)]
                 std = statistics.stdev(rates) if len(rates) > 1 else 0.0
                 account_mapped(model)
                 experts = ExpertCounters.between(before, expert_stats(sources)) if sources else None
                 if balance is not None:
-                    balance = split_balance(moe_blocks(model), links).minus(balance)
+                    balance = split_balance(moe, links).minus(balance)
                 out.append(BenchResult(Path(path).name, *info, p, n, depth,
                                        statistics.fmean(rates), std, rates, experts,
                                        balance))  # fmt: skip

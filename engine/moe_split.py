@@ -30,6 +30,7 @@ from localllm.engine.graph_breaks import HostBreaks
 from localllm.kernels.cpu.native import NativeKernels
 from localllm.kernels.cpu.rows_call import RowsCall, RowsScratch
 from localllm.kernels.quant.types import QuantType
+from localllm.offload.mapped import host_view, map_empty
 
 # Share of each token's routed experts the CPU computes: 5 of 8 was the fastest of 4 to 6 of 8
 # (69.14 / 67.16 t/s against 62.34 at 4 and 58.63 at 6) once the hand-over took flags in one
@@ -95,14 +96,18 @@ class SplitExperts:
         self.host_rows = 0  # token rows whose CPU share ran (replays included)
         self.stats = None  # an `ExpertStats`: the CPU's pairs count as hits, its rows as host rows
         self.timing = SplitTiming()
-        pin = device is not None and device.type == "cuda"
-        t, c = SPLIT_MAX_T, self.cpu
-
-        def buf(*shape: int, dtype=torch.float32) -> torch.Tensor:
-            return torch.empty(shape, dtype=dtype, pin_memory=pin)
-
-        self._rows, self._y = buf(t, dim), buf(t, dim)
-        self._w, self._ids = buf(t, c), buf(t, c, dtype=torch.int64)
+        t, c, f32 = SPLIT_MAX_T, self.cpu, torch.float32
+        spec = {"rows": ((t, dim), f32), "y": ((t, dim), f32), "w": ((t, c), f32)}
+        spec["ids"] = ((t, c), torch.int64)
+        # on CUDA the buffers are mapped: a linked graph's kernels store and load them in place
+        # (`kernels.host_flags.hand_out`), copies at graph breaks and eagerly use the host views
+        self.mapped: dict[str, torch.Tensor] | None = None
+        if device is not None and device.type == "cuda":
+            self.mapped = map_empty(spec, device)
+            bufs = {k: host_view(v) for k, v in self.mapped.items()}
+        else:
+            bufs = {k: torch.empty(shape, dtype=dt) for k, (shape, dt) in spec.items()}
+        self._rows, self._y, self._w, self._ids = (bufs[k] for k in ("rows", "y", "w", "ids"))
 
     def takes(self, ids: torch.Tensor) -> bool:
         return 0 < ids.shape[0] <= SPLIT_MAX_T and ids.shape[1] == self.n_used
@@ -127,15 +132,14 @@ class SplitExperts:
             miss = (self.slot_of[ids] < 0).to(torch.int8)
             order = torch.sort(miss, dim=1, stable=True).indices
             ids, weights = ids.gather(1, order), weights.gather(1, order)
+        if link is not None:  # rows out and the host's flag, the GPU's share, the wait and sum
+            i = link.hand_out(self, x, weights, ids, g)
+            yg = gpu(x, xq, weights[:, :g].contiguous(), ids[:, :g].contiguous())
+            return link.take_back(i, yg)
         rows, w, cids, y = self._rows[:t], self._w[:t], self._ids[:t], self._y[:t]
         rows.copy_(x, non_blocking=True)
         w.copy_(weights[:, g:], non_blocking=True)
         cids.copy_(ids[:, g:], non_blocking=True)
-        if link is not None:  # the host's flag after the copies, the GPU's share, the wait
-            i = link.add(self, t)
-            yg = gpu(x, xq, weights[:, :g].contiguous(), ids[:, :g].contiguous())
-            link.hold(i)
-            return yg + y.to(x.device, non_blocking=True)
         ready = _Ready(x.device) if breaks is None else breaks.fork()
         # (one token's slices are contiguous already: no copy kernel in decode)
         yg = gpu(x, xq, weights[:, :g].contiguous(), ids[:, :g].contiguous())

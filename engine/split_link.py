@@ -4,9 +4,10 @@ through flags in page-locked host memory, with no break in the graph.
 Handing over at a graph break costs, every layer, the host's return from the CPU's share, a
 graph launch and the first kernel's start between the CPU's last store and the GPU's next step
 (~110-160 us a layer on the H200 host against a CPU share of ~230). Here the decode step is one
-graph; per split layer it holds the copies of the token rows and the CPU's routing out, a
-`signal` (the layer's GPU flag := this replay's number), the GPU's share, a `wait` (until the
-layer's CPU flag holds the number) and the copy of the CPU's sum back (`kernels.host_flags`).
+graph; per split layer it holds a `hand_out` kernel (the token rows and the CPU's routing stored
+into the layer's mapped buffers, then its GPU flag := this replay's number), the GPU's share and
+a `take_back` kernel (until the layer's CPU flag holds the number, then the GPU's sum plus the
+CPU's, read over the bus; `kernels.host_flags`).
 The host launches the replay, then runs the CPU's shares in layer order in one native call
 (`run`, `kernels.cpu.split_run`): per layer it spins on the GPU flag, computes, sets the CPU
 flag.
@@ -61,26 +62,45 @@ class SplitLink:
             from localllm.kernels import host_flags
 
             self.kernels = host_flags
-            host_flags.signal(self.flags["gpu"], 0, self.seq_dev)
-            host_flags.wait(self.flags["gpu"], 0, self.seq_dev, self.waits, self.flags["err"])
+
+            def z(n, dtype=torch.float32):
+                return torch.zeros((1, n), dtype=dtype, device=device)
+
+            outs, err = (z(16), z(1), z(1, torch.int64)), self.flags["err"]
+            host_flags.hand_out(z(16), z(2), z(2, torch.int64), 1, outs, self.flags["gpu"], 0,
+                                self.seq_dev)  # fmt: skip
+            host_flags.take_back(z(16), z(16), self.flags["gpu"], 0, self.seq_dev, self.waits, err)
             torch.cuda.synchronize(device)
             self.waits.zero_()
             host_view(self.flags["gpu"]).zero_()
 
-    def add(self, split, t: int) -> int:
-        """Capture the signal of the next split layer (`t` token rows), after its copies out."""
-        i = len(self.jobs)
+    def hand_out(self, split, x, weights, ids, g: int) -> int:
+        """Capture the next split layer's hand-over: its token rows `x` [t, dim] and the CPU's
+        routing (`weights` / `ids` [t, k] from column `g`) into the layer's mapped buffers,
+        then its flag (one kernel); on a CPU device, the copies alone. Returns the layer's
+        index for `take_back`."""
+        i, t = len(self.jobs), x.shape[0]
         if i >= self.waits.numel():
             raise SplitLinkError(f"more split layers than the {self.waits.numel()} planned")
         self.jobs.append((split, t))
-        if self.kernels is not None:
-            self.kernels.signal(self.flags["gpu"], i, self.seq_dev)
+        if self.kernels is None:
+            split._rows[:t].copy_(x)
+            split._w[:t].copy_(weights[:, g:])
+            split._ids[:t].copy_(ids[:, g:])
+            return i
+        m = split.mapped
+        out = (m["rows"][:t], m["w"][:t], m["ids"][:t])
+        self.kernels.hand_out(x, weights, ids, g, out, self.flags["gpu"], i, self.seq_dev)
         return i
 
-    def hold(self, i: int) -> None:
-        """Capture the wait for the CPU's share of layer `i`, before its copy back."""
-        if self.kernels is not None:
-            self.kernels.wait(self.flags["cpu"], i, self.seq_dev, self.waits, self.flags["err"])
+    def take_back(self, i: int, yg: torch.Tensor) -> torch.Tensor:
+        """Capture layer `i`'s wait for the CPU's share and the sum `yg` + that share (one
+        kernel); on a CPU device, the sum alone."""
+        split, t = self.jobs[i]
+        if self.kernels is None:
+            return yg + split._y[:t]
+        y, err = split.mapped["y"][:t], self.flags["err"]
+        return self.kernels.take_back(yg, y, self.flags["cpu"], i, self.seq_dev, self.waits, err)
 
     def arm(self) -> None:
         """Before a replay: its number, on the device in stream order. A GPU that gave up

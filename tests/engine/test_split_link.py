@@ -133,7 +133,8 @@ def test_a_gpu_that_gave_up_is_raised_before_the_next_replay(kernels):
 def test_more_layers_than_planned_is_an_error(kernels):
     link, _ = _captured(kernels, 1)
     with pytest.raises(SplitLinkError, match="more split layers than the 1 planned"):
-        link.add(link.jobs[0][0], 1)
+        x, w, ids = torch.zeros(1, DIM), torch.ones(1, K) / K, torch.arange(K)[None]
+        link.hand_out(link.jobs[0][0], x, w, ids, K - link.jobs[0][0].cpu)
 
 
 def test_more_pairs_than_the_native_loop_holds_is_refused_at_layout(kernels):

@@ -94,7 +94,8 @@ for step in ${STEPS:-tests packed bench breakdown}; do
           -m /tmp/moe.gguf --device cuda ${SPLIT_BENCH:--p 0 -n 32 -r 2} --cpu-moe --host-compute split ${SPLIT_ARGS:-} \
           2>&1 | tee -a "$OUT/split.md" | grep -E "qwen3moe|expert|graphs|Error"; date -u
       done ;;
-    lab) wait $GENMOE; built; bash "${LAB:-tests/perf/moe_memory.sh}" 2>&1 | tee -a "$OUT/lab.md" ;;  # bench lines
+    lab) wait $GENMOE; built  # bench lines, LAB_ROUNDS times over
+      for _ in $(seq ${LAB_ROUNDS:-1}); do bash "${LAB:-tests/perf/moe_memory.sh}" 2>&1 | tee -a "$OUT/lab.md"; done ;;
     gengap) wait $GENMOE; date -u  # the engine's decode beside bench's loop, then its cProfile
       IFS='|' read -ra glist <<<"${GENGAP_MODES:- }"  # residency flags per run, '|' between runs
       for mode in "${glist[@]}"; do

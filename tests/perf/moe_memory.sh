@@ -35,6 +35,10 @@ section "(b) llama.cpp -ot exps=CPU" llama -p 0 -n 64 -r 3 -ot exps=CPU
 section "(b) llama.cpp -ncmoe 46" llama -p 0 -n 64 -r 3 -ncmoe 46
 # (b) under a budget: no prompt copy, the plan's minimum (the CUDA context included)
 section "(b) --cpu-moe split, 2.2 GiB" ours -p 0 -n 64 -r 3 --cpu-moe --host-compute split --mem-budget 2.2GiB
+# the same from an older tree exported to .ab (an A/B in one call; h200_session.sh links it)
+ours_ab() { PYTHONPATH=/tmp/absite:/tmp/site ours "$@"; }
+[ -d .ab ] && mkdir -p /tmp/absite && ln -sfn "$PWD/.ab" /tmp/absite/localllm
+section "(b) split 2.2 GiB, .ab tree" ours_ab -p 0 -n 64 -r 3 --cpu-moe --host-compute split --mem-budget 2.2GiB
 # the same with libgomp's threads spinning between layers instead of sleeping after ~300k spins
 ours_active() { OMP_WAIT_POLICY=ACTIVE ours "$@"; }
 # the split with another CPU share (SHARE: `engine.moe_split`'s share, over slots too)

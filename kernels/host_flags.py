@@ -39,9 +39,9 @@ def _hand_out(x_ptr, w_ptr, ids_ptr, rows_ptr, cw_ptr, cids_ptr, flags_ptr, i, s
     for p0 in range(0, T * c, 64):
         o = p0 + tl.arange(0, 64)
         m = o < T * c
-        r, j = o // c, G + o % c
-        tl.store(cw_ptr + o, tl.load(w_ptr + r * sw + j, mask=m), mask=m)
-        tl.store(cids_ptr + o, tl.load(ids_ptr + r * si + j, mask=m), mask=m)
+        row, j = o // c, G + o % c
+        tl.store(cw_ptr + o, tl.load(w_ptr + row * sw + j, mask=m), mask=m)
+        tl.store(cids_ptr + o, tl.load(ids_ptr + row * si + j, mask=m), mask=m)
     tl.debug_barrier()  # every thread's stores, then the flag released at system scope
     tl.atomic_xchg(flags_ptr + i, tl.load(seq_ptr), sem="release", scope="sys")
 

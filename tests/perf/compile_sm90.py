@@ -22,6 +22,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from localllm.kernels import host_flags
 from localllm.kernels.attention import triton_decode
 from localllm.kernels.fused import triton_ops, triton_rope
 from localllm.kernels.moe import triton_combine
@@ -130,7 +131,17 @@ def main(pdl: bool = False) -> None:
             cases.append((fn, {n: sig[n] for n in order}, geo, warps))
     comb_sig = {"y_ptr": F32, "w_ptr": F32, "out_ptr": F32, "D": "i32"}
     cases.append((triton_combine._combine, comb_sig, {"KSEL": 8, "BD": 1024}, 4))
+    hand = dict.fromkeys(("x_ptr", "w_ptr", "rows_ptr", "cw_ptr"), F32)
+    hand |= {"ids_ptr": I32, "cids_ptr": I64, "flags_ptr": I32, "i": "i32", "seq_ptr": I32}
+    hand |= dict.fromkeys(("T", "D", "K", "G", "sx", "sw", "si"), "i32")
+    take = {"yg_ptr": F32, "y_ptr": F32, "out_ptr": F32, "flags_ptr": I32, "i": "i32"}
+    take |= {"seq_ptr": I32, "waits_ptr": I32, "errors_ptr": I32, "N": "i32"}
+    cases.append((host_flags._hand_out, hand, {"BLOCK": 1024}, 4))
+    cases.append((host_flags._take_back, take, {"LIMIT": 1 << 20, "BLOCK": 2048}, 4))
     for fn, sig, const, warps in cases:
+        if fn.__module__.endswith("host_flags"):  # (no PDL variants)
+            print(f"{fn.__name__} x {warps} warps: {compile_one(fn, sig, const, warps)}")
+            continue
         const = {**const, "PDL": pdl}
         keys = ("BD", "NQ", "NKV", "G", "BJ", "QUANT", "EXACT", "MOE")
         shown = {k: v for k, v in const.items() if k in keys}

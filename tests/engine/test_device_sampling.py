@@ -109,3 +109,44 @@ def test_a_row_with_no_finite_maximum_is_a_clear_error_not_a_fault(bad):
     rows = [SamplingRow(PARAMS[1], torch.Generator(), [1], [], frozenset()) for _ in range(2)]
     with pytest.raises(ValueError, match="row 1"):
         Sampler(device_draws=True)(x, rows)
+
+
+def test_draw_graphs_answer_as_the_eager_draw_where_they_do_not_capture():
+    from localllm.engine.draw_graphs import DrawGraphs
+
+    x = _logits(3, 500, 11, torch.float32)
+    graphs, gens = DrawGraphs(), [torch.Generator().manual_seed(s) for s in range(3)]
+    d = DeviceDraw.draw([0, 1, 2], PARAMS[1:4], gens)
+    for got, want in zip(graphs.tokens(x, d), tokens(x, d), strict=True):  # a CPU: eager
+        assert torch.equal(got, want)
+    assert graphs.graphs == {} and graphs.replays == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_draw_graphs_replay_the_eager_draw_for_any_controls_of_a_shape():
+    from localllm.engine import draw_graphs
+
+    graphs, vocab = draw_graphs.DrawGraphs(), 151936 // 4
+    g = torch.Generator().manual_seed(12)
+    kept = None
+    for step in range(12):  # shapes: 1 and 3 rows, controls on and off, new values each step
+        n = 1 if step % 2 else 3
+        x = _logits(n, vocab, 20 + step, torch.float32).cuda()
+        params = [PARAMS[(step + i) % len(PARAMS)] for i in range(n)]
+        d = DeviceDraw.draw(list(range(n)), params, [g] * n)
+        best, ids = graphs.tokens(x, d)
+        want = tokens(x, d)
+        assert torch.equal(best, want[0]) and torch.equal(ids, want[1]), step
+        if kept is None:
+            kept = (ids.clone(), ids)
+    assert graphs.failed is None and graphs.replays == 12 and 2 <= len(graphs.graphs) < 12
+    assert torch.equal(kept[0], kept[1])  # an answer outlives later replays of its graph
+    # more rows than a graph takes, and steps with argmax rows, draw eagerly
+    x = _logits(draw_graphs.MAX_ROWS + 1, vocab, 40, torch.float32).cuda()
+    n = x.shape[0]
+    d = DeviceDraw.draw(list(range(n)), [PARAMS[1]] * n, [g] * n)
+    assert torch.equal(graphs.tokens(x, d)[1], tokens(x, d)[1])
+    d = DeviceDraw.draw([0, 2], [PARAMS[1]] * 2, [g] * 2)
+    assert torch.equal(graphs.tokens(x[:3], d)[1], tokens(x[:3], d)[1])
+    assert graphs.replays == 12

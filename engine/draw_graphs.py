@@ -74,15 +74,21 @@ class DrawGraphs:
         return g.best.clone(), g.ids.clone()
 
     def _capture(self, x: torch.Tensor, ctl: torch.Tensor, params) -> _Graph:
+        # Captured on a side stream without `torch.cuda.graph`'s device synchronize: a draw is
+        # queued behind a decode step whose split layers wait for CPU shares this thread runs
+        # only after it returns, so a sync here would wait for the GPU's waits to give up.
+        cur = torch.cuda.current_stream(x.device)
         xs, cs = x.clone(), ctl.clone()
-        side = torch.cuda.Stream(x.device)  # a warm-up first: the sort's and softmax's modules
-        side.wait_stream(torch.cuda.current_stream(x.device))
-        with torch.cuda.stream(side):
-            pick(xs, cs, params)
-        torch.cuda.current_stream(x.device).wait_stream(side)
-        if self.pool is None:
-            self.pool = torch.cuda.graph_pool_handle()
+        side = torch.cuda.Stream(x.device)
+        side.wait_stream(cur)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            best, ids = pick(xs, cs, params)
+        with torch.cuda.stream(side):
+            pick(xs, cs, params)  # a warm-up: modules load at these launches, not in the capture
+            graph.capture_begin(self.pool, capture_error_mode="thread_local")
+            try:
+                best, ids = pick(xs, cs, params)
+            finally:
+                graph.capture_end()
+        cur.wait_stream(side)
+        self.pool = graph.pool()
         return _Graph(graph, xs, cs, best, ids)

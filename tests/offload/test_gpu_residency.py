@@ -348,3 +348,33 @@ def test_cuda_experts_packed_at_load_leave_no_raw_copy(tmp_path):
     assert kept < 1.25 * file_bytes, (kept, file_bytes)
     layer = spec.expert_nbytes // spec.n_layers
     assert peak - kept < layer, (peak, kept, layer)
+
+
+def test_cuda_split_sampled_steps_ahead_equal_one_step_at_a_time(tmp_path):
+    """A split residency's sampled steps go one ahead with their draw replayed as a graph,
+    captured behind a step whose CPU shares run only after the capture returns (a capture that
+    synchronized the device would wait for the GPU's waits to give up): the same seeded tokens
+    as one step at a time."""
+    import gc
+
+    if load_native() is None:
+        pytest.skip("no C compiler for the native kernels: no split")
+    spec = replace(QWEN3MOE, dim=256, expert_ff=256, expert_qtype=QT.Q8_0)
+    path = write_moe_gguf(tmp_path / "moe.gguf", spec)
+    cfg = resolve([("test", {"cpu_moe": True, "host_compute": "split"})])
+    params = SamplingParams(temperature=0.8, top_p=0.9, seed=5, max_tokens=24, ignore_eos=True)
+    got = {}
+    for ahead in (False, True):
+        llm = LLM(str(path), max_model_len=128, device="cuda", residency=cfg)
+        runner = llm.engine.runner
+        if not ahead:
+            runner.ahead = None
+        got[ahead] = [o.outputs[0].token_ids for o in llm.generate(PROMPTS[:1], params)]
+        assert any(b.split is not None for b in moe_blocks(llm.engine.model))
+        if ahead:
+            draws = runner.ahead.draws
+            assert runner.ahead.used >= 16 and draws.failed is None and draws.replays >= 16
+        del llm, runner
+        gc.collect()
+        torch.cuda.empty_cache()
+    assert got[True] == got[False]

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 import torch
 
 from localllm.engine.device_sampling import DeviceDraw, tokens
-from localllm.engine.draw_graphs import DrawGraphs
 
 # (request id, position) per row: the step a launch computes
 StepKey = tuple[tuple[str, int], ...]
@@ -25,7 +24,6 @@ StepKey = tuple[tuple[str, int], ...]
 # queue behind the replay -> its result, or None where the shape runs eager (`DecodeGraphs.run`)
 Launch = Callable[[torch.Tensor, torch.Tensor | None, Callable], "Staged | None"]
 Drawer = Callable[[], DeviceDraw | None]  # a step's sampled rows, drawn when it is launched
-Pick = Callable[[torch.Tensor, DeviceDraw | None], tuple[torch.Tensor, torch.Tensor]]
 
 
 @dataclass(slots=True)
@@ -46,13 +44,10 @@ class Staged:
         return maxima, [int(t) for t in ids]
 
 
-def stage(
-    key: StepKey, logits: torch.Tensor, draw: DeviceDraw | None = None, pick: Pick = tokens
-) -> Staged:
-    """The rows' maxima and tokens (`Sampler`'s answer for such rows; `pick`: how, default
-    `device_sampling.tokens`) copied to the host behind the step, the tokens kept on the device
-    to feed the next step."""
-    best, ids = pick(logits, draw)
+def stage(key: StepKey, logits: torch.Tensor, draw: DeviceDraw | None = None) -> Staged:
+    """The rows' maxima and tokens (`Sampler`'s answer for such rows) copied to the host behind
+    the step, the tokens kept on the device to feed the next step."""
+    best, ids = tokens(logits, draw)
     pair = torch.stack((best.double(), ids.double()))  # float64: any vocabulary's ids exact
     if logits.device.type != "cuda":
         return Staged(key, ids, pair, None, draw)
@@ -68,7 +63,6 @@ class DecodeAhead:
 
     def __init__(self, launch: Launch):
         self.launch = launch
-        self.draws = DrawGraphs()  # the rows' draws, replayed as graphs where they can be
         self.pending: Staged | None = None
         self.launched = self.used = self.dropped = 0  # steps launched ahead, used, dropped
 
@@ -99,17 +93,14 @@ class DecodeAhead:
         rows drawn by `draw()`); None when its shape runs eager (nothing launched or drawn)."""
         cur = self.take(key, ids)
         if cur is None:
-            cur = self.launch(inputs, None, lambda logits: self._stage(key, logits, draw))
+            cur = self.launch(inputs, None, lambda logits: stage(key, logits, draw()))
         return cur
 
     def ahead(self, cur: Staged, key: StepKey, inputs: torch.Tensor, draw: Drawer) -> None:
         """Launch the step after `cur`, fed its tokens on the device (column 0 of `inputs` is
         ignored); it waits in `pending` until asked for."""
-        self.pending = self.launch(inputs, cur.ids, lambda logits: self._stage(key, logits, draw))
+        self.pending = self.launch(inputs, cur.ids, lambda logits: stage(key, logits, draw()))
         self.launched += self.pending is not None
-
-    def _stage(self, key: StepKey, logits: torch.Tensor, draw: Drawer) -> Staged:
-        return stage(key, logits, draw(), self.draws.tokens)
 
     def read(self, cur: Staged) -> tuple[list[float], list[int]]:
         """`cur`'s maxima and tokens on the host; the pending step learns what it was fed."""

@@ -44,32 +44,23 @@ def tokens(logits: torch.Tensor, draw: DeviceDraw | None) -> tuple[torch.Tensor,
     """Every row's maximum (for validation) and token: the argmax, or the draw's sample in its
     rows; both stay on the logits' device."""
     x = logits.detach().float()
-    if draw is None or not draw.rows:
-        return x.max(-1)
-    ctl = controls(draw.params, draw.u, x.shape[1], draw.rows, x.device)
-    if draw.rows == list(range(x.shape[0])):  # every row drawn (the common case): no gathers
-        return pick(x, ctl, draw.params)
     best, ids = x.max(-1)
+    if draw is None or not draw.rows:
+        return best, ids
+    ctl = _controls(draw.params, draw.u, x.shape[1], draw.rows, x.device)
+    if draw.rows == list(range(x.shape[0])):  # every row drawn (the common case): no gathers
+        return best, _sample(x, ctl, draw.params)
     rows = ctl[5].long()
     return best, ids.index_copy(0, rows, _sample(x.index_select(0, rows), ctl, draw.params))
-
-
-def pick(
-    logits: torch.Tensor, ctl: torch.Tensor, params: list[SamplingParams]
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Every row's maximum and its draw under `ctl` (`controls` of every row): what
-    `engine.draw_graphs` captures."""
-    x = logits.float()
-    return x.max(-1).values, _sample(x, ctl, params)
 
 
 def sample(x: torch.Tensor, params: list[SamplingParams], u: list[float]) -> torch.Tensor:
     """One token per row of x [n, V] (float32) under its params, at its uniform."""
     rows = list(range(x.shape[0]))
-    return _sample(x, controls(params, u, x.shape[1], rows, x.device), params)
+    return _sample(x, _controls(params, u, x.shape[1], rows, x.device), params)
 
 
-def controls(params, u, vocab: int, rows, device) -> torch.Tensor:
+def _controls(params, u, vocab: int, rows, device) -> torch.Tensor:
     """The rows' controls as one [6, n] tensor on `device` (one copy): top_k (the vocabulary when
     off), top_p (2 when off: every cumulative mass is below it), log(min_p) (-inf when off),
     temperature, uniform, row index."""

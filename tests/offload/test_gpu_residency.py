@@ -351,10 +351,9 @@ def test_cuda_experts_packed_at_load_leave_no_raw_copy(tmp_path):
 
 
 def test_cuda_split_sampled_steps_ahead_equal_one_step_at_a_time(tmp_path):
-    """A split residency's sampled steps go one ahead with their draw replayed as a graph,
-    captured behind a step whose CPU shares run only after the capture returns (a capture that
-    synchronized the device would wait for the GPU's waits to give up): the same seeded tokens
-    as one step at a time."""
+    """A split residency's sampled steps go one ahead, drawn on the device behind a step whose
+    CPU shares the host runs after the draw is queued (nothing there may wait for the device):
+    the same seeded tokens as one step at a time."""
     import gc
 
     if load_native() is None:
@@ -372,8 +371,7 @@ def test_cuda_split_sampled_steps_ahead_equal_one_step_at_a_time(tmp_path):
         got[ahead] = [o.outputs[0].token_ids for o in llm.generate(PROMPTS[:1], params)]
         assert any(b.split is not None for b in moe_blocks(llm.engine.model))
         if ahead:
-            draws = runner.ahead.draws
-            assert runner.ahead.used >= 16 and draws.failed is None and draws.replays >= 16
+            assert runner.ahead.used >= 16 and runner.graphs.failed is None
         del llm, runner
         gc.collect()
         torch.cuda.empty_cache()

@@ -60,19 +60,26 @@ def _host_cache_slots(
 
 def _auto_split(
     config: ResidencyConfig, st: Streaming, memory: MemoryInfo, tiers: Mapping[str, str],
-    sizes: Mapping[str, int],
+    sizes: Mapping[str, int], n_expert: int,
 ) -> bool:  # fmt: skip
     """`host_compute = auto` where a separate CUDA device reads host-tier experts in place (the
-    caller checks that) with no device slots over them: the CPU's share beside the bus's decoded
-    1.3x mapped alone (H200, RESULTS.md; with slots, mapped alone was faster). The CPU reads the
-    file's blocks beside the page-locked copy, so only in mmap mode with host RAM for both (or
-    it would read the disk)."""
-    if config.host_compute != "auto" or config.load_mode != "mmap" or st.slots:
+    caller checks that) with no device slots over them, or with auto's own slots holding under
+    `SPLIT_SLOTS_COVER` of them: the CPU's share (the slots' misses first) beside the bus's. On
+    the H200 (RESULTS.md) the split decoded 1.3x mapped alone with no slots, and 1.52x mapped
+    over auto's slots at 3 GiB (~1.1 GB: about 1/15 of the experts; hit rate 0.40); slots the
+    user set stay mapped. The
+    CPU reads the file's blocks beside the page-locked copy, so only in mmap mode with host RAM
+    for both (or it would read the disk)."""
+    if config.host_compute != "auto" or config.load_mode != "mmap":
         return False
     if "disk" in tiers.values():
         return False
-    host = sum(sizes[n] for n, t in tiers.items() if t == "host" and expert_layer(n) is not None)
-    return 2 * host <= memory.host_free
+    hosted = [n for n, t in tiers.items() if t == "host" and expert_layer(n) is not None]
+    if st.slots:
+        layers = len({expert_layer(n) for n in hosted})
+        if config.streaming.slots or st.slots >= SPLIT_SLOTS_COVER * n_expert * layers:
+            return False
+    return 2 * sum(sizes[n] for n in hosted) <= memory.host_free
 
 
 def expert_layer(name: str) -> int | None:
@@ -81,6 +88,10 @@ def expert_layer(name: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+# auto splits host experts with the CPU over its own slots where they hold less than this share
+# of them: at about 1/15 (3 GiB for Qwen3-30B-A3B, by the loaded bytes) the split ran 1.52x
+# mapped + slots on the H200; at about 1/6 (4.5 GiB) only mapped + slots was measured (RESULTS.md)
+SPLIT_SLOTS_COVER = 1 / 8
 # a device slot pool packs a streamed expert by one gather per plane through int32 byte maps:
 # four bytes of device memory per byte of one expert (`kernels.moe.slot_pool`)
 PACKING_MAPS = 4
@@ -454,11 +465,12 @@ def plan_residency(
             notes.append("prompts read the host-tier experts in place (no room for a layer's copy)")
     copy = copy or disk_copy
     host_compute = config.host_compute
-    if host_cache and mapped and _auto_split(config, st, memory, tiers, sizes):
+    if host_cache and mapped and _auto_split(config, st, memory, tiers, sizes, n_expert):
         host_compute = "split"
+        few = f"{st.slots} device slots" if st.slots else "no device slots"
         notes.append(
-            "no device slots over the host-tier experts: the CPU computes a share of each "
-            "decode token's experts while the device reads the rest (split)"
+            f"{few} over the host-tier experts: the CPU computes a share of each decode "
+            "token's experts (the slots' misses first) while the device reads the rest (split)"
         )
     rules = tuple(f"{r.pattern} -> {r.tier}  ({r.source})" for r in config.rules)
     return ResidencyPlan(

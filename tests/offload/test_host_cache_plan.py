@@ -278,3 +278,29 @@ def test_auto_host_compute_splits_host_experts_with_the_cpu_where_no_slots_cover
     cfg = resolve([("t", {"budget": tight})])
     cpu_plan = plan_residency(cfg, _sizes(), 0, cpu, n_expert=E, min_slots=4, host_cache=True)
     assert cpu_plan.host_compute == "auto"
+
+
+def test_auto_splits_over_its_own_slots_where_they_hold_few_of_the_host_experts():
+    """Auto's slots under `SPLIT_SLOTS_COVER` of the host-tier experts: split over them (the
+    CPU takes each token's misses); more slots, or slots the user set, stay mapped."""
+    from localllm.offload.plan import SPLIT_SLOTS_COVER
+
+    e, layers, slot = 64, 4, 300
+    sizes = {f"blk.{i}.ffn_{p}_exps.weight": e * slot // 3
+             for i in range(layers) for p in ("gate", "up", "down")}  # fmt: skip
+    sizes["token_embd.weight"] = 1000
+    gpu = MemoryInfo("cuda:0", host_free=1 << 30, device_free=1 << 30)
+
+    def plan(slots_room: int, **settings):
+        # the room for a layer's prompt copy (e slots' bytes) and then `slots_room` slots
+        cfg = resolve([("t", {"budget": 1000 + (e + slots_room) * slot, **settings})])
+        return plan_residency(cfg, sizes, 0, gpu, n_expert=e, min_slots=2, host_cache=True)
+
+    cover = int(SPLIT_SLOTS_COVER * e * layers)  # 32 slots of 256 experts
+    few = plan(cover - 12)
+    assert few.streaming.slots == cover - 12 and few.host_compute == "split"
+    assert f"{cover - 12} device slots over the host-tier experts" in "\n".join(few.notes)
+    many = plan(cover)
+    assert many.streaming.slots == cover and many.host_compute == "auto"
+    given = plan(cover - 12, streaming={"slots": cover - 12})
+    assert given.streaming.slots == cover - 12 and given.host_compute == "auto"

@@ -98,8 +98,9 @@ def take_back(
     errors: torch.Tensor,
     limit: int = SPIN_LIMIT,
 ) -> torch.Tensor:
-    """Once flags[i] == seq[0] (as `wait`, counting into waits[i] / errors[0]): yg + y, float32
-    (y: a contiguous mapped view the host wrote, read over the bus; yg: the GPU's sum)."""
+    """Once flags[i] == seq[0]: yg + y, float32 (y: a contiguous mapped view the host wrote,
+    read over the bus; yg: the GPU's sum). waits[i] += 1 when the flag did not hold it at once;
+    after `limit` rounds without it, errors[0] += 1 and the sum takes y as it is."""
     out = torch.empty(yg.shape, dtype=torch.float32, device=yg.device)
     n, block = yg.numel(), 2048
     _take_back[(triton.cdiv(n, block),)](yg.contiguous(), y, out, flags, i, seq, waits, errors,

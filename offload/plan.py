@@ -67,9 +67,8 @@ def _auto_split(
     `SPLIT_SLOTS_COVER` of them: the CPU's share (the slots' misses first) beside the bus's. On
     the H200 (RESULTS.md) the split decoded 1.3x mapped alone with no slots, and 1.52x mapped
     over auto's slots at 3 GiB (~1.1 GB: about 1/15 of the experts; hit rate 0.40); slots the
-    user set stay mapped. The
-    CPU reads the file's blocks beside the page-locked copy, so only in mmap mode with host RAM
-    for both (or it would read the disk)."""
+    user set stay mapped. The CPU reads the file's blocks beside the page-locked copy, so only in
+    mmap mode with host RAM for both (or it would read the disk)."""
     if config.host_compute != "auto" or config.load_mode != "mmap":
         return False
     if "disk" in tiers.values():

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from localllm.engine.device_sampling import DeviceDraw, tokens
+from localllm.engine.sampling_params import SamplingParams
 
 # (request id, position) per row: the step a launch computes
 StepKey = tuple[tuple[str, int], ...]
@@ -56,6 +57,19 @@ def stage(key: StepKey, logits: torch.Tensor, draw: DeviceDraw | None = None) ->
     done = torch.cuda.Event()
     done.record()
     return Staged(key, ids, host, done, draw)
+
+
+def warm_up(vocab: int, device: torch.device) -> None:
+    """Launch every kernel `stage` does (argmax rows, drawn rows with every control on, both
+    mixed) once, before any decode replay. A kernel's first launch loads its module, and CUDA
+    may synchronize the context to load one (its lazy loading); behind a split decode step the
+    device waits for CPU shares the host runs only after `stage` returns, so a load there would
+    wait on a wait for itself."""
+    x = torch.zeros(2, vocab, device=device)
+    p = SamplingParams(temperature=0.8, top_k=40, top_p=0.9, min_p=0.05)
+    gens = [torch.Generator(), torch.Generator()]
+    for draw in (None, DeviceDraw.draw([0, 1], [p, p], gens), DeviceDraw.draw([1], [p], gens[:1])):
+        stage((), x, draw).read()
 
 
 class DecodeAhead:

@@ -21,7 +21,7 @@ from localllm.engine.core.outputs import PositionLogprobs
 from localllm.engine.core.request import Request
 from localllm.engine.core.scheduler import SchedulerOutput
 from localllm.engine.cuda_graphs import DecodeGraphs, pack_decode
-from localllm.engine.decode_ahead import DecodeAhead
+from localllm.engine.decode_ahead import DecodeAhead, warm_up
 from localllm.engine.device_sampling import DeviceDraw
 from localllm.engine.kv_cache import PagedKVCache
 from localllm.engine.prefill_graphs import PrefillGraphs
@@ -74,6 +74,9 @@ class ModelRunner:
         # decode steps whose tokens the device picks, launched one ahead (off where drafts would
         # change the next step)
         self.ahead = DecodeAhead(self.graphs.run) if use and decode_ahead else None
+        vocab = getattr(getattr(model, "args", None), "vocab_size", 0)
+        if self.ahead is not None and vocab:  # its token work's kernels loaded before any replay
+            warm_up(vocab, self.device)
         # sources whose reads a GPU asks for: a failed read is raised once the step's tokens are
         # sampled (their device work has run), before they reach a request
         self.read_checks = [s for s in getattr(model, "expert_sources", ()) if hasattr(s, "check")]

@@ -212,3 +212,22 @@ def test_ahead_on_real_graphs_equals_one_step_at_a_time(tiny):
         torch.cuda.empty_cache()
     assert got[True] == got[False]
     assert used >= 12  # 16 on the CPU's stand-in for the same work
+
+
+def test_warm_up_stages_argmax_drawn_and_mixed_rows_with_every_control_on(monkeypatch):
+    """What the runner launches once before any replay (a first launch may load a module, which
+    may wait for the device: behind a split step, for the host): every path `stage` takes."""
+    from localllm.engine import decode_ahead
+
+    seen = []
+
+    def spy(key, logits, draw=None):
+        seen.append(None if draw is None else (draw.rows, draw.params))
+        return stage(key, logits, draw)
+
+    monkeypatch.setattr(decode_ahead, "stage", spy)
+    decode_ahead.warm_up(300, torch.device("cpu"))
+    assert seen[0] is None and [s[0] for s in seen[1:]] == [[0, 1], [1]]
+    for _, params in seen[1:]:
+        p = params[0]
+        assert p.temperature > 0 and p.top_k and p.top_p < 1 and p.min_p > 0

@@ -467,9 +467,10 @@ def plan_residency(
     if host_cache and mapped and _auto_split(config, st, memory, tiers, sizes, n_expert):
         host_compute = "split"
         few = f"{st.slots} device slots" if st.slots else "no device slots"
+        first = " (the slots' misses first)" if st.slots else ""
         notes.append(
             f"{few} over the host-tier experts: the CPU computes a share of each decode "
-            "token's experts (the slots' misses first) while the device reads the rest (split)"
+            f"token's experts{first} while the device reads the rest (split)"
         )
     rules = tuple(f"{r.pattern} -> {r.tier}  ({r.source})" for r in config.rules)
     return ResidencyPlan(

@@ -8,6 +8,7 @@ also its device pointer.
 
 import dataclasses
 import math
+import mmap
 import weakref
 
 import torch
@@ -54,7 +55,7 @@ def map_empty(specs: dict[str, tuple[tuple[int, ...], torch.dtype]], device="cud
     for shape, dtype in specs.values():
         spans.append(total)
         total += -(-math.prod(shape) * dtype.itemsize // _ALIGN) * _ALIGN
-    host = torch.empty(max(total, _ALIGN), dtype=torch.uint8)
+    host = _own_pages(max(total, _ALIGN))
     ptr = host.data_ptr()
     err = int(torch.cuda.cudart().cudaHostRegister(ptr, host.numel(), _REGISTER_FLAGS))
     if err != 0:
@@ -73,6 +74,16 @@ def map_empty(specs: dict[str, tuple[tuple[int, ...], torch.dtype]], device="cud
         v._mapped_anchor = anchor  # a tensor attribute: keeps the buffer alive
     weakref.finalize(anchor, _unregister, ptr, host)
     return out
+
+
+def _own_pages(n: int, page: int = mmap.PAGESIZE) -> torch.Tensor:
+    """n host bytes on pages of their own (page-aligned, a whole number of pages): two small
+    buffers from the heap can share a page, and the driver refuses a second registration of a
+    page already registered (cudaErrorHostMemoryAlreadyRegistered)."""
+    size = -(-n // page) * page
+    raw = torch.empty(size + page, dtype=torch.uint8)
+    off = -raw.data_ptr() % page
+    return raw[off : off + size]  # (a view: it keeps `raw` alive)
 
 
 class _Anchor:

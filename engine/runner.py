@@ -24,6 +24,7 @@ from localllm.engine.cuda_graphs import DecodeGraphs, pack_decode
 from localllm.engine.decode_ahead import DecodeAhead, warm_up
 from localllm.engine.device_sampling import DeviceDraw
 from localllm.engine.kv_cache import PagedKVCache
+from localllm.engine.moe import moe_blocks
 from localllm.engine.prefill_graphs import PrefillGraphs
 from localllm.engine.sampler import (
     SampledToken,
@@ -74,8 +75,10 @@ class ModelRunner:
         # decode steps whose tokens the device picks, launched one ahead (off where drafts would
         # change the next step)
         self.ahead = DecodeAhead(self.graphs.run) if use and decode_ahead else None
+        # its token work's kernels loaded before any replay, where a split layer's replay waits
+        # for the host (`decode_ahead.warm_up`)
         vocab = getattr(getattr(model, "args", None), "vocab_size", 0)
-        if self.ahead is not None and vocab:  # its token work's kernels loaded before any replay
+        if self.ahead is not None and vocab and any(b.split for b in moe_blocks(model)):
             warm_up(vocab, self.device)
         # sources whose reads a GPU asks for: a failed read is raised once the step's tokens are
         # sampled (their device work has run), before they reach a request
@@ -184,7 +187,7 @@ class ModelRunner:
     def _execute_ahead(self, reqs, inputs, ids, positions, tables) -> RunnerOutput | None:
         """A decode step whose tokens the device picks, the next one launched before they are read
         (`DecodeAhead`); None when its shape runs eager."""
-        key = tuple((r.request_id, p) for r, p in zip(reqs, positions, strict=True))
+        key = _step_key(reqs, positions)
         draw = self._drawer(reqs)
         cur = self.ahead.run(key, inputs, ids, draw)
         if cur is None:
@@ -207,8 +210,7 @@ class ModelRunner:
             if req.num_output_tokens + 1 >= req.max_tokens or p // bs >= len(table):
                 return None
         slots = [t[p // bs] * bs + p % bs for p, t in zip(nxt, tables, strict=True)]
-        key = tuple((r.request_id, p) for r, p in zip(reqs, nxt, strict=True))
-        return key, pack_decode([0] * len(nxt), nxt, slots, tables)
+        return _step_key(reqs, nxt), pack_decode([0] * len(nxt), nxt, slots, tables)
 
     def _prepare(self, sched: SchedulerOutput):
         bs = self.kv.block_size
@@ -293,3 +295,8 @@ class ModelRunner:
             eos_ids=req.eos_ids,
             allowed=allowed,
         )
+
+
+def _step_key(reqs, positions) -> tuple[tuple[str, int], ...]:
+    """(request id, position) per row: the step a launch computes (`decode_ahead.StepKey`)."""
+    return tuple((r.request_id, p) for r, p in zip(reqs, positions, strict=True))

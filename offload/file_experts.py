@@ -19,7 +19,7 @@ import time
 import torch
 
 from localllm.kernels.moe import ExpertFormat
-from localllm.offload.expert_reads import READ_THREADS, ExpertReader
+from localllm.offload.expert_reads import ExpertReader
 from localllm.offload.expert_source import ExpertLayout, IgnoresHints
 from localllm.offload.expert_stats import ExpertStats
 
@@ -34,7 +34,7 @@ class FileSlots(IgnoresHints):
     together = None
 
     def __init__(self, layouts: dict[int, ExpertLayout], cap: int, device, lib, mapper=None,
-                 threads: int = READ_THREADS, prompt_copy: bool = True,
+                 threads: int | None = None, prompt_copy: bool = True,
                  in_place: bool = False):  # fmt: skip
         self.prompt_copy = prompt_copy  # the plan made room for a prompt's layer on the device
         self.reader = ExpertReader(layouts, cap, lib, mapper, threads)

@@ -134,3 +134,18 @@ def test_close_stops_the_thread_and_a_closed_reader_is_not_reused(tmp_path):
     box[8], box[2], box[3], box[0] = 0, 0, 1, 1
     time.sleep(0.05)
     assert int(box[1]) == 0  # nobody answers any more
+
+
+@pytest.mark.parametrize(("cpus", "want"), [(2, 2), (16, 16), (64, 16)])
+def test_reads_use_the_cpus_the_process_has_up_to_the_most(tmp_path, monkeypatch, cpus, want):
+    from localllm.offload import expert_reads
+
+    monkeypatch.setattr(expert_reads.os, "sched_getaffinity", lambda pid: set(range(cpus)),
+                        raising=False)  # fmt: skip
+    assert expert_reads.read_threads() == want
+    _, layouts = _file(tmp_path)
+    reader = ExpertReader(layouts, cap=1, lib=LIB, mapper=_plain)
+    try:
+        assert reader._threads == want
+    finally:
+        reader.close()

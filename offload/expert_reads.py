@@ -66,7 +66,7 @@ class ExpertReader:
     `offload.mapped.map_tensors`, page-locked and mapped; tests on CPU keep the tensors). `box` and
     `staging` are those views; `box_host` / `staging_host` the host's own. `start()` runs the
     service thread; `check()` raises the error a request met (and clears it). `threads`: how many
-    read one request (default `read_threads()`)"""
+    read one request (default `read_threads()`)."""
 
     def __init__(
         self,

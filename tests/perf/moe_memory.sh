@@ -77,7 +77,7 @@ section "auto-fit, 6 GiB" ours -p 0 -n 64 -r 3 --mem-budget 6GiB
 section "llama.cpp -ncmoe 36" llama -p 0 -n 64 -r 3 -ncmoe 36
 section "(c) disk, 3,072 slots" ours -p 0 -n 64 -r 3 --experts disk --expert-slots 3072
 # (c)'s misses packed straight from the staging rows over the bus (unified memory's path), and
-# read on 16 threads instead of 8: what each changes on a discrete GPU
+# read on 8 threads (the default before ebf5af5; 16 since): what each changes on a discrete GPU
 ours_patched() {
   local patch=$1; shift
   timeout 150 python3 -c "import sys
@@ -88,7 +88,7 @@ f.FileSlots.__init__ = init
 from localllm.app.bench import main; sys.exit(main(sys.argv[1:]))" -m "$M" --device cuda "$@" 2>&1 |
     grep -E "qwen3moe|expert|graphs|memory|Error|rror"; }
 section "(c) disk, 3,072 slots, in place" ours_patched "k['in_place'] = True" -p 0 -n 64 -r 3 --experts disk --expert-slots 3072
-section "(c) disk, 3,072 slots, 16 threads" ours_patched "k['threads'] = 16" -p 0 -n 64 -r 3 --experts disk --expert-slots 3072
+section "(c) disk, 3,072 slots, 8 threads" ours_patched "k['threads'] = 8" -p 0 -n 64 -r 3 --experts disk --expert-slots 3072
 section "(c) disk, 3,072 slots, tg128" ours -p 0 -n 128 -r 2 --experts disk --expert-slots 3072
 # (c) in llama.cpp -ncmoe 24's device memory (9,943 MiB): the slots the budget leaves
 section "(c) disk, 9.7 GiB" ours -p 0 -n 64 -r 3 --experts disk --mem-budget 9.7GiB

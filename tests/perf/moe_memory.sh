@@ -89,6 +89,15 @@ from localllm.app.bench import main; sys.exit(main(sys.argv[1:]))" -m "$M" --dev
     grep -E "qwen3moe|expert|graphs|memory|Error|rror"; }
 section "(c) disk, 3,072 slots, in place" ours_patched "k['in_place'] = True" -p 0 -n 64 -r 3 --experts disk --expert-slots 3072
 section "(c) disk, 3,072 slots, 8 threads" ours_patched "k['threads'] = 8" -p 0 -n 64 -r 3 --experts disk --expert-slots 3072
+# (c) with more programs per staged expert crossing the bus (and packing): PROGS="128 256"
+ours_progs() {
+  timeout 150 python3 -c "import sys
+from localllm.kernels.moe import slot_requests; slot_requests.PROGRAMS = int(sys.argv[1])
+from localllm.app.bench import main; sys.exit(main(sys.argv[2:]))" "$P" -m "$M" --device cuda "$@" 2>&1 |
+    grep -E "qwen3moe|expert|graphs|memory|Error|rror"; }
+for P in ${PROGS:-}; do
+  section "(c) disk, 3,072 slots, $P programs" ours_progs -p 0 -n 64 -r 3 --experts disk --expert-slots 3072
+done
 section "(c) disk, 3,072 slots, tg128" ours -p 0 -n 128 -r 2 --experts disk --expert-slots 3072
 # (c) in llama.cpp -ncmoe 24's device memory (9,943 MiB): the slots the budget leaves
 section "(c) disk, 9.7 GiB" ours -p 0 -n 64 -r 3 --experts disk --mem-budget 9.7GiB

@@ -8,6 +8,13 @@ M=${M:-/tmp/moe.gguf}
 LB=${LB:-/tmp/llb/bin/llama-bench}
 ours() { timeout 150 python3 -m localllm.app.bench -m "$M" --device cuda "$@" 2>&1 |
   grep -E "qwen3moe|expert|graphs|memory|Error|rror"; }
+# the same after the Python statements in $1 (a variant patched into the library for one run)
+ours_py() {
+  local patch=$1; shift
+  timeout 150 python3 -c "import sys
+$patch
+from localllm.app.bench import main; sys.exit(main(sys.argv[1:]))" -m "$M" --device cuda "$@" 2>&1 |
+    grep -E "qwen3moe|expert|graphs|memory|Error|rror"; }
 polled() {
   nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 >/tmp/poll.txt &
   local pp=$!
@@ -42,11 +49,8 @@ section "(b) split 2.2 GiB, .ab tree" ours_ab -p 0 -n 64 -r 3 --cpu-moe --host-c
 # the same with libgomp's threads spinning between layers instead of sleeping after ~300k spins
 ours_active() { OMP_WAIT_POLICY=ACTIVE ours "$@"; }
 # the split with another CPU share (SHARE: `engine.moe_split`'s share, over slots too)
-ours_share() {
-  timeout 150 python3 -c "import sys; from localllm.engine import moe_residency, moe_split
-moe_split.SPLIT_CPU_SHARE = moe_residency.SPLIT_CPU_SHARE_SLOTS = float(sys.argv[1])
-from localllm.app.bench import main; sys.exit(main(sys.argv[2:]))" "$SHARE" -m "$M" --device cuda "$@" 2>&1 |
-    grep -E "qwen3moe|expert|graphs|memory|Error|rror"; }
+ours_share() { ours_py "from localllm.engine import moe_residency, moe_split
+moe_split.SPLIT_CPU_SHARE = moe_residency.SPLIT_CPU_SHARE_SLOTS = $SHARE" "$@"; }
 # the share as a user sets it (its footer line says how the two sides waited)
 section "(b) split 2.2 GiB, --split-share 0.5" ours -p 0 -n 64 -r 3 --cpu-moe --host-compute split --mem-budget 2.2GiB --split-share 0.5
 for SHARE in ${SHARES:-}; do  # SHARES="0.375 0.5": the floor's split, and split over 3 GiB's slots
@@ -78,25 +82,15 @@ section "llama.cpp -ncmoe 36" llama -p 0 -n 64 -r 3 -ncmoe 36
 section "(c) disk, 3,072 slots" ours -p 0 -n 64 -r 3 --experts disk --expert-slots 3072
 # (c)'s misses packed straight from the staging rows over the bus (unified memory's path), and
 # read on 8 threads (the default before ebf5af5; 16 since): what each changes on a discrete GPU
-ours_patched() {
-  local patch=$1; shift
-  timeout 150 python3 -c "import sys
-from localllm.offload import file_experts as f; i = f.FileSlots.__init__
-def init(self, *a, **k):
-    $patch; i(self, *a, **k)
-f.FileSlots.__init__ = init
-from localllm.app.bench import main; sys.exit(main(sys.argv[1:]))" -m "$M" --device cuda "$@" 2>&1 |
-    grep -E "qwen3moe|expert|graphs|memory|Error|rror"; }
-section "(c) disk, 3,072 slots, in place" ours_patched "k['in_place'] = True" -p 0 -n 64 -r 3 --experts disk --expert-slots 3072
-section "(c) disk, 3,072 slots, 8 threads" ours_patched "k['threads'] = 8" -p 0 -n 64 -r 3 --experts disk --expert-slots 3072
+slots_with() {  # FileSlots made with the keyword argument $1 (e.g. "in_place=True")
+  echo "from localllm.offload import file_experts as f; i = f.FileSlots.__init__
+f.FileSlots.__init__ = lambda self, *a, **k: i(self, *a, **{**k, **dict($1)})"; }
+section "(c) disk, 3,072 slots, in place" ours_py "$(slots_with in_place=True)" -p 0 -n 64 -r 3 --experts disk --expert-slots 3072
+section "(c) disk, 3,072 slots, 8 threads" ours_py "$(slots_with threads=8)" -p 0 -n 64 -r 3 --experts disk --expert-slots 3072
 # (c) with more programs per staged expert crossing the bus (and packing): PROGS="128 256"
-ours_progs() {
-  timeout 150 python3 -c "import sys
-from localllm.kernels.moe import slot_requests; slot_requests.PROGRAMS = int(sys.argv[1])
-from localllm.app.bench import main; sys.exit(main(sys.argv[2:]))" "$P" -m "$M" --device cuda "$@" 2>&1 |
-    grep -E "qwen3moe|expert|graphs|memory|Error|rror"; }
 for P in ${PROGS:-}; do
-  section "(c) disk, 3,072 slots, $P programs" ours_progs -p 0 -n 64 -r 3 --experts disk --expert-slots 3072
+  section "(c) disk, 3,072 slots, $P programs" ours_py "from localllm.kernels.moe import slot_requests
+slot_requests.PROGRAMS = $P" -p 0 -n 64 -r 3 --experts disk --expert-slots 3072
 done
 section "(c) disk, 3,072 slots, tg128" ours -p 0 -n 128 -r 2 --experts disk --expert-slots 3072
 # (c) in llama.cpp -ncmoe 24's device memory (9,943 MiB): the slots the budget leaves

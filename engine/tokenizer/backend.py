@@ -74,10 +74,9 @@ class Encoder:
             # adds the space prefix; then spaces become ▁ as SentencePiece stores them.
             prefix = " " if self._vocab.add_space_prefix else ""
             raw = [(prefix + p).replace(" ", "▁") for p in raw]
-        if len(raw) == 1:
-            encoded = [self._hf.encode(raw[0], add_special_tokens=False).ids]
-        else:
-            encoded = [e.ids for e in self._batch(raw, add_special_tokens=False)] if raw else []
+        # The batch call even for one fragment: `tokenizers` lets go of the GIL only there, and a
+        # long prompt (a second or more) must not freeze the server's event loop meanwhile.
+        encoded = [e.ids for e in self._batch(raw, add_special_tokens=False)] if raw else []
         out: list[int] = []
         it = iter(encoded)
         for p in parts:

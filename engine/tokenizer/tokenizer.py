@@ -32,6 +32,7 @@ class Tokenizer:
         self._lock = threading.Lock()
         self._encoder: Encoder | None = None
         self._pieces: list[bytes] | None = None
+        self._longest: int | None = None
         self._hidden = (vocab.attrs & _HIDDEN) != 0
 
     @classmethod
@@ -112,6 +113,14 @@ class Tokenizer:
         return ids
 
     # -- decoding ---------------------------------------------------------------------------------
+
+    @property
+    def longest_piece(self) -> int:
+        """Bytes of the longest token: a prompt of `c` characters is at least `c / longest_piece`
+        tokens, which lets a server refuse an oversized prompt before tokenizing it."""
+        if self._longest is None:
+            self._longest = max(map(len, self._get_pieces()), default=1) or 1
+        return self._longest
 
     def piece(self, token_id: int) -> bytes:
         """The raw bytes of one token (llama.cpp's `token_to_piece(special=True)`)."""

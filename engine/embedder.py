@@ -5,6 +5,11 @@
 `AsyncEngine` interleaves job steps with generation steps. Encoders (`model.generates` False)
 run their bidirectional `encode` on padded batches; decoders run their usual forward over a
 scratch paged KV cache of their own, so the engine's cache and its requests are never touched.
+
+Ranking (pooling "rank", cross-encoders with a classification head) rides the same path: a
+`RankPair` becomes llama-server's pair prompt `[BOS] query [EOS] [SEP] document [EOS]` (each
+special where the vocabulary's flags ask for it: `[CLS] q [SEP] d [SEP]` for BERT), the second
+segment gets token type 1 as in transformers, and the output is the head's scores, not a vector.
 """
 
 from collections import deque
@@ -22,10 +27,22 @@ from localllm.engine.pooling import check_method, default_pooling, normalize, po
 BLOCK = 16  # scratch KV block size (tokens)
 
 
+RANK = "rank"  # the pooling name of a cross-encoder's scores (llama.cpp's pooling_type 4)
+
+
 @dataclass(frozen=True, slots=True)
 class EmbeddingOutput:
-    embedding: torch.Tensor  # float32 [dim] on the CPU
+    embedding: torch.Tensor  # float32 [dim] on the CPU (rank: [labels], the head's scores)
     prompt_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class RankPair:
+    """A query and a document to score together with pooling "rank" (another pooling embeds
+    the pair's prompt as one text)."""
+
+    query: str
+    document: str
 
 
 class Embedder:
@@ -56,10 +73,29 @@ class Embedder:
     def dim(self) -> int:
         return self.model.args.dim
 
+    @property
+    def can_rank(self) -> bool:
+        """The model has a classification head: it scores pairs (pooling "rank")."""
+        return getattr(self.model, "rank_head", None) is not None
+
     def pooling(self, requested: str | None) -> str:
         """The method to use: the one asked for, else the one the model's metadata names."""
+        if requested == RANK:
+            if not self.can_rank:
+                raise ValueError(
+                    "this model has no classification head (cls.* tensors): it cannot rank "
+                    "pairs; rerank with embedding similarity instead"
+                )
+            return RANK
         if requested is not None:
             return check_method(requested)
+        arch = self.meta.get("general.architecture")
+        if self.can_rank and f"{arch}.pooling_type" not in self.meta:
+            # llama.cpp's converter writes no pooling type for a cross-encoder: its head says it
+            raise ValueError(
+                "this model is a reranker (it has a classification head): it makes no "
+                "embeddings; name a pooling to pool its hidden states anyway"
+            )
         return default_pooling(self.meta, self.encoder)
 
     # -- inputs ---------------------------------------------------------------------------------
@@ -79,6 +115,9 @@ class Embedder:
         tok = self.tokenizer
         out = []
         for i, item in enumerate(inputs):
+            if isinstance(item, RankPair):
+                out.append(self._pair(i, item, limit, truncate is not None))
+                continue
             if isinstance(item, str):
                 if not item:
                     raise ValueError(f"input {i} is an empty string")
@@ -105,6 +144,58 @@ class Embedder:
             out.append(ids)
         return out
 
+    def _pair(self, i: int, pair: RankPair, limit: int, cut: bool) -> list[int]:
+        """llama-server's rerank prompt of one pair; `cut`: shorten the document to fit."""
+        if not isinstance(pair.query, str) or not isinstance(pair.document, str):
+            raise ValueError(f"pair {i}: query and document must be strings")
+        tok = self.tokenizer
+        # plain text on both sides: a "[SEP]" written in a document is not a separator
+        q = tok.encode(pair.query, add_special=False, parse_special=False)
+        d = tok.encode(pair.document, add_special=False, parse_special=False)
+        head, mid, tail = self._pair_specials()
+        first = [*head, *q, *mid]
+        n = len(first) + len(d) + len(tail)
+        if n > limit:
+            if not cut:
+                raise ValueError(
+                    f"pair {i} has {n} tokens, more than the {limit} this model takes at once "
+                    "(ask for truncation to cut the document)"
+                )
+            room = limit - len(first) - len(tail)
+            if room < 1:
+                raise ValueError(
+                    f"pair {i}: the query takes {len(first) + len(tail)} of the {limit} tokens, "
+                    "leaving no room for the document"
+                )
+            d = d[:room]
+        return [*first, *d, *tail]
+
+    def _pair_specials(self) -> tuple[list[int], list[int], list[int]]:
+        """(before the query, between query and document, after the document) as llama-server's
+        `format_prompt_rerank` lays them out from the vocabulary's add_bos/add_eos/add_sep
+        flags (llama.cpp's defaults where the file has none: WordPiece adds [CLS] and [SEP])."""
+        meta, tok = self.meta, self.tokenizer
+        wpm = meta.get("tokenizer.ggml.model") == "bert"
+
+        def flag(key: str, default: bool) -> bool:
+            return bool(meta.get(f"tokenizer.ggml.{key}", default))
+
+        sep = meta.get("tokenizer.ggml.seperator_token_id", 102 if wpm else None)
+        eos = tok.eos_id if tok.eos_id is not None else sep
+        bos = [tok.bos_id] if flag("add_bos_token", wpm or tok.add_bos) else []
+        end = [eos] if flag("add_eos_token", False) and eos is not None else []
+        mid = [*end, sep] if flag("add_sep_token", wpm) and sep is not None else end
+        return [t for t in bos if t is not None], mid, end
+
+    def token_types(self, seq: list[int]) -> list[int]:
+        """BERT's segments of a pair: 0 up to and including the first separator after the
+        start (the tokenizer's EOS/[SEP]), 1 after it; all 0 when there is none."""
+        seps = {self.tokenizer.eos_id, self.meta.get("tokenizer.ggml.seperator_token_id")}
+        for j, t in enumerate(seq[1:], start=1):
+            if t in seps:
+                return [0] * (j + 1) + [1] * (len(seq) - j - 1)
+        return [0] * len(seq)
+
     def job(self, seqs: list[list[int]], pooling: str | None, norm: bool) -> "EmbedJob":
         return EmbedJob(self, seqs, self.pooling(pooling), norm)
 
@@ -128,21 +219,32 @@ class Embedder:
         return groups
 
     @torch.inference_mode()
-    def hidden_states(self, seqs: list[list[int]]) -> list[torch.Tensor]:
-        """Final (normed) hidden states [n_i, dim] of each sequence, in order."""
+    def hidden_states(self, seqs: list[list[int]], pairs: bool = False) -> list[torch.Tensor]:
+        """Final (normed) hidden states [n_i, dim] of each sequence, in order. `pairs`: the
+        sequences are query-document pairs (an encoder gives them `token_types`)."""
         if self.encoder:
-            return self._encode(seqs)
+            return self._encode(seqs, pairs)
         return self._decode(seqs)
 
-    def _encode(self, seqs: list[list[int]]) -> list[torch.Tensor]:
+    def _encode(self, seqs: list[list[int]], pairs: bool = False) -> list[torch.Tensor]:
         longest = max(map(len, seqs))
         ids = torch.zeros(len(seqs), longest, dtype=torch.long)
         mask = torch.zeros(len(seqs), longest, dtype=torch.bool)
+        types = torch.zeros(len(seqs), longest, dtype=torch.long) if pairs else None
         for b, s in enumerate(seqs):
             ids[b, : len(s)] = torch.tensor(s)
             mask[b, : len(s)] = True
-        h = self.model.encode(ids.to(self.device), mask.to(self.device))
+            if types is not None:
+                types[b, : len(s)] = torch.tensor(self.token_types(s))
+        dev = self.device
+        types = None if types is None else types.to(dev)
+        h = self.model.encode(ids.to(dev), mask.to(dev), types)
         return [h[b, : len(s)] for b, s in enumerate(seqs)]
+
+    @torch.inference_mode()
+    def scores(self, hidden: list[torch.Tensor]) -> torch.Tensor:
+        """The classification head over each sequence's first token: [n, labels] float32."""
+        return self.model.rank_head(torch.stack([h[0] for h in hidden]).float())
 
     def _decode(self, seqs: list[list[int]]) -> list[torch.Tensor]:
         layers, kv_heads, head_dim = self.model.kv_shape()
@@ -194,7 +296,13 @@ class EmbedJob:
     def step(self) -> None:
         """Run the next batch."""
         group = self._pending.popleft()
-        hidden = self._embedder.hidden_states([self._seqs[i] for i in group])
+        rank = self._method == RANK
+        hidden = self._embedder.hidden_states([self._seqs[i] for i in group], pairs=rank)
+        if rank:  # scores as they come: a logit is never normalised
+            scores = self._embedder.scores(hidden).cpu()
+            for j, i in enumerate(group):
+                self._out[i] = EmbeddingOutput(scores[j], len(self._seqs[i]))
+            return
         for i, h in zip(group, hidden, strict=True):
             v = pool(h.float(), self._method)
             if self._norm:

@@ -19,7 +19,7 @@ from localllm.engine.core.kv_manager import KVCacheManager
 from localllm.engine.core.outputs import RequestOutput
 from localllm.engine.core.request import Request
 from localllm.engine.core.scheduler import Scheduler, SchedulerConfig
-from localllm.engine.embedder import Embedder, EmbeddingOutput, EmbedJob
+from localllm.engine.embedder import Embedder, EmbeddingOutput, EmbedJob, RankPair
 from localllm.engine.gguf import open_gguf
 from localllm.engine.kv_cache import PagedKVCache
 from localllm.engine.loader import build_model
@@ -30,6 +30,7 @@ from localllm.engine.runner import ModelRunner
 from localllm.engine.sampling_params import SamplingParams
 from localllm.engine.structured import GrammarCompiler
 from localllm.engine.tokenizer import ChatTemplate, Tokenizer
+from localllm.engine.tokenizer.continuation import continued_render
 from localllm.offload.memory import available_bytes
 
 log = logging.getLogger(__name__)
@@ -298,17 +299,26 @@ class LLMEngine:
         messages: Sequence[dict],
         *,
         add_generation_prompt: bool = True,
+        continue_final: bool = False,
         tools: Sequence[dict] | None = None,
         **template_kwargs,
     ) -> list[int]:
-        """Token ids of `messages` through the model's chat template (ChatML when it has none)."""
+        """Token ids of `messages` through the model's chat template (ChatML when it has none).
+
+        `continue_final`: the prompt ends inside the last message (an assistant's answer begun
+        by the caller), so generation continues its text instead of opening a new turn.
+        """
         self._check_generates()
         if self._chat_template is None:
             self._chat_template = ChatTemplate.for_tokenizer(self.tokenizer)
         t = self._chat_template
-        text = t.render(
-            messages, add_generation_prompt=add_generation_prompt, tools=tools, **template_kwargs
-        )
+        if continue_final:
+            text = continued_render(t, messages, tools=tools, **template_kwargs)
+        else:
+            text = t.render(
+                messages, add_generation_prompt=add_generation_prompt, tools=tools,
+                **template_kwargs,
+            )  # fmt: skip
         add_bos = not (t.bos_token and text.startswith(t.bos_token))
         return self.tokenizer.encode(text, add_special=add_bos, parse_special=True)
 
@@ -325,10 +335,16 @@ class LLMEngine:
     def embedding_dim(self) -> int:
         return self.embedder.dim
 
+    @property
+    def can_rank(self) -> bool:
+        """A cross-encoder (a classification head): `embed(pairs, pooling="rank")` scores."""
+        return self.embedder.can_rank
+
     def prepare_embedding(
-        self, inputs: Sequence[str | Sequence[int]], truncate: int | None = None
+        self, inputs: Sequence[str | Sequence[int] | RankPair], truncate: int | None = None
     ) -> list[list[int]]:
-        """Tokenize and check embedding inputs (no engine state: any thread)."""
+        """Tokenize and check embedding inputs (no engine state: any thread). A `RankPair`
+        becomes its pair prompt; `truncate` then cuts the document."""
         return self.embedder.prepare(inputs, truncate)
 
     def embedding_job(
@@ -339,13 +355,15 @@ class LLMEngine:
 
     def embed(
         self,
-        inputs: Sequence[str | Sequence[int]],
+        inputs: Sequence[str | Sequence[int] | RankPair],
         pooling: str | None = None,
         normalize: bool = True,
         truncate: int | None = None,
     ) -> list[EmbeddingOutput]:
         """One vector per input: final hidden states pooled (`mean`, `cls` or `last`; None: the
         model's own, see `engine.pooling`) and L2-normalised unless `normalize` is False.
+        `pooling="rank"` (a cross-encoder, `can_rank`): the classification head's scores of each
+        input, usually `RankPair`s, never normalised.
         Synchronous, on the calling thread: with an `AsyncEngine`, use its `embed`."""
         seqs = self.prepare_embedding(inputs, truncate)
         return self.embedding_job(seqs, pooling, normalize).run()

@@ -5,7 +5,9 @@ LayerNorm; per block bidirectional attention -> residual -> LayerNorm, GELU MLP 
 LayerNorm. `nomic-bert` (nomic-embed-text) has no position table but NEOX rope on q/k, one fused
 `attn_qkv` and a SwiGLU MLP. Modules are named after the GGUF tensors of llama.cpp's converter.
 An encoder produces hidden states only: it has no output head, keeps no KV cache and cannot
-generate (`generates = False`).
+generate (`generates = False`). A cross-encoder (reranker: BertForSequenceClassification and
+RoBERTa-style heads, `pooling_type` rank) also carries llama.cpp's classification head, which
+`RankHead` runs on the first token's state.
 """
 
 from dataclasses import dataclass
@@ -130,9 +132,59 @@ class Block(nn.Module):
         return self.layer_output_norm(x + y)
 
 
+class RankHead(nn.Module):
+    """llama.cpp's rank pooling head: `cls` (dense, then tanh) and `cls.output` (dense), either
+    one optional, over the first token's final state; one score per label.
+
+    llama.cpp's converter writes RoBERTa's `classifier.dense` / `classifier.out_proj` as `cls` /
+    `cls.output`, and BERT's `classifier` as `cls.output` alone (it drops `bert.pooler`, so such a
+    file scores `classifier(h[CLS])`, not transformers' `classifier(tanh(pooler(h[CLS])))`).
+    """
+
+    def __init__(self, dense: tuple | None, out: tuple | None):
+        super().__init__()
+        self.dense, self.out = dense, out  # (weight [m, n], bias [m] or None)
+
+    @classmethod
+    def from_tensors(cls, t: dict[str, torch.Tensor], dim: int) -> "RankHead | None":
+        """The head from the file's `cls.*` tensors (dense float), or None when it has none."""
+        dense = _dense_pair(t, "cls", dim, None)
+        width = dim if dense is None else dense[0].shape[0]
+        out = _dense_pair(t, "cls.output", width, 1)
+        return None if dense is None and out is None else cls(dense, out)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [B, dim] -> scores [B, labels]."""
+        for layer, act in ((self.dense, torch.tanh), (self.out, None)):
+            if layer is not None:
+                w, b = layer
+                x = F.linear(x, w.to(x.dtype), None if b is None else b.to(x.dtype))
+                x = act(x) if act is not None else x
+        return x
+
+
+def _dense_pair(t: dict, name: str, n_in: int, rows: int | None) -> tuple | None:
+    """(weight [m, n_in], bias [m] or None) of `name`, checked. A one-row weight may be stored
+    flat ([n_in]) and its bias as one value; `rows` is that default row count."""
+    w, b = t.get(f"{name}.weight"), t.get(f"{name}.bias")
+    if w is None:
+        if b is not None:
+            raise ValueError(f"{name}.bias without {name}.weight")
+        return None
+    if w.dim() == 1 and rows == 1:
+        w = w.reshape(1, -1)
+    if w.dim() != 2 or w.shape[1] != n_in:
+        raise ValueError(f"{name}.weight must be [labels, {n_in}], got {tuple(w.shape)}")
+    if b is not None:
+        b = b.reshape(-1)
+        if b.shape[0] != w.shape[0]:
+            raise ValueError(f"{name}.bias has {b.shape[0]} values for {w.shape[0]} outputs")
+    return w.float(), None if b is None else b.float()
+
+
 class Model(nn.Module):
     generates = False  # encoder-only: hidden states for embeddings, no next-token head
-    # Reranker heads (`cls.*`) are read but unused: ranking is not served.
+    # A reranker's classification head; read into `rank_head` by finish_load.
     optional_tensors = (
         "token_types.weight",
         "cls.weight",
@@ -151,6 +203,7 @@ class Model(nn.Module):
         self.token_embd_norm = LayerNorm(args.dim, args.norm_eps)
         self.blk = nn.ModuleList(Block(args, precise) for _ in range(args.n_layers))
         self.rotary: Rotary | None = None
+        self.rank_head: RankHead | None = None
 
     def kv_shape(self) -> tuple[int, int, int]:
         return self.args.n_layers, self.args.n_heads, self.args.head_dim
@@ -164,11 +217,15 @@ class Model(nn.Module):
             self.rotary = Rotary(RopeConfig(a.head_dim, a.rope_base, neox=True))
         for blk in self.blk:
             blk.fuse()
+        self.rank_head = RankHead.from_tensors(extra, self.args.dim)
 
-    def encode(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def encode(
+        self, ids: torch.Tensor, mask: torch.Tensor, types: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Last hidden states [B, L, dim] of padded ids [B, L] (mask [B, L]: True for tokens).
 
-        Every sequence starts at position 0 with token type 0 (one text per sequence).
+        Every sequence starts at position 0. `types` [B, L]: token types (a pair's second segment
+        is 1), used where the model has more than one; None: type 0 throughout (one text).
         """
         b, n = ids.shape
         if n > self.args.context_length:
@@ -182,7 +239,10 @@ class Model(nn.Module):
         else:
             x = x + self.position_embd(pos)
         if self.token_types.loaded:
-            x = x + self.token_types(torch.zeros(1, dtype=torch.long, device=ids.device))
+            if types is not None and self.args.n_token_types > 1:
+                x = x + self.token_types(types.reshape(-1)).reshape(b, n, -1)
+            else:
+                x = x + self.token_types(torch.zeros(1, dtype=torch.long, device=ids.device))
         x = self.token_embd_norm(x)
         attn_mask = mask[:, None, None, :]
         for blk in self.blk:

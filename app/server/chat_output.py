@@ -2,12 +2,16 @@
 
 The same object serves both shapes: `feed`/`finish` give stream deltas, and `message()` the whole
 assistant message built from those very deltas, so streamed and non-streamed answers agree.
+gpt-oss's harmony output (channels, not tags) is read by `harmony` instead: when the plan says so,
+or else when the output opens with a harmony header, as a `<think>` block is recognised.
 """
 
 from dataclasses import dataclass
 
+from localllm.app.server.harmony import HarmonyParser, ReasoningDelta, opens_harmony
 from localllm.app.server.reasoning import ReasoningParser
 from localllm.app.server.tool_parsers import (
+    HARMONY,
     ArgsDelta,
     CallStart,
     ContentDelta,
@@ -25,15 +29,24 @@ class OutputPlan:
     reasoning: bool = False  # split `<think>` blocks off as reasoning_content
     in_think: bool = False  # the prompt left a think block open
     tools: ToolFormat | None = None  # parse tool calls in this family's format
+    harmony: bool = False  # the template is gpt-oss's harmony (whether or not tools are on)
 
 
 class ChoiceOutput:
     def __init__(self, plan: OutputPlan):
         self._think = ReasoningParser(plan.in_think) if plan.reasoning else None
-        self._tools = ToolCallParser(plan.tools) if plan.tools is not None else None
+        harmony = plan.harmony or plan.tools is HARMONY
+        self._tools = ToolCallParser(plan.tools) if plan.tools and not harmony else None
+        self._plan = plan
+        self._harmony = self._new_harmony() if harmony else None
+        # Without tools the plan may not know the template: the output's opening tells.
+        self._sniff = "" if self._harmony is None and self._tools is None else None
         self.content: list[str] = []
         self.reasoning: list[str] = []
         self.calls: list[ToolCall] = []
+
+    def _new_harmony(self) -> HarmonyParser:
+        return HarmonyParser(self._plan.tools is not None, self._plan.reasoning)
 
     def feed(self, text: str) -> list[dict]:
         return self._deltas(text, final=False)
@@ -49,6 +62,18 @@ class ChoiceOutput:
         return "tool_calls" if self.calls and reason == "stop" else reason
 
     def _deltas(self, text: str, final: bool) -> list[dict]:
+        if self._sniff is not None:
+            text, self._sniff = self._sniff + text, ""
+            verdict = opens_harmony(text)
+            if verdict is None and not final:
+                self._sniff = text  # a harmony header may be on its way
+                return []
+            self._sniff = None
+            if verdict:
+                self._harmony = self._new_harmony()
+        if self._harmony is not None:
+            events = self._harmony.feed(text) if text else []
+            return [self._event(e) for e in events + (self._harmony.finish() if final else [])]
         out: list[dict] = []
         if self._think is not None:
             parts = [self._think.feed(text)] + ([self._think.finish()] if final else [])
@@ -68,7 +93,10 @@ class ChoiceOutput:
         out += [self._event(e) for e in events]
         return out
 
-    def _event(self, e: Event) -> dict:
+    def _event(self, e: Event | ReasoningDelta) -> dict:
+        if isinstance(e, ReasoningDelta):
+            self.reasoning.append(e.text)
+            return {"reasoning_content": e.text}
         if isinstance(e, ContentDelta):
             self.content.append(e.text)
             return {"content": e.text}

@@ -1,5 +1,7 @@
 """Tool calls in generated text (Hermes/Qwen, Llama 3 and Mistral formats), whole or streamed.
 
+gpt-oss's harmony format is detected here too (`HARMONY`); its channels are read by `harmony`.
+
 `ToolCallParser.feed(delta)` turns text pieces into events: content, a call's start (id, name),
 then fragments of its arguments JSON. Decisions depend only on the text, never on how it was
 split, so streaming and `parse_tool_calls` (the same parser fed once) give the same calls. A block
@@ -36,12 +38,15 @@ class ToolFormat:
 HERMES = ToolFormat("hermes", "<tool_call>", "</tool_call>")
 LLAMA3 = ToolFormat("llama3", "<|python_tag|>", json_start=True)
 MISTRAL = ToolFormat("mistral", "[TOOL_CALLS]", id_chars=9)
-FORMATS = {f.name: f for f in (HERMES, LLAMA3, MISTRAL)}
+HARMONY = ToolFormat("harmony", "<|channel|>", "<|call|>")  # parsed by `harmony`, not here
+FORMATS = {f.name: f for f in (HERMES, LLAMA3, MISTRAL, HARMONY)}
 
 
 def detect_format(template: str | None) -> ToolFormat:
     """The family a chat template speaks, from its markers; Hermes tags for everything else."""
     src = template or ""
+    if "<|channel|>" in src:  # llama.cpp's test for gpt-oss
+        return HARMONY
     if "[TOOL_CALLS]" in src:
         return MISTRAL
     if "<|python_tag|>" in src or ("<|start_header_id|>" in src and '"parameters"' in src):
@@ -81,7 +86,8 @@ _MISTRAL_NAME = re.compile(r"([\w.\-]+)(?:\[CALL_ID\][\w\-]*)?\[ARGS\]")
 _MISTRAL_NAME_PREFIX = re.compile(r"[\w.\-]*(?:\[[\w\-\[\]]*)?")
 
 
-def _new_id(fmt: ToolFormat) -> str:
+def new_call_id(fmt: ToolFormat) -> str:
+    """A call id as the family's templates take them."""
     h = uuid.uuid4().hex
     return h[: fmt.id_chars] if fmt.id_chars < 24 else "call_" + h[: fmt.id_chars]
 
@@ -91,7 +97,7 @@ class ToolCallParser:
 
     def __init__(self, fmt: ToolFormat, new_id: Callable[[], str] | None = None):
         self.fmt = fmt
-        self._new_id = new_id or (lambda: _new_id(fmt))
+        self._new_id = new_id or (lambda: new_call_id(fmt))
         self._buf = ""
         self._state = "start" if fmt.json_start else "text"
         self._raw = ""  # text of the current block so far, for the fallback to content

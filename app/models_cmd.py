@@ -1,7 +1,9 @@
 """`localllm pull`, `localllm ls`, `localllm rm`: the model library from the command line.
 
 Models live in the Hugging Face cache (HF_HOME / HF_HUB_CACHE, shared with other tools) plus the
-folders named in the settings file or LOCALLLM_MODEL_DIRS.
+folders named in the settings file or LOCALLLM_MODEL_DIRS. `ls` lists ready models on stdout; a
+cached model whose files are not verified (an interrupted pull, a file changed since it was
+checked, another tool's download) is named on stderr with the `pull` that checks it.
 """
 
 from __future__ import annotations
@@ -55,19 +57,26 @@ def handle_pull(args: argparse.Namespace) -> int:
         if not _confirm(f"Download {plan.name} ({len(plan.files)} files, {size})?", False):
             return 1
     got = pull_spec(spec, config)
-    state = f"downloaded {human_bytes(got.downloaded)}" if got.downloaded else "already cached"
+    if got.downloaded:
+        state = f"downloaded {human_bytes(got.downloaded)}, verified"
+    elif got.verified:
+        state = f"verified {human_bytes(got.verified)} already on disk"
+    else:
+        state = "already cached"
     print(f"{got.name}: {state}", file=sys.stderr)
     print(got.path)
     return 0
 
 
 def _library() -> tuple[HubConfig, list[LocalModel]]:
+    """Every model, verified or not (`ls` sets the unverified apart; `rm` may delete them)."""
     from localllm.app.hub.download import HubConfig
     from localllm.app.hub.library import scan_library
     from localllm.app.settings import load_settings
 
     config = HubConfig.current()
-    return config, scan_library(config.cache_dir, load_settings().model_dirs)
+    models = scan_library(config.cache_dir, load_settings().model_dirs, include_unverified=True)
+    return config, models
 
 
 def format_table(models: Sequence[LocalModel]) -> str:
@@ -94,12 +103,33 @@ def format_table(models: Sequence[LocalModel]) -> str:
     return "\n".join(line.rstrip() for line in lines)
 
 
+def pull_name(m: LocalModel) -> str:
+    """What to give `localllm pull` to fetch or check `m` again."""
+    if m.quant:
+        return m.name
+    return f"https://huggingface.co/{m.repo}/blob/{m.revision}/{m.path.name}"
+
+
 def handle_ls(args: argparse.Namespace) -> int:
+    from localllm.app.hub.progress import human_bytes
+
     _, models = _library()
+    ready = [m for m in models if m.verified]
+    unverified = [m for m in models if not m.verified]
     if not models:
         print("no models yet; get one with `localllm pull org/repo[:QUANT]`", file=sys.stderr)
         return 0
-    print(format_table(models))
+    if ready:
+        print(format_table(ready))
+    if unverified:
+        print(
+            "not verified, so not listed (an interrupted pull, a file changed since it was "
+            "checked, or another tool's download); each command hashes it and fetches only "
+            "damaged files:",
+            file=sys.stderr,
+        )
+        for m in unverified:
+            print(f"  localllm pull {pull_name(m)}   ({human_bytes(m.size)})", file=sys.stderr)
     return 0
 
 

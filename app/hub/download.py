@@ -1,15 +1,15 @@
 """Fetch `org/repo[:QUANT]` into the standard Hugging Face cache with huggingface_hub.
 
 huggingface_hub does the transfer (retries with Range) into its blob/snapshot layout shared with
-other tools, through `fetch.fetch_file`, which also resumes a download whose process was killed;
-we add the quant resolution, a disk-space check up front, sha256 verification against the Hub's
-LFS hash, progress and offline handling.
+other tools, through `fetch.fetch_file`, which also resumes a download whose process was killed
+and hashes every file against the Hub's sha256 before it goes in place; we add the quant
+resolution, a disk-space check up front, progress and offline handling. A model counts as cached
+only when every file of it carries a valid verification record (`verify`); a file without one is
+hashed again (offline too, against the sha256 that is its blob name) instead of being trusted.
 """
 
-import hashlib
-import os
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from huggingface_hub import HfApi, constants
@@ -22,9 +22,11 @@ from huggingface_hub.errors import (
     RevisionNotFoundError,
 )
 
-from localllm.app.hub.fetch import fetch_file
+from localllm.app.hub import verify
+from localllm.app.hub.fetch import Fetched, check_blob, drop_blob, fetch_file
 from localllm.app.hub.progress import (
     ProgressCallback,
+    hash_reporter,
     human_bytes,
     progress_class,
     terminal_printer,
@@ -60,10 +62,15 @@ class PulledModel:
     paths: tuple[Path, ...]
     mmproj: Path | None
     downloaded: int  # bytes fetched by this call (0 when everything was cached)
+    verified: int = 0  # bytes hashed by this call (0 when every file had a valid record)
 
     @property
     def path(self) -> Path:
         return self.paths[0]
+
+    @property
+    def files(self) -> tuple[Path, ...]:
+        return self.paths + ((self.mmproj,) if self.mmproj else ())
 
 
 def repo_folder(config: HubConfig, repo: str) -> Path:
@@ -132,7 +139,17 @@ def cached_model(
     filename: str | None = None,
     revision: str = "main",
 ) -> PulledModel | None:
-    """`repo:quant` from the cache alone, or None when it (or a shard) is not there."""
+    """`repo:quant` from the cache alone (no hashing), or None when it (or a shard) is not there
+    or a file of it is not verified."""
+    found = _cached(config, repo, quant, filename, revision)
+    if found is None or not all(_verified(p) for p in found.files):
+        return None
+    return found
+
+
+def _cached(
+    config: HubConfig, repo: str, quant: str | None, filename: str | None, revision: str
+) -> PulledModel | None:
     try:
         commit, files = cached_files(config, repo, revision)
         resolved = resolve_files(repo, files, quant, filename)
@@ -140,6 +157,14 @@ def cached_model(
         return None
     snapshot = repo_folder(config, repo) / "snapshots" / commit
     return _pulled(resolved, commit, snapshot, 0)
+
+
+def _verified(pointer: Path, sha256: str | None = None) -> bool:
+    """A snapshot file whose blob has a valid record (for `sha256` when given)."""
+    if not pointer.exists():
+        return False
+    blob = verify.blob_of(pointer)
+    return verify.is_verified(blob, verify.expected(blob.name, sha256))
 
 
 def _pulled(resolved: Resolved, commit: str, snapshot: Path, downloaded: int) -> PulledModel:
@@ -163,20 +188,35 @@ def check_disk_space(directory: Path, needed: int) -> None:
         )
 
 
-def sha256_of(path: Path, chunk: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _discard(pointer: Path) -> None:
     """Remove one freshly fetched file: the snapshot link and the blob it points to."""
-    blob = Path(os.path.realpath(pointer))
+    blob = verify.blob_of(pointer)
     pointer.unlink(missing_ok=True)
     if blob != pointer:
-        blob.unlink(missing_ok=True)
+        drop_blob(blob)
+
+
+def _verify_offline(found: PulledModel, progress: ProgressCallback | None) -> PulledModel:
+    """Hash the files of a cached model that have no valid record, against their blob names."""
+    hashed = 0
+    for pointer in found.files:
+        blob = verify.blob_of(pointer)
+        want = verify.expected(blob.name)
+        label = f"{found.repo}/{pointer.name}"
+        if want is None:
+            raise HubError(
+                f"{label}: cannot verify it offline (its blob name is not a hash); "
+                "unset HF_HUB_OFFLINE to check it against the Hub"
+            )
+        on_hash = hash_reporter(pointer.name, progress) if progress else None
+        ok, n = check_blob(blob, want, on_hash)
+        hashed += n
+        if not ok:
+            raise HubError(
+                f"{label}: {want.algo} mismatch in the cache (the file is damaged) and it was "
+                "removed; unset HF_HUB_OFFLINE to download it again"
+            )
+    return replace(found, verified=hashed)
 
 
 def pull(
@@ -191,35 +231,31 @@ def pull(
     """Make `repo:quant` present in the cache, downloading what is missing; return its paths."""
     config = config or HubConfig.current()
     if config.offline:
-        found = cached_model(config, repo, quant, filename, revision or "main")
+        found = _cached(config, repo, quant, filename, revision or "main")
         if found is None:
             spec = repo + (f":{quant}" if quant else "")
             raise HubError(
                 f"offline mode (HF_HUB_OFFLINE) is on and {spec} is not in the cache "
                 f"({config.cache_dir}); unset HF_HUB_OFFLINE to download it"
             )
-        return found
+        return _verify_offline(found, progress)
     commit, files = remote_files(config, repo, revision)
     resolved = resolve_files(repo, files, quant, filename)
     snapshot = repo_folder(config, repo) / "snapshots" / commit
-    missing = [f for f in resolved.files if not (snapshot / f.name).exists()]
+    # Present is not enough: a file counts only with a valid record for the Hub's sha256.
+    missing = [f for f in resolved.files if not _verified(snapshot / f.name, f.sha256)]
     check_disk_space(config.cache_dir, sum(f.size or 0 for f in missing))
-    fetched: list[Path] = []
+    done: list[Fetched] = []
     try:
         for f in missing:
-            tqdm_class = progress_class(f.name, progress) if progress else None
-            path = Path(_download(config, repo, f.name, revision, tqdm_class))
-            fetched.append(path)
-            if f.sha256 and sha256_of(path) != f.sha256.lower():
-                raise HubError(
-                    f"{repo}/{f.name}: sha256 mismatch after download (expected {f.sha256}); "
-                    "the file was removed, try again"
-                )
+            done.append(_download(config, repo, f, revision, progress))
     except BaseException:
-        for path in fetched:
-            _discard(path)
+        for got in done:
+            if got.downloaded:  # files that were in the cache before this call stay
+                _discard(got.path)
         raise
-    return _pulled(resolved, commit, snapshot, sum(f.size or 0 for f in missing))
+    pulled = _pulled(resolved, commit, snapshot, sum(g.downloaded for g in done))
+    return replace(pulled, verified=sum(g.hashed for g in done))
 
 
 def pull_spec(spec, config: HubConfig) -> PulledModel:
@@ -235,10 +271,26 @@ def pull_spec(spec, config: HubConfig) -> PulledModel:
 
 
 def _download(
-    config: HubConfig, repo: str, name: str, revision: str | None, tqdm_class: type | None
-) -> str:
+    config: HubConfig,
+    repo: str,
+    f: RepoFile,
+    revision: str | None,
+    progress: ProgressCallback | None,
+) -> Fetched:
+    name = f.name
+    tqdm_class = progress_class(name, progress) if progress else None
+    on_hash = hash_reporter(name, progress) if progress else None
     try:
-        return str(fetch_file(config.endpoint, config.cache_dir, repo, name, revision, tqdm_class))
+        return fetch_file(
+            config.endpoint,
+            config.cache_dir,
+            repo,
+            name,
+            revision,
+            tqdm_class,
+            sha256=f.sha256,
+            on_hash=on_hash,
+        )
     except (EntryNotFoundError, RevisionNotFoundError, RepositoryNotFoundError) as e:
         raise HubError(f"{repo}/{name}: not found on {config.endpoint} ({e})") from None
     except OfflineModeIsEnabled:

@@ -2,15 +2,23 @@
 
 Hub models are named `org/repo:QUANT` (as pulled); loose files by their stem. Architecture and
 context length come from the GGUF header (metadata only; tensors are not touched).
+
+A model of the HF cache is listed only when every file of it (shards, mmproj) has a valid
+verification record (`verify`): a file from an interrupted pull, changed since it was checked,
+or downloaded by another tool is not a ready model until `localllm pull` has hashed it. Such
+models are returned only on request (`include_unverified`), marked `verified=False`, so `ls` can
+name them and `rm` can delete them; the TUI and `-m NAME` never see them. Files in user folders
+are the user's own and are not hashed.
 """
 
 import os
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from huggingface_hub import scan_cache_dir
 
+from localllm.app.hub import verify
 from localllm.app.hub.quant import GGUFGroup, HubError, RepoFile, group_ggufs, pick_mmproj
 from localllm.engine.gguf import GGUFError, open_gguf
 
@@ -29,6 +37,7 @@ class LocalModel:
     location: str  # "hf-cache" or the user folder it was found in
     repo: str | None = None
     revision: str | None = None
+    verified: bool = True  # False: an HF-cache file has no valid verification record
 
     @property
     def path(self) -> Path:
@@ -46,7 +55,7 @@ def _header(path: Path) -> tuple[str | None, int | None]:
 
 
 def _model(
-    group: GGUFGroup, base: Path, mmprojs: list[RepoFile], name: str, **kw: str | None
+    group: GGUFGroup, base: Path, mmprojs: list[RepoFile], name: str, **kw: str | bool | None
 ) -> LocalModel:
     paths = tuple(base / f.name for f in group.files)
     mm = pick_mmproj(mmprojs, group.quant)
@@ -63,6 +72,11 @@ def _model(
     )
 
 
+def _all_verified(m: LocalModel, blobs: dict[Path, Path]) -> bool:
+    files = m.paths + ((m.mmproj,) if m.mmproj else ())
+    return all(p in blobs and verify.is_verified(blobs[p]) for p in files)
+
+
 def _cache_models(cache_dir: Path) -> list[LocalModel]:
     if not cache_dir.is_dir():
         return []
@@ -77,23 +91,23 @@ def _cache_models(cache_dir: Path) -> list[LocalModel]:
                 RepoFile(f.file_path.relative_to(rev.snapshot_path).as_posix(), f.size_on_disk)
                 for f in rev.files
             ]
+            blobs = {f.file_path: f.blob_path for f in rev.files}
             groups, mmprojs = group_ggufs(files)
             for g in groups:
                 name = f"{repo.repo_id}:{g.quant or Path(g.stem).name}"
                 if name in seen:
                     continue
                 seen.add(name)
-                out.append(
-                    _model(
-                        g,
-                        rev.snapshot_path,
-                        mmprojs,
-                        name,
-                        location="hf-cache",
-                        repo=repo.repo_id,
-                        revision=rev.commit_hash,
-                    )
+                m = _model(
+                    g,
+                    rev.snapshot_path,
+                    mmprojs,
+                    name,
+                    location="hf-cache",
+                    repo=repo.repo_id,
+                    revision=rev.commit_hash,
                 )
+                out.append(replace(m, verified=_all_verified(m, blobs)))
     return out
 
 
@@ -109,9 +123,12 @@ def _folder_models(folder: Path) -> list[LocalModel]:
     return [_model(g, folder, mmprojs, Path(g.stem).name, location=str(folder)) for g in groups]
 
 
-def scan_library(cache_dir: Path, extra_dirs: Iterable[Path] = ()) -> list[LocalModel]:
-    """Every GGUF model in the HF cache and the extra folders."""
-    models = _cache_models(cache_dir)
+def scan_library(
+    cache_dir: Path, extra_dirs: Iterable[Path] = (), *, include_unverified: bool = False
+) -> list[LocalModel]:
+    """Every GGUF model in the HF cache and the extra folders; cached models whose files are
+    not verified only with `include_unverified` (see the module docstring)."""
+    models = [m for m in _cache_models(cache_dir) if include_unverified or m.verified]
     for d in extra_dirs:
         models.extend(_folder_models(Path(d).expanduser()))
     return models
@@ -152,18 +169,22 @@ def remove_model(model: LocalModel, cache_dir: Path) -> int:
     if model.mmproj and not any(m.mmproj == model.mmproj for m in others):
         doomed.append(model.mmproj)
     rest = [p for p in _snapshot_files(model, cache_dir) if p not in doomed]
+    folder = cache_dir / f"models--{model.repo.replace('/', '--')}"
     if not others and not rest:
         info = scan_cache_dir(cache_dir)
         before = info.size_on_disk
         info.delete_revisions(model.revision).execute()
+        for record in verify.orphans(folder / "blobs"):  # huggingface_hub leaves our records
+            record.unlink(missing_ok=True)
         return before - scan_cache_dir(cache_dir).size_on_disk
-    links = _all_links(cache_dir / f"models--{model.repo.replace('/', '--')}" / "snapshots")
+    links = _all_links(folder / "snapshots")
     freed = 0
     for pointer in doomed:
         blob = Path(os.path.realpath(pointer))
         pointer.unlink(missing_ok=True)
         if blob != pointer and blob.exists() and links.get(blob, 0) <= 1:
             freed += blob.stat().st_size
+            verify.forget(blob)
             blob.unlink()
     return freed
 

@@ -1,5 +1,6 @@
 """Download progress: a tqdm-compatible class for huggingface_hub that reports to a callback,
-and a one-line terminal renderer (bytes, speed, ETA)."""
+the same reports for the sha256 check that follows each download, and a one-line terminal
+renderer (bytes, speed, ETA)."""
 
 import sys
 import time
@@ -17,6 +18,7 @@ class Progress:
     total: int | None
     speed: float  # bytes per second since this file started
     eta: float | None  # seconds left, None when unknown
+    phase: str = "download"  # or "verify": hashing the file against the Hub's sha256
 
     @property
     def finished(self) -> bool:
@@ -57,6 +59,18 @@ def progress_class(filename: str, callback: ProgressCallback) -> type:
     return _Bar
 
 
+def hash_reporter(filename: str, callback: ProgressCallback) -> Callable[[int, int], None]:
+    """A `(hashed, size)` callback for the verification of one file, reporting as `Progress`."""
+    start = time.monotonic()
+
+    def report(done: int, total: int) -> None:
+        speed = done / max(time.monotonic() - start, 1e-6)
+        eta = (total - done) / speed if speed > 0 else None
+        callback(Progress(filename, done, total, speed, eta, phase="verify"))
+
+    return report
+
+
 def human_bytes(n: float) -> str:
     for unit in ("B", "KB", "MB", "GB", "TB"):
         if abs(n) < 1000 or unit == "TB":
@@ -75,11 +89,12 @@ def _clock(seconds: float | None) -> str:
 
 
 def render(p: Progress) -> str:
-    """`file  12.3 MB / 45.6 MB  27%  5.1 MB/s  ETA 00:07`."""
+    """`file  12.3 MB / 45.6 MB  27%  5.1 MB/s  ETA 00:07` (`file  verifying  12.3 MB ...`)."""
     total = f" / {human_bytes(p.total)}" if p.total else ""
     pct = f"  {100 * p.done // p.total:3d}%" if p.total else ""
+    phase = "  verifying" if p.phase == "verify" else ""
     return (
-        f"{p.filename}  {human_bytes(p.done)}{total}{pct}  "
+        f"{p.filename}{phase}  {human_bytes(p.done)}{total}{pct}  "
         f"{human_bytes(p.speed)}/s  ETA {_clock(p.eta)}"
     )
 

@@ -4,6 +4,8 @@ It serves `/api/models?search=&filter=gguf` (the listing, most downloaded first)
 `/api/models/{repo}[/revision/{rev}]` (siblings with LFS size and sha256) and
 `/{repo}/resolve/{rev}/{file}` (HEAD and GET with Range, ETag / X-Repo-Commit / X-Linked-*),
 logs every request, and can drop or stall a connection mid-file or lie about a sha256 on demand.
+GGUF files are LFS files (sha256 in the listing, ETag = sha256) unless named in `in_git`: those are
+served as small files kept in git are, with no LFS entry and the git blob sha1 as ETag.
 """
 
 import hashlib
@@ -25,6 +27,7 @@ class FakeHub:
     drop_once: set[str] = field(default_factory=set)
     bad_sha: set[str] = field(default_factory=set)
     stall_once: set[str] = field(default_factory=set)  # send half, then hang until `release`
+    in_git: set[str] = field(default_factory=set)  # GGUF files kept in git, not LFS
     release: threading.Event = field(default_factory=threading.Event)
     log: list[tuple[str, str, str | None]] = field(default_factory=list)
     downloads: dict[str, int] = field(default_factory=dict)  # listing popularity per repo
@@ -35,14 +38,24 @@ class FakeHub:
             return "0" * 64
         return hashlib.sha256(self.repos[repo][name]).hexdigest()
 
+    def etag(self, name: str, data: bytes) -> str:
+        if name in self.in_git:
+            return git_blob_sha1(data)
+        return hashlib.sha256(data).hexdigest()
+
     def info(self, repo: str) -> dict:
         siblings = []
         for name, data in self.repos[repo].items():
-            s = {"rfilename": name, "size": len(data), "blobId": hashlib.sha1(data).hexdigest()}
-            if name.endswith(".gguf"):
+            s = {"rfilename": name, "size": len(data), "blobId": git_blob_sha1(data)}
+            if name.endswith(".gguf") and name not in self.in_git:
                 s["lfs"] = {"size": len(data), "sha256": self.sha(repo, name), "pointerSize": 134}
             siblings.append(s)
         return {"id": repo, "modelId": repo, "sha": COMMIT, "private": False, "siblings": siblings}
+
+
+def git_blob_sha1(data: bytes) -> str:
+    """Git's object id of a file: sha1 over `blob <size>\\0` and the bytes."""
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
 
 def _listing(hub: "FakeHub", query: str) -> list[dict]:
@@ -125,7 +138,7 @@ def _handler(hub: FakeHub):
                 self.send_header("X-Repo-Commit", COMMIT)
                 self.send_header("Content-Length", "0")
                 return self.end_headers()
-            etag = hashlib.sha256(data).hexdigest()
+            etag = hub.etag(name, data)
             headers = {
                 "ETag": f'"{etag}"',
                 "X-Repo-Commit": COMMIT,

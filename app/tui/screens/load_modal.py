@@ -14,21 +14,11 @@ from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical, VerticalScroll
-from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static
 
 from localllm.app.residency_flags import plan_text, residency_from_text
-from localllm.app.tui.screens.modals import MODAL_CSS
+from localllm.app.tui.screens.modals import Dialog
 from localllm.offload.residency import ResidencyConfig, ResidencyError
-
-LOAD_CSS = (
-    MODAL_CSS
-    + """
-LoadModal > Vertical { width: 100; }
-LoadModal #plan { height: auto; max-height: 18; border: round $foreground 30%; }
-LoadModal #plan-text { width: 100%; }
-"""
-)
 
 
 @dataclass(frozen=True)
@@ -40,8 +30,12 @@ class LoadChoice:
     residency: ResidencyConfig | None
 
 
-class LoadModal(ModalScreen[LoadChoice | None]):
-    DEFAULT_CSS = LOAD_CSS
+class LoadModal(Dialog[LoadChoice | None]):
+    DEFAULT_CSS = """
+    LoadModal > Vertical { width: 100; }
+    LoadModal #plan { height: auto; max-height: 18; border: round $foreground 30%; }
+    LoadModal #plan-text { width: 100%; }
+    """
     BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "dismiss(None)", "Cancel")]
 
     def __init__(self, path: Path, flags: str = "", device: str = "cpu") -> None:

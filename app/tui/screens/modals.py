@@ -1,6 +1,7 @@
-"""Small modal dialogs: per-conversation generation settings, a one-line text prompt, a yes/no."""
+"""Small modal dialogs: per-conversation generation settings, a one-line text prompt, a yes/no;
+and `Dialog`, their base, which holds the dialog frame's CSS."""
 
-from typing import ClassVar
+from typing import ClassVar, TypeVar
 
 from textual import on
 from textual.app import ComposeResult
@@ -11,19 +12,28 @@ from textual.widgets import Button, Input, Label
 
 from localllm.app.tui.backend import GenSettings
 
-MODAL_CSS = """
-ModalScreen { align: center middle; }
-ModalScreen > Vertical {
-    width: 64; max-width: 100%; height: auto; max-height: 100%;
-    border: thick $primary; background: $surface; padding: 0 1;
-}
-ModalScreen .title { text-style: bold; margin-bottom: 1; }
-ModalScreen .error { color: $error; height: auto; }
-ModalScreen Grid { grid-size: 2; grid-columns: 14 1fr; grid-rows: 3; height: auto; }
-ModalScreen Grid > Label { padding: 1 0 0 0; }
-ModalScreen Horizontal { height: 3; align-horizontal: right; }
-ModalScreen Button { margin-left: 1; min-width: 10; }
-"""
+ResultT = TypeVar("ResultT")
+
+
+class Dialog(ModalScreen[ResultT]):
+    """A modal dialog framed in the middle of the screen. The rules name `Dialog` so that they
+    reach subclasses: a class's DEFAULT_CSS is scoped to that class's name, so rules naming
+    `ModalScreen` in a subclass matched nothing (the settings dialog showed no values)."""
+
+    DEFAULT_CSS = """
+    Dialog { align: center middle; }
+    Dialog > Vertical {
+        width: 64; max-width: 100%; height: auto; max-height: 100%;
+        border: thick $primary; background: $surface; padding: 0 1;
+    }
+    Dialog .title { text-style: bold; margin-bottom: 1; }
+    Dialog .error { color: $error; height: auto; }
+    Dialog Grid { grid-size: 2; grid-columns: 14 1fr; grid-rows: 3; height: auto; }
+    Dialog Grid > Label { padding: 1 0 0 0; }
+    Dialog Horizontal { height: 3; align-horizontal: right; }
+    Dialog Button { margin-left: 1; min-width: 10; }
+    """
+
 
 FIELDS = (
     ("system_prompt", "System prompt", str),
@@ -33,10 +43,9 @@ FIELDS = (
 )
 
 
-class SamplingModal(ModalScreen[GenSettings | None]):
+class SamplingModal(Dialog[GenSettings | None]):
     """Edit the system prompt, temperature, top_p and max tokens of one conversation."""
 
-    DEFAULT_CSS = MODAL_CSS
     BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "dismiss(None)", "Cancel")]
 
     def __init__(self, settings: GenSettings) -> None:
@@ -79,10 +88,9 @@ class SamplingModal(ModalScreen[GenSettings | None]):
         self.dismiss(None)
 
 
-class TextPromptModal(ModalScreen[str | None]):
+class TextPromptModal(Dialog[str | None]):
     """Ask for one line of text (rename a conversation)."""
 
-    DEFAULT_CSS = MODAL_CSS
     BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "dismiss(None)", "Cancel")]
 
     def __init__(self, title: str, value: str = "") -> None:
@@ -99,10 +107,9 @@ class TextPromptModal(ModalScreen[str | None]):
         self.dismiss(event.value.strip() or None)
 
 
-class ConfirmModal(ModalScreen[bool]):
+class ConfirmModal(Dialog[bool]):
     """A yes/no question; Enter or y confirms."""
 
-    DEFAULT_CSS = MODAL_CSS
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape,n", "dismiss(False)", "No"),
         Binding("y", "dismiss(True)", "Yes"),

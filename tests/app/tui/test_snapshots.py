@@ -1,11 +1,13 @@
-"""Snapshots (pytest-textual-snapshot) of the chat and model screens at 80x24, with fixed content:
-a fake backend, fixed memory figures and fixed generation figures. Update with --snapshot-update
-after checking the SVG by eye."""
+"""Snapshots (pytest-textual-snapshot) of the chat and model screens and the settings dialog at
+80x24, with fixed content: a fake backend, fixed memory figures and fixed generation figures.
+Update with --snapshot-update after checking the SVG by eye."""
 
 import pytest
-from textual.widgets import DataTable
+from textual.widgets import DataTable, Input
 
+from localllm.app.tui.backend import GenSettings
 from localllm.app.tui.config import TuiConfig
+from localllm.app.tui.screens.modals import SamplingModal
 from localllm.app.tui.stats import GenStats
 from localllm.app.tui.widgets.prompt import PromptInput
 from tests.app.tui.fakes import FakeBackend, make_app, wait_for
@@ -79,3 +81,18 @@ async def test_theme_toggle_and_palette_commands(tmp_path):
         assert not side.display
         await pilot.press("ctrl+b")
         assert side.display
+
+
+def test_settings_dialog_80x24(snap_compare, tmp_path):
+    settings = GenSettings(system_prompt="Be brief.", temperature=0.7, top_p=0.9, max_tokens=321)
+    app = make_app(tmp_path, FakeBackend(["a"]), config=TuiConfig(sampling=settings))
+
+    async def run_before(pilot) -> None:
+        await ready(pilot)
+        await pilot.press("ctrl+s")
+        await wait_for(pilot, lambda: isinstance(pilot.app.screen, SamplingModal))
+        for field in pilot.app.screen.query(Input):
+            field.cursor_blink = False  # a blinking cursor would make the picture flaky
+        await pilot.pause()
+
+    assert snap_compare(app, terminal_size=(80, 24), run_before=run_before)

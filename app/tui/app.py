@@ -109,15 +109,19 @@ class LocalLLMApp(App):
         except Exception as e:
             self.model_state = "no model"
             self.notify(str(e) or type(e).__name__, title="Cannot load model", severity="error")
+            self.chat.model_ready(False)
             return
         self.backend = backend
         self.model_state = "ready"
+        self.chat.model_ready(True)
+
+    @property
+    def loading(self) -> bool:
+        """Is a model being loaded (a message sent now is answered once it is ready)?"""
+        return any(w.group == "load" and not w.is_finished for w in self.workers)
 
     async def unload_model(self) -> None:
-        chat = self.chat
-        if chat.generating:  # the partial answer is saved
-            chat.answer_worker.cancel()
-            await chat.answer_worker.wait()
+        await self.chat.stop_answer()  # the partial answer is saved
         backend, self.backend = self.backend, None
         self.model_state = "no model"
         if backend is not None:
@@ -161,5 +165,7 @@ class LocalLLMApp(App):
         yield from main_commands(self)
 
     async def action_quit(self) -> None:
+        # A load in progress is abandoned (its thread releases what it loads), not waited for.
+        self.workers.cancel_group(self, "load")
         await self.unload_model()  # keeps a partial answer, stops the engine thread
         self.exit()

@@ -46,12 +46,14 @@ class GenSettings:
 
 @dataclass(frozen=True, slots=True)
 class ChatDelta:
-    """New text of the answer; token counts are cumulative for the request when known."""
+    """New text of the answer (and of the model's reasoning, from a server that splits it off);
+    token counts are cumulative for the request when known."""
 
     text: str
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     finish_reason: str | None = None
+    reasoning: str = ""
 
 
 class ChatBackend(Protocol):

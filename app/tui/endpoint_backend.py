@@ -2,6 +2,8 @@
 
 Stopping generation closes the HTTP stream; servers (ours, vLLM, llama.cpp) abort the request on
 disconnect. `connect` asks `/v1/models` for the model id and, where the server says, its context.
+A reasoning model's `reasoning_content` deltas (`reasoning` in newer vLLM) come through as
+`ChatDelta.reasoning`.
 """
 
 import json
@@ -106,10 +108,13 @@ def _delta(data: str) -> ChatDelta | None:
         raise EndpointError(str(chunk["error"].get("message", chunk["error"])))
     usage = chunk.get("usage") or {}
     choices = chunk.get("choices") or []
-    text, finish = "", None
+    text, reasoning, finish = "", "", None
     if choices:
-        text = (choices[0].get("delta") or {}).get("content") or ""
+        delta = choices[0].get("delta") or {}
+        text = delta.get("content") or ""
+        reasoning = delta.get("reasoning_content") or delta.get("reasoning") or ""
         finish = choices[0].get("finish_reason")
-    if not text and not finish and not usage:
+    if not text and not reasoning and not finish and not usage:
         return None
-    return ChatDelta(text, usage.get("prompt_tokens"), usage.get("completion_tokens"), finish)
+    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    return ChatDelta(text, prompt, completion, finish, reasoning)

@@ -30,7 +30,8 @@ CREATE TABLE IF NOT EXISTS messages (
     created REAL NOT NULL,
     finish_reason TEXT,
     prompt_tokens INTEGER,
-    completion_tokens INTEGER
+    completion_tokens INTEGER,
+    reasoning TEXT
 );
 CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages(conversation_id, id);
 """
@@ -63,6 +64,7 @@ class StoredMessage:
     finish_reason: str | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    reasoning: str | None = None  # a reasoning model's thinking, kept apart from its answer
 
 
 class HistoryStore:
@@ -79,6 +81,9 @@ class HistoryStore:
         self.db.execute("PRAGMA synchronous=NORMAL")
         self.db.execute("PRAGMA foreign_keys=ON")
         self.db.executescript(SCHEMA)
+        columns = {r["name"] for r in self.db.execute("PRAGMA table_info(messages)")}
+        if "reasoning" not in columns:  # a history file from before reasoning was kept
+            self.db.execute("ALTER TABLE messages ADD COLUMN reasoning TEXT")
 
     def close(self) -> None:
         self.db.close()
@@ -151,13 +156,14 @@ class HistoryStore:
         finish_reason: str | None = None,
         prompt_tokens: int | None = None,
         completion_tokens: int | None = None,
+        reasoning: str | None = None,
     ) -> StoredMessage:
         now = time.time()
         with self.db:  # one transaction: the message and the conversation's timestamp
             self.db.execute("BEGIN")
             cur = self.db.execute(
                 "INSERT INTO messages (conversation_id, role, content, created, finish_reason, "
-                "prompt_tokens, completion_tokens) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                "prompt_tokens, completion_tokens, reasoning) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     conversation_id,
                     role,
@@ -166,6 +172,7 @@ class HistoryStore:
                     finish_reason,
                     prompt_tokens,
                     completion_tokens,
+                    reasoning,
                 ),
             )
             self.db.execute(
@@ -180,6 +187,7 @@ class HistoryStore:
             finish_reason,
             prompt_tokens,
             completion_tokens,
+            reasoning,
         )
 
     def messages(self, conversation_id: int) -> list[StoredMessage]:
@@ -206,7 +214,10 @@ class HistoryStore:
             parts.append(f"**System:** {system}\n")
         for m in self.messages(conversation_id):
             note = " _(stopped)_" if m.finish_reason == "abort" else ""
-            parts.append(f"## {m.role.capitalize()}{note}\n\n{m.content}\n")
+            think = ""
+            if m.reasoning:  # folded, as GitHub and most viewers render <details>
+                think = f"<details><summary>Reasoning</summary>\n\n{m.reasoning}\n\n</details>\n\n"
+            parts.append(f"## {m.role.capitalize()}{note}\n\n{think}{m.content}\n")
         return "\n".join(parts)
 
 

@@ -1,14 +1,54 @@
 """How the TUI gets a chat backend: load a local model or connect to an endpoint, never blocking
-the event loop (the blocking parts run in threads)."""
+the event loop (the blocking parts run in daemon threads, which quitting does not wait for)."""
 
 import asyncio
+import threading
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from localllm.app.tui.backend import ChatBackend
 
+T = TypeVar("T")
+
 # Given a model reference (path, library name; None = the default), produce a ready backend.
 Loader = Callable[[str | None], Awaitable[ChatBackend]]
+
+
+async def in_daemon_thread(
+    fn: Callable[..., T], *args: Any, orphan: Callable[[T], None] | None = None
+) -> T:
+    """`fn(*args)` in a daemon thread. Unlike `asyncio.to_thread`, whose threads the event loop
+    joins at exit, a minutes-long model load does not hold up quitting. When the caller is
+    cancelled before `fn` returns, `orphan` gets the late result (to release what it holds)."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[T] = loop.create_future()
+
+    def release(result: T) -> None:
+        if orphan is not None:
+            threading.Thread(target=orphan, args=(result,), daemon=True).start()
+
+    def settle(ok: bool, value: Any) -> None:  # on the loop
+        if future.done():  # the caller gave up (quit, another load)
+            if ok:
+                release(value)
+        elif ok:
+            future.set_result(value)
+        else:
+            future.set_exception(value)
+
+    def run() -> None:
+        try:
+            ok, value = True, fn(*args)
+        except BaseException as e:  # handed to the caller, who reports it
+            ok, value = False, e
+        try:
+            loop.call_soon_threadsafe(settle, ok, value)
+        except RuntimeError:  # the loop is closed: the app has exited
+            if ok:
+                release(value)
+
+    threading.Thread(target=run, name="localllm-load", daemon=True).start()
+    return await future
 
 
 def engine_loader(**engine_args: Any) -> Loader:
@@ -21,9 +61,11 @@ def engine_loader(**engine_args: Any) -> Loader:
         if name and parse_spec(name).kind == "hub":
             # resolve_model would ask on the terminal; the TUI downloads hub models itself.
             raise ValueError(f"{name} is a Hub model: download it from the Models screen first")
-        path = await asyncio.to_thread(resolve_model, name, yes=False)
+        path = await in_daemon_thread(lambda: resolve_model(name, yes=False))
         args = engine_args if residency is None else {**engine_args, "residency": residency}
-        return await asyncio.to_thread(EngineBackend.load, path, **args)
+        return await in_daemon_thread(
+            lambda: EngineBackend.load(path, **args), orphan=lambda b: b.engine.shutdown(True)
+        )
 
     load.local = True  # the app resolves Hub specs (downloading them) before calling us
     load.device = engine_args.get("device", "cpu")  # where a load dialog's plan is made for

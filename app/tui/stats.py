@@ -22,9 +22,9 @@ class GenStats:
             self.prompt_tokens = delta.prompt_tokens
         if delta.completion_tokens is not None:
             self.completion_tokens = delta.completion_tokens
-        elif delta.text:
+        elif delta.text or delta.reasoning:
             self.completion_tokens += 1  # a server without usage sends about one token per chunk
-        if delta.text or delta.completion_tokens:
+        if delta.text or delta.reasoning or delta.completion_tokens:
             if self.first_token is None:
                 self.first_token = now
             self.last_token = now

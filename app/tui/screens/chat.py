@@ -1,13 +1,11 @@
 """The chat screen: conversation list, streamed answers, stop/regenerate/edit, status line.
 
 The user message is committed before generation starts and the answer when it ends (or is
-stopped: the partial text is kept), so a killed app loses no finished message. Answers stream
-through Textual's MarkdownStream, which coalesces fragments when tokens outrun rendering.
+stopped, or the app quits: the partial text is kept; `chat_answer`), so a killed app loses no
+finished message. A message sent while the model loads is committed and queued, and answered
+once the model is ready.
 """
 
-import asyncio
-import contextlib
-import time
 from typing import ClassVar
 
 from textual import on, work
@@ -15,12 +13,12 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
-from textual.widgets import Footer, Markdown, Static
-from textual.worker import Worker
+from textual.widgets import Footer, Static
 
-from localllm.app.tui.backend import GenSettings, chat_messages
+from localllm.app.tui.backend import GenSettings
 from localllm.app.tui.history import Conversation, StoredMessage
 from localllm.app.tui.screens.chat_actions import ConversationActions
+from localllm.app.tui.screens.chat_answer import AnswerStreaming
 from localllm.app.tui.screens.chat_speech import SpeechActions
 from localllm.app.tui.screens.modals import SamplingModal
 from localllm.app.tui.stats import GenStats, status_text
@@ -29,10 +27,10 @@ from localllm.app.tui.widgets.prompt import PromptInput
 from localllm.app.tui.widgets.resources import ResourcePanel
 from localllm.app.tui.widgets.sidebar import ConversationList
 
-STATUS_INTERVAL = 0.1  # seconds between status-line redraws while streaming
+QUEUED = "message queued until the model is ready"
 
 
-class ChatScreen(ConversationActions, SpeechActions, Screen):
+class ChatScreen(AnswerStreaming, ConversationActions, SpeechActions, Screen):
     CSS_PATH = "chat.tcss"
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape", "stop", "Stop", priority=True),
@@ -56,8 +54,7 @@ class ChatScreen(ConversationActions, SpeechActions, Screen):
         self.history: list[StoredMessage] = []
         self.editing: StoredMessage | None = None
         self.stats: GenStats | None = None
-        self.answer_worker: Worker | None = None
-        self._last_status = 0.0
+        self.queued = False  # the last user message waits for the model being loaded
 
     def compose(self) -> ComposeResult:
         with Horizontal():
@@ -73,10 +70,6 @@ class ChatScreen(ConversationActions, SpeechActions, Screen):
     @property
     def store(self):
         return self.app.store
-
-    @property
-    def generating(self) -> bool:
-        return self.answer_worker is not None and not self.answer_worker.is_finished
 
     def on_mount(self) -> None:
         self.gen_settings: GenSettings = self.app.config.sampling
@@ -100,6 +93,8 @@ class ChatScreen(ConversationActions, SpeechActions, Screen):
         name = backend.name if backend else None
         ctx = backend.max_model_len if backend else None
         text = status_text(name, state, self.stats, ctx)
+        if self.queued:
+            text += f" · {QUEUED}"
         if self.speech_state:
             text += f" · {self.speech_state}"
         self.query_one("#status", Static).update(text)
@@ -128,11 +123,14 @@ class ChatScreen(ConversationActions, SpeechActions, Screen):
             else:
                 self.attach(text.removeprefix("/attach "))
             return
-        if self.app.backend is None:
+        if self.app.backend is None and not self.app.loading:
             self.notify(f"No model ready ({self.app.model_state}); ctrl+l picks one", timeout=4)
             return
         if self.generating:
             self.notify("Still answering: Esc stops it", severity="warning")
+            return
+        if self.queued and self.editing is None:
+            self.notify("A message already waits for the model", severity="warning")
             return
         event.input.clear()
         if self.editing is not None:
@@ -140,81 +138,32 @@ class ChatScreen(ConversationActions, SpeechActions, Screen):
             self.editing = None
             event.input.remove_class("editing")
         if self.conversation is None:
+            model = self.app.backend.name if self.app.backend else None
             self.conversation = self.store.new_conversation(
-                text[:40], self.gen_settings.to_dict(), self.app.backend.name
+                text[:40], self.gen_settings.to_dict(), model
             )
             self.refresh_list()
         msg = self.store.add_message(self.conversation.id, "user", text)  # committed now
         self.history.append(msg)
         await self._mount(MessageView("user", text, msg.id))
-        self.generate()
-
-    def generate(self) -> None:
-        self.answer_worker = self.run_worker(self._answer(), group="answer", exclusive=True)
-        self.refresh_bindings()
-
-    async def _answer(self) -> None:
-        backend, conv = self.app.backend, self.conversation
-        view = MessageView("assistant")
-        await self._mount(view)
-        stream = Markdown.get_stream(view.markdown)
-        stats = self.stats = GenStats()
-        settings = self.gen_settings
-        messages = chat_messages([(m.role, m.content) for m in self.history], settings)
-        text, finish, error = "", None, None
-        self.refresh_status()
-        try:
-            async for delta in backend.stream(messages, settings):
-                stats.update(delta)
-                if delta.text:
-                    text += delta.text
-                    await stream.write(delta.text)
-                finish = delta.finish_reason or finish
-                self._tick()
-            finish = finish or "stop"
-        except asyncio.CancelledError:
-            finish = "abort"
-            raise
-        except Exception as e:
-            finish, error = "error", str(e) or type(e).__name__
-        finally:
-            self._save_answer(conv, view, text, finish, stats)  # before any await: durability
-            with contextlib.suppress(Exception):  # the view may be gone (switched, closing)
-                await stream.stop()
-            self.call_later(self._generation_done, error)
-
-    def _save_answer(self, conv, view, text, finish, stats) -> None:
-        if not text:
-            if view.is_attached:
-                view.remove()
-            return
-        msg = self.store.add_message(
-            conv.id,
-            "assistant",
-            text,
-            finish_reason=finish,
-            prompt_tokens=stats.prompt_tokens or None,
-            completion_tokens=stats.completion_tokens or None,
-        )
-        view.message_id = msg.id
-        if finish in ("abort", "error"):
-            view.set_note("stopped" if finish == "abort" else "error")
-        if self.conversation is not None and self.conversation.id == conv.id:
-            self.history.append(msg)
-
-    def _generation_done(self, error: str | None) -> None:
-        if error:
-            self.notify(error, title="Generation failed", severity="error", timeout=6)
-        self.refresh_status()
-        self.refresh_bindings()
-        self.query_one("#messages").scroll_end(animate=False)
-
-    def _tick(self) -> None:
-        now = time.monotonic()
-        if now - self._last_status >= STATUS_INTERVAL:
-            self._last_status = now
+        if self.app.backend is None:  # still loading: answered by model_ready
+            self.queued = True
             self.refresh_status()
-            self.query_one("#messages").scroll_end(animate=False)
+        else:
+            self.generate()
+
+    def model_ready(self, ok: bool) -> None:
+        """A load ended (`ok`: a backend is ready): answer the queued message, if any. After a
+        failed load it stays in the conversation, for ctrl+r once a model is loaded."""
+        if not self.queued:
+            return
+        self.queued = False
+        if ok and self.history and self.history[-1].role == "user":
+            if self.conversation.model is None:
+                self.store.set_model(self.conversation.id, self.app.backend.name)
+                self.conversation = self.store.conversation(self.conversation.id)
+            self.generate()
+        self.refresh_status()
 
     async def _mount(self, view: MessageView) -> None:
         messages = self.query_one("#messages")
@@ -269,10 +218,9 @@ class ChatScreen(ConversationActions, SpeechActions, Screen):
 
     async def open(self, conversation: Conversation | None) -> None:
         """Show `conversation` (None: a fresh, unsaved one); stops a running answer first."""
-        if self.generating:
-            self.answer_worker.cancel()
-            await self.answer_worker.wait()
+        await self.stop_answer()
         self.conversation, self.editing, self.stats = conversation, None, None
+        self.queued = False  # the message stays in its conversation, for ctrl+r
         base = self.app.config.sampling
         if conversation is not None:
             base = GenSettings.from_dict(conversation.settings, base)
@@ -280,7 +228,9 @@ class ChatScreen(ConversationActions, SpeechActions, Screen):
         self.history = self.store.messages(conversation.id) if conversation else []
         messages = self.query_one("#messages")
         await messages.remove_children()
-        await messages.mount_all(MessageView(m.role, m.content, m.id) for m in self.history)
+        await messages.mount_all(
+            MessageView(m.role, m.content, m.id, m.reasoning) for m in self.history
+        )
         messages.scroll_end(animate=False)
         self.query_one(PromptInput).focus()
         self.refresh_status()

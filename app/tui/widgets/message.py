@@ -1,4 +1,5 @@
-"""One chat message: a role line and its Markdown body (streamed into while it is generated)."""
+"""One chat message: a role line, a reasoning model's think block (shown only when there is
+reasoning) and its Markdown body; both are streamed into while the answer is generated."""
 
 from textual.app import ComposeResult
 from textual.containers import Vertical
@@ -15,21 +16,40 @@ class MessageView(Vertical):
     MessageView.assistant > .role { color: $success; }
     MessageView > Markdown { margin: 0; padding: 0; }
     MessageView > Markdown > MarkdownBlock:last-child { margin-bottom: 0; }
+    MessageView > Markdown.think {
+        color: $text-muted; text-style: italic;
+        border-left: outer $foreground 30%; padding-left: 1; margin-bottom: 1;
+    }
     """
 
-    def __init__(self, role: str, content: str = "", message_id: int | None = None) -> None:
+    def __init__(
+        self,
+        role: str,
+        content: str = "",
+        message_id: int | None = None,
+        reasoning: str | None = None,
+    ) -> None:
         super().__init__(classes=role)
         self.role = role
         self.content = content
+        self.reasoning = reasoning or ""
         self.message_id = message_id
 
     def compose(self) -> ComposeResult:
         yield Label(ROLE_TITLES.get(self.role, self.role), classes="role")
-        yield Markdown(self.content)
+        think = Markdown(self.reasoning, classes="think")
+        think.display = bool(self.reasoning)
+        yield think
+        yield Markdown(self.content, classes="answer")
 
     @property
     def markdown(self) -> Markdown:
-        return self.query_one(Markdown)
+        return self.query_one("Markdown.answer", Markdown)
+
+    @property
+    def think(self) -> Markdown:
+        """The reasoning block (hidden until reasoning arrives)."""
+        return self.query_one("Markdown.think", Markdown)
 
     def set_note(self, note: str) -> None:
         """A suffix on the role line (e.g. "stopped")."""

@@ -101,3 +101,40 @@ def test_killed_writer_loses_no_committed_message(tmp_path):
         ("assistant", "a1"),
         ("user", "q2"),
     ]
+
+
+def test_a_history_file_from_before_reasoning_gains_the_column(tmp_path):
+    path = tmp_path / "old.sqlite3"
+    db = sqlite3.connect(path)  # the schema as it was before reasoning was kept
+    db.executescript(
+        """
+        CREATE TABLE conversations (id INTEGER PRIMARY KEY, title TEXT NOT NULL,
+            created REAL NOT NULL, updated REAL NOT NULL, model TEXT,
+            settings TEXT NOT NULL DEFAULT '{}');
+        CREATE TABLE messages (id INTEGER PRIMARY KEY, conversation_id INTEGER NOT NULL
+            REFERENCES conversations(id) ON DELETE CASCADE, role TEXT NOT NULL,
+            content TEXT NOT NULL, created REAL NOT NULL, finish_reason TEXT,
+            prompt_tokens INTEGER, completion_tokens INTEGER);
+        INSERT INTO conversations VALUES (1, 'Old', 0, 0, NULL, '{}');
+        INSERT INTO messages VALUES (1, 1, 'user', 'hi', 0, NULL, NULL, NULL);
+        """
+    )
+    db.commit()
+    db.close()
+    store = HistoryStore(path)
+    (old,) = store.messages(1)
+    assert (old.content, old.reasoning) == ("hi", None)
+    store.add_message(1, "assistant", "hello", reasoning="greet back")
+    store.close()
+    assert HistoryStore(path).messages(1)[1].reasoning == "greet back"
+
+
+def test_export_keeps_the_reasoning_folded(tmp_path):
+    store = HistoryStore(tmp_path / "h.sqlite3")
+    conv = store.new_conversation("Think")
+    store.add_message(conv.id, "user", "2+2?")
+    store.add_message(conv.id, "assistant", "4", reasoning="Two and two.")
+    assert store.export_markdown(conv.id) == (
+        "# Think\n\n## User\n\n2+2?\n\n## Assistant\n\n"
+        "<details><summary>Reasoning</summary>\n\nTwo and two.\n\n</details>\n\n4\n"
+    )

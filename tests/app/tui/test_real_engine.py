@@ -43,3 +43,29 @@ async def test_tui_streams_the_engines_greedy_answer(tmp_path, smollm2_path):
         assert answer.prompt_tokens == len(ids)
         await pilot.press("ctrl+q")
     assert not backend.engine.alive  # quitting shut the engine thread down
+
+
+async def test_quit_mid_answer_keeps_the_engines_partial_answer(tmp_path, smollm2_path):
+    backend = await asyncio.to_thread(
+        EngineBackend.load, smollm2_path, max_num_seqs=1, max_model_len=512
+    )
+
+    async def load(name):
+        return backend
+
+    settings = GenSettings(temperature=0.0, max_tokens=400)
+    app = make_app(tmp_path, config=TuiConfig(sampling=settings))
+    app.loader = load
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait_for(pilot, lambda: app.backend is backend, limit=3000)
+        await send(pilot, "Write a long story about a dragon.")
+        chat = app.chat
+        await wait_for(pilot, lambda: len(views(app)) == 2 and views(app)[1][1], limit=6000)
+        conversation = chat.conversation.id
+        await pilot.press("ctrl+q")
+        await wait_for(pilot, lambda: app.return_code is not None, limit=6000)
+    assert app.return_code == 0
+    (_user, answer) = app.store.messages(conversation)
+    assert answer.finish_reason == "abort"
+    assert answer.content and 0 < answer.completion_tokens < 400
+    assert not backend.engine.alive

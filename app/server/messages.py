@@ -1,116 +1,101 @@
-"""POST /v1/messages: Anthropic's Messages API, basic text (system, messages, sampling, stream).
+"""POST /v1/messages and /v1/messages/count_tokens: Anthropic's Messages API on the chat path.
 
-Messages go through the same chat preparation as OpenAI chat. The answer is a list of content
-blocks: a `<think>` block becomes a `thinking` block ahead of the `text` block. The stream is
-Anthropic's event sequence: message_start, content_block_start, ping, content_block_delta...,
-content_block_stop, message_delta (stop_reason, usage), message_stop.
+A request becomes chat messages and a `ToolRequest` (`anthropic_request`) and goes through the
+same preparation as OpenAI chat, tools included; the answer's reasoning, text and tool calls come
+back as content blocks (`anthropic_output`). The stream is Anthropic's event sequence:
+message_start, content_block_start, ping, content_block_delta..., content_block_stop, ...,
+message_delta (stop_reason, usage), message_stop. Errors are in Anthropic's shape,
+`{"type": "error", "error": {"type", "message"}}`, before a stream as inside one.
 """
 
-from collections.abc import AsyncIterator
-from typing import Any
+import asyncio
+import json
+import secrets
+import string
+from collections.abc import AsyncIterator, Callable
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field, StrictBool
+from fastapi.routing import APIRoute
 
+from localllm.app.server.anthropic_output import BlockStream, blocks, stop, usage
+from localllm.app.server.anthropic_request import MessagesBody, MessagesRequest
 from localllm.app.server.chat_output import ChoiceOutput
 from localllm.app.server.chat_prep import prepare_chat
-from localllm.app.server.common import new_id, resolve_model
-from localllm.app.server.errors import APIError
+from localllm.app.server.common import resolve_model
+from localllm.app.server.errors import APIError, error_response, to_api_error
 from localllm.app.server.sse_events import Event, named_sse_response
 from localllm.app.server.streams import collect, drive, unless_disconnected, with_first
 from localllm.engine.sampling_params import SamplingParams
 
-router = APIRouter()
-
-# Anthropic's error types by status, for errors inside a stream.
-_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-                408: "timeout_error", 413: "request_too_large"}  # fmt: skip
-
-
-class AnthropicMessage(BaseModel):
-    role: str
-    content: str | list[dict[str, Any]]
+# Anthropic's error types by status.
+_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                404: "not_found_error", 408: "timeout_error", 413: "request_too_large",
+                429: "rate_limit_error", 503: "overloaded_error"}  # fmt: skip
+_ID_CHARS = string.ascii_letters + string.digits
 
 
-class MessagesRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")  # metadata, service_tier, ... accepted, ignored
-
-    model: str | None = None
-    max_tokens: int = Field(ge=1)
-    messages: list[AnthropicMessage] = Field(min_length=1)
-    system: str | list[dict[str, Any]] | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    stop_sequences: list[str] | None = None
-    stream: StrictBool = False
-
-    def chat_messages(self) -> list[dict]:
-        if (self.model_extra or {}).get("tools"):
-            raise ValueError("tools are not supported on /v1/messages; use /v1/chat/completions")
-        out = []
-        if self.system:
-            out.append({"role": "system", "content": _text(self.system)})
-        for m in self.messages:
-            if m.role not in ("user", "assistant"):
-                raise ValueError(f"messages: role must be 'user' or 'assistant', not {m.role!r}")
-            out.append({"role": m.role, "content": _text(m.content)})
-        return out
-
-    def sampling_params(self) -> SamplingParams:
-        return SamplingParams(
-            temperature=1.0 if self.temperature is None else self.temperature,
-            top_p=1.0 if self.top_p is None else self.top_p,
-            top_k=self.top_k or 0,
-            stop=tuple(self.stop_sequences or ()),
-            max_tokens=self.max_tokens,
-        )
+def message_id() -> str:
+    """`msg_` and 24 base62 characters, the shape of Anthropic's ids."""
+    return "msg_" + "".join(secrets.choice(_ID_CHARS) for _ in range(24))
 
 
-def _text(content: str | list[dict[str, Any]]) -> str:
-    if isinstance(content, str):
-        return content
-    texts = []
-    for block in content:
-        if block.get("type") != "text" or not isinstance(block.get("text"), str):
-            raise ValueError("only text content blocks are supported")
-        texts.append(block["text"])
-    return "".join(texts)
+def _error(e: APIError) -> dict:
+    kind = _ERROR_TYPES.get(e.status, "api_error")
+    return {"type": "error", "error": {"type": kind, "message": e.message}}
 
 
-def _stop(finish: str | None, stop: int | str | None) -> tuple[str, str | None]:
-    """(stop_reason, stop_sequence) from the engine's finish reason."""
-    if finish == "length":
-        return "max_tokens", None
-    if isinstance(stop, str):
-        return "stop_sequence", stop
-    return "end_turn", None
+class AnthropicRoute(APIRoute):
+    """Errors of these routes (bad JSON and fields too) answered in Anthropic's shape, with the
+    status and message the app's OpenAI mapping gives them."""
+
+    def get_route_handler(self) -> Callable:
+        handler = super().get_route_handler()
+
+        async def run(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except Exception as exc:
+                answer = await _app_answer(request, exc)
+                body = json.loads(answer.body)["error"]
+                e = APIError(answer.status_code, body["message"])
+                return JSONResponse(_error(e), status_code=e.status)
+
+        return run
 
 
-def _blocks(co: ChoiceOutput) -> list[dict]:
-    blocks = []
-    if co.reasoning:
-        blocks.append({"type": "thinking", "thinking": "".join(co.reasoning), "signature": ""})
-    blocks.append({"type": "text", "text": "".join(co.content)})
-    return blocks
+async def _app_answer(request: Request, exc: Exception) -> JSONResponse:
+    handlers = request.app.exception_handlers
+    for kind in type(exc).__mro__:
+        if kind in handlers:
+            return await handlers[kind](request, exc)
+    e = to_api_error(exc)
+    return error_response(e.status, e.message)
 
 
-def _kind(delta: dict) -> tuple[str, str] | None:
-    """(block type, text) of one ChoiceOutput delta."""
-    if delta.get("reasoning_content"):
-        return "thinking", delta["reasoning_content"]
-    if delta.get("content"):
-        return "text", delta["content"]
-    return None
+router = APIRouter(route_class=AnthropicRoute)
+
+
+@router.post("/v1/messages/count_tokens")
+async def count_tokens(body: MessagesBody, request: Request) -> JSONResponse:
+    """The prompt's tokens for the same body, without generating: the messages, system and
+    tools rendered by the chat template as /v1/messages renders them."""
+    _, engine = await resolve_model(request, body.model)
+    prep = await prepare_chat(engine, request.app.state.settings, body.chat_messages(),
+                              SamplingParams(max_tokens=1), body.tool_request())  # fmt: skip
+    ids = await asyncio.to_thread(
+        engine.engine.chat_prompt, prep.messages, tools=prep.tools, **prep.template_kwargs
+    )
+    return JSONResponse({"input_tokens": len(ids)})
 
 
 @router.post("/v1/messages")
 async def create_message(body: MessagesRequest, request: Request) -> Response:
     model, engine = await resolve_model(request, body.model)
     settings = request.app.state.settings
-    prep = await prepare_chat(engine, settings, body.chat_messages(), body.sampling_params())
-    mid = new_id("msg")
+    prep = await prepare_chat(engine, settings, body.chat_messages(), body.sampling_params(),
+                              body.tool_request())  # fmt: skip
+    mid = message_id()
     stream = prep.stream(engine, mid)
     co = ChoiceOutput(prep.plan)
     head = {"id": mid, "type": "message", "role": "assistant", "model": model}
@@ -119,22 +104,20 @@ async def create_message(body: MessagesRequest, request: Request) -> Response:
         c = done.completions[0]
         co.feed(c.text)
         co.finish()
-        reason, seq = _stop(c.finish_reason, c.stop_reason)
-        u = done.last.usage
-        usage = {"input_tokens": u.prompt_tokens, "output_tokens": u.completion_tokens}
-        return JSONResponse({**head, "content": _blocks(co), "stop_reason": reason,
-                             "stop_sequence": seq, "usage": usage})  # fmt: skip
+        reason, seq = stop(c.finish_reason, c.stop_reason, bool(co.calls))
+        return JSONResponse({**head, "content": blocks(co), "stop_reason": reason,
+                             "stop_sequence": seq, "usage": usage(done.last.usage)})  # fmt: skip
 
     outs = drive(request, stream)
     first = await anext(outs)  # a bad request fails here, as a plain 400 before any event
 
     async def events() -> AsyncIterator[Event]:
         try:
-            usage = {"input_tokens": len(first.prompt_token_ids or ()), "output_tokens": 0}
             msg = {**head, "content": [], "stop_reason": None, "stop_sequence": None}
-            yield "message_start", {"type": "message_start", "message": {**msg, "usage": usage}}
-            blocks = _BlockStream()
-            last, finish, stop = first, None, None
+            start = {**msg, "usage": usage(first.usage, output_tokens=0)}
+            yield "message_start", {"type": "message_start", "message": start}
+            out_blocks = BlockStream()
+            last, finish, stop_at = first, None, None
             async for out in with_first(first, outs):
                 last = out
                 if out.error:
@@ -142,60 +125,21 @@ async def create_message(body: MessagesRequest, request: Request) -> Response:
                 for c in out.outputs:
                     deltas = co.feed(c.text) + (co.finish() if c.finish_reason else [])
                     if c.finish_reason:
-                        finish, stop = c.finish_reason, c.stop_reason
-                    for kind, text in filter(None, map(_kind, deltas)):
-                        for e in blocks.add(kind, text):
+                        finish, stop_at = c.finish_reason, c.stop_reason
+                    for d in deltas:
+                        for e in out_blocks.add(d):
                             yield e
-            for e in blocks.close():
+            for e in out_blocks.close():
                 yield e
-            reason, seq = _stop(finish, stop)
-            yield (
-                "message_delta",
-                {
-                    "type": "message_delta",
-                    "delta": {"stop_reason": reason, "stop_sequence": seq},
-                    "usage": {"output_tokens": last.usage.completion_tokens},
-                },
-            )
+            reason, seq = stop(finish, stop_at, bool(co.calls))
+            delta = {"stop_reason": reason, "stop_sequence": seq}
+            yield "message_delta", {"type": "message_delta", "delta": delta,
+                                    "usage": usage(last.usage)}  # fmt: skip
             yield "message_stop", {"type": "message_stop"}
         finally:
             await outs.aclose()
 
     def on_error(e: APIError) -> Event:
-        kind = _ERROR_TYPES.get(e.status, "api_error")
-        return "error", {"type": "error", "error": {"type": kind, "message": e.message}}
+        return "error", _error(e)
 
     return named_sse_response(events(), on_error)
-
-
-def _ev(kind: str, **data: Any) -> Event:
-    return kind, {"type": kind, **data}
-
-
-class _BlockStream:
-    """Content-block events: a block opens when the kind of text changes, the open one closes."""
-
-    def __init__(self):
-        self.index, self.kind = -1, None
-
-    def add(self, kind: str, text: str) -> list[Event]:
-        out = self._open(kind) if kind != self.kind else []
-        field = "thinking" if kind == "thinking" else "text"
-        delta = {"type": f"{kind}_delta", field: text}
-        return [*out, _ev("content_block_delta", index=self.index, delta=delta)]
-
-    def close(self) -> list[Event]:
-        out = self._open("text") if self.kind is None else []  # an empty answer: one empty block
-        return [*out, _ev("content_block_stop", index=self.index)]
-
-    def _open(self, kind: str) -> list[Event]:
-        first = self.kind is None
-        out = [] if first else [_ev("content_block_stop", index=self.index)]
-        self.index, self.kind = self.index + 1, kind
-        block = {"type": "text", "text": ""}
-        if kind == "thinking":
-            block = {"type": "thinking", "thinking": "", "signature": ""}
-        out.append(_ev("content_block_start", index=self.index, content_block=block))
-        if first:
-            out.append(_ev("ping"))
-        return out

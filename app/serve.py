@@ -12,6 +12,8 @@ from pathlib import Path
 from localllm.app.engine_flags import add_engine_flags, engine_kwargs
 from localllm.app.residency_flags import residency_config, show_plan
 
+MAX_N = 128  # OpenAI's own cap on n
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser("serve", help="serve an OpenAI-compatible HTTP API (chat, completions, ...)")
@@ -56,10 +58,28 @@ def add_parser(sub) -> None:
         "--timeout", type=float, default=None, help="seconds a request may run (no limit)"
     )
     p.add_argument(
+        "--read-timeout",
+        type=float,
+        default=30.0,
+        help="seconds a client has to send a request's headers, and again its body (30)",
+    )
+    p.add_argument(
+        "--max-connections",
+        type=int,
+        default=256,
+        help="open connections at once; requests beyond them get 503 (256)",
+    )
+    p.add_argument(
         "--max-prompt-chars",
         type=int,
         default=None,
         help="longest prompt text in characters, checked before tokenizing (no limit)",
+    )
+    p.add_argument(
+        "--max-n",
+        type=int,
+        default=None,
+        help="completions one request may ask for, n times its prompts (--parallel, at most 128)",
     )
     p.add_argument(
         "--reasoning-format",
@@ -107,6 +127,12 @@ def _check(args: argparse.Namespace) -> None:
         raise ValueError("--api-key must not be empty")
     if args.max_prompt_chars is not None and args.max_prompt_chars < 1:
         raise ValueError("--max-prompt-chars must be >= 1")
+    if args.read_timeout <= 0:
+        raise ValueError("--read-timeout must be > 0")
+    if args.max_connections < 1:
+        raise ValueError("--max-connections must be >= 1")
+    if args.max_n is not None and not 1 <= args.max_n <= MAX_N:
+        raise ValueError(f"--max-n must be in 1..{MAX_N}")
     if args.idle_unload < 0:
         raise ValueError("--idle-unload must be >= 0")
     if args.max_loaded is not None and args.max_loaded < 1:
@@ -149,6 +175,7 @@ def handle(args: argparse.Namespace) -> int:
     import uvicorn
 
     from localllm.app.server.app import create_app
+    from localllm.app.server.connections import protocol_class
     from localllm.app.server.router import ModelRouter
     from localllm.app.server.settings import ServerSettings
     from localllm.engine import AsyncEngine
@@ -168,6 +195,8 @@ def handle(args: argparse.Namespace) -> int:
         request_timeout=args.timeout,
         cors_origins=tuple(args.cors_origin),
         max_prompt_chars=args.max_prompt_chars,
+        read_timeout=args.read_timeout,
+        max_n=args.max_n or min(max(args.parallel, 1), MAX_N),
         reasoning_format=args.reasoning_format,
         tool_format=args.tool_format,
     )
@@ -199,6 +228,8 @@ def handle(args: argparse.Namespace) -> int:
             app,
             host=args.host,
             port=args.port,
+            http=protocol_class(args.read_timeout),
+            limit_concurrency=args.max_connections,
             log_level="info" if args.verbose else "warning",
             access_log=args.verbose,
             timeout_graceful_shutdown=5,

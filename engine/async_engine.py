@@ -126,9 +126,18 @@ class AsyncEngine:
         tools: Sequence[Mapping[str, Any]] | None = None,
         chat_template_kwargs: Mapping[str, Any] | None = None,
         cache_salt: str | None = None,
+        continue_final: bool = False,
     ) -> AsyncIterator[RequestOutput]:
-        """`generate` on the conversation rendered with the model's chat template."""
-        ids = self.engine.chat_prompt(messages, tools=tools, **dict(chat_template_kwargs or {}))
+        """`generate` on the conversation rendered with the model's chat template (continuing its
+        last message when `continue_final`).
+
+        Rendering and tokenizing run in a worker thread: a long conversation or a slow template
+        takes seconds, which on the caller's event loop would stall every other client.
+        """
+        kwargs = dict(chat_template_kwargs or {})
+        ids = await asyncio.to_thread(
+            self.engine.chat_prompt, messages, tools=tools, continue_final=continue_final, **kwargs
+        )
         async for out in self.generate(ids, params, request_id, cache_salt=cache_salt):
             yield out
 

@@ -111,8 +111,9 @@ class SamplingParams:
                 bad(f"{name} must be in [-2, 2], got {v}")
         if self.logit_bias is not None:
             for k, v in self.logit_bias.items():
-                if k < 0 or not math.isfinite(v):
-                    bad(f"logit_bias needs token ids >= 0 and finite values, got {k}: {v}")
+                # OpenAI's range: +-100 already forces or bans a token; beyond it sums overflow.
+                if k < 0 or not (math.isfinite(v) and -100.0 <= v <= 100.0):
+                    bad(f"logit_bias needs token ids >= 0 and values in [-100, 100], got {k}: {v}")
         if self.allowed_token_ids is not None and not self.allowed_token_ids:
             bad("allowed_token_ids must not be empty")
         if not all(isinstance(x, str) and x for x in self.stop):

@@ -5,8 +5,10 @@ The guards are plain ASGI middleware so they run before any body parsing: the bo
 when origins are configured.
 """
 
+import asyncio
 import hmac
 import json
+import logging
 from typing import Any
 
 from fastapi import FastAPI
@@ -29,6 +31,7 @@ from localllm.app.server.errors import error_body, install_error_handlers
 from localllm.app.server.router import as_router
 from localllm.app.server.settings import ServerSettings
 
+log = logging.getLogger(__name__)
 OPEN_PATHS = frozenset({"/health"})
 # Endpoint families, one module each, every one exporting `router`.
 ROUTERS = (
@@ -37,12 +40,15 @@ ROUTERS = (
 )  # fmt: skip
 
 
-async def _send_error(send, status: int, message: str, code: str | None = None) -> None:
-
+async def _send_error(
+    send, status: int, message: str, code: str | None = None, *, close: bool = False
+) -> None:
     body = json.dumps(error_body(status, message, code=code)).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     if status == 401:
         headers.append((b"www-authenticate", b"Bearer"))
+    if close:  # the rest of the request is unread: the connection cannot carry another
+        headers.append((b"connection", b"close"))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
@@ -74,20 +80,27 @@ class GuardMiddleware:
             await _send_error(send, 413, too_big, "body_too_large")
             return
         if scope["method"] not in ("POST", "PUT", "PATCH"):
-            await self.app(scope, receive, send)
+            await self._answered(scope, receive, send)
             return
         chunks, size = [], 0
-        while True:
-            msg = await receive()
-            if msg["type"] != "http.request":
-                return  # the client left before sending the body
-            chunks.append(msg.get("body", b""))
-            size += len(chunks[-1])
-            if size > limit:
-                await _send_error(send, 413, too_big, "body_too_large")
-                return
-            if not msg.get("more_body", False):
-                break
+        try:
+            async with asyncio.timeout(self.settings.read_timeout):
+                while True:
+                    msg = await receive()
+                    if msg["type"] != "http.request":
+                        return  # the client left before sending the body
+                    chunks.append(msg.get("body", b""))
+                    size += len(chunks[-1])
+                    if size > limit:
+                        await _send_error(send, 413, too_big, "body_too_large")
+                        return
+                    if not msg.get("more_body", False):
+                        break
+        except TimeoutError:
+            timeout = self.settings.read_timeout
+            await _send_error(send, 408, f"the request body did not arrive within {timeout} s",
+                              "body_timeout", close=True)  # fmt: skip
+            return
         replayed = False
 
         async def replay():
@@ -97,7 +110,26 @@ class GuardMiddleware:
                 return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
             return await receive()  # afterwards: http.disconnect, for disconnect detection
 
-        await self.app(scope, replay, send)
+        await self._answered(scope, replay, send)
+
+    async def _answered(self, scope, receive, send) -> None:
+        """The app, with an exception it lets out answered here as a 500 and not raised on:
+        uvicorn closes the connection on a raised error, and the client's next request on that
+        keep-alive connection would be reset."""
+        started = False
+
+        async def tracked(message):
+            nonlocal started
+            started |= message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked)
+        except Exception as e:
+            log.error("internal error", exc_info=e)
+            if started:  # too late for a status: the stream ends here
+                raise
+            await _send_error(send, 500, f"internal error: {type(e).__name__}: {e}")
 
 
 def create_app(engine, settings: ServerSettings) -> FastAPI:

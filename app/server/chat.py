@@ -14,11 +14,13 @@ from localllm.app.server.chat_output import ChoiceOutput
 from localllm.app.server.chat_prep import ToolRequest, prepare_chat
 from localllm.app.server.common import (
     chat_logprobs,
+    check_choices,
     new_id,
     now,
     resolve_model,
     usage_dict,
 )
+from localllm.app.server.errors import APIError
 from localllm.app.server.protocol import ChatCompletionRequest
 from localllm.app.server.sse import sse_response
 from localllm.app.server.streams import collect, drive, unless_disconnected, with_first
@@ -49,8 +51,11 @@ def _choice_chunks(c, co: ChoiceOutput, tok, k: int | None) -> list[dict]:
 @router.post("/v1/chat/completions")
 async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
     model, engine = await resolve_model(request, body.model)
+    if body.tool_choice is not None and body.tools is None:
+        raise APIError(400, "tool_choice needs tools", param="tool_choice")  # as OpenAI and vLLM
+    check_choices(request, body.n)
     tools = None
-    if body.tools is not None or body.tool_choice is not None:
+    if body.tools is not None:
         choice = body.tool_choice
         tools = ToolRequest(
             body.tool_dicts(),
@@ -63,7 +68,8 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
         [m.for_template() for m in body.messages],
         body.to_sampling_params(),
         tools,
-        body.chat_template_kwargs,
+        body.template_kwargs(),
+        body.continue_final(),
     )
     params = prep.params
     rid = new_id("chatcmpl")

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from localllm.app.server.chat_output import OutputPlan
+from localllm.app.server.common import check_context_chars, prompt_chars
 from localllm.app.server.reasoning import opens_thinking
 from localllm.app.server.settings import ServerSettings
 from localllm.app.server.tool_parsers import FORMATS, ToolFormat, detect_format
@@ -31,6 +32,7 @@ class PreparedChat:
     params: SamplingParams
     plan: OutputPlan
     template_kwargs: dict[str, Any]
+    continue_final: bool = False  # the prompt ends inside the last (assistant) message
 
     def stream(self, engine, request_id: str, cache_salt: str | None = None):
         return engine.chat(
@@ -40,6 +42,7 @@ class PreparedChat:
             tools=self.tools,
             chat_template_kwargs=self.template_kwargs,
             cache_salt=cache_salt,
+            continue_final=self.continue_final,
         )
 
 
@@ -58,6 +61,19 @@ def _trigger_token(tokenizer, fmt: ToolFormat) -> tuple[int | None, bool]:
     return ids[0], tokenizer.is_special(ids[0])
 
 
+# Names the chat call itself passes; a request's template kwargs may not reuse them.
+RESERVED_KWARGS = frozenset({"messages", "tools", "self", "continue_final"})
+
+
+def continues(messages: list[dict], asked: bool | None) -> bool:
+    """Whether generation continues the last message: as asked, else when it is an assistant's
+    text without tool calls (an answer begun by the caller: llama-server's assistant prefill)."""
+    if asked is not None:
+        return asked
+    last = messages[-1] if messages else {}
+    return last.get("role") == "assistant" and not last.get("tool_calls")
+
+
 async def prepare_chat(
     engine,
     settings: ServerSettings,
@@ -65,8 +81,24 @@ async def prepare_chat(
     params: SamplingParams,
     tools: ToolRequest | None = None,
     template_kwargs: Mapping[str, Any] | None = None,
+    continue_final: bool | None = None,
 ) -> PreparedChat:
-    """Render and check one chat request; ValueError (a 400) for bad tools or tool_choice."""
+    """Render and check one chat request; ValueError (a 400) for bad tools or tool_choice.
+
+    `continue_final`: continue the last message (None: when it is an assistant's, see
+    `continues`)."""
+    kwargs = dict(template_kwargs or {})
+    clash = sorted(RESERVED_KWARGS & kwargs.keys())
+    if clash:
+        raise ValueError(
+            f"chat_template_kwargs may not set {clash[0]!r}: the request's own fields do"
+        )
+    if "add_generation_prompt" in kwargs and continue_final is None:
+        continue_final = False  # said either way, it means a closed last turn
+    check_context_chars(engine, prompt_chars(messages))
+    cont = continues(messages, continue_final)
+    if cont:
+        kwargs.pop("add_generation_prompt", None)
     tok = engine.tokenizer
     source = tok.chat_template if tok is not None else None
     fmt = FORMATS[settings.tool_format] if settings.tool_format else detect_format(source)
@@ -79,11 +111,12 @@ async def prepare_chat(
     msgs, template_tools = prompt_messages(
         messages, given if active else None, TemplateTraits.of(source), fmt
     )
-    kwargs = dict(template_kwargs or {})
     in_think = False
     if settings.reasoning_format != "none" and "<think>" in (source or ""):
         # Only thinking templates can open a block in the prompt: render to see its end.
-        ids = engine.engine.chat_prompt(msgs, tools=template_tools, **kwargs)
+        ids = await asyncio.to_thread(
+            engine.engine.chat_prompt, msgs, tools=template_tools, continue_final=cont, **kwargs
+        )
         in_think = opens_thinking(tok.decode(ids[-8:]))
     trigger, hidden = _trigger_token(tok, fmt) if active else (None, False)
     if active:
@@ -105,4 +138,4 @@ async def prepare_chat(
         in_think=in_think and not forced,
         tools=fmt if active else None,
     )
-    return PreparedChat(msgs, template_tools, params, plan, kwargs)
+    return PreparedChat(msgs, template_tools, params, plan, kwargs, cont)

@@ -1,5 +1,7 @@
 """Helpers every generation endpoint shares: model-name check, ids, usage and logprob shapes."""
 
+import asyncio
+import re
 import time
 import uuid
 from typing import Any
@@ -9,6 +11,9 @@ from fastapi import Request
 from localllm.app.server.errors import APIError
 from localllm.app.server.settings import ServerSettings
 from localllm.engine.core.outputs import PositionLogprobs, Usage
+
+# Raw UTF-8 cannot encode a surrogate: only a JSON escape of one can put it in a string.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
 def check_model(request: Request, model: str | None) -> str:
@@ -27,6 +32,8 @@ async def resolve_model(request: Request, model: str | None) -> tuple[str, Any]:
     entry = router.find(model)
     settings = request.app.state.settings
     body = await json_body(request)
+    if _SURROGATE_ESCAPE.search(await request.body()):  # else no string can hold a surrogate
+        await asyncio.to_thread(check_unicode, body)
     timeout = request_timeout(settings, body)
     check_prompt_chars(settings, body)
     request.state.timeout = timeout
@@ -43,6 +50,46 @@ async def json_body(request: Request) -> dict:
     except ValueError:
         return {}
     return body if isinstance(body, dict) else {}
+
+
+def check_unicode(body: Any) -> None:
+    """400 for a string that is not valid Unicode text: JSON's `\\ud800` escape decodes to a lone
+    surrogate, which no tokenizer, template or UTF-8 encoder takes. Iterative: bodies nest deep.
+    Paths are (parent, key) pairs, spelled out only for the error."""
+    todo: list[tuple[Any, Any]] = [(body, None)]
+    while todo:
+        value, path = todo.pop()
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as e:
+                where = _spelled(path)
+                at = f" in {where}" if where else ""
+                raise APIError(
+                    400,
+                    f"invalid Unicode{at}: a lone surrogate {value[e.start]!r} at character "
+                    f"{e.start}",
+                    param=where or None,
+                ) from None
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                todo.append((k, path))
+                if isinstance(v, str | dict | list):
+                    todo.append((v, (path, k)))
+        elif isinstance(value, list):
+            nested = (v for v in enumerate(value) if isinstance(v[1], str | dict | list))
+            todo += [(v, (path, i)) for i, v in nested]
+
+
+def _spelled(path: Any) -> str:
+    keys = []
+    while path is not None:
+        path, key = path
+        keys.append(key)
+    out = ""
+    for key in reversed(keys):
+        out += f"[{key}]" if isinstance(key, int) else f".{key}" if out else str(key)
+    return out
 
 
 def request_timeout(settings: ServerSettings, body: dict) -> float | None:
@@ -83,6 +130,39 @@ def check_prompt_chars(settings: ServerSettings, body: dict) -> None:
             400,
             f"the prompt has {n} characters; this server takes at most {limit}",
             code="prompt_too_long",
+        )
+
+
+def prompt_chars(value: Any) -> int:
+    """Characters of prompt text in a body field (messages, a prompt, content parts)."""
+    return _chars(value)
+
+
+def check_context_chars(engine: Any, chars: int) -> None:
+    """400 when `chars` characters of prompt cannot fit the model's context, before any
+    rendering or tokenizing: a token covers at most `longest_piece` bytes, so at most as many
+    characters, and such a prompt is more tokens than the context holds."""
+    ctx, longest = engine.max_model_len, engine.tokenizer.longest_piece
+    if chars > ctx * longest:
+        raise APIError(
+            400,
+            f"the prompt has {chars} characters, more than fit the model's context of {ctx} "
+            f"tokens (its longest token is {longest} bytes)",
+            code="context_length_exceeded",
+        )
+
+
+def check_choices(request: Request, count: int) -> None:
+    """400 when a request asks for more completions than `--max-n` (n, or n times the prompts of
+    a batch): a thousand of them would hold the engine while every other client waits."""
+    limit = request.app.state.settings.max_n
+    if count > limit:
+        raise APIError(
+            400,
+            f"this request asks for {count} completions; this server makes at most {limit} per "
+            "request (--max-n)",
+            param="n",
+            code="too_many_choices",
         )
 
 

@@ -7,7 +7,16 @@ from collections.abc import AsyncIterator
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from localllm.app.server.common import new_id, now, ranked, resolve_model, token_text, usage_dict
+from localllm.app.server.common import (
+    check_choices,
+    check_context_chars,
+    new_id,
+    now,
+    ranked,
+    resolve_model,
+    token_text,
+    usage_dict,
+)
 from localllm.app.server.infill import fim_ids
 from localllm.app.server.protocol import CompletionRequest
 from localllm.app.server.sse import sse_response
@@ -65,7 +74,13 @@ async def _fim_prompts(body: FimCompletionRequest, engine, model: str) -> list[l
 async def create_completion(body: FimCompletionRequest, request: Request) -> Response:
     model, engine = await resolve_model(request, body.model)
     params = body.to_sampling_params()
-    prompts = body.prompts() if body.suffix is None else await _fim_prompts(body, engine, model)
+    given = body.prompts()
+    check_choices(request, params.n * len(given))
+    if body.suffix is None:  # (fill-in-the-middle cuts its prefix and suffix to fit instead)
+        for p in given:
+            if isinstance(p, str):
+                check_context_chars(engine, len(p))
+    prompts = given if body.suffix is None else await _fim_prompts(body, engine, model)
     tok = engine.tokenizer
     rid = new_id("cmpl")
     k = body.logprobs

@@ -27,7 +27,7 @@ router = APIRouter()
 
 class InfillChunk(BaseModel):
     filename: str = "tmp"
-    text: str = ""
+    text: str  # required, as llama-server has it: an empty chunk is a client's mistake
 
 
 class InfillRequest(SamplingFields):

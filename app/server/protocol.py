@@ -34,6 +34,7 @@ class SamplingFields(BaseModel):
 
     model: str | None = None
     n: int = 1
+    best_of: int | None = None  # accepted only as n: candidates beyond n are not made
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
@@ -53,7 +54,7 @@ class SamplingFields(BaseModel):
     include_stop_str_in_output: StrictBool = False
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
-    cache_salt: str | None = None
+    cache_salt: str | None = Field(default=None, min_length=1)  # vLLM: a salt, never ""
     user: str | None = None
 
     def sampling_params(
@@ -66,6 +67,12 @@ class SamplingFields(BaseModel):
     ) -> SamplingParams:
         def pick(value, default):
             return default if value is None else value
+
+        if self.best_of is not None and self.best_of != self.n:
+            raise ValueError(
+                f"best_of={self.best_of} is not supported: this server returns every completion "
+                "it makes, so best_of must equal n (or be left out)"
+            )
 
         bias = None
         if self.logit_bias:
@@ -147,6 +154,23 @@ class ChatCompletionRequest(SamplingFields):
     tools: list[ToolSpec] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: StrictBool | None = None  # forced calls: one unless this is true
+    # vLLM's fields. Unset: a trailing assistant message is continued (llama-server's prefill).
+    continue_final_message: StrictBool | None = None
+    add_generation_prompt: StrictBool | None = None
+
+    def continue_final(self) -> bool | None:
+        """Whether to continue the last message (None: decide by its role)."""
+        if self.continue_final_message and self.add_generation_prompt:
+            raise ValueError("continue_final_message and add_generation_prompt cannot both be true")
+        if self.continue_final_message is not None:
+            return self.continue_final_message
+        return None if self.add_generation_prompt is None else False
+
+    def template_kwargs(self) -> dict[str, Any]:
+        kwargs = dict(self.chat_template_kwargs or {})
+        if self.add_generation_prompt is not None:
+            kwargs["add_generation_prompt"] = self.add_generation_prompt
+        return kwargs
 
     def tool_dicts(self) -> list[dict[str, Any]]:
         return [t.as_dict() for t in self.tools or ()]

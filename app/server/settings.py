@@ -16,6 +16,8 @@ class ServerSettings:
     request_timeout: float | None = None  # seconds per request; None: no limit
     cors_origins: tuple[str, ...] = ()  # empty: no CORS headers at all
     max_prompt_chars: int | None = None  # longer prompt text gets 400 before tokenizing
+    read_timeout: float | None = 30.0  # seconds for a request's headers, and for its body
+    max_n: int = 16  # completions one request may ask for (n, times the prompts of a batch)
     created: int = field(default_factory=lambda: int(time.time()))
     owned_by: str = "localllm"
     reasoning_format: str = "deepseek"  # "none": `<think>` text stays in content

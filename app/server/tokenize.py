@@ -1,6 +1,8 @@
 """POST /tokenize and /detokenize in llama-server's shapes, for the body's `model` (or the
 default model)."""
 
+import asyncio
+
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
@@ -30,15 +32,19 @@ def _piece(raw: bytes) -> str | list[int]:
 async def tokenize(body: ModelTokenizeRequest, request: Request) -> JSONResponse:
     _, engine = await resolve_model(request, body.model)
     tok = engine.tokenizer
-    ids = tok.encode(body.content, add_special=body.add_special, parse_special=True)
-    if not body.with_pieces:
-        return JSONResponse({"tokens": ids})
-    pieces = [{"id": t, "piece": _piece(tok.decode_bytes([t]))} for t in ids]
-    return JSONResponse({"tokens": pieces})
+
+    def work() -> list:
+        ids = tok.encode(body.content, add_special=body.add_special, parse_special=True)
+        if not body.with_pieces:
+            return ids
+        return [{"id": t, "piece": _piece(tok.decode_bytes([t]))} for t in ids]
+
+    # Off the event loop: a body-sized text takes a second or more to tokenize.
+    return JSONResponse({"tokens": await asyncio.to_thread(work)})
 
 
 @router.post("/detokenize")
 async def detokenize(body: ModelDetokenizeRequest, request: Request) -> JSONResponse:
     _, engine = await resolve_model(request, body.model)
-    tok = engine.tokenizer
-    return JSONResponse({"content": tok.decode(body.tokens)})
+    text = await asyncio.to_thread(engine.tokenizer.decode, body.tokens)
+    return JSONResponse({"content": text})

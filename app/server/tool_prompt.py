@@ -12,7 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from localllm.app.server.tool_parsers import LLAMA3, MISTRAL, ToolFormat
+from localllm.app.server import harmony
+from localllm.app.server.tool_parsers import HARMONY, LLAMA3, MISTRAL, ToolFormat
 
 _INTRO = (
     "You can call the following tools (JSON schemas of their parameters are given). "
@@ -124,13 +125,15 @@ def call_grammar(
     `trigger_token`: the id of the family's opening marker when it is a single special token,
     which text cannot spell.
     """
+    if fmt is HARMONY:
+        return harmony.call_grammar(list(tools), closed_schema)
     key = _args_key(fmt)
     options = [
         {
             "type": "object",
             "properties": {
                 "name": {"const": t["function"]["name"]},
-                key: t["function"].get("parameters") or {"type": "object"},
+                key: closed_schema(t["function"].get("parameters") or {"type": "object"}),
             },
             "required": ["name", key],
             "additionalProperties": False,
@@ -147,6 +150,37 @@ def call_grammar(
         block = f'{trig} "\\n" call "\\n" {json.dumps(fmt.end)}'
         start = block + (f' ("\\n" {block})*' if parallel else "")
     return f"start: {start}\ncall: %json {json.dumps(schema)}\n"
+
+
+_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "prefixItems")
+_SUBSCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties")
+# Not `not` or `if`: closing an object there widens what the whole schema lets through.
+_SUBSCHEMAS = ("items", "additionalProperties", "then", "else")
+MAX_SCHEMA_DEPTH = 64
+
+
+def closed_schema(schema: Any, depth: int = 0) -> Any:
+    """`schema` with every object that lists `properties` closed to them where it does not say
+    otherwise (`additionalProperties: false`), as llama.cpp's grammars read tool parameters:
+    JSON Schema's open default let a forced call fill undeclared keys until the token limit.
+    `allOf` members stay as given: closing each would forbid the others' properties."""
+    if depth > MAX_SCHEMA_DEPTH:
+        raise ValueError(f"tools: a function's parameters nest deeper than {MAX_SCHEMA_DEPTH}")
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    if isinstance(out.get("properties"), dict) and "additionalProperties" not in out:
+        out["additionalProperties"] = False
+    for key in _SUBSCHEMA_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [closed_schema(s, depth + 1) for s in out[key]]
+    for key in _SUBSCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {k: closed_schema(s, depth + 1) for k, s in out[key].items()}
+    for key in _SUBSCHEMAS:
+        if isinstance(out.get(key), dict):
+            out[key] = closed_schema(out[key], depth + 1)
+    return out
 
 
 def pick_tools(tools: list[dict], choice: str | dict | None) -> tuple[list[dict], bool]:

@@ -100,3 +100,17 @@ def server(smollm2_path, tmp_path_factory) -> Iterator[Server]:
             "--api-key", API_KEY, "--max-body-bytes", str(MAX_BODY)]  # fmt: skip
     with serve_process(args, tmp_path_factory.mktemp("serve")) as (base, proc):
         yield Server(base, smollm2_path.stem, proc)
+
+
+READ_TIMEOUT = 2.0
+MAX_CONNECTIONS = 48
+
+
+@pytest.fixture(scope="session")
+def roomy_server(smollm2_path, tmp_path_factory) -> Iterator[Server]:
+    """The default body limit (8 MiB) and the model's whole context, for big requests; short
+    read deadlines and a small connection cap, for slow and greedy clients."""
+    args = ["-m", str(smollm2_path), "--parallel", "4", "--read-timeout", str(READ_TIMEOUT),
+            "--max-connections", str(MAX_CONNECTIONS)]  # fmt: skip
+    with serve_process(args, tmp_path_factory.mktemp("serve-roomy")) as (base, proc):
+        yield Server(base, smollm2_path.stem, proc)

@@ -19,7 +19,7 @@ class StubEngine:
 
     max_model_len = 256
     alive = True
-    tokenizer = None
+    tokenizer = SimpleNamespace(chat_template=None, longest_piece=16)  # no template: plain chat
 
     def __init__(self, delay: float = 0.0):
         self.delay = delay

@@ -19,6 +19,8 @@ from tests.app.server.conftest import CTX
 
 
 class Tok:
+    longest_piece = 1  # one token per character, as `encode` below
+
     def __init__(self, log: list[str]):
         self.log = log
 
@@ -76,6 +78,23 @@ def test_prompt_chars_are_checked_before_tokenizing():
     ok = _post(app, "/v1/completions", {"prompt": "x" * 10})
     assert ok.status_code == 200 and ok.json()["choices"][0]["text"] == "hi"
     assert _post(app, "/tokenize", {"content": "z" * 10}).json() == {"tokens": [1] * 10}
+
+
+def test_a_prompt_too_long_for_the_context_by_its_characters_is_refused_unread():
+    """More characters than the context's tokens times the longest token: 400 before any
+    template rendering or tokenizing (a 6 MB chat used to run for seconds to fail anyway)."""
+    engine = StubEngine()  # a 256-token context, one character a token
+    app = _app(engine)
+    for path, body in (
+        ("/v1/completions", {"prompt": "x" * 257}),
+        ("/v1/completions", {"prompt": ["ok", "x" * 257]}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "y" * 257}]}),
+    ):
+        r = _post(app, path, body)
+        assert r.status_code == 400, (path, r.text)
+        assert r.json()["error"]["code"] == "context_length_exceeded"
+    assert engine.log == []
+    assert _post(app, "/v1/completions", {"prompt": "x" * 256}).status_code == 200
 
 
 def test_request_timeout_field_is_bounded_by_the_server_timeout():

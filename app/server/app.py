@@ -23,6 +23,7 @@ from localllm.app.server import (
     messages,
     metrics,
     models,
+    rerank,
     responses,
     speech,
     tokenize,
@@ -36,7 +37,7 @@ OPEN_PATHS = frozenset({"/health"})
 # Endpoint families, one module each, every one exporting `router`.
 ROUTERS = (
     models, chat, completions, infill, tokenize, metrics, audio, speech, responses, messages,
-    embeddings,
+    embeddings, rerank,
 )  # fmt: skip
 
 

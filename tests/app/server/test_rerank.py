@@ -32,6 +32,7 @@ DATA = Path(__file__).resolve().parents[2] / "data" / "rerank"
 FIXTURE = json.loads((DATA / "tiny-bert-reranker.json").read_text(encoding="utf-8"))
 TOL = 1e-5
 PATHS = ["/v1/rerank", "/rerank", "/v2/rerank"]
+MAX_CHARS = 4000  # the cross-encoder server's --max-prompt-chars
 
 
 def _by_query() -> dict[str, list[dict]]:
@@ -44,7 +45,7 @@ def _by_query() -> dict[str, list[dict]]:
 @pytest.fixture(scope="module")
 def ranker(tmp_path_factory) -> Iterator[Server]:
     gguf = DATA / "tiny-bert-reranker-pooler.gguf"
-    args = ["-m", str(gguf), "--api-key", API_KEY]
+    args = ["-m", str(gguf), "--api-key", API_KEY, "--max-prompt-chars", str(MAX_CHARS)]
     with serve_process(args, tmp_path_factory.mktemp("serve-rerank")) as (base, proc):
         yield Server(base, gguf.stem, proc)
 
@@ -151,6 +152,19 @@ def test_bad_requests_are_openai_400s_and_the_connection_lives(ranker, payload, 
             assert err["param"] is not None and err["param"].startswith(param), err
         ok = http.post("/v1/rerank", json={"query": "cat", "documents": ["the cat"]})
         assert ok.status_code == 200  # same keep-alive connection, still usable
+
+
+def test_prompt_chars_limit_and_invalid_unicode(ranker):
+    with ranker.http() as http:
+        # the query and the documents count together against --max-prompt-chars
+        docs = ["the cat " * 25] * (MAX_CHARS // 200 + 1)
+        r = http.post("/v1/rerank", json={"query": "cat", "documents": docs})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "prompt_too_long"
+        fits = {"query": "cat", "documents": docs[:2], "truncate_prompt_tokens": -1}
+        assert http.post("/v1/rerank", json=fits).is_success
+        raw = b'{"query": "cat", "documents": ["the \\ud800 mat"]}'  # a lone surrogate
+        r = http.post("/v1/rerank", content=raw, headers={"content-type": "application/json"})
+        assert r.status_code == 400 and "surrogate" in r.json()["error"]["message"], r.text
 
 
 def test_truncation_unknown_model_and_key(ranker):

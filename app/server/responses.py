@@ -1,9 +1,9 @@
 """POST /v1/responses: OpenAI's Responses API, basic text (input, instructions, sampling, stream).
 
 The input becomes chat messages and goes through the same preparation as chat completions. The
-stream is the API's event sequence (created, in_progress, output_item/content_part added, text
-deltas, the matching done events, completed), each with a sequence number. A `<think>` block is
-split off into a `reasoning` output item, ahead of the message.
+stream is the API's event sequence (created, in_progress, each output item's added / delta / done
+events, completed), each with a sequence number. Reasoning (a `<think>` block, gpt-oss's analysis
+channel) becomes a `reasoning` output item ahead of the message (`responses_items`).
 """
 
 from collections.abc import AsyncIterator
@@ -15,8 +15,9 @@ from pydantic import BaseModel, ConfigDict, StrictBool
 
 from localllm.app.server.chat_output import ChoiceOutput
 from localllm.app.server.chat_prep import prepare_chat
-from localllm.app.server.common import new_id, now, resolve_model
+from localllm.app.server.common import now, resolve_model
 from localllm.app.server.errors import APIError
+from localllm.app.server.responses_items import OutputItems, typed_id
 from localllm.app.server.sse_events import Event, named_sse_response
 from localllm.app.server.streams import collect, drive, unless_disconnected, with_first
 from localllm.engine.core.outputs import Usage
@@ -84,26 +85,11 @@ def _usage(u: Usage) -> dict:
     }
 
 
-def _part(text: str) -> dict:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
-
-
-def _message(msg_id: str, text: str | None, status: str) -> dict:
-    content = [] if text is None else [_part(text)]
-    return {"type": "message", "id": msg_id, "status": status, "role": "assistant",
-            "content": content}  # fmt: skip
-
-
-def _reasoning(text: str) -> dict:
-    return {"type": "reasoning", "id": new_id("rs"), "summary": [],
-            "content": [{"type": "reasoning_text", "text": text}]}  # fmt: skip
-
-
 class _Shape:
     """The response object at each stage of one request."""
 
     def __init__(self, body: ResponsesRequest, params: SamplingParams, model: str):
-        self.id, self.msg_id, self.created = new_id("resp"), new_id("msg"), now()
+        self.id, self.created = typed_id("resp"), now()
         self.body, self.params, self.model = body, params, model
 
     def response(self, status: str, output: list[dict], usage: Usage | None = None,
@@ -131,10 +117,6 @@ class _Shape:
             "usage": None if usage is None else _usage(usage),
         }
 
-    def output(self, co: ChoiceOutput, status: str) -> list[dict]:
-        items = [_reasoning("".join(co.reasoning))] if co.reasoning else []
-        return [*items, _message(self.msg_id, "".join(co.content), status)]
-
 
 @router.post("/v1/responses")
 async def create_response(body: ResponsesRequest, request: Request) -> Response:
@@ -147,9 +129,10 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
     if not body.stream:
         done = await unless_disconnected(request, collect(request, stream, 1))
         c = done.completions[0]
-        co.feed(c.text)
-        co.finish()
-        output = shape.output(co, "completed")
+        items = OutputItems(lambda kind, **data: (kind, data))
+        for d in co.feed(c.text) + co.finish():
+            items.add(d)
+        output = items.output("completed")
         return JSONResponse(shape.response("completed", output, done.last.usage, c.finish_reason))
 
     outs = drive(request, stream)
@@ -160,13 +143,10 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
         return kind, {"type": kind, "sequence_number": next(seq), **data}
 
     async def events() -> AsyncIterator[Event]:
-        at = {"item_id": shape.msg_id, "output_index": 0, "content_index": 0}
+        items = OutputItems(ev)
         try:
             yield ev("response.created", response=shape.response("in_progress", []))
             yield ev("response.in_progress", response=shape.response("in_progress", []))
-            yield ev("response.output_item.added", output_index=0,
-                     item=_message(shape.msg_id, None, "in_progress"))  # fmt: skip
-            yield ev("response.content_part.added", **at, part=_part(""))
             last, finish = first, None
             async for out in with_first(first, outs):
                 last = out
@@ -176,15 +156,11 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
                     deltas = co.feed(c.text) + (co.finish() if c.finish_reason else [])
                     finish = c.finish_reason or finish
                     for d in deltas:
-                        if d.get("content"):
-                            yield ev("response.output_text.delta", **at, delta=d["content"],
-                                     logprobs=[])  # fmt: skip
-            text = "".join(co.content)
-            yield ev("response.output_text.done", **at, text=text, logprobs=[])
-            yield ev("response.content_part.done", **at, part=_part(text))
-            yield ev("response.output_item.done", output_index=0,
-                     item=_message(shape.msg_id, text, "completed"))  # fmt: skip
-            final = shape.response("completed", shape.output(co, "completed"), last.usage, finish)
+                        for e in items.add(d):
+                            yield e
+            for e in items.close():
+                yield e
+            final = shape.response("completed", items.output("completed"), last.usage, finish)
             kind = (
                 "response.incomplete" if final["status"] == "incomplete" else "response.completed"
             )

@@ -29,6 +29,8 @@ PLAIN = (
 class CharTokenizer:
     """One id per character: decode(encode(x)) == x."""
 
+    longest_piece = 1  # characters of the longest token (the server's context-size precheck)
+
     def __init__(self, template: str):
         self.chat_template = template
 
@@ -129,9 +131,12 @@ def test_messages_and_responses_carry_reasoning_in_their_own_shapes():
         events = [json.loads(line[6:]) for line in r.text.splitlines() if line[:6] == "data: "]
         oai = openai.AsyncOpenAI(base_url="http://t/v1", api_key="x", http_client=http)
         resp = await oai.responses.create(model="m", input="2+2?")
-        return whole, events, resp
+        async with oai.responses.stream(model="m", input="2+2?") as s:  # the SDK's helper
+            streamed = [e async for e in s]
+            final = await s.get_final_response()
+        return whole, events, resp, streamed, final
 
-    whole, events, resp = asyncio.run(go())
+    whole, events, resp, streamed, final = asyncio.run(go())
     assert whole["content"] == [
         {"type": "thinking", "thinking": "Two and two.", "signature": ""},
         {"type": "text", "text": "It is 4."},
@@ -144,4 +149,17 @@ def test_messages_and_responses_carry_reasoning_in_their_own_shapes():
     assert "".join(d.get("text", "") for d in deltas) == "It is 4."
     assert [e["type"] for e in events if "index" in e].count("content_block_stop") == 2
     assert [o.type for o in resp.output] == ["reasoning", "message"]
+    assert resp.output[0].id.startswith("rs_") and resp.output[1].id.startswith("msg_")
+    assert whole["id"].startswith("msg_")
     assert resp.output[0].content[0].text == "Two and two." and resp.output_text == "It is 4."
+    # Streamed, the reasoning is its own item (index 0), before the message (index 1), with the
+    # ids the final response lists.
+    added = [(e.output_index, e.item.type, e.item.id) for e in streamed
+             if e.type == "response.output_item.added"]  # fmt: skip
+    assert [a[:2] for a in added] == [(0, "reasoning"), (1, "message")]
+    assert [(o.type, o.id) for o in final.output] == [a[1:] for a in added]
+    kinds = [e.type for e in streamed]
+    think = [e for e in streamed if e.type == "response.reasoning_text.delta"]
+    assert "".join(e.delta for e in think) == "Two and two." and len(think) > 1
+    assert kinds.index("response.reasoning_text.done") < kinds.index("response.output_text.delta")
+    assert final.output[0].content[0].text == "Two and two." and final.output_text == "It is 4."

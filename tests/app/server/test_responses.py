@@ -1,6 +1,7 @@
 """/v1/responses through the real server and the official `openai` client (`client.responses`)."""
 
 import json
+import re
 
 import openai
 import pytest
@@ -22,7 +23,10 @@ def test_text_input_answers_as_chat_does(server):
     client = server.openai()
     resp = client.responses.create(model=MODEL, input=PROMPT, temperature=0, max_output_tokens=12)
     text, usage = _chat_text(client, [{"role": "user", "content": PROMPT}], 12)
-    assert resp.object == "response" and resp.id.startswith("resp")
+    assert resp.object == "response"
+    # OpenAI's id shapes: resp_<hex> for the response, msg_<hex> for an output message.
+    assert re.fullmatch(r"resp_[0-9a-f]{48}", resp.id)
+    assert re.fullmatch(r"msg_[0-9a-f]{48}", resp.output[0].id)
     assert resp.output_text == text and text
     assert resp.output[0].type == "message" and resp.output[0].role == "assistant"
     assert resp.output[0].content[0].type == "output_text"
@@ -66,6 +70,10 @@ def test_stream_event_sequence_and_text(server):
     final = events[-1].response
     assert final.output_text == text and final.usage.output_tokens == 10
     assert events[0].response.id == final.id and events[0].response.status == "in_progress"
+    assert re.fullmatch(r"resp_[0-9a-f]{48}", final.id)
+    item = final.output[0].id
+    assert re.fullmatch(r"msg_[0-9a-f]{48}", item)
+    assert events[2].item.id == item and all(events[i].item_id == item for i in deltas)
 
 
 def test_natural_stop_is_completed(server):

@@ -6,12 +6,17 @@ openai/harmony's docs/format.md, and ones rendered by the real gpt-oss chat temp
 with known thinking, content and calls, so what is parsed back must be those.
 """
 
+import asyncio
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
+import httpx
 import llguidance
+import openai
 import pytest
 
+from localllm.app.server.app import create_app
 from localllm.app.server.chat_output import ChoiceOutput, OutputPlan
 from localllm.app.server.harmony import (
     HarmonyParser,
@@ -19,6 +24,7 @@ from localllm.app.server.harmony import (
     call_grammar,
     opens_harmony,
 )
+from localllm.app.server.settings import ServerSettings
 from localllm.app.server.tool_parsers import (
     HARMONY,
     HERMES,
@@ -29,6 +35,7 @@ from localllm.app.server.tool_parsers import (
 )
 from localllm.app.server.tool_prompt import TemplateTraits
 from localllm.engine.tokenizer.chat_template import ChatTemplate
+from tests.app.server.test_reasoning import CharTokenizer, ScriptedEngine
 
 TEMPLATE = (Path(__file__).parents[2] / "data" / "templates" / "gpt-oss-120b.jinja").read_text()
 GEN_PROMPT = "<|start|>assistant"
@@ -241,3 +248,78 @@ def test_call_grammar_accepts_what_the_model_is_told_to_write():
                 head + "nope <|constrain|>json<|message|>{}"):  # fmt: skip
         m = llguidance.LLMatcher(lt, llguidance.grammar_from("lark", grammar))
         assert not m.consume_tokens(ids(bad)) or not m.is_accepting()
+
+
+class HarmonyTokenizer(CharTokenizer):
+    def encode(self, text, **kw):
+        return [ord(c) for c in text]
+
+    def is_special(self, token_id):
+        return False
+
+
+class HarmonyEngine(ScriptedEngine):
+    """Renders with the real gpt-oss template and answers `reply` (gpt-oss's text) in pieces.
+    Grammars are not compiled here: the real-model test (test_gpt_oss_tools) does that."""
+
+    def __init__(self, reply: str):
+        super().__init__(TEMPLATE, reply)
+        self.tokenizer = HarmonyTokenizer(TEMPLATE)
+        self.grammars = SimpleNamespace(compile=lambda spec: None)
+
+
+def _serve(reply: str, requests):
+    app = create_app(HarmonyEngine(reply), ServerSettings(model_id="m"))
+
+    async def go():
+        http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t")
+        client = openai.AsyncOpenAI(base_url="http://t/v1", api_key="x", http_client=http)
+        return [await r(client, http) for r in requests]
+
+    return asyncio.run(go())
+
+
+def test_chat_completions_carry_harmony_reasoning_and_calls():
+    ask = [{"role": "user", "content": "Weather in Oslo?"}]
+    call_msg, thinking = RENDERED[0][0], RENDERED[0][1]
+
+    async def whole(client, _):
+        return await client.chat.completions.create(model="m", messages=ask, tools=[WEATHER])
+
+    async def streamed(client, _):
+        resp = await client.chat.completions.create(
+            model="m", messages=ask, tools=[WEATHER], stream=True
+        )
+        return [c async for c in resp]
+
+    async def anthropic_shape(_, http):
+        tool = {"name": "get_weather", "input_schema": WEATHER["function"]["parameters"]}
+        body = {"model": "m", "max_tokens": 50, "messages": ask, "tools": [tool]}
+        return (await http.post("/v1/messages", json=body)).json()
+
+    resp, chunks, anth = _serve(_rendered_output(call_msg, tools=[WEATHER]),
+                                [whole, streamed, anthropic_shape])  # fmt: skip
+    msg = resp.choices[0].message
+    assert msg.model_extra["reasoning_content"] == thinking and msg.content is None
+    assert resp.choices[0].finish_reason == "tool_calls"
+    assert msg.tool_calls[0].function.name == "get_weather"
+    assert json.loads(msg.tool_calls[0].function.arguments) == {"city": "Oslo"}
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    assert "".join((d.model_extra or {}).get("reasoning_content") or "" for d in deltas) == thinking
+    parts = [tc for d in deltas for tc in d.tool_calls or ()]
+    assert parts[0].function.name == "get_weather"
+    assert json.loads("".join(p.function.arguments or "" for p in parts)) == {"city": "Oslo"}
+    assert not any(d.content for d in deltas)
+    assert [b["type"] for b in anth["content"]] == ["thinking", "tool_use"]
+    assert anth["content"][0]["thinking"] == thinking and anth["stop_reason"] == "tool_use"
+    assert anth["content"][1]["input"] == {"city": "Oslo"}
+    # Without tools, the final channel is the answer and the analysis the reasoning.
+    answer_msg, thinking, content = RENDERED[1][0], RENDERED[1][1], RENDERED[1][2]
+
+    async def plain(client, _):
+        return await client.chat.completions.create(model="m", messages=ask)
+
+    (resp,) = _serve(_rendered_output(answer_msg), [plain])
+    msg = resp.choices[0].message
+    assert (msg.model_extra["reasoning_content"], msg.content) == (thinking, content)
+    assert resp.choices[0].finish_reason == "stop"

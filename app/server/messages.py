@@ -84,7 +84,11 @@ async def count_tokens(body: MessagesBody, request: Request) -> JSONResponse:
     prep = await prepare_chat(engine, request.app.state.settings, body.chat_messages(),
                               SamplingParams(max_tokens=1), body.tool_request())  # fmt: skip
     ids = await asyncio.to_thread(
-        engine.engine.chat_prompt, prep.messages, tools=prep.tools, **prep.template_kwargs
+        engine.engine.chat_prompt,
+        prep.messages,
+        tools=prep.tools,
+        continue_final=prep.continue_final,  # a trailing assistant message is a prefill
+        **prep.template_kwargs,
     )
     return JSONResponse({"input_tokens": len(ids)})
 

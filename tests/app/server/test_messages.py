@@ -213,11 +213,14 @@ def test_streamed_tool_use_events_build_the_same_call(server):
 
 def test_count_tokens_is_the_prompt_of_the_same_request(server):
     client = _client(server)
-    for kw in (dict(messages=ASK), dict(messages=ASK, system="Be brief.", tools=[WEATHER, TIME])):
+    prefill = [*ASK, {"role": "assistant", "content": "The weather in Paris is"}]
+    for kw in (dict(messages=ASK), dict(messages=ASK, system="Be brief.", tools=[WEATHER, TIME]),
+               dict(messages=prefill)):  # fmt: skip
         n = client.messages.count_tokens(model=MODEL, **kw)
         msg = client.messages.create(model=MODEL, max_tokens=1, extra_body=GREEDY, **kw)
         assert n.input_tokens == msg.usage.input_tokens + msg.usage.cache_read_input_tokens
-    assert n.input_tokens > client.messages.count_tokens(model=MODEL, messages=ASK).input_tokens
+    tools = client.messages.count_tokens(model=MODEL, messages=ASK, tools=[WEATHER, TIME])
+    assert tools.input_tokens > client.messages.count_tokens(model=MODEL, messages=ASK).input_tokens
     with pytest.raises(anthropic.BadRequestError):
         client.messages.count_tokens(model=MODEL, messages=[])
     with pytest.raises(anthropic.NotFoundError):

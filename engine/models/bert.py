@@ -148,9 +148,9 @@ class RankHead(nn.Module):
     @classmethod
     def from_tensors(cls, t: dict[str, torch.Tensor], dim: int) -> "RankHead | None":
         """The head from the file's `cls.*` tensors (dense float), or None when it has none."""
-        dense = _dense_pair(t, "cls", dim, None)
+        dense = _dense_pair(t, "cls", dim, flat=False)
         width = dim if dense is None else dense[0].shape[0]
-        out = _dense_pair(t, "cls.output", width, 1)
+        out = _dense_pair(t, "cls.output", width, flat=True)
         return None if dense is None and out is None else cls(dense, out)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -163,15 +163,15 @@ class RankHead(nn.Module):
         return x
 
 
-def _dense_pair(t: dict, name: str, n_in: int, rows: int | None) -> tuple | None:
-    """(weight [m, n_in], bias [m] or None) of `name`, checked. A one-row weight may be stored
-    flat ([n_in]) and its bias as one value; `rows` is that default row count."""
+def _dense_pair(t: dict, name: str, n_in: int, flat: bool) -> tuple | None:
+    """(weight [m, n_in], bias [m] or None) of `name`, checked. `flat`: a one-label weight may
+    come as [n_in] (a converter that squeezes it) and its bias as one value."""
     w, b = t.get(f"{name}.weight"), t.get(f"{name}.bias")
     if w is None:
         if b is not None:
             raise ValueError(f"{name}.bias without {name}.weight")
         return None
-    if w.dim() == 1 and rows == 1:
+    if w.dim() == 1 and flat:
         w = w.reshape(1, -1)
     if w.dim() != 2 or w.shape[1] != n_in:
         raise ValueError(f"{name}.weight must be [labels, {n_in}], got {tuple(w.shape)}")

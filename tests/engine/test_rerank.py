@@ -168,3 +168,19 @@ def test_async_engine_ranks_on_the_engine_thread():
             assert abs(float(out.embedding[0]) - row["logit"]) < TOL
     finally:
         eng.shutdown()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_scores_on_the_gpu():
+    """The head, the token types and the batch on the device give the same scores."""
+    for name, key in (("tiny-bert-reranker", "logit_without_pooler"),
+                      ("tiny-bert-reranker-pooler", "logit")):  # fmt: skip
+        engine = LLMEngine(str(DATA / f"{name}.gguf"), EngineArgs(device="cuda"))
+        try:
+            outs = engine.embed(_pairs(), pooling="rank")
+            for row, out in zip(PAIRS, outs, strict=True):
+                assert out.embedding.device.type == "cpu"
+                assert abs(float(out.embedding[0]) - row[key]) < 1e-4, (name, row["document"])
+        finally:
+            engine.close()

@@ -89,7 +89,7 @@ def add_parser(sub) -> None:
     )
     p.add_argument(
         "--tool-format",
-        choices=("hermes", "llama3", "mistral"),
+        choices=("hermes", "llama3", "mistral", "harmony"),
         default=None,
         help="tool-call format to prompt and parse (default: from the chat template)",
     )

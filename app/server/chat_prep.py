@@ -15,7 +15,7 @@ from localllm.app.server.chat_output import OutputPlan
 from localllm.app.server.common import check_context_chars, prompt_chars
 from localllm.app.server.reasoning import opens_thinking
 from localllm.app.server.settings import ServerSettings
-from localllm.app.server.tool_parsers import FORMATS, ToolFormat, detect_format
+from localllm.app.server.tool_parsers import FORMATS, HARMONY, ToolFormat, detect_format
 from localllm.app.server.tool_prompt import (
     TemplateTraits,
     call_grammar,
@@ -74,6 +74,14 @@ def continues(messages: list[dict], asked: bool | None) -> bool:
     return last.get("role") == "assistant" and not last.get("tool_calls")
 
 
+def described(tool: dict) -> dict:
+    """A tool with a `description`, empty where the client left it out."""
+    fn = tool.get("function") or {}
+    if isinstance(fn.get("description"), str):
+        return tool
+    return {**tool, "function": {**fn, "description": ""}}
+
+
 async def prepare_chat(
     engine,
     settings: ServerSettings,
@@ -106,6 +114,8 @@ async def prepare_chat(
     choice = tools.choice if tools else None
     if choice not in (None, "none", "auto") and not given:
         raise ValueError("tool_choice needs tools")
+    if fmt is HARMONY:  # gpt-oss's template writes `"// " + tool.description`, absent or not
+        given = [described(t) for t in given]
     allowed, forced = pick_tools(given, choice)
     active = bool(allowed)
     msgs, template_tools = prompt_messages(
@@ -137,5 +147,6 @@ async def prepare_chat(
         reasoning=settings.reasoning_format != "none" and not forced,
         in_think=in_think and not forced,
         tools=fmt if active else None,
+        harmony=fmt is HARMONY,  # its channels are read even without tools (a continued answer)
     )
     return PreparedChat(msgs, template_tools, params, plan, kwargs, cont)

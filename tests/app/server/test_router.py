@@ -345,6 +345,9 @@ def test_completions_suffix_and_infill_use_the_psm_prompt(multi):
 def test_fim_bad_requests(multi):
     r = multi.http.post("/infill", json={"model": FIM, "input_prefix": "a", "n": 2})
     assert r.status_code == 400 and r.json()["error"]["message"]
+    # llama-server's rule: every input_extra chunk has a text (an empty one used to pass).
+    r = multi.http.post("/infill", json={"model": FIM, "input_prefix": "a", "input_extra": [{}]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "input_extra.0.text"
     with pytest.raises(openai.BadRequestError):
         multi.complete(FIM, suffix="x", echo=True)
     with pytest.raises(openai.BadRequestError):

@@ -218,7 +218,9 @@ class ToolTemplateEngine:
 
     def __init__(self, reply: str):
         # `<tool_call>` is plain text here (several tokens), as in SmolLM2's vocabulary.
-        self.tokenizer = SimpleNamespace(chat_template=QWEN_LIKE, encode=lambda t, **kw: [1, 2])
+        self.tokenizer = SimpleNamespace(
+            chat_template=QWEN_LIKE, encode=lambda t, **kw: [1, 2], longest_piece=16
+        )
         self.engine = SimpleNamespace(grammars=SimpleNamespace(compile=lambda spec: None))
         self.template = ChatTemplate(QWEN_LIKE)
         self.reply, self.prompts = reply, []

@@ -122,6 +122,12 @@ def test_cohere_style_client_over_httpx(ranker):
         results = r.json()["results"]  # random weights: the order is the recorded logits'
         want = sorted(range(len(rows)), key=lambda i: -rows[i]["logit"])
         assert [x["index"] for x in results] == want[:3]
+        # Cohere v1 / Jina: documents as objects, the best one's text echoed back
+        payload = {"query": query, "documents": [{"text": r["document"]} for r in rows],
+                   "top_n": 1, "return_documents": True}  # fmt: skip
+        (best,) = http.post("/v1/rerank", content=json.dumps(payload).encode()).json()["results"]
+        assert best["index"] == want[0]
+        assert best["document"]["text"] == rows[want[0]]["document"]
 
 
 @pytest.mark.parametrize(

@@ -42,7 +42,8 @@ class InfillRequest(SamplingFields):
             raise ValueError("/infill makes one completion (n must be 1)")
         n_predict = self.n_predict if self.n_predict is not None and self.n_predict >= 0 else None
         return self.sampling_params(
-            max_tokens=self.max_tokens if self.max_tokens is not None else n_predict
+            max_tokens=self.max_tokens if self.max_tokens is not None else n_predict,
+            structured=self.structured(None),  # llama-server's `grammar` / `json_schema`
         )
 
 

@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
+from localllm.app.server.structured_fields import ResponseFormat, StructuredFields
 from localllm.engine.sampling_params import SamplingParams, StructuredOutputParams
 
 
@@ -15,19 +16,7 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class JsonSchemaSpec(BaseModel):
-    name: str | None = None
-    description: str | None = None
-    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
-    strict: bool | None = None
-
-
-class ResponseFormat(BaseModel):
-    type: Literal["text", "json_object", "json_schema"]
-    json_schema: JsonSchemaSpec | None = None
-
-
-class SamplingFields(BaseModel):
+class SamplingFields(StructuredFields):
     """Fields shared by /v1/chat/completions and /v1/completions."""
 
     model_config = ConfigDict(populate_by_name=True)
@@ -181,18 +170,8 @@ class ChatCompletionRequest(SamplingFields):
         return self.sampling_params(
             max_tokens=self.max_completion_tokens or self.max_tokens,
             logprobs=(self.top_logprobs or 0) if self.logprobs else None,
-            structured=structured_from(self.response_format),
+            structured=self.structured(self.response_format),
         )
-
-
-def structured_from(fmt: ResponseFormat | None) -> StructuredOutputParams | None:
-    if fmt is None or fmt.type == "text":
-        return None
-    if fmt.type == "json_object":
-        return StructuredOutputParams(json_object=True)
-    if fmt.json_schema is None or fmt.json_schema.schema_ is None:
-        raise ValueError("response_format json_schema needs json_schema.schema")
-    return StructuredOutputParams(json=fmt.json_schema.schema_)
 
 
 Prompt = str | list[str] | list[int] | list[list[int]]
@@ -220,7 +199,7 @@ class CompletionRequest(SamplingFields):
             max_tokens=self.max_tokens,
             logprobs=self.logprobs,
             prompt_logprobs=self.logprobs if self.echo and self.logprobs is not None else None,
-            structured=structured_from(self.response_format),
+            structured=self.structured(self.response_format),
         )
 
 

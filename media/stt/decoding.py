@@ -1,6 +1,6 @@
-"""Decoding one 30-second window: language detection, greedy/sampled decoding with Whisper's
-logit rules (suppressed tokens, blank, timestamp pairing), and openai-whisper's temperature
-fallback on compression-ratio and average-logprob thresholds.
+"""Decoding one 30-second window: language detection, beam search (at temperature 0) or
+greedy/sampled decoding with Whisper's logit rules (suppressed tokens, blank, timestamp pairing),
+and openai-whisper's temperature fallback on compression-ratio and average-logprob thresholds.
 """
 
 import math
@@ -9,18 +9,26 @@ from dataclasses import dataclass
 
 import torch
 
+from localllm.media.stt.beam import beam_search, best_hypothesis
 from localllm.media.stt.bundle import WhisperBundle
+from localllm.media.stt.model import KVCache
 
 TIME_PRECISION = 0.02  # seconds per timestamp token
+MAX_BEAM_SIZE = 16  # each beam is a decoder row per step: bounds one request's work
 
 
 @dataclass(frozen=True)
 class DecodeOptions:
-    """openai-whisper's transcribe() defaults."""
+    """openai-whisper's transcribe() defaults, with beam search at temperature 0 as its CLI,
+    faster-whisper and whisper.cpp decode by default."""
 
     task: str = "transcribe"  # or "translate" (to English)
     language: str | None = None  # None: detect from the first window
     temperatures: tuple[float, ...] = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
+    # at temperature 0: beams kept (1 = greedy); higher temperatures sample one sequence
+    beam_size: int = 5
+    patience: float = 1.0  # stop once round(beam_size * patience) hypotheses have ended
+    length_penalty: float = 1.0  # rank by sum_logprob / length ** this (1: the average)
     compression_ratio_threshold: float | None = 2.4
     logprob_threshold: float | None = -1.0
     no_speech_threshold: float | None = 0.6
@@ -41,6 +49,12 @@ class DecodeOptions:
             raise ValueError(f"task must be 'transcribe' or 'translate', not {self.task!r}")
         if not self.temperatures or any(t < 0 for t in self.temperatures):
             raise ValueError("temperatures must be a non-empty list of values >= 0")
+        if not 1 <= self.beam_size <= MAX_BEAM_SIZE:
+            raise ValueError(f"beam_size must be between 1 and {MAX_BEAM_SIZE}")
+        if not self.patience > 0 or not math.isfinite(self.patience):
+            raise ValueError("patience must be > 0")
+        if not math.isfinite(self.length_penalty):
+            raise ValueError("length_penalty must be a finite number")
 
 
 @dataclass(frozen=True)
@@ -136,7 +150,7 @@ def decode_window(
     temperature: float,
     prompt: list[int] | None = None,
 ) -> DecodeResult:
-    """Decode one window's features at one temperature."""
+    """Decode one window's features at one temperature: beam search at 0 when beam_size > 1."""
     model, tok = bundle.model, bundle.tokenizer
     sp, n_ctx = tok.special, model.config.n_text_ctx
     sot_seq = sot_sequence(bundle, opts.task, language)
@@ -148,7 +162,41 @@ def decode_window(
     cache = model.new_cache(features)
     logits = model.decoder(torch.tensor([initial], device=dev), cache)[0]
     no_speech = logits[len(prefix)].softmax(-1)[sp.no_speech].item() if sp.no_speech >= 0 else 0.0
-    step = logits[-1]
+    if temperature == 0 and opts.beam_size > 1:
+        # tokens fed stay within the context: the prompt, then all but the last one decoded
+        max_len = min(opts.sample_len or n_ctx // 2, n_ctx - len(initial) + 1)
+        rules = lambda row, seq: _apply_rules(row, seq, bundle, opts)
+        found = beam_search(
+            model, cache, logits[-1], rules, sp.eot,
+            opts.beam_size, opts.patience, opts.length_penalty, max_len,
+        )  # fmt: skip
+        best = best_hypothesis(found)
+        sampled, sum_lp = list(best.tokens), best.sum_logprob
+    else:
+        sampled, sum_lp = _sample(bundle, cache, logits[-1], opts, temperature, len(initial))
+    text = tok.decode(sampled)
+    return DecodeResult(
+        tokens=tuple(sampled),
+        text=text,
+        language=language,
+        avg_logprob=sum_lp / (len(sampled) + 1),
+        no_speech_prob=no_speech,
+        temperature=temperature,
+        compression_ratio=compression_ratio(text),
+    )
+
+
+def _sample(
+    bundle: WhisperBundle,
+    cache: KVCache,
+    step: torch.Tensor,
+    opts: DecodeOptions,
+    temperature: float,
+    n_prompt: int,
+) -> tuple[list[int], float]:
+    """Greedy (temperature 0) or sampled tokens after the prompt, and their summed logprob."""
+    model, sp = bundle.model, bundle.tokenizer.special
+    n_ctx, dev = model.config.n_text_ctx, step.device
     gen = torch.Generator().manual_seed(opts.seed)
     sampled: list[int] = []
     sum_lp = 0.0
@@ -163,19 +211,10 @@ def decode_window(
         if nxt == sp.eot:
             break
         sampled.append(nxt)
-        if len(initial) + len(sampled) >= n_ctx:
+        if n_prompt + len(sampled) >= n_ctx:
             break
         step = model.decoder(torch.tensor([[nxt]], device=dev), cache)[0, -1]
-    text = tok.decode(sampled)
-    return DecodeResult(
-        tokens=tuple(sampled),
-        text=text,
-        language=language,
-        avg_logprob=sum_lp / (len(sampled) + 1),
-        no_speech_prob=no_speech,
-        temperature=temperature,
-        compression_ratio=compression_ratio(text),
-    )
+    return sampled, sum_lp
 
 
 def decode_with_fallback(

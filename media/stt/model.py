@@ -116,7 +116,13 @@ class DecoderLayer(nn.Module):
             start = past[0].shape[2]
             k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
         x = x + self.attn.attend(h, k, v, causal_from=start)
-        x = x + self.cross.attend(self.cross_ln(x), *cross)
+        c = self.cross_ln(x)
+        b, t, d = c.shape
+        if b > 1 and cross[0].shape[0] == 1:
+            # beams of one audio share its K/V: their queries attend as one row, no copies
+            x = x + self.cross.attend(c.reshape(1, b * t, d), *cross).reshape(b, t, d)
+        else:
+            x = x + self.cross.attend(c, *cross)
         return x + self.mlp(self.mlp_ln(x)), (k, v)
 
 
@@ -191,8 +197,10 @@ class Whisper(nn.Module):
 
     @staticmethod
     def reorder(cache: KVCache, index: torch.Tensor) -> None:
-        """Keep (or repeat) batch rows `index` of the cache, e.g. after language detection."""
-        cache.cross = [(k[index], v[index]) for k, v in cache.cross]
+        """Keep (or repeat) batch rows `index` of the cache, e.g. the parents of a beam step.
+        Cross-attention K/V of one row stay one row: every row shares them."""
+        if cache.cross and cache.cross[0][0].shape[0] > 1:
+            cache.cross = [(k[index], v[index]) for k, v in cache.cross]
         cache.self_kv = [
             None if kv is None else (kv[0][index], kv[1][index]) for kv in cache.self_kv
         ]

@@ -153,7 +153,8 @@ def speech() -> np.ndarray:
 
 def test_base_words_match_faster_whisper(whisper_base, speech):
     fw = pytest.importorskip("faster_whisper", reason="faster-whisper is the reference")
-    ours = transcribe(load_whisper(whisper_base), speech, DecodeOptions(word_timestamps=True))
+    greedy = DecodeOptions(word_timestamps=True, beam_size=1)  # as the reference's beam_size=1
+    ours = transcribe(load_whisper(whisper_base), speech, greedy)
     model = fw.WhisperModel(str(whisper_base), device="cpu", compute_type="float32")
     segs, _ = model.transcribe(speech, beam_size=1, word_timestamps=True, language="en")
     theirs = [w for s in segs for w in s.words]
@@ -190,7 +191,8 @@ def test_second_window_resumes_after_the_last_word_as_faster_whisper(whisper_tin
     audio = np.concatenate(
         [say(" ".join(clips.SENTENCES[1:3])), noise, say(" ".join(clips.SENTENCES[3:5]))]
     )
-    ours = transcribe(load_whisper(whisper_tiny_en), audio, DecodeOptions(word_timestamps=True))
+    greedy = DecodeOptions(word_timestamps=True, beam_size=1)  # as the reference's beam_size=1
+    ours = transcribe(load_whisper(whisper_tiny_en), audio, greedy)
     model = fw.WhisperModel(str(whisper_tiny_en), device="cpu", compute_type="float32")
     theirs = list(model.transcribe(audio, beam_size=1, word_timestamps=True, language="en")[0])
     seeks = sorted({s.seek for s in ours.segments})

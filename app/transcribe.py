@@ -59,6 +59,8 @@ def add_parser(sub) -> None:
     p.add_argument("-o", "--output", help="write here instead of stdout")
     p.add_argument("--temperature", type=float, default=None,
                    help="sample at this temperature only (default: 0 with fallback)")  # fmt: skip
+    p.add_argument("--beam-size", type=int, default=5, metavar="N",
+                   help="beams at temperature 0, 1 to 16 (5; 1 = greedy)")  # fmt: skip
     p.add_argument("--prompt", help="text that precedes the audio (names, spelling)")
     p.add_argument("--word-timestamps", action="store_true",
                    help="time every word (json: `words` per segment)")  # fmt: skip
@@ -81,10 +83,13 @@ def _progress(done: float, total: float | None) -> None:
 def handle(args: argparse.Namespace) -> int:
     from localllm.media.audio import audio_info, stream_audio
     from localllm.media.stt import DecodeOptions, load_whisper, render, transcribe
+    from localllm.media.stt.decoding import MAX_BEAM_SIZE
 
     info = audio_info(args.file)  # fails fast on a bad file, before loading the model
     if args.temperature is not None and args.temperature < 0:
         raise ValueError("--temperature must be >= 0")
+    if not 1 <= args.beam_size <= MAX_BEAM_SIZE:
+        raise ValueError(f"--beam-size must be between 1 and {MAX_BEAM_SIZE}")
     temps = (args.temperature,) if args.temperature is not None else DecodeOptions().temperatures
     max_words = args.max_words_per_line
     if max_words is not None and max_words < 1:
@@ -93,6 +98,7 @@ def handle(args: argparse.Namespace) -> int:
         task=args.task,
         language=args.language,
         temperatures=temps,
+        beam_size=args.beam_size,
         initial_prompt=args.prompt,
         word_timestamps=args.word_timestamps or max_words is not None,
     )

@@ -30,21 +30,9 @@ def speech(tmp_path_factory) -> Path:
 
 def test_srt_to_a_file_and_json_to_stdout(whisper_tiny_en, speech, tmp_path, capsys):
     out = tmp_path / "two.srt"
-    assert (
-        main(
-            [
-                "transcribe",
-                str(speech),
-                "-m",
-                str(whisper_tiny_en),
-                "--format",
-                "srt",
-                "-o",
-                str(out),
-            ]
-        )
-        == 0
-    )
+    # greedy: tiny.en cuts the two sentences into two segments (beam 5 reads them as one)
+    args = ["transcribe", str(speech), "-m", str(whisper_tiny_en), "--beam-size", "1"]
+    assert main([*args, "--format", "srt", "-o", str(out)]) == 0
     blocks = out.read_text().strip().split("\n\n")
     assert len(blocks) == 2
     index, times, text = blocks[0].split("\n")
@@ -54,9 +42,7 @@ def test_srt_to_a_file_and_json_to_stdout(whisper_tiny_en, speech, tmp_path, cap
     assert clips.word_error_rate(clips.SENTENCES[0], text) <= 0.125
     err = capsys.readouterr().err
     assert "transcribing: 100.0%" in err  # the progress line reached the end
-    assert (
-        main(["transcribe", str(speech), "-m", str(whisper_tiny_en), "--format", "json", "-q"]) == 0
-    )
+    assert main([*args, "--format", "json", "-q"]) == 0
     cap = capsys.readouterr()
     body = json.loads(cap.out)
     assert cap.err == ""
@@ -89,9 +75,9 @@ def test_word_timestamps_in_json_and_short_srt_cues(whisper_tiny_en, speech, cap
 def test_text_and_vtt(whisper_tiny_en, speech, capsys):
     assert main(["transcribe", str(speech), "-m", str(whisper_tiny_en), "-q"]) == 0
     assert clips.word_error_rate(TEXT, capsys.readouterr().out) <= 0.1
-    assert (
-        main(["transcribe", str(speech), "-m", str(whisper_tiny_en), "--format", "vtt", "-q"]) == 0
-    )
+    greedy = ["--beam-size", "1"]  # two cues: see test_srt_to_a_file_and_json_to_stdout
+    args = ["transcribe", str(speech), "-m", str(whisper_tiny_en), "--format", "vtt", "-q"]
+    assert main([*args, *greedy]) == 0
     vtt = capsys.readouterr().out
     assert vtt.startswith("WEBVTT\n\n00:00:00.000 --> ") and vtt.count(" --> ") == 2
 
@@ -130,3 +116,33 @@ def test_default_model_is_base_assembled_once(tmp_path, monkeypatch):
     assert resolve_whisper(None) == path and model.stat().st_mtime_ns == stamp  # not redone
     assert {p.name for p in path.iterdir()} == {
         "model.bin", "config.json", "tokenizer.json", "vocabulary.txt"}  # fmt: skip
+
+
+def test_default_decodes_with_beam_5_and_beam_size_1_is_greedy(whisper_base, tmp_path, capsys):
+    from localllm.media.audio import load_audio
+    from localllm.media.stt import DecodeOptions, load_whisper, transcribe
+
+    pytest.importorskip("espeakng_loader", reason="espeakng-loader ships the espeak-ng library")
+    text = clips.SENTENCES[0]
+    path = tmp_path / "weather.wav"
+    audio, sr = clips.synthesize(text)
+    sf.write(path, audio, sr, subtype="PCM_16")
+    args = ["transcribe", str(path), "-m", str(whisper_base), "--format", "json", "-q"]
+
+    def tokens(body: dict) -> list[int]:
+        return [t for seg in body["segments"] for t in seg["tokens"]]
+
+    assert main(args) == 0
+    default = json.loads(capsys.readouterr().out)
+    # Whisper base greedy (the old default) read this "but where there was ...": WER 0.375
+    assert clips.word_error_rate(text, default["text"]) <= 1 / 8, default["text"]
+    assert main([*args, "--beam-size", "1"]) == 0
+    greedy = json.loads(capsys.readouterr().out)
+    bundle, samples = load_whisper(whisper_base), load_audio(path)
+    assert tokens(default) == [t for s in transcribe(bundle, samples).segments for t in s.tokens]
+    want = transcribe(bundle, samples, DecodeOptions(beam_size=1))
+    assert tokens(greedy) == [t for s in want.segments for t in s.tokens]
+    for bad in ("0", "17"):
+        assert main([*args, "--beam-size", bad]) == 1
+        err = capsys.readouterr().err
+        assert err == "localllm: error: --beam-size must be between 1 and 16\n", err

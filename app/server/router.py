@@ -41,6 +41,7 @@ class ModelEntry:
     context_length: int | None = None  # the model's own, capped by --ctx-size
     fim: bool = False  # has fill-in-the-middle tokens
     generates: bool = True  # False for encoder-only (embedding) models such as BERT
+    cross_encoder: bool = False  # a classification head (`cls.*`): a reranker, not an embedder
 
     def matches(self, name: str) -> bool:
         return name == self.id or name in self.names
@@ -124,8 +125,9 @@ class ModelRouter:
         gguf = getattr(core, "gguf", None)
         fim = gguf is not None and fim_tokens_for(gguf.metadata, engine.tokenizer) is not None
         generates = getattr(core, "generates", True)
+        cross = bool(getattr(core, "can_rank", False))
         entry = ModelEntry(settings.model_id, names=settings.model_names, context_length=ctx,
-                           fim=fim, generates=generates)  # fmt: skip
+                           fim=fim, generates=generates, cross_encoder=cross)  # fmt: skip
         router = cls([entry], None)
         router._slots[entry.id].engine = engine
         return router
@@ -328,4 +330,5 @@ def describe_model(
         except (ValueError, AttributeError):  # unsupported: loading will say why
             model_class = None
         generates = getattr(model_class, "generates", True)
-        return ModelEntry(model_id, path, names, g.nbytes, ctx, fim, generates)
+        cross = not generates and any(name.startswith("cls.") for name in g.tensors)
+        return ModelEntry(model_id, path, names, g.nbytes, ctx, fim, generates, cross)

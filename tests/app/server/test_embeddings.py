@@ -160,9 +160,9 @@ def test_chat_on_an_encoder_is_a_400(bert_server):
 
 def test_models_list_says_what_each_model_can_do(bert_server, server):
     (card,) = bert_server.openai().models.list().data
-    assert card.id == bert_server.model_id and card.capabilities == ["embeddings"]
+    assert card.id == bert_server.model_id and card.capabilities == ["embeddings", "rerank"]
     (card,) = server.openai().models.list().data
-    assert card.capabilities[:3] == ["completion", "chat", "embeddings"]
+    assert card.capabilities[:4] == ["completion", "chat", "embeddings", "rerank"]
 
 
 def test_chat_model_embeddings(server):

@@ -191,6 +191,7 @@ def test_reranker_serves_no_generation_and_no_embeddings(ranker):
     with ranker.http() as http:
         (card,) = http.get("/v1/models").json()["data"]
         assert card["id"] == ranker.model_id and card["context_length"] == 48
+        assert card["capabilities"] == ["rerank"]
         for path, body in [
             ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
             ("/v1/completions", {"prompt": "hi"}),

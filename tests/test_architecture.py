@@ -31,6 +31,7 @@ THIRD_PARTY = {
         "pydantic",
         "httpx",
         "psutil",
+        "shtab",  # `localllm completion`
         "sounddevice",  # optional: the TUI plays spoken answers when it is installed
     },
 }

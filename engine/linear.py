@@ -4,6 +4,7 @@ as few matmuls over stacked rows), plus the small-tensor helpers `dense` and `wi
 """
 
 import dataclasses
+import math
 
 import torch
 from torch import nn
@@ -44,6 +45,8 @@ class QuantLinear(nn.Module):
 
     def load_tensor(self, suffix: str, w: QuantWeight) -> None:
         if suffix == "bias":
+            if math.prod(w.shape) != self.out_features:
+                raise ValueError(f"expected a bias of {self.out_features}, got {tuple(w.shape)}")
             self.bias = dense(w).reshape(self.out_features)
             return
         if suffix != "weight":

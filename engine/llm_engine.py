@@ -22,14 +22,14 @@ from localllm.engine.core.scheduler import Scheduler, SchedulerConfig
 from localllm.engine.embedder import Embedder, EmbeddingOutput, EmbedJob, RankPair
 from localllm.engine.gguf import open_gguf
 from localllm.engine.kv_cache import PagedKVCache
-from localllm.engine.loader import build_model
+from localllm.engine.loader import ModelLoadError, build_model, model_args
 from localllm.engine.moe_residency import load_planned
 from localllm.engine.ngram import NgramProposer
 from localllm.engine.output_processor import PromptGroup, RequestState
 from localllm.engine.runner import ModelRunner
 from localllm.engine.sampling_params import SamplingParams
 from localllm.engine.structured import GrammarCompiler
-from localllm.engine.tokenizer import ChatTemplate, Tokenizer
+from localllm.engine.tokenizer import ChatTemplate, Tokenizer, VocabError
 from localllm.engine.tokenizer.continuation import continued_render
 from localllm.offload.memory import available_bytes
 
@@ -44,6 +44,14 @@ class PreparedRequest:
     grammar: Any  # a compiled `engine.structured.Grammar`, or None
 
 
+def _tokenizer(gguf) -> Tokenizer:
+    """The file's tokenizer; a bad vocabulary is an error naming the file."""
+    try:
+        return Tokenizer.from_gguf_metadata(gguf.metadata)
+    except VocabError as e:
+        raise ModelLoadError(f"{gguf.path}: {e}") from None
+
+
 class LLMEngine:
     def __init__(self, model: str, args: EngineArgs | None = None):
         args = args or EngineArgs()
@@ -51,13 +59,16 @@ class LLMEngine:
         t0 = time.perf_counter()
         self.gguf = open_gguf(model)
         try:
+            # the whole header is checked before anything is built from it: hyperparameters
+            # against the tensors, then the vocabulary (a hostile file fails here, in milliseconds)
+            model_args(self.gguf)
+            self.tokenizer = _tokenizer(self.gguf)
             if args.residency is None:
                 self.model = build_model(self.gguf, precise=args.precise, device=args.device)
             else:  # planned from the header: a model that cannot fit fails before any read
                 self.model = load_planned(
                     self.gguf, args.residency, args.precise, args.device, args.max_model_len
                 )
-            self.tokenizer = Tokenizer.from_gguf_metadata(self.gguf.metadata)
         except BaseException:
             self.gguf.close()
             raise

@@ -16,7 +16,8 @@ from torch import nn
 from localllm.engine.expert_tensor import ExpertTensor
 from localllm.engine.gguf import GGUFModel
 from localllm.engine.linear import QuantLinear, dense
-from localllm.engine.models import model_module
+from localllm.engine.models import UnsupportedArchitectureError, model_module
+from localllm.engine.models.hparams import HyperparameterError, check_args, check_tensors
 from localllm.engine.moe import use_native_cpu_experts
 from localllm.engine.rope import Rotary
 from localllm.kernels.cpu.native import load as load_native
@@ -40,15 +41,8 @@ def build_model(
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
-    mod = model_module(gguf.architecture or "")
-    if "token_embd.weight" not in gguf.tensors:
-        raise ModelLoadError(f"{gguf.path}: no 'token_embd.weight' tensor")
-    vocab_size = gguf.tensors["token_embd.weight"].shape[0]
-    try:
-        args = mod.ModelArgs.from_gguf(gguf.metadata, vocab_size)
-    except KeyError as e:
-        raise ModelLoadError(f"{gguf.path}: {e.args[0]}") from None
-    model = mod.Model(args, precise=precise)
+    args = model_args(gguf)
+    model = model_module(gguf.architecture).Model(args, precise=precise)
     # the native CPU kernels (one build lookup and self-check) take Q6_K / Q8_0 linears and
     # MoE experts from the file's blocks; set before the weights come, so no fp16 copy is made
     native = load_native() if device.type == "cpu" and not precise else None
@@ -88,7 +82,10 @@ def build_model(
     ]
     if missing:
         raise ModelLoadError(f"{gguf.path}: missing tensors: {', '.join(missing[:8])}")
-    model.finish_load(extra)
+    try:
+        model.finish_load(extra)  # families check what only the loaded tensors tell
+    except ValueError as e:
+        raise ModelLoadError(f"{gguf.path}: {e}") from None
     if device.type == "cpu":
         use_native_cpu_experts(model, native)  # raw expert blocks, no prepared copies
     if device.type != "cpu":
@@ -97,6 +94,29 @@ def build_model(
             if isinstance(m, QuantLinear):
                 m.drop_raw_copy()
     return model.eval()
+
+
+def model_args(gguf: GGUFModel):
+    """The family's `ModelArgs` of `gguf`, every hyperparameter checked (`models.hparams`) against
+    its range, the tensors' shapes and the others before anything is built: a hostile value is
+    a `ModelLoadError` naming the file, never a long build, a huge allocation or NaN logits."""
+    arch = gguf.architecture
+    try:
+        if type(arch) is not str:
+            raise HyperparameterError(f"metadata 'general.architecture' is {arch!r}")
+        mod = model_module(arch)
+        check_tensors(gguf.metadata, gguf.tensors)
+        vocab_size = gguf.tensors["token_embd.weight"].shape[0]
+        args = mod.ModelArgs.from_gguf(gguf.metadata, vocab_size)
+        check_args(args)
+        family_check = getattr(args, "check", None)  # the checks of a family's own keys
+        if family_check is not None:
+            family_check()
+    except KeyError as e:
+        raise ModelLoadError(f"{gguf.path}: {e.args[0]}") from None
+    except (HyperparameterError, UnsupportedArchitectureError) as e:
+        raise ModelLoadError(f"{gguf.path}: {e}") from None
+    return args
 
 
 def _upload(w: QuantWeight, device: torch.device) -> QuantWeight:

@@ -125,6 +125,9 @@ class MoEFeedForward(nn.Module):
 
     def fuse(self) -> None:
         """Set the expert format and, unless a plan attached another source, resident experts."""
+        parts = (self.ffn_gate_exps, self.ffn_up_exps, self.ffn_down_exps)
+        if len({t.bias is None for t in parts}) > 1:  # the expert kernels take three or none
+            raise ValueError(f"blk.{self.layer}: expert biases need gate, up and down, or none")
         g, u, d = self.expert_weights()
         self.format = ExpertFormat(g.qtype, u.qtype, d.qtype, self.dim, self.hidden, self.act)
         if self.shexp is not None:

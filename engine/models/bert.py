@@ -20,8 +20,11 @@ from torch import nn
 from localllm.engine.layers import QuantEmbedding
 from localllm.engine.linear import FusedLinear, QuantLinear, dense
 from localllm.engine.models.common import arch_key
+from localllm.engine.models.hparams import HyperparameterError, read
 from localllm.engine.rope import RopeConfig, Rotary
 from localllm.offload import QuantWeight
+
+TOKEN_TYPES = "tokenizer.ggml.token_type_count"
 
 
 @dataclass(frozen=True)
@@ -55,11 +58,19 @@ class ModelArgs:
             hidden_dim=k("feed_forward_length"),
             norm_eps=k("attention.layer_norm_epsilon", 1e-12),
             context_length=k("context_length", 512),
-            n_token_types=int(meta.get("tokenizer.ggml.token_type_count", 2)),
+            n_token_types=read(TOKEN_TYPES, "token_type_count", meta.get(TOKEN_TYPES, 2)),
             pooling_type=k("pooling_type", None),
             rope_base=k("rope.freq_base", 1000.0),
             nomic=meta["general.architecture"] == "nomic-bert",
         )
+
+    def check(self) -> None:
+        """The heads split the width exactly (q, k and v are dim x dim)."""
+        if self.dim % self.n_heads:
+            raise HyperparameterError(
+                f"attention.head_count is {self.n_heads}, expected a divisor of "
+                f"embedding_length {self.dim}"
+            )
 
 
 class LayerNorm(nn.Module):

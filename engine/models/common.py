@@ -3,16 +3,19 @@
 from collections.abc import Callable
 from typing import Any
 
+from localllm.engine.models.hparams import read
+
 
 def arch_key(meta: dict[str, Any]) -> Callable[..., Any]:
-    """k(name, default) reads `{general.architecture}.{name}`; missing without default: error."""
+    """k(name, default) reads `{general.architecture}.{name}`, checked against its type and range
+    (`hparams.HPARAMS`); missing without default: KeyError. Defaults are taken as given."""
     arch = meta["general.architecture"]
     missing = object()
 
     def k(name: str, default: Any = missing) -> Any:
         key = f"{arch}.{name}"
         if key in meta:
-            return meta[key]
+            return read(key, name, meta[key])
         if default is missing:
             raise KeyError(f"GGUF metadata lacks required key '{key}'")
         return default
@@ -22,8 +25,7 @@ def arch_key(meta: dict[str, Any]) -> Callable[..., Any]:
 
 def rope_scale(meta: dict[str, Any]) -> float:
     """Linear rope scaling factor (1.0 when the model uses none or a kind handled elsewhere)."""
-    arch = meta["general.architecture"]
-    kind = meta.get(f"{arch}.rope.scaling.type", "none")
-    if kind == "linear":
-        return float(meta.get(f"{arch}.rope.scaling.factor", 1.0))
+    k = arch_key(meta)
+    if k("rope.scaling.type", "none") == "linear":
+        return k("rope.scaling.factor", 1.0) or 1.0  # llama.cpp: a factor of 0 is no scaling
     return 1.0

@@ -25,6 +25,7 @@ from localllm.engine.layers import DenseParam, GatedMLP, RMSNorm, attention
 from localllm.engine.linear import QuantLinear, dense
 from localllm.engine.models.common import arch_key
 from localllm.engine.models.decoder import Decoder
+from localllm.engine.models.hparams import HyperparameterError
 from localllm.engine.moe import MoEFeedForward, Routing
 from localllm.engine.rope import RopeConfig, Rotary, yarn_mscale
 
@@ -82,6 +83,7 @@ class ModelArgs:
         qk = k("attention.key_length_mla") if split else k("attention.key_length")
         v = k("attention.value_length_mla") if split else k("attention.value_length")
         yarn = k("rope.scaling.type", "none") == "yarn"
+        ctx = k("context_length", 4096)
         n_group = k("expert_group_count", 1)
         routing = Routing(
             scoring=GATING[k("expert_gating_func", 1)],
@@ -100,7 +102,7 @@ class ModelArgs:
             hidden_dim=k("feed_forward_length"),
             norm_eps=k("attention.layer_norm_rms_epsilon", 1e-6),
             rope_base=k("rope.freq_base", 10000.0),
-            context_length=k("context_length", 4096),
+            context_length=ctx,
             q_lora_rank=k("attention.q_lora_rank", 0),
             kv_lora_rank=k("attention.kv_lora_rank"),
             qk_nope_dim=qk - rope,
@@ -115,14 +117,45 @@ class ModelArgs:
             routing=routing,
             # V2 GGUFs predate the key and never renormalised
             norm_topk_prob=bool(k("expert_weights_norm", False)),
-            yarn_factor=float(k("rope.scaling.factor", 1.0)) if yarn else 1.0,
-            yarn_orig_ctx=k("rope.scaling.original_context_length", 0) if yarn else 0,
+            # llama.cpp: a factor of 0 is no scaling; the original context defaults to the trained
+            yarn_factor=(k("rope.scaling.factor", 1.0) or 1.0) if yarn else 1.0,
+            yarn_orig_ctx=k("rope.scaling.original_context_length", ctx) if yarn else 0,
             yarn_beta=(
                 float(k("rope.scaling.yarn_beta_fast", 32.0)),
                 float(k("rope.scaling.yarn_beta_slow", 1.0)),
             ),
             yarn_log_mul=float(k("rope.scaling.yarn_log_multiplier", 0.1)),
         )
+
+    def check(self) -> None:
+        """Relations of deepseek2's own keys (the shared ones: `hparams.check_args`)."""
+        r, qk = self.qk_rope_dim, self.qk_nope_dim + self.qk_rope_dim
+        if self.qk_nope_dim < 1 or r % 2:
+            raise HyperparameterError(
+                f"rope.dimension_count is {r}, expected an even number below the key length {qk}"
+            )
+        if not 1 <= self.n_expert_used <= self.n_expert:
+            raise HyperparameterError(
+                f"expert_used_count is {self.n_expert_used}, expected 1..{self.n_expert} "
+                "(expert_count)"
+            )
+        if self.n_dense > self.n_layers:
+            raise HyperparameterError(
+                f"leading_dense_block_count is {self.n_dense}, more than {self.n_layers} blocks"
+            )
+        g = self.routing
+        if g.n_group > 1:  # groups of at least two experts, whose two best choices compete
+            per = self.n_expert // g.n_group
+            if self.n_expert % g.n_group or per < 2:
+                raise HyperparameterError(
+                    f"expert_group_count is {g.n_group}, expected a divisor of expert_count "
+                    f"{self.n_expert} into groups of at least 2"
+                )
+            if g.topk_group > g.n_group or self.n_expert_used > g.topk_group * per:
+                raise HyperparameterError(
+                    f"expert_group_used_count is {g.topk_group}: {self.n_expert_used} experts "
+                    f"cannot come from {g.topk_group} of {g.n_group} groups of {per}"
+                )
 
 
 class Attention(nn.Module):

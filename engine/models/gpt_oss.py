@@ -18,6 +18,7 @@ from localllm.engine.layers import DenseParam, RMSNorm, attention
 from localllm.engine.linear import QuantLinear
 from localllm.engine.models.common import arch_key
 from localllm.engine.models.decoder import Decoder
+from localllm.engine.models.hparams import HyperparameterError
 from localllm.engine.moe import MoEFeedForward
 from localllm.engine.rope import RopeConfig, Rotary, yarn_mscale
 
@@ -49,6 +50,7 @@ class ModelArgs:
         n_heads = k("attention.head_count")
         dim = k("embedding_length")
         yarn = k("rope.scaling.type", "none") == "yarn"
+        ctx = k("context_length", 4096)
         expert_ff = k("expert_feed_forward_length", None) or k("feed_forward_length")
         return cls(
             arch=meta["general.architecture"],
@@ -61,18 +63,24 @@ class ModelArgs:
             hidden_dim=expert_ff,
             norm_eps=k("attention.layer_norm_rms_epsilon", 1e-5),
             rope_base=k("rope.freq_base", 150000.0),
-            context_length=k("context_length", 4096),
+            context_length=ctx,
             window=k("attention.sliding_window", 128),
             n_expert=k("expert_count"),
             n_expert_used=k("expert_used_count"),
             expert_hidden_dim=expert_ff,
-            yarn_factor=float(k("rope.scaling.factor", 1.0)) if yarn else 1.0,
-            yarn_orig_ctx=k("rope.scaling.original_context_length", 0) if yarn else 0,
+            # llama.cpp: a factor of 0 is no scaling; the original context defaults to the trained
+            yarn_factor=(k("rope.scaling.factor", 1.0) or 1.0) if yarn else 1.0,
+            yarn_orig_ctx=k("rope.scaling.original_context_length", ctx) if yarn else 0,
             yarn_beta=(
                 float(k("rope.scaling.yarn_beta_fast", 32.0)),
                 float(k("rope.scaling.yarn_beta_slow", 1.0)),
             ),
         )
+
+    def check(self) -> None:
+        """Every gpt-oss FFN is routed experts (the shared checks: `hparams.check_args`)."""
+        if self.n_expert < 1:
+            raise HyperparameterError("expert_count is 0: every gpt-oss block has experts")
 
 
 class Block(nn.Module):

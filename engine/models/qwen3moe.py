@@ -11,6 +11,7 @@ from typing import Any
 
 from localllm.engine.models import qwen2, qwen3
 from localllm.engine.models.common import arch_key
+from localllm.engine.models.hparams import HyperparameterError
 from localllm.engine.moe import MoEFeedForward
 
 
@@ -34,6 +35,11 @@ class ModelArgs(qwen2.ModelArgs):
             n_expert_used=k("expert_used_count"),
             expert_hidden_dim=expert_ff,
         )
+
+    def check(self) -> None:
+        """Every qwen3moe FFN is routed experts (the shared checks: `hparams.check_args`)."""
+        if self.n_expert < 1:
+            raise HyperparameterError("expert_count is 0: every qwen3moe block has experts")
 
 
 class Block(qwen3.Block):

@@ -26,7 +26,7 @@ from localllm.engine.tokenizer.attrs import Attr
 from localllm.engine.tokenizer.pretokenize import byte_level_pre_tokenizer, pre_tokenizer_spec
 from localllm.engine.tokenizer.special import SpecialSplitter, SpecialToken
 from localllm.engine.tokenizer.spm_merges import derive_merges
-from localllm.engine.tokenizer.vocab import Vocab
+from localllm.engine.tokenizer.vocab import Vocab, VocabError
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,10 @@ class Encoder:
         self._spm = vocab.model == "llama"
         builder = {"llama": _build_spm, "bert": _build_wpm}.get(vocab.model, _build_bpe)
         with _gc_paused():
-            self._hf = builder(vocab)
+            try:
+                self._hf = builder(vocab)
+            except Exception as e:  # `tokenizers` raises plain Exception for what it refuses
+                raise VocabError(f"cannot build the {vocab.model!r} tokenizer: {e}") from e
         self._batch = getattr(self._hf, "encode_batch_fast", self._hf.encode_batch)
         self._splitters: dict[bool, SpecialSplitter] = {}
 
@@ -136,17 +139,24 @@ def _build_wpm(vocab: Vocab) -> HFTokenizer:
     # special `[...]` tokens keep their text. Undo that to get the WordPiece vocabulary back.
     index: dict[str, int] = {}
     for i, t in enumerate(vocab.tokens):
-        if t.startswith("▁"):
-            key = t[1:]
-        elif t.startswith("[") and t.endswith("]"):
-            key = t
-        else:
-            key = "##" + t
-        index.setdefault(key, i)
-    unk = vocab.tokens[vocab.unk_id] if vocab.unk_id is not None else "[UNK]"
+        index.setdefault(_wordpiece(t), i)
+    # the unknown token under its WordPiece name: `tokenizers` refuses one its vocabulary lacks
+    unk = _wordpiece(vocab.tokens[vocab.unk_id]) if vocab.unk_id is not None else "[UNK]"
+    if unk not in index:
+        raise VocabError(f"the WordPiece vocabulary has no unknown token {unk!r}")
     hf = HFTokenizer(models.WordPiece(index, unk_token=unk, max_input_chars_per_word=100))
     # GGUF does not record do_lower_case: a vocabulary with upper-case word pieces is cased.
     cased = any(t[:1] != "[" and t.lower() != t for t in vocab.tokens)
     hf.normalizer = normalizers.BertNormalizer(lowercase=not cased)
     hf.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     return hf
+
+
+def _wordpiece(token: str) -> str:
+    """A GGUF WordPiece token under its original name: `▁word` -> `word`, a continuation
+    `piece` -> `##piece`, `[SPECIAL]` as it is."""
+    if token.startswith("▁"):
+        return token[1:]
+    if token.startswith("[") and token.endswith("]"):
+        return token
+    return "##" + token

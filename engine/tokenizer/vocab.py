@@ -106,6 +106,14 @@ class Vocab:
         n = len(tokens)
         if n == 0:
             raise VocabError("tokenizer.ggml.tokens is empty")
+        _check_utf8(tokens)
+        if model == "bert" and not any(t.startswith("▁") for t in tokens):
+            # llama.cpp's converter starts every WordPiece word with ▁; without any, every word
+            # would be unknown (a byte-level BPE vocabulary marks spaces with Ġ instead)
+            raise VocabError(
+                "tokenizer.ggml.model is 'bert' (WordPiece) but no token starts a word with '▁': "
+                "not a WordPiece vocabulary"
+            )
         if "" in tokens:  # llama.cpp renames empty tokens so that every text maps back to one id
             tokens = [t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
         scores = _numeric(meta, KEY + "scores", n, np.float32)
@@ -173,6 +181,24 @@ def _string_list(meta: dict[str, Any], key: str) -> list[str]:
     return value
 
 
+def _check_utf8(tokens: list[str]) -> None:
+    """Token texts are UTF-8 in every vocabulary llama.cpp's converters write; invalid bytes
+    (read as surrogate escapes) mean a corrupt file, and no text could ever encode to them."""
+    try:
+        "".join(tokens).encode("utf-8")  # one pass in C over all of them (~2 ms for 262k)
+    except UnicodeEncodeError:
+        for i, t in enumerate(tokens):
+            if not t.isascii():
+                try:
+                    t.encode("utf-8")
+                except UnicodeEncodeError:
+                    raw = t.encode("utf-8", "surrogateescape")
+                    raise VocabError(
+                        f"token {i} of tokenizer.ggml.tokens, {raw!r}, is not valid UTF-8 "
+                        "(a corrupt vocabulary)"
+                    ) from None
+
+
 def _numeric(meta: dict[str, Any], key: str, n: int, dtype: type) -> np.ndarray | None:
     value = meta.get(key)
     if value is None:
@@ -205,4 +231,8 @@ def _special(meta: dict[str, Any], name: str, default: int | None, n: int) -> in
 
 def _flag(meta: dict[str, Any], name: str, default: bool) -> bool:
     value = meta.get(KEY + name)
-    return default if value is None else bool(value)
+    if value is None:
+        return default
+    if type(value) is not bool and not (type(value) is int and value in (0, 1)):
+        raise VocabError(f"{KEY + name} is {value!r:.40}, expected a boolean")
+    return bool(value)

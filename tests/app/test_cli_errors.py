@@ -5,6 +5,7 @@ import sys
 
 import gguf
 import numpy as np
+import pytest
 
 from localllm.app.cli import main
 
@@ -90,3 +91,89 @@ def test_subprocess_exit_code_and_stderr(tmp_path):
     assert proc.stdout == ""
     assert proc.stderr.strip().startswith("localllm: error: model not found")
     assert "Traceback" not in proc.stderr
+
+
+# -- hostile hyperparameters (issue 33, item 6): one `FILE: what` line within a second ----------
+
+U32 = gguf.GGUFValueType.UINT32
+HOSTILE_HPARAMS = {
+    "block_count 10^6": ({"block_count": (10**6, U32)}, "block_count"),
+    "block_count 2^31": ({"block_count": (2**31, U32)}, "block_count"),
+    "context_length 2^31": ({"context_length": (2**31 - 1, U32)}, "context_length"),
+    "embedding_length 2^31": ({"embedding_length": (2**31 - 1, U32)}, "embedding_length"),
+    "rope dims 2^31": ({"rope.dimension_count": (2**31 - 1, U32)}, "rope.dimension_count"),
+    "head_count 0": ({"attention.head_count": (0, U32)}, "attention.head_count"),
+    "rope base 0": ({"rope.freq_base": (0.0, None)}, "rope.freq_base"),
+    "rope base NaN": ({"rope.freq_base": (float("nan"), None)}, "rope.freq_base"),
+    "rms eps < 0": ({"attention.layer_norm_rms_epsilon": (-1e-5, None)}, "epsilon"),
+    "rms eps NaN": ({"attention.layer_norm_rms_epsilon": (float("nan"), None)}, "epsilon"),
+}
+
+
+def _hostile_llama(tmp_path, hparams=None, meta=None):
+    from tests.engine.gguf_fixtures import GGUFValue
+    from tests.engine.hostile_gguf import hparam, write_variant
+
+    values = {
+        hparam("llama", name): GGUFValue(v, t) if t is not None else v
+        for name, (v, t) in (hparams or {}).items()
+    }
+    return write_variant(tmp_path / "hostile.gguf", "llama", {**values, **(meta or {})})
+
+
+def _run_fast(path, capsys):
+    """`localllm run -m FILE hi`, warmed up (imports) first, under a 20 s watchdog."""
+    import signal
+    import time
+
+    import localllm.engine.llm_engine  # noqa: F401 (imports are not the file's fault)
+
+    def hang(*_):
+        raise TimeoutError("localllm run did not give up on a hostile file within 20 s")
+
+    old = signal.signal(signal.SIGALRM, hang)
+    signal.setitimer(signal.ITIMER_REAL, 20)
+    try:
+        t0 = time.perf_counter()
+        code, out, err = _run(["-m", str(path), "-n", "2", "hi"], capsys)
+        return code, out, err, time.perf_counter() - t0
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def _assert_file_error(path, code, out, err, seconds, *needles):
+    _assert_one_line_error(code, out, err, *needles)
+    assert err.startswith(f"localllm: error: {path}: "), err
+    assert seconds < 1.0, f"took {seconds:.2f} s"  # the issue's bound: within a second
+
+
+@pytest.mark.parametrize("case", HOSTILE_HPARAMS)
+def test_hostile_hyperparameter(tmp_path, capsys, case):
+    hparams, needle = HOSTILE_HPARAMS[case]
+    path = _hostile_llama(tmp_path, hparams)
+    code, out, err, seconds = _run_fast(path, capsys)
+    _assert_file_error(path, code, out, err, seconds, needle)
+
+
+def test_wordpiece_model_on_a_bpe_vocabulary(tmp_path, capsys):
+    path = _hostile_llama(tmp_path, meta={"tokenizer.ggml.model": "bert"})
+    code, out, err, seconds = _run_fast(path, capsys)
+    _assert_file_error(path, code, out, err, seconds, "bert")
+
+
+def test_flipped_bit_in_a_vocabulary_token(tmp_path, capsys):
+    from tests.engine.hostile_gguf import TOKENS, flipped_token
+
+    path = _hostile_llama(tmp_path, meta={TOKENS: flipped_token("llama", 120)})
+    code, out, err, seconds = _run_fast(path, capsys)
+    _assert_file_error(path, code, out, err, seconds, "token 120", "UTF-8")
+
+
+def test_vocabulary_shorter_than_the_embedding(tmp_path, capsys):
+    from tests.engine.hostile_gguf import TOKENS, byte_tokens
+
+    short = {TOKENS: byte_tokens()[:200], "tokenizer.ggml.token_type": np.ones(200, np.int32)}
+    path = _hostile_llama(tmp_path, meta=short)
+    code, out, err, seconds = _run_fast(path, capsys)
+    _assert_file_error(path, code, out, err, seconds, "200 tokens", "256")

@@ -2,6 +2,11 @@
 
 It drives the same engine as the server (one request): stop strings, penalties, structured
 output, n-gram drafts and the KV-cache options all come from there.
+
+Exit status: 0 done; 1 an error (bad file, bad flag value); 2 no prompt (none given, or empty);
+3 a constrained answer (--json, --json-schema, --regex, --grammar-file) that the token limit cut
+before it was complete: what was generated is on stdout, a warning on stderr. Output ends with a
+newline: when stdout is not a terminal one is always added (strip one to get the exact text).
 """
 
 import argparse
@@ -11,6 +16,9 @@ from pathlib import Path
 
 from localllm.app.engine_flags import add_engine_flags, engine_kwargs
 from localllm.app.residency_flags import residency_config, show_plan
+
+EXIT_NO_PROMPT = 2  # a usage error, like argparse's
+EXIT_CUT = 3  # the limit cut a constrained answer: the output is not complete JSON / a match
 
 
 def add_parser(sub) -> None:
@@ -80,8 +88,12 @@ def handle(args: argparse.Namespace) -> int:
     prompt = args.prompt
     if prompt is None or prompt == "-":
         if sys.stdin is None or sys.stdin.isatty():
-            raise ValueError("no prompt given (pass it as an argument or on stdin)")
+            return _no_prompt("no prompt given (pass it as an argument or on stdin)")
         prompt = sys.stdin.read()
+        if not prompt.strip():
+            return _no_prompt("the prompt on stdin is empty")
+    elif not prompt.strip():
+        return _no_prompt("the prompt is empty")
     given = [args.json_schema, args.json or None, args.regex, args.grammar_file]
     if sum(x is not None for x in given) > 1:
         raise ValueError("give at most one of --json-schema, --json, --regex, --grammar-file")
@@ -115,7 +127,8 @@ def handle(args: argparse.Namespace) -> int:
             ids = engine.chat_prompt(messages)
         else:
             ids = engine.tokenize(prompt)
-        last = _stream(engine, ids, params)
+        last, out_ids = _stream(engine, ids, params)
+        cut = _cut_constraint(engine, params, last, out_ids, args)
     finally:
         engine.close()
     if last.error:
@@ -123,24 +136,57 @@ def handle(args: argparse.Namespace) -> int:
     if args.verbose:
         _report(last)
         _report_experts(engine.model)
+    if cut:
+        print(f"localllm: warning: {cut}", file=sys.stderr)
+        return EXIT_CUT
     return 0
 
 
+def _no_prompt(why: str) -> int:
+    print(f"localllm: error: {why}; nothing to generate from", file=sys.stderr)
+    return EXIT_NO_PROMPT
+
+
+def _cut_constraint(engine, params, last, ids: list[int], args) -> str | None:
+    """Why the answer is incomplete, when a length limit cut a constrained one (else None).
+
+    The answer is replayed through a fresh matcher of the same grammar: an answer that became
+    complete on exactly the last allowed token is not reported."""
+    done = last.outputs[0] if last.outputs else None
+    if params.structured is None or done is None or done.finish_reason != "length":
+        return None
+    matcher = engine.grammars.compile(params.structured).matcher()
+    if all(matcher.accept(t) for t in ids) and matcher.accepting:
+        return None
+    n = len(ids)
+    limit = f"at {n} tokens (-n)" if n >= params.max_tokens else f"at {n} tokens (context full, -c)"
+    if args.json or args.json_schema is not None:
+        what = "it is not complete JSON"
+    elif args.regex is not None:
+        what = "it does not match --regex yet"
+    else:
+        what = "it is not complete under --grammar-file"
+    return f"the answer was cut {limit}; {what}"
+
+
 def _stream(engine, ids, params):
+    """Stream the answer to stdout; the last output and every generated token id."""
     engine.add_request("run", ids, params, delta=True)
     out = sys.stdout
-    wrote_newline, last = True, None
+    wrote_newline, last, out_ids = False, None, []
     while engine.has_unfinished_requests():
         for last in engine.step():
             text = "".join(c.text for c in last.outputs)
+            out_ids += [t for c in last.outputs for t in c.token_ids]
             if text:
                 out.write(text)
                 out.flush()
                 wrote_newline = text.endswith("\n")
-    if out.isatty() and not wrote_newline:
+    # a pipe always gets one (so `| wc -l`, `read` and files end cleanly); a terminal when missing
+    if not out.isatty() or not wrote_newline:
         out.write("\n")
     out.flush()
-    return last
+    return last, out_ids
 
 
 def _report_experts(model) -> None:

@@ -10,6 +10,7 @@ prompt chunk a captured prompt graph (as the engine does; `--cuda-graphs 0` runs
 eagerly). The residency flags (`--experts disk`,
 `--cpu-moe`, `--expert-slots N`, ...) load MoE models under a plan, as `run` does; each result
 then carries the expert cache's counters over its timed runs (`--show-plan` prints the plan).
+`-m` takes what `run -m` takes (a path, a library name, `org/repo:QUANT`); none: the default model.
 """
 
 import argparse
@@ -22,6 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from localllm.app.model_path import resolve_model
 from localllm.app.residency_flags import add_residency_flags, residency_config
 
 if TYPE_CHECKING:
@@ -122,7 +124,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _add_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-m", "--model", action="append", required=True, help="GGUF file (repeatable)")
+    p.add_argument(
+        "-m",
+        "--model",
+        action="append",
+        help="GGUF file, library name or org/repo:QUANT, as for `run` (repeatable; default: "
+        "the embedded SmolLM2-135M-Instruct)",
+    )
     p.add_argument("-p", "--n-prompt", type=_ints, default=[512], help="prompt sizes (512)")
     p.add_argument("-n", "--n-gen", type=_ints, default=[128], help="generation sizes (128)")
     p.add_argument("-d", "--n-depth", type=_ints, default=[0], help="context depths (0)")
@@ -144,14 +152,15 @@ def handle(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     if args.repetitions < 1:
         raise ValueError("-r must be >= 1")
+    paths = [str(resolve_model(m)) for m in args.model or [None]]  # all found before any runs
     if args.show_plan:
-        for path in args.model:
+        for path in paths:
             print(_plan(path, args).describe())
         return 0
     results: list[BenchResult] = []
     if args.output == "md":
         print(_md_header())
-    for path in args.model:
+    for path in paths:
         for r in run_model(path, args):
             results.append(r)
             if args.output == "md":

@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 
 GIB = 1 << 30
-# int4pack needs such shapes (else a dense_f16 copy); the other kernels take any
-ALIGNED = " (for rows a multiple of 16 and K of 32)"
+# int4pack needs such shapes; the other kernels take any
+ALIGNED = " | unaligned shapes (rows % 16, K % 32) take dense_f16 for int4pack1"
 
 
 def add_parser(sub) -> None:

@@ -60,7 +60,7 @@ def _one_error_line(proc: subprocess.CompletedProcess, code: int, *needles: str)
         (["run", "-n", "x", "hi"], ["-n/--max-tokens", "invalid int value: 'x'"]),
         (["run", "--cache-type", "q2"], ["--cache-type", "invalid choice: 'q2'"]),
         (["pull"], ["required: model", "localllm pull --help"]),
-        (["frobnicate"], ["invalid choice: 'frobnicate'"]),
+        (["frobnicate"], ["unknown command", "frobnicate", "choose from"]),
         (["completion", "tcsh"], ["invalid choice: 'tcsh'"]),
     ],
 )

@@ -30,7 +30,10 @@ def add_engine_flags(p: argparse.ArgumentParser, *, parallel: int | None = None)
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    """`EngineArgs` keywords from the flags above."""
+    """`EngineArgs` keywords from the flags above, checked by `EngineArgs` itself now, so a bad
+    value (`-c 0`) fails before any model is opened or announced."""
+    from localllm.engine import EngineArgs
+
     kw: dict[str, Any] = {
         "precise": args.precise,
         "max_model_len": args.ctx_size,
@@ -43,4 +46,5 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     residency = residency_config(args)
     if residency != ResidencyConfig():  # planned loading only when asked for
         kw["residency"] = residency
+    EngineArgs(**kw)
     return kw

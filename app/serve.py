@@ -6,7 +6,9 @@ The only place that turns flags (and $LOCALLLM_MODEL, via `resolve_model`) into 
 """
 
 import argparse
+import contextlib
 import sys
+import time
 from pathlib import Path
 
 from localllm.app.engine_flags import add_engine_flags, engine_kwargs
@@ -173,7 +175,9 @@ def _entries(args: argparse.Namespace) -> list:
 
 def handle(args: argparse.Namespace) -> int:
     import uvicorn
+    from uvicorn.main import STARTUP_FAILURE
 
+    from localllm.app.hub.progress import human_bytes
     from localllm.app.server.app import create_app
     from localllm.app.server.connections import protocol_class
     from localllm.app.server.router import ModelRouter
@@ -203,7 +207,12 @@ def handle(args: argparse.Namespace) -> int:
     kw = engine_kwargs(args)
     single = len(entries) == 1 and not args.idle_unload and not args.models_dir
     if single:  # one model, loaded now and kept: the plain server
-        served = AsyncEngine.from_model(str(entries[0].path), **kw)
+        path = entries[0].path
+        size = human_bytes(entries[0].nbytes)
+        _say(f"loading {path.name} ({size} of weights) from {path.parent}")  # takes seconds
+        t0 = time.perf_counter()
+        served = AsyncEngine.from_model(str(path), **kw)
+        _say(f"loaded in {time.perf_counter() - t0:.1f} s; starting the server")
         what = f"{settings.model_id} (context {served.max_model_len})"
     else:
         served = ModelRouter(
@@ -219,12 +228,7 @@ def handle(args: argparse.Namespace) -> int:
         app = create_app(served, settings)
         app.state.whisper_dir = args.whisper  # loaded on the first audio request
         app.state.tts_model = args.tts  # loaded on the first speech request
-        print(
-            f"localllm: serving {what} on http://{args.host}:{args.port}/v1",
-            file=sys.stderr,
-            flush=True,
-        )
-        uvicorn.run(
+        config = uvicorn.Config(
             app,
             host=args.host,
             port=args.port,
@@ -234,6 +238,37 @@ def handle(args: argparse.Namespace) -> int:
             access_log=args.verbose,
             timeout_graceful_shutdown=5,
         )
+        server = _ready_server(config, f"serving {what} on")
+        with contextlib.suppress(KeyboardInterrupt):  # Ctrl+C: uvicorn has shut down cleanly
+            server.run()
+        if not server.started:  # uvicorn.run's exit status when it could not start
+            raise SystemExit(STARTUP_FAILURE)
     finally:
         served.shutdown(abort=True)
     return 0
+
+
+def _say(message: str) -> None:
+    print(f"localllm: {message}", file=sys.stderr, flush=True)
+
+
+def _ready_server(config, message: str):
+    """uvicorn's server, made here so that importing this module does not import uvicorn."""
+    import uvicorn
+
+    class ReadyServer(uvicorn.Server):
+        """uvicorn's server, saying where it listens once the socket is bound: the line a user
+        (or a script) waits for means a request sent now is answered."""
+
+        def __init__(self, config, message: str) -> None:
+            super().__init__(config)
+            self.message = message
+
+        async def startup(self, sockets=None) -> None:
+            await super().startup(sockets)
+            if self.started:  # the bound port (--port 0 picks one), not the flag
+                host, port = self.servers[0].sockets[0].getsockname()[:2]
+                host = f"[{host}]" if ":" in host else host
+                _say(f"{self.message} http://{host}:{port}/v1")
+
+    return ReadyServer(config, message)

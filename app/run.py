@@ -173,7 +173,7 @@ def _stream(engine, ids, params):
     """Stream the answer to stdout; the last output and every generated token id."""
     engine.add_request("run", ids, params, delta=True)
     out = sys.stdout
-    wrote_newline, last, out_ids = False, None, []
+    wrote, wrote_newline, last, out_ids = False, False, None, []
     while engine.has_unfinished_requests():
         for last in engine.step():
             text = "".join(c.text for c in last.outputs)
@@ -181,9 +181,11 @@ def _stream(engine, ids, params):
             if text:
                 out.write(text)
                 out.flush()
-                wrote_newline = text.endswith("\n")
-    # a pipe always gets one (so `| wc -l`, `read` and files end cleanly); a terminal when missing
-    if not out.isatty() or not wrote_newline:
+                wrote, wrote_newline = True, text.endswith("\n")
+    # a pipe always gets one (so `| wc -l`, `read` and files end cleanly); a terminal when
+    # missing; a request that failed before any text leaves stdout empty
+    failed = last is None or bool(last.error)
+    if (wrote or not failed) and (not out.isatty() or not wrote_newline):
         out.write("\n")
     out.flush()
     return last, out_ids

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+TITLE_CHARS = 40  # a new conversation's title: the first message, cut to this length
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS conversations (
     id INTEGER PRIMARY KEY,
@@ -236,3 +238,16 @@ def slug(title: str) -> str:
     """A file-name-safe form of a title, for exports."""
     s = re.sub(r"[^A-Za-z0-9]+", "-", title).strip("-").lower()
     return s[:60] or "conversation"
+
+
+def conversation_title(text: str, limit: int = TITLE_CHARS) -> str:
+    """A new conversation's title from its first message: one line, at most `limit` characters,
+    cut at a word where one is near the end and then marked with an ellipsis."""
+    line = " ".join(text.split())
+    if len(line) <= limit:
+        return line
+    cut = line[: limit - 1]
+    space = cut.rfind(" ")
+    if space > limit // 2:  # a word boundary not too far back
+        cut = cut[:space]
+    return cut.rstrip() + "…"

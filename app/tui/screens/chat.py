@@ -16,7 +16,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Static
 
 from localllm.app.tui.backend import GenSettings
-from localllm.app.tui.history import Conversation, StoredMessage
+from localllm.app.tui.history import Conversation, StoredMessage, conversation_title
 from localllm.app.tui.screens.chat_actions import ConversationActions
 from localllm.app.tui.screens.chat_answer import AnswerStreaming
 from localllm.app.tui.screens.chat_speech import SpeechActions
@@ -28,6 +28,7 @@ from localllm.app.tui.widgets.resources import ResourcePanel
 from localllm.app.tui.widgets.sidebar import ConversationList
 
 QUEUED = "message queued until the model is ready"
+SIDE_MIN_WIDTH = 100  # columns: narrower terminals hide the side panel (ctrl+b shows it)
 
 
 class ChatScreen(AnswerStreaming, ConversationActions, SpeechActions, Screen):
@@ -55,6 +56,7 @@ class ChatScreen(AnswerStreaming, ConversationActions, SpeechActions, Screen):
         self.editing: StoredMessage | None = None
         self.stats: GenStats | None = None
         self.queued = False  # the last user message waits for the model being loaded
+        self.wide: bool | None = None  # was the terminal SIDE_MIN_WIDTH wide at the last look?
 
     def compose(self) -> ComposeResult:
         with Horizontal():
@@ -74,9 +76,23 @@ class ChatScreen(AnswerStreaming, ConversationActions, SpeechActions, Screen):
     def on_mount(self) -> None:
         self.gen_settings: GenSettings = self.app.config.sampling
         self.watch(self.app, "model_state", lambda _: self.refresh_status())
-        self.query_one("#side").display = self.app.size.width >= 100
+        self._follow_width()
         self.query_one(PromptInput).focus()
         self.refresh_list()
+
+    def on_resize(self) -> None:
+        self._follow_width()
+
+    def on_screen_resume(self) -> None:
+        self._follow_width()  # the terminal may have changed size behind another screen
+
+    def _follow_width(self) -> None:
+        """Show the side panel when the terminal grows to SIDE_MIN_WIDTH columns, hide it when
+        it shrinks below; in between, ctrl+b's choice stands."""
+        wide = self.app.size.width >= SIDE_MIN_WIDTH
+        if wide != self.wide:
+            self.wide = wide
+            self.query_one("#side").display = wide
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "stop":
@@ -140,7 +156,7 @@ class ChatScreen(AnswerStreaming, ConversationActions, SpeechActions, Screen):
         if self.conversation is None:
             model = self.app.backend.name if self.app.backend else None
             self.conversation = self.store.new_conversation(
-                text[:40], self.gen_settings.to_dict(), model
+                conversation_title(text), self.gen_settings.to_dict(), model
             )
             self.refresh_list()
         msg = self.store.add_message(self.conversation.id, "user", text)  # committed now

@@ -20,7 +20,9 @@ class ConversationList(Vertical):
     ConversationList { height: 1fr; }
     ConversationList > Input { margin: 0; }
     ConversationList > ListView { height: 1fr; }
-    ConversationList > ListView > ListItem > Label { text-wrap: nowrap; text-overflow: ellipsis; }
+    ConversationList > ListView > ListItem > Label {
+        width: 1fr; text-wrap: nowrap; text-overflow: ellipsis;  /* auto width: clipped, no … */
+    }
     """
 
     class Selected(Message):

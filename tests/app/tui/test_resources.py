@@ -36,7 +36,7 @@ async def test_panel_shows_the_loaded_model_and_speed(tmp_path):
         panel = app.chat.query_one(ResourcePanel)
         panel.sample()
         text = str(panel.render())
-        assert "model fake-model (123.5 KB)" in text
+        assert "model 123.5 KB\nfake-model\n" in text  # the name on a row of its own
         assert "RAM 6.0 GB/16.0 GB" in text
         speed = app.last_speed
         assert speed is not None and f"{speed:.1f} tok/s" in text

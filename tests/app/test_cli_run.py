@@ -109,3 +109,21 @@ def test_piped_output_ends_with_one_newline_even_after_one_of_its_own():
     proc = _run(*base, "-n", "8", "Three letters:")
     assert proc.returncode == 0, proc.stderr
     assert len(proc.stdout) == 5 and proc.stdout.endswith("\n\n"), repr(proc.stdout)
+
+
+def test_no_prompt_and_a_terminal_on_stdin_is_a_usage_error():
+    """Nothing to read: a terminal on stdin is not waited on."""
+    import os
+
+    main_fd, term = os.openpty()
+    try:
+        cmd = [sys.executable, "-m", "localllm.app", "run"]
+        proc = subprocess.run(cmd, stdin=term, capture_output=True, text=True, timeout=120)
+    finally:
+        os.close(main_fd)
+        os.close(term)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert _one_line(proc.stderr, "localllm: error: ") == (
+        "localllm: error: no prompt given (pass it as an argument or on stdin); "
+        "nothing to generate from"
+    )

@@ -5,6 +5,13 @@ The template is untrusted input (it comes from a downloaded model file), so it r
 (syntax error, sandbox violation, `raise_exception(...)` from the template, a limit) surfaces as one
 `ChatTemplateError`.
 
+Limits (defaults; `ChatTemplate`'s keywords change them): the template's source at most
+MAX_SOURCE_CHARS (256 Ki characters); compiling at most 1 s (`compile_time_limit_s`) and 2 Mi
+characters of generated code (`sandbox_checks.MAX_CODE_CHARS`); rendering at most 2 s
+(`time_limit_s`) and 4 M characters of output, or twice the prompt data when that is more
+(`max_output_chars`); one filter or string method that explodes a string into objects at most
+64 MiB (`max_filter_bytes`).
+
 Context given to templates, as transformers' `apply_chat_template` does: `messages`,
 `add_generation_prompt`, `bos_token`, `eos_token`, `tools`, `documents`, any extra keyword (e.g.
 `enable_thinking`), and the helpers `raise_exception(msg)`, `strftime_now(fmt)` and the `tojson`
@@ -19,7 +26,11 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from localllm.engine.tokenizer.sandbox import BoundedEnvironment
-from localllm.engine.tokenizer.sandbox_checks import TemplateLimitError, value_size
+from localllm.engine.tokenizer.sandbox_checks import (
+    MAX_FILTER_BYTES,
+    TemplateLimitError,
+    value_size,
+)
 
 if TYPE_CHECKING:
     from localllm.engine.tokenizer.tokenizer import Tokenizer
@@ -34,7 +45,10 @@ CHATML_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
 
-MAX_SOURCE_CHARS = 1 << 20
+MAX_SOURCE_CHARS = 256 * 1024  # 15x the largest real template we know (gpt-oss: 17 KB)
+COMPILE_TIME_LIMIT_S = 1.0  # gpt-oss's template compiles in 0.04 s
+RENDER_TIME_LIMIT_S = 2.0
+MAX_OUTPUT_CHARS = 4_000_000
 
 
 class ChatTemplateError(ValueError):
@@ -62,8 +76,10 @@ class ChatTemplate:
         bos_token: str | None = None,
         eos_token: str | None = None,
         *,
-        time_limit_s: float = 2.0,
-        max_output_chars: int = 4_000_000,
+        time_limit_s: float = RENDER_TIME_LIMIT_S,
+        max_output_chars: int = MAX_OUTPUT_CHARS,
+        compile_time_limit_s: float = COMPILE_TIME_LIMIT_S,
+        max_filter_bytes: int = MAX_FILTER_BYTES,
     ) -> None:
         if not isinstance(source, str):
             raise ChatTemplateError("chat template must be a string")
@@ -76,10 +92,12 @@ class ChatTemplate:
         self.eos_token = eos_token or ""
         self.time_limit_s = time_limit_s
         self.max_output_chars = max_output_chars
+        self.max_filter_bytes = max_filter_bytes
         self._env = BoundedEnvironment()
         self._env.globals["raise_exception"] = _raise_exception
         self._env.globals["strftime_now"] = _strftime_now
-        self._env.start(time_limit_s, max_output_chars)  # compiling evaluates constants too
+        # compiling evaluates constants too: the size caps apply, and a deadline of its own
+        self._env.start(compile_time_limit_s, max_output_chars, max_filter_bytes, "compiling")
         try:
             self._template = self._env.from_string(source)
         except Exception as e:  # syntax errors, and whatever a hostile source makes the parser do
@@ -127,7 +145,7 @@ class ChatTemplate:
         # estimate stops counting at 16x the cap, which also bounds its own work.
         input_size = value_size(context, 16 * self.max_output_chars)
         limit = max(self.max_output_chars, 2 * input_size + len(self.source))
-        self._env.start(self.time_limit_s, limit)
+        self._env.start(self.time_limit_s, limit, self.max_filter_bytes)
         try:
             out: list[str] = []
             total = 0

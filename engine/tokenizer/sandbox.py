@@ -7,9 +7,14 @@ bodies, doubling a string thirty times, `'a' * 10**10`, `x|indent(10**9)`, `2 **
 
 - a wall-clock deadline, checked on every call, attribute access, loop iteration, operator and
   output (every `{% for %}` iterates through a guard, wired in by rewriting the parsed template);
+  compiling has one too, checked every few hundred tokens while lexing and parsing and every few
+  hundred nodes while generating code, and the generated code is capped in size before Python's
+  `compile()`, which cannot be interrupted;
 - a size cap on every string or container a template can build, checked *before* the operations that
   multiply sizes (`+`, `*`, `%`, `~`, `**`, `join`, `replace`, `center`, `indent`, `wordwrap`,
   `format`, `tojson`) so that nothing huge is ever allocated;
+- a memory budget for the filters and string methods that turn a string into one object per
+  character, word or line (`|title`, `|sort`, `|list`, `.split()`, ...), checked before they run;
 - unsafe attribute access raises at once instead of rendering as an empty string.
 
 Limits are per render (thread-local), so one environment serves concurrent renders.
@@ -31,11 +36,15 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
 
 from localllm.engine.tokenizer.sandbox_checks import (
     FILTER_CHECKS,
+    MAX_CODE_CHARS,
+    MAX_FILTER_BYTES,
     MAX_POW_BITS,
     MAX_RANGE,
+    STRING_FILTER_BYTES,
     TemplateLimitError,
     check_format,
     is_seq,
+    string_method_bytes,
     tojson,
     value_size,
 )
@@ -44,9 +53,12 @@ _LOOP_GUARD = "localllm_loop_guard"
 
 
 class _Budget:
-    def __init__(self, deadline: float, max_size: int) -> None:
-        self.deadline = deadline
+    def __init__(self, seconds: float, max_size: int, max_filter_bytes: int, what: str) -> None:
+        self.seconds = seconds
+        self.deadline = time.monotonic() + seconds
         self.max_size = max_size
+        self.max_filter_bytes = max_filter_bytes
+        self.what = what  # "rendering" or "compiling", for the error
 
 
 class _GenerationTag(Extension):
@@ -59,7 +71,28 @@ class _GenerationTag(Extension):
         return parser.parse_statements(("name:endgeneration",), drop_needle=True)
 
 
+class _LexDeadline(Extension):
+    """Checks the deadline every 256 tokens while a template is lexed and parsed: the parser pulls
+    the tokens one at a time through this filter, as rendering pulls loop items through a guard."""
+
+    def filter_stream(self, stream: Any) -> Iterator[Any]:
+        tick = self.environment.tick  # type: ignore[attr-defined]
+        for i, token in enumerate(stream):
+            if not i & 255:
+                tick()
+            yield token
+
+
 class _Codegen(CodeGenerator):
+    _visits = 0
+
+    def visit(self, node: nodes.Node, *args: Any, **kwargs: Any) -> Any:
+        # the deadline every 256 nodes while generating code (and folding constants)
+        self._visits += 1
+        if not self._visits & 255:
+            self.environment.tick()  # type: ignore[attr-defined]
+        return super().visit(node, *args, **kwargs)
+
     def visit_Concat(self, node: nodes.Concat, frame: Any) -> None:
         # `a ~ b` normally compiles to str_join((a, b)); route it through the size check.
         self.write("environment.bounded_join((")
@@ -96,7 +129,7 @@ class BoundedEnvironment(ImmutableSandboxedEnvironment):
         super().__init__(
             trim_blocks=True,
             lstrip_blocks=True,
-            extensions=[loopcontrols, _GenerationTag],
+            extensions=[loopcontrols, _GenerationTag, _LexDeadline],
             finalize=self._finalize,
             autoescape=False,
         )
@@ -110,8 +143,14 @@ class BoundedEnvironment(ImmutableSandboxedEnvironment):
 
     # -- per-render budget ------------------------------------------------------------------------
 
-    def start(self, time_limit_s: float, max_size: int) -> None:
-        self._local.budget = _Budget(time.monotonic() + time_limit_s, max_size)
+    def start(
+        self,
+        time_limit_s: float,
+        max_size: int,
+        max_filter_bytes: int = MAX_FILTER_BYTES,
+        what: str = "rendering",
+    ) -> None:
+        self._local.budget = _Budget(time_limit_s, max_size, max_filter_bytes, what)
 
     def stop(self) -> None:
         self._local.budget = None
@@ -122,12 +161,23 @@ class BoundedEnvironment(ImmutableSandboxedEnvironment):
     def tick(self) -> None:
         budget = self._budget()
         if budget is not None and time.monotonic() > budget.deadline:
-            raise TemplateLimitError("rendering took longer than the time limit")
+            phase = "compile" if budget.what == "compiling" else "render"
+            raise TemplateLimitError(
+                f"{budget.what} took longer than the {phase} time limit ({budget.seconds:g} s)"
+            )
 
     def check_size(self, size: int, what: str) -> None:
         budget = self._budget()
         if budget is not None and size > budget.max_size:
             raise TemplateLimitError(f"{what} would exceed {budget.max_size} characters")
+
+    def check_memory(self, nbytes: int, what: str) -> None:
+        budget = self._budget()
+        if budget is not None and nbytes > budget.max_filter_bytes:
+            raise TemplateLimitError(
+                f"{what} would take about {nbytes >> 20} MiB of memory "
+                f"(limit {budget.max_filter_bytes >> 20} MiB)"
+            )
 
     def limit(self) -> int:
         budget = self._budget()
@@ -141,6 +191,16 @@ class BoundedEnvironment(ImmutableSandboxedEnvironment):
             guard = nodes.Name(_LOOP_GUARD, "load")
             loop.iter = nodes.Call(guard, [loop.iter], [], None, None).set_lineno(loop.lineno)
         return tree
+
+    def _compile(self, source: str, filename: str) -> Any:
+        # Python's compile() runs in one call nothing can interrupt: bound what it gets
+        if len(source) > MAX_CODE_CHARS:
+            raise TemplateLimitError(
+                f"the template makes {len(source)} characters of Python code "
+                f"(limit {MAX_CODE_CHARS})"
+            )
+        self.tick()
+        return super()._compile(source, filename)
 
     def unsafe_undefined(self, obj: Any, attribute: str) -> Any:
         raise SecurityError(
@@ -228,9 +288,11 @@ class BoundedEnvironment(ImmutableSandboxedEnvironment):
             self.check_size(len(s) * (1 + (int(args[0]) if args else 8)), "str.expandtabs")
         elif name in ("format", "format_map"):
             check_format(s)
+        self.check_memory(string_method_bytes(s, name, args, kwargs), f"str.{name}")
 
     def _guard_filter(self, name: str, fn: Any) -> Any:
         precheck = FILTER_CHECKS.get(name)
+        per_char = STRING_FILTER_BYTES.get(name)
 
         @functools.wraps(fn)  # keeps jinja's pass_context/pass_environment marker
         def guarded(*args: Any, **kwargs: Any) -> Any:
@@ -240,6 +302,9 @@ class BoundedEnvironment(ImmutableSandboxedEnvironment):
             if values:
                 # Whatever a filter does, it should not start from a value past the cap.
                 self.check_size(value_size(values[0], self.limit()), f"filter {name} input")
+                if per_char is not None and isinstance(values[0], str):
+                    n = len(values[0])
+                    self.check_memory(per_char * n, f"filter {name} on {n} characters")
                 if precheck is not None:
                     precheck(self, values[0], values[1:], kwargs)
             result = fn(*args, **kwargs)

@@ -13,6 +13,42 @@ from typing import Any, Protocol
 
 MAX_POW_BITS = 1 << 20
 MAX_RANGE = 100_000
+# Python code generated from a template, compiled by `compile()` in one uninterruptible call (about
+# 0.5 s per MiB): 55x what the largest real template we know (gpt-oss, 17 KB) generates.
+MAX_CODE_CHARS = 2 << 20
+# Memory one filter or string method may take to turn a string into one object per character,
+# word or line (`|title` on 4 MB peaked at 350-600 MB before this).
+MAX_FILTER_BYTES = 64 << 20
+# Peak bytes per character of a *string* input for the filters that make one Python object per
+# character, word or line of it: the worst of ASCII words, one-character runs, lines and CJK text,
+# measured with tracemalloc on CPython 3.11, rounded up. Other filters copy a string once or twice
+# and the size cap covers them; on a list every filter makes at most a reference per item.
+STRING_FILTER_BYTES = {
+    "sort": 256,
+    "groupby": 192,
+    "batch": 192,
+    "slice": 144,
+    "join": 96,
+    "list": 96,
+    "map": 96,
+    "select": 96,
+    "reject": 96,
+    "selectattr": 96,
+    "rejectattr": 96,
+    "unique": 96,
+    "title": 96,
+    "pprint": 96,
+    "urlize": 96,
+    "wordwrap": 64,
+    "wordcount": 48,
+    "urlencode": 48,
+    "indent": 48,
+    "striptags": 48,
+}
+# str.split()/rsplit() without a separator: a piece per two characters at worst ("中 中 ...");
+# with one, each of the s.count(sep) + 1 pieces costs an object and its characters.
+SPLIT_BYTES_PER_CHAR = 48
+PIECE_BYTES = 96
 # A %-format or str.format width/precision of 7+ digits (or `*`) could allocate gigabytes at once.
 _BIG_WIDTH = re.compile(r"%[-#0 +]*(\*|\d{7,})|%[-#0 +]*\d*\.(\*|\d{7,})|\{[^{}]*\d{7,}[^{}]*\}")
 
@@ -54,6 +90,18 @@ def value_size(value: Any, limit: int, depth: int = 0) -> int:
 def check_format(fmt: str) -> None:
     if _BIG_WIDTH.search(fmt):
         raise TemplateLimitError("a format string asks for an enormous field width")
+
+
+def string_method_bytes(s: str, name: str, args: tuple, kwargs: dict) -> int:
+    """Peak bytes of the pieces `s.<name>(...)` would make (0: a method that makes none)."""
+    if name in ("split", "rsplit"):
+        sep = args[0] if args else kwargs.get("sep")
+        if isinstance(sep, str) and sep:
+            return (s.count(sep) + 1) * PIECE_BYTES + 4 * len(s)
+        return SPLIT_BYTES_PER_CHAR * len(s)
+    if name == "splitlines":
+        return SPLIT_BYTES_PER_CHAR * len(s)
+    return 0
 
 
 def _pre_center(env: Checker, s: Any, args: list, kwargs: dict) -> None:

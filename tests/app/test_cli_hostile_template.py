@@ -72,3 +72,20 @@ def test_benign_template_generates(tmp_path, capsys):
     _, err = capsys.readouterr()
     assert code == 0, err
     assert err == ""
+
+
+def test_large_template_fails_to_compile_within_seconds(tmp_path, capsys):
+    """252 K characters of output tags: they compiled for 2 s and ran (at the old 1 MiB cap a
+    template compiled for 10-30 s); now refused by the compile limits."""
+    import time
+
+    path = _tiny_chat_model(tmp_path / "tiny.gguf", "{{ m }}" * 36_000)
+    start = time.monotonic()
+    code = main(["run", "-m", str(path), "--chat", "-n", "4", "hi"])
+    seconds = time.monotonic() - start
+    out, err = capsys.readouterr()
+    assert code == 1 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("localllm: error: "), err
+    assert "chat template does not compile" in lines[0], err
+    assert seconds < 10  # the compile limit is 1 s; generous for a loaded CI machine

@@ -176,3 +176,90 @@ def test_concurrent_renders_keep_their_own_budget():
     for t in threads:
         t.join()
     assert len(set(results)) == 1 and len(results) == 200
+
+
+# -- compile time, template size and filter memory (issue 33, item 7) ---------------------------
+
+
+def test_large_hostile_template_fails_to_compile_fast():
+    """252 K characters of output tags compiled for 2 s here (at the old 1 MiB cap: 15-20 s)
+    into 3.2 M characters of Python code."""
+    source = "{{ m }}" * 36_000
+    start = time.monotonic()
+    with pytest.raises(ChatTemplateError, match="does not compile"):
+        ChatTemplate(source)
+    assert time.monotonic() - start < 5  # the compile limit is 1 s; generous for slow CI
+
+
+def test_compile_has_a_deadline():
+    """The deadline is checked while lexing, parsing and generating code (deterministic at 0)."""
+    source = "{% for m in messages %}{{ m['content'] }}{% endfor %}" * 50
+    ChatTemplate(source)  # compiles in milliseconds under the default limit
+    with pytest.raises(ChatTemplateError, match="compile time limit"):
+        ChatTemplate(source, compile_time_limit_s=0)
+
+
+def test_templates_over_the_size_limit_are_refused_at_once():
+    source = "{{ m }}" * 100_000  # 700 K characters: 15 s to compile under the old 1 MiB cap
+    start = time.monotonic()
+    with pytest.raises(ChatTemplateError, match="limit 262144"):
+        ChatTemplate(source)
+    assert time.monotonic() - start < 1
+
+
+def test_template_size_limit():
+    from localllm.engine.tokenizer.chat_template import MAX_SOURCE_CHARS
+
+    assert MAX_SOURCE_CHARS == 256 * 1024  # 15x the largest real template we know (gpt-oss)
+    ChatTemplate("x" * MAX_SOURCE_CHARS)
+    with pytest.raises(ChatTemplateError, match="limit 262144"):
+        ChatTemplate("x" * (MAX_SOURCE_CHARS + 1))
+
+
+STRING_EXPLODERS = [
+    "c|title",
+    "c|sort|length",
+    "c|list|length",
+    "c|unique|list|length",
+    "c|batch(2)|list|length",
+    "c|groupby(0)|list|length",
+    "c|join('')",
+    "c|wordwrap(10)",
+    "c|wordcount",
+    "c|urlize",
+    "c.split()|length",
+]
+
+
+@pytest.mark.parametrize("expr", STRING_EXPLODERS)
+def test_filters_that_explode_a_long_string_are_refused_before_they_allocate(expr):
+    """`|title` on 4 MB peaked at 350-600 MB: a filter that makes one Python object per
+    character, word or line of a string is refused before it runs when that would take more
+    than its memory budget (tracemalloc measures what rendering allocates)."""
+    import tracemalloc
+
+    content = "中文 " * 500_000  # 1.5 M characters
+    template = ChatTemplate(
+        "{% set c = messages[0]['content'] %}{{ " + expr + " }}", time_limit_s=60
+    )
+    tracemalloc.start()
+    try:
+        with pytest.raises(ChatTemplateError, match="memory"):
+            template.render([{"role": "user", "content": content}])
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 32 << 20, f"rendering allocated {peak >> 20} MiB"
+
+
+def test_long_messages_still_pass_the_filters_real_templates_use():
+    """The budget counts what a filter makes: two pieces of a split on `</think>`, one copy for
+    trim or tojson, however long the message (2 M characters here)."""
+    content = "word " * 400_000 + "</think>answer"
+    template = ChatTemplate(
+        "{% set c = messages[0]['content'] %}"
+        "{{ c.split('</think>')[-1]|trim }} {{ c|tojson|length }} {{ c|trim|length }} "
+        "{{ messages|map(attribute='content')|list|length }} {{ c|length }}"
+    )
+    out = template.render([{"role": "user", "content": content}])
+    assert out == f"answer {len(content) + 2} {len(content) - 0} 1 {len(content)}"

@@ -164,7 +164,7 @@ def read(key: str, name: str, value: Any) -> Any:
 
 def check_tensors(meta: Mapping[str, Any], tensors: Mapping[str, Any]) -> None:
     """What the tensors' shapes fix agrees with the metadata (`tensors`: name -> an object with
-    a torch-order `shape`). The keys' own types and ranges are checked on the way."""
+    a torch-order `shape`); the keys compared are checked for type and range on the way."""
     arch = meta.get("general.architecture")
     if type(arch) is not str:
         raise HyperparameterError(f"metadata 'general.architecture' is {_show(arch)}")
@@ -199,16 +199,18 @@ def check_tensors(meta: Mapping[str, Any], tensors: Mapping[str, Any]) -> None:
             blocks.add(int(m[1]))
             elements += math.prod(t.shape)
     if blocks != set(range(n_layers)):
-        have = f"blk.0 .. blk.{max(blocks)}" if blocks == set(range(len(blocks))) else "others"
+        nums = sorted(blocks)
+        have = ", ".join(map(str, nums[:6])) + (", ..." if len(nums) > 6 else "")
         raise HyperparameterError(
             f"metadata '{arch}.block_count' is {n_layers} but the file has tensors for "
-            f"{len(blocks)} blocks ({have if blocks else 'none'})"
+            f"{len(blocks)} blocks" + (f" (blk.{have})" if nums else "")
         )
     # A width sizes tensors in every layer, so the layers hold at least n_layers * width values;
     # a larger one cannot be right, and would make the model allocate beyond the file's size.
+    # (Only integers: a family that reads a key checks its type; keys it ignores may be anything.)
     for name, kind in HPARAMS.items():
-        got = value(name) if isinstance(kind, Int) and kind.width else None
-        if got and n_layers * got > elements:
+        got = meta.get(f"{arch}.{name}") if isinstance(kind, Int) and kind.width else None
+        if type(got) is int and n_layers * got > elements:
             raise HyperparameterError(
                 f"metadata '{arch}.{name}' is {got}, more than {n_layers} layers of "
                 f"{elements} values in all can hold"

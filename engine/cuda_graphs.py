@@ -23,8 +23,8 @@ from localllm.engine.graph_breaks import HostBreaks
 from localllm.engine.kv_cache import PagedKVCache
 from localllm.engine.moe import graph_safe, moe_blocks
 from localllm.engine.split_link import SplitLink
-from localllm.kernels.attention.decode import DecodePlan
 from localllm.kernels.attention.decode_graph import PaddedPositions, padded_decode_plan
+from localllm.kernels.attention.decode_plan import DecodePlan
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,8 @@ from localllm.engine.kv_cache import PagedKVCache
 from localllm.engine.linear import FusedLinear, QuantLinear, dense
 from localllm.engine.rope import Rotary
 from localllm.kernels.fused import QUANT_MAX_ROWS, add_rms_norm_q, rms_norm_q, silu_mul_q
-from localllm.kernels.fused.rope_qkv import HeadLayout, HeadNorms, fusable, rope_qkv_write
+from localllm.kernels.fused.heads import HeadLayout, HeadNorms
+from localllm.kernels.fused.rope_qkv import fusable, rope_qkv_write
 from localllm.kernels.quant.dequant import dequantize
 from localllm.offload import QuantWeight
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from localllm.kernels.fused.rope_qkv import HeadLayout
+from localllm.kernels.fused.heads import HeadLayout
 
 
 @dataclass(frozen=True, slots=True)

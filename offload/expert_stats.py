@@ -1,11 +1,9 @@
 """Counters of MoE expert sources: lookups, hits and misses, reads, stalls, prefetch guesses,
 host-computed rows; what `bench`, `/metrics`, `run --stats` and the TUI's memory view show."""
 
+from collections.abc import Iterable
 from dataclasses import dataclass, fields, replace
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from localllm.offload.expert_source import ExpertSource
+from typing import Protocol
 
 
 @dataclass(slots=True)
@@ -45,7 +43,13 @@ class ExpertStats:
         return replace(self)
 
 
-def expert_stats(sources: "list[ExpertSource]") -> ExpertStats:
+class Counted(Protocol):
+    """Anything that keeps `ExpertStats`: the expert sources (`offload.expert_source`)."""
+
+    stats: ExpertStats
+
+
+def expert_stats(sources: Iterable[Counted]) -> ExpertStats:
     """Counters summed over the sources (hits + misses = lookups)."""
     total = ExpertStats()
     for s in sources:

@@ -120,3 +120,43 @@ def test_only_app_reads_the_environment():
             if "os.environ" in text or "os.getenv" in text:
                 bad.append(str(path.relative_to(ROOT)))
     assert not bad, bad
+
+
+def _module_name(path):
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(("localllm", *parts))
+
+
+def test_no_import_cycles():
+    """No two modules import each other, directly or around a loop: at module level, inside
+    functions or for type checking alike (each is a dependency; a lazy import only hides one).
+    `from pkg import mod` counts as importing `pkg.mod`, not the package."""
+    paths = {_module_name(p): p for pkg in PACKAGES for p in _modules(pkg)}
+    graph = {}
+    for name, path in paths.items():
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                deps |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                for a in node.names:
+                    full = f"{node.module}.{a.name}"
+                    deps.add(full if full in paths else node.module)
+        graph[name] = {d for d in deps if d in paths and d != name}
+    cycles, state = [], {}  # state: 1 on the current path, 2 done
+
+    def visit(node, trail):
+        state[node] = 1
+        for dep in sorted(graph[node]):
+            if state.get(dep) == 1:
+                cycles.append(" -> ".join([*trail[trail.index(dep) :], dep]))
+            elif dep not in state:
+                visit(dep, [*trail, dep])
+        state[node] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])
+    assert not cycles, "\n".join(cycles)

@@ -18,7 +18,7 @@ from localllm.engine.models.common import arch_key, rope_scale
 from localllm.engine.models.decoder import Decoder
 from localllm.engine.rope import RopeConfig, Rotary
 from localllm.kernels.fused import QUANT_MAX_ROWS
-from localllm.kernels.fused.rope_qkv import HeadNorms
+from localllm.kernels.fused.heads import HeadNorms
 
 
 @dataclass(frozen=True)

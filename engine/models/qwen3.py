@@ -8,7 +8,7 @@ dim / heads = 64).
 
 from localllm.engine.layers import RMSNorm
 from localllm.engine.models import qwen2
-from localllm.kernels.fused.rope_qkv import HeadNorms
+from localllm.kernels.fused.heads import HeadNorms
 
 ModelArgs = qwen2.ModelArgs
 

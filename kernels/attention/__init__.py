@@ -1,11 +1,7 @@
 """Attention over a paged KV cache: plain-torch reference ops (triton variants plug in on GPU)."""
 
-from localllm.kernels.attention.decode import (
-    DecodePlan,
-    decode_attention,
-    plan_decode,
-    quantized_output,
-)
+from localllm.kernels.attention.decode import decode_attention, quantized_output
+from localllm.kernels.attention.decode_plan import DecodePlan, plan_decode
 from localllm.kernels.attention.kv_quant import (
     KV_DTYPES,
     decode_kv,

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from localllm.kernels.attention.decode import DecodePlan
+from localllm.kernels.attention.decode_plan import DecodePlan
 
 
 @dataclass(frozen=True, slots=True)

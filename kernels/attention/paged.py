@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from localllm.kernels.attention.decode import DecodePlan, decode_attention
+from localllm.kernels.attention.decode import decode_attention
+from localllm.kernels.attention.decode_plan import DecodePlan
 from localllm.kernels.attention.kv_quant import decode_kv
 
 if TYPE_CHECKING:

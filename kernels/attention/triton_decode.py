@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from localllm.kernels import pdl
-from localllm.kernels.attention.decode import DecodePlan
+from localllm.kernels.attention.decode_plan import DecodePlan
 from localllm.kernels.quant.triton_dp4a import quant_groups
 from localllm.kernels.quant.triton_packed import QuantizedX
 

@@ -6,30 +6,10 @@ triton kernel of `triton_rope` instead: one launch per layer instead of ~6-25 ea
 (the rope multiply-adds, the casts to the cache dtype, the two index copies, qwen3's norms).
 """
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 
-
-@dataclass(frozen=True, slots=True)
-class HeadLayout:
-    """Heads of one attention layer and how rope rotates them."""
-
-    n_q: int
-    n_kv: int
-    head_dim: int
-    rot_dims: int  # leading dims that rotate (partial rotary when < head_dim)
-    neox: bool  # True: pairs (i, i + rot/2); False: adjacent pairs (2i, 2i + 1)
-
-
-@dataclass(frozen=True, slots=True)
-class HeadNorms:
-    """Per-head RMSNorm weights [head_dim] applied to q and k before rope (qwen3, gemma3)."""
-
-    q: torch.Tensor
-    k: torch.Tensor
-    eps: float
+from localllm.kernels.fused.heads import HeadLayout, HeadNorms
 
 
 def rope_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, lay: HeadLayout):

@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 from localllm.kernels import pdl
-from localllm.kernels.fused.rope_qkv import HeadLayout, HeadNorms
+from localllm.kernels.fused.heads import HeadLayout, HeadNorms
 
 
 @triton.jit

@@ -11,7 +11,7 @@ weights prepared once, multiplied with `.matmul`, never dequantized per use).
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -20,8 +20,14 @@ from localllm.kernels.quant.dequant import dequantize
 from localllm.kernels.quant.linear import TRITON_TYPES
 from localllm.kernels.quant.types import QuantType
 
-if TYPE_CHECKING:  # prepared.py imports this module
-    from localllm.kernels.moe.prepared import PreparedExpert
+
+class PreparedFFN(Protocol):
+    """What the FFN needs of an expert's prepared weights (`kernels.moe.prepared` makes them,
+    importing this module, so they are named by shape here): three linears with `.matmul`."""
+
+    gate: Any
+    up: Any
+    down: Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +88,7 @@ def _project(x: torch.Tensor, blocks: torch.Tensor, qtype: QuantType, rows: int,
 
 def expert_ffn_one(
     x: torch.Tensor,
-    b: "ExpertBlocks | PreparedExpert",
+    b: "ExpertBlocks | PreparedFFN",
     fmt: ExpertFormat,
     bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
@@ -118,7 +124,7 @@ def expert_ffn_grouped(
     x: torch.Tensor,
     weights: torch.Tensor,
     ids: torch.Tensor,
-    fetch: "Callable[[int], ExpertBlocks | PreparedExpert]",
+    fetch: "Callable[[int], ExpertBlocks | PreparedFFN]",
     fmt: ExpertFormat,
     biases: ExpertBiases | None = None,
 ) -> torch.Tensor:

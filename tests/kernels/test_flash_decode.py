@@ -10,7 +10,8 @@ tensor-core split rounds q and the softmax weights to an f16 cache's type: 5e-3.
 import pytest
 import torch
 
-from localllm.kernels.attention.decode import DecodePlan, decode_attention
+from localllm.kernels.attention.decode import decode_attention
+from localllm.kernels.attention.decode_plan import DecodePlan
 from tests.triton_env import CUDA, DEVICE, TRITON_MARKS
 
 pytestmark = TRITON_MARKS

@@ -12,7 +12,8 @@ import torch.nn.functional as F
 
 from localllm.engine.rope import RopeConfig, Rotary
 from localllm.kernels.attention import write_paged
-from localllm.kernels.fused.rope_qkv import HeadLayout, HeadNorms, rope_qkv_write
+from localllm.kernels.fused.heads import HeadLayout, HeadNorms
+from localllm.kernels.fused.rope_qkv import rope_qkv_write
 from tests.triton_env import DEVICE, needs_triton
 
 DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}

@@ -14,7 +14,8 @@ from functools import partial
 
 import torch
 
-from localllm.kernels.attention.decode import DecodePlan, decode_attention
+from localllm.kernels.attention.decode import decode_attention
+from localllm.kernels.attention.decode_plan import DecodePlan
 from localllm.kernels.attention.triton_decode import flash_decode
 
 SHAPES = {"llama3-8b": (32, 8, 128), "qwen3moe-30b": (32, 4, 128)}

@@ -119,9 +119,9 @@ def transcribe(
         audio = [audio]
     buf = SeekBuffer(audio)
     all_tokens: list[int] = []
-    if opts.initial_prompt:
+    if opts.initial_prompt:  # the first window's prompt (and later ones' until a reset)
         all_tokens = tok.encode(" " + opts.initial_prompt.strip())
-    prompt_reset = len(all_tokens)
+    prompt_reset = 0
     segments: list[Segment] = []
     seek = 0  # in mel frames
     last_speech = 0.0  # end of the last aligned speech, for word-timestamp boundary rules
@@ -186,7 +186,9 @@ def transcribe(
                         tuple(piece.words),
                     )
                 )
-                all_tokens += [t for t in piece.tokens if t < tok.special.eot]
+                # timestamps too, as openai-whisper and faster-whisper: a prompt of bare text
+                # leads the next window to bare text, one segment over all 30 s
+                all_tokens += piece.tokens
             if not opts.condition_on_previous_text or result.temperature > 0.5:
                 prompt_reset = len(all_tokens)
         if progress is not None:

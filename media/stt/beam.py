@@ -94,9 +94,10 @@ def beam_search(
         if last or done:
             break
         parents = [src[j] for j in keep]
+        if parents != list(range(len(seqs))):  # rows that stay in place need no copy
+            model.reorder(cache, torch.tensor(parents, device=device))
         seqs = [seqs[src[j]] + [tok[j]] for j in keep]
         sums = top[keep]
-        model.reorder(cache, torch.tensor(parents, device=device))
         nxt = torch.tensor([[tok[j]] for j in keep], device=device)
         step_logits = model.decoder(nxt, cache)[:, -1]
     return finished

@@ -27,7 +27,7 @@ from localllm.app.model_path import resolve_model
 from localllm.app.residency_flags import add_residency_flags, residency_config
 
 if TYPE_CHECKING:
-    from localllm.engine.split_link import SplitBalance
+    from localllm.engine.moe.split_link import SplitBalance
 
 PREFILL_CHUNK = 512
 # llama-bench's names for the common file types (general.file_type)
@@ -187,7 +187,7 @@ def _longest(args: argparse.Namespace) -> int:
 def _plan(path: str, args: argparse.Namespace, gguf=None):
     """The residency plan for `path` (None without residency flags)."""
     from localllm.engine.gguf import open_gguf
-    from localllm.engine.moe_residency import plan_model
+    from localllm.engine.moe.residency import plan_model
     from localllm.offload.memory import probe_memory
     from localllm.offload.residency import ResidencyConfig
 
@@ -206,11 +206,11 @@ def run_model(path: str, args: argparse.Namespace) -> list[BenchResult]:
     import torch
 
     from localllm.engine.gguf import open_gguf
-    from localllm.engine.kv_cache import PagedKVCache
     from localllm.engine.loader import build_model
-    from localllm.engine.moe import account_mapped, moe_blocks
-    from localllm.engine.moe_residency import load_model
-    from localllm.engine.split_link import split_balance
+    from localllm.engine.moe.block import account_mapped, moe_blocks
+    from localllm.engine.moe.residency import load_model
+    from localllm.engine.moe.split_link import split_balance
+    from localllm.engine.runtime.kv_cache import PagedKVCache
     from localllm.offload.expert_stats import expert_stats
 
     device = torch.device(args.device)
@@ -238,8 +238,8 @@ def run_model(path: str, args: argparse.Namespace) -> list[BenchResult]:
         graphs = prompts = None
         # experts on host or disk (or unpacked types) run host code per step: captured in pieces
         if device.type == "cuda" and getattr(args, "cuda_graphs", 1):
-            from localllm.engine.cuda_graphs import DecodeGraphs
-            from localllm.engine.prefill_graphs import PrefillGraphs
+            from localllm.engine.runtime.cuda_graphs import DecodeGraphs
+            from localllm.engine.runtime.prefill_graphs import PrefillGraphs
 
             graphs = DecodeGraphs(model, kv, batch_sizes=(1,))
             prompts = PrefillGraphs(model, kv, spare_slot=blocks * 16, max_blocks=blocks)
@@ -297,7 +297,7 @@ class _Runner:
             self.torch.cuda.synchronize(self.device)
 
     def _forward(self, ids, start: int):
-        from localllm.engine.batch import BatchMeta
+        from localllm.engine.core.batch import BatchMeta
 
         torch = self.torch
         n = ids.shape[0]

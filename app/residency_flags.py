@@ -199,7 +199,7 @@ def plan_text(
 ) -> str:  # fmt: skip
     """The plan loading `model` under `config` would follow, as text (reads the header only)."""
     from localllm.engine.gguf import open_gguf
-    from localllm.engine.moe_residency import plan_model
+    from localllm.engine.moe.residency import plan_model
     from localllm.offload.memory import probe_memory
 
     with open_gguf(model) as g:

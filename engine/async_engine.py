@@ -21,7 +21,7 @@ from localllm.engine.config import EngineArgs
 from localllm.engine.core.outputs import RequestOutput
 from localllm.engine.embedder import EmbeddingOutput, EmbedJob
 from localllm.engine.llm_engine import LLMEngine
-from localllm.engine.sampling_params import SamplingParams
+from localllm.engine.sampling.params import SamplingParams
 
 log = logging.getLogger(__name__)
 

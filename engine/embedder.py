@@ -20,9 +20,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from localllm.engine.batch import BatchMeta
-from localllm.engine.kv_cache import PagedKVCache
-from localllm.engine.pooling import check_method, default_pooling, normalize, pool
+from localllm.engine.core.batch import BatchMeta
+from localllm.engine.layers.pooling import check_method, default_pooling, normalize, pool
+from localllm.engine.runtime.kv_cache import PagedKVCache
 
 BLOCK = 16  # scratch KV block size (tokens)
 

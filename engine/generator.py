@@ -12,12 +12,12 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from localllm.engine.batch import BatchMeta
+from localllm.engine.core.batch import BatchMeta
 from localllm.engine.gguf import GGUFModel, open_gguf
-from localllm.engine.kv_cache import PagedKVCache
 from localllm.engine.loader import build_model
-from localllm.engine.sampler import Sampler, SamplingRow
-from localllm.engine.sampling_params import SamplingParams
+from localllm.engine.runtime.kv_cache import PagedKVCache
+from localllm.engine.sampling.params import SamplingParams
+from localllm.engine.sampling.sampler import Sampler, SamplingRow
 from localllm.engine.tokenizer import Tokenizer
 
 PREFILL_CHUNK = 512  # tokens per prefill forward: bounds activation memory on long prompts

@@ -11,7 +11,7 @@ from typing import Any
 from localllm.engine.config import EngineArgs
 from localllm.engine.core.outputs import RequestOutput
 from localllm.engine.llm_engine import LLMEngine
-from localllm.engine.sampling_params import SamplingParams
+from localllm.engine.sampling.params import SamplingParams
 
 Prompt = str | Sequence[int] | Mapping[str, Any]  # text, token ids, or {"prompt_token_ids": [...]}
 

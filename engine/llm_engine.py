@@ -16,19 +16,19 @@ import torch
 
 from localllm.engine.config import EngineArgs, plan_kv
 from localllm.engine.core.kv_manager import KVCacheManager
+from localllm.engine.core.output_processor import PromptGroup, RequestState
 from localllm.engine.core.outputs import RequestOutput
 from localllm.engine.core.request import Request
 from localllm.engine.core.scheduler import Scheduler, SchedulerConfig
 from localllm.engine.embedder import Embedder, EmbeddingOutput, EmbedJob, RankPair
 from localllm.engine.gguf import open_gguf
-from localllm.engine.kv_cache import PagedKVCache
 from localllm.engine.loader import ModelLoadError, build_model, model_args
-from localllm.engine.moe_residency import load_planned
-from localllm.engine.ngram import NgramProposer
-from localllm.engine.output_processor import PromptGroup, RequestState
-from localllm.engine.runner import ModelRunner
-from localllm.engine.sampling_params import SamplingParams
-from localllm.engine.structured import GrammarCompiler
+from localllm.engine.moe.residency import load_planned
+from localllm.engine.runtime.kv_cache import PagedKVCache
+from localllm.engine.runtime.runner import ModelRunner
+from localllm.engine.sampling.ngram import NgramProposer
+from localllm.engine.sampling.params import SamplingParams
+from localllm.engine.sampling.structured import GrammarCompiler
 from localllm.engine.tokenizer import ChatTemplate, Tokenizer, VocabError
 from localllm.engine.tokenizer.continuation import continued_render
 from localllm.offload.memory import available_bytes
@@ -41,7 +41,7 @@ class PreparedRequest:
     text: str | None  # the prompt as given, when it was text
     ids: list[int]
     params: SamplingParams
-    grammar: Any  # a compiled `engine.structured.Grammar`, or None
+    grammar: Any  # a compiled `engine.sampling.structured.Grammar`, or None
 
 
 def _tokenizer(gguf) -> Tokenizer:
@@ -372,7 +372,7 @@ class LLMEngine:
         truncate: int | None = None,
     ) -> list[EmbeddingOutput]:
         """One vector per input: final hidden states pooled (`mean`, `cls` or `last`; None: the
-        model's own, see `engine.pooling`) and L2-normalised unless `normalize` is False.
+        model's own, see `engine.layers.pooling`) and L2-normalised unless `normalize` is False.
         `pooling="rank"` (a cross-encoder, `can_rank`): the classification head's scores of each
         input, usually `RankPair`s, never normalised.
         Synchronous, on the calling thread: with an `AsyncEngine`, use its `embed`."""

@@ -13,13 +13,13 @@ from collections.abc import Collection
 import torch
 from torch import nn
 
-from localllm.engine.expert_tensor import ExpertTensor
 from localllm.engine.gguf import GGUFModel
-from localllm.engine.linear import QuantLinear, dense
+from localllm.engine.layers.linear import QuantLinear, dense
+from localllm.engine.layers.rope import Rotary
 from localllm.engine.models import UnsupportedArchitectureError, model_module
 from localllm.engine.models.hparams import HyperparameterError, check_args, check_tensors
-from localllm.engine.moe import use_native_cpu_experts
-from localllm.engine.rope import Rotary
+from localllm.engine.moe.block import use_native_cpu_experts
+from localllm.engine.moe.expert_tensor import ExpertTensor
 from localllm.kernels.cpu.native import load as load_native
 from localllm.offload import QuantWeight
 

@@ -1,5 +1,5 @@
 """The GPU side of a handshake with the host inside one CUDA graph, in stream order: a split
-layer's hand-over (`engine.split_link`) through flags in page-locked host memory.
+layer's hand-over (`engine.moe.split_link`) through flags in page-locked host memory.
 
 A decode step whose layers hand work to the CPU used to end a graph piece at each hand-over and
 let the host launch the next one once its share was done: a driver call, a graph launch and

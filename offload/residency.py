@@ -97,7 +97,7 @@ class ResidencyConfig:
     # ships the routed tokens' hidden rows to the CPU (llama.cpp --cpu-moe), "device" copies
     # the expert weights over per use
     host_compute: str = "auto"
-    split_share: float | None = None  # None: engine.moe_split's defaults
+    split_share: float | None = None  # None: engine.moe.split's defaults
 
     def tier_of(self, name: str) -> Rule | None:
         """The first rule matching `name`, or None (the planner decides)."""

@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from localllm.app.server.chat_prep import ToolRequest
-from localllm.engine.sampling_params import SamplingParams
+from localllm.engine.sampling.params import SamplingParams
 
 _TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,128}")  # Anthropic's rule (64) with room; no dots
 _CHOICES = {"auto": "auto", "any": "required", "none": "none"}

@@ -22,7 +22,7 @@ from localllm.app.server.tool_prompt import (
     pick_tools,
     prompt_messages,
 )
-from localllm.engine.sampling_params import SamplingParams, StructuredOutputParams
+from localllm.engine.sampling.params import SamplingParams, StructuredOutputParams
 
 
 @dataclass(frozen=True, slots=True)

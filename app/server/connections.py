@@ -60,6 +60,4 @@ class _HeaderDeadline:
 
 def protocol_class(read_timeout: float, base: type = AutoHTTPProtocol) -> type:
     """uvicorn's HTTP protocol (`base`) with the header deadline; pass it as `http=`."""
-    return type(
-        f"Deadline{base.__name__}", (_HeaderDeadline, base), {"read_timeout": read_timeout}
-    )
+    return type(f"Deadline{base.__name__}", (_HeaderDeadline, base), {"read_timeout": read_timeout})

@@ -26,7 +26,7 @@ from localllm.app.server.common import resolve_model
 from localllm.app.server.errors import APIError, error_response, to_api_error
 from localllm.app.server.sse_events import Event, named_sse_response
 from localllm.app.server.streams import collect, drive, unless_disconnected, with_first
-from localllm.engine.sampling_params import SamplingParams
+from localllm.engine.sampling.params import SamplingParams
 
 # Anthropic's error types by status.
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",

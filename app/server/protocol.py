@@ -9,7 +9,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from localllm.app.server.structured_fields import ResponseFormat, StructuredFields
-from localllm.engine.sampling_params import SamplingParams, StructuredOutputParams
+from localllm.engine.sampling.params import SamplingParams, StructuredOutputParams
 
 
 class StreamOptions(BaseModel):

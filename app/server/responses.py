@@ -21,7 +21,7 @@ from localllm.app.server.responses_items import OutputItems, typed_id
 from localllm.app.server.sse_events import Event, named_sse_response
 from localllm.app.server.streams import collect, drive, unless_disconnected, with_first
 from localllm.engine.core.outputs import Usage
-from localllm.engine.sampling_params import SamplingParams
+from localllm.engine.sampling.params import SamplingParams
 
 router = APIRouter()
 

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
-from localllm.engine.sampling_params import StructuredOutputParams
+from localllm.engine.sampling.params import StructuredOutputParams
 
 
 class JsonSchemaSpec(BaseModel):

@@ -12,7 +12,7 @@ from typing import Any
 
 from localllm.app.tui.backend import ChatDelta, GenSettings
 from localllm.engine.async_engine import AsyncEngine
-from localllm.engine.sampling_params import SamplingParams
+from localllm.engine.sampling.params import SamplingParams
 
 
 def sampling_params(settings: GenSettings) -> SamplingParams:

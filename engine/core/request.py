@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from localllm.engine.core.outputs import RequestMetrics
-from localllm.engine.sampling_params import SamplingParams
+from localllm.engine.sampling.params import SamplingParams
 
 
 class RequestStatus(enum.Enum):

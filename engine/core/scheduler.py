@@ -23,7 +23,8 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 512  # tokens in one step (bounds activation memory)
     max_model_len: int = 4096  # prompt + output tokens of one request
     # a decode token's next slot is allocated with it when a block is free (never by preempting):
-    # the runner launches the next step ahead only where its slot exists (`engine.decode_ahead`)
+    # the runner launches the next step ahead only where its slot exists
+    # (`engine.runtime.decode_ahead`)
     lookahead_slots: int = 0
 
 

@@ -17,11 +17,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from localllm.engine.layers import QuantEmbedding
-from localllm.engine.linear import FusedLinear, QuantLinear, dense
+from localllm.engine.layers.linear import FusedLinear, QuantLinear, dense
+from localllm.engine.layers.rope import RopeConfig, Rotary
+from localllm.engine.layers.shared import QuantEmbedding
 from localllm.engine.models.common import arch_key
 from localllm.engine.models.hparams import HyperparameterError, read
-from localllm.engine.rope import RopeConfig, Rotary
 from localllm.offload import QuantWeight
 
 TOKEN_TYPES = "tokenizer.ggml.token_type_count"

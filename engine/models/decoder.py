@@ -9,11 +9,11 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from localllm.engine.batch import BatchMeta
-from localllm.engine.kv_cache import PagedKVCache
-from localllm.engine.layers import QuantEmbedding, RMSNorm
-from localllm.engine.linear import QuantLinear
-from localllm.engine.rope import Rotary
+from localllm.engine.core.batch import BatchMeta
+from localllm.engine.layers.linear import QuantLinear
+from localllm.engine.layers.rope import Rotary
+from localllm.engine.layers.shared import QuantEmbedding, RMSNorm
+from localllm.engine.runtime.kv_cache import PagedKVCache
 from localllm.kernels.fused import WeightedRows
 
 

@@ -20,14 +20,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from localllm.engine.expert_tensor import EXPERT_TENSORS
-from localllm.engine.layers import DenseParam, GatedMLP, RMSNorm, attention
-from localllm.engine.linear import QuantLinear, dense
+from localllm.engine.layers.linear import QuantLinear, dense
+from localllm.engine.layers.rope import RopeConfig, Rotary, yarn_mscale
+from localllm.engine.layers.shared import DenseParam, GatedMLP, RMSNorm, attention
 from localllm.engine.models.common import arch_key
 from localllm.engine.models.decoder import Decoder
 from localllm.engine.models.hparams import HyperparameterError
-from localllm.engine.moe import MoEFeedForward, Routing
-from localllm.engine.rope import RopeConfig, Rotary, yarn_mscale
+from localllm.engine.moe.block import MoEFeedForward, Routing
+from localllm.engine.moe.expert_tensor import EXPERT_TENSORS
 
 GATING = {0: "softmax", 1: "softmax", 2: "sigmoid"}  # llama.cpp's expert_gating_func
 

@@ -14,13 +14,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from localllm.engine.batch import BatchMeta
-from localllm.engine.kv_cache import PagedKVCache
-from localllm.engine.layers import GatedMLP, RMSNorm, attention
-from localllm.engine.linear import QuantLinear
+from localllm.engine.core.batch import BatchMeta
+from localllm.engine.layers.linear import QuantLinear
+from localllm.engine.layers.rope import RopeConfig, Rotary
+from localllm.engine.layers.shared import GatedMLP, RMSNorm, attention
 from localllm.engine.models.common import arch_key, rope_scale
 from localllm.engine.models.decoder import Decoder
-from localllm.engine.rope import RopeConfig, Rotary
+from localllm.engine.runtime.kv_cache import PagedKVCache
 
 # llama.cpp: without `rope.freq_base_swa`, local layers keep the trained default of 10000.
 LOCAL_ROPE_BASE = 10000.0

@@ -11,13 +11,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from localllm.engine.expert_tensor import EXPERT_TENSORS
-from localllm.engine.layers import GatedMLP, RMSNorm, rope_attention_q
-from localllm.engine.linear import FusedLinear, QuantLinear
+from localllm.engine.layers.linear import FusedLinear, QuantLinear
+from localllm.engine.layers.rope import RopeConfig, Rotary
+from localllm.engine.layers.shared import GatedMLP, RMSNorm, rope_attention_q
 from localllm.engine.models.common import arch_key, rope_scale
 from localllm.engine.models.decoder import Decoder
-from localllm.engine.moe import MoEFeedForward
-from localllm.engine.rope import RopeConfig, Rotary
+from localllm.engine.moe.block import MoEFeedForward
+from localllm.engine.moe.expert_tensor import EXPERT_TENSORS
 
 
 @dataclass(frozen=True)

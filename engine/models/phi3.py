@@ -14,11 +14,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from localllm.engine.layers import RMSNorm, attention
-from localllm.engine.linear import QuantLinear
+from localllm.engine.layers.linear import QuantLinear
+from localllm.engine.layers.rope import RopeConfig, Rotary
+from localllm.engine.layers.shared import RMSNorm, attention
 from localllm.engine.models.common import arch_key, rope_scale
 from localllm.engine.models.decoder import Decoder
-from localllm.engine.rope import RopeConfig, Rotary
 
 ROPE_LONG, ROPE_SHORT = "rope_factors_long.weight", "rope_factors_short.weight"
 

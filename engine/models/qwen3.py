@@ -6,7 +6,7 @@ llama.cpp's qwen3 graph. Head size comes from `attention.key_length` (Qwen3-0.6B
 dim / heads = 64).
 """
 
-from localllm.engine.layers import RMSNorm
+from localllm.engine.layers.shared import RMSNorm
 from localllm.engine.models import qwen2
 from localllm.kernels.fused.heads import HeadNorms
 

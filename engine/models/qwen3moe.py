@@ -12,7 +12,7 @@ from typing import Any
 from localllm.engine.models import qwen2, qwen3
 from localllm.engine.models.common import arch_key
 from localllm.engine.models.hparams import HyperparameterError
-from localllm.engine.moe import MoEFeedForward
+from localllm.engine.moe.block import MoEFeedForward
 
 
 @dataclass(frozen=True)

@@ -111,7 +111,7 @@ def test_linear_kernels_are_the_loaders(doctor, smollm2_path, gemma3_path):
     """What the doctor claims per ggml type is what the real loader prepared for every
     linear of SmolLM2 (Q4_1, Q8_0) and Gemma 3 Q4_K_M (Q4_K, Q5_0, Q6_K, Q8_0)."""
     from localllm.engine.gguf import open_gguf
-    from localllm.engine.linear import QuantLinear
+    from localllm.engine.layers.linear import QuantLinear
     from localllm.engine.loader import build_model
 
     claimed = _claimed(doctor["linear kernels (cpu)"])

@@ -6,7 +6,7 @@ import torch
 
 from localllm.engine.gguf import open_gguf
 from localllm.engine.loader import build_model
-from localllm.engine.moe_residency import load_model, plan_model
+from localllm.engine.moe.residency import load_model, plan_model
 from localllm.offload.memory import probe_memory
 from localllm.offload.residency import resolve
 

@@ -22,7 +22,7 @@ from localllm.engine.async_engine import EngineDeadError
 from localllm.engine.config import EngineArgs
 from localllm.engine.llm_engine import LLMEngine
 from localllm.engine.loader import ModelLoadError
-from localllm.engine.sampling_params import SamplingParams
+from localllm.engine.sampling.params import SamplingParams
 from tests.engine.bert_gguf import convert_minilm, gguf_name, write_bert_gguf
 
 transformers = pytest.importorskip("transformers")

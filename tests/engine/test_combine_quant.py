@@ -12,10 +12,10 @@ import dataclasses
 import pytest
 import torch
 
-from localllm.engine.batch import BatchMeta
+from localllm.engine.core.batch import BatchMeta
 from localllm.engine.gguf import open_gguf
-from localllm.engine.kv_cache import PagedKVCache
 from localllm.engine.loader import build_model
+from localllm.engine.runtime.kv_cache import PagedKVCache
 from tests.perf.make_synthetic import SHAPES, write_synthetic
 
 pytestmark = [
@@ -63,7 +63,7 @@ def _batched_step(model) -> torch.Tensor:
 
 def _replayed_step(model) -> torch.Tensor:
     """Logits of sequence 1's next token from a captured one-row decode graph."""
-    from localllm.engine.cuda_graphs import DecodeGraphs, pack_decode
+    from localllm.engine.runtime.cuda_graphs import DecodeGraphs, pack_decode
 
     kv = _cache(model)
     _prefill(model, kv)

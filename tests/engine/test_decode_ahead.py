@@ -1,6 +1,6 @@
-"""Decode launched one step ahead (`engine.decode_ahead`): the engine's tokens, greedy or drawn on
-the device, are exactly those of the same engine stepping one at a time, whatever joins, finishes
-or samples on the host around them.
+"""Decode launched one step ahead (`engine.runtime.decode_ahead`): the engine's tokens, greedy
+or drawn on the device, are exactly those of the same engine stepping one at a time, whatever
+joins, finishes or samples on the host around them.
 
 On the CPU the decode graph's fixed-shape forward stands in for the replay (same inputs, same
 interface); tests/engine/test_gpu_graphs.py runs the real graphs on a GPU.
@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from localllm.engine import LLM, SamplingParams
-from localllm.engine.cuda_graphs import COLS, DecodeGraphs
-from localllm.engine.decode_ahead import DecodeAhead, stage
-from localllm.engine.sampler import Sampler
+from localllm.engine.runtime.cuda_graphs import COLS, DecodeGraphs
+from localllm.engine.runtime.decode_ahead import DecodeAhead, stage
+from localllm.engine.sampling.sampler import Sampler
 from tests.perf.make_synthetic import SHAPES, write_synthetic
 
 
@@ -217,7 +217,7 @@ def test_ahead_on_real_graphs_equals_one_step_at_a_time(tiny):
 def test_warm_up_stages_argmax_drawn_and_mixed_rows_with_every_control_on(monkeypatch):
     """What the runner launches once before any replay (a first launch may load a module, which
     may wait for the device: behind a split step, for the host): every path `stage` takes."""
-    from localllm.engine import decode_ahead
+    from localllm.engine.runtime import decode_ahead
 
     seen = []
 

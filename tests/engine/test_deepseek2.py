@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 import torch
 
-from localllm.engine.batch import BatchMeta
+from localllm.engine.core.batch import BatchMeta
 from localllm.engine.gguf import open_gguf
-from localllm.engine.kv_cache import PagedKVCache
 from localllm.engine.loader import build_model
 from localllm.engine.models.deepseek2 import Attention
-from localllm.engine.moe import MoEFeedForward
+from localllm.engine.moe.block import MoEFeedForward
+from localllm.engine.runtime.kv_cache import PagedKVCache
 from tests.engine.tiny_models import write_gguf
 
 LOGIT_TOL = 1e-4  # fp32 vs fp32

@@ -1,4 +1,4 @@
-"""Draws on the device (`engine.device_sampling`) against the host sampler's reference
+"""Draws on the device (`engine.sampling.device`) against the host sampler's reference
 (`sampler.candidates` + `sampler.draw`): the same token for the same logits, controls and uniform.
 """
 
@@ -7,9 +7,9 @@ import dataclasses
 import pytest
 import torch
 
-from localllm.engine.device_sampling import DeviceDraw, sample, tokens
-from localllm.engine.sampler import Sampler, SamplingRow, candidates, draw
-from localllm.engine.sampling_params import SamplingParams
+from localllm.engine.sampling.device import DeviceDraw, sample, tokens
+from localllm.engine.sampling.params import SamplingParams
+from localllm.engine.sampling.sampler import Sampler, SamplingRow, candidates, draw
 
 PARAMS = [
     SamplingParams(temperature=1.0),

@@ -16,13 +16,13 @@ import torch
 import torch.nn.functional as F
 
 from localllm.engine import AsyncEngine
-from localllm.engine.batch import BatchMeta
 from localllm.engine.config import EngineArgs
+from localllm.engine.core.batch import BatchMeta
 from localllm.engine.embedder import Embedder
 from localllm.engine.gguf import open_gguf
-from localllm.engine.kv_cache import PagedKVCache
 from localllm.engine.llm_engine import LLMEngine
 from localllm.engine.loader import build_model
+from localllm.engine.runtime.kv_cache import PagedKVCache
 from tests.engine.engine_fixtures import greedy
 from tests.engine.tiny_models import SPECS, write_tiny_gguf
 

@@ -6,7 +6,7 @@ import math
 import pytest
 
 from localllm.engine import LLM, SamplingParams
-from localllm.engine.structured import StructuredOutputError
+from localllm.engine.sampling.structured import StructuredOutputError
 from tests.engine.engine_fixtures import PROMPTS, greedy, texts
 
 pytestmark = pytest.mark.slow
@@ -163,7 +163,7 @@ def test_bad_requests_fail_early_and_others_keep_going(llm):
 
 
 def _json(schema):
-    from localllm.engine.sampling_params import StructuredOutputParams
+    from localllm.engine.sampling.params import StructuredOutputParams
 
     return StructuredOutputParams(json=schema)
 

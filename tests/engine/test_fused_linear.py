@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from localllm.engine.layers import RMSNorm
-from localllm.engine.linear import FusedLinear, QuantLinear
+from localllm.engine.layers.linear import FusedLinear, QuantLinear
+from localllm.engine.layers.shared import RMSNorm
 from localllm.kernels.quant import QuantType
 from localllm.offload import QuantWeight
 from tests.kernels.conftest import random_blocks

@@ -22,7 +22,7 @@ from gguf import GGUFValueType as VT
 from localllm.engine.gguf import open_gguf
 from localllm.engine.llm import LLM
 from localllm.engine.models.hparams import HPARAMS
-from localllm.engine.sampling_params import SamplingParams
+from localllm.engine.sampling.params import SamplingParams
 from tests.engine.gguf_fixtures import GGUFValue
 from tests.engine.hostile_gguf import (
     DELETE,

@@ -14,11 +14,11 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as QT
 
-from localllm.engine.batch import BatchMeta
+from localllm.engine.core.batch import BatchMeta
 from localllm.engine.gguf import open_gguf
-from localllm.engine.kv_cache import PagedKVCache
 from localllm.engine.loader import build_model
-from localllm.engine.moe import MoEFeedForward
+from localllm.engine.moe.block import MoEFeedForward
+from localllm.engine.runtime.kv_cache import PagedKVCache
 from localllm.kernels.attention import paged_attention, plan_decode
 from tests.engine.tiny_models import write_gguf
 

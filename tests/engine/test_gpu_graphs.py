@@ -14,11 +14,11 @@ import gc
 import pytest
 import torch
 
-from localllm.engine.batch import BatchMeta
-from localllm.engine.cuda_graphs import DecodeGraphs, pack_decode
+from localllm.engine.core.batch import BatchMeta
 from localllm.engine.gguf import open_gguf
-from localllm.engine.kv_cache import PagedKVCache
 from localllm.engine.loader import build_model
+from localllm.engine.runtime.cuda_graphs import DecodeGraphs, pack_decode
+from localllm.engine.runtime.kv_cache import PagedKVCache
 from localllm.kernels.attention.decode_graph import PaddedPositions, padded_decode_plan
 from localllm.kernels.attention.paged import paged_attention
 from tests.engine.near_ties import assert_same_or_near_tie

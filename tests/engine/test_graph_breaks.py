@@ -1,4 +1,4 @@
-"""Decode graphs captured in pieces around host steps (`engine.graph_breaks`).
+"""Decode graphs captured in pieces around host steps (`engine.runtime.graph_breaks`).
 
 On CPU: an MoE block that needs the host, told it is being captured, hands its work from the
 routing on to a host step and returns a static output; running the step gives exactly the eager
@@ -11,8 +11,8 @@ import torch
 
 from localllm.engine.gguf import open_gguf
 from localllm.engine.loader import build_model
-from localllm.engine.moe import moe_blocks
-from localllm.engine.moe_residency import load_model, plan_model
+from localllm.engine.moe.block import moe_blocks
+from localllm.engine.moe.residency import load_model, plan_model
 from localllm.offload.memory import MemoryInfo
 from localllm.offload.residency import resolve
 from tests.engine.test_deepseek2 import write_deepseek2
@@ -77,7 +77,7 @@ def test_captured_moe_block_defers_to_its_host_step(tmp_path, family, layer):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_chain_replays_graphs_and_host_steps_in_order():
-    from localllm.engine.graph_breaks import HostBreaks
+    from localllm.engine.runtime.graph_breaks import HostBreaks
 
     x = torch.zeros(4, device="cuda")
     chain = HostBreaks()
@@ -113,7 +113,7 @@ def test_fork_lets_the_host_wait_for_the_first_graph_alone():
     """A fork's event is recorded between two graphs: the host step after the second graph
     waits on it and reads what the first graph copied to page-locked memory while the second
     graph (a long GEMM chain here) may still run; the third graph adds the host's result."""
-    from localllm.engine.graph_breaks import HostBreaks
+    from localllm.engine.runtime.graph_breaks import HostBreaks
 
     x = torch.zeros(4, device="cuda")
     m = torch.randn(2048, 2048, device="cuda") / 64

@@ -1,4 +1,5 @@
-"""engine.kv_cache and engine.batch: sizes, slot writes, and attention through the cache API.
+"""engine.runtime.kv_cache and engine.core.batch: sizes, slot writes, and attention through the
+cache API.
 
 Attention goes through PagedKVCache.write/attend over several steps (a chunked prefill then decodes)
 with out-of-order block tables; the reference is plain dense attention over each sequence's full
@@ -10,8 +11,8 @@ import math
 import pytest
 import torch
 
-from localllm.engine.batch import BatchMeta
-from localllm.engine.kv_cache import PagedKVCache
+from localllm.engine.core.batch import BatchMeta
+from localllm.engine.runtime.kv_cache import PagedKVCache
 from localllm.kernels.attention import quantize_fp8, quantize_q8_0
 
 DTYPES = ["f32", "f16", "bf16", "q8_0", "fp8"]

@@ -11,12 +11,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from localllm.engine.batch import BatchMeta
+from localllm.engine.core.batch import BatchMeta
 from localllm.engine.generator import Generator
 from localllm.engine.gguf import open_gguf
-from localllm.engine.kv_cache import PagedKVCache
 from localllm.engine.loader import ModelLoadError, build_model
-from localllm.engine.sampling_params import SamplingParams
+from localllm.engine.runtime.kv_cache import PagedKVCache
+from localllm.engine.sampling.params import SamplingParams
 from tests.engine.tiny_models import SPECS, TinySpec, longrope_factors, write_tiny_gguf
 
 FAMILIES = list(SPECS)

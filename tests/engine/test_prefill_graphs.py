@@ -17,11 +17,11 @@ import gc
 import pytest
 import torch
 
-from localllm.engine.batch import BatchMeta
+from localllm.engine.core.batch import BatchMeta
 from localllm.engine.gguf import open_gguf
-from localllm.engine.kv_cache import PagedKVCache
 from localllm.engine.loader import build_model
-from localllm.engine.prefill_graphs import BUCKETS, PrefillGraphs, bucket_of
+from localllm.engine.runtime.kv_cache import PagedKVCache
+from localllm.engine.runtime.prefill_graphs import BUCKETS, PrefillGraphs, bucket_of
 from localllm.kernels.attention import context_attention, encode_kv, paged_attention, write_paged
 from tests.engine.near_ties import assert_same_or_near_tie
 from tests.perf.make_synthetic import SHAPES, write_synthetic

@@ -11,11 +11,11 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as QT
 
-from localllm.engine.batch import BatchMeta
+from localllm.engine.core.batch import BatchMeta
 from localllm.engine.gguf import open_gguf
-from localllm.engine.kv_cache import PagedKVCache
 from localllm.engine.loader import build_model
-from localllm.engine.moe import MoEFeedForward
+from localllm.engine.moe.block import MoEFeedForward
+from localllm.engine.runtime.kv_cache import PagedKVCache
 from tests.offload.tiny_moe import QWEN3MOE, MoESpec, write_moe_gguf
 
 LOGIT_TOL = 1e-4  # fp32 vs fp32 (measured 9.4e-6)
@@ -137,7 +137,7 @@ def _mixtral_reference(g, spec: MoESpec):
     """transformers' MixtralForCausalLM holding the GGUF's weights (its GGUF reader has no
     Mixtral mapping, so the state dict is built here)."""
     transformers = pytest.importorskip("transformers")
-    from localllm.engine.linear import dense
+    from localllm.engine.layers.linear import dense
 
     cfg = transformers.MixtralConfig(
         vocab_size=spec.vocab,

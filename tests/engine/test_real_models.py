@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from localllm.engine.generator import Generator
-from localllm.engine.sampling_params import SamplingParams
+from localllm.engine.sampling.params import SamplingParams
 from localllm.engine.tokenizer import ChatTemplate
 from tests.tools import golden_metrics as gm
 

@@ -6,8 +6,9 @@ from collections import Counter
 import pytest
 import torch
 
-import localllm.engine.sampler as sampler_mod
-from localllm.engine.sampler import (
+import localllm.engine.sampling.sampler as sampler_mod
+from localllm.engine.sampling.params import SamplingParams
+from localllm.engine.sampling.sampler import (
     SampledToken,
     Sampler,
     SamplingRow,
@@ -17,7 +18,6 @@ from localllm.engine.sampler import (
     process,
     prompt_logprobs,
 )
-from localllm.engine.sampling_params import SamplingParams
 
 INF = float("inf")
 

@@ -1,4 +1,4 @@
-"""The host side of a split decode step captured as one graph (`engine.split_link`), on the CPU:
+"""The host side of a split decode step captured as one graph (`engine.moe.split_link`), on the CPU:
 a thread plays the GPU (it signals each layer's rows and waits for the CPU's flag, as the
 captured kernels do), the native flag calls carry the hand-over. The CUDA graph itself is tested
 in tests/offload/test_gpu_residency.py."""
@@ -10,9 +10,9 @@ import time
 import pytest
 import torch
 
-from localllm.engine import split_link
-from localllm.engine.moe_split import SplitExperts
-from localllm.engine.split_link import SplitLink, SplitLinkError
+from localllm.engine.moe import split_link
+from localllm.engine.moe.split import SplitExperts
+from localllm.engine.moe.split_link import SplitLink, SplitLinkError
 from localllm.kernels.quant import QuantType
 from tests.offload.native_layers import TYPES as QTYPES
 from tests.offload.native_layers import native_kernels, random_layer
@@ -150,7 +150,7 @@ def test_more_pairs_than_the_native_loop_holds_is_refused_at_layout(kernels):
 def test_split_balance_sums_the_layers_and_says_which_side_waited(kernels):
     from types import SimpleNamespace
 
-    from localllm.engine.split_link import SplitBalance, split_balance
+    from localllm.engine.moe.split_link import SplitBalance, split_balance
 
     link, _ = _captured(kernels, 2)
     blocks = [SimpleNamespace(split=s) for s, _ in link.jobs] + [SimpleNamespace(split=None)]

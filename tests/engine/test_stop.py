@@ -2,7 +2,7 @@
 
 import pytest
 
-from localllm.engine.stop import StopChecker
+from localllm.engine.sampling.stop import StopChecker
 
 
 def _feed(checker: StopChecker, deltas: list[str]) -> tuple[str, str | None, list[str]]:

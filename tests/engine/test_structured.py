@@ -1,4 +1,4 @@
-"""Structured output (`engine.structured`) on the real SmolLM2 (byte-level BPE) and Gemma 3
+"""Structured output (`engine.sampling.structured`) on the real SmolLM2 (byte-level BPE) and Gemma 3
 (SentencePiece) vocabularies.
 
 Seeded random walks pick among the allowed tokens until EOS; the decoded text must then parse and
@@ -19,9 +19,9 @@ import pytest
 import torch
 
 from localllm.engine.gguf import open_gguf
-from localllm.engine.sampling_params import StructuredOutputParams as Spec
-from localllm.engine.structured import GrammarCompiler, StructuredOutputError
-from localllm.engine.structured_vocab import TokenSource, special_ids
+from localllm.engine.sampling.params import StructuredOutputParams as Spec
+from localllm.engine.sampling.structured import GrammarCompiler, StructuredOutputError
+from localllm.engine.sampling.structured_vocab import TokenSource, special_ids
 from localllm.engine.tokenizer import Tokenizer
 from tests.engine.structured_schemas import SCHEMAS, check
 

@@ -14,7 +14,7 @@ from gguf import GGMLQuantizationType as QT
 from localllm.engine.generator import Generator
 from localllm.engine.gguf import open_gguf
 from localllm.engine.loader import build_model
-from localllm.engine.moe import moe_blocks
+from localllm.engine.moe.block import moe_blocks
 from localllm.kernels.cpu import native
 from localllm.kernels.moe import ExpertFormat, expert_ffn_reference
 from localllm.kernels.quant import QuantType
@@ -197,7 +197,7 @@ def test_decode_rows_call_gives_moe_ffns_bits(kernels, tmp_path, monkeypatch):
     """Decode steps (up to ROWS_MAX_T rows) of a CPU model's resident native experts go through
     the prepared per-layer call; its logits equal moe_ffn's (the call switched off) bit for bit,
     for one row and for a few, and the resident source still counts every expert used."""
-    from localllm.engine import moe as moe_mod
+    from localllm.engine.moe import block as moe_mod
 
     g, model, blocks = _tiny_native(tmp_path)
     try:

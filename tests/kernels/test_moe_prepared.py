@@ -3,7 +3,7 @@ each strategy's error, exact byte counts, resident and streamed prepared experts
 bits, no re-preparation on slot hits, and a tiny qwen3moe model's greedy tokens identical
 resident vs streamed with preparation on.
 
-The engine does not pass `prepared=` / `prepare=` yet (engine/moe.py is wired separately), so
+The engine does not pass `prepared=` / `prepare=` yet (engine/moe/block.py is wired separately), so
 the model tests build the sources here and attach them to the MoE blocks; `MoEFeedForward.fetch`
 is patched to hand a PreparedExpert through untouched (its device check reads raw blocks).
 """
@@ -21,8 +21,8 @@ from gguf import GGMLQuantizationType as QT
 from localllm.engine.generator import Generator
 from localllm.engine.gguf import open_gguf
 from localllm.engine.loader import build_model
-from localllm.engine.moe import MoEFeedForward, moe_blocks
-from localllm.engine.sampling_params import SamplingParams
+from localllm.engine.moe.block import MoEFeedForward, moe_blocks
+from localllm.engine.sampling.params import SamplingParams
 from localllm.kernels.moe import (
     ExpertBiases,
     ExpertBlocks,

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from localllm.engine.rope import RopeConfig, Rotary
+from localllm.engine.layers.rope import RopeConfig, Rotary
 from localllm.kernels.attention import write_paged
 from localllm.kernels.fused.heads import HeadLayout, HeadNorms
 from localllm.kernels.fused.rope_qkv import rope_qkv_write

@@ -17,8 +17,8 @@ from types import SimpleNamespace
 
 from localllm.engine.generator import Generator
 from localllm.engine.gguf import open_gguf
-from localllm.engine.moe_residency import load_model, plan_model
-from localllm.engine.sampling_params import SamplingParams
+from localllm.engine.moe.residency import load_model, plan_model
+from localllm.engine.sampling.params import SamplingParams
 from localllm.offload.expert_stats import expert_stats
 from localllm.offload.residency import resolve
 

@@ -6,7 +6,7 @@ import asyncio
 from localllm.app.tui.engine_backend import EngineBackend
 from localllm.app.tui.resources import ExpertCache, Memory, expert_cache
 from localllm.app.tui.widgets.resources import render_resources
-from localllm.engine.sampling_params import SamplingParams
+from localllm.engine.sampling.params import SamplingParams
 from localllm.offload.expert_stats import expert_stats
 from localllm.offload.residency import resolve
 from tests.offload.tiny_moe import write_moe_gguf

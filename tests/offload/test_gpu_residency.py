@@ -9,8 +9,8 @@ import torch
 from gguf import GGMLQuantizationType as QT
 
 from localllm.engine import LLM, SamplingParams
-from localllm.engine.graph_breaks import HostBreaks
-from localllm.engine.moe import account_mapped, graph_safe, moe_blocks
+from localllm.engine.moe.block import account_mapped, graph_safe, moe_blocks
+from localllm.engine.runtime.graph_breaks import HostBreaks
 from localllm.kernels.cpu.native import load as load_native
 from localllm.offload.expert_stats import expert_stats
 from localllm.offload.file_experts import FileSlots
@@ -207,7 +207,7 @@ def test_cuda_model_four_times_its_device_budget_runs_under_it(tmp_path):
     peak: weights, slots, maps, scratch, KV, decode graphs, cuBLAS's 32 MiB workspaces) stays
     under those 128 MiB. The control run holds its experts on the device and must blow the same
     bound: the measurement can fail."""
-    from localllm.engine.moe_residency import CUDA_CONTEXT
+    from localllm.engine.moe.residency import CUDA_CONTEXT
     from tests.offload.test_streaming import BIG
 
     # 611 MiB of Q8_0 experts in 8 layers of 96
@@ -279,7 +279,7 @@ def test_cuda_mapped_host_experts_token_exact(tmp_path, slots):
 def _half_the_experts(path) -> int:
     """A budget (the CUDA context counted) with room for everything but half the experts."""
     from localllm.engine.gguf import open_gguf
-    from localllm.engine.moe_residency import CUDA_CONTEXT, plan_model
+    from localllm.engine.moe.residency import CUDA_CONTEXT, plan_model
     from localllm.offload.memory import probe_memory
 
     g = open_gguf(path)

@@ -9,9 +9,9 @@ import dataclasses
 import pytest
 from gguf import GGMLQuantizationType as QT
 
-from localllm.engine import moe_residency
 from localllm.engine.gguf import open_gguf
-from localllm.engine.moe_residency import CUDA_CONTEXT, plan_model
+from localllm.engine.moe import residency as moe_residency
+from localllm.engine.moe.residency import CUDA_CONTEXT, plan_model
 from localllm.offload.memory import MemoryInfo
 from localllm.offload.plan import plan_residency
 from localllm.offload.residency import ResidencyError, resolve

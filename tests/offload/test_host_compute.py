@@ -12,9 +12,9 @@ from localllm.app.residency_flags import residency_config
 from localllm.engine.generator import Generator
 from localllm.engine.gguf import open_gguf
 from localllm.engine.loader import build_model
-from localllm.engine.moe import moe_blocks
-from localllm.engine.moe_residency import load_model, plan_model
-from localllm.engine.sampling_params import SamplingParams
+from localllm.engine.moe.block import moe_blocks
+from localllm.engine.moe.residency import load_model, plan_model
+from localllm.engine.sampling.params import SamplingParams
 from localllm.offload.expert_stats import expert_stats
 from localllm.offload.memory import MemoryInfo
 from localllm.offload.plan import fmt_bytes, plan_residency
@@ -163,7 +163,7 @@ def test_plan_makes_room_for_a_prompts_copy_of_one_mapped_layer():
 def test_mapping_that_fails_leaves_the_rest_to_the_cpu(caplog):
     """Page-locking can fail (no pinned memory left): the layers mapped so far stay mapped,
     the rest are handed back for the CPU to compute, with a warning that says so."""
-    from localllm.engine.moe_residency import _map
+    from localllm.engine.moe.residency import _map
 
     class Block:
         def __init__(self, layer, fails):

@@ -14,9 +14,9 @@ from localllm.app.residency_flags import residency_config
 from localllm.engine.generator import Generator
 from localllm.engine.gguf import open_gguf
 from localllm.engine.loader import build_model
-from localllm.engine.moe import moe_blocks
-from localllm.engine.moe_residency import load_model, plan_model
-from localllm.engine.sampling_params import SamplingParams
+from localllm.engine.moe.block import moe_blocks
+from localllm.engine.moe.residency import load_model, plan_model
+from localllm.engine.sampling.params import SamplingParams
 from localllm.offload.expert_cache import StreamedExperts
 from localllm.offload.expert_source import ExpertLayout
 from localllm.offload.expert_stats import expert_stats

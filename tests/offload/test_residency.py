@@ -121,7 +121,7 @@ def test_split_share_from_any_layer_reaches_the_plan(tmp_path):
     cfg = resolve([("env", {"split_share": "0.75"}), (str(doc), load_document(doc))])
     assert cfg.split_share == 0.75 and cfg.host_compute == "split"  # env over the document
     assert resolve([(str(doc), load_document(doc))]).split_share == 0.5
-    assert resolve([]).split_share is None  # engine.moe_split's defaults
+    assert resolve([]).split_share is None  # engine.moe.split's defaults
     p = plan([("cli", {"cpu_moe": True, "split_share": 0.375})])
     assert p.split_share == 0.375 and plan([("cli", {"cpu_moe": True})]).split_share is None
 

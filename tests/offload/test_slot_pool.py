@@ -18,8 +18,8 @@ from gguf import GGMLQuantizationType as QT
 from localllm.engine.generator import Generator
 from localllm.engine.gguf import open_gguf
 from localllm.engine.loader import build_model
-from localllm.engine.moe import moe_blocks
-from localllm.engine.sampling_params import SamplingParams
+from localllm.engine.moe.block import moe_blocks
+from localllm.engine.sampling.params import SamplingParams
 from localllm.kernels.fused import WeightedRows
 from localllm.kernels.moe import ExpertFormat, route_topk
 from localllm.kernels.quant import QuantType

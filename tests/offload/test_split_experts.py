@@ -1,4 +1,4 @@
-"""Host experts split between the GPU and the CPU (`engine.moe_split`), on CPU tensors: each
+"""Host experts split between the GPU and the CPU (`engine.moe.split`), on CPU tensors: each
 token's first k - c experts go to the GPU part with their own weights, the last c to the native
 CPU kernels, and the sum is those two parts' sum (the GPU test is in test_gpu_residency.py)."""
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as QT
 
-from localllm.engine.moe_split import SPLIT_MAX_T, SplitExperts, cpu_count
+from localllm.engine.moe.split import SPLIT_MAX_T, SplitExperts, cpu_count
 from localllm.kernels.cpu.rows_call import RowsCall
 from localllm.kernels.moe import ExpertFormat, expert_ffn_reference
 from localllm.kernels.quant import QuantType
@@ -139,9 +139,9 @@ def test_the_plans_split_share_sets_each_layers_cpu_count(kernels, tmp_path):
 
     from localllm.engine.gguf import open_gguf
     from localllm.engine.loader import build_model
-    from localllm.engine.moe import moe_blocks
-    from localllm.engine.moe_residency import _split
-    from localllm.engine.moe_split import SPLIT_CPU_SHARE, SPLIT_CPU_SHARE_SLOTS
+    from localllm.engine.moe.block import moe_blocks
+    from localllm.engine.moe.residency import _split
+    from localllm.engine.moe.split import SPLIT_CPU_SHARE, SPLIT_CPU_SHARE_SLOTS
     from tests.offload.tiny_moe import QWEN3MOE, write_moe_gguf
 
     spec = replace(QWEN3MOE, dim=256, expert_ff=256, expert_qtype=QT.Q8_0, n_expert=16, n_used=8)

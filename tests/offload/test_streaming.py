@@ -15,9 +15,9 @@ from gguf import GGMLQuantizationType as QT
 from localllm.engine.generator import Generator
 from localllm.engine.gguf import open_gguf
 from localllm.engine.loader import build_model
-from localllm.engine.moe import moe_blocks
-from localllm.engine.moe_residency import load_model, plan_model
-from localllm.engine.sampling_params import SamplingParams
+from localllm.engine.moe.block import moe_blocks
+from localllm.engine.moe.residency import load_model, plan_model
+from localllm.engine.sampling.params import SamplingParams
 from localllm.kernels.cpu.native import load as load_native
 from localllm.offload.expert_cache import StreamedExperts
 from localllm.offload.expert_source import ExpertLayout

@@ -14,9 +14,9 @@ from gguf import GGMLQuantizationType as QT
 from localllm.engine.generator import Generator
 from localllm.engine.gguf import open_gguf
 from localllm.engine.loader import build_model
-from localllm.engine.moe import moe_blocks
-from localllm.engine.moe_residency import load_model, plan_model
-from localllm.engine.sampling_params import SamplingParams
+from localllm.engine.moe.block import moe_blocks
+from localllm.engine.moe.residency import load_model, plan_model
+from localllm.engine.sampling.params import SamplingParams
 from localllm.offload.memory import MemoryInfo
 from localllm.offload.residency import resolve
 from tests.perf.make_synthetic import SHAPES, tensor_nbytes, tensor_plan, write_synthetic
@@ -96,7 +96,7 @@ def test_cpu_plan_counts_prepared_bytes_only_where_the_native_kernels_do_not_run
     """The tiny Q4_K_M's experts (Q4_K / Q6_K, 256 wide) run on the native CPU kernels where
     they load: the plan then holds their file bytes alone; without the kernels (or `--precise`,
     where the exact path reads the blocks) the prepared copies are counted too."""
-    import localllm.engine.moe_residency as mr
+    import localllm.engine.moe.residency as mr
     from localllm.kernels.cpu.native import load as load_native
 
     path, _ = tiny

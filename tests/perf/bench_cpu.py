@@ -33,7 +33,7 @@ def ours(model: str, threads: int, reps: int, pp: int, tg: int) -> dict:
 
     torch.set_num_threads(threads)
     from localllm.engine.generator import Generator
-    from localllm.engine.sampling_params import SamplingParams
+    from localllm.engine.sampling.params import SamplingParams
 
     gen = Generator.load(model)
     load = time.perf_counter() - t0

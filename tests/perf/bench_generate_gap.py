@@ -19,11 +19,11 @@ import torch
 
 from localllm.app.bench import _Runner
 from localllm.app.residency_flags import add_residency_flags, residency_config
-from localllm.engine.cuda_graphs import DecodeGraphs
-from localllm.engine.kv_cache import PagedKVCache
 from localllm.engine.llm import LLM
-from localllm.engine.sampler import Sampler
-from localllm.engine.sampling_params import SamplingParams
+from localllm.engine.runtime.cuda_graphs import DecodeGraphs
+from localllm.engine.runtime.kv_cache import PagedKVCache
+from localllm.engine.sampling.params import SamplingParams
+from localllm.engine.sampling.sampler import Sampler
 
 PROMPT = [[1, 5, 9, 33, 7, 11, 200, 3]]
 

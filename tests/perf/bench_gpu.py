@@ -181,10 +181,10 @@ def triton_cdiv(a: int, b: int) -> int:
 def breakdown(path: str, depth: int = 512) -> None:
     from torch.profiler import ProfilerActivity, profile
 
-    from localllm.engine.batch import BatchMeta
+    from localllm.engine.core.batch import BatchMeta
     from localllm.engine.gguf import open_gguf
-    from localllm.engine.kv_cache import PagedKVCache
     from localllm.engine.loader import build_model
+    from localllm.engine.runtime.kv_cache import PagedKVCache
 
     gg = open_gguf(path)
     model = build_model(gg, device="cuda")

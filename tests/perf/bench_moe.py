@@ -32,8 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests.offload.ti
 
 from localllm.engine.generator import Generator
 from localllm.engine.gguf import open_gguf
-from localllm.engine.moe_residency import load_model, plan_model
-from localllm.engine.sampling_params import SamplingParams
+from localllm.engine.moe.residency import load_model, plan_model
+from localllm.engine.sampling.params import SamplingParams
 from localllm.offload.expert_stats import expert_stats
 from localllm.offload.residency import resolve
 from tests.offload.tiny_moe import MoESpec, write_moe_gguf

@@ -16,10 +16,12 @@ import time
 
 import torch
 
-from localllm.engine import cuda_graphs, moe_residency, moe_split
 from localllm.engine.llm import LLM
-from localllm.engine.moe import moe_blocks
-from localllm.engine.sampling_params import SamplingParams
+from localllm.engine.moe import residency as moe_residency
+from localllm.engine.moe import split as moe_split
+from localllm.engine.moe.block import moe_blocks
+from localllm.engine.runtime import cuda_graphs
+from localllm.engine.sampling.params import SamplingParams
 from localllm.offload.residency import resolve
 
 

@@ -3,7 +3,7 @@
     python tests/perf/graph_step.py MODEL [DEPTH] [--no-pdl]
 
 Prefills DEPTH random tokens, then replays the captured single-sequence decode graph
-(`engine.cuda_graphs.DecodeGraphs`, flash-decoding attention) under the torch profiler: the
+(`engine.runtime.cuda_graphs.DecodeGraphs`, flash-decoding attention) under the torch profiler: the
 kernels of a replay, their GPU time and count, and the replay's wall time from CUDA events. The
 eager `bench_gpu.py breakdown` runs another attention path and pays host time per op; this is
 the step `localllm bench` measures. Under programmatic dependent launch (`kernels/pdl.py`, on by
@@ -17,11 +17,11 @@ from collections import defaultdict
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from localllm.engine.batch import BatchMeta
-from localllm.engine.cuda_graphs import DecodeGraphs, pack_decode
+from localllm.engine.core.batch import BatchMeta
 from localllm.engine.gguf import open_gguf
-from localllm.engine.kv_cache import PagedKVCache
 from localllm.engine.loader import build_model
+from localllm.engine.runtime.cuda_graphs import DecodeGraphs, pack_decode
+from localllm.engine.runtime.kv_cache import PagedKVCache
 
 BS = 16
 

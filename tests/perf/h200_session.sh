@@ -90,7 +90,7 @@ for step in ${STEPS:-tests packed bench breakdown}; do
       for v in ${SPLIT_SHARES:-0.25 0.375 0.5}; do  # SHARE or SHARE:THREADS
         share=${v%%:*}; th=None; [ "$v" != "$share" ] && th=${v#*:}
         echo "split $share threads $th" | tee -a "$OUT/split.md"
-        timeout ${MOE_T:-150} python3 -c "import localllm.engine.moe_split as s; s.SPLIT_CPU_SHARE = $share; s.SPLIT_THREADS = $th; import sys; from localllm.app.bench import main; sys.exit(main(sys.argv[1:]))" \
+        timeout ${MOE_T:-150} python3 -c "import localllm.engine.moe.split as s; s.SPLIT_CPU_SHARE = $share; s.SPLIT_THREADS = $th; import sys; from localllm.app.bench import main; sys.exit(main(sys.argv[1:]))" \
           -m /tmp/moe.gguf --device cuda ${SPLIT_BENCH:--p 0 -n 32 -r 2} --cpu-moe --host-compute split ${SPLIT_ARGS:-} \
           2>&1 | tee -a "$OUT/split.md" | grep -E "qwen3moe|expert|graphs|Error"; date -u
       done ;;
@@ -120,7 +120,7 @@ for step in ${STEPS:-tests packed bench breakdown}; do
       python3 -c "from localllm.kernels.cpu.native import load; k = load(); print('native kernels:',
         k and k.flags)" 2>&1 | tee -a "$OUT/hostab.md"
       for impl in native torch; do
-        off=""; [ $impl = torch ] && off="import localllm.engine.moe_residency as m; m.load_native = lambda *a: None; "
+        off=""; [ $impl = torch ] && off="import localllm.engine.moe.residency as m; m.load_native = lambda *a: None; "
         echo "hostab $impl" | tee -a "$OUT/hostab.md"
         timeout 200 python3 -c "${off}import sys; from localllm.app.bench import main; sys.exit(main(sys.argv[1:]))" \
           -m /tmp/moe.gguf --device cuda -p 0 -n 32 -r 2 ${HOSTAB_MODE:---cpu-moe} 2>&1 \
@@ -170,7 +170,7 @@ for step in ${STEPS:-tests packed bench breakdown}; do
         [cw1]="import localllm.kernels.attention.triton_decode as td; td.COMBINE_WARPS = 1; td.COMBINE_VALUES = 2048; "
         [nocq]="import localllm.kernels.attention.triton_decode as td; td.COMBINE_QUANT = False; "
         [tk4]="import localllm.kernels.moe.triton_route as tr; tr.TOPK_WARPS = 4; "
-        [nopg]="import localllm.engine.prefill_graphs as pg; pg.PrefillGraphs.bucket = lambda self, n: None; "
+        [nopg]="import localllm.engine.runtime.prefill_graphs as pg; pg.PrefillGraphs.bucket = lambda self, n: None; "
         [nofold]="import localllm.kernels.moe.packed as mp; mp.SUM_IN_NORM = False; "
         [nofoldtc]="import localllm.kernels.moe.packed as mp; mp.SUM_IN_NORM = False; mp.TRITON_COMBINE = True; ")
       for m in ${PDL_FILES:-/tmp/q4km.gguf ${Q8:+/tmp/q8.gguf} ${MOE:+/tmp/moe.gguf}}; do

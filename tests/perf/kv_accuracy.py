@@ -20,9 +20,9 @@ from pathlib import Path
 
 import torch
 
-from localllm.engine.batch import BatchMeta
+from localllm.engine.core.batch import BatchMeta
 from localllm.engine.generator import Generator
-from localllm.engine.kv_cache import PagedKVCache
+from localllm.engine.runtime.kv_cache import PagedKVCache
 
 GOLDENS = Path(__file__).resolve().parents[1] / "data" / "goldens"
 DTYPES = ("f16", "bf16", "q8_0", "fp8")

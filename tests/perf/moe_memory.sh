@@ -48,8 +48,8 @@ ours_ab() { PYTHONPATH=/tmp/absite:/tmp/site ours "$@"; }
 section "(b) split 2.2 GiB, .ab tree" ours_ab -p 0 -n 64 -r 3 --cpu-moe --host-compute split --mem-budget 2.2GiB
 # the same with libgomp's threads spinning between layers instead of sleeping after ~300k spins
 ours_active() { OMP_WAIT_POLICY=ACTIVE ours "$@"; }
-# the split with another CPU share (SHARE: `engine.moe_split`'s share, over slots too)
-ours_share() { ours_py "from localllm.engine import moe_residency, moe_split
+# the split with another CPU share (SHARE: `engine.moe.block.split`'s share, over slots too)
+ours_share() { ours_py "from localllm.engine.moe import residency as moe_residency, split as moe_split
 moe_split.SPLIT_CPU_SHARE = moe_residency.SPLIT_CPU_SHARE_SLOTS = $SHARE" "$@"; }
 # the share as a user sets it (its footer line says how the two sides waited)
 section "(b) split 2.2 GiB, --split-share 0.5" ours -p 0 -n 64 -r 3 --cpu-moe --host-compute split --mem-budget 2.2GiB --split-share 0.5

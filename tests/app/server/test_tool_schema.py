@@ -14,8 +14,8 @@ from localllm.app.server.chat_prep import _trigger_token
 from localllm.app.server.tool_parsers import HERMES
 from localllm.app.server.tool_prompt import call_grammar, closed_schema
 from localllm.engine.gguf import open_gguf
-from localllm.engine.sampling_params import StructuredOutputParams
-from localllm.engine.structured import GrammarCompiler
+from localllm.engine.sampling.params import StructuredOutputParams
+from localllm.engine.sampling.structured import GrammarCompiler
 from localllm.engine.tokenizer import Tokenizer
 
 # What LangChain's `with_structured_output(method="function_calling")` sends for a pydantic model.

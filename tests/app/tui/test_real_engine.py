@@ -8,7 +8,7 @@ import pytest
 from localllm.app.tui.backend import GenSettings
 from localllm.app.tui.config import TuiConfig
 from localllm.app.tui.engine_backend import EngineBackend
-from localllm.engine.sampling_params import SamplingParams
+from localllm.engine.sampling.params import SamplingParams
 from tests.app.tui.fakes import make_app, wait_for
 from tests.app.tui.test_chat_screen import send, views
 

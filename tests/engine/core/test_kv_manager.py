@@ -5,7 +5,7 @@ import pytest
 from localllm.engine.core.block_pool import hash_block_tokens
 from localllm.engine.core.kv_manager import KVCacheManager, PrefixCacheStats
 from localllm.engine.core.request import Request
-from localllm.engine.sampling_params import SamplingParams
+from localllm.engine.sampling.params import SamplingParams
 
 BS = 4
 

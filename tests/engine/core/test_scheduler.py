@@ -5,7 +5,7 @@ prefix hits, forks for n > 1, draft scheduling and rollback. No model runs here:
 from localllm.engine.core.kv_manager import KVCacheManager
 from localllm.engine.core.request import Request, RequestStatus
 from localllm.engine.core.scheduler import Scheduler, SchedulerConfig
-from localllm.engine.sampling_params import SamplingParams
+from localllm.engine.sampling.params import SamplingParams
 
 BS = 4
 

@@ -16,17 +16,17 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from localllm.engine.batch import BatchMeta
+from localllm.engine.core.batch import BatchMeta
 from localllm.engine.core.outputs import PositionLogprobs
 from localllm.engine.core.request import Request
 from localllm.engine.core.scheduler import SchedulerOutput
-from localllm.engine.cuda_graphs import DecodeGraphs, pack_decode
-from localllm.engine.decode_ahead import DecodeAhead, warm_up
-from localllm.engine.device_sampling import DeviceDraw
-from localllm.engine.kv_cache import PagedKVCache
-from localllm.engine.moe import moe_blocks
-from localllm.engine.prefill_graphs import PrefillGraphs
-from localllm.engine.sampler import (
+from localllm.engine.moe.block import moe_blocks
+from localllm.engine.runtime.cuda_graphs import DecodeGraphs, pack_decode
+from localllm.engine.runtime.decode_ahead import DecodeAhead, warm_up
+from localllm.engine.runtime.kv_cache import PagedKVCache
+from localllm.engine.runtime.prefill_graphs import PrefillGraphs
+from localllm.engine.sampling.device import DeviceDraw
+from localllm.engine.sampling.sampler import (
     SampledToken,
     Sampler,
     SamplingRow,

@@ -1,5 +1,5 @@
 """Sampled rows drawn on the logits' device, with no host sync: what a GPU decode step needs to
-launch the next step before its tokens reach the host (`engine.decode_ahead`).
+launch the next step before its tokens reach the host (`engine.runtime.decode_ahead`).
 
 Rows qualify when temperature, top_k, top_p and min_p are their only controls (no bias, masks,
 penalties, grammar, min_tokens or typical_p: those stay on the host sampler). The draw is the
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from localllm.engine.sampling_params import SamplingParams
+from localllm.engine.sampling.params import SamplingParams
 
 
 @dataclass(slots=True)

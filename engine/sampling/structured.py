@@ -19,8 +19,8 @@ import numpy as np
 import torch
 from llguidance.gbnf_to_lark import gbnf_to_lark, is_lark_syntax
 
-from localllm.engine.sampling_params import StructuredOutputParams
-from localllm.engine.structured_vocab import build_lltokenizer
+from localllm.engine.sampling.params import StructuredOutputParams
+from localllm.engine.sampling.structured_vocab import build_lltokenizer
 from localllm.engine.tokenizer import Tokenizer
 
 MAX_SPEC_CHARS = 1 << 20  # larger schemas / grammars are refused before any parsing

@@ -6,7 +6,7 @@ here directly: after loading, `attach(source)` gives the block an `ExpertSource`
 slices, or the disk-streaming slot cache) chosen by the residency plan; the math lives in
 `kernels.moe`. Host-tier experts of a model on a device are computed on the CPU: only the
 token rows and their routing cross, the expert weights stay where they are. Which source each
-block gets, and the plan itself, are `engine.moe_residency`'s.
+block gets, and the plan itself, are `engine.moe.residency`'s.
 """
 
 import dataclasses
@@ -16,11 +16,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from localllm.engine.expert_tensor import ExpertTensor
-from localllm.engine.graph_breaks import HostBreaks
-from localllm.engine.layers import DenseParam, GatedMLP
-from localllm.engine.linear import QuantLinear, without_bytes
-from localllm.engine.moe_split import SplitExperts
+from localllm.engine.layers.linear import QuantLinear, without_bytes
+from localllm.engine.layers.shared import DenseParam, GatedMLP
+from localllm.engine.moe.expert_tensor import ExpertTensor
+from localllm.engine.moe.split import SplitExperts
+from localllm.engine.runtime.graph_breaks import HostBreaks
 from localllm.kernels.cpu.native import NativeKernels
 from localllm.kernels.cpu.rows_call import RowsCall, RowsScratch
 from localllm.kernels.fused import QUANT_MAX_ROWS, WeightedRows
@@ -275,7 +275,7 @@ class MoEFeedForward(nn.Module):
         return y + shared if shared is not None else y
 
     def _forward_captured(self, x: torch.Tensor, xq, weights, ids) -> torch.Tensor:
-        """The forward captured as graph pieces around a host step (`engine.graph_breaks`).
+        """The forward captured as graph pieces around a host step (`engine.runtime.graph_breaks`).
         Streamed experts kept packed on the GPU: the step reads the missing experts and writes
         the slot numbers; the grouped GEMVs over the slot pool stay in the next graph. Anything
         else: the step runs the eager forward from the routing on and writes its output."""
@@ -456,7 +456,8 @@ def graph_safe(model: nn.Module, split: bool = False) -> bool:
     """Whether a decode step can be captured as one CUDA graph: every MoE block (if any) computes
     resident packed experts on the device, so no routing decision reaches the host (otherwise
     `DecodeGraphs` captures it in pieces around the blocks' host steps); `split`: blocks that
-    split their experts with the CPU count too (they hand over by flags, `engine.split_link`)."""
+    split their experts with the CPU count too (they hand over by flags,
+    `engine.moe.split_link`)."""
     return all(
         b.packed is not None
         and b.compute_on is None

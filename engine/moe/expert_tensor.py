@@ -4,7 +4,7 @@ file's raw blocks, where they belong, and whether the disk tier streams them ins
 import torch
 from torch import nn
 
-from localllm.engine.linear import dense
+from localllm.engine.layers.linear import dense
 from localllm.offload import ByteRange, QuantWeight
 
 EXPERT_TENSORS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")

@@ -1,4 +1,4 @@
-"""A decode graph whose split layers (`engine.moe_split`) hand their rows to the CPU and back
+"""A decode graph whose split layers (`engine.moe.split`) hand their rows to the CPU and back
 through flags in page-locked host memory, with no break in the graph.
 
 Handing over at a graph break costs, every layer, the host's return from the CPU's share, a
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from localllm.engine import moe_split
+from localllm.engine.moe import split as moe_split
 from localllm.kernels.cpu.native import NativeKernels
 from localllm.kernels.cpu.split_run import SplitRun, SplitSpec
 from localllm.offload.mapped import host_view, map_empty

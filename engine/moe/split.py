@@ -14,10 +14,10 @@ Per layer: the GPU copies the token rows and the CPU's share of the routing into
 buffers and an event marks that; the GPU goes on to its share; the host waits for that event
 alone, computes its share into a page-locked buffer, and the GPU work after it copies the sum in
 and adds. A captured decode step is one graph where every other layer allows it: the hand-over
-is then a pair of flags in host memory (`engine.split_link`), and the host runs the CPU's shares
-beside the replay. In a decode graph chain (`engine.graph_breaks`: other layers need host steps)
-the event sits between two graphs (`HostBreaks.fork`) and the host part is a host step; eagerly
-it is the same sequence.
+is then a pair of flags in host memory (`engine.moe.split_link`), and the host runs the CPU's
+shares beside the replay. In a decode graph chain (`engine.runtime.graph_breaks`: other layers
+need host steps) the event sits between two graphs (`HostBreaks.fork`) and the host part is a
+host step; eagerly it is the same sequence.
 """
 
 import time
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from localllm.engine.graph_breaks import HostBreaks
+from localllm.engine.runtime.graph_breaks import HostBreaks
 from localllm.kernels.cpu.native import NativeKernels
 from localllm.kernels.cpu.rows_call import RowsCall, RowsScratch
 from localllm.kernels.quant.types import QuantType
@@ -34,7 +34,7 @@ from localllm.offload.mapped import host_view, map_empty
 
 # Share of each token's routed experts the CPU computes: 5 of 8 was the fastest of 4 to 6 of 8
 # (69.14 / 67.16 t/s against 62.34 at 4 and 58.63 at 6) once the hand-over took flags in one
-# graph and one native call (`engine.split_link`; H200 box, 16 cores, RESULTS "Split layers in
+# graph and one native call (`engine.moe.split_link`; H200 box, 16 cores, RESULTS "Split layers in
 # one graph"); with graph breaks and a Python loop, 3 of 8 had been the fastest
 SPLIT_CPU_SHARE = 0.625
 # with device slots over the GPU's share the bus carries only its misses and the CPU's share is
@@ -125,7 +125,7 @@ class SplitExperts:
         """x [T, dim], routing [T, k] -> float32 [T, dim]: `gpu(x, xq, weights, ids)` computes
         the first k - c experts of each token (the weighted sum of its pairs), the CPU the
         rest; `breaks`: the graph chain being captured, `link`: the one graph being captured
-        (`engine.split_link`), or neither (eager)."""
+        (`engine.moe.split_link`), or neither (eager)."""
         t, k = ids.shape
         g = k - self.cpu
         if self.slot_of is not None:  # (a stable sort: hits, then misses, each in routing order)

@@ -9,8 +9,8 @@ from collections.abc import Callable
 
 from localllm.engine.core.outputs import CompletionOutput, Logprob, RequestOutput, Usage
 from localllm.engine.core.request import Request
-from localllm.engine.sampler import SampledToken
-from localllm.engine.stop import StopChecker
+from localllm.engine.sampling.sampler import SampledToken
+from localllm.engine.sampling.stop import StopChecker
 from localllm.engine.tokenizer import IncrementalDetokenizer, Tokenizer
 
 

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from localllm.engine.batch import BatchMeta
-from localllm.engine.cuda_graphs import capture_first, warm_up
-from localllm.engine.kv_cache import PagedKVCache
-from localllm.engine.moe import graph_safe, moe_blocks
+from localllm.engine.core.batch import BatchMeta
+from localllm.engine.moe.block import graph_safe, moe_blocks
+from localllm.engine.runtime.cuda_graphs import capture_first, warm_up
+from localllm.engine.runtime.kv_cache import PagedKVCache
 
 # ~1.5x apart: padding costs at most a third of a bucket's device time
 BUCKETS = (32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)

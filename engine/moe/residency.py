@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from localllm.engine.linear import without_bytes
+from localllm.engine.layers.linear import without_bytes
 from localllm.engine.models import model_module
-from localllm.engine.moe import MoEFeedForward, moe_blocks
-from localllm.engine.moe_split import SPLIT_CPU_SHARE_SLOTS, SplitExperts
+from localllm.engine.moe.block import MoEFeedForward, moe_blocks
+from localllm.engine.moe.split import SPLIT_CPU_SHARE_SLOTS, SplitExperts
 from localllm.kernels.cpu.native import load as load_native
 from localllm.kernels.cpu.rows_call import RowsScratch
 from localllm.kernels.moe.prepared import prepared_expert_nbytes
@@ -166,7 +166,7 @@ def _map(
 
 def _split(blocks: list[MoEFeedForward], share: float | None = None) -> None:
     """Mapped blocks whose CPU also computes a share of each decode token's experts from the
-    file's blocks (`engine.moe_split`), where the native kernels load and take the format; the
+    file's blocks (`engine.moe.split`), where the native kernels load and take the format; the
     rest stay mapped alone (their raw blocks released). `share`: the plan's (None: the
     defaults, one without device slots and one with)."""
     native = load_native() if blocks else None

@@ -8,8 +8,8 @@ seq_len, block table padded to the bucket]. Attention uses the device-built padd
 the real batch repeat row 0: they rewrite row 0's KV slot with the same values, so they touch no
 other sequence's cache. MoE layers that need the host each step (experts streamed or computed on
 the CPU) split the capture into a chain of graphs with their host steps between
-(`engine.graph_breaks`); layers that split their experts with the CPU alone keep it one graph
-(`engine.split_link`).
+(`engine.runtime.graph_breaks`); layers that split their experts with the CPU alone keep it one
+graph (`engine.moe.split_link`).
 """
 
 import logging
@@ -18,11 +18,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from localllm.engine.batch import BatchMeta
-from localllm.engine.graph_breaks import HostBreaks
-from localllm.engine.kv_cache import PagedKVCache
-from localllm.engine.moe import graph_safe, moe_blocks
-from localllm.engine.split_link import SplitLink
+from localllm.engine.core.batch import BatchMeta
+from localllm.engine.moe.block import graph_safe, moe_blocks
+from localllm.engine.moe.split_link import SplitLink
+from localllm.engine.runtime.graph_breaks import HostBreaks
+from localllm.engine.runtime.kv_cache import PagedKVCache
 from localllm.kernels.attention.decode_graph import PaddedPositions, padded_decode_plan
 from localllm.kernels.attention.decode_plan import DecodePlan
 

@@ -12,7 +12,7 @@ from typing import Any
 
 @dataclass(frozen=True, slots=True)
 class StructuredOutputParams:
-    """Exactly one constraint on the generated text (compiled by `engine.structured`)."""
+    """Exactly one constraint on the generated text (compiled by `engine.sampling.structured`)."""
 
     json: str | dict[str, Any] | None = None  # a JSON schema (dict or its JSON text)
     json_object: bool = False  # any JSON object

@@ -2,7 +2,7 @@
 host, fed this step's tokens on the device, so the GPU runs it while the host samples,
 detokenizes and schedules. Without it the GPU idles for all of that every token (~0.5 ms on the
 H200, a fifth of a fast model's step). Rows qualify when the device picks their token itself:
-greedy, or drawn there (`engine.device_sampling`).
+greedy, or drawn there (`engine.sampling.device`).
 
 A launched step is used only when the scheduler then asks for exactly it (the same requests at
 the same positions, fed the tokens the host got); otherwise it is dropped unread and the
@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
-from localllm.engine.device_sampling import DeviceDraw, tokens
-from localllm.engine.sampling_params import SamplingParams
+from localllm.engine.sampling.device import DeviceDraw, tokens
+from localllm.engine.sampling.params import SamplingParams
 
 # (request id, position) per row: the step a launch computes
 StepKey = tuple[tuple[str, int], ...]

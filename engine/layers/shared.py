@@ -1,5 +1,5 @@
 """Shared layers that model files compose: quantized embedding, RMSNorm, attention, MLP (the
-keep-quant linear layers are `engine.linear`'s).
+keep-quant linear layers are `engine.layers.linear`'s).
 
 Weights arrive as `QuantWeight`s and stay in their ggml encoding; every loadable module implements
 `load_tensor(suffix, weight)` so that loading a GGUF is a walk over tensor names (see `loader`).
@@ -10,10 +10,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from localllm.engine.batch import BatchMeta
-from localllm.engine.kv_cache import PagedKVCache
-from localllm.engine.linear import FusedLinear, QuantLinear, dense
-from localllm.engine.rope import Rotary
+from localllm.engine.core.batch import BatchMeta
+from localllm.engine.layers.linear import FusedLinear, QuantLinear, dense
+from localllm.engine.layers.rope import Rotary
+from localllm.engine.runtime.kv_cache import PagedKVCache
 from localllm.kernels.fused import QUANT_MAX_ROWS, add_rms_norm_q, rms_norm_q, silu_mul_q
 from localllm.kernels.fused.heads import HeadLayout, HeadNorms
 from localllm.kernels.fused.rope_qkv import fusable, rope_qkv_write

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from localllm.engine.batch import BatchMeta
+from localllm.engine.core.batch import BatchMeta
 from localllm.kernels.attention import (
     KV_DTYPES,
     DecodePlan,

@@ -8,7 +8,7 @@ CDF of the candidates sorted by probability (ties by id), so a seeded request dr
 tokens whatever its batch. Rows with nothing to do (greedy, no processors) share one argmax, on
 the logits' device: from a GPU only the rows' maxima and argmax cross to the host (one copy of
 2 x rows values); a GPU draws rows whose only controls are temperature, top_k, top_p and min_p
-itself (`engine.device_sampling`, the same draw); rows with processors are copied and sampled on
+itself (`engine.sampling.device`, the same draw); rows with processors are copied and sampled on
 the host.
 """
 
@@ -19,9 +19,9 @@ from dataclasses import dataclass
 import torch
 
 from localllm.engine.core.outputs import Logprob
-from localllm.engine.device_sampling import DeviceDraw
-from localllm.engine.device_sampling import tokens as device_tokens
-from localllm.engine.sampling_params import SamplingParams
+from localllm.engine.sampling.device import DeviceDraw
+from localllm.engine.sampling.device import tokens as device_tokens
+from localllm.engine.sampling.params import SamplingParams
 
 _NEG_INF = float("-inf")
 _CHUNK_ELEMENTS = 1 << 24  # prompt_logprobs works on at most this many logits at a time (64 MiB)
@@ -77,7 +77,7 @@ def needs_processing(row: SamplingRow) -> bool:
 
 
 def drawn_on_device(row: SamplingRow) -> bool:
-    """Sampled rows a GPU draws itself (`engine.device_sampling`): temperature, top_k, top_p and
+    """Sampled rows a GPU draws itself (`engine.sampling.device`): temperature, top_k, top_p and
     min_p their only controls."""
     p = row.params
     return not p.greedy and row.rng is not None and p.typical_p == 1.0 and not _processors(row)

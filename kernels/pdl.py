@@ -8,7 +8,8 @@ the kernels placed ahead are one, not a chain streaming weights meanwhile). They
 prefetch what no earlier kernel writes (weights), and wait (`gdc_wait`) before they read or
 write anything else. The wait returns once the predecessor has finished and its writes are
 visible, which in turn waited for its own predecessor, so the chain keeps stream order. Host
-side: `enabled(tensor)`. H200 figures: tests/perf/RESULTS.md, "Programmatic dependent launch".
+side: `enabled(tensor)`. H200 figures: tests/perf/results/gpu-dense.md, "Programmatic dependent
+launch".
 
 Rule for every kernel launched with PDL: nothing but immutable data is touched before `gdc_wait`.
 Under the triton interpreter (CPU tests) PDL is off and the helpers are no-ops.

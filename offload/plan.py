@@ -65,10 +65,11 @@ def _auto_split(
     """`host_compute = auto` where a separate CUDA device reads host-tier experts in place (the
     caller checks that) with no device slots over them, or with auto's own slots holding under
     `SPLIT_SLOTS_COVER` of them: the CPU's share (the slots' misses first) beside the bus's. On
-    the H200 (RESULTS.md) the split decoded 1.3x mapped alone with no slots, and 1.52x mapped
-    over auto's slots at 3 GiB (~1.1 GB: about 1/15 of the experts; hit rate 0.40); slots the
-    user set stay mapped. The CPU reads the file's blocks beside the page-locked copy, so only in
-    mmap mode with host RAM for both (or it would read the disk)."""
+    the H200 (tests/perf/results/offload.md, offload-host.md) the split decoded 1.3x mapped alone
+    with no slots, and 1.52x mapped over auto's slots at 3 GiB (~1.1 GB: about 1/15 of the
+    experts; hit rate 0.40); slots the user set stay mapped. The CPU reads the file's blocks
+    beside the page-locked copy, so only in mmap mode with host RAM for both (or it would read
+    the disk)."""
     if config.host_compute != "auto" or config.load_mode != "mmap":
         return False
     if "disk" in tiers.values():
@@ -89,7 +90,8 @@ def expert_layer(name: str) -> int | None:
 
 # auto splits host experts with the CPU over its own slots where they hold less than this share
 # of them: at about 1/15 (3 GiB for Qwen3-30B-A3B, by the loaded bytes) the split ran 1.52x
-# mapped + slots on the H200; at about 1/6 (4.5 GiB) only mapped + slots was measured (RESULTS.md)
+# mapped + slots on the H200; at about 1/6 (4.5 GiB) only mapped + slots was measured
+# (tests/perf/results/offload-host.md)
 SPLIT_SLOTS_COVER = 1 / 8
 # a device slot pool packs a streamed expert by one gather per plane through int32 byte maps:
 # four bytes of device memory per byte of one expert (`kernels.moe.slot_pool`)
@@ -440,7 +442,7 @@ def plan_residency(
             notes.append("prompts read the disk-tier experts through the slots, a few rows at a "
                          "time (no room for a layer's copy)")  # fmt: skip
         # read-ahead off unless asked: measured slower on a CPU-only run and on the H200, where it
-        # competes with the decode chain's host steps (tests/perf/RESULTS.md)
+        # competes with the decode chain's host steps (tests/perf/results/offload-disk.md)
         prefetch = bool(st.prefetch)
         streaming = replace(st, enabled=True, slots=int(slots), prefetch=prefetch)
         notes.append(f"{slots} slots stream the disk-tier experts ({fmt_bytes(slot_bytes)} each)")

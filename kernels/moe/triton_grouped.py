@@ -9,7 +9,7 @@ the Q4_K minimum through the activations' code sums). Weight words are read from
 planes and split into bytes in registers: byte b of word w is the code at K offset 4 w + b, the
 file's order, so the activations need no permutation. One flat loop per kernel over 32- or
 64-value steps lets triton's software pipeliner prefetch every load (nested loops measured 1.9x
-slower at 512 tokens, tests/perf/RESULTS.md).
+slower at 512 tokens, tests/perf/results/gpu-kernels.md).
 Padding rows carry pair -1: they load zeros and store nothing. Layouts: `repack.PackedBlocks`;
 the float formulas are those of `triton_dp4a`'s GEMVs, so a pair's value matches decode's
 within float rounding.

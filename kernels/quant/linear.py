@@ -1,7 +1,7 @@
 """Keep-quant linear layers: `prepare_linear` picks, per ggml type and device, how a weight is
 held and multiplied; `quant_matmul_reference` is the plain-torch oracle.
 
-CPU policy, chosen by measurement on a 2-core Zen 3 (tests/perf/RESULTS.md, "Quant linear on
+CPU policy, chosen by measurement on a 2-core Zen 3 (tests/perf/results/cpu.md, "Quant linear on
 CPU"; tests/perf/bench_quant_linear.py):
 - Q4_0/Q4_1/Q4_K: int4pack, 0.875 B/weight. T < 64: torch's int4 kernel with bf16 x (fastest
   GEMV, ~3e-3 relative error); T >= 64: unpack to fp32 tiles (= gguf dequant) + fp32 GEMM.

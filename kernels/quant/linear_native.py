@@ -6,7 +6,7 @@ Decode-sized calls (up to NATIVE_MAX_T rows) multiply int8 activations (per 256 
 Q4_K, per 32 for the others, as llama.cpp's decode does) and read each weight row once for all
 rows. Longer calls (prompts) decode row tiles to ggml's float32 values in C for an exact fp32
 GEMM: exact prompt math is what keeps teacher-forced logits as close to llama.cpp's as
-transformers' are (tests/perf/RESULTS.md, "CPU-only MoE next to llama.cpp").
+transformers' are (tests/perf/results/cpu-moe.md, "CPU-only MoE next to llama.cpp").
 """
 
 import torch

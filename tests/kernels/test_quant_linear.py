@@ -5,7 +5,7 @@ Tolerances (relative Frobenius error of y against the fp32 reference):
   (only fp32 summation order differs);
 - bf16 paths (int4pack bf16 kernel; dense bf16 at any T, its weights are bf16): 1e-2; bf16
   keeps 8 significant bits of x and of the weights or scales, measured 1.5e-3 to 3e-3 on
-  gaussian data (tests/perf/RESULTS.md);
+  gaussian data (tests/perf/results/cpu.md);
 - fp16 paths (dense fp16 at any T): 2e-3; 11 significant bits, measured 2e-4 to 4e-4.
 """
 

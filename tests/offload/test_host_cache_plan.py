@@ -1,6 +1,6 @@
 """The auto-fit planner on a separate GPU whose kernels read host-tier experts in place: when not
 every layer's experts fit on the device, all of them go to host and the device's room becomes an
-LRU of expert slots over them (measured faster than a split by layer: tests/perf/RESULTS.md),
+LRU of expert slots over them (measured faster than split by layer: tests/perf/results/offload.md),
 unless the user set the slots, the host cannot hold them all, the room does not give each layer
 a token's experts, or host experts are computed on the CPU."""
 

@@ -3,7 +3,7 @@
 Measures what llama-bench reports: pp512 (prompt tokens/s over a fixed 512-token prompt) and tg128
 (decode tokens/s after a short prompt), plus load time and peak RSS, each engine in its own
 subprocess so RSS and thread pools do not mix. Not a test: a script whose output goes, with the
-command, machine and date, into tests/perf/RESULTS.md.
+command, machine and date, into tests/perf/results/cpu.md.
 
     python tests/perf/bench_cpu.py --model PATH [--threads 2] [--reps 3] \
         [--llamacpp-python /root/refvenv/bin/python]

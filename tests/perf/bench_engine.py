@@ -1,7 +1,7 @@
 """Batched-engine benchmark (`localllm.engine.LLM`): concurrency, prefix cache, n-gram speculation.
 
 Not a test: a script whose figures go, with the command, machine and date, into
-tests/perf/RESULTS.md. Three sections on one GGUF file, greedy, `ignore_eos`:
+tests/perf/results/engine.md. Three sections on one GGUF file, greedy, `ignore_eos`:
 
 1. aggregate throughput at --concurrency 1,4,16: c distinct prompts of exactly --prompt-len tokens
    (cut from varied English text), --gen tokens each, all submitted at once; wall time, aggregate

@@ -1,4 +1,4 @@
-"""GPU measurements for RESULTS.md (run on the H200; not a test).
+"""GPU measurements for tests/perf/results/gpu-kernels.md (run on the H200; not a test).
 
     python tests/perf/bench_gpu.py kernels          # each GEMV / prefill dequant vs its byte floor
     python tests/perf/bench_gpu.py packed [moe]     # dp4a GEMVs over packed blocks: geometry sweep

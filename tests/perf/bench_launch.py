@@ -2,8 +2,8 @@
 its JIT entry (`kernel[grid](...)`) with few and with many arguments, the same compiled kernel
 through its launcher directly, and small torch ops, as microseconds of host time per call (the
 device work is a few microseconds and runs behind). Prompts of MoE models are bound by this
-(RESULTS.md, "Prompts no longer bound by host dispatch": a Python-keyed cache of compiled
-kernels cost more than the JIT it skipped).
+(tests/perf/results/gpu-kernels.md, "Prompts no longer bound by host dispatch": a Python-keyed
+cache of compiled kernels cost more than the JIT it skipped).
 
     python tests/perf/bench_launch.py
 """

@@ -1,6 +1,6 @@
 """Server overhead: the same greedy chat request through HTTP/SSE vs in-process AsyncEngine.
 
-Not a test: a script whose figures go into tests/perf/RESULTS.md. Starts `localllm serve` as a
+Not a test: its figures go into tests/perf/results/server.md. Starts `localllm serve` as a
 subprocess on a free loopback port, then for --reps runs of one streamed chat request measures
 time to first content token (TTFT) and mean inter-token latency (ITL) on the client side, and the
 same through `AsyncEngine.chat` in this process (run after the server is stopped, so the two never

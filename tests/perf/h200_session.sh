@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One H200 device call for issue 6 (RESULTS.md says which figures came from it). Run from the repo
+# One H200 device call for issue 6 (its figures: tests/perf/results/). Run from the repo
 # root on the device machine; $OUT collects the logs. Wheels the image lacks (gguf, llguidance) come
 # in .whl; SmolLM2 (98 MB, over one call's 64 MiB carry) arrives in two halves, .gpuA from the call
 # before and .gpuB from this one. `tests/perf/h200_prepare.sh` makes .whl, .refbuild/smollm2-tok.gguf

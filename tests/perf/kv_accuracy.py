@@ -5,7 +5,7 @@ Python-docs passage record_llamacpp_goldens.py tokenized with llama.cpp) through
 (fast) kernels once per KV dtype, all caches in lockstep chunk by chunk so that no full
 [tokens, vocab] logits are kept. For each dtype: top-1 agreement with the f32-KV run, mean / p99 /
 max KL(P_f32 || Q_dtype) in nats, and perplexity on the text. Not a test: its output goes, with
-command, machine and date, into tests/perf/RESULTS.md.
+command, machine and date, into tests/perf/results/engine.md.
 
     python tests/perf/kv_accuracy.py [--tokens 1000] [--threads 1] [--gemma PATH]
 """

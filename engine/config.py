@@ -23,6 +23,7 @@ class EngineArgs:
     ngram_min: int = 1  # shortest
     device: str = "cpu"  # "cuda": weights (still quantized), KV and batch metadata on the GPU
     residency: ResidencyConfig | None = None  # tiers / expert streaming; None: all resident
+    quantize: str | None = None  # a Hugging Face folder's weights made this ggml type at load
 
     def __post_init__(self):
         if self.device.split(":")[0] not in DEVICES:

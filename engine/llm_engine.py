@@ -21,15 +21,21 @@ from localllm.engine.core.outputs import RequestOutput
 from localllm.engine.core.request import Request
 from localllm.engine.core.scheduler import Scheduler, SchedulerConfig
 from localllm.engine.embedder import Embedder, EmbeddingOutput, EmbedJob, RankPair
-from localllm.engine.gguf import open_gguf
-from localllm.engine.loader import ModelLoadError, build_model, model_args
+from localllm.engine.hf import HFCheckpoint
+from localllm.engine.loader import (
+    ModelLoadError,
+    build_model,
+    load_tokenizer,
+    model_args,
+    open_weights,
+)
 from localllm.engine.moe.residency import load_planned
 from localllm.engine.runtime.kv_cache import PagedKVCache
 from localllm.engine.runtime.runner import ModelRunner
 from localllm.engine.sampling.ngram import NgramProposer
 from localllm.engine.sampling.params import SamplingParams
 from localllm.engine.sampling.structured import GrammarCompiler
-from localllm.engine.tokenizer import ChatTemplate, Tokenizer, VocabError
+from localllm.engine.tokenizer import ChatTemplate
 from localllm.engine.tokenizer.continuation import continued_render
 from localllm.offload.memory import available_bytes
 
@@ -44,25 +50,23 @@ class PreparedRequest:
     grammar: Any  # a compiled `engine.sampling.structured.Grammar`, or None
 
 
-def _tokenizer(gguf) -> Tokenizer:
-    """The file's tokenizer; a bad vocabulary is an error naming the file."""
-    try:
-        return Tokenizer.from_gguf_metadata(gguf.metadata)
-    except VocabError as e:
-        raise ModelLoadError(f"{gguf.path}: {e}") from None
-
-
 class LLMEngine:
     def __init__(self, model: str, args: EngineArgs | None = None):
         args = args or EngineArgs()
         self.args = args
         t0 = time.perf_counter()
-        self.gguf = open_gguf(model)
+        # a GGUF, or a Hugging Face folder read as one (`engine.hf`)
+        self.gguf = open_weights(model, args.quantize)
         try:
             # the whole header is checked before anything is built from it: hyperparameters
             # against the tensors, then the vocabulary (a hostile file fails here, in milliseconds)
             model_args(self.gguf)
-            self.tokenizer = _tokenizer(self.gguf)
+            self.tokenizer = load_tokenizer(self.gguf)
+            if args.residency is not None and isinstance(self.gguf, HFCheckpoint):
+                raise ModelLoadError(
+                    f"{self.gguf.path}: residency plans (--show-plan, tiers, expert streaming) "
+                    "need a GGUF model; a Hugging Face folder loads fully resident"
+                )
             if args.residency is None:
                 self.model = build_model(self.gguf, precise=args.precise, device=args.device)
             else:  # planned from the header: a model that cannot fit fails before any read

@@ -1,5 +1,9 @@
 """Build a model from a GGUF file: pick the family by architecture, then a walk over tensor names.
 
+`open_weights` opens what `-m` names: a GGUF (or a split shard), or a Hugging Face folder
+(`engine.hf`), which offers the same metadata and GGUF-named tensors; `load_tokenizer` builds
+either's tokenizer.
+
 Each GGUF tensor `a.b.c.weight` goes to the module at path `a.b.c` (after the family's aliases)
 through its `load_tensor`. Unknown tensors and modules left unloaded are errors, not silence.
 On a GPU every tensor's raw ggml blocks are uploaded once, before `load_tensor`, so the kernels
@@ -8,24 +12,55 @@ experts are the exception: their MoE block packs them from the host a few at a t
 """
 
 import dataclasses
+import os
 from collections.abc import Collection
 
 import torch
 from torch import nn
 
-from localllm.engine.gguf import GGUFModel
+from localllm.engine.gguf import GGUFModel, open_gguf
+from localllm.engine.hf import HFCheckpoint, HFError, open_hf
 from localllm.engine.layers.linear import QuantLinear, dense
 from localllm.engine.layers.rope import Rotary
 from localllm.engine.models import UnsupportedArchitectureError, model_module
+from localllm.engine.models.common import unused_tensor
 from localllm.engine.models.hparams import HyperparameterError, check_args, check_tensors
 from localllm.engine.moe.block import use_native_cpu_experts
 from localllm.engine.moe.expert_tensor import ExpertTensor
+from localllm.engine.tokenizer import Tokenizer, VocabError
 from localllm.kernels.cpu.native import load as load_native
 from localllm.offload import QuantWeight
 
 
 class ModelLoadError(ValueError):
     """The GGUF's tensors do not fit the architecture's model (missing, extra or misshapen)."""
+
+
+def open_weights(path: str | os.PathLike, quantize: str | None = None):
+    """A `GGUFModel` for a .gguf path, an `HFCheckpoint` for a folder. `quantize` (a folder's
+    float weights made into that ggml type at load) is refused for a GGUF, which keeps its own."""
+    if os.path.isdir(path):
+        try:
+            return open_hf(path, quantize)
+        except HFError as e:
+            raise ModelLoadError(str(e)) from None
+    if quantize is not None:
+        raise ModelLoadError(
+            f"{os.fspath(path)}: --quantize applies to Hugging Face folders; a GGUF runs in the "
+            "types it was written in"
+        )
+    return open_gguf(path)
+
+
+def load_tokenizer(source) -> Tokenizer:
+    """The tokenizer of an opened GGUF or folder; a bad vocabulary is an error naming it."""
+    try:
+        if isinstance(source, HFCheckpoint):
+            n_vocab = source.tensors["token_embd.weight"].shape[0]
+            return Tokenizer.from_hf_folder(source.path, n_vocab)
+        return Tokenizer.from_gguf_metadata(source.metadata)
+    except VocabError as e:
+        raise ModelLoadError(f"{source.path}: {e}") from None
 
 
 def build_model(
@@ -58,6 +93,8 @@ def build_model(
     optional = set(getattr(model, "optional_tensors", ()))
     extra: dict[str, torch.Tensor] = {}
     for name in gguf.tensors:
+        if unused_tensor(args, name):
+            continue  # a block the family never runs (GLM's NextN layer): never read
         path, _, suffix = name.rpartition(".")
         target = _find(model, _alias(path, aliases))
         if target is None:

@@ -9,8 +9,10 @@ it at a time of your choosing (e.g. in a thread while weights load).
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -27,10 +29,12 @@ _HIDDEN = int(Attr.CONTROL | Attr.UNKNOWN)
 class Tokenizer:
     """A GGUF model's tokenizer. Thread-safe; immutable once built."""
 
-    def __init__(self, vocab: Vocab) -> None:
+    def __init__(self, vocab: Vocab, encoder: Any = None) -> None:
+        """`encoder`: one with `encode(text, parse_special)` to use instead of building the
+        GGUF one from the vocabulary (a Hugging Face folder's `tokenizer.json`)."""
         self._vocab = vocab
         self._lock = threading.Lock()
-        self._encoder: Encoder | None = None
+        self._encoder: Encoder | None = encoder
         self._pieces: list[bytes] | None = None
         self._longest: int | None = None
         self._hidden = (vocab.attrs & _HIDDEN) != 0
@@ -39,6 +43,15 @@ class Tokenizer:
     def from_gguf_metadata(cls, meta: dict[str, Any]) -> Tokenizer:
         """Build from a GGUF metadata dict (as `open_gguf(path).metadata` returns it)."""
         return cls(Vocab.from_metadata(meta))
+
+    @classmethod
+    def from_hf_folder(cls, folder: str | os.PathLike, n_vocab: int) -> Tokenizer:
+        """Build from a Hugging Face folder's tokenizer files (`hf_json`) for a model whose
+        embedding has `n_vocab` rows."""
+        from localllm.engine.tokenizer.hf_json import hf_vocab
+
+        vocab, encoder = hf_vocab(Path(folder), n_vocab)
+        return cls(vocab, encoder)
 
     # -- properties -------------------------------------------------------------------------------
 

@@ -1,0 +1,139 @@
+"""Tiny random-weight Hugging Face folders of every family we map (`engine/hf`), made with
+transformers' own classes and `save_pretrained` (bf16 weights, as most Hub checkpoints).
+
+`save_tiny(family, folder)` writes config.json, model.safetensors, generation_config.json and a
+tokenizer trained here on a fixed text (byte-level BPE, or a SentencePiece-style BPE with byte
+fallback for gemma3) with ChatML special tokens and template. Seeds fix every weight; norms are
+1 +- noise (Gemma: +-noise around 0, since it multiplies by 1 + w) so no layer is a no-op.
+Used by tests/engine/test_hf_*.py and by tests/tools/record_hf_fixtures.py (which commits two
+of them with their llama.cpp conversions). Imports no localllm module.
+"""
+
+from pathlib import Path
+
+import torch
+
+SEED = 1234
+VOCAB = 300  # 256 bytes + merges + 3 specials (the SentencePiece-style one has a few more)
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog. " * 3,
+    "Hello, world! Hello there, how are you today?",
+    "def main():\n    print('hello')\n    return 0\n",
+    "Über café naïve — 東京 12345 67890 ++ -- == !!",
+    "the cat sat on the mat and the dog sat on the log",
+]
+COMMON = dict(
+    vocab_size=VOCAB,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+    bos_token_id=0,
+    eos_token_id=0,
+)
+
+
+def config(family: str, vocab: int = VOCAB):
+    import transformers as t
+
+    c = {**COMMON, "vocab_size": vocab}
+    if family == "llama":
+        return t.LlamaConfig(**c, tie_word_embeddings=True, rope_theta=500000.0)
+    if family == "mistral":
+        return t.MistralConfig(**c, tie_word_embeddings=False, sliding_window=None)
+    if family == "qwen2":
+        return t.Qwen2Config(**c, tie_word_embeddings=False)
+    if family == "qwen3":
+        return t.Qwen3Config(**c, head_dim=16, tie_word_embeddings=True)
+    if family == "qwen3moe":
+        return t.Qwen3MoeConfig(
+            **c, head_dim=8, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
+            norm_topk_prob=True, tie_word_embeddings=False,
+        )  # fmt: skip
+    if family == "gemma3":
+        cfg = t.Gemma3TextConfig(
+            **{**c, "num_hidden_layers": 3}, head_dim=16, query_pre_attn_scalar=16,
+            sliding_window=4, layer_types=["sliding_attention", "sliding_attention",
+                                           "full_attention"],
+            sliding_window_pattern=3, final_logit_softcapping=5.0,
+        )  # fmt: skip
+        cfg.architectures = ["Gemma3ForCausalLM"]
+        return cfg
+    if family == "phi3":
+        return t.Phi3Config(**{**c, "num_key_value_heads": 4}, tie_word_embeddings=False,
+                            pad_token_id=0, partial_rotary_factor=0.5)  # fmt: skip
+    raise KeyError(family)
+
+
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "qwen3moe", "gemma3", "phi3")
+
+
+def tokenizer(spm: bool = False):
+    """A trained tiny tokenizer wrapped for save_pretrained (transformers' fast tokenizer)."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    if spm:  # SentencePiece-style: ▁ for spaces, byte fallback, no space prefix (Gemma 3)
+        tok = Tokenizer(models.BPE(byte_fallback=True, fuse_unk=False))
+        tok.normalizer = normalizers.Replace(" ", "▁")
+        tok.decoder = decoders.Sequence(
+            [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
+        )
+        bytes_ = [f"<0x{i:02X}>" for i in range(256)]
+        trainer = trainers.BpeTrainer(
+            vocab_size=VOCAB, special_tokens=SPECIALS + bytes_, show_progress=False
+        )
+    else:  # byte-level BPE (GPT-2 / Llama 3 / Qwen)
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(
+            vocab_size=VOCAB,
+            special_tokens=SPECIALS,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        )
+    tok.train_from_iterator(CORPUS, trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=SPECIALS[0],
+        eos_token=SPECIALS[2],
+        pad_token=SPECIALS[0],
+        chat_template=CHATML,
+    )
+
+
+def model(family: str, vocab: int = VOCAB):
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(SEED)
+    m = AutoModelForCausalLM.from_config(config(family, vocab), dtype=torch.float32).eval()
+    gen = torch.Generator().manual_seed(SEED)
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            if p.dim() > 1:  # fan-in scaled: logits of std ~1 through the layers
+                p.copy_(torch.randn(p.shape, generator=gen) / p.shape[-1] ** 0.5)
+            elif "norm" in name:
+                centre = 0.0 if family == "gemma3" else 1.0
+                p.copy_(centre + 0.2 * torch.randn(p.shape, generator=gen))
+            else:
+                p.copy_(0.1 * torch.randn(p.shape, generator=gen))
+    return m.to(torch.bfloat16)
+
+
+def save_tiny(family: str, folder: Path, shards: bool = False) -> Path:
+    """Write the family's tiny folder (`shards`: split in three files with an index)."""
+    tok = tokenizer(spm=family == "gemma3")
+    m = model(family, max(VOCAB, len(tok)))
+    m.generation_config.eos_token_id = [0, 2]  # <|endoftext|> and <|im_end|>
+    size = "20KB" if shards else "50GB"
+    m.save_pretrained(folder, max_shard_size=size)
+    tok.save_pretrained(folder)
+    return folder

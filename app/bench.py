@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from localllm.app.engine_flags import QUANTIZE_CHOICES
 from localllm.app.model_path import resolve_model
 from localllm.app.residency_flags import add_residency_flags, residency_config
 
@@ -141,6 +142,8 @@ def _add_args(p: argparse.ArgumentParser) -> None:
                    help="replay decode CUDA graphs on CUDA (1)")  # fmt: skip
     p.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (torch default)")
     p.add_argument("-v", "--verbose", action="store_true")
+    p.add_argument("--quantize", choices=QUANTIZE_CHOICES, default=None,
+                   help="a Hugging Face folder's weights made this type at load")  # fmt: skip
     add_residency_flags(p)
     p.set_defaults(handler=handle)
 
@@ -205,8 +208,7 @@ def _plan(path: str, args: argparse.Namespace, gguf=None):
 def run_model(path: str, args: argparse.Namespace) -> list[BenchResult]:
     import torch
 
-    from localllm.engine.gguf import open_gguf
-    from localllm.engine.loader import build_model
+    from localllm.engine.loader import build_model, open_weights
     from localllm.engine.moe.block import account_mapped, moe_blocks
     from localllm.engine.moe.residency import load_model
     from localllm.engine.moe.split_link import split_balance
@@ -214,7 +216,7 @@ def run_model(path: str, args: argparse.Namespace) -> list[BenchResult]:
     from localllm.offload.expert_stats import expert_stats
 
     device = torch.device(args.device)
-    gguf = open_gguf(path)
+    gguf = open_weights(path, args.quantize)  # a GGUF or a Hugging Face folder
     if device.type == "cuda":  # the device memory the model and its runs take, from here on
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)

@@ -8,6 +8,8 @@ from localllm.app.residency_flags import add_residency_flags, residency_config
 from localllm.offload.residency import ResidencyConfig
 
 KV_CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "fp8")
+# `--quantize` (engine.hf.checkpoint.STORE_TYPES; kept here so --help never imports torch)
+QUANTIZE_CHOICES = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "f16", "bf16", "f32")
 
 
 def add_engine_flags(p: argparse.ArgumentParser, *, parallel: int | None = None) -> None:
@@ -23,6 +25,12 @@ def add_engine_flags(p: argparse.ArgumentParser, *, parallel: int | None = None)
     )
     g.add_argument("--draft", type=int, default=0, help="n-gram draft tokens per step (0: off)")
     g.add_argument("--precise", action="store_true", help="float32 reference matmuls (slower)")
+    g.add_argument(
+        "--quantize",
+        choices=QUANTIZE_CHOICES,
+        default=None,
+        help="a Hugging Face folder's weights made this type at load (default: as stored)",
+    )
     g.add_argument(
         "--device", default="cpu", help="cpu, or cuda[:N]: weights stay quantized on the GPU"
     )
@@ -40,6 +48,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "kv_cache_dtype": args.cache_type,
         "num_speculative_tokens": args.draft,
         "device": getattr(args, "device", "cpu"),
+        "quantize": getattr(args, "quantize", None),
     }
     if getattr(args, "parallel", None) is not None:
         kw["max_num_seqs"] = args.parallel

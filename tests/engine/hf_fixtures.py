@@ -54,7 +54,7 @@ def config(family: str, vocab: int = VOCAB):
         return t.Qwen3Config(**c, head_dim=16, tie_word_embeddings=True)
     if family == "qwen3moe":
         return t.Qwen3MoeConfig(
-            **c, head_dim=8, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
+            **c, head_dim=8, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
             norm_topk_prob=True, tie_word_embeddings=False,
         )  # fmt: skip
     if family == "gemma3":

@@ -18,6 +18,10 @@ SUPPORTED = (
     "bert",
     "deepseek2",
     "gpt_oss",
+    "smollm3",
+    "olmo2",
+    "gemma2",
+    "glm4moe",
 )
 
 

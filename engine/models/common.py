@@ -1,5 +1,6 @@
 """Small readers of GGUF hyper-parameters shared by the model files (no per-arch branching)."""
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -29,3 +30,16 @@ def rope_scale(meta: dict[str, Any]) -> float:
     if k("rope.scaling.type", "none") == "linear":
         return k("rope.scaling.factor", 1.0) or 1.0  # llama.cpp: a factor of 0 is no scaling
     return 1.0
+
+
+_BLOCK = re.compile(r"blk\.(\d+)\.")
+
+
+def unused_tensor(args: Any, name: str) -> bool:
+    """Whether tensor `name` belongs to a block the family never runs (`ModelArgs.unused_blocks`,
+    e.g. the multi-token-prediction layers a converter keeps): loading and planning skip it."""
+    blocks = getattr(args, "unused_blocks", None)
+    if not blocks:
+        return False
+    m = _BLOCK.match(name)
+    return m is not None and int(m[1]) in blocks

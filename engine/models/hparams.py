@@ -143,6 +143,8 @@ HPARAMS: Mapping[str, Any] = {
     "expert_weights_norm": Flag(),
     "leading_dense_block_count": Int(0, MAX_LAYERS),
     "final_logit_softcapping": Real(0.0, MAX_SCALE),
+    "attn_logit_softcapping": Real(0.0, MAX_SCALE),  # gemma2: 0 is no cap
+    "nextn_predict_layers": Int(0, MAX_LAYERS),  # glm4moe's multi-token-prediction blocks
     "pooling_type": Int(0, 4),  # llama.cpp's enum: none, mean, cls, last, rank
     "vocab_size": Int(1, MAX_VOCAB),
     "token_type_count": Int(1, MAX_WIDTH),  # bert reads `tokenizer.ggml.token_type_count`

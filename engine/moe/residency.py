@@ -14,6 +14,7 @@ from torch import nn
 
 from localllm.engine.layers.linear import without_bytes
 from localllm.engine.models import model_module
+from localllm.engine.models.common import unused_tensor
 from localllm.engine.moe.block import MoEFeedForward, moe_blocks
 from localllm.engine.moe.split import SPLIT_CPU_SHARE_SLOTS, SplitExperts
 from localllm.kernels.cpu.native import load as load_native
@@ -297,6 +298,7 @@ def plan_model(
     sizes = {
         name: _memory_cost(t, precise, tied, cpu and expert_layer(name) not in raw, native, gpu)
         for name, t in gguf.tensors.items()
+        if not unused_tensor(args, name)  # never loaded (a NextN layer): costs nothing
     }
     cuda = memory.device.startswith("cuda")
     rule = config.tier_of(EMBEDDING)

@@ -83,7 +83,8 @@ class HFCheckpoint:
         self.path = str(folder)
         if quantize is not None and quantize not in STORE_TYPES:
             raise HFError(
-                f"--quantize {quantize!r} is not a type we make (one of: {', '.join(STORE_TYPES)})"
+                f"{folder}: --quantize {quantize!r} is not a type we make "
+                f"(one of: {', '.join(STORE_TYPES)})"
             )
         self.quantize = STORE_TYPES[quantize] if quantize else None
         raw = _json(folder / "config.json")

@@ -126,10 +126,6 @@ def hf_vocab(folder: Path, n_vocab: int) -> tuple[Vocab, HFEncoder]:
     for tok, i in table.items():
         tokens[i] = tok
         attrs[i] = int(Attr.NORMAL)
-    if kind == "llama":
-        for i, tok in enumerate(tokens):
-            if len(tok) == 6 and tok.startswith("<0x") and tok.endswith(">"):
-                attrs[i] = int(Attr.BYTE)
     unk = (data.get("model") or {}).get("unk_token")
     if isinstance(unk, str) and unk in table:
         attrs[table[unk]] = int(Attr.UNKNOWN)
@@ -142,6 +138,10 @@ def hf_vocab(folder: Path, n_vocab: int) -> tuple[Vocab, HFEncoder]:
         else:  # the converter's rule: a user-defined token's ▁ is a space
             attrs[i] = int(Attr.USER_DEFINED)
             tokens[i] = content.replace("▁", " ") if kind == "llama" else content
+    if kind == "llama":  # byte-fallback tokens, in the vocabulary or added: one byte each
+        for i, tok in enumerate(tokens):
+            if len(tok) == 6 and tok.startswith("<0x") and tok.endswith(">"):
+                attrs[i] = int(Attr.BYTE)
 
     def special(name: str) -> int | None:
         t = _token_text(config.get(f"{name}_token"))

@@ -9,6 +9,7 @@ Used by tests/engine/test_hf_*.py and by tests/tools/record_hf_fixtures.py (whic
 of them with their llama.cpp conversions). Imports no localllm module.
 """
 
+import json
 from pathlib import Path
 
 import torch
@@ -80,16 +81,27 @@ def tokenizer(spm: bool = False):
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    if spm:  # SentencePiece-style: ▁ for spaces, byte fallback, no space prefix (Gemma 3)
-        tok = Tokenizer(models.BPE(byte_fallback=True, fuse_unk=False))
-        tok.normalizer = normalizers.Replace(" ", "▁")
+    if spm:  # SentencePiece-style: ▁ for spaces, <0xNN> byte fallback, no space prefix (Gemma 3)
+        norm = normalizers.Replace(" ", "▁")
+        trained = Tokenizer(models.BPE())
+        trained.normalizer = norm
+        trained.train_from_iterator(
+            CORPUS, trainers.BpeTrainer(vocab_size=VOCAB - 256, show_progress=False)
+        )
+        learned = json.loads(trained.to_str())["model"]
+        # the byte tokens live in the vocabulary, as in a converted SentencePiece model
+        vocab = {t: i for i, t in enumerate(SPECIALS + [f"<0x{b:02X}>" for b in range(256)])}
+        for t in sorted(learned["vocab"], key=learned["vocab"].get):
+            vocab.setdefault(t, len(vocab))
+        merges = [
+            tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in learned["merges"]
+        ]
+        tok = Tokenizer(models.BPE(vocab, merges, byte_fallback=True, fuse_unk=False))
+        tok.normalizer = norm
         tok.decoder = decoders.Sequence(
             [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
         )
-        bytes_ = [f"<0x{i:02X}>" for i in range(256)]
-        trainer = trainers.BpeTrainer(
-            vocab_size=VOCAB, special_tokens=SPECIALS + bytes_, show_progress=False
-        )
+        tok.add_special_tokens(SPECIALS)
     else:  # byte-level BPE (GPT-2 / Llama 3 / Qwen)
         tok = Tokenizer(models.BPE())
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -100,7 +112,7 @@ def tokenizer(spm: bool = False):
             initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
             show_progress=False,
         )
-    tok.train_from_iterator(CORPUS, trainer)
+        tok.train_from_iterator(CORPUS, trainer)
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,
         bos_token=SPECIALS[0],

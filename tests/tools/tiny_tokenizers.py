@@ -5,7 +5,7 @@ small (~150 tokens, the fixtures tens of KB):
 - byte-level BPE with the Llama 3 split regex (SmolLM3, GLM-4.5, OLMo 2 use this shape): the byte
   symbols the text uses, merges up to `vocab_size`, then the family's added tokens;
 - a SentencePiece BPE model (Gemma 2), with Gemma's control tokens at Gemma's ids.
-Both cover ASCII text only (no byte fallback: that alone would take 256 tokens).
+Both cover printable ASCII and newlines only (no byte fallback: that would take 256 tokens).
 
 Never imports localllm; runs with tokenizers, sentencepiece and transformers.
 """
@@ -28,6 +28,7 @@ CORPUS = [
     "The user asked the assistant a question, and the assistant answered with a tool call.",
     "Numbers: 1 2 3 10 42 100 2024. Lists, commas; quotes 'single' and \"double\".",
     "city location unit celsius fahrenheit get_weather search query result",
+    "".join(map(chr, range(32, 127))) + "\n\t",  # every printable ASCII character, once
 ]
 
 
@@ -52,7 +53,18 @@ def byte_bpe(out: Path, vocab_size: int, added: list[tuple[str, bool]], **specia
     tok.add_tokens([AddedToken(t, special=s, normalized=False) for t, s in added])
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, **special)
     fast.save_pretrained(out)
+    # said outright, as the real checkpoints do: llama.cpp's default for some pre-tokenizers
+    # (llama-bpe) is to add a BOS, transformers' for this tokenizer is not to
+    _update_config(out, {"add_bos_token": False, "add_eos_token": False})
     return out
+
+
+def _update_config(out: Path, entries: dict) -> None:
+    import json
+
+    path = out / "tokenizer_config.json"
+    config = json.loads(path.read_text(encoding="utf-8"))
+    path.write_text(json.dumps({**config, **entries}, indent=2), encoding="utf-8")
 
 
 # Gemma's turn markers (user-defined pieces after the control tokens <pad> <eos> <bos> <unk>).
@@ -84,6 +96,7 @@ def gemma_spm(out: Path, vocab_size: int, chat_template: str) -> Path:
         bos_piece="<bos>",
         unk_piece="<unk>",
         user_defined_symbols=GEMMA_TURNS,
+        normalization_rule_name="identity",  # as Gemma's: newlines and tabs stay pieces
         add_dummy_prefix=False,  # Gemma's tokenizer adds no leading space
         remove_extra_whitespaces=False,
         split_digits=True,
@@ -99,4 +112,9 @@ def gemma_spm(out: Path, vocab_size: int, chat_template: str) -> Path:
     fast = AutoTokenizer.from_pretrained(out)  # converted from the SentencePiece model
     fast.chat_template = chat_template
     fast.save_pretrained(out)
+    # Gemma's tokenizer_config lists its control tokens (the converter marks them CONTROL, so
+    # the turn markers are single tokens in a template's text); transformers 5 writes no list
+    names = ["<pad>", "<eos>", "<bos>", "<unk>", *GEMMA_TURNS]
+    listed = {str(fast.convert_tokens_to_ids(t)): {"content": t, "special": True} for t in names}
+    _update_config(out, {"added_tokens_decoder": listed})
     return out

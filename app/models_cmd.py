@@ -22,8 +22,12 @@ if TYPE_CHECKING:  # imported lazily at run time to keep `localllm --help` fast
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("pull", help="download a GGUF model from the Hugging Face Hub")
-    p.add_argument("model", help="org/repo[:QUANT] or a Hub URL (default quant Q4_K_M)")
+    p = sub.add_parser("pull", help="download a model from the Hugging Face Hub")
+    p.add_argument(
+        "model",
+        help="org/repo[:QUANT] or a Hub URL (default quant Q4_K_M; a repo of safetensors: "
+        "its weights, config and tokenizer)",
+    )
     p.add_argument("--yes", "-y", action="store_true", help="do not ask before downloading")
     p.set_defaults(handler=handle_pull)
     p = sub.add_parser("ls", help="list the models in the library")
@@ -43,9 +47,8 @@ def _confirm(question: str, yes: bool) -> bool:
 
 
 def handle_pull(args: argparse.Namespace) -> int:
-    from localllm.app.hub.download import HubConfig, pull_spec, remote_files
+    from localllm.app.hub.download import HubConfig, pull_spec, resolve_remote
     from localllm.app.hub.progress import human_bytes
-    from localllm.app.hub.quant import resolve_files
     from localllm.app.hub.spec import parse_spec
 
     spec = parse_spec(args.model)
@@ -53,8 +56,7 @@ def handle_pull(args: argparse.Namespace) -> int:
         raise ValueError(f"{args.model}: expected org/repo[:QUANT] or a Hugging Face URL")
     config = HubConfig.current()
     if not config.offline and not args.yes and sys.stdin is not None and sys.stdin.isatty():
-        _, files = remote_files(config, spec.repo, spec.revision)
-        plan = resolve_files(spec.repo, files, spec.quant, spec.filename)
+        _, plan = resolve_remote(config, spec.repo, spec.quant, spec.filename, spec.revision)
         size = human_bytes(sum(f.size or 0 for f in plan.files))
         if not _confirm(f"Download {plan.name} ({len(plan.files)} files, {size})?", False):
             return 1

@@ -8,6 +8,7 @@ only when every file of it carries a valid verification record (`verify`); a fil
 hashed again (offline too, against the sha256 that is its blob name) instead of being trusted.
 """
 
+import json
 import shutil
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -31,7 +32,14 @@ from localllm.app.hub.progress import (
     progress_class,
     terminal_printer,
 )
-from localllm.app.hub.quant import HubError, RepoFile, Resolved, resolve_files
+from localllm.app.hub.quant import (
+    HF_INDEX,
+    SAFETENSORS,
+    HubError,
+    RepoFile,
+    Resolved,
+    resolve_files,
+)
 
 # Leave room for the filesystem and other writers beyond the bytes we fetch.
 DISK_MARGIN = 64 * 1024 * 1024
@@ -66,7 +74,8 @@ class PulledModel:
 
     @property
     def path(self) -> Path:
-        return self.paths[0]
+        """What `-m` loads: the first shard, or a safetensors model's folder."""
+        return self.paths[0].parent if self.quant == SAFETENSORS else self.paths[0]
 
     @property
     def files(self) -> tuple[Path, ...]:
@@ -152,11 +161,19 @@ def _cached(
 ) -> PulledModel | None:
     try:
         commit, files = cached_files(config, repo, revision)
-        resolved = resolve_files(repo, files, quant, filename)
+        snapshot = repo_folder(config, repo) / "snapshots" / commit
+        resolved = resolve_files(repo, files, quant, filename, lambda: _read_index(snapshot))
     except HubError:
         return None
-    snapshot = repo_folder(config, repo) / "snapshots" / commit
     return _pulled(resolved, commit, snapshot, 0)
+
+
+def _read_index(snapshot: Path) -> object:
+    """A cached model.safetensors.index.json, parsed (HubError when it is not JSON)."""
+    try:
+        return json.loads((snapshot / HF_INDEX).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise HubError(f"{snapshot / HF_INDEX}: cannot read ({e})") from None
 
 
 def _verified(pointer: Path, sha256: str | None = None) -> bool:
@@ -239,13 +256,13 @@ def pull(
                 f"({config.cache_dir}); unset HF_HUB_OFFLINE to download it"
             )
         return _verify_offline(found, progress)
-    commit, files = remote_files(config, repo, revision)
-    resolved = resolve_files(repo, files, quant, filename)
+    fetched: list[Fetched] = []
+    commit, resolved = resolve_remote(config, repo, quant, filename, revision, progress, fetched)
     snapshot = repo_folder(config, repo) / "snapshots" / commit
     # Present is not enough: a file counts only with a valid record for the Hub's sha256.
     missing = [f for f in resolved.files if not _verified(snapshot / f.name, f.sha256)]
     check_disk_space(config.cache_dir, sum(f.size or 0 for f in missing))
-    done: list[Fetched] = []
+    done: list[Fetched] = fetched
     try:
         for f in missing:
             done.append(_download(config, repo, f, revision, progress))
@@ -256,6 +273,31 @@ def pull(
         raise
     pulled = _pulled(resolved, commit, snapshot, sum(g.downloaded for g in done))
     return replace(pulled, verified=sum(g.hashed for g in done))
+
+
+def resolve_remote(
+    config: HubConfig,
+    repo: str,
+    quant: str | None,
+    filename: str | None = None,
+    revision: str | None = None,
+    progress: ProgressCallback | None = None,
+    fetched: list[Fetched] | None = None,
+) -> tuple[str, Resolved]:
+    """The commit and the files of `repo:quant` on the Hub. A safetensors model's shard list
+    is in its index, which is fetched (verified, into the cache) for that; `fetched` gets it."""
+    commit, files = remote_files(config, repo, revision)
+    snapshot = repo_folder(config, repo) / "snapshots" / commit
+
+    def index() -> object:
+        entry = next(f for f in files if f.name == HF_INDEX)
+        if not _verified(snapshot / HF_INDEX, entry.sha256):
+            got = _download(config, repo, entry, revision, progress)
+            if fetched is not None:
+                fetched.append(got)
+        return _read_index(snapshot)
+
+    return commit, resolve_files(repo, files, quant, filename, index)
 
 
 def pull_spec(spec, config: HubConfig) -> PulledModel:

@@ -1,7 +1,9 @@
 """The local model library: GGUF models in the Hugging Face cache plus user folders.
 
 Hub models are named `org/repo:QUANT` (as pulled); loose files by their stem. Architecture and
-context length come from the GGUF header (metadata only; tensors are not touched).
+context length come from the GGUF header (metadata only; tensors are not touched). Safetensors
+models (a `save_pretrained` folder: a pulled repo, `org/repo:safetensors`, or a folder in a
+user folder, named by the folder) take them from config.json.
 
 A model of the HF cache is listed only when every file of it (shards, mmproj) has a valid
 verification record (`verify`): a file from an interrupted pull, changed since it was checked,
@@ -11,6 +13,7 @@ name them and `rm` can delete them; the TUI and `-m NAME` never see them. Files 
 are the user's own and are not hashed.
 """
 
+import json
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -19,7 +22,16 @@ from pathlib import Path
 from huggingface_hub import scan_cache_dir
 
 from localllm.app.hub import verify
-from localllm.app.hub.quant import GGUFGroup, HubError, RepoFile, group_ggufs, pick_mmproj
+from localllm.app.hub.quant import (
+    HF_INDEX,
+    SAFETENSORS,
+    GGUFGroup,
+    HubError,
+    RepoFile,
+    group_ggufs,
+    hf_folder_group,
+    pick_mmproj,
+)
 from localllm.engine.gguf import GGUFError, open_gguf
 
 
@@ -41,10 +53,19 @@ class LocalModel:
 
     @property
     def path(self) -> Path:
-        return self.paths[0]
+        """What `-m` loads: the first shard, or a safetensors model's folder."""
+        return self.paths[0].parent if self.quant == SAFETENSORS else self.paths[0]
 
 
 def _header(path: Path) -> tuple[str | None, int | None]:
+    if path.name == "config.json":  # a safetensors folder model
+        try:
+            cfg = json.loads(path.read_text(encoding="utf-8"))
+            cfg = {**cfg, **(cfg.get("text_config") or {})}
+        except (OSError, ValueError, AttributeError):
+            return None, None
+        arch, ctx = cfg.get("model_type"), cfg.get("max_position_embeddings")
+        return arch if isinstance(arch, str) else None, ctx if type(ctx) is int else None
     try:
         with open_gguf(path) as m:
             arch = m.architecture
@@ -93,7 +114,8 @@ def _cache_models(cache_dir: Path) -> list[LocalModel]:
             ]
             blobs = {f.file_path: f.blob_path for f in rev.files}
             groups, mmprojs = group_ggufs(files)
-            for g in groups:
+            folder = _folder_group(repo.repo_id, files, rev.snapshot_path)
+            for g in [*groups, *([folder] if folder else [])]:
                 name = f"{repo.repo_id}:{g.quant or Path(g.stem).name}"
                 if name in seen:
                     continue
@@ -111,6 +133,18 @@ def _cache_models(cache_dir: Path) -> list[LocalModel]:
     return out
 
 
+def _folder_group(repo: str, files: list[RepoFile], base: Path) -> GGUFGroup | None:
+    """The safetensors model at `base` (a snapshot or a folder), or None."""
+
+    def index() -> object:
+        return json.loads((base / HF_INDEX).read_text(encoding="utf-8"))
+
+    try:
+        return hf_folder_group(repo, files, index)
+    except (HubError, OSError, ValueError):
+        return None  # an index that is not there or not readable: not a ready model
+
+
 def _folder_models(folder: Path) -> list[LocalModel]:
     if not folder.is_dir():
         return []
@@ -120,7 +154,13 @@ def _folder_models(folder: Path) -> list[LocalModel]:
         if p.is_file()
     ]
     groups, mmprojs = group_ggufs(files)
-    return [_model(g, folder, mmprojs, Path(g.stem).name, location=str(folder)) for g in groups]
+    out = [_model(g, folder, mmprojs, Path(g.stem).name, location=str(folder)) for g in groups]
+    for sub in sorted(p.parent for p in folder.glob("*/config.json")):  # save_pretrained folders
+        names = [RepoFile(p.name, p.stat().st_size) for p in sub.iterdir() if p.is_file()]
+        g = _folder_group(sub.name, names, sub)
+        if g is not None:
+            out.append(_model(g, sub, [], sub.name, location=str(folder)))
+    return out
 
 
 def scan_library(

@@ -2,11 +2,16 @@
 
 A repo holds several quants of one model (`name-Q4_K_M.gguf`, `name-Q8_0.gguf`, ...), some split
 into shards (`name-Q8_0-00001-of-00003.gguf`), and maybe `mmproj*.gguf` vision projectors.
+A repo with no GGUF but a `save_pretrained` folder at its root is one model tagged
+`safetensors`: config.json and the tokenizer and generation files beside it, and exactly the
+weight shards `model.safetensors.index.json` names (a repo may also hold other weights, such
+as Mistral's `consolidated.safetensors`, which are not fetched).
 """
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 DEFAULT_QUANT = "Q4_K_M"
 _SHARD = re.compile(r"^(?P<prefix>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$", re.IGNORECASE)
@@ -14,6 +19,20 @@ _SHARD = re.compile(r"^(?P<prefix>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$",
 _TAG = re.compile(
     r"(?:^|[-._])(?P<tag>(?:UD-)?(?:I?Q\d(?:_[A-Z0-9]+)*|TQ\d_\d|BF16|F16|F32|FP16|FP32|MXFP4(?:_MOE)?))$",
     re.IGNORECASE,
+)
+
+
+SAFETENSORS = "safetensors"  # the tag of a Hugging Face folder model: `org/repo:safetensors`
+HF_INDEX = "model.safetensors.index.json"
+HF_SINGLE = "model.safetensors"
+# What a folder model needs beside its weights (config.json first: the folder is its parent)
+HF_SIDE_FILES = (
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "chat_template.jinja",
+    "special_tokens_map.json",
 )
 
 
@@ -123,12 +142,55 @@ def available(groups: Sequence[GGUFGroup]) -> str:
     return ", ".join(g.quant or _basename(g.stem) for g in groups)
 
 
+def hf_folder_group(
+    repo: str, files: Iterable[RepoFile], index: Callable[[], Any] | None
+) -> GGUFGroup | None:
+    """The files of the folder model at the repo's root, or None when it has none. `index()`
+    gives the parsed model.safetensors.index.json (read only when the repo has one)."""
+    by_name = {f.name: f for f in files}
+    if "config.json" not in by_name:
+        return None
+    if HF_INDEX in by_name:
+        if index is None:
+            raise HubError(f"{repo}: {HF_INDEX} must be read to know its shards")
+        data = index()
+        wmap = data.get("weight_map") if isinstance(data, dict) else None
+        if not isinstance(wmap, dict) or not wmap:
+            raise HubError(f"{repo}/{HF_INDEX} has no weight_map")
+        shards = list(dict.fromkeys(str(v) for v in wmap.values()))
+        missing = [n for n in shards if n not in by_name]
+        if missing:
+            raise HubError(f"{repo}: {HF_INDEX} names shards the repo lacks: {', '.join(missing)}")
+        weights = [HF_INDEX, *shards]
+    elif HF_SINGLE in by_name:
+        weights = [HF_SINGLE]
+    else:
+        return None
+    names = [n for n in HF_SIDE_FILES if n in by_name] + weights
+    return GGUFGroup("model", SAFETENSORS, tuple(by_name[n] for n in names))
+
+
 def resolve_files(
-    repo: str, files: Iterable[RepoFile], quant: str | None, filename: str | None = None
+    repo: str,
+    files: Iterable[RepoFile],
+    quant: str | None,
+    filename: str | None = None,
+    index: Callable[[], Any] | None = None,
 ) -> Resolved:
-    """The files of `repo:quant` (or of one named file); HubError says what the repo offers."""
+    """The files of `repo:quant` (or of one named file); HubError says what the repo offers.
+    A repo without GGUF files (or `quant` "safetensors") gives its folder model (see
+    `hf_folder_group`; `index` reads its shard index)."""
     files = list(files)
     groups, mmprojs = group_ggufs(files)
+    if (not groups or (quant or "").lower() == SAFETENSORS) and filename is None:
+        folder = hf_folder_group(repo, files, index)
+        if folder is not None and quant is not None and quant.lower() != SAFETENSORS:
+            raise HubError(
+                f"{repo} has no GGUF files but a safetensors model: pull it as {repo} and "
+                f"quantize at load (--quantize q8_0, ...)"
+            )
+        if folder is not None:
+            return Resolved(repo, folder, None)
     if not groups:
         names = ", ".join(f.name for f in files[:20]) or "no files"
         raise HubError(f"{repo} has no GGUF model files (it has: {names})")

@@ -47,7 +47,7 @@ def hub(monkeypatch, tmp_path, repo_files):
     fake = FakeHub(
         repos={
             REPO: repo_files,
-            "tiny-org/no-gguf": {"config.json": b"{}", "model.safetensors": b"x" * 10},
+            "tiny-org/no-gguf": {"config.json": b"{}", "pytorch_model.bin": b"x" * 10},
             "tiny-org/only-q8": {"m-Q8_0.gguf": repo_files["tiny-Q8_0.gguf"]},
         }
     )

@@ -4,7 +4,8 @@ It serves `/api/models?search=&filter=gguf` (the listing, most downloaded first)
 `/api/models/{repo}[/revision/{rev}]` (siblings with LFS size and sha256) and
 `/{repo}/resolve/{rev}/{file}` (HEAD and GET with Range, ETag / X-Repo-Commit / X-Linked-*),
 logs every request, and can drop or stall a connection mid-file or lie about a sha256 on demand.
-GGUF files are LFS files (sha256 in the listing, ETag = sha256) unless named in `in_git`: those are
+GGUF and safetensors files are LFS files (sha256 in the listing, ETag = sha256) unless named in
+`in_git`: those are
 served as small files kept in git are, with no LFS entry and the git blob sha1 as ETag.
 """
 
@@ -47,7 +48,7 @@ class FakeHub:
         siblings = []
         for name, data in self.repos[repo].items():
             s = {"rfilename": name, "size": len(data), "blobId": git_blob_sha1(data)}
-            if name.endswith(".gguf") and name not in self.in_git:
+            if name.endswith((".gguf", ".safetensors")) and name not in self.in_git:
                 s["lfs"] = {"size": len(data), "sha256": self.sha(repo, name), "pointerSize": 134}
             siblings.append(s)
         return {"id": repo, "modelId": repo, "sha": COMMIT, "private": False, "siblings": siblings}

@@ -106,7 +106,7 @@ def test_sha256_mismatch_is_an_error_and_leaves_no_model(hub, config):
 @pytest.mark.parametrize(
     ("repo", "quant", "message"),
     [
-        ("tiny-org/no-gguf", None, r"no GGUF model files \(it has: config.json, model.safetensors"),
+        ("tiny-org/no-gguf", None, r"no GGUF model files \(it has: config.json, pytorch_model"),
         (REPO, "Q3_K_S", "no Q3_K_S quant; available: F16, IQ4_XS, Q4_K_M, Q8_0"),
         ("tiny-org/missing", None, "tiny-org/missing: no such model repository"),
         ("tiny-org/only-q8", "Q4_K", "no Q4_K quant; available: Q8_0"),

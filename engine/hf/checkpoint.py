@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from localllm.engine.hf.config import HFConfig, HFConfigError, check_not_prequantized
@@ -92,7 +93,11 @@ class HFCheckpoint:
         cfg = HFConfig(raw)
         self.config = cfg
         family = family_module(cfg.architecture)
-        self.metadata: dict[str, Any] = family.metadata(cfg)
+        # floats as a GGUF stores them (float32), so both give the same `ModelArgs`
+        self.metadata: dict[str, Any] = {
+            k: float(np.float32(v)) if type(v) is float else v
+            for k, v in family.metadata(cfg).items()
+        }
         self.files = _shards(folder)
         self.shards = tuple(f.path for f in self.files.values())
         tensors = {}

@@ -74,7 +74,7 @@ _SMALL = {
     "intermediate_size": 32,
     "num_attention_heads": 4,
     "num_key_value_heads": 2,
-    "max_position_embeddings": 256,
+    "max_position_embeddings": 2048,  # room for a tools prompt (GLM: ~560 tokens)
 }
 _GLM_TOKENS = [
     "<|endoftext|>",

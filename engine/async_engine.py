@@ -21,6 +21,7 @@ from localllm.engine.config import EngineArgs
 from localllm.engine.core.outputs import RequestOutput
 from localllm.engine.embedder import EmbeddingOutput, EmbedJob
 from localllm.engine.llm_engine import LLMEngine
+from localllm.engine.multimodal import MultiModalInput
 from localllm.engine.sampling.params import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -77,10 +78,12 @@ class AsyncEngine:
         request_id: str | None = None,
         *,
         cache_salt: str | None = None,
+        mm_inputs: Sequence[MultiModalInput] = (),
     ) -> AsyncIterator[RequestOutput]:
         """Stream deltas (new text and ids per completion) until the request finishes.
 
         A bad request raises here, before the first output; the engine keeps serving others.
+        `mm_inputs`: image embeddings for the prompt's placeholders (`engine.multimodal`).
         """
         rid = request_id or uuid.uuid4().hex
         loop = asyncio.get_running_loop()
@@ -98,7 +101,7 @@ class AsyncEngine:
         try:
             # Tokenizing, checks and grammar compilation happen here, off the engine thread: a
             # bad request fails at once and a slow compile never stalls the others' decoding.
-            prepared = await asyncio.to_thread(self.engine.prepare, prompt, params)
+            prepared = await asyncio.to_thread(self.engine.prepare, prompt, params, mm_inputs)
             self._commands.put(("add", (rid, prepared, cache_salt), added))
             await added  # raises if the engine refused it
             while True:

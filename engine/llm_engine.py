@@ -30,6 +30,7 @@ from localllm.engine.loader import (
     open_weights,
 )
 from localllm.engine.moe.residency import load_planned
+from localllm.engine.multimodal import MultiModalInput, check_inputs
 from localllm.engine.runtime.kv_cache import PagedKVCache
 from localllm.engine.runtime.runner import ModelRunner
 from localllm.engine.sampling.ngram import NgramProposer
@@ -48,6 +49,7 @@ class PreparedRequest:
     ids: list[int]
     params: SamplingParams
     grammar: Any  # a compiled `engine.sampling.structured.Grammar`, or None
+    mm_inputs: tuple[MultiModalInput, ...] = ()  # images: placeholders + embeddings
 
 
 class LLMEngine:
@@ -76,6 +78,10 @@ class LLMEngine:
         except BaseException:
             self.gguf.close()
             raise
+        if isinstance(self.gguf, HFCheckpoint):
+            # the shards stay mapped only while a weight views them: with --quantize none does,
+            # and the float pages read to make the blocks leave the process's memory
+            self.gguf.close()
         self.vocab_size = self.model.args.vocab_size
         # Encoder-only models (BERT) make embeddings and never generate.
         self.generates = getattr(self.model, "generates", True)
@@ -148,16 +154,27 @@ class LLMEngine:
         return list(prompt)
 
     def prepare(
-        self, prompt: str | Sequence[int], params: SamplingParams | None = None
+        self,
+        prompt: str | Sequence[int],
+        params: SamplingParams | None = None,
+        mm_inputs: Sequence[MultiModalInput] = (),
     ) -> "PreparedRequest":
         """Tokenize, check and compile a request's grammar without touching engine state, so
-        callers on other threads can do this work (and get its errors) off the engine thread."""
+        callers on other threads can do this work (and get its errors) off the engine thread.
+
+        `mm_inputs` (`engine.multimodal`): embeddings that replace the prompt's placeholder
+        tokens (images), in prompt order."""
         params = params or SamplingParams()
         self._check_generates()
         ids = self.tokenize(prompt)
         self._validate(ids, params)
+        if mm_inputs:
+            if not getattr(self.model, "takes_embeds", False):
+                raise ValueError(f"{self.model.args.arch} models do not take image embeddings")
+            check_inputs(mm_inputs, len(ids), self.model.args.dim)
         grammar = self.grammars.compile(params.structured) if params.structured else None
-        return PreparedRequest(prompt if isinstance(prompt, str) else None, ids, params, grammar)
+        text = prompt if isinstance(prompt, str) else None
+        return PreparedRequest(text, ids, params, grammar, tuple(mm_inputs))
 
     def add_request(
         self,
@@ -168,13 +185,15 @@ class LLMEngine:
         cache_salt: str | None = None,
         delta: bool = False,
         arrival_time: float | None = None,
+        mm_inputs: Sequence[MultiModalInput] = (),
     ) -> str:
         """Queue a request; every check happens here (or in `prepare`), before any decoding.
 
-        `prompt` may be a `PreparedRequest` from `prepare` (then `params` is ignored).
+        `prompt` may be a `PreparedRequest` from `prepare` (then `params` and `mm_inputs` are
+        ignored).
         """
         if not isinstance(prompt, PreparedRequest):
-            prompt = self.prepare(prompt, params)
+            prompt = self.prepare(prompt, params, mm_inputs)
         ids, params, grammar = prompt.ids, prompt.params, prompt.grammar
         request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
         if request_id in self.groups:
@@ -194,6 +213,7 @@ class LLMEngine:
                 cache_salt=cache_salt,
                 index=i,
                 arrival_time=arrival_time,
+                mm_inputs=prompt.mm_inputs,
             )
             if grammar is not None:
                 req.grammar = grammar.matcher()
@@ -323,17 +343,35 @@ class LLMEngine:
         `continue_final`: the prompt ends inside the last message (an assistant's answer begun
         by the caller), so generation continues its text instead of opening a new turn.
         """
+        text = self.render_chat(
+            messages, add_generation_prompt=add_generation_prompt, continue_final=continue_final,
+            tools=tools, **template_kwargs,
+        )  # fmt: skip
+        return self.encode_chat(text)
+
+    def render_chat(
+        self,
+        messages: Sequence[dict],
+        *,
+        add_generation_prompt: bool = True,
+        continue_final: bool = False,
+        tools: Sequence[dict] | None = None,
+        **template_kwargs,
+    ) -> str:
+        """The prompt text of `messages` through the chat template (see `chat_prompt`)."""
         self._check_generates()
         if self._chat_template is None:
             self._chat_template = ChatTemplate.for_tokenizer(self.tokenizer)
         t = self._chat_template
         if continue_final:
-            text = continued_render(t, messages, tools=tools, **template_kwargs)
-        else:
-            text = t.render(
-                messages, add_generation_prompt=add_generation_prompt, tools=tools,
-                **template_kwargs,
-            )  # fmt: skip
+            return continued_render(t, messages, tools=tools, **template_kwargs)
+        return t.render(
+            messages, add_generation_prompt=add_generation_prompt, tools=tools, **template_kwargs
+        )
+
+    def encode_chat(self, text: str) -> list[int]:
+        """Token ids of a rendered chat: special tokens parsed, BOS added unless it is there."""
+        t = self._chat_template or ChatTemplate.for_tokenizer(self.tokenizer)
         add_bos = not (t.bos_token and text.startswith(t.bos_token))
         return self.tokenizer.encode(text, add_special=add_bos, parse_special=True)
 

@@ -19,7 +19,16 @@ THIRD_PARTY = {
     "kernels": {"torch", "triton", "numpy"},
     "offload": {"torch", "numpy", "psutil"},
     "engine": {"torch", "numpy", "gguf", "tokenizers", "jinja2", "llguidance"},
-    "media": {"torch", "numpy", "soundfile", "soxr", "tokenizers", "onnx", "espeakng_loader"},
+    "media": {
+        "torch",
+        "numpy",
+        "soundfile",
+        "soxr",
+        "tokenizers",
+        "onnx",
+        "espeakng_loader",
+        "PIL",
+    },
     "app": {
         "torch",
         "numpy",

@@ -29,6 +29,9 @@ class BatchMeta:
     # captured prompt graph replays for any context. Its host table is then empty and its host
     # length is the step's token count (padding included).
     context: tuple[torch.Tensor, torch.Tensor] | None = None
+    # Multimodal embeddings (`engine.multimodal`): flat rows [R] int64 and their vectors [R, dim]
+    # that replace those rows' token embeddings (an image's placeholders), or None.
+    embeds: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def __post_init__(self) -> None:
         b = len(self.seq_lens)
@@ -46,6 +49,13 @@ class BatchMeta:
         for i, (n, table) in enumerate(zip(self.seq_lens, self.block_tables, strict=True)):
             if len(table) * self.block_size < n:
                 raise ValueError(f"sequence {i}: {len(table)} blocks cannot hold {n} tokens")
+
+    def splice(self, x: torch.Tensor) -> torch.Tensor:
+        """Token embeddings [T, dim] with the multimodal rows put in place (`embeds`)."""
+        if self.embeds is None:
+            return x
+        rows, values = self.embeds
+        return x.index_copy(0, rows, values.to(x.dtype))
 
     @property
     def num_seqs(self) -> int:

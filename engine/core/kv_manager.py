@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from localllm.engine.core.block_pool import BlockPool, KVBlock, hash_block_tokens
 from localllm.engine.core.request import Request
+from localllm.engine.multimodal import block_extra_keys
 
 
 @dataclass
@@ -53,6 +54,8 @@ class KVCacheManager:
             parent = hashes[-1] if hashes else None
             # The salt goes into the first hash only; the chain carries it to every later block.
             extra = (request.cache_salt,) if i == 0 and request.cache_salt is not None else ()
+            if request.mm_inputs:  # the images a block's tokens stand for are part of its key
+                extra += block_extra_keys(request.mm_inputs, i * bs, (i + 1) * bs)
             tokens = request.token_ids[i * bs : (i + 1) * bs]
             hashes.append(hash_block_tokens(parent, tokens, extra))
 

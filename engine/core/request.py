@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from localllm.engine.core.outputs import RequestMetrics
+from localllm.engine.multimodal import MultiModalInput
 from localllm.engine.sampling.params import SamplingParams
 
 
@@ -34,6 +35,7 @@ class Request:
         cache_salt: str | None = None,
         index: int = 0,
         arrival_time: float | None = None,
+        mm_inputs: Sequence[MultiModalInput] = (),
     ):
         self.request_id = request_id
         self.params = params
@@ -47,6 +49,7 @@ class Request:
         self.max_tokens = max_tokens  # already clipped to the context
         self.eos_ids = frozenset() if params.ignore_eos else eos_ids
         self.cache_salt = cache_salt
+        self.mm_inputs = tuple(mm_inputs)  # images: placeholder positions + embeddings
         self.block_hashes: list[Any] = []  # filled by the KV manager, one per full block
         self.status = RequestStatus.WAITING
         self.finish_reason: str | None = None

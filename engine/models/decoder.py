@@ -25,6 +25,7 @@ class Decoder(nn.Module):
         "ffn_down": "mlp.ffn_down",
     }
     optional_tensors: ClassVar[tuple[str, ...]] = ("output.weight",)
+    takes_embeds: ClassVar[bool] = True  # the forward splices `batch.embeds` (images) in
 
     def __init__(self, args, blocks: list[nn.Module], precise: bool = False):
         super().__init__()
@@ -52,7 +53,7 @@ class Decoder(nn.Module):
         self, ids: torch.Tensor, positions: torch.Tensor, batch: BatchMeta, kv: PagedKVCache
     ) -> torch.Tensor:
         """Hidden states [T, dim] after the final norm."""
-        x = self.token_embd(ids)
+        x = batch.splice(self.token_embd(ids))
         cos_sin = self.rotary.cos_sin(positions)
         r = None  # a block's last output not yet added to the stream (see `defers_residual`)
         for i, blk in enumerate(self.blk):

@@ -140,7 +140,7 @@ class Model(Decoder):
         self, ids: torch.Tensor, positions: torch.Tensor, batch: BatchMeta, kv: PagedKVCache
     ) -> torch.Tensor:
         """Hidden states [T, dim] after the final norm."""
-        x = self.token_embd(ids) * self.embed_scale
+        x = batch.splice(self.token_embd(ids) * self.embed_scale)  # images are not scaled
         rg, rl = self.rotary_global, self.rotary_local
         cs_global, cs_local = rg.cos_sin(positions), rl.cos_sin(positions)
         for i, blk in enumerate(self.blk):

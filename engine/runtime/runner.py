@@ -21,6 +21,7 @@ from localllm.engine.core.outputs import PositionLogprobs
 from localllm.engine.core.request import Request
 from localllm.engine.core.scheduler import SchedulerOutput
 from localllm.engine.moe.block import moe_blocks
+from localllm.engine.multimodal import EncoderCache, pending, step_embeds
 from localllm.engine.runtime.cuda_graphs import DecodeGraphs, pack_decode
 from localllm.engine.runtime.decode_ahead import DecodeAhead, warm_up
 from localllm.engine.runtime.kv_cache import PagedKVCache
@@ -69,6 +70,7 @@ class ModelRunner:
         self.block_ids = block_ids  # request -> its block table (the KV manager's view)
         self.sampler = Sampler()
         self.device = kv.device  # the model's and the cache's device
+        self.encoder_cache = EncoderCache()  # image embeddings by content hash
         # MoE layers whose experts are read or computed on the host are captured in pieces
         use = cuda_graphs and self.device.type == "cuda"
         self.graphs = DecodeGraphs(model, kv) if use else None
@@ -100,7 +102,7 @@ class ModelRunner:
             self.ahead.drop()
         ids, positions, rows, batch = self._prepare(sched)
         hidden = None
-        if self.prompts is not None and batch.num_seqs == 1:  # one request's prompt chunk
+        if self.prompts is not None and batch.num_seqs == 1 and batch.embeds is None:
             start = batch.seq_lens[0] - len(ids)
             hidden = self.prompts.run(ids, batch.slot_mapping, start, batch.block_tables[0])
         if hidden is None:
@@ -148,6 +150,8 @@ class ModelRunner:
                 return None
             if start != req.num_tokens - 1 or req.params.prompt_logprobs is not None:
                 return None  # (a prompt-logprobs request keeps the eager path throughout)
+            if req.mm_inputs and pending(req.mm_inputs, start, 1):
+                return None  # an image's last placeholder: its embedding is spliced eagerly
             table = self.block_ids(req)
             ids.append(req.token_ids[start])
             positions.append(start)
@@ -219,6 +223,8 @@ class ModelRunner:
         slots: list[int] = []
         query_start, seq_lens, tables = [0], [], []
         rows = _Rows()
+        mm_rows: list[int] = []
+        mm_values: list[torch.Tensor] = []
         for req in sched.requests:
             rid = req.request_id
             n = sched.num_scheduled_tokens[rid]
@@ -227,6 +233,16 @@ class ModelRunner:
             toks = (req.token_ids + spec)[start : start + n]
             table = self.block_ids(req)
             base = len(ids)
+            if req.mm_inputs:
+                try:
+                    r, v = step_embeds(
+                        req.mm_inputs, start, n, base, self.encoder_cache, self._dim, self.device
+                    )
+                except Exception as e:  # this request fails (its step ends it), not the batch
+                    req.error = f"encoding its image failed: {type(e).__name__}: {e}"
+                    r, v = [], []
+                mm_rows += r
+                mm_values += v
             ids += toks
             positions += range(start, start + n)
             slots += [table[p // bs] * bs + p % bs for p in range(start, start + n)]
@@ -247,8 +263,19 @@ class ModelRunner:
             block_tables=tuple(tables),
             slot_mapping=packed[2 * t :],
             block_size=bs,
+            embeds=self._embeds(mm_rows, mm_values),
         )
         return packed[:t], packed[t : 2 * t], rows, batch
+
+    @property
+    def _dim(self) -> int:
+        return self.model.args.dim
+
+    def _embeds(self, rows: list[int], values: list[torch.Tensor]):
+        if not rows:
+            return None
+        index = torch.tensor(rows, dtype=torch.long).to(self.device)
+        return index, torch.cat(values) if len(values) > 1 else values[0]
 
     @staticmethod
     def _prompt_rows(req: Request, start: int, n: int, base: int, rows: _Rows) -> None:

@@ -1,0 +1,123 @@
+"""`VisionPipeline`: an mmproj paired with a loaded text engine, turning images into prompt spans.
+
+`prepare` (any thread: decode, bound, preprocess, hash) makes a `PreparedImage`; `chat` and
+`completion` build the prompt ids and one `engine.multimodal.MultiModalInput` per image whose
+encoder runs the tower on the engine's thread at prefill (once per content hash). The pairing is
+checked when the pipeline is made: the projector's output width must be the text model's, and
+the vocabulary must hold the family's image tokens, so an mmproj of another model is refused.
+"""
+
+import importlib
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from localllm.engine.multimodal import MultiModalInput
+from localllm.media.vision import prompt as vprompt
+from localllm.media.vision.image import DEFAULT_LIMITS, ImageLimits, decode_image, image_digest
+from localllm.media.vision.mmproj import FAMILIES, MMProjError, build_tower, open_mmproj
+from localllm.media.vision.mmproj import projector_type as _kind
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class PreparedImage:
+    pixels: torch.Tensor  # the processor's output (host, float32)
+    layout: Any  # the family's tile layout
+    num_tokens: int  # embeddings (placeholder tokens) it yields
+    digest: str  # content hash: pixels + preprocessing + projector
+    size: tuple[int, int]  # decoded width, height
+
+
+class VisionPipeline:
+    def __init__(self, path: str | os.PathLike, engine, device: torch.device | str | None = None):
+        self.path = os.fspath(path)
+        g = open_mmproj(self.path)
+        try:
+            self.kind = _kind(g.metadata)
+            dev = device if device is not None else engine.kv_cache.k[0].device
+            self.model = build_tower(g, dev)
+        except BaseException:
+            g.close()
+            raise
+        self._gguf = g  # the weights are views of its mapping: open while the model lives
+        self.device = torch.device(dev)
+        mod = importlib.import_module(f"localllm.media.vision.{FAMILIES[self.kind]}_processor")
+        self.processor = mod.Processor(self.model.args)
+        self._check_pair(engine)
+
+    def _check_pair(self, engine) -> None:
+        want, have = self.model.args.out_dim, engine.model.args.dim
+        if want != have:
+            raise MMProjError(
+                f"{self.path}: this projector makes {want}-wide embeddings but the model's are "
+                f"{have} wide: it belongs to another model"
+            )
+        tok = engine.tokenizer
+        ids = {}
+        for text in self.processor.special_tokens:
+            got = tok.encode(text, add_special=False, parse_special=True)
+            if len(got) != 1:
+                raise MMProjError(
+                    f"{self.path}: the model's vocabulary has no {text!r} token, which this "
+                    f"{self.kind} projector needs: it belongs to another model"
+                )
+            ids[text] = got[0]
+        self.image_token = self.processor.image_token
+        self.image_token_id = ids[self.image_token]
+
+    def prepare(self, data: bytes, limits: ImageLimits = DEFAULT_LIMITS) -> PreparedImage:
+        """Decode and preprocess one image (CPU work: call it off the event loop)."""
+        img = decode_image(data, limits)
+        pixels, layout = self.processor.preprocess(img)
+        digest = image_digest(img, f"{self.kind}|{self.processor.salt}")
+        return PreparedImage(
+            torch.from_numpy(np.ascontiguousarray(pixels)),
+            layout,
+            self.processor.num_tokens(layout),
+            digest,
+            img.size,
+        )
+
+    def encode(self, image: PreparedImage) -> torch.Tensor:
+        """The image's embeddings [num_tokens, dim] (runs the tower here and now)."""
+        with torch.inference_mode():
+            return self.model(image.pixels.to(self.device))
+
+    def encoder(self, image: PreparedImage) -> Callable[[], torch.Tensor]:
+        return lambda: self.encode(image)
+
+    def chat(
+        self, engine, messages: Sequence[dict], images: Sequence[PreparedImage], **render_kw: Any
+    ) -> tuple[list[int], list[MultiModalInput]]:
+        """Prompt ids and image spans of a conversation whose `{"type": "image"}` parts stand
+        for `images`, in order (`render_kw`: `LLMEngine.render_chat`'s keywords)."""
+        n = vprompt.count_images(messages)
+        if n != len(images):
+            raise ValueError(f"the messages have {n} image parts for {len(images)} images")
+        text = vprompt.render(engine, messages, self.image_token, n, **render_kw)
+        return self._spans(engine, text, images, engine.encode_chat)
+
+    def completion(
+        self, engine, text: str, images: Sequence[PreparedImage]
+    ) -> tuple[list[int], list[MultiModalInput]]:
+        """A raw prompt (no chat template) with the images placed before its text."""
+        if self.image_token in text:
+            raise ValueError(f"the prompt contains {self.image_token!r}, the image placeholder")
+        return self._spans(engine, self.image_token * len(images) + text, images, engine.tokenize)
+
+    def _spans(self, engine, text, images, encode) -> tuple[list[int], list[MultiModalInput]]:
+        holders = [self.processor.placeholder(im.layout) for im in images]
+        ids = encode(vprompt.expand(text, self.image_token, holders))
+        where = vprompt.spans(ids, self.image_token_id, [im.num_tokens for im in images])
+        items = [
+            MultiModalInput(im.digest, pos, encoder=self.encoder(im))
+            for im, pos in zip(images, where, strict=True)
+        ]
+        return ids, items
+
+    def close(self) -> None:
+        self._gguf.close()

@@ -1,0 +1,164 @@
+"""The SigLIP vision transformer that mmproj files store under `v.*` (SmolVLM/Idefics3, Gemma 3).
+
+Patch embedding (a strided conv, `v.patch_embd`), learned positions (`v.position_embd`), then
+per block: LayerNorm (`ln1`) -> multi-head self-attention over all patches of a tile (`attn_q/k/v`
+with biases, `attn_out`) -> residual; LayerNorm (`ln2`) -> tanh-GELU MLP (`ffn_up`, `ffn_down`)
+-> residual; a final LayerNorm (`v.post_ln`). Tiles are a batch: [tiles, 3, S, S] in,
+[tiles, patches, dim] out. Linear weights stay in their ggml encoding (`QuantLinear`).
+"""
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from localllm.engine.layers.linear import QuantLinear, dense
+from localllm.engine.models.bert import LayerNorm
+from localllm.offload import QuantWeight
+
+# Bounds on an mmproj header (untrusted input): far beyond every released tower (SigLIP-so400m:
+# 1152 wide, 27 blocks, 16 heads, 896-px tiles), small enough that a hostile value fails fast.
+MAX_DIM = 16_384
+MAX_BLOCKS = 256
+MAX_IMAGE_SIZE = 4_096
+
+
+class VisionConfigError(ValueError):
+    """An mmproj's `clip.vision.*` hyperparameters are missing or out of range."""
+
+
+@dataclass(frozen=True)
+class TowerArgs:
+    dim: int
+    hidden_dim: int
+    n_layers: int
+    n_heads: int
+    image_size: int  # one tile's side, pixels
+    patch_size: int
+    norm_eps: float
+
+    @property
+    def patches_per_side(self) -> int:
+        return self.image_size // self.patch_size
+
+    @classmethod
+    def from_gguf(cls, meta: dict[str, Any]) -> "TowerArgs":
+        args = cls(
+            dim=_int(meta, "clip.vision.embedding_length", MAX_DIM),
+            hidden_dim=_int(meta, "clip.vision.feed_forward_length", 4 * MAX_DIM),
+            n_layers=_int(meta, "clip.vision.block_count", MAX_BLOCKS),
+            n_heads=_int(meta, "clip.vision.attention.head_count", MAX_DIM),
+            image_size=_int(meta, "clip.vision.image_size", MAX_IMAGE_SIZE),
+            patch_size=_int(meta, "clip.vision.patch_size", MAX_IMAGE_SIZE),
+            norm_eps=float(meta.get("clip.vision.attention.layer_norm_epsilon", 1e-6)),
+        )
+        if args.dim % args.n_heads:
+            raise VisionConfigError(
+                f"clip.vision.attention.head_count {args.n_heads} does not divide "
+                f"embedding_length {args.dim}"
+            )
+        if args.image_size % args.patch_size:
+            raise VisionConfigError(
+                f"clip.vision.patch_size {args.patch_size} does not divide image_size "
+                f"{args.image_size}"
+            )
+        if not 0 < args.norm_eps < 1:
+            raise VisionConfigError(f"layer_norm_epsilon {args.norm_eps} is out of range")
+        return args
+
+
+def _int(meta: dict[str, Any], key: str, top: int) -> int:
+    value = meta.get(key)
+    if value is None:
+        raise VisionConfigError(f"mmproj metadata lacks '{key}'")
+    if type(value) is not int or not 1 <= value <= top:
+        raise VisionConfigError(f"'{key}' is {value!r}, expected an integer in 1..{top}")
+    return value
+
+
+class PatchEmbedding(nn.Module):
+    """`v.patch_embd`: a conv with kernel = stride = patch size, weight [dim, 3, p, p]."""
+
+    def __init__(self, dim: int, patch: int):
+        super().__init__()
+        self.shape = (dim, 3, patch, patch)
+        self.weight: torch.Tensor | None = None
+        self.bias: torch.Tensor | None = None
+
+    def load_tensor(self, suffix: str, w: QuantWeight) -> None:
+        want = self.shape if suffix == "weight" else self.shape[:1]
+        if suffix not in ("weight", "bias") or tuple(w.shape) != want:
+            raise ValueError(f"expected patch_embd.{suffix} of {want}, got {tuple(w.shape)}")
+        setattr(self, suffix, dense(w))
+
+    @property
+    def loaded(self) -> bool:
+        return self.weight is not None
+
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        x = F.conv2d(pixels, self.weight, self.bias, stride=self.shape[-1])
+        return x.flatten(2).transpose(1, 2)  # [tiles, patches, dim], row-major patches
+
+
+class PositionEmbedding(nn.Module):
+    """`v.position_embd`: one learned vector per patch position of a tile."""
+
+    def __init__(self, n: int, dim: int):
+        super().__init__()
+        self.shape = (n, dim)
+        self.weight: torch.Tensor | None = None
+
+    def load_tensor(self, suffix: str, w: QuantWeight) -> None:
+        if suffix != "weight" or tuple(w.shape) != self.shape:
+            raise ValueError(f"expected position_embd of {self.shape}, got {tuple(w.shape)}")
+        self.weight = dense(w)
+
+    @property
+    def loaded(self) -> bool:
+        return self.weight is not None
+
+
+class Block(nn.Module):
+    def __init__(self, a: TowerArgs):
+        super().__init__()
+        self.n_heads = a.n_heads
+        self.ln1 = LayerNorm(a.dim, a.norm_eps)
+        self.attn_q = QuantLinear(a.dim, a.dim)
+        self.attn_k = QuantLinear(a.dim, a.dim)
+        self.attn_v = QuantLinear(a.dim, a.dim)
+        self.attn_out = QuantLinear(a.dim, a.dim)
+        self.ln2 = LayerNorm(a.dim, a.norm_eps)
+        self.ffn_up = QuantLinear(a.dim, a.hidden_dim)
+        self.ffn_down = QuantLinear(a.hidden_dim, a.dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        t, n, d = x.shape
+        h = self.ln1(x)
+
+        def heads(y):
+            return y.view(t, n, self.n_heads, d // self.n_heads).transpose(1, 2)
+
+        q, k, v = heads(self.attn_q(h)), heads(self.attn_k(h)), heads(self.attn_v(h))
+        o = F.scaled_dot_product_attention(q, k, v)  # every patch sees every patch of its tile
+        x = x + self.attn_out(o.transpose(1, 2).reshape(t, n, d))
+        return x + self.ffn_down(F.gelu(self.ffn_up(self.ln2(x)), approximate="tanh"))
+
+
+class Tower(nn.Module):
+    """The `v.*` tensors: tiles [T, 3, S, S] -> patch features [T, (S/p)^2, dim]."""
+
+    def __init__(self, a: TowerArgs):
+        super().__init__()
+        self.args = a
+        self.patch_embd = PatchEmbedding(a.dim, a.patch_size)
+        self.position_embd = PositionEmbedding(a.patches_per_side**2, a.dim)
+        self.blk = nn.ModuleList(Block(a) for _ in range(a.n_layers))
+        self.post_ln = LayerNorm(a.dim, a.norm_eps)
+
+    def forward(self, pixels: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        x = self.patch_embd(pixels) + self.position_embd.weight[position_ids]
+        for blk in self.blk:
+            x = blk(x)
+        return self.post_ln(x)

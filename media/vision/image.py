@@ -43,6 +43,10 @@ def decode_image(data: bytes, limits: ImageLimits = DEFAULT_LIMITS) -> Image.Ima
         raise ImageError("SVG images are not supported (vector graphics): send a PNG or JPEG")
     try:
         img = Image.open(io.BytesIO(data), formats=FORMATS)  # reads the header only
+    except Image.DecompressionBombError as e:  # Pillow's own header check, far past ours
+        raise ImageError(
+            f"the image is larger than the {limits.max_pixels} pixels allowed: {e}"
+        ) from None
     except UnidentifiedImageError:
         raise ImageError(
             f"not an image in a supported format ({', '.join(FORMATS)}), or a corrupt one"

@@ -10,7 +10,10 @@ punctuation (espeak_clips.word_error_rate), pooled over the clips (edits / refer
 RTF = wall time / audio seconds, model load excluded, after one warm-up; the engines take turns
 clip by clip and rep by rep so that a change in machine load hits them alike; the median rep.
 --vad: two long files of 8 sentences apart, with faint noise between them (1-12 s gaps, about
-80 s; 15-40 s gaps, about 250 s): faster-whisper with and without vad_filter (Silero), and ours.
+80 s; 15-40 s gaps, about 250 s): faster-whisper with and without vad_filter (Silero), ours, and
+ours on the speech that faster-whisper's VAD keeps (its get_speech_timestamps + collect_chunks,
+as its transcribe(vad_filter=True) does): what a VAD would buy us, measured before building one.
+--vad-only skips the other sections.
 """
 
 import argparse
@@ -56,12 +59,19 @@ def _engines(bundle, fw) -> dict:
 
         return run
 
+    def ours_vad(a: np.ndarray) -> str:
+        from faster_whisper.vad import VadOptions, collect_chunks, get_speech_timestamps
+
+        chunks, _ = collect_chunks(a, get_speech_timestamps(a, VadOptions()))
+        return transcribe(bundle, np.concatenate(chunks)).text
+
     return {
         "localllm beam 5 (default)": ours(5),
         "faster-whisper beam 5 (default)": faster(5),
         "localllm greedy": ours(1),
         "faster-whisper greedy": faster(1),
         "faster-whisper beam 5 + VAD": faster(5, vad=True),
+        "localllm beam 5 on faster-whisper's VAD chunks": ours_vad,
     }
 
 
@@ -97,7 +107,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--vad", action="store_true", help="also the long file with pauses")
+    ap.add_argument("--vad", action="store_true", help="also the long files with pauses")
+    ap.add_argument("--vad-only", action="store_true", help="only the long files with pauses")
     ap.add_argument("--model", help="CTranslate2 Whisper dir (default: base from PyPI parts)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -119,18 +130,18 @@ def main() -> None:
     for name in engines:
         engines[name](warm)
 
-    sentences = [(t, _say(t)) for t in clips.LONG]
-    seconds = sum(len(a) for _, a in sentences) / 16_000
-    res = _run(engines, main_names, sentences, args.reps)
-    _table(f"{len(sentences)} sentences, one clip each", seconds, res, main_names[0])
+    if not args.vad_only:
+        sentences = [(t, _say(t)) for t in clips.LONG]
+        seconds = sum(len(a) for _, a in sentences) / 16_000
+        res = _run(engines, main_names, sentences, args.reps)
+        _table(f"{len(sentences)} sentences, one clip each", seconds, res, main_names[0])
+        long_text = " ".join(clips.LONG)
+        long_audio = _say(long_text)
+        res = _run(engines, main_names, [(long_text, long_audio)], args.reps)
+        _table("long-form, one clip", len(long_audio) / 16_000, res, main_names[0])
 
-    long_text = " ".join(clips.LONG)
-    long_audio = _say(long_text)
-    res = _run(engines, main_names, [(long_text, long_audio)], args.reps)
-    _table("long-form, one clip", len(long_audio) / 16_000, res, main_names[0])
-
-    if args.vad:
-        names = [main_names[0], main_names[1], "faster-whisper beam 5 + VAD"]
+    if args.vad or args.vad_only:
+        names = [main_names[0], main_names[1], *list(engines)[4:]]
         for low, high in ((1, 12), (15, 40)):
             rng = np.random.default_rng(0)
             texts = clips.LONG[12:20]

@@ -91,7 +91,7 @@ def add_parser(sub) -> None:
     )
     p.add_argument(
         "--tool-format",
-        choices=("hermes", "llama3", "mistral", "harmony"),
+        choices=("hermes", "llama3", "mistral", "harmony", "glm"),
         default=None,
         help="tool-call format to prompt and parse (default: from the chat template)",
     )

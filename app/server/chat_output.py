@@ -6,11 +6,15 @@ gpt-oss's harmony output (channels, not tags) is read by `harmony` instead: when
 or else when the output opens with a harmony header, as a `<think>` block is recognised.
 """
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
+from localllm.app.server.glm_tools import GlmToolParser
 from localllm.app.server.harmony import HarmonyParser, ReasoningDelta, opens_harmony
 from localllm.app.server.reasoning import ReasoningParser
 from localllm.app.server.tool_parsers import (
+    GLM,
     HARMONY,
     ArgsDelta,
     CallStart,
@@ -29,6 +33,8 @@ class OutputPlan:
     reasoning: bool = False  # split `<think>` blocks off as reasoning_content
     in_think: bool = False  # the prompt left a think block open
     tools: ToolFormat | None = None  # parse tool calls in this family's format
+    # the offered tools' parameter schemas by name (GLM's values are typed by them)
+    tool_params: Mapping[str, Any] = field(default_factory=dict)
     harmony: bool = False  # the template is gpt-oss's harmony (whether or not tools are on)
 
 
@@ -37,6 +43,8 @@ class ChoiceOutput:
         self._think = ReasoningParser(plan.in_think) if plan.reasoning else None
         harmony = plan.harmony or plan.tools is HARMONY
         self._tools = ToolCallParser(plan.tools) if plan.tools and not harmony else None
+        if plan.tools is GLM:
+            self._tools = GlmToolParser(plan.tool_params)
         self._plan = plan
         self._harmony = self._new_harmony() if harmony else None
         # Without tools the plan may not know the template: the output's opening tells.

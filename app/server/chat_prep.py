@@ -11,11 +11,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from localllm.app.server import glm_tools
 from localllm.app.server.chat_output import OutputPlan
 from localllm.app.server.common import check_context_chars, prompt_chars
 from localllm.app.server.reasoning import opens_thinking
 from localllm.app.server.settings import ServerSettings
-from localllm.app.server.tool_parsers import FORMATS, HARMONY, ToolFormat, detect_format
+from localllm.app.server.tool_parsers import FORMATS, GLM, HARMONY, ToolFormat, detect_format
 from localllm.app.server.tool_prompt import (
     TemplateTraits,
     call_grammar,
@@ -51,6 +52,16 @@ class ToolRequest:
     tools: list[dict]  # OpenAI shape: {"type": "function", "function": {name, parameters, ...}}
     choice: str | dict | None = None
     parallel: bool = False  # several calls in one forced answer
+
+
+def _marker_ids(tokenizer, texts) -> dict[str, int]:
+    """The format's markers that are one token each (its grammar names those by id)."""
+    out = {}
+    for t in texts:
+        ids = tokenizer.encode(t, add_special=False, parse_special=True)
+        if len(ids) == 1:
+            out[t] = ids[0]
+    return out
 
 
 def _trigger_token(tokenizer, fmt: ToolFormat) -> tuple[int | None, bool]:
@@ -130,7 +141,10 @@ async def prepare_chat(
         in_think = opens_thinking(tok.decode(ids[-8:]))
     trigger, hidden = _trigger_token(tok, fmt) if active else (None, False)
     if active:
-        grammar = call_grammar(fmt, allowed, bool(tools and tools.parallel), trigger)
+        markers = _marker_ids(tok, glm_tools.MARKERS) if fmt is GLM else {}
+        hidden = hidden or any(tok.is_special(i) for i in markers.values())
+        parallel = bool(tools and tools.parallel)
+        grammar = call_grammar(fmt, allowed, parallel, trigger, markers)
         spec = StructuredOutputParams(grammar=grammar)
         try:  # the grammar is also the schema check: a tool llguidance cannot compile is a 400
             await asyncio.to_thread(engine.engine.grammars.compile, spec)
@@ -147,6 +161,7 @@ async def prepare_chat(
         reasoning=settings.reasoning_format != "none" and not forced,
         in_think=in_think and not forced,
         tools=fmt if active else None,
+        tool_params={t["function"]["name"]: t["function"].get("parameters") for t in given},
         harmony=fmt is HARMONY,  # its channels are read even without tools (a continued answer)
     )
     return PreparedChat(msgs, template_tools, params, plan, kwargs, cont)

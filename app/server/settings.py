@@ -21,7 +21,7 @@ class ServerSettings:
     created: int = field(default_factory=lambda: int(time.time()))
     owned_by: str = "localllm"
     reasoning_format: str = "deepseek"  # "none": `<think>` text stays in content
-    tool_format: str | None = None  # hermes / llama3 / mistral; None: from the chat template
+    tool_format: str | None = None  # hermes/llama3/mistral/harmony/glm; None: the template's
 
     def accepts(self, model: str | None) -> bool:
         """A request may name the served model by its id or any of its other names, or omit it."""

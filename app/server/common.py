@@ -112,8 +112,8 @@ PROMPT_FIELDS = ("prompt", "messages", "input", "input_prefix", "input_suffix", 
 def _chars(value: Any) -> int:
     if isinstance(value, str):
         return len(value)
-    if isinstance(value, dict):  # a message's role and a part's type are not prompt text
-        return sum(_chars(v) for k, v in value.items() if k not in ("role", "type"))
+    if isinstance(value, dict):  # a message's role, a part's type, an image: not prompt text
+        return sum(_chars(v) for k, v in value.items() if k not in ("role", "type", "image_url"))
     if isinstance(value, list):
         return sum(_chars(v) for v in value)
     return 0

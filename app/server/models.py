@@ -5,6 +5,7 @@ from importlib.metadata import PackageNotFoundError, version
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
+from localllm.app.server.media_inputs import vision_of
 from localllm.app.server.router import ModelEntry
 
 router = APIRouter()
@@ -43,7 +44,7 @@ async def list_models(request: Request) -> JSONResponse:
                 "max_model_len": ctx,
                 "context_length": ctx,
                 "status": r.status(entry),
-                "capabilities": capabilities(entry),
+                "capabilities": capabilities(entry) + (["vision"] if vision_of(engine) else []),
             }
         )
     return JSONResponse({"object": "list", "data": cards})

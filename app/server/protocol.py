@@ -102,15 +102,37 @@ class ChatMessage(BaseModel):
     content: str | list[dict[str, Any]] | None = None
 
     def for_template(self) -> dict[str, Any]:
+        """The message for the chat template: text parts joined into one string, or, when it
+        has images, typed parts with each image as `{"type": "image", "url": URL}` (the URL is
+        taken out by `chat_prep` before anything is rendered)."""
         msg = self.model_dump(exclude_none=True)
-        if isinstance(self.content, list):  # content parts: only text is understood for now
-            texts = []
-            for part in self.content:
-                if part.get("type") != "text" or not isinstance(part.get("text"), str):
-                    raise ValueError("only text content parts are supported")
-                texts.append(part["text"])
-            msg["content"] = "".join(texts)
+        if not isinstance(self.content, list):
+            return msg
+        parts = [_content_part(p) for p in self.content]
+        if any(p["type"] == "image" for p in parts):
+            msg["content"] = parts
+        else:
+            msg["content"] = "".join(p["text"] for p in parts)
         return msg
+
+
+def _content_part(part: dict[str, Any]) -> dict[str, Any]:
+    """An OpenAI content part as the template sees it: text, or an image (from `image_url`)."""
+    kind = part.get("type")
+    if kind == "text":
+        if not isinstance(part.get("text"), str):
+            raise ValueError("a text content part needs a string 'text'")
+        return {"type": "text", "text": part["text"]}
+    if kind == "image_url":
+        ref = part.get("image_url")
+        url = ref.get("url") if isinstance(ref, dict) else ref  # vLLM also takes a bare string
+        if not isinstance(url, str) or not url:
+            raise ValueError("an image_url content part needs image_url.url (a data: or http URL)")
+        return {"type": "image", "url": url}
+    raise ValueError(
+        f"content parts of type {kind!r} are not supported in chat messages "
+        "(supported: text, image_url)"
+    )
 
 
 class FunctionSpec(BaseModel):

@@ -7,14 +7,13 @@ import zlib
 
 import numpy as np
 import pytest
-from gguf import GGUFReader, GGUFValueType, GGUFWriter
 from PIL import Image
 
 from localllm.engine import EngineArgs, LLMEngine
 from localllm.media.vision.image import ImageError, ImageLimits, decode_image
 from localllm.media.vision.mmproj import MMProjError, build_tower, open_mmproj
 from localllm.media.vision.pipeline import VisionPipeline
-from tests.media.vision_fixture import MMPROJ, TEXT, image_bytes
+from tests.media.vision_fixture import MMPROJ, TEXT, image_bytes, rewrite_mmproj
 
 
 def png_header(width: int, height: int) -> bytes:
@@ -78,31 +77,8 @@ def test_transparency_goes_onto_white_and_grey_becomes_rgb():
     assert np.asarray(decode_image(buf.getvalue())).shape == (2, 2, 3)
 
 
-def _rewrite(dst, changes: dict, drop: tuple[str, ...] = ()):
-    """The fixture mmproj with metadata `changes` (key -> str value) and tensors `drop`ped."""
-    r = GGUFReader(str(MMPROJ))
-    w = GGUFWriter(str(dst), "clip")
-    for key, field in r.fields.items():
-        if key.startswith("GGUF.") or key == "general.architecture":
-            continue
-        if key in changes:
-            w.add_string(key, changes[key])
-            continue
-        kind = field.types[0]
-        sub = field.types[-1] if kind == GGUFValueType.ARRAY else None
-        w.add_key_value(key, field.contents(), kind, sub_type=sub)
-    for t in r.tensors:
-        if t.name not in drop:
-            w.add_tensor(t.name, np.array(t.data), raw_dtype=t.tensor_type)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return dst
-
-
 def test_an_unsupported_projector_type_is_named(tmp_path):
-    path = _rewrite(tmp_path / "mm.gguf", {"clip.projector_type": "qwen2.5vl_merger"})
+    path = rewrite_mmproj(tmp_path / "mm.gguf", {"clip.projector_type": "qwen2.5vl_merger"})
     with pytest.raises(MMProjError, match=r"'qwen2\.5vl_merger' is not supported.*idefics3"):
         open_mmproj(path)
 
@@ -113,7 +89,7 @@ def test_a_text_model_is_not_an_mmproj():
 
 
 def test_a_missing_tower_tensor_is_named(tmp_path):
-    path = _rewrite(tmp_path / "mm.gguf", {}, drop=("v.blk.1.attn_q.weight",))
+    path = rewrite_mmproj(tmp_path / "mm.gguf", {}, drop=("v.blk.1.attn_q.weight",))
     g = open_mmproj(path)
     try:
         with pytest.raises(MMProjError, match=r"missing tensors: v\.blk\.1\.attn_q"):

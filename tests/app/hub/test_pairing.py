@@ -1,0 +1,45 @@
+"""A model pulled from the Hub knows its vision projector; a local file never borrows one."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from localllm.app.hub.download import pull
+from localllm.app.hub.pairing import paired_mmproj
+from tests.app.hub.conftest import REPO
+from tests.media.vision_fixture import DATA, MMPROJ, TEXT
+
+
+@pytest.fixture
+def repo_files() -> dict[str, bytes]:
+    """A SmolVLM-style repo: one text model and its projector (the vision fixture's files; the
+    name `tiny-Q8_0.gguf` is the one the shared fake Hub also serves as another repo)."""
+    return {"tiny-Q8_0.gguf": TEXT.read_bytes(), "mmproj-tiny-F16.gguf": MMPROJ.read_bytes()}
+
+
+def test_a_pulled_model_is_paired_by_its_hub_name(hub, config):
+    got = pull(REPO, config=config)
+    assert got.mmproj is not None
+    assert paired_mmproj(f"{REPO}:Q8_0") == got.mmproj
+    assert paired_mmproj(REPO) == got.mmproj  # the repo alone: its only model
+    assert paired_mmproj(str(got.path)) is None  # the same file named by path: no pairing
+
+
+def test_a_local_model_is_not_paired_with_its_neighbour(hub, monkeypatch):
+    monkeypatch.setenv("LOCALLLM_MODEL_DIRS", str(DATA))  # the folder holds the mmproj too
+    assert paired_mmproj(str(TEXT)) is None
+    assert paired_mmproj(TEXT.stem) is None
+    assert paired_mmproj(None) is None
+
+
+def test_run_with_a_pulled_model_needs_no_mmproj_flag(hub, config):
+    pull(REPO, config=config)
+    image = str(DATA / "tall.png")
+    cmd = [sys.executable, "-m", "localllm.app", "run", "-m", f"{REPO}:Q8_0", "--image", image,
+           "--temperature", "0", "-n", "4", "What is in this image?"]  # fmt: skip
+    env = dict(os.environ, PYTHONSAFEPATH="1", HF_HUB_OFFLINE="1")
+    proc = subprocess.run(cmd, capture_output=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert proc.stdout  # the answer (its tokens are checked in tests/app/test_cli_vision.py)

@@ -9,6 +9,7 @@ how the hostile-hyperparameter tests and the fuzz test make their files.
 
 import functools
 import math
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ import numpy as np
 from gguf import GGUFValueType as VT
 
 from localllm.engine.gguf import open_gguf
-from tests.engine import tiny_models
+from tests.engine import family_goldens, tiny_models
 from tests.engine.gguf_fixtures import GGUFValue, write_gguf
 from tests.offload.tiny_moe import QWEN3MOE, write_moe_gguf
 
@@ -31,7 +32,13 @@ FAMILIES = (
     "deepseek2",
     "gpt_oss",
     "bert",
+    # llama.cpp-converted fixtures (tests/engine/family_goldens.py)
+    "smollm3",
+    "olmo2",
+    "gemma2",
+    "glm4moe",
 )
+CONVERTED = ("smollm3", "olmo2", "gemma2", "glm4moe")
 DELETE = object()  # a `write_variant` value that removes the key
 TOKENS = "tokenizer.ggml.tokens"
 
@@ -107,6 +114,9 @@ def _family_file(family: str, d: Path) -> Path:
         return write_moe_gguf(path, QWEN3MOE)
     if family == "bert":
         return _bert_file(path)
+    if family in CONVERTED:
+        shutil.copyfile(family_goldens.path(family), path)
+        return path
     # the families whose tests keep their own tiny layout (imported lazily: they pull pytest)
     from tests.engine import test_deepseek2, test_gpt_oss
 

@@ -114,7 +114,8 @@ def test_flipped_bit_in_a_token(tmp_path, family):
     expect_refused(path, "token 20", "UTF-8")
 
 
-@pytest.mark.parametrize("family", [f for f in FAMILIES if f != "bert"])
+# (gemma2's vocabulary is SentencePiece: its `▁` pieces are WordPiece-shaped, not a BPE's)
+@pytest.mark.parametrize("family", [f for f in FAMILIES if f not in ("bert", "gemma2")])
 def test_wordpiece_on_a_bpe_vocabulary(tmp_path, family):
     path = write_variant(tmp_path / "h.gguf", family, {"tokenizer.ggml.model": "bert"})
     expect_refused(path, "bert")

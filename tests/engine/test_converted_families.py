@@ -11,15 +11,19 @@ tolerance (so a model that ignored it could not pass).
 
 import dataclasses
 import itertools
+import math
 
 import pytest
 import torch
+from gguf import GGUFValueType as VT
 
+from localllm.engine.config import EngineArgs
 from localllm.engine.core.batch import BatchMeta
 from localllm.engine.generator import Generator
 from localllm.engine.gguf import open_gguf
 from localllm.engine.llm import LLM
-from localllm.engine.loader import build_model
+from localllm.engine.llm_engine import LLMEngine
+from localllm.engine.loader import ModelLoadError, build_model
 from localllm.engine.moe.block import MoEFeedForward
 from localllm.engine.runtime.kv_cache import PagedKVCache
 from localllm.engine.sampling.params import SamplingParams
@@ -226,3 +230,33 @@ def test_glm4moe_layers_routing_and_nextn(name, models):
         assert _moved(model, name) > 100 * LOGIT_TOL
     finally:
         moe.shexp = shexp
+
+
+# -- the families' own keys, hostile -----------------------------------------------------------
+
+U32, F32 = VT.UINT32, VT.FLOAT32
+
+
+@pytest.mark.parametrize(
+    ("name", "meta", "needle"),
+    [
+        ("glm4moe", {"glm4moe.nextn_predict_layers": (3, U32)}, "nextn_predict_layers is 3"),
+        ("glm4moe", {"glm4moe.nextn_predict_layers": (9999, U32)}, "nextn_predict_layers"),
+        ("glm4moe", {"glm4moe.leading_dense_block_count": (3, U32)}, "more than 2 layers"),
+        ("glm4moe", {"glm4moe.expert_group_count": (2, U32)}, "routes without groups"),
+        ("glm4moe", {"glm4moe.expert_weights_scale": (-1.0, F32)}, "expert_weights_scale"),
+        ("olmo2", {"olmo2.attention.sliding_window": (4096, U32)}, "Olmo 3"),
+        ("gemma2", {"gemma2.attn_logit_softcapping": (-50.0, F32)}, "attn_logit_softcapping"),
+        ("gemma2", {"gemma2.attn_logit_softcapping": (math.nan, F32)}, "attn_logit_softcapping"),
+    ],
+)
+def test_family_keys_out_of_range_are_one_line_errors(name, meta, needle, tmp_path):
+    from tests.engine.gguf_fixtures import GGUFValue
+    from tests.engine.hostile_gguf import write_variant
+
+    values = {k: GGUFValue(v, t) for k, (v, t) in meta.items()}
+    bad = write_variant(tmp_path / "h.gguf", name, values)
+    with pytest.raises(ModelLoadError) as e:
+        LLMEngine(str(bad), EngineArgs(kv_cache_memory=1 << 20))
+    msg = str(e.value)
+    assert msg.startswith(f"{bad}: ") and needle in msg and "\n" not in msg, msg

@@ -68,7 +68,7 @@ class ModelArgs(qwen2.ModelArgs):
         )
         return cls(
             **fields,
-            rope_dims=k("rope.dimension_count", base.head_dim // 2),
+            rope_dims=k("rope.dimension_count", base.head_dim),  # llama.cpp's default: whole
             n_dense=k("leading_dense_block_count", 0),
             n_expert=k("expert_count"),
             n_expert_used=k("expert_used_count"),

@@ -52,7 +52,7 @@ class ModelArgs:
             n_layers=k("block_count"),
             n_heads=n_heads,
             n_kv_heads=k("attention.head_count_kv", n_heads),
-            head_dim=dim // n_heads,  # llama.cpp's olmo2 reads no key_length
+            head_dim=k("attention.key_length", dim // n_heads),
             hidden_dim=k("feed_forward_length"),
             norm_eps=k("attention.layer_norm_rms_epsilon"),
             rope_base=k("rope.freq_base", 10000.0),

@@ -21,7 +21,12 @@ import torch
 from localllm.engine.hf.config import HFConfig, HFConfigError, check_not_prequantized
 from localllm.engine.hf.families import UnsupportedHFArchitectureError, family_module
 from localllm.engine.hf.plan import Recipe, TensorPlan
-from localllm.engine.hf.quantize import QUANTIZE_TYPES, can_quantize, quantize
+from localllm.engine.hf.quantize import (
+    QUANTIZE_TYPES,
+    can_quantize,
+    quantize,
+    release_scratch,
+)
 from localllm.engine.hf.safetensors import DTYPES, SafetensorsError, SafetensorsFile, StTensor
 from localllm.kernels.quant import QuantType
 from localllm.offload import ByteRange, QuantWeight
@@ -183,8 +188,11 @@ class HFCheckpoint:
         return QuantWeight(data, info.qtype, info.shape)
 
     def close(self) -> None:
+        """Drop the shard mappings (each stays mapped while a weight views it)."""
         self.files = {}
         self._where = {}
+        if self.quantize is not None:
+            release_scratch()
 
     def __enter__(self) -> "HFCheckpoint":
         return self

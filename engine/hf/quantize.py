@@ -8,6 +8,9 @@ kernels run fast: Q8_0 (native CPU kernels, triton), Q4_0 (int4 on CPU, triton),
 Q4_1/Q5_0/Q5_1 siblings; the K-quants have no reference quantizer in gguf-py.
 """
 
+import ctypes
+import ctypes.util
+
 import numpy as np
 import torch
 
@@ -43,3 +46,12 @@ def quantize(x: torch.Tensor, qtype: QuantType) -> torch.Tensor:
         chunk = rows[i : i + step].to(torch.float32).numpy()
         out[i : i + step] = gguf_quantize(chunk, gtype)
     return torch.from_numpy(out).reshape(*x.shape[:-1], -1)
+
+
+def release_scratch() -> None:
+    """Hand the freed quantization scratch back to the OS (glibc keeps freed heap otherwise:
+    ~100 MiB after quantizing a 135M model, measured). A no-op where there is no malloc_trim."""
+    name = ctypes.util.find_library("c")
+    trim = getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
+    if trim is not None:
+        trim(0)

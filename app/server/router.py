@@ -20,9 +20,8 @@ from localllm.app.server.errors import APIError
 from localllm.app.server.metrics import ServerMetrics
 from localllm.app.server.settings import ServerSettings
 from localllm.engine.fim import fim_tokens_for
-from localllm.engine.gguf import open_gguf
+from localllm.engine.loader import load_tokenizer, open_weights
 from localllm.engine.models import model_module
-from localllm.engine.tokenizer import Tokenizer
 
 _SHARD = re.compile(r"^(?P<prefix>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
 # A just-resolved model is busy for this long, covering the moment before its stream starts.
@@ -315,14 +314,14 @@ def describe_model(
     path: Path, model_id: str, names: frozenset[str] = frozenset(), ctx_size: int | None = None
 ) -> ModelEntry:
     """An entry from the GGUF header alone (no weights read): size, context, FIM tokens."""
-    with open_gguf(path) as g:
+    with open_weights(path) as g:  # a GGUF, or a Hugging Face folder read as one
         meta = g.metadata
         ctx = meta.get(f"{g.architecture}.context_length")
         ctx = int(ctx) if isinstance(ctx, int) else None
         if ctx_size is not None:
             ctx = ctx_size if ctx is None else min(ctx, ctx_size)
         try:
-            fim = fim_tokens_for(meta, Tokenizer.from_gguf_metadata(meta)) is not None
+            fim = fim_tokens_for(meta, load_tokenizer(g)) is not None
         except ValueError:  # no usable tokenizer: loading will say why
             fim = False
         try:

@@ -9,7 +9,7 @@ from localllm.offload.residency import ResidencyConfig
 
 KV_CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "fp8")
 # `--quantize` (engine.hf.checkpoint.STORE_TYPES; kept here so --help never imports torch)
-QUANTIZE_CHOICES = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "f16", "bf16", "f32")
+QUANTIZE_CHOICES = ("q8_0", "q4_k", "q4_0", "q4_1", "q5_0", "q5_1", "f16", "bf16", "f32")
 
 
 def add_engine_flags(p: argparse.ArgumentParser, *, parallel: int | None = None) -> None:

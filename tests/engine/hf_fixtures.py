@@ -41,10 +41,12 @@ COMMON = dict(
 )
 
 
-def config(family: str, vocab: int = VOCAB):
+def config(family: str, vocab: int = VOCAB, width: int | None = None):
     import transformers as t
 
     c = {**COMMON, "vocab_size": vocab}
+    if width is not None:  # wider than the default 32 (rows of whole 256-value K-quant blocks)
+        c.update(hidden_size=width, intermediate_size=2 * width)
     if family == "llama":
         return t.LlamaConfig(**c, tie_word_embeddings=True, rope_theta=500000.0)
     if family == "mistral":
@@ -122,11 +124,11 @@ def tokenizer(spm: bool = False):
     )
 
 
-def model(family: str, vocab: int = VOCAB):
+def model(family: str, vocab: int = VOCAB, width: int | None = None):
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(SEED)
-    m = AutoModelForCausalLM.from_config(config(family, vocab), dtype=torch.float32).eval()
+    m = AutoModelForCausalLM.from_config(config(family, vocab, width), dtype=torch.float32).eval()
     gen = torch.Generator().manual_seed(SEED)
     with torch.no_grad():
         for name, p in m.named_parameters():
@@ -140,10 +142,10 @@ def model(family: str, vocab: int = VOCAB):
     return m.to(torch.bfloat16)
 
 
-def save_tiny(family: str, folder: Path, shards: bool = False) -> Path:
-    """Write the family's tiny folder (`shards`: split in three files with an index)."""
+def save_tiny(family: str, folder: Path, shards: bool = False, width: int | None = None) -> Path:
+    """Write the family's tiny folder (`shards`: split in several files with an index)."""
     tok = tokenizer(spm=family == "gemma3")
-    m = model(family, max(VOCAB, len(tok)))
+    m = model(family, max(VOCAB, len(tok)), width)
     m.generation_config.eos_token_id = [0, 2]  # <|endoftext|> and <|im_end|>
     size = "20KB" if shards else "50GB"
     m.save_pretrained(folder, max_shard_size=size)

@@ -22,7 +22,7 @@ pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
 ]
-GPU_TOL = 0.1  # bf16 prefill GEMMs and f16 KV against fp32 (logits of std ~1)
+GPU_TOL = 0.02  # default CUDA kernels, f16 KV, against fp32 (H100: max 5.4e-3)
 NEAR_TIE = 0.05
 BLOCK = 16
 

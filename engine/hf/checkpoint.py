@@ -23,9 +23,9 @@ from localllm.engine.hf.families import UnsupportedHFArchitectureError, family_m
 from localllm.engine.hf.plan import Recipe, TensorPlan
 from localllm.engine.hf.quantize import (
     QUANTIZE_TYPES,
-    can_quantize,
     quantize,
     release_scratch,
+    store_type,
 )
 from localllm.engine.hf.safetensors import DTYPES, SafetensorsError, SafetensorsFile, StTensor
 from localllm.kernels.quant import QuantType
@@ -151,10 +151,11 @@ class HFCheckpoint:
         floaty = len(r.shape) < 2 or name.endswith("_norm.weight") or ".ffn_gate_inp." in name
         if floaty or not name.endswith(".weight") or r.values is not None:
             return QuantType.F32
-        if self.quantize is not None and (
-            self.quantize in _TORCH or can_quantize(self.quantize, r.shape[-1])
-        ):
+        if self.quantize in _TORCH:
             return self.quantize
+        made = store_type(self.quantize, r.shape[-1]) if self.quantize is not None else None
+        if made is not None:
+            return made
         if stored is None:
             raise HFError(f"{self.path}: tensor {self.plan.origin.get(name, name)!r} is stored as "
                           f"{r.dtype}, not a float type we run")  # fmt: skip

@@ -31,8 +31,23 @@ QUANTIZE_TYPES = {
 }
 
 
+# The type for a row that is not a whole number of 256-value K-quant blocks (SmolLM2's 576).
+# llama-quantize takes Q5_0; ours is Q8_0, which our CPU kernels run on its blocks (Q5_0 would
+# become an fp16 copy there, twice the bytes) and triton runs on a GPU.
+FALLBACK = {QuantType.Q4_K: QuantType.Q8_0}
+
+
 def can_quantize(qtype: QuantType, row: int) -> bool:
     return qtype in QUANTIZE_TYPES.values() and row % block_geometry(qtype)[0] == 0
+
+
+def store_type(qtype: QuantType, row: int) -> QuantType | None:
+    """The type a row of `row` values is made in for `--quantize qtype` (a K-quant falls back to
+    llama-quantize's choice where the row is not whole blocks), or None: it stays as stored."""
+    for t in (qtype, FALLBACK.get(qtype)):
+        if t is not None and can_quantize(t, row):
+            return t
+    return None
 
 
 def quantize(x: torch.Tensor, qtype: QuantType) -> torch.Tensor:

@@ -59,3 +59,11 @@ def test_folder_quantized_to_q4_k_at_load(tmp_path):
     exact = ref.model.layers[0].mlp.up_proj.weight
     err = (dequantize(w.data, QuantType.Q4_K).reshape(w.shape) - exact).norm() / exact.norm()
     assert err.item() < 0.1
+
+
+def test_q4_k_falls_back_to_q8_0_for_rows_of_partial_blocks():
+    """Rows of 32 or 64 values (the committed tiny folder) are not whole 256-value blocks: they
+    take Q8_0, which the CPU kernels run on its blocks (llama-quantize would take Q5_0)."""
+    with open_hf(DATA / "llama", quantize="q4_k") as ck:
+        types = {t.qtype.name for n, t in ck.tensors.items() if n.startswith("blk.")}
+    assert types == {"Q8_0", "F32"}  # linears Q8_0, norms float32

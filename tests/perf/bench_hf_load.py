@@ -26,6 +26,7 @@ CASES = [  # label, path under DIR, --quantize ("-": import only, nothing loaded
     ("folder --quantize q8_0", "folder", "q8_0"),
     ("GGUF q8_0", "q8_0.gguf", None),
     ("folder --quantize f32", "folder", "f32"),
+    ("folder --quantize q4_k", "folder", "q4_k"),
 ]
 
 CHILD = """
@@ -92,13 +93,15 @@ def make(out: Path, llama_cpp: Path) -> None:
         subprocess.run(cmd, check=True)
 
 
-def measure(out: Path, reps: int) -> None:
+def measure(out: Path, reps: int, only: str | None = None) -> None:
     print(
         f"| case | load s (best of {reps}) | RSS after load MiB | RSS after a 16-token "
         "forward MiB | peak RSS MiB |"
     )
     print("| --- | ---: | ---: | ---: | ---: |")
     for label, name, quant in CASES:
+        if only and only not in label:
+            continue
         runs = []
         for _ in range(reps):
             target = name if name == "-" else str(out / name)
@@ -117,11 +120,12 @@ def main() -> None:
     ap.add_argument("dir", type=Path)
     ap.add_argument("--llama-cpp", type=Path, help="llama.cpp checkout (make)")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--only", help="measure only the cases whose label contains this")
     args = ap.parse_args()
     if args.action == "make":
         make(args.dir, args.llama_cpp)
     else:
-        measure(args.dir, args.reps)
+        measure(args.dir, args.reps, args.only)
 
 
 if __name__ == "__main__":

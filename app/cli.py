@@ -23,6 +23,7 @@ COMMANDS = (
     "localllm.app.tui_cmd",
     "localllm.app.transcribe",
     "localllm.app.tts",
+    "localllm.app.music",
     "localllm.app.doctor",
     "localllm.app.completion",
 )

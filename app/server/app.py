@@ -23,6 +23,7 @@ from localllm.app.server import (
     messages,
     metrics,
     models,
+    music,
     rerank,
     responses,
     speech,
@@ -37,7 +38,7 @@ OPEN_PATHS = frozenset({"/health"})
 # Endpoint families, one module each, every one exporting `router`.
 ROUTERS = (
     models, chat, completions, infill, tokenize, metrics, audio, speech, responses, messages,
-    embeddings, rerank,
+    embeddings, rerank, music,
 )  # fmt: skip
 
 

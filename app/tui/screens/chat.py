@@ -19,6 +19,7 @@ from localllm.app.tui.backend import GenSettings
 from localllm.app.tui.history import Conversation, StoredMessage, conversation_title
 from localllm.app.tui.screens.chat_actions import ConversationActions
 from localllm.app.tui.screens.chat_answer import AnswerStreaming
+from localllm.app.tui.screens.chat_music import MusicActions
 from localllm.app.tui.screens.chat_speech import SpeechActions
 from localllm.app.tui.screens.modals import SamplingModal
 from localllm.app.tui.stats import GenStats, status_text
@@ -31,7 +32,7 @@ QUEUED = "message queued until the model is ready"
 SIDE_MIN_WIDTH = 100  # columns: narrower terminals hide the side panel (ctrl+b shows it)
 
 
-class ChatScreen(AnswerStreaming, ConversationActions, SpeechActions, Screen):
+class ChatScreen(AnswerStreaming, ConversationActions, SpeechActions, MusicActions, Screen):
     CSS_PATH = "chat.tcss"
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape", "stop", "Stop", priority=True),
@@ -138,6 +139,10 @@ class ChatScreen(AnswerStreaming, ConversationActions, SpeechActions, Screen):
                 self.action_attach()
             else:
                 self.attach(text.removeprefix("/attach "))
+            return
+        if text == "/music" or text.startswith("/music "):
+            event.input.clear()
+            self.make_music(text)
             return
         if self.app.backend is None and not self.app.loading:
             self.notify(f"No model ready ({self.app.model_state}); ctrl+l picks one", timeout=4)

@@ -114,6 +114,16 @@ class Vocab:
                 "tokenizer.ggml.model is 'bert' (WordPiece) but no token starts a word with '▁': "
                 "not a WordPiece vocabulary"
             )
+        if model == "gpt2":
+            # Byte-level BPE spells every text from its byte tokens; printable ASCII maps to
+            # itself there, so a vocabulary without those cannot encode plain text at all.
+            missing = set(map(chr, range(33, 127))).difference(tokens)
+            if missing:
+                raise VocabError(
+                    "tokenizer.ggml.model is 'gpt2' (byte-level BPE) but the vocabulary lacks "
+                    f"{len(missing)} of the 94 printable ASCII byte tokens (e.g. "
+                    f"{min(missing)!r}): not a byte-level vocabulary"
+                )
         if "" in tokens:  # llama.cpp renames empty tokens so that every text maps back to one id
             tokens = [t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
         scores = _numeric(meta, KEY + "scores", n, np.float32)

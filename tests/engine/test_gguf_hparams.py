@@ -121,6 +121,13 @@ def test_wordpiece_on_a_bpe_vocabulary(tmp_path, family):
     expect_refused(path, "bert")
 
 
+def test_byte_level_bpe_on_a_wordpiece_vocabulary(tmp_path):
+    """The fuzz test's case 1594 (of 2000): a WordPiece vocabulary labelled gpt2 loaded, then
+    encoded every text to no tokens at all."""
+    path = write_variant(tmp_path / "h.gguf", "bert", {"tokenizer.ggml.model": "gpt2"})
+    expect_refused(path, "gpt2", "byte-level")
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_every_base_model_loads_within_the_limits(tmp_path, family):
     """The limits above refuse the hostile files, not the models themselves."""

@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 DEFAULT_MODEL = "facebook/musicgen-small"
 DEFAULT_SECONDS = 10.0
 MODEL_ENV = "LOCALLLM_MUSIC_MODEL"
+DTYPE_ENV = "LOCALLLM_MUSIC_DTYPE"
+DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 def default_music_model() -> str:
@@ -83,8 +85,39 @@ def add_parser(sub) -> None:
         default="auto",
         help="where the model runs (auto: cuda when available)",
     )
+    p.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        default=None,
+        help=f"the LM's precision (default ${DTYPE_ENV}, else auto: bfloat16 on CPUs with "
+        "native bf16, float32 otherwise)",
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="timings to stderr")
     p.set_defaults(handler=handle)  # fmt: skip
+
+
+def music_dtype(choice: str | None, device: str):
+    """The LM's torch dtype for `--dtype` (else $LOCALLLM_MUSIC_DTYPE, else auto). auto:
+    bfloat16 on a CPU that computes it natively (AVX512-BF16 or AMX: the step reads half the
+    bytes), float32 elsewhere (CUDA included, until half precision is measured there)."""
+    import torch
+
+    choice = choice or os.environ.get(DTYPE_ENV) or "auto"
+    if choice not in DTYPES:
+        raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, got {choice!r}")
+    if choice != "auto":
+        return getattr(torch, choice)
+    native = [getattr(torch.cpu, f, lambda: False)() for f in
+              ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]  # fmt: skip
+    return torch.bfloat16 if device == "cpu" and any(native) else torch.float32
+
+
+def load_music_model(name: str | None, device: str = "auto", dtype: str | None = None):
+    """The MusicGen `name` names, on `device` (auto: CUDA when available) in `dtype`."""
+    from localllm.media.music import MusicGen
+
+    device = _device(device)
+    return MusicGen(resolve_music_model(name), device=device, dtype=music_dtype(dtype, device))
 
 
 def resolve_music_model(name: str | None) -> Path:
@@ -154,7 +187,7 @@ class ProgressBar:
 
 def handle(args: argparse.Namespace) -> int:
     from localllm.media.audio.encode import format_for_path
-    from localllm.media.music import MusicGen, check_seconds
+    from localllm.media.music import check_seconds
     from localllm.media.music.clip import encode_music
 
     if not args.prompt.strip():
@@ -177,9 +210,9 @@ def handle(args: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    folder = resolve_music_model(args.model)
+    music_dtype(args.dtype, "cpu")  # a bad --dtype fails before the model loads
     t0 = time.perf_counter()
-    model = MusicGen(folder, device=_device(args.device))
+    model = load_music_model(args.model, args.device, args.dtype)
     inputs = read_inputs(model, args.melody, args.continue_)
     t_load = time.perf_counter() - t0
     t1 = time.perf_counter()

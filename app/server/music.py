@@ -54,11 +54,10 @@ class MusicService:
         return self.model
 
     def _load(self):
-        from localllm.app.music import resolve_music_model
-        from localllm.media.music import MusicGen
+        from localllm.app.music import load_music_model
 
         try:
-            return MusicGen(resolve_music_model(self.name))
+            return load_music_model(self.name)
         except (OSError, ValueError) as e:
             raise APIError(503, f"music generation is unavailable: {e}", code="no_model") from None
 

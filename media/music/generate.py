@@ -58,7 +58,11 @@ def check_seconds(seconds: float) -> None:
 
 
 class MusicGen:
-    """A loaded model. Not thread-safe: one generation at a time."""
+    """A loaded model. Not thread-safe: one generation at a time.
+
+    `dtype` is the codebook LM's (bfloat16 halves the bytes each step reads); the T5 encoder,
+    the conditioning projections and EnCodec always run in float32 (they run once, and
+    EnCodec's output is the audio itself)."""
 
     def __init__(self, folder: str | Path, device: str = "cpu", dtype=torch.float32):
         from tokenizers import Tokenizer
@@ -66,10 +70,12 @@ class MusicGen:
         self.folder = Path(folder)
         self.config = cfg = load_config(self.folder)
         self.name = self.folder.name
-        w = Weights(self.folder, device, dtype)
+        w = Weights(self.folder, device, torch.float32)
+        self.lm_dtype = dtype
         self.device = w.device
         self.text = T5Encoder(cfg.text, w)
-        self.lm = MusicLM(cfg.decoder, w, cross=not cfg.melody)
+        lm_w = w if dtype == torch.float32 else Weights(self.folder, device, dtype)
+        self.lm = MusicLM(cfg.decoder, lm_w, cross=not cfg.melody)
         self.codec = Encodec(cfg.codec, w)
         self.text_proj = self._linear(w, "enc_to_dec_proj")
         self.chroma_proj = self._linear(w, "audio_enc_to_dec_proj") if cfg.melody else None
@@ -96,7 +102,7 @@ class MusicGen:
     def max_seconds(self, prompt_tokens: int = 0) -> float:
         """The longest audio this model's position table holds (the prefix counted)."""
         c = self.config
-        used = len(delay.row_delays(c.decoder.num_codebooks, self.channels))
+        used = max(delay.row_delays(c.decoder.num_codebooks, self.channels)) + 1  # BOS, delays
         if c.melody:
             used += c.chroma.chroma_length + prompt_tokens
         return max(c.decoder.max_positions - used, 0) / c.frame_rate
@@ -128,7 +134,8 @@ class MusicGen:
             if self.chroma_proj is not None:
                 audio = F.linear(audio, *self.chroma_proj)
             audio = tile_prefix(audio, cfg.chroma.chroma_length)
-            return _Condition(rows, prefix=torch.cat([audio, text], dim=1))
+            return _Condition(rows, prefix=torch.cat([audio, text], dim=1).to(self.lm_dtype))
+        text = text.to(self.lm_dtype)
         mask = torch.ones(text.shape[:2], device=self.device)
         mask[1:] = 0
         cond = _Condition(rows, cross=text, cross_mask=mask)
@@ -232,7 +239,7 @@ class _CachedSteps:
         x = self.lm.add_positions(x, self.cache.length)
         rows = 1 if self.cond.cross_kv is not None else 0
         h = self.lm.forward_cached(x, self.cache, self.cond.cross_kv, rows)
-        return self.lm.logits(h[:, -1:])[:, :, 0]  # (rows, K, vocab)
+        return self.lm.logits(h[:, -1:])[:, :, 0].float()  # (rows, K, vocab)
 
     def first(self, seq: torch.Tensor) -> torch.Tensor:
         x = self.lm.embed(seq[None].expand(self.cond.rows, -1, -1))
@@ -258,4 +265,4 @@ class _Recompute:
         if self.cond.prefix is not None:
             x = torch.cat([self.cond.prefix, x], dim=1)
         x = self.lm.add_positions(x, 0)
-        return self.lm.reference(x, self.cond.cross, self.cond.cross_mask)[:, :, -1]
+        return self.lm.reference(x, self.cond.cross, self.cond.cross_mask)[:, :, -1].float()

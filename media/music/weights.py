@@ -1,5 +1,6 @@
 """The tensors of a Hugging Face safetensors folder (`model.safetensors`, or the shards that
-`model.safetensors.index.json` names), memory-mapped with `safetensors.safe_open`.
+`model.safetensors.index.json` names), memory-mapped by the engine's reader
+(`engine.hf.safetensors`: zero-copy views, hostile headers refused in one line).
 
 A tensor is read when a module asks for it by name, cast to the compute dtype and moved to the
 device there and then, so a load never holds a second full copy of the checkpoint.
@@ -11,8 +12,8 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError, safe_open
 
+from localllm.engine.hf.safetensors import DTYPES, SafetensorsError, SafetensorsFile
 from localllm.media.music.config import MusicModelError
 
 INDEX = "model.safetensors.index.json"
@@ -27,14 +28,14 @@ class Weights:
         self.folder = Path(folder)
         self.device, self.dtype = torch.device(device), dtype
         self._where: dict[str, Path] = {}
-        self._open: dict[Path, object] = {}
+        self._open: dict[Path, SafetensorsFile] = {}
         for path in self._files():
             try:
-                handle = safe_open(str(path), framework="pt")
-            except (SafetensorError, OSError) as e:
-                raise MusicModelError(f"{path}: not a readable safetensors file ({e})") from None
+                handle = SafetensorsFile(path)
+            except SafetensorsError as e:
+                raise MusicModelError(f"not a readable safetensors file: {e}") from None
             self._open[path] = handle
-            for name in handle.keys():  # noqa: SIM118 (a safe_open handle, not a dict)
+            for name in handle.tensors:
                 self._where[name] = path
 
     def _files(self) -> list[Path]:
@@ -61,11 +62,14 @@ class Weights:
         return list(self._where)
 
     def raw(self, name: str) -> torch.Tensor:
-        """The tensor as stored (CPU, its own dtype)."""
+        """The tensor as stored (CPU, its own dtype; a view of the mapping)."""
         path = self._where.get(name)
         if path is None:
             raise MusicModelError(f"{self.folder}: the checkpoint has no tensor {name!r}")
-        return self._open[path].get_tensor(name)  # type: ignore[attr-defined]
+        handle = self._open[path]
+        if handle.tensors[name].dtype not in DTYPES:
+            raise MusicModelError(f"{path}: {name} has dtype {handle.tensors[name].dtype}")
+        return handle.view(name)
 
     def get(self, name: str, shape: tuple[int, ...] | None = None) -> torch.Tensor:
         """The tensor in the compute dtype on the device, its shape checked when given."""
@@ -74,7 +78,8 @@ class Weights:
             raise MusicModelError(
                 f"{self.folder}: {name} has shape {tuple(t.shape)}, the config says {shape}"
             )
-        return t.to(device=self.device, dtype=self.dtype)
+        # a copy (never the read-only mapping itself): modules may keep and reshape it
+        return t.to(device=self.device, dtype=self.dtype, copy=True)
 
     def first(self, *names: str) -> str:
         """The first of `names` the checkpoint holds (checkpoints spell some keys two ways)."""

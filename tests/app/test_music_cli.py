@@ -14,7 +14,7 @@ from tests.media.music.music_fixture import CLIP_WAV, DATA, MELODY_WAV, expected
 
 # one thread: the tiny model's ops are small, and two threads on a shared 2-core machine make
 # every op wait on the other core's load
-THREADS = ["-t", "1"]
+THREADS = ["-t", "1", "--dtype", "float32"]  # float32: the precision transformers ran in
 SECONDS = str(expected()["frames"] / 50)
 
 
@@ -111,3 +111,14 @@ def test_default_model_not_downloaded_says_how_to_pull(tmp_path, monkeypatch, ca
     assert _run("a", "-o", str(tmp_path / "x.wav")) == 1
     err = capsys.readouterr().err
     assert "localllm pull facebook/musicgen-small" in err
+
+
+def test_music_dtype_choice(monkeypatch):
+    from localllm.app.music import music_dtype
+
+    assert music_dtype("float32", "cpu") == torch.float32
+    assert music_dtype("auto", "cuda") == torch.float32
+    monkeypatch.setenv("LOCALLLM_MUSIC_DTYPE", "bfloat16")
+    assert music_dtype(None, "cpu") == torch.bfloat16
+    with pytest.raises(ValueError, match="--dtype must be one of"):
+        music_dtype("int8", "cpu")

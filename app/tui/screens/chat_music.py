@@ -66,10 +66,9 @@ class MusicActions:
         app = self.app
         model = getattr(app, "music_model", None)
         if model is None:
-            from localllm.app.music import resolve_music_model
-            from localllm.media.music import MusicGen
+            from localllm.app.music import load_music_model
 
-            model = app.music_model = MusicGen(resolve_music_model(None))
+            model = app.music_model = load_music_model(None)
         return model
 
     @staticmethod

@@ -26,6 +26,7 @@ SECONDS = expected()["frames"] / 50
 def music_server(smollm2_path, tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("LOCALLLM_MUSIC_MODEL", str(MELODY_MODEL))
+        mp.setenv("LOCALLLM_MUSIC_DTYPE", "float32")  # the precision transformers ran in
         mp.setenv("OMP_NUM_THREADS", "1")  # tiny ops: a busy second core only adds waiting
         with serve_process(["-m", str(smollm2_path), "--ctx-size", "512"],
                            tmp_path_factory.mktemp("serve-music")) as (base, _):  # fmt: skip

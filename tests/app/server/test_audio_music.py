@@ -25,10 +25,11 @@ SECONDS = expected()["frames"] / 50
 @pytest.fixture(scope="module")
 def music_server(smollm2_path, tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("LOCALLLM_MUSIC_MODEL", str(MELODY_MODEL))
+        mp.setenv("LOCALLLM_MUSIC_MODEL", "/nonexistent")  # --music below takes precedence
         mp.setenv("LOCALLLM_MUSIC_DTYPE", "float32")  # the precision transformers ran in
         mp.setenv("OMP_NUM_THREADS", "1")  # tiny ops: a busy second core only adds waiting
-        with serve_process(["-m", str(smollm2_path), "--ctx-size", "512"],
+        with serve_process(["-m", str(smollm2_path), "--ctx-size", "512",
+                            "--music", str(MELODY_MODEL)],
                            tmp_path_factory.mktemp("serve-music")) as (base, _):  # fmt: skip
             yield base
 

@@ -115,7 +115,9 @@ class HFCheckpoint:
         n_layers = self.metadata.get(f"{self.architecture}.block_count")
         if type(n_layers) is not int:
             raise HFError(f"{folder}: config.json 'num_hidden_layers' is {n_layers!r}")
-        plan = TensorPlan(self.architecture, n_layers, tensors)
+        plan = TensorPlan(
+            self.architecture, n_layers, tensors, getattr(family, "checkpoint_name", None)
+        )
         family.adapt(plan, cfg, tokenizer_size(folder))
         if cfg.tied:
             plan.drop("output.weight")  # transformers computes with the embedding either way

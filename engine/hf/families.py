@@ -16,6 +16,7 @@ HF_FAMILIES = {
     "Qwen3ForCausalLM": "qwen3_hf",
     "Qwen3MoeForCausalLM": "qwen3moe_hf",
     "Gemma3ForCausalLM": "gemma3_hf",
+    "Gemma3ForConditionalGeneration": "gemma3_hf",  # its text model; images need an mmproj
     "Phi3ForCausalLM": "phi3_hf",
 }
 

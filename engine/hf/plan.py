@@ -40,7 +40,15 @@ class Recipe:
 class TensorPlan:
     """GGUF name -> `Recipe`, built from a checkpoint's tensors (`tensors`: name -> StTensor)."""
 
-    def __init__(self, arch: str, n_layers: int, tensors: dict[str, StTensor]):
+    def __init__(
+        self,
+        arch: str,
+        n_layers: int,
+        tensors: dict[str, StTensor],
+        rename: Callable[[str], str | None] | None = None,
+    ):
+        """`rename`: a family's checkpoint name -> the name the converter maps, or None to skip
+        the tensor (a multimodal checkpoint's `language_model.` prefix, its vision tower)."""
         import gguf  # the converter's name tables (imported here: only loads of folders need it)
 
         by_name = {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}
@@ -48,10 +56,11 @@ class TensorPlan:
         self.entries: dict[str, Recipe] = {}
         self.origin: dict[str, str] = {}  # GGUF name -> the checkpoint name it came from
         for name, t in tensors.items():
-            if name.endswith(SKIPPED):
+            key = rename(name) if rename is not None else name
+            if key is None or key.endswith(SKIPPED):
                 continue
-            new = names.get_name(name, try_suffixes=(".weight", ".bias")) if names else None
-            new = new or name
+            new = names.get_name(key, try_suffixes=(".weight", ".bias")) if names else None
+            new = new or key
             if new in self.entries:
                 raise ValueError(f"tensors {self.origin[new]!r} and {name!r} both map to {new!r}")
             self.entries[new] = Recipe(t.shape, t.dtype, (name,))

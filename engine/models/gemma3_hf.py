@@ -1,4 +1,5 @@
-"""Hugging Face `Gemma3ForCausalLM` folders (text) as the `gemma3` family.
+"""Hugging Face `Gemma3ForCausalLM` and `Gemma3ForConditionalGeneration` folders (the text
+model) as the `gemma3` family.
 
 As llama.cpp's converter (`Gemma3Model`): every RMSNorm weight + 1 (transformers' Gemma3RMSNorm
 multiplies by 1 + w, the GGUF stores the sum); the embedding cut to the tokenizer's ids (the
@@ -10,6 +11,21 @@ from localllm.engine.hf.config import HFConfig, base_metadata
 from localllm.engine.hf.plan import TensorPlan
 
 ARCH = "gemma3"
+_VISION = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.",
+           "model.multi_modal_projector.")  # fmt: skip
+
+
+def checkpoint_name(name: str) -> str | None:
+    """A multimodal checkpoint's text tensors under their causal-LM names, as the converter's
+    `Gemma3Model.modify_tensors` does; the vision tower and projector are the mmproj's, skipped."""
+    for prefix in ("language_model.model.", "model.language_model."):
+        if name.startswith(prefix):
+            return "model." + name[len(prefix) :]
+    if name.startswith("language_model.lm_head."):
+        return name[len("language_model.") :]
+    if name.startswith(_VISION):
+        return None
+    return name
 
 
 def metadata(cfg: HFConfig) -> dict:

@@ -16,6 +16,7 @@ from localllm.engine.core.batch import BatchMeta
 from localllm.engine.gguf import GGUFModel, open_gguf
 from localllm.engine.loader import build_model
 from localllm.engine.runtime.kv_cache import PagedKVCache
+from localllm.engine.runtime.recurrent_state import attach_states
 from localllm.engine.sampling.params import SamplingParams
 from localllm.engine.sampling.sampler import Sampler, SamplingRow
 from localllm.engine.tokenizer import Tokenizer
@@ -76,9 +77,11 @@ class Generator:
         layers, kv_heads, head_dim = self.model.kv_shape()
         blocks = -(-max_len // KV_BLOCK)
         vd = self.model.kv_value_dim()
-        return PagedKVCache(
+        kv = PagedKVCache(
             layers, blocks, KV_BLOCK, kv_heads, head_dim, dtype=self.kv_dtype, v_head_dim=vd
         )
+        attach_states(kv, self.model, 1)  # hybrid models: the one sequence's recurrent state
+        return kv
 
     def _forward(self, ids: Sequence[int], start: int, kv: PagedKVCache) -> torch.Tensor:
         """Hidden states for `ids` placed at positions start.. of the one sequence (blocks 0..)."""

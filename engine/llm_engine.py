@@ -32,6 +32,7 @@ from localllm.engine.loader import (
 from localllm.engine.moe.residency import load_planned
 from localllm.engine.multimodal import MultiModalInput, check_inputs
 from localllm.engine.runtime.kv_cache import PagedKVCache
+from localllm.engine.runtime.recurrent_state import RecurrentState, state_shapes
 from localllm.engine.runtime.runner import ModelRunner
 from localllm.engine.sampling.ngram import NgramProposer
 from localllm.engine.sampling.params import SamplingParams
@@ -91,6 +92,15 @@ class LLMEngine:
         per_block = PagedKVCache.bytes_per_block(
             layers, args.block_size, kv_heads, head_dim, dtype, vd
         )
+        # hybrid models: one recurrent-state slot per running sequence, allocated before the KV
+        # is sized from what is free
+        shapes = state_shapes(self.model)
+        if shapes and args.num_speculative_tokens:
+            raise ValueError(
+                f"{self.model.args.arch} keeps recurrent state, which cannot roll back rejected "
+                "drafts: speculative decoding is not available for it"
+            )
+        states = RecurrentState(shapes, args.max_num_seqs, args.device) if shapes else None
         free = available_bytes(args.device)  # measured after the weights are on the device
         ctx = self.model.args.context_length
         # An encoder keeps no KV cache: two blocks keep the (idle) scheduler well-formed.
@@ -111,9 +121,11 @@ class LLMEngine:
             layers, plan.num_blocks + spare, args.block_size, kv_heads, head_dim, dtype,
             args.device, vd,
         )  # fmt: skip
+        self.kv_cache.states = states
         self.kv_manager = KVCacheManager(
-            args.block_size, plan.num_blocks, enable_caching=args.enable_prefix_caching
-        )
+            args.block_size, plan.num_blocks, enable_caching=args.enable_prefix_caching,
+            state_slots=args.max_num_seqs if states is not None else 0,
+        )  # fmt: skip
         # decode steps launched one ahead on a GPU (off where n-gram drafts change the next step)
         ahead = torch.device(args.device).type == "cuda" and not args.num_speculative_tokens
         config = SchedulerConfig(
@@ -127,7 +139,7 @@ class LLMEngine:
             self.model, self.kv_cache, self.kv_manager.get_block_ids,
             spare_slot=plan.num_blocks * args.block_size if spare else None,
             max_blocks=-(-self.max_model_len // args.block_size),
-            decode_ahead=ahead,
+            decode_ahead=ahead, state_slot=self.kv_manager.get_state_slot,
         )  # fmt: skip
         self.proposer = (
             NgramProposer(args.num_speculative_tokens, args.ngram_max, args.ngram_min)

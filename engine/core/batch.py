@@ -32,6 +32,9 @@ class BatchMeta:
     # Multimodal embeddings (`engine.multimodal`): flat rows [R] int64 and their vectors [R, dim]
     # that replace those rows' token embeddings (an image's placeholders), or None.
     embeds: tuple[torch.Tensor, torch.Tensor] | None = None
+    # Recurrent-state models: each sequence's state slot (`engine.runtime.recurrent_state`);
+    # empty: slots 0..B-1 (one-off callers that own the whole state)
+    state_slots: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         b = len(self.seq_lens)

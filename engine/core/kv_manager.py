@@ -1,7 +1,8 @@
 """The KV cache manager the scheduler calls: per-request block tables, prefix-cache lookups, forks.
 
 It maps request ids to block lists over one `BlockPool` and keeps each request's chained block
-hashes (`request.block_hashes`) up to date. It hands out block ids only; no tensors.
+hashes (`request.block_hashes`) up to date. It hands out block ids only; no tensors. For a model
+with recurrent state it also hands out state slots (`StateSlots`) with the blocks.
 """
 
 from collections.abc import Sequence
@@ -9,6 +10,7 @@ from dataclasses import dataclass
 
 from localllm.engine.core.block_pool import BlockPool, KVBlock, hash_block_tokens
 from localllm.engine.core.request import Request
+from localllm.engine.core.state_slots import StateSlots
 from localllm.engine.multimodal import block_extra_keys
 
 
@@ -28,10 +30,16 @@ def _cdiv(a: int, b: int) -> int:
 
 
 class KVCacheManager:
-    def __init__(self, block_size: int, num_blocks: int, enable_caching: bool = True):
+    def __init__(
+        self, block_size: int, num_blocks: int, enable_caching: bool = True, state_slots: int = 0
+    ):
         if block_size <= 0:
             raise ValueError("block_size must be positive")
         self.block_size = block_size
+        # `state_slots`: a recurrent-state model's slots (0: none). Its state after a cached
+        # prefix is not kept, so prefix caching is off for it.
+        self.states = StateSlots(state_slots) if state_slots else None
+        enable_caching = enable_caching and self.states is None
         self.enable_caching = enable_caching
         self.pool = BlockPool(num_blocks, enable_caching)
         self.stats = PrefixCacheStats()
@@ -96,6 +104,8 @@ class KVCacheManager:
         evictable_hits = sum(1 for b in new_computed_blocks if b.ref_cnt == 0)
         if num_new + evictable_hits > self.pool.num_free_blocks:
             return None
+        if self.states is not None and self.states.take(request.request_id) is None:
+            return None
         self.pool.touch(new_computed_blocks)
         blocks.extend(new_computed_blocks)
         if new_computed_blocks and len(blocks) == len(new_computed_blocks):
@@ -125,16 +135,35 @@ class KVCacheManager:
         blocks = self._blocks.pop(request.request_id, [])
         self._num_cached.pop(request.request_id, None)
         self.pool.free_blocks(reversed(blocks))
+        if self.states is not None:
+            self.states.release(request.request_id)
 
     def fork(self, src: Request, dst: Request, num_tokens: int) -> int:
         if self._blocks.get(dst.request_id):
             raise ValueError(f"{dst.request_id} already holds blocks")
         src_blocks = self._blocks.get(src.request_id, [])
         n = min(max(0, (num_tokens - 1) // self.block_size), len(src_blocks))
+        if self.states is not None and n:
+            # the state exists only where src is now: share (and copy it) only from exactly there
+            here = src.num_computed_tokens == n * self.block_size
+            if not here or not self.states.copy(src.request_id, dst.request_id):
+                n = 0
         shared = src_blocks[:n]
         self.pool.touch(shared)
         self._blocks[dst.request_id] = list(shared)
         return n * self.block_size
+
+    def fork_point(self, num_prompt_tokens: int) -> int:
+        """Tokens of a prompt whose KV forks of n > 1 share (the full blocks short of its last
+        token); a stateful model's prompt pauses there so its state can be copied."""
+        return (num_prompt_tokens - 1) // self.block_size * self.block_size
+
+    def get_state_slot(self, request: Request) -> int | None:
+        return None if self.states is None else self.states.get(request.request_id)
+
+    def take_state_copies(self) -> list[tuple[int, int]]:
+        """(src, dst) state slots to copy before the next step's forward (forks)."""
+        return [] if self.states is None else self.states.take_copies()
 
     def get_block_ids(self, request: Request) -> list[int]:
         return [b.block_id for b in self._blocks.get(request.request_id, ())]

@@ -35,6 +35,8 @@ class SchedulerOutput:
     # Draft tokens being verified this step (a prefix of request.spec_token_ids).
     spec_tokens: dict[str, list[int]] = field(default_factory=dict)
     preempted: list[Request] = field(default_factory=list)
+    # Recurrent-state models: (src, dst) state slots the runner copies before the forward (forks)
+    state_copies: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def total_num_scheduled_tokens(self) -> int:
@@ -65,6 +67,7 @@ class Scheduler:
         budget = self._schedule_running(out, budget)
         if not out.preempted:
             self._schedule_waiting(out, budget)
+        out.state_copies = self.kv.take_state_copies()
         return out
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
@@ -73,6 +76,7 @@ class Scheduler:
             req = self.running[i]
             n = min(req.num_tokens_with_spec - req.num_computed_tokens, budget)
             n = min(n, self.config.max_model_len - req.num_computed_tokens)
+            n = self._pause_at_fork_point(req, n)
             if n <= 0:
                 i += 1
                 continue
@@ -110,6 +114,7 @@ class Scheduler:
             elif req.num_computed_tokens == 0:
                 hit_blocks, num_hit = self.kv.get_computed_blocks(req)
             n = min(req.num_tokens - num_hit, budget)
+            n = self._pause_at_fork_point(req, n)
             if self.kv.allocate_slots(req, n, hit_blocks) is None:
                 if req.fork_of is not None:
                     self.kv.free(req)
@@ -135,6 +140,16 @@ class Scheduler:
         # The blocks a fork shares (full ones, short of the last prompt token) must hold KV already.
         shared = (req.num_prompt_tokens - 1) // self.kv.block_size * self.kv.block_size
         return src.num_computed_tokens >= shared
+
+    def _pause_at_fork_point(self, req: Request, n: int) -> int:
+        """A recurrent-state model's prompt with forks waiting stops a step at the point they
+        share (`KVCacheManager.fork_point`): its state there is what they copy."""
+        if self.kv.states is None:
+            return n
+        point = self.kv.fork_point(req.num_prompt_tokens)
+        if req.num_computed_tokens < point and any(w.fork_of is req for w in self.waiting):
+            return min(n, point - req.num_computed_tokens)
+        return n
 
     def _add_to_batch(self, out: SchedulerOutput, req: Request, n: int) -> None:
         out.requests.append(req)

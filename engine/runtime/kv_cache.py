@@ -62,6 +62,8 @@ class PagedKVCache:
 
         self.k, self.k_scales = alloc(head_dim)
         self.v, self.v_scales = alloc(vd)
+        # hybrid models' per-sequence conv/SSM state (`engine.runtime.recurrent_state`), or None
+        self.states = None
 
     @staticmethod
     def bytes_per_block(

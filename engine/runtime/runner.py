@@ -64,15 +64,18 @@ class ModelRunner:
         spare_slot: int | None = None,
         max_blocks: int = 0,
         decode_ahead: bool = True,
+        state_slot=None,
     ):
         self.model = model
         self.kv = kv
         self.block_ids = block_ids  # request -> its block table (the KV manager's view)
+        self.state_slot = state_slot  # request -> its recurrent-state slot (stateful models)
         self.sampler = Sampler()
         self.device = kv.device  # the model's and the cache's device
         self.encoder_cache = EncoderCache()  # image embeddings by content hash
-        # MoE layers whose experts are read or computed on the host are captured in pieces
-        use = cuda_graphs and self.device.type == "cuda"
+        # MoE layers whose experts are read or computed on the host are captured in pieces;
+        # recurrent-state models run eagerly (a graph would bake in the steps' state slots)
+        use = cuda_graphs and self.device.type == "cuda" and kv.states is None
         self.graphs = DecodeGraphs(model, kv) if use else None
         # decode steps whose tokens the device picks, launched one ahead (off where drafts would
         # change the next step)
@@ -94,6 +97,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> RunnerOutput:
+        for src, dst in sched.state_copies:  # forks take their sibling's state before it moves
+            self.kv.states.copy(src, dst)
         if self.graphs is not None:
             out = self._execute_graph(sched)
             if out is not None:
@@ -264,8 +269,14 @@ class ModelRunner:
             slot_mapping=packed[2 * t :],
             block_size=bs,
             embeds=self._embeds(mm_rows, mm_values),
+            state_slots=self._state_slots(sched.requests),
         )
         return packed[:t], packed[t : 2 * t], rows, batch
+
+    def _state_slots(self, reqs) -> tuple[int, ...]:
+        if self.kv.states is None:
+            return ()
+        return tuple(self.state_slot(r) for r in reqs)
 
     @property
     def _dim(self) -> int:

@@ -26,7 +26,9 @@ def add_parser(sub) -> None:
         help="GGUF file, library name or org/repo:QUANT; repeat to serve several "
         "(default: the embedded SmolLM2-135M-Instruct)",
     )
-    p.add_argument("--models-dir", help="serve every GGUF under this folder (split sets as one)")
+    p.add_argument(
+        "--models-dir", help="serve every GGUF (split sets once) and Hugging Face folder under it"
+    )
     p.add_argument(
         "--alias", help="model id clients see, one model only (default: the file name stem)"
     )
@@ -191,7 +193,7 @@ def _entries(args: argparse.Namespace) -> list:
             raise ModelNotFoundError(f"--models-dir {root} is not a folder")
         files = model_files(root)
         if not files:
-            raise ModelNotFoundError(f"no .gguf files under {root}")
+            raise ModelNotFoundError(f"no .gguf files or Hugging Face model folders under {root}")
         found += [(p, None) for p in files]
     if not found:
         found = [(resolve_model(None), None)]
@@ -205,8 +207,9 @@ def _entries(args: argparse.Namespace) -> list:
     entries = []
     for (path, given), mid in zip(found, ids, strict=True):
         if ids.count(mid) > 1:  # same stem in two folders: the path tells them apart
-            mid = str(path.with_suffix(""))
-        names = frozenset({path.name, path.stem, str(path), *([given] if given else [])})
+            mid = str(path if path.is_dir() else path.with_suffix(""))
+        stem = path.name if path.is_dir() else path.stem  # "Qwen2.5-0.5B" is a folder's whole name
+        names = frozenset({path.name, stem, str(path), *([given] if given else [])})
         entries.append(describe_model(path, mid, names - {mid}, args.ctx_size))
     return entries
 

@@ -9,6 +9,7 @@ single-model server) nothing is ever unloaded. All state changes happen on the e
 
 import asyncio
 import contextlib
+import json
 import re
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -20,6 +21,8 @@ from localllm.app.server.errors import APIError
 from localllm.app.server.metrics import ServerMetrics
 from localllm.app.server.settings import ServerSettings
 from localllm.engine.fim import fim_tokens_for
+from localllm.engine.hf import is_hf_folder
+from localllm.engine.hf.families import HF_FAMILIES
 from localllm.engine.loader import load_tokenizer, open_weights
 from localllm.engine.models import model_module
 
@@ -292,7 +295,9 @@ def as_router(engine: Any, settings: ServerSettings) -> ModelRouter:
 
 
 def model_files(directory: Path) -> list[Path]:
-    """Every model GGUF under `directory`: a split set once (its first shard), no mmproj."""
+    """Every model under `directory`: each GGUF (a split set once, by its first shard; no
+    mmproj) and each Hugging Face folder of an architecture we run (other folders, a MusicGen
+    say, are not language models)."""
     out = []
     for p in sorted(directory.rglob("*.gguf")):
         if "mmproj" in p.name.lower() or not p.is_file():
@@ -301,11 +306,28 @@ def model_files(directory: Path) -> list[Path]:
         if m is not None and int(m["no"]) != 1:
             continue
         out.append(p)
+    for config in sorted(directory.rglob("config.json")):
+        folder = config.parent
+        if is_hf_folder(folder) and _hf_architecture(config) in HF_FAMILIES:
+            out.append(folder)
     return out
 
 
+def _hf_architecture(config: Path) -> str | None:
+    try:
+        arches = json.loads(config.read_text()).get("architectures")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return arches[0] if isinstance(arches, list) and arches and isinstance(arches[0], str) else None
+
+
 def model_id_for(path: Path) -> str:
-    """The id clients see: the file stem, without a split's `-00001-of-0000N`."""
+    """The id clients see: the file stem, without a split's `-00001-of-0000N`; a folder's name
+    (a Hub cache snapshot's: its repository's)."""
+    if path.is_dir():
+        if path.parent.name == "snapshots" and path.parent.parent.name.startswith("models--"):
+            return path.parent.parent.name.split("--", 2)[-1]
+        return path.name
     m = _SHARD.match(path.name)
     return m["prefix"] if m is not None else path.stem
 

@@ -227,6 +227,38 @@ def test_models_dir_files_ids_and_serve_flags(smollm2_path, tmp_path):
         _entries(args(model=[str(smollm2_path)], models_dir=str(root / "x"), alias="s"))
 
 
+def test_models_dir_finds_hugging_face_folders(tmp_path):
+    """A `save_pretrained` folder is a model named by its folder (dots and all), a Hub cache
+    snapshot by its repository; a folder of a kind we do not run (MusicGen) is not listed."""
+    pytest.importorskip("transformers")
+    from localllm.app.serve import _entries
+    from tests.engine.hf_fixtures import save_tiny
+
+    lib = tmp_path / "lib"
+    folder = save_tiny("qwen3", lib / "Qwen2.5-tiny")
+    snap = lib / "hub" / "models--org--Tiny-Chat" / "snapshots" / "0123abc"
+    snap.mkdir(parents=True)
+    for f in folder.iterdir():
+        (snap / f.name).symlink_to(f)
+    music = lib / "musicgen-small"
+    music.mkdir()
+    (music / "config.json").write_text(
+        json.dumps({"architectures": ["MusicgenForConditionalGeneration"]})
+    )
+    (music / "model.safetensors").write_bytes(b"")
+    (lib / "broken").mkdir()
+    (lib / "broken" / "config.json").write_text("{not json")
+    (lib / "broken" / "model.safetensors").write_bytes(b"")
+    files = model_files(lib)
+    assert files == [folder, snap]
+    assert [model_id_for(p) for p in files] == ["Qwen2.5-tiny", "Tiny-Chat"]
+    args = argparse.Namespace(model=None, models_dir=str(lib), alias=None, ctx_size=128)
+    entries = _entries(args)
+    assert [e.id for e in entries] == ["Qwen2.5-tiny", "Tiny-Chat"]
+    assert all(e.context_length == 128 and e.nbytes > 10_000 and e.generates for e in entries)
+    assert entries[0].matches(str(folder)) and not entries[0].matches("Qwen2.5-tiny.5")
+
+
 # -- the real server ---------------------------------------------------------------------------
 
 PLAIN, FIM = "SmolLM2-135M-Instruct.Q4_1", "smol-fim"

@@ -24,6 +24,7 @@ class EngineArgs:
     device: str = "cpu"  # "cuda": weights (still quantized), KV and batch metadata on the GPU
     residency: ResidencyConfig | None = None  # tiers / expert streaming; None: all resident
     quantize: str | None = None  # a Hugging Face folder's weights made this ggml type at load
+    lora: tuple = ()  # `engine.lora.LoraSpec`s: adapters applied unmerged, ids in this order
 
     def __post_init__(self):
         if self.device.split(":")[0] not in DEVICES:

@@ -29,6 +29,7 @@ from localllm.engine.loader import (
     model_args,
     open_weights,
 )
+from localllm.engine.lora import LoraSet, attach_adapters
 from localllm.engine.moe.residency import load_planned
 from localllm.engine.multimodal import MultiModalInput, check_inputs
 from localllm.engine.runtime.kv_cache import PagedKVCache
@@ -76,6 +77,13 @@ class LLMEngine:
                 self.model = load_planned(
                     self.gguf, args.residency, args.precise, args.device, args.max_model_len
                 )
+            # LoRA adapters hang beside the built linears, checked against them (engine.lora)
+            rows = max(args.max_num_batched_tokens, 512)
+            self.loras: LoraSet | None = (
+                attach_adapters(self.model, args.lora, self.gguf, args.device, rows)
+                if args.lora
+                else None
+            )
         except BaseException:
             self.gguf.close()
             raise
@@ -213,6 +221,9 @@ class LLMEngine:
         max_tokens = self.max_model_len - len(ids)
         if params.max_tokens is not None:
             max_tokens = min(max_tokens, params.max_tokens)
+        lora = self._lora(params)
+        if lora:  # other adapters, other KV: never shared through the prefix cache
+            cache_salt = f"{cache_salt or ''}\x00lora={lora}"
         states = []
         for i in range(params.n):
             rid = request_id if params.n == 1 else f"{request_id}#{i}"
@@ -227,6 +238,7 @@ class LLMEngine:
                 arrival_time=arrival_time,
                 mm_inputs=prompt.mm_inputs,
             )
+            req.lora = lora
             if grammar is not None:
                 req.grammar = grammar.matcher()
             if params.prompt_logprobs is not None:
@@ -239,6 +251,14 @@ class LLMEngine:
             self.states[s.req.request_id] = s
             self.scheduler.add_request(s.req)
         return request_id
+
+    def _lora(self, params: SamplingParams) -> tuple[tuple[int, float], ...]:
+        """The request's adapters as (slot, factor) pairs (`LoraSet.resolve`)."""
+        if self.loras is None:
+            if params.lora:
+                raise ValueError("this model has no LoRA adapters loaded (--lora)")
+            return ()
+        return self.loras.resolve(params.lora)
 
     def _validate(self, ids: list[int], params: SamplingParams) -> None:
         if not ids:
@@ -260,6 +280,7 @@ class LLMEngine:
             bad = [t for t in values if not 0 <= t < v]
             if bad:
                 raise ValueError(f"{name} has token id {bad[0]} outside the vocabulary 0..{v - 1}")
+        self._lora(params)  # an unknown adapter id fails here, before the engine thread
 
     def abort_request(self, request_ids: str | Iterable[str]) -> None:
         if isinstance(request_ids, str):

@@ -50,6 +50,7 @@ class Request:
         self.eos_ids = frozenset() if params.ignore_eos else eos_ids
         self.cache_salt = cache_salt
         self.mm_inputs = tuple(mm_inputs)  # images: placeholder positions + embeddings
+        self.lora: tuple[tuple[int, float], ...] = ()  # (adapter slot, factor): engine.lora
         self.block_hashes: list[Any] = []  # filled by the KV manager, one per full block
         self.status = RequestStatus.WAITING
         self.finish_reason: str | None = None

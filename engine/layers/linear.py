@@ -42,6 +42,7 @@ class QuantLinear(nn.Module):
         # the GPU the weight belongs on: the loader passes host blocks, uploaded here only for
         # the kernel (a re-laid-out kernel then holds the only device copy)
         self.home: torch.device | None = None
+        self.lora = None  # an `engine.lora` LoraDelta hung on after loading (None: base alone)
 
     def load_tensor(self, suffix: str, w: QuantWeight) -> None:
         if suffix == "bias":
@@ -96,7 +97,10 @@ class QuantLinear(nn.Module):
 
     def forward(self, x: torch.Tensor, xq=None) -> torch.Tensor:
         """`xq`: x's rows already quantized by the kernel that made x (see `kernels.fused`)."""
-        y = _matmul(self._prepared, x.reshape(-1, self.in_features), xq)
+        x2 = x.reshape(-1, self.in_features)
+        y = _matmul(self._prepared, x2, xq)
+        if self.lora is not None:
+            y = self.lora.add(x2, y)
         y = y.reshape(*x.shape[:-1], self.out_features)
         return y + self.bias if self.bias is not None else y
 
@@ -120,6 +124,8 @@ class FusedLinear(nn.Module):
     def __init__(self, parts: list[QuantLinear]):
         super().__init__()
         self.sizes = [p.out_features for p in parts]
+        self.parts = tuple(parts)  # (not submodules: their owner registers them)
+        self.lora = None  # an `engine.lora` LoraDelta over the parts (None: base alone)
         self.in_features = parts[0].in_features
         self._groups: list[tuple[object, list[int]]] = []  # (kernel weight, part sizes)
         i = 0
@@ -175,8 +181,10 @@ class FusedLinear(nn.Module):
         weight only: GatedMLP's gate/up)."""
         if len(self._groups) != 1:
             raise ValueError("project() needs parts of one ggml type; call the module instead")
-        y = _matmul(self._groups[0][0], x.reshape(-1, self.in_features), xq)
-        return y + self.bias if self.bias is not None else y
+        x2 = x.reshape(-1, self.in_features)
+        y = _matmul(self._groups[0][0], x2, xq)
+        y = y + self.bias if self.bias is not None else y
+        return self.lora.add_stacked(x2, y) if self.lora is not None else y
 
     def forward(self, x: torch.Tensor, xq=None) -> tuple[torch.Tensor, ...]:
         """Each part's output [T, size] (views of the group outputs)."""
@@ -189,6 +197,8 @@ class FusedLinear(nn.Module):
             outs.extend(_matmul(kernel, x2, xq).split(sizes, dim=-1))
         if self.bias is not None:
             outs = [o + b for o, b in zip(outs, self.bias.split(self.sizes), strict=True)]
+        if self.lora is not None:
+            outs = self.lora.add_parts(x2, outs)
         return tuple(outs)
 
 

@@ -88,6 +88,7 @@ class ModelRunner:
         # sources whose reads a GPU asks for: a failed read is raised once the step's tokens are
         # sampled (their device work has run), before they reach a request
         self.read_checks = [s for s in getattr(model, "expert_sources", ()) if hasattr(s, "check")]
+        self.lora = getattr(model, "lora", None)  # LoRA adapters' per-row factors (engine.lora)
         # `spare_slot`: a KV slot no request owns, where prompt graphs write their padding;
         # `max_blocks`: the longest block table a request can have
         self.prompts = None
@@ -99,6 +100,9 @@ class ModelRunner:
     def execute(self, sched: SchedulerOutput) -> RunnerOutput:
         for src, dst in sched.state_copies:  # forks take their sibling's state before it moves
             self.kv.states.copy(src, dst)
+        if self.lora is not None:  # each row's adapters, in the flat order both paths lay out
+            n = sched.num_scheduled_tokens
+            self.lora.set_rows([(r.lora, n[r.request_id]) for r in sched.requests])
         if self.graphs is not None:
             out = self._execute_graph(sched)
             if out is not None:

@@ -72,6 +72,8 @@ class SamplingParams:
     prompt_logprobs: int | None = None  # same for every prompt token after the first
     skip_special_tokens: bool = True  # leave control tokens out of the text
     structured: StructuredOutputParams | None = None
+    # LoRA adapters for this request: (adapter id, scale) pairs; None: the engine's global scales
+    lora: tuple[tuple[int, float], ...] | None = None
 
     def __post_init__(self):
         s = object.__setattr__
@@ -85,6 +87,8 @@ class SamplingParams:
             s(self, "top_k", 0)
         if self.logit_bias is not None:
             s(self, "logit_bias", {int(k): float(v) for k, v in self.logit_bias.items()})
+        if self.lora is not None:
+            s(self, "lora", tuple((i, float(v)) for i, v in self.lora))
         self._check()
 
     def _check(self) -> None:

@@ -1,0 +1,136 @@
+"""The unmerged LoRA computation: `LoraContext` (each flat row's factor per adapter, set once per
+step) and `LoraDelta` (one linear's, or one fused linear's parts', adapter pairs).
+
+Every loaded adapter that targets a module has its A stacked into one [R, in] matrix (R: the sum
+of their ranks) and its B, already times the adapter's own scaling, into [out, R] per output part.
+A step then adds, for all rows at once,
+
+    delta = ((x @ A_all.T) * W) @ B.T        W [T, R]: row t's factor for the adapter of column r
+
+so a batch whose rows use different adapters (or several each, or none) is three matmul-sized ops
+per module whatever the mix, with no data-dependent shapes: CUDA graphs capture it once. A row
+that does not use an adapter multiplies that adapter's columns by exactly 0, so its output is the
+one it has alone. On CPU a step with no adapter in use skips the deltas (the base alone, exactly);
+on CUDA they always run (a captured graph cannot change its op list; W is then all 0).
+`reference_delta` is the plain per-adapter formula the tests compare with.
+"""
+
+import torch
+
+# rows W holds; the runner's largest step (prompt graphs pad to 2,048) is below it on CUDA
+MIN_ROWS = 2048
+
+
+class LoraContext:
+    """Per-step row factors [rows, slots] and the per-module column views of them."""
+
+    def __init__(self, n_slots: int, device: torch.device, rows: int = MIN_ROWS):
+        self.n_slots = n_slots
+        self.device = device
+        self.always = device.type == "cuda"  # graphs: the deltas are in every captured step
+        self.rows = max(rows, MIN_ROWS)
+        self.w = torch.zeros(self.rows, n_slots, device=device)
+        self._cols: list[torch.Tensor] = []  # per signature: column -> slot index [R]
+        self.buffers: list[torch.Tensor] = []  # per signature: W's columns [rows, R]
+        self._sigs: dict[tuple[int, ...], int] = {}
+        self._key = None
+        self.active = self.always
+
+    def signature(self, cols: list[int]) -> int:
+        """The index of the [rows, R] buffer whose column r is W's column cols[r]."""
+        key = tuple(cols)
+        if key not in self._sigs:
+            idx = torch.tensor(cols, dtype=torch.long, device=self.device)
+            self._sigs[key] = len(self._cols)
+            self._cols.append(idx)
+            self.buffers.append(self.w.index_select(1, idx))
+        return self._sigs[key]
+
+    def set_rows(self, rows: list[tuple[tuple[tuple[int, float], ...], int]]) -> None:
+        """rows: per request in batch order, ((slot, factor), ...) and its number of flat rows."""
+        key = tuple(rows)
+        if key == self._key:
+            return  # the same requests as last step (decode): W already holds them
+        total = sum(n for _, n in rows)
+        if total > self.rows:
+            if self.always:
+                raise ValueError(
+                    f"a step of {total} rows exceeds the LoRA row buffer ({self.rows})"
+                )
+            self._grow(total)
+        host = torch.zeros(self.rows, self.n_slots)
+        r = 0
+        for lora, n in rows:
+            for slot, factor in lora:
+                host[r : r + n, slot] += factor
+            r += n
+        self.w.copy_(host)
+        for idx, buf in zip(self._cols, self.buffers, strict=True):
+            torch.index_select(self.w, 1, idx, out=buf)
+        self.active = self.always or bool(host.any())
+        self._key = key
+
+    def _grow(self, rows: int) -> None:
+        self.rows = rows
+        self.w = torch.zeros(rows, self.n_slots, device=self.device)
+        self.buffers = [self.w.index_select(1, idx) for idx in self._cols]
+
+
+class LoraDelta:
+    """The adapter pairs of one linear (one part) or of a fused linear's parts."""
+
+    def __init__(self, ctx: LoraContext, parts: list[tuple[torch.Tensor, torch.Tensor, list[int]]]):
+        """parts: per output part, (A [R_p, in], B [out_p, R_p], slot of each of the R_p
+        columns); R_p may be 0 (a part no adapter targets)."""
+        self.ctx = ctx
+        self.a = torch.cat([a for a, _, _ in parts]).contiguous()
+        self.sig = ctx.signature([s for _, _, cols in parts for s in cols])
+        self.b: list[tuple[int, int, torch.Tensor]] = []  # (part, first column, B)
+        first = 0
+        for i, (a, b, _) in enumerate(parts):
+            if a.shape[0]:
+                self.b.append((i, first, b.contiguous()))
+            first += a.shape[0]
+        self.offsets = [0]
+        for _, b, _ in parts:
+            self.offsets.append(self.offsets[-1] + b.shape[0])
+
+    def _low(self, x: torch.Tensor) -> torch.Tensor | None:
+        """(x @ A_all.T) * W for this step's rows, or None when no adapter is in use."""
+        if not self.ctx.active:
+            return None
+        w = self.ctx.buffers[self.sig][: x.shape[0]]
+        return (x.to(self.a.dtype) @ self.a.T) * w
+
+    def add(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """y [T, out] of a single linear plus its delta."""
+        t = self._low(x)
+        if t is None:
+            return y
+        _, c, b = self.b[0]
+        return y + (t[:, c : c + b.shape[1]] @ b.T).to(y.dtype)
+
+    def add_parts(self, x: torch.Tensor, outs: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Each part's output [T, out_p] plus its delta."""
+        t = self._low(x)
+        if t is None:
+            return outs
+        outs = list(outs)
+        for i, c, b in self.b:
+            outs[i] = outs[i] + (t[:, c : c + b.shape[1]] @ b.T).to(outs[i].dtype)
+        return outs
+
+    def add_stacked(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The parts' outputs side by side [T, sum out_p] plus their deltas (in place)."""
+        t = self._low(x)
+        if t is None:
+            return y
+        for i, c, b in self.b:
+            lo, hi = self.offsets[i], self.offsets[i + 1]
+            y[:, lo:hi] += (t[:, c : c + b.shape[1]] @ b.T).to(y.dtype)
+        return y
+
+
+def reference_delta(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scaling: float):
+    """PEFT's formula for one adapter: scaling * B(A(x)), in float32."""
+    return scaling * ((x.float() @ a.float().T) @ b.float().T)

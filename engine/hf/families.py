@@ -18,6 +18,9 @@ HF_FAMILIES = {
     "Gemma3ForCausalLM": "gemma3_hf",
     "Gemma3ForConditionalGeneration": "gemma3_hf",  # its text model; images need an mmproj
     "Phi3ForCausalLM": "phi3_hf",
+    "Gemma2ForCausalLM": "gemma2_hf",
+    "Olmo2ForCausalLM": "olmo2_hf",
+    "SmolLM3ForCausalLM": "smollm3_hf",
 }
 
 

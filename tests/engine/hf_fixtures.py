@@ -83,17 +83,28 @@ def config(family: str, vocab: int = VOCAB, width: int | None = None):
             },
         )  # fmt: skip
         vision = t.SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                      num_attention_heads=4, image_size=32, patch_size=8)  # fmt: skip
+                                      num_attention_heads=4, image_size=32,
+                                      patch_size=8)  # fmt: skip
         return t.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4,
                               boi_token_index=vocab - 3, eoi_token_index=vocab - 2,
                               image_token_index=vocab - 1)  # fmt: skip
+    if family == "gemma2":
+        return t.Gemma2Config(**{**c, "num_hidden_layers": 3}, head_dim=16,
+                              query_pre_attn_scalar=16, sliding_window=4,
+                              final_logit_softcapping=5.0, attn_logit_softcapping=8.0)  # fmt: skip
+    if family == "olmo2":
+        return t.Olmo2Config(**c, tie_word_embeddings=False, rope_theta=10000.0)
+    if family == "smollm3":  # four layers: the fourth has no rope
+        return t.SmolLM3Config(**{**c, "num_hidden_layers": 4}, tie_word_embeddings=True,
+                               pad_token_id=0)  # fmt: skip
     if family == "phi3":
         return t.Phi3Config(**{**c, "num_key_value_heads": 4}, tie_word_embeddings=False,
                             pad_token_id=0, partial_rotary_factor=0.5)  # fmt: skip
     raise KeyError(family)
 
 
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "qwen3moe", "gemma3", "gemma3mm", "phi3")
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "qwen3moe", "gemma3", "gemma3mm", "phi3",
+            "gemma2", "olmo2", "smollm3")  # fmt: skip
 # the multimodal Gemma 3 vocabulary ends with its image tokens (ids vocab-3 .. vocab-1)
 IMAGE_TOKENS = ["<start_of_image>", "<end_of_image>", "<image_soft_token>"]
 
@@ -156,7 +167,7 @@ def model(family: str, vocab: int = VOCAB, width: int | None = None):
             if p.dim() > 1:  # fan-in scaled: logits of std ~1 through the layers
                 p.copy_(torch.randn(p.shape, generator=gen) / p.shape[-1] ** 0.5)
             elif "norm" in name:
-                centre = 0.0 if family.startswith("gemma3") else 1.0
+                centre = 0.0 if family.startswith("gemma") else 1.0
                 p.copy_(centre + 0.2 * torch.randn(p.shape, generator=gen))
             else:
                 p.copy_(0.1 * torch.randn(p.shape, generator=gen))
@@ -166,7 +177,7 @@ def model(family: str, vocab: int = VOCAB, width: int | None = None):
 def save_tiny(family: str, folder: Path, shards: bool = False, width: int | None = None) -> Path:
     """Write the family's tiny folder (`shards`: split in several files with an index)."""
     tok = tokenizer(
-        spm=family.startswith("gemma3"), extra=IMAGE_TOKENS if family == "gemma3mm" else ()
+        spm=family.startswith("gemma"), extra=IMAGE_TOKENS if family == "gemma3mm" else ()
     )
     m = model(family, max(VOCAB, len(tok)), width)
     m.generation_config.eos_token_id = [0, 2]  # <|endoftext|> and <|im_end|>

@@ -195,3 +195,14 @@ def test_residency_flags_refused(folder):
 
     msg = load_error(folder(), residency=ResidencyConfig(budget=1 << 30))
     assert "residency plans" in msg
+
+
+def test_configs_the_graph_cannot_follow_are_refused(folder):
+    """A config that would run as another model: SmolLM3 no-rope layers off the every-fourth
+    pattern, Gemma 2 with a query scale its graph does not use."""
+    d = folder()
+    edit_json(d / "config.json", architectures=["SmolLM3ForCausalLM"], no_rope_layers=[1, 0])
+    assert "no_rope_layers [1, 0] is not every 4th layer" in load_error(d)
+    edit_json(d / "config.json", architectures=["Gemma2ForCausalLM"], head_dim=8,
+              query_pre_attn_scalar=64)  # fmt: skip
+    assert "query_pre_attn_scalar 64 is not the 8" in load_error(d)

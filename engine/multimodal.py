@@ -8,6 +8,13 @@ encoded once). The same hash goes into the prefix-cache keys of the KV blocks th
 so two prompts with the same tokens but different images never share KV. A step that computes
 only part of an item's positions (chunked prefill, a partial prefix-cache hit) takes just the
 rows it needs.
+
+M-RoPE models (Qwen2-VL and later) turn each token by three position axes (temporal, height,
+width): an item may carry its placeholders' grid positions (`rope`), and `RopePositions` lays
+out a request's whole prompt once, at admission, as the Hugging Face `get_rope_index` does: text
+counts on by one on all axes, an item sits at its grid offset from where the text stopped, and
+the text after it resumes `rope_advance` further on. Tokens past the table (decode) sit at their
+index plus `delta`, the same on every axis, which plain rope computes.
 """
 
 from collections import OrderedDict
@@ -29,6 +36,10 @@ class MultiModalInput:
     positions: tuple[int, ...]
     embeds: torch.Tensor | None = None
     encoder: Callable[[], torch.Tensor] | None = None
+    # M-RoPE: per placeholder its (t, h, w) offsets [3, len(positions)] int64, and how far the
+    # text after the item moves on (positions must then be contiguous)
+    rope: torch.Tensor | None = None
+    rope_advance: int = 0
 
     def __post_init__(self) -> None:
         if not self.positions:
@@ -37,6 +48,11 @@ class MultiModalInput:
             raise ValueError("a multimodal input takes embeds or an encoder, exactly one")
         if any(b <= a for a, b in zip(self.positions, self.positions[1:], strict=False)):
             raise ValueError("multimodal placeholder positions must be strictly increasing")
+        if self.rope is not None:
+            if tuple(self.rope.shape) != (3, len(self.positions)):
+                raise ValueError("multimodal rope positions need shape [3, placeholders]")
+            if self.end - self.start != len(self.positions):
+                raise ValueError("an item with rope positions needs contiguous placeholders")
 
     @property
     def start(self) -> int:
@@ -78,6 +94,52 @@ def block_extra_keys(items: Sequence[MultiModalInput], start: int, end: int) -> 
     """Content hashes of the items with a placeholder in positions [start, end): what a KV block
     over those positions depends on beyond its tokens."""
     return tuple(it.content_hash for it in items if it.start < end and it.end > start)
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class RopePositions:
+    """A request's M-RoPE positions: `table` [3, prompt tokens] int64 (host), and `delta`, what
+    a token past the prompt adds to its index on every axis."""
+
+    table: torch.Tensor
+    delta: int
+
+    @staticmethod
+    def of(items: Sequence[MultiModalInput], num_tokens: int) -> "RopePositions | None":
+        """The layout of a prompt of `num_tokens` with these items, or None when no item carries
+        rope positions (plain rope)."""
+        if not any(it.rope is not None for it in items):
+            return None
+        cols, cur, p = [], 0, 0
+        for it in items:
+            if it.rope is None:
+                raise ValueError("every multimodal input of an M-RoPE prompt needs rope positions")
+            n = it.start - p
+            cols.append(torch.arange(cur, cur + n).expand(3, n))
+            cols.append(it.rope.to(torch.long) + (cur + n))
+            cur += n + it.rope_advance
+            p = it.end
+        n = num_tokens - p
+        cols.append(torch.arange(cur, cur + n).expand(3, n))
+        table = torch.cat(cols, 1)
+        return RopePositions(table, int(table.max()) + 1 - num_tokens)
+
+    def rows(self, start: int, n: int) -> torch.Tensor:
+        """Positions [3, n] of tokens start..start+n-1."""
+        known = self.table.shape[1]
+        head = self.table[:, start : start + n]
+        if start + n <= known:
+            return head
+        first = max(start, known)
+        tail = torch.arange(first, start + n) + self.delta
+        return torch.cat((head, tail.expand(3, -1)), 1)
+
+    def flat(self, p: int) -> int | None:
+        """Token p's position when all three axes agree (text), else None."""
+        if p >= self.table.shape[1]:
+            return p + self.delta
+        t, h, w = self.table[:, p].tolist()
+        return t if t == h == w else None
 
 
 class EncoderCache:

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from localllm.engine.core.outputs import RequestMetrics
-from localllm.engine.multimodal import MultiModalInput
+from localllm.engine.multimodal import MultiModalInput, RopePositions
 from localllm.engine.sampling.params import SamplingParams
 
 
@@ -50,6 +50,8 @@ class Request:
         self.eos_ids = frozenset() if params.ignore_eos else eos_ids
         self.cache_salt = cache_salt
         self.mm_inputs = tuple(mm_inputs)  # images: placeholder positions + embeddings
+        # M-RoPE models: the prompt's 3-axis positions, laid out once here (else None)
+        self.rope = RopePositions.of(self.mm_inputs, len(self.prompt_token_ids))
         self.lora: tuple[tuple[int, float], ...] = ()  # (adapter slot, factor): engine.lora
         self.block_hashes: list[Any] = []  # filled by the KV manager, one per full block
         self.status = RequestStatus.WAITING

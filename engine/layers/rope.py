@@ -94,3 +94,34 @@ def _yarn(inv_freq: torch.Tensor, cfg: RopeConfig) -> torch.Tensor:
 def yarn_mscale(factor: float, mul: float = 0.1) -> float:
     """YaRN's attention magnitude correction 1 + mul * ln(factor) (1.0 when not extending)."""
     return 1.0 + mul * math.log(factor) if factor > 1.0 else 1.0
+
+
+class MRotary(Rotary):
+    """M-RoPE (Qwen2-VL, llama.cpp's rope `sections`): the frequencies are split between three
+    position axes (temporal, height, width). `sections` counts frequencies per axis, in blocks
+    (Qwen2-VL) or `interleaved` t,h,w,t,h,w... (Qwen3-VL); a frequency past them turns with the
+    temporal axis. Positions [3, T] turn each frequency by its axis; positions [T] (text, where
+    the axes agree) are plain rope."""
+
+    def __init__(self, cfg: RopeConfig, sections, interleaved: bool = False, freq_factors=None):
+        super().__init__(cfg, freq_factors)
+        n = cfg.dims // 2
+        s = [int(x) for x in sections][:3] + [0] * (3 - len(sections[:3]))
+        if interleaved:
+            axis = [j % 3 if j % 3 and j < 3 * s[j % 3] else 0 for j in range(n)]
+        else:
+            bounds = [s[0], s[0] + s[1], s[0] + s[1] + s[2]]
+            axis = [next((a for a, b in enumerate(bounds) if j < b), 0) for j in range(n)]
+        self.sections = tuple(s)
+        self.axis = torch.tensor(axis, dtype=torch.long)
+
+    def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if positions.dim() == 1:
+            return super().cos_sin(positions)
+        if self.axis.device != positions.device:  # moved once, with the model
+            self.axis = self.axis.to(positions.device)
+        pos = positions.to(torch.float32)[self.axis].T  # [T, dims/2]: each frequency's own axis
+        angles = pos * self.inv_freq[None, :]
+        if self.cfg.attn_factor != 1.0:
+            return angles.cos() * self.cfg.attn_factor, angles.sin() * self.cfg.attn_factor
+        return angles.cos(), angles.sin()

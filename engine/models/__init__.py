@@ -12,6 +12,7 @@ SUPPORTED = (
     "llama",
     "gemma3",
     "qwen2",
+    "qwen2vl",
     "qwen3",
     "qwen3moe",
     "phi3",

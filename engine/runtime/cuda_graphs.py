@@ -205,13 +205,19 @@ def warm_up(forward, inputs: torch.Tensor, device: torch.device) -> "torch.cuda.
 
 
 def pack_decode(
-    ids: list[int], positions: list[int], slots: list[int], tables: list[list[int]]
+    ids: list[int],
+    positions: list[int],
+    slots: list[int],
+    tables: list[list[int]],
+    shifts: list[int] | None = None,
 ) -> torch.Tensor:
     """Host rows [B, COLS + max table length] for `DecodeGraphs.run` (seq_len = position + 1;
-    short tables padded with block 0, which the length mask hides)."""
+    short tables padded with block 0, which the length mask hides). `shifts`: what each row's
+    rope position adds to its cache position (M-RoPE text after an image), or None."""
     width = max(len(t) for t in tables)
+    shifts = shifts or [0] * len(ids)
     rows = [
-        [i, p, s, p + 1, *t, *([0] * (width - len(t)))]
-        for i, p, s, t in zip(ids, positions, slots, tables, strict=True)
+        [i, p + d, s, p + 1, *t, *([0] * (width - len(t)))]
+        for i, p, s, t, d in zip(ids, positions, slots, tables, shifts, strict=True)
     ]
     return torch.tensor(rows, dtype=torch.long)

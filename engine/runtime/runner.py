@@ -111,7 +111,8 @@ class ModelRunner:
             self.ahead.drop()
         ids, positions, rows, batch = self._prepare(sched)
         hidden = None
-        if self.prompts is not None and batch.num_seqs == 1 and batch.embeds is None:
+        plain = batch.embeds is None and not any(r.rope for r in sched.requests)
+        if self.prompts is not None and batch.num_seqs == 1 and plain:
             start = batch.seq_lens[0] - len(ids)
             hidden = self.prompts.run(ids, batch.slot_mapping, start, batch.block_tables[0])
         if hidden is None:
@@ -152,7 +153,7 @@ class ModelRunner:
         if not reqs or len(reqs) > self.graphs.batch_sizes[-1]:
             return None
         bs = self.kv.block_size
-        ids, positions, slots, tables = [], [], [], []
+        ids, positions, slots, tables, shifts = [], [], [], [], []
         for req in reqs:
             rid, start = req.request_id, req.num_computed_tokens
             if sched.num_scheduled_tokens[rid] != 1 or sched.spec_tokens.get(rid):
@@ -161,12 +162,16 @@ class ModelRunner:
                 return None  # (a prompt-logprobs request keeps the eager path throughout)
             if req.mm_inputs and pending(req.mm_inputs, start, 1):
                 return None  # an image's last placeholder: its embedding is spliced eagerly
+            shift = _rope_shift(req, start)
+            if shift is None:
+                return None  # an image token's 3-axis position: eager
             table = self.block_ids(req)
             ids.append(req.token_ids[start])
             positions.append(start)
+            shifts.append(shift)
             slots.append(table[start // bs] * bs + start % bs)
             tables.append(table)
-        inputs = pack_decode(ids, positions, slots, tables)
+        inputs = pack_decode(ids, positions, slots, tables, shifts)
         if self.ahead is not None:
             if all(self._picked_on_device(r) for r in reqs):
                 return self._execute_ahead(reqs, inputs, ids, positions, tables)
@@ -223,7 +228,8 @@ class ModelRunner:
             if req.num_output_tokens + 1 >= req.max_tokens or p // bs >= len(table):
                 return None
         slots = [t[p // bs] * bs + p % bs for p, t in zip(nxt, tables, strict=True)]
-        return _step_key(reqs, nxt), pack_decode([0] * len(nxt), nxt, slots, tables)
+        shifts = [r.rope.delta if r.rope else 0 for r in reqs]  # past the prompt: a constant
+        return _step_key(reqs, nxt), pack_decode([0] * len(nxt), nxt, slots, tables, shifts)
 
     def _prepare(self, sched: SchedulerOutput):
         bs = self.kv.block_size
@@ -234,6 +240,7 @@ class ModelRunner:
         rows = _Rows()
         mm_rows: list[int] = []
         mm_values: list[torch.Tensor] = []
+        ropes = [] if any(r.rope for r in sched.requests) else None  # M-RoPE: [3, n] per request
         for req in sched.requests:
             rid = req.request_id
             n = sched.num_scheduled_tokens[rid]
@@ -254,6 +261,9 @@ class ModelRunner:
                 mm_values += v
             ids += toks
             positions += range(start, start + n)
+            if ropes is not None:
+                rope = req.rope.rows(start, n) if req.rope else torch.arange(start, start + n)
+                ropes.append(rope)
             slots += [table[p // bs] * bs + p % bs for p in range(start, start + n)]
             query_start.append(len(ids))
             seq_lens.append(start + n)
@@ -275,7 +285,10 @@ class ModelRunner:
             embeds=self._embeds(mm_rows, mm_values),
             state_slots=self._state_slots(sched.requests),
         )
-        return packed[:t], packed[t : 2 * t], rows, batch
+        pos = packed[t : 2 * t]
+        if ropes is not None:  # the 3-axis positions, in a second copy
+            pos = torch.cat([r.expand(3, -1) for r in ropes], 1).to(self.device)
+        return packed[:t], pos, rows, batch
 
     def _state_slots(self, reqs) -> tuple[int, ...]:
         if self.kv.states is None:
@@ -337,6 +350,15 @@ class ModelRunner:
             eos_ids=req.eos_ids,
             allowed=allowed,
         )
+
+
+def _rope_shift(req: Request, p: int) -> int | None:
+    """What token p's rope position adds to p (M-RoPE text after an image; 0 for plain rope),
+    or None where its three axes differ (an image token)."""
+    if req.rope is None:
+        return 0
+    flat = req.rope.flat(p)
+    return None if flat is None else flat - p
 
 
 def _step_key(reqs, positions) -> tuple[tuple[str, int], ...]:

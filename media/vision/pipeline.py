@@ -30,6 +30,7 @@ class PreparedImage:
     num_tokens: int  # embeddings (placeholder tokens) it yields
     digest: str  # content hash: pixels + preprocessing + projector
     size: tuple[int, int]  # decoded width, height
+    video: bool = False  # a video's frames (`prepare_video`), placed by a video part
 
 
 class VisionPipeline:
@@ -50,6 +51,11 @@ class VisionPipeline:
         self._check_pair(engine)
 
     def _check_pair(self, engine) -> None:
+        if hasattr(self.processor, "rope") and not getattr(engine.model, "mrope", False):
+            raise MMProjError(
+                f"{self.path}: this {self.kind} projector needs a text model with M-RoPE "
+                f"(qwen2vl), not {engine.model.args.arch}: it belongs to another model"
+            )
         want, have = self.model.args.out_dim, engine.model.args.dim
         if want != have:
             raise MMProjError(
@@ -68,6 +74,8 @@ class VisionPipeline:
             ids[text] = got[0]
         self.image_token = self.processor.image_token
         self.image_token_id = ids[self.image_token]
+        video = getattr(self.processor, "video_token", None)
+        self.video_token_id = ids[video] if video else None
 
     def prepare(self, data: bytes, limits: ImageLimits = DEFAULT_LIMITS) -> PreparedImage:
         """Decode and preprocess one image (CPU work: call it off the event loop)."""
@@ -82,9 +90,17 @@ class VisionPipeline:
             img.size,
         )
 
+    def prepare_video(self, data: bytes, limits=None) -> PreparedImage:
+        """Decode, sample and preprocess one video (`media.vision.video`; CPU work)."""
+        from localllm.media.vision import video
+
+        return video.prepare(self, data, limits or video.DEFAULT_LIMITS)
+
     def encode(self, image: PreparedImage) -> torch.Tensor:
         """The image's embeddings [num_tokens, dim] (runs the tower here and now)."""
         with torch.inference_mode():
+            if getattr(self.model, "takes_grid", False):  # Qwen: the patch grid too
+                return self.model(image.pixels.to(self.device), image.layout.thw)
             return self.model(image.pixels.to(self.device))
 
     def encoder(self, image: PreparedImage) -> Callable[[], torch.Tensor]:
@@ -95,10 +111,13 @@ class VisionPipeline:
     ) -> tuple[list[int], list[MultiModalInput]]:
         """Prompt ids and image spans of a conversation whose `{"type": "image"}` parts stand
         for `images`, in order (`render_kw`: `LLMEngine.render_chat`'s keywords)."""
-        n = vprompt.count_images(messages)
-        if n != len(images):
-            raise ValueError(f"the messages have {n} image parts for {len(images)} images")
-        text = vprompt.render(engine, messages, self.image_token, n, **render_kw)
+        n, nv = vprompt.count_images(messages), vprompt.count_images(messages, "video")
+        if n + nv != len(images) or nv != sum(im.video for im in images):
+            raise ValueError(
+                f"the messages have {n} image and {nv} video parts for {len(images)} inputs"
+            )
+        video = getattr(self.processor, "video_token", None)
+        text = vprompt.render(engine, messages, self.image_token, n, video, **render_kw)
         return self._spans(engine, text, images, engine.encode_chat)
 
     def completion(
@@ -111,12 +130,15 @@ class VisionPipeline:
 
     def _spans(self, engine, text, images, encode) -> tuple[list[int], list[MultiModalInput]]:
         holders = [self.processor.placeholder(im.layout) for im in images]
-        ids = encode(vprompt.expand(text, self.image_token, holders))
-        where = vprompt.spans(ids, self.image_token_id, [im.num_tokens for im in images])
-        items = [
-            MultiModalInput(im.digest, pos, encoder=self.encoder(im))
-            for im, pos in zip(images, where, strict=True)
-        ]
+        video = getattr(self.processor, "video_token", None)
+        ids = encode(vprompt.expand(text, self.image_token, holders, video))
+        targets = {self.image_token_id, *([self.video_token_id] if video else [])}
+        where = vprompt.spans(ids, targets, [im.num_tokens for im in images])
+        rope = getattr(self.processor, "rope", None)  # M-RoPE families: grid positions
+        items = []
+        for im, pos in zip(images, where, strict=True):
+            grid = dict(zip(("rope", "rope_advance"), rope(im.layout), strict=True)) if rope else {}
+            items.append(MultiModalInput(im.digest, pos, encoder=self.encoder(im), **grid))
         return ids, items
 
     def close(self) -> None:

@@ -78,8 +78,8 @@ def test_transparency_goes_onto_white_and_grey_becomes_rgb():
 
 
 def test_an_unsupported_projector_type_is_named(tmp_path):
-    path = rewrite_mmproj(tmp_path / "mm.gguf", {"clip.projector_type": "qwen2.5vl_merger"})
-    with pytest.raises(MMProjError, match=r"'qwen2\.5vl_merger' is not supported.*idefics3"):
+    path = rewrite_mmproj(tmp_path / "mm.gguf", {"clip.projector_type": "cogvlm"})
+    with pytest.raises(MMProjError, match=r"'cogvlm' is not supported.*idefics3"):
         open_mmproj(path)
 
 

@@ -1,0 +1,147 @@
+"""Video input: bytes of an MP4/WebM/MKV/MOV/AVI/GIF file to sampled RGB frames, bounded, and
+a family's video preprocessing (`prepare`).
+
+Decoding is PyAV (FFmpeg). Frames are sampled as transformers' `Qwen2VLVideoProcessor` does:
+`fps` frames per second of video, at least `min_frames` and at most `max_frames`, rounded down
+to a multiple of the temporal patch, at indices `arange(0, total, total / n)`. Only the sampled
+frames are kept while decoding (a long video never sits in memory whole). Limits are checked on
+the container header before any frame is decoded: bytes, duration, frame size. Errors are
+`VideoError` (a ValueError) with one line that says what is wrong.
+"""
+
+import hashlib
+import io
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from localllm.media.vision.image import ImageError
+
+
+class VideoError(ImageError):
+    """The input is not a video we take (corrupt, too long, too large, no video stream)."""
+
+
+@dataclass(frozen=True, slots=True)
+class VideoLimits:
+    """Bounds and sampling of one input video (defaults documented in docs/vision.md)."""
+
+    max_bytes: int = 200 * 1024 * 1024  # the encoded file
+    max_seconds: float = 3600.0  # its duration, from the header
+    max_pixels: int = 8192 * 8192  # one frame's width x height
+    fps: float = 2.0  # frames sampled per second of video
+    min_frames: int = 4
+    max_frames: int = 768
+
+
+DEFAULT_LIMITS = VideoLimits()
+
+
+@dataclass(frozen=True, slots=True)
+class Video:
+    frames: np.ndarray  # sampled frames [n, H, W, 3] uint8
+    fps: float  # the file's frame rate
+    total: int  # frames in the file
+    indices: tuple[int, ...]  # which frames were sampled
+
+    @property
+    def sampled_fps(self) -> float:
+        """transformers' `VideoMetadata.sampled_fps`: sampled frames per second of video."""
+        return len(self.indices) / self.total * self.fps
+
+
+def sample_indices(total: int, fps: float, limits: VideoLimits, multiple: int) -> list[int]:
+    """The frames `Qwen2VLVideoProcessor.sample_frames` picks from `total` frames at `fps`."""
+    top = math.floor(min(limits.max_frames, total) / multiple) * multiple
+    n = total / fps * limits.fps
+    n = min(max(n, limits.min_frames), top, total)
+    n = math.floor(n / multiple) * multiple
+    if n < 1:
+        raise VideoError(f"the video has {total} frames, fewer than the {multiple} it needs")
+    return torch.arange(0, total, total / n).int().tolist()  # transformers' exact arithmetic
+
+
+def decode_video(data: bytes, limits: VideoLimits = DEFAULT_LIMITS, multiple: int = 2) -> Video:
+    """The sampled frames of the video in `data`; `VideoError` when it is not one we take."""
+    try:
+        import av
+    except ImportError:
+        raise VideoError("video input needs PyAV: pip install 'localllm[video]'") from None
+
+    if not data:
+        raise VideoError("the video is empty (0 bytes)")
+    if len(data) > limits.max_bytes:
+        raise VideoError(f"the video is {len(data)} bytes, more than {limits.max_bytes} allowed")
+    try:
+        container = av.open(io.BytesIO(data), "r")
+    except (av.error.FFmpegError, ValueError, OSError) as e:
+        raise VideoError(f"not a video in a format FFmpeg reads, or a corrupt one: {e}") from None
+    with container:
+        if not container.streams.video:
+            raise VideoError("the file has no video stream")
+        s = container.streams.video[0]
+        fps = float(s.average_rate or s.guessed_rate or 0)
+        w, h = s.codec_context.width, s.codec_context.height
+        if fps <= 0 or w < 1 or h < 1:
+            raise VideoError(f"the video stream has no usable frame rate or size ({w}x{h})")
+        if w * h > limits.max_pixels:
+            raise VideoError(f"the video's frames are {w}x{h}, above {limits.max_pixels} pixels")
+        total = s.frames or 0
+        seconds = total / fps if total else float(s.duration * s.time_base) if s.duration else 0
+        if seconds > limits.max_seconds:
+            raise VideoError(f"the video is {seconds:.0f} s long, above {limits.max_seconds:.0f} s")
+        return _decode(container, s, limits, fps, multiple, total)
+
+
+def _decode(container, s, limits: VideoLimits, fps: float, multiple: int, total: int) -> Video:
+    import av
+
+    try:
+        if not total:  # a container without a frame count: count once, bounded by the duration
+            total = sum(1 for _ in container.decode(s))
+            if total > limits.max_seconds * fps:
+                raise VideoError(f"the video is longer than {limits.max_seconds:.0f} s")
+            container.seek(0)
+        want = sample_indices(total, fps, limits, multiple)
+        keep, out = set(want), {}
+        for i, frame in enumerate(container.decode(s)):
+            if i in keep:
+                out[i] = frame.to_ndarray(format="rgb24")
+            if i >= want[-1]:
+                break
+    except av.error.FFmpegError as e:
+        raise VideoError(f"corrupt video: {e}") from None
+    if len(out) != len(keep):  # the header promised more frames than the stream holds
+        want = [i for i in want if i in out]
+        if not want:
+            raise VideoError("the video has no decodable frames")
+        want = want[: len(want) // multiple * multiple] or want
+    return Video(np.stack([out[i] for i in want]), fps, total, tuple(want))
+
+
+def video_digest(v: Video, salt: str = "") -> str:
+    h = hashlib.sha256()
+    h.update(f"{salt}\x00video\x00{v.frames.shape}\x00{v.sampled_fps!r}\x00".encode())
+    h.update(np.ascontiguousarray(v.frames).tobytes())
+    return h.hexdigest()
+
+
+def prepare(pipeline, data: bytes, limits: VideoLimits = DEFAULT_LIMITS):
+    """A `pipeline.PreparedImage` (video=True) of one video for `pipeline`'s family."""
+    from localllm.media.vision.pipeline import PreparedImage
+
+    proc = pipeline.processor
+    if not hasattr(proc, "preprocess_video"):
+        raise VideoError(f"the {pipeline.kind} vision projector does not take video")
+    v = decode_video(data, limits)
+    pixels, grid = proc.preprocess_video(v.frames, 1.0 / v.sampled_fps)
+    return PreparedImage(
+        torch.from_numpy(np.ascontiguousarray(pixels)),
+        grid,
+        proc.num_tokens(grid),
+        video_digest(v, f"{pipeline.kind}|{proc.salt}"),
+        (v.frames.shape[2], v.frames.shape[1]),
+        video=True,
+    )

@@ -23,6 +23,7 @@ SUPPORTED = (
     "olmo2",
     "gemma2",
     "glm4moe",
+    "qwen3next",
 )
 
 

@@ -145,6 +145,13 @@ HPARAMS: Mapping[str, Any] = {
     "final_logit_softcapping": Real(0.0, MAX_SCALE),
     "attn_logit_softcapping": Real(0.0, MAX_SCALE),  # gemma2: 0 is no cap
     "nextn_predict_layers": Int(0, MAX_LAYERS),  # glm4moe's multi-token-prediction blocks
+    "expert_shared_feed_forward_length": _width(),  # qwen3next's shared expert
+    "full_attention_interval": Int(1, MAX_LAYERS),  # qwen3next: every Nth layer attends
+    "ssm.conv_kernel": Int(1, 1024),  # short-conv taps (4 in every released model)
+    "ssm.state_size": _width(),
+    "ssm.group_count": _width(),
+    "ssm.time_step_rank": _width(),
+    "ssm.inner_size": _width(),
     "pooling_type": Int(0, 4),  # llama.cpp's enum: none, mean, cls, last, rank
     "vocab_size": Int(1, MAX_VOCAB),
     "token_type_count": Int(1, MAX_WIDTH),  # bert reads `tokenizer.ggml.token_type_count`

@@ -1,0 +1,292 @@
+"""The `qwen3next` GGUF architecture: Qwen3-Next (80B-A3B Instruct / Thinking), a hybrid of gated
+DeltaNet linear attention and gated full attention over a sparse MoE.
+
+Follows llama.cpp's qwen3next graph. Layer i is a recurrent one unless (i + 1) is a multiple of
+`full_attention_interval` (4): then it is full attention. Both kinds are pre-norm (`attn_norm`)
+with a residual, then `post_attention_norm` before the FFN (the converter folds Qwen3-Next's
+1 + w norms into plain RMSNorm weights).
+- Gated DeltaNet (`attn_qkv`, `attn_gate`, `ssm_*`): q/k/v from one projection through a causal
+  depthwise conv of `ssm.conv_kernel` taps and SiLU; q and k L2-normalised per head (the
+  `ssm.group_count` key heads each serve `time_step_rank / group_count` value heads), q scaled by
+  1/sqrt(head); decay g = ssm_a * softplus(a + ssm_dt.bias) (ssm_a is -exp(A_log)), write
+  strength beta = sigmoid(b), from `ssm_ba` (b then a, per key head); the gated delta rule
+  (`kernels.recurrent.delta_rule`); RMSNorm of each head's output (`ssm_norm`) times SiLU of the
+  gate z, then `ssm_out`. Each sequence keeps its conv inputs and delta state in its state slot
+  (`engine.runtime.recurrent_state`).
+- Full attention: `attn_q` gives each head's query and an output gate side by side; per-head q/k
+  RMSNorm, NEOX rope over the first `rope.dimension_count` dims (a quarter), softmax attention
+  over the paged cache, output times sigmoid(gate). Only these layers have KV: the cache holds
+  one layer per full-attention layer.
+- FFN: softmax top-k routed experts (renormalised) through the shared MoE block (so `--cpu-moe`
+  and `--experts disk` apply), plus a shared expert scaled by sigmoid(`ffn_gate_inp_shexp` . x).
+
+The multi-token-prediction block a converter appends (`nextn_predict_layers`) is never run nor
+loaded (`unused_blocks`), as llama.cpp's main graph does.
+"""
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from localllm.engine.layers.linear import QuantLinear, dense
+from localllm.engine.layers.rope import RopeConfig, Rotary
+from localllm.engine.layers.shared import DenseParam, GatedMLP, RMSNorm, rope_attention_q
+from localllm.engine.models import qwen2
+from localllm.engine.models.common import arch_key
+from localllm.engine.models.decoder import Decoder
+from localllm.engine.models.hparams import HyperparameterError
+from localllm.engine.moe.block import MoEFeedForward
+from localllm.engine.moe.expert_tensor import EXPERT_TENSORS
+from localllm.engine.runtime.recurrent_state import states_of
+from localllm.kernels.fused.heads import HeadNorms
+from localllm.kernels.recurrent.causal_conv import causal_conv_prefill, causal_conv_step
+from localllm.kernels.recurrent.delta_rule import (
+    delta_rule_chunked,
+    delta_rule_step,
+    l2_normalize,
+)
+
+
+@dataclass(frozen=True)
+class ModelArgs(qwen2.ModelArgs):
+    rope_dims: int
+    n_expert: int
+    n_expert_used: int
+    expert_hidden_dim: int
+    shexp_hidden_dim: int
+    n_nextn: int  # NextN layers after the `n_layers` that run
+    full_attn_interval: int
+    conv_kernel: int  # ssm.conv_kernel: taps of the short conv
+    head_k_dim: int  # ssm.state_size
+    n_k_heads: int  # ssm.group_count
+    n_v_heads: int  # ssm.time_step_rank
+    value_dim: int  # ssm.inner_size: n_v_heads * head_v_dim
+
+    @property
+    def head_v_dim(self) -> int:
+        return self.value_dim // self.n_v_heads
+
+    @property
+    def conv_dim(self) -> int:
+        return 2 * self.n_k_heads * self.head_k_dim + self.value_dim
+
+    @property
+    def unused_blocks(self) -> range:
+        """The NextN layers' block numbers: never run, never loaded."""
+        return range(self.n_layers, self.n_layers + self.n_nextn)
+
+    def recurrent(self, layer: int) -> bool:
+        return (layer + 1) % self.full_attn_interval != 0
+
+    @classmethod
+    def from_gguf(cls, meta: dict[str, Any], vocab_size: int) -> "ModelArgs":
+        k = arch_key(meta)
+        base = qwen2.ModelArgs.from_gguf(meta, vocab_size)
+        fields = {f: getattr(base, f) for f in base.__dataclass_fields__}
+        n_nextn = k("nextn_predict_layers", 0)
+        fields["n_layers"] = base.n_layers - n_nextn
+        expert_ff = k("expert_feed_forward_length")
+        return cls(
+            **fields,
+            rope_dims=k("rope.dimension_count", base.head_dim),
+            n_expert=k("expert_count"),
+            n_expert_used=k("expert_used_count"),
+            expert_hidden_dim=expert_ff,
+            shexp_hidden_dim=k("expert_shared_feed_forward_length", 0),
+            n_nextn=n_nextn,
+            full_attn_interval=k("full_attention_interval", 4),
+            conv_kernel=k("ssm.conv_kernel"),
+            head_k_dim=k("ssm.state_size"),
+            n_k_heads=k("ssm.group_count"),
+            n_v_heads=k("ssm.time_step_rank"),
+            value_dim=k("ssm.inner_size"),
+        )
+
+    def check(self) -> None:
+        """Relations of qwen3next's own keys (the shared ones: `hparams.check_args`)."""
+        if self.n_layers < 1:
+            raise HyperparameterError(
+                f"nextn_predict_layers is {self.n_nextn}: no layer of "
+                f"{self.n_layers + self.n_nextn} blocks is left to run"
+            )
+        if self.n_expert < 1:
+            raise HyperparameterError("expert_count is 0: every qwen3next block has experts")
+        if self.n_v_heads % self.n_k_heads:
+            raise HyperparameterError(
+                f"ssm.time_step_rank (value heads) {self.n_v_heads} is not a multiple of "
+                f"ssm.group_count (key heads) {self.n_k_heads}"
+            )
+        if self.value_dim % self.n_v_heads:
+            raise HyperparameterError(
+                f"ssm.inner_size {self.value_dim} does not split into {self.n_v_heads} heads"
+            )
+        if self.conv_kernel < 2:
+            raise HyperparameterError(f"ssm.conv_kernel is {self.conv_kernel}, expected 2 or more")
+
+
+class Block(nn.Module):
+    """The FFN half every layer shares: `post_attention_norm`, routed experts, gated shared
+    expert; subclasses add the token mixer."""
+
+    def __init__(self, args: ModelArgs, layer: int, precise: bool):
+        super().__init__()
+        self.args, self.layer = args, layer
+        self.attn_norm = RMSNorm(args.dim, args.norm_eps)
+        self.ffn_norm = RMSNorm(args.dim, args.norm_eps)  # the file's post_attention_norm
+        self.mlp = MoEFeedForward(
+            layer, args.dim, args.expert_hidden_dim, args.n_expert, args.n_expert_used,
+            norm_topk_prob=True, precise=precise,
+        )  # fmt: skip
+        self.shexp = GatedMLP(args.dim, args.shexp_hidden_dim, "silu", precise)
+        self.ffn_gate_inp_shexp = DenseParam(1, args.dim)
+
+    def fuse(self) -> None:
+        self.shexp.fuse()
+
+    def ffn(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.ffn_norm(x)
+        gate = torch.sigmoid(h.float() @ self.ffn_gate_inp_shexp.value.t())
+        y = self.mlp(h).float() + gate * self.shexp(h).float()
+        return x + y.to(x.dtype)
+
+
+class AttentionBlock(Block):
+    """Gated full attention: per-head q/k norms, partial NEOX rope, sigmoid output gate."""
+
+    def __init__(self, args: ModelArgs, layer: int, kv_layer: int, precise: bool):
+        super().__init__(args, layer, precise)
+        hd, nh = args.head_dim, args.n_heads
+        self.kv_layer = kv_layer  # this layer's place in the cache (full-attention layers only)
+        self.attn_q = QuantLinear(args.dim, 2 * nh * hd, precise)  # per head: query, gate
+        self.attn_k = QuantLinear(args.dim, args.n_kv_heads * hd, precise)
+        self.attn_v = QuantLinear(args.dim, args.n_kv_heads * hd, precise)
+        self.attn_output = QuantLinear(nh * hd, args.dim, precise)
+        self.attn_q_norm = RMSNorm(hd, args.norm_eps)
+        self.attn_k_norm = RMSNorm(hd, args.norm_eps)
+
+    def forward(self, x, positions, cos_sin, rotary, batch, kv, layer):
+        a = self.args
+        t, hd = x.shape[0], a.head_dim
+        h = self.attn_norm(x)
+        qg = self.attn_q(h).view(t, a.n_heads, 2, hd)
+        q, gate = qg[:, :, 0].reshape(t, -1), qg[:, :, 1].reshape(t, -1)
+        norms = HeadNorms(self.attn_q_norm.weight, self.attn_k_norm.weight, a.norm_eps)
+        lay = rotary.layout(a.n_heads, a.n_kv_heads, hd)
+        o, _ = rope_attention_q(q, self.attn_k(h), self.attn_v(h), lay, cos_sin, rotary, batch,
+                                kv, self.kv_layer, hd**-0.5, norms, quant=False)  # fmt: skip
+        o = o.reshape(t, -1) * torch.sigmoid(gate.to(o.dtype))
+        return self.ffn(x + self.attn_output(o).to(x.dtype))
+
+
+class DeltaNetBlock(Block):
+    """Gated DeltaNet: short conv over q/k/v, the gated delta rule, gated RMSNorm."""
+
+    def __init__(self, args: ModelArgs, layer: int, precise: bool):
+        super().__init__(args, layer, precise)
+        self.attn_qkv = QuantLinear(args.dim, args.conv_dim, precise)
+        self.attn_gate = QuantLinear(args.dim, args.value_dim, precise)  # z
+        self.ssm_ba = QuantLinear(args.dim, 2 * args.n_v_heads, precise)
+        self.ssm_conv1d = DenseParam(args.conv_dim, args.conv_kernel)
+        self.ssm_dt = DenseParam(args.n_v_heads)
+        self.ssm_a_value: torch.Tensor | None = None  # -exp(A_log): the file's bare `ssm_a`
+        self.ssm_norm = RMSNorm(args.head_v_dim, args.norm_eps)
+        self.ssm_out = QuantLinear(args.value_dim, args.dim, precise)
+
+    # `blk.N.ssm_a` has no suffix: the loader hands it to the block itself
+    def load_tensor(self, suffix: str, w) -> None:
+        if suffix != "ssm_a" or tuple(w.shape) != (self.args.n_v_heads,):
+            raise ValueError(f"expected ssm_a of shape ({self.args.n_v_heads},), got {w.shape}")
+        self.ssm_a_value = dense(w)
+
+    @property
+    def loaded(self) -> bool:
+        return self.ssm_a_value is not None
+
+    def state_shape(self) -> dict[str, tuple[int, ...]]:
+        a = self.args
+        return {"conv": (a.conv_kernel - 1, a.conv_dim),
+                "ssm": (a.n_v_heads, a.head_k_dim, a.head_v_dim)}  # fmt: skip
+
+    def forward(self, x, positions, cos_sin, rotary, batch, kv, layer):
+        a = self.args
+        t = x.shape[0]
+        h = self.attn_norm(x)
+        qkv, z = self.attn_qkv(h), self.attn_gate(h)
+        ba = self.ssm_ba(h).float().view(t, a.n_k_heads, 2, -1)  # per key head: b then a
+        beta = torch.sigmoid(ba[:, :, 0].reshape(t, a.n_v_heads))
+        g = self.ssm_a_value * F.softplus(ba[:, :, 1].reshape(t, a.n_v_heads) + self.ssm_dt.value)
+        st = states_of(kv)
+        conv, ssm = st.read(layer, "conv", batch), st.read(layer, "ssm", batch)
+        w = self.ssm_conv1d.value
+        qs = batch.query_start
+        if qs[-1] == batch.num_seqs:  # decode: one token each, one batched step
+            mixed = causal_conv_step(qkv, w, conv)
+            o = delta_rule_step(*self._heads(mixed), g, beta, ssm)
+        else:
+            outs = []
+            for b in range(batch.num_seqs):
+                s, e = qs[b], qs[b + 1]
+                mixed = causal_conv_prefill(qkv[s:e], w, conv[b])
+                q, k, v = self._heads(mixed)
+                outs.append(delta_rule_chunked(q, k, v, g[s:e], beta[s:e], ssm[b]))
+            o = torch.cat(outs)
+        st.write(layer, "conv", batch, conv)
+        st.write(layer, "ssm", batch, ssm)
+        o = self.ssm_norm(o) * F.silu(z.float().view(t, a.n_v_heads, a.head_v_dim))
+        out = self.ssm_out(o.reshape(t, a.value_dim).to(h.dtype))
+        return self.ffn(x + out.to(x.dtype))
+
+    def _heads(self, mixed: torch.Tensor):
+        """q, k [L, Hv, Dk] (normalised, key heads repeated per value head, q scaled) and
+        v [L, Hv, Dv] from the conv's output [L, conv_dim]."""
+        a = self.args
+        n = a.n_k_heads * a.head_k_dim
+        L = mixed.shape[0]
+        rep = a.n_v_heads // a.n_k_heads
+        q = l2_normalize(mixed[:, :n].view(L, a.n_k_heads, -1), a.norm_eps)
+        k = l2_normalize(mixed[:, n : 2 * n].view(L, a.n_k_heads, -1), a.norm_eps)
+        q = q.repeat_interleave(rep, dim=1) * a.head_k_dim**-0.5
+        k = k.repeat_interleave(rep, dim=1)
+        return q, k, mixed[:, 2 * n :].view(L, a.n_v_heads, a.head_v_dim)
+
+
+class Model(Decoder):
+    tensor_aliases = {  # noqa: RUF012 (a class constant the loader reads)
+        **Decoder.tensor_aliases,
+        "post_attention_norm": "ffn_norm",
+        **{n: f"mlp.{n}" for n in ("ffn_gate_inp", *EXPERT_TENSORS)},
+        **{f"ffn_{p}_shexp": f"shexp.ffn_{p}" for p in ("gate", "up", "down")},
+    }
+
+    def __init__(self, args: ModelArgs, precise: bool = False):
+        blocks, n_attn = [], 0
+        for i in range(args.n_layers):
+            if args.recurrent(i):
+                blocks.append(DeltaNetBlock(args, i, precise))
+            else:
+                blocks.append(AttentionBlock(args, i, n_attn, precise))
+                n_attn += 1
+        super().__init__(args, blocks, precise)
+        self.n_attn_layers = n_attn
+
+    def kv_shape(self) -> tuple[int, int, int]:
+        """Only the full-attention layers keep K/V: (their count, kv heads, head dim)."""
+        return max(self.n_attn_layers, 1), self.args.n_kv_heads, self.args.head_dim
+
+    def state_shapes(self) -> dict[int, dict[str, tuple[int, ...]]]:
+        """The DeltaNet layers' per-sequence state (`engine.runtime.recurrent_state`): the conv's
+        last inputs [K - 1, conv_dim] and the delta state [value heads, Dk, Dv]."""
+        return {i: b.state_shape() for i, b in enumerate(self.blk) if isinstance(b, DeltaNetBlock)}
+
+    def finish_load(self, extra: dict[str, torch.Tensor]) -> None:
+        """Called by the loader after every tensor is in place."""
+        self.tie_output()
+        a = self.args
+        self.rotary = Rotary(RopeConfig(a.rope_dims, a.rope_base, neox=True,
+                                        linear_scale=a.rope_linear_scale))  # fmt: skip
+        for blk in self.blk:
+            blk.fuse()
+            blk.mlp.fuse()

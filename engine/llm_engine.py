@@ -141,6 +141,7 @@ class LLMEngine:
             max_num_batched_tokens=args.max_num_batched_tokens,
             max_model_len=self.max_model_len,
             lookahead_slots=int(ahead),
+            whole_mm_spans=getattr(self.model, "bidirectional_mm", False),
         )
         self.scheduler = Scheduler(config, self.kv_manager)
         self.runner = ModelRunner(

@@ -60,6 +60,27 @@ class BatchMeta:
         rows, values = self.embeds
         return x.index_copy(0, rows, values.to(x.dtype))
 
+    def embed_runs(self) -> tuple[tuple[tuple[int, int], ...], ...] | None:
+        """Per sequence, the position ranges [a, b) of its consecutive multimodal rows this step
+        (one per image for a model whose image tokens are one run), or None without any."""
+        if self.embeds is None:
+            return None
+        if "embed_runs" not in self.plans:  # one host read per step, shared by every layer
+            rows = sorted(self.embeds[0].tolist())
+            runs: list[list[tuple[int, int]]] = [[] for _ in self.seq_lens]
+            b = 0
+            for r in rows:
+                while r >= self.query_start[b + 1]:
+                    b += 1
+                pos = self.seq_lens[b] - (self.query_start[b + 1] - r)
+                seq = runs[b]
+                if seq and seq[-1][1] == pos:
+                    seq[-1] = (seq[-1][0], pos + 1)
+                else:
+                    seq.append((pos, pos + 1))
+            self.plans["embed_runs"] = tuple(tuple(s) for s in runs)
+        return self.plans["embed_runs"]
+
     @property
     def num_seqs(self) -> int:
         return len(self.seq_lens)

@@ -26,6 +26,10 @@ class SchedulerConfig:
     # the runner launches the next step ahead only where its slot exists
     # (`engine.runtime.decode_ahead`)
     lookahead_slots: int = 0
+    # a multimodal item's tokens are computed in one step (models whose image tokens attend both
+    # ways: a chunk ending inside an image stops before it; one starting inside runs to its end,
+    # past the token budget if it must)
+    whole_mm_spans: bool = False
 
 
 @dataclass(slots=True)
@@ -77,6 +81,7 @@ class Scheduler:
             n = min(req.num_tokens_with_spec - req.num_computed_tokens, budget)
             n = min(n, self.config.max_model_len - req.num_computed_tokens)
             n = self._pause_at_fork_point(req, n)
+            n = self._whole_spans(req, req.num_computed_tokens, n)
             if n <= 0:
                 i += 1
                 continue
@@ -115,6 +120,7 @@ class Scheduler:
                 hit_blocks, num_hit = self.kv.get_computed_blocks(req)
             n = min(req.num_tokens - num_hit, budget)
             n = self._pause_at_fork_point(req, n)
+            n = self._whole_spans(req, num_hit, n)
             if self.kv.allocate_slots(req, n, hit_blocks) is None:
                 if req.fork_of is not None:
                     self.kv.free(req)
@@ -140,6 +146,15 @@ class Scheduler:
         # The blocks a fork shares (full ones, short of the last prompt token) must hold KV already.
         shared = (req.num_prompt_tokens - 1) // self.kv.block_size * self.kv.block_size
         return src.num_computed_tokens >= shared
+
+    def _whole_spans(self, req: Request, start: int, n: int) -> int:
+        """`n` moved so the chunk [start, start + n) does not end inside a multimodal item."""
+        if not self.config.whole_mm_spans:
+            return n
+        for it in req.mm_inputs:
+            if it.start < start + n < it.end:
+                n = it.start - start if start < it.start else it.end - start
+        return n
 
     def _pause_at_fork_point(self, req: Request, n: int) -> int:
         """A recurrent-state model's prompt with forks waiting stops a step at the point they

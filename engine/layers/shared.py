@@ -137,15 +137,19 @@ def attention(
     window: int | None = None,
     softcap: float | None = None,
     sinks: torch.Tensor | None = None,
+    spans=None,
 ) -> torch.Tensor:
     """Causal GQA attention over the paged cache; q [T, H, D], k/v [T, KV, D] -> [T, H, Dv].
 
     Writes this step's k/v at the batch's slots first, then each sequence attends to its whole
     context (its new tokens are its last ones, so `positions` is implied by `batch.seq_lens`).
     `window` keeps only the last `window` keys (sliding window); `softcap` squashes scores with
-    cap * tanh(s / cap); `sinks` [H] adds a per-head logit to each softmax's denominator.
+    cap * tanh(s / cap); `sinks` [H] adds a per-head logit to each softmax's denominator;
+    `spans` (per sequence, position ranges [a, b)) lets a query in a range see all of it.
     """
     kv.write(layer, k, v, batch.slot_mapping)
+    if spans:
+        return kv.attend(layer, q, batch, scale, window, softcap, sinks, spans)
     if sinks is None:  # other caches (and their fast paths) need not know about sinks
         return kv.attend(layer, q, batch, scale, window, softcap)
     return kv.attend(layer, q, batch, scale, window, softcap, sinks)

@@ -5,6 +5,8 @@ per-head RMSNorm on Q and K -> NEOX rope -> attention -> post_attention_norm -> 
 RMSNorm -> GeGLU (tanh gelu) -> post_ffw_norm -> residual. Local layers attend to a sliding
 window and use their own rope base; every `sliding_window_pattern`-th layer (default 6) is global.
 Optional final logit soft-capping. The GGUF norm weights already include Gemma's +1.
+Image embeddings (Gemma 3 vision) replace the scaled token embeddings of their soft tokens, and
+the tokens of one image see each other both ways (window AND (causal OR same image)).
 """
 
 import math
@@ -114,12 +116,17 @@ class Block(nn.Module):
         v = self.attn_v(h).view(-1, a.n_kv_heads, a.head_dim)
         q, k = rotary.apply(q, *cos_sin), rotary.apply(k, *cos_sin)
         window = a.sliding_window if self.local else None
-        o = attention(q, k, v, positions, batch, kv, layer, scale=a.attn_scale, window=window)
+        o = attention(q, k, v, positions, batch, kv, layer, scale=a.attn_scale, window=window,
+                      spans=batch.embed_runs())  # fmt: skip
         x = x + self.post_attention_norm(self.attn_output(o.reshape(-1, a.n_heads * a.head_dim)))
         return x + self.post_ffw_norm(self.mlp(self.ffn_norm(x)))
 
 
 class Model(Decoder):
+    # The tokens of one image attend to each other both ways at prefill (transformers' token
+    # type mask): the scheduler keeps an image's tokens in one chunk (`embed_runs` spans).
+    bidirectional_mm = True
+
     def __init__(self, args: ModelArgs, precise: bool = False):
         blocks = [Block(args, i, precise) for i in range(args.n_layers)]
         super().__init__(args, blocks, precise)

@@ -109,10 +109,12 @@ class PagedKVCache:
         window: int | None = None,
         softcap: float | None = None,
         sinks: torch.Tensor | None = None,
+        spans=None,
     ) -> torch.Tensor:
         """Causal GQA attention of q [T, H, D] (the last tokens of each sequence) -> [T, H, Dv];
-        `sinks` [H]: per-head attention-sink logits (gpt-oss)."""
-        return self.attend_q(layer, q, batch, scale, window, softcap, sinks, quant=False)[0]
+        `sinks` [H]: per-head attention-sink logits (gpt-oss); `spans`: per sequence, position
+        ranges seen both ways (`paged_attention`)."""
+        return self.attend_q(layer, q, batch, scale, window, softcap, sinks, False, spans)[0]
 
     def attend_q(
         self,
@@ -124,6 +126,7 @@ class PagedKVCache:
         softcap: float | None = None,
         sinks: torch.Tensor | None = None,
         quant: bool = True,
+        spans=None,
     ) -> tuple[torch.Tensor, "QuantizedX | None"]:
         """(`attend`, its rows quantized for the dp4a GEMV that reads them next or None): the
         flash-decoding kernel writes them where it serves every row (`quantized_output`)."""
@@ -133,6 +136,8 @@ class PagedKVCache:
         ks = self.k_scales[layer] if self.k_scales else None
         vs = self.v_scales[layer] if self.v_scales else None
         if batch.context is not None:  # the table and lengths on the device (a prompt graph)
+            if spans:
+                raise ValueError("a prompt graph step cannot carry bidirectional spans")
             table, ctx = batch.context
             o = context_attention(q, k, v, table, ctx, scale, window, softcap, ks, vs, sinks)
             return o, None
@@ -153,6 +158,7 @@ class PagedKVCache:
             decode=plan,
             sinks=sinks,
             quant=xq,
+            spans=spans,
         )
         return o, xq
 

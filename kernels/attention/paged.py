@@ -53,6 +53,7 @@ def paged_attention(
     decode: DecodePlan | None = None,
     sinks: torch.Tensor | None = None,
     quant: "QuantizedX | None" = None,
+    spans: Sequence[Sequence[tuple[int, int]]] | None = None,
 ) -> torch.Tensor:
     """Causal GQA attention of each sequence's new queries over its paged context.
 
@@ -64,7 +65,10 @@ def paged_attention(
     in one batched gather. `sinks` [H] (gpt-oss) are per-head logits of a virtual key with a zero
     value: they join each softmax's denominator only. Returns [T, H, Dv] in q's dtype (possibly
     a non-contiguous view). `quant`: `decode.quantized_output`'s buffers for `decode`, which the
-    flash-decoding kernel fills with the output rows quantized.
+    flash-decoding kernel fills with the output rows quantized. `spans` (per sequence, position
+    ranges [a, b) that lie within its context): a query inside a range also sees every key of
+    that range (Gemma 3's bidirectional image tokens; the window still applies); such chunks run
+    the dense path on every device.
     """
     if decode is None and quant is not None:
         raise ValueError("quant needs a decode plan")
@@ -84,6 +88,7 @@ def paged_attention(
             decode,
             sinks,
             quant,
+            spans,
         )
     bs = k_cache.shape[1]
     outs = []
@@ -102,8 +107,12 @@ def paged_attention(
         want = None if t > 1 and q.is_cuda and k_scales is None else q.dtype
         keys = _gather(k_cache, k_scales, ids, off, n - lo, want)  # [m, KV, D]
         vals = _gather(v_cache, v_scales, ids, off, n - lo, want)
-        if t == 1:
+        both = [(x - lo, y - lo) for x, y in spans[b]] if spans and spans[b] else None
+        if t == 1:  # a lone query sees its span's keys causally (the span ends here)
             outs.append(_decode_one(q[s], keys, vals, scale, softcap, sinks))
+        elif both:
+            outs.append(chunk_dense(q[s:e], keys, vals, n - t - lo, scale, window, softcap,
+                                    sinks, both))  # fmt: skip
         else:
             outs.append(_chunk(q[s:e], keys, vals, n - t - lo, scale, window, softcap, sinks))
     if len(outs) == 1:  # one sequence (the CPU decode case): no concatenation copy
@@ -161,6 +170,7 @@ def _with_plan(
     decode: DecodePlan,
     sinks: torch.Tensor | None = None,
     quant: "QuantizedX | None" = None,
+    spans: Sequence[Sequence[tuple[int, int]]] | None = None,
 ) -> torch.Tensor:
     """Single-token sequences in one batched pass; the others one by one into the same output."""
     out = q.new_empty(q.shape[0], q.shape[1], v_cache.shape[-1])
@@ -185,6 +195,7 @@ def _with_plan(
                 k_scales,
                 v_scales,
                 sinks=sinks,
+                spans=None if spans is None else (spans[b],),
             )
     return out
 
@@ -261,11 +272,13 @@ def chunk_dense(
     window: int | None,
     softcap: float | None,
     sinks: torch.Tensor | None = None,
+    spans: Sequence[tuple[int, int]] | None = None,
 ) -> torch.Tensor:
-    """`_chunk` in plain torch (a mask, then SDPA or matmul + softmax), keys of any float type."""
+    """`_chunk` in plain torch (a mask, then SDPA or matmul + softmax), keys of any float type;
+    `spans`: key-index ranges [a, b) seen whole by the queries inside them."""
     keys, vals = keys.to(q.dtype), vals.to(q.dtype)  # gathered as stored on CUDA
     qb, kb, vb = q.transpose(0, 1), keys.transpose(0, 1), vals.transpose(0, 1)
-    mask = _mask(q0, q.shape[0], keys.shape[0], window, q.device)
+    mask = _mask(q0, q.shape[0], keys.shape[0], window, q.device, spans)
     if softcap is None and sinks is None:
         o = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask, scale=scale, enable_gqa=True)
     else:
@@ -288,11 +301,24 @@ def softmax_with_sinks(scores: torch.Tensor, sinks: torch.Tensor | None) -> torc
     return torch.exp(scores - total)
 
 
-def _mask(q0: int, t: int, m: int, window: int | None, device: torch.device) -> torch.Tensor:
-    """Boolean [t, m] (True = attend): key j is visible to query i if j <= q0 + i, in window."""
+def _mask(
+    q0: int,
+    t: int,
+    m: int,
+    window: int | None,
+    device: torch.device,
+    spans: Sequence[tuple[int, int]] | None = None,
+) -> torch.Tensor:
+    """Boolean [t, m] (True = attend): key j is visible to query i if j <= q0 + i or both lie in
+    one of `spans`, and (window) j > q0 + i - window: transformers' Gemma 3 rule, window AND
+    (causal OR same image)."""
     keys = torch.arange(m, device=device)
     qpos = torch.arange(q0, q0 + t, device=device)
     mask = keys[None, :] <= qpos[:, None]
+    for a, b in spans or ():
+        inside_q = (qpos >= a) & (qpos < b)
+        inside_k = (keys >= a) & (keys < b)
+        mask |= inside_q[:, None] & inside_k[None, :]
     if window:
         mask &= keys[None, :] > qpos[:, None] - window
     return mask

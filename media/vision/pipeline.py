@@ -72,8 +72,9 @@ class VisionPipeline:
                     f"{self.kind} projector needs: it belongs to another model"
                 )
             ids[text] = got[0]
-        self.image_token = self.processor.image_token
-        self.image_token_id = ids[self.image_token]
+        self.image_token = self.processor.image_token  # what the chat template writes
+        # the tokens whose embeddings an image replaces (Gemma 3: soft tokens, not the marker)
+        self.image_token_id = ids[getattr(self.processor, "embed_token", self.image_token)]
         video = getattr(self.processor, "video_token", None)
         self.video_token_id = ids[video] if video else None
 

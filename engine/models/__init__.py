@@ -24,6 +24,8 @@ SUPPORTED = (
     "gemma2",
     "glm4moe",
     "qwen3next",
+    "lfm2",
+    "granitehybrid",
 )
 
 

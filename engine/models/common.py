@@ -4,7 +4,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from localllm.engine.models.hparams import read
+from localllm.engine.models.hparams import HyperparameterError, read
 
 
 def arch_key(meta: dict[str, Any]) -> Callable[..., Any]:
@@ -43,3 +43,22 @@ def unused_tensor(args: Any, name: str) -> bool:
         return False
     m = _BLOCK.match(name)
     return m is not None and int(m[1]) in blocks
+
+
+def attention_layers(k: Callable[..., Any], n_layers: int) -> tuple[tuple[int, ...], int]:
+    """Hybrids (lfm2, granitehybrid): which layers attend and their KV head count, from the
+    per-layer `attention.head_count_kv` list (0: a recurrent layer, as llama.cpp reads it)."""
+    kv = k("attention.head_count_kv")
+    per_layer = kv if type(kv) is list else [kv] * n_layers
+    if len(per_layer) != n_layers:
+        raise HyperparameterError(
+            f"attention.head_count_kv lists {len(per_layer)} layers, block_count is {n_layers}"
+        )
+    heads = {v for v in per_layer if v}
+    if len(heads) > 1:
+        raise HyperparameterError(
+            f"attention.head_count_kv mixes {sorted(heads)}: one KV head count for every "
+            "attention layer is supported"
+        )
+    layers = tuple(i for i, v in enumerate(per_layer) if v)
+    return layers, heads.pop() if heads else 0

@@ -41,14 +41,23 @@ class _Refused(Exception):
 @dataclass(frozen=True)
 class Int:
     """An integer in lo..hi. `width`: it sizes tensors in every layer (see `check_tensors`);
-    `lenient`: a value that is not an integer is left to the family (which has a default)."""
+    `lenient`: a value that is not an integer is left to the family (which has a default);
+    `per_layer`: a list of one per layer is taken too, each in 0..hi (0: a hybrid's layer
+    without it, e.g. no KV heads in a recurrent layer)."""
 
     lo: int
     hi: int
     width: bool = False
     lenient: bool = False
+    per_layer: bool = False
 
     def check(self, value: Any) -> Any:
+        if self.per_layer and not isinstance(value, (int, list)) and hasattr(value, "tolist"):
+            value = value.tolist()  # the GGUF reader's array
+        if self.per_layer and type(value) is list:
+            if not value or any(type(v) is not int or not 0 <= v <= self.hi for v in value):
+                raise _Refused(f"expected a list of integers in 0..{self.hi}, one per layer")
+            return list(value)
         if type(value) is not int:
             if self.lenient:
                 return value
@@ -110,7 +119,7 @@ HPARAMS: Mapping[str, Any] = {
     "feed_forward_length": _width(),
     "expert_feed_forward_length": _width(),
     "attention.head_count": _width(),
-    "attention.head_count_kv": _width(),
+    "attention.head_count_kv": Int(1, MAX_WIDTH, width=True, per_layer=True),
     "attention.key_length": _width(),
     "attention.value_length": _width(),
     "attention.key_length_mla": _width(),
@@ -152,6 +161,14 @@ HPARAMS: Mapping[str, Any] = {
     "ssm.group_count": _width(),
     "ssm.time_step_rank": _width(),
     "ssm.inner_size": _width(),
+    "shortconv.l_cache": Int(2, 1024),  # lfm2: the short conv's taps (3 in every release)
+    # granitehybrid's multipliers (transformers' embedding/attention/residual_multiplier and
+    # logits_scaling, a divisor)
+    "attention.scale": Real(0.0, MAX_SCALE, above=True),
+    "embedding_scale": Real(0.0, MAX_SCALE, above=True),
+    "residual_scale": Real(0.0, MAX_SCALE, above=True),
+    "logit_scale": Real(0.0, MAX_SCALE, above=True),
+    "rope.scaling.finetuned": Flag(),  # granitehybrid: rope on (Bamba) or off (Granite 4.0-H)
     "pooling_type": Int(0, 4),  # llama.cpp's enum: none, mean, cls, last, rank
     "vocab_size": Int(1, MAX_VOCAB),
     "token_type_count": Int(1, MAX_WIDTH),  # bert reads `tokenizer.ggml.token_type_count`
@@ -219,6 +236,9 @@ def check_tensors(meta: Mapping[str, Any], tensors: Mapping[str, Any]) -> None:
     # (Only integers: a family that reads a key checks its type; keys it ignores may be anything.)
     for name, kind in HPARAMS.items():
         got = meta.get(f"{arch}.{name}") if isinstance(kind, Int) and kind.width else None
+        got = got.tolist() if hasattr(got, "tolist") else got  # (a GGUF array)
+        if type(got) is list and got and all(type(v) is int for v in got):
+            got = max(got)  # a per-layer list: its widest layer
         if type(got) is int and n_layers * got > elements:
             raise HyperparameterError(
                 f"metadata '{arch}.{name}' is {got}, more than {n_layers} layers of "
@@ -234,6 +254,11 @@ def check_args(args: Any) -> None:
             f"head_count {args.n_heads}); expected at least 1"
         )
     kv = getattr(args, "n_kv_heads", None)
+    if type(kv) is list:  # only the hybrids read per-layer lists, into fields of their own
+        raise HyperparameterError(
+            f"attention.head_count_kv is a list per layer; {getattr(args, 'arch', 'this family')} "
+            "takes one value"
+        )
     if kv is not None and (kv > args.n_heads or args.n_heads % kv):
         raise HyperparameterError(
             f"attention.head_count_kv is {kv}, expected a divisor of head_count {args.n_heads}"

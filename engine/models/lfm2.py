@@ -1,0 +1,162 @@
+"""The `lfm2` GGUF architecture: Liquid AI's LFM2 (350M, 700M, 1.2B, 2.6B) and LFM2.5 dense models.
+
+Follows llama.cpp's lfm2 graph. Every block is pre-norm: `attn_norm` (transformers' operator
+norm), then either a gated short convolution or attention, residual; `ffn_norm`, SwiGLU,
+residual. The layers whose `attention.head_count_kv` is 0 are convolutions: `shortconv.in_proj`
+makes B, C and x; B * x goes through a depthwise causal conv of `shortconv.l_cache` taps (no
+bias, no activation) over the sequence's last inputs, kept per sequence as recurrent state
+(`engine.runtime.recurrent_state`); C gates its output before `shortconv.out_proj`. The others
+attend with per-head q/k RMSNorms and NEOX rope. The final norm is stored as `token_embd_norm`;
+the output head is tied when `output.weight` is absent.
+"""
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from localllm.engine.layers.linear import QuantLinear
+from localllm.engine.layers.recurrent import short_conv
+from localllm.engine.layers.rope import RopeConfig, Rotary
+from localllm.engine.layers.shared import DenseParam, GatedMLP, RMSNorm, rope_attention_q
+from localllm.engine.models.common import arch_key, attention_layers, rope_scale
+from localllm.engine.models.decoder import Decoder
+from localllm.engine.models.hparams import HyperparameterError
+from localllm.kernels.fused.heads import HeadNorms
+
+
+@dataclass(frozen=True)
+class ModelArgs:
+    arch: str
+    vocab_size: int
+    dim: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int  # of the attention layers
+    head_dim: int
+    hidden_dim: int
+    norm_eps: float
+    rope_base: float
+    rope_linear_scale: float
+    context_length: int
+    conv_taps: int  # shortconv.l_cache
+    attn_layers: tuple[int, ...]  # the rest are short convolutions
+
+    @classmethod
+    def from_gguf(cls, meta: dict[str, Any], vocab_size: int) -> "ModelArgs":
+        k = arch_key(meta)
+        n_layers, n_heads, dim = k("block_count"), k("attention.head_count"), k("embedding_length")
+        attn, n_kv = attention_layers(k, n_layers)
+        return cls(
+            arch=meta["general.architecture"],
+            vocab_size=vocab_size,
+            dim=dim,
+            n_layers=n_layers,
+            n_heads=n_heads,
+            n_kv_heads=n_kv or n_heads,
+            head_dim=dim // n_heads,
+            hidden_dim=k("feed_forward_length"),
+            norm_eps=k("attention.layer_norm_rms_epsilon", 1e-5),
+            rope_base=k("rope.freq_base", 1e6),
+            rope_linear_scale=rope_scale(meta),
+            context_length=k("context_length", 128000),
+            conv_taps=k("shortconv.l_cache"),
+            attn_layers=attn,
+        )
+
+    def check(self) -> None:
+        """lfm2's own relations (the shared ones: `hparams.check_args`)."""
+        if self.dim % self.n_heads:
+            raise HyperparameterError(
+                f"embedding_length {self.dim} is not a multiple of head_count {self.n_heads}"
+            )
+
+
+class ShortConv(nn.Module):
+    """in_proj -> (B, C, x); C * conv(B * x) -> out_proj, the conv over the carried inputs."""
+
+    def __init__(self, args: ModelArgs, layer: int, precise: bool):
+        super().__init__()
+        self.layer, self.dim = layer, args.dim
+        self.in_proj = QuantLinear(args.dim, 3 * args.dim, precise)
+        self.conv = DenseParam(args.dim, args.conv_taps)  # [channels, taps]
+        self.out_proj = QuantLinear(args.dim, args.dim, precise)
+
+    def forward(self, h, batch, kv) -> torch.Tensor:
+        b, c, x = self.in_proj(h).split(self.dim, dim=-1)
+        y = short_conv(b * x, self.conv.value, batch, kv, self.layer)
+        return self.out_proj((c * y).to(h.dtype))
+
+
+class Block(nn.Module):
+    def __init__(self, args: ModelArgs, layer: int, kv_layer: int | None, precise: bool):
+        super().__init__()
+        self.args, self.kv_layer = args, kv_layer
+        self.attn_norm = RMSNorm(args.dim, args.norm_eps)
+        if kv_layer is None:
+            self.shortconv = ShortConv(args, layer, precise)
+        else:
+            hd, nq, nkv = args.head_dim, args.n_heads, args.n_kv_heads
+            self.attn_q = QuantLinear(args.dim, nq * hd, precise)
+            self.attn_k = QuantLinear(args.dim, nkv * hd, precise)
+            self.attn_v = QuantLinear(args.dim, nkv * hd, precise)
+            self.attn_output = QuantLinear(nq * hd, args.dim, precise)
+            self.attn_q_norm = RMSNorm(hd, args.norm_eps)
+            self.attn_k_norm = RMSNorm(hd, args.norm_eps)
+        self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
+        self.mlp = GatedMLP(args.dim, args.hidden_dim, "silu", precise)
+
+    def attend(self, h, cos_sin, rotary, batch, kv) -> torch.Tensor:
+        a = self.args
+        q, k, v = self.attn_q(h), self.attn_k(h), self.attn_v(h)
+        lay = rotary.layout(a.n_heads, a.n_kv_heads, a.head_dim)
+        norms = HeadNorms(self.attn_q_norm.weight, self.attn_k_norm.weight, a.norm_eps)
+        o, _ = rope_attention_q(q, k, v, lay, cos_sin, rotary, batch, kv, self.kv_layer,
+                                a.head_dim**-0.5, norms, quant=False)  # fmt: skip
+        return self.attn_output(o.reshape(-1, a.n_heads * a.head_dim))
+
+    def forward(self, x, cos_sin, rotary, batch, kv) -> torch.Tensor:
+        h = self.attn_norm(x)
+        if self.kv_layer is None:
+            x = x + self.shortconv(h, batch, kv)
+        else:
+            x = x + self.attend(h, cos_sin, rotary, batch, kv)
+        return x + self.mlp(self.ffn_norm(x))
+
+
+class Model(Decoder):
+    tensor_aliases = {**Decoder.tensor_aliases, "token_embd_norm": "output_norm"}  # noqa: RUF012
+
+    def __init__(self, args: ModelArgs, precise: bool = False):
+        kv_index = {layer: j for j, layer in enumerate(args.attn_layers)}
+        blocks = [Block(args, i, kv_index.get(i), precise) for i in range(args.n_layers)]
+        super().__init__(args, blocks, precise)
+
+    def kv_shape(self) -> tuple[int, int, int]:
+        """Only the attention layers keep KV (numbered in order); at least one layer's worth."""
+        a = self.args
+        return max(1, len(a.attn_layers)), a.n_kv_heads, a.head_dim
+
+    def state_shapes(self) -> dict[int, dict[str, tuple[int, ...]]]:
+        """Each convolution keeps its last l_cache - 1 inputs (`engine.runtime.recurrent_state`)."""
+        a = self.args
+        conv = {"conv": (a.conv_taps - 1, a.dim)}
+        return {i: conv for i in range(a.n_layers) if i not in a.attn_layers}
+
+    def forward(self, ids, positions, batch, kv) -> torch.Tensor:
+        """Hidden states [T, dim] after the final norm."""
+        x = batch.splice(self.token_embd(ids))
+        cos_sin = self.rotary.cos_sin(positions)
+        for blk in self.blk:
+            x = blk(x, cos_sin, self.rotary, batch, kv)
+        return self.output_norm(x)
+
+    def finish_load(self, extra: dict[str, torch.Tensor]) -> None:
+        """Called by the loader after every tensor is in place."""
+        self.tie_output()
+        a = self.args
+        cfg = RopeConfig(a.head_dim, a.rope_base, neox=True, linear_scale=a.rope_linear_scale)
+        self.rotary = Rotary(cfg)
+        for blk in self.blk:
+            blk.mlp.fuse()

@@ -34,6 +34,14 @@ def add_engine_flags(p: argparse.ArgumentParser, *, parallel: int | None = None)
     g.add_argument(
         "--device", default="cpu", help="cpu, or cuda[:N]: weights stay quantized on the GPU"
     )
+    g.add_argument(
+        "--lora",
+        action="append",
+        metavar="PATH[:SCALE]",
+        default=[],
+        help="a LoRA adapter (PEFT folder or llama.cpp LoRA GGUF) applied unmerged at SCALE "
+        "(1.0); repeatable, ids 0, 1, ... in order",
+    )
     add_residency_flags(p)
 
 
@@ -50,6 +58,10 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "device": getattr(args, "device", "cpu"),
         "quantize": getattr(args, "quantize", None),
     }
+    if getattr(args, "lora", None):
+        from localllm.engine.lora import LoraSpec
+
+        kw["lora"] = tuple(LoraSpec.parse(s) for s in args.lora)
     if getattr(args, "parallel", None) is not None:
         kw["max_num_seqs"] = args.parallel
     residency = residency_config(args)

@@ -50,6 +50,14 @@ def add_parser(sub) -> None:
     p.add_argument("--api-key", help="require `Authorization: Bearer KEY` (all but /health)")
     add_engine_flags(p, parallel=16)
     p.add_argument(
+        "--lora-modules",
+        action="append",
+        metavar="NAME=PATH",
+        default=[],
+        help="a LoRA adapter served as model NAME (vLLM): requests with model=NAME use it "
+        "(repeatable; loaded after --lora adapters, global scale 0)",
+    )
+    p.add_argument(
         "--cors-origin",
         action="append",
         default=[],
@@ -214,6 +222,13 @@ def _entries(args: argparse.Namespace) -> list:
     return entries
 
 
+def _lora_module(text: str) -> tuple[str, str]:
+    name, sep, path = text.partition("=")
+    if not (sep and name and path):
+        raise ValueError(f"--lora-modules takes NAME=PATH, got {text!r}")
+    return name, path
+
+
 def handle(args: argparse.Namespace) -> int:
     import uvicorn
     from uvicorn.main import STARTUP_FAILURE
@@ -234,7 +249,7 @@ def handle(args: argparse.Namespace) -> int:
         return 0
     settings = ServerSettings(
         model_id=entries[0].id,
-        model_names=entries[0].names,
+        model_names=entries[0].names | {n for n, _ in map(_lora_module, args.lora_modules)},
         api_key=args.api_key,
         max_body_bytes=args.max_body_bytes,
         request_timeout=args.timeout,
@@ -248,6 +263,11 @@ def handle(args: argparse.Namespace) -> int:
         allowed_local_media_path=_media_dir(args),
     )
     kw = engine_kwargs(args)
+    if args.lora_modules:  # vLLM's adapters by name: applied only to requests naming them
+        from localllm.engine.lora import LoraSpec
+
+        named = [LoraSpec(p, 0.0, n, served=True) for n, p in map(_lora_module, args.lora_modules)]
+        kw["lora"] = (*kw.get("lora", ()), *named)
     mmprojs = _mmprojs(args, entries)
 
     def load(entry):

@@ -20,6 +20,7 @@ from localllm.app.server import (
     completions,
     embeddings,
     infill,
+    lora,
     messages,
     metrics,
     models,
@@ -38,7 +39,7 @@ OPEN_PATHS = frozenset({"/health"})
 # Endpoint families, one module each, every one exporting `router`.
 ROUTERS = (
     models, chat, completions, infill, tokenize, metrics, audio, speech, responses, messages,
-    embeddings, rerank, music,
+    embeddings, rerank, music, lora,
 )  # fmt: skip
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from fastapi import Request
 
+from localllm.app.server import lora
 from localllm.app.server.errors import APIError
 from localllm.app.server.settings import ServerSettings
 from localllm.engine.core.outputs import PositionLogprobs, Usage
@@ -38,7 +39,8 @@ async def resolve_model(request: Request, model: str | None) -> tuple[str, Any]:
     check_prompt_chars(settings, body)
     request.state.timeout = timeout
     request.state.model_id = entry.id
-    return entry.id, await router.acquire(entry, timeout)
+    engine = await router.acquire(entry, timeout)
+    return lora.route(model, entry.id, engine)  # a --lora-modules name: its adapter applied
 
 
 async def json_body(request: Request) -> dict:

@@ -5,6 +5,7 @@ from importlib.metadata import PackageNotFoundError, version
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
+from localllm.app.server.lora import lora_cards
 from localllm.app.server.media_inputs import vision_of
 from localllm.app.server.router import ModelEntry
 
@@ -47,6 +48,7 @@ async def list_models(request: Request) -> JSONResponse:
                 "capabilities": capabilities(entry) + (["vision"] if vision_of(engine) else []),
             }
         )
+    cards += lora_cards(request)  # vLLM's --lora-modules names
     return JSONResponse({"object": "list", "data": cards})
 
 

@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
+from localllm.app.server.lora import LoraEntry, pairs
 from localllm.app.server.structured_fields import ResponseFormat, StructuredFields
 from localllm.engine.sampling.params import SamplingParams, StructuredOutputParams
 
@@ -44,6 +45,7 @@ class SamplingFields(StructuredFields):
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     cache_salt: str | None = Field(default=None, min_length=1)  # vLLM: a salt, never ""
+    lora: list[LoraEntry] | None = None  # llama-server's per-request [{"id", "scale"}]
     user: str | None = None
 
     def sampling_params(
@@ -92,6 +94,7 @@ class SamplingFields(StructuredFields):
             prompt_logprobs=prompt_logprobs,
             skip_special_tokens=self.skip_special_tokens,
             structured=structured,
+            lora=pairs(self.lora),
         )
 
 

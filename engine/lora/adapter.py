@@ -25,6 +25,7 @@ class LoraSpec:
     path: str
     scale: float = 1.0
     name: str | None = None
+    served: bool = False  # a model name requests may give (`--lora-modules`; /v1/models lists it)
 
     @staticmethod
     def parse(text: str) -> "LoraSpec":

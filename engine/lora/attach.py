@@ -21,8 +21,10 @@ MAX_ADAPTERS = 16
 class LoraSet:
     """The loaded adapters; id = position in the `--lora` list."""
 
-    def __init__(self, adapters: list[LoraAdapter], scales: list[float], ctx: LoraContext):
+    def __init__(self, adapters: list[LoraAdapter], specs: Sequence[LoraSpec], ctx: LoraContext):
         self.adapters = adapters
+        self.specs = tuple(specs)
+        scales = [s.scale for s in specs]
         self.scales = list(scales)  # global scales: requests that name no adapters use these
         self.context = ctx
 
@@ -54,10 +56,17 @@ class LoraSet:
         self.scales = scales
 
     def describe(self) -> list[dict]:
+        """llama-server's GET /lora-adapters entries (plus our `name`)."""
         return [
-            {"id": i, "name": a.name, "path": a.path, "scale": self.scales[i]}
+            {"id": i, "path": a.path, "scale": self.scales[i], "task_name": "",
+             "prompt_prefix": "", "name": a.name}
             for i, a in enumerate(self.adapters)
-        ]
+        ]  # fmt: skip
+
+    def served(self) -> dict[str, int]:
+        """Adapter names requests may give as their model (vLLM's --lora-modules) -> id."""
+        return {a.name: i for i, (a, s) in enumerate(zip(self.adapters, self.specs, strict=True))
+                if s.served}  # fmt: skip
 
 
 def attach_adapters(
@@ -95,7 +104,7 @@ def attach_adapters(
                 ctx, [_part(names_of.get(id(p)), p, parts_of, device) for p in m.parts]
             )
     setattr(model, "lora", ctx)  # noqa: B010 (the runner sets each step's rows through it)
-    return LoraSet(adapters, [s.scale for s in specs], ctx)
+    return LoraSet(adapters, specs, ctx)
 
 
 def _part(name, lin: QuantLinear, parts_of: dict, device):

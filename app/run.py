@@ -62,6 +62,14 @@ def add_parser(sub) -> None:
         help="attach an image (repeatable; '-' reads it from stdin); needs the model's mmproj",
     )
     v.add_argument(
+        "--video",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="attach a video (repeatable; '-' reads it from stdin; chat mode); needs the "
+        "model's mmproj and a family that takes video (Qwen2.5-VL)",
+    )
+    v.add_argument(
         "--mmproj",
         metavar="FILE",
         help="the model's vision projector GGUF (default: the one pulled with a Hub model; "
@@ -100,8 +108,12 @@ def handle(args: argparse.Namespace) -> int:
         print(show_plan(resolve_model(args.model), args, residency_config(args)))
         return 0
     prompt = args.prompt
-    if args.image.count("-") > 1 or ("-" in args.image and prompt in (None, "-")):
-        raise ValueError("stdin holds one input: with --image -, give the prompt as an argument")
+    media = [("image", n) for n in args.image] + [("video", n) for n in args.video]
+    stdin = [n for _, n in media].count("-")
+    if stdin > 1 or (stdin and prompt in (None, "-")):
+        raise ValueError(
+            "stdin holds one input: with --image - or --video -, give the prompt as an argument"
+        )
     if prompt is None or prompt == "-":
         if sys.stdin is None or sys.stdin.isatty():
             return _no_prompt("no prompt given (pass it as an argument or on stdin)")
@@ -129,7 +141,7 @@ def handle(args: argparse.Namespace) -> int:
         structured=_structured(args),
     )
     engine_args = EngineArgs(max_num_seqs=1, **engine_kwargs(args))
-    images = [_read_image(name) for name in args.image]  # a missing file fails before loading
+    images = [(kind, *_read_image(name)) for kind, name in media]  # missing files fail first
     mmproj = _mmproj(args) if images else None
     path = resolve_model(args.model)
     engine = LLMEngine(str(path), engine_args)
@@ -181,8 +193,9 @@ def _mmproj(args) -> Path:
     found = paired_mmproj(args.model)
     if found is None:
         raise ValueError(
-            "--image needs the model's vision projector: pass --mmproj FILE (only a model "
-            "pulled from the Hub knows its own; nothing is guessed from files beside a model)"
+            f"{'--image' if args.image else '--video'} needs the model's vision projector: pass "
+            "--mmproj FILE (only a model pulled from the Hub knows its own; nothing is guessed "
+            "from files beside a model)"
         )
     return found
 
@@ -195,14 +208,18 @@ def _vision_prompt(engine, mmproj, images, prompt, messages, chat: bool):
     vision = VisionPipeline(mmproj, engine)
     try:
         prepared = []
-        for name, data in images:
+        for kind, name, data in images:
             try:
-                prepared.append(vision.prepare(data))
-            except ImageError as e:
+                item = vision.prepare_video(data) if kind == "video" else vision.prepare(data)
+            except ImageError as e:  # (a VideoError is one)
                 raise ImageError(f"{name}: {e}") from None
+            prepared.append(item)
         if not chat:
+            if any(im.video for im in prepared):
+                raise ValueError("--video needs chat mode (the model's chat template places it)")
             return vision, *vision.completion(engine, prompt, prepared)
-        content = [{"type": "image"} for _ in prepared] + [{"type": "text", "text": prompt}]
+        content = [{"type": "video" if im.video else "image"} for im in prepared]
+        content.append({"type": "text", "text": prompt})
         turn = [*messages, {"role": "user", "content": content}]
         return vision, *vision.chat(engine, turn, prepared)
     except BaseException:

@@ -1,0 +1,273 @@
+"""The `granitehybrid` GGUF architecture: IBM Granite 4.0-H (Micro, Tiny, Small): Mamba-2 layers
+with a few attention layers, MoE with a shared expert (dense for Micro).
+
+Follows llama.cpp's granite-hybrid graph. Embeddings are scaled by `embedding_scale`; every block
+is pre-norm (`attn_norm`, then a Mamba-2 mixer or attention, its output times `residual_scale`
+added; `ffn_norm`, then routed experts plus the shared MLP, or the dense MLP, times
+`residual_scale` added); logits are divided by `logit_scale`. A layer whose
+`attention.head_count_kv` is 0 is Mamba-2: `ssm_in` makes the gate z, xBC and dt; xBC goes
+through a depthwise causal conv (`ssm_conv1d`, bias, SiLU) over the sequence's last inputs, then
+splits into x (heads of `ssm.inner_size / ssm.time_step_rank`), B and C (`ssm.group_count` groups
+of `ssm.state_size`); the selective scan runs from the sequence's SSM state with dt =
+softplus(dt + `ssm_dt.bias`) and A = `ssm_a` (-exp(A_log)), adds the D skip (`ssm_d`), gates
+by SiLU(z) and normalises per group (`ssm_norm`) before `ssm_out`. Conv and SSM states are kept
+per sequence (`engine.runtime.recurrent_state`). Attention layers have no rope (Granite 4.0-H
+writes `rope.scaling.finetuned` false) and scale scores by `attention.scale`. Routing: softmax
+over the top-k router logits (llama.cpp: softmax, weights renormalised).
+"""
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from localllm.engine.layers.linear import QuantLinear, dense
+from localllm.engine.layers.recurrent import short_conv, ssd
+from localllm.engine.layers.shared import DenseParam, GatedMLP, RMSNorm, attention
+from localllm.engine.models.common import arch_key, attention_layers
+from localllm.engine.models.decoder import Decoder
+from localllm.engine.models.hparams import HyperparameterError
+from localllm.engine.moe.block import MoEFeedForward
+from localllm.engine.moe.expert_tensor import EXPERT_TENSORS
+
+
+@dataclass(frozen=True)
+class ModelArgs:
+    arch: str
+    vocab_size: int
+    dim: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int  # of the attention layers
+    head_dim: int
+    hidden_dim: int  # the dense MLP's, or each expert's
+    norm_eps: float
+    context_length: int
+    attn_layers: tuple[int, ...]  # the rest are Mamba-2
+    d_conv: int
+    d_inner: int
+    d_state: int
+    n_ssm_heads: int
+    n_groups: int
+    n_expert: int
+    n_expert_used: int
+    shared_hidden: int
+    attn_scale: float
+    embedding_scale: float
+    residual_scale: float
+    logit_scale: float
+    rope: bool
+
+    @classmethod
+    def from_gguf(cls, meta: dict[str, Any], vocab_size: int) -> "ModelArgs":
+        k = arch_key(meta)
+        n_layers, n_heads, dim = k("block_count"), k("attention.head_count"), k("embedding_length")
+        attn, n_kv = attention_layers(k, n_layers)
+        head_dim = dim // n_heads
+        return cls(
+            arch=meta["general.architecture"],
+            vocab_size=vocab_size,
+            dim=dim,
+            n_layers=n_layers,
+            n_heads=n_heads,
+            n_kv_heads=n_kv or n_heads,
+            head_dim=head_dim,
+            hidden_dim=k("feed_forward_length"),
+            norm_eps=k("attention.layer_norm_rms_epsilon", 1e-5),
+            context_length=k("context_length", 1 << 20),
+            attn_layers=attn,
+            d_conv=k("ssm.conv_kernel"),
+            d_inner=k("ssm.inner_size"),
+            d_state=k("ssm.state_size"),
+            n_ssm_heads=k("ssm.time_step_rank"),
+            n_groups=k("ssm.group_count"),
+            n_expert=k("expert_count", 0),
+            n_expert_used=k("expert_used_count", 0),
+            shared_hidden=k("expert_shared_feed_forward_length", 0),
+            # llama.cpp: a scale of 0 (or none) is 1/sqrt(head), 1 and 1 for the others
+            attn_scale=k("attention.scale", 0.0) or head_dim**-0.5,
+            embedding_scale=k("embedding_scale", 1.0),
+            residual_scale=k("residual_scale", 1.0),
+            logit_scale=k("logit_scale", 1.0),
+            rope=k("rope.scaling.finetuned", True),
+        )
+
+    @property
+    def head_size(self) -> int:
+        """One SSM head's width (P)."""
+        return self.d_inner // self.n_ssm_heads
+
+    def check(self) -> None:
+        """granitehybrid's own relations (the shared ones: `hparams.check_args`)."""
+        if self.rope and self.attn_layers:
+            raise HyperparameterError(
+                "rope.scaling.finetuned is true: attention with rope in a granitehybrid file "
+                "(Bamba) is not supported; Granite 4.0-H attends without it"
+            )
+        if self.d_conv < 2:
+            raise HyperparameterError(f"ssm.conv_kernel is {self.d_conv}, expected at least 2")
+        h, g = self.n_ssm_heads, self.n_groups
+        if self.d_inner % h or h % g:
+            raise HyperparameterError(
+                f"ssm.inner_size {self.d_inner}, ssm.time_step_rank {h} and ssm.group_count {g}: "
+                "the heads must divide the inner size and the groups the heads"
+            )
+        if self.dim % self.n_heads:
+            raise HyperparameterError(
+                f"embedding_length {self.dim} is not a multiple of head_count {self.n_heads}"
+            )
+
+
+class Conv1d(nn.Module):
+    """`ssm_conv1d`: the depthwise conv's weight [channels, taps] and optional bias, float32."""
+
+    def __init__(self, channels: int, taps: int):
+        super().__init__()
+        self.shape = (channels, taps)
+        self.weight: torch.Tensor | None = None
+        self.bias: torch.Tensor | None = None
+
+    def load_tensor(self, suffix: str, w) -> None:
+        want = self.shape if suffix == "weight" else self.shape[:1]
+        if suffix not in ("weight", "bias") or tuple(w.shape) != want:
+            raise ValueError(f"expected {suffix} of shape {want}, got {tuple(w.shape)}")
+        setattr(self, suffix, dense(w))
+
+    @property
+    def loaded(self) -> bool:
+        return self.weight is not None
+
+
+class Mamba2(nn.Module):
+    """The Mamba-2 mixer of one layer; its modules are the block's `ssm_*` tensors."""
+
+    def __init__(self, args: ModelArgs, layer: int, precise: bool):
+        super().__init__()
+        a = args
+        self.args, self.layer = a, layer
+        self.conv_dim = a.d_inner + 2 * a.n_groups * a.d_state
+        self.ssm_in = QuantLinear(a.dim, a.d_inner + self.conv_dim + a.n_ssm_heads, precise)
+        self.ssm_conv1d = Conv1d(self.conv_dim, a.d_conv)
+        self.ssm_dt = DenseParam(a.n_ssm_heads)  # its `bias`
+        self.ssm_norm = DenseParam(a.n_groups, a.d_inner // a.n_groups)
+        self.ssm_out = QuantLinear(a.d_inner, a.dim, precise)
+
+    def forward(self, h, A, D, batch, kv) -> torch.Tensor:
+        a = self.args
+        t, hs, p, g, n = h.shape[0], a.n_ssm_heads, a.head_size, a.n_groups, a.d_state
+        z, xbc, dt = self.ssm_in(h).float().split([a.d_inner, self.conv_dim, hs], dim=-1)
+        conv = self.ssm_conv1d
+        xbc = short_conv(xbc, conv.weight, batch, kv, self.layer, "conv", conv.bias, silu=True)
+        x, b, c = xbc.split([a.d_inner, g * n, g * n], dim=-1)
+        x = x.reshape(t, hs, p)
+        dt = F.softplus(dt + self.ssm_dt.value)
+        y = ssd(x, dt, A, b.reshape(t, g, n), c.reshape(t, g, n), batch, kv, self.layer, "ssm")
+        y = (y + D[:, None] * x).reshape(t, a.d_inner) * F.silu(z)
+        # RMSNorm per group of d_inner / n_groups channels
+        y = y.reshape(t, g, -1)
+        y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + a.norm_eps) * self.ssm_norm.value
+        return self.ssm_out(y.reshape(t, a.d_inner).to(h.dtype))
+
+
+class Block(nn.Module):
+    def __init__(self, args: ModelArgs, layer: int, kv_layer: int | None, precise: bool):
+        super().__init__()
+        a = args
+        self.args, self.kv_layer = a, kv_layer
+        self.attn_norm = RMSNorm(a.dim, a.norm_eps)
+        self.ssm_a: torch.Tensor | None = None  # the file's bare `ssm_a` and `ssm_d` [H]
+        self.ssm_d: torch.Tensor | None = None
+        if kv_layer is None:
+            self.mamba = Mamba2(a, layer, precise)
+        else:
+            hd = a.head_dim
+            self.attn_q = QuantLinear(a.dim, a.n_heads * hd, precise)
+            self.attn_k = QuantLinear(a.dim, a.n_kv_heads * hd, precise)
+            self.attn_v = QuantLinear(a.dim, a.n_kv_heads * hd, precise)
+            self.attn_output = QuantLinear(a.n_heads * hd, a.dim, precise)
+        self.ffn_norm = RMSNorm(a.dim, a.norm_eps)
+        if a.n_expert:
+            self.mlp = MoEFeedForward(
+                layer, a.dim, a.hidden_dim, a.n_expert, a.n_expert_used, True,
+                precise=precise, shared_hidden=a.shared_hidden,
+            )  # fmt: skip
+        else:
+            self.mlp = GatedMLP(a.dim, a.hidden_dim, "silu", precise)
+
+    # `blk.N.ssm_a` and `blk.N.ssm_d` have no suffix: the loader hands them to the block itself
+    def load_tensor(self, suffix: str, w) -> None:
+        h = self.args.n_ssm_heads
+        if suffix not in ("ssm_a", "ssm_d") or self.kv_layer is not None or math.prod(w.shape) != h:
+            raise ValueError(f"unexpected {suffix} of shape {tuple(w.shape)} (expected ({h}, 1))")
+        setattr(self, suffix, dense(w).reshape(h))
+
+    @property
+    def loaded(self) -> bool:
+        return self.kv_layer is not None or (self.ssm_a is not None and self.ssm_d is not None)
+
+    def attend(self, h, batch, kv) -> torch.Tensor:
+        a = self.args
+        hd = a.head_dim
+        q = self.attn_q(h).reshape(-1, a.n_heads, hd)
+        k = self.attn_k(h).reshape(-1, a.n_kv_heads, hd)
+        v = self.attn_v(h).reshape(-1, a.n_kv_heads, hd)
+        o = attention(q, k, v, None, batch, kv, self.kv_layer, a.attn_scale)
+        return self.attn_output(o.reshape(-1, a.n_heads * hd))
+
+    def forward(self, x, batch, kv) -> torch.Tensor:
+        s = self.args.residual_scale
+        h = self.attn_norm(x)
+        if self.kv_layer is None:
+            out = self.mamba(h, self.ssm_a, self.ssm_d, batch, kv)
+        else:
+            out = self.attend(h, batch, kv)
+        x = x + out * s
+        return x + self.mlp(self.ffn_norm(x)) * s
+
+
+class Model(Decoder):
+    tensor_aliases = {  # noqa: RUF012 (a class constant the loader reads)
+        **Decoder.tensor_aliases,
+        **{n: f"mlp.{n}" for n in ("ffn_gate_inp", *EXPERT_TENSORS)},
+        **{f"ffn_{p}_shexp": f"mlp.shexp.ffn_{p}" for p in ("gate", "up", "down")},
+        **{f"ssm_{n}": f"mamba.ssm_{n}" for n in ("in", "conv1d", "dt", "norm", "out")},
+    }
+    takes_embeds = False  # no multimodal granitehybrid file yet
+
+    def __init__(self, args: ModelArgs, precise: bool = False):
+        kv_index = {layer: j for j, layer in enumerate(args.attn_layers)}
+        blocks = [Block(args, i, kv_index.get(i), precise) for i in range(args.n_layers)]
+        super().__init__(args, blocks, precise)
+        outputs = (f"blk.{i}.attn_output.bias" for i in args.attn_layers)
+        self.optional_tensors = (*Decoder.optional_tensors, *outputs)
+
+    def kv_shape(self) -> tuple[int, int, int]:
+        """Only the attention layers keep KV (numbered in order); at least one layer's worth."""
+        a = self.args
+        return max(1, len(a.attn_layers)), a.n_kv_heads, a.head_dim
+
+    def state_shapes(self) -> dict[int, dict[str, tuple[int, ...]]]:
+        """Each Mamba-2 layer keeps its conv's last inputs and its SSM state."""
+        a = self.args
+        conv_dim = a.d_inner + 2 * a.n_groups * a.d_state
+        shapes = {"conv": (a.d_conv - 1, conv_dim), "ssm": (a.n_ssm_heads, a.head_size, a.d_state)}
+        return {i: shapes for i in range(a.n_layers) if i not in a.attn_layers}
+
+    def forward(self, ids, positions, batch, kv) -> torch.Tensor:
+        """Hidden states [T, dim] after the final norm."""
+        x = batch.splice(self.token_embd(ids)) * self.args.embedding_scale
+        for blk in self.blk:
+            x = blk(x, batch, kv)
+        return self.output_norm(x)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.output(hidden) / self.args.logit_scale
+
+    def finish_load(self, extra: dict[str, torch.Tensor]) -> None:
+        """Called by the loader after every tensor is in place."""
+        self.tie_output()
+        for blk in self.blk:
+            blk.mlp.fuse()

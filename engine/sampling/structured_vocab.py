@@ -31,11 +31,14 @@ class TokenSource:
         self.tokens = pieces
         self.special_token_ids = specials
         self._tokenizer = tokenizer
-        self._byte_ids = _single_byte_ids(pieces, set(specials))
+        self._specials = frozenset(specials)
+        self._byte_ids = _single_byte_ids(pieces, self._specials)
 
     def __call__(self, text: str | bytes) -> list[int]:
         """Token ids for `text` in the middle of a sequence (llguidance uses this for forced
-        tokens). A SentencePiece space prefix would add a byte, so then fall back to bytes."""
+        tokens). A SentencePiece space prefix would add a byte, and an added token that is plain
+        text to the tokenizer but special to llguidance (Qwen's `</tool_call>`) would be refused:
+        then fall back to bytes."""
         # Called from inside llguidance (Rust), where an exception would be a panic: never raise.
         data = text if isinstance(text, bytes) else text.encode("utf-8", "surrogatepass")
         try:
@@ -44,7 +47,7 @@ class TokenSource:
             )
         except Exception:
             ids = []
-        if b"".join(self.tokens[i] for i in ids) == data:
+        if b"".join(self.tokens[i] for i in ids) == data and self._specials.isdisjoint(ids):
             return ids
         if all(b in self._byte_ids for b in data):
             return [self._byte_ids[b] for b in data]

@@ -11,7 +11,7 @@ from torch import nn
 
 from localllm.kernels.fused import QUANT_MAX_ROWS
 from localllm.kernels.quant.dequant import dequantize
-from localllm.kernels.quant.linear import prepare_linear
+from localllm.kernels.quant.linear import prepare_linear, prepare_parts
 from localllm.offload import QuantWeight
 
 
@@ -148,10 +148,15 @@ class FusedLinear(nn.Module):
     @staticmethod
     def _stack(parts: list[QuantLinear]):
         w0 = parts[0].weight
+        shape = (sum(p.out_features for p in parts), parts[0].in_features)
+        if parts[0].home is None:  # native CPU kernels read the parts where they lie: no copy
+            datas = [p.weight.data for p in parts]
+            kept = prepare_parts(datas, w0.qtype, shape, parts[0].precise, parts[0].native)
+            if kept is not None:
+                return kept
         data = torch.cat([p.weight.data for p in parts])
         if parts[0].home is not None:  # (re-laid-out parts keep host blocks: stacked there)
             data = data.to(parts[0].home)
-        shape = (sum(p.out_features for p in parts), parts[0].in_features)
         prepared = prepare_linear(
             data, w0.qtype, shape, precise=parts[0].precise, native=parts[0].native
         )

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from localllm.kernels.cpu import block_linear
 from localllm.kernels.cpu.cbuild import build_library, built_libraries, compiler
 from localllm.kernels.moe.experts import ExpertFormat, expert_ffn_reference, group_by_expert
 from localllm.kernels.quant.types import QuantType
@@ -46,6 +47,7 @@ class NativeKernels:
     lib: ctypes.CDLL
     path: Path
     flags: tuple[str, ...]
+    blocks: "block_linear.BlockKernels | None" = None  # dense linears' kernels (`block_linear.c`)
 
     def supports(self, gate: QuantType, up: QuantType, down: QuantType, dim: int, hidden: int,
                  act: str) -> bool:  # fmt: skip
@@ -215,7 +217,7 @@ def load(cache_dir: Path | None = None) -> NativeKernels | None:
     sources = (SOURCE, *HEADERS)
     for lib, path, flags in built_libraries(sources, FLAG_SETS, "localllm-moe-gemv", _bind,
                                             cache_dir, cc):  # fmt: skip
-        kernels = NativeKernels(lib, path, flags)
+        kernels = NativeKernels(lib, path, flags, block_linear.load(cache_dir))
         if self_check(kernels):
             return kernels
     return None

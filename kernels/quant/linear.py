@@ -7,8 +7,9 @@ CPU"; tests/perf/bench_quant_linear.py):
   GEMV, ~3e-3 relative error); T >= 64: unpack to fp32 tiles (= gguf dequant) + fp32 GEMM.
 - Q5_*/Q8_0/Q6_K: an fp16 copy (bf16 if out of range), 2 B/weight, ~3e-4 relative error;
   F16/BF16 files are used as they are. T < 8: half GEMV; T >= 8: fp32 GEMM on widened tiles.
-  Where the native CPU kernels load, Q4_K/Q6_K/Q8_0 keep their blocks instead (`linear_native`:
-  int8 dots for decode, exact fp32 tiles decoded in C for prompts).
+  Where the native CPU kernels load, every type they know (Q4_0/Q4_1/Q5_0/Q5_1/Q8_0, IQ4_NL/IQ4_XS
+  and Q4_K/Q5_K/Q6_K) keeps its blocks instead (`linear_native`: int8 dots for decode, exact fp32
+  tiles decoded in C for prompts; a fused projection's parts where the file has them).
 - F32 as is; every other type keeps its raw blocks and dequantizes row tiles per call.
 CUDA policy: Q8_0/Q4_0/IQ4_NL/MXFP4/IQ4_XS/Q4_K/Q5_K/Q6_K run triton kernels through
 `triton_linear` (triton is imported only then): Q4_K/Q6_K/Q8_0 re-laid out column-major once
@@ -27,7 +28,7 @@ from localllm.kernels.quant.affine import CODE_BITS
 from localllm.kernels.quant.dequant import dequantize
 from localllm.kernels.quant.linear_dense import DenseHalfLinear, DequantTilesLinear, Float32Linear
 from localllm.kernels.quant.linear_int4 import Int4PackLinear
-from localllm.kernels.quant.linear_native import NATIVE_TYPES, NativeLinear
+from localllm.kernels.quant.linear_native import MAX_PARTS, NATIVE_TYPES, NativeLinear
 from localllm.kernels.quant.types import QuantType, block_geometry
 
 # Calls with at least this many rows leave the bf16/fp16 kernels for fp32 GEMM on row tiles
@@ -96,22 +97,24 @@ def prepare_linear(
 
     `strategy` overrides the policy (benchmarks, tests). With `precise`, results equal
     dequantize + fp32 matmul up to fp32 summation order. `native`: the loaded native CPU kernels
-    (`kernels.cpu.native`), which then take Q4_K, Q6_K and Q8_0 on their blocks (in place of
-    an int4pack form or an fp16 copy).
+    (`kernels.cpu.native`), which then take the types they know on their blocks (in place of
+    an int4pack form, an fp16 copy or per-call torch tiles).
     """
     qtype, shape = QuantType(qtype), (int(shape[0]), int(shape[1]))
     block, nbytes = block_geometry(qtype)
     if data.dtype != torch.uint8 or data.numel() != shape[0] * shape[1] // block * nbytes:
         raise ValueError(f"{qtype.name} data {tuple(data.shape)} does not hold a {shape} weight")
     data = data.reshape(shape[0], -1)
+    chosen = strategy is None  # (a strategy given by a benchmark or test is taken as given)
     strategy = strategy or choose_strategy(qtype, shape, data.device)
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}; one of {STRATEGIES}")
     if precise and strategy in ("dense_f16", "dense_bf16", "triton"):
         strategy = "dense_f32" if qtype == QuantType.F32 else "dequant_tiles"
-    native_ok = native is not None and not precise and qtype in NATIVE_TYPES
-    if native_ok and strategy in ("int4pack", "dense_f16"):
-        return NativeLinear(data, qtype, shape, native)
+    if chosen and data.device.type == "cpu" and strategy != "dense_f32":
+        kept = prepare_parts([data], qtype, shape, precise, native)
+        if kept is not None:
+            return kept
     if strategy == "int4pack":
         if qtype not in CODE_BITS:
             raise ValueError(f"{qtype.name} has no int4pack form")
@@ -128,6 +131,27 @@ def prepare_linear(
     if strategy == "dense_f32":
         return Float32Linear(dequantize(data, qtype).reshape(shape))
     return DequantTilesLinear(data, qtype, shape)
+
+
+def prepare_parts(
+    parts: list[torch.Tensor],
+    qtype: QuantType,
+    shape: tuple[int, int],
+    precise: bool = False,
+    native=None,
+) -> PreparedLinear | None:
+    """A weight given as parts of its rows (uint8 [rows_i, row bytes] each: a fused projection's
+    tensors, in order) on the native CPU kernels, which read them where they lie (no stacked
+    copy); None where those do not take it (no kernels, `precise`, a type or size they lack)."""
+    qtype = QuantType(qtype)
+    kernels = getattr(native, "blocks", None)
+    if kernels is None or precise or qtype not in NATIVE_TYPES:
+        return None
+    if not kernels.supports(qtype, shape[1]) or any(p.device.type != "cpu" for p in parts):
+        return None
+    if len(parts) > MAX_PARTS:
+        return None
+    return NativeLinear(parts, qtype, shape, kernels)
 
 
 def quant_matmul_reference(

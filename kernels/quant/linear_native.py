@@ -1,21 +1,27 @@
-"""Q4_K, Q6_K and Q8_0 linears on the CPU through the native kernels (`kernels/cpu/moe_gemv.c`),
-holding the file's blocks alone (keep-quant: the fp16 copy they replace took 2 bytes a weight,
-Q4_K's int4pack form 0.875).
+"""Linears on the CPU through the native kernels (`kernels/cpu/block_linear.c`), holding the
+file's blocks alone: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, IQ4_XS, Q4_K, Q5_K and Q6_K (keep-quant:
+the fp16 copies they replace took 2 bytes a weight, the int4pack forms 0.875 plus scales). A fused
+projection (q/k/v, gate/up) keeps its tensors as parts where the file has them, never stacked.
 
-Decode-sized calls (up to NATIVE_MAX_T rows) multiply int8 activations (per 256 values for
-Q4_K, per 32 for the others, as llama.cpp's decode does) and read each weight row once for all
-rows. Longer calls (prompts) decode row tiles to ggml's float32 values in C for an exact fp32
+Decode-sized calls (up to NATIVE_MAX_T rows) multiply int8 activations (per 256 values for Q4_K
+and Q5_K, per 32 for the others, as llama.cpp's decode does) and read each weight row once for
+all rows. Longer calls (prompts) decode row tiles to ggml's float32 values in C for an exact fp32
 GEMM: exact prompt math is what keeps teacher-forced logits as close to llama.cpp's as
 transformers' are (tests/perf/results/cpu-moe.md, "CPU-only MoE next to llama.cpp").
+`block_rows_reference` is the torch reference of the int8 path, `quant_matmul_reference`
+(kernels/quant/linear.py) of the prompt path.
 """
 
 import torch
 import torch.nn.functional as F
 
+from localllm.kernels.cpu.block_linear import MAX_PARTS, TYPES, BlockKernels, Parts
+from localllm.kernels.quant.dequant import dequantize
 from localllm.kernels.quant.tiles import row_tiles
 from localllm.kernels.quant.types import QuantType
 
-NATIVE_TYPES = frozenset({QuantType.Q4_K, QuantType.Q6_K, QuantType.Q8_0})
+NATIVE_TYPES = TYPES
+__all__ = ["MAX_PARTS", "NATIVE_MAX_T", "NATIVE_TYPES", "NativeLinear"]
 # Rows per call on the int8 kernels (decode, batched decode, short prompts). This 2-core Xeon, one
 # 4608 x 2048 / 2048 x 4096 matrix, ms per call at 16 / 32 / 64 / 96 rows: Q4_K int8 rows 1.86 /
 # 3.64 / 7.15 / 10.64 against C-decoded tiles + fp32 GEMM 1.84* / 7.68 / 9.07 / 9.93 (*: rows);
@@ -26,22 +32,51 @@ NATIVE_MAX_T = 64
 class NativeLinear:
     kind = "native"
 
-    def __init__(self, data: torch.Tensor, qtype: QuantType, shape: tuple[int, int], kernels):
-        self.data = data.reshape(shape[0], -1).contiguous()  # the mmap view: no copy
+    def __init__(self, parts: list[torch.Tensor], qtype: QuantType, shape: tuple[int, int],
+                 kernels: BlockKernels):  # fmt: skip
+        # the mmap views as they are: no copy (contiguous rows of raw blocks)
+        self.parts = Parts([p.reshape(p.shape[0], -1) for p in parts])
+        if self.parts.n != shape[0]:
+            raise ValueError(f"parts of {self.parts.n} rows for a {shape} weight")
         self.qtype, self.shape, self.kernels = QuantType(qtype), shape, kernels
 
     @property
+    def data(self) -> torch.Tensor:
+        """The blocks of a one-part weight (tests, tools)."""
+        return self.parts.parts[0]
+
+    @property
     def nbytes(self) -> int:
-        return self.data.numel()
+        return sum(p.numel() for p in self.parts.parts)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         n, k = self.shape
-        x2 = x.reshape(-1, k).float()
+        x2 = x.reshape(-1, k)
+        if x2.dtype != torch.float32 or not x2.is_contiguous():
+            x2 = x2.float().contiguous()
         if x2.shape[0] <= NATIVE_MAX_T:
-            y = self.kernels.gemm_rows(self.data, self.qtype, n, k, x2)
+            y = self.kernels.rows(self.parts, self.qtype, k, x2)
         else:
             y = torch.empty(x2.shape[0], n)
             for r0, r1 in row_tiles(n, k):
-                w = self.kernels.dequantize(self.data[r0:r1], self.qtype, k)
+                w = self.kernels.dequant(self.parts, self.qtype, k, r0, r1)
                 y[:, r0:r1] = F.linear(x2, w)
         return y.reshape(*x.shape[:-1], n)
+
+
+def activation_group(qtype: QuantType) -> int:
+    """Values per int8 activation scale: 256 for Q4_K and Q5_K (llama.cpp's Q8_K), else 32."""
+    return 256 if QuantType(qtype) in (QuantType.Q4_K, QuantType.Q5_K) else 32
+
+
+def block_rows_reference(x: torch.Tensor, parts: list[torch.Tensor], qtype: QuantType,
+                         k: int) -> torch.Tensor:  # fmt: skip
+    """The int8 path's math in torch: x [t, k] rounded to int8 codes per `activation_group`
+    (scale amax / 127, as the C), times the gguf-dequantized parts stacked, float64 [t, n]."""
+    g = x.float().reshape(x.shape[0], -1, activation_group(qtype))
+    amax = g.abs().amax(-1, keepdim=True)
+    inv = torch.where(amax > 0, torch.full_like(amax, 127.0) / amax, torch.zeros_like(amax))
+    q = torch.round(g * inv)  # lrintf: to nearest, ties to even
+    xq = (q.double() * (amax / 127.0).double()).reshape(x.shape[0], k)
+    w = torch.cat([dequantize(p, qtype).reshape(-1, k) for p in parts]).double()
+    return xq @ w.T

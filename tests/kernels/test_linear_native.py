@@ -73,7 +73,13 @@ def test_policy_takes_native_only_for_its_types_and_never_when_precise(kernels):
     exact = prepare_linear(q4k, QuantType.Q4_K, (64, 256), precise=True, native=kernels)
     assert exact.kind == "int4pack1" and exact.exact_from_t == 0
     q5k = torch.from_numpy(random_rows(QT.Q5_K, 64, 256, rng))
-    assert prepare_linear(q5k, QuantType.Q5_K, (64, 256), native=kernels).kind == "dense_f16"
+    assert prepare_linear(q5k, QuantType.Q5_K, (64, 256), native=kernels).kind == "native"
+    assert prepare_linear(q5k, QuantType.Q5_K, (64, 256)).kind == "dense_f16"  # no kernels
+    q3k = torch.zeros(64, 110, dtype=torch.uint8)  # a type the kernels lack: the torch policy
+    assert prepare_linear(q3k, QuantType.Q3_K, (64, 256), native=kernels).kind == "dequant_tiles"
+    # a strategy a benchmark names is taken as given
+    named = prepare_linear(q4k, QuantType.Q4_K, (64, 256), strategy="int4pack", native=kernels)
+    assert named.kind == "int4pack1"
 
 
 def test_a_real_models_q8_0_head_keeps_its_blocks(kernels, smollm2_path):

@@ -1,0 +1,243 @@
+/* The dense linears' dot products beside quant_dots.h's (included by dense_linear.c): Q4_0, Q4_1,
+ * Q5_0, Q5_1, IQ4_NL (32-value blocks) and IQ4_XS against int8 activations per 32 (ggml's Q8_0
+ * rows with the sums of every 16 codes: the minimum terms of Q4_1 / Q5_1), and Q5_K against
+ * llama.cpp's Q8_K (per 256). `*_rows` dot one weight row with R activation rows (R = 1 ..
+ * ROWS_MAX, a literal at each call so each count unrolls), its codes decoded once; each row's
+ * arithmetic is the one-row dot's, in the same order, so its bits do not depend on R. AVX2 forms
+ * (VNNI through quant_dots.h's dot_u8s8) and plain C ones for other CPUs. */
+#ifndef LOCALLLM_BLOCK_DOTS_H
+#define LOCALLLM_BLOCK_DOTS_H
+#include "quant_dots.h"
+
+enum { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q5_K = 13, IQ4_NL = 20, IQ4_XS = 23 };
+
+static const int8_t IQ4NL_VALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                        1,    13,   25,  38,  53,  69,  89,  113};
+
+/* IQ4_XS sub-block ib's signed scale (ls - 32) */
+static inline int iq4xs_scale(const uint8_t *w, int ib) {
+    const int lo = (w[4 + ib / 2] >> (4 * (ib % 2))) & 0xF, hi = (rd16(w + 2) >> (2 * ib)) & 3;
+    return (lo | (hi << 4)) - 32;
+}
+
+#if defined(__AVX2__) && defined(__FMA__)
+/* 32 codes of a 16-byte nibble run: lane l < 16 the low nibble of byte l, lane 16 + l its high */
+static inline __m256i nibbles32(const uint8_t *qs) {
+    const __m128i t = _mm_loadu_si128((const __m128i *)qs);
+    const __m256i v = _mm256_insertf128_si256(_mm256_castsi128_si256(t), _mm_srli_epi16(t, 4), 1);
+    return _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
+}
+
+/* 0x10 in lane i where bit i of the 32-bit word at p is set (Q5_0 / Q5_1's fifth bits) */
+static inline __m256i fifth_bits(const uint8_t *p) {
+    uint32_t x;
+    memcpy(&x, p, 4);
+    const __m256i shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
+                                           0x0101010101010101, 0x0000000000000000);
+    __m256i b = _mm256_shuffle_epi8(_mm256_set1_epi32((int)x), shuf);
+    b = _mm256_or_si256(b, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
+    return _mm256_and_si256(_mm256_cmpeq_epi8(b, _mm256_set1_epi64x(-1)), _mm256_set1_epi8(0x10));
+}
+
+/* signed weight codes w times int8 x: the signs moved onto x so w enters unsigned */
+static inline __m256i dot_s8s8(__m256i w, __m256i x) {
+    return dot_u8s8(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+}
+
+/* One 32-value block of every kind: its codes as bytes (signed where `sgn`) and its scale(s);
+ * acc[r] += dot x d x dx; the minimum terms (Q4_1 / Q5_1) summed in floats beside. */
+#define BLOCK_ROWS_LOOP(NB, BYTES, CODES, SGN, HASMIN, MINAT)                                     \
+    __m256 acc[ROWS_MAX];                                                                         \
+    float mins[ROWS_MAX];                                                                         \
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps(), mins[r] = 0.f;                      \
+    for (int64_t b = 0; b < (NB); b++, w += (BYTES)) {                                            \
+        const float d = h2f(rd16(w));                                                             \
+        const __m256i q = CODES;                                                                  \
+        for (int r = 0; r < R; r++) {                                                             \
+            const __m256i xv = _mm256_loadu_si256((const __m256i *)(q8[r] + 32 * b));             \
+            const __m256i p = SGN ? dot_s8s8(q, xv) : dot_u8s8(q, xv);                           \
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d * d8[r][b]), acc[r]); \
+            if (HASMIN)                                                                           \
+                mins[r] += h2f(rd16(w + (MINAT))) * d8[r][b] * (float)(bs[r][2 * b] + bs[r][2 * b + 1]); \
+        }                                                                                         \
+    }                                                                                             \
+    for (int r = 0; r < R; r++) out[r] = hsum(acc[r]) + mins[r];
+
+#define BLOCK_ARGS                                                                   \
+    const uint8_t *w, const int8_t *const *q8, const float *const *d8,              \
+        const int16_t *const *bs, int64_t nb, int R, float *out
+
+static inline void dot_q4_0_rows(BLOCK_ARGS) {
+    (void)bs;
+    BLOCK_ROWS_LOOP(nb, 18, _mm256_sub_epi8(nibbles32(w + 2), _mm256_set1_epi8(8)), 1, 0, 0)
+}
+static inline void dot_q4_1_rows(BLOCK_ARGS) { BLOCK_ROWS_LOOP(nb, 20, nibbles32(w + 4), 0, 1, 2) }
+static inline void dot_q5_0_rows(BLOCK_ARGS) {
+    (void)bs;
+    BLOCK_ROWS_LOOP(nb, 22,
+                    _mm256_sub_epi8(_mm256_or_si256(nibbles32(w + 6), fifth_bits(w + 2)),
+                                    _mm256_set1_epi8(16)),
+                    1, 0, 0)
+}
+static inline void dot_q5_1_rows(BLOCK_ARGS) {
+    BLOCK_ROWS_LOOP(nb, 24, _mm256_or_si256(nibbles32(w + 8), fifth_bits(w + 4)), 0, 1, 2)
+}
+static inline void dot_iq4_nl_rows(BLOCK_ARGS) {
+    (void)bs;
+    const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)IQ4NL_VALUES));
+    BLOCK_ROWS_LOOP(nb, 18, _mm256_shuffle_epi8(lut, nibbles32(w + 2)), 1, 0, 0)
+}
+
+/* IQ4_XS: 8 sub-blocks of 32 per 256, each its own 6-bit scale; activations per 32 */
+static inline void dot_iq4_xs_rows(BLOCK_ARGS) {
+    (void)bs;
+    const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)IQ4NL_VALUES));
+    __m256 acc[ROWS_MAX];
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++, w += 136) {
+        const float d = h2f(rd16(w));
+        for (int ib = 0; ib < 8; ib++) {
+            const __m256i q = _mm256_shuffle_epi8(lut, nibbles32(w + 8 + 16 * ib));
+            const float dl = d * (float)iq4xs_scale(w, ib);
+            for (int r = 0; r < R; r++) {
+                const __m256i xv = _mm256_loadu_si256((const __m256i *)(q8[r] + 256 * b + 32 * ib));
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_s8s8(q, xv)),
+                                         _mm256_set1_ps(dl * d8[r][8 * b + ib]), acc[r]);
+            }
+        }
+    }
+    for (int r = 0; r < R; r++) out[r] = hsum(acc[r]);
+}
+
+/* Q5_K against Q8_K: dot_q4_k_rows with each code's fifth bit from qh (bit 2j / 2j + 1 of byte l
+ * for sub-blocks 2j / 2j + 1); codes <= 31, so the 16-bit pair sums stay below 2 x 31 x 127. */
+static inline void dot_q5_k_rows(BLOCK_ARGS) {
+    const __m256i low = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
+    __m256 acc[ROWS_MAX], macc[ROWS_MAX];
+    for (int r = 0; r < R; r++) acc[r] = macc[r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++, w += 176) {
+        const uint8_t *qh = w + 16, *qs = w + 48;
+        const float d = h2f(rd16(w)), dmin = h2f(rd16(w + 2));
+        uint32_t sm[4];
+        scales_mins_k4(w + 4, sm);
+        const uint8_t *sc = (const uint8_t *)sm;
+        const __m128i m16 = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(sm + 2)));
+        const __m256i mdup =
+            _mm256_set_m128i(_mm_unpackhi_epi16(m16, m16), _mm_unpacklo_epi16(m16, m16));
+        const __m256i hb = _mm256_loadu_si256((const __m256i *)qh);
+        __m256i sumi[ROWS_MAX];
+        for (int r = 0; r < R; r++) sumi[r] = _mm256_setzero_si256();
+        for (int j = 0; j < 4; j++) {
+            const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));
+            const __m256i h1 = _mm256_and_si256(_mm256_srli_epi16(hb, 2 * j), one);
+            const __m256i h2 = _mm256_and_si256(_mm256_srli_epi16(hb, 2 * j + 1), one);
+            const __m256i lo = _mm256_or_si256(_mm256_and_si256(q, low), _mm256_slli_epi16(h1, 4));
+            const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), low),
+                                               _mm256_slli_epi16(h2, 4));
+            const __m256i s1 = _mm256_set1_epi16(sc[2 * j]), s2 = _mm256_set1_epi16(sc[2 * j + 1]);
+            for (int r = 0; r < R; r++) {
+                const int8_t *x = q8[r] + 256 * b + 64 * j;
+                const __m256i p1 = _mm256_madd_epi16(
+                    _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)x)), s1);
+                const __m256i p2 = _mm256_madd_epi16(
+                    _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(x + 32))), s2);
+                sumi[r] = _mm256_add_epi32(sumi[r], _mm256_add_epi32(p1, p2));
+            }
+        }
+        for (int r = 0; r < R; r++) {
+            const float dx = d8[r][b];
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[r]), _mm256_set1_ps(d * dx), acc[r]);
+            const __m256i bs16 = _mm256_loadu_si256((const __m256i *)(bs[r] + 16 * b));
+            const __m256 mterm = _mm256_cvtepi32_ps(_mm256_madd_epi16(bs16, mdup));
+            macc[r] = _mm256_fmadd_ps(mterm, _mm256_set1_ps(dmin * dx), macc[r]);
+        }
+    }
+    for (int r = 0; r < R; r++) out[r] = hsum(acc[r]) - hsum(macc[r]);
+}
+#define BLOCK_DOTS_AVX2 1
+
+#else /* plain C: one row at a time, called R times */
+
+#define BLOCK_ARGS                                                                   \
+    const uint8_t *w, const int8_t *const *q8, const float *const *d8,              \
+        const int16_t *const *bs, int64_t nb, int R, float *out
+
+/* code of value l (0..31) of a 32-value block: nibble run at qs, fifth bits at qh (or NULL) */
+static inline int code32(const uint8_t *qs, const uint8_t *qh, int l) {
+    int c = l < 16 ? qs[l] & 0xF : qs[l - 16] >> 4;
+    if (qh) c |= ((rd16(qh + 2 * (l / 16)) >> (l % 16)) & 1) << 4;
+    return c;
+}
+
+static float dot32(int type, const uint8_t *w, const int8_t *x, const float *dx,
+                   const int16_t *s, int64_t nb) {
+    const int bytes = type == Q4_0 || type == IQ4_NL ? 18 : type == Q4_1 ? 20 : type == Q5_0 ? 22 : 24;
+    const int at = type == Q4_0 || type == IQ4_NL ? 2 : type == Q4_1 ? 4 : type == Q5_0 ? 6 : 8;
+    float sum = 0.f;
+    for (int64_t b = 0; b < nb; b++, w += bytes, x += 32) {
+        const uint8_t *qh = type == Q5_0 ? w + 2 : type == Q5_1 ? w + 4 : NULL;
+        int32_t a = 0;
+        for (int l = 0; l < 32; l++) {
+            int c = code32(w + at, qh, l);
+            c = type == Q4_0 ? c - 8 : type == Q5_0 ? c - 16 : type == IQ4_NL ? IQ4NL_VALUES[c] : c;
+            a += c * x[l];
+        }
+        sum += h2f(rd16(w)) * dx[b] * (float)a;
+        if (type == Q4_1 || type == Q5_1)
+            sum += h2f(rd16(w + 2)) * dx[b] * (float)(s[2 * b] + s[2 * b + 1]);
+    }
+    return sum;
+}
+
+#define ROWS_OF(TYPE)                                                                       \
+    for (int r = 0; r < R; r++) out[r] = dot32(TYPE, w, q8[r], d8[r], bs[r], nb);
+static void dot_q4_0_rows(BLOCK_ARGS) { ROWS_OF(Q4_0) }
+static void dot_q4_1_rows(BLOCK_ARGS) { ROWS_OF(Q4_1) }
+static void dot_q5_0_rows(BLOCK_ARGS) { ROWS_OF(Q5_0) }
+static void dot_q5_1_rows(BLOCK_ARGS) { ROWS_OF(Q5_1) }
+static void dot_iq4_nl_rows(BLOCK_ARGS) { ROWS_OF(IQ4_NL) }
+
+static void dot_iq4_xs_rows(BLOCK_ARGS) {
+    for (int r = 0; r < R; r++) {
+        const uint8_t *wb = w;
+        float sum = 0.f;
+        for (int64_t b = 0; b < nb; b++, wb += 136) {
+            for (int ib = 0; ib < 8; ib++) {
+                const int8_t *x = q8[r] + 256 * b + 32 * ib;
+                int32_t a = 0;
+                for (int l = 0; l < 32; l++) a += IQ4NL_VALUES[code32(wb + 8 + 16 * ib, NULL, l)] * x[l];
+                sum += h2f(rd16(wb)) * (float)iq4xs_scale(wb, ib) * d8[r][8 * b + ib] * (float)a;
+            }
+        }
+        out[r] = sum;
+    }
+}
+
+static void dot_q5_k_rows(BLOCK_ARGS) {
+    for (int r = 0; r < R; r++) {
+        const uint8_t *wb = w;
+        const int8_t *x = q8[r];
+        const int16_t *s = bs[r];
+        float sum = 0.f;
+        for (int64_t b = 0; b < nb; b++, wb += 176, x += 256, s += 16) {
+            const uint8_t *sc = wb + 4, *qh = wb + 16, *ql = wb + 48;
+            int32_t sumi = 0, summ = 0;
+            for (int j = 0; j < 4; j++, ql += 32) {
+                int s1, m1, s2, m2;
+                scale_min_k4(2 * j, sc, &s1, &m1);
+                scale_min_k4(2 * j + 1, sc, &s2, &m2);
+                int32_t a1 = 0, a2 = 0;
+                for (int l = 0; l < 32; l++) {
+                    a1 += ((ql[l] & 0xF) | (((qh[l] >> (2 * j)) & 1) << 4)) * x[64 * j + l];
+                    a2 += ((ql[l] >> 4) | (((qh[l] >> (2 * j + 1)) & 1) << 4)) * x[64 * j + 32 + l];
+                }
+                sumi += s1 * a1 + s2 * a2;
+                summ += m1 * (s[4 * j] + s[4 * j + 1]) + m2 * (s[4 * j + 2] + s[4 * j + 3]);
+            }
+            sum += d8[r][b] * (h2f(rd16(wb)) * (float)sumi - h2f(rd16(wb + 2)) * (float)summ);
+        }
+        out[r] = sum;
+    }
+}
+#endif
+#endif /* LOCALLLM_BLOCK_DOTS_H */

@@ -1,0 +1,109 @@
+/* Dense linears on the CPU over the file's raw GGUF blocks (kernels/cpu/block_linear.py loads it):
+ * Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, IQ4_XS, Q4_K, Q5_K and Q6_K, llama.cpp's decode
+ * arithmetic: a few activation rows quantized to int8 (per 256 values for Q4_K / Q5_K, as its
+ * Q8_K; per 32 for the others; sums of every 16 codes for the minimum terms), integer dots per
+ * block, float scales per block. A weight may come in parts (a fused q/k/v or gate/up whose
+ * tensors lie apart in the file): the rows of all parts are one row space, so nothing is copied
+ * or stacked. One OpenMP region per call; each weight row is read once for all token rows.
+ * `dequant_rows` gives prompts exact float32 rows for an fp32 GEMM. */
+#include <stdint.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "block_dequant.h"
+
+#ifndef PREFETCH_ROWS /* file pages are 4 KiB: the hardware prefetchers stop at each */
+#define PREFETCH_ROWS 4
+#endif
+static inline void prefetch_row(const uint8_t *w, int64_t rb) {
+    for (int64_t o = 0; o < rb; o += 64) __builtin_prefetch(w + o, 0, 2);
+}
+
+enum { MAX_PARTS = 8 };
+
+/* activations per 256 (Q8_K) for these types, per 32 for the others */
+static int per_256(int type) { return type == Q4_K || type == Q5_K; }
+
+#define CALL_R(fn) \
+    (R == 4 ? fn(w, q, d, s, nb, 4, out) : R == 3 ? fn(w, q, d, s, nb, 3, out) \
+     : R == 2 ? fn(w, q, d, s, nb, 2, out) : fn(w, q, d, s, nb, 1, out))
+
+/* out[r] = weight row w . activation rows q/d/s[r], r < R <= ROWS_MAX */
+static void row_dots(int type, const uint8_t *w, int64_t k, const int8_t *const *q,
+                     const float *const *d, const int16_t *const *s, int R, float *out) {
+    switch (type) {
+    case Q4_0: { int64_t nb = k / 32; CALL_R(dot_q4_0_rows); return; }
+    case Q4_1: { int64_t nb = k / 32; CALL_R(dot_q4_1_rows); return; }
+    case Q5_0: { int64_t nb = k / 32; CALL_R(dot_q5_0_rows); return; }
+    case Q5_1: { int64_t nb = k / 32; CALL_R(dot_q5_1_rows); return; }
+    case IQ4_NL: { int64_t nb = k / 32; CALL_R(dot_iq4_nl_rows); return; }
+    case IQ4_XS: { int64_t nb = k / 256; CALL_R(dot_iq4_xs_rows); return; }
+    case Q5_K: { int64_t nb = k / 256; CALL_R(dot_q5_k_rows); return; }
+#ifdef Q4K_ROWS
+    case Q4_K: { int64_t nb = k / 256; CALL_R(dot_q4_k_rows); return; }
+#endif
+#ifdef Q6K_ROWS
+    case Q6_K: { int64_t nb = k / 256; CALL_R(dot_q6_k_rows); return; }
+#endif
+    default:
+        break;
+    }
+    for (int r = 0; r < R; r++) {
+        if (type == Q4_K) out[r] = dot_q4_k(w, q[r], d[r], s[r], k / 256);
+        else if (type == Q6_K) out[r] = dot_q6_k(w, q[r], d[r], s[r], k / 256);
+        else out[r] = dot_q8_0(w, q[r], d[r], k / 32);
+    }
+}
+
+/* y [t, n] = x [t, k] . W^T, W's n rows the rows of `nparts` parts (part p: rows[p] rows of
+ * `type` at parts[p]), each weight row read once and dotted with up to ROWS_MAX token rows per
+ * decode of its codes. Scratch: q8 [t*k], d8 [t*k/32], bs [t*k/16]. k a multiple of 256 for
+ * the 256-value types, of 32 for the others. */
+void block_rows(int type, int64_t nparts, const uint8_t *const *parts, const int64_t *rows,
+                int64_t k, int64_t t, const float *x, float *y, int8_t *q8, float *d8,
+                int16_t *bs, int threads) {
+    int64_t n = 0, start[MAX_PARTS + 1];
+    if (nparts > MAX_PARTS) return;
+    for (int64_t p = 0; p < nparts; p++) start[p] = n, n += rows[p];
+    start[nparts] = n;
+    const int64_t rb = block_row_bytes(type, k);
+    const int g = per_256(type) ? 256 : 32;
+#pragma omp parallel num_threads(threads)
+    {
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < t; i++)
+            quantize_groups(x + i * k, k, g, q8 + i * k, d8 + i * k / 32, bs + i * k / 16);
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < n; r++) {
+            int64_t p = 0;
+            while (r >= start[p + 1]) p++;
+            const int64_t rr = r - start[p];
+            const uint8_t *wr = parts[p] + rr * rb;
+            if (rr + PREFETCH_ROWS < rows[p]) prefetch_row(wr + PREFETCH_ROWS * rb, rb);
+            for (int64_t i = 0; i < t; i += ROWS_MAX) {
+                const int R = t - i < ROWS_MAX ? (int)(t - i) : ROWS_MAX;
+                const int8_t *q[ROWS_MAX];
+                const float *d[ROWS_MAX];
+                const int16_t *s[ROWS_MAX];
+                float out[ROWS_MAX];
+                for (int j = 0; j < R; j++)
+                    q[j] = q8 + (i + j) * k, d[j] = d8 + (i + j) * k / 32, s[j] = bs + (i + j) * k / 16;
+                row_dots(type, wr, k, q, d, s, R, out);
+                for (int j = 0; j < R; j++) y[(i + j) * n + r] = out[j];
+            }
+        }
+    }
+}
+
+/* out [rows, k] = the float32 values of rows r0 .. r0 + rows - 1 of the parts' row space */
+void block_dequant(int type, int64_t nparts, const uint8_t *const *parts, const int64_t *prow,
+                   int64_t r0, int64_t rows, int64_t k, float *out, int threads) {
+    const int64_t rb = block_row_bytes(type, k);
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t p = 0, rr = r0 + r;
+        while (p + 1 < nparts && rr >= prow[p]) rr -= prow[p], p++;
+        dequant_row(type, parts[p] + rr * rb, k, out + r * k);
+    }
+}

@@ -1,0 +1,128 @@
+"""The native block linears (`kernels/cpu/block_linear.c`) for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
+IQ4_NL, IQ4_XS, Q4_K, Q5_K and Q6_K: their float values against gguf-py's dequantization (same
+bits), their int8 dots against the torch reference of the same math (`block_rows_reference`),
+each row's bits independent of batch size, parts and threads, the prompt path exact, and fused
+projections reading the file's tensors in place (no stacked copy)."""
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as G
+from gguf import quants
+
+from localllm.kernels.cpu import block_linear
+from localllm.kernels.quant import QuantType
+from localllm.kernels.quant.linear import prepare_linear, prepare_parts, quant_matmul_reference
+from localllm.kernels.quant.linear_native import NATIVE_MAX_T, block_rows_reference
+
+TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "IQ4_XS", "Q4_K", "Q5_K", "Q6_K"]
+REF_TOL = 2e-4  # float32 sums in another order; a code rounded the other way at a tie
+
+
+@pytest.fixture(scope="module")
+def blocks(tmp_path_factory):
+    k = block_linear.load(tmp_path_factory.mktemp("block-linear"))
+    if k is None:
+        pytest.skip("no C compiler here (the torch paths are used)")
+    return k
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def _weight(name: str, n: int, k: int, seed: int) -> torch.Tensor:
+    return block_linear.random_blocks(QuantType[name], n, k, np.random.default_rng(seed))
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_c_values_equal_gguf_py(blocks, make_blocks, name):
+    k = 512
+    raw = make_blocks(name, 40, k // (256 if name in ("IQ4_XS", "Q4_K", "Q5_K", "Q6_K") else 32),
+                      np.random.default_rng(7))  # fmt: skip
+    want = torch.from_numpy(quants.dequantize(raw, G[name]).astype(np.float32)).reshape(40, k)
+    parts = block_linear.Parts([torch.from_numpy(raw[:13]), torch.from_numpy(raw[13:])])
+    got = blocks.dequant(parts, QuantType[name], k, 0, 40)
+    assert torch.equal(got, want)
+    assert torch.equal(blocks.dequant(parts, QuantType[name], k, 11, 29), want[11:29])
+
+
+@pytest.mark.parametrize("name", TYPES)
+@pytest.mark.parametrize("t", [1, 3, 16])
+def test_rows_match_the_int8_reference(blocks, name, t):
+    n, k = 70, 768
+    raw = _weight(name, n, k, t)
+    x = torch.randn(t, k, generator=torch.Generator().manual_seed(t))
+    got = blocks.rows(block_linear.Parts([raw]), QuantType[name], k, x)
+    want = block_rows_reference(x, [raw], QuantType[name], k)
+    assert got.shape == (t, n) and _rel(got, want) < REF_TOL
+    exact = quant_matmul_reference(x, raw, QuantType[name], (n, k))  # int8 x: ~1 % off
+    assert _rel(got, exact) < 3e-2
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_a_rows_bits_do_not_depend_on_batch_parts_or_threads(blocks, name):
+    n, k = 45, 512
+    raw = _weight(name, n, k, 3)
+    x = torch.randn(9, k, generator=torch.Generator().manual_seed(1))
+    one = blocks.rows(block_linear.Parts([raw]), QuantType[name], k, x, threads=2)
+    split = block_linear.Parts([raw[:7], raw[7:30], raw[30:]])
+    assert torch.equal(blocks.rows(split, QuantType[name], k, x, threads=1), one)
+    for i in (0, 4, 8):
+        alone = blocks.rows(split, QuantType[name], k, x[i : i + 1].contiguous(), threads=2)
+        assert torch.equal(alone[0], one[i])
+
+
+@pytest.mark.parametrize("name", ["Q4_1", "Q5_0", "IQ4_XS", "Q5_K"])
+def test_native_linear_decode_int8_prompt_exact_blocks_alone(kernels, name):
+    n, k = 130, 512
+    raw = _weight(name, n, k, 11)
+    lin = prepare_linear(raw, QuantType[name], (n, k), native=kernels)
+    assert lin.kind == "native" and lin.nbytes == raw.numel()  # the blocks alone
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(NATIVE_MAX_T, k, generator=gen)
+    assert _rel(lin.matmul(x), block_rows_reference(x, [raw], QuantType[name], k)) < REF_TOL
+    x = torch.randn(3, NATIVE_MAX_T, k, generator=gen)  # a prompt: exact float32 rows
+    want = quant_matmul_reference(x.reshape(-1, k), raw, QuantType[name], (n, k))
+    torch.testing.assert_close(lin.matmul(x).reshape(-1, n), want, rtol=1e-5, atol=1e-6)
+
+
+def test_parts_are_read_in_place(kernels):
+    k = 256
+    q, kk, v = (_weight("Q4_1", n, k, n) for n in (64, 32, 32))
+    lin = prepare_parts([q, kk, v], QuantType.Q4_1, (128, k), native=kernels)
+    assert [p.data_ptr() for p in lin.parts.parts] == [w.data_ptr() for w in (q, kk, v)]
+    x = torch.randn(2, k, generator=torch.Generator().manual_seed(0))
+    want = block_rows_reference(x, [q, kk, v], QuantType.Q4_1, k)
+    assert _rel(lin.matmul(x), want) < REF_TOL
+    # no kernels, precise math or a type they lack: the caller stacks and prepares as before
+    assert prepare_parts([q, kk, v], QuantType.Q4_1, (128, k), native=None) is None
+    assert prepare_parts([q, kk, v], QuantType.Q4_1, (128, k), True, kernels) is None
+    f16 = torch.zeros(4, 2 * k, dtype=torch.uint8)
+    assert prepare_parts([f16], QuantType.F16, (4, k), native=kernels) is None
+
+
+def test_self_check_refuses_a_wrong_kernel(blocks):
+    class Wrong(block_linear.BlockKernels):
+        def rows(self, parts, qtype, k, x, threads=None):
+            return super().rows(parts, qtype, k, x, threads) * 1.5
+
+    assert block_linear.self_check(blocks)
+    assert not block_linear.self_check(Wrong(blocks.lib, blocks.path, blocks.flags))
+
+
+def test_the_plain_c_build_agrees(blocks, tmp_path):
+    """The build for CPUs without AVX2 (no -march): same values, same int8 math."""
+    built = block_linear.built_libraries(block_linear.SOURCES, (("-O2",),), "plain",
+                                         block_linear._bind, tmp_path)  # fmt: skip
+    lib, path, flags = next(built)
+    plain = block_linear.BlockKernels(lib, path, flags)
+    assert block_linear.self_check(plain)
+    for name in TYPES:
+        raw = _weight(name, 33, 512, 2)
+        x = torch.randn(5, 512, generator=torch.Generator().manual_seed(2))
+        parts = block_linear.Parts([raw])
+        got = plain.rows(parts, QuantType[name], 512, x)
+        assert _rel(got, block_rows_reference(x, [raw], QuantType[name], 512)) < REF_TOL, name
+        assert torch.equal(plain.dequant(parts, QuantType[name], 512, 0, 33),
+                           blocks.dequant(parts, QuantType[name], 512, 0, 33))  # fmt: skip

@@ -136,20 +136,23 @@ def add_parser(sub) -> None:
     v.add_argument(
         "--limit-mm-per-prompt",
         type=_mm_limit,
-        default=8,
-        metavar="image=N",
-        help="images one request may carry (image=8)",
+        default={},
+        metavar="image=N,video=M",
+        help="images and videos one request may carry (image=8,video=1)",
     )
     p.add_argument("-v", "--verbose", action="store_true", help="log requests to stderr")
     p.set_defaults(handler=handle)
 
 
-def _mm_limit(text: str) -> int:
-    """`image=N` (vLLM's spelling; other media kinds are not served yet)."""
-    kind, eq, n = text.partition("=")
-    if kind.strip() != "image" or not eq or not n.strip().isdigit():
-        raise argparse.ArgumentTypeError(f"expected image=N, got {text!r}")
-    return int(n)
+def _mm_limit(text: str) -> dict[str, int]:
+    """`image=N,video=M` (vLLM's spelling; either may be left out) -> {kind: N}."""
+    out = {}
+    for item in text.split(","):
+        kind, eq, n = item.partition("=")
+        if kind.strip() not in ("image", "video") or not eq or not n.strip().isdigit():
+            raise argparse.ArgumentTypeError(f"expected image=N,video=M, got {text!r}")
+        out[kind.strip()] = int(n)
+    return out
 
 
 def parse_bytes(text: str) -> int:
@@ -259,7 +262,8 @@ def handle(args: argparse.Namespace) -> int:
         max_n=args.max_n or min(max(args.parallel, 1), MAX_N),
         reasoning_format=args.reasoning_format,
         tool_format=args.tool_format,
-        max_images_per_prompt=args.limit_mm_per_prompt,
+        max_images_per_prompt=args.limit_mm_per_prompt.get("image", 8),
+        max_videos_per_prompt=args.limit_mm_per_prompt.get("video", 1),
         allowed_local_media_path=_media_dir(args),
     )
     kw = engine_kwargs(args)

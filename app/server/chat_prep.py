@@ -15,7 +15,7 @@ from localllm.app.server import glm_tools
 from localllm.app.server.chat_output import OutputPlan
 from localllm.app.server.common import check_context_chars, prompt_chars
 from localllm.app.server.errors import APIError
-from localllm.app.server.media_inputs import load_image, take_images, vision_of
+from localllm.app.server.media_inputs import load_image, media_kinds, take_images, vision_of
 from localllm.app.server.reasoning import opens_thinking
 from localllm.app.server.settings import ServerSettings
 from localllm.app.server.tool_parsers import FORMATS, GLM, HARMONY, ToolFormat, detect_format
@@ -123,7 +123,8 @@ async def prepare_chat(
     if "add_generation_prompt" in kwargs and continue_final is None:
         continue_final = False  # said either way, it means a closed last turn
     messages, urls = take_images(messages)  # (before counting: a data URL is not prompt text)
-    vision = _vision_for(engine, settings, len(urls))
+    kinds = media_kinds(messages)
+    vision = _vision_for(engine, settings, kinds)
     check_context_chars(engine, prompt_chars(messages))
     cont = continues(messages, continue_final)
     if cont:
@@ -146,8 +147,9 @@ async def prepare_chat(
     prompt = None
     if urls:
         prompt = await _image_prompt(
-            engine, settings, vision, urls, msgs, template_tools, cont, kwargs
-        )
+            engine, settings, vision, list(zip(kinds, urls, strict=True)), msgs, template_tools,
+            cont, kwargs,
+        )  # fmt: skip
         in_think = opens_thinking(tok.decode(prompt[0][-8:]))
     elif settings.reasoning_format != "none" and "<think>" in (source or ""):
         # Only thinking templates can open a block in the prompt: render to see its end.
@@ -183,9 +185,11 @@ async def prepare_chat(
     return PreparedChat(msgs, template_tools, params, plan, kwargs, cont, prompt)
 
 
-def _vision_for(engine, settings: ServerSettings, n_images: int):
-    """The engine's vision pipeline when the request has images (400 when it has none)."""
-    if not n_images:
+def _vision_for(engine, settings: ServerSettings, kinds: list[str]):
+    """The engine's vision pipeline when the request has images or videos (400 when it has
+    none)."""
+    n_images, n_videos = kinds.count("image"), kinds.count("video")
+    if not kinds:
         return None
     vision = vision_of(engine)
     if vision is None:
@@ -202,16 +206,28 @@ def _vision_for(engine, settings: ServerSettings, n_images: int):
             "allowed (--limit-mm-per-prompt image=N)",
             param="messages",
         )
+    if n_videos > settings.max_videos_per_prompt:
+        raise APIError(
+            400,
+            f"{n_videos} videos in one request, more than the {settings.max_videos_per_prompt} "
+            "allowed (--limit-mm-per-prompt video=M)",
+            param="messages",
+        )
     return vision
 
 
-async def _image_prompt(engine, settings, vision, urls, msgs, tools, cont, kwargs):
-    """(ids, image spans): the images read, then decoded and laid into the rendered prompt off
-    the event loop (an ImageError is a ValueError: a 400)."""
-    blobs = await asyncio.gather(*(load_image(u, settings) for u in urls))
+async def _image_prompt(engine, settings, vision, media, msgs, tools, cont, kwargs):
+    """(ids, image spans): the images and videos (`media`: (kind, URL) pairs) read, then
+    decoded and laid into the rendered prompt off the event loop (an ImageError, or a
+    VideoError, is a ValueError: a 400)."""
+    caps = {"image": settings.max_image_bytes, "video": settings.max_video_bytes}
+    blobs = await asyncio.gather(*(load_image(u, settings, caps[k]) for k, u in media))
 
     def build():
-        images = [vision.prepare(b) for b in blobs]
+        images = [
+            vision.prepare_video(b) if k == "video" else vision.prepare(b)
+            for (k, _), b in zip(media, blobs, strict=True)
+        ]
         return vision.chat(engine.engine, msgs, images, tools=tools, continue_final=cont, **kwargs)
 
     return await asyncio.to_thread(build)

@@ -20,6 +20,7 @@ import httpx
 from localllm.app.server.errors import APIError
 
 _VISION: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
+MEDIA = ("image", "video")  # the content part types a vision pipeline takes
 
 
 def attach_vision(engine: Any, pipeline: Any) -> None:
@@ -34,26 +35,38 @@ def vision_of(engine: Any) -> Any:
 
 
 def take_images(messages: list[dict]) -> tuple[list[dict], list[str]]:
-    """(messages with each image part reduced to `{"type": "image"}`, the image URLs in order)."""
+    """(messages with each image or video part reduced to `{"type": "image"}` or
+    `{"type": "video"}`, their URLs in order; `media_kinds` says which is which)."""
     urls: list[str] = []
     out = []
     for m in messages:
         content = m.get("content")
-        if isinstance(content, list) and any(p.get("type") == "image" for p in content):
+        if isinstance(content, list) and any(p.get("type") in MEDIA for p in content):
             parts = []
             for p in content:
-                if p.get("type") == "image":
+                if p.get("type") in MEDIA:
                     urls.append(p["url"])
-                    p = {"type": "image"}
+                    p = {"type": p["type"]}
                 parts.append(p)
             m = {**m, "content": parts}
         out.append(m)
     return out, urls
 
 
-async def load_image(url: str, settings: Any) -> bytes:
-    """The bytes behind one image URL, within the settings' limits."""
-    cap = settings.max_image_bytes
+def media_kinds(messages: list[dict]) -> list[str]:
+    """ "image" or "video" for each media part of `take_images`' messages, in order."""
+    return [
+        p["type"]
+        for m in messages
+        if isinstance(m.get("content"), list)
+        for p in m["content"]
+        if p.get("type") in MEDIA
+    ]
+
+
+async def load_image(url: str, settings: Any, cap: int | None = None) -> bytes:
+    """The bytes behind one image URL (or a video's, with its `cap`), within the limits."""
+    cap = settings.max_image_bytes if cap is None else cap
     scheme = urlparse(url).scheme.lower() if ":" in url[:16] else ""
     if scheme == "data":
         return _data_url(url, cap)

@@ -112,7 +112,7 @@ class ChatMessage(BaseModel):
         if not isinstance(self.content, list):
             return msg
         parts = [_content_part(p) for p in self.content]
-        if any(p["type"] == "image" for p in parts):
+        if any(p["type"] in ("image", "video") for p in parts):
             msg["content"] = parts
         else:
             msg["content"] = "".join(p["text"] for p in parts)
@@ -132,9 +132,15 @@ def _content_part(part: dict[str, Any]) -> dict[str, Any]:
         if not isinstance(url, str) or not url:
             raise ValueError("an image_url content part needs image_url.url (a data: or http URL)")
         return {"type": "image", "url": url}
+    if kind == "video_url":  # vLLM's video part
+        ref = part.get("video_url")
+        url = ref.get("url") if isinstance(ref, dict) else ref
+        if not isinstance(url, str) or not url:
+            raise ValueError("a video_url content part needs video_url.url (a data: or http URL)")
+        return {"type": "video", "url": url}
     raise ValueError(
         f"content parts of type {kind!r} are not supported in chat messages "
-        "(supported: text, image_url)"
+        "(supported: text, image_url, video_url)"
     )
 
 

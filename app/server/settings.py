@@ -24,6 +24,8 @@ class ServerSettings:
     # images (a model served with --mmproj): see app/server/media_inputs.py
     max_images_per_prompt: int = 8  # --limit-mm-per-prompt image=N
     max_image_bytes: int = 20 * 1024 * 1024  # one image's encoded bytes (data/http/file URL)
+    max_videos_per_prompt: int = 1  # --limit-mm-per-prompt video=M
+    max_video_bytes: int = 64 * 1024 * 1024  # one video's encoded bytes (data/http/file URL)
     media_fetch_timeout: float = 10.0  # seconds to fetch an http(s) image URL
     allowed_local_media_path: str | None = None  # file: image URLs only under it; None: off
     tool_format: str | None = None  # hermes/llama3/mistral/harmony/glm; None: the template's

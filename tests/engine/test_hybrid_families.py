@@ -1,0 +1,280 @@
+"""lfm2 and granitehybrid (MoE and dense) against transformers, on files llama.cpp's converter
+made, and the engine's per-sequence recurrent state around them.
+
+Each fixture (tests/tools/record_hybrid_fixtures.py) is a tiny random-weight transformers model,
+its weights float16-exact, converted to an F16 GGUF by `convert_hf_to_gguf.py`; its JSON holds
+transformers' fp32 logits over a prompt and its greedy continuation. Our precise path (fp32
+matmuls, f32 KV, float32 state) must give those logits within LOGIT_TOL whole, in chunks (the
+conv and SSM states carried across them) and beside other sequences in other state slots, and
+the same greedy tokens (near-tie rule). Through the engine: a batch of four equals each alone,
+preempted requests resume to the same tokens, n = 2 forks (state copied at the shared prompt
+point) equal their requests run alone.
+"""
+
+import itertools
+
+import pytest
+import torch
+
+from localllm.engine.core.batch import BatchMeta
+from localllm.engine.generator import Generator
+from localllm.engine.gguf import open_gguf
+from localllm.engine.llm import LLM
+from localllm.engine.loader import build_model
+from localllm.engine.runtime.kv_cache import PagedKVCache
+from localllm.engine.runtime.recurrent_state import attach_states
+from localllm.engine.sampling.params import SamplingParams
+from localllm.engine.tokenizer import Tokenizer
+from tests.engine.family_goldens import (
+    assert_greedy_matches,
+    golden,
+    golden_logits,
+    path,
+    sequence,
+)
+
+NAMES = ["lfm2", "granitehybrid", "granitehybrid_dense"]
+LOGIT_TOL = 1e-4  # fp32 vs fp32, other summation orders (measured: lfm2 1.1e-6, granite 3.3e-5)
+FAST_TOL = 1e-2  # default CPU kernels
+TIE = 1e-3  # precise path: a greedy step may differ only where transformers' top two are this close
+FAST_TIE = 0.05
+BLOCK = 4
+
+
+@pytest.fixture(scope="module")
+def models():
+    """name -> (opened GGUF, precise model), built once."""
+    opened = {n: open_gguf(path(n)) for n in NAMES}
+    yield {n: (g, build_model(g, precise=True)) for n, g in opened.items()}
+    for g in opened.values():
+        g.close()
+
+
+def new_cache(model, tokens: int, slots: int = 1) -> PagedKVCache:
+    layers, kv_heads, head_dim = model.kv_shape()
+    kv = PagedKVCache(layers, -(-tokens // BLOCK), BLOCK, kv_heads, head_dim, dtype="f32")
+    attach_states(kv, model, slots)
+    return kv
+
+
+@torch.inference_mode()
+def full_logits(model, ids: list[int]) -> torch.Tensor:
+    n = len(ids)
+    batch = BatchMeta.contiguous(n, n, BLOCK)
+    return model.logits(model(torch.tensor(ids), torch.arange(n), batch, new_cache(model, n)))
+
+
+def max_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    return (got - want).abs().max().item()
+
+
+def test_layouts(models):
+    """Which layers are recurrent, what state each keeps, and that KV exists for attention only."""
+    lfm2 = models["lfm2"][1]
+    assert lfm2.args.attn_layers == (2,) and lfm2.kv_shape() == (1, 2, 8)
+    assert lfm2.state_shapes() == {i: {"conv": (2, 32)} for i in (0, 1, 3)}
+    for name in ("granitehybrid", "granitehybrid_dense"):
+        m = models[name][1]
+        assert m.args.attn_layers == (2,) and m.kv_shape()[0] == 1
+        # conv over x, B and C (64 + 2 groups x 2 x 8 = 96 channels, 3 past inputs); 4 heads of 16
+        want = {"conv": (3, 96), "ssm": (4, 16, 8)}
+        assert m.state_shapes() == {i: want for i in (0, 1, 3)}
+    assert models["granitehybrid"][1].blk[0].mlp.shexp is not None
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_logits_match_transformers(name, models):
+    want = golden_logits(name)
+    assert want.std() > 0.5  # logits carry signal: a broken model cannot match by accident
+    got = full_logits(models[name][1], sequence(name))
+    assert got.shape == want.shape
+    assert max_err(got, want) < LOGIT_TOL, name
+
+
+CHUNKS = {"3+7+rest": [3, 7], "13 then decode": [13, *[1] * 40], "decode only": [1] * 50}
+
+
+def run_chunks(model, ids, sizes, reset_state=False) -> torch.Tensor:
+    kv = new_cache(model, len(ids))
+    bounds = [0, *itertools.accumulate(sizes)]
+    bounds = [b for b in bounds if b < len(ids)] + [len(ids)]
+    out = []
+    for s, e in itertools.pairwise(bounds):
+        if reset_state:
+            attach_states(kv, model, 1)
+        batch = BatchMeta.contiguous(e - s, e, BLOCK)
+        out.append(model.logits(model(torch.tensor(ids[s:e]), torch.arange(s, e), batch, kv)))
+    return torch.cat(out)
+
+
+@pytest.mark.parametrize("plan", list(CHUNKS))
+@pytest.mark.parametrize("name", NAMES)
+@torch.inference_mode()
+def test_chunked_prefill_matches_transformers(name, plan, models):
+    """The same sequence in chunks (chunked prefill, then decode steps): the recurrent state is
+    carried across them, each chunk's logits are transformers' rows."""
+    model, ids = models[name][1], sequence(name)
+    assert max_err(run_chunks(model, ids, CHUNKS[plan]), golden_logits(name)) < LOGIT_TOL
+
+
+@pytest.mark.parametrize("name", NAMES)
+@torch.inference_mode()
+def test_state_carry_matters(name, models):
+    """Chunks that each start from a fresh state are far off: the carried state is what makes
+    the test above pass."""
+    model, ids = models[name][1], sequence(name)
+    # positions past the first chunk start from zeros: their rows move
+    got = run_chunks(model, ids, [10], reset_state=True)
+    assert max_err(got, golden_logits(name)) > 100 * LOGIT_TOL
+
+
+@pytest.mark.parametrize("name", NAMES)
+@torch.inference_mode()
+def test_batch_of_four_in_other_slots_matches_alone(name, models):
+    """Four sequences in one flat step, in state slots 3, 0, 2, 1 of four, then one decode step
+    of all four together: each sequence's rows are what it gives alone (the golden one's are
+    transformers')."""
+    model, ids = models[name][1], sequence(name)
+    seqs = [ids, ids[::-1][:11], ids[5:20], ids[:7]]
+    slots = (3, 0, 2, 1)
+    n = [len(s) for s in seqs]
+    blocks = [-(-(m + 1) // BLOCK) for m in n]
+    kv = new_cache(model, sum(blocks) * BLOCK, slots=4)
+    starts = [0, *itertools.accumulate(blocks)]
+    tables = [tuple(range(starts[i], starts[i + 1])) for i in range(4)]
+    flat = torch.tensor([t for s in seqs for t in s])
+    pos = torch.cat([torch.arange(m) for m in n])
+    batch = BatchMeta.from_tables(n, n, tables, BLOCK)
+    batch = BatchMeta(batch.query_start, batch.seq_lens, batch.block_tables, batch.slot_mapping,
+                      BLOCK, state_slots=slots)  # fmt: skip
+    out = model.logits(model(flat, pos, batch, kv))
+    bounds = [0, *itertools.accumulate(n)]
+    assert max_err(out[: n[0]], golden_logits(name)) < LOGIT_TOL
+    for i in range(1, 4):
+        assert max_err(out[bounds[i] : bounds[i + 1]], full_logits(model, seqs[i])) < LOGIT_TOL
+    # a decode step of all four (one token each: the batched step kernels)
+    nxt = [7, 8, 9, 10]
+    step = BatchMeta.from_tables([1] * 4, [m + 1 for m in n], tables, BLOCK)
+    step = BatchMeta(step.query_start, step.seq_lens, step.block_tables, step.slot_mapping,
+                     BLOCK, state_slots=slots)  # fmt: skip
+    got = model.logits(model(torch.tensor(nxt), torch.tensor(n), step, kv))
+    for i in range(4):
+        assert max_err(got[i], full_logits(model, [*seqs[i], nxt[i]])[-1]) < LOGIT_TOL
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_greedy_tokens_match_transformers(name, models):
+    g, model = models[name]
+    gen = Generator(g, model, Tokenizer.from_gguf_metadata(g.metadata), load_seconds=0.0)
+    n = len(golden(name)["greedy_ids"])
+    params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+    got = list(gen.stream(golden(name)["prompt"]["ids"], params))
+    assert_greedy_matches(name, got, TIE)
+
+
+def _llm(name, precise=True, **kw):
+    kv = "f32" if precise else "f16"
+    return LLM(str(path(name)), precise=precise, block_size=BLOCK, kv_cache_dtype=kv,
+               max_model_len=128, **kw)  # fmt: skip
+
+
+def _prompts(name):
+    ids = golden(name)["prompt"]["ids"]
+    return [ids, ids[::-1], ids[3:25], ids[10:]]
+
+
+def _greedy(n=10):
+    return SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+
+
+def _tokens(outs):
+    return [list(o.outputs[0].token_ids) for o in outs]
+
+
+@pytest.mark.parametrize("precise", [True, False], ids=["precise", "default-kernels"])
+@pytest.mark.parametrize("name", NAMES)
+def test_engine_batch_of_four_chunked_greedy(name, precise):
+    """Through the scheduler: four prompts prefilled 8 tokens a step, 4-token KV blocks; the
+    golden prompt's greedy tokens are transformers', and each prompt's tokens are its own alone."""
+    prompts = _prompts(name)
+    with _llm(name, precise, max_num_batched_tokens=8) as llm:
+        together = _tokens(llm.generate(prompts, _greedy()))
+        alone = [_tokens(llm.generate([p], _greedy()))[0] for p in prompts]
+    assert_greedy_matches(name, together[0], TIE if precise else FAST_TIE)
+    assert together == alone
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_engine_preemption_and_resume(name):
+    """20 KV blocks of 4 for four growing sequences (over 40 blocks in all): some are preempted,
+    give back their state slots, and recompute their state when they resume; their tokens are
+    those they give alone."""
+    prompts = _prompts(name)
+    with _llm(name) as llm:
+        alone = [_tokens(llm.generate([p], _greedy(12)))[0] for p in prompts]
+        per_block = llm.engine.kv_plan.bytes_per_block
+    with _llm(name, kv_cache_memory=20 * per_block, max_num_batched_tokens=64) as small:
+        got = _tokens(small.generate(prompts, _greedy(12)))
+        assert small.engine.scheduler.num_preemptions > 0
+        assert small.engine.kv_manager.states.num_free == small.engine.args.max_num_seqs
+    assert got == alone
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_engine_n2_forks_equal_alone(name):
+    """n = 2: the second completion shares the prompt's KV and takes a copy of the first's state
+    at the shared point; greedy, both equal the prompt alone; seeded sampling, completion i
+    equals the prompt alone with seed + i (its own draws over the same distributions)."""
+    prompt = golden(name)["prompt"]["ids"]
+    with _llm(name) as llm:
+        copies = []
+        take = llm.engine.kv_manager.take_state_copies
+
+        def spy():
+            got = take()
+            copies.extend(got)
+            return got
+
+        llm.engine.kv_manager.take_state_copies = spy
+        both = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=10, n=2,
+                                                     ignore_eos=True))[0]  # fmt: skip
+        assert len(copies) == 1  # the fork copied the state (it did not recompute)
+        alone = _tokens(llm.generate([prompt], _greedy()))[0]
+        assert [list(c.token_ids) for c in both.outputs] == [alone, alone]
+        sample = dict(temperature=1.0, max_tokens=10, ignore_eos=True)
+        pair = llm.generate([prompt], SamplingParams(n=2, seed=5, **sample))[0]
+        singles = [llm.generate([prompt], SamplingParams(seed=5 + i, **sample))[0] for i in (0, 1)]
+        assert len(copies) == 2
+    assert [list(c.token_ids) for c in pair.outputs] == [
+        list(s.outputs[0].token_ids) for s in singles
+    ]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_default_kernels_stay_close(name):
+    with open_gguf(path(name)) as g:
+        got = full_logits(build_model(g), sequence(name))
+    assert max_err(got, golden_logits(name)) < FAST_TOL, name
+
+
+def test_speculative_decoding_is_refused():
+    with pytest.raises(ValueError, match="cannot roll back rejected drafts"):
+        LLM(str(path("lfm2")), num_speculative_tokens=2, kv_cache_memory=1 << 20)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_tokenizer_and_chat_template_match_transformers(name):
+    """The GGUF's tokenizer gives transformers' ids; its chat template (the family's real one,
+    carried by the converter) renders, in our sandbox, what transformers renders (tools too)."""
+    from localllm.engine.tokenizer import ChatTemplate
+
+    g = golden(name)
+    with open_gguf(path(name)) as f:
+        tok = Tokenizer.from_gguf_metadata(f.metadata)
+    assert tok.encode(g["prompt"]["text"]) == g["prompt"]["ids"]
+    template = ChatTemplate.for_tokenizer(tok)
+    assert g["renders"]
+    for case, r in g["renders"].items():
+        text = template.render(r["messages"], tools=r["tools"], **r["kwargs"])
+        assert text == r["text"], (name, case)
+        assert tok.encode(text, add_special=False, parse_special=True) == r["ids"], (name, case)

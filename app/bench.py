@@ -213,6 +213,7 @@ def run_model(path: str, args: argparse.Namespace) -> list[BenchResult]:
     from localllm.engine.moe.residency import load_model
     from localllm.engine.moe.split_link import split_balance
     from localllm.engine.runtime.kv_cache import PagedKVCache
+    from localllm.engine.runtime.recurrent_state import attach_states
     from localllm.offload.expert_stats import expert_stats
 
     device = torch.device(args.device)
@@ -233,13 +234,14 @@ def run_model(path: str, args: argparse.Namespace) -> list[BenchResult]:
         vd = model.kv_value_dim()
         blocks = -(-longest // 16)
         kv = PagedKVCache(layers, blocks + 1, 16, kvh, hd, "f16", device, vd)  # +1: spare slots
+        attach_states(kv, model, 1)  # hybrid models: the one sequence's recurrent state
         if device.type == "cuda":  # what the loaded model and its KV hold between runs
             loaded = (torch.cuda.memory_allocated(device) - base) / (1 << 30)
         vocab = model.args.vocab_size
         info = _model_info(gguf, "CUDA" if device.type == "cuda" else "CPU")
         graphs = prompts = None
         # experts on host or disk (or unpacked types) run host code per step: captured in pieces
-        if device.type == "cuda" and getattr(args, "cuda_graphs", 1):
+        if device.type == "cuda" and getattr(args, "cuda_graphs", 1) and kv.states is None:
             from localllm.engine.runtime.cuda_graphs import DecodeGraphs
             from localllm.engine.runtime.prefill_graphs import PrefillGraphs
 

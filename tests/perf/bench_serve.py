@@ -311,8 +311,20 @@ async def connect(a) -> tuple[Target, Prompts]:
 
 
 async def bench(a) -> dict:
+    """Every level in turn; the JSON (--json) is rewritten after each, so a run cut short keeps
+    the levels it finished."""
     target, prompts = await connect(a)
-    levels = []
+    result = {
+        "label": a.label,
+        "url": a.url,
+        "model": target.model,
+        "server_kind": target.kind,
+        "gen": a.gen,
+        "mix": asdict(prompts.mix),
+        "client_machine": platform.node(),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+        "levels": [],
+    }
     print(f"# {a.label}: {a.url} model {target.model} ({target.kind}), gen {a.gen}, prompts "
           f"{a.min_prompt}-{a.max_prompt}", file=sys.stderr)  # fmt: skip
     print(table_head(), flush=True)
@@ -327,21 +339,13 @@ async def bench(a) -> dict:
             r["warmup"] = {"requests": len(warmed), "errors": len(warmed) - len(ok),
                            "output_tokens": sum(s.tokens for s in ok),
                            "prompt_tokens": sum(s.prompt_tokens for s in ok)}  # fmt: skip
-            levels.append(r)
+            result["levels"].append(r)
             print(table_row(a.label, r), flush=True)
+            if a.json:
+                Path(a.json).write_text(json.dumps(result, indent=1) + "\n")
     finally:
         await target.client.aclose()
-    return {
-        "label": a.label,
-        "url": a.url,
-        "model": target.model,
-        "server_kind": target.kind,
-        "gen": a.gen,
-        "mix": asdict(prompts.mix),
-        "client_machine": platform.node(),
-        "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-        "levels": levels,
-    }
+    return result
 
 
 def ints(text: str) -> list[int]:
@@ -386,8 +390,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         result = asyncio.run(bench(a))
     except (ValueError, httpx.HTTPError) as e:  # a bad mix, or no server there: one line
         raise SystemExit(f"bench_serve: {type(e).__name__}: {e}") from None
-    if a.json:
-        Path(a.json).write_text(json.dumps(result, indent=1) + "\n")
     return 1 if any(r["errors"] for r in result["levels"]) else 0
 
 

@@ -13,7 +13,8 @@
 # Call 2, the measurements (about 8 minutes):
 #   bash tests/perf/gpu_serve.sh
 #   carry [".whl", ".whlserve", ".refbuild/smollm2-tok.gguf", ".lls"] (a machine still warm from
-#   call 1 has /tmp/lls already; then .lls may be left out)
+#   call 1 has /tmp/lls already; then .lls may be left out). Binaries that gpu_build_llamacpp.sh
+#   made (.llb, with llama-server and llama-batched-bench) serve as well: carry .llb instead.
 # MoE (optional, its own call; the 17 GiB file takes minutes to write):
 #   SHAPE=qwen3moe-30b-a3b STEPS="ours llama" bash tests/perf/gpu_serve.sh
 # Knobs: STEPS ("ours llama ladder batched"), CONC (1,4,16,64), GEN (256), NP (64), SHAPE
@@ -51,10 +52,17 @@ python3 -c "import torch, triton, fastapi, httpx; print('torch', torch.__version
   triton.__version__, 'fastapi', fastapi.__version__, 'httpx', httpx.__version__)" | tee -a "$OUT/machine.txt"
 nproc | sed 's/^/cpus /' | tee -a "$OUT/machine.txt"
 date -u
-LLS=/tmp/lls  # llama.cpp's build: kept on a warm machine, else unpacked from carried parts
-if [ ! -x $LLS/bin/llama-server ] && [ -d .lls ]; then
-  mkdir -p $LLS && cat .lls/lls.part.* | xz -d | tar x -C $LLS
-fi
+# llama.cpp's build: kept on a warm machine, else unpacked from carried parts: .lls from this
+# script's `keep`, or .llb from gpu_build_llamacpp.sh (the same tar of bin/; each to the folder it
+# was built in, where its run path points)
+LLS=/tmp/lls
+for d in lls llb; do
+  if [ ! -x /tmp/$d/bin/llama-server ] && [ -d .$d ]; then
+    mkdir -p /tmp/$d && cat .$d/$d.part.* | xz -d | tar x -C /tmp/$d
+  fi
+  [ -x /tmp/$d/bin/llama-server ] && { LLS=/tmp/$d; break; }
+done
+export LD_LIBRARY_PATH=$LLS/bin${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 case $SHAPE in
   llama3-8b) CTX=131072 ;;  # our KV pool: this many tokens (the model's whole context)
   qwen3moe-30b-a3b) CTX=40960 ;;

@@ -42,12 +42,9 @@ from localllm.engine.moe.block import MoEFeedForward
 from localllm.engine.moe.expert_tensor import EXPERT_TENSORS
 from localllm.engine.runtime.recurrent_state import states_of
 from localllm.kernels.fused.heads import HeadNorms
-from localllm.kernels.recurrent.causal_conv import causal_conv_prefill, causal_conv_step
-from localllm.kernels.recurrent.delta_rule import (
-    delta_rule_chunked,
-    delta_rule_step,
-    l2_normalize,
-)
+from localllm.kernels.recurrent.causal_conv import causal_conv_prefill
+from localllm.kernels.recurrent.decode import conv_decode, gated_delta_decode
+from localllm.kernels.recurrent.delta_rule import delta_rule_chunked, l2_normalize
 
 
 @dataclass(frozen=True)
@@ -218,39 +215,41 @@ class DeltaNetBlock(Block):
         ba = self.ssm_ba(h).float().view(t, a.n_k_heads, 2, -1)  # per key head: b then a
         beta = torch.sigmoid(ba[:, :, 0].reshape(t, a.n_v_heads))
         g = self.ssm_a_value * F.softplus(ba[:, :, 1].reshape(t, a.n_v_heads) + self.ssm_dt.value)
-        st = states_of(kv)
-        conv, ssm = st.read(layer, "conv", batch), st.read(layer, "ssm", batch)
-        w = self.ssm_conv1d.value
-        qs = batch.query_start
-        if qs[-1] == batch.num_seqs:  # decode: one token each, one batched step
-            mixed = causal_conv_step(qkv, w, conv)
-            o = delta_rule_step(*self._heads(mixed), g, beta, ssm)
-        else:
+        st, w, qs = states_of(kv), self.ssm_conv1d.value, batch.query_start
+        if qs[-1] == batch.num_seqs:  # decode: one token each, straight on the state slots
+            slots, fresh = st.slots(batch), st.fresh(batch)
+            mixed = conv_decode(qkv, w, st.tensor(layer, "conv"), slots, fresh)
+            q, k, v = self._split(mixed)
+            ssm = st.tensor(layer, "ssm")
+            o = gated_delta_decode(q, k, v, g, beta, ssm, slots, fresh, a.norm_eps)
+        else:  # prompts (and chunks of them): each sequence from its own state
+            conv, ssm = st.read(layer, "conv", batch), st.read(layer, "ssm", batch)
             outs = []
             for b in range(batch.num_seqs):
                 s, e = qs[b], qs[b + 1]
                 mixed = causal_conv_prefill(qkv[s:e], w, conv[b])
-                q, k, v = self._heads(mixed)
+                q, k, v = self._heads(*self._split(mixed))
                 outs.append(delta_rule_chunked(q, k, v, g[s:e], beta[s:e], ssm[b]))
             o = torch.cat(outs)
-        st.write(layer, "conv", batch, conv)
-        st.write(layer, "ssm", batch, ssm)
+            st.write(layer, "conv", batch, conv)
+            st.write(layer, "ssm", batch, ssm)
         o = self.ssm_norm(o) * F.silu(z.float().view(t, a.n_v_heads, a.head_v_dim))
         out = self.ssm_out(o.reshape(t, a.value_dim).to(h.dtype))
         return self.ffn(x + out.to(x.dtype))
 
-    def _heads(self, mixed: torch.Tensor):
-        """q, k [L, Hv, Dk] (normalised, key heads repeated per value head, q scaled) and
-        v [L, Hv, Dv] from the conv's output [L, conv_dim]."""
+    def _split(self, mixed: torch.Tensor):
+        """q, k [L, Hk, Dk] and v [L, Hv, Dv] from the conv's output [L, conv_dim]."""
         a = self.args
-        n = a.n_k_heads * a.head_k_dim
-        L = mixed.shape[0]
-        rep = a.n_v_heads // a.n_k_heads
-        q = l2_normalize(mixed[:, :n].view(L, a.n_k_heads, -1), a.norm_eps)
-        k = l2_normalize(mixed[:, n : 2 * n].view(L, a.n_k_heads, -1), a.norm_eps)
-        q = q.repeat_interleave(rep, dim=1) * a.head_k_dim**-0.5
-        k = k.repeat_interleave(rep, dim=1)
+        n, L = a.n_k_heads * a.head_k_dim, mixed.shape[0]
+        q, k = mixed[:, :n].view(L, a.n_k_heads, -1), mixed[:, n : 2 * n].view(L, a.n_k_heads, -1)
         return q, k, mixed[:, 2 * n :].view(L, a.n_v_heads, a.head_v_dim)
+
+    def _heads(self, q, k, v):
+        """q, k normalised, each key head repeated for its value heads, q scaled by 1/sqrt(Dk)."""
+        a = self.args
+        rep = a.n_v_heads // a.n_k_heads
+        q = l2_normalize(q, a.norm_eps).repeat_interleave(rep, dim=1) * a.head_k_dim**-0.5
+        return q, l2_normalize(k, a.norm_eps).repeat_interleave(rep, dim=1), v
 
 
 class Model(Decoder):

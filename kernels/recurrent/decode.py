@@ -1,0 +1,63 @@
+"""A decode step of the recurrent layers straight on the state slots: each of B sequences' one new
+token updates its slot in place (`slots` [B] int64; `fresh` [B] bool: the sequence starts here,
+its slot's old contents are never read). Plain-torch references; on CUDA float32 tensors one
+triton launch each (`triton_recurrent`).
+
+`gated_delta_decode` also takes q and k raw (before their L2 norm, per key head) and does what
+Gated DeltaNet does before the rule: normalise q and k, scale q by 1/sqrt(Dk), let key head
+h // (Hv / Hk) serve value head h. `conv_decode` is the causal short conv's step with SiLU.
+"""
+
+import torch
+import torch.nn.functional as F
+
+from localllm.kernels.recurrent.causal_conv import causal_conv_step
+from localllm.kernels.recurrent.delta_rule import delta_rule_step_ref, l2_normalize
+
+
+def _cuda32(*xs: torch.Tensor) -> bool:
+    return all(x.is_cuda and x.dtype == torch.float32 for x in xs)
+
+
+def _read(states: torch.Tensor, slots: torch.Tensor, fresh: torch.Tensor) -> torch.Tensor:
+    got = states.index_select(0, slots)
+    keep = ~fresh.view(-1, *([1] * (states.dim() - 1)))
+    return torch.where(keep, got, torch.zeros((), dtype=got.dtype, device=got.device))
+
+
+def gated_delta_decode_ref(q, k, v, g, beta, states, slots, fresh, eps: float) -> torch.Tensor:
+    """q, k [B, Hk, Dk] raw, v [B, Hv, Dv], g and beta [B, Hv]; states [S, Hv, Dk, Dv] float32,
+    the sequences' slots updated in place. Returns o [B, Hv, Dv] float32."""
+    rep = v.shape[1] // q.shape[1]
+    qn = l2_normalize(q, eps).repeat_interleave(rep, dim=1) * q.shape[-1] ** -0.5
+    kn = l2_normalize(k, eps).repeat_interleave(rep, dim=1)
+    s = _read(states, slots, fresh)
+    o = delta_rule_step_ref(qn, kn, v, g, beta, s)
+    states.index_copy_(0, slots, s)
+    return o
+
+
+def gated_delta_decode(q, k, v, g, beta, states, slots, fresh, eps: float) -> torch.Tensor:
+    """`gated_delta_decode_ref`, by one triton launch on CUDA."""
+    if _cuda32(states):
+        from localllm.kernels.recurrent.triton_recurrent import gated_delta_decode_cuda
+
+        return gated_delta_decode_cuda(q, k, v, g, beta, states, slots, fresh, eps)
+    return gated_delta_decode_ref(q, k, v, g, beta, states, slots, fresh, eps)
+
+
+def conv_decode_ref(x, weight, states, slots, fresh) -> torch.Tensor:
+    """x [B, C], weight [C, K], states [S, K - 1, C] float32 updated in place; SiLU(conv) [B, C]."""
+    s = _read(states, slots, fresh)
+    y = causal_conv_step(x, weight, s, silu=False)
+    states.index_copy_(0, slots, s)
+    return F.silu(y)
+
+
+def conv_decode(x, weight, states, slots, fresh) -> torch.Tensor:
+    """`conv_decode_ref`, by one triton launch on CUDA."""
+    if _cuda32(states):
+        from localllm.kernels.recurrent.triton_recurrent import conv_decode_cuda
+
+        return conv_decode_cuda(x, weight, states, slots, fresh)
+    return conv_decode_ref(x, weight, states, slots, fresh)

@@ -1,0 +1,97 @@
+"""Triton kernels of `decode` (CUDA; or CPU tensors under TRITON_INTERPRET=1 in tests): a decode
+step of Gated DeltaNet's rule and of the causal short conv, reading and writing the sequences'
+state slots in place. float32 state and sums, like the references.
+
+The delta rule: one program per (sequence, value head, block of BV value columns) holds its
+[Dk, BV] tile of the state in registers: decay, the delta update and the output read happen on
+the tile without a round trip to memory (the state is read and written once per step, the floor
+for a memory-bound decode). The conv: one program per (sequence, block of BC channels).
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _gated_delta(
+    q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, s_ptr, slot_ptr, fresh_ptr, o_ptr,
+    HK, HV, DK, DV, REP, scale, eps,
+    BK: tl.constexpr, BV: tl.constexpr,
+):  # fmt: skip
+    b = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1).to(tl.int64)
+    cols = tl.program_id(2) * BV + tl.arange(0, BV)
+    rows = tl.arange(0, BK)
+    mk, mv = rows < DK, cols < DV
+    kh = h // REP  # the key head serving this value head
+    q = tl.load(q_ptr + (b * HK + kh) * DK + rows, mask=mk, other=0.0)
+    k = tl.load(k_ptr + (b * HK + kh) * DK + rows, mask=mk, other=0.0)
+    q = q / tl.sqrt(tl.sum(q * q, axis=0) + eps) * scale
+    k = k / tl.sqrt(tl.sum(k * k, axis=0) + eps)
+    v = tl.load(v_ptr + (b * HV + h) * DV + cols, mask=mv, other=0.0)
+    g = tl.load(g_ptr + b * HV + h)
+    beta = tl.load(b_ptr + b * HV + h)
+    slot = tl.load(slot_ptr + b)
+    base = s_ptr + (slot * HV + h) * DK * DV
+    tile = base + rows[:, None] * DV + cols[None, :]
+    m2 = mk[:, None] & mv[None, :]
+    s = tl.load(tile, mask=m2, other=0.0)
+    fresh = tl.load(fresh_ptr + b)
+    s = tl.where(fresh != 0, 0.0, s) * tl.exp(g)  # where: a fresh slot may hold anything
+    pred = tl.sum(s * k[:, None], axis=0)
+    delta = (v - pred) * beta
+    s = s + k[:, None] * delta[None, :]
+    tl.store(tile, s, mask=m2)
+    o = tl.sum(s * q[:, None], axis=0)
+    tl.store(o_ptr + (b * HV + h) * DV + cols, o, mask=mv)
+
+
+def gated_delta_decode_cuda(q, k, v, g, beta, states, slots, fresh, eps: float) -> torch.Tensor:
+    bsz, hk, dk = q.shape
+    hv, dv = v.shape[1], v.shape[2]
+    q, k, v, g, beta = (t.float().contiguous() for t in (q, k, v, g, beta))
+    out = torch.empty(bsz, hv, dv, dtype=torch.float32, device=v.device)
+    bk = triton.next_power_of_2(dk)
+    bv = min(triton.next_power_of_2(dv), max(16, 4096 // bk))  # a tile of at most 4096 values
+    grid = (bsz, hv, triton.cdiv(dv, bv))
+    _gated_delta[grid](
+        q, k, v, g, beta, states, slots, fresh.to(torch.int8), out,
+        hk, hv, dk, dv, hv // hk, dk**-0.5, eps, BK=bk, BV=bv,
+    )  # fmt: skip
+    return out
+
+
+@triton.jit
+def _conv(
+    x_ptr, w_ptr, s_ptr, slot_ptr, fresh_ptr, y_ptr, C,
+    K: tl.constexpr, BC: tl.constexpr,
+):  # fmt: skip
+    b = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1) * BC + tl.arange(0, BC)
+    m = c < C
+    slot = tl.load(slot_ptr + b)
+    fresh = tl.load(fresh_ptr + b)
+    base = s_ptr + slot * (K - 1) * C
+    x = tl.load(x_ptr + b * C + c, mask=m, other=0.0)
+    acc = x * tl.load(w_ptr + c * K + (K - 1), mask=m, other=0.0)  # the newest input, last tap
+    for j in tl.static_range(K - 1):  # oldest first; each row moves one place up
+        row = tl.load(base + j * C + c, mask=m, other=0.0)
+        row = tl.where(fresh != 0, 0.0, row)
+        acc += row * tl.load(w_ptr + c * K + j, mask=m, other=0.0)
+        if j > 0:
+            tl.store(base + (j - 1) * C + c, row, mask=m)
+    tl.store(base + (K - 2) * C + c, x, mask=m)
+    y = acc / (1.0 + tl.exp(-acc))
+    tl.store(y_ptr + b * C + c, y, mask=m)
+
+
+def conv_decode_cuda(x, weight, states, slots, fresh) -> torch.Tensor:
+    bsz, c = x.shape
+    kk = weight.shape[1]
+    x, weight = x.float().contiguous(), weight.float().contiguous()
+    out = torch.empty(bsz, c, dtype=torch.float32, device=x.device)
+    bc = 256
+    _conv[(bsz, triton.cdiv(c, bc))](x, weight, states, slots, fresh.to(torch.int8), out, c,
+                                     K=kk, BC=bc)  # fmt: skip
+    return out

@@ -60,6 +60,7 @@ class ModelArgs:
     residual_scale: float
     logit_scale: float
     rope: bool
+    rope_base: float  # read and checked as llama.cpp does, though 4.0-H attends without rope
 
     @classmethod
     def from_gguf(cls, meta: dict[str, Any], vocab_size: int) -> "ModelArgs":
@@ -93,6 +94,7 @@ class ModelArgs:
             residual_scale=k("residual_scale", 1.0),
             logit_scale=k("logit_scale", 1.0),
             rope=k("rope.scaling.finetuned", True),
+            rope_base=k("rope.freq_base", 10000.0),
         )
 
     @property

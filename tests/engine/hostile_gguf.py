@@ -37,8 +37,10 @@ FAMILIES = (
     "olmo2",
     "gemma2",
     "glm4moe",
+    "lfm2",
+    "granitehybrid",
 )
-CONVERTED = ("smollm3", "olmo2", "gemma2", "glm4moe")
+CONVERTED = ("smollm3", "olmo2", "gemma2", "glm4moe", "lfm2", "granitehybrid")
 DELETE = object()  # a `write_variant` value that removes the key
 TOKENS = "tokenizer.ggml.tokens"
 

@@ -15,6 +15,7 @@ import itertools
 
 import pytest
 import torch
+from gguf import GGUFValueType as VT
 
 from localllm.engine.core.batch import BatchMeta
 from localllm.engine.generator import Generator
@@ -278,3 +279,64 @@ def test_tokenizer_and_chat_template_match_transformers(name):
         text = template.render(r["messages"], tools=r["tools"], **r["kwargs"])
         assert text == r["text"], (name, case)
         assert tok.encode(text, add_special=False, parse_special=True) == r["ids"], (name, case)
+
+
+@pytest.mark.parametrize("residency", ["disk", "host"])
+def test_granite_experts_on_disk_or_host_match_resident(residency):
+    """`--experts disk` (streamed through 2 slots) and `--cpu-moe`'s host tier run the shared
+    MoE block: the resident run's tokens."""
+    from localllm.offload.residency import resolve
+
+    layer = {"experts": "disk", "streaming": {"slots": 2}} if residency == "disk" else {}
+    layer |= {"cpu_moe": True} if residency == "host" else {}
+    prompt = golden("granitehybrid")["prompt"]["ids"]
+    runs = []
+    for plan in (None, resolve([("test", layer)])):
+        with _llm("granitehybrid", residency=plan) as llm:
+            runs.append(_tokens(llm.generate([prompt], _greedy(12)))[0])
+    assert runs[0] == runs[1]
+
+
+def test_granite_tool_calls_parse_as_hermes():
+    """Granite 4.0's template asks for hermes calls (`<tool_call>` JSON): detected and parsed."""
+    from localllm.app.server.tool_parsers import HERMES, detect_format, parse_tool_calls
+
+    with open_gguf(path("granitehybrid")) as f:
+        template = f.metadata["tokenizer.chat_template"]
+    assert detect_format(template) is HERMES
+    text = 'Sure.<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    parsed = parse_tool_calls(text, HERMES)
+    assert parsed.content == "Sure."
+    assert [(c.name, c.arguments) for c in parsed.calls] == [("get_weather", '{"city": "Paris"}')]
+
+
+I32, U32, F32, BOOL = VT.INT32, VT.UINT32, VT.FLOAT32, VT.BOOL
+
+
+@pytest.mark.parametrize(
+    ("name", "key", "value", "needle"),
+    [
+        ("lfm2", "attention.head_count_kv", ([0, 2, 0], I32), "lists 3 layers"),
+        ("lfm2", "attention.head_count_kv", ([0, 2, 1, 0], I32), "mixes [1, 2]"),
+        ("lfm2", "attention.head_count_kv", ([0, -2, 2, 0], I32), "one per layer"),
+        ("lfm2", "shortconv.l_cache", (1, U32), "shortconv.l_cache"),
+        ("granitehybrid", "rope.scaling.finetuned", (True, BOOL), "Bamba"),
+        ("granitehybrid", "ssm.group_count", (3, U32), "the heads must divide"),
+        ("granitehybrid", "residual_scale", (-1.0, F32), "residual_scale"),
+        ("llama", "attention.head_count_kv", ([2, 2], I32), "takes one value"),
+    ],
+)
+def test_hybrid_keys_out_of_range_are_one_line_errors(name, key, value, needle, tmp_path):
+    from localllm.engine.config import EngineArgs
+    from localllm.engine.llm_engine import LLMEngine
+    from localllm.engine.loader import ModelLoadError
+    from tests.engine.gguf_fixtures import GGUFValue
+    from tests.engine.hostile_gguf import hparam, write_variant
+
+    v, t = value
+    val = GGUFValue(v, VT.ARRAY, t) if isinstance(v, list) else GGUFValue(v, t)
+    bad = write_variant(tmp_path / "h.gguf", name, {hparam(name, key): val})
+    with pytest.raises(ModelLoadError) as e:
+        LLMEngine(str(bad), EngineArgs(kv_cache_memory=1 << 20))
+    msg = str(e.value)
+    assert msg.startswith(f"{bad}: ") and needle in msg and "\n" not in msg, msg

@@ -143,7 +143,7 @@ class Block(nn.Module):
             return y.view(n, self.n_heads, d // self.n_heads).transpose(0, 1)
 
         q, k, v = heads(self.attn_q(h)), heads(self.attn_k(h)), heads(self.attn_v(h))
-        q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+        q, k = _rope(q, cos, sin).to(v.dtype), _rope(k, cos, sin).to(v.dtype)
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         x = x + self.attn_out(o.transpose(0, 1).reshape(n, d))
         h = self.ln2(x)
@@ -188,12 +188,11 @@ class Model(nn.Module):
         a = self.args
         t, h, w = grid
         dev = patches.device
-        hpos, wpos, frame, window = _patch_grid(t, h, w, a.window // a.patch_size // MERGE)
-        angles = torch.cat(
-            (hpos[:, None].float() * self.inv_freq, wpos[:, None].float() * self.inv_freq), 1
-        ).to(dev)
+        grid_of = _patch_grid(t, h, w, a.window // a.patch_size // MERGE)
+        hpos, wpos, frame, window = (g.to(dev) for g in grid_of)
+        inv = self.inv_freq.to(dev)  # (the loader moves it with the weights)
+        angles = torch.cat((hpos[:, None].float() * inv, wpos[:, None].float() * inv), 1)
         cos, sin = angles.cos(), angles.sin()
-        frame, window = frame.to(dev), window.to(dev)
         full = frame[:, None] == frame[None, :]
         local = window[:, None] == window[None, :]
         x = self.v.patch_embd(patches)

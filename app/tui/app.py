@@ -78,7 +78,9 @@ class LocalLLMApp(App):
 
     # -- models ------------------------------------------------------------------------------
 
-    def load_model(self, name: str | None, residency: ResidencyConfig | None = None) -> None:
+    def load_model(
+        self, name: str | None, residency: ResidencyConfig | None = None, lora: tuple = ()
+    ) -> None:
         """Load `name` (path, library name, `org/repo:QUANT`; None: the default) in place of the
         current model, under `residency` (None: the loader's own; the local engine only); a Hub
         model not yet downloaded is downloaded first."""
@@ -95,17 +97,19 @@ class LocalLLMApp(App):
                     self.download(spec, load=True)
                     return
                 name = str(found.path)
-        self._load(name, residency)
+        self._load(name, residency, lora)
 
     @work(exclusive=True, group="load")
-    async def _load(self, name: str | None, residency: ResidencyConfig | None = None) -> None:
+    async def _load(
+        self, name: str | None, residency: ResidencyConfig | None = None, lora: tuple = ()
+    ) -> None:
         await self.unload_model()
         self.model_state = f"loading {Path(name).name if name else 'the default model'}…"
         try:
-            if residency is not None:
-                backend = await self.loader(name, residency=residency)
-            else:
-                backend = await self.loader(name)
+            kw = {"residency": residency} if residency is not None else {}
+            if lora:  # `--lora` typed in the load dialog (the local engine only)
+                kw["lora"] = lora
+            backend = await self.loader(name, **kw)
         except Exception as e:
             self.model_state = "no model"
             self.notify(str(e) or type(e).__name__, title="Cannot load model", severity="error")

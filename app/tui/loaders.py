@@ -52,8 +52,9 @@ async def in_daemon_thread(
 
 
 def engine_loader(**engine_args: Any) -> Loader:
-    async def load(name: str | None, residency: Any = None) -> ChatBackend:
-        """`residency` (a `ResidencyConfig`): this load's, in place of `engine_args`' own."""
+    async def load(name: str | None, residency: Any = None, lora: tuple = ()) -> ChatBackend:
+        """`residency` (a `ResidencyConfig`): this load's, in place of `engine_args`' own;
+        `lora`: `PATH[:SCALE]` adapters, in place of `engine_args`' own."""
         from localllm.app.hub.spec import parse_spec
         from localllm.app.model_path import resolve_model
         from localllm.app.tui.engine_backend import EngineBackend
@@ -63,6 +64,10 @@ def engine_loader(**engine_args: Any) -> Loader:
             raise ValueError(f"{name} is a Hub model: download it from the Models screen first")
         path = await in_daemon_thread(lambda: resolve_model(name, yes=False))
         args = engine_args if residency is None else {**engine_args, "residency": residency}
+        if lora:
+            from localllm.engine.lora import LoraSpec
+
+            args = {**args, "lora": tuple(LoraSpec.parse(s) for s in lora)}
         return await in_daemon_thread(
             lambda: EngineBackend.load(path, **args), orphan=lambda b: b.engine.shutdown(True)
         )

@@ -3,9 +3,11 @@ they give (from the file's header, nothing loaded), then Load or Cancel.
 
 Enter on a library row opens it with Load focused, so Enter twice loads with the flags the TUI
 started with; typed flags (`--cpu-moe --expert-slots 64`, `--ot 'blk\\.1\\..*_exps=disk'`)
-replace those for this load, over the environment and a `--residency` document as on `run`.
+replace those for this load, over the environment and a `--residency` document as on `run`;
+`--lora PATH[:SCALE]` (repeatable) loads LoRA adapters with the model.
 """
 
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -28,6 +30,7 @@ class LoadChoice:
 
     flags: str
     residency: ResidencyConfig | None
+    lora: tuple[str, ...] = ()  # `--lora PATH[:SCALE]` values, as on `run`
 
 
 class LoadModal(Dialog[LoadChoice | None]):
@@ -45,7 +48,7 @@ class LoadModal(Dialog[LoadChoice | None]):
     def compose(self) -> ComposeResult:
         with Vertical():
             yield Label(f"Load {self.path.name}", classes="title")
-            yield Label("Residency flags (as on `localllm run`; empty: the TUI's own)")
+            yield Label("Residency and --lora flags (as on `localllm run`; empty: the TUI's own)")
             yield Input(self.flags, placeholder="--cpu-moe --expert-slots 64", id="flags")
             yield Label("", classes="error", id="error")
             with VerticalScroll(id="plan"):
@@ -61,9 +64,8 @@ class LoadModal(Dialog[LoadChoice | None]):
     def choice(self) -> LoadChoice:
         """The typed flags read into a residency config; ResidencyError when they are bad."""
         text = self.query_one("#flags", Input).value.strip()
-        if not text:
-            return LoadChoice("", None)
-        return LoadChoice(text, residency_from_text(text))
+        rest, lora = _split_lora(text)
+        return LoadChoice(text, residency_from_text(rest) if rest else None, lora)
 
     @on(Button.Pressed, "#load")
     @on(Input.Submitted, "#flags")
@@ -95,3 +97,21 @@ class LoadModal(Dialog[LoadChoice | None]):
     @on(Button.Pressed, "#cancel")
     def cancel(self) -> None:
         self.dismiss(None)
+
+
+def _split_lora(text: str) -> tuple[str, tuple[str, ...]]:
+    """(the other flags, the `--lora` values) of the typed text."""
+    try:
+        words, rest, lora = shlex.split(text), [], []
+    except ValueError as e:  # an unclosed quote
+        raise ResidencyError(f"cannot read the flags: {e}") from None
+    while words:
+        w = words.pop(0)
+        if w == "--lora" or w.startswith("--lora="):
+            value = w.partition("=")[2] or (words.pop(0) if words else "")
+            if not value:
+                raise ResidencyError("--lora needs PATH[:SCALE]")
+            lora.append(value)
+        else:
+            rest.append(w)
+    return shlex.join(rest), tuple(lora)

@@ -108,7 +108,7 @@ class ModelScreen(Screen):
             if choice is None:
                 return
             self.app.load_flags[path] = choice.flags
-            self.app.load_model(path, choice.residency)
+            self.app.load_model(path, choice.residency, choice.lora)
             self.notify(f"Loading {model.name}")
             self.app.pop_screen()
 

@@ -20,7 +20,12 @@ from localllm.engine.gguf import GGUFError, GGUFModel, open_gguf
 from localllm.media.vision.siglip import VisionConfigError
 
 # projector type -> the family module of media.vision that runs it
-FAMILIES = {"idefics3": "idefics3", "gemma3": "gemma3", "qwen2.5vl_merger": "qwen25vl"}
+FAMILIES = {
+    "idefics3": "idefics3",
+    "gemma3": "gemma3",
+    "qwen2.5vl_merger": "qwen25vl",
+    "mlp": "llava",
+}
 
 
 class MMProjError(ValueError):

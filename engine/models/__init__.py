@@ -14,6 +14,7 @@ SUPPORTED = (
     "qwen2",
     "qwen2vl",
     "qwen3",
+    "qwen3vl",
     "qwen3moe",
     "phi3",
     "bert",

@@ -297,7 +297,8 @@ class ModelRunner:
 
     @property
     def _dim(self) -> int:
-        return self.model.args.dim
+        # a multimodal row may be wider than the model (Qwen3-VL: + its deepstack parts)
+        return getattr(self.model, "mm_width", 0) or self.model.args.dim
 
     def _embeds(self, rows: list[int], values: list[torch.Tensor]):
         if not rows:

@@ -87,9 +87,13 @@ class PatchEmbedding(nn.Module):
         super().__init__()
         self.shape = (dim, 3, patch, patch)
         self.first: torch.Tensor | None = None
+        self.bias: torch.Tensor | None = None  # Qwen3-VL's conv has one
         self.weight = SecondFrame(self.shape)
 
     def load_tensor(self, suffix: str, w: QuantWeight) -> None:
+        if suffix == "bias" and tuple(w.shape) == self.shape[:1]:
+            self.bias = dense(w)
+            return
         if suffix != "weight" or tuple(w.shape) != self.shape:
             raise ValueError(f"expected patch_embd.weight of {self.shape}, got {tuple(w.shape)}")
         self.first = dense(w)
@@ -102,7 +106,8 @@ class PatchEmbedding(nn.Module):
         """[N, 3 * 2 * p * p] -> [N, dim]: the 3-D conv as one matmul over both frames."""
         d, c, p, _ = self.shape
         w = torch.stack((self.first, self.weight.value), 2).reshape(d, c * TEMPORAL * p * p)
-        return patches.to(w.dtype) @ w.T
+        x = patches.to(w.dtype) @ w.T
+        return x + self.bias if self.bias is not None else x
 
 
 class SecondFrame(nn.Module):

@@ -39,8 +39,9 @@ FAMILIES = (
     "glm4moe",
     "lfm2",
     "granitehybrid",
+    "qwen3next",
 )
-CONVERTED = ("smollm3", "olmo2", "gemma2", "glm4moe", "lfm2", "granitehybrid")
+CONVERTED = ("smollm3", "olmo2", "gemma2", "glm4moe", "lfm2", "granitehybrid", "qwen3next")
 DELETE = object()  # a `write_variant` value that removes the key
 TOKENS = "tokenizer.ggml.tokens"
 

@@ -285,3 +285,33 @@ def test_each_gate_matters(model, part):
         assert _moved(model) > 100 * LOGIT_TOL
     finally:
         p.value = saved
+
+
+# -- hostile files --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "needle"),
+    [
+        ("ssm.group_count", 3, "not a multiple of ssm.group_count"),
+        ("ssm.inner_size", 30, "does not split into 4 heads"),
+        ("ssm.conv_kernel", 1, "expected 2 or more"),
+        ("ssm.state_size", 16, "ssm_conv1d"),  # at odds with the tensors
+        ("full_attention_interval", 0, "expected 1.."),
+        ("nextn_predict_layers", 5, "no layer of 5 blocks is left"),
+    ],
+)
+def test_hostile_keys_are_one_line_errors(key, value, needle, tmp_path):
+    from gguf import GGUFValueType as VT
+
+    from localllm.engine.config import EngineArgs
+    from localllm.engine.llm_engine import LLMEngine
+    from localllm.engine.loader import ModelLoadError
+    from tests.engine.gguf_fixtures import GGUFValue
+    from tests.engine.hostile_gguf import hparam, write_variant
+
+    bad = write_variant(tmp_path / "h.gguf", NAME, {hparam(NAME, key): GGUFValue(value, VT.UINT32)})
+    with pytest.raises(ModelLoadError) as e:
+        LLMEngine(str(bad), EngineArgs(kv_cache_memory=1 << 20))
+    msg = str(e.value)
+    assert msg.startswith(f"{bad}: ") and needle in msg and "\n" not in msg, msg

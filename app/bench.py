@@ -1,9 +1,13 @@
 """`localllm bench`: llama-bench's tests and output for our engine, on CPU or CUDA.
 
 pp<P>: P prompt tokens in one pass (chunks of 512) after D tokens of context, logits for the last
-one; tg<N>: N single-token decode steps after D tokens of context, each feeding back the argmax
-(kept on the device: no host sync inside the timed loop). Random prompt tokens as llama-bench
-uses, one warm-up run, then -r timed repetitions reported as mean ± sample std of tokens/s.
+one; tg<N>: N single-token decode steps after D tokens of context, each fed a random token as
+llama-bench does (`--decode-feed argmax` feeds back the argmax instead; either stays on the device:
+no host sync inside the timed loop). `--routing uniform|zipf:S|trace:FILE` draws the experts each
+MoE token uses instead of the router (`engine.moe.routing_override`): offload figures under the
+balanced routing of a trained model rather than a random-weight model's skewed one. Random prompt
+tokens as llama-bench uses, one warm-up run, then -r timed repetitions reported as mean ± sample
+std of tokens/s.
 The model forward runs directly on a paged KV cache (no scheduler, no sampler), which is what
 llama-bench measures of llama.cpp. On CUDA, tg replays a captured decode graph per step and each
 prompt chunk a captured prompt graph (as the engine does; `--cuda-graphs 0` runs both
@@ -144,6 +148,13 @@ def _add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-v", "--verbose", action="store_true")
     p.add_argument("--quantize", choices=QUANTIZE_CHOICES, default=None,
                    help="a Hugging Face folder's weights made this type at load")  # fmt: skip
+    p.add_argument("--decode-feed", choices=("random", "argmax"), default="random",
+                   help="token fed to each decode step: random as llama-bench (default) or the "
+                   "argmax of the step before")  # fmt: skip
+    p.add_argument("--routing", default="model", metavar="model|uniform|zipf:S|trace:FILE",
+                   help="MoE experts per token: the model's router (default) or drawn")  # fmt: skip
+    p.add_argument("--lora", action="append", default=[], metavar="PATH[:SCALE]",
+                   help="LoRA adapters applied unmerged to every token (repeatable)")  # fmt: skip
     add_residency_flags(p)
     p.set_defaults(handler=handle)
 
@@ -155,6 +166,9 @@ def handle(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     if args.repetitions < 1:
         raise ValueError("-r must be >= 1")
+    from localllm.engine.moe.routing_override import parse_routing
+
+    parse_routing(args.routing)  # a bad form fails before any model loads
     paths = [str(resolve_model(m)) for m in args.model or [None]]  # all found before any runs
     if args.show_plan:
         for path in paths:
@@ -175,6 +189,8 @@ def handle(args: argparse.Namespace) -> int:
     elif args.output == "json":
         print(json.dumps([asdict(r) for r in results], indent=2))
     if args.output == "md":
+        if any(r.experts is not None for r in results) or args.routing != "model":
+            print(f"routing: {args.routing}; decode steps fed: {args.decode_feed} tokens")
         for r in results:
             if r.experts is not None:
                 print(f"expert cache {r.test}: {r.experts.line()}")
@@ -228,6 +244,17 @@ def run_model(path: str, args: argparse.Namespace) -> list[BenchResult]:
             model = build_model(gguf, device=device)
         else:
             model = load_model(gguf, plan, device=device)
+        if getattr(
+            args, "lora", None
+        ):  # every row on every adapter at its scale: the decode overhead
+            from localllm.engine.lora import LoraSpec, attach_adapters
+
+            specs = [LoraSpec.parse(s) for s in args.lora]
+            loras = attach_adapters(model, specs, gguf, device)
+            loras.context.apply_all(loras.resolve(None))
+        from localllm.engine.moe.routing_override import override_routing, parse_routing
+
+        override_routing(model, parse_routing(getattr(args, "routing", "model")), device)
         sources = getattr(model, "expert_sources", None)
         layers, kvh, hd = model.kv_shape()
         longest = _longest(args)
@@ -252,7 +279,8 @@ def run_model(path: str, args: argparse.Namespace) -> list[BenchResult]:
         for depth in args.n_depth:
             tests = [(p, 0) for p in args.n_prompt if p] + [(0, n) for n in args.n_gen if n]
             for p, n in tests:
-                run = _Runner(model, kv, vocab, device, graphs, prompts)
+                run = _Runner(model, kv, vocab, device, graphs, prompts,
+                              getattr(args, "decode_feed", "random"))  # fmt: skip
                 run.once(depth, p, n)  # warm-up: kernel compilation, allocator
                 account_mapped(model)  # (device-side counters come in every few steps)
                 before = expert_stats(sources) if sources else None
@@ -288,9 +316,10 @@ def run_model(path: str, args: argparse.Namespace) -> list[BenchResult]:
 class _Runner:
     """Times one pp or tg run over a contiguous block table (block i holds tokens 16i..)."""
 
-    def __init__(self, model, kv, vocab: int, device, graphs=None, prompts=None):
+    def __init__(self, model, kv, vocab: int, device, graphs=None, prompts=None, feed="random"):
         import torch
 
+        self.feed = feed  # "random": each step's token drawn (llama-bench); "argmax": fed back
         self.torch, self.model, self.kv, self.vocab, self.device = torch, model, kv, vocab, device
         self.graphs = graphs  # DecodeGraphs for tg on CUDA, or None (eager)
         self.prompts = prompts  # PrefillGraphs for prompt chunks on CUDA, or None
@@ -341,10 +370,13 @@ class _Runner:
                 self._sync()
                 return p / (time.perf_counter() - t0)
             tok = toks[depth : depth + 1]
+            fed = torch.randint(0, self.vocab, (n + 1,), generator=self.gen).to(self.device)
+            argmax = self.feed == "argmax"
             steps = self._graph_steps(depth, n)
             for i in range(n):
                 if steps is None:
-                    tok = self._forward(tok, depth + i).argmax(-1)
+                    logits = self._forward(tok, depth + i)
+                    tok = logits.argmax(-1) if argmax else fed[i + 1 : i + 2]
                     continue
                 # the step's row [id, pos, slot, seq_len, table] is ready on the device; only the
                 # id (the previous argmax) is written in, so no host sync or copy per step
@@ -354,7 +386,7 @@ class _Runner:
                 if logits is None:  # not capturable (MoE routing reads ids on the host): eager
                     steps = None
                     logits = self._forward(tok, depth + i)
-                tok = logits.argmax(-1)
+                tok = logits.argmax(-1) if argmax else fed[i + 1 : i + 2]
             self._sync()
             return n / (time.perf_counter() - t0)
 

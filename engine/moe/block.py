@@ -107,6 +107,7 @@ class MoEFeedForward(nn.Module):
         # Set by blocks whose next norm adds this output (`defers_residual`): resident experts on
         # a GPU then return decode rows unsummed (`WeightedRows`), and that norm's kernel sums them
         self.sum_in_norm = False
+        self.routing_override = None  # `moe.routing_override.RoutingOverride` (bench --routing)
 
     @property
     def quant_rows(self) -> int:
@@ -203,7 +204,10 @@ class MoEFeedForward(nn.Module):
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights [T, k], expert ids [T, k]) for hidden states x [T, dim]."""
-        return self._route(x)
+        weights, ids = self._route(x)
+        if self.routing_override is not None:  # a measurement's drawn routing (bench --routing)
+            ids = self.routing_override.choose(self.layer, weights, ids)
+        return weights, ids
 
     def guess_experts(self, x: torch.Tensor) -> None:
         """Tell the source which experts this layer will probably use, from the previous

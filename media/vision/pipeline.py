@@ -132,15 +132,39 @@ class VisionPipeline:
     def _spans(self, engine, text, images, encode) -> tuple[list[int], list[MultiModalInput]]:
         holders = [self.processor.placeholder(im.layout) for im in images]
         video = getattr(self.processor, "video_token", None)
+        wrapper = getattr(self.processor, "video_wrapper", None)
+        if wrapper:  # Qwen3-VL: a video's placeholder brings its own start/end markers
+            text = text.replace(wrapper, video)
         ids = encode(vprompt.expand(text, self.image_token, holders, video))
         targets = {self.image_token_id, *([self.video_token_id] if video else [])}
         where = vprompt.spans(ids, targets, [im.num_tokens for im in images])
-        rope = getattr(self.processor, "rope", None)  # M-RoPE families: grid positions
         items = []
         for im, pos in zip(images, where, strict=True):
-            grid = dict(zip(("rope", "rope_advance"), rope(im.layout), strict=True)) if rope else {}
-            items.append(MultiModalInput(im.digest, pos, encoder=self.encoder(im), **grid))
+            items += self._items(im, pos)
         return ids, items
+
+    def _items(self, im: PreparedImage, pos: tuple[int, ...]) -> list[MultiModalInput]:
+        """One input per span: the whole image, or each segment of a video whose placeholder
+        is cut by text (Qwen3-VL's timestamps), each a slice of one encoding."""
+        rope = getattr(self.processor, "rope", None)  # M-RoPE families: grid positions
+        grid = dict(zip(("rope", "rope_advance"), rope(im.layout), strict=True)) if rope else {}
+        split = getattr(self.processor, "segments", None)
+        sizes = split(im.layout) if split else None
+        if not sizes:
+            return [MultiModalInput(im.digest, pos, encoder=self.encoder(im), **grid)]
+        memo: list[torch.Tensor] = []
+
+        def part(a: int, b: int) -> torch.Tensor:
+            if not memo:  # the first segment a step reaches encodes the whole video
+                memo.append(self.encode(im))
+            return memo[0][a:b]
+
+        out, a = [], 0
+        for k, n in enumerate(sizes):
+            enc = lambda a=a, b=a + n: part(a, b)
+            out.append(MultiModalInput(f"{im.digest}#{k}", pos[a : a + n], encoder=enc, **grid))
+            a += n
+        return out
 
     def close(self) -> None:
         self._gguf.close()

@@ -98,13 +98,21 @@ class Processor:
         patches, grid = self._patchify(frames)
         return patches, Grid(1, *grid)
 
-    def preprocess_video(self, frames: np.ndarray, seconds: float) -> tuple[np.ndarray, Grid]:
-        """Sampled RGB frames [T, H, W, 3] uint8, `seconds` apart -> (patches, grid)."""
+    def preprocess_video(self, video) -> tuple[np.ndarray, Grid]:
+        """A decoded `video.Video` (sampled RGB frames [T, H, W, 3] uint8) -> (patches, grid)."""
+        frames = video.frames
         n, height, width = frames.shape[:3]
         budget = int(MAX_VIDEO_TOKENS * self.factor * self.factor * 0.9)
         top = max(min(self.video_max_pixels, budget * TEMPORAL // n),
                   int(self.video_min_pixels * 1.05))  # fmt: skip
         h, w = smart_resize(height, width, self.factor, self.video_min_pixels, top)
+        patches, grid = self.video_patches(frames, h, w)
+        return patches, Grid(*grid, seconds=TEMPORAL / video.sampled_fps)
+
+    def video_patches(self, frames: np.ndarray, h: int, w: int):
+        """Frames resized to h x w (torch's antialiased bicubic on uint8), normalized, padded to
+        whole temporal patches and cut -> (patches, (t, gh, gw))."""
+        n, height, width = frames.shape[:3]
         x = torch.from_numpy(np.ascontiguousarray(frames)).permute(0, 3, 1, 2)
         if (h, w) != (height, width):
             x = F.interpolate(x, size=[h, w], mode="bicubic", align_corners=False, antialias=True)
@@ -116,7 +124,7 @@ class Processor:
         px = x.numpy()
         groups = px.reshape(-1, TEMPORAL, *px.shape[1:])
         parts, grid = zip(*(self._patchify(g) for g in groups), strict=True)
-        return np.concatenate(parts), Grid(len(groups), *grid[0], seconds=seconds * TEMPORAL)
+        return np.concatenate(parts), (len(groups), *grid[0])
 
     def _patchify(self, frames: np.ndarray) -> tuple[np.ndarray, tuple[int, int]]:
         """Two frames [2, C, H, W] -> patches [gh*gw, C*2*p*p] in merge-block order."""

@@ -63,8 +63,19 @@ def sample_indices(total: int, fps: float, limits: VideoLimits, multiple: int) -
     return torch.arange(0, total, total / n).int().tolist()  # transformers' exact arithmetic
 
 
-def decode_video(data: bytes, limits: VideoLimits = DEFAULT_LIMITS, multiple: int = 2) -> Video:
-    """The sampled frames of the video in `data`; `VideoError` when it is not one we take."""
+def sample_linspace(total: int, fps: float, limits: VideoLimits) -> list[int]:
+    """The frames `Qwen3VLVideoProcessor.sample_frames` picks: `fps` a second (at least
+    `min_frames`, at most `max_frames`), spread evenly from the first frame to the last."""
+    n = int(total / fps * limits.fps)
+    n = min(max(n, limits.min_frames), limits.max_frames, total)
+    return np.linspace(0, total - 1, n).round().astype(int).tolist()
+
+
+def decode_video(
+    data: bytes, limits: VideoLimits = DEFAULT_LIMITS, multiple: int = 2, sampler=None
+) -> Video:
+    """The sampled frames of the video in `data` (`sampler(total, fps, limits)` picks them;
+    default: `sample_indices`); `VideoError` when it is not one we take."""
     try:
         import av
     except ImportError:
@@ -92,10 +103,11 @@ def decode_video(data: bytes, limits: VideoLimits = DEFAULT_LIMITS, multiple: in
         seconds = total / fps if total else float(s.duration * s.time_base) if s.duration else 0
         if seconds > limits.max_seconds:
             raise VideoError(f"the video is {seconds:.0f} s long, above {limits.max_seconds:.0f} s")
-        return _decode(container, s, limits, fps, multiple, total)
+        sampler = sampler or (lambda n, f, lim: sample_indices(n, f, lim, multiple))
+        return _decode(container, s, limits, fps, multiple, total, sampler)
 
 
-def _decode(container, s, limits: VideoLimits, fps: float, multiple: int, total: int) -> Video:
+def _decode(container, s, limits, fps: float, multiple: int, total: int, sampler) -> Video:
     import av
 
     try:
@@ -104,7 +116,7 @@ def _decode(container, s, limits: VideoLimits, fps: float, multiple: int, total:
             if total > limits.max_seconds * fps:
                 raise VideoError(f"the video is longer than {limits.max_seconds:.0f} s")
             container.seek(0)
-        want = sample_indices(total, fps, limits, multiple)
+        want = sampler(total, fps, limits)
         keep, out = set(want), {}
         for i, frame in enumerate(container.decode(s)):
             if i in keep:
@@ -135,8 +147,8 @@ def prepare(pipeline, data: bytes, limits: VideoLimits = DEFAULT_LIMITS):
     proc = pipeline.processor
     if not hasattr(proc, "preprocess_video"):
         raise VideoError(f"the {pipeline.kind} vision projector does not take video")
-    v = decode_video(data, limits)
-    pixels, grid = proc.preprocess_video(v.frames, 1.0 / v.sampled_fps)
+    v = decode_video(data, limits, sampler=getattr(proc, "sample_frames", None))
+    pixels, grid = proc.preprocess_video(v)
     return PreparedImage(
         torch.from_numpy(np.ascontiguousarray(pixels)),
         grid,

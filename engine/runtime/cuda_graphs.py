@@ -12,9 +12,11 @@ the CPU) split the capture into a chain of graphs with their host steps between
 graph (`engine.moe.split_link`).
 """
 
+import itertools
 import logging
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -214,10 +216,19 @@ def pack_decode(
     """Host rows [B, COLS + max table length] for `DecodeGraphs.run` (seq_len = position + 1;
     short tables padded with block 0, which the length mask hides). `shifts`: what each row's
     rope position adds to its cache position (M-RoPE text after an image), or None."""
-    width = max(len(t) for t in tables)
-    shifts = shifts or [0] * len(ids)
-    rows = [
-        [i, p + d, s, p + 1, *t, *([0] * (width - len(t)))]
-        for i, p, s, t, d in zip(ids, positions, slots, tables, shifts, strict=True)
-    ]
-    return torch.tensor(rows, dtype=torch.long)
+    n = len(ids)
+    if not len(positions) == len(slots) == len(tables) == len(shifts or ids) == n:
+        raise ValueError("pack_decode needs one id, position, slot, table (and shift) per row")
+    # numpy, and the tables in one pass: 64 rows of 144 blocks built as Python lists took ~2x
+    # as long, twice a step (`engine.runtime.decode_ahead`)
+    lens = np.fromiter(map(len, tables), np.int64, count=n)
+    width = int(lens.max())
+    rows = np.zeros((n, COLS + width), dtype=np.int64)
+    pos = np.array(positions, dtype=np.int64)
+    rows[:, 0] = ids
+    rows[:, 1] = pos if shifts is None else pos + np.array(shifts, dtype=np.int64)
+    rows[:, 2] = slots
+    rows[:, 3] = pos + 1
+    flat = np.fromiter(itertools.chain.from_iterable(tables), np.int64, count=int(lens.sum()))
+    rows[:, COLS:][np.arange(width) < lens[:, None]] = flat
+    return torch.from_numpy(rows)

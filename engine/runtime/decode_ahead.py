@@ -101,13 +101,15 @@ class DecodeAhead:
         self.pending = None
 
     def run(
-        self, key: StepKey, inputs: torch.Tensor, ids: list[int], draw: Drawer
+        self, key: StepKey, inputs: Callable[[], torch.Tensor], ids: list[int], draw: Drawer
     ) -> Staged | None:
         """This step's staged answer: the pending one when it matches, else launched now (its
-        rows drawn by `draw()`); None when its shape runs eager (nothing launched or drawn)."""
+        rows drawn by `draw()`, its inputs made by `inputs()`: a pending step needs none, and at
+        64 sequences they cost the host a millisecond); None when its shape runs eager (nothing
+        launched or drawn)."""
         cur = self.take(key, ids)
         if cur is None:
-            cur = self.launch(inputs, None, lambda logits: stage(key, logits, draw()))
+            cur = self.launch(inputs(), None, lambda logits: stage(key, logits, draw()))
         return cur
 
     def ahead(self, cur: Staged, key: StepKey, inputs: torch.Tensor, draw: Drawer) -> None:

@@ -171,12 +171,13 @@ class ModelRunner:
             shifts.append(shift)
             slots.append(table[start // bs] * bs + start % bs)
             tables.append(table)
-        inputs = pack_decode(ids, positions, slots, tables, shifts)
+        # built only for a launch: a step launched ahead reads the rows it was launched with
+        inputs = lambda: pack_decode(ids, positions, slots, tables, shifts)
         if self.ahead is not None:
             if all(self._picked_on_device(r) for r in reqs):
                 return self._execute_ahead(reqs, inputs, ids, positions, tables)
             self.ahead.drop()
-        logits = self.graphs.run(inputs)
+        logits = self.graphs.run(inputs())
         if logits is None:
             return None
         out = RunnerOutput()

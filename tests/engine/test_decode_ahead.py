@@ -159,7 +159,7 @@ def test_a_pending_step_is_used_only_when_asked_for_exactly():
 
     ahead = DecodeAhead(launch)
     key = (("a", 4), ("b", 9))
-    cur = ahead.run(key, torch.tensor([[0, 4], [0, 9]]), [1, 2], _none)
+    cur = ahead.run(key, lambda: torch.tensor([[0, 4], [0, 9]]), [1, 2], _none)
     ahead.ahead(cur, (("a", 5), ("b", 10)), torch.tensor([[0, 5], [0, 10]]), _none)
     assert ahead.read(cur) == ([1.0, 1.0], [4, 1])
     assert calls == [None, [4, 1]]  # the step after was fed this one's argmax on the device

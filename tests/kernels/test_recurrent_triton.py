@@ -35,3 +35,40 @@ def test_conv_decode_matches_reference(c, kk):
     got = conv_decode_cuda(x, w, states, slots, fresh)
     assert (got - want).abs().max().item() < TOL
     assert torch.allclose(states, ref_states, atol=TOL, rtol=0, equal_nan=True)
+
+
+def test_qwen3next_decode_steps_on_the_kernels_match_transformers(monkeypatch):
+    """The converted Qwen3-Next fixture decoded token by token with these kernels on its state
+    slots (forced on CPU tensors under the interpreter): transformers' fp32 logits."""
+    import dataclasses
+
+    from localllm.engine.core.batch import BatchMeta
+    from localllm.engine.gguf import open_gguf
+    from localllm.engine.loader import build_model
+    from localllm.engine.runtime.kv_cache import PagedKVCache
+    from localllm.engine.runtime.recurrent_state import attach_states
+    from localllm.kernels.recurrent import decode
+    from tests.engine.family_goldens import golden_logits, path, sequence
+
+    calls = []
+    real = decode._cuda32
+    monkeypatch.setattr(
+        decode, "_cuda32", lambda *xs: calls.append(1) or DEVICE == "cpu" or real(*xs)
+    )
+    ids = sequence("qwen3next")[:20]
+    with open_gguf(path("qwen3next")) as g:
+        model = build_model(g, precise=DEVICE == "cpu", device=DEVICE)
+        layers, heads, hd = model.kv_shape()
+        kv = PagedKVCache(layers, 5, 4, heads, hd, "f32", DEVICE)
+        attach_states(kv, model, 3)
+        rows = []
+        with torch.inference_mode():
+            for t in range(len(ids)):
+                batch = BatchMeta.contiguous(1, t + 1, 4)
+                batch = dataclasses.replace(batch, slot_mapping=batch.slot_mapping.to(DEVICE),
+                                            state_slots=(2,))  # fmt: skip
+                x = torch.tensor(ids[t : t + 1], device=DEVICE)
+                rows.append(model.logits(model(x, torch.tensor([t], device=DEVICE), batch, kv)))
+    assert len(calls) >= 2 * 3 * len(ids)  # conv and rule, 3 DeltaNet layers, every step
+    err = (torch.cat(rows).float().cpu() - golden_logits("qwen3next")[:20]).abs().max().item()
+    assert err < (2e-4 if DEVICE == "cpu" else 2e-2), err

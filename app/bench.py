@@ -55,11 +55,13 @@ class BenchResult:
     samples_ts: list[float]
     experts: "ExpertCounters | None" = None  # with a residency plan: the timed runs' counters
     split: "SplitBalance | None" = None  # split host experts: how the two sides waited (timed)
+    routing: str = "model"  # `--routing`: the router's experts, or drawn ones
 
     @property
     def test(self) -> str:
         name = f"pp{self.n_prompt}" if self.n_prompt else f"tg{self.n_gen}"
-        return name + (f" @ d{self.n_depth}" if self.n_depth else "")
+        name += f" @ d{self.n_depth}" if self.n_depth else ""
+        return name + (f" ({self.routing})" if self.routing != "model" else "")
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,7 +154,8 @@ def _add_args(p: argparse.ArgumentParser) -> None:
                    help="token fed to each decode step: random as llama-bench (default) or the "
                    "argmax of the step before")  # fmt: skip
     p.add_argument("--routing", default="model", metavar="model|uniform|zipf:S|trace:FILE",
-                   help="MoE experts per token: the model's router (default) or drawn")  # fmt: skip
+                   help="MoE experts per token: the model's router (default) or drawn; "
+                   "comma-separated: each test under each, one load")  # fmt: skip
     p.add_argument("--lora", action="append", default=[], metavar="PATH[:SCALE]",
                    help="LoRA adapters applied unmerged to every token (repeatable)")  # fmt: skip
     add_residency_flags(p)
@@ -168,7 +171,8 @@ def handle(args: argparse.Namespace) -> int:
         raise ValueError("-r must be >= 1")
     from localllm.engine.moe.routing_override import parse_routing
 
-    parse_routing(args.routing)  # a bad form fails before any model loads
+    for r in args.routing.split(","):  # a bad form fails before any model loads
+        parse_routing(r)
     paths = [str(resolve_model(m)) for m in args.model or [None]]  # all found before any runs
     if args.show_plan:
         for path in paths:
@@ -189,7 +193,7 @@ def handle(args: argparse.Namespace) -> int:
     elif args.output == "json":
         print(json.dumps([asdict(r) for r in results], indent=2))
     if args.output == "md":
-        if any(r.experts is not None for r in results) or args.routing != "model":
+        if any(r.experts is not None or r.routing != "model" for r in results):
             print(f"routing: {args.routing}; decode steps fed: {args.decode_feed} tokens")
         for r in results:
             if r.experts is not None:
@@ -227,6 +231,7 @@ def run_model(path: str, args: argparse.Namespace) -> list[BenchResult]:
     from localllm.engine.loader import build_model, open_weights
     from localllm.engine.moe.block import account_mapped, moe_blocks
     from localllm.engine.moe.residency import load_model
+    from localllm.engine.moe.routing_override import override_routing, parse_routing
     from localllm.engine.moe.split_link import split_balance
     from localllm.engine.runtime.kv_cache import PagedKVCache
     from localllm.engine.runtime.recurrent_state import attach_states
@@ -252,9 +257,6 @@ def run_model(path: str, args: argparse.Namespace) -> list[BenchResult]:
             specs = [LoraSpec.parse(s) for s in args.lora]
             loras = attach_adapters(model, specs, gguf, device)
             loras.context.apply_all(loras.resolve(None))
-        from localllm.engine.moe.routing_override import override_routing, parse_routing
-
-        override_routing(model, parse_routing(getattr(args, "routing", "model")), device)
         sources = getattr(model, "expert_sources", None)
         layers, kvh, hd = model.kv_shape()
         longest = _longest(args)
@@ -266,36 +268,33 @@ def run_model(path: str, args: argparse.Namespace) -> list[BenchResult]:
             loaded = (torch.cuda.memory_allocated(device) - base) / (1 << 30)
         vocab = model.args.vocab_size
         info = _model_info(gguf, "CUDA" if device.type == "cuda" else "CPU")
-        graphs = prompts = None
-        # experts on host or disk (or unpacked types) run host code per step: captured in pieces
-        if device.type == "cuda" and getattr(args, "cuda_graphs", 1) and kv.states is None:
-            from localllm.engine.runtime.cuda_graphs import DecodeGraphs
-            from localllm.engine.runtime.prefill_graphs import PrefillGraphs
-
-            graphs = DecodeGraphs(model, kv, batch_sizes=(1,))
-            prompts = PrefillGraphs(model, kv, spare_slot=blocks * 16, max_blocks=blocks)
-            graphs.pool = prompts.pool = torch.cuda.graph_pool_handle()
         out = []
-        for depth in args.n_depth:
-            tests = [(p, 0) for p in args.n_prompt if p] + [(0, n) for n in args.n_gen if n]
-            for p, n in tests:
-                run = _Runner(model, kv, vocab, device, graphs, prompts,
-                              getattr(args, "decode_feed", "random"))  # fmt: skip
-                run.once(depth, p, n)  # warm-up: kernel compilation, allocator
-                account_mapped(model)  # (device-side counters come in every few steps)
-                before = expert_stats(sources) if sources else None
-                links = [g.link for g in graphs.graphs.values() if g.link] if graphs else []
-                moe = moe_blocks(model)
-                balance = split_balance(moe, links)
-                rates = [run.once(depth, p, n) for _ in range(args.repetitions)]
-                std = statistics.stdev(rates) if len(rates) > 1 else 0.0
-                account_mapped(model)
-                experts = ExpertCounters.between(before, expert_stats(sources)) if sources else None
-                if balance is not None:
-                    balance = split_balance(moe, links).minus(balance)
-                out.append(BenchResult(Path(path).name, *info, p, n, depth,
-                                       statistics.fmean(rates), std, rates, experts,
-                                       balance))  # fmt: skip
+        for routing in getattr(args, "routing", "model").split(","):
+            # captured graphs hold the routing they were captured with: new ones per routing
+            override_routing(model, parse_routing(routing), device)
+            graphs, prompts = _graphs(model, kv, blocks, device, args)
+            for depth in args.n_depth:
+                tests = [(p, 0) for p in args.n_prompt if p] + [(0, n) for n in args.n_gen if n]
+                for p, n in tests:
+                    run = _Runner(model, kv, vocab, device, graphs, prompts,
+                                  getattr(args, "decode_feed", "random"))  # fmt: skip
+                    run.once(depth, p, n)  # warm-up: kernel compilation, allocator
+                    account_mapped(model)  # (device-side counters come in every few steps)
+                    before = expert_stats(sources) if sources else None
+                    links = [g.link for g in graphs.graphs.values() if g.link] if graphs else []
+                    moe = moe_blocks(model)
+                    balance = split_balance(moe, links)
+                    rates = [run.once(depth, p, n) for _ in range(args.repetitions)]
+                    std = statistics.stdev(rates) if len(rates) > 1 else 0.0
+                    account_mapped(model)
+                    experts = (
+                        ExpertCounters.between(before, expert_stats(sources)) if sources else None
+                    )
+                    if balance is not None:
+                        balance = split_balance(moe, links).minus(balance)
+                    out.append(BenchResult(Path(path).name, *info, p, n, depth,
+                                           statistics.fmean(rates), std, rates, experts,
+                                           balance, routing))  # fmt: skip
         if graphs is not None and graphs.failed is not None:  # the figures are eager decode's
             print(f"decode graphs not captured: {graphs.failed}", file=sys.stderr)
         if prompts is not None and prompts.failed is not None:
@@ -311,6 +310,22 @@ def run_model(path: str, args: argparse.Namespace) -> list[BenchResult]:
         return out
     finally:
         gguf.close()
+
+
+def _graphs(model, kv, blocks: int, device, args: argparse.Namespace):
+    """(DecodeGraphs, PrefillGraphs) on CUDA with --cuda-graphs 1, else (None, None). Experts
+    on host or disk (or unpacked types) run host code per step: captured in pieces."""
+    if device.type != "cuda" or not getattr(args, "cuda_graphs", 1) or kv.states is not None:
+        return None, None
+    import torch
+
+    from localllm.engine.runtime.cuda_graphs import DecodeGraphs
+    from localllm.engine.runtime.prefill_graphs import PrefillGraphs
+
+    graphs = DecodeGraphs(model, kv, batch_sizes=(1,))
+    prompts = PrefillGraphs(model, kv, spare_slot=blocks * 16, max_blocks=blocks)
+    graphs.pool = prompts.pool = torch.cuda.graph_pool_handle()
+    return graphs, prompts
 
 
 class _Runner:

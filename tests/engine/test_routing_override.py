@@ -3,7 +3,7 @@
 On a tiny random qwen3moe GGUF: uniform draws spread tokens evenly over the experts (a chi-square
 bound far above chance and far below the router's own skew), zipf:1 follows its ranking, a trace
 is replayed id for id and wraps, every draw names k distinct experts, `model` restores the router.
-Then `localllm bench` with the flags, and their one-line errors.
+Then `localllm bench` with the flags (two routings, one load), and their one-line errors.
 """
 
 import subprocess
@@ -127,10 +127,12 @@ def bench(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_bench_flags(path):
-    out = bench("-m", str(path), "-p", "0", "-n", "4", "-r", "1", "--routing", "zipf:1",
+    out = bench("-m", str(path), "-p", "0", "-n", "4", "-r", "1", "--routing", "zipf:1,model",
                 "--decode-feed", "argmax", "-t", "1")  # fmt: skip
     assert out.returncode == 0, out.stderr
-    assert "tg4" in out.stdout and "routing: zipf:1; decode steps fed: argmax" in out.stdout
+    rows = [ln for ln in out.stdout.splitlines() if "| qwen3moe" in ln]
+    assert len(rows) == 2 and "tg4 (zipf:1) |" in rows[0] and " tg4 |" in rows[1], rows
+    assert "routing: zipf:1,model; decode steps fed: argmax" in out.stdout
     bad = bench("-m", str(path), "--routing", "zipf:x")
     assert bad.returncode == 1 and bad.stderr.strip().count("\n") == 0, bad.stderr
     assert "--routing zipf:S needs S between 0 and 10" in bad.stderr

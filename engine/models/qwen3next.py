@@ -5,7 +5,8 @@ Follows llama.cpp's qwen3next graph. Layer i is a recurrent one unless (i + 1) i
 `full_attention_interval` (4): then it is full attention. Both kinds are pre-norm (`attn_norm`)
 with a residual, then `post_attention_norm` before the FFN (the converter folds Qwen3-Next's
 1 + w norms into plain RMSNorm weights).
-- Gated DeltaNet (`attn_qkv`, `attn_gate`, `ssm_*`): q/k/v from one projection through a causal
+- Gated DeltaNet (`attn_qkv`, `attn_gate`, `ssm_*`; older files: one `ssm_in` with q/k/v/z
+  grouped per key head): q/k/v from one projection through a causal
   depthwise conv of `ssm.conv_kernel` taps and SiLU; q and k L2-normalised per head (the
   `ssm.group_count` key heads each serve `time_step_rank / group_count` value heads), q scaled by
   1/sqrt(head); decay g = ssm_a * softplus(a + ssm_dt.bias) (ssm_a is -exp(A_log)), write
@@ -185,6 +186,9 @@ class DeltaNetBlock(Block):
         super().__init__(args, layer, precise)
         self.attn_qkv = QuantLinear(args.dim, args.conv_dim, precise)
         self.attn_gate = QuantLinear(args.dim, args.value_dim, precise)  # z
+        # older conversions keep the checkpoint's one projection instead: per key head its q, k,
+        # then the v and z of the value heads it serves (llama.cpp still reads it)
+        self.ssm_in = QuantLinear(args.dim, args.conv_dim + args.value_dim, precise)
         self.ssm_ba = QuantLinear(args.dim, 2 * args.n_v_heads, precise)
         self.ssm_conv1d = DenseParam(args.conv_dim, args.conv_kernel)
         self.ssm_dt = DenseParam(args.n_v_heads)
@@ -211,7 +215,7 @@ class DeltaNetBlock(Block):
         a = self.args
         t = x.shape[0]
         h = self.attn_norm(x)
-        qkv, z = self.attn_qkv(h), self.attn_gate(h)
+        qkv, z = self._project(h)
         ba = self.ssm_ba(h).float().view(t, a.n_k_heads, 2, -1)  # per key head: b then a
         beta = torch.sigmoid(ba[:, :, 0].reshape(t, a.n_v_heads))
         g = self.ssm_a_value * F.softplus(ba[:, :, 1].reshape(t, a.n_v_heads) + self.ssm_dt.value)
@@ -236,6 +240,17 @@ class DeltaNetBlock(Block):
         o = self.ssm_norm(o) * F.silu(z.float().view(t, a.n_v_heads, a.head_v_dim))
         out = self.ssm_out(o.reshape(t, a.value_dim).to(h.dtype))
         return self.ffn(x + out.to(x.dtype))
+
+    def _project(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(q/k/v into the conv [T, conv_dim], z [T, value_dim]) from either layout."""
+        if not self.ssm_in.loaded:
+            return self.attn_qkv(h), self.attn_gate(h)
+        a = self.args
+        t, dk, vz = h.shape[0], a.head_k_dim, a.value_dim // a.n_k_heads
+        mixed = self.ssm_in(h).view(t, a.n_k_heads, 2 * dk + 2 * vz)
+        q, k, v, z = mixed.split([dk, dk, vz, vz], dim=-1)
+        qkv = torch.cat([x.reshape(t, -1) for x in (q, k, v)], dim=1)
+        return qkv, z.reshape(t, a.value_dim)
 
     def _split(self, mixed: torch.Tensor):
         """q, k [L, Hk, Dk] and v [L, Hv, Dv] from the conv's output [L, conv_dim]."""
@@ -270,6 +285,11 @@ class Model(Decoder):
                 n_attn += 1
         super().__init__(args, blocks, precise)
         self.n_attn_layers = n_attn
+        # a DeltaNet layer has attn_qkv + attn_gate, or a legacy ssm_in (`finish_load` checks)
+        projections = ("attn_qkv", "attn_gate", "ssm_in")
+        self.optional_tensors = (*Decoder.optional_tensors,
+                                 *(f"blk.{i}.{n}.weight" for i in range(args.n_layers)
+                                   if args.recurrent(i) for n in projections))  # fmt: skip
 
     def kv_shape(self) -> tuple[int, int, int]:
         """Only the full-attention layers keep K/V: (their count, kv heads, head dim)."""
@@ -286,6 +306,10 @@ class Model(Decoder):
         a = self.args
         self.rotary = Rotary(RopeConfig(a.rope_dims, a.rope_base, neox=True,
                                         linear_scale=a.rope_linear_scale))  # fmt: skip
-        for blk in self.blk:
+        for i, blk in enumerate(self.blk):
+            if isinstance(blk, DeltaNetBlock):
+                split = blk.attn_qkv.loaded and blk.attn_gate.loaded
+                if split == blk.ssm_in.loaded or blk.attn_qkv.loaded != blk.attn_gate.loaded:
+                    raise ValueError(f"blk.{i}: expected attn_qkv and attn_gate, or ssm_in alone")
             blk.fuse()
             blk.mlp.fuse()

@@ -14,6 +14,7 @@ as the sequence alone.
 import dataclasses
 import itertools
 
+import numpy as np
 import pytest
 import torch
 
@@ -315,3 +316,54 @@ def test_hostile_keys_are_one_line_errors(key, value, needle, tmp_path):
         LLMEngine(str(bad), EngineArgs(kv_cache_memory=1 << 20))
     msg = str(e.value)
     assert msg.startswith(f"{bad}: ") and needle in msg and "\n" not in msg, msg
+
+
+def _legacy_ssm_in(tensors: dict, layer: int, a) -> np.ndarray:
+    """What older conversions stored for `layer`: transformers' in_proj_qkvz, its rows grouped
+    per key head (q, k, then the v and z rows of the value heads it serves), from the file's
+    attn_qkv and attn_gate (the converter's split, undone)."""
+
+    def rows(name):
+        raw, _, shape = tensors[f"blk.{layer}.{name}.weight"]
+        return np.asarray(raw).view(np.float16).reshape(shape)
+
+    qkv, z = rows("attn_qkv"), rows("attn_gate")
+    n, dk, vz = a.n_k_heads * a.head_k_dim, a.head_k_dim, a.value_dim // a.n_k_heads
+    q, k, v = qkv[:n], qkv[n : 2 * n], qkv[2 * n :]
+    groups = [
+        np.concatenate(
+            [
+                q[h * dk : (h + 1) * dk],
+                k[h * dk : (h + 1) * dk],
+                v[h * vz : (h + 1) * vz],
+                z[h * vz : (h + 1) * vz],
+            ]
+        )
+        for h in range(a.n_k_heads)
+    ]
+    return np.concatenate(groups)
+
+
+def test_legacy_ssm_in_files_give_the_same_logits(model, tmp_path):
+    """A file with the older single `ssm_in` projection (llama.cpp still loads those) gives the
+    split file's logits; a layer with neither, or both, is refused in one line."""
+    from localllm.engine.loader import ModelLoadError
+    from tests.engine.hostile_gguf import DELETE, base, write_variant
+
+    tensors, a = base(NAME)[2], model.args
+    legacy = {}
+    for i in range(3):
+        legacy[f"blk.{i}.ssm_in.weight"] = _legacy_ssm_in(tensors, i, a)
+        legacy[f"blk.{i}.attn_qkv.weight"] = legacy[f"blk.{i}.attn_gate.weight"] = DELETE
+    old = write_variant(tmp_path / "legacy.gguf", NAME, tensors=legacy)
+    with open_gguf(old) as g:
+        assert "blk.0.ssm_in.weight" in g.tensors and "blk.0.attn_qkv.weight" not in g.tensors
+        got = full_logits(build_model(g, precise=True), ids())
+    assert max_err(got, full_logits(model, ids())) < 1e-5
+    assert max_err(got, golden_logits(NAME)) < LOGIT_TOL
+    for bad in ({"blk.1.ssm_in.weight": legacy["blk.1.ssm_in.weight"]},
+                {"blk.1.attn_gate.weight": DELETE}):  # fmt: skip
+        path_ = write_variant(tmp_path / "bad.gguf", NAME, tensors=bad)
+        with open_gguf(path_) as g, pytest.raises(ModelLoadError) as e:
+            build_model(g, precise=True)
+        assert "blk.1: expected attn_qkv and attn_gate, or ssm_in alone" in str(e.value)

@@ -38,6 +38,12 @@ def short_conv(
     over each sequence's last K - 1 inputs (state `name`: [K - 1, C]) -> [T, C] float32."""
     st = states_of(kv)
     state = st.read(layer, name, batch)  # [B, K - 1, C]
+    if _one_token_each(batch) and x.is_cuda:  # one launch, bias and SiLU fused
+        from localllm.kernels.recurrent.triton_step import conv_step_triton  # (no triton on CPU)
+
+        y = conv_step_triton(x, weight, state, bias, silu)
+        st.write(layer, name, batch, state)
+        return y
     if _one_token_each(batch):
         y = causal_conv_step(x, weight, state, silu=False)
     else:

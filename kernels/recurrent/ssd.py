@@ -33,7 +33,11 @@ def ssd_step_ref(x, dt, A, B, C, state: torch.Tensor) -> torch.Tensor:
 
 
 def ssd_step(x, dt, A, B, C, state: torch.Tensor) -> torch.Tensor:
-    """`ssd_step_ref` (the torch ops run on any device)."""
+    """`ssd_step_ref`; on CUDA one Triton launch (`triton_step.ssd_step_triton`)."""
+    if state.is_cuda and state.is_contiguous():
+        from localllm.kernels.recurrent.triton_step import ssd_step_triton  # (no triton on CPU)
+
+        return ssd_step_triton(x, dt, A, B, C, state)
     return ssd_step_ref(x, dt, A, B, C, state)
 
 

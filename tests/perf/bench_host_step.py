@@ -14,6 +14,7 @@ and the rest; then the step under cProfile (the top functions by own time). Also
 
 import argparse
 import cProfile
+import dataclasses
 import io
 import pstats
 import statistics
@@ -24,7 +25,8 @@ import torch
 
 from localllm.engine import EngineArgs, SamplingParams
 from localllm.engine.llm_engine import LLMEngine
-from localllm.engine.runtime.cuda_graphs import pack_decode
+from localllm.engine.runtime.cuda_graphs import COLS, DecodeGraphs, pack_decode
+from localllm.engine.runtime.decode_ahead import DecodeAhead
 
 
 class Timed:
@@ -46,9 +48,38 @@ PARTS = (
     ("scheduler", "schedule"),
     ("runner", "_prepare"),
     ("runner", "_sample"),
+    ("runner", "_execute_graph"),
     ("scheduler", "update_from_output"),
     ("engine", "_collect"),
 )
+LADDER = (1, 2, 4, 8, 16, 32, 64)
+
+
+class EagerReplay(DecodeGraphs):
+    """A CPU stand-in for the decode graphs: `run` pads the rows to the ladder's size as a replay
+    does and runs the captured function eagerly, so the runner's graph path (and decode-ahead)
+    does all its host work (--graph-path)."""
+
+    def run(self, inputs, ids=None, then=None):
+        n, w = inputs.shape[0], inputs.shape[1] - COLS
+        key = self.key(n, w)
+        if key is None:
+            return None
+        x = torch.zeros(key[0], COLS + key[1], dtype=torch.long)
+        x[:n, : COLS + w], x[n:, : COLS + w] = inputs, inputs[:1]
+        if ids is not None:
+            x[:n, 0], x[n:, 0] = ids, ids[:1]
+        logits = self.forward(x)[:n]
+        return logits if then is None else then(logits)
+
+
+def graph_path(engine: LLMEngine) -> None:
+    """The runner as on a GPU: decode steps through (stand-in) graphs, launched one ahead, with
+    the scheduler's lookahead slot."""
+    runner = engine.runner
+    runner.graphs = EagerReplay(runner.model, runner.kv, batch_sizes=LADDER)
+    runner.ahead = DecodeAhead(runner.graphs.run)
+    engine.scheduler.config = dataclasses.replace(engine.scheduler.config, lookahead_slots=1)
 
 
 def decode_steps(engine: LLMEngine, steps: int) -> tuple[list[float], list[float], dict]:
@@ -85,6 +116,7 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--context", type=int, default=2304, help="pack_decode's rows (2048 + 256)")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--graph-path", action="store_true", help="the GPU's decode path (EagerReplay)")
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
     engine = LLMEngine(
@@ -92,6 +124,8 @@ def main(argv=None) -> int:
         EngineArgs(max_num_seqs=a.seqs, max_num_batched_tokens=max(512, a.seqs * a.prompt),
                    max_model_len=a.prompt + 4 * a.steps + 8),
     )  # fmt: skip
+    if a.graph_path:
+        graph_path(engine)
     p = SamplingParams(temperature=0, max_tokens=4 * a.steps, ignore_eos=True)
     for i in range(a.seqs):
         engine.add_request(f"r{i}", [(7 * i + j) % 1000 + 10 for j in range(a.prompt)], p)
@@ -102,7 +136,8 @@ def main(argv=None) -> int:
     walls, inner, parts = decode_steps(engine, a.steps)
     host = [w - i for w, i in zip(walls, inner, strict=True)]
     running = len(engine.scheduler.running)
-    print(f"{running} sequences decoding, {a.steps} steps, medians:")
+    path = "graph path (EagerReplay), decode-ahead" if a.graph_path else "eager path"
+    print(f"{running} sequences decoding, {path}, {a.steps} steps, medians:")
     print(f"  step {1000 * statistics.median(walls):.2f} ms, model forward + logits "
           f"{1000 * statistics.median(inner):.2f} ms, the rest (host) "
           f"{1000 * statistics.median(host):.2f} ms = "

@@ -17,18 +17,21 @@
 #   made (.llb, with llama-server and llama-batched-bench) serve as well: carry .llb instead.
 # MoE (optional, its own call; the 17 GiB file takes minutes to write):
 #   SHAPE=qwen3moe-30b-a3b STEPS="ours llama" bash tests/perf/gpu_serve.sh
-# Knobs: STEPS ("ours llama ladder batched"), CONC (1,4,16,64), GEN (256), NP (64), SHAPE
+# Knobs: STEPS ("ours tuned llama batched"), CONC (1,4,16,64), GEN (256), NP (64), SHAPE
 # (llama3-8b), LEVEL_S (seconds a level may start measured requests: 60), BUDGET_S (skip steps
 # that would start after this many seconds: 480), BENCH_ARGS (more bench_serve.py flags).
 #   ours:    localllm serve, decode graphs as shipped (batch ladder 1-8; larger steps run eager)
-#   ladder:  the same with the ladder 1, 2, 4, ..., 64 (tests/engine/test_graph_ladder.py checks it)
+#   tuned:   the same with the graph ladder 1, 2, 4, ..., 64 (tests/engine/test_graph_ladder.py
+#            checks it) and 2,048 tokens a step (prompt chunks; sim_schedule.py: 93 % of the output
+#            tokens at 64 streams then come from graph steps, against 0.1 % as shipped)
+#   ladder:  (optional) the ladder alone
 #   llama:   llama-server -np NP -c NP*2560 -fa on -ngl 99
 #   batched: llama-batched-bench -npp 1024 -ntg 128 -npl 1,4,16,64
 set -u
 export PYTHONUNBUFFERED=1 PYTHONSAFEPATH=1
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-STEPS=${STEPS:-ours llama ladder batched}
+STEPS=${STEPS:-ours tuned llama batched}
 CONC=${CONC:-1,4,16,64}
 GEN=${GEN:-256}
 NP=${NP:-64}
@@ -70,7 +73,7 @@ case $SHAPE in
 esac
 MODEL=/tmp/serve-$SHAPE.gguf
 need_model=
-for s in $STEPS; do case $s in ours|ladder|llama|batched) need_model=1 ;; esac; done
+for s in $STEPS; do case $s in ours|ladder|tuned|llama|batched) need_model=1 ;; esac; done
 if [ -n "$need_model" ] && [ ! -f "$MODEL.done" ]; then  # a warm machine reuses the file
   (python3 tests/perf/make_synthetic.py --shape "$SHAPE" --quant Q4_K_M -o "$MODEL" \
     --tokenizer-from .refbuild/smollm2-tok.gguf >/tmp/make_serve.log 2>&1 && touch "$MODEL.done") &
@@ -103,7 +106,7 @@ bench() {  # LABEL URL: bench_serve at every level into $OUT/serve_LABEL.json
 stop() { kill "$1" 2>/dev/null; for _ in $(seq 30); do kill -0 "$1" 2>/dev/null || return 0; sleep 1; done; kill -9 "$1" 2>/dev/null; }
 ours() {  # LABEL [python code run before the CLI]: localllm serve, benched, stopped
   local pre=${2:-}
-  python3 -c "${pre}import sys; from localllm.app.cli import main; sys.exit(main(sys.argv[1:]))" \
+  python3 -c "import sys; ${pre}from localllm.app.cli import main; sys.exit(main(sys.argv[1:]))" \
     serve -m "$MODEL" --device "$DEVICE" -np "$NP" -c "$CTX" --port 8181 >"$OUT/server_$1.log" 2>&1 &
   local pid=$!
   if healthy http://127.0.0.1:8181 $pid 300; then
@@ -114,6 +117,12 @@ ours() {  # LABEL [python code run before the CLI]: localllm serve, benched, sto
   fi
   stop $pid
 }
+# what `ladder` and `tuned` change, in the server process before its CLI runs (printed to its log)
+LADDER="import localllm.engine.runtime.cuda_graphs as g; assert len(g.DecodeGraphs.__init__.__defaults__) == 1; \
+g.DecodeGraphs.__init__.__defaults__ = ((1, 2, 4, 8, 16, 32, 64),); print('decode graph ladder', \
+g.DecodeGraphs.__init__.__defaults__, file=sys.stderr); "
+BATCH2K="import localllm.app.serve as s; k = s.engine_kwargs; s.engine_kwargs = lambda a: \
+print('engine', {**k(a), 'max_num_batched_tokens': 2048}, file=sys.stderr) or {**k(a), 'max_num_batched_tokens': 2048}; "
 left() { [ $SECONDS -lt "$BUDGET_S" ] || { echo "skip $1: ${SECONDS}s used of BUDGET_S=$BUDGET_S"; return 1; }; }
 for step in $STEPS; do
   case $step in
@@ -133,8 +142,8 @@ for step in $STEPS; do
     tests) timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/engine/test_graph_ladder.py \
         tests/engine/test_gpu_graphs.py 2>&1 | tee "$OUT/pytest.log" | grep -v "^\." | tail -15 ;;
     ours) left ours && model_ready && ours ours ;;
-    ladder) left ladder && model_ready && ours ladder \
-      "import localllm.engine.runtime.cuda_graphs as g; assert len(g.DecodeGraphs.__init__.__defaults__) == 1; g.DecodeGraphs.__init__.__defaults__ = ((1, 2, 4, 8, 16, 32, 64),); " ;;
+    ladder) left ladder && model_ready && ours ladder "$LADDER" ;;
+    tuned) left tuned && model_ready && ours tuned "$LADDER$BATCH2K" ;;
     llama) left llama && model_ready || continue
       [ -x $LLS/bin/llama-server ] || { echo "llama: no llama-server (build it: STEPS=build keep)"; continue; }
       $LLS/bin/llama-server -m "$MODEL" -np "$NP" -c $((NP * 2560)) -fa on -ngl 99 --port 8182 \

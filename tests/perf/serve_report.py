@@ -26,7 +26,7 @@ def report(runs: list[dict], baseline: str) -> str:
     for r in runs:
         lines += [bs.table_row(r["label"], lv) for lv in r["levels"]]
     base = next((r for r in runs if r["label"] == baseline), None)
-    if base is None:
+    if base is None or len(runs) == 1:
         return "\n".join(lines)
     by_c = {lv["concurrency"]: lv for lv in base["levels"]}
     lines += ["", f"Against {baseline}:", "",

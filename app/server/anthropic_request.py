@@ -5,7 +5,9 @@ input_schema}` become OpenAI function tools and `tool_choice` `{type: auto|any|t
 path's choice, so prompting, grammars and parsing are the chat path's own. In the history an
 assistant's `tool_use` blocks become its `tool_calls` (`thinking` its `reasoning_content`), and a
 user's `tool_result` blocks become `role: "tool"` messages ahead of the user's text, as Anthropic
-puts them first. Anything else (images, documents, server tools) is a 400, never dropped.
+puts them first. A user's `image` blocks (`source` base64 with a media type, or url) become the
+chat path's image parts; anything else (documents, images elsewhere, server tools) is a 400,
+never dropped.
 """
 
 import json
@@ -19,6 +21,7 @@ from localllm.engine.sampling.params import SamplingParams
 
 _TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,128}")  # Anthropic's rule (64) with room; no dots
 _CHOICES = {"auto": "auto", "any": "required", "none": "none"}
+_IMAGE_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")  # Anthropic's list
 
 
 class AnthropicMessage(BaseModel):
@@ -95,11 +98,14 @@ def _text(content: str | list, where: str) -> str:
 def _user(content: str | list[dict], where: str) -> list[dict]:
     if isinstance(content, str):
         return [{"role": "user", "content": content}]
-    results, texts = [], []
+    results, parts = [], []
     for j, block in enumerate(content):
         at = f"{where}.content[{j}]"
+        if isinstance(block, dict) and block.get("type") == "image":
+            parts.append({"type": "image", "url": _image_url(block.get("source"), at)})
+            continue
         if not isinstance(block, dict) or block.get("type") != "tool_result":
-            texts.append(_text([block], f"{where}.content"))
+            parts.append({"type": "text", "text": _text([block], f"{where}.content")})
             continue
         use_id = block.get("tool_use_id")
         if not isinstance(use_id, str) or not use_id:
@@ -107,9 +113,29 @@ def _user(content: str | list[dict], where: str) -> list[dict]:
         result = block.get("content") or ""
         results.append({"role": "tool", "tool_call_id": use_id,
                         "content": _text(result, f"{at}.content")})  # fmt: skip
-    if texts or not results:
-        results.append({"role": "user", "content": "".join(texts)})
+    if any(p["type"] == "image" for p in parts):
+        results.append({"role": "user", "content": parts})
+    elif parts or not results:
+        results.append({"role": "user", "content": "".join(p["text"] for p in parts)})
     return results
+
+
+def _image_url(source: Any, where: str) -> str:
+    """An image block's source as a URL the chat path loads (base64 data as a data: URL)."""
+    kind = source.get("type") if isinstance(source, dict) else None
+    if kind == "base64":
+        media, data = source.get("media_type"), source.get("data")
+        if media not in _IMAGE_TYPES:
+            raise ValueError(f"{where}.source.media_type must be one of {', '.join(_IMAGE_TYPES)}")
+        if not isinstance(data, str) or not data:
+            raise ValueError(f"{where}.source.data must be the image's base64 text")
+        return f"data:{media};base64,{data}"
+    if kind == "url":
+        url = source.get("url")
+        if not isinstance(url, str) or not url:
+            raise ValueError(f"{where}.source.url must be a URL")
+        return url
+    raise ValueError(f"{where}.source.type must be 'base64' or 'url', not {kind!r}")
 
 
 def _assistant(content: str | list[dict], where: str) -> dict:

@@ -83,6 +83,8 @@ async def count_tokens(body: MessagesBody, request: Request) -> JSONResponse:
     _, engine = await resolve_model(request, body.model)
     prep = await prepare_chat(engine, request.app.state.settings, body.chat_messages(),
                               SamplingParams(max_tokens=1), body.tool_request())  # fmt: skip
+    if prep.prompt is not None:  # with images: the ids hold each image's expanded tokens
+        return JSONResponse({"input_tokens": len(prep.prompt[0])})
     ids = await asyncio.to_thread(
         engine.engine.chat_prompt,
         prep.messages,

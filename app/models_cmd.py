@@ -119,8 +119,10 @@ def format_table(
     default: LocalModel | None = None,
 ) -> str:
     """The `ls` table: name, quant, size, architecture, context, where it lives (`hf-cache` or
-    `embedded` before the path, and `(default)` on the model `run` takes without `-m`)."""
+    `embedded` before the path, and `(default)` on the model `run` takes without `-m`).
+    MusicGen folders show `musicgen(music)`: `localllm music -m NAME` makes music with them."""
     from localllm.app.hub.progress import human_bytes
+    from localllm.app.model_path import MUSIC_MODEL_TYPES
 
     rows = [("NAME", "QUANT", "SIZE", "ARCH", "CONTEXT", "WHERE")]
     for m in models:
@@ -132,8 +134,14 @@ def format_table(
                 m.name,
                 m.quant or "-",
                 human_bytes(m.size),
-                m.architecture or "?",
-                str(m.context_length) if m.context_length else "?",
+                *(  # MusicGen folders: for `localllm music`, no context length
+                    (f"{m.architecture}(music)", "-")
+                    if m.architecture in MUSIC_MODEL_TYPES
+                    else (
+                        m.architecture or "?",
+                        str(m.context_length) if m.context_length else "?",
+                    )
+                ),
                 " ".join((*labels, str(m.path))),
             )
         )

@@ -122,10 +122,10 @@ def load_music_model(name: str | None, device: str = "auto", dtype: str | None =
 
 def resolve_music_model(name: str | None) -> Path:
     """The MusicGen folder `name` names (a path or a cached Hub repo); errors say how to get it."""
-    from localllm.app.model_path import resolve_model
+    from localllm.app.model_path import resolve_model_path
 
     name = name or default_music_model()
-    path = resolve_model(name)
+    path = resolve_model_path(name)
     if not path.is_dir():
         raise ValueError(f"{name}: not a MusicGen folder (config.json + safetensors)")
     return path

@@ -30,7 +30,7 @@ from localllm.engine.layers.shared import DenseParam, GatedMLP, RMSNorm, attenti
 from localllm.engine.models.common import arch_key, attention_layers
 from localllm.engine.models.decoder import Decoder
 from localllm.engine.models.hparams import HyperparameterError
-from localllm.engine.moe.block import MoEFeedForward
+from localllm.engine.moe.block import MoEFeedForward, Routing
 from localllm.engine.moe.expert_tensor import EXPERT_TENSORS
 
 
@@ -55,6 +55,7 @@ class ModelArgs:
     n_expert: int
     n_expert_used: int
     shared_hidden: int
+    expert_scale: float  # the routing weights' factor (llama.cpp: 0 is none)
     attn_scale: float
     embedding_scale: float
     residual_scale: float
@@ -88,6 +89,7 @@ class ModelArgs:
             n_expert=k("expert_count", 0),
             n_expert_used=k("expert_used_count", 0),
             shared_hidden=k("expert_shared_feed_forward_length", 0),
+            expert_scale=k("expert_weights_scale", 0.0) or 1.0,
             # llama.cpp: a scale of 0 (or none) is 1/sqrt(head), 1 and 1 for the others
             attn_scale=k("attention.scale", 0.0) or head_dim**-0.5,
             embedding_scale=k("embedding_scale", 1.0),
@@ -195,6 +197,7 @@ class Block(nn.Module):
             self.mlp = MoEFeedForward(
                 layer, a.dim, a.hidden_dim, a.n_expert, a.n_expert_used, True,
                 precise=precise, shared_hidden=a.shared_hidden,
+                routing=Routing(scale=a.expert_scale) if a.expert_scale != 1.0 else None,
             )  # fmt: skip
         else:
             self.mlp = GatedMLP(a.dim, a.hidden_dim, "silu", precise)

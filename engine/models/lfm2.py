@@ -42,6 +42,7 @@ class ModelArgs:
     context_length: int
     conv_taps: int  # shortconv.l_cache
     attn_layers: tuple[int, ...]  # the rest are short convolutions
+    sliding_window: int  # 0: none; llama.cpp's SWA variant (refused, see `check`)
 
     @classmethod
     def from_gguf(cls, meta: dict[str, Any], vocab_size: int) -> "ModelArgs":
@@ -63,10 +64,16 @@ class ModelArgs:
             context_length=k("context_length", 128000),
             conv_taps=k("shortconv.l_cache"),
             attn_layers=attn,
+            sliding_window=k("attention.sliding_window", 0),
         )
 
     def check(self) -> None:
         """lfm2's own relations (the shared ones: `hparams.check_args`)."""
+        if self.sliding_window:  # never run a sliding-window file with full attention
+            raise HyperparameterError(
+                f"attention.sliding_window is {self.sliding_window}: LFM2's sliding-window "
+                "attention is not implemented"
+            )
         if self.dim % self.n_heads:
             raise HyperparameterError(
                 f"embedding_length {self.dim} is not a multiple of head_count {self.n_heads}"

@@ -320,6 +320,7 @@ I32, U32, F32, BOOL = VT.INT32, VT.UINT32, VT.FLOAT32, VT.BOOL
         ("lfm2", "attention.head_count_kv", ([0, 2, 1, 0], I32), "mixes [1, 2]"),
         ("lfm2", "attention.head_count_kv", ([0, -2, 2, 0], I32), "one per layer"),
         ("lfm2", "shortconv.l_cache", (1, U32), "shortconv.l_cache"),
+        ("lfm2", "attention.sliding_window", (512, U32), "sliding-window attention"),
         ("granitehybrid", "rope.scaling.finetuned", (True, BOOL), "Bamba"),
         ("granitehybrid", "ssm.group_count", (3, U32), "the heads must divide"),
         ("granitehybrid", "residual_scale", (-1.0, F32), "residual_scale"),
@@ -340,3 +341,20 @@ def test_hybrid_keys_out_of_range_are_one_line_errors(name, key, value, needle, 
         LLMEngine(str(bad), EngineArgs(kv_cache_memory=1 << 20))
     msg = str(e.value)
     assert msg.startswith(f"{bad}: ") and needle in msg and "\n" not in msg, msg
+
+
+@torch.inference_mode()
+def test_granite_expert_weights_scale_scales_the_routed_experts(tmp_path):
+    """A file's `expert_weights_scale` (llama.cpp multiplies the routing weights by it; Granite's
+    converter writes none) scales the routed experts' sum, not the shared MLP."""
+    from tests.engine.gguf_fixtures import GGUFValue
+    from tests.engine.hostile_gguf import hparam, write_variant
+
+    key = hparam("granitehybrid", "expert_weights_scale")
+    scaled = write_variant(tmp_path / "s.gguf", "granitehybrid", {key: GGUFValue(2.0, F32)})
+    with open_gguf(path("granitehybrid")) as g1, open_gguf(scaled) as g2:
+        plain, double = build_model(g1, precise=True), build_model(g2, precise=True)
+        x = torch.randn(5, 32, generator=torch.Generator().manual_seed(0))
+        a, b = plain.blk[0].mlp, double.blk[0].mlp
+        shared = a.shexp(x)
+        assert max_err(b(x) - shared, 2 * (a(x) - shared)) < 1e-5

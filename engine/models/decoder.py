@@ -11,6 +11,7 @@ from torch import nn
 
 from localllm.engine.core.batch import BatchMeta
 from localllm.engine.layers.linear import QuantLinear
+from localllm.engine.layers.native_decode import NativeDecode
 from localllm.engine.layers.rope import Rotary
 from localllm.engine.layers.shared import QuantEmbedding, RMSNorm
 from localllm.engine.runtime.kv_cache import PagedKVCache
@@ -35,6 +36,7 @@ class Decoder(nn.Module):
         self.output_norm = RMSNorm(args.dim, args.norm_eps)
         self.output = QuantLinear(args.dim, args.vocab_size, precise)
         self.rotary: Rotary | None = None
+        self._native_step = None  # `NativeDecode` (CPU steps in one native call), False: none
 
     def tie_output(self) -> None:
         """Reuse the embedding table as the output head when the file has no `output.weight`."""
@@ -53,6 +55,12 @@ class Decoder(nn.Module):
         self, ids: torch.Tensor, positions: torch.Tensor, batch: BatchMeta, kv: PagedKVCache
     ) -> torch.Tensor:
         """Hidden states [T, dim] after the final norm."""
+        if not ids.is_cuda:  # CPU decode steps: all layers in one native call where they can
+            if self._native_step is None:
+                self._native_step = NativeDecode.for_model(self) or False
+            x = self._native_step(ids, positions, batch, kv) if self._native_step else None
+            if x is not None:
+                return self.output_norm(x)
         x = batch.splice(self.token_embd(ids))
         cos_sin = self.rotary.cos_sin(positions)
         r = None  # a block's last output not yet added to the stream (see `defers_residual`)

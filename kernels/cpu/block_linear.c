@@ -56,43 +56,59 @@ static void row_dots(int type, const uint8_t *w, int64_t k, const int8_t *const 
     }
 }
 
-/* y [t, n] = x [t, k] . W^T, W's n rows the rows of `nparts` parts (part p: rows[p] rows of
- * `type` at parts[p]), each weight row read once and dotted with up to ROWS_MAX token rows per
- * decode of its codes. Scratch: q8 [t*k], d8 [t*k/32], bs [t*k/16]. k a multiple of 256 for
- * the 256-value types, of 32 for the others. */
-void block_rows(int type, int64_t nparts, const uint8_t *const *parts, const int64_t *rows,
-                int64_t k, int64_t t, const float *x, float *y, int8_t *q8, float *d8,
-                int16_t *bs, int threads) {
+/* The int8 codes of t activation rows x [t, k] (row stride ldx) in `type`'s format: q8 [t*k],
+ * d8 [t*k/32], bs [t*k/16]. A worksharing loop: call from every thread of a parallel region. */
+static void quantize_rows(int type, const float *x, int64_t ldx, int64_t t, int64_t k, int8_t *q8,
+                          float *d8, int16_t *bs) {
+    const int g = per_256(type) ? 256 : 32;
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < t; i++)
+        quantize_groups(x + i * ldx, k, g, q8 + i * k, d8 + i * k / 32, bs + i * k / 16);
+}
+
+/* y [t, n] (row stride ldy) = the quantized rows (quantize_rows) . W^T, W's n rows the rows of
+ * `nparts` parts (part p: rows[p] rows of `type` at parts[p]), each weight row read once and
+ * dotted with up to ROWS_MAX token rows per decode of its codes. A worksharing loop. */
+static void rows_dot(int type, int64_t nparts, const uint8_t *const *parts, const int64_t *rows,
+                     int64_t k, int64_t t, const int8_t *q8, const float *d8, const int16_t *bs,
+                     float *y, int64_t ldy) {
     int64_t n = 0, start[MAX_PARTS + 1];
-    if (nparts > MAX_PARTS) return;
     for (int64_t p = 0; p < nparts; p++) start[p] = n, n += rows[p];
     start[nparts] = n;
     const int64_t rb = block_row_bytes(type, k);
-    const int g = per_256(type) ? 256 : 32;
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < n; r++) {
+        int64_t p = 0;
+        while (r >= start[p + 1]) p++;
+        const int64_t rr = r - start[p];
+        const uint8_t *wr = parts[p] + rr * rb;
+        if (rr + PREFETCH_ROWS < rows[p]) prefetch_row(wr + PREFETCH_ROWS * rb, rb);
+        for (int64_t i = 0; i < t; i += ROWS_MAX) {
+            const int R = t - i < ROWS_MAX ? (int)(t - i) : ROWS_MAX;
+            const int8_t *q[ROWS_MAX];
+            const float *d[ROWS_MAX];
+            const int16_t *s[ROWS_MAX];
+            float out[ROWS_MAX];
+            for (int j = 0; j < R; j++)
+                q[j] = q8 + (i + j) * k, d[j] = d8 + (i + j) * k / 32, s[j] = bs + (i + j) * k / 16;
+            row_dots(type, wr, k, q, d, s, R, out);
+            for (int j = 0; j < R; j++) y[(i + j) * ldy + r] = out[j];
+        }
+    }
+}
+
+/* y [t, n] = x [t, k] . W^T over the parts (rows_dot), one parallel region. Scratch: q8 [t*k],
+ * d8 [t*k/32], bs [t*k/16]. k a multiple of 256 for the 256-value types, of 32 for the others. */
+void block_rows(int type, int64_t nparts, const uint8_t *const *parts, const int64_t *rows,
+                int64_t k, int64_t t, const float *x, float *y, int8_t *q8, float *d8,
+                int16_t *bs, int threads) {
+    if (nparts < 1 || nparts > MAX_PARTS) return;
+    int64_t n = 0;
+    for (int64_t p = 0; p < nparts; p++) n += rows[p];
 #pragma omp parallel num_threads(threads)
     {
-#pragma omp for schedule(static)
-        for (int64_t i = 0; i < t; i++)
-            quantize_groups(x + i * k, k, g, q8 + i * k, d8 + i * k / 32, bs + i * k / 16);
-#pragma omp for schedule(static)
-        for (int64_t r = 0; r < n; r++) {
-            int64_t p = 0;
-            while (r >= start[p + 1]) p++;
-            const int64_t rr = r - start[p];
-            const uint8_t *wr = parts[p] + rr * rb;
-            if (rr + PREFETCH_ROWS < rows[p]) prefetch_row(wr + PREFETCH_ROWS * rb, rb);
-            for (int64_t i = 0; i < t; i += ROWS_MAX) {
-                const int R = t - i < ROWS_MAX ? (int)(t - i) : ROWS_MAX;
-                const int8_t *q[ROWS_MAX];
-                const float *d[ROWS_MAX];
-                const int16_t *s[ROWS_MAX];
-                float out[ROWS_MAX];
-                for (int j = 0; j < R; j++)
-                    q[j] = q8 + (i + j) * k, d[j] = d8 + (i + j) * k / 32, s[j] = bs + (i + j) * k / 16;
-                row_dots(type, wr, k, q, d, s, R, out);
-                for (int j = 0; j < R; j++) y[(i + j) * n + r] = out[j];
-            }
-        }
+        quantize_rows(type, x, k, t, k, q8, d8, bs);
+        rows_dot(type, nparts, parts, rows, k, t, q8, d8, bs, y, n);
     }
 }
 

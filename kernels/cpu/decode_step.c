@@ -1,0 +1,201 @@
+/* A decode step of a pre-norm decoder (llama's block: RMSNorm -> q/k/v -> rope -> attention over
+ * the paged KV cache -> output projection -> residual; RMSNorm -> gate/up -> SiLU or tanh-GELU
+ * product -> down -> residual) for t token rows, each the one new token of its own sequence, all
+ * layers in one call and one OpenMP region (worksharing loops and their barriers between the
+ * stages): eager torch spent ~20 dispatched ops per layer on what is a few microseconds of work.
+ * The linears are block_linear.c's (the file's blocks, int8 activations); the rest is float32.
+ * kernels/cpu/decode_step.py lays the model out in these structs and holds the torch reference. */
+#include "block_linear.c"
+
+typedef struct {
+    int64_t type, nparts;
+    const uint8_t *const *parts;
+    const int64_t *rows;
+    int64_t n; /* output columns (the parts' rows together) */
+} lin_t;
+
+enum { MAX_GROUPS = 3 };
+
+typedef struct {
+    lin_t qkv[MAX_GROUPS]; /* q | k | v side by side: runs of one type each */
+    int64_t n_qkv;
+    lin_t o;
+    lin_t gu[MAX_GROUPS]; /* gate | up */
+    int64_t n_gu;
+    lin_t down;
+    const float *attn_norm, *ffn_norm;
+    void *k_cache, *v_cache; /* [blocks, block_size, n_kv, head_dim], float32 or float16 */
+} layer_t;
+
+typedef struct {
+    int64_t n_layers, dim, n_q, n_kv, hd, hidden, rope_dims, neox, kv_f16, block_size, act;
+    double eps, scale;
+    const layer_t *layers;
+} model_t;
+
+static inline float half_to_float(uint16_t h) { return h2f(h); }
+
+static inline uint16_t float_to_half(float f) {
+#if defined(__F16C__)
+    return _cvtss_sh(f, 0); /* round to nearest even, as torch's .half() */
+#else
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    const uint32_t sign = (x >> 16) & 0x8000;
+    int32_t e = (int32_t)((x >> 23) & 0xff) - 127 + 15;
+    uint32_t m = x & 0x7fffff;
+    if (((x >> 23) & 0xff) == 0xff) return (uint16_t)(sign | 0x7c00 | (m ? 0x200 : 0));
+    if (e >= 31) return (uint16_t)(sign | 0x7c00);
+    if (e <= 0) {
+        if (e < -10) return (uint16_t)sign;
+        m |= 0x800000;
+        const int shift = 14 - e;
+        uint32_t h = m >> shift, rem = m & ((1u << shift) - 1), half = 1u << (shift - 1);
+        if (rem > half || (rem == half && (h & 1))) h++;
+        return (uint16_t)(sign | h);
+    }
+    uint32_t h = ((uint32_t)e << 10) | (m >> 13), rem = m & 0x1fff;
+    if (rem > 0x1000 || (rem == 0x1000 && (h & 1))) h++;
+    return (uint16_t)(sign | h);
+#endif
+}
+
+/* h = x / rms(x) * w, one row */
+static void rms_norm_row(const float *x, const float *w, int64_t n, double eps, float *h) {
+    float ss = 0.f;
+#pragma omp simd reduction(+ : ss)
+    for (int64_t j = 0; j < n; j++) ss += x[j] * x[j];
+    const float inv = 1.f / sqrtf(ss / (float)n + (float)eps);
+#pragma omp simd
+    for (int64_t j = 0; j < n; j++) h[j] = x[j] * inv * w[j];
+}
+
+/* a linear's groups, each quantizing x for its own type, outputs side by side in y [t, ldy] */
+static void linear_groups(const lin_t *g, int64_t ng, const float *x, int64_t ldx, int64_t t,
+                          int64_t k, float *y, int64_t ldy, int8_t *q8, float *d8, int16_t *bs) {
+    int64_t col = 0;
+    for (int64_t i = 0; i < ng; i++) {
+        quantize_rows((int)g[i].type, x, ldx, t, k, q8, d8, bs);
+        rows_dot((int)g[i].type, g[i].nparts, g[i].parts, g[i].rows, k, t, q8, d8, bs, y + col, ldy);
+        col += g[i].n;
+    }
+}
+
+/* rotate the first `dims` values of one head: adjacent pairs (llama's NORM) or halves (NEOX) */
+static void rope_head(float *v, const float *cos, const float *sin, int64_t dims, int64_t neox) {
+    const int64_t half = dims / 2;
+    for (int64_t i = 0; i < half; i++) {
+        const int64_t a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
+        const float x0 = v[a], x1 = v[b];
+        v[a] = x0 * cos[i] - x1 * sin[i];
+        v[b] = x1 * cos[i] + x0 * sin[i];
+    }
+}
+
+static inline const float *cache_row(const model_t *m, const void *cache, int64_t slot, int64_t g,
+                                     float *tmp) {
+    const int64_t at = (slot * m->n_kv + g) * m->hd;
+    if (!m->kv_f16) return (const float *)cache + at;
+    const uint16_t *h = (const uint16_t *)cache + at;
+    for (int64_t j = 0; j < m->hd; j++) tmp[j] = half_to_float(h[j]);
+    return tmp;
+}
+
+/* One query head of row i over its sequence's cache: softmax(q . K^T x scale) V -> out [hd].
+ * sc: scratch of ctx floats, tmp: 2 x hd floats. */
+static void attend_head(const model_t *m, const layer_t *L, const float *q, int64_t g, int64_t ctx,
+                        const int64_t *table, float *out, float *sc, float *tmp) {
+    const int64_t bsz = m->block_size, hd = m->hd;
+    float mx = -INFINITY;
+    for (int64_t j = 0; j < ctx; j++) {
+        const int64_t slot = table[j / bsz] * bsz + j % bsz;
+        const float *kr = cache_row(m, L->k_cache, slot, g, tmp);
+        float s = 0.f;
+#pragma omp simd reduction(+ : s)
+        for (int64_t d = 0; d < hd; d++) s += q[d] * kr[d];
+        sc[j] = s * (float)m->scale;
+        mx = sc[j] > mx ? sc[j] : mx;
+    }
+    float sum = 0.f;
+    for (int64_t j = 0; j < ctx; j++) sum += (sc[j] = expf(sc[j] - mx));
+    const float inv = 1.f / sum;
+    for (int64_t d = 0; d < hd; d++) out[d] = 0.f;
+    for (int64_t j = 0; j < ctx; j++) {
+        const int64_t slot = table[j / bsz] * bsz + j % bsz;
+        const float *vr = cache_row(m, L->v_cache, slot, g, tmp + hd);
+        const float p = sc[j] * inv;
+#pragma omp simd
+        for (int64_t d = 0; d < hd; d++) out[d] += p * vr[d];
+    }
+}
+
+/* x [t, dim]: the token rows' embeddings in, the stream after the last layer out (the caller
+ * applies the final norm). cos / sin [t, rope_dims / 2]; slots [t] (cache slot of each row's
+ * token); seq_lens [t] (its context after this step); tables [t, table_stride] (its blocks).
+ * Scratch (floats unless said): h [t*dim], qkv [t*(n_q+2 n_kv)*hd], att [t*n_q*hd],
+ * gu [t*2*hidden], y [t*dim], q8 int8 [t*kmax], d8 [t*kmax/32], bs int16 [t*kmax/16] (kmax =
+ * the widest linear input), sc [threads * (max seq_len + 2*hd)]. */
+void decode_step(const model_t *m, int64_t t, float *x, const float *cos, const float *sin,
+                 const int64_t *slots, const int64_t *seq_lens, const int64_t *tables,
+                 int64_t table_stride, float *h, float *qkv, float *att, float *gu, float *y,
+                 int8_t *q8, float *d8, int16_t *bs, float *sc, int64_t sc_stride, int threads) {
+    const int64_t dim = m->dim, hd = m->hd, nq = m->n_q, nkv = m->n_kv, hidden = m->hidden;
+    const int64_t nqkv = (nq + 2 * nkv) * hd, group = nq / nkv;
+#pragma omp parallel num_threads(threads)
+    {
+        int id = 0;
+#ifdef _OPENMP
+        id = omp_get_thread_num();
+#endif
+        float *mysc = sc + id * sc_stride;
+        for (int64_t l = 0; l < m->n_layers; l++) {
+            const layer_t *L = &m->layers[l];
+#pragma omp for schedule(static)
+            for (int64_t i = 0; i < t; i++) rms_norm_row(x + i * dim, L->attn_norm, dim, m->eps, h + i * dim);
+            linear_groups(L->qkv, L->n_qkv, h, dim, t, dim, qkv, nqkv, q8, d8, bs);
+#pragma omp for schedule(static)
+            for (int64_t i = 0; i < t; i++) { /* rope q and k, write k and v at the row's slot */
+                float *row = qkv + i * nqkv;
+                const float *c = cos + i * (m->rope_dims / 2), *s = sin + i * (m->rope_dims / 2);
+                for (int64_t hh = 0; hh < nq + nkv; hh++) rope_head(row + hh * hd, c, s, m->rope_dims, m->neox);
+                const float *kr = row + nq * hd, *vr = kr + nkv * hd;
+                const int64_t at = slots[i] * nkv * hd;
+                if (m->kv_f16) {
+                    uint16_t *kc = (uint16_t *)L->k_cache + at, *vc = (uint16_t *)L->v_cache + at;
+                    for (int64_t j = 0; j < nkv * hd; j++) kc[j] = float_to_half(kr[j]), vc[j] = float_to_half(vr[j]);
+                } else {
+                    memcpy((float *)L->k_cache + at, kr, nkv * hd * sizeof(float));
+                    memcpy((float *)L->v_cache + at, vr, nkv * hd * sizeof(float));
+                }
+            }
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t p = 0; p < t * nq; p++) {
+                const int64_t i = p / nq, head = p % nq;
+                attend_head(m, L, qkv + i * nqkv + head * hd, head / group, seq_lens[i],
+                            tables + i * table_stride, att + i * nq * hd + head * hd, mysc,
+                            mysc + sc_stride - 2 * hd);
+            }
+            linear_groups(&L->o, 1, att, nq * hd, t, nq * hd, y, dim, q8, d8, bs);
+#pragma omp for schedule(static)
+            for (int64_t i = 0; i < t; i++) {
+                for (int64_t j = 0; j < dim; j++) x[i * dim + j] += y[i * dim + j];
+                rms_norm_row(x + i * dim, L->ffn_norm, dim, m->eps, h + i * dim);
+            }
+            linear_groups(L->gu, L->n_gu, h, dim, t, dim, gu, 2 * hidden, q8, d8, bs);
+#pragma omp for schedule(static)
+            for (int64_t i = 0; i < t; i++) { /* the product in the gate's place */
+                float *g = gu + i * 2 * hidden, *u = g + hidden;
+                for (int64_t j = 0; j < hidden; j++) {
+                    const float v = g[j];
+                    const float a = m->act == 0 ? v / (1.f + expf(-v))
+                                                : 0.5f * v * (1.f + tanhf(0.7978845608f * (v + 0.044715f * v * v * v)));
+                    g[j] = a * u[j];
+                }
+            }
+            linear_groups(&L->down, 1, gu, 2 * hidden, t, hidden, y, dim, q8, d8, bs);
+#pragma omp for schedule(static)
+            for (int64_t i = 0; i < t; i++)
+                for (int64_t j = 0; j < dim; j++) x[i * dim + j] += y[i * dim + j];
+        }
+    }
+}

@@ -1,0 +1,218 @@
+"""`decode_step.c`: every layer of a llama-style decoder for a decode step's token rows in one
+native call (norms, the block linears, rope, the KV write, attention over the paged cache, the
+gated MLP, the residual adds), compiled at first use like `block_linear.py`'s kernels.
+
+`DecodeStep` holds the model laid out in the C structs (`LayerSpec`s: the linears' prepared
+`NativeLinear`s, the norm weights, one KV cache's layer tensors) and runs a step; `load()` answers
+the library or None (no compiler: the torch layers run). `decode_step_reference` is the same
+step in torch, the linears through their `matmul`: the oracle of the tests.
+"""
+
+import ctypes
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from localllm.kernels.cpu.block_linear import FLAG_SETS, SOURCES, _bind
+from localllm.kernels.cpu.cbuild import built_libraries, compiler
+
+SOURCE = Path(__file__).with_name("decode_step.c")
+ACTS = {"silu": 0, "gelu": 1}
+MAX_GROUPS = 3  # MAX_GROUPS in the C: runs of one ggml type in q|k|v or gate|up
+_I, _P, _D = ctypes.c_int64, ctypes.c_void_p, ctypes.c_double
+
+
+class _Lin(ctypes.Structure):
+    _fields_ = [("type", _I), ("nparts", _I), ("parts", _P), ("rows", _P), ("n", _I)]
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [
+        ("qkv", _Lin * MAX_GROUPS),
+        ("n_qkv", _I),
+        ("o", _Lin),
+        ("gu", _Lin * MAX_GROUPS),
+        ("n_gu", _I),
+        ("down", _Lin),
+        ("attn_norm", _P),
+        ("ffn_norm", _P),
+        ("k_cache", _P),
+        ("v_cache", _P),
+    ]
+
+
+_MODEL_INTS = ("n_layers", "dim", "n_q", "n_kv", "hd", "hidden", "rope_dims", "neox", "kv_f16",
+               "block_size", "act")  # fmt: skip
+
+
+class _Model(ctypes.Structure):
+    _fields_ = [*((n, _I) for n in _MODEL_INTS), ("eps", _D), ("scale", _D), ("layers", _P)]
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The decoder's sizes: heads, head dim, rotated dims (adjacent pairs unless `neox`)."""
+
+    dim: int
+    n_q: int
+    n_kv: int
+    head_dim: int
+    hidden: int
+    rope_dims: int
+    neox: bool
+    eps: float
+    act: str = "silu"
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """One layer: its linears' `NativeLinear`s (q|k|v and gate|up as runs of one type, in
+    order), its two norm weights (float32 [dim]) and its K and V cache tensors."""
+
+    qkv: list
+    o: object
+    gate_up: list
+    down: object
+    attn_norm: torch.Tensor
+    ffn_norm: torch.Tensor
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+
+
+def load(cache_dir: Path | None = None) -> ctypes.CDLL | None:
+    """The compiled library (block_linear's kernels inside), or None where none builds."""
+    cc = compiler()
+    if cc is None:
+        return None
+    for lib, _, _ in built_libraries((SOURCE, *SOURCES), FLAG_SETS, "localllm-decode-step",
+                                     _bind_step, cache_dir, cc):  # fmt: skip
+        return lib
+    return None
+
+
+def _bind_step(lib: ctypes.CDLL) -> None:
+    _bind(lib)
+    lib.decode_step.argtypes = [_P, _I, _P, _P, _P, _P, _P, _P, _I, _P, _P, _P, _P, _P, _P, _P,
+                                _P, _P, _I, ctypes.c_int]  # fmt: skip
+    lib.decode_step.restype = None
+
+
+def _lin(lin) -> _Lin:
+    return _Lin(int(lin.qtype), len(lin.parts), ctypes.addressof(lin.parts.ptrs),
+                ctypes.addressof(lin.parts.rows), lin.shape[0])  # fmt: skip
+
+
+class DecodeStep:
+    """A model's layers over one KV cache's tensors (float32 or float16, [blocks, block_size,
+    n_kv, head_dim] per layer); `__call__` runs a step."""
+
+    def __init__(self, lib: ctypes.CDLL, shape: Shape, layers: list[LayerSpec], block_size: int):
+        s = shape
+        if len(layers) == 0 or s.n_q % s.n_kv or s.rope_dims > s.head_dim or s.act not in ACTS:
+            raise ValueError(f"no native decode step for {s} with {len(layers)} layers")
+        dtypes = {lay.k_cache.dtype for lay in layers} | {lay.v_cache.dtype for lay in layers}
+        if dtypes - {torch.float32, torch.float16} or len(dtypes) != 1:
+            raise ValueError(f"KV cache of {dtypes}: float32 or float16 only")
+        if any(len(lay.qkv) > MAX_GROUPS or len(lay.gate_up) > MAX_GROUPS for lay in layers):
+            raise ValueError(f"more than {MAX_GROUPS} runs of one type in a fused projection")
+        self.lib, self.shape, self.specs = lib, s, layers  # (kept: the structs point in)
+        self.layers = (_Layer * len(layers))()
+        for c, lay in zip(self.layers, layers, strict=True):
+            for i, g in enumerate(lay.qkv):
+                c.qkv[i] = _lin(g)
+            for i, g in enumerate(lay.gate_up):
+                c.gu[i] = _lin(g)
+            c.n_qkv, c.n_gu, c.o, c.down = (
+                len(lay.qkv),
+                len(lay.gate_up),
+                _lin(lay.o),
+                _lin(lay.down),
+            )
+            c.attn_norm, c.ffn_norm = lay.attn_norm.data_ptr(), lay.ffn_norm.data_ptr()
+            c.k_cache, c.v_cache = lay.k_cache.data_ptr(), lay.v_cache.data_ptr()
+        f16 = layers[0].k_cache.dtype == torch.float16
+        ints = (len(layers), s.dim, s.n_q, s.n_kv, s.head_dim, s.hidden, s.rope_dims, int(s.neox),
+                int(f16), block_size, ACTS[s.act])  # fmt: skip
+        self.model = _Model(*ints, s.eps, s.head_dim**-0.5, ctypes.addressof(self.layers))
+        self.kmax = max(s.dim, s.hidden, s.n_q * s.head_dim)
+        self._scratch: dict[tuple[int, int], tuple] = {}
+
+    def _buffers(self, t: int, ctx: int, threads: int) -> tuple:
+        key = (t, threads)
+        have = self._scratch.get(key)
+        s = self.shape
+        if have is None or have[0] < ctx:
+            ctx = max(ctx, 2 * (have[0] if have else 256))
+            hd, kq = s.head_dim, t * self.kmax
+            bufs = (torch.empty(t * s.dim), torch.empty(t * (s.n_q + 2 * s.n_kv) * hd),
+                    torch.empty(t * s.n_q * hd), torch.empty(t * 2 * s.hidden),
+                    torch.empty(t * s.dim), torch.empty(kq, dtype=torch.int8),
+                    torch.empty(kq // 32 + 8), torch.empty(kq // 16 + 16, dtype=torch.int16),
+                    torch.empty(threads * (ctx + 2 * hd)))  # fmt: skip
+            have = self._scratch[key] = (ctx, bufs)
+        return have
+
+    def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                 slots: torch.Tensor, seq_lens: torch.Tensor, tables: torch.Tensor,
+                 threads: int | None = None) -> torch.Tensor:  # fmt: skip
+        """x [t, dim] float32 (the embeddings; updated in place to the stream after the last
+        layer), cos / sin [t, rope_dims / 2], slots / seq_lens [t] and tables [t, W] int64."""
+        t = x.shape[0]
+        threads = threads or torch.get_num_threads()
+        ctx, bufs = self._buffers(t, int(seq_lens.max()), threads)
+        ptr = torch.Tensor.data_ptr
+        self.lib.decode_step(
+            ctypes.addressof(self.model), t, ptr(x), ptr(cos), ptr(sin), ptr(slots),
+            ptr(seq_lens), ptr(tables), tables.shape[1], *(ptr(b) for b in bufs),
+            ctx + 2 * self.shape.head_dim, threads,
+        )  # fmt: skip
+        return x
+
+
+def decode_step_reference(shape: Shape, layers: list[LayerSpec], block_size: int,
+                          x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                          slots: torch.Tensor, seq_lens: torch.Tensor,
+                          tables: torch.Tensor) -> torch.Tensor:  # fmt: skip
+    """The step in torch (each linear through its `matmul`, the cache written as the C does):
+    x [t, dim] -> the stream after the last layer."""
+    s, x = shape, x.clone()
+    nq, nkv, hd = s.n_q, s.n_kv, s.head_dim
+    half = s.rope_dims // 2
+
+    def rope(v):  # [t, heads, hd]
+        r = v[..., : s.rope_dims]
+        a, b = (r[..., :half], r[..., half:]) if s.neox else (r[..., 0::2], r[..., 1::2])
+        c, sn = cos[:, None, :], sin[:, None, :]
+        ra, rb = a * c - b * sn, b * c + a * sn
+        out = torch.cat((ra, rb), -1) if s.neox else torch.stack((ra, rb), -1).flatten(-2)
+        return torch.cat((out, v[..., s.rope_dims :]), -1)
+
+    def norm(v, w):
+        return v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + s.eps) * w
+
+    for lay in layers:
+        h = norm(x, lay.attn_norm)
+        qkv = torch.cat([g.matmul(h) for g in lay.qkv], -1)
+        q = rope(qkv[:, : nq * hd].reshape(-1, nq, hd))
+        k = rope(qkv[:, nq * hd : (nq + nkv) * hd].reshape(-1, nkv, hd))
+        v = qkv[:, (nq + nkv) * hd :].reshape(-1, nkv, hd)
+        kc, vc = (c.view(-1, nkv, hd) for c in (lay.k_cache, lay.v_cache))
+        kc[slots], vc[slots] = k.to(kc.dtype), v.to(vc.dtype)
+        outs = []
+        for i in range(x.shape[0]):
+            n = int(seq_lens[i])
+            pos = torch.arange(n)
+            sl = tables[i][pos // block_size] * block_size + pos % block_size
+            kk = kc[sl].float().repeat_interleave(nq // nkv, 1)  # [n, nq, hd]
+            vv = vc[sl].float().repeat_interleave(nq // nkv, 1)
+            p = torch.softmax(torch.einsum("hd,nhd->hn", q[i], kk) * hd**-0.5, -1)
+            outs.append(torch.einsum("hn,nhd->hd", p, vv).reshape(-1))
+        x = x + lay.o.matmul(torch.stack(outs))
+        h = norm(x, lay.ffn_norm)
+        gu = torch.cat([g.matmul(h) for g in lay.gate_up], -1)
+        g, u = gu[:, : s.hidden], gu[:, s.hidden :]
+        a = F.silu(g) if s.act == "silu" else F.gelu(g, approximate="tanh")
+        x = x + lay.down.matmul(a * u)
+    return x

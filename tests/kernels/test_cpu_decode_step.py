@@ -1,0 +1,129 @@
+"""The native decode step (`kernels/cpu/decode_step.c`) against its torch reference
+(`decode_step_reference`: the same layers step by step, the linears through the same native
+kernels) on random block weights and a paged cache (float32 and float16, GQA, rope in pairs and
+halves, SiLU and GELU, several sequences of different lengths), and a real model decoding the same
+greedy tokens with the step as with its torch layers."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from localllm.engine.core.batch import BatchMeta
+from localllm.engine.generator import Generator
+from localllm.engine.layers.native_decode import NativeDecode
+from localllm.engine.sampling.params import SamplingParams
+from localllm.kernels.cpu import block_linear, decode_step
+from localllm.kernels.quant import QuantType
+from localllm.kernels.quant.linear_native import NativeLinear
+
+
+@pytest.fixture(scope="module")
+def parts(tmp_path_factory):
+    d = tmp_path_factory.mktemp("decode-step")
+    lib, blocks = decode_step.load(d), block_linear.load(d)
+    if lib is None or blocks is None:
+        pytest.skip("no C compiler here (the torch layers run)")
+    return lib, blocks
+
+
+def _lin(blocks, name, n, k, rng, split=None):
+    raw = block_linear.random_blocks(QuantType[name], n, k, rng)
+    pieces = [raw] if split is None else list(raw.split(split))
+    return NativeLinear(pieces, QuantType[name], (n, k), blocks)
+
+
+def _layers(blocks, s: decode_step.Shape, n_layers, n_blocks, bsz, dtype, seed):
+    rng = np.random.default_rng(seed)
+    gen = torch.Generator().manual_seed(seed)
+    hd, nq, nkv = s.head_dim, s.n_q, s.n_kv
+    out = []
+    for _ in range(n_layers):
+        qk = _lin(blocks, "Q4_0", (nq + nkv) * hd, s.dim, rng, [nq * hd, nkv * hd])
+        v = _lin(blocks, "Q6_K", nkv * hd, s.dim, rng)
+        gu = _lin(blocks, "Q5_1", 2 * s.hidden, s.dim, rng, [s.hidden, s.hidden])
+        kc = (torch.randn(n_blocks, bsz, nkv, hd, generator=gen) * 0.5).to(dtype)
+        vc = torch.randn(n_blocks, bsz, nkv, hd, generator=gen).to(dtype)
+        an, fn = (1 + 0.1 * torch.randn(s.dim, generator=gen) for _ in range(2))
+        o = _lin(blocks, "Q8_0", s.dim, nq * hd, rng)
+        down = _lin(blocks, "IQ4_NL", s.dim, s.hidden, rng)
+        out.append(decode_step.LayerSpec([qk, v], o, [gu], down, an, fn, kc, vc))
+    return out
+
+
+@pytest.mark.parametrize(("dtype", "neox", "act", "lens"), [
+    (torch.float32, False, "silu", [37]),
+    (torch.float16, True, "gelu", [5, 61, 16]),
+    (torch.float32, False, "silu", [1, 33]),
+])  # fmt: skip
+def test_step_matches_the_torch_reference(parts, dtype, neox, act, lens):
+    lib, blocks = parts
+    s = decode_step.Shape(256, 8, 2, 64, 512, 64 if not neox else 32, neox, 1e-5, act)
+    bsz, t = 16, len(lens)
+    tables = torch.tensor([[4 * i + 3, 4 * i + 1, 4 * i + 2, 4 * i] for i in range(t)])
+    layers = _layers(blocks, s, 2, 4 * t, bsz, dtype, len(lens))
+    ref_layers = [decode_step.LayerSpec(lay.qkv, lay.o, lay.gate_up, lay.down, lay.attn_norm,
+                                        lay.ffn_norm, lay.k_cache.clone(), lay.v_cache.clone())
+                  for lay in layers]  # fmt: skip
+    seq_lens = torch.tensor(lens)
+    pos = seq_lens - 1
+    slots = tables[torch.arange(t), pos // bsz] * bsz + pos % bsz
+    angles = pos[:, None].float() * 10000 ** (-torch.arange(0, s.rope_dims, 2) / s.rope_dims)
+    cos, sin = angles.cos(), angles.sin()
+    x = torch.randn(t, s.dim, generator=torch.Generator().manual_seed(3))
+    want = decode_step.decode_step_reference(s, ref_layers, bsz, x, cos, sin, slots, seq_lens,
+                                             tables)  # fmt: skip
+    got = decode_step.DecodeStep(lib, s, layers, bsz)(x.clone(), cos, sin, slots, seq_lens, tables)
+    rel = ((got - want).norm() / want.norm()).item()
+    assert rel < 2e-3  # int8 codes of near-equal activations may round apart
+    for a, b in zip(layers, ref_layers, strict=True):  # the new tokens' K and V were written
+        assert torch.allclose(a.k_cache.float(), b.k_cache.float(), rtol=1e-2, atol=1e-2)
+        assert torch.allclose(a.v_cache.float(), b.v_cache.float(), rtol=1e-2, atol=1e-2)
+
+
+def test_bad_layouts_are_refused(parts):
+    lib, blocks = parts
+    s = decode_step.Shape(256, 8, 3, 64, 512, 64, False, 1e-5)  # 8 query heads over 3 KV heads
+    layers = _layers(blocks, decode_step.Shape(256, 8, 2, 64, 512, 64, False, 1e-5), 1, 2, 16,
+                     torch.float32, 0)  # fmt: skip
+    with pytest.raises(ValueError, match="no native decode step"):
+        decode_step.DecodeStep(lib, s, layers, 16)
+    q8 = [dataclasses.replace(lay, k_cache=lay.k_cache.to(torch.bfloat16)) for lay in layers]
+    with pytest.raises(ValueError, match="float32 or float16"):
+        decode_step.DecodeStep(lib, decode_step.Shape(256, 8, 2, 64, 512, 64, False, 1e-5), q8, 16)
+
+
+def _greedy(gen: Generator, prompt: list[int], n: int) -> list[int]:
+    p = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+    return list(gen.stream(prompt, p))
+
+
+def test_a_real_model_decodes_the_same_tokens_natively(smollm2_path):
+    # (the float32 cache the goldens use; a float16 one is checked against the reference above:
+    # its rounding moves logits by the int8 activations' noise, ~0.4, and near-ties may flip)
+    gen = Generator.load(str(smollm2_path))
+    try:
+        prompt = gen.tokenizer.encode("The capital of France is", add_special=False)
+        native = _greedy(gen, prompt, 24)
+        assert isinstance(gen.model._native_step, NativeDecode)  # the step ran
+        gen.model._native_step = False  # the torch layers
+        eager = _greedy(gen, prompt, 24)
+    finally:
+        gen.close()
+    assert native == eager
+
+
+def test_steps_it_cannot_take_fall_back(smollm2_path):
+    gen = Generator.load(str(smollm2_path))
+    try:
+        step = NativeDecode.for_model(gen.model)
+        assert step is not None
+        kv = gen._cache(64)
+        two = BatchMeta.contiguous(2, 2, kv.block_size)  # a prompt of two tokens: one sequence
+        assert step(torch.tensor([1, 2]), torch.arange(2), two, kv) is None
+        kv8 = type(kv)(*gen.model.kv_shape()[:1], 4, 16, *gen.model.kv_shape()[1:], dtype="q8_0")
+        one = BatchMeta.contiguous(1, 1, 16)
+        assert step(torch.tensor([1]), torch.arange(1), one, kv8) is None  # 8-bit cache
+    finally:
+        gen.close()

@@ -150,6 +150,8 @@ def _add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-v", "--verbose", action="store_true")
     p.add_argument("--quantize", choices=QUANTIZE_CHOICES, default=None,
                    help="a Hugging Face folder's weights made this type at load")  # fmt: skip
+    p.add_argument("--lora", action="append", default=[], metavar="PATH[:SCALE]",
+                   help="LoRA adapters applied unmerged to every token (repeatable)")  # fmt: skip
     p.add_argument("--decode-feed", choices=("random", "argmax"), default="random",
                    help="token fed to each decode step: random as llama-bench (default) or the "
                    "argmax of the step before")  # fmt: skip
@@ -252,6 +254,12 @@ def run_model(path: str, args: argparse.Namespace) -> list[BenchResult]:
         if getattr(
             args, "lora", None
         ):  # every row on every adapter at its scale: the decode overhead
+            from localllm.engine.lora import LoraSpec, attach_adapters
+
+            specs = [LoraSpec.parse(s) for s in args.lora]
+            loras = attach_adapters(model, specs, gguf, device)
+            loras.context.apply_all(loras.resolve(None))
+        if getattr(args, "lora", None):  # every row on every adapter at its scale: the decode overhead
             from localllm.engine.lora import LoraSpec, attach_adapters
 
             specs = [LoraSpec.parse(s) for s in args.lora]

@@ -33,6 +33,7 @@ class LoraContext:
         self._cols: list[torch.Tensor] = []  # per signature: column -> slot index [R]
         self.buffers: list[torch.Tensor] = []  # per signature: W's columns [rows, R]
         self._sigs: dict[tuple[int, ...], int] = {}
+        self._views: tuple[int, list[torch.Tensor]] = (-1, [])  # (rows, each buffer's first rows)
         self._key = None
         self.active = self.always
 
@@ -44,7 +45,16 @@ class LoraContext:
             self._sigs[key] = len(self._cols)
             self._cols.append(idx)
             self.buffers.append(self.w.index_select(1, idx))
+            self._views = (-1, [])
         return self._sigs[key]
+
+    def view(self, sig: int, rows: int) -> torch.Tensor:
+        """The first `rows` rows of buffer `sig` (made once per step for all buffers)."""
+        n, views = self._views
+        if n != rows:
+            views = [b[:rows] for b in self.buffers]
+            self._views = (rows, views)
+        return views[sig]
 
     def set_rows(self, rows: list[tuple[tuple[tuple[int, float], ...], int]]) -> None:
         """rows: per request in batch order, ((slot, factor), ...) and its number of flat rows."""
@@ -67,13 +77,19 @@ class LoraContext:
         self.w.copy_(host)
         for idx, buf in zip(self._cols, self.buffers, strict=True):
             torch.index_select(self.w, 1, idx, out=buf)
+        self._views = (-1, [])
         self.active = self.always or bool(host.any())
         self._key = key
+
+    def apply_all(self, lora: tuple[tuple[int, float], ...]) -> None:
+        """Every row on `lora` (the bench, which runs no per-request batches)."""
+        self.set_rows([(tuple(lora), self.rows)])
 
     def _grow(self, rows: int) -> None:
         self.rows = rows
         self.w = torch.zeros(rows, self.n_slots, device=self.device)
         self.buffers = [self.w.index_select(1, idx) for idx in self._cols]
+        self._views = (-1, [])
 
 
 class LoraDelta:
@@ -83,14 +99,16 @@ class LoraDelta:
         """parts: per output part, (A [R_p, in], B [out_p, R_p], slot of each of the R_p
         columns); R_p may be 0 (a part no adapter targets)."""
         self.ctx = ctx
-        self.a = torch.cat([a for a, _, _ in parts]).contiguous()
+        # stored transposed and contiguous: each step is mm, mul_ and one addmm per part
+        self.a_t = torch.cat([a for a, _, _ in parts]).T.contiguous()
         self.sig = ctx.signature([s for _, _, cols in parts for s in cols])
-        self.b: list[tuple[int, int, torch.Tensor]] = []  # (part, first column, B)
+        self.b: list[tuple[int, int, int, torch.Tensor]] = []  # (part, first col, last col, B.T)
         first = 0
         for i, (a, b, _) in enumerate(parts):
             if a.shape[0]:
-                self.b.append((i, first, b.contiguous()))
+                self.b.append((i, first, first + a.shape[0], b.T.contiguous()))
             first += a.shape[0]
+        self.whole = len(self.b) == 1 and first == self.b[0][2] - self.b[0][1]
         self.offsets = [0]
         for _, b, _ in parts:
             self.offsets.append(self.offsets[-1] + b.shape[0])
@@ -99,16 +117,18 @@ class LoraDelta:
         """(x @ A_all.T) * W for this step's rows, or None when no adapter is in use."""
         if not self.ctx.active:
             return None
-        w = self.ctx.buffers[self.sig][: x.shape[0]]
-        return (x.to(self.a.dtype) @ self.a.T) * w
+        return torch.mm(x.to(self.a_t.dtype), self.a_t).mul_(self.ctx.view(self.sig, x.shape[0]))
+
+    def _cols(self, t: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
+        return t if self.whole else t[:, lo:hi]
 
     def add(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """y [T, out] of a single linear plus its delta."""
         t = self._low(x)
         if t is None:
             return y
-        _, c, b = self.b[0]
-        return y + (t[:, c : c + b.shape[1]] @ b.T).to(y.dtype)
+        _, lo, hi, b_t = self.b[0]
+        return _addmm(y, self._cols(t, lo, hi), b_t)
 
     def add_parts(self, x: torch.Tensor, outs: list[torch.Tensor]) -> list[torch.Tensor]:
         """Each part's output [T, out_p] plus its delta."""
@@ -116,8 +136,8 @@ class LoraDelta:
         if t is None:
             return outs
         outs = list(outs)
-        for i, c, b in self.b:
-            outs[i] = outs[i] + (t[:, c : c + b.shape[1]] @ b.T).to(outs[i].dtype)
+        for i, lo, hi, b_t in self.b:
+            outs[i] = _addmm(outs[i], self._cols(t, lo, hi), b_t)
         return outs
 
     def add_stacked(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -125,10 +145,20 @@ class LoraDelta:
         t = self._low(x)
         if t is None:
             return y
-        for i, c, b in self.b:
-            lo, hi = self.offsets[i], self.offsets[i + 1]
-            y[:, lo:hi] += (t[:, c : c + b.shape[1]] @ b.T).to(y.dtype)
+        for i, lo, hi, b_t in self.b:
+            part = y[:, self.offsets[i] : self.offsets[i + 1]]
+            if part.dtype == b_t.dtype:
+                part.addmm_(self._cols(t, lo, hi), b_t)
+            else:
+                part += (self._cols(t, lo, hi) @ b_t).to(part.dtype)
         return y
+
+
+def _addmm(y: torch.Tensor, t: torch.Tensor, b_t: torch.Tensor) -> torch.Tensor:
+    """y + t @ b_t in one op (float32 y), else computed in float32 and cast."""
+    if y.dtype == b_t.dtype:
+        return torch.addmm(y, t, b_t)
+    return y + (t @ b_t).to(y.dtype)
 
 
 def reference_delta(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scaling: float):

@@ -1,0 +1,231 @@
+"""Decode overhead of LoRA adapters (issue 36): `localllm bench` tg with 0, 1 and 4 rank-R
+adapters on every token, alternated round by round in one run (a shared machine's load moves
+all cases alike), and llama.cpp's llama-server with the same GGUF LoRAs where a build is given.
+Not a test.
+
+    python tests/perf/bench_lora.py make --model BASE.gguf --out DIR [--rank 16 --count 4]
+    python tests/perf/bench_lora.py ab --model BASE.gguf --dir DIR [--rounds 3 -n 32 -t 2]
+    python tests/perf/bench_lora.py delta --model BASE.gguf --dir DIR [--rounds 6 -n 32]
+    python tests/perf/bench_lora.py llamacpp --server llama-server --model BASE.gguf --dir DIR
+
+`ab` is what a user sees (a base without adapters takes the native CPU decode step, which a
+model with adapters hung on leaves for the torch layers); `delta` is the deltas alone: one
+process, one model with 1 (then 4) adapters hung on, decode steps alternating between no row on
+an adapter (the deltas skipped) and every row on all of them.
+
+`make` writes DIR/lora-K.gguf in llama.cpp's adapter format (`general.type = adapter`,
+`adapter.type = lora`, alpha = rank: scale 1) on every attention and MLP linear of the base,
+random A and B (std 0.02 / 0.02: a visible but sane delta), float32; both engines read them.
+"""
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+TARGETS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+CASES = {"base": 0, "1 adapter": 1, "4 adapters": 4}
+
+
+def make(a) -> None:
+    import gguf
+    import numpy as np
+
+    reader = gguf.GGUFReader(a.model)
+    arch = bytes(reader.fields["general.architecture"].parts[-1]).decode()
+    shapes = {t.name.removesuffix(".weight"): tuple(int(d) for d in t.shape[::-1])
+              for t in reader.tensors if t.name.endswith(".weight")}  # fmt: skip
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for k in range(a.count):
+        rng = np.random.default_rng(1000 + k)
+        w = gguf.GGUFWriter(out / f"lora-{k}.gguf", arch)
+        w.add_type(gguf.GGUFType.ADAPTER)
+        w.add_string(gguf.Keys.Adapter.TYPE, "lora")
+        w.add_float32(gguf.Keys.Adapter.LORA_ALPHA, float(a.rank))
+        for name, shape in shapes.items():
+            if name.rpartition(".")[2] not in TARGETS or len(shape) != 2:
+                continue
+            rows, cols = shape
+            a_ = (0.02 * rng.standard_normal((a.rank, cols))).astype(np.float32)
+            b_ = (0.02 * rng.standard_normal((rows, a.rank))).astype(np.float32)
+            w.add_tensor(f"{name}.weight.lora_a", a_)
+            w.add_tensor(f"{name}.weight.lora_b", b_)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        print(out / f"lora-{k}.gguf")
+
+
+def _adapters(a, n: int) -> list[str]:
+    return [str(Path(a.dir) / f"lora-{k}.gguf") for k in range(n)]
+
+
+def ab(a) -> None:
+    rows: dict[str, list[float]] = {c: [] for c in CASES}
+    for r in range(a.rounds):
+        for case, n in CASES.items():
+            cmd = [
+                sys.executable,
+                "-m",
+                "localllm.app",
+                "bench",
+                "-m",
+                a.model,
+                "-p",
+                "0",
+                "-n",
+                str(a.n_gen),
+                "-r",
+                str(a.reps),
+                "-o",
+                "json",
+                "--device",
+                a.device,
+            ]
+            cmd += ["-t", str(a.threads)] if a.threads else []
+            for p in _adapters(a, n):
+                cmd += ["--lora", p]  # fmt: skip
+            out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+            ts = json.loads(out)[0]["samples_ts"]
+            rows[case] += ts
+            print(f"round {r + 1} {case}: {statistics.fmean(ts):.2f} t/s", file=sys.stderr)
+    base = statistics.median(rows["base"])
+    print(f"| case | tg{a.n_gen} t/s (median of {len(rows['base'])}) | range | overhead |")
+    print("| --- | ---: | ---: | ---: |")
+    for case, ts in rows.items():
+        med = statistics.median(ts)
+        over = 100 * (base / med - 1)  # extra time per token
+        print(f"| {case} | {med:.2f} | {min(ts):.2f}-{max(ts):.2f} | {over:+.1f} % |")
+
+
+def delta(a) -> None:
+    import torch
+
+    from localllm.engine.core.batch import BatchMeta
+    from localllm.engine.loader import build_model, open_weights
+    from localllm.engine.lora import LoraSpec, attach_adapters
+    from localllm.engine.runtime.kv_cache import PagedKVCache
+
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    device = torch.device(a.device)
+    print(f"| adapters | tg{a.n_gen} t/s, deltas off | deltas on | overhead |")
+    print("| ---: | ---: | ---: | ---: |")
+    for n in (1, 4):
+        weights = open_weights(a.model)
+        model = build_model(weights, device=device)
+        specs = [LoraSpec(p) for p in _adapters(a, n)]
+        loras = attach_adapters(model, specs, weights, device)
+        layers, kvh, hd = model.kv_shape()
+        kv = PagedKVCache(layers, -(-(a.n_gen + 40) // 16), 16, kvh, hd, "f16", device)
+
+        def step(pos: int, model=model, kv=kv):
+            b = BatchMeta.contiguous(1, pos + 1, 16)
+            b = BatchMeta(b.query_start, b.seq_lens, b.block_tables,
+                          b.slot_mapping.to(device), 16)  # fmt: skip
+            ids = torch.tensor([5], device=device)
+            return model.logits(model(ids, torch.tensor([pos], device=device), b, kv))
+
+        rates: dict[bool, list[float]] = {False: [], True: []}
+        with torch.inference_mode():
+            for p in range(8):
+                step(p)
+            for _ in range(a.rounds):
+                for on in (False, True):
+                    model.lora.set_rows([(loras.resolve(None) if on else (), 1)])
+                    if device.type == "cuda":
+                        torch.cuda.synchronize()
+                    t0 = time.perf_counter()
+                    for p in range(8, 8 + a.n_gen):
+                        step(p)
+                    if device.type == "cuda":
+                        torch.cuda.synchronize()
+                    rates[on].append(a.n_gen / (time.perf_counter() - t0))
+        off, on = statistics.median(rates[False]), statistics.median(rates[True])
+        print(f"| {n} | {off:.2f} | {on:.2f} | {100 * (off / on - 1):+.1f} % |")
+        weights.close()
+
+
+def llamacpp(a) -> None:
+    """llama-server with the same adapters (scale 1 each): its own predicted_per_second."""
+    for case, n in CASES.items():
+        cmd = [
+            a.server,
+            "-m",
+            a.model,
+            "--port",
+            str(a.port),
+            "-ngl",
+            "99",
+            "-c",
+            "2048",
+            "-np",
+            "1",
+        ]
+        for p in _adapters(a, n):
+            cmd += ["--lora", p]
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            url = f"http://127.0.0.1:{a.port}"
+            for _ in range(600):
+                try:
+                    urllib.request.urlopen(f"{url}/health", timeout=1)
+                    break
+                except OSError:
+                    time.sleep(0.5)
+            speeds = []
+            for _ in range(a.reps + 1):  # the first is a warm-up
+                body = {
+                    "prompt": "The capital of France is",
+                    "n_predict": a.n_gen,
+                    "temperature": 0,
+                    "ignore_eos": True,
+                    "cache_prompt": False,
+                }
+                req = urllib.request.Request(
+                    f"{url}/completion",
+                    json.dumps(body).encode(),
+                    {"Content-Type": "application/json"},
+                )
+                with urllib.request.urlopen(req, timeout=300) as r:
+                    speeds.append(json.loads(r.read())["timings"]["predicted_per_second"])
+            print(
+                f"| llama-server {case} | {statistics.median(speeds[1:]):.2f} | "
+                f"{min(speeds[1:]):.2f}-{max(speeds[1:]):.2f} |"
+            )
+        finally:
+            proc.terminate()
+            proc.wait(30)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    m = sub.add_parser("make")
+    m.add_argument("--model", required=True)
+    m.add_argument("--out", required=True)
+    m.add_argument("--rank", type=int, default=16)
+    m.add_argument("--count", type=int, default=4)
+    for name in ("ab", "delta", "llamacpp"):
+        s = sub.add_parser(name)
+        s.add_argument("--model", required=True)
+        s.add_argument("--dir", required=True)
+        s.add_argument("-n", "--n-gen", type=int, default=32)
+        s.add_argument("--reps", type=int, default=3)
+        s.add_argument("--rounds", type=int, default=3)
+        s.add_argument("-t", "--threads", type=int, default=None)
+        s.add_argument("--device", default="cpu")
+        s.add_argument("--server", default=".llb/bin/llama-server")
+        s.add_argument("--port", type=int, default=8391)
+    a = ap.parse_args()
+    {"make": make, "ab": ab, "delta": delta, "llamacpp": llamacpp}[a.cmd](a)
+
+
+if __name__ == "__main__":
+    main()

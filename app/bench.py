@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 from localllm.app.engine_flags import QUANTIZE_CHOICES
 from localllm.app.model_path import resolve_model
 from localllm.app.residency_flags import add_residency_flags, residency_config
+from localllm.app.threads import add_threads_flag, apply_threads
 
 if TYPE_CHECKING:
     from localllm.engine.moe.split_link import SplitBalance
@@ -146,12 +147,10 @@ def _add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     p.add_argument("--cuda-graphs", type=int, choices=(0, 1), default=1,
                    help="replay decode CUDA graphs on CUDA (1)")  # fmt: skip
-    p.add_argument("-t", "--threads", type=int, default=None, help="CPU threads (torch default)")
+    add_threads_flag(p)
     p.add_argument("-v", "--verbose", action="store_true")
     p.add_argument("--quantize", choices=QUANTIZE_CHOICES, default=None,
                    help="a Hugging Face folder's weights made this type at load")  # fmt: skip
-    p.add_argument("--lora", action="append", default=[], metavar="PATH[:SCALE]",
-                   help="LoRA adapters applied unmerged to every token (repeatable)")  # fmt: skip
     p.add_argument("--decode-feed", choices=("random", "argmax"), default="random",
                    help="token fed to each decode step: random as llama-bench (default) or the "
                    "argmax of the step before")  # fmt: skip
@@ -165,10 +164,8 @@ def _add_args(p: argparse.ArgumentParser) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
-    import torch
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    apply_threads(args)
     if args.repetitions < 1:
         raise ValueError("-r must be >= 1")
     from localllm.engine.moe.routing_override import parse_routing
@@ -254,12 +251,6 @@ def run_model(path: str, args: argparse.Namespace) -> list[BenchResult]:
         if getattr(
             args, "lora", None
         ):  # every row on every adapter at its scale: the decode overhead
-            from localllm.engine.lora import LoraSpec, attach_adapters
-
-            specs = [LoraSpec.parse(s) for s in args.lora]
-            loras = attach_adapters(model, specs, gguf, device)
-            loras.context.apply_all(loras.resolve(None))
-        if getattr(args, "lora", None):  # every row on every adapter at its scale: the decode overhead
             from localllm.engine.lora import LoraSpec, attach_adapters
 
             specs = [LoraSpec.parse(s) for s in args.lora]

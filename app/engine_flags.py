@@ -5,6 +5,7 @@ import argparse
 from typing import Any
 
 from localllm.app.residency_flags import add_residency_flags, residency_config
+from localllm.app.threads import add_threads_flag, apply_threads
 from localllm.offload.residency import ResidencyConfig
 
 KV_CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "fp8")
@@ -16,6 +17,7 @@ def add_engine_flags(p: argparse.ArgumentParser, *, parallel: int | None = None)
     """Context, KV storage, n-gram drafts, precise mode; `-np/--parallel` when `parallel` is set."""
     g = p.add_argument_group("engine")
     g.add_argument("-c", "--ctx-size", type=int, default=None, help="context length (model's)")
+    add_threads_flag(g)
     if parallel is not None:
         g.add_argument(
             "-np", "--parallel", type=int, default=parallel, help=f"sequences per step ({parallel})"
@@ -47,9 +49,11 @@ def add_engine_flags(p: argparse.ArgumentParser, *, parallel: int | None = None)
 
 def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     """`EngineArgs` keywords from the flags above, checked by `EngineArgs` itself now, so a bad
-    value (`-c 0`) fails before any model is opened or announced."""
+    value (`-c 0`) fails before any model is opened or announced; torch's CPU threads are set
+    here too (`-t`, or the cores free now)."""
     from localllm.engine import EngineArgs
 
+    apply_threads(args)
     kw: dict[str, Any] = {
         "precise": args.precise,
         "max_model_len": args.ctx_size,

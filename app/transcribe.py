@@ -9,6 +9,8 @@ import os
 import sys
 from pathlib import Path
 
+from localllm.app.threads import add_threads_flag, apply_threads
+
 FORMATS = ("text", "srt", "vtt", "json")
 
 
@@ -67,6 +69,7 @@ def add_parser(sub) -> None:
     p.add_argument("--max-words-per-line", type=int, metavar="N",
                    help="srt/vtt: cues of at most N words (implies --word-timestamps)")  # fmt: skip
     p.add_argument("--device", default="auto", help="cpu, cuda[:N] or auto")
+    add_threads_flag(p)
     p.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     p.add_argument("-v", "--verbose", action="store_true", help="tracebacks on errors")
     p.set_defaults(handler=handle)
@@ -94,6 +97,7 @@ def handle(args: argparse.Namespace) -> int:
     max_words = args.max_words_per_line
     if max_words is not None and max_words < 1:
         raise ValueError("--max-words-per-line must be at least 1")
+    apply_threads(args)
     opts = DecodeOptions(
         task=args.task,
         language=args.language,

@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from localllm.app.threads import add_threads_flag, apply_threads
+
 if TYPE_CHECKING:
     from localllm.media.tts.kokoro import KokoroVoice
     from localllm.media.tts.piper import PiperVoice
@@ -41,9 +43,7 @@ def add_parser(sub) -> None:
     p.add_argument("-o", "--output", help="output file, '-' for stdout (format from the suffix)")
     p.add_argument("--format", help="wav, flac, mp3, opus, ogg or pcm (s16le); overrides suffix")
     p.add_argument("--seed", type=int, default=None, help="noise seed for reproducible audio")
-    p.add_argument(
-        "-t", "--threads", type=int, default=None, help="CPU threads (default: torch's choice)"
-    )
+    add_threads_flag(p)
     p.add_argument("-v", "--verbose", action="store_true", help="timings to stderr")
     p.set_defaults(handler=handle)
 
@@ -93,12 +93,7 @@ def handle(args: argparse.Namespace) -> int:
     from localllm.media.tts.piper import check_speed
 
     check_speed(args.speed)
-    if args.threads is not None:
-        if args.threads < 1:
-            raise ValueError("--threads must be at least 1")
-        import torch
-
-        torch.set_num_threads(args.threads)
+    apply_threads(args)
     text = read_text(args.text)
     out = args.output
     if out is None:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call (~3 min on an H100/H200): the vision GPU tests (Qwen2.5-VL images + video through
+# One device call (~3 min on an H100/H200): the vision GPU tests (Qwen2.5-VL and Qwen3-VL through
 # the runner's eager steps and shifted decode graphs; SmolVLM), then the encode time of a
 # Qwen2.5-VL-7B-shaped tower on a 1024x1024 and a 448x448 image. $OUT collects pytest.log and
 # vision.md. Prepare here first (git-excluded, carried):
@@ -18,7 +18,8 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 date -u
 timeout "${TEST_T:-240}" python3 -m pytest -q -m gpu -p no:cacheprovider \
-  tests/media/test_vision_qwen25vl_gpu.py tests/media/test_vision_gpu.py 2>&1 \
+  tests/media/test_vision_qwen25vl_gpu.py tests/media/test_vision_qwen3vl_gpu.py \
+  tests/media/test_vision_gpu.py 2>&1 \
   | tee "$OUT/pytest.log" | tail -15
 date -u
 for side in 1024 448; do

@@ -95,3 +95,43 @@ def conv_decode_cuda(x, weight, states, slots, fresh) -> torch.Tensor:
     _conv[(bsz, triton.cdiv(c, bc))](x, weight, states, slots, fresh.to(torch.int8), out, c,
                                      K=kk, BC=bc)  # fmt: skip
     return out
+
+
+@triton.jit
+def _chunk_scan(
+    qd_ptr, in_ptr, u_ptr, w_ptr, kd_ptr, e_ptr, s_ptr, o_ptr, N, DK, DV,
+    L: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+):  # fmt: skip
+    h = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BV + tl.arange(0, BV)
+    ks, ls = tl.arange(0, BK), tl.arange(0, L)
+    mk, mv = ks < DK, cols < DV
+    tile = s_ptr + h * DK * DV + ks[:, None] * DV + cols[None, :]
+    s = tl.load(tile, mask=mk[:, None] & mv[None, :], other=0.0)
+    for n in range(N):
+        blk = h * N + n
+        lk = blk * L * DK + ls[:, None] * DK + ks[None, :]  # [L, BK] rows of a block
+        lv = blk * L * DV + ls[:, None] * DV + cols[None, :]  # [L, BV]
+        w = tl.load(w_ptr + lk, mask=mk[None, :], other=0.0)
+        vn = tl.load(u_ptr + lv, mask=mv[None, :], other=0.0)
+        vn -= tl.dot(w, s, input_precision="ieee")
+        qd = tl.load(qd_ptr + lk, mask=mk[None, :], other=0.0)
+        a = tl.load(in_ptr + blk * L * L + ls[:, None] * L + ls[None, :])
+        o = tl.dot(qd, s, input_precision="ieee") + tl.dot(a, vn, input_precision="ieee")
+        tl.store(o_ptr + lv, o, mask=mv[None, :])
+        kd = tl.load(kd_ptr + lk, mask=mk[None, :], other=0.0)
+        s = tl.load(e_ptr + blk) * s + tl.dot(tl.trans(kd), vn, input_precision="ieee")
+    tl.store(tile, s, mask=mk[:, None] & mv[None, :])
+
+
+def chunk_scan_cuda(qd, intra, u0, w, kd, e, state) -> torch.Tensor:
+    """`delta_rule.chunk_scan_ref` in one launch: a program per (head, BV value columns)."""
+    h, n, L, dk = qd.shape
+    dv = u0.shape[-1]
+    qd, intra, u0, w, kd, e = (t.contiguous() for t in (qd, intra, u0, w, kd, e))
+    out = torch.empty_like(u0)
+    bk = max(16, triton.next_power_of_2(dk))  # tl.dot takes sides of 16 and more
+    bv = max(16, min(triton.next_power_of_2(dv), 32))
+    _chunk_scan[(h, triton.cdiv(dv, bv))](qd, intra, u0, w, kd, e, state, out, n, dk, dv,
+                                          L=L, BK=bk, BV=bv)  # fmt: skip
+    return out

@@ -9,6 +9,7 @@ import torch
 
 from localllm.kernels.recurrent.causal_conv import causal_conv_prefill, causal_conv_step
 from localllm.kernels.recurrent.delta_rule import (
+    delta_rule_blocks,
     delta_rule_chunked,
     delta_rule_scan,
     delta_rule_step,
@@ -67,12 +68,14 @@ def test_chunked_matches_transformers_chunked(t):
     assert err(out, want) < TOL and err(state, want_state) < TOL
 
 
+@pytest.mark.parametrize("form", [delta_rule_chunked, delta_rule_blocks])
 @pytest.mark.parametrize("chunk", [1, 3, 16, 64])
-def test_chunked_equals_scan_for_any_block(chunk):
+def test_chunked_equals_scan_for_any_block(chunk, form):
+    """Both chunked forms (per block; two phases, as on CUDA) equal the scan, padded or not."""
     q, k, v, g, beta, s0 = inputs(100, seed=2)
     s_scan, s_chunk = s0.clone(), s0.clone()
     want = delta_rule_scan(q, k, v, g, beta, s_scan)
-    got = delta_rule_chunked(q, k, v, g, beta, s_chunk, chunk=chunk)
+    got = form(q, k, v, g, beta, s_chunk, chunk=chunk)
     assert err(got, want) < TOL and err(s_chunk, s_scan) < TOL
 
 

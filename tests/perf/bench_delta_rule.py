@@ -1,6 +1,7 @@
 """CPU speed of the gated delta rule's prompt forms at Qwen3-Next-80B-A3B's shape (32 value heads,
 Dk = Dv = 128): the chunked form (`delta_rule_chunked`, blocks of 64) against the token-by-token
-scan, and the decode step, alternating A/B rounds in one process (this box is shared: compare
+scan, the two-phase form the GPU path takes (`delta_rule_blocks`, its scan in torch here), and the
+decode step, alternating A/B rounds in one process (this box is shared: compare
 within a run).
 
     OMP_NUM_THREADS=1 PYTHONSAFEPATH=1 python tests/perf/bench_delta_rule.py [--tokens 512]
@@ -12,6 +13,7 @@ import time
 import torch
 
 from localllm.kernels.recurrent.delta_rule import (
+    delta_rule_blocks,
     delta_rule_chunked,
     delta_rule_scan,
     delta_rule_step_ref,
@@ -32,6 +34,7 @@ def main() -> None:
     s0 = torch.zeros(h, d, d)
     forms = {
         "chunked": lambda: delta_rule_chunked(q, k, v, g, beta, s0.clone()),
+        "blocks": lambda: delta_rule_blocks(q, k, v, g, beta, s0.clone()),
         "scan": lambda: delta_rule_scan(q, k, v, g, beta, s0.clone()),
         "step x1": lambda: delta_rule_step_ref(
             q[:1], k[:1], v[:1], g[:1], beta[:1], s0[None].clone()

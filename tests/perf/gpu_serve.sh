@@ -16,8 +16,8 @@
 #   call 1 has /tmp/lls already; then .lls may be left out). Binaries that gpu_build_llamacpp.sh
 #   made (.llb, with llama-server and llama-batched-bench) serve as well: carry .llb instead.
 # MoE (optional, its own call; the 17 GiB file takes minutes to write):
-#   SHAPE=qwen3moe-30b-a3b STEPS="ours llama" bash tests/perf/gpu_serve.sh
-# Knobs: STEPS ("ours tuned llama batched"), CONC (1,4,16,64), GEN (256), NP (64), SHAPE
+#   SHAPE=qwen3moe-30b-a3b STEPS="tuned llama ours" bash tests/perf/gpu_serve.sh
+# Knobs: STEPS ("tuned llama ours batched"), CONC (1,4,16,64), GEN (256), NP (64), SHAPE
 # (llama3-8b), LEVEL_S (seconds a level may start measured requests: 60), BUDGET_S (skip steps
 # that would start after this many seconds: 480), BENCH_ARGS (more bench_serve.py flags).
 #   ours:    localllm serve, decode graphs as shipped (batch ladder 1-8; larger steps run eager)
@@ -31,7 +31,7 @@ set -u
 export PYTHONUNBUFFERED=1 PYTHONSAFEPATH=1
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-STEPS=${STEPS:-ours tuned llama batched}
+STEPS=${STEPS:-tuned llama ours batched}
 CONC=${CONC:-1,4,16,64}
 GEN=${GEN:-256}
 NP=${NP:-64}

@@ -1,14 +1,12 @@
-"""`LoraAdapter`: one adapter's low-rank pairs under the base's GGUF linear names, and
-`load_adapter`, which reads either format (a PEFT folder or a llama.cpp LoRA GGUF) into it.
+"""`LoraAdapter`: one adapter's low-rank pairs under the base's GGUF linear names; `LoraSpec`,
+what the user named; `LoraError`; `check_pair`. `load.load_adapter` reads either format into it.
 
 Each pair is A [r, in] and B [out, r] in float32, as `y = base(x) + scaling * (x @ A.T) @ B.T`
 uses them; `scaling` is the adapter's own factor (PEFT: lora_alpha / r, or / sqrt(r) with
 use_rslora; llama.cpp: adapter.lora.alpha / r), a request's scale multiplies it.
 """
 
-import os
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
@@ -50,23 +48,6 @@ class LoraAdapter:
     @property
     def rank(self) -> int:
         return max(a.shape[0] for a, _ in self.pairs.values())
-
-
-def load_adapter(spec: LoraSpec, base) -> LoraAdapter:
-    """Read `spec.path` for the opened base weights `base` (a GGUFModel or HFCheckpoint)."""
-    path = Path(spec.path)
-    name = spec.name or (path.stem if path.suffix == ".gguf" else path.name)
-    if not path.exists():
-        raise LoraError(f"{spec.path}: no such LoRA adapter file or folder")
-    if path.is_dir():
-        from localllm.engine.lora.peft import read_peft
-
-        pairs, scalings = read_peft(path, base)
-        return LoraAdapter(name, os.fspath(path), pairs, scalings, base.architecture)
-    from localllm.engine.lora.gguf_file import read_gguf_lora
-
-    pairs, scalings = read_gguf_lora(path, base)
-    return LoraAdapter(name, os.fspath(path), pairs, scalings, base.architecture)
 
 
 def check_pair(where: str, module: str, a: torch.Tensor, b: torch.Tensor) -> None:

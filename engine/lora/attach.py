@@ -11,8 +11,9 @@ import torch
 from torch import nn
 
 from localllm.engine.layers.linear import FusedLinear, QuantLinear
-from localllm.engine.lora.adapter import LoraAdapter, LoraError, LoraSpec, load_adapter
+from localllm.engine.lora.adapter import LoraAdapter, LoraError, LoraSpec
 from localllm.engine.lora.delta import LoraContext, LoraDelta
+from localllm.engine.lora.load import load_adapter
 
 # adapters one engine loads at once (each costs its ranks' columns in every targeted module)
 MAX_ADAPTERS = 16

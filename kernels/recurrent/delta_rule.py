@@ -137,7 +137,8 @@ def chunk_scan_ref(qd, intra, u0, w, kd, e, state: torch.Tensor) -> torch.Tensor
 
 def chunk_scan(qd, intra, u0, w, kd, e, state: torch.Tensor) -> torch.Tensor:
     """`chunk_scan_ref`, by one triton launch on CUDA (the state tile stays in registers)."""
-    if _cuda32(state):
+    L = u0.shape[2]
+    if _cuda32(state) and L >= 16 and L & (L - 1) == 0:  # the kernel's dots: powers of 2, >= 16
         from localllm.kernels.recurrent.triton_recurrent import chunk_scan_cuda
 
         return chunk_scan_cuda(qd, intra, u0, w, kd, e, state)

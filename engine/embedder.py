@@ -247,6 +247,9 @@ class Embedder:
         return self.model.rank_head(torch.stack([h[0] for h in hidden]).float())
 
     def _decode(self, seqs: list[list[int]]) -> list[torch.Tensor]:
+        lora = getattr(self.model, "lora", None)
+        if lora is not None:  # embeddings run on the base: no row on an adapter (engine.lora)
+            lora.set_rows([((), 0)])
         layers, kv_heads, head_dim = self.model.kv_shape()
         lens = [len(s) for s in seqs]
         nblocks = [-(-n // BLOCK) for n in lens]

@@ -58,3 +58,16 @@ def test_global_scales_apply_to_requests_naming_none():
         llm.engine.loras.set_scales([(1, 1.0)])
         assert _run(llm, [prompt], [None])[0][0] == _run(llm, [prompt], [((1, 1.0),)])[0][0]
         assert _run(llm, [prompt], [()])[0][0] != default
+
+
+def test_embeddings_run_on_the_base_after_an_adapter_step():
+    """An embedding forward between generation steps takes no adapter's delta (the row factors
+    of the last step are not left on its rows)."""
+    prompt = ids(12, seed=9)
+    with LLM(str(HF / "llama"), kv_cache_dtype="f32") as base:
+        want = base.engine.embed([prompt])[0].embedding
+    specs = (LoraSpec(str(LORA / "llama-a")),)
+    with LLM(str(HF / "llama"), kv_cache_dtype="f32", lora=specs) as llm:
+        llm.generate([prompt], _params(((0, 1.0),)))
+        got = llm.engine.embed([prompt])[0].embedding
+    assert max(abs(a - b) for a, b in zip(got, want, strict=True)) < BATCH_TOL

@@ -25,6 +25,10 @@ def add_tui_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--history", type=Path, metavar="FILE", help="history database (default: XDG data dir)"
     )
+    p.add_argument(
+        "--mmproj", dest="tui_mmproj", metavar="FILE",
+        help="vision projector for the -m model (a Hub model brings its own)",
+    )  # fmt: skip
 
 
 def add_parser(sub) -> None:
@@ -46,7 +50,12 @@ def handle(args: argparse.Namespace) -> int:
         loader = endpoint_loader(endpoint, getattr(args, "tui_api_key", None))
     else:
         kw = engine_kwargs(args) if hasattr(args, "cache_type") else {}
-        loader = engine_loader(max_num_seqs=1, **{k: v for k, v in kw.items() if v is not None})
+        kw = {k: v for k, v in kw.items() if v is not None}
+        mmproj = getattr(args, "tui_mmproj", None)
+        if mmproj and not getattr(args, "tui_model", None):
+            raise ValueError("--mmproj pairs with the -m model: name it")
+        pair = (args.tui_model, mmproj) if mmproj else None
+        loader = engine_loader(pair, max_num_seqs=1, **kw)
     store = HistoryStore(getattr(args, "history", None) or history_path())
     try:
         app = LocalLLMApp(store, loader, model=getattr(args, "tui_model", None), config=config)

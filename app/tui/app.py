@@ -19,6 +19,7 @@ from localllm.app.tui.commands import main_commands
 from localllm.app.tui.config import TuiConfig
 from localllm.app.tui.drop import drop_audio, drop_spec
 from localllm.app.tui.history import HistoryStore
+from localllm.app.tui.images import image_path
 from localllm.app.tui.loaders import Loader
 from localllm.app.tui.resources import Memory, probe_memory
 from localllm.app.tui.screens.chat import ChatScreen
@@ -154,6 +155,10 @@ class LocalLLMApp(App):
         audio = drop_audio(event.text)
         if audio is not None:
             self.chat.attach(audio)
+            return
+        image = image_path(event.text)
+        if image is not None:
+            self.chat.attach_image(image)
 
     # -- actions -----------------------------------------------------------------------------
 

@@ -23,5 +23,9 @@ def main_commands(app: App) -> Iterator[SystemCommand]:
         "Attach audio", "Transcribe an audio file into the message", chat.action_attach
     )
     yield SystemCommand(
+        "Attach image", "Send an image with the next message (/image PATH)",
+        chat.action_attach_image,
+    )  # fmt: skip
+    yield SystemCommand(
         "Speak answer", "Read the last answer aloud (or save it as wav)", chat.action_speak
     )

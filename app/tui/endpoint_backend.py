@@ -6,6 +6,7 @@ A reasoning model's `reasoning_content` deltas (`reasoning` in newer vLLM) come 
 `ChatDelta.reasoning`.
 """
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
@@ -13,6 +14,7 @@ from typing import Any
 import httpx
 
 from localllm.app.tui.backend import ChatDelta, GenSettings
+from localllm.app.tui.images import openai_messages
 
 
 def api_base(url: str) -> str:
@@ -81,6 +83,7 @@ class EndpointBackend:
         self, messages: Sequence[Mapping[str, str]], settings: GenSettings
     ) -> AsyncIterator[ChatDelta]:
         url = f"{self.base}/chat/completions"
+        messages = await asyncio.to_thread(openai_messages, list(messages))  # attached images
         async with self.client.stream("POST", url, json=self._body(messages, settings)) as r:
             if r.status_code >= 400:
                 body = (await r.aread()).decode(errors="replace")

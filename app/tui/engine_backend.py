@@ -2,7 +2,9 @@
 
 Loading takes seconds, so `load` is blocking and the TUI calls it from a thread worker. The chat
 template is rendered off the event loop too; `AsyncEngine.generate` aborts the request when the
-consuming task is cancelled (stop generation).
+consuming task is cancelled (stop generation). With a vision projector (`mmproj`), messages
+with attached images (`app/tui/images`) go through its `VisionPipeline`; without one they are
+refused with a message that says how to load one.
 """
 
 import asyncio
@@ -11,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from localllm.app.tui.backend import ChatDelta, GenSettings
+from localllm.app.tui.images import parts, read_image
 from localllm.engine.async_engine import AsyncEngine
 from localllm.engine.sampling.params import SamplingParams
 
@@ -26,16 +29,27 @@ def sampling_params(settings: GenSettings) -> SamplingParams:
 
 
 class EngineBackend:
-    def __init__(self, engine: AsyncEngine, name: str, model_bytes: int = 0):
+    def __init__(self, engine: AsyncEngine, name: str, model_bytes: int = 0, vision=None):
         self.engine = engine
         self.name = name
         self.model_bytes = model_bytes
+        self.vision = vision  # a VisionPipeline, or None: text only
 
     @classmethod
-    def load(cls, path: Path, **engine_args: Any) -> "EngineBackend":
-        """Build the engine for `path` (blocking: call from a thread)."""
+    def load(cls, path: Path, mmproj: Path | None = None, **engine_args: Any) -> "EngineBackend":
+        """Build the engine for `path` (blocking: call from a thread), with `mmproj`'s vision
+        pipeline when given."""
         engine = AsyncEngine.from_model(str(path), **engine_args)
-        return cls(engine, Path(path).stem, Path(path).stat().st_size)
+        vision = None
+        if mmproj is not None:
+            from localllm.media.vision.pipeline import VisionPipeline
+
+            try:
+                vision = VisionPipeline(mmproj, engine.engine)
+            except BaseException:
+                engine.shutdown(True)
+                raise
+        return cls(engine, Path(path).stem, Path(path).stat().st_size, vision)
 
     @property
     def max_model_len(self) -> int | None:
@@ -44,8 +58,8 @@ class EngineBackend:
     async def stream(
         self, messages: Sequence[Mapping[str, str]], settings: GenSettings
     ) -> AsyncIterator[ChatDelta]:
-        ids = await asyncio.to_thread(self.engine.engine.chat_prompt, list(messages))
-        async for out in self.engine.generate(ids, sampling_params(settings)):
+        ids, mm = await asyncio.to_thread(self._prompt, parts(list(messages)))
+        async for out in self.engine.generate(ids, sampling_params(settings), mm_inputs=mm):
             if out.error:
                 raise RuntimeError(out.error)
             c = out.outputs[0] if out.outputs else None
@@ -56,5 +70,28 @@ class EngineBackend:
                 c.finish_reason if c else None,
             )
 
+    def _prompt(self, messages: list[dict]) -> tuple[list[int], list]:
+        paths = [p["path"] for m in messages if isinstance(m["content"], list)
+                 for p in m["content"] if p["type"] == "image"]  # fmt: skip
+        if not paths:
+            return self.engine.engine.chat_prompt(messages), []
+        if self.vision is None:
+            raise RuntimeError(
+                f"{self.name} cannot see images: load a model pulled with its mmproj, or start "
+                "localllm with -m MODEL --mmproj FILE"
+            )
+        images = [self.vision.prepare(read_image(p)) for p in paths]
+        return self.vision.chat(self.engine.engine, [_typed(m) for m in messages], images)
+
     async def close(self) -> None:
         await asyncio.to_thread(self.engine.shutdown, True)
+        if self.vision is not None:
+            self.vision.close()
+
+
+def _typed(m: dict) -> dict:
+    """A message as the vision pipeline takes it: image parts without their paths."""
+    if not isinstance(m["content"], list):
+        return m
+    return {**m, "content": [{"type": "image"} if p["type"] == "image" else p
+                             for p in m["content"]]}  # fmt: skip

@@ -4,6 +4,7 @@ the event loop (the blocking parts run in daemon threads, which quitting does no
 import asyncio
 import threading
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 from localllm.app.tui.backend import ChatBackend
@@ -51,7 +52,10 @@ async def in_daemon_thread(
     return await future
 
 
-def engine_loader(**engine_args: Any) -> Loader:
+def engine_loader(mmproj: tuple[str | None, str] | None = None, **engine_args: Any) -> Loader:
+    """`mmproj`: (model name, projector path) given on the command line for that model; any
+    other model gets the projector pulled with it from the Hub, if any (nothing is guessed)."""
+
     async def load(name: str | None, residency: Any = None, lora: tuple = ()) -> ChatBackend:
         """`residency` (a `ResidencyConfig`): this load's, in place of `engine_args`' own;
         `lora`: `PATH[:SCALE]` adapters, in place of `engine_args`' own."""
@@ -68,6 +72,9 @@ def engine_loader(**engine_args: Any) -> Loader:
             from localllm.engine.lora import LoraSpec
 
             args = {**args, "lora": tuple(LoraSpec.parse(s) for s in lora)}
+        proj = await in_daemon_thread(_projector, name, mmproj)
+        if proj is not None:
+            args = {**args, "mmproj": proj}
         return await in_daemon_thread(
             lambda: EngineBackend.load(path, **args), orphan=lambda b: b.engine.shutdown(True)
         )
@@ -75,6 +82,14 @@ def engine_loader(**engine_args: Any) -> Loader:
     load.local = True  # the app resolves Hub specs (downloading them) before calling us
     load.device = engine_args.get("device", "cpu")  # where a load dialog's plan is made for
     return load
+
+
+def _projector(name: str | None, given: tuple[str | None, str] | None):
+    if given is not None and given[0] == name:
+        return Path(given[1]).expanduser()
+    from localllm.app.hub.pairing import paired_mmproj
+
+    return paired_mmproj(name)
 
 
 def endpoint_loader(url: str, api_key: str | None = None) -> Loader:

@@ -19,12 +19,13 @@ from localllm.app.tui.backend import GenSettings
 from localllm.app.tui.history import Conversation, StoredMessage, conversation_title
 from localllm.app.tui.screens.chat_actions import ConversationActions
 from localllm.app.tui.screens.chat_answer import AnswerStreaming
+from localllm.app.tui.screens.chat_images import ImageActions
 from localllm.app.tui.screens.chat_music import MusicActions
 from localllm.app.tui.screens.chat_speech import SpeechActions
 from localllm.app.tui.screens.modals import SamplingModal
 from localllm.app.tui.stats import GenStats, status_text
 from localllm.app.tui.widgets.message import MessageView
-from localllm.app.tui.widgets.prompt import PromptInput
+from localllm.app.tui.widgets.prompt import ImageDropped, PromptInput
 from localllm.app.tui.widgets.resources import ResourcePanel
 from localllm.app.tui.widgets.sidebar import ConversationList
 
@@ -32,7 +33,9 @@ QUEUED = "message queued until the model is ready"
 SIDE_MIN_WIDTH = 100  # columns: narrower terminals hide the side panel (ctrl+b shows it)
 
 
-class ChatScreen(AnswerStreaming, ConversationActions, SpeechActions, MusicActions, Screen):
+class ChatScreen(
+    AnswerStreaming, ConversationActions, SpeechActions, MusicActions, ImageActions, Screen
+):
     CSS_PATH = "chat.tcss"
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape", "stop", "Stop", priority=True),
@@ -58,6 +61,7 @@ class ChatScreen(AnswerStreaming, ConversationActions, SpeechActions, MusicActio
         self.stats: GenStats | None = None
         self.queued = False  # the last user message waits for the model being loaded
         self.wide: bool | None = None  # was the terminal SIDE_MIN_WIDTH wide at the last look?
+        self.pending_images: list = []  # attached to the next message (`chat_images`)
 
     def compose(self) -> ComposeResult:
         with Horizontal():
@@ -114,6 +118,7 @@ class ChatScreen(AnswerStreaming, ConversationActions, SpeechActions, MusicActio
             text += f" · {QUEUED}"
         if self.speech_state:
             text += f" · {self.speech_state}"
+        text += self.images_status()
         self.query_one("#status", Static).update(text)
 
     @work(exclusive=True, group="list")
@@ -140,6 +145,10 @@ class ChatScreen(AnswerStreaming, ConversationActions, SpeechActions, MusicActio
             else:
                 self.attach(text.removeprefix("/attach "))
             return
+        if text == "/image" or text.startswith("/image "):
+            event.input.clear()
+            self.image_command(text)
+            return
         if text == "/music" or text.startswith("/music "):
             event.input.clear()
             self.make_music(text)
@@ -164,6 +173,7 @@ class ChatScreen(AnswerStreaming, ConversationActions, SpeechActions, MusicActio
                 conversation_title(text), self.gen_settings.to_dict(), model
             )
             self.refresh_list()
+        text = self.take_images(text)  # attached images go in front of the text
         msg = self.store.add_message(self.conversation.id, "user", text)  # committed now
         self.history.append(msg)
         await self._mount(MessageView("user", text, msg.id))
@@ -256,6 +266,10 @@ class ChatScreen(AnswerStreaming, ConversationActions, SpeechActions, MusicActio
         self.query_one(PromptInput).focus()
         self.refresh_status()
         self.refresh_list()
+
+    def on_image_dropped(self, event: ImageDropped) -> None:
+        event.stop()
+        self.attach_image(event.path)
 
     @on(ConversationList.Selected)
     async def _open_selected(self, event: ConversationList.Selected) -> None:

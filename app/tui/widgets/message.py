@@ -5,6 +5,8 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import Label, Markdown
 
+from localllm.app.tui.images import chips
+
 ROLE_TITLES = {"user": "You", "assistant": "Assistant", "system": "System"}
 
 
@@ -40,7 +42,7 @@ class MessageView(Vertical):
         think = Markdown(self.reasoning, classes="think")
         think.display = bool(self.reasoning)
         yield think
-        yield Markdown(self.content, classes="answer")
+        yield Markdown(chips(self.content), classes="answer")  # attached images as chips
 
     @property
     def markdown(self) -> Markdown:

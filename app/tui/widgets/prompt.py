@@ -1,6 +1,7 @@
 """The chat input box. A paste that is only a model reference (a .gguf path, a Hub URL,
 `org/repo:QUANT`) is handed to the app as a drop instead of being typed into the message; a paste
-that is only an audio file's path asks for its transcript instead."""
+that is only an audio file's path asks for its transcript instead, and one that is only an image
+file's path attaches the image to the next message."""
 
 from pathlib import Path
 
@@ -10,6 +11,7 @@ from textual.widgets import Input
 
 from localllm.app.hub.spec import ModelSpec
 from localllm.app.tui.drop import drop_audio, drop_spec
+from localllm.app.tui.images import image_path
 
 
 class ModelDropped(Message):
@@ -22,6 +24,14 @@ class ModelDropped(Message):
 
 class AudioDropped(Message):
     """An audio file's path was pasted or dropped (the chat screen transcribes it)."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__()
+        self.path = path
+
+
+class ImageDropped(Message):
+    """An image file's path was pasted or dropped (the chat screen attaches it)."""
 
     def __init__(self, path: Path) -> None:
         super().__init__()
@@ -43,3 +53,9 @@ class PromptInput(Input):
             event.prevent_default()
             event.stop()
             self.post_message(AudioDropped(audio))
+            return
+        image = image_path(event.text)
+        if image is not None:
+            event.prevent_default()
+            event.stop()
+            self.post_message(ImageDropped(image))

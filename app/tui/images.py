@@ -1,0 +1,95 @@
+"""Images attached to a chat message in the TUI.
+
+An attached image is kept in the message's text as one `[image: PATH]` line at its start, so the
+history store keeps it with the message (a path, not the pixels: a moved file is a clear error
+when the message is answered again) and the transcript shows it as a chip. Before a backend sees
+the conversation, those lines become content parts: `{"type": "image", "path": PATH}` then the
+text. A dropped or pasted path with an image suffix attaches that image.
+"""
+
+import base64
+import re
+from pathlib import Path
+
+IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".webp", ".gif", ".bmp", ".tif", ".tiff"})
+MAX_IMAGES = 8  # attached to one message (documented in docs/tui.md)
+_LINE = re.compile(r"\[image: (.+)\]")
+
+
+def with_images(text: str, paths: list[Path]) -> str:
+    """The message text with `paths` attached in front."""
+    return "".join(f"[image: {p}]\n" for p in paths) + text
+
+
+def split_images(content: str) -> tuple[list[Path], str]:
+    """(the attached image paths, the rest of the text) of a stored message."""
+    paths, lines = [], content.split("\n")
+    while lines and (m := _LINE.fullmatch(lines[0])):
+        paths.append(Path(m.group(1)))
+        lines.pop(0)
+    return paths, "\n".join(lines)
+
+
+def chips(content: str) -> str:
+    """The message as the transcript shows it: each image as a chip line with its file name."""
+    paths, text = split_images(content)
+    if not paths:
+        return content
+    return "".join(f"🖼 `{p.name}`  \n" for p in paths) + "\n" + text
+
+
+def parts(messages: list[dict]) -> list[dict]:
+    """Chat messages with each attached image as an `{"type": "image", "path": ...}` part."""
+    out = []
+    for m in messages:
+        paths, text = split_images(m["content"]) if m.get("role") == "user" else ([], "")
+        if not paths:
+            out.append(m)
+            continue
+        content = [{"type": "image", "path": str(p)} for p in paths]
+        out.append({**m, "content": [*content, {"type": "text", "text": text}]})
+    return out
+
+
+def image_path(text: str) -> Path | None:
+    """The image file `text` names when it is only a path to an existing image, else None."""
+    text = text.strip()
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+        text = text[1:-1]
+    text = text.replace("\\ ", " ")
+    if not text or "\n" in text:
+        return None
+    path = Path(text).expanduser()
+    return path.resolve() if path.suffix.lower() in IMAGE_SUFFIXES and path.is_file() else None
+
+
+def read_image(path: str | Path) -> bytes:
+    """The attached file's bytes; OSError as a one-line ValueError."""
+    try:
+        return Path(path).read_bytes()
+    except OSError as e:
+        raise ValueError(f"cannot read the attached image {path}: {e.strerror or e}") from None
+
+
+_MIME = {".jpg": "jpeg", ".jpeg": "jpeg", ".tif": "tiff"}
+
+
+def openai_messages(messages: list[dict]) -> list[dict]:
+    """`parts(messages)` in the OpenAI chat shape: each image as an `image_url` data URL (reads
+    the files: call it off the event loop)."""
+    out = []
+    for m in parts(messages):
+        if isinstance(m["content"], list):
+            content = []
+            for p in m["content"]:
+                if p["type"] == "image":
+                    mime = _MIME.get(Path(p["path"]).suffix.lower(), Path(p["path"]).suffix[1:])
+                    data = base64.b64encode(read_image(p["path"])).decode()
+                    p = {
+                        "type": "image_url",
+                        "image_url": {"url": f"data:image/{mime};base64,{data}"},
+                    }
+                content.append(p)
+            m = {**m, "content": content}
+        out.append(m)
+    return out

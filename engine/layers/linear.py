@@ -91,6 +91,8 @@ class QuantLinear(nn.Module):
     def drop_raw_copy(self) -> None:
         """Free the raw copy once a GPU kernel holds the bytes in its own layout (call after
         fusing: FusedLinear stacks raw rows). The QuantWeight keeps its shape and byte count."""
+        if self.weight is None:  # an optional tensor the file does not have
+            return
         on_gpu = self.home is not None or self.weight.data.device.type != "cpu"
         if getattr(self._prepared, "repacked", False) and on_gpu:
             self.weight = without_bytes(self.weight, self.home)

@@ -76,6 +76,11 @@ class ModelArgs(qwen2.ModelArgs):
         """The NextN layers' block numbers: never run, never loaded."""
         return range(self.n_layers, self.n_layers + self.n_nextn)
 
+    @property
+    def kv_layers(self) -> int:
+        """Layers with a KV cache: the full-attention ones (the residency plan's estimate)."""
+        return sum(not self.recurrent(i) for i in range(self.n_layers))
+
     def recurrent(self, layer: int) -> bool:
         return (layer + 1) % self.full_attn_interval != 0
 

@@ -283,7 +283,8 @@ def plan_model(
     tokens = kv_tokens or min(args.context_length, PLAN_KV_TOKENS)
     kv_heads = getattr(args, "n_kv_heads", args.n_heads)  # encoders (bert) have no KV cache
     v_dim = getattr(args, "v_cache_dim", args.head_dim)  # deepseek2 caches a narrower V (latent)
-    kv_bytes = args.n_layers * kv_heads * (args.head_dim + v_dim) * 2 * tokens
+    kv_layers = getattr(args, "kv_layers", args.n_layers)  # hybrids: their attention layers
+    kv_bytes = kv_layers * kv_heads * (args.head_dim + v_dim) * 2 * tokens
     tied = "output.weight" not in gguf.tensors
     # a prefill chunk's activations and logits, and up to three dequantized experts in flight
     expert_f32 = 3 * args.dim * getattr(args, "expert_hidden_dim", args.hidden_dim) * 4

@@ -86,3 +86,11 @@ def test_cli_runs_print_what_the_default_run_prints(flags, capsys):
     assert got.out == want and len(want) > 0
     if "disk" in flags:
         assert "misses" in got.err and " 0 misses" not in got.err  # it did stream
+
+
+def test_plan_counts_kv_of_the_attention_layers_only():
+    """Only every fourth layer keeps K/V: the plan's KV estimate is that layer's (F16 K and V,
+    2 heads of 16, 64 tokens), not four layers' (which would crowd weights off a device)."""
+    with open_gguf(path(NAME)) as g:
+        plan = plan_model(g, resolve([("test", {})]), kv_tokens=64, memory=MEMORY)
+    assert plan.kv_bytes == 1 * 2 * (16 + 16) * 2 * 64

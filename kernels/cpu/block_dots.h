@@ -44,24 +44,38 @@ static inline __m256i dot_s8s8(__m256i w, __m256i x) {
     return dot_u8s8(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
 }
 
-/* One 32-value block of every kind: its codes as bytes (signed where `sgn`) and its scale(s);
- * acc[r] += dot x d x dx; the minimum terms (Q4_1 / Q5_1) summed in floats beside. */
-#define BLOCK_ROWS_LOOP(NB, BYTES, CODES, SGN, HASMIN, MINAT)                                     \
-    __m256 acc[ROWS_MAX];                                                                         \
-    float mins[ROWS_MAX];                                                                         \
-    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps(), mins[r] = 0.f;                      \
-    for (int64_t b = 0; b < (NB); b++, w += (BYTES)) {                                            \
-        const float d = h2f(rd16(w));                                                             \
+/* One 32-value block of every kind at wb: its codes as bytes (signed where `sgn`) and its
+ * scale(s); acc[r] += dot x d x dx; the minimum terms (Q4_1 / Q5_1) summed in floats beside.
+ * Even and odd blocks go to their own accumulators (a0 / a1): one chain of dependent
+ * multiply-adds through every block was the limit (4 cycles of latency for ~2 of work). */
+#define BLOCK_ONE(A, M, B, CODES, SGN, HASMIN, MINAT)                                             \
+    {                                                                                             \
+        const float d = h2f(rd16(wb));                                                            \
         const __m256i q = CODES;                                                                  \
         for (int r = 0; r < R; r++) {                                                             \
-            const __m256i xv = _mm256_loadu_si256((const __m256i *)(q8[r] + 32 * b));             \
+            const __m256i xv = _mm256_loadu_si256((const __m256i *)(q8[r] + 32 * (B)));           \
             const __m256i p = SGN ? dot_s8s8(q, xv) : dot_u8s8(q, xv);                           \
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d * d8[r][b]), acc[r]); \
+            A[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d * d8[r][B]), A[r]);   \
             if (HASMIN)                                                                           \
-                mins[r] += h2f(rd16(w + (MINAT))) * d8[r][b] * (float)(bs[r][2 * b] + bs[r][2 * b + 1]); \
+                M[r] += h2f(rd16(wb + (MINAT))) * d8[r][B] * (float)(bs[r][2 * (B)] + bs[r][2 * (B) + 1]); \
         }                                                                                         \
+    }
+#define BLOCK_ROWS_LOOP(NB, BYTES, CODES, SGN, HASMIN, MINAT)                                     \
+    __m256 a0[ROWS_MAX], a1[ROWS_MAX];                                                            \
+    float m0[ROWS_MAX], m1[ROWS_MAX];                                                             \
+    for (int r = 0; r < R; r++) a0[r] = a1[r] = _mm256_setzero_ps(), m0[r] = m1[r] = 0.f;        \
+    int64_t b = 0;                                                                                \
+    for (; b + 1 < (NB); b += 2) {                                                                \
+        const uint8_t *wb = w + b * (BYTES);                                                      \
+        BLOCK_ONE(a0, m0, b, CODES, SGN, HASMIN, MINAT)                                           \
+        wb += (BYTES);                                                                            \
+        BLOCK_ONE(a1, m1, b + 1, CODES, SGN, HASMIN, MINAT)                                       \
     }                                                                                             \
-    for (int r = 0; r < R; r++) out[r] = hsum(acc[r]) + mins[r];
+    if (b < (NB)) {                                                                               \
+        const uint8_t *wb = w + b * (BYTES);                                                      \
+        BLOCK_ONE(a0, m0, b, CODES, SGN, HASMIN, MINAT)                                           \
+    }                                                                                             \
+    for (int r = 0; r < R; r++) out[r] = hsum(_mm256_add_ps(a0[r], a1[r])) + (m0[r] + m1[r]);
 
 #define BLOCK_ARGS                                                                   \
     const uint8_t *w, const int8_t *const *q8, const float *const *d8,              \
@@ -69,23 +83,23 @@ static inline __m256i dot_s8s8(__m256i w, __m256i x) {
 
 static inline void dot_q4_0_rows(BLOCK_ARGS) {
     (void)bs;
-    BLOCK_ROWS_LOOP(nb, 18, _mm256_sub_epi8(nibbles32(w + 2), _mm256_set1_epi8(8)), 1, 0, 0)
+    BLOCK_ROWS_LOOP(nb, 18, _mm256_sub_epi8(nibbles32(wb + 2), _mm256_set1_epi8(8)), 1, 0, 0)
 }
-static inline void dot_q4_1_rows(BLOCK_ARGS) { BLOCK_ROWS_LOOP(nb, 20, nibbles32(w + 4), 0, 1, 2) }
+static inline void dot_q4_1_rows(BLOCK_ARGS) { BLOCK_ROWS_LOOP(nb, 20, nibbles32(wb + 4), 0, 1, 2) }
 static inline void dot_q5_0_rows(BLOCK_ARGS) {
     (void)bs;
     BLOCK_ROWS_LOOP(nb, 22,
-                    _mm256_sub_epi8(_mm256_or_si256(nibbles32(w + 6), fifth_bits(w + 2)),
+                    _mm256_sub_epi8(_mm256_or_si256(nibbles32(wb + 6), fifth_bits(wb + 2)),
                                     _mm256_set1_epi8(16)),
                     1, 0, 0)
 }
 static inline void dot_q5_1_rows(BLOCK_ARGS) {
-    BLOCK_ROWS_LOOP(nb, 24, _mm256_or_si256(nibbles32(w + 8), fifth_bits(w + 4)), 0, 1, 2)
+    BLOCK_ROWS_LOOP(nb, 24, _mm256_or_si256(nibbles32(wb + 8), fifth_bits(wb + 4)), 0, 1, 2)
 }
 static inline void dot_iq4_nl_rows(BLOCK_ARGS) {
     (void)bs;
     const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)IQ4NL_VALUES));
-    BLOCK_ROWS_LOOP(nb, 18, _mm256_shuffle_epi8(lut, nibbles32(w + 2)), 1, 0, 0)
+    BLOCK_ROWS_LOOP(nb, 18, _mm256_shuffle_epi8(lut, nibbles32(wb + 2)), 1, 0, 0)
 }
 
 /* IQ4_XS: 8 sub-blocks of 32 per 256, each its own 6-bit scale; activations per 32 */

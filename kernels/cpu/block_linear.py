@@ -18,16 +18,13 @@ import torch
 
 from localllm.kernels.cpu.cbuild import built_libraries, compiler
 from localllm.kernels.quant.dequant import dequantize
+from localllm.kernels.quant.linear_native import MAX_PARTS, NATIVE_TYPES
 from localllm.kernels.quant.types import QuantType, block_geometry
 
 HERE = Path(__file__).parent
 SOURCES = (HERE / "block_linear.c", HERE / "block_dequant.h", HERE / "block_dots.h",
            HERE / "quant_dots.h")  # fmt: skip
-TYPES = frozenset(
-    QuantType[n]
-    for n in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "IQ4_XS", "Q4_K", "Q5_K", "Q6_K")
-)
-MAX_PARTS = 8  # MAX_PARTS in the C
+TYPES = NATIVE_TYPES  # Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, IQ4_XS, Q4_K, Q5_K, Q6_K
 FLAG_SETS = (  # fastest first; the last builds anywhere (no OpenMP: one thread)
     ("-O3", "-march=native", "-fopenmp"),
     ("-O3", "-fopenmp"),
@@ -62,6 +59,10 @@ class BlockKernels:
     def __init__(self, lib: ctypes.CDLL, path: Path, flags: tuple[str, ...]):
         self.lib, self.path, self.flags = lib, path, flags
         self._local = threading.local()  # activation scratch per thread: the calls drop the GIL
+
+    def parts(self, tensors: list[torch.Tensor]) -> Parts:
+        """`Parts` of a weight for these kernels' calls."""
+        return Parts(tensors)
 
     def supports(self, qtype: QuantType, k: int) -> bool:
         """Whether rows of k values of `qtype` go through these kernels."""

@@ -92,40 +92,62 @@ static void rope_head(float *v, const float *cos, const float *sin, int64_t dims
     }
 }
 
+/* K or V of one token at `slot` for KV head g, as float32 (a float16 cache widened into tmp) */
 static inline const float *cache_row(const model_t *m, const void *cache, int64_t slot, int64_t g,
                                      float *tmp) {
     const int64_t at = (slot * m->n_kv + g) * m->hd;
     if (!m->kv_f16) return (const float *)cache + at;
     const uint16_t *h = (const uint16_t *)cache + at;
+#if defined(__F16C__) && defined(__AVX2__)
+    int64_t j = 0;
+    for (; j + 8 <= m->hd; j += 8)
+        _mm256_storeu_ps(tmp + j, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + j))));
+    for (; j < m->hd; j++) tmp[j] = half_to_float(h[j]);
+#else
     for (int64_t j = 0; j < m->hd; j++) tmp[j] = half_to_float(h[j]);
+#endif
     return tmp;
 }
 
-/* One query head of row i over its sequence's cache: softmax(q . K^T x scale) V -> out [hd].
- * sc: scratch of ctx floats, tmp: 2 x hd floats. */
-static void attend_head(const model_t *m, const layer_t *L, const float *q, int64_t g, int64_t ctx,
-                        const int64_t *table, float *out, float *sc, float *tmp) {
+enum { MAX_GROUP = 16 }; /* query heads per KV head read together */
+
+/* The query heads h0 .. h0 + ng - 1 of row i, which share KV head g, over the row's context:
+ * softmax(q . K^T x scale) V -> out [ng, hd] (each K and V row read once for all ng heads).
+ * sc: scratch of ng x ctx floats, tmp: hd floats. */
+static void attend_group(const model_t *m, const layer_t *L, const float *q, int64_t ng, int64_t g,
+                         int64_t ctx, const int64_t *table, float *out, float *sc, float *tmp) {
     const int64_t bsz = m->block_size, hd = m->hd;
-    float mx = -INFINITY;
+    const float scale = (float)m->scale;
+    float mx[MAX_GROUP], sum[MAX_GROUP];
+    for (int64_t h = 0; h < ng; h++) mx[h] = -INFINITY, sum[h] = 0.f;
     for (int64_t j = 0; j < ctx; j++) {
         const int64_t slot = table[j / bsz] * bsz + j % bsz;
         const float *kr = cache_row(m, L->k_cache, slot, g, tmp);
-        float s = 0.f;
+        for (int64_t h = 0; h < ng; h++) {
+            const float *qh = q + h * hd;
+            float s = 0.f;
 #pragma omp simd reduction(+ : s)
-        for (int64_t d = 0; d < hd; d++) s += q[d] * kr[d];
-        sc[j] = s * (float)m->scale;
-        mx = sc[j] > mx ? sc[j] : mx;
+            for (int64_t d = 0; d < hd; d++) s += qh[d] * kr[d];
+            s *= scale;
+            sc[h * ctx + j] = s;
+            mx[h] = s > mx[h] ? s : mx[h];
+        }
     }
-    float sum = 0.f;
-    for (int64_t j = 0; j < ctx; j++) sum += (sc[j] = expf(sc[j] - mx));
-    const float inv = 1.f / sum;
-    for (int64_t d = 0; d < hd; d++) out[d] = 0.f;
+    for (int64_t h = 0; h < ng; h++) {
+        float *sh = sc + h * ctx;
+        for (int64_t j = 0; j < ctx; j++) sum[h] += (sh[j] = expf(sh[j] - mx[h]));
+        sum[h] = 1.f / sum[h];
+        for (int64_t d = 0; d < hd; d++) out[h * hd + d] = 0.f;
+    }
     for (int64_t j = 0; j < ctx; j++) {
         const int64_t slot = table[j / bsz] * bsz + j % bsz;
-        const float *vr = cache_row(m, L->v_cache, slot, g, tmp + hd);
-        const float p = sc[j] * inv;
+        const float *vr = cache_row(m, L->v_cache, slot, g, tmp);
+        for (int64_t h = 0; h < ng; h++) {
+            const float p = sc[h * ctx + j] * sum[h];
+            float *oh = out + h * hd;
 #pragma omp simd
-        for (int64_t d = 0; d < hd; d++) out[d] += p * vr[d];
+            for (int64_t d = 0; d < hd; d++) oh[d] += p * vr[d];
+        }
     }
 }
 
@@ -134,13 +156,21 @@ static void attend_head(const model_t *m, const layer_t *L, const float *q, int6
  * token); seq_lens [t] (its context after this step); tables [t, table_stride] (its blocks).
  * Scratch (floats unless said): h [t*dim], qkv [t*(n_q+2 n_kv)*hd], att [t*n_q*hd],
  * gu [t*2*hidden], y [t*dim], q8 int8 [t*kmax], d8 [t*kmax/32], bs int16 [t*kmax/16] (kmax =
- * the widest linear input), sc [threads * (max seq_len + 2*hd)]. */
+ * the widest linear input), sc [threads * sc_stride], sc_stride >= min(group, MAX_GROUP) x (max
+ * seq_len) + head_dim. */
 void decode_step(const model_t *m, int64_t t, float *x, const float *cos, const float *sin,
                  const int64_t *slots, const int64_t *seq_lens, const int64_t *tables,
                  int64_t table_stride, float *h, float *qkv, float *att, float *gu, float *y,
                  int8_t *q8, float *d8, int16_t *bs, float *sc, int64_t sc_stride, int threads) {
     const int64_t dim = m->dim, hd = m->hd, nq = m->n_q, nkv = m->n_kv, hidden = m->hidden;
     const int64_t nqkv = (nq + 2 * nkv) * hd, group = nq / nkv;
+    /* a KV head's query heads in pieces of `per` (<= MAX_GROUP), more pieces where one row's KV
+     * heads are fewer than the threads (each piece reads the KV rows once) */
+    int64_t nsplit = 1;
+    while ((group / nsplit > MAX_GROUP || t * nkv * nsplit < threads) && group % (2 * nsplit) == 0)
+        nsplit *= 2;
+    if (group / nsplit > MAX_GROUP) nsplit = group;
+    const int64_t per = group / nsplit;
 #pragma omp parallel num_threads(threads)
     {
         int id = 0;
@@ -169,11 +199,11 @@ void decode_step(const model_t *m, int64_t t, float *x, const float *cos, const 
                 }
             }
 #pragma omp for schedule(dynamic, 1)
-            for (int64_t p = 0; p < t * nq; p++) {
-                const int64_t i = p / nq, head = p % nq;
-                attend_head(m, L, qkv + i * nqkv + head * hd, head / group, seq_lens[i],
-                            tables + i * table_stride, att + i * nq * hd + head * hd, mysc,
-                            mysc + sc_stride - 2 * hd);
+            for (int64_t p = 0; p < t * nkv * nsplit; p++) { /* (row, KV head, piece of its group) */
+                const int64_t i = p / (nkv * nsplit), g = p / nsplit % nkv, h0 = g * group + p % nsplit * per;
+                attend_group(m, L, qkv + i * nqkv + h0 * hd, per, g, seq_lens[i],
+                             tables + i * table_stride, att + i * nq * hd + h0 * hd, mysc,
+                             mysc + sc_stride - hd);
             }
             linear_groups(&L->o, 1, att, nq * hd, t, nq * hd, y, dim, q8, d8, bs);
 #pragma omp for schedule(static)

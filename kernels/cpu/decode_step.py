@@ -21,6 +21,7 @@ from localllm.kernels.cpu.cbuild import built_libraries, compiler
 SOURCE = Path(__file__).with_name("decode_step.c")
 ACTS = {"silu": 0, "gelu": 1}
 MAX_GROUPS = 3  # MAX_GROUPS in the C: runs of one ggml type in q|k|v or gate|up
+MAX_GROUP_HEADS = 16  # MAX_GROUP in the C: query heads attended together over one KV head
 _I, _P, _D = ctypes.c_int64, ctypes.c_void_p, ctypes.c_double
 
 
@@ -139,6 +140,11 @@ class DecodeStep:
         self.kmax = max(s.dim, s.hidden, s.n_q * s.head_dim)
         self._scratch: dict[tuple[int, int], tuple] = {}
 
+    def _sc_stride(self, ctx: int) -> int:
+        # scores of up to MAX_GROUP query heads (one KV head's) over ctx, and one K or V row
+        s = self.shape
+        return min(s.n_q // s.n_kv, MAX_GROUP_HEADS) * ctx + 2 * s.head_dim
+
     def _buffers(self, t: int, ctx: int, threads: int) -> tuple:
         key = (t, threads)
         have = self._scratch.get(key)
@@ -150,7 +156,7 @@ class DecodeStep:
                     torch.empty(t * s.n_q * hd), torch.empty(t * 2 * s.hidden),
                     torch.empty(t * s.dim), torch.empty(kq, dtype=torch.int8),
                     torch.empty(kq // 32 + 8), torch.empty(kq // 16 + 16, dtype=torch.int16),
-                    torch.empty(threads * (ctx + 2 * hd)))  # fmt: skip
+                    torch.empty(threads * self._sc_stride(ctx)))  # fmt: skip
             have = self._scratch[key] = (ctx, bufs)
         return have
 
@@ -166,7 +172,7 @@ class DecodeStep:
         self.lib.decode_step(
             ctypes.addressof(self.model), t, ptr(x), ptr(cos), ptr(sin), ptr(slots),
             ptr(seq_lens), ptr(tables), tables.shape[1], *(ptr(b) for b in bufs),
-            ctx + 2 * self.shape.head_dim, threads,
+            self._sc_stride(ctx), threads,
         )  # fmt: skip
         return x
 

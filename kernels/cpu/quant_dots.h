@@ -8,7 +8,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
-#if defined(__F16C__) || defined(__AVX2__)
+#if defined(__F16C__) || defined(__AVX2__) || defined(__SSE2__)
 #include <immintrin.h>
 #endif
 
@@ -45,6 +45,15 @@ static float h2f(uint16_t h) {
 
 static uint16_t rd16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2); return v; }
 
+/* lrintf in the default rounding mode (to nearest, ties to even), inlined */
+static inline int round_even(float v) {
+#if defined(__SSE2__)
+    return _mm_cvtss_si32(_mm_set_ss(v));
+#else
+    return (int)lrintf(v);
+#endif
+}
+
 /* x [k] -> q [k] int8 with one scale per g values d [k/g] (g = 32, or 256: llama.cpp's Q8_K,
  * whose super-block sums stay in integers before one float multiply) and bs [k/16] sums of 16
  * codes; k a multiple of 256 (the weights' super-blocks) */
@@ -53,10 +62,13 @@ static void quantize_groups(const float *x, int64_t k, int g, int8_t *q, float *
         const float *xb = x + b * g;
         int8_t *qb = q + b * g;
         float amax = 0.f;
-        for (int i = 0; i < g; i++) amax = fmaxf(amax, fabsf(xb[i]));
+        for (int i = 0; i < g; i++) {  /* (no libm calls: fmaxf / lrintf were not inlined) */
+            const float a = fabsf(xb[i]);
+            amax = a > amax ? a : amax;
+        }
         float inv = amax > 0.f ? 127.f / amax : 0.f;
         d[b] = amax / 127.f;
-        for (int i = 0; i < g; i++) qb[i] = (int8_t)lrintf(xb[i] * inv);
+        for (int i = 0; i < g; i++) qb[i] = (int8_t)round_even(xb[i] * inv);
         for (int j = 0; j < g / 16; j++) {
             int s = 0;
             for (int i = 0; i < 16; i++) s += qb[16 * j + i];

@@ -15,13 +15,17 @@ transformers' are (tests/perf/results/cpu-moe.md, "CPU-only MoE next to llama.cp
 import torch
 import torch.nn.functional as F
 
-from localllm.kernels.cpu.block_linear import MAX_PARTS, TYPES, BlockKernels, Parts
 from localllm.kernels.quant.dequant import dequantize
 from localllm.kernels.quant.tiles import row_tiles
 from localllm.kernels.quant.types import QuantType
 
-NATIVE_TYPES = TYPES
-__all__ = ["MAX_PARTS", "NATIVE_MAX_T", "NATIVE_TYPES", "NativeLinear"]
+# the types `kernels/cpu/block_linear.c` multiplies (this module never imports it: the kernels
+# object comes from the loader, so importing kernels.quant never builds or loads C)
+NATIVE_TYPES = frozenset(
+    QuantType[n]
+    for n in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "IQ4_XS", "Q4_K", "Q5_K", "Q6_K")
+)
+MAX_PARTS = 8  # parts of one weight (MAX_PARTS in the C)
 # Rows per call on the int8 kernels (decode, batched decode, short prompts). This 2-core Xeon, one
 # 4608 x 2048 / 2048 x 4096 matrix, ms per call at 16 / 32 / 64 / 96 rows: Q4_K int8 rows 1.86 /
 # 3.64 / 7.15 / 10.64 against C-decoded tiles + fp32 GEMM 1.84* / 7.68 / 9.07 / 9.93 (*: rows);
@@ -33,9 +37,10 @@ class NativeLinear:
     kind = "native"
 
     def __init__(self, parts: list[torch.Tensor], qtype: QuantType, shape: tuple[int, int],
-                 kernels: BlockKernels):  # fmt: skip
+                 kernels):  # fmt: skip
+        """`kernels`: a `kernels.cpu.block_linear.BlockKernels`."""
         # the mmap views as they are: no copy (contiguous rows of raw blocks)
-        self.parts = Parts([p.reshape(p.shape[0], -1) for p in parts])
+        self.parts = kernels.parts([p.reshape(p.shape[0], -1) for p in parts])
         if self.parts.n != shape[0]:
             raise ValueError(f"parts of {self.parts.n} rows for a {shape} weight")
         self.qtype, self.shape, self.kernels = QuantType(qtype), shape, kernels

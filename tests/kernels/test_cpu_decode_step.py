@@ -52,14 +52,16 @@ def _layers(blocks, s: decode_step.Shape, n_layers, n_blocks, bsz, dtype, seed):
     return out
 
 
-@pytest.mark.parametrize(("dtype", "neox", "act", "lens"), [
-    (torch.float32, False, "silu", [37]),
-    (torch.float16, True, "gelu", [5, 61, 16]),
-    (torch.float32, False, "silu", [1, 33]),
+@pytest.mark.parametrize(("dtype", "neox", "act", "lens", "n_kv", "threads"), [
+    (torch.float32, False, "silu", [37], 2, 2),
+    (torch.float16, True, "gelu", [5, 61, 16], 2, 1),
+    (torch.float32, False, "silu", [1, 33], 2, 2),
+    (torch.float16, False, "silu", [40], 1, 2),  # one KV head: its query heads in two pieces
+    (torch.float32, False, "silu", [40], 1, 3),  # (three threads: four pieces)
 ])  # fmt: skip
-def test_step_matches_the_torch_reference(parts, dtype, neox, act, lens):
+def test_step_matches_the_torch_reference(parts, dtype, neox, act, lens, n_kv, threads):
     lib, blocks = parts
-    s = decode_step.Shape(256, 8, 2, 64, 512, 64 if not neox else 32, neox, 1e-5, act)
+    s = decode_step.Shape(256, 8, n_kv, 64, 512, 64 if not neox else 32, neox, 1e-5, act)
     bsz, t = 16, len(lens)
     tables = torch.tensor([[4 * i + 3, 4 * i + 1, 4 * i + 2, 4 * i] for i in range(t)])
     layers = _layers(blocks, s, 2, 4 * t, bsz, dtype, len(lens))
@@ -74,7 +76,8 @@ def test_step_matches_the_torch_reference(parts, dtype, neox, act, lens):
     x = torch.randn(t, s.dim, generator=torch.Generator().manual_seed(3))
     want = decode_step.decode_step_reference(s, ref_layers, bsz, x, cos, sin, slots, seq_lens,
                                              tables)  # fmt: skip
-    got = decode_step.DecodeStep(lib, s, layers, bsz)(x.clone(), cos, sin, slots, seq_lens, tables)
+    step = decode_step.DecodeStep(lib, s, layers, bsz)
+    got = step(x.clone(), cos, sin, slots, seq_lens, tables, threads=threads)
     rel = ((got - want).norm() / want.norm()).item()
     assert rel < 2e-3  # int8 codes of near-equal activations may round apart
     for a, b in zip(layers, ref_layers, strict=True):  # the new tokens' K and V were written

@@ -1,5 +1,7 @@
-"""CPU decode per token: time and torch op count, the native dense linears against the paths
-before them (int4pack / fp16 copies / Q4_K-Q6_K-Q8_0-only native), in one process, alternating.
+"""CPU decode per token: time and torch op count of three variants in one process, alternating:
+`step` (the default: llama layers in one native call, `engine/layers/native_decode.py`),
+`linears` (the native block linears under the torch layers) and `before` (no block kernels: the
+int4pack / fp16 copies and the Q4_K/Q6_K/Q8_0-only native linears of the tree before).
 
 Not a test: a script whose output goes, with the command, machine, date and load, into
 tests/perf/results/cpu.md. Each variant loads the model once; rounds alternate the variants so
@@ -22,21 +24,23 @@ from localllm.engine.core.batch import BatchMeta
 from localllm.engine.runtime.kv_cache import PagedKVCache
 from localllm.kernels.cpu import native as native_mod
 
-VARIANTS = ("native", "before")
+VARIANTS = ("step", "linears", "before")
 
 
 def build(path: str, variant: str):
-    """The model with the dense native kernels (`native`) or without them (`before`)."""
+    """The model of one variant (see the module's docstring)."""
     real = native_mod.load
 
     def load(cache_dir=None):
         k = real(cache_dir)
-        return k if k is None or variant == "native" else dataclasses.replace(k, blocks=None)
+        return k if k is None or variant != "before" else dataclasses.replace(k, blocks=None)
 
     loader.load_native = load
     try:
         gguf = loader.open_weights(path)
         model = loader.build_model(gguf)
+        if variant != "step":
+            model._native_step = False  # the torch layers
     finally:
         loader.load_native = real
     layers, kvh, hd = model.kv_shape()

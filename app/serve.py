@@ -101,7 +101,7 @@ def add_parser(sub) -> None:
     )
     p.add_argument(
         "--tool-format",
-        choices=("hermes", "llama3", "mistral", "harmony", "glm"),
+        choices=("hermes", "llama3", "mistral", "harmony", "glm", "lfm2"),
         default=None,
         help="tool-call format to prompt and parse (default: from the chat template)",
     )

@@ -12,10 +12,12 @@ from typing import Any
 
 from localllm.app.server.glm_tools import GlmToolParser
 from localllm.app.server.harmony import HarmonyParser, ReasoningDelta, opens_harmony
+from localllm.app.server.lfm2_tools import Lfm2ToolParser
 from localllm.app.server.reasoning import ReasoningParser
 from localllm.app.server.tool_parsers import (
     GLM,
     HARMONY,
+    LFM2,
     ArgsDelta,
     CallStart,
     ContentDelta,
@@ -45,6 +47,8 @@ class ChoiceOutput:
         self._tools = ToolCallParser(plan.tools) if plan.tools and not harmony else None
         if plan.tools is GLM:
             self._tools = GlmToolParser(plan.tool_params)
+        if plan.tools is LFM2:
+            self._tools = Lfm2ToolParser()
         self._plan = plan
         self._harmony = self._new_harmony() if harmony else None
         # Without tools the plan may not know the template: the output's opening tells.

@@ -1,7 +1,8 @@
 """Tool calls in generated text (Hermes/Qwen, Llama 3 and Mistral formats), whole or streamed.
 
 gpt-oss's harmony format is detected here too (`HARMONY`); its channels are read by `harmony`;
-GLM's XML-ish arguments (`GLM`) are read by `glm_tools`.
+GLM's XML-ish arguments (`GLM`) are read by `glm_tools`, LFM2's pythonic call lists (`LFM2`) by
+`lfm2_tools`.
 
 `ToolCallParser.feed(delta)` turns text pieces into events: content, a call's start (id, name),
 then fragments of its arguments JSON. Decisions depend only on the text, never on how it was
@@ -41,7 +42,8 @@ LLAMA3 = ToolFormat("llama3", "<|python_tag|>", json_start=True)
 MISTRAL = ToolFormat("mistral", "[TOOL_CALLS]", id_chars=9)
 HARMONY = ToolFormat("harmony", "<|channel|>", "<|call|>")  # parsed by `harmony`, not here
 GLM = ToolFormat("glm", "<tool_call>", "</tool_call>")  # parsed by `glm_tools`, not here
-FORMATS = {f.name: f for f in (HERMES, LLAMA3, MISTRAL, HARMONY, GLM)}
+LFM2 = ToolFormat("lfm2", "<|tool_call_start|>", "<|tool_call_end|>")  # parsed by `lfm2_tools`
+FORMATS = {f.name: f for f in (HERMES, LLAMA3, MISTRAL, HARMONY, GLM, LFM2)}
 
 
 def detect_format(template: str | None) -> ToolFormat:
@@ -53,6 +55,8 @@ def detect_format(template: str | None) -> ToolFormat:
         return MISTRAL
     if "<arg_key>" in src:  # GLM-4.5 / 4.6 / 4.7 (their templates have <tool_call> too)
         return GLM
+    if "<|tool_list_start|>" in src or "<|tool_call_start|>" in src:  # LFM2's markers
+        return LFM2
     if "<|python_tag|>" in src or ("<|start_header_id|>" in src and '"parameters"' in src):
         return LLAMA3
     return HERMES

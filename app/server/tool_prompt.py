@@ -12,8 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from localllm.app.server import glm_tools, harmony
-from localllm.app.server.tool_parsers import GLM, HARMONY, LLAMA3, MISTRAL, ToolFormat
+from localllm.app.server import glm_tools, harmony, lfm2_tools
+from localllm.app.server.tool_parsers import GLM, HARMONY, LFM2, LLAMA3, MISTRAL, ToolFormat
 
 _INTRO = (
     "You can call the following tools (JSON schemas of their parameters are given). "
@@ -44,6 +44,8 @@ def call_text(fmt: ToolFormat, calls: Sequence[tuple[str, Any]]) -> str:
     """Calls (name, arguments object) written as the family writes them."""
     if fmt is GLM:
         return glm_tools.call_text(calls)
+    if fmt is LFM2:
+        return lfm2_tools.call_text(calls)
     key = _args_key(fmt)
     objs = [json.dumps({"name": n, key: a}, ensure_ascii=False) for n, a in calls]
     if fmt is MISTRAL:

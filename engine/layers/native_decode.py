@@ -1,17 +1,16 @@
 """The CPU decode step of llama-family decoders as one native call (`kernels/cpu/decode_step`):
 `NativeDecode.for_model` looks once whether a loaded model qualifies (llama blocks, dense gated
 MLPs, no biases, every linear on the native block kernels) and `__call__` runs a step when it
-does (each sequence's one new token, a float32 or float16 paged cache, no LoRA hung on), else
-answers None and the torch layers run. Steps of the same model give the same tokens either way
-(tests/kernels/test_cpu_decode_step.py); the per-layer work is the same, the ~20 dispatched torch
-ops per layer are gone.
+does (each sequence's one new token, a float32 or float16 paged cache, no row on a LoRA
+adapter), else answers None and the torch layers run. Steps of the same model give the same
+tokens either way (tests/kernels/test_cpu_decode_step.py); the per-layer work is the same, the
+~20 dispatched torch ops per layer are gone.
 """
 
 import torch
 from torch import nn
 
 from localllm.engine.core.batch import BatchMeta
-from localllm.engine.layers.linear import FusedLinear, QuantLinear
 from localllm.engine.layers.shared import GatedMLP
 from localllm.kernels.cpu import decode_step
 from localllm.kernels.quant.linear_native import NativeLinear
@@ -32,7 +31,6 @@ class NativeDecode:
     def __init__(self, model: nn.Module, lib, shape: decode_step.Shape, parts: list[tuple]):
         self.model, self.lib, self.shape, self.parts = model, lib, shape, parts
         self._step: tuple[object, decode_step.DecodeStep] | None = None  # (kv, its step)
-        self.linears = [m for m in model.modules() if isinstance(m, QuantLinear | FusedLinear)]
 
     @classmethod
     def for_model(cls, model: nn.Module) -> "NativeDecode | None":
@@ -97,7 +95,8 @@ class NativeDecode:
             return None
         if batch.embeds is not None or batch.query_start != tuple(range(t + 1)):
             return None
-        if any(m.lora is not None for m in self.linears if hasattr(m, "lora")):
+        lora = getattr(self.model, "lora", None)  # engine.lora: this step's rows on adapters
+        if lora is not None and lora.active:
             return None
         step = self._for_cache(kv)
         if step is None:

@@ -23,6 +23,7 @@ from torch import nn
 from localllm.engine.core.batch import BatchMeta
 from localllm.engine.layers.pooling import check_method, default_pooling, normalize, pool
 from localllm.engine.runtime.kv_cache import PagedKVCache
+from localllm.engine.runtime.recurrent_state import attach_states
 
 BLOCK = 16  # scratch KV block size (tokens)
 
@@ -256,6 +257,7 @@ class Embedder:
         kv = PagedKVCache(
             layers, sum(nblocks), BLOCK, kv_heads, head_dim, dtype="f32", device=self.device
         )
+        attach_states(kv, self.model, len(seqs))  # hybrids: one state slot per sequence
         tables, first = [], 0
         for nb in nblocks:
             tables.append(list(range(first, first + nb)))

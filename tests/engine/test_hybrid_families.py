@@ -358,3 +358,26 @@ def test_granite_expert_weights_scale_scales_the_routed_experts(tmp_path):
         a, b = plain.blk[0].mlp, double.blk[0].mlp
         shared = a.shexp(x)
         assert max_err(b(x) - shared, 2 * (a(x) - shared)) < 1e-5
+
+
+@pytest.mark.parametrize("name", ["lfm2", "granitehybrid"])
+def test_embeddings_batched_and_chunked_equal_alone(name, models):
+    """/v1/embeddings of a hybrid: inputs embedded together (one state slot each) or one long
+    input in chunks (the state carried) give what each gives alone in one forward: the final
+    hidden state of its last token."""
+    prompts = _prompts(name)[:3]
+    model = models[name][1]
+    want = []
+    with torch.inference_mode():
+        for p in prompts:
+            n = len(p)
+            h = model(torch.tensor(p), torch.arange(n), BatchMeta.contiguous(n, n, BLOCK),
+                      new_cache(model, n))  # fmt: skip
+            want.append(h[-1])
+    with _llm(name) as llm:
+        together = llm.engine.embed(prompts, pooling="last", normalize=False)
+        llm.engine.embedder.token_budget = BLOCK  # 4-token chunks through one scratch cache
+        chunked = llm.engine.embed(prompts[:1], pooling="last", normalize=False)
+    for got, w in zip(together, want, strict=True):
+        assert max_err(got.embedding, w) < 1e-3
+    assert max_err(chunked[0].embedding, want[0]) < 1e-3

@@ -7,6 +7,7 @@ The only place that turns flags (and $LOCALLLM_MODEL, via `resolve_model`) into 
 
 import argparse
 import contextlib
+import json
 import sys
 import time
 from pathlib import Path
@@ -54,8 +55,8 @@ def add_parser(sub) -> None:
         action="append",
         metavar="NAME=PATH",
         default=[],
-        help="a LoRA adapter served as model NAME (vLLM): requests with model=NAME use it "
-        "(repeatable; loaded after --lora adapters, global scale 0)",
+        help='a LoRA adapter served as model NAME (vLLM; also its JSON form {"name", "path"}): '
+        "requests with model=NAME use it (repeatable; loaded after --lora adapters, scale 0)",
     )
     p.add_argument(
         "--cors-origin",
@@ -226,6 +227,16 @@ def _entries(args: argparse.Namespace) -> list:
 
 
 def _lora_module(text: str) -> tuple[str, str]:
+    """(name, path) of `NAME=PATH` or vLLM's JSON form `{"name": ..., "path": ...}`."""
+    if text.lstrip().startswith("{"):
+        try:
+            spec = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"--lora-modules: not valid JSON ({e})") from None
+        name, path = spec.get("name"), spec.get("path")
+        if isinstance(name, str) and isinstance(path, str) and name and path:
+            return name, path
+        raise ValueError(f'--lora-modules JSON needs "name" and "path", got {text!r}')
     name, sep, path = text.partition("=")
     if not (sep and name and path):
         raise ValueError(f"--lora-modules takes NAME=PATH, got {text!r}")

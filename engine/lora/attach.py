@@ -46,7 +46,7 @@ class LoraSet:
                 raise ValueError(f"lora id {i!r} is not a loaded adapter (0..{len(self) - 1})")
             if not math.isfinite(scale):
                 raise ValueError(f"lora scale {scale!r} is not a finite number")
-            out[i] = out.get(i, 0.0) + float(scale)
+            out[i] = float(scale)  # an id named twice: the last one, as llama-server
         return tuple((i, s) for i, s in sorted(out.items()) if s != 0.0)
 
     def set_scales(self, entries: Sequence[tuple[int, float]]) -> None:

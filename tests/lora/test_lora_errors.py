@@ -91,3 +91,47 @@ def test_cli_run_says_one_line(tmp_path):
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("localllm: error:"), r.stderr
     assert "adapter of another base" in lines[0]
+
+
+def _gguf_lora(path, tensors: dict) -> None:
+    import gguf
+    import numpy as np
+
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_type(gguf.GGUFType.ADAPTER)
+    w.add_string(gguf.Keys.Adapter.TYPE, "lora")
+    w.add_float32(gguf.Keys.Adapter.LORA_ALPHA, 8.0)
+    for name, shape in tensors.items():
+        w.add_tensor(name, np.zeros(shape, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def test_gguf_unknown_target_and_bad_rank(tmp_path):
+    unknown = tmp_path / "unknown.gguf"
+    _gguf_lora(unknown, {"blk.0.attn_foo.weight.lora_a": (8, 32),
+                         "blk.0.attn_foo.weight.lora_b": (32, 8)})  # fmt: skip
+    assert "unknown target module 'blk.0.attn_foo'" in _load("llama", unknown)
+    bad = tmp_path / "rank.gguf"
+    _gguf_lora(bad, {"blk.0.attn_q.weight.lora_a": (8, 32),
+                     "blk.0.attn_q.weight.lora_b": (32, 4)})  # fmt: skip
+    assert "bad rank" in _load("llama", bad)
+
+
+def test_a_model_gguf_is_not_an_adapter():
+    assert "not a LoRA adapter GGUF" in _load("llama", HF / "qwen3.gguf")
+
+
+def test_lora_modules_forms():
+    from localllm.app.serve import _lora_module
+
+    assert _lora_module("sql=/a/b") == ("sql", "/a/b")
+    assert _lora_module('{"name": "sql", "path": "/a/b", "base_model_name": "x"}') == (
+        "sql",
+        "/a/b",
+    )
+    for bad in ("sql", "=/a", '{"name": "sql"}', "{oops"):
+        with pytest.raises(ValueError, match="--lora-modules"):
+            _lora_module(bad)

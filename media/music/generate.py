@@ -3,9 +3,10 @@ generation loop: prompt -> T5 text states -> conditioning (cross-attention state
 melody model's prefix) -> the codebook LM stepped over the delay pattern with classifier-free
 guidance (conditional and unconditional rows batched) -> EnCodec -> waveform.
 
-A step reports progress in seconds of audio. `cached=False` runs the same loop over the LM's
-plain reference forward (everything recomputed each step), which the fast path is tested
-against.
+A step reports progress in seconds of audio. The steps themselves are `steps.py`'s: the cached
+step on the CPU, a captured CUDA graph of it on CUDA; `cached=False` runs the same loop over the
+LM's plain reference forward (everything recomputed each step), which the fast paths are
+tested against.
 """
 
 from __future__ import annotations
@@ -23,11 +24,16 @@ from localllm.media.music import delay
 from localllm.media.music.chroma import chroma, null_chroma, tile_prefix
 from localllm.media.music.config import MusicModelError, load_config
 from localllm.media.music.encodec import Encodec
+from localllm.media.music.extend import default_window, extended_codes
 from localllm.media.music.lm import MusicLM
 from localllm.media.music.sampling import SamplingOptions, choose, guide
+from localllm.media.music.steps import CachedSteps, Condition, Recompute, StaticSteps
 from localllm.media.music.t5 import T5Encoder
 from localllm.media.music.weights import Weights
 
+# how each decode step runs: auto = a captured CUDA graph on CUDA, the cached step elsewhere;
+# static = the graph's step run eagerly (tests)
+STEPS = ("auto", "cached", "static", "graph")
 MAX_SECONDS = 300.0  # a request limit, checked before any model work; models have their own
 Progress = Callable[[float, float], None]  # (seconds of audio done, seconds in all)
 
@@ -41,15 +47,6 @@ class Music:
     @property
     def seconds(self) -> float:
         return self.samples.shape[1] / self.sample_rate
-
-
-@dataclass
-class _Condition:
-    rows: int  # 2 with guidance (conditional, unconditional), else 1
-    prefix: torch.Tensor | None = None  # melody models: (rows, P, hidden)
-    cross_kv: list | None = None  # MusicGen: per layer, conditional row only
-    cross: torch.Tensor | None = None  # (rows, S, hidden), for the reference path
-    cross_mask: torch.Tensor | None = None
 
 
 def check_seconds(seconds: float) -> None:
@@ -72,6 +69,7 @@ class MusicGen:
         self.name = self.folder.name
         w = Weights(self.folder, device, torch.float32)
         self.lm_dtype = dtype
+        self.steps = "auto"  # of STEPS
         self.device = w.device
         self.text = T5Encoder(cfg.text, w)
         lm_w = w if dtype == torch.float32 else Weights(self.folder, device, dtype)
@@ -134,11 +132,11 @@ class MusicGen:
             if self.chroma_proj is not None:
                 audio = F.linear(audio, *self.chroma_proj)
             audio = tile_prefix(audio, cfg.chroma.chroma_length)
-            return _Condition(rows, prefix=torch.cat([audio, text], dim=1).to(self.lm_dtype))
+            return Condition(rows, prefix=torch.cat([audio, text], dim=1).to(self.lm_dtype))
         text = text.to(self.lm_dtype)
         mask = torch.ones(text.shape[:2], device=self.device)
         mask[1:] = 0
-        cond = _Condition(rows, cross=text, cross_mask=mask)
+        cond = Condition(rows, cross=text, cross_mask=mask)
         if cached:
             cond.cross_kv = self.lm.cross_kv(text[:1])
         return cond
@@ -168,6 +166,7 @@ class MusicGen:
         prompt_codes: torch.Tensor | None = None,
         progress: Progress | None = None,
         cached: bool = True,
+        steps: str | None = None,
     ) -> torch.Tensor:
         """(K, frames) codes: `prompt_codes` (K, P) first, then generated ones."""
         opts.check()
@@ -184,7 +183,7 @@ class MusicGen:
         cond = self._condition(ids, melody, opts, cached)
         gen = torch.Generator(device=self.device)
         gen.manual_seed(opts.seed if opts.seed is not None else secrets.randbits(63))
-        step = _CachedSteps(self.lm, cond, pat.shape[1]) if cached else _Recompute(self.lm, cond)
+        step = self._steps(cond, pat.shape[1], cached, steps or self.steps)
         logits = step.first(seq[:, :start])
         total = pat.shape[1]
         for t in range(start, total):
@@ -198,6 +197,19 @@ class MusicGen:
                 logits = step.next(seq[:, : t + 1])
         return delay.undelay(seq, self.channels, frames).cpu()
 
+    def _steps(self, cond: Condition, length: int, cached: bool, kind: str):
+        if kind not in STEPS:
+            raise ValueError(f"steps must be one of {', '.join(STEPS)}, got {kind!r}")
+        if not cached:
+            return Recompute(self.lm, cond)
+        if kind == "auto":
+            kind = "graph" if self.device.type == "cuda" else "cached"
+        if kind == "graph" and self.device.type != "cuda":
+            raise ValueError("steps='graph' (a captured CUDA graph) needs a CUDA device")
+        if kind == "cached":
+            return CachedSteps(self.lm, cond, length)
+        return StaticSteps(self.lm, cond, length, capture=kind == "graph")
+
     def generate(
         self,
         prompt: str,
@@ -206,16 +218,18 @@ class MusicGen:
         melody: np.ndarray | None = None,
         continuation: np.ndarray | None = None,
         progress: Progress | None = None,
+        window: float | None = None,
+        stride: float | None = None,
     ) -> Music:
         """`seconds` of music for `prompt`. `melody`: mono audio at the model's rate (melody
         models); `continuation`: (channels, samples) audio the result starts with and goes on
-        from (`seconds` counts it)."""
+        from (`seconds` counts it). Past what the position table holds (or with `window`),
+        windows of `window` seconds each re-prompted with the last `window - stride` seconds
+        (default: audiocraft's 30 and 18 s, scaled to the model; `extend.py`)."""
         check_seconds(seconds)
-        frames = round(seconds * self.config.frame_rate)
+        rate = self.config.frame_rate
+        frames = round(seconds * rate)
         limit = self.max_seconds(len(self.tokenizer.encode(prompt).ids))
-        if frames > limit * self.config.frame_rate:
-            raise ValueError(f"duration {seconds:g} s is longer than {self.name} can make "
-                             f"({limit:.1f} s: its position table)")  # fmt: skip
         prompt_codes = None
         if continuation is not None:
             prompt_codes = self.encode(continuation)
@@ -223,46 +237,18 @@ class MusicGen:
                 clip = continuation.shape[1] / self.sample_rate
                 raise ValueError(f"duration {seconds:g} s must be longer than the clip to "
                                  f"continue ({clip:.2f} s)")  # fmt: skip
-        codes = self.codes(prompt, frames, opts, melody, prompt_codes, progress)
+        if frames <= limit * rate and window is None:
+            codes = self.codes(prompt, frames, opts, melody, prompt_codes, progress)
+            return Music(self.decode(codes), self.sample_rate, codes)
+        # past the position table: audiocraft's windows (extend.py)
+        window, stride = (window, stride or window * 0.6) if window else default_window(limit)
+        if window > limit:
+            raise ValueError(f"window {window:g} s is longer than {self.name} holds "
+                             f"({limit:.1f} s: its position table)")  # fmt: skip
+
+        def one(n, o, mel, pc, prog):
+            return self.codes(prompt, n, o, mel, pc, prog)
+
+        codes = extended_codes(one, frames, rate, self.sample_rate, opts, window, stride,
+                               melody, prompt_codes, progress)  # fmt: skip
         return Music(self.decode(codes), self.sample_rate, codes)
-
-
-class _CachedSteps:
-    """The fast path: prefill the cache once, then one position per step."""
-
-    def __init__(self, lm: MusicLM, cond: _Condition, length: int):
-        self.lm, self.cond = lm, cond
-        prefix = cond.prefix.shape[1] if cond.prefix is not None else 0
-        self.cache = lm.new_cache(cond.rows, prefix + length)
-
-    def _run(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.lm.add_positions(x, self.cache.length)
-        rows = 1 if self.cond.cross_kv is not None else 0
-        h = self.lm.forward_cached(x, self.cache, self.cond.cross_kv, rows)
-        return self.lm.logits(h[:, -1:])[:, :, 0].float()  # (rows, K, vocab)
-
-    def first(self, seq: torch.Tensor) -> torch.Tensor:
-        x = self.lm.embed(seq[None].expand(self.cond.rows, -1, -1))
-        if self.cond.prefix is not None:
-            x = torch.cat([self.cond.prefix, x], dim=1)
-        return self._run(x)
-
-    def next(self, seq: torch.Tensor) -> torch.Tensor:
-        return self._run(self.lm.embed(seq[None, :, -1:].expand(self.cond.rows, -1, -1)))
-
-
-class _Recompute:
-    """The reference path: the whole sequence through `MusicLM.reference` every step."""
-
-    def __init__(self, lm: MusicLM, cond: _Condition):
-        self.lm, self.cond = lm, cond
-
-    def first(self, seq: torch.Tensor) -> torch.Tensor:
-        return self.next(seq)
-
-    def next(self, seq: torch.Tensor) -> torch.Tensor:
-        x = self.lm.embed(seq[None].expand(self.cond.rows, -1, -1))
-        if self.cond.prefix is not None:
-            x = torch.cat([self.cond.prefix, x], dim=1)
-        x = self.lm.add_positions(x, 0)
-        return self.lm.reference(x, self.cond.cross, self.cond.cross_mask)[:, :, -1].float()

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from localllm.kernels.cpu import float_gemv
 from localllm.media.music.config import DecoderArgs
 from localllm.media.music.weights import Weights
 
@@ -81,6 +82,20 @@ class MusicLM:
             self.layers.append(lay)
         self.final_ln = (w.get(f"{p}layer_norm.weight"), w.get(f"{p}layer_norm.bias"))
         self.act = _ACT[args.activation]
+        # a decode step's few rows on the CPU: one weight read for both CFG rows (torch's
+        # float32 GEMM at 2 rows reads at a fraction of the bandwidth of its 1-row GEMV)
+        self.gemv = float_gemv.load() if self.embeds.device.type == "cpu" else None
+        self.heads_flat = self.heads.reshape(-1, h)  # all codebooks' heads: one matrix
+
+    def mm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """x (..., in) @ w (out, in).T, on the native kernel for a step's few rows."""
+        rows = x.shape[:-1]
+        flat = x.reshape(-1, x.shape[-1])
+        if self.gemv is not None and flat.shape[0] <= self.gemv.max_rows:
+            flat = flat.float().contiguous()
+            if self.gemv.supports(flat, w):
+                return self.gemv.linear(flat, w).to(x.dtype).view(*rows, w.shape[0])
+        return x @ w.T
 
     # -- shared pieces -----------------------------------------------------------------------
 
@@ -92,23 +107,31 @@ class MusicLM:
         return x
 
     def add_positions(self, x: torch.Tensor, start: int) -> torch.Tensor:
-        end = start + x.shape[1]
-        if end > self.positions.shape[0]:  # past max_position_embeddings: the table grows
-            self.positions = sinusoids(end, x.shape[-1]).to(x.device, x.dtype)
-        return x + self.positions[start:end]
+        self.ensure_positions(start + x.shape[1])
+        return x + self.positions[start : start + x.shape[1]]
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def ensure_positions(self, length: int) -> None:
+        if length > self.positions.shape[0]:  # past max_position_embeddings: the table grows
+            dev, dt = self.positions.device, self.positions.dtype
+            self.positions = sinusoids(length, self.args.hidden_size).to(dev, dt)
+
+    def logits(self, hidden: torch.Tensor, fast: bool = False) -> torch.Tensor:
         """(batch, T, hidden) final states to (batch, K, T, vocab) logits."""
         h = F.layer_norm(hidden, hidden.shape[-1:], *self.final_ln)
-        return torch.einsum("bth,kvh->bktv", h, self.heads)
+        if not fast:
+            return torch.einsum("bth,kvh->bktv", h, self.heads)
+        b, t, _ = h.shape
+        return self.mm(h, self.heads_flat).view(b, t, *self.heads.shape[:2]).permute(0, 2, 1, 3)
 
     def _heads_split(self, x: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape
         return x.view(b, t, self.args.num_heads, -1).transpose(1, 2)
 
-    def _ffn(self, x: torch.Tensor, lay: dict) -> torch.Tensor:
+    def _ffn(self, x: torch.Tensor, lay: dict, mm=None) -> torch.Tensor:
         h = F.layer_norm(x, x.shape[-1:], *lay["ln3"])
-        return x + self.act(h @ lay["fc1"].T) @ lay["fc2"].T
+        if mm is None:
+            return x + self.act(h @ lay["fc1"].T) @ lay["fc2"].T
+        return x + mm(self.act(mm(h, lay["fc1"])), lay["fc2"])
 
     # -- reference: the whole sequence, no cache ----------------------------------------------
 
@@ -168,37 +191,57 @@ class MusicLM:
 
     @torch.inference_mode()
     def forward_cached(
-        self, x: torch.Tensor, cache: KVCache, cross_kv=None, cross_rows: int = 0
+        self,
+        x: torch.Tensor,
+        cache: KVCache,
+        cross_kv=None,
+        cross_rows: int = 0,
+        pos: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Final states (batch, T, hidden) of `x` (batch, T, hidden, positions added) that
         follow the `cache.length` positions already cached; the cache is extended.
 
         Cross-attention runs for the first `cross_rows` rows only: the others are CFG's
         unconditional rows, whose text states are all zero, so their cross-attention (no biases)
-        adds exactly zero."""
+        adds exactly zero.
+
+        `pos` (a (1,) long tensor; T = 1) is the static form a CUDA graph captures: the keys and
+        values go into the cache at `pos` and attention reads the whole cache under a mask, so
+        no shape and no Python number depends on the step (`cache.length` is left alone)."""
         b, t, hs = x.shape
         start, end = cache.length, cache.length + t
+        mm = self.mm
+        if pos is not None:
+            slots = torch.arange(cache.k.shape[3], device=x.device)
+            mask = torch.zeros(slots.shape, dtype=x.dtype, device=x.device)
+            mask = mask.masked_fill(slots > pos, torch.finfo(x.dtype).min).view(1, 1, 1, -1)
         for i, lay in enumerate(self.layers):
             h = F.layer_norm(x, (hs,), *lay["ln1"])
-            q, k, v = (self._heads_split(y) for y in (h @ lay["qkv"].T).chunk(3, -1))
-            cache.k[i, :, :, start:end] = k
-            cache.v[i, :, :, start:end] = v
-            att = F.scaled_dot_product_attention(
-                q, cache.k[i, :, :, :end], cache.v[i, :, :, :end], is_causal=t > 1 and start == 0
-            ) if t == 1 or start == 0 else self._attend(
-                q, cache.k[i, :, :, :end], cache.v[i, :, :, :end], self._offset_mask(t, start, x)
-            )  # fmt: skip
-            x = x + att.transpose(1, 2).reshape(b, t, hs) @ lay["o"].T
+            q, k, v = (self._heads_split(y) for y in mm(h, lay["qkv"]).chunk(3, -1))
+            if pos is not None:
+                cache.k[i].index_copy_(2, pos, k)
+                cache.v[i].index_copy_(2, pos, v)
+                att = F.scaled_dot_product_attention(q, cache.k[i], cache.v[i], attn_mask=mask)
+            else:
+                cache.k[i, :, :, start:end] = k
+                cache.v[i, :, :, start:end] = v
+                att = F.scaled_dot_product_attention(
+                    q, cache.k[i, :, :, :end], cache.v[i, :, :, :end],
+                    is_causal=t > 1 and start == 0,
+                ) if t == 1 or start == 0 else self._attend(
+                    q, cache.k[i, :, :, :end], cache.v[i, :, :, :end],
+                    self._offset_mask(t, start, x),
+                )  # fmt: skip
+            x = x + mm(att.transpose(1, 2).reshape(b, t, hs), lay["o"])
             if cross_kv is not None and cross_rows:
-                xc = x[:cross_rows]
-                h = F.layer_norm(xc, (hs,), *lay["ln2"])
-                q = self._heads_split(h @ lay["xq"].T)
+                h = F.layer_norm(x[:cross_rows], (hs,), *lay["ln2"])
+                q = self._heads_split(mm(h, lay["xq"]))
                 ck, cv = cross_kv[i]
                 att = F.scaled_dot_product_attention(q, ck, cv)
-                out = att.transpose(1, 2).reshape(cross_rows, t, hs) @ lay["xo"].T
-                x = torch.cat([xc + out, x[cross_rows:]]) if cross_rows < b else xc + out
-            x = self._ffn(x, lay)
-        cache.length = end
+                x[:cross_rows] += mm(att.transpose(1, 2).reshape(cross_rows, t, hs), lay["xo"])
+            x = self._ffn(x, lay, mm)
+        if pos is None:
+            cache.length = end
         return x
 
     @staticmethod

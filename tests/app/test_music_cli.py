@@ -80,7 +80,6 @@ def test_formats_and_seeded_reproducibility(tmp_path):
         (["a", "-m", "{musicgen}", "--melody", "{melody_wav}"], "is not a melody model"),
         (["a", "-m", "{musicgen}", "--continue", "{notaudio}"], "not a readable audio file"),
         (["a", "-m", "{musicgen}", "-d", "0.05", "--continue", "{clip}"], "longer than the clip"),
-        (["a", "-m", "{musicgen}", "-d", "60"], "longer than musicgen can make"),
         (["a", "-m", "{musicgen}", "--top-p", "0"], "--top-p must be in (0, 1]"),
         (["a", "-m", "{musicgen}", "--temperature", "-1"], "temperature must be between"),
         (["a", "-m", "{notaudio}"], "not a MusicGen folder"),

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import shutil
 import time
@@ -122,17 +123,20 @@ def main() -> None:
     rows = []
     for run in range(args.runs):
         for fn in (IMPLS[name] for name in args.impls.split(",")):
+            load0 = os.getloadavg()[0]
             r = fn(path, args.seconds, seed=run)
-            r.update(run=run, size=args.size, threads=args.threads, rtf=r["gen_s"] / r["audio_s"])
+            r.update(run=run, size=args.size, threads=args.threads, rtf=r["gen_s"] / r["audio_s"],
+                     load=(load0 + os.getloadavg()[0]) / 2)  # fmt: skip
             print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in r.items()}))
             rows.append(r)
     cpu = platform.processor() or platform.machine()
     print(f"\n{cpu}, torch {torch.__version__}, {args.threads} threads, "
           f"musicgen-{args.size} shape, {args.seconds:g} s of audio\n")  # fmt: skip
-    print("| run | implementation | load s | generate s | RTF |\n|---|---|---|---|---|")
+    print("| run | implementation | load s | generate s | RTF | load average |")
+    print("|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['run']} | {r['impl']} | {r['load_s']:.1f} | {r['gen_s']:.1f} | "
-              f"{r['rtf']:.2f} |")  # fmt: skip
+              f"{r['rtf']:.2f} | {r['load']:.1f} |")  # fmt: skip
 
 
 if __name__ == "__main__":

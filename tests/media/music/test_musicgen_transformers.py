@@ -1,6 +1,7 @@
 """Our MusicGen against transformers on the same tiny random-weight folders: the greedy codes
 (CFG 3 and CFG off, stereo, a melody file, no melody, a continued clip) and seeded sampled codes
-are equal, on both the cached fast path and the plain reference, and the decoded waveforms agree
+are equal, on the cached fast path, the CUDA graph's static step run eagerly and the plain
+reference, and the decoded waveforms agree
 within 1e-5 of the waveform's peak (float32; the largest seen is 1.5e-6)."""
 
 from __future__ import annotations
@@ -41,12 +42,16 @@ def test_tokenizer_matches_transformers():
     assert model("musicgen").tokenize(expected()["prompt"])[0].tolist() == expected()["ids"]
 
 
-@pytest.mark.parametrize("cached", [True, False], ids=["cached", "reference"])
+@pytest.mark.parametrize("steps", ["cached", "static", "reference"])
 @pytest.mark.parametrize("name", CASES)
-def test_codes_equal_transformers(name, cached):
+def test_codes_equal_transformers(name, steps):
+    """`static` is the CUDA graph's step (fixed inputs, cache written at a position tensor,
+    attention over the whole cache under a mask) run eagerly on the CPU."""
     case = expected()["cases"][name]
     m, opts, melody, frames, prompt_codes = _inputs(name, case)
-    codes = m.codes(expected()["prompt"], frames, opts, melody, prompt_codes, cached=cached)
+    ref = steps == "reference"
+    codes = m.codes(expected()["prompt"], frames, opts, melody, prompt_codes, cached=not ref,
+                    steps=None if ref else steps)  # fmt: skip
     assert codes.tolist() == case["codes"]
 
 

@@ -25,8 +25,7 @@ class LoraSet:
     def __init__(self, adapters: list[LoraAdapter], specs: Sequence[LoraSpec], ctx: LoraContext):
         self.adapters = adapters
         self.specs = tuple(specs)
-        scales = [s.scale for s in specs]
-        self.scales = list(scales)  # global scales: requests that name no adapters use these
+        self.scales = [s.scale for s in specs]  # global: for requests that name no adapters
         self.context = ctx
 
     def __len__(self) -> int:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
+from localllm.media.vision import video_smolvlm
 from localllm.media.vision.idefics3 import ModelArgs
 
 MAX_IMAGE_SIZE = 4096  # transformers' absolute cap on the resized longest edge
@@ -35,10 +36,15 @@ class Layout:
 
 class Processor:
     image_token = IMAGE
+    video_token = "<video>"  # SmolVLM2's template writes it; its frames become images
     special_tokens = (FAKE, IMAGE, GLOBAL)  # the vocabulary must have each as one token
 
     def __init__(self, args: ModelArgs):
         self.args = args
+        # SmolVLM2 video sampling (`video_smolvlm`): frames a second, at most, longest edge
+        self.video_fps = video_smolvlm.FPS
+        self.video_max_frames = video_smolvlm.MAX_FRAMES
+        self.video_size = video_smolvlm.VIDEO_SIZE
         self.tile = args.tower.image_size
         self.mean = np.array(args.image_mean, dtype=np.float32)
         self.std = np.array(args.image_std, dtype=np.float32)
@@ -67,6 +73,19 @@ class Processor:
         px = (px - self.mean[:, None, None]) / self.std[:, None, None]
         return px, Layout(rows, cols)
 
+    def sample_frames(self, total: int, fps: float, limits) -> list[int]:
+        return video_smolvlm.sample(
+            total, fps, self.video_fps, min(self.video_max_frames, limits.max_frames)
+        )
+
+    def preprocess_video(self, video) -> tuple[np.ndarray, video_smolvlm.Frames]:
+        """A decoded `video.Video` -> (one tile per frame [n, 3, S, S], its frames' times)."""
+        a = self.args
+        px = video_smolvlm.preprocess(video.frames, self.video_size, self.tile, a.image_mean,
+                                      a.image_std)  # fmt: skip
+        stamps = tuple(i / video.fps for i in video.indices)
+        return px, video_smolvlm.Frames(stamps, video.total / video.fps)
+
     def num_tokens(self, layout: Layout) -> int:
         return layout.tiles * self.args.tokens_per_tile
 
@@ -74,6 +93,8 @@ class Processor:
         """The text that stands for one image in the prompt (its `<image>` tokens in order)."""
         run = IMAGE * self.args.tokens_per_tile
         glob = f"{FAKE}{GLOBAL}{run}{FAKE}"
+        if isinstance(layout, video_smolvlm.Frames):  # a video: each frame one global view
+            return video_smolvlm.placeholder(layout, glob)
         if layout.rows == 0:
             return glob
         text = "".join(

@@ -76,7 +76,7 @@ class VisionPipeline:
         # the tokens whose embeddings an image replaces (Gemma 3: soft tokens, not the marker)
         self.image_token_id = ids[getattr(self.processor, "embed_token", self.image_token)]
         video = getattr(self.processor, "video_token", None)
-        self.video_token_id = ids[video] if video else None
+        self.video_token_id = ids.get(video)  # None: a video's tokens are image tokens
 
     def prepare(self, data: bytes, limits: ImageLimits = DEFAULT_LIMITS) -> PreparedImage:
         """Decode and preprocess one image (CPU work: call it off the event loop)."""
@@ -136,7 +136,7 @@ class VisionPipeline:
         if wrapper:  # Qwen3-VL: a video's placeholder brings its own start/end markers
             text = text.replace(wrapper, video)
         ids = encode(vprompt.expand(text, self.image_token, holders, video))
-        targets = {self.image_token_id, *([self.video_token_id] if video else [])}
+        targets = {self.image_token_id, self.video_token_id} - {None}
         where = vprompt.spans(ids, targets, [im.num_tokens for im in images])
         items = []
         for im, pos in zip(images, where, strict=True):

@@ -27,7 +27,6 @@ from localllm.media.vision.mmproj import MMProjError
 from localllm.media.vision.pipeline import VisionPipeline
 from localllm.media.vision.qwen25vl_processor import Processor
 from localllm.media.vision.video import VideoLimits, sample_indices
-from tests.media.vision_fixture import MMPROJ as IDEFICS3_MMPROJ
 from tests.media.vision_fixture import TEXT as IDEFICS3_TEXT
 from tests.media.vision_fixture import run_greedy
 
@@ -217,8 +216,8 @@ def test_a_qwen_projector_is_refused_for_a_model_without_mrope():
 def test_a_projector_without_video_support_says_so():
     from localllm.media.vision.video import VideoError
 
-    eng = LLMEngine(str(IDEFICS3_TEXT), EngineArgs(max_num_seqs=1))
-    vp = VisionPipeline(IDEFICS3_MMPROJ, eng)
+    eng = LLMEngine(str(DATA / "llava-text.gguf"), EngineArgs(max_num_seqs=1))
+    vp = VisionPipeline(DATA / "mmproj-llava.gguf", eng)
     try:
         with pytest.raises(VideoError, match="does not take video"):
             vp.prepare_video((DATA / "clip.mp4").read_bytes())

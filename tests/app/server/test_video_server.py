@@ -12,8 +12,6 @@ from localllm.engine import EngineArgs, LLMEngine
 from localllm.media.vision.pipeline import VisionPipeline
 from tests.app.server.conftest import Server, serve_process
 from tests.media.test_vision_qwen25vl import DATA, MMPROJ, TEXT
-from tests.media.vision_fixture import MMPROJ as IDEFICS3_MMPROJ
-from tests.media.vision_fixture import TEXT as IDEFICS3_TEXT
 from tests.media.vision_fixture import run_greedy
 
 N = 6
@@ -81,8 +79,9 @@ def test_a_corrupt_video_is_a_400(client, vserver):
 
 
 def test_a_video_to_a_projector_without_video_is_a_400(tmp_path):
-    args = ["-m", str(IDEFICS3_TEXT), "--mmproj", str(IDEFICS3_MMPROJ)]
+    text = DATA / "llava-text.gguf"  # LLaVA-1.5: images only
+    args = ["-m", str(text), "--mmproj", str(DATA / "mmproj-llava.gguf")]
     with serve_process(args, tmp_path) as (base, _):
         c = openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0)
         with pytest.raises(openai.BadRequestError, match="does not take video"):
-            ask(c, IDEFICS3_TEXT.stem, video_part((DATA / "clip.mp4").read_bytes()), max_tokens=2)
+            ask(c, text.stem, video_part((DATA / "clip.mp4").read_bytes()), max_tokens=2)

@@ -100,6 +100,11 @@ class ModelArgs:
         )
 
     @property
+    def kv_layers(self) -> int:
+        """Layers with KV (the residency plan's estimate): the attention ones."""
+        return len(self.attn_layers)
+
+    @property
     def head_size(self) -> int:
         """One SSM head's width (P)."""
         return self.d_inner // self.n_ssm_heads

@@ -67,6 +67,11 @@ class ModelArgs:
             sliding_window=k("attention.sliding_window", 0),
         )
 
+    @property
+    def kv_layers(self) -> int:
+        """Layers with KV (the residency plan's estimate): the attention ones."""
+        return len(self.attn_layers)
+
     def check(self) -> None:
         """lfm2's own relations (the shared ones: `hparams.check_args`)."""
         if self.sliding_window:  # never run a sliding-window file with full attention

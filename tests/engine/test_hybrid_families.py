@@ -381,3 +381,14 @@ def test_embeddings_batched_and_chunked_equal_alone(name, models):
     for got, w in zip(together, want, strict=True):
         assert max_err(got.embedding, w) < 1e-3
     assert max_err(chunked[0].embedding, want[0]) < 1e-3
+
+
+def test_residency_plan_counts_kv_of_the_attention_layers_only():
+    """The plan's KV estimate (from the header) covers the one attention layer of four."""
+    from localllm.engine.moe.residency import plan_model
+    from localllm.offload.residency import resolve
+
+    with open_gguf(path("granitehybrid")) as g:
+        plan = plan_model(g, resolve([("test", {"cpu_moe": True})]), kv_tokens=1000)
+    # 1 layer x 2 KV heads x (8 + 8) dims x 2 bytes x 1000 tokens
+    assert plan.kv_bytes == 1 * 2 * 16 * 2 * 1000

@@ -47,9 +47,9 @@ if [ -d .whlserve ] && [ -z "${NO_INSTALL:-}" ]; then  # the server's stack, beh
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site2 \
     .whlserve/*.whl 2>&1 | tail -2
   python3 -c "import site, pathlib; d = pathlib.Path(site.getsitepackages()[0]); \
-    (d / 'zz_localllm_serve.pth').write_text('/tmp/site2\n')" 2>&1 | tail -1
+    (d / 'zz_localllm_serve.pth').write_text('/tmp/site2\n')" 2>/dev/null || SITE2=:/tmp/site2
 fi
-export PYTHONPATH=/tmp/site:$PWD
+export PYTHONPATH=/tmp/site:$PWD${SITE2:-}  # (site-packages not writable: after ours, before its)
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | tee "$OUT/machine.txt"
 python3 -c "import torch, triton, fastapi, httpx; print('torch', torch.__version__, 'triton', \
   triton.__version__, 'fastapi', fastapi.__version__, 'httpx', httpx.__version__)" | tee -a "$OUT/machine.txt"
@@ -132,12 +132,14 @@ for step in $STEPS; do
           -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF \
           -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_UI=OFF \
           -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_APP=OFF >/tmp/lls_build.log 2>&1 &&
-          cmake --build $LLS --target llama-server llama-batched-bench llama-bench -j "$(nproc)" \
+          cmake --build $LLS --target llama-server llama-batched-bench -j "$(nproc)" \
             >>/tmp/lls_build.log 2>&1) &
         BLD=$!
       fi ;;
     keep) [ -z "${BLD:-}" ] || { wait $BLD; echo "build rc=$?"; tail -3 /tmp/lls_build.log; cp /tmp/lls_build.log "$OUT/"; }
-      [ -x $LLS/bin/llama-server ] && (cd $LLS && tar c bin | xz -T0 -6 | split -b 15M - "$OUT/lls.part.") &&
+      # the two programs and their libraries only: the parts travel in the next call's carry
+      [ -x $LLS/bin/llama-server ] && (cd $LLS && tar c bin/llama-server bin/llama-batched-bench \
+        bin/*.so* | xz -T0 -6 | split -b 15M - "$OUT/lls.part.") &&
         ls -la "$OUT"/lls.part.* ;;
     tests) timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/engine/test_graph_ladder.py \
         tests/engine/test_gpu_graphs.py 2>&1 | tee "$OUT/pytest.log" | grep -v "^\." | tail -15 ;;

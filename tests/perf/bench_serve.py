@@ -333,8 +333,10 @@ async def bench(a) -> dict:
             warm = c if a.warmup is None else a.warmup
             warmed, _ = await run_level(target, prompts, c, warm, f"warm{c}")
             n = max(a.rounds * c, a.min_requests)
+            start = time.time()  # (wall clock: matched against other logs, e.g. nvidia-smi's)
             samples, wall = await run_level(target, prompts, c, n, f"c{c}", a.max_seconds)
             r = summarize(c, samples, wall)
+            r["unix_start"], r["unix_end"] = round(start, 3), round(time.time(), 3)
             ok = [s for s in warmed if s.error is None]  # (kept apart: servers' counters see them)
             r["warmup"] = {"requests": len(warmed), "errors": len(warmed) - len(ok),
                            "output_tokens": sum(s.tokens for s in ok),

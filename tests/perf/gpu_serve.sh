@@ -2,7 +2,8 @@
 # Device calls for issue 38, part 1 (many streams): `localllm serve` and llama.cpp's `llama-server`
 # on the same synthetic GGUF (Llama-3.1-8B shape, Q4_K_M), each driven by tests/perf/bench_serve.py
 # at 1, 4, 16 and 64 concurrent streams (prompts 512-2,048 tokens with shared prefixes, 256 tokens
-# generated), then llama.cpp's llama-batched-bench. $OUT gets serve.md (the tables), serve_*.json,
+# generated), then llama.cpp's llama-batched-bench. $OUT gets serve.md (the tables, with the GPU's
+# busy share per level: a server whose GPU idles is bound by its host), serve_*.json, smi_*.csv,
 # the servers' logs. Results: tests/perf/results/server.md. Run from the repo root.
 #
 # Prepare on the development machine, once (wheels, the tokenizer, llama.cpp with its server):
@@ -99,9 +100,16 @@ while time.time() < end:
 sys.exit(1)
 EOF
 }
-bench() {  # LABEL URL: bench_serve at every level into $OUT/serve_LABEL.json
+bench() {  # LABEL URL: bench_serve at every level into $OUT/serve_LABEL.json, the GPU sampled
+  local smi=
+  if command -v nvidia-smi >/dev/null; then  # GPU busy % and memory, 4 a second (serve_report --smi)
+    nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv,noheader,nounits \
+      -lms 250 >"$OUT/smi_$1.csv" 2>/dev/null &
+    smi=$!
+  fi
   timeout 420 python3 tests/perf/bench_serve.py --url "$2" --label "$1" --concurrency "$CONC" \
     --gen "$GEN" --max-seconds "$LEVEL_S" --json "$OUT/serve_$1.json" ${BENCH_ARGS:-} 2>&1 | tee -a "$OUT/serve.log"
+  [ -z "$smi" ] || kill "$smi" 2>/dev/null
 }
 stop() { kill "$1" 2>/dev/null; for _ in $(seq 30); do kill -0 "$1" 2>/dev/null || return 0; sleep 1; done; kill -9 "$1" 2>/dev/null; }
 ours() {  # LABEL [python code run before the CLI]: localllm serve, benched, stopped
@@ -167,6 +175,6 @@ done
 files=$(ls "$OUT"/serve_*.json 2>/dev/null)
 if [ -n "$files" ]; then
   base=; [ -f "$OUT/serve_llama-server.json" ] && base="--baseline llama-server"
-  python3 tests/perf/serve_report.py $files $base | tee "$OUT/serve.md"
+  python3 tests/perf/serve_report.py $files $base --smi "$OUT" | tee "$OUT/serve.md"
 fi
 date -u

@@ -1,14 +1,19 @@
 """One markdown table from several `bench_serve.py --json` files, and each server against a
-baseline: aggregate output tokens/s as a ratio, p99 inter-token latency side by side.
+baseline: aggregate output tokens/s as a ratio, p99 inter-token latency side by side. With
+`--smi DIR`, also the GPU's busy share and memory while each level was measured, from
+`DIR/smi_LABEL.csv` (`nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used
+--format=csv,noheader,nounits -lms 250`, as gpu_serve.sh records it): a server whose GPU idles at
+64 streams is bound by its host.
 
     python tests/perf/serve_report.py OUT/serve_ours.json OUT/serve_llama.json \
-        [--baseline llama-server]   # (default: the last file's label)
+        [--baseline llama-server] [--smi OUT]   # (baseline default: the last file's label)
 """
 
 import argparse
 import importlib.util
 import json
 import sys
+from datetime import datetime
 from pathlib import Path
 
 
@@ -45,10 +50,43 @@ def report(runs: list[dict], baseline: str) -> str:
     return "\n".join(lines)
 
 
+def smi_samples(path: Path) -> list[tuple[float, float, float]]:
+    """(unix time, GPU busy %, memory MiB) per nvidia-smi line (its local-time stamps, read on
+    the machine that wrote them, like bench_serve's unix times)."""
+    out = []
+    for line in path.read_text().splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        try:
+            t = datetime.strptime(parts[0], "%Y/%m/%d %H:%M:%S.%f").timestamp()
+            out.append((t, float(parts[1]), float(parts[2])))
+        except (ValueError, IndexError):
+            continue  # a header or a cut line
+    return out
+
+
+def device_table(runs: list[dict], smi_dir: Path) -> str:
+    lines = ["| server | streams | GPU busy % (mean while measured) | GPU memory MiB (peak) |",
+             "|---|---|---|---|"]  # fmt: skip
+    for r in runs:
+        path = smi_dir / f"smi_{r['label']}.csv"
+        if not path.is_file():
+            continue
+        samples = smi_samples(path)
+        for lv in r["levels"]:
+            t0, t1 = lv.get("unix_start"), lv.get("unix_end")
+            inside = [s for s in samples if t0 is not None and t0 <= s[0] <= t1]
+            if inside:
+                busy = sum(s[1] for s in inside) / len(inside)
+                mem = max(s[2] for s in inside)
+                lines.append(f"| {r['label']} | {lv['concurrency']} | {busy:.0f} | {mem:.0f} |")
+    return "\n".join(lines) if len(lines) > 2 else ""
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("files", nargs="+")
     ap.add_argument("--baseline", help="label to compare against (the last file's)")
+    ap.add_argument("--smi", type=Path, help="folder of smi_LABEL.csv (nvidia-smi samples)")
     a = ap.parse_args(argv)
     runs = []
     for f in a.files:
@@ -59,6 +97,9 @@ def main(argv=None) -> int:
     if not runs:
         return 1
     print(report(runs, a.baseline or runs[-1]["label"]))
+    device = device_table(runs, a.smi) if a.smi else ""
+    if device:
+        print("\nThe device while each level was measured:\n\n" + device)
     return 0
 
 

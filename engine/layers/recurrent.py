@@ -2,10 +2,14 @@
 
 A step's tokens are laid out flat (`BatchMeta.query_start`); a recurrent layer reads every
 sequence's state (`engine.runtime.recurrent_state`, zeros for a sequence starting at position
-0), runs the decode step over all sequences at once when each brings one token, else each
-sequence's rows through the prefill form from its state, and writes the states back. Chunked
-prefill therefore carries the state across chunks with nothing else to do.
+0), runs the decode step once over all the sequences that bring one token (on CUDA one Triton
+launch, `kernels.recurrent.triton_step`), each longer one's rows through the prefill form from
+its state, and writes the states back. Chunked prefill therefore carries the state across chunks
+with nothing else to do, and a step that mixes decodes with a prompt chunk still decodes in one
+call.
 """
+
+from collections.abc import Callable
 
 import torch
 
@@ -15,13 +19,39 @@ from localllm.kernels.recurrent.causal_conv import causal_conv_prefill, causal_c
 from localllm.kernels.recurrent.ssd import ssd_chunked, ssd_step
 
 
-def _one_token_each(batch: BatchMeta) -> bool:
-    return batch.query_start[-1] == batch.num_seqs
-
-
-def _rows(batch: BatchMeta):
+def _split(batch: BatchMeta) -> tuple[list[int], list[tuple[int, int, int]]]:
+    """(sequences with one token, (sequence, first row, end row) of the others)."""
     qs = batch.query_start
-    return [(b, qs[b], qs[b + 1]) for b in range(batch.num_seqs)]
+    single = [b for b in range(batch.num_seqs) if qs[b + 1] - qs[b] == 1]
+    longer = [(b, qs[b], qs[b + 1]) for b in range(batch.num_seqs) if qs[b + 1] - qs[b] > 1]
+    return single, longer
+
+
+def _run(
+    batch: BatchMeta,
+    state: torch.Tensor,
+    out_shape: tuple[int, ...],
+    device: torch.device,
+    step: Callable[[torch.Tensor | None, torch.Tensor], torch.Tensor],
+    prefill: Callable[[int, int, torch.Tensor], torch.Tensor],
+) -> torch.Tensor:
+    """y [T, ...] from `step(rows, states)` over the one-token sequences (their states updated
+    in place; rows None: every row, in batch order) and `prefill(s, e, state)` over each longer
+    one's rows s..e."""
+    single, longer = _split(batch)
+    if not longer:  # a decode step: rows and states in batch order already
+        return step(None, state)
+    y = torch.empty(out_shape, dtype=torch.float32, device=device)
+    if single:
+        qs = batch.query_start
+        seqs = torch.tensor(single, device=device)
+        rows = torch.tensor([qs[b] for b in single], device=device)
+        sub = state.index_select(0, seqs)
+        y[rows] = step(rows, sub)
+        state.index_copy_(0, seqs, sub)
+    for b, s, e in longer:
+        y[s:e] = prefill(s, e, state[b])
+    return y
 
 
 def short_conv(
@@ -38,19 +68,24 @@ def short_conv(
     over each sequence's last K - 1 inputs (state `name`: [K - 1, C]) -> [T, C] float32."""
     st = states_of(kv)
     state = st.read(layer, name, batch)  # [B, K - 1, C]
-    if _one_token_each(batch) and x.is_cuda:  # one launch, bias and SiLU fused
-        from localllm.kernels.recurrent.triton_step import conv_step_triton  # (no triton on CPU)
 
-        y = conv_step_triton(x, weight, state, bias, silu)
-        st.write(layer, name, batch, state)
-        return y
-    if _one_token_each(batch):
-        y = causal_conv_step(x, weight, state, silu=False)
-    else:
-        y = torch.empty(x.shape, dtype=torch.float32, device=x.device)
-        for b, s, e in _rows(batch):
-            y[s:e] = causal_conv_prefill(x[s:e], weight, state[b], silu=False)
+    def step(rows, sub):
+        xs = x if rows is None else x[rows]
+        if x.is_cuda:  # one launch, bias and SiLU fused
+            from localllm.kernels.recurrent.triton_step import conv_step_triton  # (CUDA only)
+
+            return conv_step_triton(xs, weight, sub, bias, silu)
+        return _finish(causal_conv_step(xs, weight, sub, silu=False), bias, silu)
+
+    def prefill(s, e, one):
+        return _finish(causal_conv_prefill(x[s:e], weight, one, silu=False), bias, silu)
+
+    y = _run(batch, state, tuple(x.shape), x.device, step, prefill)
     st.write(layer, name, batch, state)
+    return y
+
+
+def _finish(y: torch.Tensor, bias: torch.Tensor | None, silu: bool) -> torch.Tensor:
     if bias is not None:
         y = y + bias
     return torch.nn.functional.silu(y) if silu else y
@@ -71,11 +106,15 @@ def ssd(
     from each sequence's state `name` [H, P, N] -> y [T, H, P] float32 (no D skip, no gate)."""
     st = states_of(kv)
     state = st.read(layer, name, batch)  # [B, H, P, N]
-    if _one_token_each(batch):
-        y = ssd_step(x, dt, A, B, C, state)
-    else:
-        y = torch.empty(x.shape, dtype=torch.float32, device=x.device)
-        for b, s, e in _rows(batch):
-            y[s:e] = ssd_chunked(x[s:e], dt[s:e], A, B[s:e], C[s:e], state[b])
+
+    def step(rows, sub):
+        if rows is None:
+            return ssd_step(x, dt, A, B, C, sub)
+        return ssd_step(x[rows], dt[rows], A, B[rows], C[rows], sub)
+
+    def prefill(s, e, one):
+        return ssd_chunked(x[s:e], dt[s:e], A, B[s:e], C[s:e], one)
+
+    y = _run(batch, state, tuple(x.shape), x.device, step, prefill)
     st.write(layer, name, batch, state)
     return y

@@ -133,13 +133,13 @@ def test_state_carry_matters(name, models):
 @torch.inference_mode()
 def test_batch_of_four_in_other_slots_matches_alone(name, models):
     """Four sequences in one flat step, in state slots 3, 0, 2, 1 of four, then one decode step
-    of all four together: each sequence's rows are what it gives alone (the golden one's are
-    transformers')."""
+    of all four together, then a step mixing decodes and chunks: each sequence's rows are what
+    it gives alone (the golden one's are transformers')."""
     model, ids = models[name][1], sequence(name)
     seqs = [ids, ids[::-1][:11], ids[5:20], ids[:7]]
     slots = (3, 0, 2, 1)
     n = [len(s) for s in seqs]
-    blocks = [-(-(m + 1) // BLOCK) for m in n]
+    blocks = [-(-(m + 5) // BLOCK) for m in n]
     kv = new_cache(model, sum(blocks) * BLOCK, slots=4)
     starts = [0, *itertools.accumulate(blocks)]
     tables = [tuple(range(starts[i], starts[i + 1])) for i in range(4)]
@@ -161,6 +161,22 @@ def test_batch_of_four_in_other_slots_matches_alone(name, models):
     got = model.logits(model(torch.tensor(nxt), torch.tensor(n), step, kv))
     for i in range(4):
         assert max_err(got[i], full_logits(model, [*seqs[i], nxt[i]])[-1]) < LOGIT_TOL
+    # a mixed step: two sequences decode one token (the batched step over their slots) while
+    # two bring chunks of 3 and 2 (the prefill form from their states)
+    seqs = [[*q, t] for q, t in zip(seqs, nxt, strict=True)]
+    more = [[11], [12, 13, 14], [15], [16, 17]]
+    new = [len(m) for m in more]
+    lens = [len(q) + k for q, k in zip(seqs, new, strict=True)]
+    mixed = BatchMeta.from_tables(new, lens, tables, BLOCK)
+    mixed = BatchMeta(mixed.query_start, mixed.seq_lens, mixed.block_tables, mixed.slot_mapping,
+                      BLOCK, state_slots=slots)  # fmt: skip
+    flat = torch.tensor([t for m in more for t in m])
+    pos = torch.cat([torch.arange(len(q), n_) for q, n_ in zip(seqs, lens, strict=True)])
+    got = model.logits(model(flat, pos, mixed, kv))
+    bounds = [0, *itertools.accumulate(new)]
+    for i in range(4):
+        want = full_logits(model, seqs[i] + more[i])[-new[i] :]
+        assert max_err(got[bounds[i] : bounds[i + 1]], want) < LOGIT_TOL, i
 
 
 @pytest.mark.parametrize("name", NAMES)

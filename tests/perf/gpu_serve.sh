@@ -8,7 +8,8 @@
 #
 # Prepare on the development machine, once (wheels, the tokenizer, llama.cpp with its server):
 #   LLAMA=/work/.mirror/ngxson+llama.cpp/repo SERVE=1 bash tests/perf/h200_prepare.sh
-# Call 1, the build (llama-server, llama-batched-bench; minutes) and the graph-ladder GPU tests:
+# Call 1, the build (llama-server, llama-batched-bench; minutes) and, beside it, the GPU tests of
+# the decode graphs (the ladder to 64 rows; decode ahead, whose rows are now built per launch):
 #   STEPS="build tests keep" bash tests/perf/gpu_serve.sh
 #   carry [".whl", ".whlserve", ".refbuild"]; put the lls.part.* it returns into .lls/
 # Call 2, the measurements (about 8 minutes):
@@ -149,8 +150,9 @@ for step in $STEPS; do
       [ -x $LLS/bin/llama-server ] && (cd $LLS && tar c bin/llama-server bin/llama-batched-bench \
         bin/*.so* | xz -T0 -6 | split -b 15M - "$OUT/lls.part.") &&
         ls -la "$OUT"/lls.part.* ;;
-    tests) timeout 300 python3 -m pytest -q -m gpu -p no:cacheprovider tests/engine/test_graph_ladder.py \
-        tests/engine/test_gpu_graphs.py 2>&1 | tee "$OUT/pytest.log" | grep -v "^\." | tail -15 ;;
+    tests) timeout 400 python3 -m pytest -q -m gpu -p no:cacheprovider tests/engine/test_graph_ladder.py \
+        tests/engine/test_gpu_graphs.py tests/engine/test_decode_ahead.py tests/engine/test_gpu_engine.py \
+        2>&1 | tee "$OUT/pytest.log" | grep -v "^\." | tail -15 ;;
     ours) left ours && model_ready && ours ours ;;
     ladder) left ladder && model_ready && ours ladder "$LADDER" ;;
     tuned) left tuned && model_ready && ours tuned "$LADDER$BATCH2K" ;;

@@ -16,6 +16,7 @@ from localllm.engine.layers.rope import MRotary, RopeConfig
 from localllm.engine.models import qwen2, qwen2vl, qwen3
 from localllm.engine.models.common import arch_key
 from localllm.engine.models.hparams import HyperparameterError
+from localllm.kernels.fused import WeightedRows
 
 
 @dataclass(frozen=True)
@@ -54,17 +55,24 @@ class Model(qwen2.Model):
     def forward(self, ids, positions, batch, kv) -> torch.Tensor:
         if batch.embeds is None or not self.args.n_deepstack:
             return super().forward(ids, positions, batch, kv)
-        rows, values = batch.embeds
-        d = self.args.dim
-        x = self.token_embd(ids)
-        x = x.index_copy(0, rows, values[:, :d].to(x.dtype))
-        cos_sin = self.rotary.cos_sin(positions)
-        r = None
-        for i, blk in enumerate(self.blk):
-            x, r = blk(x, r, positions, cos_sin, self.rotary, batch, kv, i)
-            if i < self.args.n_deepstack:  # the pending output first, then this layer's part
-                x = (x + r).index_add(0, rows, values[:, d * (i + 1) : d * (i + 2)].to(x.dtype))
-                r = None
-        if r is not None:
-            return self.output_norm.residual(x, r)[1]
-        return self.output_norm(x)
+        return deepstack_forward(self, ids, positions, batch, kv)
+
+
+def deepstack_forward(model, ids, positions, batch, kv) -> torch.Tensor:
+    """A `Decoder` forward (blocks that defer their residual) whose multimodal rows carry
+    deepstack parts: part i is added to those rows' hidden states after layer i."""
+    rows, values = batch.embeds
+    d = model.args.dim
+    x = model.token_embd(ids)
+    x = x.index_copy(0, rows, values[:, :d].to(x.dtype))
+    cos_sin = model.rotary.cos_sin(positions)
+    r = None
+    for i, blk in enumerate(model.blk):
+        x, r = blk(x, r, positions, cos_sin, model.rotary, batch, kv, i)
+        if i < model.args.n_deepstack:  # the pending output first, then this layer's part
+            pending = r.total().to(x.dtype) if isinstance(r, WeightedRows) else r
+            x = (x + pending).index_add(0, rows, values[:, d * (i + 1) : d * (i + 2)].to(x.dtype))
+            r = None
+    if r is not None:
+        return model.output_norm.residual(x, r)[1]
+    return model.output_norm(x)

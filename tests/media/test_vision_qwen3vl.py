@@ -1,7 +1,8 @@
-"""Qwen3-VL (images and video) against transformers fp32 (tests/data/vision, recorded by
-tests/tools/record_qwen3_vl_fixtures.py from a tiny random-weight model converted by llama.cpp's
-`convert_hf_to_gguf.py` and `--mmproj`): deepstack, interleaved M-RoPE, the learned positions
-resampled to each grid, and videos as timestamped temporal patches.
+"""Qwen3-VL and Qwen3-VL-MoE (images and video) against transformers fp32 (tests/data/vision,
+recorded by tests/tools/record_qwen3_vl_fixtures.py, with and without `--moe`, from tiny
+random-weight models converted by llama.cpp's `convert_hf_to_gguf.py` and `--mmproj`):
+deepstack, interleaved M-RoPE, the learned positions resampled to each grid, and videos as
+timestamped temporal patches.
 
 Tolerances as tests/media/test_vision_qwen25vl.py: pixels equal, the tower's output (main and
 deepstack parts) within 1e-5 (measured 2.1e-6), logits within 1e-4, M-RoPE positions equal,
@@ -27,8 +28,8 @@ from localllm.media.vision.video import VideoLimits, sample_linspace
 from tests.media.test_vision_qwen25vl import DATA
 from tests.media.vision_fixture import run_greedy
 
+FAMILIES = ["qwen3vl", "qwen3vlmoe"]
 TEXT = DATA / "qwen3vl-text.gguf"
-MMPROJ = DATA / "mmproj-qwen3vl.gguf"
 ENCODER_TOL = 1e-5
 LOGIT_TOL = 1e-4
 TIE = 0.05
@@ -36,32 +37,34 @@ CHATS = ["one_image", "two_images", "video"]
 
 
 @cache
-def record() -> dict:
-    return json.loads((DATA / "qwen3vl.json").read_text())
+def record(family: str = "qwen3vl") -> dict:
+    return json.loads((DATA / f"{family}.json").read_text())
 
 
 def floats(b64: str, shape) -> np.ndarray:
     return np.frombuffer(base64.b64decode(b64), dtype="<f4").reshape(shape)
 
 
-def open_pipeline(engine) -> VisionPipeline:
-    vp = VisionPipeline(MMPROJ, engine)
-    p = record()["processor"]
+def open_pipeline(engine, family: str = "qwen3vl") -> VisionPipeline:
+    vp = VisionPipeline(DATA / f"mmproj-{family}.gguf", engine)
+    vp.family = family
+    p = record(family)["processor"]
     vp.processor = Processor(vp.model.args, p["min_pixels"], p["max_pixels"],
                              p["video_min_pixels"], p["video_max_pixels"])  # fmt: skip
     return vp
 
 
-@pytest.fixture(scope="module")
-def engine():
-    eng = LLMEngine(str(TEXT), EngineArgs(max_num_seqs=2))
+@pytest.fixture(scope="module", params=FAMILIES)
+def engine(request):
+    eng = LLMEngine(str(DATA / f"{request.param}-text.gguf"), EngineArgs(max_num_seqs=2))
+    eng.family = request.param
     yield eng
     eng.close()
 
 
 @pytest.fixture(scope="module")
 def vision(engine):
-    vp = open_pipeline(engine)
+    vp = open_pipeline(engine, engine.family)
     yield vp
     vp.close()
 
@@ -72,7 +75,7 @@ def prepared(vision, name):
 
 
 def _prompt(vision, engine, name):
-    chat = record()["chats"][name]
+    chat = record(vision.family)["chats"][name]
     items = [prepared(vision, n) for n in chat["images"] + chat["videos"]]
     ids, mm = vision.chat(engine, chat["messages"], items)
     return chat, ids, mm
@@ -82,13 +85,13 @@ def _check_greedy(ours, chat):
     ref = chat["greedy_ids"]
     if ours != ref:  # only a near-tie of the reference may part them
         i = next(j for j, (a, b) in enumerate(zip(ours, ref, strict=False)) if a != b)
-        step = floats(chat["logits"], (-1, record()["vocab_size"]))[i]
+        step = floats(chat["logits"], (-1, record()["vocab_size"]))[i]  # (one tokenizer)
         assert abs(step[ours[i]] - step[ref[i]]) < TIE, f"step {i}: not a near-tie"
 
 
 @pytest.mark.parametrize("name", ["qtall.png", "qwide.png", "clip.mp4"])
 def test_pixels_and_tower_output_match_transformers(vision, name):
-    ref = record()["visuals"][name]
+    ref = record(vision.family)["visuals"][name]
     item = prepared(vision, name)
     assert list(item.layout.thw) == ref["grid_thw"]
     want = floats(ref["pixel_values"], ref["pixel_shape"])
@@ -100,7 +103,7 @@ def test_pixels_and_tower_output_match_transformers(vision, name):
 
 
 def test_video_frames_and_timestamps_are_the_hf_processors(vision):
-    ref = record()["visuals"]["clip.mp4"]
+    ref = record(vision.family)["visuals"]["clip.mp4"]
     limits = VideoLimits(fps=record()["processor"]["video_fps"])
     assert sample_linspace(8, ref["fps"], limits) == ref["frames_indices"]
     assert list(prepared(vision, "clip.mp4").layout.stamps) == ref["timestamps"]
@@ -141,11 +144,13 @@ def test_greedy_tokens_match_transformers(vision, engine, name):
     _check_greedy(ours, chat)
 
 
+@pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("name", ["two_images", "video"])
-def test_chunked_prefill_keeps_the_tokens(name):
+def test_chunked_prefill_keeps_the_tokens(name, family):
     """7-token steps split the images and the video's segments (and their deepstack rows)."""
-    eng = LLMEngine(str(TEXT), EngineArgs(max_num_seqs=1, max_num_batched_tokens=7))
-    vp = open_pipeline(eng)
+    text = DATA / f"{family}-text.gguf"
+    eng = LLMEngine(str(text), EngineArgs(max_num_seqs=1, max_num_batched_tokens=7))
+    vp = open_pipeline(eng, family)
     try:
         chat, ids, mm = _prompt(vp, eng, name)
         ours, _ = run_greedy(eng, ids, mm, len(chat["greedy_ids"]))

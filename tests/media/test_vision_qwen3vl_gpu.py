@@ -7,7 +7,8 @@ import torch
 
 from localllm.engine import EngineArgs, LLMEngine
 from tests.media.test_vision_qwen3vl import (
-    TEXT,
+    DATA,
+    FAMILIES,
     _check_greedy,
     _prompt,
     floats,
@@ -24,12 +25,14 @@ pytestmark = [
 ENCODER_TOL = 2e-2
 
 
+@pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("budget", [512, 7])
-def test_greedy_on_cuda_matches_transformers(budget):
-    engine = LLMEngine(str(TEXT), EngineArgs(device="cuda", max_num_batched_tokens=budget))
-    vision = open_pipeline(engine)
+def test_greedy_on_cuda_matches_transformers(budget, family):
+    text = str(DATA / f"{family}-text.gguf")
+    engine = LLMEngine(text, EngineArgs(device="cuda", max_num_batched_tokens=budget))
+    vision = open_pipeline(engine, family)
     try:
-        for name, chat in record()["chats"].items():
+        for name, chat in record(family)["chats"].items():
             _, ids, mm = _prompt(vision, engine, name)
             ours, _ = run_greedy(engine, ids, mm, len(chat["greedy_ids"]), rid=f"{name}-{budget}")
             _check_greedy(ours, chat)
@@ -39,7 +42,7 @@ def test_greedy_on_cuda_matches_transformers(budget):
 
 
 def test_encoder_on_cuda_matches_the_record():
-    engine = LLMEngine(str(TEXT), EngineArgs(device="cuda"))
+    engine = LLMEngine(str(DATA / "qwen3vl-text.gguf"), EngineArgs(device="cuda"))
     vision = open_pipeline(engine)
     try:
         for name, ref in record()["visuals"].items():

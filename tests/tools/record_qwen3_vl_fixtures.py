@@ -7,11 +7,14 @@ Same requirements and call as `record_qwen_vl_fixtures.py` (torchvision for the 
 processor; that script must have written `qtall.png`, `qwide.png` and `clip.mp4` first):
 
     python tests/tools/record_qwen3_vl_fixtures.py --llama-cpp /path/to/llama.cpp
+    python tests/tools/record_qwen3_vl_fixtures.py --llama-cpp /path/to/llama.cpp --moe
 
 Writes into tests/data/vision/: `qwen3vl-text.gguf`, `mmproj-qwen3vl.gguf` (`--outtype f16`,
 weights rounded to float16 first) and `qwen3vl.json` (as `qwen25vl.json`: pixel values, grids,
 the tower's output with its deepstack features, per conversation the ids, M-RoPE positions,
-greedy tokens and fp32 logits; the video's frame indices and timestamps).
+greedy tokens and fp32 logits; the video's frame indices and timestamps). With `--moe`, a
+Qwen3-VL-MoE (4 experts, 2 used, text arch `qwen3vlmoe`) into `qwen3vlmoe-text.gguf`,
+`mmproj-qwen3vlmoe.gguf` and `qwen3vlmoe.json`.
 """
 
 from __future__ import annotations
@@ -43,11 +46,22 @@ VIDEO_MIN, VIDEO_MAX = 32 * 32 * 4, 32 * 32 * 64
 VIDEO_FPS = 2.0
 
 
-def build(tok):
-    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
+def build(tok, moe: bool = False):
+    from transformers import (
+        Qwen3VLConfig,
+        Qwen3VLForConditionalGeneration,
+        Qwen3VLMoeConfig,
+        Qwen3VLMoeForConditionalGeneration,
+    )
 
     torch.manual_seed(SEED)
-    cfg = Qwen3VLConfig(
+    config, model_cls = (
+        (Qwen3VLMoeConfig, Qwen3VLMoeForConditionalGeneration)
+        if moe
+        else (Qwen3VLConfig, Qwen3VLForConditionalGeneration)
+    )
+    experts = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32) if moe else {}
+    cfg = config(
         vision_config=dict(depth=4, hidden_size=32, intermediate_size=64, num_heads=2,
                            patch_size=16, spatial_merge_size=2, temporal_patch_size=2,
                            out_hidden_size=64, num_position_embeddings=16,
@@ -58,14 +72,15 @@ def build(tok):
                          rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                                           "mrope_section": [2, 3, 3], "mrope_interleaved": True},
                          tie_word_embeddings=False, eos_token_id=tok.eos_token_id,
-                         bos_token_id=tok.pad_token_id, pad_token_id=tok.pad_token_id),
+                         bos_token_id=tok.pad_token_id, pad_token_id=tok.pad_token_id,
+                         **experts),
         image_token_id=tok.convert_tokens_to_ids("<|image_pad|>"),
         video_token_id=tok.convert_tokens_to_ids("<|video_pad|>"),
         vision_start_token_id=tok.convert_tokens_to_ids("<|vision_start|>"),
         vision_end_token_id=tok.convert_tokens_to_ids("<|vision_end|>"),
         tie_word_embeddings=False,
     )  # fmt: skip
-    model = Qwen3VLForConditionalGeneration(cfg).eval()
+    model = model_cls(cfg).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name and name.endswith("weight"):
@@ -78,6 +93,19 @@ def build(tok):
                 p.copy_(torch.randn_like(p) * 0.08)
             p.copy_(p.half().float())
     return model
+
+
+def hub_expert_layout(hf: Path) -> None:
+    """transformers 5 saves packed experts as it runs them (gate_up [E, 2F, D], down [E, D, F]);
+    the Hub's Qwen3-VL-MoE files, which llama.cpp's converter reads, hold them transposed."""
+    from safetensors.torch import load_file, save_file
+
+    for f in hf.glob("*.safetensors"):
+        tensors = load_file(f)
+        for k in tensors:
+            if k.endswith(("mlp.experts.gate_up_proj", "mlp.experts.down_proj")):
+                tensors[k] = tensors[k].transpose(1, 2).contiguous()
+        save_file(tensors, f, metadata={"format": "pt"})
 
 
 def processor(tok):
@@ -171,18 +199,22 @@ def record_chats(model, proc) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--llama-cpp", type=Path, required=True, help="llama.cpp export")
+    ap.add_argument("--moe", action="store_true", help="Qwen3-VL-MoE instead")
     args = ap.parse_args()
     torch.set_num_threads(1)
     tok = tokenizer()
-    model = build(tok)
+    model = build(tok, args.moe)
     proc = processor(tok)
+    name = "qwen3vlmoe" if args.moe else "qwen3vl"
     with tempfile.TemporaryDirectory() as tmp:
         hf = Path(tmp) / "hf"
-        model.config.architectures = ["Qwen3VLForConditionalGeneration"]
+        model.config.architectures = [type(model).__name__]
         model.save_pretrained(hf)
         proc.save_pretrained(hf)
-        convert(args.llama_cpp, hf, OUT / "qwen3vl-text.gguf")
-        convert(args.llama_cpp, hf, OUT / "mmproj-qwen3vl.gguf", "--mmproj")
+        if args.moe:
+            hub_expert_layout(hf)
+        convert(args.llama_cpp, hf, OUT / f"{name}-text.gguf")
+        convert(args.llama_cpp, hf, OUT / f"mmproj-{name}.gguf", "--mmproj")
     stamp = args.llama_cpp / "COMMIT"
     record = {
         "recorder": {
@@ -213,7 +245,7 @@ def main() -> None:
         "visuals": record_visuals(model, proc),
         "chats": record_chats(model, proc),
     }
-    (OUT / "qwen3vl.json").write_text(json.dumps(record, indent=1) + "\n")
+    (OUT / f"{name}.json").write_text(json.dumps(record, indent=1) + "\n")
     print(f"wrote {OUT}")
 
 

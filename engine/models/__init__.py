@@ -15,6 +15,7 @@ SUPPORTED = (
     "qwen2vl",
     "qwen3",
     "qwen3vl",
+    "qwen3vlmoe",
     "qwen3moe",
     "phi3",
     "bert",

@@ -19,6 +19,12 @@ from localllm.kernels.recurrent.causal_conv import causal_conv_prefill, causal_c
 from localllm.kernels.recurrent.ssd import ssd_chunked, ssd_step
 
 
+def use_triton(x: torch.Tensor) -> bool:
+    """Whether the decode step runs as a Triton launch: where CUDA does (a test sets it under
+    TRITON_INTERPRET=1 to run the kernels through a model on CPU)."""
+    return x.is_cuda
+
+
 def _split(batch: BatchMeta) -> tuple[list[int], list[tuple[int, int, int]]]:
     """(sequences with one token, (sequence, first row, end row) of the others)."""
     qs = batch.query_start
@@ -71,7 +77,7 @@ def short_conv(
 
     def step(rows, sub):
         xs = x if rows is None else x[rows]
-        if x.is_cuda:  # one launch, bias and SiLU fused
+        if use_triton(x):  # one launch, bias and SiLU fused
             from localllm.kernels.recurrent.triton_step import conv_step_triton  # (CUDA only)
 
             return conv_step_triton(xs, weight, sub, bias, silu)

@@ -16,6 +16,12 @@ import torch
 CHUNK = 64  # tokens per block of the chunked form
 
 
+def use_triton(state: torch.Tensor) -> bool:
+    """Whether `ssd_step` runs as a Triton launch: on CUDA (a test sets it under
+    TRITON_INTERPRET=1 to run the kernel through a model on CPU)."""
+    return state.is_cuda
+
+
 def _heads(t: torch.Tensor, n_heads: int, dim: int) -> torch.Tensor:
     """B or C with groups on `dim` repeated to one per head (group g serves heads g*H/G..)."""
     return t.float().repeat_interleave(n_heads // t.shape[dim], dim=dim)
@@ -34,7 +40,7 @@ def ssd_step_ref(x, dt, A, B, C, state: torch.Tensor) -> torch.Tensor:
 
 def ssd_step(x, dt, A, B, C, state: torch.Tensor) -> torch.Tensor:
     """`ssd_step_ref`; on CUDA one Triton launch (`triton_step.ssd_step_triton`)."""
-    if state.is_cuda and state.is_contiguous():
+    if use_triton(state) and state.is_contiguous():
         from localllm.kernels.recurrent.triton_step import ssd_step_triton  # (no triton on CPU)
 
         return ssd_step_triton(x, dt, A, B, C, state)

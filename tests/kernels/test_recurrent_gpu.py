@@ -55,3 +55,38 @@ def test_ssd_step_matches_reference(s, h, p, g, n):
         got = ssd_step_triton(*args, got_state)
         assert (got.cpu() - want).abs().max() < TOL * 10, step
         assert (got_state.cpu() - ref_state).abs().max() < TOL, step
+
+
+@pytest.mark.parametrize("name", ["lfm2", "granitehybrid"])
+def test_fixture_decodes_through_the_triton_steps(name, monkeypatch):
+    """The converted fixtures decoded token by token with the Triton steps in the model (the
+    layers' wiring: rows, slots, bias and SiLU): transformers' logits, as the torch path gives."""
+    import localllm.engine.layers.recurrent as layers
+    import localllm.kernels.recurrent.ssd as ssd
+    from localllm.engine.core.batch import BatchMeta
+    from localllm.engine.gguf import open_gguf
+    from localllm.engine.loader import build_model
+    from localllm.engine.runtime.kv_cache import PagedKVCache
+    from localllm.engine.runtime.recurrent_state import attach_states
+    from tests.engine.family_goldens import golden_logits, path, sequence
+
+    monkeypatch.setattr(layers, "use_triton", lambda x: True)
+    monkeypatch.setattr(ssd, "use_triton", lambda s: True)
+    ids = sequence(name)
+    with open_gguf(path(name)) as g, torch.inference_mode():
+        model = build_model(g, precise=True, device=DEVICE)
+        layers_, heads, dim = model.kv_shape()
+        kv = PagedKVCache(layers_, len(ids), 4, heads, dim, "f32", DEVICE)
+        attach_states(kv, model, 2)
+        rows = []
+        for t, tok in enumerate(ids):
+            batch = BatchMeta.contiguous(1, t + 1, 4)
+            batch = BatchMeta(batch.query_start, batch.seq_lens, batch.block_tables,
+                              batch.slot_mapping.to(DEVICE), 4, state_slots=(1,))  # fmt: skip
+            ids_t = torch.tensor([tok], device=DEVICE)
+            pos = torch.tensor([t], device=DEVICE)
+            rows.append(model.logits(model(ids_t, pos, batch, kv)).float().cpu())
+    # CPU (interpreted): only the steps differ from the precise torch path; CUDA: its attention
+    # and matmul kernels sum in other orders too
+    tol = 2e-3 if DEVICE == "cuda" else 1e-4
+    assert (torch.cat(rows) - golden_logits(name)).abs().max() < tol

@@ -21,6 +21,8 @@ from localllm.media.vision import prompt as vprompt
 from localllm.media.vision.image import DEFAULT_LIMITS, ImageLimits, decode_image, image_digest
 from localllm.media.vision.mmproj import FAMILIES, MMProjError, build_tower, open_mmproj
 from localllm.media.vision.mmproj import projector_type as _kind
+from localllm.media.vision.video import DEFAULT_LIMITS as DEFAULT_VIDEO
+from localllm.media.vision.video import VideoError, VideoLimits, decode_video, video_digest
 
 
 @dataclass(frozen=True, eq=False, slots=True)
@@ -91,17 +93,29 @@ class VisionPipeline:
             img.size,
         )
 
-    def prepare_video(self, data: bytes, limits=None) -> PreparedImage:
-        """Decode, sample and preprocess one video (`media.vision.video`; CPU work)."""
-        from localllm.media.vision import video
-
-        return video.prepare(self, data, limits or video.DEFAULT_LIMITS)
+    def prepare_video(self, data: bytes, limits: VideoLimits = DEFAULT_VIDEO) -> PreparedImage:
+        """Decode, sample (the family's way) and preprocess one video (CPU work)."""
+        proc = self.processor
+        if not hasattr(proc, "preprocess_video"):
+            raise VideoError(f"the {self.kind} vision projector does not take video")
+        v = decode_video(data, limits, sampler=getattr(proc, "sample_frames", None))
+        pixels, layout = proc.preprocess_video(v)
+        return PreparedImage(
+            torch.from_numpy(np.ascontiguousarray(pixels)),
+            layout,
+            proc.num_tokens(layout),
+            video_digest(v, f"{self.kind}|{proc.salt}"),
+            (v.frames.shape[2], v.frames.shape[1]),
+            video=True,
+        )
 
     def encode(self, image: PreparedImage) -> torch.Tensor:
         """The image's embeddings [num_tokens, dim] (runs the tower here and now)."""
         with torch.inference_mode():
             if getattr(self.model, "takes_grid", False):  # Qwen: the patch grid too
                 return self.model(image.pixels.to(self.device), image.layout.thw)
+            if getattr(self.model, "takes_layout", False):  # LLaVA-1.6: its tile grid
+                return self.model(image.pixels.to(self.device), image.layout)
             return self.model(image.pixels.to(self.device))
 
     def encoder(self, image: PreparedImage) -> Callable[[], torch.Tensor]:

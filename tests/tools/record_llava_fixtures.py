@@ -18,6 +18,13 @@ float16 first) and `llava.json`: per image the `LlavaImageProcessorPil` pixel va
 edge to 32 px with BICUBIC, centre crop 32 x 32, CLIP's mean/std, as llava-1.5-hf's processor
 at 336 px) and the tower + projector output; per conversation the template's text, the
 processor's `input_ids`, transformers' greedy tokens and teacher-forced fp32 logits.
+
+It also records LLaVA-1.6 (LLaVA-NeXT, anyres): the same weights in a
+LlavaNextForConditionalGeneration with an `image_newline` vector and the grid pinpoints below
+(336-px tiles scaled down to 32), converted by the same legacy script with the pinpoints and
+`spatial_unpad` in the tower's config, as llama.cpp's `llava_surgery_v2.py` leaves them. The text
+model is the same file (`llava-text.gguf`); `mmproj-llava16.gguf` and `llava16.json` (pixel
+values of every tile, `image_sizes`, the packed features, ids, greedy tokens, logits).
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ TILE = 32
 PATCH = 4  # 8 x 8 = 64 image tokens (the CLS position is dropped)
 CLIP_MEAN = [0.48145466, 0.4578275, 0.40821073]
 CLIP_STD = [0.26862954, 0.26130258, 0.27577711]
+PINPOINTS = [[32, 64], [64, 32], [64, 64], [96, 32], [32, 96]]  # (height, width), as 1.6's / 10.5
 
 # llava-hf/llava-1.5-7b-hf's chat template without its `{% generation %}` markers (training only)
 TEMPLATE = (
@@ -169,17 +177,76 @@ def processor(tok):
     )  # fmt: skip
 
 
-def convert_tower(llama_cpp: Path, model, work: Path, out: Path) -> None:
+def convert_tower(llama_cpp: Path, model, work: Path, out: Path, anyres: bool = False) -> None:
     vdir = work / "vision"
     model.model.vision_tower.save_pretrained(vdir)
     proj = {k: v.float() for k, v in model.model.multi_modal_projector.state_dict().items()}
-    torch.save({f"multi_modal_projector.{k}": v for k, v in proj.items()}, work / "llava.projector")
+    proj = {f"multi_modal_projector.{k}": v for k, v in proj.items()}
+    if anyres:  # what llava_surgery_v2 leaves: the newline beside the projector, grids in config
+        proj["image_newline"] = model.model.image_newline.detach().float()
+        cfg = json.loads((vdir / "config.json").read_text())
+        cfg.update(image_grid_pinpoints=PINPOINTS, mm_patch_merge_type="spatial_unpad",
+                   image_aspect_ratio="anyres")  # fmt: skip
+        (vdir / "config.json").write_text(json.dumps(cfg))
+    torch.save(proj, work / "llava.projector")
     cmd = [sys.executable, "-c", LEGACY, str(llama_cpp), "-m", str(vdir),
            "--clip-model-is-vision", "--llava-projector", str(work / "llava.projector"),
            "--output-dir", str(work / "mm"), "--image-mean", *map(str, CLIP_MEAN),
            "--image-std", *map(str, CLIP_STD)]  # fmt: skip
     subprocess.run(cmd, check=True)
     (work / "mm" / "mmproj-model-f16.gguf").replace(out)
+
+
+def build_next(model):
+    """LLaVA-1.6: the 1.5 model's weights, plus an image_newline vector and grid pinpoints."""
+    from transformers import LlavaNextConfig, LlavaNextForConditionalGeneration
+
+    c = model.config
+    cfg = LlavaNextConfig(
+        vision_config=c.vision_config.to_dict(), text_config=c.text_config.to_dict(),
+        image_token_index=c.image_token_index, vision_feature_layer=-2,
+        vision_feature_select_strategy="default", projector_hidden_act="gelu",
+        image_grid_pinpoints=PINPOINTS, tie_word_embeddings=False,
+    )  # fmt: skip
+    nxt = LlavaNextForConditionalGeneration(cfg).eval()
+    result = nxt.load_state_dict(model.state_dict(), strict=False)
+    assert not result.unexpected_keys and set(result.missing_keys) <= {"model.image_newline"}
+    with torch.no_grad():
+        torch.manual_seed(SEED + 1)
+        nxt.model.image_newline.copy_((torch.randn(64) * 0.5).half().float())
+    return nxt
+
+
+def next_processor(tok):
+    from transformers import LlavaNextImageProcessorPil, LlavaNextProcessor
+
+    ip = LlavaNextImageProcessorPil(
+        size={"shortest_edge": TILE}, crop_size={"height": TILE, "width": TILE},
+        image_mean=CLIP_MEAN, image_std=CLIP_STD, image_grid_pinpoints=PINPOINTS, do_pad=True,
+    )  # fmt: skip
+    return LlavaNextProcessor(
+        ip, tok, patch_size=PATCH, vision_feature_select_strategy="default",
+        num_additional_image_tokens=1, chat_template=TEMPLATE,
+    )  # fmt: skip
+
+
+def record_next_images(model, proc, names) -> dict:
+    from PIL import Image
+
+    out = {}
+    for name in names:
+        enc = proc.image_processor([Image.open(OUT / name)], return_tensors="pt")
+        pv, sizes = enc["pixel_values"], enc["image_sizes"]
+        with torch.no_grad():
+            feats = model.model.get_image_features(pv, sizes).pooler_output[0]
+        out[name] = {
+            "image_size": sizes[0].tolist(),
+            "pixel_shape": list(pv[0].shape),
+            "pixel_values": b64(pv[0].numpy()),
+            "feature_shape": list(feats.shape),
+            "image_features": b64(feats.numpy()),
+        }
+    return out
 
 
 def record_images(model, proc, names) -> dict:
@@ -250,6 +317,9 @@ def main() -> None:
         cfg.write_text(json.dumps({**json.loads(cfg.read_text()), "add_bos_token": False}))
         convert(args.llama_cpp, hf, OUT / "llava-text.gguf")
         convert_tower(args.llama_cpp, model, Path(tmp), OUT / "mmproj-llava.gguf")
+        nxt = build_next(model)
+        with tempfile.TemporaryDirectory() as tmp2:
+            convert_tower(args.llama_cpp, nxt, Path(tmp2), OUT / "mmproj-llava16.gguf", True)
     stamp = args.llama_cpp / "COMMIT"
     record = {
         "recorder": {
@@ -276,6 +346,15 @@ def main() -> None:
         "chats": record_chats(model, proc),
     }
     (OUT / "llava.json").write_text(json.dumps(record, indent=1) + "\n")
+    nproc = next_processor(tok)
+    record16 = {
+        **{k: record[k] for k in ("recorder", "vocab_size", "image_token_id", "eos_id")},
+        "processor": {**record["processor"], "image_grid_pinpoints": PINPOINTS},
+        "images": record_next_images(nxt, nproc, ["tall.png", "wide.png"]),
+        "chats": record_chats(nxt, nproc),
+    }
+    record16["recorder"] = {**record["recorder"], "image_processor": "LlavaNextImageProcessorPil"}
+    (OUT / "llava16.json").write_text(json.dumps(record16, indent=1) + "\n")
     print(f"wrote {OUT}")
 
 

@@ -91,6 +91,26 @@ class Real:
         return v
 
 
+@dataclass(frozen=True)
+class Ints:
+    """A list of at most `n` integers, each in lo..hi (M-RoPE's rope sections)."""
+
+    lo: int
+    hi: int
+    n: int
+
+    def check(self, value: Any) -> list[int]:
+        if not isinstance(value, list) and hasattr(value, "tolist"):
+            value = value.tolist()  # the GGUF reader's array
+        if (
+            type(value) is not list
+            or not 0 < len(value) <= self.n
+            or any(type(v) is not int or not self.lo <= v <= self.hi for v in value)
+        ):
+            raise _Refused(f"expected at most {self.n} integers in {self.lo}..{self.hi}")
+        return list(value)
+
+
 class Flag:
     def check(self, value: Any) -> bool:
         if type(value) is bool or (type(value) is int and value in (0, 1)):
@@ -133,6 +153,8 @@ HPARAMS: Mapping[str, Any] = {
     "rope.dimension_count": _width(),
     # above 1: YaRN divides by log(base); below, the frequencies overflow float32
     "rope.freq_base": Real(1.0, MAX_ROPE_BASE, above=True),
+    "rope.dimension_sections": Ints(0, MAX_WIDTH, 4),  # M-RoPE: frequencies per t/h/w axis
+    "n_deepstack_layers": Int(0, MAX_LAYERS),  # qwen3vl: layers that take deepstack rows
     "rope.freq_base_swa": Real(1.0, MAX_ROPE_BASE, above=True),
     "rope.scaling.type": Text(),
     # llama.cpp reads a factor of 0 as no scaling; below 1 no released model shrinks its context

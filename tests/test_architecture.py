@@ -28,6 +28,8 @@ THIRD_PARTY = {
         "onnx",
         "espeakng_loader",
         "PIL",
+        "av",  # video decoding (the optional `video` extra)
+        "num2words",  # SmolVLM2's video prompt (the `video` extra)
     },
     "app": {
         "torch",

@@ -1,5 +1,5 @@
-"""Video input: bytes of an MP4/WebM/MKV/MOV/AVI/GIF file to sampled RGB frames, bounded, and
-a family's video preprocessing (`prepare`).
+"""Video input: bytes of an MP4/WebM/MKV/MOV/AVI/GIF file to sampled RGB frames, bounded (the
+family's processor preprocesses them: `VisionPipeline.prepare_video`).
 
 Decoding is PyAV (FFmpeg). Frames are sampled as transformers' `Qwen2VLVideoProcessor` does:
 `fps` frames per second of video, at least `min_frames` and at most `max_frames`, rounded down
@@ -138,22 +138,3 @@ def video_digest(v: Video, salt: str = "") -> str:
     h.update(f"{salt}\x00video\x00{v.frames.shape}\x00{v.sampled_fps!r}\x00".encode())
     h.update(np.ascontiguousarray(v.frames).tobytes())
     return h.hexdigest()
-
-
-def prepare(pipeline, data: bytes, limits: VideoLimits = DEFAULT_LIMITS):
-    """A `pipeline.PreparedImage` (video=True) of one video for `pipeline`'s family."""
-    from localllm.media.vision.pipeline import PreparedImage
-
-    proc = pipeline.processor
-    if not hasattr(proc, "preprocess_video"):
-        raise VideoError(f"the {pipeline.kind} vision projector does not take video")
-    v = decode_video(data, limits, sampler=getattr(proc, "sample_frames", None))
-    pixels, grid = proc.preprocess_video(v)
-    return PreparedImage(
-        torch.from_numpy(np.ascontiguousarray(pixels)),
-        grid,
-        proc.num_tokens(grid),
-        video_digest(v, f"{pipeline.kind}|{proc.salt}"),
-        (v.frames.shape[2], v.frames.shape[1]),
-        video=True,
-    )

@@ -1,4 +1,4 @@
-"""Gemma 3 and LLaVA-1.5 vision on CUDA (marked `gpu`): the towers on the GPU, Gemma 3's image
+"""Gemma 3 and LLaVA-1.5/1.6 vision on CUDA (marked `gpu`): the towers on the GPU, Gemma 3's image
 spans through the CUDA prompt path (the dense attention fallback), against transformers'
 records (tests/data/vision/*gemma3*, *llava*).
 
@@ -23,7 +23,12 @@ pytestmark = [
 ]
 TIE = 0.05
 ENCODER_TOL = 2e-2
-FAMILIES = {"gemma3": gemma3, "llava": llava}
+# family -> (text GGUF, mmproj, record)
+FAMILIES = {
+    "gemma3": (gemma3.TEXT, gemma3.MMPROJ, gemma3.record()),
+    "llava": (llava.TEXT, llava.MMPROJ, llava.record("1.5")),
+    "llava16": (llava.TEXT, llava.DATA / "mmproj-llava16.gguf", llava.record("1.6")),
+}
 
 
 def _check_greedy(ours, chat, vocab):
@@ -35,30 +40,30 @@ def _check_greedy(ours, chat, vocab):
 
 
 @pytest.mark.parametrize("budget", [512, 8])  # whole prompts; a budget smaller than an image
-@pytest.mark.parametrize("family", ["gemma3", "llava"])
+@pytest.mark.parametrize("family", list(FAMILIES))
 def test_greedy_on_cuda_matches_transformers(family, budget):
-    mod = FAMILIES[family]
-    engine = LLMEngine(str(mod.TEXT), EngineArgs(device="cuda", max_num_batched_tokens=budget))
-    vision = VisionPipeline(mod.MMPROJ, engine)
+    text, mmproj, rec = FAMILIES[family]
+    engine = LLMEngine(str(text), EngineArgs(device="cuda", max_num_batched_tokens=budget))
+    vision = VisionPipeline(mmproj, engine)
     try:
         assert vision.device.type == "cuda"
-        for name, chat in mod.record()["chats"].items():
+        for name, chat in rec["chats"].items():
             images = [vision.prepare(image_bytes(n)) for n in chat["images"]]
             ids, mm = vision.chat(engine, chat["messages"], images)
             ours, _ = run_greedy(engine, ids, mm, len(chat["greedy_ids"]), rid=f"{name}-{budget}")
-            _check_greedy(ours, chat, mod.record()["vocab_size"])
+            _check_greedy(ours, chat, rec["vocab_size"])
     finally:
         vision.close()
         engine.close()
 
 
-@pytest.mark.parametrize("family", ["gemma3", "llava"])
+@pytest.mark.parametrize("family", list(FAMILIES))
 def test_encoder_on_cuda_matches_the_record(family):
-    mod = FAMILIES[family]
-    engine = LLMEngine(str(mod.TEXT), EngineArgs(device="cuda"))
-    vision = VisionPipeline(mod.MMPROJ, engine)
+    text, mmproj, rec = FAMILIES[family]
+    engine = LLMEngine(str(text), EngineArgs(device="cuda"))
+    vision = VisionPipeline(mmproj, engine)
     try:
-        for name, ref in mod.record()["images"].items():
+        for name, ref in rec["images"].items():
             out = vision.encode(vision.prepare(image_bytes(name))).float().cpu()
             want = torch.from_numpy(floats(ref["image_features"], ref["feature_shape"]).copy())
             assert (out - want).abs().max().item() < ENCODER_TOL

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call (~2 min on an H100/H200): the Gemma 3 and LLaVA-1.5 vision GPU tests (towers on
+# One device call (~2 min on an H100/H200): the Gemma 3 and LLaVA-1.5/1.6 vision GPU tests (towers on
 # the GPU, Gemma 3's image spans through the CUDA prompt path, greedy against transformers'
 # record; the span kernel path in f16/bf16), then bench_vision_gemma3.py: a Gemma-3-4B-shaped
 # tower's encode time and one layer's prompt attention with an image span (the dense fallback)

@@ -2,11 +2,11 @@
 
 A step's tokens are laid out flat (`BatchMeta.query_start`); a recurrent layer reads every
 sequence's state (`engine.runtime.recurrent_state`, zeros for a sequence starting at position
-0), runs the decode step once over all the sequences that bring one token (on CUDA one Triton
-launch, `kernels.recurrent.triton_step`), each longer one's rows through the prefill form from
-its state, and writes the states back. Chunked prefill therefore carries the state across chunks
-with nothing else to do, and a step that mixes decodes with a prompt chunk still decodes in one
-call.
+0), runs the decode step once over all the sequences that bring one token, each longer one's
+rows through the prefill form from its state, and writes the states back. On CUDA a decode step
+is one Triton launch, and so is any other step's whole batch (`kernels.recurrent.triton_step`).
+Chunked prefill therefore carries the state across chunks with nothing else to do, and a step
+that mixes decodes with a prompt chunk still decodes in one call.
 """
 
 from collections.abc import Callable
@@ -40,13 +40,21 @@ def _run(
     device: torch.device,
     step: Callable[[torch.Tensor | None, torch.Tensor], torch.Tensor],
     prefill: Callable[[int, int, torch.Tensor], torch.Tensor],
+    varlen: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """y [T, ...] from `step(rows, states)` over the one-token sequences (their states updated
     in place; rows None: every row, in batch order) and `prefill(s, e, state)` over each longer
-    one's rows s..e."""
+    one's rows s..e; or, given `varlen`, the whole batch in one call `varlen(query_start)`
+    (int32 offsets on the device)."""
     single, longer = _split(batch)
     if not longer:  # a decode step: rows and states in batch order already
         return step(None, state)
+    if varlen is not None:
+        key = ("query_start_i32",)
+        if key not in batch.plans:
+            qs = torch.tensor(batch.query_start, dtype=torch.int32)
+            batch.plans[key] = qs.to(device)
+        return varlen(batch.plans[key])
     y = torch.empty(out_shape, dtype=torch.float32, device=device)
     if single:
         qs = batch.query_start
@@ -86,7 +94,14 @@ def short_conv(
     def prefill(s, e, one):
         return _finish(causal_conv_prefill(x[s:e], weight, one, silu=False), bias, silu)
 
-    y = _run(batch, state, tuple(x.shape), x.device, step, prefill)
+    varlen = None
+    if use_triton(x):  # every sequence's rows in one launch
+        from localllm.kernels.recurrent.triton_step import conv_varlen_triton
+
+        def varlen(qs):
+            return conv_varlen_triton(x, weight, state, qs, bias, silu)
+
+    y = _run(batch, state, tuple(x.shape), x.device, step, prefill, varlen)
     st.write(layer, name, batch, state)
     return y
 
@@ -121,6 +136,13 @@ def ssd(
     def prefill(s, e, one):
         return ssd_chunked(x[s:e], dt[s:e], A, B[s:e], C[s:e], one)
 
-    y = _run(batch, state, tuple(x.shape), x.device, step, prefill)
+    varlen = None
+    if use_triton(x):  # every sequence's rows in one launch, the state in registers
+        from localllm.kernels.recurrent.triton_step import ssd_varlen_triton
+
+        def varlen(qs):
+            return ssd_varlen_triton(x, dt, A, B, C, state, qs)
+
+    y = _run(batch, state, tuple(x.shape), x.device, step, prefill, varlen)
     st.write(layer, name, batch, state)
     return y

@@ -1,11 +1,13 @@
-"""Triton kernels of the recurrent layers' decode step on CUDA: one launch for the causal conv
-step of every sequence (state shifted in place, bias and SiLU fused), one for the Mamba-2 scan
-step (decay, write, read out). Their torch references: `causal_conv.causal_conv_step` and
-`ssd.ssd_step_ref`; `tests/kernels/test_recurrent_gpu.py` compares them.
+"""Triton kernels of the recurrent layers on CUDA: the decode step (one launch for the causal
+conv step of every sequence, state shifted in place, bias and SiLU fused; one for the Mamba-2
+scan step) and the prefill of a whole flat batch (`*_varlen`: every sequence's rows, whatever
+their lengths, in one launch; the scan token by token with the state in registers). Their torch
+references: `causal_conv.causal_conv_step` / `causal_conv_prefill`, `ssd.ssd_step_ref` /
+`ssd.ssd_scan`; `tests/kernels/test_recurrent_gpu.py` compares them.
 
 A decode step otherwise launches a dozen small torch kernels per layer (concatenate, multiply,
-sum, copy back; exp, two products, einsum): here each is one launch over [sequences, channel or
-head blocks]. The prompt's chunked forms stay in torch (batched matmuls).
+sum, copy back; exp, two products, einsum), and a prompt loops over its sequences and chunks in
+Python: here each is one launch over [sequences, channel or head blocks].
 """
 
 import torch
@@ -93,4 +95,106 @@ def ssd_step_triton(x, dt, A, B, C, state) -> torch.Tensor:
     grid = (s * h, triton.cdiv(p, block_p))
     _ssd_step_kernel[grid](x, dt, a, b, c, state, y, h, p, n, h // g, g,
                            BLOCK_P=block_p, BLOCK_N=block_n)  # fmt: skip
+    return y
+
+
+@triton.jit
+def _conv_varlen_kernel(
+    x_ptr, w_ptr, b_ptr, state_ptr, y_ptr, qs_ptr, C,
+    K: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, BLOCK_C: tl.constexpr,
+):  # fmt: skip
+    s = tl.program_id(0)
+    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    m = c < C
+    start = tl.load(qs_ptr + s)
+    end = tl.load(qs_ptr + s + 1)
+    base = state_ptr + s * (K - 1) * C
+    for t in range(start, end):
+        acc = tl.zeros([BLOCK_C], dtype=tl.float32)
+        for j in tl.static_range(K):  # input t - (K - 1 - j) meets tap j
+            i = t - (K - 1 - j)
+            iv = c * 0 + i  # (the row index as a vector: masks combine per lane)
+            from_x = tl.load(x_ptr + i * C + c, mask=m & (iv >= start), other=0.0)
+            # before the sequence's first row: state row K - 1 - (start - i)
+            old = base + (K - 1 - (start - i)) * C + c
+            from_state = tl.load(old, mask=m & (iv < start), other=0.0)
+            acc += (from_x + from_state) * tl.load(w_ptr + c * K + j, mask=m, other=0.0)
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + c, mask=m, other=0.0)
+        if SILU:
+            acc = acc * tl.sigmoid(acc)
+        tl.store(y_ptr + t * C + c, acc, mask=m)
+    # the new state: the last K - 1 inputs, older ones from the old state when the chunk is
+    # shorter. Row r reads old row r + (end - start) at most: written in increasing r, no row
+    # is read after it is overwritten
+    for r in tl.static_range(K - 1):
+        i = end - (K - 1 - r)
+        iv = c * 0 + i
+        from_x = tl.load(x_ptr + i * C + c, mask=m & (iv >= start), other=0.0)
+        old = base + (K - 1 - (start - i)) * C + c
+        from_state = tl.load(old, mask=m & (iv < start), other=0.0)
+        tl.store(base + r * C + c, from_x + from_state, mask=m)
+
+
+def conv_varlen_triton(x, weight, state, query_start, bias=None, silu: bool = False):
+    """Every sequence of a flat batch in one launch: x [T, C] (sequence b's rows
+    query_start[b]..query_start[b + 1], int32 on the device), state [B, K - 1, C] float32
+    contiguous, updated in place -> y [T, C] float32 (bias, then SiLU when `silu`)."""
+    t, c = x.shape
+    k = weight.shape[1]
+    x = x.float().contiguous()
+    w = weight.float().contiguous()
+    y = torch.empty(t, c, dtype=torch.float32, device=x.device)
+    block = min(256, triton.next_power_of_2(c))
+    b = bias.float().contiguous() if bias is not None else w
+    grid = (state.shape[0], triton.cdiv(c, block))
+    _conv_varlen_kernel[grid](x, w, b, state, y, query_start, c, K=k,
+                              HAS_BIAS=bias is not None, SILU=silu, BLOCK_C=block)  # fmt: skip
+    return y
+
+
+@triton.jit
+def _ssd_varlen_kernel(
+    x_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, state_ptr, y_ptr, qs_ptr,
+    H, P, N, HEADS_PER_GROUP, G,
+    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    sh = tl.program_id(0)  # sequence * H + head
+    s = sh // H
+    h = sh % H
+    g = h // HEADS_PER_GROUP
+    p = tl.program_id(1) * BLOCK_P + tl.arange(0, BLOCK_P)
+    n = tl.arange(0, BLOCK_N)
+    mp, mn = p < P, n < N
+    m2 = mp[:, None] & mn[None, :]
+    offs = sh * P * N + p[:, None] * N + n[None, :]
+    st = tl.load(state_ptr + offs, mask=m2, other=0.0)  # the state stays in registers
+    a = tl.load(a_ptr + h)
+    start = tl.load(qs_ptr + s)
+    end = tl.load(qs_ptr + s + 1)
+    for t in range(start, end):
+        dt = tl.load(dt_ptr + t * H + h)
+        bv = tl.load(b_ptr + (t * G + g) * N + n, mask=mn, other=0.0)
+        cv = tl.load(c_ptr + (t * G + g) * N + n, mask=mn, other=0.0)
+        xv = tl.load(x_ptr + (t * H + h) * P + p, mask=mp, other=0.0)
+        st = st * tl.exp(dt * a) + (dt * xv)[:, None] * bv[None, :]
+        tl.store(y_ptr + (t * H + h) * P + p, tl.sum(st * cv[None, :], axis=1), mask=mp)
+    tl.store(state_ptr + offs, st, mask=m2)
+
+
+def ssd_varlen_triton(x, dt, A, B, C, state, query_start) -> torch.Tensor:
+    """Every sequence of a flat batch scanned in one launch, token by token with the state in
+    registers: x [T, H, P], dt [T, H], A [H], B and C [T, G, N] (sequence b's rows
+    query_start[b]..query_start[b + 1], int32 on the device), state [B, H, P, N] float32
+    contiguous, updated in place. Returns y [T, H, P] float32 (as `ssd.ssd_scan` per sequence)."""
+    t, h, p = x.shape
+    g, n = B.shape[1], B.shape[2]
+    x, dt, a = x.float().contiguous(), dt.float().contiguous(), A.float().contiguous()
+    b, c = B.float().contiguous(), C.float().contiguous()
+    y = torch.empty(t, h, p, dtype=torch.float32, device=x.device)
+    block_n = triton.next_power_of_2(n)
+    block_p = max(1, min(triton.next_power_of_2(p), 4096 // block_n))
+    grid = (state.shape[0] * h, triton.cdiv(p, block_p))
+    _ssd_varlen_kernel[grid](x, dt, a, b, c, state, y, query_start, h, p, n, h // g, g,
+                             BLOCK_P=block_p, BLOCK_N=block_n)  # fmt: skip
     return y

@@ -57,10 +57,19 @@ def test_ssd_step_matches_reference(s, h, p, g, n):
         assert (got_state.cpu() - ref_state).abs().max() < TOL, step
 
 
+def _on(batch):
+    """`batch` with its slots on the device, its sequence in state slot 1."""
+    from localllm.engine.core.batch import BatchMeta
+
+    return BatchMeta(batch.query_start, batch.seq_lens, batch.block_tables,
+                     batch.slot_mapping.to(DEVICE), batch.block_size, state_slots=(1,))  # fmt: skip
+
+
 @pytest.mark.parametrize("name", ["lfm2", "granitehybrid"])
 def test_fixture_decodes_through_the_triton_steps(name, monkeypatch):
-    """The converted fixtures decoded token by token with the Triton steps in the model (the
-    layers' wiring: rows, slots, bias and SiLU): transformers' logits, as the torch path gives."""
+    """The converted fixtures through the Triton kernels in the model (the layers' wiring: rows,
+    slots, bias and SiLU): a prompt of 9 tokens (the varlen kernels), then token by token (the
+    steps): transformers' logits, as the torch path gives."""
     import localllm.engine.layers.recurrent as layers
     import localllm.kernels.recurrent.ssd as ssd
     from localllm.engine.core.batch import BatchMeta
@@ -79,10 +88,14 @@ def test_fixture_decodes_through_the_triton_steps(name, monkeypatch):
         kv = PagedKVCache(layers_, len(ids), 4, heads, dim, "f32", DEVICE)
         attach_states(kv, model, 2)
         rows = []
+        # the first 9 tokens as one prompt (the varlen kernels), then token by token (the steps)
+        h = model(torch.tensor(ids[:9], device=DEVICE), torch.arange(9, device=DEVICE),
+                  _on(BatchMeta.contiguous(9, 9, 4)), kv)  # fmt: skip
+        rows.append(model.logits(h).float().cpu())
         for t, tok in enumerate(ids):
-            batch = BatchMeta.contiguous(1, t + 1, 4)
-            batch = BatchMeta(batch.query_start, batch.seq_lens, batch.block_tables,
-                              batch.slot_mapping.to(DEVICE), 4, state_slots=(1,))  # fmt: skip
+            if t < 9:
+                continue
+            batch = _on(BatchMeta.contiguous(1, t + 1, 4))
             ids_t = torch.tensor([tok], device=DEVICE)
             pos = torch.tensor([t], device=DEVICE)
             rows.append(model.logits(model(ids_t, pos, batch, kv)).float().cpu())
@@ -90,3 +103,55 @@ def test_fixture_decodes_through_the_triton_steps(name, monkeypatch):
     # and matmul kernels sum in other orders too
     tol = 2e-3 if DEVICE == "cuda" else 1e-4
     assert (torch.cat(rows) - golden_logits(name)).abs().max() < tol
+
+
+LENS = [5, 1, 17, 2, 1]  # a flat batch: chunks and single tokens, sequences shorter than K - 1
+
+
+def _qs():
+    import itertools
+
+    return torch.tensor([0, *itertools.accumulate(LENS)], dtype=torch.int32)
+
+
+@pytest.mark.parametrize("k", [4, 3])
+def test_conv_varlen_matches_reference(k):
+    from localllm.kernels.recurrent.causal_conv import causal_conv_prefill
+    from localllm.kernels.recurrent.triton_step import conv_varlen_triton
+
+    gen = torch.Generator().manual_seed(k)
+    c, qs = 96, _qs()
+    w, bias = torch.randn(c, k, generator=gen) / k**0.5, 0.5 * torch.randn(c, generator=gen)
+    x = torch.randn(int(qs[-1]), c, generator=gen)
+    state = torch.randn(len(LENS), k - 1, c, generator=gen)
+    ref = state.clone()
+    bounds = list(zip(qs[:-1].tolist(), qs[1:].tolist(), strict=True))
+    want = torch.cat([F.silu(causal_conv_prefill(x[s:e], w, ref[i], silu=False) + bias)
+                      for i, (s, e) in enumerate(bounds)])  # fmt: skip
+    got_state = state.clone().to(DEVICE)
+    got = conv_varlen_triton(x.to(DEVICE), w.to(DEVICE), got_state, qs.to(DEVICE),
+                             bias.to(DEVICE), silu=True)  # fmt: skip
+    assert (got.cpu() - want).abs().max() < TOL
+    assert (got_state.cpu() - ref).abs().max() == 0
+
+
+def test_ssd_varlen_matches_reference():
+    from localllm.kernels.recurrent.ssd import ssd_scan
+    from localllm.kernels.recurrent.triton_step import ssd_varlen_triton
+
+    gen = torch.Generator().manual_seed(7)
+    h, p, g, n, qs = 6, 20, 3, 12, _qs()
+    t = int(qs[-1])
+    x, dt = torch.randn(t, h, p, generator=gen), F.softplus(torch.randn(t, h, generator=gen))
+    a = -torch.rand(h, generator=gen) * 2 - 0.05
+    b, c = torch.randn(t, g, n, generator=gen), torch.randn(t, g, n, generator=gen)
+    state = 0.5 * torch.randn(len(LENS), h, p, n, generator=gen)
+    ref = state.clone()
+    bounds = list(zip(qs[:-1].tolist(), qs[1:].tolist(), strict=True))
+    want = torch.cat([ssd_scan(x[s:e], dt[s:e], a, b[s:e], c[s:e], ref[i])
+                      for i, (s, e) in enumerate(bounds)])  # fmt: skip
+    got_state = state.clone().to(DEVICE)
+    args = (v.to(DEVICE) for v in (x, dt, a, b, c))
+    got = ssd_varlen_triton(*args, got_state, qs.to(DEVICE))
+    assert (got.cpu() - want).abs().max() < TOL * 10
+    assert (got_state.cpu() - ref).abs().max() < TOL * 10

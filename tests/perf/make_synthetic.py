@@ -45,12 +45,17 @@ class Shape:
     n_used: int = 0
     expert_ff: int = 0
     norm_eps: float = 1e-5
+    # Q and K (or their norms) this many times larger than unit scale: sharper attention, so a
+    # real MoE shape routes like a trained model (see `_gain`); 1 for the tests' tiny shapes,
+    # whose kernel comparisons want the old, gentler numbers
+    qk_gain: float = 1.0
 
 
 # Qwen3-30B-A3B's config.json: 48 layers, hidden 2048, 32 heads / 4 KV heads of 128, 128 experts
 # (8 per token, norm_topk_prob true) of moe_intermediate_size 768, vocab 151936, rope_theta 1e6,
 # max_position_embeddings 40960, rms_norm_eps 1e-6, untied output (intermediate 6144 is unused)
-QWEN3MOE_30B = Shape(48, 2048, 32, 4, 128, 6144, 151936, 40960, 1e6, "qwen3moe", 128, 8, 768, 1e-6)
+QWEN3MOE_30B = Shape(48, 2048, 32, 4, 128, 6144, 151936, 40960, 1e6, "qwen3moe", 128, 8, 768, 1e-6,
+                     qk_gain=4.0)  # fmt: skip
 SHAPES = {
     "llama3-8b": Shape(32, 4096, 32, 8, 128, 14336, 128256, 131072, 500000.0),
     "qwen3moe-30b-a3b": QWEN3MOE_30B,
@@ -73,13 +78,15 @@ def _f16(x: np.ndarray) -> np.ndarray:
     return x.astype(np.float16).view(np.uint8).reshape(*x.shape, 2)
 
 
-def random_rows(qtype: QT, rows: int, k: int, rng: np.random.Generator) -> np.ndarray:
-    """uint8 [rows, row_bytes] of valid random blocks; weights have std about 1/sqrt(k)."""
+def random_rows(
+    qtype: QT, rows: int, k: int, rng: np.random.Generator, gain: float = 1.0
+) -> np.ndarray:
+    """uint8 [rows, row_bytes] of valid random blocks; weights have std about gain/sqrt(k)."""
     block, nbytes = _BLOCK[qtype]
     nb = rows * (k // block)
     raw = rng.integers(0, 256, size=(nb, nbytes), dtype=np.uint8)
     jitter = rng.uniform(0.5, 1.5, nb).astype(np.float32)  # never zero
-    std = 1.0 / math.sqrt(k)
+    std = gain / math.sqrt(k)
     if qtype == QT.Q8_0:  # uniform int8 codes have std ~74
         raw[:, 0:2] = _f16(jitter * std / 74.0)
     elif qtype == QT.Q4_K:  # sc*q has mean ~236, std ~212; dmin*m (m ~31.5) centres it
@@ -249,7 +256,7 @@ def write_synthetic(
     w.write_ti_data_to_file()
     total = 0
     for name, dims, qt in plan:
-        data = _tensor_data(name, dims, qt, rng)
+        data = _tensor_data(name, dims, qt, rng, s.qk_gain)
         total += data.nbytes
         w.write_tensor_data(data)
         del data  # one tensor in memory at a time
@@ -257,9 +264,21 @@ def write_synthetic(
     return total
 
 
-def _tensor_data(name: str, dims: Dims, qt: QT, rng: np.random.Generator) -> np.ndarray:
+def _gain(name: str, qk_gain: float) -> float:
+    """Q and K weights (or their norms', where Q and K are normalized) `qk_gain` times larger:
+    attention scores qk_gain^2 times sharper. With
+    unit-scale Q and K a random model's attention is near uniform, every token's output nears the
+    context's average, and that shared vector makes the MoE router pick the same experts for
+    every token (the synthetic router's skew); trained models attend to few tokens."""
+    qk = ("attn_q.weight", "attn_k.weight", "attn_q_norm.weight", "attn_k_norm.weight")
+    return qk_gain if name.endswith(qk) else 1.0
+
+
+def _tensor_data(
+    name: str, dims: Dims, qt: QT, rng: np.random.Generator, qk_gain: float = 1.0
+) -> np.ndarray:
     if qt == QT.F32 and isinstance(dims, int):  # norms around 1
-        return (1.0 + 0.05 * rng.standard_normal(dims)).astype(np.float32)
+        return (_gain(name, qk_gain) * (1.0 + 0.05 * rng.standard_normal(dims))).astype(np.float32)
     if qt == QT.F32:  # the router: a wide spread, so top-k choices are clear-cut
         return (3 * rng.standard_normal(dims) / math.sqrt(dims[-1])).astype(np.float32)
     rows, k = math.prod(dims[:-1]), dims[-1]
@@ -267,7 +286,7 @@ def _tensor_data(name: str, dims: Dims, qt: QT, rng: np.random.Generator) -> np.
     out = np.empty((rows, row_bytes), np.uint8)  # filled in 64 MiB chunks, no second copy
     chunk = max(1, (64 << 20) // row_bytes)
     for r in range(0, rows, chunk):
-        out[r : r + chunk] = random_rows(qt, min(chunk, rows - r), k, rng)
+        out[r : r + chunk] = random_rows(qt, min(chunk, rows - r), k, rng, _gain(name, qk_gain))
     return out.reshape(*dims[:-1], row_bytes)
 
 

@@ -132,6 +132,8 @@ def chunk_scan_cuda(qd, intra, u0, w, kd, e, state) -> torch.Tensor:
     out = torch.empty_like(u0)
     bk = max(16, triton.next_power_of_2(dk))  # tl.dot takes sides of 16 and more
     bv = max(16, min(triton.next_power_of_2(dv), 32))
+    # one stage: the loop's software pipelining of 128-wide tiles asked 256 KiB of shared
+    # memory, more than an H100's 227 KiB (OutOfResources at dk = dv = 128)
     _chunk_scan[(h, triton.cdiv(dv, bv))](qd, intra, u0, w, kd, e, state, out, n, dk, dv,
-                                          L=L, BK=bk, BV=bv)  # fmt: skip
+                                          L=L, BK=bk, BV=bv, num_stages=1)  # fmt: skip
     return out

@@ -8,7 +8,8 @@ the rotary frequencies turned by the patch's row, half by its column, NEOX halve
 RMSNorm (`ln2`) -> SiLU-gated MLP with biases -> residual. Attention is windowed (a window is
 `window_size` pixels of merged units, default 112, llama.cpp's `clip.vision.window_size`) except
 in every `n_wa_pattern`-th block, which sees the whole frame (transformers'
-`fullatt_block_indexes`); no attention crosses temporal patches. The merger normalizes
+`fullatt_block_indexes`); no attention crosses temporal patches. Each frame or window is one
+row of a batched SDPA call (`Groups`), never a masked N x N. The merger normalizes
 (`v.post_ln`, RMSNorm), concatenates each merge block of 2x2 patches and projects it by
 `mm.0` -> GELU -> `mm.2` to the text width: one embedding per merged unit, in the prompt's order.
 """
@@ -140,7 +141,7 @@ class Block(nn.Module):
         self.ffn_up = QuantLinear(a.dim, a.hidden_dim)
         self.ffn_down = QuantLinear(a.hidden_dim, a.dim)
 
-    def forward(self, x, cos, sin, mask) -> torch.Tensor:
+    def forward(self, x, cos, sin, groups: "Groups") -> torch.Tensor:
         n, d = x.shape
         h = self.ln1(x)
 
@@ -149,7 +150,7 @@ class Block(nn.Module):
 
         q, k, v = heads(self.attn_q(h)), heads(self.attn_k(h)), heads(self.attn_v(h))
         q, k = _rope(q, cos, sin).to(v.dtype), _rope(k, cos, sin).to(v.dtype)
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        o = groups.attend(q, k, v)
         x = x + self.attn_out(o.transpose(0, 1).reshape(n, d))
         h = self.ln2(x)
         return x + self.ffn_down(F.silu(self.ffn_gate(h)) * self.ffn_up(h))
@@ -198,13 +199,56 @@ class Model(nn.Module):
         inv = self.inv_freq.to(dev)  # (the loader moves it with the weights)
         angles = torch.cat((hpos[:, None].float() * inv, wpos[:, None].float() * inv), 1)
         cos, sin = angles.cos(), angles.sin()
-        full = frame[:, None] == frame[None, :]
-        local = window[:, None] == window[None, :]
+        full, local = Groups.of(frame), Groups.of(window)
         x = self.v.patch_embd(patches)
         for i, blk in enumerate(self.v.blk):
             x = blk(x, cos, sin, full if (i + 1) % a.wa_pattern == 0 else local)
         x = self.v.post_ln(x).reshape(-1, a.dim * MERGE * MERGE)
         return self.mm(x)
+
+
+@dataclass(frozen=True, slots=True)
+class Groups:
+    """Patches that attend only among themselves (a frame, a window), gathered into a batch:
+    `index` [G, L] patch ids per group, padded with patch 0 where `valid` [G, L] is False
+    (None: every group full). One SDPA call over [G, heads, L, hd] instead of a masked N x N."""
+
+    index: torch.Tensor
+    valid: torch.Tensor | None
+
+    @staticmethod
+    def of(group: torch.Tensor) -> "Groups":
+        """Groups of the patches with equal `group` ids [N]."""
+        order = torch.argsort(group, stable=True)
+        counts = torch.bincount(group)
+        counts = counts[counts > 0]
+        longest = int(counts.max())
+        if int(counts.min()) == longest:
+            return Groups(order.view(len(counts), longest), None)
+        starts = torch.cumsum(counts, 0) - counts
+        slot = torch.arange(longest, device=group.device)
+        valid = slot[None, :] < counts[:, None]
+        index = torch.where(valid, order[(starts[:, None] + slot).clamp(max=len(order) - 1)], 0)
+        return Groups(index, valid)
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Attention of q, k, v [heads, N, hd] within each group -> [heads, N, hd]."""
+        g, length = self.index.shape
+        idx = self.index.reshape(-1)
+
+        def gather(t):
+            return t[:, idx].view(t.shape[0], g, length, -1).transpose(0, 1)
+
+        mask = None if self.valid is None else self.valid[:, None, None, :]
+        o = F.scaled_dot_product_attention(gather(q), gather(k), gather(v), attn_mask=mask)
+        o = o.transpose(0, 1).reshape(q.shape[0], g * length, -1)  # [heads, G*L, hd]
+        out = torch.empty_like(q)
+        if self.valid is None:
+            out[:, idx] = o
+        else:
+            keep = self.valid.reshape(-1)
+            out[:, idx[keep]] = o[:, keep]
+        return out
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -23,7 +23,7 @@ from torch import nn
 from localllm.engine.layers.linear import QuantLinear, dense
 from localllm.engine.models.bert import LayerNorm
 from localllm.media.vision.idefics3 import _triple
-from localllm.media.vision.qwen25vl import MERGE, PatchEmbedding, _patch_grid, _rope
+from localllm.media.vision.qwen25vl import MERGE, Groups, PatchEmbedding, _patch_grid, _rope
 from localllm.media.vision.siglip import MAX_BLOCKS, MAX_DIM, VisionConfigError, _int
 from localllm.offload import QuantWeight
 
@@ -129,12 +129,12 @@ class Block(nn.Module):
         self.ffn_up = QuantLinear(a.dim, a.hidden_dim)
         self.ffn_down = QuantLinear(a.hidden_dim, a.dim)
 
-    def forward(self, x, cos, sin, mask) -> torch.Tensor:
+    def forward(self, x, cos, sin, groups: Groups) -> torch.Tensor:
         n, d = x.shape
         qkv = self.attn_qkv(self.ln1(x)).view(n, 3, self.n_heads, d // self.n_heads)
         q, k, v = (qkv[:, i].transpose(0, 1) for i in range(3))
         q, k = _rope(q, cos, sin).to(v.dtype), _rope(k, cos, sin).to(v.dtype)
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        o = groups.attend(q, k, v)
         x = x + self.attn_out(o.transpose(0, 1).reshape(n, d))
         return x + self.ffn_down(F.gelu(self.ffn_up(self.ln2(x)), approximate="tanh"))
 
@@ -195,12 +195,12 @@ class Model(nn.Module):
         inv = self.inv_freq.to(dev)
         angles = torch.cat((rows[:, None].float() * inv, cols[:, None].float() * inv), 1)
         cos, sin = angles.cos(), angles.sin()
-        mask = frame[:, None] == frame[None, :] if t > 1 else None  # each frame on its own
+        frames = Groups.of(frame)  # each frame on its own
         x = self.v.patch_embd(patches)
         x = x + self.v.position_embd.resampled(rows, cols, h, w).to(x.dtype)
         deep = []
         for i, blk in enumerate(self.v.blk):
-            x = blk(x, cos, sin, mask)
+            x = blk(x, cos, sin, frames)
             if str(i) in self.v.deepstack:
                 deep.append(self.v.deepstack[str(i)](x))
         main = self.mm(self.v.post_ln(x).reshape(-1, a.dim * MERGE * MERGE))

@@ -224,3 +224,19 @@ def test_a_projector_without_video_support_says_so():
     finally:
         vp.close()
         eng.close()
+
+
+@pytest.mark.parametrize(("t", "h", "w"), [(1, 12, 10), (2, 6, 24), (1, 20, 20)])
+def test_grouped_attention_equals_the_masked_reference(t, h, w):
+    """`Groups.attend` (windows or frames batched, ragged ones padded) against one SDPA call
+    over all patches with the block mask it stands for."""
+    from localllm.media.vision.qwen25vl import Groups, _patch_grid
+
+    torch.manual_seed(0)
+    _, _, frame, window = _patch_grid(t, h, w, 4)
+    q, k, v = (torch.randn(2, t * h * w, 8) for _ in range(3))
+    for ids in (frame, window):
+        mask = ids[:, None] == ids[None, :]
+        want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        got = Groups.of(ids).attend(q, k, v)
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-6)

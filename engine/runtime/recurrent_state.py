@@ -68,10 +68,12 @@ class RecurrentState:
         self.device = torch.device(device)
         self.num_slots = num_slots
         self.shapes = {i: dict(s) for i, s in shapes.items()}
-        # zeros: a fork of a fresh prompt copies a defined state, and nothing reads garbage
+        # empty, not zeros: a slot is only read once its owner wrote it (a fresh sequence reads
+        # zeros through `read`, a fork copies a sibling that computed its prompt), and untouched
+        # pages of many slots then cost no memory until used
         self._t = {
             i: {
-                name: torch.zeros(num_slots, *shape, dtype=STATE_DTYPE, device=self.device)
+                name: torch.empty(num_slots, *shape, dtype=STATE_DTYPE, device=self.device)
                 for name, shape in layer.items()
             }
             for i, layer in self.shapes.items()

@@ -101,8 +101,10 @@ def run_chunks(model, ids, sizes, reset_state=False) -> torch.Tensor:
     bounds = [b for b in bounds if b < len(ids)] + [len(ids)]
     out = []
     for s, e in itertools.pairwise(bounds):
-        if reset_state:
-            attach_states(kv, model, 1)
+        if reset_state:  # every state back to zeros, as if the sequence started here
+            for layer, names in model.state_shapes().items():
+                for name in names:
+                    kv.states.tensor(layer, name).zero_()
         batch = BatchMeta.contiguous(e - s, e, BLOCK)
         out.append(model.logits(model(torch.tensor(ids[s:e]), torch.arange(s, e), batch, kv)))
     return torch.cat(out)

@@ -45,11 +45,18 @@ async def list_models(request: Request) -> JSONResponse:
                 "max_model_len": ctx,
                 "context_length": ctx,
                 "status": r.status(entry),
-                "capabilities": capabilities(entry) + (["vision"] if vision_of(engine) else []),
+                "capabilities": capabilities(entry) + _media(vision_of(engine)),
             }
         )
     cards += lora_cards(request)  # vLLM's --lora-modules names
     return JSONResponse({"object": "list", "data": cards})
+
+
+def _media(vision) -> list[str]:
+    """ "vision" for a model served with a projector, "video" too when its family takes video."""
+    if vision is None:
+        return []
+    return ["vision", "video"] if hasattr(vision.processor, "preprocess_video") else ["vision"]
 
 
 @router.get("/health")

@@ -60,6 +60,11 @@ def expected() -> tuple[str, int]:
         engine.close()
 
 
+def test_models_lists_vision_and_video(client):
+    (card,) = client.models.list().data
+    assert {"vision", "video"} <= set(card.model_extra["capabilities"])
+
+
 def test_a_data_url_video_gets_the_in_process_answer(client, vserver, expected):
     r = ask(client, vserver.model_id, video_part((DATA / "clip.mp4").read_bytes()),
             temperature=0, max_tokens=N)  # fmt: skip
@@ -83,5 +88,8 @@ def test_a_video_to_a_projector_without_video_is_a_400(tmp_path):
     args = ["-m", str(text), "--mmproj", str(DATA / "mmproj-llava.gguf")]
     with serve_process(args, tmp_path) as (base, _):
         c = openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0)
+        (card,) = c.models.list().data
+        assert "vision" in card.model_extra["capabilities"]
+        assert "video" not in card.model_extra["capabilities"]
         with pytest.raises(openai.BadRequestError, match="does not take video"):
             ask(c, text.stem, video_part((DATA / "clip.mp4").read_bytes()), max_tokens=2)

@@ -1,7 +1,8 @@
 """Triton kernels of the recurrent layers on CUDA: the decode step (one launch for the causal
 conv step of every sequence, state shifted in place, bias and SiLU fused; one for the Mamba-2
 scan step) and the prefill of a whole flat batch (`*_varlen`: every sequence's rows, whatever
-their lengths, in one launch; the scan token by token with the state in registers). Their torch
+their lengths, at once: the conv's rows in parallel, then the states; the scan token by token
+with the state in registers). Their torch
 references: `causal_conv.causal_conv_step` / `causal_conv_prefill`, `ssd.ssd_step_ref` /
 `ssd.ssd_scan`; `tests/kernels/test_recurrent_gpu.py` compares them.
 
@@ -99,34 +100,42 @@ def ssd_step_triton(x, dt, A, B, C, state) -> torch.Tensor:
 
 
 @triton.jit
-def _conv_varlen_kernel(
-    x_ptr, w_ptr, b_ptr, state_ptr, y_ptr, qs_ptr, C,
+def _conv_rows_kernel(
+    x_ptr, w_ptr, b_ptr, state_ptr, y_ptr, seq_ptr, qs_ptr, C,
     K: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, BLOCK_C: tl.constexpr,
 ):  # fmt: skip
+    t = tl.program_id(0)  # a row of the flat batch: no recurrence, every row in parallel
+    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    m = c < C
+    s = tl.load(seq_ptr + t)
+    start = tl.load(qs_ptr + s)
+    base = state_ptr + s * (K - 1) * C
+    acc = tl.zeros([BLOCK_C], dtype=tl.float32)
+    for j in tl.static_range(K):  # input t - (K - 1 - j) meets tap j
+        i = t - (K - 1 - j)
+        iv = c * 0 + i  # (the row index as a vector: masks combine per lane)
+        from_x = tl.load(x_ptr + i * C + c, mask=m & (iv >= start), other=0.0)
+        # before the sequence's first row: its state's row K - 1 - (start - i)
+        old = base + (K - 1 - (start - i)) * C + c
+        from_state = tl.load(old, mask=m & (iv < start), other=0.0)
+        acc += (from_x + from_state) * tl.load(w_ptr + c * K + j, mask=m, other=0.0)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + c, mask=m, other=0.0)
+    if SILU:
+        acc = acc * tl.sigmoid(acc)
+    tl.store(y_ptr + t * C + c, acc, mask=m)
+
+
+@triton.jit
+def _conv_state_kernel(x_ptr, state_ptr, qs_ptr, C, K: tl.constexpr, BLOCK_C: tl.constexpr):
     s = tl.program_id(0)
     c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     m = c < C
     start = tl.load(qs_ptr + s)
     end = tl.load(qs_ptr + s + 1)
     base = state_ptr + s * (K - 1) * C
-    for t in range(start, end):
-        acc = tl.zeros([BLOCK_C], dtype=tl.float32)
-        for j in tl.static_range(K):  # input t - (K - 1 - j) meets tap j
-            i = t - (K - 1 - j)
-            iv = c * 0 + i  # (the row index as a vector: masks combine per lane)
-            from_x = tl.load(x_ptr + i * C + c, mask=m & (iv >= start), other=0.0)
-            # before the sequence's first row: state row K - 1 - (start - i)
-            old = base + (K - 1 - (start - i)) * C + c
-            from_state = tl.load(old, mask=m & (iv < start), other=0.0)
-            acc += (from_x + from_state) * tl.load(w_ptr + c * K + j, mask=m, other=0.0)
-        if HAS_BIAS:
-            acc += tl.load(b_ptr + c, mask=m, other=0.0)
-        if SILU:
-            acc = acc * tl.sigmoid(acc)
-        tl.store(y_ptr + t * C + c, acc, mask=m)
-    # the new state: the last K - 1 inputs, older ones from the old state when the chunk is
-    # shorter. Row r reads old row r + (end - start) at most: written in increasing r, no row
-    # is read after it is overwritten
+    # the last K - 1 inputs, older ones from the old state when the chunk is shorter. Row r
+    # reads old row r + (end - start): written in increasing r, none is read once overwritten
     for r in tl.static_range(K - 1):
         i = end - (K - 1 - r)
         iv = c * 0 + i
@@ -137,19 +146,26 @@ def _conv_varlen_kernel(
 
 
 def conv_varlen_triton(x, weight, state, query_start, bias=None, silu: bool = False):
-    """Every sequence of a flat batch in one launch: x [T, C] (sequence b's rows
-    query_start[b]..query_start[b + 1], int32 on the device), state [B, K - 1, C] float32
-    contiguous, updated in place -> y [T, C] float32 (bias, then SiLU when `silu`)."""
+    """Every sequence of a flat batch: x [T, C] (sequence b's rows query_start[b]..
+    query_start[b + 1], int32 on the device), state [B, K - 1, C] float32 contiguous, updated in
+    place -> y [T, C] float32 (bias, then SiLU when `silu`). Two launches: every row's output
+    in parallel (the conv has no recurrence), then each sequence's new state."""
     t, c = x.shape
     k = weight.shape[1]
+    n_seq = state.shape[0]
     x = x.float().contiguous()
     w = weight.float().contiguous()
     y = torch.empty(t, c, dtype=torch.float32, device=x.device)
-    block = min(256, triton.next_power_of_2(c))
-    b = bias.float().contiguous() if bias is not None else w
-    grid = (state.shape[0], triton.cdiv(c, block))
-    _conv_varlen_kernel[grid](x, w, b, state, y, query_start, c, K=k,
-                              HAS_BIAS=bias is not None, SILU=silu, BLOCK_C=block)  # fmt: skip
+    seq = torch.repeat_interleave(
+        torch.arange(n_seq, dtype=torch.int32, device=x.device), query_start.diff(), output_size=t
+    )
+    block = min(128, triton.next_power_of_2(c))
+    b = bias.float().contiguous() if bias is not None else w  # (unread without a bias)
+    _conv_rows_kernel[(t, triton.cdiv(c, block))](x, w, b, state, y, seq, query_start, c, K=k,
+                                                  HAS_BIAS=bias is not None, SILU=silu,
+                                                  BLOCK_C=block)  # fmt: skip
+    _conv_state_kernel[(n_seq, triton.cdiv(c, block))](x, state, query_start, c, K=k,
+                                                       BLOCK_C=block)  # fmt: skip
     return y
 
 

@@ -67,8 +67,8 @@ def paged_attention(
     a non-contiguous view). `quant`: `decode.quantized_output`'s buffers for `decode`, which the
     flash-decoding kernel fills with the output rows quantized. `spans` (per sequence, position
     ranges [a, b) that lie within its context): a query inside a range also sees every key of
-    that range (Gemma 3's bidirectional image tokens; the window still applies); such chunks run
-    the dense path on every device.
+    that range (Gemma 3's bidirectional image tokens; the window still applies), on CUDA in the
+    flash prefill kernel too.
     """
     if decode is None and quant is not None:
         raise ValueError("quant needs a decode plan")
@@ -110,11 +110,9 @@ def paged_attention(
         both = [(x - lo, y - lo) for x, y in spans[b]] if spans and spans[b] else None
         if t == 1:  # a lone query sees its span's keys causally (the span ends here)
             outs.append(_decode_one(q[s], keys, vals, scale, softcap, sinks))
-        elif both:
-            outs.append(chunk_dense(q[s:e], keys, vals, n - t - lo, scale, window, softcap,
-                                    sinks, both))  # fmt: skip
         else:
-            outs.append(_chunk(q[s:e], keys, vals, n - t - lo, scale, window, softcap, sinks))
+            outs.append(_chunk(q[s:e], keys, vals, n - t - lo, scale, window, softcap, sinks,
+                               both))  # fmt: skip
     if len(outs) == 1:  # one sequence (the CPU decode case): no concatenation copy
         return outs[0]
     return torch.cat(outs) if outs else q.new_empty(0, q.shape[1], v_cache.shape[-1])
@@ -253,14 +251,16 @@ def _chunk(
     window: int | None,
     softcap: float | None,
     sinks: torch.Tensor | None = None,
+    spans: Sequence[tuple[int, int]] | None = None,
 ) -> torch.Tensor:
     """t queries [t, H, D] at key offsets q0..q0+t-1 over keys/vals [m, KV, D] -> [t, H, Dv]."""
     if q.is_cuda:
         from localllm.kernels.attention.triton_prefill import flash_prefill, supports
 
         if supports(q, keys, vals):  # one launch instead of ~12
-            return flash_prefill(q, keys, vals, q0, scale, window, softcap, sinks)
-    return chunk_dense(q, keys, vals, q0, scale, window, softcap, sinks)
+            return flash_prefill(q, keys, vals, q0, scale, window, softcap, sinks,
+                                 spans=list(spans) if spans else None)  # fmt: skip
+    return chunk_dense(q, keys, vals, q0, scale, window, softcap, sinks, spans)
 
 
 def chunk_dense(

@@ -1,8 +1,9 @@
 """Flash attention for a prompt chunk on CUDA: t new queries of one sequence over its m visible
-keys, causal, GQA, with the reference's sliding window, soft-cap and attention sinks, in one
-launch. It replaces `paged._chunk`'s dense path (a boolean mask, SDPA's float32 math path or
-matmul + softmax + matmul: ~12 kernels and as many host dispatches per layer, ~230 us of device
-time for a 512-token Qwen3-30B-A3B layer on an H200).
+keys, causal, GQA, with the reference's sliding window, soft-cap, attention sinks and
+bidirectional spans (Gemma 3's image tokens: a query inside a span also sees the span's later
+keys), in one launch. It replaces `paged._chunk`'s dense path (a boolean mask, SDPA's float32
+math path or matmul + softmax + matmul: ~12 kernels and as many host dispatches per layer,
+~230 us of device time for a 512-token Qwen3-30B-A3B layer on an H200).
 
 Keys and values come as the reference gathers them: [m, KV, D] views of the cache (zero-copy
 when the sequence's blocks are consecutive). Products run on tensor cores, as precise as the
@@ -25,11 +26,11 @@ BLOCKS = {"tf32x3": (32, 32, 4), "tf32": (32, 64, 4)}
 
 @triton.jit
 def _prefill_kernel(
-    q_ptr, k_ptr, v_ptr, sinks_ptr, out_ptr, table_ptr, ctx_ptr, T, M, Q0, WINDOW, scale,
-    softcap, sq_t, sq_h, sk_m, sk_h, sv_m, sv_h,
+    q_ptr, k_ptr, v_ptr, sinks_ptr, out_ptr, table_ptr, ctx_ptr, span_ptr, T, M, Q0, WINDOW,
+    scale, softcap, sq_t, sq_h, sk_m, sk_h, sv_m, sv_h,
     G: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
     HAS_WINDOW: tl.constexpr, CAP: tl.constexpr, SINKS: tl.constexpr, DOT: tl.constexpr,
-    PAGED: tl.constexpr, BS: tl.constexpr,
+    PAGED: tl.constexpr, BS: tl.constexpr, SPANS: tl.constexpr,
 ):  # fmt: skip
     i0, h = tl.program_id(0) * BM, tl.program_id(1)
     g = h // G
@@ -45,6 +46,10 @@ def _prefill_kernel(
     den = tl.zeros([BM], dtype=tl.float32)
     acc = tl.zeros([BM, DV], dtype=tl.float32)
     hi = tl.minimum(M, Q0 + i0 + BM)  # past the last key the tile's last query sees
+    if SPANS:  # per query [lo, hi) of keys it also sees (its span; empty outside one)
+        s_lo = tl.load(span_ptr + 2 * i, mask=i < T, other=0)
+        s_hi = tl.load(span_ptr + 2 * i + 1, mask=i < T, other=0)
+        hi = tl.minimum(M, tl.maximum(hi, tl.max(s_hi, axis=0)))
     lo = 0
     if HAS_WINDOW:  # the first key the tile's first query sees, down to a whole step
         lo = tl.maximum(Q0 + i0 - WINDOW + 1, 0) // BN * BN
@@ -60,7 +65,10 @@ def _prefill_kernel(
         s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision=DOT)  # [BM, BN]
         if CAP:
             s = softcap * (1.0 - 2.0 / (tl.exp(2.0 * s / softcap) + 1.0))  # softcap * tanh(s / cap)
-        ok = (j[None, :] <= pos[:, None]) & jm[None, :]
+        ok = j[None, :] <= pos[:, None]
+        if SPANS:
+            ok |= (j[None, :] >= s_lo[:, None]) & (j[None, :] < s_hi[:, None])
+        ok &= jm[None, :]
         if HAS_WINDOW:
             ok &= j[None, :] > pos[:, None] - WINDOW
         s = tl.where(ok, s, float("-inf"))
@@ -103,11 +111,13 @@ def flash_prefill(
     sinks: torch.Tensor | None = None,
     block: tuple[int, int, int] | None = None,
     dot: str | None = None,
+    spans: list[tuple[int, int]] | None = None,
 ) -> torch.Tensor:
     """`paged._chunk`: t queries q [t, H, D] at key indices q0..q0+t-1 over keys/vals [m, KV, D]
     (row strides free, last dim contiguous) -> float32 [t, H, Dv]. `dot` (the products'
     precision, "tf32x3" or "tf32") and `block` (query rows, keys per step, warps) default by the
-    keys' type (`BLOCKS`)."""
+    keys' type (`BLOCKS`). `spans`: key-index ranges [a, b) within the keys whose queries see
+    all of them (`paged.chunk_dense`'s)."""
     t, h, d = q.shape
     m, kvh, _ = keys.shape
     dv = vals.shape[-1]
@@ -117,13 +127,24 @@ def flash_prefill(
     bm, bn, warps = block or BLOCKS[dot]
     out = torch.empty(t, h, dv, dtype=torch.float32, device=q.device)
     sk = sinks if sinks is not None else out  # unread without SINKS
+    rows = span_rows(spans, q0, t, q.device) if spans else out  # unread without SPANS
     _prefill_kernel[(triton.cdiv(t, bm), h)](
-        q, keys, vals, sk, out, out, out, t, m, q0, window or 0, scale, softcap or 0.0,
+        q, keys, vals, sk, out, out, out, rows, t, m, q0, window or 0, scale, softcap or 0.0,
         q.stride(0), q.stride(1), keys.stride(0), keys.stride(1), vals.stride(0), vals.stride(1),
         G=h // kvh, D=d, DV=dv, BM=bm, BN=bn, HAS_WINDOW=bool(window), CAP=softcap is not None,
-        SINKS=sinks is not None, DOT=dot, PAGED=False, BS=1, num_warps=warps,
+        SINKS=sinks is not None, DOT=dot, PAGED=False, BS=1, SPANS=bool(spans), num_warps=warps,
     )  # fmt: skip
     return out
+
+
+def span_rows(spans: list[tuple[int, int]], q0: int, t: int, device) -> torch.Tensor:
+    """[t, 2] int32: each query's span [a, b) in key indices, (0, 0) outside every span."""
+    rows = torch.zeros(t, 2, dtype=torch.int32)
+    for a, b in spans:
+        lo, hi = max(a - q0, 0), min(b - q0, t)
+        if lo < hi:
+            rows[lo:hi, 0], rows[lo:hi, 1] = a, b
+    return rows.to(device)
 
 
 def flash_prefill_paged(
@@ -153,9 +174,9 @@ def flash_prefill_paged(
     out = torch.empty(t, h, dv, dtype=torch.float32, device=q.device)
     sk = sinks if sinks is not None else out  # unread without SINKS
     _prefill_kernel[(triton.cdiv(t, bm), h)](
-        q, keys, vals, sk, out, table, ctx, t, 0, 0, window or 0, scale, softcap or 0.0,
+        q, keys, vals, sk, out, table, ctx, out, t, 0, 0, window or 0, scale, softcap or 0.0,
         q.stride(0), q.stride(1), keys.stride(0), keys.stride(1), vals.stride(0), vals.stride(1),
         G=h // kvh, D=d, DV=dv, BM=bm, BN=bn, HAS_WINDOW=bool(window), CAP=softcap is not None,
-        SINKS=sinks is not None, DOT=dot, PAGED=True, BS=bs, num_warps=warps,
+        SINKS=sinks is not None, DOT=dot, PAGED=True, BS=bs, SPANS=False, num_warps=warps,
     )  # fmt: skip
     return out

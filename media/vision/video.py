@@ -31,6 +31,7 @@ class VideoLimits:
     max_bytes: int = 200 * 1024 * 1024  # the encoded file
     max_seconds: float = 3600.0  # its duration, from the header
     max_pixels: int = 8192 * 8192  # one frame's width x height
+    max_frames_bytes: int = 2 << 30  # the sampled frames as decoded RGB, before any resize
     fps: float = 2.0  # frames sampled per second of video
     min_frames: int = 4
     max_frames: int = 768
@@ -104,19 +105,26 @@ def decode_video(
         if seconds > limits.max_seconds:
             raise VideoError(f"the video is {seconds:.0f} s long, above {limits.max_seconds:.0f} s")
         sampler = sampler or (lambda n, f, lim: sample_indices(n, f, lim, multiple))
-        return _decode(container, s, limits, fps, multiple, total, sampler)
+        return _decode(container, s, limits, fps, multiple, total, sampler, w * h * 3)
 
 
-def _decode(container, s, limits, fps: float, multiple: int, total: int, sampler) -> Video:
+def _decode(container, s, limits, fps, multiple, total, sampler, frame_bytes) -> Video:
     import av
 
     try:
         if not total:  # a container without a frame count: count once, bounded by the duration
-            total = sum(1 for _ in container.decode(s))
-            if total > limits.max_seconds * fps:
-                raise VideoError(f"the video is longer than {limits.max_seconds:.0f} s")
+            top = limits.max_seconds * fps
+            for total, _ in enumerate(container.decode(s), 1):
+                if total > top:
+                    raise VideoError(f"the video is longer than {limits.max_seconds:.0f} s")
             container.seek(0)
         want = sampler(total, fps, limits)
+        if len(want) * frame_bytes > limits.max_frames_bytes:
+            need, top = len(want) * frame_bytes / 2**20, limits.max_frames_bytes / 2**20
+            raise VideoError(
+                f"the video's {len(want)} sampled frames take {need:.2f} MiB decoded, above "
+                f"{top:.2f} MiB: send a shorter or smaller one"
+            )
         keep, out = set(want), {}
         for i, frame in enumerate(container.decode(s)):
             if i in keep:

@@ -52,7 +52,9 @@ def test_the_digest_follows_the_pixels_and_the_salt():
         (CLIP, VideoLimits(max_bytes=1000), "more than 1000 allowed"),
         (CLIP, VideoLimits(max_seconds=1.0), "2 s long, above 1 s"),
         (CLIP, VideoLimits(max_pixels=64 * 47), "64x48, above 3008 pixels"),
+        (CLIP, VideoLimits(max_frames_bytes=30_000), r"4 sampled frames take 0\.04 MiB"),
     ],
+    ids=["empty", "garbage", "bytes", "seconds", "frame-pixels", "frames-bytes"],
 )
 def test_bad_or_oversized_videos_are_refused_with_one_line(data, limits, message):
     with pytest.raises(VideoError, match=message) as e:

@@ -107,7 +107,7 @@ class Prompts:
         rng = random.Random(f"{m.seed}:{key}")
         total = rng.randint(m.min_prompt, m.max_prompt)
         fits = [d for d in self.docs if m.system + len(d) + 32 <= total]
-        doc = rng.choice([[], *fits])  # a quarter to a fifth of requests carry no document
+        doc = rng.choice([[], *fits])  # a fifth of the requests or more carry no document
         n = total - m.system - len(doc)
         at = rng.randrange(len(self.own) - n)
         return self.system + doc + self.own[at : at + n], m.system + len(doc)

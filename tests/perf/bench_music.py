@@ -150,8 +150,9 @@ def main() -> None:
     rows = []
     for run in range(args.runs):
         for fn, kw in (IMPLS[name] for name in args.impls.split(",")):
-            load0 = os.getloadavg()[0]
+            load0, cpu0 = os.getloadavg()[0], time.process_time()
             r = fn(path, args.seconds, run, args.device, **kw)
+            r["cpu_s"] = time.process_time() - cpu0  # this process's CPU time, loading included
             r.update(run=run, size=args.size, threads=args.threads, rtf=r["gen_s"] / r["audio_s"],
                      load=(load0 + os.getloadavg()[0]) / 2)  # fmt: skip
             print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in r.items()}))

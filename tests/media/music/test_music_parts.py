@@ -204,3 +204,12 @@ def test_old_weight_norm_keys_load_the_same(tmp_path):
     save_file(renamed, tmp_path / "model.safetensors")
     codes = torch.tensor(expected()["cases"]["greedy_cfg3"]["codes"])
     np.testing.assert_array_equal(MusicGen(tmp_path).decode(codes), model("musicgen").decode(codes))
+
+
+def test_steps_choice_is_checked():
+    m = model("musicgen")
+    opts = SamplingOptions(temperature=0.0)
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        m.codes("a", 4, opts, steps="graph")
+    with pytest.raises(ValueError, match="steps must be one of"):
+        m.codes("a", 4, opts, steps="fast")

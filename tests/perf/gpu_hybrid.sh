@@ -6,7 +6,8 @@
 # tests/perf/make_hybrid_synthetic.py. Under ~5 minutes on an H100/H200.
 #
 # Prepare here first: `bash tests/perf/h200_prepare.sh` (.whl: gguf; .refbuild/smollm2-tok.gguf),
-# then run from the repo root on the device, carrying [".whl", ".refbuild/smollm2-tok.gguf"]:
+# then run from the repo root on the device, carrying [".whl", ".refbuild/smollm2-tok.gguf"]
+# (and ".llb", llama.cpp's CUDA build from gpu_build_llamacpp.sh, for llama-bench beside ours):
 #   bash tests/perf/gpu_hybrid.sh        # $OUT collects pytest.log and bench.md
 set -u
 export PYTHONUNBUFFERED=1 PYTHONSAFEPATH=1
@@ -29,8 +30,15 @@ timeout "${TEST_T:-180}" python3 -m pytest -q -m gpu -p no:cacheprovider \
 date -u
 wait $GEN || { tail -5 /tmp/make.log; exit 1; }
 cat /tmp/make.log
+if [ -d .llb ]; then  # llama.cpp's CUDA llama-bench beside ours, same files, same call
+  mkdir -p /tmp/llb && cat .llb/llb.part.* | xz -d | tar x -C /tmp/llb
+fi
 for f in /tmp/lfm2.gguf /tmp/g4t.gguf; do
   timeout 150 python3 -m localllm.app.bench -m "$f" -p 512 -n 128 -r 3 --device cuda 2>&1 \
     | tee -a "$OUT/bench.md" | grep -E "pp512|tg128|Error"
+  if [ -x /tmp/llb/bin/llama-bench ]; then
+    LD_LIBRARY_PATH=/tmp/llb/bin timeout 120 /tmp/llb/bin/llama-bench -m "$f" -p 512 -n 128 \
+      -r 3 -ngl 99 2>&1 | tee -a "$OUT/bench.md" | grep -E "pp512|tg128|error"
+  fi
 done
 date -u

@@ -1,11 +1,13 @@
-"""The CPU decode step of llama-family decoders as one native call (`kernels/cpu/decode_step`):
-`NativeDecode.for_model` looks once whether a loaded model qualifies (llama blocks, dense gated
-MLPs, no biases, every linear on the native block kernels) and `__call__` runs a step when it
-does (each sequence's one new token, a float32 or float16 paged cache, no row on a LoRA
-adapter), else answers None and the torch layers run. Steps of the same model give the same
-tokens either way (tests/kernels/test_cpu_decode_step.py); the per-layer work is the same, the
-~20 dispatched torch ops per layer are gone.
+"""The CPU decode step of llama and Gemma 3 decoders as one native call
+(`kernels/cpu/decode_step`): `NativeDecode.for_model` looks once whether a loaded model qualifies
+(llama or Gemma 3 blocks, dense gated MLPs, no biases, every linear on the native block kernels)
+and `__call__` runs a step when it does (each sequence's one new token, a float32 or float16
+paged cache, no row on a LoRA adapter), else answers None and the torch layers run. Steps of the
+same model give the same tokens either way (tests/kernels/test_cpu_decode_step.py); the
+per-layer work is the same, the ~20 dispatched torch ops per layer are gone.
 """
+
+import dataclasses
 
 import torch
 from torch import nn
@@ -16,7 +18,7 @@ from localllm.kernels.cpu import decode_step
 from localllm.kernels.quant.linear_native import NativeLinear
 
 MAX_ROWS = 16  # token rows per native step (batched decode); more: the torch layers
-LLAMA_BLOCK = "localllm.engine.models.llama"
+FAMILIES = ("localllm.engine.models.llama", "localllm.engine.models.gemma3")  # their Block
 
 
 def _kernels(m: nn.Module | None) -> list | None:
@@ -27,9 +29,44 @@ def _kernels(m: nn.Module | None) -> list | None:
     return ks if ks and all(isinstance(k, NativeLinear) for k in ks) else None
 
 
+def _runs(linears: list) -> list | None:
+    """The native kernels of linears read side by side (q, k, v; gate, up), or None."""
+    ks = [_kernels(m) for m in linears]
+    return None if None in ks else [k for kk in ks for k in kk]
+
+
+def _layer(blk, args) -> dict | None:
+    """One block's `LayerSpec` fields (the caches aside), or None where it does not qualify."""
+    if type(blk).__module__ not in FAMILIES or not isinstance(blk.mlp, GatedMLP):
+        return None
+    mlp, fused = blk.mlp, getattr(blk, "qkv", None)
+    qkv = _kernels(fused) if fused is not None else _runs([blk.attn_q, blk.attn_k, blk.attn_v])
+    gu = _kernels(mlp.gate_up) if mlp.gate_up is not None else _runs([mlp.ffn_gate, mlp.ffn_up])
+    o, down = _kernels(blk.attn_output), _kernels(mlp.ffn_down)
+    linears = (blk.attn_q, blk.attn_k, blk.attn_v, blk.attn_output, mlp.ffn_gate, mlp.ffn_up,
+               mlp.ffn_down, fused, mlp.gate_up)  # fmt: skip
+    if qkv is None or gu is None or o is None or down is None:
+        return None
+    if any(getattr(m, "bias", None) is not None for m in linears):
+        return None
+    spec = {"qkv": qkv, "o": o[0], "gate_up": gu, "down": down[0]}
+    for name, norm in (("attn_norm", "attn_norm"), ("ffn_norm", "ffn_norm"),
+                       ("q_norm", "attn_q_norm"), ("k_norm", "attn_k_norm"),
+                       ("post_attn_norm", "post_attention_norm"),
+                       ("post_ffn_norm", "post_ffw_norm")):  # fmt: skip
+        m = getattr(blk, norm, None)
+        spec[name] = None if m is None else m.weight.float().contiguous()
+    if getattr(blk, "local", False):  # Gemma 3's sliding-window layers, their own rope table
+        spec["window"], spec["rope_set"] = args.sliding_window, 1
+    return spec
+
+
 class NativeDecode:
-    def __init__(self, model: nn.Module, lib, shape: decode_step.Shape, parts: list[tuple]):
-        self.model, self.lib, self.shape, self.parts = model, lib, shape, parts
+    def __init__(self, model: nn.Module, lib, shape: decode_step.Shape, layers: list[dict],
+                 rotaries: list):  # fmt: skip
+        self.model, self.lib, self.shape, self.layers = model, lib, shape, layers
+        self.rotaries = rotaries  # rope tables 0 and 1 (LayerSpec.rope_set)
+        self.embed_scale = getattr(model, "embed_scale", None)
         self._step: tuple[object, decode_step.DecodeStep] | None = None  # (kv, its step)
 
     @classmethod
@@ -39,37 +76,22 @@ class NativeDecode:
         args = getattr(model, "args", None)
         if not blocks or args is None or getattr(args, "n_expert", 0):
             return None
-        parts = []
-        for blk in blocks:
-            if type(blk).__module__ != LLAMA_BLOCK or not isinstance(blk.mlp, GatedMLP):
-                return None
-            qkv = _kernels(blk.qkv) if blk.qkv is not None else None
-            if qkv is None:
-                ks = [_kernels(m) for m in (blk.attn_q, blk.attn_k, blk.attn_v)]
-                qkv = None if None in ks else [k[0] for k in ks]
-            mlp = blk.mlp
-            gu = _kernels(mlp.gate_up) if mlp.gate_up is not None else None
-            if gu is None:
-                ks = [_kernels(m) for m in (mlp.ffn_gate, mlp.ffn_up)]
-                gu = None if None in ks else [k[0] for k in ks]
-            o, down = _kernels(blk.attn_output), _kernels(mlp.ffn_down)
-            linears = (blk.attn_q, blk.attn_k, blk.attn_v, blk.attn_output, mlp.ffn_gate,
-                       mlp.ffn_up, mlp.ffn_down, blk.qkv, mlp.gate_up)  # fmt: skip
-            biased = any(getattr(m, "bias", None) is not None for m in linears)
-            if qkv is None or gu is None or o is None or down is None or biased:
-                return None
-            norms = (blk.attn_norm.weight.float().contiguous(), blk.ffn_norm.weight.float())
-            parts.append((qkv, o[0], gu, down[0], norms[0], norms[1].contiguous()))
-        rot = getattr(model, "rotary", None)
-        if rot is None:
+        layers = [_layer(blk, args) for blk in blocks]
+        if None in layers:
+            return None
+        rotaries = [getattr(model, n, None) for n in ("rotary_global", "rotary_local")]
+        rotaries = rotaries if None not in rotaries else [model.rotary, model.rotary]
+        same = dataclasses.replace(rotaries[1].cfg, base=rotaries[0].cfg.base)
+        if rotaries[0] is None or rotaries[0].cfg != same:  # (tables differ in base alone)
             return None
         lib = decode_step.load()
         if lib is None:
             return None
+        cfg = rotaries[0].cfg
         shape = decode_step.Shape(args.dim, args.n_heads, args.n_kv_heads, args.head_dim,
-                                  args.hidden_dim, rot.cfg.dims, rot.cfg.neox, args.norm_eps,
-                                  blocks[0].mlp.act)  # fmt: skip
-        return cls(model, lib, shape, parts)
+                                  args.hidden_dim, cfg.dims, cfg.neox, args.norm_eps,
+                                  blocks[0].mlp.act, getattr(args, "attn_scale", None))  # fmt: skip
+        return cls(model, lib, shape, layers, rotaries)
 
     def _for_cache(self, kv) -> decode_step.DecodeStep | None:
         if self._step is not None and self._step[0] is kv:
@@ -77,8 +99,8 @@ class NativeDecode:
         if kv.k_scales is not None or kv.k[0].dtype not in (torch.float32, torch.float16):
             return None
         specs = [
-            decode_step.LayerSpec(qkv, o, gu, down, an, fn, kv.k[i], kv.v[i])
-            for i, (qkv, o, gu, down, an, fn) in enumerate(self.parts)
+            decode_step.LayerSpec(k_cache=kv.k[i], v_cache=kv.v[i], **lay)
+            for i, lay in enumerate(self.layers)
         ]
         try:
             step = decode_step.DecodeStep(self.lib, self.shape, specs, kv.block_size)
@@ -101,10 +123,14 @@ class NativeDecode:
         step = self._for_cache(kv)
         if step is None:
             return None
-        x = self.model.token_embd(ids).float().contiguous()
-        cos, sin = (c.contiguous() for c in self.model.rotary.cos_sin(positions))
+        x = self.model.token_embd(ids).float()
+        x = (x * self.embed_scale if self.embed_scale is not None else x).contiguous()
+        cos, sin = (c.contiguous() for c in self.rotaries[0].cos_sin(positions))
+        cos1, sin1 = cos, sin
+        if self.rotaries[1] is not self.rotaries[0]:
+            cos1, sin1 = (c.contiguous() for c in self.rotaries[1].cos_sin(positions))
         width = max(len(tb) for tb in batch.block_tables)
         tables = torch.tensor([(*tb, *(0,) * (width - len(tb))) for tb in batch.block_tables])
         seq_lens = torch.tensor(batch.seq_lens, dtype=torch.int64)
         slots = batch.slot_mapping.to(torch.int64).contiguous()
-        return step(x, cos, sin, slots, seq_lens, tables.reshape(t, width))
+        return step(x, cos, sin, slots, seq_lens, tables.reshape(t, width), None, cos1, sin1)

@@ -55,12 +55,9 @@ class Decoder(nn.Module):
         self, ids: torch.Tensor, positions: torch.Tensor, batch: BatchMeta, kv: PagedKVCache
     ) -> torch.Tensor:
         """Hidden states [T, dim] after the final norm."""
-        if not ids.is_cuda:  # CPU decode steps: all layers in one native call where they can
-            if self._native_step is None:
-                self._native_step = NativeDecode.for_model(self) or False
-            x = self._native_step(ids, positions, batch, kv) if self._native_step else None
-            if x is not None:
-                return self.output_norm(x)
+        x = self.native_decode(ids, positions, batch, kv)
+        if x is not None:
+            return self.output_norm(x)
         x = batch.splice(self.token_embd(ids))
         cos_sin = self.rotary.cos_sin(positions)
         r = None  # a block's last output not yet added to the stream (see `defers_residual`)
@@ -74,6 +71,15 @@ class Decoder(nn.Module):
         if r is not None:
             return self.output_norm.residual(x, r)[1]
         return self.output_norm(x)
+
+    def native_decode(self, ids: torch.Tensor, positions: torch.Tensor, batch: BatchMeta, kv):
+        """The stream after the last layer [T, dim] from one native call on CPU decode steps
+        (`engine.layers.native_decode`; families whose blocks it knows), else None."""
+        if ids.is_cuda:
+            return None
+        if self._native_step is None:
+            self._native_step = NativeDecode.for_model(self) or False
+        return self._native_step(ids, positions, batch, kv) if self._native_step else None
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.output(hidden)

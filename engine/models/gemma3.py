@@ -147,6 +147,9 @@ class Model(Decoder):
         self, ids: torch.Tensor, positions: torch.Tensor, batch: BatchMeta, kv: PagedKVCache
     ) -> torch.Tensor:
         """Hidden states [T, dim] after the final norm."""
+        x = self.native_decode(ids, positions, batch, kv)  # CPU decode: one native call
+        if x is not None:
+            return self.output_norm(x)
         x = batch.splice(self.token_embd(ids) * self.embed_scale)  # images are not scaled
         rg, rl = self.rotary_global, self.rotary_local
         cs_global, cs_local = rg.cos_sin(positions), rl.cos_sin(positions)

@@ -25,6 +25,11 @@ typedef struct {
     lin_t down;
     const float *attn_norm, *ffn_norm;
     void *k_cache, *v_cache; /* [blocks, block_size, n_kv, head_dim], float32 or float16 */
+    /* Gemma 3's extras, NULL / 0 where a family has none: per-head q and k norms, norms of the
+     * attention's and the MLP's outputs before their residual adds, a sliding window (keys of
+     * the last `window` positions), and which rope table the layer rotates with (0 or 1) */
+    const float *q_norm, *k_norm, *post_attn_norm, *post_ffn_norm;
+    int64_t window, rope_set;
 } layer_t;
 
 typedef struct {
@@ -117,10 +122,14 @@ enum { MAX_GROUP = 16 }; /* query heads per KV head read together */
 static void attend_group(const model_t *m, const layer_t *L, const float *q, int64_t ng, int64_t g,
                          int64_t ctx, const int64_t *table, float *out, float *sc, float *tmp) {
     const int64_t bsz = m->block_size, hd = m->hd;
+    const int64_t j0 = L->window > 0 && ctx > L->window ? ctx - L->window : 0;
+    table += j0 / bsz; /* the window's first block; its first key at j0 % bsz */
+    const int64_t skip = j0 % bsz;
+    ctx -= j0 - skip;
     const float scale = (float)m->scale;
     float mx[MAX_GROUP], sum[MAX_GROUP];
     for (int64_t h = 0; h < ng; h++) mx[h] = -INFINITY, sum[h] = 0.f;
-    for (int64_t j = 0; j < ctx; j++) {
+    for (int64_t j = skip; j < ctx; j++) {
         const int64_t slot = table[j / bsz] * bsz + j % bsz;
         const float *kr = cache_row(m, L->k_cache, slot, g, tmp);
         for (int64_t h = 0; h < ng; h++) {
@@ -129,21 +138,21 @@ static void attend_group(const model_t *m, const layer_t *L, const float *q, int
 #pragma omp simd reduction(+ : s)
             for (int64_t d = 0; d < hd; d++) s += qh[d] * kr[d];
             s *= scale;
-            sc[h * ctx + j] = s;
+            sc[h * ctx + j - skip] = s;
             mx[h] = s > mx[h] ? s : mx[h];
         }
     }
     for (int64_t h = 0; h < ng; h++) {
         float *sh = sc + h * ctx;
-        for (int64_t j = 0; j < ctx; j++) sum[h] += (sh[j] = expf(sh[j] - mx[h]));
+        for (int64_t j = 0; j < ctx - skip; j++) sum[h] += (sh[j] = expf(sh[j] - mx[h]));
         sum[h] = 1.f / sum[h];
         for (int64_t d = 0; d < hd; d++) out[h * hd + d] = 0.f;
     }
-    for (int64_t j = 0; j < ctx; j++) {
+    for (int64_t j = skip; j < ctx; j++) {
         const int64_t slot = table[j / bsz] * bsz + j % bsz;
         const float *vr = cache_row(m, L->v_cache, slot, g, tmp);
         for (int64_t h = 0; h < ng; h++) {
-            const float p = sc[h * ctx + j] * sum[h];
+            const float p = sc[h * ctx + j - skip] * sum[h];
             float *oh = out + h * hd;
 #pragma omp simd
             for (int64_t d = 0; d < hd; d++) oh[d] += p * vr[d];
@@ -152,14 +161,15 @@ static void attend_group(const model_t *m, const layer_t *L, const float *q, int
 }
 
 /* x [t, dim]: the token rows' embeddings in, the stream after the last layer out (the caller
- * applies the final norm). cos / sin [t, rope_dims / 2]; slots [t] (cache slot of each row's
+ * applies the final norm). cos0 / sin0 [t, rope_dims / 2]: the rope table of layers with rope_set
+ * 0, cos1 / sin1 of those with 1 (Gemma 3's local layers); slots [t] (cache slot of each row's
  * token); seq_lens [t] (its context after this step); tables [t, table_stride] (its blocks).
  * Scratch (floats unless said): h [t*dim], qkv [t*(n_q+2 n_kv)*hd], att [t*n_q*hd],
  * gu [t*2*hidden], y [t*dim], q8 int8 [t*kmax], d8 [t*kmax/32], bs int16 [t*kmax/16] (kmax =
  * the widest linear input), sc [threads * sc_stride], sc_stride >= min(group, MAX_GROUP) x (max
  * seq_len) + head_dim. */
-void decode_step(const model_t *m, int64_t t, float *x, const float *cos, const float *sin,
-                 const int64_t *slots, const int64_t *seq_lens, const int64_t *tables,
+void decode_step(const model_t *m, int64_t t, float *x, const float *cos0, const float *sin0,
+                 const float *cos1, const float *sin1, const int64_t *slots, const int64_t *seq_lens, const int64_t *tables,
                  int64_t table_stride, float *h, float *qkv, float *att, float *gu, float *y,
                  int8_t *q8, float *d8, int16_t *bs, float *sc, int64_t sc_stride, int threads) {
     const int64_t dim = m->dim, hd = m->hd, nq = m->n_q, nkv = m->n_kv, hidden = m->hidden;
@@ -186,16 +196,21 @@ void decode_step(const model_t *m, int64_t t, float *x, const float *cos, const 
 #pragma omp for schedule(static)
             for (int64_t i = 0; i < t; i++) { /* rope q and k, write k and v at the row's slot */
                 float *row = qkv + i * nqkv;
-                const float *c = cos + i * (m->rope_dims / 2), *s = sin + i * (m->rope_dims / 2);
-                for (int64_t hh = 0; hh < nq + nkv; hh++) rope_head(row + hh * hd, c, s, m->rope_dims, m->neox);
+                const int64_t at = i * (m->rope_dims / 2);
+                const float *c = (L->rope_set ? cos1 : cos0) + at, *s = (L->rope_set ? sin1 : sin0) + at;
+                for (int64_t hh = 0; hh < nq + nkv; hh++) {
+                    const float *hn = hh < nq ? L->q_norm : L->k_norm;
+                    if (hn) rms_norm_row(row + hh * hd, hn, hd, m->eps, row + hh * hd);
+                    rope_head(row + hh * hd, c, s, m->rope_dims, m->neox);
+                }
                 const float *kr = row + nq * hd, *vr = kr + nkv * hd;
-                const int64_t at = slots[i] * nkv * hd;
+                const int64_t cat = slots[i] * nkv * hd;
                 if (m->kv_f16) {
-                    uint16_t *kc = (uint16_t *)L->k_cache + at, *vc = (uint16_t *)L->v_cache + at;
+                    uint16_t *kc = (uint16_t *)L->k_cache + cat, *vc = (uint16_t *)L->v_cache + cat;
                     for (int64_t j = 0; j < nkv * hd; j++) kc[j] = float_to_half(kr[j]), vc[j] = float_to_half(vr[j]);
                 } else {
-                    memcpy((float *)L->k_cache + at, kr, nkv * hd * sizeof(float));
-                    memcpy((float *)L->v_cache + at, vr, nkv * hd * sizeof(float));
+                    memcpy((float *)L->k_cache + cat, kr, nkv * hd * sizeof(float));
+                    memcpy((float *)L->v_cache + cat, vr, nkv * hd * sizeof(float));
                 }
             }
 #pragma omp for schedule(dynamic, 1)
@@ -208,7 +223,9 @@ void decode_step(const model_t *m, int64_t t, float *x, const float *cos, const 
             linear_groups(&L->o, 1, att, nq * hd, t, nq * hd, y, dim, q8, d8, bs);
 #pragma omp for schedule(static)
             for (int64_t i = 0; i < t; i++) {
-                for (int64_t j = 0; j < dim; j++) x[i * dim + j] += y[i * dim + j];
+                float *yi = y + i * dim;
+                if (L->post_attn_norm) rms_norm_row(yi, L->post_attn_norm, dim, m->eps, yi);
+                for (int64_t j = 0; j < dim; j++) x[i * dim + j] += yi[j];
                 rms_norm_row(x + i * dim, L->ffn_norm, dim, m->eps, h + i * dim);
             }
             linear_groups(L->gu, L->n_gu, h, dim, t, dim, gu, 2 * hidden, q8, d8, bs);
@@ -224,8 +241,11 @@ void decode_step(const model_t *m, int64_t t, float *x, const float *cos, const 
             }
             linear_groups(&L->down, 1, gu, 2 * hidden, t, hidden, y, dim, q8, d8, bs);
 #pragma omp for schedule(static)
-            for (int64_t i = 0; i < t; i++)
-                for (int64_t j = 0; j < dim; j++) x[i * dim + j] += y[i * dim + j];
+            for (int64_t i = 0; i < t; i++) {
+                float *yi = y + i * dim;
+                if (L->post_ffn_norm) rms_norm_row(yi, L->post_ffn_norm, dim, m->eps, yi);
+                for (int64_t j = 0; j < dim; j++) x[i * dim + j] += yi[j];
+            }
         }
     }
 }

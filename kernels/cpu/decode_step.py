@@ -41,6 +41,12 @@ class _Layer(ctypes.Structure):
         ("ffn_norm", _P),
         ("k_cache", _P),
         ("v_cache", _P),
+        ("q_norm", _P),
+        ("k_norm", _P),
+        ("post_attn_norm", _P),
+        ("post_ffn_norm", _P),
+        ("window", _I),
+        ("rope_set", _I),
     ]
 
 
@@ -65,12 +71,13 @@ class Shape:
     neox: bool
     eps: float
     act: str = "silu"
+    scale: float | None = None  # attention's score scale (None: head_dim ** -0.5)
 
 
 @dataclass(frozen=True)
 class LayerSpec:
     """One layer: its linears' `NativeLinear`s (q|k|v and gate|up as runs of one type, in
-    order), its two norm weights (float32 [dim]) and its K and V cache tensors."""
+    order), its norm weights (float32, contiguous) and its K and V cache tensors."""
 
     qkv: list
     o: object
@@ -80,6 +87,14 @@ class LayerSpec:
     ffn_norm: torch.Tensor
     k_cache: torch.Tensor
     v_cache: torch.Tensor
+    # Gemma 3: per-head q / k norms [head_dim], output norms [dim], a sliding window (0: none),
+    # the rope table (0 or 1: `DecodeStep.__call__`'s first or second cos / sin)
+    q_norm: torch.Tensor | None = None
+    k_norm: torch.Tensor | None = None
+    post_attn_norm: torch.Tensor | None = None
+    post_ffn_norm: torch.Tensor | None = None
+    window: int = 0
+    rope_set: int = 0
 
 
 def load(cache_dir: Path | None = None) -> ctypes.CDLL | None:
@@ -95,8 +110,8 @@ def load(cache_dir: Path | None = None) -> ctypes.CDLL | None:
 
 def _bind_step(lib: ctypes.CDLL) -> None:
     _bind(lib)
-    lib.decode_step.argtypes = [_P, _I, _P, _P, _P, _P, _P, _P, _I, _P, _P, _P, _P, _P, _P, _P,
-                                _P, _P, _I, ctypes.c_int]  # fmt: skip
+    lib.decode_step.argtypes = [_P, _I, _P, _P, _P, _P, _P, _P, _P, _P, _I, _P, _P, _P, _P, _P,
+                                _P, _P, _P, _P, _I, ctypes.c_int]  # fmt: skip
     lib.decode_step.restype = None
 
 
@@ -133,10 +148,15 @@ class DecodeStep:
             )
             c.attn_norm, c.ffn_norm = lay.attn_norm.data_ptr(), lay.ffn_norm.data_ptr()
             c.k_cache, c.v_cache = lay.k_cache.data_ptr(), lay.v_cache.data_ptr()
+            for name in ("q_norm", "k_norm", "post_attn_norm", "post_ffn_norm"):
+                w = getattr(lay, name)
+                setattr(c, name, None if w is None else w.data_ptr())
+            c.window, c.rope_set = lay.window, lay.rope_set
         f16 = layers[0].k_cache.dtype == torch.float16
         ints = (len(layers), s.dim, s.n_q, s.n_kv, s.head_dim, s.hidden, s.rope_dims, int(s.neox),
                 int(f16), block_size, ACTS[s.act])  # fmt: skip
-        self.model = _Model(*ints, s.eps, s.head_dim**-0.5, ctypes.addressof(self.layers))
+        scale = s.head_dim**-0.5 if s.scale is None else s.scale
+        self.model = _Model(*ints, s.eps, scale, ctypes.addressof(self.layers))
         self.kmax = max(s.dim, s.hidden, s.n_q * s.head_dim)
         self._scratch: dict[tuple[int, int], tuple] = {}
 
@@ -162,15 +182,19 @@ class DecodeStep:
 
     def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                  slots: torch.Tensor, seq_lens: torch.Tensor, tables: torch.Tensor,
-                 threads: int | None = None) -> torch.Tensor:  # fmt: skip
+                 threads: int | None = None, cos1: torch.Tensor | None = None,
+                 sin1: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
         """x [t, dim] float32 (the embeddings; updated in place to the stream after the last
-        layer), cos / sin [t, rope_dims / 2], slots / seq_lens [t] and tables [t, W] int64."""
+        layer), cos / sin [t, rope_dims / 2] (cos1 / sin1: the table of layers with rope_set 1),
+        slots / seq_lens [t] and tables [t, W] int64 (all contiguous)."""
+        cos1, sin1 = (cos, sin) if cos1 is None else (cos1, sin1)
         t = x.shape[0]
         threads = threads or torch.get_num_threads()
         ctx, bufs = self._buffers(t, int(seq_lens.max()), threads)
         ptr = torch.Tensor.data_ptr
         self.lib.decode_step(
-            ctypes.addressof(self.model), t, ptr(x), ptr(cos), ptr(sin), ptr(slots),
+            ctypes.addressof(self.model), t, ptr(x), ptr(cos), ptr(sin), ptr(cos1), ptr(sin1),
+            ptr(slots),
             ptr(seq_lens), ptr(tables), tables.shape[1], *(ptr(b) for b in bufs),
             self._sc_stride(ctx), threads,
         )  # fmt: skip
@@ -179,15 +203,20 @@ class DecodeStep:
 
 def decode_step_reference(shape: Shape, layers: list[LayerSpec], block_size: int,
                           x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                          slots: torch.Tensor, seq_lens: torch.Tensor,
-                          tables: torch.Tensor) -> torch.Tensor:  # fmt: skip
+                          slots: torch.Tensor, seq_lens: torch.Tensor, tables: torch.Tensor,
+                          cos1: torch.Tensor | None = None,
+                          sin1: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
     """The step in torch (each linear through its `matmul`, the cache written as the C does):
     x [t, dim] -> the stream after the last layer."""
     s, x = shape, x.clone()
     nq, nkv, hd = s.n_q, s.n_kv, s.head_dim
     half = s.rope_dims // 2
 
-    def rope(v):  # [t, heads, hd]
+    tables_cs = ((cos, sin), (cos, sin) if cos1 is None else (cos1, sin1))
+    scale = hd**-0.5 if s.scale is None else s.scale
+
+    def rope(v, cs):  # [t, heads, hd]
+        cos, sin = cs
         r = v[..., : s.rope_dims]
         a, b = (r[..., :half], r[..., half:]) if s.neox else (r[..., 0::2], r[..., 1::2])
         c, sn = cos[:, None, :], sin[:, None, :]
@@ -201,24 +230,29 @@ def decode_step_reference(shape: Shape, layers: list[LayerSpec], block_size: int
     for lay in layers:
         h = norm(x, lay.attn_norm)
         qkv = torch.cat([g.matmul(h) for g in lay.qkv], -1)
-        q = rope(qkv[:, : nq * hd].reshape(-1, nq, hd))
-        k = rope(qkv[:, nq * hd : (nq + nkv) * hd].reshape(-1, nkv, hd))
+        q = qkv[:, : nq * hd].reshape(-1, nq, hd)
+        k = qkv[:, nq * hd : (nq + nkv) * hd].reshape(-1, nkv, hd)
+        q = q if lay.q_norm is None else norm(q, lay.q_norm)
+        k = k if lay.k_norm is None else norm(k, lay.k_norm)
+        q, k = rope(q, tables_cs[lay.rope_set]), rope(k, tables_cs[lay.rope_set])
         v = qkv[:, (nq + nkv) * hd :].reshape(-1, nkv, hd)
         kc, vc = (c.view(-1, nkv, hd) for c in (lay.k_cache, lay.v_cache))
         kc[slots], vc[slots] = k.to(kc.dtype), v.to(vc.dtype)
         outs = []
         for i in range(x.shape[0]):
             n = int(seq_lens[i])
-            pos = torch.arange(n)
+            pos = torch.arange(max(0, n - lay.window) if lay.window else 0, n)
             sl = tables[i][pos // block_size] * block_size + pos % block_size
             kk = kc[sl].float().repeat_interleave(nq // nkv, 1)  # [n, nq, hd]
             vv = vc[sl].float().repeat_interleave(nq // nkv, 1)
-            p = torch.softmax(torch.einsum("hd,nhd->hn", q[i], kk) * hd**-0.5, -1)
+            p = torch.softmax(torch.einsum("hd,nhd->hn", q[i], kk) * scale, -1)
             outs.append(torch.einsum("hn,nhd->hd", p, vv).reshape(-1))
-        x = x + lay.o.matmul(torch.stack(outs))
+        o = lay.o.matmul(torch.stack(outs))
+        x = x + (o if lay.post_attn_norm is None else norm(o, lay.post_attn_norm))
         h = norm(x, lay.ffn_norm)
         gu = torch.cat([g.matmul(h) for g in lay.gate_up], -1)
         g, u = gu[:, : s.hidden], gu[:, s.hidden :]
         a = F.silu(g) if s.act == "silu" else F.gelu(g, approximate="tanh")
-        x = x + lay.down.matmul(a * u)
+        d = lay.down.matmul(a * u)
+        x = x + (d if lay.post_ffn_norm is None else norm(d, lay.post_ffn_norm))
     return x

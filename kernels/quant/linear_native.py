@@ -3,11 +3,12 @@ file's blocks alone: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, IQ4_XS, Q4_K, Q5_K an
 the fp16 copies they replace took 2 bytes a weight, the int4pack forms 0.875 plus scales). A fused
 projection (q/k/v, gate/up) keeps its tensors as parts where the file has them, never stacked.
 
-Decode-sized calls (up to NATIVE_MAX_T rows) multiply int8 activations (per 256 values for Q4_K
-and Q5_K, per 32 for the others, as llama.cpp's decode does) and read each weight row once for
-all rows. Longer calls (prompts) decode row tiles to ggml's float32 values in C for an exact fp32
-GEMM: exact prompt math is what keeps teacher-forced logits as close to llama.cpp's as
-transformers' are (tests/perf/results/cpu-moe.md, "CPU-only MoE next to llama.cpp").
+Decode-sized calls (up to NATIVE_MAX_T rows for Q4_K / Q6_K / Q8_0, 16 for the others)
+multiply int8 activations (per 256 values for Q4_K and Q5_K, per 32 for the others, as
+llama.cpp's decode does) and read each weight row once for all rows. Longer calls (prompts)
+decode row tiles to ggml's float32 values in C for an exact fp32 GEMM: exact prompt math is
+what keeps teacher-forced logits as close to llama.cpp's as transformers' are
+(tests/perf/results/cpu-moe.md, "CPU-only MoE next to llama.cpp").
 `block_rows_reference` is the torch reference of the int8 path, `quant_matmul_reference`
 (kernels/quant/linear.py) of the prompt path.
 """
@@ -31,6 +32,13 @@ MAX_PARTS = 8  # parts of one weight (MAX_PARTS in the C)
 # 3.64 / 7.15 / 10.64 against C-decoded tiles + fp32 GEMM 1.84* / 7.68 / 9.07 / 9.93 (*: rows);
 # Q6_K 2.17 / 4.19 / 8.07 / 12.91 against 11.30 / 11.90 / 15.78 at 32 / 64 / 96.
 NATIVE_MAX_T = 64
+# The types new to these kernels (their torch paths before: an int4pack form at ~3e-3 relative
+# error, fp16 copies at ~3e-4) take the int8 rows up to batched decode's 16 rows only: longer
+# calls are prompts and scoring, which keep exact float32 rows. (With 64, one of SmolLM2 Q4_1's
+# teacher-forced golden prompts of 53 tokens put llama.cpp's token 0.65 nats below our best.)
+EXACT_FROM_T = {QuantType.Q4_K: NATIVE_MAX_T + 1, QuantType.Q6_K: NATIVE_MAX_T + 1,
+                QuantType.Q8_0: NATIVE_MAX_T + 1}  # fmt: skip
+EXACT_FROM_T_NEW = 17
 
 
 class NativeLinear:
@@ -44,6 +52,7 @@ class NativeLinear:
         if self.parts.n != shape[0]:
             raise ValueError(f"parts of {self.parts.n} rows for a {shape} weight")
         self.qtype, self.shape, self.kernels = QuantType(qtype), shape, kernels
+        self.exact_from_t = EXACT_FROM_T.get(self.qtype, EXACT_FROM_T_NEW)
 
     @property
     def data(self) -> torch.Tensor:
@@ -59,7 +68,7 @@ class NativeLinear:
         x2 = x.reshape(-1, k)
         if x2.dtype != torch.float32 or not x2.is_contiguous():
             x2 = x2.float().contiguous()
-        if x2.shape[0] <= NATIVE_MAX_T:
+        if x2.shape[0] < self.exact_from_t:
             y = self.kernels.rows(self.parts, self.qtype, k, x2)
         else:
             y = torch.empty(x2.shape[0], n)

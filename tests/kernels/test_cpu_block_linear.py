@@ -80,9 +80,10 @@ def test_native_linear_decode_int8_prompt_exact_blocks_alone(kernels, name):
     lin = prepare_linear(raw, QuantType[name], (n, k), native=kernels)
     assert lin.kind == "native" and lin.nbytes == raw.numel()  # the blocks alone
     gen = torch.Generator().manual_seed(5)
-    x = torch.randn(NATIVE_MAX_T, k, generator=gen)
+    assert lin.exact_from_t == 17 < NATIVE_MAX_T  # (types new to the kernels: 16 int8 rows)
+    x = torch.randn(lin.exact_from_t - 1, k, generator=gen)  # batched decode: int8 rows
     assert _rel(lin.matmul(x), block_rows_reference(x, [raw], QuantType[name], k)) < REF_TOL
-    x = torch.randn(3, NATIVE_MAX_T, k, generator=gen)  # a prompt: exact float32 rows
+    x = torch.randn(3, lin.exact_from_t, k, generator=gen)  # a prompt: exact float32 rows
     want = quant_matmul_reference(x.reshape(-1, k), raw, QuantType[name], (n, k))
     torch.testing.assert_close(lin.matmul(x).reshape(-1, n), want, rtol=1e-5, atol=1e-6)
 

@@ -163,4 +163,5 @@ def base_config(base) -> HFConfig:
         "num_attention_heads": n_head,
         "num_key_value_heads": base.get(f"{arch}.attention.head_count_kv", n_head),
         "num_hidden_layers": base.get(f"{arch}.block_count"),
+        "num_experts": base.get(f"{arch}.expert_count"),  # (qwen3moe's adapt stacks experts)
     })  # fmt: skip

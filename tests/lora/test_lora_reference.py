@@ -3,7 +3,8 @@
 A PEFT folder and llama.cpp's GGUF conversion of it, on the safetensors base and on its GGUF
 conversion: logits equal PEFT's to LOGIT_TOL (all four pairings), greedy tokens equal up to a
 near-tie; scale 0 is the base bit for bit; a rank-4 rsLoRA on q/v/down only; two adapters at
-once as PEFT's weighted sum; a `--quantize q8_0` base within the near-tie rule.
+once as PEFT's weighted sum; a `--quantize q8_0` base within the near-tie rule; an attention
+adapter on a qwen3moe folder.
 """
 
 import pytest
@@ -105,3 +106,27 @@ def test_quantize_q8_0_base_within_near_ties(family):
         params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
         ours = list(llm.generate([prompt], params)[0].outputs[0].token_ids)
     assert_same_or_near_tie(ref, prompt, ours, hf_greedy(ref, prompt, 8))
+
+
+def test_attention_adapter_on_a_moe_folder(tmp_path):
+    """qwen3moe (a tiny folder made here): LoRA on q/k/v/o beside routed experts."""
+    peft = pytest.importorskip("peft")
+    transformers = pytest.importorskip("transformers")
+    from tests.engine.hf_fixtures import save_tiny
+
+    transformers.logging.set_verbosity_error()
+    base = save_tiny("qwen3moe", tmp_path / "base")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        base, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
+    torch.manual_seed(5)
+    cfg = peft.LoraConfig(r=4, lora_alpha=8, init_lora_weights=False,
+                          target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])  # fmt: skip
+    ref = peft.get_peft_model(hf, cfg).eval()
+    ref.save_pretrained(tmp_path / "adapter")
+    tokens = ids(16, seed=11)
+    with open_hf(base) as weights:
+        model = build_model(weights, precise=True)
+        attach_adapters(model, [LoraSpec(str(tmp_path / "adapter"))], weights, "cpu")
+    got = our_logits(model, tokens, [(0, 1.0)])
+    assert (got - ref_logits(ref, tokens)).abs().max().item() < LOGIT_TOL

@@ -24,6 +24,7 @@ FAMILIES = {
     "idefics3": "idefics3",
     "gemma3": "gemma3",
     "qwen2.5vl_merger": "qwen25vl",
+    "qwen2vl_merger": "qwen2vl",
     "qwen3vl_merger": "qwen3vl",
     "mlp": "llava",
 }

@@ -142,11 +142,15 @@ class Processor:
         """The text that stands for one image or video (the template writes the start/end)."""
         return (VIDEO if grid.seconds else IMAGE) * self.num_tokens(grid)
 
+    def time_step(self, grid: Grid) -> float:
+        """How far a video's temporal positions move per temporal patch (its seconds, in
+        `tokens_per_second`: Qwen2.5-VL's absolute time); 1 for an image."""
+        return self.tokens_per_second * grid.seconds if grid.seconds else 1
+
     def rope(self, grid: Grid) -> tuple[torch.Tensor, int]:
         """M-RoPE offsets [3, tokens] of an item's placeholders (temporal, row, column from
         where the text stopped) and how far the text after it moves on (`get_rope_index`)."""
         t, h, w = grid.t, grid.h // MERGE, grid.w // MERGE
-        step = self.tokens_per_second * grid.seconds if grid.seconds else 1
-        tt = (torch.arange(t) * step).long()
+        tt = (torch.arange(t) * self.time_step(grid)).long()
         a, b, c = torch.meshgrid(tt, torch.arange(h), torch.arange(w), indexing="ij")
         return torch.stack((a, b, c)).reshape(3, -1), max(h, w)

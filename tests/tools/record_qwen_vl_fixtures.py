@@ -9,6 +9,7 @@ repository root, with an export of llama.cpp (`convert_hf_to_gguf.py`, `conversi
 `gguf-py/`; fetch the source, never vendor it):
 
     python tests/tools/record_qwen_vl_fixtures.py --llama-cpp /path/to/llama.cpp
+    python tests/tools/record_qwen_vl_fixtures.py --llama-cpp /path/to/llama.cpp --qwen2
 
 (A CPU-only torch has no matching torchvision wheel on PyPI: `pip install --no-deps --target
 DIR torchvision` and `PYTHONPATH=DIR` work, since the script keeps torchvision's compiled ops
@@ -23,6 +24,9 @@ Writes into tests/data/vision/:
   values and grid, and the tower's output; per conversation the text, the processor's input ids,
   the M-RoPE position ids and delta, transformers' greedy tokens and the fp32 logits of the last
   prompt position and of every greedy step (teacher-forced).
+* with `--qwen2`: the same for a tiny Qwen2-VL (`qwen2vl_merger` mmproj: LayerNorm blocks,
+  quick-GELU MLP, no windows; video positions step one per temporal patch) into
+  `qwen2vl-text.gguf`, `mmproj-qwen2vl.gguf`, `qwen2vl.json`, on the files above (not rewritten).
 """
 
 from __future__ import annotations
@@ -203,7 +207,44 @@ def build(tok):
     return model
 
 
-def processor(tok):
+def build_qwen2(tok):
+    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
+
+    torch.manual_seed(SEED)
+    cfg = Qwen2VLConfig(
+        vision_config=dict(depth=3, embed_dim=32, hidden_size=64, mlp_ratio=2, num_heads=2,
+                           patch_size=14, spatial_merge_size=2, temporal_patch_size=2),
+        text_config=dict(vocab_size=len(tok), hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         rms_norm_eps=1e-6, max_position_embeddings=1024,
+                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                          "mrope_section": [2, 3, 3]},
+                         bos_token_id=tok.pad_token_id, tie_word_embeddings=False,
+                         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id),
+        image_token_id=tok.convert_tokens_to_ids("<|image_pad|>"),
+        video_token_id=tok.convert_tokens_to_ids("<|video_pad|>"),
+        vision_start_token_id=tok.convert_tokens_to_ids("<|vision_start|>"),
+        vision_end_token_id=tok.convert_tokens_to_ids("<|vision_end|>"),
+        bos_token_id=tok.pad_token_id,
+        tie_word_embeddings=False,
+    )  # fmt: skip
+    return _randomize(Qwen2VLForConditionalGeneration(cfg).eval())
+
+
+def _randomize(model):
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if ("norm" in name or "ln_q" in name) and name.endswith("weight"):
+                p.copy_(1.0 + 0.2 * torch.randn_like(p))
+            elif "norm" in name or "ln_q" in name:
+                p.copy_(0.2 * torch.randn_like(p))
+            else:
+                p.copy_(torch.randn_like(p) * 0.08)
+            p.copy_(p.half().float())
+    return model
+
+
+def processor(tok, qwen2: bool = False):
     from transformers import Qwen2_5_VLProcessor, Qwen2VLImageProcessorPil, Qwen2VLVideoProcessor
 
     size = {"shortest_edge": MIN_PIXELS, "longest_edge": MAX_PIXELS}
@@ -211,6 +252,10 @@ def processor(tok):
     vp = Qwen2VLVideoProcessor(
         size=size, do_sample_frames=True, fps=VIDEO_FPS, cap_pixels_per_frame=True
     )
+    if qwen2:
+        from transformers import Qwen2VLProcessor
+
+        return Qwen2VLProcessor(ip, tok, vp, chat_template=TEMPLATE)
     return Qwen2_5_VLProcessor(ip, tok, vp, chat_template=TEMPLATE)
 
 
@@ -275,10 +320,15 @@ def record_chats(model, proc, paths, video) -> dict:
             kw.update(videos=[frames], video_metadata=[meta])
         enc = proc(text=text, return_tensors="pt", **kw)
         with torch.no_grad():
+            extra = (
+                {"second_per_grid_ts": enc["second_per_grid_ts"]}
+                if "second_per_grid_ts" in enc
+                else {}
+            )
+            grids = {k: enc.get(k) for k in ("image_grid_thw", "video_grid_thw")}
             pos, delta = model.model.get_rope_index(
-                enc["input_ids"], enc["mm_token_type_ids"], enc.get("image_grid_thw"),
-                enc.get("video_grid_thw"), enc.get("second_per_grid_ts"),
-            )  # fmt: skip
+                enc["input_ids"], enc["mm_token_type_ids"], **grids, **extra
+            )
             gen = model.generate(**enc, max_new_tokens=N_GREEDY, do_sample=False)
             new = gen[0, enc["input_ids"].shape[1] :].tolist()
             full = dict(enc, input_ids=gen, attention_mask=torch.ones_like(gen))
@@ -306,21 +356,27 @@ def record_chats(model, proc, paths, video) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--llama-cpp", type=Path, required=True, help="llama.cpp export")
+    ap.add_argument("--qwen2", action="store_true", help="Qwen2-VL instead (same media)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     OUT.mkdir(parents=True, exist_ok=True)
-    paths = make_images()
-    video = make_video()
+    if args.qwen2:
+        paths = {n: OUT / n for n in ("qtall.png", "qwide.png")}
+        video = OUT / "clip.mp4"
+    else:
+        paths = make_images()
+        video = make_video()
     tok = tokenizer()
-    model = build(tok)
-    proc = processor(tok)
+    model = build_qwen2(tok) if args.qwen2 else build(tok)
+    proc = processor(tok, args.qwen2)
+    name = "qwen2vl" if args.qwen2 else "qwen25vl"
     with tempfile.TemporaryDirectory() as tmp:
         hf = Path(tmp) / "hf"
-        model.config.architectures = ["Qwen2_5_VLForConditionalGeneration"]
+        model.config.architectures = [type(model).__name__]
         model.save_pretrained(hf)
         proc.save_pretrained(hf)
-        convert(args.llama_cpp, hf, OUT / "qwen25vl-text.gguf")
-        convert(args.llama_cpp, hf, OUT / "mmproj-qwen25vl.gguf", "--mmproj")
+        convert(args.llama_cpp, hf, OUT / f"{name}-text.gguf")
+        convert(args.llama_cpp, hf, OUT / f"mmproj-{name}.gguf", "--mmproj")
     stamp = args.llama_cpp / "COMMIT"
     commit = stamp.read_text().strip() if stamp.is_file() else None
     ip = proc.image_processor
@@ -345,7 +401,7 @@ def main() -> None:
             "video_fps": VIDEO_FPS,
             "image_mean": list(ip.image_mean),
             "image_std": list(ip.image_std),
-            "tokens_per_second": vcfg.tokens_per_second,
+            "tokens_per_second": getattr(vcfg, "tokens_per_second", 0),  # Qwen2-VL: none
         },
         "vocab_size": len(tok),
         "image_token_id": tok.convert_tokens_to_ids("<|image_pad|>"),
@@ -354,7 +410,7 @@ def main() -> None:
         "visuals": record_visuals(model, proc, paths, video),
         "chats": record_chats(model, proc, paths, video),
     }
-    (OUT / "qwen25vl.json").write_text(json.dumps(record, indent=1) + "\n")
+    (OUT / f"{name}.json").write_text(json.dumps(record, indent=1) + "\n")
     print(f"wrote {OUT}")
 
 

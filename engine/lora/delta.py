@@ -10,8 +10,9 @@ A step then adds, for all rows at once,
 so a batch whose rows use different adapters (or several each, or none) is three matmul-sized ops
 per module whatever the mix, with no data-dependent shapes: CUDA graphs capture it once. A row
 that does not use an adapter multiplies that adapter's columns by exactly 0, so its output is the
-one it has alone. On CPU a step with no adapter in use skips the deltas (the base alone, exactly);
-on CUDA they always run (a captured graph cannot change its op list; W is then all 0).
+one it has alone. A step with no row on an adapter skips the deltas (the base alone, exactly),
+except while a CUDA graph is captured: the graph holds them for every replay (W is then all 0
+for the rows on no adapter).
 `reference_delta` is the plain per-adapter formula the tests compare with.
 """
 
@@ -35,7 +36,7 @@ class LoraContext:
         self._sigs: dict[tuple[int, ...], int] = {}
         self._views: tuple[int, list[torch.Tensor]] = (-1, [])  # (rows, each buffer's first rows)
         self._key = None
-        self.active = self.always
+        self.active = False  # a row of this step is on an adapter
 
     def signature(self, cols: list[int]) -> int:
         """The index of the [rows, R] buffer whose column r is W's column cols[r]."""
@@ -78,7 +79,7 @@ class LoraContext:
         for idx, buf in zip(self._cols, self.buffers, strict=True):
             torch.index_select(self.w, 1, idx, out=buf)
         self._views = (-1, [])
-        self.active = self.always or bool(host.any())
+        self.active = bool(host.any())
         self._key = key
 
     def apply_all(self, lora: tuple[tuple[int, float], ...]) -> None:
@@ -115,9 +116,14 @@ class LoraDelta:
 
     def _low(self, x: torch.Tensor) -> torch.Tensor | None:
         """(x @ A_all.T) * W for this step's rows, or None when no adapter is in use."""
-        if not self.ctx.active:
+        if not self.ctx.active and not self._capturing():
             return None
         return torch.mm(x.to(self.a_t.dtype), self.a_t).mul_(self.ctx.view(self.sig, x.shape[0]))
+
+    def _capturing(self) -> bool:
+        """A CUDA graph being captured holds the deltas whatever this step's rows (replays of
+        it may have rows on adapters)."""
+        return self.ctx.always and torch.cuda.is_current_stream_capturing()
 
     def _cols(self, t: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
         return t if self.whole else t[:, lo:hi]

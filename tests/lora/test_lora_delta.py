@@ -70,8 +70,10 @@ def test_delta_matches_the_reference_per_row(always, rows):
     torch.testing.assert_close(stacked, torch.cat(got, dim=1), rtol=1e-5, atol=1e-5)
 
 
-def test_no_adapter_in_the_step_skips_on_cpu():
+@pytest.mark.parametrize("always", [False, True])
+def test_no_adapter_in_the_step_skips_outside_a_capture(always):
     ctx = LoraContext(2, torch.device("cpu"))
+    ctx.always = always  # (CUDA's mode: only a graph capture keeps the deltas)
     d = LoraDelta(ctx, [_part(_pairs(16, 1))])
     ctx.set_rows([((), 4)])
     y = torch.randn(4, 16)

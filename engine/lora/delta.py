@@ -123,7 +123,8 @@ class LoraDelta:
     def _capturing(self) -> bool:
         """A CUDA graph being captured holds the deltas whatever this step's rows (replays of
         it may have rows on adapters)."""
-        return self.ctx.always and torch.cuda.is_current_stream_capturing()
+        ctx = self.ctx
+        return ctx.always and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
     def _cols(self, t: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
         return t if self.whole else t[:, lo:hi]

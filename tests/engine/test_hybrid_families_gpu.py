@@ -18,6 +18,7 @@ from localllm.engine.loader import build_model
 from localllm.engine.runtime.kv_cache import PagedKVCache
 from localllm.engine.runtime.recurrent_state import attach_states
 from tests.engine.family_goldens import assert_greedy_matches, golden, golden_logits, path
+from tests.engine.near_ties import assert_same_or_near_tie
 
 pytestmark = [
     pytest.mark.gpu,
@@ -83,8 +84,11 @@ def test_gpu_engine_greedy_batch_forks_and_preemption(name):
                                                       ignore_eos=True))[0]  # fmt: skip
         per_block = llm.engine.kv_plan.bytes_per_block
     assert_greedy_matches(name, together[0], NEAR_TIE)
-    assert together == alone
-    assert [list(c.token_ids) for c in forks.outputs] == [alone[0], alone[0]]
+    # the device's kernels differ with the batch's rows (GEMV against GEMM): equal, or parted at
+    # a near-tie of the precise CPU reference
+    assert_same_or_near_tie(path(name), prompts, together, alone)
+    fork_tokens = [list(c.token_ids) for c in forks.outputs]
+    assert_same_or_near_tie(path(name), [prompt] * 2, fork_tokens, [alone[0]] * 2)
     # 7 blocks of 16 for four sequences growing past 48 tokens: some are preempted, give back
     # their state slots and recompute their state when they resume
     with _llm(name) as llm:
@@ -92,7 +96,7 @@ def test_gpu_engine_greedy_batch_forks_and_preemption(name):
     with _llm(name, kv_cache_memory=7 * per_block) as small:
         got = _tokens(small.generate(prompts, _greedy(20)))
         assert small.engine.scheduler.num_preemptions > 0
-    assert got == alone
+    assert_same_or_near_tie(path(name), prompts, got, alone)
 
 
 @pytest.mark.parametrize(

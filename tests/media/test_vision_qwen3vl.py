@@ -158,3 +158,18 @@ def test_chunked_prefill_keeps_the_tokens(name, family):
     finally:
         vp.close()
         eng.close()
+
+
+def test_an_odd_frame_count_pads_the_last_temporal_patch(vision):
+    """5 sampled frames: the last temporal patch repeats the last frame, and its time is that
+    frame's (transformers' `_calculate_timestamps` on the same indices)."""
+    from transformers import Qwen3VLProcessor
+
+    from localllm.media.vision.video import decode_video
+
+    v = decode_video((DATA / "clip.mp4").read_bytes(), sampler=lambda n, f, lim: [0, 2, 3, 5, 7])
+    pixels, grid = vision.processor.preprocess_video(v)
+    want = Qwen3VLProcessor._calculate_timestamps(None, list(v.indices), v.fps, 2)
+    assert grid.t == 3 and list(grid.stamps) == want
+    per_patch = pixels.reshape(3, grid.h * grid.w, 3, 2, -1)  # (C, T, p*p) per patch
+    np.testing.assert_array_equal(per_patch[2, :, :, 0], per_patch[2, :, :, 1])

@@ -7,19 +7,29 @@ A step then adds, for all rows at once,
 
     delta = ((x @ A_all.T) * W) @ B.T        W [T, R]: row t's factor for the adapter of column r
 
-so a batch whose rows use different adapters (or several each, or none) is three matmul-sized ops
-per module whatever the mix, with no data-dependent shapes: CUDA graphs capture it once. A row
-that does not use an adapter multiplies that adapter's columns by exactly 0, so its output is the
-one it has alone. A step with no row on an adapter skips the deltas (the base alone, exactly),
-except while a CUDA graph is captured: the graph holds them for every replay (W is then all 0
-for the rows on no adapter).
+so a batch whose rows use different adapters (or several each, or none) is the same few ops per
+module whatever the mix, with no data-dependent shapes: CUDA graphs capture it once. A row that
+does not use an adapter multiplies that adapter's columns by exactly 0, so its output is the one
+it has alone. A step with no row on an adapter skips the deltas (the base alone, exactly); the
+CUDA graphs key their captures by that (`LoraContext.active`), so a graph of such steps holds no
+LoRA work at all. On CUDA, up to `triton_lora.MAX_ROWS` rows run the two triton kernels of
+`kernels.fused.triton_lora` per module (shrink, expand into every part) on float16 weights;
+longer steps (prompts) and CPU run the torch ops below.
 `reference_delta` is the plain per-adapter formula the tests compare with.
 """
 
+import logging
+
 import torch
+
+from localllm.kernels.fused.lora_delta import LoraPart
+
+log = logging.getLogger(__name__)
 
 # rows W holds; the runner's largest step (prompt graphs pad to 2,048) is below it on CUDA
 MIN_ROWS = 2048
+CUDA_DTYPE = torch.float16  # adapter weights on CUDA: half the bytes a decode step reads
+KERNELS = True  # the triton kernels on CUDA (False: the torch ops; an A/B switch for benches)
 
 
 class LoraContext:
@@ -28,7 +38,7 @@ class LoraContext:
     def __init__(self, n_slots: int, device: torch.device, rows: int = MIN_ROWS):
         self.n_slots = n_slots
         self.device = device
-        self.always = device.type == "cuda"  # graphs: the deltas are in every captured step
+        self.always = device.type == "cuda"  # graphs: W's rows are fixed once captured
         self.rows = max(rows, MIN_ROWS)
         self.w = torch.zeros(self.rows, n_slots, device=device)
         self._cols: list[torch.Tensor] = []  # per signature: column -> slot index [R]
@@ -100,15 +110,19 @@ class LoraDelta:
         """parts: per output part, (A [R_p, in], B [out_p, R_p], slot of each of the R_p
         columns); R_p may be 0 (a part no adapter targets)."""
         self.ctx = ctx
-        # stored transposed and contiguous: each step is mm, mul_ and one addmm per part
-        self.a_t = torch.cat([a for a, _, _ in parts]).T.contiguous()
+        cuda = ctx.device.type == "cuda"
+        dtype = CUDA_DTYPE if cuda else torch.float32
+        self.a = torch.cat([a for a, _, _ in parts]).to(dtype).contiguous()  # [R, in]
+        # the torch path: one mm, mul_ and one addmm per part (CPU: A.T contiguous is faster)
+        self.a_t = self.a.T if cuda else self.a.T.contiguous()
         self.sig = ctx.signature([s for _, _, cols in parts for s in cols])
         self.b: list[tuple[int, int, int, torch.Tensor]] = []  # (part, first col, last col, B.T)
         first = 0
         for i, (a, b, _) in enumerate(parts):
             if a.shape[0]:
-                self.b.append((i, first, first + a.shape[0], b.T.contiguous()))
+                self.b.append((i, first, first + a.shape[0], b.T.to(dtype).contiguous()))
             first += a.shape[0]
+        self.kparts = [LoraPart(lo, hi, b_t) for _, lo, hi, b_t in self.b]
         self.whole = len(self.b) == 1 and first == self.b[0][2] - self.b[0][1]
         self.offsets = [0]
         for _, b, _ in parts:
@@ -116,42 +130,63 @@ class LoraDelta:
 
     def _low(self, x: torch.Tensor) -> torch.Tensor | None:
         """(x @ A_all.T) * W for this step's rows, or None when no adapter is in use."""
-        if not self.ctx.active and not self._capturing():
+        if not self.ctx.active:
             return None
         return torch.mm(x.to(self.a_t.dtype), self.a_t).mul_(self.ctx.view(self.sig, x.shape[0]))
 
-    def _capturing(self) -> bool:
-        """A CUDA graph being captured holds the deltas whatever this step's rows (replays of
-        it may have rows on adapters)."""
-        ctx = self.ctx
-        return ctx.always and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+    def _kernels(self, x: torch.Tensor, ys: list[torch.Tensor]) -> bool:
+        """ys[p] += part p's delta by the triton kernels, in place; False where they do not
+        take this call (CPU, long steps) and the torch ops must run."""
+        global KERNELS
+        if not (KERNELS and x.is_cuda):
+            return False
+        from localllm.kernels.fused import triton_lora
+
+        if not triton_lora.usable(x, self.kparts, ys):
+            return False
+        try:
+            triton_lora.shrink_expand(x, self.a, self.ctx.buffers[self.sig], self.kparts, ys)
+        except Exception as e:  # a compile failure: the torch ops from now on, said once
+            if torch.cuda.is_current_stream_capturing():
+                raise
+            KERNELS = False
+            log.warning("LoRA triton kernels failed, torch ops from now on: %s", e)
+            return False
+        return True
 
     def _cols(self, t: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
         return t if self.whole else t[:, lo:hi]
 
     def add(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """y [T, out] of a single linear plus its delta."""
-        t = self._low(x)
-        if t is None:
+        if not self.ctx.active:
             return y
+        if self._kernels(x, [y]):
+            return y
+        t = self._low(x)
         _, lo, hi, b_t = self.b[0]
         return _addmm(y, self._cols(t, lo, hi), b_t)
 
     def add_parts(self, x: torch.Tensor, outs: list[torch.Tensor]) -> list[torch.Tensor]:
         """Each part's output [T, out_p] plus its delta."""
-        t = self._low(x)
-        if t is None:
+        if not self.ctx.active:
             return outs
         outs = list(outs)
+        if self._kernels(x, [outs[i] for i, _, _, _ in self.b]):
+            return outs
+        t = self._low(x)
         for i, lo, hi, b_t in self.b:
             outs[i] = _addmm(outs[i], self._cols(t, lo, hi), b_t)
         return outs
 
     def add_stacked(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """The parts' outputs side by side [T, sum out_p] plus their deltas (in place)."""
-        t = self._low(x)
-        if t is None:
+        if not self.ctx.active:
             return y
+        views = [y[:, self.offsets[i] : self.offsets[i + 1]] for i, _, _, _ in self.b]
+        if self._kernels(x, views):
+            return y
+        t = self._low(x)
         for i, lo, hi, b_t in self.b:
             part = y[:, self.offsets[i] : self.offsets[i + 1]]
             if part.dtype == b_t.dtype:

@@ -74,15 +74,16 @@ class DecodeGraphs:
         self.pool = None
         self._mapped = [b for b in moe_blocks(model) if b.mapped is not None]
 
-    def key(self, batch: int, blocks: int) -> tuple[int, int] | None:
-        """The graph shape for `batch` sequences of at most `blocks` blocks (None: run eager)."""
+    def key(self, batch: int, blocks: int) -> tuple[int, ...] | None:
+        """The graph shape for `batch` sequences of at most `blocks` blocks (None: run eager);
+        with LoRA adapters loaded, whether a row of the step is on one (else no LoRA work)."""
         if self.failed is not None or batch > self.batch_sizes[-1] or batch < 1:
             return None
         b = next(s for s in self.batch_sizes if s >= batch)
         width = MIN_BLOCKS
         while width < blocks:
             width *= 2
-        return b, width
+        return (b, width, *lora_key(self.model))
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         """The decode forward from a static input [B, COLS + blocks] -> float32 logits [B, vocab]
@@ -179,6 +180,13 @@ class DecodeGraphs:
                 b.breaks = None
         torch.cuda.current_stream(self.kv.device).wait_stream(side)
         g.graph = chain
+
+
+def lora_key(model: nn.Module) -> tuple[bool, ...]:
+    """() without LoRA adapters, else (a row of this step is on one,): captures of steps on no
+    adapter leave the adapters' kernels out (`engine.lora.delta`)."""
+    lora = getattr(model, "lora", None)
+    return () if lora is None else (bool(lora.active),)
 
 
 def capture_first(owner, key, g) -> bool:

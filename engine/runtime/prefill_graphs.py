@@ -17,7 +17,7 @@ from torch import nn
 
 from localllm.engine.core.batch import BatchMeta
 from localllm.engine.moe.block import graph_safe, moe_blocks
-from localllm.engine.runtime.cuda_graphs import capture_first, warm_up
+from localllm.engine.runtime.cuda_graphs import capture_first, lora_key, warm_up
 from localllm.engine.runtime.kv_cache import PagedKVCache
 
 # ~1.5x apart: padding costs at most a third of a bucket's device time
@@ -48,7 +48,7 @@ class PrefillGraphs:
         dev = kv.device
         self.table = torch.zeros(max_blocks, dtype=torch.long, device=dev)  # static, shared
         self.ctx = torch.zeros(2, dtype=torch.long, device=dev)  # first position, length after
-        self.graphs: dict[int, _Graph] = {}
+        self.graphs: dict = {}  # padded length (and LoRA on, `lora_key`) -> graph
         self.pool = pool  # a graph memory pool shared with the decode graphs (or None: own)
         self.failed: str | None = None  # why capture failed (then every prompt runs eager)
         # causal decoders only (padding must stay out of real rows); resident experts only (host
@@ -99,12 +99,14 @@ class PrefillGraphs:
         p = self.bucket(n)
         if p is None or len(table) > self.table.shape[0]:
             return None
-        g = self.graphs.get(p)
+        on = lora_key(self.model)  # LoRA: steps on no adapter replay a capture without them
+        key = (p, *on) if on else p
+        g = self.graphs.get(key)
         first = g is None
         if first:
             g = _Graph(torch.zeros(3, p, dtype=torch.long, device=self.kv.device), None, None)
         self.fill(g.inputs, ids, slots, start, table)
-        if first and not capture_first(self, p, g):
+        if first and not capture_first(self, key, g):
             return None
         g.graph.replay()
         return g.hidden[:n]

@@ -1,0 +1,34 @@
+"""The unmerged LoRA delta of one (fused) linear as the kernels compute it: shrink all adapters'
+stacked A at once, scale each column by its row's adapter factor, expand into each output part
+(the torch reference of `triton_lora`, and the layout both take).
+
+    t = (x @ A_all.T) * W            x [T, in], A_all [R, in], W [T, R]: row t's factor per column
+    y_p += t[:, lo_p:hi_p] @ Bt_p    Bt_p [hi_p - lo_p, out_p]: part p's B.T (times its scaling)
+
+One part per output of the linear (q, k, v of a fused attention input; gate, up; or one). A part
+whose columns no adapter has is left out by the caller.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True, slots=True)
+class LoraPart:
+    """One output part: its columns lo..hi of the stacked A and its B.T [hi - lo, out]."""
+
+    lo: int
+    hi: int
+    b_t: torch.Tensor
+
+
+def shrink_expand_reference(
+    x: torch.Tensor, a: torch.Tensor, w: torch.Tensor, parts: list[LoraPart],
+    ys: list[torch.Tensor],
+) -> None:  # fmt: skip
+    """ys[p] += the delta of part p, in place, computed in float32 (x [T, in], a [R, in], w: at
+    least T rows [., R])."""
+    t = (x.float() @ a.float().T) * w[: x.shape[0]].float()
+    for part, y in zip(parts, ys, strict=True):
+        y += (t[:, part.lo : part.hi] @ part.b_t.float()).to(y.dtype)

@@ -20,6 +20,10 @@ from localllm.kernels.quant.types import QuantType
 
 F16_SAFE = 30000.0  # stay well inside fp16's 65504 for activations and outputs
 _NATIVE = {QuantType.F16: torch.float16, QuantType.BF16: torch.bfloat16}
+# Weights up to this size are widened whole for a prompt-sized call (64 MiB of fp32 scratch):
+# per-tile GEMMs and their strided output copies cost ~2x at T = 1024 (Zen 4, 2 threads;
+# tests/perf/results/vision.md); larger weights (output heads) keep the bounded row tiles.
+WHOLE_FP32_ELEMENTS = 1 << 24
 
 
 def _flat(x: torch.Tensor) -> torch.Tensor:
@@ -82,6 +86,8 @@ class DenseHalfLinear:
     def matmul_fp32_tiles(self, x: torch.Tensor) -> torch.Tensor:
         n, k = self.shape
         x = x.float()
+        if n * k <= WHOLE_FP32_ELEMENTS:  # one GEMM: ~2x faster than tiles at T >= 1024
+            return F.linear(x, self.w.float())
         out = torch.empty(x.shape[0], n, dtype=torch.float32, device=x.device)
         for r0, r1 in row_tiles(n, k):
             out[:, r0:r1] = F.linear(x, self.w[r0:r1].float())

@@ -13,7 +13,7 @@ from localllm.engine.core.batch import BatchMeta
 from localllm.engine.gguf import open_gguf
 from localllm.engine.llm import LLM
 from localllm.engine.loader import build_model
-from localllm.engine.lora import LoraSpec, attach_adapters
+from localllm.engine.lora import LoraSpec, attach_adapters, delta
 from localllm.engine.runtime.kv_cache import PagedKVCache
 from localllm.engine.sampling.params import SamplingParams
 from tests.lora.lora_refs import HF, LORA, TIE, ids, our_logits
@@ -69,6 +69,8 @@ def test_greedy_and_mixed_batches_on_cuda():
         alone = [llm.generate([prompt], p)[0] for p in params]
         graphs = llm.engine.runner.graphs
         assert graphs is not None and graphs.graphs  # decode steps replayed captured graphs
+        # steps with no row on an adapter replay their own captures (no LoRA kernels in them)
+        assert {k[-1] for k in graphs.graphs} == {False, True}, list(graphs.graphs)
     with LLM(str(HF / "llama.gguf"), precise=True, kv_cache_dtype="f32", lora=SPECS) as cpu:
         want = [list(o.outputs[0].token_ids) for o in cpu.generate([prompt] * 4, params)]
     tokens = [list(o.outputs[0].token_ids) for o in alone]
@@ -78,3 +80,29 @@ def test_greedy_and_mixed_batches_on_cuda():
         for c, t, o, w in zip(CHOICES, tokens, together, want, strict=True):
             _near_tie(ref, prompt, c, t, w)  # alone on CUDA against the CPU reference
             _near_tie(ref, prompt, c, list(o.outputs[0].token_ids), t)  # mixed against alone
+
+
+@torch.inference_mode()
+def test_kernels_equal_the_torch_ops(monkeypatch):
+    """A 5-row step with rows on different adapters (and one on none): the triton kernels
+    (shrink, expand into q/k/v, gate/up, ...) give the torch ops' logits."""
+    model = _build("llama.gguf", SPECS, "cuda")
+    tokens = ids(5, seed=3)
+    model.lora.set_rows([(c, 1) for c in CHOICES] + [(CHOICES[0], 1)])
+
+    def run():
+        layers, kvh, hd = model.kv_shape()
+        kv = PagedKVCache(layers, 1, 16, kvh, hd, "f16", "cuda")
+        b = BatchMeta.contiguous(5, 5, 16)
+        b = dataclasses.replace(b, slot_mapping=b.slot_mapping.to("cuda"))
+        h = model(torch.tensor(tokens, device="cuda"), torch.arange(5, device="cuda"), b, kv)
+        return model.logits(h).float().cpu()
+
+    got = run()
+    assert delta.KERNELS  # not switched off by a kernel failure (then both runs are torch ops)
+    monkeypatch.setattr(delta, "KERNELS", False)
+    want = run()
+    assert (got - want).abs().max().item() < GPU_TOL
+    model.lora.set_rows([((), 5)])
+    base = run()
+    assert (got - base).abs().max().item() > 10 * GPU_TOL  # the adapters really act

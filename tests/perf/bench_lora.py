@@ -24,12 +24,21 @@ import statistics
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
 TARGETS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 # case -> (adapters loaded, their scale): "4 at scale 0" are hung on but no row uses them
 CASES = {"base": (0, 1.0), "1 adapter": (1, 1.0), "4 adapters": (4, 1.0), "4 at scale 0": (4, 0.0)}
+# `ab` only: the same adapters through the torch ops instead of the CUDA kernels (the A/B of
+# engine/lora/delta.py's KERNELS switch; on CPU the two are the same path)
+TORCH_CASES = {"1 adapter, torch ops": (1, 1.0)}
+# `localllm bench` with the LoRA kernels switched off, in its own process
+TORCH_OPS = (
+    "import runpy, sys; import localllm.engine.lora.delta as d; d.KERNELS = False; "
+    "sys.argv[0] = 'localllm'; runpy.run_module('localllm.app', run_name='__main__')"
+)
 
 
 def make(a) -> None:
@@ -68,13 +77,14 @@ def _adapters(a, n: int) -> list[str]:
 
 
 def ab(a) -> None:
-    rows: dict[str, list[float]] = {c: [] for c in CASES}
+    cases = {**CASES, **(TORCH_CASES if a.device != "cpu" else {})}
+    rows: dict[str, list[float]] = {c: [] for c in cases}
     for r in range(a.rounds):
-        for case, (n, scale) in CASES.items():
+        for case, (n, scale) in cases.items():
+            run = ["-c", TORCH_OPS] if case in TORCH_CASES else ["-m", "localllm.app"]
             cmd = [
                 sys.executable,
-                "-m",
-                "localllm.app",
+                *run,
                 "bench",
                 "-m",
                 a.model,
@@ -171,7 +181,9 @@ def llamacpp(a) -> None:
         ]
         for p in _adapters(a, n):
             cmd += ["--lora-scaled", f"{p}:{scale}"]
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        log = Path(a.log_dir) / f"llama-server-{case.replace(' ', '-')}.log" if a.log_dir else None
+        sink = open(log, "w") if log else subprocess.DEVNULL  # noqa: SIM115 (closed below)
+        proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT)
         try:
             url = f"http://127.0.0.1:{a.port}"
             for _ in range(600):
@@ -189,20 +201,29 @@ def llamacpp(a) -> None:
                     "ignore_eos": True,
                     "cache_prompt": False,
                 }
+                if n:  # llama-server's per-request adapters, as `--lora-scaled` set them
+                    body["lora"] = [{"id": i, "scale": scale} for i in range(n)]
                 req = urllib.request.Request(
                     f"{url}/completion",
                     json.dumps(body).encode(),
                     {"Content-Type": "application/json"},
                 )
-                with urllib.request.urlopen(req, timeout=300) as r:
-                    speeds.append(json.loads(r.read())["timings"]["predicted_per_second"])
-            print(
-                f"| llama-server {case} | {statistics.median(speeds[1:]):.2f} | "
-                f"{min(speeds[1:]):.2f}-{max(speeds[1:]):.2f} |"
-            )
+                try:
+                    with urllib.request.urlopen(req, timeout=300) as r:
+                        speeds.append(json.loads(r.read())["timings"]["predicted_per_second"])
+                except urllib.error.HTTPError as e:  # the server's own words, then the next case
+                    print(f"| llama-server {case} | HTTP {e.code}: {e.read()[:300]!r} | |")
+                    break
+            else:
+                print(
+                    f"| llama-server {case} | {statistics.median(speeds[1:]):.2f} | "
+                    f"{min(speeds[1:]):.2f}-{max(speeds[1:]):.2f} |"
+                )
         finally:
             proc.terminate()
             proc.wait(30)
+            if log:
+                sink.close()
 
 
 def main() -> None:
@@ -224,6 +245,7 @@ def main() -> None:
         s.add_argument("--device", default="cpu")
         s.add_argument("--server", default=".llb/bin/llama-server")
         s.add_argument("--port", type=int, default=8391)
+        s.add_argument("--log-dir", default=None, help="llama-server's output per case (llamacpp)")
     a = ap.parse_args()
     {"make": make, "ab": ab, "delta": delta, "llamacpp": llamacpp}[a.cmd](a)
 

@@ -27,6 +27,7 @@ SUPPORTED = (
     "glm4moe",
     "qwen3next",
     "lfm2",
+    "lfm2moe",
     "granitehybrid",
 )
 

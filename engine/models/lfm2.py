@@ -139,10 +139,11 @@ class Block(nn.Module):
 
 class Model(Decoder):
     tensor_aliases = {**Decoder.tensor_aliases, "token_embd_norm": "output_norm"}  # noqa: RUF012
+    block_cls = Block  # lfm2moe reuses this model with its own block
 
     def __init__(self, args: ModelArgs, precise: bool = False):
         kv_index = {layer: j for j, layer in enumerate(args.attn_layers)}
-        blocks = [Block(args, i, kv_index.get(i), precise) for i in range(args.n_layers)]
+        blocks = [self.block_cls(args, i, kv_index.get(i), precise) for i in range(args.n_layers)]
         super().__init__(args, blocks, precise)
 
     def kv_shape(self) -> tuple[int, int, int]:

@@ -16,7 +16,7 @@ def _bench(capsys, name: str, *flags: str) -> list[dict]:
     return json.loads(capsys.readouterr().out)
 
 
-@pytest.mark.parametrize("name", ["lfm2", "granitehybrid", "granitehybrid_dense"])
+@pytest.mark.parametrize("name", ["lfm2", "lfm2moe", "granitehybrid", "granitehybrid_dense"])
 def test_bench_runs(name, capsys):
     rows = _bench(capsys, name)
     assert [(r["n_prompt"], r["n_gen"]) for r in rows] == [(16, 0), (0, 4)]

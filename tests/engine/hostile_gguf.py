@@ -38,10 +38,13 @@ FAMILIES = (
     "gemma2",
     "glm4moe",
     "lfm2",
+    "lfm2moe",
     "granitehybrid",
     "qwen3next",
 )
-CONVERTED = ("smollm3", "olmo2", "gemma2", "glm4moe", "lfm2", "granitehybrid", "qwen3next")
+CONVERTED = (
+    "smollm3", "olmo2", "gemma2", "glm4moe", "lfm2", "lfm2moe", "granitehybrid", "qwen3next",
+)  # fmt: skip
 DELETE = object()  # a `write_variant` value that removes the key
 TOKENS = "tokenizer.ggml.tokens"
 

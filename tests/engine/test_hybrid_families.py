@@ -22,6 +22,7 @@ from localllm.engine.generator import Generator
 from localllm.engine.gguf import open_gguf
 from localllm.engine.llm import LLM
 from localllm.engine.loader import build_model
+from localllm.engine.moe.block import MoEFeedForward
 from localllm.engine.runtime.kv_cache import PagedKVCache
 from localllm.engine.runtime.recurrent_state import attach_states
 from localllm.engine.sampling.params import SamplingParams
@@ -34,7 +35,7 @@ from tests.engine.family_goldens import (
     sequence,
 )
 
-NAMES = ["lfm2", "granitehybrid", "granitehybrid_dense"]
+NAMES = ["lfm2", "lfm2moe", "granitehybrid", "granitehybrid_dense"]
 LOGIT_TOL = 1e-4  # fp32 vs fp32, other summation orders (measured: lfm2 1.1e-6, granite 3.3e-5)
 FAST_TOL = 1e-2  # default CPU kernels
 TIE = 1e-3  # precise path: a greedy step may differ only where transformers' top two are this close
@@ -81,6 +82,26 @@ def test_layouts(models):
         want = {"conv": (3, 96), "ssm": (4, 16, 8)}
         assert m.state_shapes() == {i: want for i in (0, 1, 3)}
     assert models["granitehybrid"][1].blk[0].mlp.shexp is not None
+    moe = models["lfm2moe"][1]
+    assert moe.state_shapes() == lfm2.state_shapes()
+    assert not isinstance(moe.blk[0].mlp, MoEFeedForward)  # the one leading dense layer
+    r = moe.blk[1].mlp.routing
+    assert r.scoring == "sigmoid" and r.probs_bias and moe.blk[1].mlp.n_used == 2
+
+
+@torch.inference_mode()
+def test_lfm2moe_choice_bias_matters(models):
+    """The learned choice bias (`exp_probs_b`) moves the logits far past the tolerance: a model
+    that ignored it could not match transformers."""
+    model = models["lfm2moe"][1]
+    moe = model.blk[1].mlp
+    bias = moe.exp_probs_b.value
+    moe.exp_probs_b.value = torch.zeros_like(bias)
+    try:
+        got = full_logits(model, sequence("lfm2moe"))
+        assert max_err(got, golden_logits("lfm2moe")) > 100 * LOGIT_TOL
+    finally:
+        moe.exp_probs_b.value = bias
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -299,18 +320,19 @@ def test_tokenizer_and_chat_template_match_transformers(name):
         assert tok.encode(text, add_special=False, parse_special=True) == r["ids"], (name, case)
 
 
+@pytest.mark.parametrize("name", ["granitehybrid", "lfm2moe"])
 @pytest.mark.parametrize("residency", ["disk", "host"])
-def test_granite_experts_on_disk_or_host_match_resident(residency):
+def test_experts_on_disk_or_host_match_resident(name, residency):
     """`--experts disk` (streamed through 2 slots) and `--cpu-moe`'s host tier run the shared
     MoE block: the resident run's tokens."""
     from localllm.offload.residency import resolve
 
     layer = {"experts": "disk", "streaming": {"slots": 2}} if residency == "disk" else {}
     layer |= {"cpu_moe": True} if residency == "host" else {}
-    prompt = golden("granitehybrid")["prompt"]["ids"]
+    prompt = golden(name)["prompt"]["ids"]
     runs = []
     for plan in (None, resolve([("test", layer)])):
-        with _llm("granitehybrid", residency=plan) as llm:
+        with _llm(name, residency=plan) as llm:
             runs.append(_tokens(llm.generate([prompt], _greedy(12)))[0])
     assert runs[0] == runs[1]
 

@@ -24,7 +24,7 @@ pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
 ]
-NAMES = ["lfm2", "granitehybrid", "granitehybrid_dense"]
+NAMES = ["lfm2", "lfm2moe", "granitehybrid", "granitehybrid_dense"]
 # default CUDA kernels, f16 KV, against fp32. Wider than the KV-only families' 0.02: Granite's
 # scales and the SSM's exponentials amplify activations rounded to half precision (the CPU's
 # default kernels, whose few-row GEMVs round them to f16, are 0.15 off on its decode rows)

@@ -121,6 +121,42 @@ FAMILIES: dict[str, Family] = {
         },
         renders=_RENDERS,
     ),
+    # LFM2-8B-A1B's shape: layer 0 dense, the others 8 experts (top 2) with sigmoid routing
+    # and a learned choice bias
+    "lfm2moe": Family(
+        "Lfm2MoeConfig",
+        "Lfm2MoeForCausalLM",
+        {
+            "hidden_size": 32,
+            "intermediate_size": 32,
+            "moe_intermediate_size": 16,
+            "num_hidden_layers": 4,
+            "layer_types": ["conv", "conv", "full_attention", "conv"],
+            "num_dense_layers": 1,
+            "num_experts": 8,
+            "num_experts_per_tok": 2,
+            "use_expert_bias": True,
+            "norm_topk_prob": True,
+            "routed_scaling_factor": 1.0,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "conv_L_cache": 3,
+            "conv_bias": False,
+            "norm_eps": 1e-5,
+            "rope_theta": 1e6,
+            "max_position_embeddings": 2048,
+            "tie_word_embeddings": True,
+        },
+        "LFM2-8B-A1B.jinja",
+        pre="lfm2",
+        added=_LFM2_TOKENS,
+        special={
+            "bos_token": "<|startoftext|>",
+            "eos_token": "<|im_end|>",
+            "pad_token": "<|pad|>",
+        },
+        renders=_RENDERS,
+    ),
     "granitehybrid": Family(
         "GraniteMoeHybridConfig",
         "GraniteMoeHybridForCausalLM",
@@ -160,13 +196,16 @@ _plain_randomize = rff.randomize
 def randomize(model, family: Family) -> None:
     """`record_family_fixtures.randomize`, then Mamba-2's own: A_log = log(U(0.02, 0.5)) (decay
     exp(-dt e^A_log) of ~0.6-0.99 a token: the state remembers across a prompt and its chunks);
-    rounded to float16 again."""
+    LFM2-MoE's expert choice bias N(0, 0.2^2); rounded to float16 again."""
     _plain_randomize(model, family)
     g = torch.Generator().manual_seed(rff.SEED + 2)
     for name, p in model.named_parameters():
         if name.endswith("A_log"):
             p.copy_(torch.log(0.02 + 0.48 * torch.rand(p.shape, generator=g)))
             p.copy_(p.half().float())
+    for name, b in model.named_buffers():
+        if name.endswith("expert_bias"):  # LFM2-MoE's learned choice bias (a buffer, zeros)
+            b.copy_((0.2 * torch.randn(b.shape, generator=g)).half().float())
 
 
 _plain_tokenizer = rff.build_tokenizer

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "families"
-NAMES = ["lfm2", "granitehybrid", "granitehybrid_dense"]
+NAMES = ["lfm2", "lfm2moe", "granitehybrid", "granitehybrid_dense"]
 
 PROGRAM = r"""
 #include "llama.h"

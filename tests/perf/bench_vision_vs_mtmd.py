@@ -1,0 +1,201 @@
+"""Image encode time and image-prompt time to first token: localllm next to llama.cpp's
+`llama-mtmd-cli` on the same GGUF pair and image. Not a test.
+
+Rounds alternate in one process tree (so both see the same machine load):
+1. ours, encode: `VisionPipeline.prepare` (PNG decode + the family's preprocessing) and
+   `VisionPipeline.encode` (tower + projector), each timed;
+2. one `llama-mtmd-cli` run (`-n 1 --temp 0 -t T`, `-ngl 99` on CUDA), its stderr parsed: the
+   sum of "image slice encoded in X ms" / "mtmd batch encoding done in X ms" (its encode:
+   tower + projector, preprocessing not logged), the sum of "image decoded (batch i/n) in Y ms"
+   (the image embeddings through the text model) and llama_perf's "prompt eval time" (every
+   prompt token: text and image); its time to first token is encode + prompt eval;
+3. ours, time to first token: prepare + chat prompt + `LLMEngine.add_request` until the first
+   token comes (the tower runs at prefill), with a fresh content hash each round so neither the
+   encoder cache nor the prefix cache serves it.
+Prints the best (and median) of each column as Markdown rows for tests/perf/results/vision.md,
+plus CPU seconds (user + system, all threads) of our encode and of each whole llama-mtmd-cli
+process, which a busy machine disturbs less than wall time.
+
+    python tests/perf/make_synthetic_vlm.py -o /tmp/vlm
+    python tests/perf/bench_vision_vs_mtmd.py --text /tmp/vlm/smolvlm-500m-text.gguf \
+        --mmproj /tmp/vlm/smolvlm-500m-mmproj.gguf --llama-bin /work/llama-cpu/build/bin \
+        --threads 2 --rounds 3 [--image X.png | --side 512] [--device cuda]
+"""
+
+import argparse
+import dataclasses
+import json
+import os
+import re
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+PROMPT = "Describe this image."
+_ENCODE = re.compile(r"(?:slice encoded in|mtmd batch encoding done in) (\d+) ms")
+_DECODE = re.compile(r"image decoded \(batch \d+/\d+\) in (\d+) ms")
+_PROMPT_EVAL = re.compile(r"prompt eval time =\s*([\d.]+) ms /\s*(\d+) tokens")
+
+
+def make_image(side: int, path: Path) -> Path:
+    """A deterministic photo-like PNG: colour gradients plus noise."""
+    rng = np.random.default_rng(0)
+    y, x = np.mgrid[0:side, 0:side]
+    img = np.stack([(x / 2) % 256, (y / 2) % 256, ((x + y) / 4) % 256], -1)
+    img = img + rng.integers(0, 32, (side, side, 3))
+    Image.fromarray(np.clip(img, 0, 255).astype(np.uint8)).save(path)
+    return path
+
+
+def parse_mtmd(stderr: str) -> dict:
+    """llama-mtmd-cli's own timings (ms) from its log."""
+    pe = _PROMPT_EVAL.findall(stderr)
+    if not pe:
+        raise RuntimeError("no 'prompt eval time' in llama-mtmd-cli's log:\n" + stderr[-2000:])
+    enc = [int(x) for x in _ENCODE.findall(stderr)]
+    return {
+        "encode_ms": float(sum(enc)),
+        "slices": len(enc),
+        "image_decode_ms": float(sum(int(x) for x in _DECODE.findall(stderr))),
+        "prompt_eval_ms": float(pe[-1][0]),
+        "prompt_tokens": int(pe[-1][1]),
+    }
+
+
+def run_mtmd(a, image: Path) -> dict:
+    cmd = [str(Path(a.llama_bin) / "llama-mtmd-cli"), "-m", a.text, "--mmproj", a.mmproj,
+           "--image", str(image), "-p", a.prompt, "-n", "1", "--temp", "0", "-t", str(a.threads),
+           "-c", str(a.ctx)]  # fmt: skip
+    cmd += ["-ngl", "99"] if a.device == "cuda" else ["-ngl", "0"]
+    libs = f"{a.llama_bin}:{os.environ.get('LD_LIBRARY_PATH', '')}"
+    env = {**os.environ, "LD_LIBRARY_PATH": libs}
+    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+    wall = time.perf_counter() - t0
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if p.returncode:
+        raise RuntimeError(f"llama-mtmd-cli failed ({p.returncode}):\n{p.stderr[-3000:]}")
+    out = parse_mtmd(p.stderr)
+    out["ttft_ms"] = out["encode_ms"] + out["prompt_eval_ms"]
+    out["process_s"] = wall
+    out["process_cpu_s"] = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
+    return out
+
+
+class Ours:
+    def __init__(self, a):
+        from localllm.engine import EngineArgs, LLMEngine
+        from localllm.media.vision.pipeline import VisionPipeline
+
+        torch.set_num_threads(a.threads)
+        args = EngineArgs(max_num_seqs=1, max_model_len=a.ctx, device=a.device,
+                          enable_prefix_caching=False)  # fmt: skip
+        self.engine = LLMEngine(a.text, args)
+        self.pipe = VisionPipeline(a.mmproj, self.engine)
+        self.prompt = a.prompt
+        self.cuda = a.device == "cuda"
+
+    def _sync(self):
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    def encode(self, data: bytes) -> dict:
+        c0, t0 = time.process_time(), time.perf_counter()
+        im = self.pipe.prepare(data)
+        t1 = time.perf_counter()
+        emb = self.pipe.encode(im)
+        self._sync()
+        t2 = time.perf_counter()
+        return {"preprocess_ms": 1e3 * (t1 - t0), "tower_ms": 1e3 * (t2 - t1),
+                "encode_ms": 1e3 * (t2 - t0), "encode_cpu_s": time.process_time() - c0,
+                "tiles": int(im.pixels.shape[0]), "tokens": int(emb.shape[0])}  # fmt: skip
+
+    def ttft(self, data: bytes, tag: str) -> dict:
+        from localllm.engine import SamplingParams
+
+        t0 = time.perf_counter()
+        im = self.pipe.prepare(data)
+        parts = [{"type": "image"}, {"type": "text", "text": self.prompt}]
+        turn = [{"role": "user", "content": parts}]
+        ids, mm = self.pipe.chat(self.engine, turn, [im])
+        mm = [dataclasses.replace(x, content_hash=f"{x.content_hash}#{tag}") for x in mm]
+        self.engine.add_request(tag, ids, SamplingParams(temperature=0, max_tokens=1), mm_inputs=mm)
+        first = None
+        while self.engine.has_unfinished_requests():
+            for out in self.engine.step():
+                if first is None and any(c.token_ids for c in out.outputs):
+                    self._sync()
+                    first = time.perf_counter()
+                if out.finished and out.error:
+                    raise RuntimeError(out.error)
+        return {"ttft_ms": 1e3 * (first - t0), "prompt_tokens": len(ids)}
+
+
+def _col(rows: list[dict], key: str) -> str:
+    xs = [r[key] for r in rows]
+    return f"{min(xs):.0f} (median {statistics.median(xs):.0f})"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--text", required=True, help="text model GGUF")
+    ap.add_argument("--mmproj", required=True)
+    ap.add_argument("--image", type=Path, default=None, help="PNG (default: a generated one)")
+    ap.add_argument("--side", type=int, default=512, help="the generated image's side, px")
+    ap.add_argument("--llama-bin", default=os.environ.get("LLAMA_BIN", "/work/llama-cpu/build/bin"))
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--ctx", type=int, default=4096)
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    ap.add_argument("--prompt", default=PROMPT)
+    ap.add_argument("--skip-llama", action="store_true", help="ours only")
+    ap.add_argument("--json", type=Path, default=None, help="write every round's figures here")
+    a = ap.parse_args(argv)
+    tmp = tempfile.TemporaryDirectory()
+    image = a.image or make_image(a.side, Path(tmp.name) / f"img{a.side}.png")
+    data = image.read_bytes()
+    load = os.getloadavg()[0]
+    t0 = time.perf_counter()
+    ours = Ours(a)
+    print(f"ours loaded in {time.perf_counter() - t0:.1f} s; load average {load:.1f}", flush=True)
+    ours.encode(data)  # warm-up (allocations, first-call kernel choices)
+    rows_enc, rows_ttft, rows_ll = [], [], []
+    for r in range(a.rounds):
+        rows_enc.append(ours.encode(data))
+        print("ours encode", json.dumps(rows_enc[-1]), flush=True)
+        if not a.skip_llama:
+            rows_ll.append(run_mtmd(a, image))
+            print("llama-mtmd-cli", json.dumps(rows_ll[-1]), flush=True)
+        rows_ttft.append(ours.ttft(data, f"round{r}"))
+        print("ours ttft", json.dumps(rows_ttft[-1]), flush=True)
+    e = rows_enc[0]
+    print(f"\n{image.name}: {e['tiles']} tiles, {e['tokens']} image tokens, "
+          f"prompt {rows_ttft[0]['prompt_tokens']} tokens; load average at start {load:.1f}, "
+          f"at end {os.getloadavg()[0]:.1f}; best (median) of {a.rounds} ms")  # fmt: skip
+    print("| | preprocess | tower + projector | encode total | prompt eval | TTFT | encode CPU s |")
+    print("|---|---|---|---|---|---|---|")
+    print(f"| localllm | {_col(rows_enc, 'preprocess_ms')} | {_col(rows_enc, 'tower_ms')} | "
+          f"{_col(rows_enc, 'encode_ms')} | - | {_col(rows_ttft, 'ttft_ms')} | "
+          f"{min(r['encode_cpu_s'] for r in rows_enc):.1f} |")  # fmt: skip
+    if rows_ll:
+        ll = rows_ll[0]
+        print(f"| llama-mtmd-cli | (not logged) | {_col(rows_ll, 'encode_ms')} | - | "
+              f"{_col(rows_ll, 'prompt_eval_ms')} ({ll['prompt_tokens']} tok; image part "
+              f"{_col(rows_ll, 'image_decode_ms')}) | {_col(rows_ll, 'ttft_ms')} | "
+              f"whole process {min(r['process_cpu_s'] for r in rows_ll):.1f} |")  # fmt: skip
+    if a.json:
+        a.json.write_text(json.dumps({"encode": rows_enc, "ttft": rows_ttft, "llama": rows_ll}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,8 +1,11 @@
 """Encode time of a Qwen2.5-VL-7B-shaped vision tower (random F16 weights, built in memory): one
 image of SIDE x SIDE pixels preprocessed as Qwen2VLImageProcessor does, then the tower + merger,
-best of R runs after a warm-up. Prints a Markdown row for tests/perf/results/vision.md.
+best of R runs after a warm-up. Prints a Markdown row for tests/perf/results/vision.md. `--hf`
+times transformers' `Qwen2_5_VisionTransformerPretrainedModel` of the same shape (float32, sdpa)
+on the same patches, alternating with ours; `--layers N` keeps the first N blocks (CPU runs).
 
     python tests/perf/bench_vision_qwen.py --device cuda --side 1024 -r 3
+    OMP_NUM_THREADS=2 python tests/perf/bench_vision_qwen.py --device cpu --side 448 --layers 8 --hf
 """
 
 import argparse
@@ -32,9 +35,9 @@ def f16(shape, device, scale=0.02) -> QuantWeight:
     return QuantWeight(t.view(torch.uint8), QuantType.F16, tuple(shape))
 
 
-def build(device) -> Model:
+def build(device, layers: int) -> Model:
     torch.manual_seed(0)
-    model = Model(ModelArgs(**SHAPE_7B))
+    model = Model(ModelArgs(**{**SHAPE_7B, "n_layers": layers}))
     for m in model.modules():
         if isinstance(m, QuantLinear):
             m.load_tensor("weight", f16((m.out_features, m.in_features), device))
@@ -54,32 +57,61 @@ def main() -> None:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--side", type=int, default=1024)
     ap.add_argument("-r", "--repeats", type=int, default=3)
+    ap.add_argument("--layers", type=int, default=SHAPE_7B["n_layers"])
+    ap.add_argument("--hf", action="store_true", help="transformers' tower too, alternating")
     args = ap.parse_args()
     dev = torch.device(args.device)
-    model = build(dev)
+    model = build(dev, args.layers)
     rng = np.random.default_rng(0)
     img = Image.fromarray(rng.integers(0, 256, (args.side, args.side, 3), dtype=np.uint8))
     proc = Processor(model.args)
     t0 = time.perf_counter()
     patches, grid = proc.preprocess(img)
     prep = time.perf_counter() - t0
-    x = torch.from_numpy(patches)
-    times = []
+    x = torch.from_numpy(patches).to(dev)
+    runs = {"ours": lambda: model(x, grid.thw)}
+    if args.hf:
+        hf = hf_tower(args.layers, dev)
+        thw = torch.tensor([grid.thw])
+        runs["transformers"] = lambda: hf(x, grid_thw=thw).pooler_output
+    times = {k: [] for k in runs}
     with torch.inference_mode():
         for _ in range(args.repeats + 1):
-            if dev.type == "cuda":
-                torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            out = model(x.to(dev), grid.thw)
-            if dev.type == "cuda":
-                torch.cuda.synchronize()
-            times.append(time.perf_counter() - t0)
+            for name, run in runs.items():  # alternating: the box's noise hits both
+                if dev.type == "cuda":
+                    torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                out = run()
+                if dev.type == "cuda":
+                    torch.cuda.synchronize()
+                times[name].append(time.perf_counter() - t0)
     peak = torch.cuda.max_memory_allocated() / 2**30 if dev.type == "cuda" else float("nan")
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
-    print("| device | image | patches | tokens | preprocess ms | encode ms (best) | peak GiB |")
-    print("|---|---|---|---|---|---|---|")
-    print(f"| {name} | {args.side}x{args.side} | {len(patches)} | {out.shape[0]} | "
-          f"{prep * 1e3:.1f} | {min(times[1:]) * 1e3:.1f} | {peak:.2f} |")  # fmt: skip
+    print("| device | image | blocks | patches | tokens | preprocess ms | tower | encode ms (best) "
+          "| peak GiB |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|")
+    for tower, ts in times.items():
+        print(f"| {name} | {args.side}x{args.side} | {args.layers} | {len(patches)} | "
+              f"{out.shape[0]} | {prep * 1e3:.1f} | {tower} | {min(ts[1:]) * 1e3:.1f} | "
+              f"{peak:.2f} |")  # fmt: skip
+
+
+def hf_tower(layers: int, device):
+    """transformers' Qwen2.5-VL vision tower of the same shape (random weights, float32)."""
+    from transformers.models.qwen2_5_vl.configuration_qwen2_5_vl import Qwen2_5_VLVisionConfig
+    from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import (
+        Qwen2_5_VisionTransformerPretrainedModel,
+    )
+
+    s = SHAPE_7B
+    full = [i for i in (7, 15, 23, 31) if i < layers] or [layers - 1]
+    cfg = Qwen2_5_VLVisionConfig(
+        depth=layers, hidden_size=s["dim"], intermediate_size=s["hidden_dim"],
+        num_heads=s["n_heads"], out_hidden_size=s["out_dim"], fullatt_block_indexes=full,
+        window_size=s["window"],
+    )  # fmt: skip
+    cfg._attn_implementation = "sdpa"
+    return Qwen2_5_VisionTransformerPretrainedModel(cfg).to(device).eval()
 
 
 if __name__ == "__main__":

@@ -2,9 +2,10 @@
 (`kernels/cpu/decode_step`): `NativeDecode.for_model` looks once whether a loaded model qualifies
 (llama or Gemma 3 blocks, dense gated MLPs, no biases, every linear on the native block kernels)
 and `__call__` runs a step when it does (each sequence's one new token, a float32 or float16
-paged cache, no row on a LoRA adapter), else answers None and the torch layers run. Steps of the
-same model give the same tokens either way (tests/kernels/test_cpu_decode_step.py); the
-per-layer work is the same, the ~20 dispatched torch ops per layer are gone.
+paged cache; LoRA adapters on q|k|v, o, gate|up and down through `kernels.cpu.decode_lora`), else
+answers None and the torch layers run. Steps of the same model give the same tokens either way
+(tests/kernels/test_cpu_decode_step.py, tests/lora/test_lora_native.py); the per-layer work is
+the same, the ~20 dispatched torch ops per layer are gone.
 """
 
 import dataclasses
@@ -14,7 +15,7 @@ from torch import nn
 
 from localllm.engine.core.batch import BatchMeta
 from localllm.engine.layers.shared import GatedMLP
-from localllm.kernels.cpu import decode_step
+from localllm.kernels.cpu import decode_lora, decode_step
 from localllm.kernels.quant.linear_native import NativeLinear
 
 MAX_ROWS = 16  # token rows per native step (batched decode); more: the torch layers
@@ -68,6 +69,7 @@ class NativeDecode:
         self.rotaries = rotaries  # rope tables 0 and 1 (LayerSpec.rope_set)
         self.embed_scale = getattr(model, "embed_scale", None)
         self._step: tuple[object, decode_step.DecodeStep] | None = None  # (kv, its step)
+        self._lora: tuple[torch.Tensor, decode_lora.LoraTable] | None = None  # (W, its table)
 
     @classmethod
     def for_model(cls, model: nn.Module) -> "NativeDecode | None":
@@ -118,8 +120,11 @@ class NativeDecode:
         if batch.embeds is not None or batch.query_start != tuple(range(t + 1)):
             return None
         lora = getattr(self.model, "lora", None)  # engine.lora: this step's rows on adapters
+        table = None
         if lora is not None and lora.active:
-            return None
+            table = self._lora_table(lora)
+            if table is None:
+                return None
         step = self._for_cache(kv)
         if step is None:
             return None
@@ -133,4 +138,28 @@ class NativeDecode:
         tables = torch.tensor([(*tb, *(0,) * (width - len(tb))) for tb in batch.block_tables])
         seq_lens = torch.tensor(batch.seq_lens, dtype=torch.int64)
         slots = batch.slot_mapping.to(torch.int64).contiguous()
-        return step(x, cos, sin, slots, seq_lens, tables.reshape(t, width), None, cos1, sin1)
+        decode_lora.set_table(self.lib, table)
+        try:
+            return step(x, cos, sin, slots, seq_lens, tables.reshape(t, width), None, cos1, sin1)
+        finally:
+            decode_lora.set_table(self.lib, None)
+
+    def _lora_table(self, ctx) -> "decode_lora.LoraTable | None":
+        """The adapters of every block linear for the native step (made once per row buffer of
+        `ctx`), or None where one sits where the step cannot add it (an unfused q/k/v)."""
+        if self._lora is not None and self._lora[0] is ctx.w:
+            return self._lora[1]
+        linears = []
+        for blk in self.model.blk:
+            mlp = blk.mlp
+            fused = (getattr(blk, "qkv", None), blk.attn_output, mlp.gate_up, mlp.ffn_down)
+            loose = (blk.attn_q, blk.attn_k, blk.attn_v) if fused[0] is None else ()
+            loose += (mlp.ffn_gate, mlp.ffn_up) if fused[2] is None else ()
+            if any(m.lora is not None for m in loose):
+                return None
+            for m in fused:
+                d = getattr(m, "lora", None)
+                linears.append(None if d is None else decode_lora.LinearLora(*d.native_parts()))
+        table = decode_lora.LoraTable(linears, MAX_ROWS)
+        self._lora = (ctx.w, table)
+        return table

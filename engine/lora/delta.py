@@ -128,6 +128,12 @@ class LoraDelta:
         for _, b, _ in parts:
             self.offsets.append(self.offsets[-1] + b.shape[0])
 
+    def native_parts(self) -> tuple:
+        """(A [R, in], W's columns [rows, R], ((lo, hi, output column, B.T), ...)): what the
+        native CPU decode step takes (`kernels.cpu.decode_lora.LinearLora`)."""
+        parts = tuple((lo, hi, self.offsets[i], b_t) for i, lo, hi, b_t in self.b)
+        return self.a, self.ctx.buffers[self.sig], parts
+
     def _low(self, x: torch.Tensor) -> torch.Tensor | None:
         """(x @ A_all.T) * W for this step's rows, or None when no adapter is in use."""
         if not self.ctx.active:

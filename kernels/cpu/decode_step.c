@@ -86,6 +86,63 @@ static void linear_groups(const lin_t *g, int64_t ng, const float *x, int64_t ld
     }
 }
 
+/* LoRA adapters (engine/lora), unmerged: y[:, col_s : col_s + n_s] += ((x @ A.T) * W)[:, lo_s : hi_s]
+ * @ Bt_s for each output part s; A [r, k], Bt_s [hi_s - lo_s, n_s] and the rows' adapter factors
+ * W [t, r] (row stride r) float32, tmp [t * r] scratch. kernels/cpu/decode_lora.py lays them out;
+ * `set_lora` hands a step its table [n_layers * 4] (q|k|v, o, gate|up, down; NULL: none) on the
+ * calling thread, which `decode_step` reads before its parallel region. */
+typedef struct {
+    int64_t r, nseg;
+    const float *a, *w;
+    float *tmp;
+    int64_t lo[MAX_GROUPS], hi[MAX_GROUPS], col[MAX_GROUPS], n[MAX_GROUPS];
+    const float *bt[MAX_GROUPS];
+} lora_t;
+
+enum { LORA_CHUNK = 64 }; /* output columns per expand work item */
+
+static _Thread_local const lora_t *const *step_lora;
+
+void set_lora(const lora_t *const *table) { step_lora = table; }
+
+/* inside the parallel region: shrink (rows x ranks), a barrier, expand (column chunks) */
+static void lora_add(const lora_t *L, const float *x, int64_t ldx, int64_t t, int64_t k, float *y,
+                     int64_t ldy) {
+    if (!L) return;
+    const int64_t r = L->r;
+#pragma omp for schedule(static)
+    for (int64_t p = 0; p < t * r; p++) {
+        const int64_t i = p / r, j = p % r;
+        const float f = L->w[i * r + j];
+        float s = 0.f;
+        if (f != 0.f) { /* a row on no adapter of this column: nothing to read */
+            const float *xi = x + i * ldx, *aj = L->a + j * k;
+#pragma omp simd reduction(+ : s)
+            for (int64_t c = 0; c < k; c++) s += xi[c] * aj[c];
+        }
+        L->tmp[p] = s * f;
+    }
+    int64_t total = 0;
+    for (int64_t s = 0; s < L->nseg; s++) total += (L->n[s] + LORA_CHUNK - 1) / LORA_CHUNK;
+#pragma omp for schedule(static)
+    for (int64_t q = 0; q < total; q++) {
+        int64_t s = 0, c0 = q;
+        while (c0 >= (L->n[s] + LORA_CHUNK - 1) / LORA_CHUNK) c0 -= (L->n[s] + LORA_CHUNK - 1) / LORA_CHUNK, s++;
+        c0 *= LORA_CHUNK;
+        const int64_t len = L->n[s] - c0 < LORA_CHUNK ? L->n[s] - c0 : LORA_CHUNK;
+        for (int64_t i = 0; i < t; i++) {
+            float *yi = y + i * ldy + L->col[s] + c0;
+            for (int64_t j = L->lo[s]; j < L->hi[s]; j++) {
+                const float v = L->tmp[i * r + j];
+                if (v == 0.f) continue;
+                const float *b = L->bt[s] + (j - L->lo[s]) * L->n[s] + c0;
+#pragma omp simd
+                for (int64_t c = 0; c < len; c++) yi[c] += v * b[c];
+            }
+        }
+    }
+}
+
 /* rotate the first `dims` values of one head: adjacent pairs (llama's NORM) or halves (NEOX) */
 static void rope_head(float *v, const float *cos, const float *sin, int64_t dims, int64_t neox) {
     const int64_t half = dims / 2;
@@ -181,6 +238,7 @@ void decode_step(const model_t *m, int64_t t, float *x, const float *cos0, const
         nsplit *= 2;
     if (group / nsplit > MAX_GROUP) nsplit = group;
     const int64_t per = group / nsplit;
+    const lora_t *const *lora = step_lora; /* (thread-local: read here, shared below) */
 #pragma omp parallel num_threads(threads)
     {
         int id = 0;
@@ -193,6 +251,7 @@ void decode_step(const model_t *m, int64_t t, float *x, const float *cos0, const
 #pragma omp for schedule(static)
             for (int64_t i = 0; i < t; i++) rms_norm_row(x + i * dim, L->attn_norm, dim, m->eps, h + i * dim);
             linear_groups(L->qkv, L->n_qkv, h, dim, t, dim, qkv, nqkv, q8, d8, bs);
+            if (lora) lora_add(lora[4 * l], h, dim, t, dim, qkv, nqkv);
 #pragma omp for schedule(static)
             for (int64_t i = 0; i < t; i++) { /* rope q and k, write k and v at the row's slot */
                 float *row = qkv + i * nqkv;
@@ -221,6 +280,7 @@ void decode_step(const model_t *m, int64_t t, float *x, const float *cos0, const
                              mysc + sc_stride - hd);
             }
             linear_groups(&L->o, 1, att, nq * hd, t, nq * hd, y, dim, q8, d8, bs);
+            if (lora) lora_add(lora[4 * l + 1], att, nq * hd, t, nq * hd, y, dim);
 #pragma omp for schedule(static)
             for (int64_t i = 0; i < t; i++) {
                 float *yi = y + i * dim;
@@ -229,6 +289,7 @@ void decode_step(const model_t *m, int64_t t, float *x, const float *cos0, const
                 rms_norm_row(x + i * dim, L->ffn_norm, dim, m->eps, h + i * dim);
             }
             linear_groups(L->gu, L->n_gu, h, dim, t, dim, gu, 2 * hidden, q8, d8, bs);
+            if (lora) lora_add(lora[4 * l + 2], h, dim, t, dim, gu, 2 * hidden);
 #pragma omp for schedule(static)
             for (int64_t i = 0; i < t; i++) { /* the product in the gate's place */
                 float *g = gu + i * 2 * hidden, *u = g + hidden;
@@ -240,6 +301,7 @@ void decode_step(const model_t *m, int64_t t, float *x, const float *cos0, const
                 }
             }
             linear_groups(&L->down, 1, gu, 2 * hidden, t, hidden, y, dim, q8, d8, bs);
+            if (lora) lora_add(lora[4 * l + 3], gu, 2 * hidden, t, hidden, y, dim);
 #pragma omp for schedule(static)
             for (int64_t i = 0; i < t; i++) {
                 float *yi = y + i * dim;

@@ -143,7 +143,10 @@ def test_every_family_recorded_on_its_current_file():
     assert set(FAMILIES) == set(NAMES) | set(UNSUPPORTED)
     for name in NAMES:
         g = lcpp(name)
-        assert g["fixture"]["gguf_sha256"] == hashlib.sha256(path(name).read_bytes()).hexdigest()
+        sha = hashlib.sha256(path(name).read_bytes()).hexdigest()
+        assert g["fixture"]["gguf_sha256"] == sha, (
+            f"{name}: re-record tools/record_llamacpp_logits.py"
+        )
         assert g["ids"] == sequence(name)
         assert g["llama_cpp"]["commit"] == golden(name)["recorder"]["llama_cpp_commit"]
 

@@ -1,7 +1,8 @@
 """LoRA deltas inside the native CPU decode step (`decode_step.c`'s `lora_t`, `set_lora`): each
-block linear's adapters as float32 A [r, in], per output part B.T [hi - lo, n] at its column, and
-the rows' adapter factors W [rows, r]; `LoraTable` holds one step's table (4 per layer: q|k|v, o,
-gate|up, down) and keeps its tensors alive. `lora_step_reference` is the delta in torch.
+block linear's adapters as float16 A [r, in] and, per output part, B.T [hi - lo, n] at its column
+(float32 math), and the rows' adapter factors W [rows, r]; `LoraTable` holds one step's table (4
+per layer: q|k|v, o, gate|up, down) and keeps its tensors alive. The torch reference is
+`engine.lora.delta`'s own ops (tests/lora/test_lora_native.py holds the step to them).
 """
 
 import ctypes
@@ -49,12 +50,12 @@ class LoraTable:
         r = lin.a.shape[0]
         if len(lin.parts) > MAX_GROUPS or lin.w.shape[1] != r or lin.w.shape[0] < max_rows:
             raise ValueError("a LoRA linear the native step cannot take")
-        a = lin.a.float().contiguous()
+        a = lin.a.half().contiguous()
         w = lin.w if lin.w.dtype == torch.float32 and lin.w.is_contiguous() else None
         if w is None:
             raise ValueError("LoRA row factors must be a contiguous float32 [rows, r]")
         tmp = torch.zeros(max_rows * r)
-        bts = [bt.float().contiguous() for *_, bt in lin.parts]
+        bts = [bt.half().contiguous() for *_, bt in lin.parts]
         self.keep += [a, w, tmp, *bts]
         s = _Lora(r, len(lin.parts), a.data_ptr(), w.data_ptr(), tmp.data_ptr())
         for i, ((lo, hi, col, _), bt) in enumerate(zip(lin.parts, bts, strict=True)):
@@ -69,10 +70,3 @@ def set_table(lib: ctypes.CDLL, table: LoraTable | None) -> None:
         lib.set_lora.argtypes = [_P]
         lib.set_lora.restype = None
     lib.set_lora(None if table is None else ctypes.addressof(table.table))
-
-
-def lora_step_reference(lin: LinearLora, x: torch.Tensor, y: torch.Tensor) -> None:
-    """y[:, col : col + n] += ((x @ a.T) * w)[:, lo:hi] @ B.T per part, in place (float32)."""
-    t = (x.float() @ lin.a.float().T) * lin.w[: x.shape[0]]
-    for lo, hi, col, bt in lin.parts:
-        y[:, col : col + bt.shape[1]] += t[:, lo:hi] @ bt.float()

@@ -87,17 +87,48 @@ static void linear_groups(const lin_t *g, int64_t ng, const float *x, int64_t ld
 }
 
 /* LoRA adapters (engine/lora), unmerged: y[:, col_s : col_s + n_s] += ((x @ A.T) * W)[:, lo_s : hi_s]
- * @ Bt_s for each output part s; A [r, k], Bt_s [hi_s - lo_s, n_s] and the rows' adapter factors
- * W [t, r] (row stride r) float32, tmp [t * r] scratch. kernels/cpu/decode_lora.py lays them out;
+ * @ Bt_s for each output part s; A [r, k] and Bt_s [hi_s - lo_s, n_s] float16 (half the bytes a
+ * memory-bound step reads), the rows' adapter factors W [t, r] (row stride r) and the math
+ * float32, tmp [t * r] scratch. kernels/cpu/decode_lora.py lays them out;
  * `set_lora` hands a step its table [n_layers * 4] (q|k|v, o, gate|up, down; NULL: none) on the
  * calling thread, which `decode_step` reads before its parallel region. */
 typedef struct {
     int64_t r, nseg;
-    const float *a, *w;
+    const uint16_t *a;
+    const float *w;
     float *tmp;
     int64_t lo[MAX_GROUPS], hi[MAX_GROUPS], col[MAX_GROUPS], n[MAX_GROUPS];
-    const float *bt[MAX_GROUPS];
+    const uint16_t *bt[MAX_GROUPS];
 } lora_t;
+
+/* sum x[c] * h[c] over n, h float16 */
+static float dot_f16(const float *x, const uint16_t *h, int64_t n) {
+    int64_t c = 0;
+    float s = 0.f;
+#if defined(__F16C__) && defined(__AVX__)
+    __m256 acc = _mm256_setzero_ps();
+    for (; c + 8 <= n; c += 8)
+        acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(x + c),
+                                               _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + c)))));
+    float lanes[8];
+    _mm256_storeu_ps(lanes, acc);
+    for (int i = 0; i < 8; i++) s += lanes[i];
+#endif
+    for (; c < n; c++) s += x[c] * half_to_float(h[c]);
+    return s;
+}
+
+/* y[c] += v * h[c] over n, h float16 */
+static void axpy_f16(float *y, float v, const uint16_t *h, int64_t n) {
+    int64_t c = 0;
+#if defined(__F16C__) && defined(__AVX__)
+    const __m256 vv = _mm256_set1_ps(v);
+    for (; c + 8 <= n; c += 8)
+        _mm256_storeu_ps(y + c, _mm256_add_ps(_mm256_loadu_ps(y + c),
+                                              _mm256_mul_ps(vv, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + c))))));
+#endif
+    for (; c < n; c++) y[c] += v * half_to_float(h[c]);
+}
 
 enum { LORA_CHUNK = 64 }; /* output columns per expand work item */
 
@@ -115,11 +146,7 @@ static void lora_add(const lora_t *L, const float *x, int64_t ldx, int64_t t, in
         const int64_t i = p / r, j = p % r;
         const float f = L->w[i * r + j];
         float s = 0.f;
-        if (f != 0.f) { /* a row on no adapter of this column: nothing to read */
-            const float *xi = x + i * ldx, *aj = L->a + j * k;
-#pragma omp simd reduction(+ : s)
-            for (int64_t c = 0; c < k; c++) s += xi[c] * aj[c];
-        }
+        if (f != 0.f) s = dot_f16(x + i * ldx, L->a + j * k, k); /* else: nothing to read */
         L->tmp[p] = s * f;
     }
     int64_t total = 0;
@@ -135,9 +162,7 @@ static void lora_add(const lora_t *L, const float *x, int64_t ldx, int64_t t, in
             for (int64_t j = L->lo[s]; j < L->hi[s]; j++) {
                 const float v = L->tmp[i * r + j];
                 if (v == 0.f) continue;
-                const float *b = L->bt[s] + (j - L->lo[s]) * L->n[s] + c0;
-#pragma omp simd
-                for (int64_t c = 0; c < len; c++) yi[c] += v * b[c];
+                axpy_f16(yi, v, L->bt[s] + (j - L->lo[s]) * L->n[s] + c0, len);
             }
         }
     }

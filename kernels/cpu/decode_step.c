@@ -118,19 +118,35 @@ static float dot_f16(const float *x, const uint16_t *h, int64_t n) {
     return s;
 }
 
-/* y[c] += v * h[c] over n, h float16 */
-static void axpy_f16(float *y, float v, const uint16_t *h, int64_t n) {
+/* y[c] += sum_j v[j] * h[j * ldh + c] over c < n and j < rank, h float16; a full chunk of
+ * LORA_CHUNK columns sums in registers and touches y once */
+static void expand_f16(float *y, const float *v, const uint16_t *h, int64_t ldh, int64_t rank,
+                       int64_t n) {
     int64_t c = 0;
 #if defined(__F16C__) && defined(__AVX__)
-    const __m256 vv = _mm256_set1_ps(v);
-    for (; c + 8 <= n; c += 8)
-        _mm256_storeu_ps(y + c, _mm256_add_ps(_mm256_loadu_ps(y + c),
-                                              _mm256_mul_ps(vv, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + c))))));
+    if (n == 64) {
+        __m256 acc[8];
+        for (int q = 0; q < 8; q++) acc[q] = _mm256_setzero_ps();
+        for (int64_t j = 0; j < rank; j++) {
+            if (v[j] == 0.f) continue;
+            const __m256 vv = _mm256_set1_ps(v[j]);
+            const uint16_t *hj = h + j * ldh;
+            for (int q = 0; q < 8; q++)
+                acc[q] = _mm256_add_ps(acc[q], _mm256_mul_ps(vv, _mm256_cvtph_ps(
+                                                                    _mm_loadu_si128((const __m128i *)(hj + 8 * q)))));
+        }
+        for (int q = 0; q < 8; q++) _mm256_storeu_ps(y + 8 * q, _mm256_add_ps(_mm256_loadu_ps(y + 8 * q), acc[q]));
+        return;
+    }
 #endif
-    for (; c < n; c++) y[c] += v * half_to_float(h[c]);
+    for (; c < n; c++) {
+        float s = 0.f;
+        for (int64_t j = 0; j < rank; j++) s += v[j] * half_to_float(h[j * ldh + c]);
+        y[c] += s;
+    }
 }
 
-enum { LORA_CHUNK = 64 }; /* output columns per expand work item */
+enum { LORA_CHUNK = 64 }; /* output columns per expand work item (expand_f16's full chunk) */
 
 static _Thread_local const lora_t *const *step_lora;
 
@@ -157,14 +173,9 @@ static void lora_add(const lora_t *L, const float *x, int64_t ldx, int64_t t, in
         while (c0 >= (L->n[s] + LORA_CHUNK - 1) / LORA_CHUNK) c0 -= (L->n[s] + LORA_CHUNK - 1) / LORA_CHUNK, s++;
         c0 *= LORA_CHUNK;
         const int64_t len = L->n[s] - c0 < LORA_CHUNK ? L->n[s] - c0 : LORA_CHUNK;
-        for (int64_t i = 0; i < t; i++) {
-            float *yi = y + i * ldy + L->col[s] + c0;
-            for (int64_t j = L->lo[s]; j < L->hi[s]; j++) {
-                const float v = L->tmp[i * r + j];
-                if (v == 0.f) continue;
-                axpy_f16(yi, v, L->bt[s] + (j - L->lo[s]) * L->n[s] + c0, len);
-            }
-        }
+        for (int64_t i = 0; i < t; i++)
+            expand_f16(y + i * ldy + L->col[s] + c0, L->tmp + i * r + L->lo[s], L->bt[s] + c0, L->n[s],
+                       L->hi[s] - L->lo[s], len);
     }
 }
 

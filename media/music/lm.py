@@ -6,9 +6,11 @@ Two paths over the same weights:
 - `reference(x, cross, cross_mask)`: the whole sequence at once, causal mask, attention written
   out as matmul + softmax. Plain and slow (each generation step recomputes everything); the
   fast path is tested against it.
-- `prefill`/`step` over a `KVCache`: self-attention keys/values are written into preallocated
+- `forward_cached` over a `KVCache`: self-attention keys/values are written into preallocated
   tensors, cross-attention keys/values are computed once per generation (`cross_kv`), and
-  attention is `scaled_dot_product_attention`.
+  attention is `scaled_dot_product_attention`; on the CPU a step's linears run on the native
+  few-row GEMV (`kernels/cpu/float_gemv.c`). Its static form (`pos`) is what a CUDA graph
+  captures (`steps.py`).
 """
 
 from __future__ import annotations

@@ -105,4 +105,4 @@ def test_kernels_equal_the_torch_ops(monkeypatch):
     assert (got - want).abs().max().item() < GPU_TOL
     model.lora.set_rows([((), 5)])
     base = run()
-    assert (got - base).abs().max().item() > 10 * GPU_TOL  # the adapters really act
+    assert (got - base).abs().max().item() > 5 * GPU_TOL  # the adapters really act

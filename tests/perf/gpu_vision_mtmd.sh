@@ -22,6 +22,11 @@ ln -sfn "$PWD" /tmp/site/localllm
 export PYTHONPATH=/tmp/site:$PWD
 cat .llb/llb.part.* | xz -d | tar x -C /tmp/llb
 export LD_LIBRARY_PATH=/tmp/llb/bin:${LD_LIBRARY_PATH:-}
+if [ ! -x /tmp/llb/bin/llama-mtmd-cli ]; then  # (the .llb of 2026-12-06 06:45 held only llama-server)
+  echo "the carried .llb has no llama-mtmd-cli: rebuild it with tests/perf/gpu_build_llamacpp.sh" >&2
+  ls /tmp/llb/bin >&2
+  exit 1
+fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 date -u

@@ -58,8 +58,12 @@ class VisionShape:
 # scale_factor 4; text SmolLM2-360M: 32 layers, 960, 15 / 5 heads, 2560, rope_theta 100000,
 # vocab 49280, max_position_embeddings 8192
 SMOLVLM_TEXT = Shape(32, 960, 15, 5, 64, 2560, 49280, 8192, 100000.0)
+TINY_TEXT = Shape(2, 256, 4, 2, 64, 512, 49280, 2048, 100000.0)
 SHAPES = {
     "smolvlm-500m": VisionShape("idefics3", 768, 3072, 12, 12, 512, 16, 4, SMOLVLM_TEXT),
+    # the converted test fixture's tower (2 blocks; tests/media/test_vision_synthetic_pair.py
+    # compares the files' keys and names) with a small text model that holds the tokenizer
+    "tiny": VisionShape("idefics3", 64, 128, 2, 2, 64, 16, 2, TINY_TEXT),
 }
 
 # SmolVLM's chat template (the one its tokenizer_config.json holds; our converted fixture has

@@ -16,7 +16,7 @@ from torch import nn
 from localllm.engine.core.batch import BatchMeta
 from localllm.engine.layers.shared import GatedMLP
 from localllm.kernels.cpu import decode_lora, decode_step
-from localllm.kernels.quant.linear_native import NativeLinear
+from localllm.kernels.quant.linear_native import INT8_TYPES, NativeLinear
 
 MAX_ROWS = 16  # token rows per native step (batched decode); more: the torch layers
 FAMILIES = ("localllm.engine.models.llama", "localllm.engine.models.gemma3")  # their Block
@@ -89,6 +89,10 @@ class NativeDecode:
         lib = decode_step.load()
         if lib is None:
             return None
+        for lay in layers:  # decode goes through the step: the linears' own calls are prompts
+            for k in (*lay["qkv"], lay["o"], *lay["gate_up"], lay["down"]):
+                if k.qtype not in INT8_TYPES:
+                    k.int8_max_t = 0  # exact float32 (kernels/quant/linear_native.py)
         cfg = rotaries[0].cfg
         shape = decode_step.Shape(args.dim, args.n_heads, args.n_kv_heads, args.head_dim,
                                   args.hidden_dim, cfg.dims, cfg.neox, args.norm_eps,
@@ -118,6 +122,8 @@ class NativeDecode:
         if ids.is_cuda or not 0 < t <= MAX_ROWS or batch.context is not None:
             return None
         if batch.embeds is not None or batch.query_start != tuple(range(t + 1)):
+            return None
+        if min(batch.seq_lens) < 2:  # a one-token prompt: exact prompt math, as in a batch
             return None
         lora = getattr(self.model, "lora", None)  # engine.lora: this step's rows on adapters
         table = None

@@ -5,7 +5,7 @@
  * block, float scales per block. A weight may come in parts (a fused q/k/v or gate/up whose
  * tensors lie apart in the file): the rows of all parts are one row space, so nothing is copied
  * or stacked. One OpenMP region per call; each weight row is read once for all token rows.
- * `dequant_rows` gives prompts exact float32 rows for an fp32 GEMM. */
+ * `block_dequant` gives prompts exact float32 rows for an fp32 GEMM. */
 #include <stdint.h>
 #ifdef _OPENMP
 #include <omp.h>

@@ -5,7 +5,7 @@ gated MLP, the residual adds), compiled at first use like `block_linear.py`'s ke
 `DecodeStep` holds the model laid out in the C structs (`LayerSpec`s: the linears' prepared
 `NativeLinear`s, the norm weights, one KV cache's layer tensors) and runs a step; `load()` answers
 the library or None (no compiler: the torch layers run). `decode_step_reference` is the same
-step in torch, the linears through their `matmul`: the oracle of the tests.
+step in torch, the linears' int8 math by `block_rows_reference`: the oracle of the tests.
 """
 
 import ctypes
@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from localllm.kernels.cpu.block_linear import FLAG_SETS, SOURCES, _bind
 from localllm.kernels.cpu.cbuild import built_libraries, compiler
+from localllm.kernels.quant.linear_native import block_rows_reference
 
 SOURCE = Path(__file__).with_name("decode_step.c")
 ACTS = {"silu": 0, "gelu": 1}
@@ -206,9 +207,13 @@ def decode_step_reference(shape: Shape, layers: list[LayerSpec], block_size: int
                           slots: torch.Tensor, seq_lens: torch.Tensor, tables: torch.Tensor,
                           cos1: torch.Tensor | None = None,
                           sin1: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
-    """The step in torch (each linear through its `matmul`, the cache written as the C does):
-    x [t, dim] -> the stream after the last layer."""
+    """The step in torch (each linear's int8 math by `block_rows_reference`, the cache written
+    as the C does): x [t, dim] -> the stream after the last layer."""
     s, x = shape, x.clone()
+
+    def mm(lin, v):  # a NativeLinear's int8-activation product, as the C computes it
+        return block_rows_reference(v, lin.parts.parts, lin.qtype, lin.shape[1]).float()
+
     nq, nkv, hd = s.n_q, s.n_kv, s.head_dim
     half = s.rope_dims // 2
 
@@ -229,7 +234,7 @@ def decode_step_reference(shape: Shape, layers: list[LayerSpec], block_size: int
 
     for lay in layers:
         h = norm(x, lay.attn_norm)
-        qkv = torch.cat([g.matmul(h) for g in lay.qkv], -1)
+        qkv = torch.cat([mm(g, h) for g in lay.qkv], -1)
         q = qkv[:, : nq * hd].reshape(-1, nq, hd)
         k = qkv[:, nq * hd : (nq + nkv) * hd].reshape(-1, nkv, hd)
         q = q if lay.q_norm is None else norm(q, lay.q_norm)
@@ -247,12 +252,12 @@ def decode_step_reference(shape: Shape, layers: list[LayerSpec], block_size: int
             vv = vc[sl].float().repeat_interleave(nq // nkv, 1)
             p = torch.softmax(torch.einsum("hd,nhd->hn", q[i], kk) * scale, -1)
             outs.append(torch.einsum("hn,nhd->hd", p, vv).reshape(-1))
-        o = lay.o.matmul(torch.stack(outs))
+        o = mm(lay.o, torch.stack(outs))
         x = x + (o if lay.post_attn_norm is None else norm(o, lay.post_attn_norm))
         h = norm(x, lay.ffn_norm)
-        gu = torch.cat([g.matmul(h) for g in lay.gate_up], -1)
+        gu = torch.cat([mm(g, h) for g in lay.gate_up], -1)
         g, u = gu[:, : s.hidden], gu[:, s.hidden :]
         a = F.silu(g) if s.act == "silu" else F.gelu(g, approximate="tanh")
-        d = lay.down.matmul(a * u)
+        d = mm(lay.down, a * u)
         x = x + (d if lay.post_ffn_norm is None else norm(d, lay.post_ffn_norm))
     return x

@@ -3,7 +3,8 @@ with the system C compiler and loaded with ctypes (the calls release the GIL).
 
 `load()` answers a `NativeKernels`, or None where no compiler, no OpenMP-less build either, or a
 failed self-check (the kernels against dequantized float math on random blocks: a compiler that
-mis-vectorizes is caught here, not in a user's tokens) leaves the torch paths in charge. The
+mis-vectorizes is caught here, not in a user's tokens) leaves the torch paths in charge. It
+carries the dense linears' kernels (`block_linear.py`, `NativeKernels.blocks`) where they load. The
 library is cached on disk under a name hashed from the sources, the compiler and the flags, so a
 later process only loads it. Float32 in, float32 out; Q4_K, Q6_K and Q8_0 weights whose row
 length is a multiple of 256.

@@ -3,14 +3,15 @@ file's blocks alone: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, IQ4_XS, Q4_K, Q5_K an
 the fp16 copies they replace took 2 bytes a weight, the int4pack forms 0.875 plus scales). A fused
 projection (q/k/v, gate/up) keeps its tensors as parts where the file has them, never stacked.
 
-Decode-sized calls (up to NATIVE_MAX_T rows for Q4_K / Q6_K / Q8_0, 16 for the others)
-multiply int8 activations (per 256 values for Q4_K and Q5_K, per 32 for the others, as
-llama.cpp's decode does) and read each weight row once for all rows. Longer calls (prompts)
-decode row tiles to ggml's float32 values in C for an exact fp32 GEMM: exact prompt math is
-what keeps teacher-forced logits as close to llama.cpp's as transformers' are
-(tests/perf/results/cpu-moe.md, "CPU-only MoE next to llama.cpp").
+Q4_K / Q6_K / Q8_0 calls of up to NATIVE_MAX_T rows multiply int8 activations (per 256 values
+for Q4_K, per 32 for the others, as llama.cpp's decode does; the native decode step does so for
+every type) and read each weight row once for all rows. The other types' calls, and longer
+ones of those three (prompts), decode row tiles to ggml's float32 values in C for an exact fp32
+GEMM: exact prompt math is what keeps
+teacher-forced logits as close to llama.cpp's as transformers' are (tests/perf/results/
+cpu-moe.md, "CPU-only MoE next to llama.cpp").
 `block_rows_reference` is the torch reference of the int8 path, `quant_matmul_reference`
-(kernels/quant/linear.py) of the prompt path.
+(kernels/quant/linear.py) of the exact ones.
 """
 
 import torch
@@ -33,12 +34,19 @@ MAX_PARTS = 8  # parts of one weight (MAX_PARTS in the C)
 # Q6_K 2.17 / 4.19 / 8.07 / 12.91 against 11.30 / 11.90 / 15.78 at 32 / 64 / 96.
 NATIVE_MAX_T = 64
 # The types new to these kernels (their torch paths before: an int4pack form at ~3e-3 relative
-# error, fp16 copies at ~3e-4) take the int8 rows up to batched decode's 16 rows only: longer
-# calls are prompts and scoring, which keep exact float32 rows. (With 64, one of SmolLM2 Q4_1's
-# teacher-forced golden prompts of 53 tokens put llama.cpp's token 0.65 nats below our best.)
-EXACT_FROM_T = {QuantType.Q4_K: NATIVE_MAX_T + 1, QuantType.Q6_K: NATIVE_MAX_T + 1,
-                QuantType.Q8_0: NATIVE_MAX_T + 1}  # fmt: skip
-EXACT_FROM_T_NEW = 17
+# error, fp16 copies at ~3e-4) take the int8 rows up to DECODE_ROWS rows (decode, batched
+# decode), and none at all in a model whose decode steps the native decode step runs
+# (`engine/layers/native_decode.py` sets `int8_max_t` to 0): calls here are then prompts,
+# scoring and the steps it declines, which keep exact float32 math (tiles and a GEMM). Int8 rows
+# up to 64 put llama.cpp's token 0.65 nats below our best on one of SmolLM2 Q4_1's
+# teacher-forced golden prompts, of 53 tokens (the limit is 0.5).
+# Calls of fewer than GEMM_MIN_ROWS rows are padded to that many for the GEMM: its rows' bits
+# then do not depend on the call's other rows (MKL takes other kernels for a few rows), so a
+# prompt alone and batched with others leave the same KV cache; int8 decode steps would turn
+# any difference there into ~0.3-nat ones (tests/engine/test_engine_batching.py).
+INT8_TYPES = frozenset({QuantType.Q4_K, QuantType.Q6_K, QuantType.Q8_0})
+DECODE_ROWS = 16
+GEMM_MIN_ROWS = 16
 
 
 class NativeLinear:
@@ -52,7 +60,8 @@ class NativeLinear:
         if self.parts.n != shape[0]:
             raise ValueError(f"parts of {self.parts.n} rows for a {shape} weight")
         self.qtype, self.shape, self.kernels = QuantType(qtype), shape, kernels
-        self.exact_from_t = EXACT_FROM_T.get(self.qtype, EXACT_FROM_T_NEW)
+        # calls of up to this many rows take the int8 rows (see above)
+        self.int8_max_t = NATIVE_MAX_T if self.qtype in INT8_TYPES else DECODE_ROWS
 
     @property
     def data(self) -> torch.Tensor:
@@ -68,13 +77,17 @@ class NativeLinear:
         x2 = x.reshape(-1, k)
         if x2.dtype != torch.float32 or not x2.is_contiguous():
             x2 = x2.float().contiguous()
-        if x2.shape[0] < self.exact_from_t:
+        t = x2.shape[0]
+        if t <= self.int8_max_t:
             y = self.kernels.rows(self.parts, self.qtype, k, x2)
         else:
+            if t < GEMM_MIN_ROWS:
+                x2 = torch.cat([x2, x2.new_zeros(GEMM_MIN_ROWS - t, k)])
             y = torch.empty(x2.shape[0], n)
             for r0, r1 in row_tiles(n, k):
                 w = self.kernels.dequant(self.parts, self.qtype, k, r0, r1)
                 y[:, r0:r1] = F.linear(x2, w)
+            y = y[:t]
         return y.reshape(*x.shape[:-1], n)
 
 

@@ -13,7 +13,12 @@ from gguf import quants
 from localllm.kernels.cpu import block_linear
 from localllm.kernels.quant import QuantType
 from localllm.kernels.quant.linear import prepare_linear, prepare_parts, quant_matmul_reference
-from localllm.kernels.quant.linear_native import NATIVE_MAX_T, block_rows_reference
+from localllm.kernels.quant.linear_native import (
+    DECODE_ROWS,
+    GEMM_MIN_ROWS,
+    NATIVE_MAX_T,
+    block_rows_reference,
+)
 
 TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "IQ4_XS", "Q4_K", "Q5_K", "Q6_K"]
 REF_TOL = 2e-4  # float32 sums in another order; a code rounded the other way at a tie
@@ -74,18 +79,36 @@ def test_a_rows_bits_do_not_depend_on_batch_parts_or_threads(blocks, name):
 
 
 @pytest.mark.parametrize("name", ["Q4_1", "Q5_0", "IQ4_XS", "Q5_K"])
-def test_native_linear_decode_int8_prompt_exact_blocks_alone(kernels, name):
+def test_native_linear_exact_rows_blocks_alone(kernels, name):
     n, k = 130, 512
     raw = _weight(name, n, k, 11)
     lin = prepare_linear(raw, QuantType[name], (n, k), native=kernels)
     assert lin.kind == "native" and lin.nbytes == raw.numel()  # the blocks alone
     gen = torch.Generator().manual_seed(5)
-    assert lin.exact_from_t == 17 < NATIVE_MAX_T  # (types new to the kernels: 16 int8 rows)
-    x = torch.randn(lin.exact_from_t - 1, k, generator=gen)  # batched decode: int8 rows
+    assert lin.int8_max_t == DECODE_ROWS  # types new to these kernels: int8 rows for decode
+    x = torch.randn(DECODE_ROWS, k, generator=gen)
     assert _rel(lin.matmul(x), block_rows_reference(x, [raw], QuantType[name], k)) < REF_TOL
-    x = torch.randn(3, lin.exact_from_t, k, generator=gen)  # a prompt: exact float32 rows
-    want = quant_matmul_reference(x.reshape(-1, k), raw, QuantType[name], (n, k))
-    torch.testing.assert_close(lin.matmul(x).reshape(-1, n), want, rtol=1e-5, atol=1e-6)
+    lin.int8_max_t = 0  # (a model whose decode steps run natively): exact float32 everywhere
+    for shape in ((1, k), (3, k), (2, 5, k), (3, NATIVE_MAX_T, k)):
+        x = torch.randn(*shape, generator=gen)
+        want = quant_matmul_reference(x.reshape(-1, k), raw, QuantType[name], (n, k))
+        assert _rel(lin.matmul(x).reshape(-1, n), want) < 1e-6  # float32 sums in another order
+    raw8 = _weight("Q8_0", n, k, 11)  # Q4_K / Q6_K / Q8_0: int8 rows up to NATIVE_MAX_T
+    lin8 = prepare_linear(raw8, QuantType.Q8_0, (n, k), native=kernels)
+    x = torch.randn(NATIVE_MAX_T, k, generator=gen)
+    assert _rel(lin8.matmul(x), block_rows_reference(x, [raw8], QuantType.Q8_0, k)) < REF_TOL
+
+
+def test_a_short_prompts_rows_equal_the_same_rows_in_a_longer_call(kernels):
+    """A prompt alone and batched with others must leave the same KV cache (the int8 decode
+    steps after it would turn any difference into a visible one)."""
+    n, k = 300, 576
+    lin = prepare_linear(_weight("Q4_1", n, k, 4), QuantType.Q4_1, (n, k), native=kernels)
+    lin.int8_max_t = 0  # as in a model whose decode steps run natively
+    x = torch.randn(137, k, generator=torch.Generator().manual_seed(8))
+    full = lin.matmul(x)
+    for t in (1, 2, 4, 14, GEMM_MIN_ROWS, 40):
+        assert torch.equal(lin.matmul(x[:t].contiguous()), full[:t]), t
 
 
 def test_parts_are_read_in_place(kernels):

@@ -1,7 +1,8 @@
 """CPU decode per token: time and torch op count of three variants in one process, alternating:
 `step` (the default: llama layers in one native call, `engine/layers/native_decode.py`),
-`linears` (the native block linears under the torch layers) and `before` (no block kernels: the
-int4pack / fp16 copies and the Q4_K/Q6_K/Q8_0-only native linears of the tree before).
+`linears` (the native block linears under the torch layers: exact float32 tiles for the types
+new to them, int8 rows for Q4_K/Q6_K/Q8_0) and `before` (no block kernels: int4pack / fp16
+copies for every type, what a machine without a C compiler runs).
 
 Not a test: a script whose output goes, with the command, machine, date and load, into
 tests/perf/results/cpu.md. Each variant loads the model once; rounds alternate the variants so

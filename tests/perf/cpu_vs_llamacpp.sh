@@ -10,7 +10,7 @@
 #                -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AMX_TILE=OFF
 #                -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF [/work/llamacpp/src/build/bin/llama-bench]
 #   OLD_REV      the older tree to compare with (a commit; empty: skip) [692bea1, before issue 39]
-#   THREADS [2]  ROUNDS [2]  REPS [3]  PP [512]  TG [128]  PYTHON [python]
+#   THREADS [2]  ROUNDS [2]  REPS [3]  PP [512]  TG [128]  PYTHON [python: the venv's, on PATH]
 set -euo pipefail
 LLAMA_BENCH=${LLAMA_BENCH:-/work/llamacpp/src/build/bin/llama-bench}
 OLD_REV=${OLD_REV-692bea1}

@@ -92,11 +92,13 @@ def test_logprobs_agree_with_prompt_logprobs(llm):
     diffs = []
     for i, tok in enumerate(comp.token_ids):
         a, b = comp.logprobs[i][tok].logprob, scored[n + i][tok].logprob
-        # bf16 noise between step shapes: ~1e-2 nats, one position 0.051 on an AMX CPU (its
-        # oneDNN kernels round differently); a misaligned position is off by nats.
-        assert math.isclose(a, b, abs_tol=0.1), (i, a, b)
+        # Decode steps quantize activations to int8 as llama.cpp does (the native CPU decode
+        # step, issue 39); scored prompts are exact float32: 0.00-0.18 nats apart, mean 0.069 on
+        # a 2-core EPYC (bf16 decode before: mean 0.024, max 0.051 on an AMX CPU); a misaligned
+        # position is off by nats.
+        assert math.isclose(a, b, abs_tol=0.25), (i, a, b)
         diffs.append(abs(a - b))
-    assert sum(diffs) / len(diffs) < 0.03, diffs
+    assert sum(diffs) / len(diffs) < 0.1, diffs
     assert comp.cumulative_logprob == pytest.approx(
         sum(p[t].logprob for t, p in zip(comp.token_ids, comp.logprobs, strict=True))
     )

@@ -22,8 +22,9 @@ Two runs per family, each in fresh contexts with one thread:
 
 Writes tests/data/goldens/families/<name>.json.gz (~40 KB: the f32 logits as little-endian
 float32, the chunked ones as their exact difference from those, the default run's as float16, the
-greedy steps as their top-8 (id, logit)) and prints each family's max |llama.cpp - transformers|. A family llama.cpp cannot load or decode is
-recorded in tests/data/goldens/families/unsupported.json with its error line instead.
+greedy steps as their top-8 (id, logit)) and prints each family's max |llama.cpp - transformers|.
+A family llama.cpp cannot load or decode is recorded in
+tests/data/goldens/families/unsupported.json with its error line instead.
 """
 
 from __future__ import annotations

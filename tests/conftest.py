@@ -72,3 +72,15 @@ def _isolated_user_dirs(tmp_path_factory):
             os.environ.pop(k, None)
         else:
             os.environ[k] = v
+
+
+@pytest.fixture(autouse=True)
+def _torch_threads_restored():
+    """Commands run in-process set torch's thread count (`app.threads`: the cores free at that
+    moment); later tests in the process must not inherit it."""
+    import torch
+
+    before = torch.get_num_threads()
+    yield
+    if torch.get_num_threads() != before:
+        torch.set_num_threads(before)

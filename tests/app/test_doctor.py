@@ -94,7 +94,11 @@ def test_native_kernels_line(doctor):
         assert doctor["moe experts (cpu)"] == "torch (no native kernels)"
     else:
         flags = " ".join(kernels.flags)
-        want = f"loaded {kernels.path} ({flags}), {torch.get_num_threads()} threads"
+        # the doctor's own process: torch's default count, whatever this process was set to
+        code = "import torch; print(torch.get_num_threads())"
+        fresh = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                               timeout=120).stdout.strip()  # fmt: skip
+        want = f"loaded {kernels.path} ({flags}), {fresh} threads"
         assert doctor["native cpu kernels"] == want
         assert doctor["moe experts (cpu)"].startswith("native for Q4_K Q6_K Q8_0 experts")
 

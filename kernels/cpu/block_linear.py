@@ -73,8 +73,8 @@ class BlockKernels:
         # int8 codes, a scale per 32 and sums per 16 of n activations; grown to the largest call
         have = getattr(self._local, "scratch", (0, ()))
         if have[0] < n:
-            have = (n, (torch.empty(n, dtype=torch.int8), torch.empty(n // 32 + 8),
-                        torch.empty(n // 16 + 16, dtype=torch.int16)))  # fmt: skip
+            have = (n, (torch.zeros(n, dtype=torch.int8), torch.zeros(n // 32 + 8),
+                        torch.zeros(n // 16 + 16, dtype=torch.int16)))  # fmt: skip
             self._local.scratch = have
         return have[1]
 

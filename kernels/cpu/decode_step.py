@@ -173,11 +173,13 @@ class DecodeStep:
         if have is None or have[0] < ctx:
             ctx = max(ctx, 2 * (have[0] if have else 256))
             hd, kq = s.head_dim, t * self.kmax
-            bufs = (torch.empty(t * s.dim), torch.empty(t * (s.n_q + 2 * s.n_kv) * hd),
-                    torch.empty(t * s.n_q * hd), torch.empty(t * 2 * s.hidden),
-                    torch.empty(t * s.dim), torch.empty(kq, dtype=torch.int8),
-                    torch.empty(kq // 32 + 8), torch.empty(kq // 16 + 16, dtype=torch.int16),
-                    torch.empty(threads * self._sc_stride(ctx)))  # fmt: skip
+            # zeroed, not empty: allocated once per shape, and no padding byte should depend on
+            # what the memory held before
+            bufs = (torch.zeros(t * s.dim), torch.zeros(t * (s.n_q + 2 * s.n_kv) * hd),
+                    torch.zeros(t * s.n_q * hd), torch.zeros(t * 2 * s.hidden),
+                    torch.zeros(t * s.dim), torch.zeros(kq, dtype=torch.int8),
+                    torch.zeros(kq // 32 + 8), torch.zeros(kq // 16 + 16, dtype=torch.int16),
+                    torch.zeros(threads * self._sc_stride(ctx)))  # fmt: skip
             have = self._scratch[key] = (ctx, bufs)
         return have
 

@@ -185,9 +185,7 @@ class Model(nn.Module):
         self.args = args
         self.v = Tower(args)
         self.mm = Projector(args)
-        hd = args.dim // args.n_heads
-        q = hd // 2  # frequencies over half the head per axis
-        self.inv_freq = 1.0 / ROPE_BASE ** (torch.arange(0, q, 2, dtype=torch.float32) / q)
+        self.inv_freq = rope_2d_freqs(args.dim, args.n_heads)
 
     def forward(self, patches: torch.Tensor, grid: tuple[int, int, int]) -> torch.Tensor:
         """Patches [t*h*w, 3*2*p*p] of one image or video -> embeddings [t*h*w / 4, out_dim]."""
@@ -196,9 +194,7 @@ class Model(nn.Module):
         dev = patches.device
         grid_of = _patch_grid(t, h, w, a.window // a.patch_size // MERGE)
         hpos, wpos, frame, window = (g.to(dev) for g in grid_of)
-        inv = self.inv_freq.to(dev)  # (the loader moves it with the weights)
-        angles = torch.cat((hpos[:, None].float() * inv, wpos[:, None].float() * inv), 1)
-        cos, sin = angles.cos(), angles.sin()
+        cos, sin = rope_2d(self.inv_freq, hpos, wpos)
         full, local = Groups.of(frame), Groups.of(window)
         x = self.v.patch_embd(patches)
         for i, blk in enumerate(self.v.blk):
@@ -249,6 +245,20 @@ class Groups:
             keep = self.valid.reshape(-1)
             out[:, idx[keep]] = o[:, keep]
         return out
+
+
+def rope_2d_freqs(dim: int, n_heads: int) -> torch.Tensor:
+    """The 2-D rope's inverse frequencies: half the head rotates by the patch row, half by its
+    column (transformers' VisionRotaryEmbedding over head_dim / 2)."""
+    q = dim // n_heads // 2
+    return 1.0 / ROPE_BASE ** (torch.arange(0, q, 2, dtype=torch.float32) / q)
+
+
+def rope_2d(inv: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor):
+    """(cos, sin) [N, hd/2] of patches at (rows, cols)."""
+    inv = inv.to(rows.device)  # (the loader moves it with the weights)
+    angles = torch.cat((rows[:, None].float() * inv, cols[:, None].float() * inv), 1)
+    return angles.cos(), angles.sin()
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -17,12 +17,13 @@ from localllm.engine.models.bert import LayerNorm
 from localllm.media.vision.idefics3 import _triple
 from localllm.media.vision.qwen25vl import (
     MERGE,
-    ROPE_BASE,
     Groups,
     PatchEmbedding,
     Projector,
     _patch_grid,
     _rope,
+    rope_2d,
+    rope_2d_freqs,
 )
 from localllm.media.vision.siglip import MAX_BLOCKS, MAX_DIM, VisionConfigError, _int
 
@@ -106,8 +107,7 @@ class Model(nn.Module):
         self.args = args
         self.v = Tower(args)
         self.mm = Projector(args)
-        q = args.dim // args.n_heads // 2
-        self.inv_freq = 1.0 / ROPE_BASE ** (torch.arange(0, q, 2, dtype=torch.float32) / q)
+        self.inv_freq = rope_2d_freqs(args.dim, args.n_heads)
 
     def forward(self, patches: torch.Tensor, grid: tuple[int, int, int]) -> torch.Tensor:
         """Patches [t*h*w, 3*2*p*p] -> embeddings [t*h*w / 4, out_dim]."""
@@ -115,9 +115,7 @@ class Model(nn.Module):
         t, h, w = grid
         dev = patches.device
         rows, cols, frame, _ = (g.to(dev) for g in _patch_grid(t, h, w, max(h, w)))
-        inv = self.inv_freq.to(dev)
-        angles = torch.cat((rows[:, None].float() * inv, cols[:, None].float() * inv), 1)
-        cos, sin = angles.cos(), angles.sin()
+        cos, sin = rope_2d(self.inv_freq, rows, cols)
         frames = Groups.of(frame)
         x = self.v.patch_embd(patches)
         for blk in self.v.blk:

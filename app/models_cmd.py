@@ -120,7 +120,8 @@ def format_table(
 ) -> str:
     """The `ls` table: name, quant, size, architecture, context, where it lives (`hf-cache` or
     `embedded` before the path, and `(default)` on the model `run` takes without `-m`).
-    MusicGen folders show `musicgen(music)`: `localllm music -m NAME` makes music with them."""
+    MusicGen folders show `musicgen(music)`: `localllm music -m NAME` makes music with them;
+    models pulled with a vision projector show `ARCH(vision)`: they take images."""
     from localllm.app.hub.progress import human_bytes
     from localllm.app.model_path import MUSIC_MODEL_TYPES
 
@@ -138,7 +139,7 @@ def format_table(
                     (f"{m.architecture}(music)", "-")
                     if m.architecture in MUSIC_MODEL_TYPES
                     else (
-                        m.architecture or "?",
+                        (m.architecture or "?") + ("(vision)" if m.vision else ""),
                         str(m.context_length) if m.context_length else "?",
                     )
                 ),

@@ -52,6 +52,12 @@ class LocalModel:
     verified: bool = True  # False: an HF-cache file has no valid verification record
 
     @property
+    def vision(self) -> bool:
+        """It sees images: its Hub repository's mmproj was pulled with it. A user folder's
+        models are not paired with the files beside them (they take `--mmproj FILE`)."""
+        return self.mmproj is not None and self.location == "hf-cache"
+
+    @property
     def path(self) -> Path:
         """What `-m` loads: the first shard, or a safetensors model's folder."""
         return self.paths[0].parent if self.quant == SAFETENSORS else self.paths[0]

@@ -4,6 +4,8 @@
 `quant.pick_mmproj`), so a model named by its Hub spec or by its library name in the Hugging
 Face cache knows its projector. A local file never does: two unrelated models in one folder
 must not be fused, so it takes `--mmproj FILE` and nothing is guessed from the files beside it.
+The TUI loads what it pulled by the file's path in the cache: `pulled_mmproj` pairs that path
+with the projector pulled with it (the cache's record, not a guess from the folder).
 """
 
 from pathlib import Path
@@ -29,4 +31,20 @@ def paired_mmproj(name: str | None) -> Path | None:
         except HubError:
             return None
         return model.mmproj
+    return None
+
+
+def pulled_mmproj(path: str | Path | None) -> Path | None:
+    """The mmproj pulled with the Hugging Face cache file `path`, or None (not in the cache, or
+    pulled without one)."""
+    if not path:
+        return None
+    config = HubConfig.current()
+    want = Path(path).expanduser().absolute()
+    cache = Path(config.cache_dir).expanduser().absolute()
+    if not want.is_relative_to(cache):
+        return None
+    for model in scan_library(config.cache_dir):
+        if model.path.absolute() == want:
+            return model.mmproj
     return None

@@ -54,7 +54,8 @@ async def in_daemon_thread(
 
 def engine_loader(mmproj: tuple[str | None, str] | None = None, **engine_args: Any) -> Loader:
     """`mmproj`: (model name, projector path) given on the command line for that model; any
-    other model gets the projector pulled with it from the Hub, if any (nothing is guessed)."""
+    other model gets the projector pulled with it from the Hub, if any (nothing is guessed; the
+    library and downloads load a pulled model by its path in the cache: `pulled_mmproj`)."""
 
     async def load(name: str | None, residency: Any = None, lora: tuple = ()) -> ChatBackend:
         """`residency` (a `ResidencyConfig`): this load's, in place of `engine_args`' own;
@@ -87,9 +88,9 @@ def engine_loader(mmproj: tuple[str | None, str] | None = None, **engine_args: A
 def _projector(name: str | None, given: tuple[str | None, str] | None):
     if given is not None and given[0] == name:
         return Path(given[1]).expanduser()
-    from localllm.app.hub.pairing import paired_mmproj
+    from localllm.app.hub.pairing import paired_mmproj, pulled_mmproj
 
-    return paired_mmproj(name)
+    return paired_mmproj(name) or pulled_mmproj(name)
 
 
 def endpoint_loader(url: str, api_key: str | None = None) -> Loader:

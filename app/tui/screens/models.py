@@ -92,7 +92,7 @@ class ModelScreen(Screen):
                 m.name,
                 m.quant or "-",
                 human_bytes(m.size),
-                m.architecture or "?",
+                (m.architecture or "?") + ("(vision)" if m.vision else ""),
                 str(m.context_length or "?"),
                 e.fit.verdict,
             )

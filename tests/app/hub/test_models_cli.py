@@ -35,7 +35,8 @@ def test_pull_ls_rm(hub, config, capsys, repo_files):
     rows = {line.split()[0]: line.split() for line in lines[1:]}
     assert set(rows) == {f"{REPO}:Q8_0", f"{REPO}:IQ4_XS", *EMBEDDED}
     q8 = rows[f"{REPO}:Q8_0"]
-    assert q8[1] == "Q8_0" and q8[4:7] == ["llama", "1024", "hf-cache"]
+    # the repo ships an mmproj, pulled with the model: it is listed as one that sees
+    assert q8[1] == "Q8_0" and q8[4:7] == ["llama(vision)", "1024", "hf-cache"]
     assert q8[2:4] == [f"{len(repo_files['tiny-Q8_0.gguf'])}", "B"]
 
     assert main(["rm", f"{REPO}:Q8_0"]) == 1  # not a TTY and no --yes: refuses

@@ -43,3 +43,32 @@ def test_run_with_a_pulled_model_needs_no_mmproj_flag(hub, config):
     proc = subprocess.run(cmd, capture_output=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr.decode()
     assert proc.stdout  # the answer (its tokens are checked in tests/app/test_cli_vision.py)
+
+
+def test_the_tui_pairs_a_pulled_model_it_loads_by_its_cache_path(hub, config):
+    """The TUI's library and downloads load a pulled model by its path in the cache: the
+    projector pulled with it comes along; a file outside the cache still gets none."""
+    from localllm.app.hub.pairing import pulled_mmproj
+    from localllm.app.tui.loaders import _projector
+
+    got = pull(REPO, config=config)
+    assert _projector(str(got.path), None) == got.mmproj
+    assert pulled_mmproj(str(got.path)) == got.mmproj
+    assert _projector(str(TEXT), None) is None
+    assert pulled_mmproj(str(DATA / "nowhere.gguf")) is None
+
+
+def test_ls_and_the_library_say_which_models_see(hub, config, capsys, monkeypatch):
+    from localllm.app.cli import main
+    from localllm.app.hub.library import scan_library
+
+    pull(REPO, config=config)
+    pull("tiny-org/only-q8", config=config)
+    monkeypatch.setenv("LOCALLLM_MODEL_DIRS", str(DATA))  # a folder with an mmproj beside
+    assert main(["ls"]) == 0
+    rows = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()[1:]}
+    assert rows[f"{REPO}:Q8_0"][4] == "llama(vision)"
+    assert rows["tiny-org/only-q8:Q8_0"][4] == "llama"
+    assert rows[TEXT.stem][4] == "llama"  # a folder's neighbour is not its projector
+    seen = {m.name: m.vision for m in scan_library(config.cache_dir)}
+    assert seen == {f"{REPO}:Q8_0": True, "tiny-org/only-q8:Q8_0": False}

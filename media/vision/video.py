@@ -3,10 +3,13 @@ family's processor preprocesses them: `VisionPipeline.prepare_video`).
 
 Decoding is PyAV (FFmpeg). Frames are sampled as transformers' `Qwen2VLVideoProcessor` does:
 `fps` frames per second of video, at least `min_frames` and at most `max_frames`, rounded down
-to a multiple of the temporal patch, at indices `arange(0, total, total / n)`. Only the sampled
-frames are kept while decoding (a long video never sits in memory whole). Limits are checked on
-the container header before any frame is decoded: bytes, duration, frame size. Errors are
-`VideoError` (a ValueError) with one line that says what is wrong.
+to a multiple of the temporal patch, at indices `arange(0, total, total / n)`. Limits are checked
+on the container header before any frame is decoded: bytes, duration, frame size, and the
+sampled frames' decoded bytes. The work is bounded too: only the sampled frames are kept, and a
+sampled frame more than `SEEK_GAP` frames past the last one decoded is reached by seeking to the
+keyframe before it, so a long video costs about (sampled frames x keyframe interval) decodes, not
+its whole length (a container without a frame count is counted by its packets, undecoded).
+Errors are `VideoError` (a ValueError) with one line that says what is wrong.
 """
 
 import hashlib
@@ -29,7 +32,7 @@ class VideoLimits:
     """Bounds and sampling of one input video (defaults documented in docs/vision.md)."""
 
     max_bytes: int = 200 * 1024 * 1024  # the encoded file
-    max_seconds: float = 3600.0  # its duration, from the header
+    max_seconds: float = 4 * 3600.0  # its duration, from the header
     max_pixels: int = 8192 * 8192  # one frame's width x height
     max_frames_bytes: int = 2 << 30  # the sampled frames as decoded RGB, before any resize
     fps: float = 2.0  # frames sampled per second of video
@@ -38,6 +41,7 @@ class VideoLimits:
 
 
 DEFAULT_LIMITS = VideoLimits()
+SEEK_GAP = 64  # frames decoded in order before a seek to the next sampled one pays off
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +50,7 @@ class Video:
     fps: float  # the file's frame rate
     total: int  # frames in the file
     indices: tuple[int, ...]  # which frames were sampled
+    decoded: int = 0  # frames the decoder produced to reach them (the work it took)
 
     @property
     def sampled_fps(self) -> float:
@@ -112,9 +117,10 @@ def _decode(container, s, limits, fps, multiple, total, sampler, frame_bytes) ->
     import av
 
     try:
-        if not total:  # a container without a frame count: count once, bounded by the duration
+        if not total:  # a container without a frame count: count its packets, undecoded
             top = limits.max_seconds * fps
-            for total, _ in enumerate(container.decode(s), 1):
+            for p in container.demux(s):
+                total += bool(p.size)  # (the flush packet at the end is empty)
                 if total > top:
                     raise VideoError(f"the video is longer than {limits.max_seconds:.0f} s")
             container.seek(0)
@@ -125,20 +131,42 @@ def _decode(container, s, limits, fps, multiple, total, sampler, frame_bytes) ->
                 f"the video's {len(want)} sampled frames take {need:.2f} MiB decoded, above "
                 f"{top:.2f} MiB: send a shorter or smaller one"
             )
-        keep, out = set(want), {}
-        for i, frame in enumerate(container.decode(s)):
-            if i in keep:
-                out[i] = frame.to_ndarray(format="rgb24")
-            if i >= want[-1]:
-                break
+        out, decoded = _sampled(container, s, sorted(set(want)), fps)
     except av.error.FFmpegError as e:
         raise VideoError(f"corrupt video: {e}") from None
-    if len(out) != len(keep):  # the header promised more frames than the stream holds
+    if len(out) != len(set(want)):  # the header promised more frames than the stream holds
         want = [i for i in want if i in out]
         if not want:
             raise VideoError("the video has no decodable frames")
         want = want[: len(want) // multiple * multiple] or want
-    return Video(np.stack([out[i] for i in want]), fps, total, tuple(want))
+    return Video(np.stack([out[i] for i in want]), fps, total, tuple(want), decoded)
+
+
+def _sampled(container, s, keep: list[int], fps: float) -> tuple[dict, int]:
+    """The frames at indices `keep` (sorted) as RGB arrays, and how many frames were decoded.
+    Frames are counted in decode order from the first (transformers' enumeration); after a seek
+    the count restarts from the landing frame's timestamp (frame = time x fps)."""
+    out: dict[int, np.ndarray] = {}
+    frames, at, decoded = container.decode(s), -1, 0  # `at`: index of the last decoded frame
+    start = s.start_time or 0
+    for target in keep:
+        if target - at > SEEK_GAP and s.time_base:  # far ahead: from the keyframe before it
+            container.seek(start + int(target / fps / s.time_base), stream=s, backward=True)
+            frames, at = container.decode(s), None
+        for frame in frames:
+            decoded += 1
+            if at is None:  # the first frame after a seek: where it landed
+                if frame.pts is None:
+                    raise VideoError("the video's frames have no timestamps to seek by")
+                at = round(float((frame.pts - start) * s.time_base) * fps)
+            else:
+                at += 1
+            if at >= target:  # (past it only where the stream skips a frame: take the next)
+                out[target] = frame.to_ndarray(format="rgb24")
+                break
+        else:
+            break  # the stream ended before this frame
+    return out, decoded
 
 
 def video_digest(v: Video, salt: str = "") -> str:

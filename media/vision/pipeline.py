@@ -5,9 +5,13 @@
 encoder runs the tower on the engine's thread at prefill (once per content hash). The pairing is
 checked when the pipeline is made: the projector's output width must be the text model's, and
 the vocabulary must hold the family's image tokens, so an mmproj of another model is refused.
+The processor takes the model's preprocessing settings (`preprocess_config`: the mmproj's keys,
+a Hugging Face folder model's sidecar files, the caller's overrides) over its family defaults.
 """
 
+import dataclasses
 import importlib
+import inspect
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -16,11 +20,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from localllm.engine.hf import HFCheckpoint
 from localllm.engine.multimodal import MultiModalInput
+from localllm.media.vision import preprocess_config as pconfig
 from localllm.media.vision import prompt as vprompt
 from localllm.media.vision.image import DEFAULT_LIMITS, ImageLimits, decode_image, image_digest
 from localllm.media.vision.mmproj import FAMILIES, MMProjError, build_tower, open_mmproj
 from localllm.media.vision.mmproj import projector_type as _kind
+from localllm.media.vision.siglip import VisionConfigError
 from localllm.media.vision.video import DEFAULT_LIMITS as DEFAULT_VIDEO
 from localllm.media.vision.video import VideoError, VideoLimits, decode_video, video_digest
 
@@ -36,21 +43,54 @@ class PreparedImage:
 
 
 class VisionPipeline:
-    def __init__(self, path: str | os.PathLike, engine, device: torch.device | str | None = None):
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        engine,
+        device: torch.device | str | None = None,
+        preprocess: dict[str, Any] | None = None,
+    ):
+        """`preprocess`: explicit settings (`preprocess_config.KEYS`) over the model's own."""
         self.path = os.fspath(path)
         g = open_mmproj(self.path)
         try:
             self.kind = _kind(g.metadata)
             dev = device if device is not None else engine.kv_cache.k[0].device
             self.model = build_tower(g, dev)
+            settings = self._settings(g, engine, preprocess or {})
         except BaseException:
             g.close()
             raise
         self._gguf = g  # the weights are views of its mapping: open while the model lives
         self.device = torch.device(dev)
         mod = importlib.import_module(f"localllm.media.vision.{FAMILIES[self.kind]}_processor")
-        self.processor = mod.Processor(self.model.args)
+        takes = inspect.signature(mod.Processor).parameters
+        if any(p.kind is p.VAR_KEYWORD for p in takes.values()):  # passes them to its base
+            takes = inspect.signature(mod.Processor.__mro__[1]).parameters
+        given = {k: v for k, v in settings.items() if k in pconfig.PROCESSOR_KEYS}
+        refused = sorted(set(preprocess or {}) & set(given) - set(takes))
+        if refused:
+            raise MMProjError(f"{self.path}: a {self.kind} projector takes no {refused}")
+        self.processor = mod.Processor(
+            self.model.args, **{k: v for k, v in given.items() if k in takes}
+        )
+        self.settings = settings  # what the model (and the caller) set, for docs and tests
+        self.video_sampling = {
+            pconfig.SAMPLING_KEYS[k]: v for k, v in settings.items() if k in pconfig.SAMPLING_KEYS
+        }
         self._check_pair(engine)
+
+    @staticmethod
+    def _settings(g, engine, preprocess: dict[str, Any]) -> dict[str, Any]:
+        """The mmproj's settings, a Hugging Face folder model's sidecars', then `preprocess`."""
+        try:
+            out = pconfig.from_mmproj(g.metadata)
+            if isinstance(getattr(engine, "gguf", None), HFCheckpoint):
+                out.update(pconfig.from_folder(engine.gguf.path))
+            out.update(pconfig.check(preprocess))
+        except VisionConfigError as e:
+            raise MMProjError(f"{g.path}: {e}") from None
+        return out
 
     def _check_pair(self, engine) -> None:
         if hasattr(self.processor, "rope") and not getattr(engine.model, "mrope", False):
@@ -98,6 +138,7 @@ class VisionPipeline:
         proc = self.processor
         if not hasattr(proc, "preprocess_video"):
             raise VideoError(f"the {self.kind} vision projector does not take video")
+        limits = dataclasses.replace(limits, **self.video_sampling)  # the model's sampling
         v = decode_video(data, limits, sampler=getattr(proc, "sample_frames", None))
         pixels, layout = proc.preprocess_video(v)
         return PreparedImage(

@@ -26,7 +26,8 @@ from localllm.media.vision.qwen25vl import MERGE, TEMPORAL, ModelArgs
 IMAGE, VIDEO = "<|image_pad|>", "<|video_pad|>"
 START, END = "<|vision_start|>", "<|vision_end|>"
 RESCALE = 1 / 255
-# transformers' defaults (Qwen2.5-VL's preprocessor_config.json): documented in docs/vision.md
+# transformers' defaults (Qwen2.5-VL's preprocessor_config.json): documented in docs/vision.md;
+# a model's own settings replace them (`preprocess_config`, through `VisionPipeline`)
 MIN_PIXELS = 56 * 56
 MAX_PIXELS = 28 * 28 * 1280
 VIDEO_MIN_PIXELS = 128 * 28 * 28
@@ -85,7 +86,8 @@ class Processor:
         self.mean = np.array(args.image_mean, dtype=np.float32)
         self.std = np.array(args.image_std, dtype=np.float32)
         # what else shapes the embeddings of given pixels (content hashes include it)
-        self.salt = f"qwen25vl:{min_pixels}:{max_pixels}:{args.image_mean}:{args.image_std}"
+        self.salt = (f"qwen25vl:{min_pixels}:{max_pixels}:{video_min_pixels}:{video_max_pixels}:"
+                     f"{args.image_mean}:{args.image_std}")  # fmt: skip
 
     def preprocess(self, img: Image.Image) -> tuple[np.ndarray, Grid]:
         """An RGB image -> (patches [h*w, 3*2*p*p] float32, its grid)."""

@@ -22,6 +22,13 @@ def add_engine_flags(p: argparse.ArgumentParser, *, parallel: int | None = None)
         g.add_argument(
             "-np", "--parallel", type=int, default=parallel, help=f"sequences per step ({parallel})"
         )
+        g.add_argument(
+            "-b",
+            "--batch-size",
+            type=int,
+            default=512,
+            help="tokens per step, prompt chunks included (512)",
+        )
     g.add_argument(
         "--cache-type", default="f16", choices=KV_CACHE_TYPES, help="KV cache storage (f16)"
     )
@@ -68,6 +75,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         kw["lora"] = tuple(LoraSpec.parse(s) for s in args.lora)
     if getattr(args, "parallel", None) is not None:
         kw["max_num_seqs"] = args.parallel
+        kw["max_num_batched_tokens"] = args.batch_size
     residency = residency_config(args)
     if residency != ResidencyConfig():  # planned loading only when asked for
         kw["residency"] = residency

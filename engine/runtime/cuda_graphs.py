@@ -30,7 +30,10 @@ from localllm.kernels.attention.decode_plan import DecodePlan
 
 log = logging.getLogger(__name__)
 
-BATCH_SIZES = (1, 2, 4, 8)
+# batch sizes captured (lazily, on a step's first use); a step of more sequences runs eager. Up
+# to 64: a server's many streams replay graphs too (issue 38: 8 put 99.9 % of the tokens at 64
+# streams in eager steps); a step of 9-64 pads to the next size up
+BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
 SPLIT_LINK = True  # split layers hand over by flags in one graph (False: graph breaks; benches)
 MIN_BLOCKS = 16  # the smallest table-width bucket (256 tokens at block size 16)
 COLS = 4  # id, position, slot, seq_len; the block table follows

@@ -1,8 +1,8 @@
 """Decode graphs for large batches (issue 38: 16 to 64 streams) against eager batched decode.
 
-`DecodeGraphs` captures one graph per batch size of its ladder; the default stops at 8, so a step
-of more sequences runs eagerly. This checks a longer ladder (16, 32, 64) before any default
-changes: B sequences (13, 33, 64: padded up to 16, 64 and 64 rows) of different lengths over
+`DecodeGraphs` captures one graph per batch size of its ladder; the default ladder goes to 64
+rows (it stopped at 8, so a server's step of more sequences ran eagerly). With the default: B
+sequences (13, 33, 64: padded up to 16, 64 and 64 rows) of different lengths over
 shuffled block tables give eager batched decode's logits and write the same KV. On a CPU the
 captured function runs eagerly (`DecodeGraphs.forward`); on a GPU (marked `gpu`) it is captured
 and replayed, for a dense llama and a qwen3moe (routed experts at batch > 8 inside a graph).
@@ -17,12 +17,11 @@ import torch
 from localllm.engine.core.batch import BatchMeta
 from localllm.engine.gguf import open_gguf
 from localllm.engine.loader import build_model
-from localllm.engine.runtime.cuda_graphs import COLS, DecodeGraphs, pack_decode
+from localllm.engine.runtime.cuda_graphs import BATCH_SIZES, COLS, DecodeGraphs, pack_decode
 from localllm.engine.runtime.kv_cache import PagedKVCache
 from tests.perf.make_synthetic import SHAPES, write_synthetic
 
 BS = 16
-LADDER = (1, 2, 4, 8, 16, 32, 64)
 
 
 @pytest.fixture(scope="module", params=["tiny", "tiny-qwen3moe"])
@@ -61,7 +60,7 @@ def _batch(path, device: str, n: int, replay: bool):
                     model(ids, torch.arange(len(p), device=device), meta, kv)
             toks = [rng.randrange(3, 500) for _ in range(n)]
             slots = [t[p // BS] * BS + p % BS for t, p in zip(tables, lens, strict=True)]
-            graphs = DecodeGraphs(model, kv_g, batch_sizes=LADDER)
+            graphs = DecodeGraphs(model, kv_g)  # the default ladder
             rows = pack_decode(toks, lens, slots, tables).to(device)
             key = graphs.key(n, rows.shape[1] - COLS)
             if replay:
@@ -82,6 +81,22 @@ def _batch(path, device: str, n: int, replay: bool):
             for a, b in zip(kv_g.k + kv_g.v, kv_e.k + kv_e.v, strict=True):
                 a, b = a.flatten(0, 1)[written].float(), b.flatten(0, 1)[written].float()
                 torch.testing.assert_close(a, b, rtol=tol, atol=tol)
+    finally:
+        gguf.close()
+
+
+def test_default_ladder_takes_steps_of_up_to_64_sequences(model_file):
+    gguf = open_gguf(str(model_file))
+    try:
+        model = build_model(gguf, device="cpu")
+        layers, kvh, hd = model.kv_shape()
+        kv = PagedKVCache(layers, 8, BS, kvh, hd, "f32", "cpu", model.kv_value_dim())
+        graphs = DecodeGraphs(model, kv)
+        assert graphs.batch_sizes == BATCH_SIZES
+        # each step size pads up to the next graph; past the ladder's top the step runs eager
+        got = {n: graphs.key(n, 3)[0] for n in (1, 3, 8, 9, 16, 17, 33, 64)}
+        assert got == {1: 1, 3: 4, 8: 8, 9: 16, 16: 16, 17: 32, 33: 64, 64: 64}
+        assert graphs.key(65, 3) is None
     finally:
         gguf.close()
 

@@ -9,10 +9,14 @@ the router (ffn_gate_inp) and norms stay F32 (llama.cpp's Q8_0 bump of attn_k/at
 8-expert models only). The file is written tensor by tensor: memory holds one tensor at most.
 The tokenizer (its `tokenizer.*` keys) is copied from a source GGUF
 (SmolLM2 by default) and padded with control tokens up to the shape's vocabulary, so llama.cpp
-and localllm both load the file.
+and localllm both load the file. `--text-head` zeroes the output head's rows of every token that is
+not text on its own (control and padding tokens, byte tokens of an incomplete UTF-8 sequence):
+their logit is exactly 0 while the ~45,000 others are random around 0, so greedy decoding never
+picks one and every server's output is valid UTF-8 (llama-server rejects a reply that is not:
+its chat-output parser runs on /v1/completions too, and answers HTTP 500).
 
     python tests/perf/make_synthetic.py --shape llama3-8b --quant Q4_K_M -o /tmp/l8b-q4km.gguf \
-        [--tokenizer-from PATH.gguf] [--seed 0]
+        [--tokenizer-from PATH.gguf] [--seed 0] [--text-head]
     python tests/perf/make_synthetic.py --shape qwen3moe-30b-a3b -o /tmp/q3moe-q4km.gguf  # ~17 GiB
 """
 
@@ -68,6 +72,9 @@ FILE_TYPES = {"Q8_0": 7, "Q4_K_M": 15}
 _BLOCK = {
     QT.Q8_0: (32, 34),
     QT.Q4_0: (32, 18),
+    QT.Q4_1: (32, 20),
+    QT.Q5_0: (32, 22),
+    QT.Q5_1: (32, 24),
     QT.Q4_K: (256, 144),
     QT.Q5_K: (256, 176),
     QT.Q6_K: (256, 210),
@@ -94,6 +101,11 @@ def random_rows(
         raw[:, 0:2], raw[:, 2:4] = _f16(d), _f16(d * 7.5)
     elif qtype == QT.Q4_0:  # q - 8 has std ~4.6
         raw[:, 0:2] = _f16(jitter * std / 4.6)
+    elif qtype == QT.Q5_0:  # q - 16 has std ~9.2
+        raw[:, 0:2] = _f16(jitter * std / 9.2)
+    elif qtype in (QT.Q4_1, QT.Q5_1):  # d*q + m: q has mean 7.5 / 15.5; m centres it
+        d, mean = (jitter * std / 4.6, 7.5) if qtype == QT.Q4_1 else (jitter * std / 9.2, 15.5)
+        raw[:, 0:2], raw[:, 2:4] = _f16(d), _f16(-mean * d)
     elif qtype == QT.Q5_K:  # sc*q has mean ~488, std ~450
         d = jitter * std / 450.0
         raw[:, 0:2], raw[:, 2:4] = _f16(d), _f16(d * 15.5)
@@ -156,21 +168,35 @@ def tensor_nbytes(dims: Dims, qt: QT) -> int:
     return math.prod(dims[:-1]) * (dims[-1] // block * nbytes)
 
 
-def _byte_tokenizer(w: gguf.GGUFWriter, vocab: int) -> None:
-    """A byte-level BPE (GPT-2's byte-to-unicode alphabet): one token per byte, ids 0..255, one
-    merge, control tokens after them; for tests with no tokenizer file at hand."""
+def _gpt2_bytes() -> dict[str, int]:
+    """GPT-2's byte-level alphabet: character -> the byte it stands for."""
     bs = [*range(33, 127), *range(161, 173), *range(174, 256)]
     cs, extra = {b: b for b in bs}, 0
     for b in range(256):
         if b not in cs:
             cs[b], extra = 256 + extra, extra + 1
-    sp = chr(cs[32])  # one merge ("  " -> id 256): readers want a non-empty merge list
-    tokens = [chr(cs[b]) for b in range(256)] + [sp + sp]
+    return {chr(c): b for b, c in cs.items()}
+
+
+def _byte_tokens(vocab: int) -> tuple[list[str], list[int]]:
+    """The byte-level tokenizer's tokens and types: one per byte (GPT-2's alphabet), one merge
+    ("  "), control tokens after them."""
+    alphabet = {b: c for c, b in _gpt2_bytes().items()}
+    sp = alphabet[32]
+    tokens = [alphabet[b] for b in range(256)] + [sp + sp]
     tokens += [f"<|synthetic_pad_{i}|>" for i in range(vocab - 257)]
+    return tokens, [1] * 257 + [3] * (vocab - 257)
+
+
+def _byte_tokenizer(w: gguf.GGUFWriter, vocab: int) -> None:
+    """A byte-level BPE: `_byte_tokens`, bos/eos the first control tokens; for tests with no
+    tokenizer file at hand."""
+    tokens, types = _byte_tokens(vocab)
+    sp = tokens[256][0]
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("default")
     w.add_token_list(tokens)
-    w.add_token_types([1] * 257 + [3] * (vocab - 257))
+    w.add_token_types(types)
     w.add_token_merges([f"{sp} {sp}"])
     w.add_bos_token_id(257)
     w.add_eos_token_id(258)
@@ -212,11 +238,52 @@ def write_tokenizer_only(path: Path, source: Path) -> None:
     w.close()
 
 
+def text_tokens(tokens: list[str], types: list[int], model: str) -> np.ndarray:
+    """bool [len(tokens)]: normal tokens (type 1) whose bytes are valid UTF-8 by themselves, so
+    any sequence of them is too (byte-level BPE's alphabet, or SentencePiece's <0xNN> bytes)."""
+    alphabet = _gpt2_bytes() if model == "gpt2" else None
+    ok = np.zeros(len(tokens), bool)
+    for i, (tok, kind) in enumerate(zip(tokens, types, strict=True)):
+        if kind != 1:
+            continue
+        if alphabet is not None:
+            if any(c not in alphabet for c in tok):
+                continue
+            raw = bytes(alphabet[c] for c in tok)
+        elif len(tok) == 6 and tok.startswith("<0x") and tok.endswith(">"):
+            raw = bytes([int(tok[3:5], 16)])
+        else:
+            raw = tok.encode()
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+        ok[i] = True
+    return ok
+
+
+def _text_mask(source: Path | None, vocab: int) -> np.ndarray:
+    """`text_tokens` of the tokenizer the file gets: `source`'s, padded with control tokens, or
+    the byte-level one."""
+    if source is None:
+        return text_tokens(*_byte_tokens(vocab), "gpt2")
+    r = gguf.GGUFReader(source)
+    tokens = r.fields["tokenizer.ggml.tokens"].contents()
+    types = r.fields["tokenizer.ggml.token_type"].contents()
+    mask = text_tokens(tokens, types, r.fields["tokenizer.ggml.model"].contents())
+    return np.pad(mask, (0, vocab - len(mask)))
+
+
 def write_synthetic(
-    path: Path, shape: Shape, quant: str, tokenizer_from: Path | None, seed: int = 0
+    path: Path,
+    shape: Shape,
+    quant: str,
+    tokenizer_from: Path | None,
+    seed: int = 0,
+    text_head: bool = False,
 ) -> int:
     """Write the file (tokenizer copied from `tokenizer_from`, or a byte-level one when None);
-    returns its tensor bytes."""
+    returns its tensor bytes. `text_head`: output rows of non-text tokens are zero."""
     if quant not in FILE_TYPES:
         raise ValueError(f"quant must be one of {', '.join(FILE_TYPES)}")
     rng = np.random.default_rng(seed)
@@ -254,9 +321,12 @@ def write_synthetic(
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
+    mute = ~_text_mask(tokenizer_from, s.vocab) if text_head else None
     total = 0
     for name, dims, qt in plan:
         data = _tensor_data(name, dims, qt, rng, s.qk_gain)
+        if mute is not None and name == "output.weight":
+            data[mute] = 0  # all-zero blocks: scale 0, every weight 0
         total += data.nbytes
         w.write_tensor_data(data)
         del data  # one tensor in memory at a time
@@ -298,6 +368,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--layers", type=int, default=None, help="fewer layers than the shape's")
     p.add_argument("--tokenizer-only", action="store_true", help="write just the tokenizer")
+    p.add_argument(
+        "--text-head", action="store_true", help="zero the head's rows of non-text tokens"
+    )
     p.add_argument("-o", "--output", type=Path, required=True)
     a = p.parse_args(argv)
     src = a.tokenizer_from or smollm2_path()
@@ -310,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
     shape = SHAPES[a.shape]
     if a.layers:
         shape = dataclasses.replace(shape, n_layers=a.layers)
-    n = write_synthetic(a.output, shape, a.quant, src, a.seed)
+    n = write_synthetic(a.output, shape, a.quant, src, a.seed, a.text_head)
     layers = f" ({shape.n_layers} layers)" if a.layers else ""
     print(f"{a.output}: {a.shape}{layers} {a.quant}, {n / 2**30:.2f} GiB of tensors")
     return 0

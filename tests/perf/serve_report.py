@@ -1,5 +1,7 @@
 """One markdown table from several `bench_serve.py --json` files, and each server against a
-baseline: aggregate output tokens/s as a ratio, p99 inter-token latency side by side. With
+baseline: aggregate output tokens/s as a ratio, p99 inter-token latency side by side. A level
+where either server failed a request (measured or warm-up) gets no ratio, only its error counts:
+a server that drops requests would count only the survivors' tokens. With
 `--smi DIR`, also the GPU's busy share and memory while each level was measured, from
 `DIR/smi_LABEL.csv` (`nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used
 --format=csv,noheader,nounits -lms 250`, as gpu_serve.sh records it): a server whose GPU idles at
@@ -25,6 +27,11 @@ def _bench_serve():
     return mod
 
 
+def failed(level: dict) -> int:
+    """Requests of a level that failed, its warm-ups included."""
+    return level["errors"] + level.get("warmup", {}).get("errors", 0)
+
+
 def report(runs: list[dict], baseline: str) -> str:
     bs = _bench_serve()
     lines = [bs.table_head()]
@@ -42,7 +49,14 @@ def report(runs: list[dict], baseline: str) -> str:
             continue
         for lv in r["levels"]:
             b = by_c.get(lv["concurrency"])
-            if b is None or not b["output_tok_s"] or lv["output_tok_s"] is None:
+            if b is None:
+                continue
+            if failed(lv) or failed(b):
+                lines.append(f"| {r['label']} | {lv['concurrency']} | no ratio: {failed(lv)} "
+                             f"errors here, {failed(b)} in {baseline} | {lv['itl_p99_ms']} | "
+                             f"{b['itl_p99_ms']} |")  # fmt: skip
+                continue
+            if not b["output_tok_s"] or lv["output_tok_s"] is None:
                 continue
             ratio = lv["output_tok_s"] / b["output_tok_s"]
             lines.append(f"| {r['label']} | {lv['concurrency']} | {ratio:.2f}x | "

@@ -115,3 +115,22 @@ def test_failed_requests_are_errors_not_tokens(server):
     assert r["first_error"].startswith("HTTP 400")
     assert r["ttft_p50_ms"] is None
     assert isinstance(samples[0], Sample) and samples[0].usage_tokens is None
+
+
+def test_report_gives_no_ratio_where_a_server_failed_requests():
+    from tests.perf.serve_report import report
+
+    def run(label, levels):
+        return {"label": label, "levels": [
+            {"concurrency": c, "requests": 8, "errors": e, "output_tok_s": t, "requests_s": 1.0,
+             "ttft_p50_ms": 1.0, "ttft_p99_ms": 2.0, "itl_p50_ms": 3.0, "itl_p99_ms": 4.0,
+             "tpot_p50_ms": 3.0, "warmup": {"errors": w}} for c, e, w, t in levels]}  # fmt: skip
+
+    ours = run("ours", [(1, 0, 0, 300.0), (16, 0, 0, 900.0), (64, 2, 0, 1000.0)])
+    theirs = run("llama", [(1, 0, 0, 100.0), (16, 5, 1, 250.0), (64, 0, 0, 500.0)])
+    text = report([ours, theirs], "llama")
+    rows = {line.split(" | ")[1]: line for line in text.splitlines() if "no ratio" in line}
+    assert "| ours | 1 | 3.00x |" in text
+    assert "no ratio: 0 errors here, 6 in llama" in rows["16"]
+    assert "no ratio: 2 errors here, 0 in llama" in rows["64"]
+    assert "3.60x" not in text and "2.00x" not in text

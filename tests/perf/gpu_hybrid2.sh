@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# One device call (~7 min on an H100/H200) for issue 40's hybrids with decode CUDA graphs:
+# 1. GPU tests: hybrid decode graphs against eager (tests/engine/test_hybrid_graphs.py: replayed
+#    rows vs eager decode token by token for lfm2, lfm2moe, granitehybrid(+dense), qwen3next at
+#    1, 3-padded-to-4 and 4 sequences; the engine with graphs on vs off, batch of 4, alone, n = 2
+#    forks), the hybrids' engine tests (test_hybrid_families_gpu.py, test_qwen3next_gpu.py) and
+#    the dense graphs' (test_gpu_graphs.py: the rows gained a state-slot column).
+# 2. `localllm bench -p 512 -n 128 -r 3` and llama.cpp's llama-bench on the same real-shape
+#    random-weight Q4_K_M files, made on the device while the tests run: LFM2-1.2B,
+#    Granite-4.0-H-Tiny, Qwen3-Next-80B-A3B (Q3N_LAYERS, default 12 of 48), GLM-4.5-Air
+#    (GLM_LAYERS, default 10 of 46), Granite-4.0-H-Small (if time and disk allow). Each file is
+#    deleted once benched. A compact table ends the output ($OUT/table.md).
+#
+# Carry: [".whl"] (gguf and llguidance wheels: `bash tests/perf/h200_prepare.sh` makes it) and
+# llama.cpp's CUDA build: ".llbh" (llama-bench and its libraries only, see below) or ".llb"
+# (gpu_build_llamacpp.sh's whole build; 44 MB: with the ~24 MB tree it passes the 64 MiB limit).
+# The tokenizer comes from a tracked fixture (no .refbuild needed). Without a llama.cpp build the
+# llama.cpp column stays empty. Run from the repo root:  bash tests/perf/gpu_hybrid2.sh
+# Make .llbh here from .llb (stripped, llama-bench only, xz with the x86 filter):
+#   mkdir -p /tmp/x && cat .llb/llb.part.* | xz -d | tar x -C /tmp/x && cd /tmp/x && mkdir -p s/bin
+#   cp -a bin/llama-bench bin/libllama-bench-impl.so bin/libllama.so* bin/libllama-common.so* \
+#     bin/libggml*.so* s/bin/ && (cd s/bin && strip --strip-unneeded *.so.0.* *.so llama-bench)
+#   mkdir -p $REPO/.llbh && (cd s && tar c bin | xz --x86 --lzma2=preset=9e | split -b 15M - \
+#     $REPO/.llbh/llb.part.)   # and: echo /.llbh/ >> $REPO/.git/info/exclude
+set -u
+export PYTHONUNBUFFERED=1 PYTHONSAFEPATH=1
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+T0=$(date +%s)
+BUDGET=${BUDGET:-440}  # seconds after which no further model is benched
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
+ln -sfn "$PWD" /tmp/site/localllm
+export PYTHONPATH=/tmp/site:$PWD
+python3 -c "import llguidance, gguf" || { echo "carry .whl with llguidance and gguf"; exit 1; }
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/bench.md"
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+date -u
+TOK=${TOK:-tests/data/families/qwen3next.gguf}  # a converter-made tokenizer, small vocabulary
+M=/tmp/models
+mkdir -p $M
+LLB=/tmp/llb/bin/llama-bench
+for d in .llbh .llb; do
+  if [ -d $d ]; then
+    mkdir -p /tmp/llb && cat $d/llb.part.* | xz -d | tar x -C /tmp/llb && break
+  fi
+done
+mk() {  # name, then the maker's command; <name>.gguf appears once complete
+  local name=$1
+  shift
+  "$@" -o $M/$name.part >>/tmp/make.log 2>&1 && mv $M/$name.part $M/$name.gguf \
+    || echo "$name: making failed" >>/tmp/make.log
+}
+wait_room() {  # at most one unbenched file on the disk besides the one being made
+  while [ "$(ls $M/*.gguf 2>/dev/null | wc -l)" -gt 1 ]; do sleep 2; done
+}
+( mk lfm2 python3 tests/perf/make_hybrid_synthetic.py --shape lfm2-1.2b --tokenizer-from $TOK
+  mk g4t python3 tests/perf/make_hybrid_synthetic.py --shape granite-4.0-h-tiny \
+    --tokenizer-from $TOK
+  wait_room
+  mk q3n python3 tests/perf/make_qwen3next.py --layers "${Q3N_LAYERS:-12}" --tokenizer-from $TOK
+  wait_room
+  mk glm python3 tests/perf/make_glm4moe.py --layers "${GLM_LAYERS:-10}" --tokenizer-from $TOK
+  wait_room
+  if [ "$(df -BG --output=avail /tmp | tail -1 | tr -dc 0-9)" -gt 30 ]; then
+    mk g4s python3 tests/perf/make_hybrid_synthetic.py --shape granite-4.0-h-small \
+      --tokenizer-from $TOK
+  fi
+  touch $M/done ) &
+timeout "${TEST_T:-230}" python3 -m pytest -q -m gpu -p no:cacheprovider \
+  tests/engine/test_hybrid_graphs.py tests/engine/test_hybrid_families_gpu.py \
+  tests/engine/test_qwen3next_gpu.py tests/engine/test_gpu_graphs.py 2>&1 \
+  | tee "$OUT/pytest.log" | grep -v "^\." | tail -25
+date -u
+echo "| model | test | localllm t/s | llama.cpp t/s | ratio |" >"$OUT/table.md"
+echo "|---|---|---:|---:|---:|" >>"$OUT/table.md"
+rates() {  # the pp512 / tg128 rows of a bench table: "test t/s"
+  grep -E "\| +(pp512|tg128) +\|" "$1" | awk -F'|' '{gsub(/ /, "", $(NF-2)); print $(NF-2), $(NF-1)}'
+}
+for name in lfm2 g4t q3n glm g4s; do
+  f=$M/$name.gguf
+  while [ ! -f $f ] && [ ! -f $M/done ]; do sleep 2; done
+  [ -f $f ] || { echo "$name: not made"; continue; }
+  if [ $(($(date +%s) - T0)) -gt "$BUDGET" ]; then
+    echo "$name: skipped, past ${BUDGET}s"
+    rm -f $f
+    continue
+  fi
+  echo "== $name: $(du -h $f | cut -f1)" | tee -a "$OUT/bench.md"
+  timeout 150 python3 -m localllm.app.bench -m $f -p 512 -n 128 -r 3 --device cuda \
+    >/tmp/ours.md 2>/tmp/ours.err
+  cat /tmp/ours.md >>"$OUT/bench.md"
+  grep -E "not captured|Error|error" /tmp/ours.err | tail -3 | tee -a "$OUT/bench.md"
+  : >/tmp/theirs.md
+  if [ -x $LLB ]; then
+    LD_LIBRARY_PATH=/tmp/llb/bin timeout 150 $LLB -m $f -p 512 -n 128 -r 3 -ngl 99 \
+      >/tmp/theirs.md 2>/tmp/theirs.err || tail -3 /tmp/theirs.err
+    cat /tmp/theirs.md >>"$OUT/bench.md"
+  fi
+  rm -f $f
+  for t in pp512 tg128; do
+    a=$(rates /tmp/ours.md | awk -v t=$t '$1 == t {print $2}')
+    b=$(rates /tmp/theirs.md | awk -v t=$t '$1 == t {print $2}')
+    r=$(awk -v a="${a:-0}" -v b="${b:-0}" 'BEGIN { if (a > 0 && b > 0) printf "%.2fx", a / b }')
+    echo "| $name | $t | ${a:--} | ${b:--} | ${r:--} |" >>"$OUT/table.md"
+  done
+  date -u
+done
+tail -12 /tmp/make.log
+echo "files: lfm2 = LFM2-1.2B, g4t = Granite-4.0-H-Tiny, q3n = Qwen3-Next-80B-A3B" \
+  "(${Q3N_LAYERS:-12} layers), glm = GLM-4.5-Air (${GLM_LAYERS:-10} layers)," \
+  "g4s = Granite-4.0-H-Small; all Q4_K_M random weights"
+cat "$OUT/table.md"
+date -u

@@ -1,18 +1,24 @@
 """Images attached to a chat message in the TUI.
 
 An attached image is kept in the message's text as one `[image: PATH]` line at its start, so the
-history store keeps it with the message (a path, not the pixels: a moved file is a clear error
-when the message is answered again) and the transcript shows it as a chip. Before a backend sees
-the conversation, those lines become content parts: `{"type": "image", "path": PATH}` then the
-text. A dropped or pasted path with an image suffix attaches that image.
+history store keeps it with the message, and the transcript shows it as a chip (and a small
+preview: `widgets/image_preview`). When the message is sent, the image's bytes are copied into
+the history's image folder under their SHA-256 (`keep_image`: `images/<hash>/<file name>` beside
+the history database), and PATH is that copy: a conversation answered again after the original
+file moved or was deleted still has its image. Before a backend sees the conversation, those
+lines become content parts: `{"type": "image", "path": PATH}` then the text. A dropped or pasted
+path with an image suffix attaches that image.
 """
 
 import base64
+import hashlib
+import os
 import re
 from pathlib import Path
 
 IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".webp", ".gif", ".bmp", ".tif", ".tiff"})
 MAX_IMAGES = 8  # attached to one message (documented in docs/tui.md)
+MAX_IMAGE_BYTES = 20 * 1024 * 1024  # one attached file, as the server's limit (docs/tui.md)
 _LINE = re.compile(r"\[image: (.+)\]")
 
 
@@ -61,6 +67,21 @@ def image_path(text: str) -> Path | None:
         return None
     path = Path(text).expanduser()
     return path.resolve() if path.suffix.lower() in IMAGE_SUFFIXES and path.is_file() else None
+
+
+def keep_image(path: Path, folder: Path) -> Path:
+    """The history's copy of the image at `path` (`folder/<sha256>/<name>`, written once); a
+    file that cannot be read or is too large is a one-line ValueError. Blocking: off the loop."""
+    data = read_image(path)
+    if len(data) > MAX_IMAGE_BYTES:
+        raise ValueError(f"{path.name} is {len(data)} bytes, above the {MAX_IMAGE_BYTES} allowed")
+    kept = folder / hashlib.sha256(data).hexdigest() / path.name
+    if not kept.is_file():
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        part = kept.with_name(kept.name + ".part")
+        part.write_bytes(data)
+        os.replace(part, kept)  # whole or absent, never a torn copy
+    return kept
 
 
 def read_image(path: str | Path) -> bytes:

@@ -11,6 +11,7 @@ import hashlib
 import io
 from dataclasses import dataclass
 
+import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 # Raster formats Pillow decodes that we accept; the first frame of an animation is the image.
@@ -78,6 +79,14 @@ def to_rgb(img: Image.Image) -> Image.Image:
         white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
         return Image.alpha_composite(white, rgba).convert("RGB")
     return img.convert("RGB")
+
+
+def thumbnail(data: bytes, width: int, height: int) -> np.ndarray:
+    """The image in `data` shrunk (aspect kept, never enlarged) to fit width x height pixels,
+    RGB [h, w, 3] uint8: a preview (the TUI's); `ImageError` as `decode_image`."""
+    img = decode_image(data)
+    img.thumbnail((width, height), Image.Resampling.BOX)
+    return np.asarray(img, dtype=np.uint8)
 
 
 def image_digest(img: Image.Image, salt: str = "") -> str:

@@ -173,7 +173,7 @@ class ChatScreen(
                 conversation_title(text), self.gen_settings.to_dict(), model
             )
             self.refresh_list()
-        text = self.take_images(text)  # attached images go in front of the text
+        text = await self.take_images(text)  # attached images go in front of the text
         msg = self.store.add_message(self.conversation.id, "user", text)  # committed now
         self.history.append(msg)
         await self._mount(MessageView("user", text, msg.id))

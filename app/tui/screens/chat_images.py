@@ -1,13 +1,15 @@
 """Chat-screen image attachments: `/image PATH` (or the palette's "Attach image", or a dropped
 image file) attaches an image to the next message; the status line lists what is attached, and
-sending puts them in the message (`app/tui/images`). `/image` alone clears the attachments.
+sending copies them into the history's image folder and puts them in the message
+(`app/tui/images`). `/image` alone clears the attachments.
 
-A mixin of `ChatScreen` (which provides `refresh_status`).
+A mixin of `ChatScreen` (which provides `refresh_status` and `store`).
 """
 
+import asyncio
 from pathlib import Path
 
-from localllm.app.tui.images import MAX_IMAGES, image_path, with_images
+from localllm.app.tui.images import MAX_IMAGES, image_path, keep_image, with_images
 from localllm.app.tui.screens.modals import TextPromptModal
 
 
@@ -45,10 +47,18 @@ class ImageActions:
         self.refresh_status()
         return True
 
-    def take_images(self, text: str) -> str:
-        """The message text with the pending images attached (and none pending after)."""
+    async def take_images(self, text: str) -> str:
+        """The message text with the pending images attached, as the history's copies (none
+        pending after); an image that cannot be kept is dropped with a notice."""
         paths, self.pending_images = self.pending_images, []
-        return with_images(text, paths)
+        folder = self.store.path.parent / "images"
+        kept = []
+        for p in paths:
+            try:
+                kept.append(await asyncio.to_thread(keep_image, p, folder))
+            except ValueError as e:
+                self.notify(str(e), title="Image not sent", severity="error")
+        return with_images(text, kept)
 
     def images_status(self) -> str:
         if not self.pending_images:

@@ -1,11 +1,13 @@
 """One chat message: a role line, a reasoning model's think block (shown only when there is
-reasoning) and its Markdown body; both are streamed into while the answer is generated."""
+reasoning) and its Markdown body; both are streamed into while the answer is generated. A user
+message's attached images show as chips and small previews (`image_preview`)."""
 
 from textual.app import ComposeResult
-from textual.containers import Vertical
+from textual.containers import Horizontal, Vertical
 from textual.widgets import Label, Markdown
 
-from localllm.app.tui.images import chips
+from localllm.app.tui.images import chips, split_images
+from localllm.app.tui.widgets.image_preview import ImagePreview
 
 ROLE_TITLES = {"user": "You", "assistant": "Assistant", "system": "System"}
 
@@ -17,6 +19,7 @@ class MessageView(Vertical):
     MessageView.user > .role { color: $accent; }
     MessageView.assistant > .role { color: $success; }
     MessageView > Markdown { margin: 0; padding: 0; }
+    MessageView > .previews { height: auto; width: auto; }
     MessageView > Markdown > MarkdownBlock:last-child { margin-bottom: 0; }
     MessageView > Markdown.think {
         color: $text-muted; text-style: italic;
@@ -42,6 +45,11 @@ class MessageView(Vertical):
         think = Markdown(self.reasoning, classes="think")
         think.display = bool(self.reasoning)
         yield think
+        paths = split_images(self.content)[0] if self.role == "user" else []
+        if paths:
+            with Horizontal(classes="previews"):
+                for p in paths:
+                    yield ImagePreview(p)
         yield Markdown(chips(self.content), classes="answer")  # attached images as chips
 
     @property

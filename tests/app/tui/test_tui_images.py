@@ -1,17 +1,24 @@
 """Images in the TUI, driven with Textual's Pilot: `/image PATH`, a pasted (dropped) image path
 and the palette's "Attach image" attach an image to the next message; it is sent with it, shown
-as a chip in the transcript and kept in history. With the real engine and the Gemma 3 vision
+as a chip and a half-block preview in the transcript and kept in history as a copy (answered
+again after the file moved). With the real engine and the Gemma 3 vision
 fixture (tests/data/vision/*gemma3*) the answer equals the engine's own for the same image."""
 
 import asyncio
+import hashlib
+from pathlib import Path
 
+import numpy as np
 import pytest
+from PIL import Image
 from textual import events
 
 from localllm.app.tui.backend import GenSettings
 from localllm.app.tui.config import TuiConfig
 from localllm.app.tui.engine_backend import EngineBackend
 from localllm.app.tui.images import parts, split_images
+from localllm.app.tui.widgets.image_preview import COLS, ImagePreview, half_blocks, pixels
+from localllm.app.tui.widgets.message import MessageView
 from localllm.app.tui.widgets.prompt import PromptInput
 from localllm.engine import EngineArgs, LLMEngine
 from localllm.media.vision.pipeline import VisionPipeline
@@ -48,15 +55,82 @@ async def test_slash_image_attaches_to_the_next_message(tmp_path, picture):
         await send(pilot, QUESTION)
         await wait_for(pilot, lambda: not chat.generating and len(chat.history) == 2)
         ((messages, _),) = backend.calls
+        kept = _kept(app, picture)
         assert parts(messages)[-1]["content"] == [
-            {"type": "image", "path": str(picture.resolve())},
+            {"type": "image", "path": str(kept)},
             {"type": "text", "text": QUESTION},
         ]
         assert chat.pending_images == [] and "my pic.png" not in _status(app)
         (user, _answer) = views(app)
         assert user[0] == "user" and "🖼 `my pic.png`" in user[1] and QUESTION in user[1]
         stored = app.store.messages(chat.conversation.id)[0].content
-        assert split_images(stored) == ([picture.resolve()], QUESTION)  # kept in history
+        assert split_images(stored) == ([kept], QUESTION)  # kept in history, as a copy
+
+
+def _kept(app, picture) -> Path:
+    """Where the history keeps `picture`: its bytes under their SHA-256, its name kept."""
+    data = picture.read_bytes()
+    kept = app.store.path.parent / "images" / hashlib.sha256(data).hexdigest() / picture.name
+    assert kept.read_bytes() == data
+    return kept
+
+
+async def test_a_sent_image_shows_a_half_block_preview(tmp_path):
+    """A 4x4 picture (rows red, blue, green, white) fits the preview whole: 4 cells by 2, each
+    the upper pixel in front of the lower one."""
+    rows = [(255, 0, 0), (0, 0, 255), (0, 255, 0), (255, 255, 255)]
+    path = tmp_path / "rows.png"
+    Image.fromarray(np.array([[c] * 4 for c in rows], np.uint8)).save(path)
+    app = make_app(tmp_path, FakeBackend(["Stripes."]))
+    async with app.run_test(size=(100, 30)) as pilot:
+        chat = await ready(pilot)
+        chat.attach_image(path)
+        await send(pilot, QUESTION)
+        await wait_for(pilot, lambda: not chat.generating and len(chat.history) == 2)
+        (preview,) = app.screen.query(ImagePreview)
+        await wait_for(pilot, lambda: preview.shown is not None)
+        await pilot.pause()
+        assert preview.shown.tolist() == [[list(c)] * 4 for c in rows]
+        assert (preview.size.width, preview.size.height) == (4, 2)
+        lines = half_blocks(preview.shown).split("\n")
+        assert [ln.plain for ln in lines] == ["\u2580" * 4] * 2
+        assert [s.style for s in lines[1].spans] == ["rgb(0,255,0) on rgb(255,255,255)"] * 4
+
+
+def test_a_large_image_preview_fits_the_box(tmp_path):
+    path = tmp_path / "wide.png"
+    Image.new("RGB", (1200, 300), (10, 20, 30)).save(path)
+    px = pixels(path)
+    assert px.shape == (COLS * 300 // 1200, COLS, 3) and px[0, 0].tolist() == [10, 20, 30]
+    assert pixels(path, 24, 4).shape == (6, 24, 3)
+    assert half_blocks(px[:5]).plain.count("\n") == 2  # an odd last row: over black
+
+
+async def test_an_unreadable_image_has_no_preview_but_its_chip(tmp_path):
+    app = make_app(tmp_path)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.pause()
+        view = MessageView("user", f"[image: {tmp_path / 'gone.png'}]\nhi")
+        await app.screen.query_one("#messages").mount(view)
+        (preview,) = view.query(ImagePreview)
+        await wait_for(pilot, lambda: not preview.display)
+        assert "🖼 `gone.png`" in view.markdown.source
+
+
+async def test_a_conversation_answered_again_after_the_file_moved(tmp_path, picture):
+    backend = FakeBackend(["One.", "Two."])
+    app = make_app(tmp_path, backend)
+    async with app.run_test(size=(100, 30)) as pilot:
+        chat = await ready(pilot)
+        await send(pilot, f"/image {picture}")
+        await send(pilot, QUESTION)
+        await wait_for(pilot, lambda: not chat.generating and len(chat.history) == 2)
+        kept = _kept(app, picture)
+        picture.rename(tmp_path / "moved.png")
+        await pilot.press("ctrl+r")
+        await wait_for(pilot, lambda: len(backend.calls) == 2 and not chat.generating)
+        again = parts(backend.calls[1][0])[-1]["content"][0]
+        assert again == {"type": "image", "path": str(kept)} and kept.is_file()
 
 
 async def test_a_dropped_image_path_attaches_it(tmp_path, picture):
@@ -125,6 +199,7 @@ async def test_the_real_engine_sees_the_attached_image(tmp_path, picture, expect
         await send(pilot, QUESTION)
         await wait_for(pilot, lambda: not chat.generating and len(chat.history) == 2, limit=6000)
         assert chat.history[1].content == expected
+        picture.unlink()  # the history keeps its own copy
         await pilot.press("ctrl+r")  # answered again from history: the image is still there
         await wait_for(pilot, lambda: not chat.generating and len(chat.history) == 2, limit=6000)
         assert chat.history[1].content == expected

@@ -313,8 +313,9 @@ def run_model(path: str, args: argparse.Namespace) -> list[BenchResult]:
 
 def _graphs(model, kv, blocks: int, device, args: argparse.Namespace):
     """(DecodeGraphs, PrefillGraphs) on CUDA with --cuda-graphs 1, else (None, None). Experts
-    on host or disk (or unpacked types) run host code per step: captured in pieces."""
-    if device.type != "cuda" or not getattr(args, "cuda_graphs", 1) or kv.states is not None:
+    on host or disk (or unpacked types) run host code per step: captured in pieces. Hybrid
+    models (recurrent state) take decode graphs only: their prompts run eagerly."""
+    if device.type != "cuda" or not getattr(args, "cuda_graphs", 1):
         return None, None
     import torch
 
@@ -322,6 +323,8 @@ def _graphs(model, kv, blocks: int, device, args: argparse.Namespace):
     from localllm.engine.runtime.prefill_graphs import PrefillGraphs
 
     graphs = DecodeGraphs(model, kv, batch_sizes=(1,))
+    if kv.states is not None:
+        return graphs, None
     prompts = PrefillGraphs(model, kv, spare_slot=blocks * 16, max_blocks=blocks)
     graphs.pool = prompts.pool = torch.cuda.graph_pool_handle()
     return graphs, prompts
@@ -412,7 +415,8 @@ class _Runner:
         pos = torch.arange(depth, depth + n)
         width = -(-(depth + n) // bs)
         table = torch.arange(width).expand(n, width)
-        cols = [torch.zeros_like(pos), pos, pos, pos + 1]  # contiguous table: slot = position
+        # contiguous table: slot = position; the one sequence's state slot 0
+        cols = [torch.zeros_like(pos), pos, pos, pos + 1, torch.zeros_like(pos)]
         return torch.cat([torch.stack(cols, 1), table], 1).to(self.device)
 
 

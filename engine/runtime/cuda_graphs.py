@@ -3,13 +3,17 @@
 Eager decode on a GPU is bound by Python dispatch (~1,300 torch ops and ~160 triton launches per
 token). A graph is captured per (batch size from a small ladder, table width bucket) and fed
 through fixed static buffers: one int64 row per sequence holding [token id, position, slot,
-seq_len, block table padded to the bucket]. Attention uses the device-built padded plan
-(`padded_decode_plan`), so nothing in the captured region depends on host-side lengths. Rows past
-the real batch repeat row 0: they rewrite row 0's KV slot with the same values, so they touch no
-other sequence's cache. MoE layers that need the host each step (experts streamed or computed on
-the CPU) split the capture into a chain of graphs with their host steps between
-(`engine.runtime.graph_breaks`); layers that split their experts with the CPU alone keep it one
-graph (`engine.moe.split_link`).
+seq_len, recurrent-state slot, block table padded to the bucket]. Attention uses the device-built
+padded plan (`padded_decode_plan`), and hybrid models' recurrent layers their state slots and
+freshness (seq_len 1) from the same rows, so nothing in the captured region depends on host-side
+lengths or slots. Rows past the real batch repeat row 0: they rewrite row 0's KV slot with the
+same values, so they touch no other sequence's cache. A hybrid's padding rows cannot: their state
+is not row 0's, so neither is what they would write. They take the scratch state slot
+(`RecurrentState.scratch`, read as fresh) and a spare KV slot (`pad_slot`, no sequence's;
+without one, a hybrid's step whose size is off the ladder runs eager). MoE layers
+that need the host each step (experts streamed or computed on the CPU) split the capture into a
+chain of graphs with their host steps between (`engine.runtime.graph_breaks`); layers that split
+their experts with the CPU alone keep it one graph (`engine.moe.split_link`).
 """
 
 import itertools
@@ -36,21 +40,36 @@ log = logging.getLogger(__name__)
 BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
 SPLIT_LINK = True  # split layers hand over by flags in one graph (False: graph breaks; benches)
 MIN_BLOCKS = 16  # the smallest table-width bucket (256 tokens at block size 16)
-COLS = 4  # id, position, slot, seq_len; the block table follows
+COLS = 5  # id, position, slot, seq_len, state slot; the block table follows
+STATE_SLOTS, STATE_FRESH = ("state_slots",), ("state_fresh",)  # `RecurrentState`'s plan keys
 
 
 class _DevicePlans(dict):
-    """`BatchMeta.plans` whose decode plans come from device tensors, built on first use by the
-    first layer (inside the captured region) and reused by the others."""
+    """`BatchMeta.plans` whose decode plans (and a hybrid's state slots and freshness) come from
+    device tensors, built on first use by the first layer (inside the captured region) and reused
+    by the others. `scratch`: the padding rows' state slot (None: the model keeps no state)."""
 
-    def __init__(self, inputs: torch.Tensor, where: PaddedPositions, block_size: int):
+    def __init__(
+        self, inputs: torch.Tensor, where: PaddedPositions, block_size: int, scratch: int | None
+    ):
         super().__init__()
         self.inputs, self.where, self.block_size = inputs, where, block_size
+        self.scratch = scratch
 
     def __contains__(self, key: object) -> bool:
-        return (isinstance(key, tuple) and key[:1] == ("decode",)) or super().__contains__(key)
+        if isinstance(key, tuple) and key[:1] == ("decode",):
+            return True
+        return (self.scratch is not None and key in (STATE_SLOTS, STATE_FRESH)) or (
+            super().__contains__(key)
+        )
 
-    def __missing__(self, key: tuple) -> DecodePlan:
+    def __missing__(self, key: tuple) -> "DecodePlan | torch.Tensor":
+        if key == STATE_SLOTS:
+            self[key] = self.inputs[:, 4]
+            return self[key]
+        if key == STATE_FRESH:  # the sequence's first token, or a padding row
+            self[key] = (self.inputs[:, 3] == 1) | (self.inputs[:, 4] == self.scratch)
+            return self[key]
         tables, seq_lens = self.inputs[:, COLS:], self.inputs[:, 3]
         plan = padded_decode_plan(tables, seq_lens, self.where, self.block_size, key[1])
         self[key] = plan
@@ -68,7 +87,13 @@ class _Graph:
 class DecodeGraphs:
     """Captured decode forwards of `model` over `kv`, keyed by (batch size, table width)."""
 
-    def __init__(self, model: nn.Module, kv: PagedKVCache, batch_sizes=BATCH_SIZES):
+    def __init__(
+        self,
+        model: nn.Module,
+        kv: PagedKVCache,
+        batch_sizes=BATCH_SIZES,
+        pad_slot: int | None = None,
+    ):
         self.model, self.kv = model, kv
         self.batch_sizes = tuple(sorted(batch_sizes))
         self.graphs: dict[tuple[int, int], _Graph] = {}
@@ -76,6 +101,10 @@ class DecodeGraphs:
         self.failed: str | None = None  # why capture failed (then every call falls back to eager)
         self.pool = None
         self._mapped = [b for b in moe_blocks(model) if b.mapped is not None]
+        states = getattr(kv, "states", None)
+        self.scratch = None if states is None else states.scratch
+        # hybrids' padding rows: (their KV slot, their state slot); None: no padding rows
+        self.pad = None if states is None or pad_slot is None else (pad_slot, states.scratch)
 
     def key(self, batch: int, blocks: int) -> tuple[int, ...] | None:
         """The graph shape for `batch` sequences of at most `blocks` blocks (None: run eager);
@@ -83,6 +112,8 @@ class DecodeGraphs:
         if self.failed is not None or batch > self.batch_sizes[-1] or batch < 1:
             return None
         b = next(s for s in self.batch_sizes if s >= batch)
+        if b > batch and self.scratch is not None and self.pad is None:
+            return None  # a hybrid without a spare KV slot for padding rows
         width = MIN_BLOCKS
         while width < blocks:
             width *= 2
@@ -100,7 +131,7 @@ class DecodeGraphs:
         # by the attention, which takes the device plan from `plans`).
         meta = BatchMeta(
             tuple(range(b + 1)), (1,) * b, ((0,),) * b, inputs[:, 2], bs,
-            plans=_DevicePlans(inputs, where, bs),
+            plans=_DevicePlans(inputs, where, bs, self.scratch),
         )  # fmt: skip
         hidden = self.model(inputs[:, 0], inputs[:, 1], meta, self.kv)
         return self.model.logits(hidden).float()
@@ -121,12 +152,7 @@ class DecodeGraphs:
         if first:
             g = _Graph(torch.zeros(key[0], COLS + key[1], dtype=torch.long, device=self.kv.device),
                        None, None)  # fmt: skip
-        g.inputs[:n, : COLS + w].copy_(inputs, non_blocking=True)
-        if key[0] > n:
-            g.inputs[n:, : COLS + w].copy_(inputs[:1].expand(key[0] - n, -1), non_blocking=True)
-        if ids is not None:  # padding rows repeat row 0, its id too
-            g.inputs[:n, 0].copy_(ids)
-            g.inputs[n:, 0].copy_(ids[:1].expand(key[0] - n))
+        fill_rows(g.inputs, inputs, ids, self.pad)
         if first and not capture_first(self, key, g):
             return None
         for b in self._mapped:  # replays run no Python: mapped host experts count from here
@@ -145,7 +171,15 @@ class DecodeGraphs:
         return out
 
     def _capture(self, g: _Graph) -> None:
-        side = warm_up(self.forward, g.inputs, self.kv.device)
+        states = getattr(self.kv, "states", None)
+        # the warm-up advances the rows' recurrent states, which the first replay does again:
+        # their slots are put back as they were (a KV write, redone, is the same write)
+        kept = None if states is None else states.save(g.inputs[:, 4])
+        try:
+            side = warm_up(self.forward, g.inputs, self.kv.device)
+        finally:
+            if kept is not None:
+                states.restore(g.inputs[:, 4], kept)
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
         if graph_safe(self.model, split=SPLIT_LINK):
@@ -183,6 +217,29 @@ class DecodeGraphs:
                 b.breaks = None
         torch.cuda.current_stream(self.kv.device).wait_stream(side)
         g.graph = chain
+
+
+def fill_rows(
+    static: torch.Tensor,
+    inputs: torch.Tensor,
+    ids: torch.Tensor | None,
+    pad: tuple[int, int] | None = None,
+) -> None:
+    """A graph's static rows [B, COLS + W] from a step's [n, COLS + w] (n <= B, w <= W; the
+    table columns past w keep what they held: the length mask hides them), token ids from `ids`
+    [n] when given. Rows past n repeat row 0 (its id too); `pad` (a hybrid's): their KV slot and
+    state slot instead of row 0's."""
+    n, cols = inputs.shape
+    b = static.shape[0]
+    static[:n, :cols].copy_(inputs, non_blocking=True)
+    if b > n:
+        static[n:, :cols].copy_(inputs[:1].expand(b - n, -1), non_blocking=True)
+        if pad is not None:
+            static[n:, 2].fill_(pad[0])
+            static[n:, 4].fill_(pad[1])
+    if ids is not None:
+        static[:n, 0].copy_(ids)
+        static[n:, 0].copy_(ids[:1].expand(b - n))
 
 
 def lora_key(model: nn.Module) -> tuple[bool, ...]:
@@ -223,13 +280,18 @@ def pack_decode(
     slots: list[int],
     tables: list[list[int]],
     shifts: list[int] | None = None,
+    states: list[int] | None = None,
 ) -> torch.Tensor:
     """Host rows [B, COLS + max table length] for `DecodeGraphs.run` (seq_len = position + 1;
     short tables padded with block 0, which the length mask hides). `shifts`: what each row's
-    rope position adds to its cache position (M-RoPE text after an image), or None."""
+    rope position adds to its cache position (M-RoPE text after an image), or None; `states`:
+    each row's recurrent-state slot (hybrid models), or None (0)."""
     n = len(ids)
-    if not len(positions) == len(slots) == len(tables) == len(shifts or ids) == n:
-        raise ValueError("pack_decode needs one id, position, slot, table (and shift) per row")
+    lengths = (len(positions), len(slots), len(tables), len(shifts or ids), len(states or ids))
+    if any(k != n for k in lengths):
+        raise ValueError(
+            "pack_decode needs one id, position, slot, table (and shift, state slot) per row"
+        )
     # numpy, and the tables in one pass: 64 rows of 144 blocks built as Python lists took ~2x
     # as long, twice a step (`engine.runtime.decode_ahead`)
     lens = np.fromiter(map(len, tables), np.int64, count=n)
@@ -240,6 +302,8 @@ def pack_decode(
     rows[:, 1] = pos if shifts is None else pos + np.array(shifts, dtype=np.int64)
     rows[:, 2] = slots
     rows[:, 3] = pos + 1
+    if states is not None:
+        rows[:, 4] = states
     flat = np.fromiter(itertools.chain.from_iterable(tables), np.int64, count=int(lens.sum()))
     rows[:, COLS:][np.arange(width) < lens[:, None]] = flat
     return torch.from_numpy(rows)

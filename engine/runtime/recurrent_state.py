@@ -25,10 +25,15 @@ stateful layer then reads and writes through `states_of(kv)`:
     ...                                     # (the step's tokens of sequence b: batch.query_start)
     st.write(layer, "conv", batch, conv)    # store [B, *shape] back into the sequences' slots
 
-Kernels that update the state in place use `st.tensor(layer, name)` ([num_slots, *shape]),
+Kernels that update the state in place use `st.tensor(layer, name)` ([num_slots + 1, *shape]),
 `st.slots(batch)` (int64 [B] on the device) and `st.fresh(batch)` (bool [B] on the device).
 Which slot a sequence owns comes from `BatchMeta.state_slots` (the runner fills it); a batch
 that leaves it empty (one-off callers: `Generator`, tests) uses slots 0..B-1.
+
+One slot more than `num_slots` is kept, `scratch`, owned by nobody: a decode CUDA graph's padding
+rows (`engine.runtime.cuda_graphs`) read it as fresh and write their garbage there, so they never
+race a real sequence on its slot. A captured graph reads the slots and freshness from its static
+inputs (`slots` and `fresh` are found in `batch.plans`, built there from device tensors).
 """
 
 from collections.abc import Mapping
@@ -46,10 +51,16 @@ def state_shapes(model) -> dict[int, dict[str, tuple[int, ...]]]:
     return {} if declare is None else {i: dict(s) for i, s in declare().items() if s}
 
 
-def state_bytes(shapes: StateShapes) -> int:
-    """Bytes one sequence's state takes over all layers."""
+def state_bytes(shapes: StateShapes, num_slots: int = 1) -> int:
+    """Bytes the state of `num_slots` sequences takes over all layers (the scratch slot that
+    `RecurrentState` adds not counted: see `slot_pool_bytes`)."""
     size = torch.tensor([], dtype=STATE_DTYPE).element_size()
-    return sum(size * _numel(s) for layer in shapes.values() for s in layer.values())
+    return num_slots * sum(size * _numel(s) for layer in shapes.values() for s in layer.values())
+
+
+def slot_pool_bytes(shapes: StateShapes, num_slots: int) -> int:
+    """Bytes a `RecurrentState` of `num_slots` slots holds: theirs and the scratch slot's."""
+    return state_bytes(shapes, num_slots + 1) if shapes else 0
 
 
 def _numel(shape: tuple[int, ...]) -> int:
@@ -67,13 +78,14 @@ class RecurrentState:
             raise ValueError(f"num_slots is {num_slots}: a stateful model needs at least one slot")
         self.device = torch.device(device)
         self.num_slots = num_slots
+        self.scratch = num_slots  # the padding rows' slot (graphs), never handed out
         self.shapes = {i: dict(s) for i, s in shapes.items()}
         # empty, not zeros: a slot is only read once its owner wrote it (a fresh sequence reads
         # zeros through `read`, a fork copies a sibling that computed its prompt), and untouched
         # pages of many slots then cost no memory until used
         self._t = {
             i: {
-                name: torch.empty(num_slots, *shape, dtype=STATE_DTYPE, device=self.device)
+                name: torch.empty(num_slots + 1, *shape, dtype=STATE_DTYPE, device=self.device)
                 for name, shape in layer.items()
             }
             for i, layer in self.shapes.items()
@@ -84,7 +96,7 @@ class RecurrentState:
         return sum(t.numel() * t.element_size() for d in self._t.values() for t in d.values())
 
     def tensor(self, layer: int, name: str) -> torch.Tensor:
-        """All slots' state `name` of `layer`: [num_slots, *shape]."""
+        """All slots' state `name` of `layer`: [num_slots + 1, *shape] (the last: scratch)."""
         try:
             return self._t[layer][name]
         except KeyError:
@@ -126,6 +138,16 @@ class RecurrentState:
         """Store the sequences' new state [B, *shape] into their slots."""
         t = self.tensor(layer, name)
         t.index_copy_(0, self.slots(batch), value.to(t.dtype))
+
+    def save(self, slots: torch.Tensor) -> list[torch.Tensor]:
+        """Copies of slots' [n] int64 (device) states in every layer, for `restore`."""
+        return [t.index_select(0, slots) for d in self._t.values() for t in d.values()]
+
+    def restore(self, slots: torch.Tensor, saved: list[torch.Tensor]) -> None:
+        """Put back what `save(slots)` copied (a slot named twice gets the same values twice)."""
+        tensors = [t for d in self._t.values() for t in d.values()]
+        for t, s in zip(tensors, saved, strict=True):
+            t.index_copy_(0, slots, s)
 
     def copy(self, src: int, dst: int) -> None:
         """Slot dst takes slot src's state in every layer (a fork of n > 1)."""

@@ -8,7 +8,9 @@ randomness is drawn one row at a time so a seeded request draws the same numbers
 speculation. On CUDA, steps where every request decodes one token replay a captured decode graph
 (`DecodeGraphs`; steps whose tokens the device picks are launched one ahead, `DecodeAhead`), a
 step of one request's prompt chunk replays a prompt graph (`PrefillGraphs`, given a spare KV slot
-for its padding); everything else (batches of prompts, drafts, CPU) runs eagerly.
+for its padding); everything else (batches of prompts, drafts, CPU) runs eagerly. Hybrid models
+(recurrent state) replay decode graphs too, their rows naming each sequence's state slot; they
+launch nothing ahead and take no prompt graphs.
 """
 
 from dataclasses import dataclass, field
@@ -74,12 +76,17 @@ class ModelRunner:
         self.device = kv.device  # the model's and the cache's device
         self.encoder_cache = EncoderCache()  # image embeddings by content hash
         # MoE layers whose experts are read or computed on the host are captured in pieces;
-        # recurrent-state models run eagerly (a graph would bake in the steps' state slots)
-        use = cuda_graphs and self.device.type == "cuda" and kv.states is None
-        self.graphs = DecodeGraphs(model, kv) if use else None
+        # recurrent-state models read their state slots from the graph's rows (the spare KV slot,
+        # which their prompts leave unused, takes the padding rows' writes)
+        use = cuda_graphs and self.device.type == "cuda"
+        stateless = kv.states is None
+        pad = None if stateless else spare_slot
+        self.graphs = DecodeGraphs(model, kv, pad_slot=pad) if use else None
         # decode steps whose tokens the device picks, launched one ahead (off where drafts would
-        # change the next step)
-        self.ahead = DecodeAhead(self.graphs.run) if use and decode_ahead else None
+        # change the next step, and for recurrent state: a dropped launch has already advanced
+        # its sequences' states, which unlike a KV write cannot be redone)
+        ahead = use and decode_ahead and stateless
+        self.ahead = DecodeAhead(self.graphs.run) if ahead else None
         # its token work's kernels loaded before any replay, where a split layer's replay waits
         # for the host (`decode_ahead.warm_up`)
         vocab = getattr(getattr(model, "args", None), "vocab_size", 0)
@@ -89,10 +96,11 @@ class ModelRunner:
         # sampled (their device work has run), before they reach a request
         self.read_checks = [s for s in getattr(model, "expert_sources", ()) if hasattr(s, "check")]
         self.lora = getattr(model, "lora", None)  # LoRA adapters' per-row factors (engine.lora)
-        # `spare_slot`: a KV slot no request owns, where prompt graphs write their padding;
+        # `spare_slot`: a KV slot no request owns, where prompt graphs (hybrids: decode graphs)
+        # write their padding;
         # `max_blocks`: the longest block table a request can have
         self.prompts = None
-        if use and spare_slot is not None:
+        if use and spare_slot is not None and stateless:  # (a prompt graph has no state slot)
             self.prompts = PrefillGraphs(model, kv, spare_slot, max_blocks)
             self.graphs.pool = self.prompts.pool = torch.cuda.graph_pool_handle()
 
@@ -172,7 +180,8 @@ class ModelRunner:
             slots.append(table[start // bs] * bs + start % bs)
             tables.append(table)
         # built only for a launch: a step launched ahead reads the rows it was launched with
-        inputs = lambda: pack_decode(ids, positions, slots, tables, shifts)
+        states = self._state_slots(reqs) or None
+        inputs = lambda: pack_decode(ids, positions, slots, tables, shifts, states)
         if self.ahead is not None:
             if all(self._picked_on_device(r) for r in reqs):
                 return self._execute_ahead(reqs, inputs, ids, positions, tables)
@@ -284,17 +293,17 @@ class ModelRunner:
             slot_mapping=packed[2 * t :],
             block_size=bs,
             embeds=self._embeds(mm_rows, mm_values),
-            state_slots=self._state_slots(sched.requests),
+            state_slots=tuple(self._state_slots(sched.requests)),
         )
         pos = packed[t : 2 * t]
         if ropes is not None:  # the 3-axis positions, in a second copy
             pos = torch.cat([r.expand(3, -1) for r in ropes], 1).to(self.device)
         return packed[:t], pos, rows, batch
 
-    def _state_slots(self, reqs) -> tuple[int, ...]:
+    def _state_slots(self, reqs) -> list[int]:
         if self.kv.states is None:
-            return ()
-        return tuple(self.state_slot(r) for r in reqs)
+            return []
+        return [self.state_slot(r) for r in reqs]
 
     @property
     def _dim(self) -> int:

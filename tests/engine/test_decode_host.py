@@ -19,13 +19,14 @@ from localllm.engine.runtime.decode_ahead import DecodeAhead
 from tests.perf.make_synthetic import SHAPES, write_synthetic
 
 
-def _rows(ids, positions, slots, tables, shifts=None):
+def _rows(ids, positions, slots, tables, shifts=None, states=None):
     """The rows as the docstring defines them, one Python list per sequence."""
     width = max(len(t) for t in tables)
     shifts = shifts or [0] * len(ids)
+    states = states or [0] * len(ids)
     return torch.tensor(
-        [[i, p + d, s, p + 1, *t, *[0] * (width - len(t))]
-         for i, p, s, t, d in zip(ids, positions, slots, tables, shifts, strict=True)],
+        [[i, p + d, s, p + 1, st, *t, *[0] * (width - len(t))]
+         for i, p, s, t, d, st in zip(ids, positions, slots, tables, shifts, states, strict=True)],
         dtype=torch.long,
     )  # fmt: skip
 
@@ -39,8 +40,9 @@ def test_pack_decode_rows(n, shifted):
     ids = [rng.randrange(150_000) for _ in range(n)]
     slots = [rng.randrange(1 << 40) for _ in range(n)]  # int64, past int32
     shifts = [rng.randint(-5, 500) for _ in range(n)] if shifted else None
-    got = pack_decode(ids, positions, slots, tables, shifts)
-    want = _rows(ids, positions, slots, tables, shifts)
+    states = [rng.randrange(64) for _ in range(n)] if shifted else None  # (a hybrid's slots)
+    got = pack_decode(ids, positions, slots, tables, shifts, states)
+    want = _rows(ids, positions, slots, tables, shifts, states)
     assert got.dtype == torch.long and torch.equal(got, want)
 
 

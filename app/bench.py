@@ -218,7 +218,8 @@ def _plan(path: str, args: argparse.Namespace, gguf=None):
         return None
     g = gguf or open_gguf(path)
     try:
-        return plan_model(g, config, _longest(args), probe_memory(args.device))
+        # (one sequence: a hybrid's one state slot, as `run_model` attaches)
+        return plan_model(g, config, _longest(args), probe_memory(args.device), state_seqs=1)
     finally:
         if gguf is None:
             g.close()

@@ -195,19 +195,21 @@ def residency_from_text(text: str, env: Mapping[str, str] | None = None) -> Resi
 
 def plan_text(
     model: Path, config: ResidencyConfig, device: str = "cpu", ctx: int | None = None,
-    precise: bool = False,
+    precise: bool = False, seqs: int = 1,
 ) -> str:  # fmt: skip
-    """The plan loading `model` under `config` would follow, as text (reads the header only)."""
+    """The plan loading `model` under `config` would follow, as text (reads the header only);
+    `seqs`: the sequences a step runs (a hybrid model holds a recurrent state for each)."""
     from localllm.engine.gguf import open_gguf
     from localllm.engine.moe.residency import plan_model
     from localllm.offload.memory import probe_memory
 
     with open_gguf(model) as g:
-        plan = plan_model(g, config, ctx, probe_memory(device), precise)
+        plan = plan_model(g, config, ctx, probe_memory(device), precise, seqs)
         return f"model {model.name} ({g.architecture})\n{plan.describe()}"
 
 
 def show_plan(model: Path, args: argparse.Namespace, config: ResidencyConfig) -> str:
     """The plan `run`/`serve` would load `model` with, as text (reads the header only)."""
     device = getattr(args, "device", "cpu")
-    return plan_text(model, config, device, args.ctx_size, args.precise)
+    seqs = getattr(args, "parallel", 1)  # (serve's --parallel; run takes one sequence)
+    return plan_text(model, config, device, args.ctx_size, args.precise, seqs)

@@ -75,8 +75,9 @@ class LLMEngine:
                 self.model = build_model(self.gguf, precise=args.precise, device=args.device)
             else:  # planned from the header: a model that cannot fit fails before any read
                 self.model = load_planned(
-                    self.gguf, args.residency, args.precise, args.device, args.max_model_len
-                )
+                    self.gguf, args.residency, args.precise, args.device, args.max_model_len,
+                    args.max_num_seqs,
+                )  # fmt: skip
             # LoRA adapters hang beside the built linears, checked against them (engine.lora)
             rows = max(args.max_num_batched_tokens, 512)
             self.loras: LoraSet | None = (

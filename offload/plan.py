@@ -125,6 +125,7 @@ class ResidencyPlan:
     request_stage: int = REQUEST_STAGE
     runtime_bytes: int = 0  # the device runtime's own memory (a CUDA context), in a given budget
     split_share: float | None = None  # split: the CPU's share of a token's experts (None: default)
+    state_bytes: int = 0  # hybrids' recurrent-state slots, beside the KV (engine.runtime)
 
     @property
     def computes_on_host(self) -> bool:
@@ -188,6 +189,8 @@ class ResidencyPlan:
             f"  KV cache {fmt_bytes(self.kv_bytes):>11}  (estimate)",
             f"  scratch  {fmt_bytes(self.scratch_bytes):>11}  (activations, workspaces)",
         ]
+        if self.state_bytes:  # a hybrid's per-sequence state, beside the KV
+            lines.append(f"  states   {fmt_bytes(self.state_bytes):>11}  (recurrent state slots)")
         if self.runtime_bytes:
             lines.append(f"  runtime  {fmt_bytes(self.runtime_bytes):>11}  (the CUDA context)")
         if self.maps and not self.streams:
@@ -215,7 +218,7 @@ class ResidencyPlan:
             )
         lines.append(f"  load mode {self.load_mode}")
         used = by["device"] + self.kv_bytes + self.scratch_bytes + self.slot_pool_bytes
-        used += self.runtime_bytes
+        used += self.runtime_bytes + self.state_bytes
         used += self.prompt_copy_bytes
         if not mem.separate_device:
             used += by["host"]
@@ -278,6 +281,7 @@ def plan_residency(
     host_cache: bool = False,
     runtime_bytes: int = 0,
     host_first: tuple[str, ...] = (),
+    state_bytes: int = 0,
 ) -> ResidencyPlan:
     """Place every tensor. `n_expert` is the experts per layer (a slot holds one);
     `min_slots` the fewest slots worth streaming with (the engine passes the experts used
@@ -286,7 +290,8 @@ def plan_residency(
     a given budget), `host_cache`: the device reads host-tier experts in place and can cache them in
     slots (its kernels take the experts' types), `host_first`: tensors a separate device reads
     in place from host memory when not every expert is on it (by the rules, or for room: an
-    untied embedding table, a row per token). Raises ResidencyError, with the numbers, when the
+    untied embedding table, a row per token), `state_bytes`: a hybrid model's recurrent-state
+    slots (held on the device like the KV). Raises ResidencyError, with the numbers, when the
     model cannot fit."""
     names = list(sizes)
     warnings = _unmatched_warnings(config, names)
@@ -315,7 +320,7 @@ def plan_residency(
         )
     budget = config.budget or (memory.device_free if separate else memory.host_free)
     source = "given" if config.budget else "measured free memory"
-    overhead = kv_bytes + scratch_bytes + runtime_bytes
+    overhead = kv_bytes + scratch_bytes + runtime_bytes + state_bytes
     held = sum(sizes[n] for n in names if tiers.get(n, "device") == "device")
     ruled_off = any(t != "device" for n, t in tiers.items() if expert_layer(n) is not None)
     if separate and (ruled_off or held + overhead > budget):
@@ -330,6 +335,8 @@ def plan_residency(
     pool_tiers = ("device",) if separate else ("device", "host")
     fixed = sum(sizes[n] for n, t in tiers.items() if t in pool_tiers and expert_layer(n) is None)
     runtime = f" and the CUDA context {fmt_bytes(runtime_bytes)}" if runtime_bytes else ""
+    if state_bytes:
+        runtime = f" and the recurrent state {fmt_bytes(state_bytes)} (--parallel){runtime}"
     if fixed + overhead > budget:
         raise ResidencyError(
             f"budget {fmt_bytes(budget)} ({source}) is too small: the non-expert weights need "
@@ -478,5 +485,5 @@ def plan_residency(
     return ResidencyPlan(
         tiers, dict(sizes), kv_bytes, scratch_bytes, budget, source, memory, config.load_mode,
         streaming, slot_bytes, tuple(notes), tuple(warnings), rules, host_compute, copy,
-        max(REQUEST_STAGE, min_slots), runtime_bytes, config.split_share,
+        max(REQUEST_STAGE, min_slots), runtime_bytes, config.split_share, state_bytes,
     )  # fmt: skip

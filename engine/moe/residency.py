@@ -17,6 +17,7 @@ from localllm.engine.models import model_module
 from localllm.engine.models.common import unused_tensor
 from localllm.engine.moe.block import MoEFeedForward, moe_blocks
 from localllm.engine.moe.split import SPLIT_CPU_SHARE_SLOTS, SplitExperts
+from localllm.engine.runtime.recurrent_state import slot_pool_bytes, state_shapes
 from localllm.kernels.cpu.native import load as load_native
 from localllm.kernels.cpu.rows_call import RowsScratch
 from localllm.kernels.moe.prepared import prepared_expert_nbytes
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
 
 EMBEDDING = "token_embd.weight"  # read in place from host memory by a GPU where the plan says
 PLAN_KV_TOKENS = 8192  # KV the plan reserves when no context length is given
+PLAN_STATE_SEQS = 16  # hybrids: sequences whose state the plan holds (EngineArgs.max_num_seqs)
 SCRATCH_TOKENS = 512  # tokens per step the scratch estimate allows for (the engine's default)
 # Device memory of the CUDA context with torch's kernels loaded, which no torch figure counts:
 # nvidia-smi read 783 MiB for a process holding 98 MiB of tensors (H200, torch 2.11, driver 580)
@@ -269,12 +271,14 @@ def plan_model(
     kv_tokens: int | None = None,
     memory: MemoryInfo | None = None,
     precise: bool = False,
+    state_seqs: int = PLAN_STATE_SEQS,
 ) -> ResidencyPlan:
     """The residency plan of a GGUF model from its header alone (no weight is read).
 
     Tensor sizes are what holding them costs (see `_memory_cost`); KV is estimated in f16 for
     `kv_tokens` (default: the model's context, at most PLAN_KV_TOKENS; the engine sizes the
-    real KV pool from what is free after loading).
+    real KV pool from what is free after loading). A hybrid model's recurrent state is counted
+    exactly: one slot per sequence of `state_seqs` (the engine's --parallel) and its scratch slot.
     """
     embd = gguf.tensors.get("token_embd.weight")
     args = model_module(gguf.architecture or "").ModelArgs.from_gguf(
@@ -285,6 +289,7 @@ def plan_model(
     v_dim = getattr(args, "v_cache_dim", args.head_dim)  # deepseek2 caches a narrower V (latent)
     kv_layers = getattr(args, "kv_layers", args.n_layers)  # hybrids: their attention layers
     kv_bytes = kv_layers * kv_heads * (args.head_dim + v_dim) * 2 * tokens
+    states = _state_bytes(gguf.architecture or "", args, state_seqs)
     tied = "output.weight" not in gguf.tensors
     # a prefill chunk's activations and logits, and up to three dequantized experts in flight
     expert_f32 = 3 * args.dim * getattr(args, "expert_hidden_dim", args.hidden_dim) * 4
@@ -322,7 +327,19 @@ def plan_model(
         runtime_bytes=CUDA_CONTEXT if cuda and config.budget else 0,
         # an untied embedding table is read a row per token: the cheapest bytes to leave on host
         host_first=(EMBEDDING,) if cuda and memory.separate_device and not tied else (),
+        state_bytes=states,
     )
+
+
+def _state_bytes(arch: str, args, seqs: int) -> int:
+    """What a hybrid's state slots for `seqs` sequences hold (0 for a model without state): its
+    shapes as its `Model` declares them, the model built on the meta device (no memory)."""
+    cls = model_module(arch).Model
+    if not hasattr(cls, "state_shapes"):
+        return 0
+    with torch.device("meta"):
+        shapes = state_shapes(cls(args))
+    return slot_pool_bytes(shapes, seqs)
 
 
 def _host_cacheable(gguf: "GGUFModel", memory: MemoryInfo) -> bool:
@@ -382,7 +399,7 @@ def _memory_cost(
     small tensors (norms, biases). `native`: the CPU kernels that keep Q6_K / Q8_0 linears as
     blocks (at most one stacked copy of them, for fused q/k/v). `gpu`: a GPU computes the
     linears, from their blocks (or the same bytes re-laid out: `TritonLinear`)."""
-    n = info.range.nbytes
+    n = info.range.nbytes if info.range is not None else info.nbytes  # (made at load)
     numel = math.prod(info.shape)
     if expert_layer(info.name) is not None:
         if not cpu or precise:
@@ -438,6 +455,9 @@ def load_model(
     mapped = device.type == "cuda" and plan.memory.separate_device
     if mapped and plan.tiers.get(EMBEDDING) == "host":
         off_device.add(EMBEDDING)
+    disk = [n for n, t in plan.tiers.items() if t == "disk"]
+    if disk and hasattr(gguf, "place_on_disk"):  # a Hugging Face folder: tensors it makes at
+        gguf.place_on_disk(disk)  # load are streamed from a file written once (engine/hf/spill)
     model = build_model(src, precise=precise, host_tensors=off_device, **loader_args)
     if EMBEDDING in off_device:
         _map_embedding(model, device)
@@ -466,9 +486,10 @@ def load_planned(
     precise: bool = False,
     device: str = "cpu",
     max_model_len: int | None = None,
+    max_num_seqs: int = PLAN_STATE_SEQS,
 ) -> nn.Module:
     """Plan against measured free memory on `device`, log the plan's warnings, then load."""
-    plan = plan_model(gguf, config, max_model_len, probe_memory(device), precise)
+    plan = plan_model(gguf, config, max_model_len, probe_memory(device), precise, max_num_seqs)
     for warning in plan.warnings:
         log.warning("residency: %s", warning)
     return load_model(gguf, plan, precise=precise, device=device)

@@ -7,6 +7,8 @@ test counts the runner's graph and eager steps of greedy requests whose tokens a
 against transformers' record (tests/data/vision/qwen25vl.json), with and without decode-ahead.
 """
 
+import contextlib
+
 import pytest
 import torch
 
@@ -20,8 +22,19 @@ pytestmark = [
 ]
 
 
-def _count_steps(runner) -> dict:
-    """Wrap the runner's graph path: counts of steps it answered and steps left to eager."""
+@pytest.fixture(scope="module")
+def cuda_engine():
+    # no prefix cache: a repeated prompt's hit could leave a one-token prompt step (graphable)
+    engine = LLMEngine(str(TEXT), EngineArgs(device="cuda", enable_prefix_caching=False))
+    vision = open_pipeline(engine)
+    yield engine, vision
+    vision.close()
+    engine.close()
+
+
+@contextlib.contextmanager
+def counted_steps(runner):
+    """Counts of the steps the runner's graph path answered and those it left to eager."""
     seen = {"graph": 0, "eager": 0}
     inner = runner._execute_graph
 
@@ -31,28 +44,30 @@ def _count_steps(runner) -> dict:
         return out
 
     runner._execute_graph = counted
-    return seen
+    try:
+        yield seen
+    finally:
+        del runner._execute_graph  # the class's method again
 
 
 @pytest.mark.parametrize("ahead", [True, False])
 @pytest.mark.parametrize("name", ["one_image", "two_images", "video"])
-def test_decode_after_an_image_prompt_replays_graphs(name, ahead):
-    engine = LLMEngine(str(TEXT), EngineArgs(device="cuda"))
-    vision = open_pipeline(engine)
+def test_decode_after_an_image_prompt_replays_graphs(cuda_engine, name, ahead):
+    engine, vision = cuda_engine
+    runner = engine.runner
+    launcher = runner.ahead
+    assert launcher is not None
+    if not ahead:  # each decode step replayed and read before the next is launched
+        runner.ahead = None
     try:
-        assert engine.runner.ahead is not None
-        if not ahead:  # each decode step replayed and read before the next is launched
-            engine.runner.ahead = None
         chat, ids, mm = _prompt(vision, engine, name)
-        seen = _count_steps(engine.runner)
-        n = len(chat["greedy_ids"])
-        ours, _ = run_greedy(engine, ids, mm, n, rid=f"{name}-{ahead}")
+        with counted_steps(runner) as seen:
+            ours, _ = run_greedy(engine, ids, mm, len(chat["greedy_ids"]), rid=f"{name}-{ahead}")
         _check_greedy(ours, chat)
-        # the whole prompt in one eager step (it yields the first token), then n - 1 decodes
+        # the whole prompt in one eager step (it yields the first token), then the decodes
         assert seen == {"graph": len(ours) - 1, "eager": 1}, seen
     finally:
-        vision.close()
-        engine.close()
+        runner.ahead = launcher
 
 
 def test_an_image_prompt_in_chunks_runs_its_chunks_eagerly_then_decodes_in_graphs():
@@ -60,9 +75,8 @@ def test_an_image_prompt_in_chunks_runs_its_chunks_eagerly_then_decodes_in_graph
     vision = open_pipeline(engine)
     try:
         chat, ids, mm = _prompt(vision, engine, "two_images")
-        seen = _count_steps(engine.runner)
-        n = len(chat["greedy_ids"])
-        ours, _ = run_greedy(engine, ids, mm, n, rid="chunked")
+        with counted_steps(engine.runner) as seen:
+            ours, _ = run_greedy(engine, ids, mm, len(chat["greedy_ids"]), rid="chunked")
         _check_greedy(ours, chat)
         assert len(ids) % 8 > 1  # no one-token last chunk (that one may replay a decode graph)
         assert seen["eager"] == -(-len(ids) // 8), seen

@@ -11,27 +11,29 @@
 #    (GLM_LAYERS, default 10 of 46), Granite-4.0-H-Small (if time and disk allow). Each file is
 #    deleted once benched. A compact table ends the output ($OUT/table.md).
 #
-# Carry: [".whl"] (gguf and llguidance wheels: `bash tests/perf/h200_prepare.sh` makes it) and
-# llama.cpp's CUDA build: ".llbh" (llama-bench and its libraries only, see below) or ".llb"
-# (gpu_build_llamacpp.sh's whole build; 44 MB: with the ~24 MB tree it passes the 64 MiB limit).
-# The tokenizer comes from a tracked fixture (no .refbuild needed). Without a llama.cpp build the
-# llama.cpp column stays empty. Run from the repo root:  bash tests/perf/gpu_hybrid2.sh
-# Make .llbh here from .llb (stripped, llama-bench only, xz with the x86 filter):
-#   mkdir -p /tmp/x && cat .llb/llb.part.* | xz -d | tar x -C /tmp/x && cd /tmp/x && mkdir -p s/bin
-#   cp -a bin/llama-bench bin/libllama-bench-impl.so bin/libllama.so* bin/libllama-common.so* \
-#     bin/libggml*.so* s/bin/ && (cd s/bin && strip --strip-unneeded *.so.0.* *.so llama-bench)
-#   mkdir -p $REPO/.llbh && (cd s && tar c bin | xz --x86 --lzma2=preset=9e | split -b 15M - \
-#     $REPO/.llbh/llb.part.)   # and: echo /.llbh/ >> $REPO/.git/info/exclude
+# Carry [".hyb2"]: gguf and llguidance unpacked (site.tar.xz) and llama.cpp's CUDA llama-bench
+# with its libraries, stripped (llb.part.*), 42.7 MB, made here by
+# `bash tests/perf/gpu_hybrid2_pack.sh` from .whl (h200_prepare.sh) and .llb
+# (gpu_build_llamacpp.sh): with the ~23.7 MB tree it stays under the 64 MiB a call carries, which
+# .whl + .llb (47 MB) do not. Without .hyb2 the script takes .whl and .llb (or no llama.cpp: its
+# column then stays empty). The tokenizer comes from a tracked fixture (no .refbuild needed).
+# Run from the repo root:  bash tests/perf/gpu_hybrid2.sh   ($OUT: pytest.log, bench.md, table.md)
 set -u
 export PYTHONUNBUFFERED=1 PYTHONSAFEPATH=1
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 T0=$(date +%s)
 BUDGET=${BUDGET:-440}  # seconds after which no further model is benched
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
+mkdir -p /tmp/site
+if [ -f .hyb2/site.tar.xz ]; then
+  xz -d <.hyb2/site.tar.xz | tar x -C /tmp
+else
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
+    .whl/*.whl
+fi
 ln -sfn "$PWD" /tmp/site/localllm
 export PYTHONPATH=/tmp/site:$PWD
-python3 -c "import llguidance, gguf" || { echo "carry .whl with llguidance and gguf"; exit 1; }
+python3 -c "import llguidance, gguf" || { echo "carry .hyb2 (or .whl): llguidance, gguf"; exit 1; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/bench.md"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 date -u
@@ -39,7 +41,7 @@ TOK=${TOK:-tests/data/families/qwen3next.gguf}  # a converter-made tokenizer, sm
 M=/tmp/models
 mkdir -p $M
 LLB=/tmp/llb/bin/llama-bench
-for d in .llbh .llb; do
+for d in .hyb2 .llb; do
   if [ -d $d ]; then
     mkdir -p /tmp/llb && cat $d/llb.part.* | xz -d | tar x -C /tmp/llb && break
   fi

@@ -64,8 +64,8 @@ class _DevicePlans(dict):
         )
 
     def __missing__(self, key: tuple) -> "DecodePlan | torch.Tensor":
-        if key == STATE_SLOTS:
-            self[key] = self.inputs[:, 4]
+        if key == STATE_SLOTS:  # contiguous: the recurrent kernels index it as a plain array
+            self[key] = self.inputs[:, 4].contiguous()
             return self[key]
         if key == STATE_FRESH:  # the sequence's first token, or a padding row
             self[key] = (self.inputs[:, 3] == 1) | (self.inputs[:, 4] == self.scratch)
@@ -174,12 +174,13 @@ class DecodeGraphs:
         states = getattr(self.kv, "states", None)
         # the warm-up advances the rows' recurrent states, which the first replay does again:
         # their slots are put back as they were (a KV write, redone, is the same write)
-        kept = None if states is None else states.save(g.inputs[:, 4])
+        slots = g.inputs[:, 4].contiguous()
+        kept = None if states is None else states.save(slots)
         try:
             side = warm_up(self.forward, g.inputs, self.kv.device)
         finally:
             if kept is not None:
-                states.restore(g.inputs[:, 4], kept)
+                states.restore(slots, kept)
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
         if graph_safe(self.model, split=SPLIT_LINK):

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from localllm.kernels.cpu.cbuild import built_libraries, compiler
+from localllm.kernels.cpu.cbuild import built_libraries, checked, compiler
 from localllm.kernels.quant.dequant import dequantize
 from localllm.kernels.quant.linear_native import MAX_PARTS, NATIVE_TYPES
 from localllm.kernels.quant.types import QuantType, block_geometry
@@ -113,7 +113,7 @@ def load(cache_dir: Path | None = None) -> BlockKernels | None:
     for lib, path, flags in built_libraries(SOURCES, FLAG_SETS, "localllm-block-linear", _bind,
                                             cache_dir, cc):  # fmt: skip
         kernels = BlockKernels(lib, path, flags)
-        if self_check(kernels):
+        if checked(path, lambda: self_check(kernels)):  # noqa: B023 (called at once)
             return kernels
     return None
 

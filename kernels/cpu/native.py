@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from localllm.kernels.cpu import block_linear
-from localllm.kernels.cpu.cbuild import build_library, built_libraries, compiler
+from localllm.kernels.cpu.cbuild import build_library, built_libraries, checked, compiler
 from localllm.kernels.moe.experts import ExpertFormat, expert_ffn_reference, group_by_expert
 from localllm.kernels.quant.types import QuantType
 
@@ -219,7 +219,7 @@ def load(cache_dir: Path | None = None) -> NativeKernels | None:
     for lib, path, flags in built_libraries(sources, FLAG_SETS, "localllm-moe-gemv", _bind,
                                             cache_dir, cc):  # fmt: skip
         kernels = NativeKernels(lib, path, flags, block_linear.load(cache_dir))
-        if self_check(kernels):
+        if checked(path, lambda: self_check(kernels)):  # noqa: B023 (called at once)
             return kernels
     return None
 

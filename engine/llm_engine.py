@@ -23,7 +23,6 @@ from localllm.engine.core.scheduler import Scheduler, SchedulerConfig
 from localllm.engine.embedder import Embedder, EmbeddingOutput, EmbedJob, RankPair
 from localllm.engine.hf import HFCheckpoint
 from localllm.engine.loader import (
-    ModelLoadError,
     build_model,
     load_tokenizer,
     model_args,
@@ -66,11 +65,6 @@ class LLMEngine:
             # against the tensors, then the vocabulary (a hostile file fails here, in milliseconds)
             model_args(self.gguf)
             self.tokenizer = load_tokenizer(self.gguf)
-            if args.residency is not None and isinstance(self.gguf, HFCheckpoint):
-                raise ModelLoadError(
-                    f"{self.gguf.path}: residency plans (--show-plan, tiers, expert streaming) "
-                    "need a GGUF model; a Hugging Face folder loads fully resident"
-                )
             if args.residency is None:
                 self.model = build_model(self.gguf, precise=args.precise, device=args.device)
             else:  # planned from the header: a model that cannot fit fails before any read

@@ -11,7 +11,9 @@ MoE routers are float32, as llama.cpp's converter writes them.
 import json
 import math
 import os
-from dataclasses import dataclass
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +30,12 @@ from localllm.engine.hf.quantize import (
     store_type,
 )
 from localllm.engine.hf.safetensors import DTYPES, SafetensorsError, SafetensorsFile, StTensor
+from localllm.engine.hf.spill import spill_dir, spill_key, write_spill
 from localllm.kernels.quant import QuantType
-from localllm.offload import ByteRange, QuantWeight
+from localllm.offload import ByteRange, MappedFile, QuantWeight
 
 INDEX = "model.safetensors.index.json"
+_EXPERT = re.compile(r"blk\.\d+\.ffn_(gate|up|down)_exps\.weight")  # what the disk tier streams
 SINGLE = "model.safetensors"
 # `--quantize` also takes the float types: the weights converted to one of them at load
 STORE_TYPES = {**QUANTIZE_TYPES, "f32": QuantType.F32, "f16": QuantType.F16, "bf16": QuantType.BF16}
@@ -56,6 +60,10 @@ class HFTensorInfo:
     qtype: QuantType
     shape: tuple[int, ...]
     range: ByteRange | None
+
+    @property
+    def nbytes(self) -> int:
+        return _nbytes(self.qtype, self.shape)
 
 
 def is_hf_folder(path: str | os.PathLike) -> bool:
@@ -87,6 +95,7 @@ class HFCheckpoint:
 
     def __init__(self, folder: Path, quantize: str | None = None):
         self.path = str(folder)
+        self._spill: MappedFile | None = None  # the disk tier's made tensors (place_on_disk)
         if quantize is not None and quantize not in STORE_TYPES:
             raise HFError(
                 f"{folder}: --quantize {quantize!r} is not a type we make "
@@ -143,7 +152,7 @@ class HFCheckpoint:
 
     @property
     def nbytes(self) -> int:
-        return sum(_nbytes(t.qtype, t.shape) for t in self.tensors.values())
+        return sum(t.nbytes for t in self.tensors.values())
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.metadata.get(key, default)
@@ -163,11 +172,40 @@ class HFCheckpoint:
                           f"{r.dtype}, not a float type we run")  # fmt: skip
         return stored
 
+    def place_on_disk(self, names: Iterable[str]) -> None:
+        """Tensors a residency plan puts on the disk tier must come from a file (the expert
+        streaming reads them by byte range): those used as stored already do. Where one is
+        made at load (stacked experts, `--quantize` blocks), every made expert tensor is
+        written once to the folder's spill file (`spill`; one per `--quantize`, whatever the
+        plan: the next load maps it again) and is a view of its mapping from now on."""
+        if not any(n in self.tensors and self.tensors[n].range is None for n in names):
+            return
+        infos = [t for n, t in self.tensors.items() if t.range is None and _EXPERT.fullmatch(n)]
+        key = spill_key(Path(self.path), self.shards, self.quantize and self.quantize.name,
+                        [(t.name, t.qtype.name, t.shape) for t in infos])  # fmt: skip
+        path = spill_dir(Path(self.path)) / f"spill-{key}.bin"
+
+        def make(name: str) -> memoryview:
+            return memoryview(self.weight(name).data.contiguous().numpy()).cast("B")
+
+        try:
+            ranges = write_spill(path, {t.name: t.nbytes for t in infos}, make)
+        except OSError as e:
+            raise HFError(f"{self.path}: cannot write the disk tier's spill file: {e}") from None
+        self._spill = MappedFile(path)
+        for t in infos:
+            self.tensors[t.name] = replace(t, range=ranges[t.name])
+
     def weight(self, name: str) -> QuantWeight:
-        """Tensor `name` in its ggml type: a view of the shard when used as stored."""
+        """Tensor `name` in its ggml type: a view of the shard when used as stored (or of the
+        spill file, `place_on_disk`)."""
         info = self.tensors.get(name)
         if info is None:
             raise KeyError(f"{self.path}: no tensor named {name!r}")
+        spill = self._spill
+        if spill is not None and info.range is not None and info.range.path == spill.path:
+            rows = spill.view(info.range).view(*info.shape[:-1], -1)
+            return QuantWeight(rows, info.qtype, info.shape, source=info.range)
         r = self.plan.entries[name]
         if info.range is not None and _FLOAT.get(r.dtype) == info.qtype:
             data = self._where[r.sources[0]].raw(r.sources[0])[: r.rows]

@@ -190,11 +190,15 @@ def test_quantize_refused_for_a_gguf(tmp_path):
         open_weights(tmp_path / "model.gguf", "q8_0")
 
 
-def test_residency_flags_refused(folder):
-    from localllm.offload.residency import ResidencyConfig
+def test_residency_budget_too_small_is_one_line(folder):
+    """Folders take residency plans as GGUFs do (tests/engine/test_hf_moe_residency.py); a
+    budget the model cannot fit in fails before any weight is read, in one line."""
+    from localllm.offload.residency import ResidencyConfig, ResidencyError
 
-    msg = load_error(folder(), residency=ResidencyConfig(budget=1 << 30))
-    assert "residency plans" in msg
+    with pytest.raises(ResidencyError) as e:
+        LLMEngine(str(folder()), _args(residency=ResidencyConfig(budget=1024)))
+    msg = str(e.value)
+    assert "\n" not in msg and "budget 1.00 KiB (given) is too small" in msg, msg
 
 
 def test_configs_the_graph_cannot_follow_are_refused(folder):

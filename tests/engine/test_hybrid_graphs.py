@@ -7,7 +7,8 @@ and a spare KV slot (their state is not row 0's, so neither are the K/V they wou
 CPU (always run): `DecodeGraphs.forward` (the function a graph captures, run eagerly) over rows
 filled as a replay fills them equals eager batched decode token by token, logits and states, for
 1, 3 (padded to 4) and 4 sequences in shuffled slots, one of them starting at position 0; a slot
-nobody owns is left untouched. GPU (marked `gpu`): the same with real replays, then the engine's
+nobody owns is left untouched; under TRITON_INTERPRET=1, qwen3next's so through its triton decode
+steps. GPU (marked `gpu`): the same with real replays, then the engine's
 greedy tokens with graphs on and off (a batch of four, each alone, n = 2 forks) agree up to a
 near-tie of the precise reference, and decode really went through the graphs.
 """
@@ -26,6 +27,7 @@ from localllm.engine.runtime.kv_cache import PagedKVCache
 from localllm.engine.runtime.recurrent_state import attach_states
 from tests.engine.family_goldens import golden, path
 from tests.engine.near_ties import assert_same_or_near_tie
+from tests.triton_env import INTERPRET
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 NAMES = ["lfm2", "lfm2moe", "granitehybrid", "granitehybrid_dense", "qwen3next"]
@@ -127,6 +129,18 @@ def _assert_same(name, eager, got, kv_e, kv_g, n, tol):
 def test_graph_forward_equals_eager_decode_on_cpu(name, n):
     eager, got, kv_e, kv_g = _compare(name, n, "cpu", replay=False)
     _assert_same(name, eager, got, kv_e, kv_g, n, 1e-4)
+
+
+@pytest.mark.skipif(not INTERPRET, reason="needs TRITON_INTERPRET=1 with triton")
+def test_qwen3next_graph_forward_on_the_triton_steps(monkeypatch):
+    """qwen3next's decode steps through its triton kernels, on CPU tensors under the interpreter
+    (on CUDA the replays below run them): the graph rows hand those kernels the state slots as
+    the plain array they index, padding rows included."""
+    from localllm.kernels.recurrent import decode
+
+    monkeypatch.setattr(decode, "_cuda32", lambda *xs: True)
+    eager, got, kv_e, kv_g = _compare("qwen3next", 3, "cpu", replay=False)
+    _assert_same("qwen3next", eager, got, kv_e, kv_g, 3, 1e-4)
 
 
 @pytest.mark.gpu

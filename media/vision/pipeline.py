@@ -139,14 +139,15 @@ class VisionPipeline:
         if not hasattr(proc, "preprocess_video"):
             raise VideoError(f"the {self.kind} vision projector does not take video")
         limits = dataclasses.replace(limits, **self.video_sampling)  # the model's sampling
-        v = decode_video(data, limits, sampler=getattr(proc, "sample_frames", None))
+        v = decode_video(data, limits, sampler=getattr(proc, "sample_frames", None),
+                         resize=getattr(proc, "video_frame_size", None))  # fmt: skip
         pixels, layout = proc.preprocess_video(v)
         return PreparedImage(
             torch.from_numpy(np.ascontiguousarray(pixels)),
             layout,
             proc.num_tokens(layout),
             video_digest(v, f"{self.kind}|{proc.salt}"),
-            (v.frames.shape[2], v.frames.shape[1]),
+            (v.source[1], v.source[0]),  # the file's width, height
             video=True,
         )
 

@@ -63,6 +63,11 @@ def smart_resize(h: int, w: int, factor: int, min_pixels: int, max_pixels: int) 
     return hb, wb
 
 
+def source_size(video) -> tuple[int, int]:
+    """The file's frame (height, width): the decoder may have resized the frames already."""
+    return tuple(video.source) if video.source[0] else video.frames.shape[1:3]
+
+
 class Processor:
     image_token = IMAGE
     video_token = VIDEO
@@ -103,17 +108,22 @@ class Processor:
     def preprocess_video(self, video) -> tuple[np.ndarray, Grid]:
         """A decoded `video.Video` (sampled RGB frames [T, H, W, 3] uint8) -> (patches, grid)."""
         frames = video.frames
-        n, height, width = frames.shape[:3]
-        budget = int(MAX_VIDEO_TOKENS * self.factor * self.factor * 0.9)
-        top = max(min(self.video_max_pixels, budget * TEMPORAL // n),
-                  int(self.video_min_pixels * 1.05))  # fmt: skip
-        h, w = smart_resize(height, width, self.factor, self.video_min_pixels, top)
+        h, w = self.video_frame_size(len(frames), *source_size(video))
         patches, grid = self.video_patches(frames, h, w)
         return patches, Grid(*grid, seconds=TEMPORAL / video.sampled_fps)
 
+    def video_frame_size(self, n: int, height: int, width: int) -> tuple[int, int]:
+        """The (height, width) `n` sampled frames of height x width are resized to (the decoder
+        resizes each frame to it as it comes: `video.decode_video(resize=)`)."""
+        budget = int(MAX_VIDEO_TOKENS * self.factor * self.factor * 0.9)
+        top = max(min(self.video_max_pixels, budget * TEMPORAL // n),
+                  int(self.video_min_pixels * 1.05))  # fmt: skip
+        return smart_resize(height, width, self.factor, self.video_min_pixels, top)
+
     def video_patches(self, frames: np.ndarray, h: int, w: int):
-        """Frames resized to h x w (torch's antialiased bicubic on uint8), normalized, padded to
-        whole temporal patches and cut -> (patches, (t, gh, gw))."""
+        """Frames resized to h x w (torch's antialiased bicubic on uint8; frames the decoder
+        resized already stay), normalized, padded to whole temporal patches and cut ->
+        (patches, (t, gh, gw))."""
         n, height, width = frames.shape[:3]
         x = torch.from_numpy(np.ascontiguousarray(frames)).permute(0, 3, 1, 2)
         if (h, w) != (height, width):

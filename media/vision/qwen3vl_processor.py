@@ -84,13 +84,8 @@ class Processor(base.Processor):
 
     def preprocess_video(self, video) -> tuple[np.ndarray, VideoGrid]:
         frames = video.frames
-        n, height, width = frames.shape[:3]
-        per_frame = max(
-            min(MAX_FRAME_TOKENS * self.factor**2, self.video_max_pixels // n),
-            int(self.video_min_pixels * 1.05),
-        )
-        h, w = smart_resize_video(n, height, width, self.factor, self.video_min_pixels,
-                                  per_frame * n)  # fmt: skip
+        n = len(frames)
+        h, w = self.video_frame_size(n, *base.source_size(video))
         patches, (t, gh, gw) = self.video_patches(frames, h, w)
         idx = list(video.indices) + [video.indices[-1]] * (-n % TEMPORAL)
         secs = [i / video.fps for i in idx]
@@ -98,6 +93,16 @@ class Processor(base.Processor):
             (secs[i] + secs[i + TEMPORAL - 1]) / 2 for i in range(0, len(secs), TEMPORAL)
         )
         return patches, VideoGrid(t, gh, gw, stamps)
+
+    def video_frame_size(self, n: int, height: int, width: int) -> tuple[int, int]:
+        """The (height, width) `n` sampled frames are resized to: the pixel budget counts all
+        frames, with qwen-vl-utils' per-frame cap."""
+        per_frame = max(
+            min(MAX_FRAME_TOKENS * self.factor**2, self.video_max_pixels // n),
+            int(self.video_min_pixels * 1.05),
+        )
+        return smart_resize_video(n, height, width, self.factor, self.video_min_pixels,
+                                  per_frame * n)  # fmt: skip
 
     def placeholder(self, grid) -> str:
         if not isinstance(grid, VideoGrid):

@@ -5,10 +5,12 @@ Decoding is PyAV (FFmpeg). Frames are sampled as transformers' `Qwen2VLVideoProc
 `fps` frames per second of video, at least `min_frames` and at most `max_frames`, rounded down
 to a multiple of the temporal patch, at indices `arange(0, total, total / n)`. Limits are checked
 on the container header before any frame is decoded: bytes, duration, frame size, and the
-sampled frames' decoded bytes. The work is bounded too: only the sampled frames are kept, and a
-sampled frame more than `SEEK_GAP` frames past the last one decoded is reached by seeking to the
-keyframe before it, so a long video costs about (sampled frames x keyframe interval) decodes, not
-its whole length (a container without a frame count is counted by its packets, undecoded).
+sampled frames' decoded bytes. The work is bounded too: only the sampled frames are kept, each
+resized as soon as it is decoded to the size the family's processor gives it (`resize=`; Qwen:
+within its pixel budget, so the memory is that budget, not the file's frame size), and a sampled
+frame more than `SEEK_GAP` frames past the last one decoded is reached by seeking to the
+keyframe before it, so a long video costs about (sampled frames x keyframe interval) decodes,
+not its whole length (a container without a frame count is counted by its packets, undecoded).
 Errors are `VideoError` (a ValueError) with one line that says what is wrong.
 """
 
@@ -19,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from localllm.media.vision.image import ImageError
 
@@ -51,6 +54,7 @@ class Video:
     total: int  # frames in the file
     indices: tuple[int, ...]  # which frames were sampled
     decoded: int = 0  # frames the decoder produced to reach them (the work it took)
+    source: tuple[int, int] = (0, 0)  # the file's frame height, width (frames may be resized)
 
     @property
     def sampled_fps(self) -> float:
@@ -78,10 +82,17 @@ def sample_linspace(total: int, fps: float, limits: VideoLimits) -> list[int]:
 
 
 def decode_video(
-    data: bytes, limits: VideoLimits = DEFAULT_LIMITS, multiple: int = 2, sampler=None
+    data: bytes,
+    limits: VideoLimits = DEFAULT_LIMITS,
+    multiple: int = 2,
+    sampler=None,
+    resize=None,
 ) -> Video:
     """The sampled frames of the video in `data` (`sampler(total, fps, limits)` picks them;
-    default: `sample_indices`); `VideoError` when it is not one we take."""
+    default: `sample_indices`); `VideoError` when it is not one we take. `resize(n, h, w)`: the
+    (height, width) the family's processor will resize n sampled h x w frames to; each frame is
+    resized so as soon as it is decoded (the same arithmetic: `resize_frame`), so only frames
+    of that size are kept."""
     try:
         import av
     except ImportError:
@@ -110,10 +121,10 @@ def decode_video(
         if seconds > limits.max_seconds:
             raise VideoError(f"the video is {seconds:.0f} s long, above {limits.max_seconds:.0f} s")
         sampler = sampler or (lambda n, f, lim: sample_indices(n, f, lim, multiple))
-        return _decode(container, s, limits, fps, multiple, total, sampler, w * h * 3)
+        return _decode(container, s, limits, fps, multiple, total, sampler, (h, w), resize)
 
 
-def _decode(container, s, limits, fps, multiple, total, sampler, frame_bytes) -> Video:
+def _decode(container, s, limits, fps, multiple, total, sampler, source, resize) -> Video:
     import av
 
     try:
@@ -125,13 +136,15 @@ def _decode(container, s, limits, fps, multiple, total, sampler, frame_bytes) ->
                     raise VideoError(f"the video is longer than {limits.max_seconds:.0f} s")
             container.seek(0)
         want = sampler(total, fps, limits)
-        if len(want) * frame_bytes > limits.max_frames_bytes:
-            need, top = len(want) * frame_bytes / 2**20, limits.max_frames_bytes / 2**20
+        size = tuple(resize(len(want), *source)) if resize else source
+        need = len(want) * size[0] * size[1] * 3  # the kept frames, resized or not
+        if need > limits.max_frames_bytes:
+            need, top = need / 2**20, limits.max_frames_bytes / 2**20
             raise VideoError(
                 f"the video's {len(want)} sampled frames take {need:.2f} MiB decoded, above "
                 f"{top:.2f} MiB: send a shorter or smaller one"
             )
-        out, decoded = _sampled(container, s, sorted(set(want)), fps)
+        out, decoded = _sampled(container, s, sorted(set(want)), fps, size)
     except av.error.FFmpegError as e:
         raise VideoError(f"corrupt video: {e}") from None
     if len(out) != len(set(want)):  # the header promised more frames than the stream holds
@@ -139,11 +152,22 @@ def _decode(container, s, limits, fps, multiple, total, sampler, frame_bytes) ->
         if not want:
             raise VideoError("the video has no decodable frames")
         want = want[: len(want) // multiple * multiple] or want
-    return Video(np.stack([out[i] for i in want]), fps, total, tuple(want), decoded)
+    return Video(np.stack([out[i] for i in want]), fps, total, tuple(want), decoded, source)
 
 
-def _sampled(container, s, keep: list[int], fps: float) -> tuple[dict, int]:
-    """The frames at indices `keep` (sorted) as RGB arrays, and how many frames were decoded.
+def resize_frame(rgb: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """One RGB frame [H, W, 3] uint8 resized to `size` (h, w) by torch's antialiased bicubic
+    on uint8, as torchvision's video processors do on CPU (frame by frame, as they batch)."""
+    if rgb.shape[:2] == tuple(size):
+        return rgb
+    x = torch.from_numpy(rgb).permute(2, 0, 1)[None]
+    x = F.interpolate(x, size=list(size), mode="bicubic", align_corners=False, antialias=True)
+    return x[0].permute(1, 2, 0).contiguous().numpy()
+
+
+def _sampled(container, s, keep: list[int], fps: float, size) -> tuple[dict, int]:
+    """The frames at indices `keep` (sorted) as RGB arrays of `size` (h, w), and how many
+    frames were decoded.
     Frames are counted in decode order from the first (transformers' enumeration); after a seek
     the count restarts from the landing frame's timestamp (frame = time x fps)."""
     out: dict[int, np.ndarray] = {}
@@ -162,7 +186,7 @@ def _sampled(container, s, keep: list[int], fps: float) -> tuple[dict, int]:
             else:
                 at += 1
             if at >= target:  # (past it only where the stream skips a frame: take the next)
-                out[target] = frame.to_ndarray(format="rgb24")
+                out[target] = resize_frame(frame.to_ndarray(format="rgb24"), size)
                 break
         else:
             break  # the stream ended before this frame

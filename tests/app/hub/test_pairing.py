@@ -72,3 +72,38 @@ def test_ls_and_the_library_say_which_models_see(hub, config, capsys, monkeypatc
     assert rows[TEXT.stem][4] == "llama"  # a folder's neighbour is not its projector
     seen = {m.name: m.vision for m in scan_library(config.cache_dir)}
     assert seen == {f"{REPO}:Q8_0": True, "tiny-org/only-q8:Q8_0": False}
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.mark.anyio
+async def test_the_tui_loads_a_pulled_model_with_its_projector_and_lists_it_as_seeing(
+    hub, config, tmp_path
+):
+    """Driven with Pilot: the TUI loads what it pulled by its cache path (as after a download)
+    with the real engine loader, which brings the projector; the library marks the model."""
+    from textual.widgets import DataTable
+
+    from localllm.app.tui.loaders import engine_loader
+    from localllm.app.tui.screens.models import ModelScreen
+    from tests.app.tui.fakes import make_app, wait_for
+
+    got = pull(REPO, config=config)
+    app = make_app(tmp_path, hub_config=lambda: config, model=str(got.path))
+    app.loader = engine_loader(max_num_seqs=1)
+    async with app.run_test(size=(120, 30)) as pilot:
+        await wait_for(pilot, lambda: app.backend is not None, limit=3000)
+        assert app.backend.vision is not None  # it sees
+        assert app.backend.vision.path == str(got.mmproj)
+        await pilot.press("ctrl+l")
+        await wait_for(pilot, lambda: isinstance(app.screen, ModelScreen))
+        table = app.screen.query_one("#library-table", DataTable)
+        await wait_for(pilot, lambda: table.row_count > 0)
+        rows = {
+            str(r[0]): [str(c) for c in r] for r in map(table.get_row_at, range(table.row_count))
+        }
+        assert rows[f"{REPO}:Q8_0"][3] == "llama(vision)"
+        await app.unload_model()

@@ -6,16 +6,18 @@
 # tokens checked against transformers). Then the other vision GPU tests (Qwen2.5-VL, Qwen3-VL,
 # SmolVLM, Gemma 3, LLaVA) and the decode speed after an image prompt against after a text prompt
 # of the same length (bench_vision_decode.py). $OUT collects pytest.log and decode.md.
-# Prepare here first (git-excluded, carried):
+# Prepare here first (git-excluded, carried; .whlvis kept apart so .whl stays small for others):
 #   bash tests/perf/h200_prepare.sh      # .whl: gguf, llguidance (the image lacks them)
 #   python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
-#     --implementation cp --platform manylinux_2_28_x86_64 -d .whl av pillow
-# then run it with carry [".whl"]:  bash tests/perf/gpu_vision2.sh
+#     --implementation cp --platform manylinux_2_28_x86_64 -d .whlvis av pillow
+#   grep -qx /.whlvis/ .git/info/exclude || echo /.whlvis/ >> .git/info/exclude
+# then run it with carry [".whl", ".whlvis"] (~44 MiB):  bash tests/perf/gpu_vision2.sh
 set -u
 export PYTHONUNBUFFERED=1 PYTHONSAFEPATH=1
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
+  .whl/*.whl .whlvis/*.whl
 ln -sfn "$PWD" /tmp/site/localllm
 export PYTHONPATH=/tmp/site:$PWD
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader

@@ -23,7 +23,7 @@ export PYTHONUNBUFFERED=1 PYTHONSAFEPATH=1
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 T0=$(date +%s)
-BUDGET=${BUDGET:-440}  # seconds after which no further model is benched
+BUDGET=${BUDGET:-420}  # seconds after which no further model is benched (or waited for)
 mkdir -p /tmp/site
 if [ -f .hyb2/site.tar.xz ]; then
   xz -d <.hyb2/site.tar.xz | tar x -C /tmp
@@ -80,21 +80,23 @@ rates() {  # the pp512 / tg128 rows of a bench table: "test t/s"
 }
 for name in lfm2 g4t q3n glm g4s; do
   f=$M/$name.gguf
-  while [ ! -f $f ] && [ ! -f $M/done ]; do sleep 2; done
-  [ -f $f ] || { echo "$name: not made"; continue; }
+  while [ ! -f $f ] && [ ! -f $M/done ] && [ $(($(date +%s) - T0)) -le "$BUDGET" ]; do
+    sleep 2
+  done
+  [ -f $f ] || { echo "$name: not made (yet)"; continue; }
   if [ $(($(date +%s) - T0)) -gt "$BUDGET" ]; then
     echo "$name: skipped, past ${BUDGET}s"
     rm -f $f
     continue
   fi
   echo "== $name: $(du -h $f | cut -f1)" | tee -a "$OUT/bench.md"
-  timeout 150 python3 -m localllm.app.bench -m $f -p 512 -n 128 -r 3 --device cuda \
+  timeout 120 python3 -m localllm.app.bench -m $f -p 512 -n 128 -r 3 --device cuda \
     >/tmp/ours.md 2>/tmp/ours.err
   cat /tmp/ours.md >>"$OUT/bench.md"
   grep -E "not captured|Error|error" /tmp/ours.err | tail -3 | tee -a "$OUT/bench.md"
   : >/tmp/theirs.md
   if [ -x $LLB ]; then
-    LD_LIBRARY_PATH=/tmp/llb/bin timeout 150 $LLB -m $f -p 512 -n 128 -r 3 -ngl 99 \
+    LD_LIBRARY_PATH=/tmp/llb/bin timeout 100 $LLB -m $f -p 512 -n 128 -r 3 -ngl 99 \
       >/tmp/theirs.md 2>/tmp/theirs.err || tail -3 /tmp/theirs.err
     cat /tmp/theirs.md >>"$OUT/bench.md"
   fi

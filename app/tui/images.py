@@ -5,20 +5,24 @@ history store keeps it with the message, and the transcript shows it as a chip (
 preview: `widgets/image_preview`). When the message is sent, the image's bytes are copied into
 the history's image folder under their SHA-256 (`keep_image`: `images/<hash>/<file name>` beside
 the history database), and PATH is that copy: a conversation answered again after the original
-file moved or was deleted still has its image. Before a backend sees the conversation, those
-lines become content parts: `{"type": "image", "path": PATH}` then the text. A dropped or pasted
-path with an image suffix attaches that image.
+file moved or was deleted still has its image; deleting a conversation deletes the copies no
+other message names (`prune_kept`). Before a backend sees the conversation, those lines become
+content parts: `{"type": "image", "path": PATH}` then the text. A dropped or pasted path with an
+image suffix attaches that image.
 """
 
 import base64
 import hashlib
 import os
 import re
+import shutil
+import time
 from pathlib import Path
 
 IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".webp", ".gif", ".bmp", ".tif", ".tiff"})
 MAX_IMAGES = 8  # attached to one message (documented in docs/tui.md)
 MAX_IMAGE_BYTES = 20 * 1024 * 1024  # one attached file, as the server's limit (docs/tui.md)
+PRUNE_GRACE_S = 60.0  # a kept copy this new is spared by `prune_kept` (its message is on the way)
 _LINE = re.compile(r"\[image: (.+)\]")
 
 
@@ -82,6 +86,25 @@ def keep_image(path: Path, folder: Path) -> Path:
         part.write_bytes(data)
         os.replace(part, kept)  # whole or absent, never a torn copy
     return kept
+
+
+def prune_kept(store, folder: Path, grace: float = PRUNE_GRACE_S) -> int:
+    """Delete the kept copies that no message of `store` names any more (after a conversation
+    is deleted), sparing those written in the last `grace` seconds (a message being sent);
+    returns how many. Blocking: off the loop."""
+    if not folder.is_dir():
+        return 0
+    used = set()
+    for conv in store.conversations("[image: "):
+        for m in store.messages(conv.id):
+            paths = split_images(m.content)[0]
+            used.update(p.parent.name for p in paths if p.parent.parent == folder)
+    now, gone = time.time(), 0
+    for d in folder.iterdir():
+        if d.is_dir() and d.name not in used and now - d.stat().st_mtime > grace:
+            shutil.rmtree(d, ignore_errors=True)
+            gone += 1
+    return gone
 
 
 def read_image(path: str | Path) -> bytes:

@@ -1,11 +1,14 @@
-"""Chat-screen actions on the conversation as a whole: rename, delete, export, copy an answer.
+"""Chat-screen actions on the conversation as a whole: rename, delete (and its kept images that
+no other message names), export, copy an answer.
 
 A mixin of `ChatScreen` (which provides `conversation`, `history`, `store`, `open`, `refresh_list`).
 """
 
+import asyncio
 import re
 
 from localllm.app.tui.history import slug
+from localllm.app.tui.images import prune_kept
 from localllm.app.tui.screens.modals import ConfirmModal, TextPromptModal
 
 FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.S | re.M)
@@ -40,6 +43,8 @@ class ConversationActions:
             if yes:
                 self.store.delete(conv.id)
                 await self.open(None)
+                folder = self.store.path.parent / "images"  # its images no message names
+                await asyncio.to_thread(prune_kept, self.store, folder)
 
         self.app.push_screen(ConfirmModal(f"Delete “{conv.title}”?"), done)
 

@@ -6,6 +6,7 @@ fixture (tests/data/vision/*gemma3*) the answer equals the engine's own for the 
 
 import asyncio
 import hashlib
+import os
 from pathlib import Path
 
 import numpy as np
@@ -241,3 +242,30 @@ async def test_the_loader_pairs_mmproj_with_the_named_model_only(tmp_path):
     finally:
         await paired.close()
         await alone.close()
+
+
+async def test_deleting_a_conversation_deletes_the_images_only_it_kept(tmp_path, picture):
+    """Two conversations share one image and one has its own: deleting that one (f8, y) removes
+    its own copy; the shared one stays for the other conversation."""
+    other = tmp_path / "other.png"
+    other.write_bytes(image_bytes("wide.png"))
+    backend = FakeBackend(["a", "b"])
+    app = make_app(tmp_path, backend)
+    async with app.run_test(size=(100, 30)) as pilot:
+        chat = await ready(pilot)
+        await send(pilot, f"/image {picture}")
+        await send(pilot, "first")
+        await wait_for(pilot, lambda: not chat.generating and len(chat.history) == 2)
+        shared = _kept(app, picture)
+        await chat.open(None)  # a new conversation
+        await send(pilot, f"/image {picture}")
+        await send(pilot, f"/image {other}")
+        await send(pilot, "second")
+        await wait_for(pilot, lambda: not chat.generating and len(chat.history) == 2)
+        own = _kept(app, other)
+        old = 1_000_000  # both copies past the grace time
+        for d in (shared.parent, own.parent):
+            os.utime(d, (old, old))
+        await pilot.press("f8", "y")
+        await wait_for(pilot, lambda: not own.parent.exists())
+        assert shared.is_file() and len(app.store.conversations()) == 1

@@ -21,6 +21,7 @@ HF_FAMILIES = {
     "Gemma2ForCausalLM": "gemma2_hf",
     "Olmo2ForCausalLM": "olmo2_hf",
     "SmolLM3ForCausalLM": "smollm3_hf",
+    "Glm4MoeForCausalLM": "glm4moe_hf",
 }
 
 

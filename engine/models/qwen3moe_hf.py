@@ -27,22 +27,27 @@ def metadata(cfg: HFConfig) -> dict:
 
 
 def adapt(plan: TensorPlan, cfg: HFConfig, n_vocab: int | None) -> None:
-    n_layers = cfg.require("num_hidden_layers")
     n_expert = cfg.require("num_experts", "num_local_experts")
-    for i in range(n_layers):
-        fused = f"model.layers.{i}.mlp.experts.gate_up_proj"
-        if fused in plan.entries:  # transformers 5: [experts, 2 * ff, dim]
-            plan.split(fused, (f"blk.{i}.ffn_gate_exps.weight", f"blk.{i}.ffn_up_exps.weight"), 1)
-            down = f"model.layers.{i}.mlp.experts.down_proj"
-            if down in plan.entries:
-                plan.entries[f"blk.{i}.ffn_down_exps.weight"] = plan.entries.pop(down)
-            continue
-        for hf, gguf in _PARTS.items():
-            parts = [_expert_name(plan, i, e, hf) for e in range(n_expert)]
-            if any(p in plan.entries for p in parts):
-                plan.stack(parts, f"blk.{i}.{gguf}.weight")
+    for i in range(cfg.require("num_hidden_layers")):
+        stack_experts(plan, i, n_expert)
 
 
-def _expert_name(plan: TensorPlan, layer: int, expert: int, part: str) -> str:
+def stack_experts(plan: TensorPlan, i: int, n_expert: int) -> None:
+    """Layer i's routed experts as `ffn_{gate,up,down}_exps` (also glm4moe_hf's): per-expert
+    tensors stacked, or transformers 5's fused gate_up split; nothing where it has none."""
+    fused = f"model.layers.{i}.mlp.experts.gate_up_proj"
+    if fused in plan.entries:  # transformers 5: [experts, 2 * ff, dim]
+        plan.split(fused, (f"blk.{i}.ffn_gate_exps.weight", f"blk.{i}.ffn_up_exps.weight"), 1)
+        down = f"model.layers.{i}.mlp.experts.down_proj"
+        if down in plan.entries:
+            plan.entries[f"blk.{i}.ffn_down_exps.weight"] = plan.entries.pop(down)
+        return
+    for hf, gguf in _PARTS.items():
+        parts = [_expert_name(i, e, hf) for e in range(n_expert)]
+        if any(p in plan.entries for p in parts):
+            plan.stack(parts, f"blk.{i}.{gguf}.weight")
+
+
+def _expert_name(layer: int, expert: int, part: str) -> str:
     # gguf-py's table has no per-expert names: they keep the checkpoint's own
     return f"model.layers.{layer}.mlp.experts.{expert}.{part}.weight"

@@ -97,6 +97,14 @@ def config(family: str, vocab: int = VOCAB, width: int | None = None):
     if family == "smollm3":  # four layers: the fourth has no rope
         return t.SmolLM3Config(**{**c, "num_hidden_layers": 4}, tie_word_embeddings=True,
                                pad_token_id=0)  # fmt: skip
+    if family == "glm4moe":  # GLM-4.5's layout: a dense first layer, shared experts, biases
+        return t.Glm4MoeConfig(
+            **{**c, "num_hidden_layers": 3}, head_dim=16, partial_rotary_factor=0.5,
+            moe_intermediate_size=32, n_routed_experts=4, num_experts_per_tok=2,
+            n_shared_experts=1, first_k_dense_replace=1, routed_scaling_factor=2.5,
+            norm_topk_prob=True, attention_bias=True, use_qk_norm=True,
+            num_nextn_predict_layers=1, rope_theta=1e6, tie_word_embeddings=False,
+        )  # fmt: skip
     if family == "phi3":
         return t.Phi3Config(**{**c, "num_key_value_heads": 4}, tie_word_embeddings=False,
                             pad_token_id=0, partial_rotary_factor=0.5)  # fmt: skip
@@ -104,9 +112,12 @@ def config(family: str, vocab: int = VOCAB, width: int | None = None):
 
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "qwen3moe", "gemma3", "gemma3mm", "phi3",
-            "gemma2", "olmo2", "smollm3")  # fmt: skip
+            "gemma2", "olmo2", "smollm3", "glm4moe")  # fmt: skip
 # the multimodal Gemma 3 vocabulary ends with its image tokens (ids vocab-3 .. vocab-1)
 IMAGE_TOKENS = ["<start_of_image>", "<end_of_image>", "<image_soft_token>"]
+# the added tokens llama.cpp's GLM converter looks up (bos, eot, eom)
+GLM_TOKENS = ["[gMASK]", "<sop>", "<|user|>", "<|assistant|>", "<|observation|>"]
+EXTRA_TOKENS = {"gemma3mm": IMAGE_TOKENS, "glm4moe": GLM_TOKENS}
 
 
 def tokenizer(spm: bool = False, extra: list[str] | tuple[str, ...] = ()):
@@ -176,12 +187,34 @@ def model(family: str, vocab: int = VOCAB, width: int | None = None):
 
 def save_tiny(family: str, folder: Path, shards: bool = False, width: int | None = None) -> Path:
     """Write the family's tiny folder (`shards`: split in several files with an index)."""
-    tok = tokenizer(
-        spm=family.startswith("gemma"), extra=IMAGE_TOKENS if family == "gemma3mm" else ()
-    )
+    tok = tokenizer(spm=family.startswith("gemma"), extra=EXTRA_TOKENS.get(family, ()))
     m = model(family, max(VOCAB, len(tok)), width)
     m.generation_config.eos_token_id = [0, 2]  # <|endoftext|> and <|im_end|>
     size = "20KB" if shards else "50GB"
     m.save_pretrained(folder, max_shard_size=size)
     tok.save_pretrained(folder)
+    if family == "glm4moe":
+        add_nextn_layer(folder, m.config)
     return folder
+
+
+def add_nextn_layer(folder: Path, config) -> None:
+    """The NextN (multi-token prediction) layer GLM checkpoints ship after the last layer, which
+    transformers neither builds nor saves: the last layer's tensors perturbed, plus eh_proj,
+    enorm, hnorm and shared_head.norm (seeded; never run by transformers, llama.cpp or us)."""
+    from safetensors.torch import load_file, save_file
+
+    path = folder / "model.safetensors"
+    state = load_file(path)
+    last, nextn = config.num_hidden_layers - 1, config.num_hidden_layers
+    g = torch.Generator().manual_seed(SEED + 1)
+    prefix = f"model.layers.{last}."
+    for k in [k for k in state if k.startswith(prefix)]:
+        t = state[k]
+        noise = 0.1 * torch.randn(t.shape, generator=g)
+        state[k.replace(prefix, f"model.layers.{nextn}.")] = (t.float() + noise).to(t.dtype)
+    d = config.hidden_size
+    state[f"model.layers.{nextn}.eh_proj.weight"] = torch.randn(d, 2 * d, generator=g).bfloat16()
+    for n in ("enorm", "hnorm", "shared_head.norm"):
+        state[f"model.layers.{nextn}.{n}.weight"] = torch.ones(d, dtype=torch.bfloat16)
+    save_file(state, str(path), metadata={"format": "pt"})

@@ -1,6 +1,6 @@
 """A Hugging Face folder and llama.cpp's GGUF conversion of it run as one model.
 
-tests/data/hf/ (tests/tools/record_hf_fixtures.py): tiny llama and qwen3 folders made with
+tests/data/hf/ (tests/tools/record_hf_fixtures.py): tiny llama, qwen3 and glm4moe folders made with
 transformers, and `convert_hf_to_gguf.py --outtype bf16` of each. Read by the engine, both give
 the same `ModelArgs`, the same tensors under the same names, value for value (llama's Q/K rope
 permutation included), and the same greedy tokens, which are transformers' own on the folder
@@ -21,7 +21,7 @@ from localllm.engine.sampling.params import SamplingParams
 from tests.engine.test_hf_models import assert_same_or_near_tie, hf_greedy
 
 DATA = Path(__file__).parents[1] / "data" / "hf"
-FAMILIES = ("llama", "qwen3")
+FAMILIES = ("llama", "qwen3", "glm4moe")  # glm4moe: with a NextN layer (never run)
 PROMPTS = ["Hello, world! The quick brown", "def main():\n", "the cat sat on"]
 
 

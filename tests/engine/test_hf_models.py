@@ -115,7 +115,7 @@ def test_greedy_tokens_match_transformers(family, folders, reference):
     assert_same_or_near_tie(hf, prompt, ours, hf_greedy(hf, prompt, N_GEN))
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3", "qwen3moe"])
+@pytest.mark.parametrize("family", ["llama", "qwen3", "qwen3moe", "glm4moe"])
 def test_quantize_q8_0_stays_within_near_ties(family, folders, reference):
     """Weights quantized to Q8_0 at load, default kernels: transformers' fp32 greedy tokens, up
     to near-ties; and the linears really hold Q8_0 blocks."""

@@ -1,15 +1,19 @@
 """Record tests/data/hf/: tiny Hugging Face folders and llama.cpp's GGUF conversions of them.
 
-For each family in FAMILIES: `tests/engine/hf_fixtures.save_tiny` (transformers, fixed seed, bf16)
-writes `tests/data/hf/<family>/`, and llama.cpp's own `convert_hf_to_gguf.py` (run as a
-subprocess, `--outtype bf16`) turns that folder into `tests/data/hf/<family>.gguf`. The tests then
+For each family in FAMILIES (llama, qwen3, glm4moe): `tests/engine/hf_fixtures.save_tiny`
+(transformers, fixed seed, bf16) writes `tests/data/hf/<family>/`, and llama.cpp's own
+`convert_hf_to_gguf.py` (run as a subprocess, `--outtype bf16`) turns that folder into
+`tests/data/hf/<family>.gguf`. The tests then
 check that the engine reads both into the same tensors, `ModelArgs` and greedy tokens
 (tests/engine/test_hf_gguf_agree.py), without llama.cpp in CI. `recorder.json` says what made them.
 
 Run from the repository root, with a checkout of llama.cpp (`convert_hf_to_gguf.py`,
 `conversion/`, `gguf-py/`):
 
-    python tests/tools/record_hf_fixtures.py --llama-cpp /path/to/llama.cpp
+    python tests/tools/record_hf_fixtures.py --llama-cpp /path/to/llama.cpp [--only glm4moe]
+
+glm4moe's folder carries a NextN layer after its last one, as GLM checkpoints do
+(`hf_fixtures.add_nextn_layer`; transformers neither builds nor saves it); the converter keeps it.
 
 One shim, as in record_rerank_fixture.py: the converter names a byte-level BPE's pre-tokenizer
 from a hash of its output on a fixed text, and our tokenizer trained on five lines matches no
@@ -32,7 +36,7 @@ _spec = importlib.util.spec_from_file_location("hf_fixtures", _FIXTURES)
 hf_fixtures = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(hf_fixtures)
 
-FAMILIES = ("llama", "qwen3")
+FAMILIES = ("llama", "qwen3", "glm4moe")
 OUT = Path("tests/data/hf")
 
 BOOTSTRAP = """
@@ -68,9 +72,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--llama-cpp", type=Path, required=True, help="llama.cpp checkout")
     ap.add_argument("--llama-cpp-commit", help="its commit, when the checkout is no git tree")
+    ap.add_argument("--only", nargs="+", choices=FAMILIES, help="re-record these alone")
     args = ap.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
-    for family in FAMILIES:
+    for family in args.only or FAMILIES:
         folder = OUT / family
         shutil.rmtree(folder, ignore_errors=True)
         hf_fixtures.save_tiny(family, folder)

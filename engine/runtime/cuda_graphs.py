@@ -171,16 +171,14 @@ class DecodeGraphs:
         return out
 
     def _capture(self, g: _Graph) -> None:
-        states = getattr(self.kv, "states", None)
-        # the warm-up advances the rows' recurrent states, which the first replay does again:
-        # their slots are put back as they were (a KV write, redone, is the same write)
-        slots = g.inputs[:, 4].contiguous()
-        kept = None if states is None else states.save(slots)
-        try:
-            side = warm_up(self.forward, g.inputs, self.kv.device)
-        finally:
-            if kept is not None:
-                states.restore(slots, kept)
+        warm = g.inputs
+        if self.scratch is not None:
+            # a hybrid's warm-up must not advance its rows' states (the first replay does): every
+            # row on the scratch slot, fresh. The KV it writes at the rows' slots from those
+            # states the replay writes again, before any attention reads them
+            warm = g.inputs.clone()
+            warm[:, 4] = self.scratch
+        side = warm_up(self.forward, warm, self.kv.device)
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
         if graph_safe(self.model, split=SPLIT_LINK):

@@ -139,16 +139,6 @@ class RecurrentState:
         t = self.tensor(layer, name)
         t.index_copy_(0, self.slots(batch), value.to(t.dtype))
 
-    def save(self, slots: torch.Tensor) -> list[torch.Tensor]:
-        """Copies of slots' [n] int64 (device) states in every layer, for `restore`."""
-        return [t.index_select(0, slots) for d in self._t.values() for t in d.values()]
-
-    def restore(self, slots: torch.Tensor, saved: list[torch.Tensor]) -> None:
-        """Put back what `save(slots)` copied (a slot named twice gets the same values twice)."""
-        tensors = [t for d in self._t.values() for t in d.values()]
-        for t, s in zip(tensors, saved, strict=True):
-            t.index_copy_(0, slots, s)
-
     def copy(self, src: int, dst: int) -> None:
         """Slot dst takes slot src's state in every layer (a fork of n > 1)."""
         for layer in self._t.values():

@@ -76,9 +76,13 @@ def image_path(text: str) -> Path | None:
 def keep_image(path: Path, folder: Path) -> Path:
     """The history's copy of the image at `path` (`folder/<sha256>/<name>`, written once); a
     file that cannot be read or is too large is a one-line ValueError. Blocking: off the loop."""
+    try:
+        size = path.stat().st_size  # before reading: a huge file is never read whole
+    except OSError as e:
+        raise ValueError(f"cannot read the attached image {path}: {e.strerror or e}") from None
+    if size > MAX_IMAGE_BYTES:
+        raise ValueError(f"{path.name} is {size} bytes, above the {MAX_IMAGE_BYTES} allowed")
     data = read_image(path)
-    if len(data) > MAX_IMAGE_BYTES:
-        raise ValueError(f"{path.name} is {len(data)} bytes, above the {MAX_IMAGE_BYTES} allowed")
     kept = folder / hashlib.sha256(data).hexdigest() / path.name
     if not kept.is_file():
         kept.parent.mkdir(parents=True, exist_ok=True)

@@ -269,3 +269,16 @@ async def test_deleting_a_conversation_deletes_the_images_only_it_kept(tmp_path,
         await pilot.press("f8", "y")
         await wait_for(pilot, lambda: not own.parent.exists())
         assert shared.is_file() and len(app.store.conversations()) == 1
+
+
+def test_keeping_an_image_refuses_a_file_too_large_or_gone(tmp_path):
+    from localllm.app.tui.images import MAX_IMAGE_BYTES, keep_image
+
+    big = tmp_path / "big.png"
+    with open(big, "wb") as f:
+        f.truncate(MAX_IMAGE_BYTES + 1)  # sparse: its size is read, not its bytes
+    with pytest.raises(ValueError, match=f"above the {MAX_IMAGE_BYTES} allowed"):
+        keep_image(big, tmp_path / "images")
+    with pytest.raises(ValueError, match="cannot read the attached image"):
+        keep_image(tmp_path / "gone.png", tmp_path / "images")
+    assert not (tmp_path / "images").exists()

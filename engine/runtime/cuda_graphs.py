@@ -170,15 +170,19 @@ class DecodeGraphs:
         g.link.run()  # the CPU's shares of the split layers, beside the replay
         return out
 
+    def warm_inputs(self, inputs: torch.Tensor) -> torch.Tensor:
+        """The rows a capture's warm-up runs: `inputs`, or for a hybrid a copy with every row on
+        the scratch state slot (fresh): its rows' states must not advance before the first
+        replay does it. The KV it writes at their KV slots, from other states, the replay writes
+        again before any attention reads them."""
+        if self.scratch is None:
+            return inputs
+        warm = inputs.clone()
+        warm[:, 4] = self.scratch
+        return warm
+
     def _capture(self, g: _Graph) -> None:
-        warm = g.inputs
-        if self.scratch is not None:
-            # a hybrid's warm-up must not advance its rows' states (the first replay does): every
-            # row on the scratch slot, fresh. The KV it writes at the rows' slots from those
-            # states the replay writes again, before any attention reads them
-            warm = g.inputs.clone()
-            warm[:, 4] = self.scratch
-        side = warm_up(self.forward, warm, self.kv.device)
+        side = warm_up(self.forward, self.warm_inputs(g.inputs), self.kv.device)
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
         if graph_safe(self.model, split=SPLIT_LINK):

@@ -5,12 +5,12 @@ A graph's rows carry each sequence's recurrent-state slot; the captured forward 
 and their freshness (seq_len 1) from those device rows; padding rows use the scratch state slot
 and a spare KV slot (their state is not row 0's, so neither are the K/V they would write).
 CPU (always run): `DecodeGraphs.forward` (the function a graph captures, run eagerly) over rows
-filled as a replay fills them equals eager batched decode token by token, logits and states, for
-1, 3 (padded to 4) and 4 sequences in shuffled slots, one of them starting at position 0; a slot
-nobody owns is left untouched; under TRITON_INTERPRET=1, qwen3next's so through its triton decode
-steps. GPU (marked `gpu`): the same with real replays, then the engine's
-greedy tokens with graphs on and off (a batch of four, each alone, n = 2 forks) agree up to a
-near-tie of the precise reference, and decode really went through the graphs.
+filled as a replay fills them, each step after a capture's warm-up, equals eager batched decode
+token by token, logits and states, for 1, 3 (padded to 4) and 4 sequences in shuffled slots, one
+of them starting at position 0; a slot nobody owns is left untouched; under TRITON_INTERPRET=1,
+qwen3next's so through its triton decode steps. GPU (marked `gpu`): the same with real replays,
+then the engine's greedy tokens with graphs on and off (a batch of four, each alone, n = 2 forks)
+agree up to a near-tie of the precise reference, and decode really went through the graphs.
 """
 
 import dataclasses
@@ -95,10 +95,12 @@ def _compare(name: str, n: int, device: str, replay: bool):
             if replay:
                 lg = graphs.run(rows)
                 assert lg is not None, graphs.failed
-            else:  # the captured function over the rows a replay would hold
+            else:  # the captured function over the rows a replay would hold, each step after
+                # a capture's warm-up (which must leave no trace in the states or the KV read)
                 b, width = graphs.key(n, rows.shape[1] - COLS)[:2]
                 static = torch.zeros(b, COLS + width, dtype=torch.long, device=device)
                 fill_rows(static, rows, None, graphs.pad)
+                graphs.forward(graphs.warm_inputs(static))
                 lg = graphs.forward(static)[:n]
             eager.append(le.cpu())
             got.append(lg.clone().cpu())

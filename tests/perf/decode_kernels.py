@@ -1,0 +1,192 @@
+"""Where one decode step's time goes, kernel by kernel, against the memory-bandwidth floor.
+
+    python tests/perf/decode_kernels.py MODEL.gguf [--depth 512,8192] [--steps 20] [--no-pdl]
+
+For each depth: DEPTH random tokens are prefilled, then the single-sequence decode graph that
+`localllm serve` and `localllm bench` replay (`engine.runtime.cuda_graphs.DecodeGraphs`) is timed
+(CUDA events over 50 replays: the step time) and profiled (torch.profiler, CUDA activity, over
+--steps replays). Per kernel name: launches and GPU microseconds per step, share of the step, and
+where the kernel's bytes are known (the quantized matmuls read their type's weights once a step;
+attention reads the KV cache), the bandwidth it reached against the device's measured copy
+bandwidth (a 1 GiB device-to-device copy: read + write bytes over time). The weight bytes are the
+GGUF's (token embeddings excluded: one row a step); the engine's repacked layouts differ by their
+few header bytes. Under programmatic dependent launch (on by default on sm_90+) a kernel's time
+includes its wait for the one before: `--no-pdl` captures without it for a cleaner split.
+Not a test; results in tests/perf/results/server.md (tests/perf/gpu_serve2.sh runs it). On a CPU
+(`--device cpu`: a dry run of the script) the captured function runs eagerly under the CPU
+profiler.
+"""
+
+import argparse
+import sys
+from collections import defaultdict
+
+import gguf
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from localllm.engine.core.batch import BatchMeta
+from localllm.engine.gguf import open_gguf
+from localllm.engine.loader import build_model
+from localllm.engine.runtime.cuda_graphs import COLS, DecodeGraphs, pack_decode
+from localllm.engine.runtime.kv_cache import PagedKVCache
+
+BS = 16
+CHUNK = 2048  # prefill tokens per forward
+# kernel-name parts -> what the kernel reads once a step ("kv": the cache; else a ggml type)
+READS = (("q4k", "Q4_K"), ("q4_k", "Q4_K"), ("q6k", "Q6_K"), ("q6_k", "Q6_K"),
+         ("q8_0", "Q8_0"), ("attn", "kv"), ("attention", "kv"), ("flash", "kv"))  # fmt: skip
+
+
+def weight_bytes(path: str) -> dict[str, int]:
+    """Bytes per ggml type of the tensors a decode step reads (token embeddings excluded)."""
+    out: dict[str, int] = defaultdict(int)
+    for t in gguf.GGUFReader(path).tensors:
+        if t.name != "token_embd.weight":
+            out[t.tensor_type.name] += int(t.n_bytes)
+    return dict(out)
+
+
+def copy_bandwidth(device: torch.device, nbytes: int = 1 << 30, reps: int = 10) -> float:
+    """Bytes/s of a device-to-device copy, read + write counted (the floor's yardstick)."""
+    a = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    b = torch.empty_like(a)
+    b.copy_(a)
+    if device.type != "cuda":
+        import time
+
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            b.copy_(a)
+        return 2 * nbytes * reps / (time.perf_counter() - t0)
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize(device)
+    e0.record()
+    for _ in range(reps):
+        b.copy_(a)
+    e1.record()
+    torch.cuda.synchronize(device)
+    return 2 * nbytes * reps / (e0.elapsed_time(e1) / 1e3)
+
+
+def reads_of(name: str) -> str | None:
+    low = name.lower()
+    return next((what for part, what in READS if part in low), None)
+
+
+def _prefill(model, kv, depth: int, vocab: int, device) -> None:
+    ids = torch.randint(0, vocab, (depth,), device=device)
+    for c in range(0, depth, CHUNK):
+        n = min(CHUNK, depth - c)
+        meta = BatchMeta.contiguous(n, c + n, BS)
+        meta = BatchMeta(meta.query_start, meta.seq_lens, meta.block_tables,
+                         meta.slot_mapping.to(device), BS)  # fmt: skip
+        model(ids[c : c + n], torch.arange(c, c + n, device=device), meta, kv)
+
+
+def one_depth(model, path_bytes, depth, device, steps, bw) -> list[str]:
+    layers, kvh, hd = model.kv_shape()
+    blocks = depth // BS + 2
+    kv = PagedKVCache(layers, blocks, BS, kvh, hd, "f16", device, model.kv_value_dim())
+    table = list(range(blocks))
+    cuda = device.type == "cuda"
+    with torch.inference_mode():
+        _prefill(model, kv, depth, model.args.vocab_size, device)
+        graphs = DecodeGraphs(model, kv)
+        rows = pack_decode([1], [depth], [depth], [table]).to(device)
+        if cuda:
+
+            def step():
+                graphs.run(rows)
+        else:  # the captured function, eagerly, on the rows padded to the graph's width
+            key = graphs.key(1, rows.shape[1] - COLS)
+            padded = torch.cat([rows, rows.new_zeros(1, key[1] + COLS - rows.shape[1])], 1)
+
+            def step():
+                graphs.forward(padded)
+
+        for _ in range(3):
+            step()
+        if cuda:
+            assert graphs.run(rows) is not None, f"decode graph not captured: {graphs.failed}"
+            torch.cuda.synchronize(device)
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            e0.record()
+            for _ in range(50):
+                step()
+            e1.record()
+            torch.cuda.synchronize(device)
+            step_us = 1e3 * e0.elapsed_time(e1) / 50
+        acts = [ProfilerActivity.CUDA] if cuda else [ProfilerActivity.CPU]
+        with profile(activities=acts) as prof:
+            for _ in range(steps):
+                step()
+            if cuda:
+                torch.cuda.synchronize(device)
+    per: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    for evt in prof.key_averages():
+        t = getattr(evt, "device_time_total" if cuda else "self_cpu_time_total", 0)
+        if t > 0:
+            per[evt.key[:70]][0] += t / steps
+            per[evt.key[:70]][1] += evt.count / steps
+    busy = sum(v[0] for v in per.values())
+    if not cuda:
+        step_us = busy  # (the CPU dry run: its ops' own time)
+    kv_bytes = 2 * layers * kvh * hd * 2 * depth  # K and V, f16, every cached token
+    need = {**path_bytes, "kv": kv_bytes}
+    total = sum(path_bytes.values()) + kv_bytes
+    gbs = total / step_us / 1e3  # bytes per microsecond / 1e3: GB/s
+    out = [
+        f"depth {depth}: step {step_us:.1f} us ({1e6 / step_us:.1f} t/s); kernels {busy:.1f} us "
+        f"busy, {step_us - busy:.1f} us between them; {sum(v[1] for v in per.values()):.0f} "
+        f"launches a step",
+        f"bytes a step {total / 1e6:.1f} MB (weights {sum(path_bytes.values()) / 1e6:.1f}, KV "
+        f"{kv_bytes / 1e6:.1f}): {gbs:.0f} GB/s, {100 * gbs / (bw / 1e9):.1f} % of the copy "
+        f"bandwidth {bw / 1e9:.0f} GB/s",
+        "",
+        "| kernel | launches/step | us/step | share of step % | reads | MB/step | GB/s "
+        "| % of copy bw |",
+        "|---|---:|---:|---:|---|---:|---:|---:|",
+    ]  # fmt: skip
+    for name, (us, n) in sorted(per.items(), key=lambda kv_: -kv_[1][0]):
+        what = reads_of(name)
+        nb = need.get(what) if what else None
+        cells = ["-", "-", "-"]
+        if nb:
+            gbs = nb / us / 1e3
+            cells = [f"{nb / 1e6:.1f}", f"{gbs:.0f}", f"{100 * gbs / (bw / 1e9):.1f}"]
+        out.append(f"| {name} | {n:.0f} | {us:.1f} | {100 * us / step_us:.1f} | {what or '-'} | "
+                   + " | ".join(cells) + " |")  # fmt: skip
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("model")
+    ap.add_argument("--depth", default="512", help="context depths, comma-separated (512)")
+    ap.add_argument("--steps", type=int, default=20, help="profiled replays per depth (20)")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--no-pdl", action="store_true", help="capture without programmatic launch")
+    a = ap.parse_args(argv)
+    if a.no_pdl:
+        from localllm.kernels import pdl
+
+        pdl.enabled = lambda t: False  # every launch site asks this function
+    device = torch.device(a.device)
+    path_bytes = weight_bytes(a.model)
+    gg = open_gguf(a.model)
+    try:
+        model = build_model(gg, device=device)
+        bw = copy_bandwidth(device)
+        print(f"# {a.model}: weights read a step by type (MB) "
+              + ", ".join(f"{k} {v / 1e6:.1f}" for k, v in sorted(path_bytes.items()))
+              + f"; copy bandwidth {bw / 1e9:.0f} GB/s (read + write)")  # fmt: skip
+        for d in (int(x) for x in a.depth.split(",") if x):
+            print("\n".join(one_depth(model, path_bytes, d, device, a.steps, bw)) + "\n")
+    finally:
+        gg.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -8,7 +8,9 @@ CPU (always run): `DecodeGraphs.forward` (the function a graph captures, run eag
 filled as a replay fills them, each step after a capture's warm-up, equals eager batched decode
 token by token, logits and states, for 1, 3 (padded to 4) and 4 sequences in shuffled slots, one
 of them starting at position 0; a slot nobody owns is left untouched; under TRITON_INTERPRET=1,
-qwen3next's so through its triton decode steps. GPU (marked `gpu`): the same with real replays,
+qwen3next's so through its triton decode steps. The engine's runner through that emulated graph
+path (each request's state slot in its row) gives its eager path's greedy tokens, batched,
+alone and forked. GPU (marked `gpu`): the same with real replays,
 then the engine's greedy tokens with graphs on and off (a batch of four, each alone, n = 2 forks)
 agree up to a near-tie of the precise reference, and decode really went through the graphs.
 """
@@ -131,6 +133,59 @@ def _assert_same(name, eager, got, kv_e, kv_g, n, tol):
 def test_graph_forward_equals_eager_decode_on_cpu(name, n):
     eager, got, kv_e, kv_g = _compare(name, n, "cpu", replay=False)
     _assert_same(name, eager, got, kv_e, kv_g, n, 1e-4)
+
+
+class _Emulated:
+    """`DecodeGraphs.run` on a CPU: the rows filled as a replay fills them, a capture's warm-up
+    on a shape's first use, then the captured function run eagerly."""
+
+    def __init__(self, graphs: DecodeGraphs):
+        self.graphs, self.batch_sizes = graphs, graphs.batch_sizes
+        self.keys: list[tuple] = []
+
+    def run(self, inputs, ids=None, then=None):
+        n, w = inputs.shape[0], inputs.shape[1] - COLS
+        key = self.graphs.key(n, w)
+        if key is None:
+            return None
+        static = torch.zeros(key[0], COLS + key[1], dtype=torch.long)
+        fill_rows(static, inputs, ids, self.graphs.pad)
+        if key not in self.keys:
+            self.graphs.forward(self.graphs.warm_inputs(static))
+        self.keys.append(key)
+        logits = self.graphs.forward(static)[:n]
+        return logits if then is None else then(logits)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_engine_through_emulated_graphs_equals_eager_on_cpu(name):
+    """The runner's graph path (rows with each request's state slot, padding on the scratch slot
+    and a KV slot nobody owns, forks' copied states) against its eager path, on a CPU."""
+    from localllm.engine import LLM, SamplingParams
+
+    prompt = golden(name)["prompt"]["ids"]
+    prompts = [prompt, prompt[::-1], prompt[3:25]]  # three rows: padded to four
+    greedy = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    forks = SamplingParams(temperature=0, max_tokens=16, n=2, ignore_eos=True)
+    out = {}
+    for emulate in (False, True):
+        with LLM(str(path(name)), max_model_len=128, block_size=BS, precise=True) as llm:
+            runner = llm.engine.runner
+            assert runner.graphs is None  # (a CPU engine)
+            if emulate:
+                spare = llm.engine.kv_manager.pool.get_new_blocks(1)[0].block_id  # nobody's
+                runner.graphs = _Emulated(
+                    DecodeGraphs(runner.model, runner.kv, pad_slot=spare * BS)
+                )
+            together = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, greedy)]
+            alone = [list(llm.generate([p], greedy)[0].outputs[0].token_ids) for p in prompts]
+            fork = [list(c.token_ids) for c in llm.generate([prompt], forks)[0].outputs]
+            out[emulate] = (together, alone, fork)
+            if emulate:  # decode went through the graph path: padded, alone and forked
+                assert {k[0] for k in runner.graphs.keys} >= {1, 2, 4}, runner.graphs.keys
+    p = path(name)
+    for got, want, ps in zip(out[True], out[False], (prompts, prompts, [prompt] * 2), strict=True):
+        assert_same_or_near_tie(p, ps, got, want)
 
 
 @pytest.mark.skipif(not INTERPRET, reason="needs TRITON_INTERPRET=1 with triton")

@@ -122,21 +122,22 @@ class Processor:
 
     def video_patches(self, frames: np.ndarray, h: int, w: int):
         """Frames resized to h x w (torch's antialiased bicubic on uint8; frames the decoder
-        resized already stay), normalized, padded to whole temporal patches and cut ->
-        (patches, (t, gh, gw))."""
+        resized already stay), normalized, padded to whole temporal patches (the last frame
+        again) and cut -> (patches, (t, gh, gw)). One temporal patch is made float at a time,
+        written into the output: the peak is the output, not twice the frames in float."""
         n, height, width = frames.shape[:3]
         x = torch.from_numpy(np.ascontiguousarray(frames)).permute(0, 3, 1, 2)
         if (h, w) != (height, width):
             x = F.interpolate(x, size=[h, w], mode="bicubic", align_corners=False, antialias=True)
-        mean = torch.tensor(self.args.image_mean) * (1.0 / RESCALE)
-        std = torch.tensor(self.args.image_std) * (1.0 / RESCALE)
-        x = (x.to(torch.float32) - mean[:, None, None]) / std[:, None, None]
-        if pad := -n % TEMPORAL:
-            x = torch.cat((x, x[-1:].expand(pad, -1, -1, -1)))
-        px = x.numpy()
-        groups = px.reshape(-1, TEMPORAL, *px.shape[1:])
-        parts, grid = zip(*(self._patchify(g) for g in groups), strict=True)
-        return np.concatenate(parts), (len(groups), *grid[0])
+        mean = (torch.tensor(self.args.image_mean) * (1.0 / RESCALE))[:, None, None]
+        std = (torch.tensor(self.args.image_std) * (1.0 / RESCALE))[:, None, None]
+        t, rows = -(-n // TEMPORAL), (h // self.patch) * (w // self.patch)
+        out = np.empty((t * rows, 3 * TEMPORAL * self.patch**2), np.float32)
+        for g in range(t):
+            pick = [min(g * TEMPORAL + k, n - 1) for k in range(TEMPORAL)]
+            group = ((x[pick].to(torch.float32) - mean) / std).numpy()
+            out[g * rows : (g + 1) * rows], grid = self._patchify(group)
+        return out, (t, *grid)
 
     def _patchify(self, frames: np.ndarray) -> tuple[np.ndarray, tuple[int, int]]:
         """Two frames [2, C, H, W] -> patches [gh*gw, C*2*p*p] in merge-block order."""

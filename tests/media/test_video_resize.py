@@ -27,8 +27,8 @@ def hd_video() -> bytes:
         for i in range(N):
             img = np.zeros((H, W, 3), np.uint8)
             img[:, :, 0] = np.linspace(0, 255, W, dtype=np.uint8)[None]
-            img[:, :, 1] = i * 30
-            img[100:300, 200 + 40 * i : 500 + 40 * i] = rng.integers(0, 256, 3, dtype=np.uint8)
+            img[:, :, 1] = i * 30 % 256
+            img[100:300, 200 + 10 * i : 500 + 10 * i] = rng.integers(0, 256, 3, dtype=np.uint8)
             for p in s.encode(av.VideoFrame.from_ndarray(img, format="rgb24")):
                 c.mux(p)
         for p in s.encode():

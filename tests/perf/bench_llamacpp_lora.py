@@ -24,6 +24,7 @@ On a GPU (`--device cuda`) llama.cpp offloads every layer (`n_gpu_layers` 999).
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -126,18 +127,24 @@ def _ours(a, adapters: list[str]) -> list[float]:
            "-t", str(a.threads)]  # fmt: skip
     for p in adapters:
         cmd += ["--lora", p]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, env=_env(a)).stdout
     return json.loads(out)[0]["samples_ts"]
 
 
 def _theirs(a, exe: Path, adapters: list[str]) -> list[float]:
     ngl = "999" if a.device != "cpu" else "0"
     cmd = [str(exe), a.model, str(a.n_gen), str(a.threads), str(a.reps), ngl, *adapters]
-    done = subprocess.run(cmd, capture_output=True, text=True)
+    done = subprocess.run(cmd, capture_output=True, text=True, env=_env(a))
     if done.returncode:
         tail = done.stderr.strip().splitlines()[-3:]
         raise SystemExit(f"llama.cpp harness exited {done.returncode}: {' / '.join(tail)}")
     return [float(line.split()[1]) for line in done.stdout.splitlines() if line.startswith("tg ")]
+
+
+def _env(a) -> dict[str, str]:
+    """The children's environment: OpenMP pools of `-t` threads (a caller's OMP_NUM_THREADS=1
+    would hold the native CPU step to one thread)."""
+    return {**os.environ, "OMP_NUM_THREADS": str(a.threads)}
 
 
 def _build(a, where: Path) -> Path:

@@ -52,16 +52,16 @@ mk() {  # name, then the maker's command; <name>.gguf appears once complete
   "$@" -o $M/$name.part >>/tmp/make.log 2>&1 && mv $M/$name.part $M/$name.gguf \
     || echo "$name: making failed" >>/tmp/make.log
 }
-wait_room() {  # at most one unbenched file on the disk besides the one being made
-  while [ "$(ls $M/*.gguf 2>/dev/null | wc -l)" -gt 1 ]; do sleep 2; done
+wait_room() {  # Granite-4.0-H-Small (~19 GiB) waits until at most one file is left unbenched
+  while [ "$(ls $M/*.gguf 2>/dev/null | wc -l)" -gt 1 ] || [ ! -f $M/a.done ]; do sleep 2; done
 }
+# two makers beside the tests (the first four files, ~29 GiB, fit the disk together)
 ( mk lfm2 python3 tests/perf/make_hybrid_synthetic.py --shape lfm2-1.2b --tokenizer-from $TOK
   mk g4t python3 tests/perf/make_hybrid_synthetic.py --shape granite-4.0-h-tiny \
     --tokenizer-from $TOK
-  wait_room
-  mk q3n python3 tests/perf/make_qwen3next.py --layers "${Q3N_LAYERS:-12}" --tokenizer-from $TOK
-  wait_room
   mk glm python3 tests/perf/make_glm4moe.py --layers "${GLM_LAYERS:-10}" --tokenizer-from $TOK
+  touch $M/a.done ) &
+( mk q3n python3 tests/perf/make_qwen3next.py --layers "${Q3N_LAYERS:-12}" --tokenizer-from $TOK
   wait_room
   if [ "$(df -BG --output=avail /tmp | tail -1 | tr -dc 0-9)" -gt 30 ]; then
     mk g4s python3 tests/perf/make_hybrid_synthetic.py --shape granite-4.0-h-small \

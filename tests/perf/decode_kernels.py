@@ -34,8 +34,11 @@ from localllm.engine.runtime.kv_cache import PagedKVCache
 BS = 16
 CHUNK = 2048  # prefill tokens per forward
 # kernel-name parts -> what the kernel reads once a step ("kv": the cache; else a ggml type)
+# (flash-decoding's split kernels, kernels/attention/triton_decode.py, read the cache; their
+# combine reads only the splits' partial results)
 READS = (("q4k", "Q4_K"), ("q4_k", "Q4_K"), ("q6k", "Q6_K"), ("q6_k", "Q6_K"),
-         ("q8_0", "Q8_0"), ("attn", "kv"), ("attention", "kv"), ("flash", "kv"))  # fmt: skip
+         ("q8_0", "Q8_0"), ("_split_kernel", "kv"), ("_split_dot_kernel", "kv"),
+         ("attn", "kv"), ("attention", "kv"), ("flash", "kv"))  # fmt: skip
 
 
 def weight_bytes(path: str) -> dict[str, int]:

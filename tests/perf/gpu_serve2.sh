@@ -11,7 +11,8 @@
 #   kernels  the 8B decode step kernel by kernel (tests/perf/decode_kernels.py: share of the step,
 #            bytes moved against the measured copy bandwidth), depth 512 and 8K
 #   batched  llama-batched-bench -npp 1024 -ntg 128 -npl 1,16,64
-#   ours-b2k (optional) ours with `-b 2048` (prompt chunks of 2,048 tokens a step)
+#   ours-b2k ours with `-b 2048` (prompt chunks of 2,048 tokens a step): last, so it runs only if
+#            time is left (BUDGET_S)
 # then one table ($OUT/summary.md; serve_report.py gives no ratio at a level where either server
 # failed a request). $OUT: summary.md, serve_*.json, the logs. Results: tests/perf/results/server.md.
 #
@@ -19,7 +20,7 @@
 # ~31 MiB: llama.cpp 3f545bec's llama-server, llama-bench and llama-batched-bench built for sm_90,
 # the wheels, the tokenizer). Then the device call, from the repo root:
 #   bash tests/perf/gpu_serve2.sh        carry [".serve2"]          (timeout_s 600)
-# Knobs: STEPS ("tests ours llama depth kernels batched"), CONC (1,16,64), GEN (256), NP (64),
+# Knobs: STEPS ("tests ours llama depth kernels batched ours-b2k"), CONC (1,16,64), GEN (256), NP (64),
 # LEVEL_S (a level starts no measured request after this many seconds: 30), BUDGET_S (a step that
 # would start after this many seconds is skipped: 470), END_S (every step's timeout ends by then:
 # 575, inside the device's 600 s), DEPTHS (8192,32768), KDEPTHS (the kernel
@@ -31,7 +32,7 @@ set -u
 export PYTHONUNBUFFERED=1 PYTHONSAFEPATH=1
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-STEPS=${STEPS:-tests ours llama depth kernels batched}
+STEPS=${STEPS:-tests ours llama depth kernels batched ours-b2k}
 CONC=${CONC:-1,16,64}
 GEN=${GEN:-256}
 NP=${NP:-64}

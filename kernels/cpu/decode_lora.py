@@ -3,6 +3,12 @@ block linear's adapters as float16 A [r, in] and, per output part, B.T [hi - lo,
 (float32 math), and the rows' adapter factors W [rows, r]; `LoraTable` holds one step's table (4
 per layer: q|k|v, o, gate|up, down) and keeps its tensors alive. The torch reference is
 `engine.lora.delta`'s own ops (tests/lora/test_lora_native.py holds the step to them).
+
+B.T is row-major [hi - lo, n] for a library as it is, or chunk-major [ceil(n / 64), hi - lo, 64]
+(zero-padded) for one that exports `lora_chunk_major`: each expand work item (64 output columns)
+then reads one contiguous block instead of 64 rows a stride apart. On the 2-core Zen 3 box the
+strided reads, not the math or the Python side, were two thirds of four rank-16 adapters' cost
+(tests/perf/bench_lora_add.c; tests/perf/results/lora.md).
 """
 
 import ctypes
@@ -14,6 +20,7 @@ from localllm.kernels.cpu.decode_step import MAX_GROUPS
 
 _I, _P = ctypes.c_int64, ctypes.c_void_p
 LINEARS = 4  # per layer, in the C's order: q|k|v, o, gate|up, down
+CHUNK = 64  # the C's LORA_CHUNK: output columns of one expand work item
 
 
 class _Lora(ctypes.Structure):
@@ -40,6 +47,8 @@ class LoraTable:
             raise ValueError(f"{len(linears)} linears: {LINEARS} per layer")
         self.keep: list[torch.Tensor] = []
         self.structs: list[_Lora | None] = []
+        self.chunked = False  # B.T laid out chunk-major (`to_chunks`)
+        self._bts: list[tuple[_Lora, int, torch.Tensor]] = []  # (struct, part, row-major B.T)
         for lin in linears:
             self.structs.append(None if lin is None else self._struct(lin, max_rows))
         self.table = (_P * len(linears))(
@@ -61,7 +70,33 @@ class LoraTable:
         for i, ((lo, hi, col, _), bt) in enumerate(zip(lin.parts, bts, strict=True)):
             s.lo[i], s.hi[i], s.col[i], s.n[i] = lo, hi, col, bt.shape[1]
             s.bt[i] = bt.data_ptr()
+            self._bts.append((s, i, bt))
         return s
+
+    def to_chunks(self) -> None:
+        """Every B.T chunk-major (what a library with `lora_chunk_major` reads), once."""
+        if self.chunked:
+            return
+        for s, i, bt in self._bts:
+            h = chunk_major(bt)
+            self.keep.append(h)
+            s.bt[i] = h.data_ptr()
+        self.chunked = True
+
+
+def chunk_major(bt: torch.Tensor) -> torch.Tensor:
+    """B.T [rank, n] as [ceil(n / CHUNK), rank, CHUNK], columns past n zero."""
+    rank, n = bt.shape
+    padded = torch.nn.functional.pad(bt, (0, -n % CHUNK))
+    return padded.reshape(rank, -1, CHUNK).permute(1, 0, 2).contiguous()
+
+
+def wants_chunks(lib: ctypes.CDLL) -> bool:
+    """Whether the library reads B.T chunk-major (it exports `lora_chunk_major`)."""
+    known = getattr(lib, "_localllm_lora_chunks", None)
+    if known is None:
+        known = lib._localllm_lora_chunks = hasattr(lib, "lora_chunk_major")
+    return known
 
 
 def set_table(lib: ctypes.CDLL, table: LoraTable | None) -> None:
@@ -69,4 +104,6 @@ def set_table(lib: ctypes.CDLL, table: LoraTable | None) -> None:
     if lib.set_lora.argtypes is None:
         lib.set_lora.argtypes = [_P]
         lib.set_lora.restype = None
+    if table is not None and not table.chunked and wants_chunks(lib):
+        table.to_chunks()
     lib.set_lora(None if table is None else ctypes.addressof(table.table))

@@ -5,7 +5,9 @@ Not a test: its figures go, with command, machine and date, into tests/perf/resu
 `/v1/completions` requests back to back (closed loop): warm-up requests first (not recorded),
 then the measured ones. Per level it reports aggregate output tokens/s and requests/s over the
 measured wall time, time to first token (TTFT) and inter-token latency (ITL: the gaps between
-SSE chunks that carry text) at p50/p99, time per output token per request, and errors.
+SSE chunks that carry text) at p50/p99, time per output token per request, and errors (a
+failed request, or one that made another number of tokens than --gen: no server's figures may
+count less work).
 
 Prompts are token ids, so every server gets the very same ones (same GGUF, same tokenizer): a
 seeded mix of a shared system prompt, one of a few shared documents (or none) and a request's
@@ -134,8 +136,12 @@ class Sample:
         return self.chunks if self.usage_tokens is None else self.usage_tokens
 
 
-async def stream_one(client: httpx.AsyncClient, body: dict, sample: Sample) -> Sample:
-    """POST one streamed /v1/completions; fills `sample` (an error ends it, never raises)."""
+async def stream_one(
+    client: httpx.AsyncClient, body: dict, sample: Sample, expect: int | None = None
+) -> Sample:
+    """POST one streamed /v1/completions; fills `sample` (an error ends it, never raises). With
+    `expect`, a stream that made another number of tokens is an error too: every server must
+    make the same work."""
     sample.start = t0 = time.perf_counter()
     last = None
     try:
@@ -167,6 +173,8 @@ async def stream_one(client: httpx.AsyncClient, body: dict, sample: Sample) -> S
         sample.latency = time.perf_counter() - t0
         if sample.chunks == 0:
             sample.error = "no text in the stream"
+        elif expect is not None and sample.tokens != expect:
+            sample.error = f"made {sample.tokens} of {expect} tokens"
     except (httpx.HTTPError, json.JSONDecodeError, OSError) as e:
         sample.error = f"{type(e).__name__}: {e}"
     return sample
@@ -274,7 +282,7 @@ async def run_level(
             ids, shared = prompts.get(f"{tag}-{i}")
             s = Sample(len(ids), shared)
             samples.append(s)
-            await stream_one(target.client, target.body(ids), s)
+            await stream_one(target.client, target.body(ids), s, target.gen)
 
     await asyncio.gather(*(client() for _ in range(concurrency)))
     return samples, time.perf_counter() - t0

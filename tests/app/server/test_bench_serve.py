@@ -134,3 +134,21 @@ def test_report_gives_no_ratio_where_a_server_failed_requests():
     assert "no ratio: 0 errors here, 6 in llama" in rows["16"]
     assert "no ratio: 2 errors here, 0 in llama" in rows["64"]
     assert "3.60x" not in text and "2.00x" not in text
+
+
+def test_a_stream_short_of_its_tokens_is_an_error(server):
+    async def go():
+        async with httpx.AsyncClient(base_url=server.base, headers=server.headers,
+                                     timeout=120) as client:  # fmt: skip
+            ids = (await client.post("/tokenize", json={"content": "word " * 1000})).json()
+            prompts = Prompts(ids["tokens"], Mix(40, 100, 8, (8, 24), seed=4))
+            # the body asks for 2 tokens while the run expects GEN: the server makes 2
+            target = Target(client, server.model_id, "localllm", GEN,
+                            {"max_tokens": 2, "min_tokens": 2})  # fmt: skip
+            return await run_level(target, prompts, 1, 2, "short")
+
+    samples, wall = asyncio.run(go())
+    r = summarize(1, samples, wall)
+    assert r["errors"] == r["requests"] == 2 and r["output_tokens"] == 0
+    assert r["first_error"] == f"made 2 of {GEN} tokens"
+    assert all(s.usage_tokens == 2 for s in samples)

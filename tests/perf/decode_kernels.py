@@ -1,20 +1,21 @@
 """Where one decode step's time goes, kernel by kernel, against the memory-bandwidth floor.
 
-    python tests/perf/decode_kernels.py MODEL.gguf [--depth 512,8192] [--steps 20] [--no-pdl]
+    python tests/perf/decode_kernels.py MODEL.gguf [--depth 512,8192] [--steps 20]
 
 For each depth: DEPTH random tokens are prefilled, then the single-sequence decode graph that
 `localllm serve` and `localllm bench` replay (`engine.runtime.cuda_graphs.DecodeGraphs`) is timed
-(CUDA events over 50 replays: the step time) and profiled (torch.profiler, CUDA activity, over
---steps replays). Per kernel name: launches and GPU microseconds per step, share of the step, and
-where the kernel's bytes are known (the quantized matmuls read their type's weights once a step;
-attention reads the KV cache), the bandwidth it reached against the device's measured copy
-bandwidth (a 1 GiB device-to-device copy: read + write bytes over time). The weight bytes are the
-GGUF's (token embeddings excluded: one row a step); the engine's repacked layouts differ by their
-few header bytes. Under programmatic dependent launch (on by default on sm_90+) a kernel's time
-includes its wait for the one before: `--no-pdl` captures without it for a cleaner split.
-Not a test; results in tests/perf/results/server.md (tests/perf/gpu_serve2.sh runs it). On a CPU
-(`--device cpu`: a dry run of the script) the captured function runs eagerly under the CPU
-profiler.
+(CUDA events over 50 replays: the step time as shipped). It is captured again without
+programmatic dependent launch, timed, and profiled (torch.profiler, CUDA activity, over --steps
+replays): under PDL a kernel's programs wait on the SMs for the one before, so the profiler's
+per-kernel times would add up to several steps (tests/perf/results/gpu-dense.md). Per kernel
+name: launches and GPU microseconds a step, share of the step without PDL, and where the bytes
+it reads are known (the quantized matmuls read their type's weights once a step, flash-decoding's
+split kernels the KV cache) the bandwidth it reached against the device's measured copy
+bandwidth (a 1 GiB device-to-device copy: read + write bytes over time); for the whole step, the
+bytes over the shipped step time. The weight bytes are the GGUF's (token embeddings excluded: one
+row a step); the engine's repacked layouts differ by their few header bytes. Not a test; results
+in tests/perf/results/server.md (tests/perf/gpu_serve2.sh runs it). On a CPU (`--device cpu`: a
+dry run of the script) the captured function runs eagerly under the CPU profiler.
 """
 
 import argparse
@@ -30,6 +31,11 @@ from localllm.engine.gguf import open_gguf
 from localllm.engine.loader import build_model
 from localllm.engine.runtime.cuda_graphs import COLS, DecodeGraphs, pack_decode
 from localllm.engine.runtime.kv_cache import PagedKVCache
+
+try:
+    from localllm.kernels import pdl
+except ImportError:  # no triton (a CPU dry run): nothing launches with PDL
+    pdl = None
 
 BS = 16
 CHUNK = 2048  # prefill tokens per forward
@@ -87,6 +93,30 @@ def _prefill(model, kv, depth: int, vocab: int, device) -> None:
         model(ids[c : c + n], torch.arange(c, c + n, device=device), meta, kv)
 
 
+def _stepper(graphs, rows, cuda: bool):
+    """One decode step: the graph's replay (CUDA), or its function run eagerly on the rows padded
+    to the graph's width (the CPU dry run)."""
+    if cuda:
+        return lambda: graphs.run(rows)
+    key = graphs.key(1, rows.shape[1] - COLS)
+    padded = torch.cat([rows, rows.new_zeros(1, key[1] + COLS - rows.shape[1])], 1)
+    return lambda: graphs.forward(padded)
+
+
+def _timed_us(step, device, n: int = 50) -> float:
+    """Microseconds a step, CUDA events over n replays after 3 warm ones (capture included)."""
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize(device)
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    e0.record()
+    for _ in range(n):
+        step()
+    e1.record()
+    torch.cuda.synchronize(device)
+    return 1e3 * e0.elapsed_time(e1) / n
+
+
 def one_depth(model, path_bytes, depth, device, steps, bw) -> list[str]:
     layers, kvh, hd = model.kv_shape()
     blocks = depth // BS + 2
@@ -95,37 +125,32 @@ def one_depth(model, path_bytes, depth, device, steps, bw) -> list[str]:
     cuda = device.type == "cuda"
     with torch.inference_mode():
         _prefill(model, kv, depth, model.args.vocab_size, device)
-        graphs = DecodeGraphs(model, kv)
         rows = pack_decode([1], [depth], [depth], [table]).to(device)
+        shipped = DecodeGraphs(model, kv)  # as `serve` and `bench` capture it (PDL on sm_90+)
+        step_us = split_us = None
         if cuda:
-
-            def step():
-                graphs.run(rows)
-        else:  # the captured function, eagerly, on the rows padded to the graph's width
-            key = graphs.key(1, rows.shape[1] - COLS)
-            padded = torch.cat([rows, rows.new_zeros(1, key[1] + COLS - rows.shape[1])], 1)
-
-            def step():
-                graphs.forward(padded)
-
-        for _ in range(3):
-            step()
-        if cuda:
-            assert graphs.run(rows) is not None, f"decode graph not captured: {graphs.failed}"
-            torch.cuda.synchronize(device)
-            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            e0.record()
-            for _ in range(50):
-                step()
-            e1.record()
-            torch.cuda.synchronize(device)
-            step_us = 1e3 * e0.elapsed_time(e1) / 50
-        acts = [ProfilerActivity.CUDA] if cuda else [ProfilerActivity.CPU]
-        with profile(activities=acts) as prof:
-            for _ in range(steps):
-                step()
+            step_us = _timed_us(_stepper(shipped, rows, cuda), device)
+            assert shipped.graphs, f"decode graph not captured: {shipped.failed}"
+        # profiled: a capture without PDL (under PDL a kernel's time includes its wait for the
+        # one before, and the kernels' times add up to several steps)
+        if pdl is not None:
+            saved, pdl.enabled = pdl.enabled, lambda t: False
+        try:
+            split = DecodeGraphs(model, kv)
+            step = _stepper(split, rows, cuda)
             if cuda:
-                torch.cuda.synchronize(device)
+                split_us = _timed_us(step, device)
+            else:
+                step()
+            acts = [ProfilerActivity.CUDA] if cuda else [ProfilerActivity.CPU]
+            with profile(activities=acts) as prof:
+                for _ in range(steps):
+                    step()
+                if cuda:
+                    torch.cuda.synchronize(device)
+        finally:
+            if pdl is not None:
+                pdl.enabled = saved
     per: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
     for evt in prof.key_averages():
         t = getattr(evt, "device_time_total" if cuda else "self_cpu_time_total", 0)
@@ -134,15 +159,15 @@ def one_depth(model, path_bytes, depth, device, steps, bw) -> list[str]:
             per[evt.key[:70]][1] += evt.count / steps
     busy = sum(v[0] for v in per.values())
     if not cuda:
-        step_us = busy  # (the CPU dry run: its ops' own time)
+        step_us = split_us = busy  # (the CPU dry run: its ops' own time)
     kv_bytes = 2 * layers * kvh * hd * 2 * depth  # K and V, f16, every cached token
     need = {**path_bytes, "kv": kv_bytes}
     total = sum(path_bytes.values()) + kv_bytes
     gbs = total / step_us / 1e3  # bytes per microsecond / 1e3: GB/s
     out = [
-        f"depth {depth}: step {step_us:.1f} us ({1e6 / step_us:.1f} t/s); kernels {busy:.1f} us "
-        f"busy, {step_us - busy:.1f} us between them; {sum(v[1] for v in per.values()):.0f} "
-        f"launches a step",
+        f"depth {depth}: step {step_us:.1f} us ({1e6 / step_us:.1f} t/s) as shipped; captured "
+        f"without PDL {split_us:.1f} us, its kernels {busy:.1f} us busy, {split_us - busy:.1f} "
+        f"us between them, {sum(v[1] for v in per.values()):.0f} launches a step (the table)",
         f"bytes a step {total / 1e6:.1f} MB (weights {sum(path_bytes.values()) / 1e6:.1f}, KV "
         f"{kv_bytes / 1e6:.1f}): {gbs:.0f} GB/s, {100 * gbs / (bw / 1e9):.1f} % of the copy "
         f"bandwidth {bw / 1e9:.0f} GB/s",
@@ -158,7 +183,7 @@ def one_depth(model, path_bytes, depth, device, steps, bw) -> list[str]:
         if nb:
             gbs = nb / us / 1e3
             cells = [f"{nb / 1e6:.1f}", f"{gbs:.0f}", f"{100 * gbs / (bw / 1e9):.1f}"]
-        out.append(f"| {name} | {n:.0f} | {us:.1f} | {100 * us / step_us:.1f} | {what or '-'} | "
+        out.append(f"| {name} | {n:.0f} | {us:.1f} | {100 * us / split_us:.1f} | {what or '-'} | "
                    + " | ".join(cells) + " |")  # fmt: skip
     return out
 
@@ -169,12 +194,7 @@ def main(argv=None) -> int:
     ap.add_argument("--depth", default="512", help="context depths, comma-separated (512)")
     ap.add_argument("--steps", type=int, default=20, help="profiled replays per depth (20)")
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--no-pdl", action="store_true", help="capture without programmatic launch")
     a = ap.parse_args(argv)
-    if a.no_pdl:
-        from localllm.kernels import pdl
-
-        pdl.enabled = lambda t: False  # every launch site asks this function
     device = torch.device(a.device)
     path_bytes = weight_bytes(a.model)
     gg = open_gguf(a.model)

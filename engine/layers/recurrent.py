@@ -1,10 +1,13 @@
 """Recurrent ops over a flat token batch: each sequence's rows meet its own state slot.
 
-A step's tokens are laid out flat (`BatchMeta.query_start`); a recurrent layer reads every
-sequence's state (`engine.runtime.recurrent_state`, zeros for a sequence starting at position
-0), runs the decode step once over all the sequences that bring one token, each longer one's
-rows through the prefill form from its state, and writes the states back. On CUDA a decode step
-is one Triton launch, and so is any other step's whole batch (`kernels.recurrent.triton_step`).
+A step's tokens are laid out flat (`BatchMeta.query_start`). A decode step (one token per
+sequence) steps each sequence's state slot in place through the slot indices
+(`engine.runtime.recurrent_state`: no copy out and back, nothing that depends on the host, so a
+CUDA graph captures it); any other step reads every sequence's state (zeros for a sequence
+starting at position 0), runs the decode step once over the sequences that bring one token, each
+longer one's rows through the prefill form from its state, and writes the states back. On CUDA a
+decode step is one Triton launch, and so is any other step's whole batch
+(`kernels.recurrent.triton_step`).
 Chunked prefill therefore carries the state across chunks with nothing else to do, and a step
 that mixes decodes with a prompt chunk still decodes in one call.
 """
@@ -16,6 +19,7 @@ import torch
 from localllm.engine.core.batch import BatchMeta
 from localllm.engine.runtime.recurrent_state import states_of
 from localllm.kernels.recurrent.causal_conv import causal_conv_prefill, causal_conv_step
+from localllm.kernels.recurrent.decode import short_conv_decode_ref, ssd_decode_ref
 from localllm.kernels.recurrent.ssd import ssd_chunked, ssd_step
 
 
@@ -23,6 +27,10 @@ def use_triton(x: torch.Tensor) -> bool:
     """Whether the decode step runs as a Triton launch: where CUDA does (a test sets it under
     TRITON_INTERPRET=1 to run the kernels through a model on CPU)."""
     return x.is_cuda
+
+
+def _one_token_each(batch: BatchMeta) -> bool:
+    return batch.query_start[-1] == batch.num_seqs
 
 
 def _split(batch: BatchMeta) -> tuple[list[int], list[tuple[int, int, int]]]:
@@ -42,13 +50,11 @@ def _run(
     prefill: Callable[[int, int, torch.Tensor], torch.Tensor],
     varlen: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    """y [T, ...] from `step(rows, states)` over the one-token sequences (their states updated
-    in place; rows None: every row, in batch order) and `prefill(s, e, state)` over each longer
-    one's rows s..e; or, given `varlen`, the whole batch in one call `varlen(query_start)`
-    (int32 offsets on the device)."""
+    """y [T, ...] of a step with a longer sequence: from `step(rows, states)` over the one-token
+    sequences (their states updated in place) and `prefill(s, e, state)` over each longer one's
+    rows s..e; or, given `varlen`, the whole batch in one call `varlen(query_start)` (int32
+    offsets on the device)."""
     single, longer = _split(batch)
-    if not longer:  # a decode step: rows and states in batch order already
-        return step(None, state)
     if varlen is not None:
         key = ("query_start_i32",)
         if key not in batch.plans:
@@ -81,10 +87,17 @@ def short_conv(
     """The depthwise causal conv of x [T, C] with weight [C, K] (+ bias, then SiLU when `silu`)
     over each sequence's last K - 1 inputs (state `name`: [K - 1, C]) -> [T, C] float32."""
     st = states_of(kv)
+    if _one_token_each(batch):  # in place on the slots
+        states, slots, fresh = st.tensor(layer, name), st.slots(batch), st.fresh(batch)
+        if use_triton(x):  # one launch, bias and SiLU fused
+            from localllm.kernels.recurrent.triton_step import conv_step_triton  # (CUDA only)
+
+            return conv_step_triton(x, weight, states, bias, silu, slots, fresh)
+        return short_conv_decode_ref(x, weight, states, slots, fresh, bias, silu)
     state = st.read(layer, name, batch)  # [B, K - 1, C]
 
     def step(rows, sub):
-        xs = x if rows is None else x[rows]
+        xs = x[rows]
         if use_triton(x):  # one launch, bias and SiLU fused
             from localllm.kernels.recurrent.triton_step import conv_step_triton  # (CUDA only)
 
@@ -126,11 +139,16 @@ def ssd(
     """The Mamba-2 scan (`kernels.recurrent.ssd`) of x [T, H, P], dt [T, H], B and C [T, G, N]
     from each sequence's state `name` [H, P, N] -> y [T, H, P] float32 (no D skip, no gate)."""
     st = states_of(kv)
+    if _one_token_each(batch):  # in place on the slots
+        states, slots, fresh = st.tensor(layer, name), st.slots(batch), st.fresh(batch)
+        if use_triton(x):
+            from localllm.kernels.recurrent.triton_step import ssd_step_triton  # (CUDA only)
+
+            return ssd_step_triton(x, dt, A, B, C, states, slots, fresh)
+        return ssd_decode_ref(x, dt, A, B, C, states, slots, fresh)
     state = st.read(layer, name, batch)  # [B, H, P, N]
 
     def step(rows, sub):
-        if rows is None:
-            return ssd_step(x, dt, A, B, C, sub)
         return ssd_step(x[rows], dt[rows], A, B[rows], C[rows], sub)
 
     def prefill(s, e, one):

@@ -1,7 +1,8 @@
 """A decode step of the recurrent layers straight on the state slots: each of B sequences' one new
 token updates its slot in place (`slots` [B] int64; `fresh` [B] bool: the sequence starts here,
 its slot's old contents are never read). Plain-torch references; on CUDA float32 tensors one
-triton launch each (`triton_recurrent`).
+triton launch each (`triton_recurrent`; LFM2's and Mamba-2's steps, `short_conv_decode_ref` and
+`ssd_decode_ref`, are `triton_step`'s kernels given the slots, called by `engine.layers.recurrent`).
 
 `gated_delta_decode` also takes q and k raw (before their L2 norm, per key head) and does what
 Gated DeltaNet does before the rule: normalise q and k, scale q by 1/sqrt(Dk), let key head
@@ -13,6 +14,7 @@ import torch.nn.functional as F
 
 from localllm.kernels.recurrent.causal_conv import causal_conv_step
 from localllm.kernels.recurrent.delta_rule import delta_rule_step_ref, l2_normalize
+from localllm.kernels.recurrent.ssd import ssd_step_ref
 
 
 def _cuda32(*xs: torch.Tensor) -> bool:
@@ -61,3 +63,24 @@ def conv_decode(x, weight, states, slots, fresh) -> torch.Tensor:
 
         return conv_decode_cuda(x, weight, states, slots, fresh)
     return conv_decode_ref(x, weight, states, slots, fresh)
+
+
+def short_conv_decode_ref(x, weight, states, slots, fresh, bias=None, silu: bool = False):
+    """The plain short conv's step (LFM2's; Mamba-2's with `bias` and `silu`): x [B, C], weight
+    [C, K], states [S, K - 1, C] float32 updated in place -> [B, C] float32 (+ bias, then SiLU
+    when `silu`)."""
+    s = _read(states, slots, fresh)
+    y = causal_conv_step(x, weight, s, silu=False)
+    states.index_copy_(0, slots, s)
+    if bias is not None:
+        y = y + bias
+    return F.silu(y) if silu else y
+
+
+def ssd_decode_ref(x, dt, A, B, C, states, slots, fresh) -> torch.Tensor:
+    """The Mamba-2 scan's step (`ssd.ssd_step_ref`) on the slots: x [B, H, P], dt [B, H], A [H],
+    B and C [B, G, N], states [S, H, P, N] float32 updated in place -> y [B, H, P] float32."""
+    s = _read(states, slots, fresh)
+    y = ssd_step_ref(x, dt, A, B, C, s)
+    states.index_copy_(0, slots, s)
+    return y

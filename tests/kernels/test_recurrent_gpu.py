@@ -57,6 +57,67 @@ def test_ssd_step_matches_reference(s, h, p, g, n):
         assert (got_state.cpu() - ref_state).abs().max() < TOL, step
 
 
+SLOTS, FRESH = [3, 1, 0], [False, True, False]  # 3 sequences in 5 slots, the second fresh
+
+
+def _slotted(state: torch.Tensor) -> torch.Tensor:
+    """5 slots around a state of 3 sequences: theirs at SLOTS, NaN in the fresh one's (never
+    read), something in the others (never touched)."""
+    out = torch.full((5, *state.shape[1:]), 7.0)
+    out[SLOTS] = state
+    out[SLOTS[1]] = float("nan")
+    return out
+
+
+@pytest.mark.parametrize(("c", "k"), [(96, 4), (300, 3)])
+@pytest.mark.parametrize("bias_silu", [False, True])
+def test_conv_step_on_slots_matches_reference(c, k, bias_silu):
+    """In place on the state slots (decode graphs' form): `decode.short_conv_decode_ref`."""
+    from localllm.kernels.recurrent.decode import short_conv_decode_ref
+    from localllm.kernels.recurrent.triton_step import conv_step_triton
+
+    gen = torch.Generator().manual_seed(c * k)
+    w = torch.randn(c, k, generator=gen) / k**0.5
+    bias = 0.5 * torch.randn(c, generator=gen) if bias_silu else None
+    ref = _slotted(torch.randn(3, k - 1, c, generator=gen))
+    got_states = ref.clone().to(DEVICE)
+    slots = torch.tensor(SLOTS)
+    dev_bias = None if bias is None else bias.to(DEVICE)
+    for step in range(3):
+        fresh = torch.tensor(FRESH) if step == 0 else torch.zeros(3, dtype=torch.bool)
+        x = torch.randn(3, c, generator=gen)
+        want = short_conv_decode_ref(x, w, ref, slots, fresh, bias, bias_silu)
+        x_, w_, slots_, fresh_ = (t.to(DEVICE) for t in (x, w, slots, fresh))
+        got = conv_step_triton(x_, w_, got_states, dev_bias, bias_silu, slots_, fresh_)
+        assert (got.cpu() - want).abs().max() < TOL, step
+        assert torch.equal(got_states.cpu(), ref), step  # moved, not computed; others untouched
+
+
+@pytest.mark.parametrize(("h", "p", "g", "n"), [(4, 16, 2, 8), (48, 64, 1, 128)])
+def test_ssd_step_on_slots_matches_reference(h, p, g, n):
+    """In place on the state slots (decode graphs' form): `decode.ssd_decode_ref`."""
+    from localllm.kernels.recurrent.decode import ssd_decode_ref
+    from localllm.kernels.recurrent.triton_step import ssd_step_triton
+
+    gen = torch.Generator().manual_seed(h + p)
+    a = -torch.rand(h, generator=gen) * 4 - 0.1
+    ref = _slotted(0.5 * torch.randn(3, h, p, n, generator=gen))
+    got_states = ref.clone().to(DEVICE)
+    slots = torch.tensor(SLOTS)
+    for step in range(3):
+        fresh = torch.tensor(FRESH) if step == 0 else torch.zeros(3, dtype=torch.bool)
+        x = torch.randn(3, h, p, generator=gen)
+        dt = F.softplus(torch.randn(3, h, generator=gen))
+        b, c = torch.randn(3, g, n, generator=gen), torch.randn(3, g, n, generator=gen)
+        want = ssd_decode_ref(x, dt, a, b, c, ref, slots, fresh)
+        args = [t.to(DEVICE) for t in (x, dt, a, b, c)]
+        got = ssd_step_triton(*args, got_states, slots.to(DEVICE), fresh.to(DEVICE))
+        assert (got.cpu() - want).abs().max() < TOL * 10, step
+        assert (got_states.cpu()[SLOTS] - ref[SLOTS]).abs().max() < TOL, step
+        others = [i for i in range(5) if i not in SLOTS]
+        assert (got_states.cpu()[others] == 7.0).all(), step
+
+
 def _on(batch):
     """`batch` with its slots on the device, its sequence in state slot 1."""
     from localllm.engine.core.batch import BatchMeta

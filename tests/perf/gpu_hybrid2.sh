@@ -3,8 +3,10 @@
 # 1. GPU tests: hybrid decode graphs against eager (tests/engine/test_hybrid_graphs.py: replayed
 #    rows vs eager decode token by token for lfm2, lfm2moe, granitehybrid(+dense), qwen3next at
 #    1, 3-padded-to-4 and 4 sequences; the engine with graphs on vs off, batch of 4, alone, n = 2
-#    forks), the hybrids' engine tests (test_hybrid_families_gpu.py, test_qwen3next_gpu.py) and
-#    the dense graphs' (test_gpu_graphs.py: the rows gained a state-slot column).
+#    forks), the hybrids' engine tests (test_hybrid_families_gpu.py, test_qwen3next_gpu.py), the
+#    recurrent triton kernels against their references (test_recurrent_gpu.py: the steps in
+#    place on the state slots too; test_recurrent_triton.py) and the dense graphs'
+#    (test_gpu_graphs.py: the rows gained a state-slot column).
 # 2. `localllm bench -p 512 -n 128 -r 3` and llama.cpp's llama-bench on the same real-shape
 #    random-weight Q4_K_M files, made on the device while the tests run: LFM2-1.2B,
 #    Granite-4.0-H-Tiny, Qwen3-Next-80B-A3B (Q3N_LAYERS, default 12 of 48), GLM-4.5-Air
@@ -70,7 +72,8 @@ wait_room() {  # Granite-4.0-H-Small (~19 GiB) waits until at most one file is l
   touch $M/done ) &
 timeout "${TEST_T:-230}" python3 -m pytest -q -m gpu -p no:cacheprovider \
   tests/engine/test_hybrid_graphs.py tests/engine/test_hybrid_families_gpu.py \
-  tests/engine/test_qwen3next_gpu.py tests/engine/test_gpu_graphs.py 2>&1 \
+  tests/engine/test_qwen3next_gpu.py tests/engine/test_gpu_graphs.py \
+  tests/kernels/test_recurrent_gpu.py tests/kernels/test_recurrent_triton.py 2>&1 \
   | tee "$OUT/pytest.log" | grep -v "^\." | tail -25
 date -u
 echo "| model | test | localllm t/s | llama.cpp t/s | ratio |" >"$OUT/table.md"

@@ -30,6 +30,7 @@ def use_triton(x: torch.Tensor) -> bool:
 
 
 def _one_token_each(batch: BatchMeta) -> bool:
+    """A decode step: every sequence brings one token (then the slots are stepped in place)."""
     return batch.query_start[-1] == batch.num_seqs
 
 
@@ -46,7 +47,7 @@ def _run(
     state: torch.Tensor,
     out_shape: tuple[int, ...],
     device: torch.device,
-    step: Callable[[torch.Tensor | None, torch.Tensor], torch.Tensor],
+    step: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
     prefill: Callable[[int, int, torch.Tensor], torch.Tensor],
     varlen: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> torch.Tensor:

@@ -130,3 +130,21 @@ def test_cli_runs_print_what_the_default_run_prints(folder, flags, capsys):
     assert got.out == want and len(want) > 0
     if "disk" in flags:
         assert "misses" in got.err and " 0 misses" not in got.err  # it did stream
+
+
+@pytest.mark.parametrize("quantize", [None, "q8_0"])
+def test_glm4moe_folder_streams_its_experts(tmp_path_factory, quantize):
+    """The GLM-4.5-shaped folder (a dense first layer, shared experts, the choice bias, a NextN
+    layer in the file that is never planned nor read): experts on host or streamed from disk
+    give the resident run's output bit for bit."""
+    glm = tmp_path_factory.getbasetemp() / "glm4moe"
+    if not glm.exists():
+        save_tiny("glm4moe", glm)
+    want_tokens, want_logits, _, _ = _run(glm, quantize)
+    for layer in ({"cpu_moe": True}, {"experts": "disk", "streaming": {"slots": 2}}):
+        tokens, logits, model, plan = _run(glm, quantize, layer)
+        assert tokens == want_tokens and torch.equal(logits, want_logits), layer
+        assert sorted(plan.expert_tiers()) == [1, 2]  # not the dense layer 0, not NextN's 3
+        _close_streams(model)
+        misses = expert_stats(model.expert_sources).misses
+        assert (misses > 0) == (layer.get("experts") == "disk"), layer

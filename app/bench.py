@@ -208,7 +208,7 @@ def _longest(args: argparse.Namespace) -> int:
 
 def _plan(path: str, args: argparse.Namespace, gguf=None):
     """The residency plan for `path` (None without residency flags)."""
-    from localllm.engine.gguf import open_gguf
+    from localllm.engine.loader import open_weights
     from localllm.engine.moe.residency import plan_model
     from localllm.offload.memory import probe_memory
     from localllm.offload.residency import ResidencyConfig
@@ -216,7 +216,7 @@ def _plan(path: str, args: argparse.Namespace, gguf=None):
     config = residency_config(args)
     if config == ResidencyConfig() and not args.show_plan:
         return None
-    g = gguf or open_gguf(path)
+    g = gguf or open_weights(path, args.quantize)  # a GGUF or a Hugging Face folder
     try:
         # (one sequence: a hybrid's one state slot, as `run_model` attaches)
         return plan_model(g, config, _longest(args), probe_memory(args.device), state_seqs=1)

@@ -195,15 +195,16 @@ def residency_from_text(text: str, env: Mapping[str, str] | None = None) -> Resi
 
 def plan_text(
     model: Path, config: ResidencyConfig, device: str = "cpu", ctx: int | None = None,
-    precise: bool = False, seqs: int = 1,
+    precise: bool = False, seqs: int = 1, quantize: str | None = None,
 ) -> str:  # fmt: skip
     """The plan loading `model` under `config` would follow, as text (reads the header only);
-    `seqs`: the sequences a step runs (a hybrid model holds a recurrent state for each)."""
-    from localllm.engine.gguf import open_gguf
+    `seqs`: the sequences a step runs (a hybrid model holds a recurrent state for each);
+    `quantize`: a Hugging Face folder's --quantize (its tensors' sizes as they will be held)."""
+    from localllm.engine.loader import open_weights
     from localllm.engine.moe.residency import plan_model
     from localllm.offload.memory import probe_memory
 
-    with open_gguf(model) as g:
+    with open_weights(model, quantize) as g:
         plan = plan_model(g, config, ctx, probe_memory(device), precise, seqs)
         return f"model {model.name} ({g.architecture})\n{plan.describe()}"
 
@@ -212,4 +213,5 @@ def show_plan(model: Path, args: argparse.Namespace, config: ResidencyConfig) ->
     """The plan `run`/`serve` would load `model` with, as text (reads the header only)."""
     device = getattr(args, "device", "cpu")
     seqs = getattr(args, "parallel", 1)  # (serve's --parallel; run takes one sequence)
-    return plan_text(model, config, device, args.ctx_size, args.precise, seqs)
+    quantize = getattr(args, "quantize", None)
+    return plan_text(model, config, device, args.ctx_size, args.precise, seqs, quantize)

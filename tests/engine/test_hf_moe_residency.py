@@ -148,3 +148,12 @@ def test_glm4moe_folder_streams_its_experts(tmp_path_factory, quantize):
         _close_streams(model)
         misses = expert_stats(model.expert_sources).misses
         assert (misses > 0) == (layer.get("experts") == "disk"), layer
+
+
+@pytest.mark.parametrize("command", ["run", "bench"])
+def test_show_plan_on_a_folder(folder, command, capsys):
+    """`--show-plan` reads a folder as it reads a GGUF (it used to ask for a .gguf file)."""
+    flags = ["-m", str(folder), "--quantize", "q8_0", "--experts", "disk", "--show-plan"]
+    assert main([command, *flags]) == 0
+    out = capsys.readouterr().out
+    assert "-> disk" in out and "experts of layers 0-1 placed by rules" in out

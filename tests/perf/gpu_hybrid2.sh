@@ -14,29 +14,35 @@
 #    (GLM_LAYERS, default 10 of 46), Granite-4.0-H-Small (if time and disk allow). Each file is
 #    deleted once benched. A compact table ends the output ($OUT/table.md).
 #
-# Carry [".hyb2"]: gguf and llguidance unpacked (site.tar.xz) and llama.cpp's CUDA llama-bench
-# with its libraries, stripped (llb.part.*), 42.7 MB, made here by
-# `bash tests/perf/gpu_hybrid2_pack.sh` from .whl (h200_prepare.sh) and .llb
-# (gpu_build_llamacpp.sh): with the ~23.7 MB tree it stays under the 64 MiB a call carries, which
-# .whl + .llb (47 MB) do not. Without .hyb2 the script takes .whl and .llb (or no llama.cpp: its
-# column then stays empty). The tokenizer comes from a tracked fixture (no .refbuild needed).
-# Run from the repo root:  bash tests/perf/gpu_hybrid2.sh   ($OUT: pytest.log, bench.md, table.md)
+# Carry [".hyb2", ".hyb2w"] (made here by `bash tests/perf/gpu_hybrid2_pack.sh` from .whl and
+# .llb: llama-bench with its libraries, stripped, and the gguf and llguidance wheels unpacked;
+# 42.7 MB, where .whl + .llb take 47 MB) and run from the repo root:
+#   bash tests/perf/gpu_hybrid2.sh        ($OUT: pytest.log, bench.md, table.md)
+# A call carries at most 64 MiB with the tree (24.2 MB on 2026-12-06, growing). Past that, two
+# calls: carry [".hyb2w", ".hyb2/gguf.tar.xz"] for the tests and our figures (no llama.cpp
+# column), then [".hyb2"] with `LLAMA_ONLY=1 bash tests/perf/gpu_hybrid2.sh` for llama.cpp's on
+# the same files (made again from the same seeds). Without .hyb2w the wheels come from .whl.
+# The files' tokenizer comes from a tracked fixture (no .refbuild needed).
 set -u
 export PYTHONUNBUFFERED=1 PYTHONSAFEPATH=1
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 T0=$(date +%s)
 BUDGET=${BUDGET:-420}  # seconds after which no further model is benched (or waited for)
+LLAMA_ONLY=${LLAMA_ONLY:-0}  # 1: only llama.cpp's figures (no tests, no localllm bench)
 mkdir -p /tmp/site
-if [ -f .hyb2/site.tar.xz ]; then
-  xz -d <.hyb2/site.tar.xz | tar x -C /tmp
-else
+for a in .hyb2/gguf.tar.xz .hyb2w/llguidance.tar.xz; do
+  [ -f $a ] && xz -d <$a | tar x -C /tmp
+done
+if [ ! -f .hyb2w/llguidance.tar.xz ] && [ -d .whl ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
     .whl/*.whl
 fi
 ln -sfn "$PWD" /tmp/site/localllm
 export PYTHONPATH=/tmp/site:$PWD
-python3 -c "import llguidance, gguf" || { echo "carry .hyb2 (or .whl): llguidance, gguf"; exit 1; }
+python3 -c "import gguf" || { echo "carry .hyb2 (or .whl): gguf"; exit 1; }
+[ "$LLAMA_ONLY" = 1 ] || python3 -c "import llguidance" \
+  || { echo "carry .hyb2w (or .whl): llguidance"; exit 1; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/bench.md"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 date -u
@@ -45,7 +51,7 @@ M=/tmp/models
 mkdir -p $M
 LLB=/tmp/llb/bin/llama-bench
 for d in .hyb2 .llb; do
-  if [ -d $d ]; then
+  if ls $d/llb.part.* >/dev/null 2>&1; then
     mkdir -p /tmp/llb && cat $d/llb.part.* | xz -d | tar x -C /tmp/llb && break
   fi
 done
@@ -71,7 +77,7 @@ wait_room() {  # Granite-4.0-H-Small (~19 GiB) waits until at most one file is l
       --tokenizer-from $TOK
   fi
   touch $M/done ) &
-timeout "${TEST_T:-240}" python3 -m pytest -q -m gpu -p no:cacheprovider \
+[ "$LLAMA_ONLY" = 1 ] || timeout "${TEST_T:-240}" python3 -m pytest -q -m gpu -p no:cacheprovider \
   tests/engine/test_hybrid_graphs.py tests/engine/test_hybrid_families_gpu.py \
   tests/engine/test_qwen3next_gpu.py tests/engine/test_gpu_graphs.py \
   tests/kernels/test_recurrent_gpu.py tests/kernels/test_recurrent_triton.py 2>&1 \
@@ -94,10 +100,11 @@ for name in lfm2 g4t q3n glm g4s; do
     continue
   fi
   echo "== $name: $(du -h $f | cut -f1)" | tee -a "$OUT/bench.md"
-  timeout 120 python3 -m localllm.app.bench -m $f -p 512 -n 128 -r 3 --device cuda \
-    >/tmp/ours.md 2>/tmp/ours.err
+  : >/tmp/ours.md
+  [ "$LLAMA_ONLY" = 1 ] || timeout 120 python3 -m localllm.app.bench -m $f -p 512 -n 128 -r 3 \
+    --device cuda >/tmp/ours.md 2>/tmp/ours.err
   cat /tmp/ours.md >>"$OUT/bench.md"
-  grep -E "not captured|Error|error" /tmp/ours.err | tail -3 | tee -a "$OUT/bench.md"
+  grep -E "not captured|Error|error" /tmp/ours.err 2>/dev/null | tail -3 | tee -a "$OUT/bench.md"
   : >/tmp/theirs.md
   if [ -x $LLB ]; then
     LD_LIBRARY_PATH=/tmp/llb/bin timeout 100 $LLB -m $f -p 512 -n 128 -r 3 -ngl 99 \

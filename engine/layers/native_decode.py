@@ -169,3 +169,42 @@ class NativeDecode:
         table = decode_lora.LoraTable(linears, MAX_ROWS)
         self._lora = (ctx.w, table)
         return table
+
+
+def split_step(batch: BatchMeta, model: nn.Module) -> tuple | None:
+    """A step that mixes decode rows with prompt rows, split in two: (decode rows, their
+    `BatchMeta`, the other rows, theirs), or None where it does not split (no decode rows or no
+    others, more decode rows than the step takes, a device context, recurrent state, adapters,
+    an image row among the decode rows). Decode rows then take the native step in a mixed step
+    too: a sequence's bits do not depend on whether a prompt shared its step."""
+    if batch.context is not None or batch.state_slots:
+        return None
+    lora = getattr(model, "lora", None)
+    if lora is not None and lora.active:  # adapters are set per row of the whole step
+        return None
+    qs, lens = batch.query_start, batch.seq_lens
+    dec = [b for b in range(len(lens)) if qs[b + 1] - qs[b] == 1 and lens[b] >= 2]
+    rest = [b for b in range(len(lens)) if qs[b + 1] - qs[b] > 1 or (qs[b + 1] > qs[b]
+                                                                      and lens[b] < 2)]  # fmt: skip
+    if not dec or not rest or len(dec) > MAX_ROWS:
+        return None
+    drows = [qs[b] for b in dec]
+    rrows = [r for b in rest for r in range(qs[b], qs[b + 1])]
+    embeds = None
+    if batch.embeds is not None:
+        rows, values = batch.embeds
+        where = {r: i for i, r in enumerate(rrows)}
+        listed = rows.tolist()
+        if any(r not in where for r in listed):
+            return None
+        embeds = (torch.tensor([where[r] for r in listed], dtype=torch.long), values)
+
+    def sub(seqs: list[int], flat: list[int], embeds=None) -> BatchMeta:
+        starts = [0]
+        for b in seqs:
+            starts.append(starts[-1] + qs[b + 1] - qs[b])
+        return BatchMeta(tuple(starts), tuple(lens[b] for b in seqs),
+                         tuple(batch.block_tables[b] for b in seqs),
+                         batch.slot_mapping[flat], batch.block_size, embeds=embeds)  # fmt: skip
+
+    return drows, sub(dec, drows), rrows, sub(rest, rrows, embeds)

@@ -11,7 +11,7 @@ from torch import nn
 
 from localllm.engine.core.batch import BatchMeta
 from localllm.engine.layers.linear import QuantLinear
-from localllm.engine.layers.native_decode import NativeDecode
+from localllm.engine.layers.native_decode import NativeDecode, split_step
 from localllm.engine.layers.rope import Rotary
 from localllm.engine.layers.shared import QuantEmbedding, RMSNorm
 from localllm.engine.runtime.kv_cache import PagedKVCache
@@ -58,6 +58,9 @@ class Decoder(nn.Module):
         x = self.native_decode(ids, positions, batch, kv)
         if x is not None:
             return self.output_norm(x)
+        h = self.native_split(ids, positions, batch, kv)
+        if h is not None:
+            return h
         x = batch.splice(self.token_embd(ids))
         cos_sin = self.rotary.cos_sin(positions)
         r = None  # a block's last output not yet added to the stream (see `defers_residual`)
@@ -80,6 +83,25 @@ class Decoder(nn.Module):
         if self._native_step is None:
             self._native_step = NativeDecode.for_model(self) or False
         return self._native_step(ids, positions, batch, kv) if self._native_step else None
+
+    def native_split(self, ids: torch.Tensor, positions: torch.Tensor, batch: BatchMeta, kv):
+        """Hidden states [T, dim] of a CPU step mixing decode and prompt rows, the decode rows
+        through the native step and the rest through `forward` (`native_decode.split_step`),
+        else None."""
+        if ids.is_cuda or not self._native_step:
+            return None
+        parts = split_step(batch, self)
+        if parts is None:
+            return None
+        drows, dbatch, rrows, rbatch = parts
+        x = self._native_step(ids[drows], positions[drows], dbatch, kv)
+        if x is None:
+            return None
+        rest = self.forward(ids[rrows], positions[rrows], rbatch, kv)
+        out = rest.new_empty(ids.shape[0], rest.shape[-1])
+        out[drows] = self.output_norm(x).to(rest.dtype)
+        out[rrows] = rest
+        return out
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.output(hidden)

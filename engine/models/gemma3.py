@@ -150,6 +150,9 @@ class Model(Decoder):
         x = self.native_decode(ids, positions, batch, kv)  # CPU decode: one native call
         if x is not None:
             return self.output_norm(x)
+        h = self.native_split(ids, positions, batch, kv)  # CPU decode rows beside prompts
+        if h is not None:
+            return h
         x = batch.splice(self.token_embd(ids) * self.embed_scale)  # images are not scaled
         rg, rl = self.rotary_global, self.rotary_local
         cs_global, cs_local = rg.cos_sin(positions), rl.cos_sin(positions)

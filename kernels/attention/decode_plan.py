@@ -15,6 +15,10 @@ class DecodePlan:
     rows: torch.Tensor  # [nd] int64: the query row of each single-token sequence
     slots: torch.Tensor  # [nd, m] int64: cache slots of its visible keys (padding repeats one)
     pad: torch.Tensor | None  # [nd, 1, 1, m] bool, True on padding (None when all are full)
+    # each sequence's length [nd] and block table [nd, W] (zero-padded), int64 on the host: what
+    # the CPU's native decode attention (`kernels/cpu/paged_decode`) reads instead of `slots`
+    lens: torch.Tensor | None = None
+    tables: torch.Tensor | None = None
 
 
 def plan_decode(
@@ -46,4 +50,16 @@ def plan_decode(
         slots[i, n - lo :] = row[0]
         pad[i, n - lo :] = True
     rows = torch.tensor([query_start[b] for b in picked], dtype=torch.long)
-    return DecodePlan(rows, slots, pad[:, None, None, :] if pad.any() else None)
+    lens, tables = host_tables([seq_lens[b] for b in picked], [block_tables[b] for b in picked])
+    return DecodePlan(rows, slots, pad[:, None, None, :] if pad.any() else None, lens, tables)
+
+
+def host_tables(
+    seq_lens: Sequence[int], block_tables: Sequence[Sequence[int]]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Lengths [n] and block tables [n, W] (zero-padded to the longest) as int64 tensors."""
+    w = max(len(t) for t in block_tables)
+    tables = torch.zeros(len(block_tables), w, dtype=torch.long)
+    for i, t in enumerate(block_tables):
+        tables[i, : len(t)] = torch.tensor(t, dtype=torch.long)
+    return torch.tensor(list(seq_lens), dtype=torch.long), tables

@@ -8,6 +8,8 @@ carry a scales tensor shaped like the values up to the head axis (see `kv_quant`
 The new queries of a sequence are its LAST tokens: with t queries and context length n, query i sits
 at position n - t + i. Each sequence gathers the blocks it needs (a zero-copy view when the ids are
 consecutive, one index_select otherwise), decodes them to the query dtype and runs dense math.
+On the CPU, single-token sequences over plain float caches take the native kernel
+(`kernels.cpu.paged_decode`) instead, whose rows do not depend on the rest of the batch.
 """
 
 from collections.abc import Sequence
@@ -17,8 +19,9 @@ import torch
 import torch.nn.functional as F
 
 from localllm.kernels.attention.decode import decode_attention
-from localllm.kernels.attention.decode_plan import DecodePlan
+from localllm.kernels.attention.decode_plan import DecodePlan, host_tables
 from localllm.kernels.attention.kv_quant import decode_kv
+from localllm.kernels.cpu import paged_decode
 
 if TYPE_CHECKING:
     from localllm.kernels.quant.triton_packed import QuantizedX
@@ -72,6 +75,16 @@ def paged_attention(
     """
     if decode is None and quant is not None:
         raise ValueError("quant needs a decode plan")
+    # (a plan without host tables is a graph's, built from device tensors: the host lengths and
+    # tables here are placeholders then)
+    if (
+        q.device.type == "cpu"
+        and quant is None
+        and (decode is None or decode.lens is not None)
+        and paged_decode.supports(q, k_cache, v_cache, softcap, sinks, k_scales)
+    ):
+        return _native_cpu(q, k_cache, v_cache, query_start, seq_lens, block_tables, scale,
+                           window, decode, spans)  # fmt: skip
     if decode is not None:
         return _with_plan(
             q,
@@ -90,6 +103,45 @@ def paged_attention(
             quant,
             spans,
         )
+    outs = _each(q, k_cache, v_cache, query_start, seq_lens, block_tables, scale, window, softcap,
+                 k_scales, v_scales, sinks, spans)  # fmt: skip
+    if len(outs) == 1:  # one sequence (the CPU decode case): no concatenation copy
+        return outs[0]
+    return torch.cat(outs) if outs else q.new_empty(0, q.shape[1], v_cache.shape[-1])
+
+
+def _native_cpu(q, k_cache, v_cache, query_start, seq_lens, block_tables, scale, window,
+                decode: DecodePlan | None, spans) -> torch.Tensor:  # fmt: skip
+    """The CPU path with `kernels.cpu.paged_decode` for every single-token sequence (its rows'
+    bits independent of the other rows), the torch chunk path for the others."""
+    t = [query_start[b + 1] - query_start[b] for b in range(len(seq_lens))]
+    one = [b for b in range(len(seq_lens)) if t[b] == 1]
+    if not any(n > 1 for n in t) and len(one) == 1:  # lone decode: no output copy
+        b = one[0]
+        lens, tables = host_tables([seq_lens[b]], [block_tables[b]])
+        return paged_decode.paged_decode(q[query_start[b] : query_start[b] + 1], k_cache,
+                                         v_cache, lens, tables, scale, window)  # fmt: skip
+    out = q.new_empty(q.shape[0], q.shape[1], v_cache.shape[-1])
+    if one:
+        if decode is not None:
+            lens, tables = decode.lens, decode.tables
+        else:
+            lens, tables = host_tables([seq_lens[b] for b in one], [block_tables[b] for b in one])
+        rows = [query_start[b] for b in one]
+        out[rows] = paged_decode.paged_decode(q[rows], k_cache, v_cache, lens, tables, scale,
+                                              window)  # fmt: skip
+    for b in range(len(seq_lens)):
+        if t[b] > 1:
+            s, e = query_start[b], query_start[b + 1]
+            out[s:e] = _each(q[s:e], k_cache, v_cache, (0, e - s), (seq_lens[b],),
+                             (block_tables[b],), scale, window, None, None, None, None,
+                             None if spans is None else (spans[b],))[0]  # fmt: skip
+    return out
+
+
+def _each(q, k_cache, v_cache, query_start, seq_lens, block_tables, scale, window, softcap,
+          k_scales, v_scales, sinks, spans) -> list[torch.Tensor]:  # fmt: skip
+    """Each sequence's attention in turn (sequences without new tokens give nothing)."""
     bs = k_cache.shape[1]
     outs = []
     for b, n in enumerate(seq_lens):
@@ -113,9 +165,7 @@ def paged_attention(
         else:
             outs.append(_chunk(q[s:e], keys, vals, n - t - lo, scale, window, softcap, sinks,
                                both))  # fmt: skip
-    if len(outs) == 1:  # one sequence (the CPU decode case): no concatenation copy
-        return outs[0]
-    return torch.cat(outs) if outs else q.new_empty(0, q.shape[1], v_cache.shape[-1])
+    return outs
 
 
 def context_attention(

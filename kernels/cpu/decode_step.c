@@ -347,3 +347,39 @@ void decode_step(const model_t *m, int64_t t, float *x, const float *cos0, const
         }
     }
 }
+
+/* Attention of nd single-token rows over their paged context, the step's own attend_group (so a
+ * row's bits depend on its sequence alone, wherever it sits in the batch: torch's batched
+ * matmuls do not promise that). q / out [nd, n_q, hd]; caches [blocks, block_size, n_kv, hd]
+ * float32 or float16; seq_lens [nd]; tables [nd, table_stride]; sc as decode_step's. */
+void paged_decode(int64_t nd, const float *q, const void *k_cache, const void *v_cache,
+                  int64_t kv_f16, int64_t n_q, int64_t n_kv, int64_t hd, int64_t block_size,
+                  double scale, int64_t window, const int64_t *seq_lens, const int64_t *tables,
+                  int64_t table_stride, float *out, float *sc, int64_t sc_stride, int threads) {
+    model_t m = {0};
+    layer_t L = {0};
+    m.n_q = n_q, m.n_kv = n_kv, m.hd = hd, m.block_size = block_size, m.kv_f16 = kv_f16;
+    m.scale = scale;
+    L.k_cache = (void *)k_cache, L.v_cache = (void *)v_cache, L.window = window;
+    const int64_t group = n_q / n_kv;
+    int64_t nsplit = 1; /* as decode_step: pieces of <= MAX_GROUP heads, enough for the threads */
+    while ((group / nsplit > MAX_GROUP || nd * n_kv * nsplit < threads) && group % (2 * nsplit) == 0)
+        nsplit *= 2;
+    if (group / nsplit > MAX_GROUP) nsplit = group;
+    const int64_t per = group / nsplit;
+#pragma omp parallel num_threads(threads)
+    {
+        int id = 0;
+#ifdef _OPENMP
+        id = omp_get_thread_num();
+#endif
+        float *mysc = sc + id * sc_stride;
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t p = 0; p < nd * n_kv * nsplit; p++) {
+            const int64_t i = p / (n_kv * nsplit), g = p / nsplit % n_kv, h0 = g * group + p % nsplit * per;
+            attend_group(&m, &L, q + (i * n_q + h0) * hd, per, g, seq_lens[i],
+                         tables + i * table_stride, out + (i * n_q + h0) * hd, mysc,
+                         mysc + sc_stride - hd);
+        }
+    }
+}

@@ -114,6 +114,9 @@ def _bind_step(lib: ctypes.CDLL) -> None:
     lib.decode_step.argtypes = [_P, _I, _P, _P, _P, _P, _P, _P, _P, _P, _I, _P, _P, _P, _P, _P,
                                 _P, _P, _P, _P, _I, ctypes.c_int]  # fmt: skip
     lib.decode_step.restype = None
+    lib.paged_decode.argtypes = [_I, _P, _P, _P, _I, _I, _I, _I, _I, _D, _I, _P, _P, _I, _P, _P,
+                                 _I, ctypes.c_int]  # fmt: skip
+    lib.paged_decode.restype = None
 
 
 def _lin(lin) -> _Lin:

@@ -113,6 +113,17 @@ def config(family: str, vocab: int = VOCAB, width: int | None = None):
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "qwen3moe", "gemma3", "gemma3mm", "phi3",
             "gemma2", "olmo2", "smollm3", "glm4moe")  # fmt: skip
+# families whose transformers class came late: their tests skip on an older transformers
+NEEDS = {"glm4moe": "Glm4MoeConfig"}
+
+
+def available(family: str) -> bool:
+    """Whether the installed transformers has the family's classes."""
+    import transformers
+
+    return hasattr(transformers, NEEDS.get(family, "AutoConfig"))
+
+
 # the multimodal Gemma 3 vocabulary ends with its image tokens (ids vocab-3 .. vocab-1)
 IMAGE_TOKENS = ["<start_of_image>", "<end_of_image>", "<image_soft_token>"]
 # the added tokens llama.cpp's GLM converter looks up (bos, eot, eom)

@@ -15,6 +15,7 @@ are the user's own and are not hashed.
 
 import json
 import os
+import shutil
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -222,6 +223,8 @@ def remove_model(model: LocalModel, cache_dir: Path) -> int:
         info.delete_revisions(model.revision).execute()
         for record in verify.orphans(folder / "blobs"):  # huggingface_hub leaves our records
             record.unlink(missing_ok=True)
+        # a folder's disk-tier spill files (engine/hf/spill.py) live beside the snapshots
+        shutil.rmtree(folder / ".localllm" / model.revision, ignore_errors=True)
         return before - scan_cache_dir(cache_dir).size_on_disk
     links = _all_links(folder / "snapshots")
     freed = 0

@@ -3,8 +3,9 @@ shards store them (MoE experts stacked from per-expert tensors, blocks made by `
 written once to a spill file, so the expert streaming reads them by byte range as it reads a
 GGUF's (`offload.expert_reads`).
 
-The file goes to `<folder>/.localllm/` (next to the weights, on their disk), else to the system
-temporary folder when the folder is read-only. Its name is a hash of what made it (the shards'
+The file goes to `<folder>/.localllm/` (next to the weights, on their disk; for a Hugging Face
+cache snapshot, beside the snapshots: `spill_dir`), else to the system temporary folder when the
+folder is read-only. Its name is a hash of what made it (the shards'
 names, sizes and modification times, `--quantize`, each tensor's name, type and shape), so a
 later load of the same folder with the same settings maps it again instead of writing it; a
 partial write never takes the final name (written beside it, then renamed).
@@ -40,10 +41,15 @@ def spill_key(folder: Path, shards: Iterable[str], quantize: str | None,
 
 
 def spill_dir(folder: Path) -> Path:
-    """`<folder>/.localllm` where it can be written, else the temporary folder."""
+    """`<folder>/.localllm` where it can be written, else the temporary folder. A snapshot of
+    the Hugging Face cache (`models--org--name/snapshots/<commit>`) keeps its spill beside the
+    snapshots, in `models--org--name/.localllm/<commit>`: the snapshot holds the repo's files
+    only (`localllm rm` deletes that folder with the revision)."""
     own = folder / SPILL_DIR
+    if folder.parent.name == "snapshots" and folder.parent.parent.name.startswith("models--"):
+        own = folder.parent.parent / SPILL_DIR / folder.name
     try:
-        own.mkdir(exist_ok=True)
+        own.mkdir(parents=True, exist_ok=True)
         if os.access(own, os.W_OK):
             return own
     except OSError:

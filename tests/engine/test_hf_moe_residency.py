@@ -160,3 +160,18 @@ def test_show_plan_on_a_folder(folder, command, capsys):
     assert main([command, *flags]) == 0
     out = capsys.readouterr().out
     assert "-> disk" in out and "experts of layers 0-1 placed by rules" in out
+
+
+def test_hf_cache_snapshot_keeps_only_repo_files(folder, tmp_path):
+    """In the Hugging Face cache layout the spill goes beside the snapshots, so a snapshot holds
+    the repo's files alone (what `localllm ls` / `rm` read)."""
+    import shutil
+
+    snap = tmp_path / "models--org--tiny" / "snapshots" / "abc123"
+    shutil.copytree(folder, snap, ignore=shutil.ignore_patterns(".localllm"))
+    before = sorted(p.name for p in snap.rglob("*"))
+    tokens, _, model, _ = _run(snap, "q8_0", {"experts": "disk", "streaming": {"slots": 2}})
+    _close_streams(model)
+    assert sorted(p.name for p in snap.rglob("*")) == before
+    assert len(list((tmp_path / "models--org--tiny" / ".localllm" / "abc123").glob("spill-*"))) == 1
+    assert tokens == _run(folder, "q8_0")[0]

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One device call (~5 min on an H100/H200), issue 36: the LoRA GPU tests (tests/lora/test_lora_gpu.py,
-# the triton shrink/expand kernels against their torch reference in tests/kernels/test_lora_kernels.py),
+# the triton shrink/expand kernels against their torch reference in tests/kernels/test_lora_kernels.py)
+# and MoE residency of a Hugging Face folder on CUDA (tests/engine/test_hf_moe_residency_gpu.py),
 # then decode with 0, 1 and 4 rank-16 adapters on the Llama-3-8B-shaped Q4_K_M, ours (`localllm
 # bench`, the triton LoRA kernels) next to llama.cpp's CUDA build with the very same GGUF LoRA files
 # (tests/perf/bench_llamacpp_lora.py: a small C program on its libllama, llama_adapter_lora_init +
@@ -29,8 +30,9 @@ mkdir -p /tmp/llb && cat .llb/llb.part.* | xz -d | tar x -C /tmp/llb
 python3 tests/perf/make_synthetic.py --shape llama3-8b --quant Q4_K_M -o /tmp/q4km.gguf \
   --tokenizer-from .refbuild/smollm2-tok.gguf >/tmp/make.log 2>&1 &
 GEN=$!
-timeout 100 python3 -m pytest -q -m gpu -p no:cacheprovider tests/lora/test_lora_gpu.py \
-  tests/kernels/test_lora_kernels.py 2>&1 | tee "$OUT/pytest.log" | grep -v "^\." | tail -25
+timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/lora/test_lora_gpu.py \
+  tests/kernels/test_lora_kernels.py tests/engine/test_hf_moe_residency_gpu.py 2>&1 \
+  | tee "$OUT/pytest.log" | grep -v "^\." | tail -25
 wait $GEN || { tail -5 /tmp/make.log; exit 1; }
 date -u
 # llama.cpp's adapter format, f32 A and B (what convert_lora_to_gguf.py writes; both engines read it)

@@ -83,7 +83,18 @@ def tensor_plan(s: Shape, quant: str) -> list[tuple[str, ms.Dims, QT]]:
             (p + "ffn_down_shexp.weight", (s.dim, sh), more),
         ]
     out += [("output_norm.weight", s.dim, QT.F32), ("output.weight", (s.vocab, s.dim), q_more)]
-    return out
+    return [(n, d, _fallback(d, qt)) for n, d, qt in out]
+
+
+# llama.cpp's quantizer gives rows that are no whole number of 256-value K blocks (the dense
+# layer's ffn_down: 10944 values) a 32-value type instead: Q4_K -> Q5_0, Q6_K -> Q8_0
+_FALLBACK = {QT.Q4_K: QT.Q5_0, QT.Q6_K: QT.Q8_0}
+
+
+def _fallback(dims: ms.Dims, qt: QT) -> QT:
+    if isinstance(dims, int) or qt not in _FALLBACK or dims[-1] % 256 == 0:
+        return qt
+    return _FALLBACK[qt]
 
 
 def _data(name: str, dims: ms.Dims, qt: QT, rng: np.random.Generator) -> np.ndarray:

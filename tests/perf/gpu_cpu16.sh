@@ -62,7 +62,7 @@ fi
 } | tee "$LOG"
 # the files, side by side (~30-60 s); nothing is timed while they are written
 python3 tests/perf/make_synthetic.py --shape llama3-8b --quant Q4_K_M -o /tmp/l8b.gguf \
-  ${LAYERS_8B:+--layers $LAYERS_8B} --tokenizer-from .refbuild/smollm2-tok.gguf >/tmp/make8b.log 2>&1 &
+  ${LAYERS_8B:+--layers $LAYERS_8B} --tokenizer-from .refbuild/smollm2-q4_1.skel.gguf >/tmp/make8b.log 2>&1 &
 python3 tests/perf/make_skeleton.py grow .refbuild/smollm2-q4_1.skel.gguf -o /tmp/smollm2.gguf &
 python3 tests/perf/make_skeleton.py grow .refbuild/gemma3-270m-q4_k_m.skel.gguf -o /tmp/gemma3.gguf
 wait

@@ -4,7 +4,8 @@
 # Gemma 3 270M Q4_K_M grown from their skeletons (the real files' tensors, types and tokenizers
 # with random blocks: the real files, 94 and 241 MiB, exceed what a call carries; speed depends
 # on shapes and types alone), and the Llama-3.1-8B-shaped Q4_K_M synthetic. Decode is reported
-# as GB/s (file bytes x tokens/s) against the machine's copy and read bandwidth measured here.
+# as GB/s (the bytes a token reads x tokens/s: every tensor, less an untied token_embd) against
+# the machine's copy and read bandwidth measured here.
 # llama-bench is built there for the CPU alone (GGML_NATIVE, as the CUDA build's CPU backend in
 # .llb is: the same code and flags) from the source in .llcpu: .llb (43 MiB) does not fit beside
 # the 22.5 MiB tree in the 64 MiB a call carries. With .llb carried instead, LLAMA_BENCH=.llb
@@ -91,9 +92,19 @@ print(f"bandwidth, {sys.argv[1]} threads: copy {2 * src.nbytes / c / 1e9:.1f} GB
 EOF
 }
 
+read_mib() {  # MiB a decode token reads: every tensor, less token_embd where an output head is
+  # its own tensor (then one embedding row is read, not the table)
+  python3 - "$1" <<'EOF'
+import sys, gguf
+ts = {t.name: int(t.n_bytes) for t in gguf.GGUFReader(sys.argv[1]).tensors}
+skip = ts.get("token_embd.weight", 0) if "output.weight" in ts else 0
+print(round((sum(ts.values()) - skip) / 2**20))
+EOF
+}
+
 row() {  # $1 engine, $2 model, $3 threads, $4 reps: the bench's table rows and decode GB/s
   local mib t0 left
-  mib=$(du -m "$2" | cut -f1)
+  mib=$(read_mib "$2")
   t0=$(date +%s)
   left=$((END_S - SECONDS)); [ "$left" -gt 200 ] && left=200
   [ "$left" -gt 20 ] || { echo "  ($1: skipped, ${SECONDS} s used)"; return; }
@@ -103,7 +114,8 @@ row() {  # $1 engine, $2 model, $3 threads, $4 reps: the bench's table rows and 
     timeout "$left" "$LLAMA_BENCH" -m "$2" -p "$PP" -n "$TG" -r "$4" -t "$3" "${NGL[@]}" 2>&1
   fi | grep -E "^\| [a-z]" | grep -v "^| model" | tee /tmp/row.txt
   awk -F'|' -v mib="$mib" -v who="$1" '/tg[0-9]/ {split($(NF-1), a, " ");
-    printf "  %s decode: %.1f GB/s of weights read (%d MiB x %s t/s)\n", who, mib * 1.048576e6 * a[1] / 1e9, mib, a[1]}' /tmp/row.txt
+    printf "  %s decode: %.1f GB/s of weights read (%d MiB a token x %s t/s)\n", who,
+      mib * 1.048576e6 * a[1] / 1e9, mib, a[1]}' /tmp/row.txt
   echo "  ($1: $(($(date +%s) - t0)) s)"
 }
 

@@ -89,7 +89,8 @@ static void linear_groups(const lin_t *g, int64_t ng, const float *x, int64_t ld
 /* LoRA adapters (engine/lora), unmerged: y[:, col_s : col_s + n_s] += ((x @ A.T) * W)[:, lo_s : hi_s]
  * @ Bt_s for each output part s; A [r, k] and Bt_s [hi_s - lo_s, n_s] float16 (half the bytes a
  * memory-bound step reads), the rows' adapter factors W [t, r] (row stride r) and the math
- * float32, tmp [t * r] scratch. kernels/cpu/decode_lora.py lays them out;
+ * float32, tmp [t * r] scratch; Bt_s chunk-major, [ceil(n_s / LORA_CHUNK)][hi_s - lo_s][LORA_CHUNK]
+ * (zero-padded: an expand work item reads one contiguous block). kernels/cpu/decode_lora.py lays them out;
  * `set_lora` hands a step its table [n_layers * 4] (q|k|v, o, gate|up, down; NULL: none) on the
  * calling thread, which `decode_step` reads before its parallel region. */
 typedef struct {
@@ -152,6 +153,9 @@ static _Thread_local const lora_t *const *step_lora;
 
 void set_lora(const lora_t *const *table) { step_lora = table; }
 
+/* decode_lora.py lays Bt out chunk-major for a library that exports this */
+int lora_chunk_major(void) { return 1; }
+
 /* inside the parallel region: shrink (rows x ranks), a barrier, expand (column chunks) */
 static void lora_add(const lora_t *L, const float *x, int64_t ldx, int64_t t, int64_t k, float *y,
                      int64_t ldy) {
@@ -174,8 +178,8 @@ static void lora_add(const lora_t *L, const float *x, int64_t ldx, int64_t t, in
         c0 *= LORA_CHUNK;
         const int64_t len = L->n[s] - c0 < LORA_CHUNK ? L->n[s] - c0 : LORA_CHUNK;
         for (int64_t i = 0; i < t; i++)
-            expand_f16(y + i * ldy + L->col[s] + c0, L->tmp + i * r + L->lo[s], L->bt[s] + c0, L->n[s],
-                       L->hi[s] - L->lo[s], len);
+            expand_f16(y + i * ldy + L->col[s] + c0, L->tmp + i * r + L->lo[s],
+                       L->bt[s] + c0 * (L->hi[s] - L->lo[s]), LORA_CHUNK, L->hi[s] - L->lo[s], len);
     }
 }
 

@@ -27,7 +27,7 @@ tar c $files | xz -T2 -9e | split -b 15M - "$OLDPWD/.serve2/llb.part."
 cd "$OLDPWD" && rm -rf "$tmp"
 cp .whl/*.whl .serve2/whl/
 for n in annotated_doc annotated_types anyio fastapi h11 pydantic pydantic_core python_multipart \
-  starlette typing_extensions typing_inspection uvicorn; do
+  opentelemetry_api starlette typing_extensions typing_inspection uvicorn; do
   cp .whlserve/"$n"-[0-9]*.whl .serve2/whl/
 done
 cp .refbuild/smollm2-tok.gguf .serve2/

@@ -153,7 +153,8 @@ class MoEFeedForward(nn.Module):
         from localllm.kernels.moe.packed import pack_layer, packable
 
         tensors = (self.ffn_gate_exps, self.ffn_up_exps, self.ffn_down_exps)
-        if self.ffn_gate_exps.bias is None and packable(self.format):
+        # (Q5_0 / Q4_0 / IQ4_NL experts widened to Q8_0: GLM-4.5-Air Q4_K_M's ffn_down_exps)
+        if self.ffn_gate_exps.bias is None and packable(self.format, widen=True):
             g, u, d = (w.data for w in self.expert_weights())
             self.packed = pack_layer(g, u, d, self.format, self.n_used, device)
             for t in tensors:
@@ -343,7 +344,8 @@ class MoEFeedForward(nn.Module):
         if (x.is_cuda or pool is not None) and biases is None:
             from localllm.kernels.moe.packed import expert_ffn_fetched, packable
 
-            if packable(self.format):  # streamed or host-copied: the same math as resident
+            # streamed or host-copied: the same math as resident
+            if packable(self.format, widen=True):
                 n_expert = self.ffn_gate_exps.shape[0]
                 return expert_ffn_fetched(x, weights, ids, self.fetch, self.format, n_expert)
         return expert_ffn_grouped(x, weights, ids, self.fetch, self.format, biases)

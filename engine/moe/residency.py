@@ -25,6 +25,7 @@ from localllm.kernels.quant.linear import choose_strategy
 from localllm.kernels.quant.linear_native import NATIVE_TYPES
 from localllm.kernels.quant.repack import packs
 from localllm.kernels.quant.types import QuantType
+from localllm.kernels.quant.widen import widened_nbytes
 from localllm.offload import QuantWeight
 from localllm.offload.expert_cache import StreamedExperts
 from localllm.offload.expert_reads import load_library as load_reader
@@ -301,12 +302,12 @@ def plan_model(
     cpu = not gpu  # CPU compute: experts are held prepared too ...
     native = load_native() if cpu and not precise else None
     raw = _native_layers(gguf, native)  # ... unless native
+    cuda = memory.device.startswith("cuda")  # (packs some experts wider: `_memory_cost`)
     sizes = {
-        name: _memory_cost(t, precise, tied, cpu and expert_layer(name) not in raw, native, gpu)
-        for name, t in gguf.tensors.items()
-        if not unused_tensor(args, name)  # never loaded (a NextN layer): costs nothing
+        n: _memory_cost(t, precise, tied, cpu and expert_layer(n) not in raw, native, gpu, cuda)
+        for n, t in gguf.tensors.items()
+        if not unused_tensor(args, n)  # never loaded (a NextN layer): costs nothing
     }
-    cuda = memory.device.startswith("cuda")
     rule = config.tier_of(EMBEDDING)
     if tied and memory.separate_device and rule is not None and rule.tier == "host":
         raise ResidencyError(
@@ -392,16 +393,19 @@ _PREPARED = {"dense_f32": 4.0, "dense_f16": 2.0, "dense_bf16": 2.0, "int4pack": 
 
 
 def _memory_cost(
-    info: "TensorInfo", precise: bool, tied: bool, cpu: bool = False, native=None, gpu=False
+    info: "TensorInfo", precise: bool, tied: bool, cpu=False, native=None, gpu=False, widen=False
 ) -> int:
     """Resident bytes of a tensor: its file bytes (mapped or read) plus the kernel's prepared
     copy for linear weights (and for experts computed on the CPU), plus a float32 copy for
     small tensors (norms, biases). `native`: the CPU kernels that keep Q6_K / Q8_0 linears as
     blocks (at most one stacked copy of them, for fused q/k/v). `gpu`: a GPU computes the
-    linears, from their blocks (or the same bytes re-laid out: `TritonLinear`)."""
+    linears, from their blocks (or the same bytes re-laid out: `TritonLinear`). `widen`: a CUDA
+    device packs Q4_0 / Q5_0 / IQ4_NL experts as Q8_0 blocks (`kernels.quant.widen`)."""
     n = info.range.nbytes if info.range is not None else info.nbytes  # (made at load)
     numel = math.prod(info.shape)
     if expert_layer(info.name) is not None:
+        if widen and not cpu:
+            return widened_nbytes(info.qtype, n)
         if not cpu or precise:
             return n  # experts used straight from their blocks (device, or exact path)
         n_expert, rows, cols = info.shape

@@ -27,6 +27,7 @@ from localllm.kernels.quant.triton_packed import (
     grouped_counters,
     quantize_x8,
 )
+from localllm.kernels.quant.widen import widened_type
 
 PACK_CHUNK = 16  # experts a layer's load packs on the device at a time (`pack_layer`)
 PACKED_MAX_T = 8  # token rows per call that take the grouped GEMVs (the decode graph ladder's top)
@@ -55,10 +56,13 @@ class PackedExperts:
         return next(iter(self.down.planes.values())).shape[0]
 
 
-def packable(fmt: ExpertFormat) -> bool:
-    """Whether the layer's expert types have packed kernels (K a whole number of blocks)."""
+def packable(fmt: ExpertFormat, widen: bool = False) -> bool:
+    """Whether the layer's expert types have packed kernels (K a whole number of blocks);
+    `widen`: types packed as the Q8_0 blocks they widen to count too (`pack_expert_blocks`:
+    resident and per-call packing; slot pools fill planes byte for byte from raw experts and
+    take the packed types alone)."""
     shapes = ((fmt.gate, fmt.dim), (fmt.up, fmt.dim), (fmt.down, fmt.hidden))
-    return all(packs(t, k) for t, k in shapes)
+    return all(packs(widened_type(t) if widen else t, k) for t, k in shapes)
 
 
 def pack_experts(

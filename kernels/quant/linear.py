@@ -30,6 +30,7 @@ from localllm.kernels.quant.linear_dense import DenseHalfLinear, DequantTilesLin
 from localllm.kernels.quant.linear_int4 import Int4PackLinear
 from localllm.kernels.quant.linear_native import MAX_PARTS, NATIVE_TYPES, NativeLinear
 from localllm.kernels.quant.types import QuantType, block_geometry
+from localllm.kernels.quant.widen import WIDENED, widen_blocks
 
 # Calls with at least this many rows leave the bf16/fp16 kernels for fp32 GEMM on row tiles
 # decoded per call (Zen 3 has no half-precision dot product: half GEMM is slower than fp32).
@@ -61,6 +62,10 @@ TRITON_TYPES = frozenset(
     }
 )
 
+# Types the triton path takes widened to Q8_0 (`widen`: exact; llama.cpp's Q4_K_M writes Q5_0 where
+# rows are no whole K block, as GLM-4.5-Air's 1408-wide shared expert's ffn_down)
+TRITON_WIDENED = frozenset({QuantType.Q5_0})
+
 
 class PreparedLinear(Protocol):
     """A weight [N, K] ready for y = x @ W.T: float32 [..., K] -> float32 [..., N]."""
@@ -75,7 +80,7 @@ def choose_strategy(qtype: QuantType, shape: tuple[int, int], device: torch.devi
     """The default strategy for a weight (see POLICY and the CUDA policy above)."""
     qtype = QuantType(qtype)
     dev = torch.device(device).type
-    if dev == "cuda" and qtype in TRITON_TYPES:
+    if dev == "cuda" and (qtype in TRITON_TYPES or qtype in TRITON_WIDENED):
         return "triton"
     if dev != "cpu":
         return "dense_f32" if qtype == QuantType.F32 else "dequant_tiles"
@@ -127,6 +132,8 @@ def prepare_linear(
             TritonLinear,
         )  # only here: CPU never needs it
 
+        if qtype in TRITON_WIDENED:  # as the Q8_0 blocks it widens to, exactly
+            data, qtype = widen_blocks(data, qtype), WIDENED[qtype]
         return TritonLinear(data, qtype, shape)
     if strategy == "dense_f32":
         return Float32Linear(dequantize(data, qtype).reshape(shape))

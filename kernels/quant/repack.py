@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from localllm.kernels.quant.types import QuantType, block_geometry
+from localllm.kernels.quant.widen import WIDENED, widen_blocks
 
 # Per type: the block's byte fields in order, each (name, start, end, dtype of its words).
 _FIELDS: dict[QuantType, tuple[tuple[str, int, int, torch.dtype], ...]] = {
@@ -89,8 +90,11 @@ def unpack_blocks(p: PackedBlocks) -> torch.Tensor:
 
 def pack_expert_blocks(data: torch.Tensor, qtype: QuantType, n: int, k: int) -> PackedBlocks:
     """Stacked expert weights, raw uint8 [E, N, row_bytes] -> PackedBlocks whose planes are
-    [E, words, N]: each expert's planes are those `pack_blocks` gives its slice, contiguous."""
+    [E, words, N]: each expert's planes are those `pack_blocks` gives its slice, contiguous.
+    Q4_0 / Q5_0 / IQ4_NL experts are packed as the Q8_0 blocks they widen to, exactly (`widen`)."""
     qtype = QuantType(qtype)
+    if qtype in WIDENED:
+        data, qtype = widen_blocks(data.reshape(data.shape[0], n, -1), qtype), WIDENED[qtype]
     if qtype not in _FIELDS:
         raise ValueError(f"no packed layout for {qtype.name}")
     block, nbytes = block_geometry(qtype)

@@ -137,7 +137,10 @@ def _layer(gate_t: str, down_t: str, seed: int):
 
 @pytest.mark.gpu
 @needs_triton
-@pytest.mark.parametrize(("gate_t", "down_t"), [("Q4_K", "Q6_K"), ("Q8_0", "Q8_0")])
+# (Q5_0: packed widened to Q8_0, GLM-4.5-Air Q4_K_M's ffn_down_exps)
+@pytest.mark.parametrize(
+    ("gate_t", "down_t"), [("Q4_K", "Q6_K"), ("Q8_0", "Q8_0"), ("Q4_K", "Q5_0")]
+)
 @pytest.mark.parametrize("tokens", [1, 3, 12])
 def test_packed_ffn_matches_oracle_and_fetched_bit_for_bit(gate_t, down_t, tokens):
     from localllm.kernels.moe.packed import (
@@ -149,7 +152,7 @@ def test_packed_ffn_matches_oracle_and_fetched_bit_for_bit(gate_t, down_t, token
     )
 
     gate, up, down, fmt = _layer(gate_t, down_t, 10 * tokens)
-    assert packable(fmt)
+    assert packable(fmt, widen=True)
     gen = torch.Generator().manual_seed(tokens)
     x = torch.randn(tokens, D, generator=gen)
     w, ids = route_topk(torch.randn(tokens, E, generator=gen), K_USED, True)

@@ -15,7 +15,8 @@ an adapter (the deltas skipped) and every row on all of them.
 
 `make` writes DIR/lora-K.gguf in llama.cpp's adapter format (`general.type = adapter`,
 `adapter.type = lora`, alpha = rank: scale 1) on every attention and MLP linear of the base,
-random A and B (std 0.02 / 0.02: a visible but sane delta), float32; both engines read them.
+random A and B (std 0.02 / 0.02: a visible but sane delta), float32 (`--dtype f16`: as
+convert_lora_to_gguf.py writes by default); both engines read them.
 """
 
 import argparse
@@ -61,8 +62,9 @@ def make(a) -> None:
             if name.rpartition(".")[2] not in TARGETS or len(shape) != 2:
                 continue
             rows, cols = shape
-            a_ = (0.02 * rng.standard_normal((a.rank, cols))).astype(np.float32)
-            b_ = (0.02 * rng.standard_normal((rows, a.rank))).astype(np.float32)
+            dt = np.float16 if a.dtype == "f16" else np.float32
+            a_ = (0.02 * rng.standard_normal((a.rank, cols))).astype(dt)
+            b_ = (0.02 * rng.standard_normal((rows, a.rank))).astype(dt)
             w.add_tensor(f"{name}.weight.lora_a", a_)
             w.add_tensor(f"{name}.weight.lora_b", b_)
         w.write_header_to_file()
@@ -234,6 +236,8 @@ def main() -> None:
     m.add_argument("--out", required=True)
     m.add_argument("--rank", type=int, default=16)
     m.add_argument("--count", type=int, default=4)
+    # f16: what llama.cpp's convert_lora_to_gguf.py writes by default (--outtype f16)
+    m.add_argument("--dtype", choices=("f32", "f16"), default="f32")
     for name in ("ab", "delta", "llamacpp"):
         s = sub.add_parser(name)
         s.add_argument("--model", required=True)

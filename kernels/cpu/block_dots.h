@@ -102,6 +102,76 @@ static inline void dot_iq4_nl_rows(BLOCK_ARGS) {
     BLOCK_ROWS_LOOP(nb, 18, _mm256_shuffle_epi8(lut, nibbles32(wb + 2)), 1, 0, 0)
 }
 
+/* The same dots over a row tile (block_linear.c's `tile_rows` lays it out): R <= TILE_ROWS
+ * activation rows interleaved per block (qt: block b's 32 codes of row r at 32 (R b + r)), their
+ * scales and the float sums of each block's codes transposed (dt / st: [nb][8], lanes >= R zero),
+ * so the minimum terms of all R rows are one vector multiply-add per block and the scale of every
+ * row one vector multiply; a row's float operations are the `*_rows` ones, in the same order. */
+#if defined(__AVX512VL__)
+#define TILE_ROWS 8 /* 16 accumulators: the 32 vector registers of AVX-512 hold them */
+#else
+#define TILE_ROWS 4
+#endif
+#define TILE_ONE(A, MV, B, CODES, SGN, HASMIN, MINAT)                                             \
+    {                                                                                             \
+        const __m256i q = CODES;                                                                  \
+        const __m256 dv = _mm256_loadu_ps(dt + 8 * (B));                                          \
+        float sc[8];                                                                              \
+        _mm256_storeu_ps(sc, _mm256_mul_ps(_mm256_set1_ps(h2f(rd16(wb))), dv));                   \
+        const int8_t *xb = qt + (B) * R * 32;                                                     \
+        for (int r = 0; r < R; r++) {                                                             \
+            const __m256i xv = _mm256_loadu_si256((const __m256i *)(xb + 32 * r));                \
+            const __m256i p = SGN ? dot_s8s8(q, xv) : dot_u8s8(q, xv);                           \
+            A[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_broadcast_ss(sc + r), A[r]);    \
+        }                                                                                         \
+        if (HASMIN)                                                                               \
+            MV = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(h2f(rd16(wb + (MINAT)))), dv),      \
+                                 _mm256_loadu_ps(st + 8 * (B)), MV);                              \
+    }
+#define TILE_LOOP(NB, BYTES, CODES, SGN, HASMIN, MINAT)                                           \
+    __m256 a0[TILE_ROWS], a1[TILE_ROWS], m0 = _mm256_setzero_ps(), m1 = _mm256_setzero_ps();     \
+    for (int r = 0; r < R; r++) a0[r] = a1[r] = _mm256_setzero_ps();                              \
+    int64_t b = 0;                                                                                \
+    for (; b + 1 < (NB); b += 2) {                                                                \
+        const uint8_t *wb = w + b * (BYTES);                                                      \
+        TILE_ONE(a0, m0, b, CODES, SGN, HASMIN, MINAT)                                            \
+        wb += (BYTES);                                                                            \
+        TILE_ONE(a1, m1, b + 1, CODES, SGN, HASMIN, MINAT)                                        \
+    }                                                                                             \
+    if (b < (NB)) {                                                                               \
+        const uint8_t *wb = w + b * (BYTES);                                                      \
+        TILE_ONE(a0, m0, b, CODES, SGN, HASMIN, MINAT)                                            \
+    }                                                                                             \
+    float ms[8];                                                                                  \
+    _mm256_storeu_ps(ms, _mm256_add_ps(m0, m1));                                                  \
+    for (int r = 0; r < R; r++) out[r] = hsum(_mm256_add_ps(a0[r], a1[r])) + ms[r];
+
+#define TILE_ARGS                                                                         \
+    const uint8_t *w, const int8_t *qt, const float *dt, const float *st, int64_t nb, const int R, \
+        float *out
+#define TILE_FN static inline __attribute__((always_inline)) void
+
+TILE_FN dot_q4_0_tile(TILE_ARGS) {
+    (void)st;
+    TILE_LOOP(nb, 18, _mm256_sub_epi8(nibbles32(wb + 2), _mm256_set1_epi8(8)), 1, 0, 0)
+}
+TILE_FN dot_q4_1_tile(TILE_ARGS) { TILE_LOOP(nb, 20, nibbles32(wb + 4), 0, 1, 2) }
+TILE_FN dot_q5_0_tile(TILE_ARGS) {
+    (void)st;
+    TILE_LOOP(nb, 22,
+              _mm256_sub_epi8(_mm256_or_si256(nibbles32(wb + 6), fifth_bits(wb + 2)),
+                              _mm256_set1_epi8(16)),
+              1, 0, 0)
+}
+TILE_FN dot_q5_1_tile(TILE_ARGS) {
+    TILE_LOOP(nb, 24, _mm256_or_si256(nibbles32(wb + 8), fifth_bits(wb + 4)), 0, 1, 2)
+}
+TILE_FN dot_iq4_nl_tile(TILE_ARGS) {
+    (void)st;
+    const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)IQ4NL_VALUES));
+    TILE_LOOP(nb, 18, _mm256_shuffle_epi8(lut, nibbles32(wb + 2)), 1, 0, 0)
+}
+
 /* IQ4_XS: 8 sub-blocks of 32 per 256, each its own 6-bit scale; activations per 32 */
 static inline void dot_iq4_xs_rows(BLOCK_ARGS) {
     (void)bs;

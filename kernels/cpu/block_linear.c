@@ -7,6 +7,7 @@
  * or stacked. One OpenMP region per call; each weight row is read once for all token rows.
  * `block_dequant` gives prompts exact float32 rows for an fp32 GEMM. */
 #include <stdint.h>
+#include <stdlib.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -66,9 +67,75 @@ static void quantize_rows(int type, const float *x, int64_t ldx, int64_t t, int6
         quantize_groups(x + i * ldx, k, g, q8 + i * k, d8 + i * k / 32, bs + i * k / 16);
 }
 
+#ifdef BLOCK_DOTS_AVX2
+/* the 32-value block types, dotted over row tiles (block_dots.h's `*_tile`) */
+static int tiled(int type) {
+    return type == Q4_0 || type == Q4_1 || type == Q5_0 || type == Q5_1 || type == IQ4_NL;
+}
+
+#define TILE_CASE(fn, N) case N: fn(w, qt, dt, st, nb, N, out); return;
+#if TILE_ROWS == 8
+#define CALL_T(fn)                                                                  \
+    switch (R) {                                                                    \
+        TILE_CASE(fn, 8) TILE_CASE(fn, 7) TILE_CASE(fn, 6) TILE_CASE(fn, 5)        \
+        TILE_CASE(fn, 4) TILE_CASE(fn, 3) TILE_CASE(fn, 2) default: fn(w, qt, dt, st, nb, 1, out); return; \
+    }
+#else
+#define CALL_T(fn)                                                                  \
+    switch (R) {                                                                    \
+        TILE_CASE(fn, 4) TILE_CASE(fn, 3) TILE_CASE(fn, 2) default: fn(w, qt, dt, st, nb, 1, out); return; \
+    }
+#endif
+
+/* out[r] = weight row w . the tile's row r, r < R <= TILE_ROWS */
+static void tile_dots(int type, const uint8_t *w, const int8_t *qt, const float *dt,
+                      const float *st, int64_t nb, int R, float *out) {
+    switch (type) {
+    case Q4_0: CALL_T(dot_q4_0_tile)
+    case Q4_1: CALL_T(dot_q4_1_tile)
+    case Q5_0: CALL_T(dot_q5_0_tile)
+    case Q5_1: CALL_T(dot_q5_1_tile)
+    default: CALL_T(dot_iq4_nl_tile)
+    }
+}
+
+/* Each thread's tiles of one call, kept between calls (grown, never shrunk). */
+static _Thread_local uint8_t *tile_mem;
+static _Thread_local size_t tile_cap;
+
+static uint8_t *tile_scratch(size_t bytes) {
+    if (bytes > tile_cap) {
+        free(tile_mem);
+        tile_cap = (bytes + 4095) & ~(size_t)4095;
+        tile_mem = aligned_alloc(64, tile_cap);
+        if (!tile_mem) tile_cap = 0;
+    }
+    return tile_mem;
+}
+
+/* bytes of one tile of nb blocks: interleaved codes, then scales and sums [nb][8] */
+static inline size_t tile_bytes(int64_t nb) { return (size_t)nb * (32 * TILE_ROWS + 64); }
+
+/* rows i0 .. i0 + R - 1 of the quantized activations as one tile at tb (layout: block_dots.h) */
+static void tile_rows(const int8_t *q8, const float *d8, const int16_t *bs, int64_t k, int64_t i0,
+                      int R, uint8_t *tb) {
+    const int64_t nb = k / 32;
+    int8_t *qt = (int8_t *)tb;
+    float *dt = (float *)(tb + nb * 32 * TILE_ROWS), *st = dt + nb * 8;
+    for (int64_t b = 0; b < nb; b++)
+        for (int r = 0; r < 8; r++) {
+            const int64_t i = i0 + r;
+            if (r < R) memcpy(qt + (b * R + r) * 32, q8 + i * k + 32 * b, 32);
+            dt[8 * b + r] = r < R ? d8[i * (k / 32) + b] : 0.f;
+            st[8 * b + r] = r < R ? (float)(bs[i * (k / 16) + 2 * b] + bs[i * (k / 16) + 2 * b + 1]) : 0.f;
+        }
+}
+#endif
+
 /* y [t, n] (row stride ldy) = the quantized rows (quantize_rows) . W^T, W's n rows the rows of
  * `nparts` parts (part p: rows[p] rows of `type` at parts[p]), each weight row read once and
- * dotted with up to ROWS_MAX token rows per decode of its codes. A worksharing loop. */
+ * dotted with up to ROWS_MAX token rows per decode of its codes (TILE_ROWS for the 32-value
+ * types: each thread lays the rows out as tiles first). A worksharing loop. */
 static void rows_dot(int type, int64_t nparts, const uint8_t *const *parts, const int64_t *rows,
                      int64_t k, int64_t t, const int8_t *q8, const float *d8, const int16_t *bs,
                      float *y, int64_t ldy) {
@@ -76,6 +143,16 @@ static void rows_dot(int type, int64_t nparts, const uint8_t *const *parts, cons
     for (int64_t p = 0; p < nparts; p++) start[p] = n, n += rows[p];
     start[nparts] = n;
     const int64_t rb = block_row_bytes(type, k);
+    uint8_t *tiles = NULL;
+#ifdef BLOCK_DOTS_AVX2
+    const int64_t ntiles = (t + TILE_ROWS - 1) / TILE_ROWS;
+    if (tiled(type)) tiles = tile_scratch(ntiles * tile_bytes(k / 32));
+    if (tiles)
+        for (int64_t c = 0; c < ntiles; c++)
+            tile_rows(q8, d8, bs, k, c * TILE_ROWS,
+                      (int)(t - c * TILE_ROWS < TILE_ROWS ? t - c * TILE_ROWS : TILE_ROWS),
+                      tiles + c * tile_bytes(k / 32));
+#endif
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < n; r++) {
         int64_t p = 0;
@@ -83,6 +160,20 @@ static void rows_dot(int type, int64_t nparts, const uint8_t *const *parts, cons
         const int64_t rr = r - start[p];
         const uint8_t *wr = parts[p] + rr * rb;
         if (rr + PREFETCH_ROWS < rows[p]) prefetch_row(wr + PREFETCH_ROWS * rb, rb);
+#ifdef BLOCK_DOTS_AVX2
+        if (tiles) {
+            const int64_t nb = k / 32;
+            for (int64_t i = 0; i < t; i += TILE_ROWS) {
+                const int R = t - i < TILE_ROWS ? (int)(t - i) : TILE_ROWS;
+                const uint8_t *tb = tiles + i / TILE_ROWS * tile_bytes(nb);
+                const float *dt = (const float *)(tb + nb * 32 * TILE_ROWS);
+                float out[TILE_ROWS];
+                tile_dots(type, wr, (const int8_t *)tb, dt, dt + nb * 8, nb, R, out);
+                for (int j = 0; j < R; j++) y[(i + j) * ldy + r] = out[j];
+            }
+            continue;
+        }
+#endif
         for (int64_t i = 0; i < t; i += ROWS_MAX) {
             const int R = t - i < ROWS_MAX ? (int)(t - i) : ROWS_MAX;
             const int8_t *q[ROWS_MAX];

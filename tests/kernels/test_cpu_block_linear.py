@@ -78,6 +78,23 @@ def test_a_rows_bits_do_not_depend_on_batch_parts_or_threads(blocks, name):
         assert torch.equal(alone[0], one[i])
 
 
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL"])
+def test_every_row_tile_height_gives_a_row_its_bits_alone(blocks, name):
+    """The 32-value types dot tiles of up to 8 token rows (4 without AVX-512) per decode of a
+    weight row: every height, a ragged last tile and an odd block count (the tail block) give
+    each row the bits it has alone, at 1 and 2 threads, and the int8 reference's values."""
+    n, k = 37, 352
+    raw, qt = _weight(name, n, k, 5), QuantType[name]
+    parts = block_linear.Parts([raw])
+    x = torch.randn(17, k, generator=torch.Generator().manual_seed(5))
+    alone = torch.cat([blocks.rows(parts, qt, k, x[i : i + 1].contiguous()) for i in range(17)])
+    for t in range(2, 18):
+        for threads in (1, 2):
+            got = blocks.rows(parts, qt, k, x[:t].contiguous(), threads=threads)
+            assert torch.equal(got, alone[:t]), (t, threads)
+    assert _rel(alone, block_rows_reference(x, [raw], qt, k)) < REF_TOL
+
+
 @pytest.mark.parametrize("name", ["Q4_1", "Q5_0", "IQ4_XS", "Q5_K"])
 def test_native_linear_exact_rows_blocks_alone(kernels, name):
     n, k = 130, 512

@@ -10,9 +10,11 @@ bounds) and, recorded as `one_image_native`, crops at the processor's own size f
 (32x32) and Qwen3-VL / -MoE (128x160). There we require, against llama.cpp's fp32 run (the files
 widened to F32, F32 KV): the projector's rows within ENCODER_TOL, the logits after the prompt
 within LOGIT_TOL, and greedy tokens equal or parting at a near-tie of llama.cpp (both tokens in
-its top-4 and within TIE). Measured on the 2-core CPU: rows 1.1e-3, logits 2e-3 at most; the
-rows' gap is ggml's GELU, which reads an F16 table even in an F32 graph, plus the float16 storage
-of the recorded rows. Against llama.cpp's default run (F16 matrices, F16 KV) the same with
+its top-4 and within TIE). Measured on the 2-core CPU (fp32 run): rows 1.9e-4 (Gemma 3) to
+9.1e-4 (Qwen3-VL), logits 6.5e-4 (Qwen2.5-VL) to 7.8e-3 (Qwen3-VL), greedy tokens equal
+everywhere (gaps of the size ggml's GELU gives, which reads an F16 table even in an F32 graph;
+not separated here). Against llama.cpp's default run (F16 matrices, F16 KV; measured at most
+9.9e-4 / 7.3e-3) the same with
 DEFAULT_TOL.
 
 Not compared, each for a stated reason (the recorder prints the gaps):
@@ -21,8 +23,8 @@ Not compared, each for a stated reason (the recorder prints the gaps):
 * Idefics3 / SmolVLM(2): the global image is always resized (64 -> 32 LANCZOS), so no crop
   avoids resampling; token counts only;
 * LLaVA-1.5: llama.cpp's rows differ (max 0.43) even on the 32x32 crop (no resize on either
-  side); the cause is not isolated (the legacy-converted mmproj, `clip.use_gelu` false); token
-  counts only;
+  side); the cause is not isolated (tests/tools/README.md says what was ruled out); token counts
+  only;
 * LLaVA-1.6: llama.cpp splits the image into separate 64-token chunks (no `image_newline` rows in
   one run), so transformers' 272-token run has no counterpart: the recorder stores that error.
 """

@@ -74,6 +74,7 @@ NATIVE = {
     "llava": {"tall.png": "tall32.png"},
     "qwen3vl": {"qtall.png": "qtall32.png"},
     "qwen3vlmoe": {"qtall.png": "qtall32.png"},
+    "idefics3": {"tall.png": "sq64.png"},  # tiles cut unresized; the global view is resized
 }
 
 

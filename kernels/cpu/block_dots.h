@@ -171,6 +171,17 @@ TILE_FN dot_iq4_nl_tile(TILE_ARGS) {
     const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)IQ4NL_VALUES));
     TILE_LOOP(nb, 18, _mm256_shuffle_epi8(lut, nibbles32(wb + 2)), 1, 0, 0)
 }
+/* Q8_0 (quant_dots.h's dot_q8_0): one accumulator per row through every block */
+TILE_FN dot_q8_0_tile(TILE_ARGS) {
+    (void)st;
+    __m256 a[TILE_ROWS], m0 = _mm256_setzero_ps();
+    for (int r = 0; r < R; r++) a[r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *wb = w + 34 * b;
+        TILE_ONE(a, m0, b, _mm256_loadu_si256((const __m256i *)(wb + 2)), 1, 0, 0)
+    }
+    for (int r = 0; r < R; r++) out[r] = hsum(a[r]);
+}
 
 /* IQ4_XS: 8 sub-blocks of 32 per 256, each its own 6-bit scale; activations per 32 */
 static inline void dot_iq4_xs_rows(BLOCK_ARGS) {

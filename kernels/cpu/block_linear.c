@@ -70,7 +70,8 @@ static void quantize_rows(int type, const float *x, int64_t ldx, int64_t t, int6
 #ifdef BLOCK_DOTS_AVX2
 /* the 32-value block types, dotted over row tiles (block_dots.h's `*_tile`) */
 static int tiled(int type) {
-    return type == Q4_0 || type == Q4_1 || type == Q5_0 || type == Q5_1 || type == IQ4_NL;
+    return type == Q4_0 || type == Q4_1 || type == Q5_0 || type == Q5_1 || type == IQ4_NL ||
+           type == Q8_0;
 }
 
 #define TILE_CASE(fn, N) case N: fn(w, qt, dt, st, nb, N, out); return;
@@ -95,6 +96,7 @@ static void tile_dots(int type, const uint8_t *w, const int8_t *qt, const float 
     case Q4_1: CALL_T(dot_q4_1_tile)
     case Q5_0: CALL_T(dot_q5_0_tile)
     case Q5_1: CALL_T(dot_q5_1_tile)
+    case Q8_0: CALL_T(dot_q8_0_tile)
     default: CALL_T(dot_iq4_nl_tile)
     }
 }
@@ -146,7 +148,8 @@ static void rows_dot(int type, int64_t nparts, const uint8_t *const *parts, cons
     uint8_t *tiles = NULL;
 #ifdef BLOCK_DOTS_AVX2
     const int64_t ntiles = (t + TILE_ROWS - 1) / TILE_ROWS;
-    if (tiled(type)) tiles = tile_scratch(ntiles * tile_bytes(k / 32));
+    if (tiled(type) && t > 1) /* (one row: the row dot is ~7 % faster, same bits) */
+        tiles = tile_scratch(ntiles * tile_bytes(k / 32));
     if (tiles)
         for (int64_t c = 0; c < ntiles; c++)
             tile_rows(q8, d8, bs, k, c * TILE_ROWS,

@@ -78,9 +78,9 @@ def test_a_rows_bits_do_not_depend_on_batch_parts_or_threads(blocks, name):
         assert torch.equal(alone[0], one[i])
 
 
-@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL"])
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "Q8_0"])
 def test_every_row_tile_height_gives_a_row_its_bits_alone(blocks, name):
-    """The 32-value types dot tiles of up to 8 token rows (4 without AVX-512) per decode of a
+    """The 32-value block types dot tiles of up to 8 token rows (4 without AVX-512) per decode of a
     weight row: every height, a ragged last tile and an odd block count (the tail block) give
     each row the bits it has alone, at 1 and 2 threads, and the int8 reference's values."""
     n, k = 37, 352

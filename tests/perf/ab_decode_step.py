@@ -1,0 +1,128 @@
+"""CPU batched decode, A/B of the native kernels' C sources: this tree's `decode_step.c` (its
+block linears inside) against the same files at an older git revision, both compiled side by
+side and alternated call by call on one `DecodeStep` of a real model (a busy box's load falls on
+both alike), t token rows of `--ctx` context each (random float16 KV), plus the output head's
+shape through `block_rows` (random blocks of its type). Prints medians and minima of each, and
+whether the two give the same bits.
+
+Not a test: its output goes, with the command, machine, date and load, into
+tests/perf/results/cpu.md.
+
+    python tests/perf/ab_decode_step.py --model FILE --old-rev REV [--rows 1 4 16] [--ctx 96]
+        [--threads 2] [--rounds 15]
+"""
+
+import argparse
+import ctypes
+import functools
+import os
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from localllm.engine import loader
+from localllm.engine.layers.native_decode import NativeDecode
+from localllm.engine.runtime.kv_cache import PagedKVCache
+from localllm.kernels.cpu import block_linear
+from localllm.kernels.cpu import decode_step as ds
+from localllm.kernels.cpu.cbuild import built_libraries
+from localllm.kernels.quant import QuantType
+
+FILES = ("decode_step.c", "block_linear.c", "block_dequant.h", "block_dots.h", "quant_dots.h")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def old_library(rev: str, out: Path) -> ctypes.CDLL:
+    """The step's library from the sources at `rev`, built with the tree's fastest flags."""
+    for name in FILES:
+        text = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:kernels/cpu/{name}"],
+                              capture_output=True, check=True).stdout  # fmt: skip
+        (out / name).write_bytes(text)
+    built = built_libraries(tuple(out / n for n in FILES), block_linear.FLAG_SETS[:1],
+                            "ab-old-step", ds._bind_step, out)  # fmt: skip
+    return next(built)[0]
+
+
+def alternate(run, libs: dict, rounds: int) -> dict:
+    """{name: (median ms, min ms, last result)}, the libraries taking turns call by call."""
+    times: dict[str, list[float]] = {n: [] for n in libs}
+    last = {}
+    for r in range(rounds):
+        for name in list(libs) if r % 2 == 0 else list(libs)[::-1]:
+            t0 = time.perf_counter()
+            last[name] = run(libs[name])
+            times[name].append((time.perf_counter() - t0) * 1e3)
+    return {n: (statistics.median(v), min(v), last[n]) for n, v in times.items()}
+
+
+def step_call(step, x0, args, threads, lib):
+    step.lib, x = lib, x0.clone()
+    return step(x, *args, threads=threads)
+
+
+def head_call(qt, parts, x, n, threads, lib):
+    t, k = x.shape
+    y, q8 = torch.empty(t, n), torch.empty(t * k, dtype=torch.int8)
+    d8, bs = torch.empty(t * k // 32 + 8), torch.empty(t * k // 16 + 16, dtype=torch.int16)
+    p = torch.Tensor.data_ptr
+    lib.block_rows(qt.value, len(parts), parts.ptrs, parts.rows, k, t, p(x), p(y), p(q8), p(d8),
+                   p(bs), threads)  # fmt: skip
+    return y
+
+
+def report(what: str, res: dict) -> None:
+    (mo, lo, yo), (mn, ln, yn) = res["old"], res["new"]
+    same = torch.equal(yo, yn)
+    print(f"| {what} | {mo:.2f} / {lo:.2f} | {mn:.2f} / {ln:.2f} | {mn / mo:.3f} | {same} |")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--old-rev", required=True)
+    ap.add_argument("--rows", type=int, nargs="+", default=[1, 4, 16])
+    ap.add_argument("--ctx", type=int, default=96)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=15)
+    a = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="ab-step-"))
+    libs = {"old": old_library(a.old_rev, tmp), "new": ds.load()}
+    model = loader.build_model(loader.open_weights(a.model))
+    nd = NativeDecode.for_model(model)
+    head = getattr(getattr(model, "output", None), "_prepared", None)  # a NativeLinear
+    layers, kvh, hd = model.kv_shape()
+    print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, old {a.old_rev}, "
+          f"threads {a.threads}, ctx {a.ctx}, load {os.getloadavg()[0]:.2f}")  # fmt: skip
+    print("| call | old median / min ms | new median / min ms | new / old | same bits |")
+    print("|---|---|---|---|---|")
+    for t in a.rows:
+        bpr = (a.ctx + 15) // 16 + 1
+        kv = PagedKVCache(layers, t * bpr + 1, 16, kvh, hd, "f16", "cpu")
+        for i in range(layers):
+            kv.k[i].normal_(), kv.v[i].normal_()
+        step = nd._for_cache(kv)
+        g = torch.Generator().manual_seed(t)
+        x0 = torch.randn(t, nd.shape.dim, generator=g)
+        ang = torch.rand(t, nd.shape.rope_dims // 2, generator=g) * 6.28
+        cos, sin = ang.cos().contiguous(), ang.sin().contiguous()
+        tables = torch.arange(t * bpr, dtype=torch.int64).view(t, bpr).contiguous()
+        lens = torch.full((t,), a.ctx, dtype=torch.int64)
+        slots = (tables[:, (a.ctx - 1) // 16] * 16 + (a.ctx - 1) % 16).contiguous()
+        run = functools.partial(step_call, step, x0, (cos, sin, slots, lens, tables), a.threads)
+        report(f"step, {t} rows", alternate(run, libs, a.rounds))
+    qt = QuantType(int(head.qtype)) if head is not None else QuantType.Q8_0
+    n, k = head.shape if head is not None else (49152, 576)
+    parts = block_linear.Parts([block_linear.random_blocks(qt, n, k, np.random.default_rng(0))])
+    for t in a.rows:
+        x = torch.randn(t, k, generator=torch.Generator().manual_seed(t))
+        run = functools.partial(head_call, qt, parts, x, n, a.threads)
+        report(f"head {qt.name} [{n}, {k}], {t} rows", alternate(run, libs, a.rounds))
+
+
+if __name__ == "__main__":
+    main()

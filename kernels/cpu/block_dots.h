@@ -3,8 +3,9 @@
  * rows with the sums of every 16 codes: the minimum terms of Q4_1 / Q5_1), and Q5_K against
  * llama.cpp's Q8_K (per 256). `*_rows` dot one weight row with R activation rows (R = 1 ..
  * ROWS_MAX, a literal at each call so each count unrolls), its codes decoded once; each row's
- * arithmetic is the one-row dot's, in the same order, so its bits do not depend on R. AVX2 forms
- * (VNNI through quant_dots.h's dot_u8s8) and plain C ones for other CPUs. */
+ * arithmetic is the one-row dot's, in the same order, so its bits do not depend on R. `*_tile`
+ * (the 32-value types and Q8_0): the same dots over up to TILE_ROWS rows laid out as one tile.
+ * AVX2 forms (VNNI through quant_dots.h's dot_u8s8) and plain C ones for other CPUs. */
 #ifndef LOCALLLM_BLOCK_DOTS_H
 #define LOCALLLM_BLOCK_DOTS_H
 #include "quant_dots.h"

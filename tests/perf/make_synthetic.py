@@ -62,6 +62,8 @@ QWEN3MOE_30B = Shape(48, 2048, 32, 4, 128, 6144, 151936, 40960, 1e6, "qwen3moe",
                      qk_gain=4.0)  # fmt: skip
 SHAPES = {
     "llama3-8b": Shape(32, 4096, 32, 8, 128, 14336, 128256, 131072, 500000.0),
+    # Llama-3.2-1B's config.json: 16 layers, hidden 2048, 32 heads / 8 KV heads of 64, FFN 8192
+    "llama3-1b": Shape(16, 2048, 32, 8, 64, 8192, 128256, 131072, 500000.0),
     "qwen3moe-30b-a3b": QWEN3MOE_30B,
     # a small llama whose dims fit the 256-value K-quant blocks (tests)
     "tiny": Shape(2, 256, 4, 2, 64, 512, 49152, 2048, 10000.0),

@@ -62,7 +62,7 @@ def make(a) -> None:
             if name.rpartition(".")[2] not in TARGETS or len(shape) != 2:
                 continue
             rows, cols = shape
-            dt = np.float16 if a.dtype == "f16" else np.float32
+            dt = np.float16 if getattr(a, "dtype", "f32") == "f16" else np.float32
             a_ = (0.02 * rng.standard_normal((a.rank, cols))).astype(dt)
             b_ = (0.02 * rng.standard_normal((rows, a.rank))).astype(dt)
             w.add_tensor(f"{name}.weight.lora_a", a_)

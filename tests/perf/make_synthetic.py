@@ -4,13 +4,15 @@ Weights are random but valid ggml blocks (random codes, random nonzero scales si
 activations stay O(1)): Q8_0 through random int8 codes with an fp16 scale, Q4_K and Q6_K as raw
 random bytes with their fp16 scale fields overwritten (any byte pattern is a valid K-quant
 block). The mix follows llama.cpp's: `Q4_K_M` keeps attn_v/ffn_down of the "more bits" layers
-and the output head in Q6_K; for MoE shapes (`qwen3moe`) that rule covers ffn_down_exps too,
+and the output head in Q6_K (a tied head, `smollm3`'s, is token_embd: Q6_K then, no
+output.weight); for MoE shapes (`qwen3moe`) that rule covers ffn_down_exps too,
 the router (ffn_gate_inp) and norms stay F32 (llama.cpp's Q8_0 bump of attn_k/attn_v is for
 8-expert models only). The file is written tensor by tensor: memory holds one tensor at most.
 The tokenizer (its `tokenizer.*` keys) is copied from a source GGUF
 (SmolLM2 by default) and padded with control tokens up to the shape's vocabulary, so llama.cpp
-and localllm both load the file. `--text-head` zeroes the output head's rows of every token that is
-not text on its own (control and padding tokens, byte tokens of an incomplete UTF-8 sequence):
+and localllm both load the file. `--text-head` zeroes the output head's rows (a tied head's:
+the embedding's) of every token that is not text on its own (control and padding tokens, byte
+tokens of an incomplete UTF-8 sequence):
 their logit is exactly 0 while the ~45,000 others are random around 0, so greedy decoding never
 picks one and every server's output is valid UTF-8 (llama-server rejects a reply that is not:
 its chat-output parser runs on /v1/completions too, and answers HTTP 500).
@@ -18,6 +20,7 @@ its chat-output parser runs on /v1/completions too, and answers HTTP 500).
     python tests/perf/make_synthetic.py --shape llama3-8b --quant Q4_K_M -o /tmp/l8b-q4km.gguf \
         [--tokenizer-from PATH.gguf] [--seed 0] [--text-head]
     python tests/perf/make_synthetic.py --shape qwen3moe-30b-a3b -o /tmp/q3moe-q4km.gguf  # ~17 GiB
+    python tests/perf/make_synthetic.py --shape smollm3-3b -o /tmp/smollm3-q4km.gguf  # ~1.8 GiB
 """
 
 import argparse
@@ -53,6 +56,7 @@ class Shape:
     # real MoE shape routes like a trained model (see `_gain`); 1 for the tests' tiny shapes,
     # whose kernel comparisons want the old, gentler numbers
     qk_gain: float = 1.0
+    tied: bool = False  # the head is token_embd (no output.weight)
 
 
 # Qwen3-30B-A3B's config.json: 48 layers, hidden 2048, 32 heads / 4 KV heads of 128, 128 experts
@@ -65,6 +69,12 @@ SHAPES = {
     # Llama-3.2-1B's config.json: 16 layers, hidden 2048, 32 heads / 8 KV heads of 64, FFN 8192
     "llama3-1b": Shape(16, 2048, 32, 8, 64, 8192, 128256, 131072, 500000.0),
     "qwen3moe-30b-a3b": QWEN3MOE_30B,
+    # HuggingFaceTB/SmolLM3-3B's config.json: 36 layers, hidden 2048, 16 heads / 4 KV heads of
+    # 128, intermediate 11008, vocab 128256, rope_theta 5e6, max_position_embeddings 65536,
+    # rms_norm_eps 1e-6, tied embeddings; no rope on every 4th layer (the arch fixes that)
+    "smollm3-3b": Shape(
+        36, 2048, 16, 4, 128, 11008, 128256, 65536, 5e6, "smollm3", norm_eps=1e-6, tied=True
+    ),
     # a small llama whose dims fit the 256-value K-quant blocks (tests)
     "tiny": Shape(2, 256, 4, 2, 64, 512, 49152, 2048, 10000.0),
     # the same for qwen3moe: 8 experts of 256, top 2
@@ -131,7 +141,8 @@ def tensor_plan(shape: Shape, quant: str) -> list[tuple[str, Dims, QT]]:
     q_main = QT.Q8_0 if quant == "Q8_0" else QT.Q4_K
     q_more = QT.Q8_0 if quant == "Q8_0" else QT.Q6_K
     moe = s.n_expert > 0
-    out: list = [("token_embd.weight", (s.vocab, s.dim), q_main)]
+    # llama.cpp quantizes a tied embedding as the head it also is
+    out: list = [("token_embd.weight", (s.vocab, s.dim), q_more if s.tied else q_main)]
     for i in range(s.n_layers):
         p, more = f"blk.{i}.", q_more if _more_bits(i, s.n_layers) else q_main
         out += [
@@ -159,7 +170,9 @@ def tensor_plan(shape: Shape, quant: str) -> list[tuple[str, Dims, QT]]:
                 (p + "ffn_up.weight", (s.hidden, s.dim), q_main),
                 (p + "ffn_down.weight", (s.dim, s.hidden), more),
             ]
-    out += [("output_norm.weight", s.dim, QT.F32), ("output.weight", (s.vocab, s.dim), q_more)]
+    out += [("output_norm.weight", s.dim, QT.F32)]
+    if not s.tied:
+        out += [("output.weight", (s.vocab, s.dim), q_more)]
     return out
 
 
@@ -303,7 +316,8 @@ def write_synthetic(
     w.add_rope_freq_base(s.rope_base)
     w.add_rope_dimension_count(s.head_dim)
     w.add_vocab_size(s.vocab)
-    if s.arch != "llama" or s.head_dim * s.n_heads != s.dim:  # Qwen3's converter writes it
+    # Qwen3's converter writes them; Llama's and SmolLM3's only when heads don't span dim
+    if s.arch not in ("llama", "smollm3") or s.head_dim * s.n_heads != s.dim:
         w.add_key_length(s.head_dim)
         w.add_value_length(s.head_dim)
     if s.n_expert:
@@ -324,10 +338,11 @@ def write_synthetic(
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
     mute = ~_text_mask(tokenizer_from, s.vocab) if text_head else None
+    head = "token_embd.weight" if s.tied else "output.weight"
     total = 0
     for name, dims, qt in plan:
         data = _tensor_data(name, dims, qt, rng, s.qk_gain)
-        if mute is not None and name == "output.weight":
+        if mute is not None and name == head:
             data[mute] = 0  # all-zero blocks: scale 0, every weight 0
         total += data.nbytes
         w.write_tensor_data(data)

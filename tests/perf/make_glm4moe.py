@@ -133,27 +133,7 @@ def write(path: Path, s: Shape, quant: str, tokenizer_from: Path, seed: int = 0)
     w.add_uint32(f"{arch}.expert_group_used_count", 1)
     w.add_uint32(f"{arch}.nextn_predict_layers", 0)
     ms._copy_tokenizer(w, tokenizer_from, s.vocab)
-    plan = tensor_plan(s, quant)
-    for name, dims, qt in plan:
-        nbytes = ms.tensor_nbytes(dims, qt)
-        if qt == QT.F32:
-            shape = (dims,) if isinstance(dims, int) else dims
-            w.add_tensor_info(name, shape, np.dtype(np.float32), nbytes, QT.F32)
-        else:
-            block, per = ms._BLOCK[qt]
-            w.add_tensor_info(name, (*dims[:-1], dims[-1] // block * per), np.dtype(np.uint8),
-                              nbytes, qt)  # fmt: skip
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_ti_data_to_file()
-    total = 0
-    for name, dims, qt in plan:
-        data = _data(name, dims, qt, rng)
-        total += data.nbytes
-        w.write_tensor_data(data)
-        del data  # one tensor in memory at a time
-    w.close()
-    return total
+    return ms.write_plan(w, tensor_plan(s, quant), lambda n, d, q: _data(n, d, q, rng))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,7 +20,7 @@ from gguf import GGMLQuantizationType as QT
 from gguf import GGUFValueType as VT
 
 sys.path.insert(0, str(Path(__file__).parent))
-from make_synthetic import _BLOCK, _tensor_data, tensor_nbytes
+from make_synthetic import _BLOCK, _tensor_data, write_plan
 
 PLAN_KEYS = ("skeleton.tensor_names", "skeleton.tensor_types", "skeleton.tensor_dims")
 SKIP = ("GGUF.", "general.architecture", "skeleton.")
@@ -65,25 +65,8 @@ def grow(skeleton: Path, out: Path, seed: int = 0) -> int:
         plan.append((name, dims[0] if len(dims) == 1 else dims, qt))
     w = gguf.GGUFWriter(out, r.fields["general.architecture"].contents())
     _copy_fields(r, w)
-    for name, dims, qt in plan:
-        if qt == QT.F32:
-            shape = (dims,) if isinstance(dims, int) else dims
-            w.add_tensor_info(name, shape, np.dtype(np.float32), tensor_nbytes(dims, qt), QT.F32)
-        else:
-            block, nbytes = _BLOCK[qt]
-            byte_shape = (*dims[:-1], dims[-1] // block * nbytes)
-            w.add_tensor_info(name, byte_shape, np.dtype(np.uint8), tensor_nbytes(dims, qt), qt)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_ti_data_to_file()
-    rng, total = np.random.default_rng(seed), 0
-    for name, dims, qt in plan:
-        data = _tensor_data(name, dims, qt, rng)
-        total += data.nbytes
-        w.write_tensor_data(data)
-        del data  # one tensor in memory at a time
-    w.close()
-    return total
+    rng = np.random.default_rng(seed)
+    return write_plan(w, plan, lambda name, dims, qt: _tensor_data(name, dims, qt, rng))
 
 
 def main(argv: list[str] | None = None) -> int:

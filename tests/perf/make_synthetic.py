@@ -27,6 +27,7 @@ import argparse
 import dataclasses
 import math
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -325,11 +326,27 @@ def write_synthetic(
         w.add_expert_used_count(s.n_used)
         w.add_expert_feed_forward_length(s.expert_ff)
     _copy_tokenizer(w, tokenizer_from, s.vocab)
-    plan = tensor_plan(s, quant)
+    mute = ~_text_mask(tokenizer_from, s.vocab) if text_head else None
+    head = "token_embd.weight" if s.tied else "output.weight"
+
+    def data(name: str, dims: Dims, qt: QT) -> np.ndarray:
+        out = _tensor_data(name, dims, qt, rng, s.qk_gain)
+        if mute is not None and name == head:
+            out[mute] = 0  # all-zero blocks: scale 0, every weight 0
+        return out
+
+    return write_plan(w, tensor_plan(s, quant), data)
+
+
+def write_plan(w: gguf.GGUFWriter, plan: list[tuple[str, Dims, QT]],
+               data: Callable[[str, Dims, QT], np.ndarray]) -> int:  # fmt: skip
+    """Every tensor of `plan` (name, logical dims, type) into `w` (its fields already added):
+    the tensor infos, then each tensor's bytes from `data`, one tensor in memory at a time;
+    closes `w` and returns the tensor bytes written."""
     for name, dims, qt in plan:
         if qt == QT.F32:
-            shape_ = (dims,) if isinstance(dims, int) else dims
-            w.add_tensor_info(name, shape_, np.dtype(np.float32), tensor_nbytes(dims, qt), QT.F32)
+            shape = (dims,) if isinstance(dims, int) else dims
+            w.add_tensor_info(name, shape, np.dtype(np.float32), tensor_nbytes(dims, qt), QT.F32)
         else:
             block, nbytes = _BLOCK[qt]
             byte_shape = (*dims[:-1], dims[-1] // block * nbytes)
@@ -337,16 +354,12 @@ def write_synthetic(
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
-    mute = ~_text_mask(tokenizer_from, s.vocab) if text_head else None
-    head = "token_embd.weight" if s.tied else "output.weight"
     total = 0
     for name, dims, qt in plan:
-        data = _tensor_data(name, dims, qt, rng, s.qk_gain)
-        if mute is not None and name == head:
-            data[mute] = 0  # all-zero blocks: scale 0, every weight 0
-        total += data.nbytes
-        w.write_tensor_data(data)
-        del data  # one tensor in memory at a time
+        out = data(name, dims, qt)
+        total += out.nbytes
+        w.write_tensor_data(out)
+        del out
     w.close()
     return total
 

@@ -184,8 +184,7 @@ def split_step(batch: BatchMeta, model: nn.Module) -> tuple | None:
         return None
     qs, lens = batch.query_start, batch.seq_lens
     dec = [b for b in range(len(lens)) if qs[b + 1] - qs[b] == 1 and lens[b] >= 2]
-    rest = [b for b in range(len(lens)) if qs[b + 1] - qs[b] > 1 or (qs[b + 1] > qs[b]
-                                                                      and lens[b] < 2)]  # fmt: skip
+    rest = [b for b in range(len(lens)) if qs[b + 1] > qs[b] and b not in dec]
     if not dec or not rest or len(dec) > MAX_ROWS:
         return None
     drows = [qs[b] for b in dec]

@@ -13,8 +13,10 @@ does not use an adapter multiplies that adapter's columns by exactly 0, so its o
 it has alone. A step with no row on an adapter skips the deltas (the base alone, exactly); the
 CUDA graphs key their captures by that (`LoraContext.active`), so a graph of such steps holds no
 LoRA work at all. On CUDA, up to `triton_lora.MAX_ROWS` rows run the two triton kernels of
-`kernels.fused.triton_lora` per module (shrink, expand into every part) on float16 weights;
-longer steps (prompts) and CPU run the torch ops below.
+`kernels.fused.triton_lora` per module (a split-K shrink with atomics into the module's scratch,
+an expand into every part that leaves the scratch at zero) on float16 weights; longer steps
+(prompts) and CPU run the torch ops below. `SCHEME = "split"` selects the first kernels
+(`triton_lora_split`, looped partial sums) for A/B benches.
 `reference_delta` is the plain per-adapter formula the tests compare with.
 """
 
@@ -22,7 +24,7 @@ import logging
 
 import torch
 
-from localllm.kernels.fused.lora_delta import LoraPart
+from localllm.kernels.fused.lora_delta import LoraPart, scratch
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +32,7 @@ log = logging.getLogger(__name__)
 MIN_ROWS = 2048
 CUDA_DTYPE = torch.float16  # adapter weights on CUDA: half the bytes a decode step reads
 KERNELS = True  # the triton kernels on CUDA (False: the torch ops; an A/B switch for benches)
+SCHEME = "atomic"  # which kernels: "atomic" (triton_lora) or "split" (triton_lora_split, A/B)
 
 
 class LoraContext:
@@ -124,6 +127,8 @@ class LoraDelta:
             first += a.shape[0]
         self.kparts = [LoraPart(lo, hi, b_t) for _, lo, hi, b_t in self.b]
         self.whole = len(self.b) == 1 and first == self.b[0][2] - self.b[0][1]
+        # the kernels' t accumulator, made here: never inside a CUDA-graph capture
+        self.scratch = scratch(first, ctx.device) if cuda else None
         self.offsets = [0]
         for _, b, _ in parts:
             self.offsets.append(self.offsets[-1] + b.shape[0])
@@ -150,8 +155,14 @@ class LoraDelta:
 
         if not triton_lora.usable(x, self.kparts, ys):
             return False
+        w = self.ctx.buffers[self.sig]
         try:
-            triton_lora.shrink_expand(x, self.a, self.ctx.buffers[self.sig], self.kparts, ys)
+            if SCHEME == "split":
+                from localllm.kernels.fused import triton_lora_split
+
+                triton_lora_split.shrink_expand(x, self.a, w, self.kparts, ys)
+            else:
+                triton_lora.shrink_expand(x, self.a, w, self.kparts, ys, self.scratch)
         except Exception as e:  # a compile failure: the torch ops from now on, said once
             if torch.cuda.is_current_stream_capturing():
                 raise

@@ -6,12 +6,16 @@ stacked A at once, scale each column by its row's adapter factor, expand into ea
     y_p += t[:, lo_p:hi_p] @ Bt_p    Bt_p [hi_p - lo_p, out_p]: part p's B.T (times its scaling)
 
 One part per output of the linear (q, k, v of a fused attention input; gate, up; or one). A part
-whose columns no adapter has is left out by the caller.
+whose columns no adapter has is left out by the caller. `scratch` is the per-module buffer pair
+the CUDA kernels accumulate t in (allocated here, with torch alone, at load: never inside a
+CUDA-graph capture).
 """
 
 from dataclasses import dataclass
 
 import torch
+
+KERNEL_ROWS = 64  # token rows the triton kernels take (`triton_lora.MAX_ROWS`); more: torch ops
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,3 +36,10 @@ def shrink_expand_reference(
     t = (x.float() @ a.float().T) * w[: x.shape[0]].float()
     for part, y in zip(parts, ys, strict=True):
         y += (t[:, part.lo : part.hi] @ part.b_t.float()).to(y.dtype)
+
+
+def scratch(r: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The zeroed (t [KERNEL_ROWS, r] float32, counter [1] int32) one module's kernel calls
+    share; `triton_lora` leaves both at zero after every call (CUDA graphs replay them as is)."""
+    t = torch.zeros(KERNEL_ROWS, max(r, 1), dtype=torch.float32, device=device)
+    return t, torch.zeros(1, dtype=torch.int32, device=device)

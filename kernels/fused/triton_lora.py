@@ -1,12 +1,21 @@
-"""Triton kernels of `lora_delta`: a (fused) linear's LoRA delta for a few rows in two launches,
-whatever the number of adapters and output parts (CUDA; or CPU tensors under TRITON_INTERPRET=1).
+"""Triton kernels of `lora_delta`: a (fused) linear's LoRA delta for a few rows in two short
+launches, whatever the number of adapters and output parts (CUDA; or CPU tensors under
+TRITON_INTERPRET=1).
 
-`_shrink`: programs over (slice of `in`, block of the stacked A's rows) write partial sums
-[splits, T, R] of x @ A_all.T (no atomics: nothing to zero first). `_expand`: programs over (block
-of output columns, part) sum the partials of their part's columns, scale them by W and add
-t @ B.T into that part's output in place. The torch path of `engine.lora` took 3 + parts ops per
-linear (cuBLAS, no PDL); these are two PDL kernels, which read their weights before waiting.
-Float32 math on float16/float32 weights, as the reference.
+At decode both kernels are latency-bound (the adapters are ~2 % of the base's bytes), so each
+program does one tile and no loop of dependent loads:
+
+- `_shrink`: programs over (BK columns of `in`, BR rows of the stacked A) compute their slice of
+  x @ A_all.T, scale it by W (row t's factor per column) and add it with float32 atomics into a
+  per-module scratch t [rows, R] that the previous call left at zero.
+- `_expand`: programs over (block of output columns, part) read their part's columns of t once
+  and add t @ B.T into that part's output in place; the last program to finish (an atomic
+  counter) zeroes t and the counter for the next call, so no memset launch is needed.
+
+One row (single-stream decode) runs broadcast products instead of `tl.dot` (whose tiles pad the
+rows to 16). Float32 math on float16/float32 weights, as the reference; the atomics' order makes
+t's last bit vary run to run (a row on no adapter still adds exactly 0).
+`triton_lora_split` holds the first scheme (looped split-K partials), kept for A/B.
 """
 
 import torch
@@ -14,13 +23,13 @@ import triton
 import triton.language as tl
 
 from localllm.kernels import pdl
-from localllm.kernels.fused.lora_delta import LoraPart
+from localllm.kernels.fused.lora_delta import KERNEL_ROWS, LoraPart
 
-MAX_ROWS = 64  # token rows the kernels take (decode steps); more: the torch path
+MAX_ROWS = KERNEL_ROWS  # token rows the kernels take (decode steps); more: the torch path
 MAX_PARTS = 3  # output parts one expand launch writes (q, k, v)
 MAX_RANK = 256  # columns of one part (the sum of its adapters' ranks) one program holds
-BK = 64  # columns of `in` per shrink step
-SPLIT = 512  # columns of `in` per shrink program
+BK = 128  # columns of `in` per shrink program (K=4096: 32 programs per block of A's rows)
+ZR = 64  # columns of t the resetting program zeroes per store
 
 
 def usable(x: torch.Tensor, parts: list[LoraPart], ys: list[torch.Tensor]) -> bool:
@@ -35,38 +44,36 @@ def usable(x: torch.Tensor, parts: list[LoraPart], ys: list[torch.Tensor]) -> bo
 
 
 @triton.jit
-def _shrink(x_ptr, sx, a_ptr, p_ptr, T, K, R, BT: tl.constexpr, BR: tl.constexpr,
-            BK: tl.constexpr, SPLIT: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
-    s = tl.program_id(0)
+def _shrink(x_ptr, sx, a_ptr, w_ptr, sw, t_ptr, T, K, R, BT: tl.constexpr, BR: tl.constexpr,
+            BK: tl.constexpr, DOT: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
+    k = tl.program_id(0) * BK + tl.arange(0, BK)
     r = tl.program_id(1) * BR + tl.arange(0, BR)
+    km = k < K
     rm = r < R
+    pdl.gdc_begin(PDL)
+    # A is a weight: read before waiting for the kernel that made x
+    am = rm[:, None] & km[None, :]
+    a = tl.load(a_ptr + r[:, None].to(tl.int64) * K + k[None, :], mask=am, other=0.0)
+    a = a.to(tl.float32)
+    pdl.gdc_wait(PDL)
     rows = tl.arange(0, BT)
     tm = rows < T
-    pdl.gdc_begin(PDL)
-    k0 = s * SPLIT
-    kk = tl.arange(0, BK)
-    # the first A block is a weight: read before waiting for the kernel that made x
-    am = rm[:, None] & ((k0 + kk) < K)[None, :]
-    a = tl.load(a_ptr + r[:, None].to(tl.int64) * K + (k0 + kk)[None, :], mask=am, other=0.0)
-    pdl.gdc_wait(PDL)
-    acc = tl.zeros((BT, BR), dtype=tl.float32)
-    for j in range(0, SPLIT, BK):
-        k = k0 + j + kk
-        km = k < K
-        xb = tl.load(x_ptr + rows[:, None] * sx + k[None, :], mask=tm[:, None] & km[None, :],
-                     other=0.0)  # fmt: skip
-        if j > 0:
-            am = rm[:, None] & km[None, :]
-            a = tl.load(a_ptr + r[:, None].to(tl.int64) * K + k[None, :], mask=am, other=0.0)
-        acc += tl.dot(xb.to(tl.float32), tl.trans(a.to(tl.float32)), input_precision="ieee")
-    out = p_ptr + (s * T + rows[:, None]) * R + r[None, :]
-    tl.store(out, acc, mask=tm[:, None] & rm[None, :])
+    xb = tl.load(x_ptr + rows[:, None] * sx + k[None, :], mask=tm[:, None] & km[None, :],
+                 other=0.0).to(tl.float32)  # fmt: skip
+    if DOT:
+        acc = tl.dot(xb, tl.trans(a), input_precision="ieee")
+    else:  # one row: [1, BR, BK] products, no padding to 16 rows
+        acc = tl.sum(xb[:, None, :] * a[None, :, :], axis=2)
+    m = tm[:, None] & rm[None, :]
+    acc *= tl.load(w_ptr + rows[:, None] * sw + r[None, :], mask=m, other=0.0)
+    tl.atomic_add(t_ptr + rows[:, None] * R + r[None, :], acc, mask=m, sem="relaxed")
 
 
 @triton.jit
-def _expand(p_ptr, splits, w_ptr, sw, T, R,
+def _expand(t_ptr, cnt_ptr, T, R,
             y0, y1, y2, b0, b1, b2, sy0, sy1, sy2, n0, n1, n2, lo0, lo1, lo2, r0, r1, r2,
-            BT: tl.constexpr, BR: tl.constexpr, BN: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
+            BT: tl.constexpr, BR: tl.constexpr, BN: tl.constexpr, DOT: tl.constexpr,
+            ZR: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
     part = tl.program_id(1)
     # pointers of one type per name across the branches; the integers chosen arithmetically
     if part == 0:
@@ -84,22 +91,36 @@ def _expand(p_ptr, splits, w_ptr, sw, T, R,
     cm = cols < n
     rr = tl.arange(0, BR)
     rm = rr < rank
-    bm = rm[:, None] & cm[None, :]
-    bt = tl.load(b + rr[:, None] * n + cols[None, :], mask=bm, other=0.0).to(tl.float32)
+    bt = tl.load(b + rr[:, None] * n + cols[None, :], mask=rm[:, None] & cm[None, :], other=0.0)
+    bt = bt.to(tl.float32)
     pdl.gdc_wait(PDL)
     rows = tl.arange(0, BT)
     tm = rows < T
-    tmask = tm[:, None] & rm[None, :]
-    t = tl.zeros((BT, BR), dtype=tl.float32)
-    for s in range(splits):
-        t += tl.load(p_ptr + (s * T + rows[:, None]) * R + (lo + rr)[None, :], mask=tmask,
-                     other=0.0)  # fmt: skip
-    t *= tl.load(w_ptr + rows[:, None] * sw + (lo + rr)[None, :], mask=tmask, other=0.0)
-    d = tl.dot(t, bt, input_precision="ieee")
+    t = tl.load(t_ptr + rows[:, None] * R + (lo + rr)[None, :], mask=tm[:, None] & rm[None, :],
+                other=0.0)  # fmt: skip
+    if DOT:
+        d = tl.dot(t, bt, input_precision="ieee")
+    else:
+        d = tl.sum(t[:, :, None] * bt[None, :, :], axis=1)
     ym = tm[:, None] & cm[None, :]
     yp = y + rows[:, None] * sy + cols[None, :]
     old = tl.load(yp, mask=ym, other=0.0)
     tl.store(yp, (old.to(tl.float32) + d).to(old.dtype), mask=ym)
+    # every thread's reads of t are done before this program counts itself finished
+    tl.debug_barrier()
+    done = tl.atomic_add(cnt_ptr, 1, sem="acq_rel")
+    if done == tl.num_programs(0) * tl.num_programs(1) - 1:  # the last one: reset for next call
+        for c0 in range(0, R, ZR):
+            zc = c0 + tl.arange(0, ZR)
+            zm = tm[:, None] & (zc < R)[None, :]
+            tl.store(t_ptr + rows[:, None] * R + zc[None, :], tl.zeros((BT, ZR), tl.float32),
+                     mask=zm)  # fmt: skip
+        tl.atomic_xchg(cnt_ptr, 0, sem="relaxed")
+
+
+def _rows(t: int) -> tuple[int, bool]:
+    """(row tile, whether tl.dot runs): one row alone, else a tl.dot tile of at least 16."""
+    return (1, False) if t == 1 else (max(16, triton.next_power_of_2(t)), True)
 
 
 def _pow2(n: int, least: int = 16) -> int:
@@ -107,19 +128,21 @@ def _pow2(n: int, least: int = 16) -> int:
 
 
 def shrink_expand(x: torch.Tensor, a: torch.Tensor, w: torch.Tensor, parts: list[LoraPart],
-                  ys: list[torch.Tensor]) -> None:  # fmt: skip
+                  ys: list[torch.Tensor], scratch: tuple) -> None:  # fmt: skip
     """`lora_delta.shrink_expand_reference` in two launches (`usable` must hold): ys[p] += part
-    p's delta in place. a [R, in] contiguous; w [rows >= T, R] with unit column stride."""
+    p's delta in place. a [R, in] contiguous; w [rows >= T, R] with unit column stride;
+    `scratch`: this module's `lora_delta.scratch(R, device)` (zero between calls)."""
     t, k = x.shape
     r = a.shape[0]
-    splits = triton.cdiv(k, SPLIT)
-    partial = torch.empty(splits, t, r, dtype=torch.float32, device=x.device)
-    bt = _pow2(t)
+    acc, count = scratch
+    if acc.shape[1] != r or acc.shape[0] < t:
+        raise ValueError(f"LoRA scratch {tuple(acc.shape)} does not fit {t} rows of rank {r}")
+    bt, dot = _rows(t)
     on = pdl.enabled(x)
     br = 64 if r > 32 else _pow2(r)
-    _shrink[(splits, triton.cdiv(r, br))](
-        x, x.stride(0), a, partial, t, k, r, BT=bt, BR=br, BK=BK, SPLIT=SPLIT, num_warps=4,
-        **pdl.launch_options(on),
+    _shrink[(triton.cdiv(k, BK), triton.cdiv(r, br))](
+        x, x.stride(0), a, w, w.stride(0), acc, t, k, r, BT=bt, BR=br, BK=BK, DOT=dot,
+        num_warps=4, **pdl.launch_options(on),
     )  # fmt: skip
     pad = [*parts, *[parts[0]] * (MAX_PARTS - len(parts))]
     ypad = [*ys, *[ys[0]] * (MAX_PARTS - len(ys))]
@@ -127,8 +150,8 @@ def shrink_expand(x: torch.Tensor, a: torch.Tensor, w: torch.Tensor, parts: list
     bn = 64 if rank <= 64 else 32
     n_max = max(p.b_t.shape[1] for p in parts)
     _expand[(triton.cdiv(n_max, bn), len(parts))](
-        partial, splits, w, w.stride(0), t, r,
+        acc, count, t, r,
         *ypad, *(p.b_t for p in pad), *(y.stride(0) for y in ypad),
         *(p.b_t.shape[1] for p in pad), *(p.lo for p in pad), *(p.hi - p.lo for p in pad),
-        BT=bt, BR=rank, BN=bn, num_warps=4, **pdl.launch_options(on),
+        BT=bt, BR=rank, BN=bn, DOT=dot, ZR=ZR, num_warps=4, **pdl.launch_options(on),
     )  # fmt: skip

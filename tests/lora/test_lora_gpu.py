@@ -82,27 +82,37 @@ def test_greedy_and_mixed_batches_on_cuda():
             _near_tie(ref, prompt, c, list(o.outputs[0].token_ids), t)  # mixed against alone
 
 
+@pytest.mark.parametrize("scheme", ["atomic", "split"])
+@pytest.mark.parametrize("rows", [1, 5])
 @torch.inference_mode()
-def test_kernels_equal_the_torch_ops(monkeypatch):
-    """A 5-row step with rows on different adapters (and one on none): the triton kernels
-    (shrink, expand into q/k/v, gate/up, ...) give the torch ops' logits."""
+def test_kernels_equal_the_torch_ops(monkeypatch, rows, scheme):
+    """A step with rows on different adapters (and one on none; or one row on two adapters, the
+    kernels' broadcast path): the triton kernels of either scheme (shrink, expand into q/k/v,
+    gate/up, ...) give the torch ops' logits, and leave every module's scratch at zero."""
+    monkeypatch.setattr(delta, "SCHEME", scheme)
     model = _build("llama.gguf", SPECS, "cuda")
-    tokens = ids(5, seed=3)
-    model.lora.set_rows([(c, 1) for c in CHOICES] + [(CHOICES[0], 1)])
+    tokens = ids(rows, seed=3)
+    choices = [(c, 1) for c in CHOICES] + [(CHOICES[0], 1)] if rows > 1 else [(CHOICES[2], 1)]
+    model.lora.set_rows(choices)
 
     def run():
         layers, kvh, hd = model.kv_shape()
         kv = PagedKVCache(layers, 1, 16, kvh, hd, "f16", "cuda")
-        b = BatchMeta.contiguous(5, 5, 16)
+        b = BatchMeta.contiguous(rows, rows, 16)
         b = dataclasses.replace(b, slot_mapping=b.slot_mapping.to("cuda"))
-        h = model(torch.tensor(tokens, device="cuda"), torch.arange(5, device="cuda"), b, kv)
+        h = model(torch.tensor(tokens, device="cuda"), torch.arange(rows, device="cuda"), b, kv)
         return model.logits(h).float().cpu()
 
     got = run()
     assert delta.KERNELS  # not switched off by a kernel failure (then both runs are torch ops)
+    deltas = [m.lora for m in model.modules() if getattr(m, "lora", None) is not None
+              and isinstance(m.lora, delta.LoraDelta)]  # fmt: skip
+    assert deltas and all(not d.scratch[0].any() and d.scratch[1].item() == 0 for d in deltas)
+    again = run()
+    assert (again - got).abs().max().item() < 1e-3  # the scratch was clean for the second step
     monkeypatch.setattr(delta, "KERNELS", False)
     want = run()
     assert (got - want).abs().max().item() < GPU_TOL
-    model.lora.set_rows([((), 5)])
+    model.lora.set_rows([((), rows)])
     base = run()
     assert (got - base).abs().max().item() > 5 * GPU_TOL  # the adapters really act

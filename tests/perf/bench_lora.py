@@ -5,11 +5,15 @@ Not a test.
 
     python tests/perf/bench_lora.py make --model BASE.gguf --out DIR [--rank 16 --count 4]
     python tests/perf/bench_lora.py ab --model BASE.gguf --dir DIR [--rounds 3 -n 32 -t 2]
+        [--cases "base;1 adapter;1 adapter, split kernels"]
     python tests/perf/bench_lora.py delta --model BASE.gguf --dir DIR [--rounds 6 -n 32]
     python tests/perf/bench_lora.py llamacpp --server llama-server --model BASE.gguf --dir DIR
 
 `ab` is what a user sees (a base without adapters takes the native CPU decode step, which a
-model with adapters hung on leaves for the torch layers); `delta` is the deltas alone: one
+model with adapters hung on leaves for the torch layers; on CUDA it adds the adapters through
+the torch ops and through the first, split-K-loop kernels, `engine.lora.delta.SCHEME =
+"split"`: the A/B of the kernel schemes, each case its own process, alternated round by round;
+`--cases` picks some); `delta` is the deltas alone: one
 process, one model with 1 (then 4) adapters hung on, decode steps alternating between no row on
 an adapter (the deltas skipped) and every row on all of them.
 
@@ -32,14 +36,26 @@ from pathlib import Path
 TARGETS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 # case -> (adapters loaded, their scale): "4 at scale 0" are hung on but no row uses them
 CASES = {"base": (0, 1.0), "1 adapter": (1, 1.0), "4 adapters": (4, 1.0), "4 at scale 0": (4, 0.0)}
-# `ab` only: the same adapters through the torch ops instead of the CUDA kernels (the A/B of
-# engine/lora/delta.py's KERNELS switch; on CPU the two are the same path)
-TORCH_CASES = {"1 adapter, torch ops": (1, 1.0)}
-# `localllm bench` with the LoRA kernels switched off, in its own process
-TORCH_OPS = (
-    "import runpy, sys; import localllm.engine.lora.delta as d; d.KERNELS = False; "
+# `ab` on CUDA only: the same adapters through the torch ops instead of the kernels (the A/B of
+# engine/lora/delta.py's KERNELS switch) and through the first kernels (its SCHEME switch)
+GPU_CASES = {
+    "1 adapter, torch ops": (1, 1.0),
+    "1 adapter, split kernels": (1, 1.0),
+    "4 adapters, split kernels": (4, 1.0),
+}
+# `localllm bench` with engine/lora/delta.py's module switches set, in its own process
+SWITCHED = (
+    "import runpy, sys; import localllm.engine.lora.delta as d; {}; "
     "sys.argv[0] = 'localllm'; runpy.run_module('localllm.app', run_name='__main__')"
 )
+
+
+def _launcher(case: str) -> list[str]:
+    if "torch ops" in case:
+        return ["-c", SWITCHED.format("d.KERNELS = False")]
+    if "split kernels" in case:
+        return ["-c", SWITCHED.format("d.SCHEME = 'split'")]
+    return ["-m", "localllm.app"]
 
 
 def make(a) -> None:
@@ -79,14 +95,19 @@ def _adapters(a, n: int) -> list[str]:
 
 
 def ab(a) -> None:
-    cases = {**CASES, **(TORCH_CASES if a.device != "cpu" else {})}
+    cases = {**CASES, **(GPU_CASES if a.device != "cpu" else {})}
+    if a.cases:
+        picked = [c.strip() for c in a.cases.split(";")]
+        bad = [c for c in picked if c not in cases]
+        if bad:
+            raise SystemExit(f"unknown --cases {bad}; known: {list(cases)}")
+        cases = {c: cases[c] for c in picked}
     rows: dict[str, list[float]] = {c: [] for c in cases}
     for r in range(a.rounds):
         for case, (n, scale) in cases.items():
-            run = ["-c", TORCH_OPS] if case in TORCH_CASES else ["-m", "localllm.app"]
             cmd = [
                 sys.executable,
-                *run,
+                *_launcher(case),
                 "bench",
                 "-m",
                 a.model,
@@ -108,13 +129,14 @@ def ab(a) -> None:
             ts = json.loads(out)[0]["samples_ts"]
             rows[case] += ts
             print(f"round {r + 1} {case}: {statistics.fmean(ts):.2f} t/s", file=sys.stderr)
-    base = statistics.median(rows["base"])
-    print(f"| case | tg{a.n_gen} t/s (median of {len(rows['base'])}) | range | overhead |")
+    base = statistics.median(rows["base"]) if "base" in rows else None
+    n_runs = len(next(iter(rows.values())))
+    print(f"| case | tg{a.n_gen} t/s (median of {n_runs}) | range | overhead |")
     print("| --- | ---: | ---: | ---: |")
     for case, ts in rows.items():
         med = statistics.median(ts)
-        over = 100 * (base / med - 1)  # extra time per token
-        print(f"| {case} | {med:.2f} | {min(ts):.2f}-{max(ts):.2f} | {over:+.1f} % |")
+        over = f"{100 * (base / med - 1):+.1f} %" if base else "-"  # extra time per token
+        print(f"| {case} | {med:.2f} | {min(ts):.2f}-{max(ts):.2f} | {over} |")
 
 
 def delta(a) -> None:
@@ -250,6 +272,7 @@ def main() -> None:
         s.add_argument("--server", default=".llb/bin/llama-server")
         s.add_argument("--port", type=int, default=8391)
         s.add_argument("--log-dir", default=None, help="llama-server's output per case (llamacpp)")
+        s.add_argument("--cases", default=None, help="ab: the cases to run, ';'-separated")
     a = ap.parse_args()
     {"make": make, "ab": ab, "delta": delta, "llamacpp": llamacpp}[a.cmd](a)
 

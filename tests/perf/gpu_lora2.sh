@@ -1,72 +1,71 @@
 #!/usr/bin/env bash
-# One device call (~5 min on an H100/H200), issue 36: the LoRA GPU tests (tests/lora/test_lora_gpu.py,
-# the triton shrink/expand kernels against their torch reference in tests/kernels/test_lora_kernels.py)
-# and MoE residency of a Hugging Face folder on CUDA (tests/engine/test_hf_moe_residency_gpu.py),
-# then decode with 0, 1 and 4 rank-16 adapters on the Llama-3-8B-shaped Q4_K_M, ours (`localllm
-# bench`, the triton LoRA kernels) next to llama.cpp's CUDA build with the very same GGUF LoRA files
-# (tests/perf/bench_llamacpp_lora.py: a small C program on its libllama, llama_adapter_lora_init +
-# llama_set_adapters_lora, built here against the carried headers), cases alternated. Last, one
-# llama-server request on the same random-weight model, its answer kept: the HTTP 500 of the
-# earlier run (llama-server's output parser rejects a random model's malformed UTF-8; no LoRA involved).
-# Prepare here first: `bash tests/perf/h200_prepare.sh` (.whl, .refbuild/smollm2-tok.gguf, and the
-# llama.cpp tree in .refbuild/llama.cpp for its headers) and the CUDA build in .llb
-# (gpu_build_llamacpp.sh); carry [".whl", ".refbuild/smollm2-tok.gguf", ".llb",
-# ".refbuild/llama.cpp/include", ".refbuild/llama.cpp/ggml/include"].
-# $OUT collects pytest.log, compare.md, compare.err, server.json and llama-server.log.
+# One device call (~4-5 min on an H100/H200), issue 36, LoRA decode overhead on CUDA:
+#  1. the LoRA GPU tests: tests/kernels/test_lora_kernels.py (both kernel schemes against their torch
+#     reference) and tests/lora/test_lora_gpu.py (logits, greedy and mixed batches with graphs,
+#     kernels of either scheme against the torch ops);
+#  2. decode on the Llama-3-8B-shaped Q4_K_M with 0, 1 and 4 rank-16 f16 adapters (`bench_lora.py
+#     make --dtype f16`: convert_lora_to_gguf.py's default type), ours (`localllm bench`, default
+#     kernels) next to llama.cpp's CUDA build with the very same files (bench_llamacpp_lora.py: a
+#     small C program on its libllama, llama_adapter_lora_init + llama_set_adapters_lora);
+#  3. the A/B of our kernel schemes, `bench_lora.py ab` (each case its own `localllm bench`
+#     process, alternated): base, 1 and 4 adapters with the default (atomic split-K) kernels and
+#     with the first ones (engine.lora.delta.SCHEME = "split").
+# Prepare here first: `bash tests/perf/h200_prepare.sh` (.whl, .refbuild/smollm2-tok.gguf, the
+# llama.cpp tree in .refbuild/llama.cpp for its headers) and a llama.cpp CUDA build holding
+# libllama in .serve2 or .llb (gpu_build_llamacpp.sh); run from the repository root carrying
+# [".whl", ".refbuild/smollm2-tok.gguf", ".serve2", ".refbuild/llama.cpp/include",
+#  ".refbuild/llama.cpp/ggml/include"] (or ".llb" instead of ".serve2").
+# $OUT collects pytest.log, compare.md/.err, ab.md/.err and summary.md (also printed last).
 set -u
 export PYTHONUNBUFFERED=1 PYTHONSAFEPATH=1
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
+T0=$(date +%s)
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
 ln -sfn "$PWD" /tmp/site/localllm
 export PYTHONPATH=/tmp/site:$PWD
 python3 -c "import llguidance, gguf" || { echo "carry .whl with llguidance and gguf"; exit 1; }
 [ -f .refbuild/llama.cpp/include/llama.h ] || { echo "carry .refbuild/llama.cpp/include"; exit 1; }
-[ -d .llb ] || { echo "carry .llb (gpu_build_llamacpp.sh)"; exit 1; }
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+LLB=.serve2
+[ -d "$LLB" ] || LLB=.llb
+[ -d "$LLB" ] || { echo "carry .serve2 or .llb (a llama.cpp CUDA build with libllama)"; exit 1; }
+GPU=$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | head -1)
+VER=$(python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)")
+echo "$GPU / $VER"
 date -u
-mkdir -p /tmp/llb && cat .llb/llb.part.* | xz -d | tar x -C /tmp/llb
+mkdir -p /tmp/llb && cat "$LLB"/llb.part.* | xz -d | tar x -C /tmp/llb
 python3 tests/perf/make_synthetic.py --shape llama3-8b --quant Q4_K_M -o /tmp/q4km.gguf \
   --tokenizer-from .refbuild/smollm2-tok.gguf >/tmp/make.log 2>&1 &
 GEN=$!
-timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/lora/test_lora_gpu.py \
-  tests/kernels/test_lora_kernels.py tests/engine/test_hf_moe_residency_gpu.py 2>&1 \
-  | tee "$OUT/pytest.log" | grep -v "^\." | tail -25
+timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_lora_kernels.py \
+  tests/lora/test_lora_gpu.py 2>&1 | tee "$OUT/pytest.log" | grep -v "^\." | tail -25
 wait $GEN || { tail -5 /tmp/make.log; exit 1; }
 date -u
-# llama.cpp's adapter format, f32 A and B (what convert_lora_to_gguf.py writes; both engines read it)
-python3 tests/perf/bench_lora.py make --model /tmp/q4km.gguf --out /tmp/loras --rank 16 --count 4
-LD_LIBRARY_PATH=/tmp/llb/bin timeout 240 python3 tests/perf/bench_llamacpp_lora.py run --model /tmp/q4km.gguf --dir /tmp/loras \
-  --llama-cpp .refbuild/llama.cpp --lib /tmp/llb/bin --device cuda -n 128 --reps 3 --rounds 1 \
-  >"$OUT/compare.md" 2>"$OUT/compare.err"
-cat "$OUT/compare.md"; tail -3 "$OUT/compare.err"
+python3 tests/perf/bench_lora.py make --model /tmp/q4km.gguf --out /tmp/loras --rank 16 --count 4 \
+  --dtype f16 >/dev/null
+LD_LIBRARY_PATH=/tmp/llb/bin timeout 120 python3 tests/perf/bench_llamacpp_lora.py run \
+  --model /tmp/q4km.gguf --dir /tmp/loras --llama-cpp .refbuild/llama.cpp --lib /tmp/llb/bin \
+  --device cuda -n 128 --reps 3 --rounds 1 >"$OUT/compare.md" 2>"$OUT/compare.err"
+tail -3 "$OUT/compare.err"
 date -u
-# the earlier HTTP 500, its body kept: one plain /completion, no adapter
-LD_LIBRARY_PATH=/tmp/llb/bin /tmp/llb/bin/llama-server -m /tmp/q4km.gguf -ngl 99 -c 512 -np 1 \
-  --port 8392 >"$OUT/llama-server.log" 2>&1 &
-SRV=$!
-timeout 60 python3 - "$OUT/server.json" <<'EOF'
-import json, sys, time, urllib.error, urllib.request
-url = "http://127.0.0.1:8392"
-for _ in range(100):
-    try:
-        urllib.request.urlopen(url + "/health", timeout=1)
-        break
-    except OSError:
-        time.sleep(0.5)
-body = {"prompt": "The capital of France is", "n_predict": 64, "temperature": 0,
-        "ignore_eos": True, "cache_prompt": False}
-req = urllib.request.Request(url + "/completion", json.dumps(body).encode(),
-                             {"Content-Type": "application/json"})
-try:
-    with urllib.request.urlopen(req, timeout=50) as r:
-        ans = {"status": r.status, "body": json.loads(r.read())}
-except urllib.error.HTTPError as e:
-    ans = {"status": e.code, "body": e.read().decode(errors="replace")[:2000]}
-open(sys.argv[1], "w").write(json.dumps(ans, indent=1))
-print("llama-server /completion:", ans["status"], str(ans["body"])[:300])
-EOF
-kill $SRV 2>/dev/null; wait $SRV 2>/dev/null
-grep -iE "unparsed|error" "$OUT/llama-server.log" | tail -3
+# what is left of ~280 s goes to the scheme A/B (partial rounds still print per-round rates)
+LEFT=$((280 - $(date +%s) + T0))
+[ "$LEFT" -lt 40 ] && LEFT=40
+timeout "$LEFT" python3 tests/perf/bench_lora.py ab --model /tmp/q4km.gguf --dir /tmp/loras \
+  --device cuda -n 128 --reps 3 --rounds "${ROUNDS:-2}" \
+  --cases "base;1 adapter;1 adapter, split kernels;4 adapters;4 adapters, split kernels" \
+  >"$OUT/ab.md" 2>"$OUT/ab.err"
 date -u
+{
+  echo "## LoRA decode, $GPU, $VER, $(date -u +%Y-%m-%dT%H:%MZ)"
+  echo
+  echo "GPU tests: $(grep -E "passed|failed|error" "$OUT/pytest.log" | tail -1)"
+  echo
+  echo "Ours vs llama.cpp, same f16 GGUF LoRA files, rank 16, Llama-3-8B-shaped Q4_K_M, tg128:"
+  echo
+  cat "$OUT/compare.md"
+  echo
+  echo "Kernel schemes (atomic = default; split = the first kernels), tg128:"
+  echo
+  if [ -s "$OUT/ab.md" ]; then cat "$OUT/ab.md"; else echo "(ab cut short; its rounds:)"; grep round "$OUT/ab.err"; fi
+} | tee "$OUT/summary.md"

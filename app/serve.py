@@ -51,6 +51,13 @@ def add_parser(sub) -> None:
     p.add_argument("--api-key", help="require `Authorization: Bearer KEY` (all but /health)")
     add_engine_flags(p, parallel=16)
     p.add_argument(
+        "--warmup",
+        choices=("full", "decode", "none"),
+        default="full",
+        help="before serving, make every CUDA graph and kernel requests will use: full, decode "
+        "(decode graphs only) or none (made on first use; a request may wait seconds) (full)",
+    )
+    p.add_argument(
         "--lora-modules",
         action="append",
         metavar="NAME=PATH",
@@ -252,7 +259,7 @@ def handle(args: argparse.Namespace) -> int:
     from localllm.app.server.connections import protocol_class
     from localllm.app.server.router import ModelRouter
     from localllm.app.server.settings import ServerSettings
-    from localllm.engine import AsyncEngine
+    from localllm.engine import AsyncEngine, EngineArgs, LLMEngine
     from localllm.offload.memory import available_bytes
 
     _check(args)
@@ -286,7 +293,13 @@ def handle(args: argparse.Namespace) -> int:
     mmprojs = _mmprojs(args, entries)
 
     def load(entry):
-        return _with_vision(AsyncEngine.from_model(str(entry.path), **kw), mmprojs.get(entry.id))
+        engine = LLMEngine(str(entry.path), EngineArgs(**kw))
+        try:
+            _warm(engine, args.warmup)  # before its thread starts: no request can reach it
+        except BaseException:
+            engine.close()
+            raise
+        return _with_vision(AsyncEngine(engine), mmprojs.get(entry.id))
 
     single = len(entries) == 1 and not args.idle_unload and not args.models_dir
     if single:  # one model, loaded now and kept: the plain server
@@ -372,6 +385,17 @@ def _with_vision(engine, mmproj: Path | None):
         raise
     _say(f"vision: {mmproj.name} attached (images in chat messages)")
     return engine
+
+
+def _warm(engine, mode: str) -> None:
+    """The engine's graphs and kernels made now (`engine.runtime.warmup`; said on stderr where
+    there was anything to make: a GPU): a model loaded on first use is warmed before the request
+    that loads it runs."""
+    from localllm.engine.runtime.warmup import warm_engine
+
+    report = warm_engine(engine, mode)
+    if report.captured or report.failed or report.seconds >= 0.05:
+        _say(report.line())
 
 
 def _say(message: str) -> None:

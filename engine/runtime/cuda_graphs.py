@@ -170,6 +170,23 @@ class DecodeGraphs:
         g.link.run()  # the CPU's shares of the split layers, beside the replay
         return out
 
+    def warm(self, batch: int, width: int, block: int, block_size: int) -> bool:
+        """Capture the graph of `batch` rows whose tables are `width` blocks wide before any
+        request needs it (`engine.runtime.warmup`). False once capture failed."""
+        self.run(self.warm_rows(batch, width, block, block_size))
+        return self.failed is None
+
+    def warm_rows(self, batch: int, width: int, block: int, block_size: int) -> torch.Tensor:
+        """`warm`'s host rows: every row at position 0 of `block`, a block no sequence owns,
+        its table all that block (a hybrid's rows on the scratch state)."""
+        rows = torch.zeros(batch, COLS + width, dtype=torch.long)
+        rows[:, 2] = block * block_size
+        rows[:, 3] = 1
+        rows[:, COLS:] = block
+        if self.scratch is not None:
+            rows[:, 4] = self.scratch
+        return rows
+
     def warm_inputs(self, inputs: torch.Tensor) -> torch.Tensor:
         """The rows a capture's warm-up runs: `inputs`, or for a hybrid a copy with every row on
         the scratch state slot (fresh): its rows' states must not advance before the first

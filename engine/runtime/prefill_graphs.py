@@ -111,6 +111,16 @@ class PrefillGraphs:
         g.graph.replay()
         return g.hidden[:n]
 
+    def warm(self, length: int, block: int, block_size: int) -> bool:
+        """Capture the graph of a `length`-token chunk before any prompt needs it
+        (`engine.runtime.warmup`): its tokens at positions 0.. of `block`, a block no sequence
+        owns, every write to its first slot. False once capture failed."""
+        dev = self.kv.device
+        ids = torch.zeros(length, dtype=torch.long, device=dev)
+        slots = torch.full((length,), block * block_size, dtype=torch.long, device=dev)
+        self.run(ids, slots, 0, [block] * -(-length // block_size))
+        return self.failed is None
+
     def _capture(self, g: _Graph) -> None:
         warm_up(self.forward, g.inputs, self.kv.device)  # compiles for this length
         if self.pool is None:

@@ -1,0 +1,221 @@
+"""Start-up warm-up: every CUDA graph and triton kernel a server's requests will meet, made before
+the first request, so none waits for a capture or a compile (issue 38: one request of eight
+waited 6.9 s for its first token, its prompt length met for the first time).
+
+What the first requests would otherwise make lazily, on a GPU:
+- a prompt graph per padded length (`PrefillGraphs`, the buckets up to one step's token budget:
+  a longer prompt is cut into chunks of that budget);
+- a decode graph per (batch size of the ladder, table width) (`DecodeGraphs`: widths double from
+  `MIN_BLOCKS` up to the longest block table the context allows);
+- the triton kernels of the eager steps: a decoder's row beside another request's prompt chunk,
+  short chunks (below the smallest bucket), and the output head on 1 to 9 rows (the GEMVs take
+  up to `GEMV_MAX_M` rows, each count its own launch geometry). Triton specializes integer
+  arguments on being 1 or a multiple of 16, so each eager shape is warmed once per class;
+- what the engine's own steps run beside the model: a few real requests (`warm_requests`:
+  samplers, the step launched ahead, the scheduler's mixed steps).
+`plan` says what a mode warms (pure: CPU-tested); `warm_engine` does it. The graphs' and eager
+steps' writes go to the cache's spare block (a block no sequence owns), every table points at
+it: nothing a request will read is touched. On a CPU (no graphs, no triton) it does nothing.
+"""
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from localllm.engine.core.batch import BatchMeta
+from localllm.engine.runtime.cuda_graphs import BATCH_SIZES, MIN_BLOCKS
+from localllm.engine.runtime.prefill_graphs import BUCKETS
+
+MODES = ("full", "decode", "none")  # `localllm serve --warmup`; full is the default
+# eager steps warmed in `full`, as (new tokens, context after) per sequence: a decoder beside a
+# chunk, their total a multiple of 16 and not; a lone token after a cached prefix; short chunks
+# (below the smallest bucket) of 16 tokens and of neither class; then the head on these rows
+_DECODER = (1, 300)
+MIXED = (
+    (_DECODER, (47, 47)), (_DECODER, (48, 48)), (_DECODER,), ((16, 16),), ((17, 17),),
+)  # fmt: skip
+HEAD_ROWS = (*range(1, 10), 16, 17)
+
+
+@dataclass(frozen=True, slots=True)
+class WarmPlan:
+    """What a warm-up makes: prompt buckets, decode (batch size, table width) pairs, eager
+    steps (tokens per sequence) and output-head row counts."""
+
+    buckets: tuple[int, ...] = ()
+    decode: tuple[tuple[int, int], ...] = ()
+    eager: tuple[tuple[tuple[int, int], ...], ...] = ()
+    head_rows: tuple[int, ...] = ()
+
+
+@dataclass(slots=True)
+class WarmReport:
+    mode: str
+    captured: int = 0  # graphs made (prompt + decode)
+    seconds: float = 0.0
+    failed: str | None = None  # why capture stopped (then those steps run eager)
+
+    def line(self) -> str:
+        why = f"; capture failed: {self.failed}" if self.failed else ""
+        return f"warm-up {self.mode}: {self.captured} graphs in {self.seconds:.1f} s{why}"
+
+
+def check_mode(mode: str) -> str:
+    if mode not in MODES:
+        raise ValueError(f"--warmup must be one of {', '.join(MODES)}, got {mode!r}")
+    return mode
+
+
+def widths(max_blocks: int) -> tuple[int, ...]:
+    """The decode graphs' table-width buckets a sequence of up to `max_blocks` blocks meets."""
+    out, w = [MIN_BLOCKS], MIN_BLOCKS
+    while w < max_blocks:
+        w *= 2
+        out.append(w)
+    return tuple(out)
+
+
+def plan(
+    mode: str,
+    *,
+    prompts: bool,
+    decode: bool,
+    max_num_seqs: int,
+    token_budget: int,
+    max_model_len: int,
+    block_size: int,
+    batch_sizes: tuple[int, ...] = BATCH_SIZES,
+) -> WarmPlan:
+    """What `mode` warms for an engine whose runner has prompt graphs (`prompts`) and decode
+    graphs (`decode`): buckets up to the one a budget-long chunk pads to (within the context),
+    batch sizes up to the one `max_num_seqs` rows pad to, every table width of the context."""
+    check_mode(mode)
+    if mode == "none" or not (prompts or decode):
+        return WarmPlan()
+    pairs: tuple[tuple[int, int], ...] = ()
+    if decode:
+        top = next((b for b in batch_sizes if b >= max_num_seqs), batch_sizes[-1])
+        sizes = [b for b in batch_sizes if b <= top]
+        ws = widths(-(-max_model_len // block_size))
+        pairs = tuple((b, w) for w in ws for b in sizes)  # narrow tables first: met first
+    if mode == "decode":
+        return WarmPlan(decode=pairs)
+    longest = min(token_budget, max_model_len)
+    top_bucket = _bucket(longest) if longest >= BUCKETS[0] else None
+    buckets = tuple(b for b in BUCKETS if b <= longest or b == top_bucket) if prompts else ()
+    eager = tuple(
+        m for m in MIXED
+        if sum(n for n, _ in m) <= token_budget and len(m) <= max_num_seqs
+        and all(c <= max_model_len for _, c in m)
+    )  # fmt: skip
+    head = tuple(r for r in HEAD_ROWS if r <= max(max_num_seqs, 1))
+    return WarmPlan(buckets, pairs, eager, head)
+
+
+def _bucket(n: int) -> int | None:
+    return next((b for b in BUCKETS if b >= n), None)
+
+
+def engine_plan(engine, mode: str) -> WarmPlan:
+    """`plan` for an `LLMEngine` (the graphs its runner made, its limits)."""
+    runner, args = engine.runner, engine.args
+    if not engine.generates:  # an encoder (embeddings) never decodes
+        return WarmPlan()
+    return plan(
+        mode,
+        prompts=runner.prompts is not None and runner.prompts.usable,
+        decode=runner.graphs is not None,
+        max_num_seqs=args.max_num_seqs,
+        token_budget=args.max_num_batched_tokens,
+        max_model_len=engine.max_model_len,
+        block_size=args.block_size,
+        batch_sizes=runner.graphs.batch_sizes if runner.graphs is not None else BATCH_SIZES,
+    )
+
+
+@torch.inference_mode()
+def warm_engine(engine, mode: str) -> WarmReport:
+    """Make what `engine_plan(engine, mode)` lists, on the calling thread (nothing else may use
+    the engine meanwhile: a server warms before it listens)."""
+    t0 = time.perf_counter()
+    report = WarmReport(mode)
+    p = engine_plan(engine, mode)
+    runner = engine.runner
+    if not (p.buckets or p.decode or p.eager):
+        return report
+    spare_block = engine.kv_plan.num_blocks  # the block past the plan (`LLMEngine`: spare = 1)
+    bs = engine.args.block_size
+    before = _captured(runner)
+    for b, w in p.decode:
+        if not runner.graphs.warm(b, w, spare_block, bs):
+            break
+    for n in p.buckets:
+        if not runner.prompts.warm(n, spare_block, bs):
+            break
+    if runner.kv.states is None:  # a hybrid's eager step needs real state slots
+        _warm_eager(runner, p, spare_block, bs)
+    if p.eager:
+        warm_requests(engine)
+    torch.cuda.synchronize(runner.device)
+    report.captured = _captured(runner) - before
+    fails = [g.failed for g in (runner.graphs, runner.prompts) if g is not None and g.failed]
+    report.failed = fails[0] if fails else None
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+def _captured(runner) -> int:
+    return sum(len(g.graphs) for g in (runner.graphs, runner.prompts) if g is not None)
+
+
+def _warm_eager(runner, p: WarmPlan, spare_block: int, bs: int) -> None:
+    """The eager steps of `p.eager` (every table all spare block, every write to its first
+    slot), then the output head on each of `p.head_rows` rows."""
+    dev = runner.device
+    hidden = None
+    for seqs in p.eager:
+        starts = [0]
+        for n, _ in seqs:
+            starts.append(starts[-1] + n)
+        total = starts[-1]
+        tables = tuple((spare_block,) * -(-c // bs) for _, c in seqs)
+        ids = torch.zeros(total, dtype=torch.long, device=dev)
+        pos = torch.cat([torch.arange(c - n, c, device=dev) for n, c in seqs])
+        slots = torch.full((total,), spare_block * bs, dtype=torch.long, device=dev)
+        meta = BatchMeta(tuple(starts), tuple(c for _, c in seqs), tables, slots, bs)
+        hidden = runner.model(ids, pos, meta, runner.kv)
+    if hidden is None:
+        return
+    for r in p.head_rows:
+        rows = torch.zeros(r, dtype=torch.long, device=dev)
+        runner.model.logits(hidden[rows]).float()
+
+
+# the real requests' prompt lengths: a long one first, the others join while it decodes
+REQUEST_LENGTHS = (300, 40, 100, 9)
+
+
+def warm_requests(engine, max_tokens: int = 6) -> None:
+    """A few requests through the engine's own steps (`LLMEngine.add_request`/`step`, before
+    any other request exists): greedy, drawn (seeded) and host-processed (penalties) rows, one
+    joining while others decode, so the scheduler's mixed steps, the samplers and the step
+    launched ahead run once. Their token ids are arbitrary; what they leave in the prefix cache
+    no prompt of a client's matches."""
+    from localllm.engine.sampling.params import SamplingParams
+
+    kinds = (
+        SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True),
+        SamplingParams(temperature=0.8, top_p=0.9, seed=1, max_tokens=max_tokens, ignore_eos=True),
+        SamplingParams(temperature=0.8, top_k=40, repetition_penalty=1.1, seed=2,
+                       max_tokens=max_tokens, ignore_eos=True),
+    )  # fmt: skip
+    vocab = engine.vocab_size
+    for i, n in enumerate(REQUEST_LENGTHS):
+        n = max(1, min(n, engine.max_model_len - max_tokens - 1))
+        ids = [(7 + 7919 * (i * 1000 + j)) % vocab for j in range(n)]
+        engine.add_request(f"warmup-{i}", ids, kinds[i % len(kinds)])
+        for _ in range(2):
+            engine.step()
+    while engine.has_unfinished_requests():
+        engine.step()

@@ -22,6 +22,12 @@ from localllm.kernels.recurrent.causal_conv import causal_conv_prefill, causal_c
 from localllm.kernels.recurrent.decode import short_conv_decode_ref, ssd_decode_ref
 from localllm.kernels.recurrent.ssd import ssd_chunked, ssd_step
 
+# A prompt's Mamba-2 scan on CUDA runs in chunks (`triton_ssd_chunked`: matmuls, three launches)
+# once a sequence brings this many rows; shorter steps scan token by token in one launch
+# (`triton_step.ssd_varlen_triton`). llama.cpp's CUDA backend switches at 128; ours at one chunk
+# (the token loop's cost grows with the rows, the chunks' hardly below one chunk).
+CHUNKED_MIN_ROWS = 64
+
 
 def use_triton(x: torch.Tensor) -> bool:
     """Whether the decode step runs as a Triton launch: where CUDA does (a test sets it under
@@ -120,6 +126,23 @@ def short_conv(
     return y
 
 
+def _longest(batch: BatchMeta) -> int:
+    qs = batch.query_start
+    return max(qs[b + 1] - qs[b] for b in range(batch.num_seqs))
+
+
+def _chunk_plan(batch: BatchMeta, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The batch's chunk table for `ssd_chunked_triton` on the device, built once per step."""
+    key = ("ssd_chunks",)
+    if key not in batch.plans:
+        from localllm.kernels.recurrent.triton_ssd_chunked import chunk_table
+
+        rows, first = chunk_table(list(batch.query_start))
+        both = torch.tensor(rows + first, dtype=torch.int32).to(device)  # one copy
+        batch.plans[key] = (both[: len(rows)].view(-1, 2), both[len(rows) :])
+    return batch.plans[key]
+
+
 def _finish(y: torch.Tensor, bias: torch.Tensor | None, silu: bool) -> torch.Tensor:
     if bias is not None:
         y = y + bias
@@ -156,7 +179,15 @@ def ssd(
         return ssd_chunked(x[s:e], dt[s:e], A, B[s:e], C[s:e], one)
 
     varlen = None
-    if use_triton(x):  # every sequence's rows in one launch, the state in registers
+    if use_triton(x) and _longest(batch) >= CHUNKED_MIN_ROWS:  # chunks: matmuls, 3 launches
+        from localllm.kernels.recurrent.triton_ssd_chunked import ssd_chunked_triton
+
+        chunks, seq_chunks = _chunk_plan(batch, x.device)
+
+        def varlen(qs):
+            return ssd_chunked_triton(x, dt, A, B, C, state, chunks, seq_chunks)
+
+    elif use_triton(x):  # every sequence's rows in one launch, the state in registers
         from localllm.kernels.recurrent.triton_step import ssd_varlen_triton
 
         def varlen(qs):

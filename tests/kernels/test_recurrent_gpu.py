@@ -126,13 +126,21 @@ def _on(batch):
                      batch.slot_mapping.to(DEVICE), batch.block_size, state_slots=(1,))  # fmt: skip
 
 
-@pytest.mark.parametrize("name", ["lfm2", "granitehybrid"])
-def test_fixture_decodes_through_the_triton_steps(name, monkeypatch):
+@pytest.mark.parametrize(
+    ("name", "prompt", "chunked"),
+    [("lfm2", 9, False), ("granitehybrid", 9, False), ("granitehybrid", 37, True)],
+)
+def test_fixture_decodes_through_the_triton_steps(name, prompt, chunked, monkeypatch):
     """The converted fixtures through the Triton kernels in the model (the layers' wiring: rows,
-    slots, bias and SiLU): a prompt of 9 tokens (the varlen kernels), then token by token (the
-    steps): transformers' logits, as the torch path gives."""
+    slots, bias and SiLU): a prompt (the varlen kernels; `chunked`: Mamba-2's scan in chunks of
+    16, `triton_ssd_chunked`, over 3 chunks), then token by token (the steps): transformers'
+    logits, as the torch path gives."""
     import localllm.engine.layers.recurrent as layers
     import localllm.kernels.recurrent.ssd as ssd
+    import localllm.kernels.recurrent.triton_ssd_chunked as chunked_scan
+
+    monkeypatch.setattr(layers, "CHUNKED_MIN_ROWS", 16 if chunked else 1 << 30)
+    monkeypatch.setattr(chunked_scan, "CHUNK", 16)
     from localllm.engine.core.batch import BatchMeta
     from localllm.engine.gguf import open_gguf
     from localllm.engine.loader import build_model
@@ -149,12 +157,12 @@ def test_fixture_decodes_through_the_triton_steps(name, monkeypatch):
         kv = PagedKVCache(layers_, len(ids), 4, heads, dim, "f32", DEVICE)
         attach_states(kv, model, 2)
         rows = []
-        # the first 9 tokens as one prompt (the varlen kernels), then token by token (the steps)
-        h = model(torch.tensor(ids[:9], device=DEVICE), torch.arange(9, device=DEVICE),
-                  _on(BatchMeta.contiguous(9, 9, 4)), kv)  # fmt: skip
+        # the first tokens as one prompt (the varlen kernels), then token by token (the steps)
+        h = model(torch.tensor(ids[:prompt], device=DEVICE), torch.arange(prompt, device=DEVICE),
+                  _on(BatchMeta.contiguous(prompt, prompt, 4)), kv)  # fmt: skip
         rows.append(model.logits(h).float().cpu())
         for t, tok in enumerate(ids):
-            if t < 9:
+            if t < prompt:
                 continue
             batch = _on(BatchMeta.contiguous(1, t + 1, 4))
             ids_t = torch.tensor([tok], device=DEVICE)

@@ -15,8 +15,9 @@ CUDA graphs key their captures by that (`LoraContext.active`), so a graph of suc
 LoRA work at all. On CUDA, up to `triton_lora.MAX_ROWS` rows run the two triton kernels of
 `kernels.fused.triton_lora` per module (a split-K shrink with atomics into the module's scratch,
 an expand into every part that leaves the scratch at zero) on float16 weights; longer steps
-(prompts) and CPU run the torch ops below. `SCHEME = "split"` selects the first kernels
-(`triton_lora_split`, looped partial sums) for A/B benches.
+(prompts) and CPU run the torch ops below. `SCHEME` selects other kernels for A/B benches:
+"fused" (`triton_lora_fused`: both in one launch, a grid barrier between) or "split" (the first
+kernels, `triton_lora_split`: looped partial sums).
 `reference_delta` is the plain per-adapter formula the tests compare with.
 """
 
@@ -32,7 +33,9 @@ log = logging.getLogger(__name__)
 MIN_ROWS = 2048
 CUDA_DTYPE = torch.float16  # adapter weights on CUDA: half the bytes a decode step reads
 KERNELS = True  # the triton kernels on CUDA (False: the torch ops; an A/B switch for benches)
-SCHEME = "atomic"  # which kernels: "atomic" (triton_lora) or "split" (triton_lora_split, A/B)
+# which kernels: "atomic" (triton_lora, two launches), "fused" (triton_lora_fused, one launch
+# with a grid barrier) or "split" (triton_lora_split, the first two-launch kernels); for A/B
+SCHEME = "atomic"
 
 
 class LoraContext:
@@ -161,6 +164,10 @@ class LoraDelta:
                 from localllm.kernels.fused import triton_lora_split
 
                 triton_lora_split.shrink_expand(x, self.a, w, self.kparts, ys)
+            elif SCHEME == "fused":
+                from localllm.kernels.fused import triton_lora_fused
+
+                triton_lora_fused.shrink_expand(x, self.a, w, self.kparts, ys, self.scratch)
             else:
                 triton_lora.shrink_expand(x, self.a, w, self.kparts, ys, self.scratch)
         except Exception as e:  # a compile failure: the torch ops from now on, said once

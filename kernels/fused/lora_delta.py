@@ -39,7 +39,7 @@ def shrink_expand_reference(
 
 
 def scratch(r: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """The zeroed (t [KERNEL_ROWS, r] float32, counter [1] int32) one module's kernel calls
-    share; `triton_lora` leaves both at zero after every call (CUDA graphs replay them as is)."""
+    """The zeroed (t [KERNEL_ROWS, r] float32, counters [2] int32) one module's kernel calls
+    share; the kernels leave them at zero after every call (CUDA graphs replay them as is)."""
     t = torch.zeros(KERNEL_ROWS, max(r, 1), dtype=torch.float32, device=device)
-    return t, torch.zeros(1, dtype=torch.int32, device=device)
+    return t, torch.zeros(2, dtype=torch.int32, device=device)

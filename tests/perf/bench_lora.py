@@ -11,10 +11,10 @@ Not a test.
 
 `ab` is what a user sees (a base without adapters takes the native CPU decode step, which a
 model with adapters hung on leaves for the torch layers; on CUDA it adds the adapters through
-the torch ops and through the first, split-K-loop kernels, `engine.lora.delta.SCHEME =
-"split"`: the A/B of the kernel schemes, each case its own process, alternated round by round;
-`--cases` picks some); `delta` is the deltas alone: one
-process, one model with 1 (then 4) adapters hung on, decode steps alternating between no row on
+the torch ops, the first split-K-loop kernels and the one-launch kernel (`engine.lora.delta`'s
+SCHEME "split" / "fused"): the A/B of the kernel schemes, each case its own process, alternated
+round by round; `--cases` picks some); `delta` is the deltas alone: one process, one model
+with 1 (then 4) adapters hung on, decode steps alternating between no row on
 an adapter (the deltas skipped) and every row on all of them.
 
 `make` writes DIR/lora-K.gguf in llama.cpp's adapter format (`general.type = adapter`,
@@ -37,11 +37,13 @@ TARGETS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "f
 # case -> (adapters loaded, their scale): "4 at scale 0" are hung on but no row uses them
 CASES = {"base": (0, 1.0), "1 adapter": (1, 1.0), "4 adapters": (4, 1.0), "4 at scale 0": (4, 0.0)}
 # `ab` on CUDA only: the same adapters through the torch ops instead of the kernels (the A/B of
-# engine/lora/delta.py's KERNELS switch) and through the first kernels (its SCHEME switch)
+# engine/lora/delta.py's KERNELS switch), the first kernels and the one-launch kernel (SCHEME)
 GPU_CASES = {
     "1 adapter, torch ops": (1, 1.0),
     "1 adapter, split kernels": (1, 1.0),
     "4 adapters, split kernels": (4, 1.0),
+    "1 adapter, fused kernel": (1, 1.0),
+    "4 adapters, fused kernel": (4, 1.0),
 }
 # `localllm bench` with engine/lora/delta.py's module switches set, in its own process
 SWITCHED = (
@@ -55,6 +57,8 @@ def _launcher(case: str) -> list[str]:
         return ["-c", SWITCHED.format("d.KERNELS = False")]
     if "split kernels" in case:
         return ["-c", SWITCHED.format("d.SCHEME = 'split'")]
+    if "fused kernel" in case:
+        return ["-c", SWITCHED.format("d.SCHEME = 'fused'")]
     return ["-m", "localllm.app"]
 
 

@@ -7,10 +7,11 @@ What the first requests would otherwise make lazily, on a GPU:
   a longer prompt is cut into chunks of that budget);
 - a decode graph per (batch size of the ladder, table width) (`DecodeGraphs`: widths double from
   `MIN_BLOCKS` up to the longest block table the context allows);
-- the triton kernels of the eager steps: a decoder's row beside another request's prompt chunk,
-  short chunks (below the smallest bucket), and the output head on 1 to 9 rows (the GEMVs take
-  up to `GEMV_MAX_M` rows, each count its own launch geometry). Triton specializes integer
-  arguments on being 1 or a multiple of 16, so each eager shape is warmed once per class;
+- the triton kernels of the eager steps (a step that is not one prompt chunk and not only
+  decoders): a prompt chunk beside decoders at every context class and row count the KV pool
+  holds (flash decoding's split count follows both), short lone chunks, and the output head on
+  1 to 9 rows (the GEMVs take up to `GEMV_MAX_M` rows, each count its own launch geometry), each
+  once per class triton tells integer arguments apart by (1, a multiple of 16, neither);
 - what the engine's own steps run beside the model: a few real requests (`warm_requests`:
   samplers, the step launched ahead, the scheduler's mixed steps).
 `plan` says what a mode warms (pure: CPU-tested); `warm_engine` does it. The graphs' and eager
@@ -28,13 +29,19 @@ from localllm.engine.runtime.cuda_graphs import BATCH_SIZES, MIN_BLOCKS
 from localllm.engine.runtime.prefill_graphs import BUCKETS
 
 MODES = ("full", "decode", "none")  # `localllm serve --warmup`; full is the default
-# eager steps warmed in `full`, as (new tokens, context after) per sequence: a decoder beside a
-# chunk, their total a multiple of 16 and not; a lone token after a cached prefix; short chunks
-# (below the smallest bucket) of 16 tokens and of neither class; then the head on these rows
-_DECODER = (1, 300)
-MIXED = (
-    (_DECODER, (47, 47)), (_DECODER, (48, 48)), (_DECODER,), ((16, 16),), ((17, 17),),
-)  # fmt: skip
+# Eager steps warmed in `full`, as (new tokens, context after) per sequence. Triton compiles a
+# kernel per class of each integer argument (1, a multiple of 16, neither) and per constexpr:
+# - a prompt chunk beside a decoder (a mixed step): chunk tokens T and first position Q0 (and
+#   so keys M = Q0 + T) in each class they can take together;
+CHUNKS = ((48, 0), (48, 5), (48, 1), (47, 0), (47, 5), (47, 17), (47, 1))  # (T, Q0)
+# - a lone sequence's step too short for a prompt graph (or one token after a cached prefix);
+LONE = (((16, 16),), ((17, 17),), ((17, 22),), ((1, 40),))
+# - decoders beside a chunk: the flash-decoding split count (a power of two, a constexpr) follows
+#   the longest context and the number of decoding rows, so contexts double from 32 to the
+#   model's length, each once a multiple of 16 and once not (rows of unequal lengths: padded),
+#   at these row counts (as many as the KV pool can hold at once)
+DECODERS = (1, 2, 4, 8, 16, 32, 63)
+_NEIGHBOUR = (1, 300)  # the decoder beside each chunk of CHUNKS
 HEAD_ROWS = (*range(1, 10), 16, 17)
 
 
@@ -85,11 +92,14 @@ def plan(
     token_budget: int,
     max_model_len: int,
     block_size: int,
+    pool_tokens: int | None = None,
     batch_sizes: tuple[int, ...] = BATCH_SIZES,
 ) -> WarmPlan:
     """What `mode` warms for an engine whose runner has prompt graphs (`prompts`) and decode
     graphs (`decode`): buckets up to the one a budget-long chunk pads to (within the context),
-    batch sizes up to the one `max_num_seqs` rows pad to, every table width of the context."""
+    batch sizes up to the one `max_num_seqs` rows pad to, every table width of the context; the
+    eager steps a step of at most `max_num_seqs` sequences, `token_budget` tokens and
+    `pool_tokens` cached tokens (the KV pool; default one context) can take."""
     check_mode(mode)
     if mode == "none" or not (prompts or decode):
         return WarmPlan()
@@ -104,13 +114,33 @@ def plan(
     longest = min(token_budget, max_model_len)
     top_bucket = _bucket(longest) if longest >= BUCKETS[0] else None
     buckets = tuple(b for b in BUCKETS if b <= longest or b == top_bucket) if prompts else ()
+    pool = pool_tokens or max_model_len
     eager = tuple(
-        m for m in MIXED
+        m for m in eager_steps(max_num_seqs, max_model_len)
         if sum(n for n, _ in m) <= token_budget and len(m) <= max_num_seqs
-        and all(c <= max_model_len for _, c in m)
+        and all(c <= max_model_len for _, c in m) and sum(c for _, c in m) <= pool
     )  # fmt: skip
     head = tuple(r for r in HEAD_ROWS if r <= max(max_num_seqs, 1))
     return WarmPlan(buckets, pairs, eager, head)
+
+
+def eager_steps(max_num_seqs: int, max_model_len: int) -> list[tuple[tuple[int, int], ...]]:
+    """Every eager step of the lists above, before the limits of a step and of the pool."""
+    steps = [(_NEIGHBOUR, (t, q0 + t)) for t, q0 in CHUNKS]
+    steps += LONE
+    contexts, m = [], 32
+    while m < max_model_len:
+        contexts.append(m)
+        m *= 2
+    contexts.append(max_model_len)
+    for nd in DECODERS:
+        if nd >= max_num_seqs:  # the chunk beside them is a sequence too
+            break
+        for m in contexts:
+            steps.append(((1, m),) * nd + ((48, 48),))
+            uneven = tuple((1, m + 5 if i % 2 == 0 else m) for i in range(nd))
+            steps.append((*uneven, (48, 48)))
+    return steps
 
 
 def _bucket(n: int) -> int | None:
@@ -130,6 +160,7 @@ def engine_plan(engine, mode: str) -> WarmPlan:
         token_budget=args.max_num_batched_tokens,
         max_model_len=engine.max_model_len,
         block_size=args.block_size,
+        pool_tokens=engine.kv_plan.num_blocks * args.block_size,
         batch_sizes=runner.graphs.batch_sizes if runner.graphs is not None else BATCH_SIZES,
     )
 

@@ -20,7 +20,6 @@ from localllm.engine.runtime.cuda_graphs import BATCH_SIZES, COLS, DecodeGraphs
 from localllm.engine.runtime.kv_cache import PagedKVCache
 from localllm.engine.runtime.prefill_graphs import BUCKETS, bucket_of
 from localllm.engine.runtime.warmup import (
-    MIXED,
     WarmPlan,
     _warm_eager,
     engine_plan,
@@ -78,7 +77,25 @@ def test_plan_holds_every_graph_a_step_can_ask_for(tiny, seqs, budget, ctx):
 def test_modes_and_devices():
     full = _gpu_plan()
     assert full.buckets == tuple(b for b in BUCKETS if b <= 512)
-    assert full.eager == MIXED and full.head_rows[:9] == tuple(range(1, 10))
+    assert full.head_rows[:9] == tuple(range(1, 10))
+    # eager steps: within one step's limits and the pool (default: one context)
+    for step in full.eager:
+        assert len(step) <= 64 and sum(n for n, _ in step) <= 512, step
+        assert all(n <= c <= 131072 for n, c in step) and sum(c for _, c in step) <= 131072
+    # a chunk beside a decoder in each class of (tokens, first position) triton tells apart
+    klass = lambda v: "one" if v == 1 else "16" if v % 16 == 0 else "other"
+    chunks = {(klass(n), klass(c - n), klass(c)) for s in full.eager if len(s) == 2
+              for n, c in s[1:] if n > 1}  # fmt: skip
+    assert {("16", "16", "16"), ("16", "other", "other"), ("other", "16", "other"),
+            ("other", "other", "16"), ("other", "one", "16")} <= chunks  # fmt: skip
+    # one decoder beside a chunk at every power-of-two context the pool holds with the chunk
+    # (131,072 tokens: to 65,536), and off by 5
+    alone = {s[0][1] for s in full.eager if len(s) == 2 and s[0][0] == 1 and s[1] == (48, 48)}
+    twos = {32 << k for k in range(12)}
+    assert twos | {m + 5 for m in twos} <= alone and max(alone) < 131072
+    # as many decoders as the pool holds beside the chunk: 63 at 2,048 tokens each, not 4,096
+    rows = {(len(s) - 1, max(c for _, c in s[:-1])) for s in full.eager if s[-1] == (48, 48)}
+    assert (63, 2048) in rows and (63, 4096) not in rows and (16, 4096) in rows
     assert len(full.decode) == len(BATCH_SIZES) * 10  # widths 16 .. 8,192 blocks at 128K tokens
     decode = _gpu_plan("decode")
     assert decode == WarmPlan(decode=full.decode)

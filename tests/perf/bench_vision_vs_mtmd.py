@@ -1,5 +1,16 @@
 """Image encode time and image-prompt time to first token: localllm next to llama.cpp's
-`llama-mtmd-cli` on the same GGUF pair and image. Not a test.
+`llama-mtmd-cli` (or its libmtmd through tests/perf/mtmd_ttft.c) on the same GGUF pair and image.
+Not a test.
+
+With `--llama-driver PATH` (mtmd_ttft built against the llama.cpp in use) llama.cpp runs in one
+long-lived process instead of one llama-mtmd-cli per round: the driver loads the pair once
+(mtmd's warm-up encode included), then each round, started by a line on its stdin, does what
+llama-mtmd-cli does for one image prompt and reports its encode time (mtmd_batch_encode: tower +
+projector), the image embeddings' prefill and its time to first token from reading the image
+file to the greedy first token. Its prompt is the GGUF's chat template rendered (jinja2) with one
+user turn of mtmd's marker + PROMPT, as llama-mtmd-cli renders it. The driver's first round is a
+warm-up and dropped, as ours is. This is the mode for the GPU (one CUDA build of libmtmd carried,
+no llama-mtmd-cli needed).
 
 Rounds alternate in one process tree (so both see the same machine load):
 1. ours, encode: `VisionPipeline.prepare` (PNG decode + the family's preprocessing) and
@@ -143,6 +154,55 @@ class Ours:
         return {"ttft_ms": 1e3 * (first - t0), "prompt_tokens": len(ids)}
 
 
+def driver_prompt(text_gguf: str, prompt: str) -> str:
+    """The chat-formatted prompt llama-mtmd-cli would build: the file's template, one user turn
+    holding mtmd's media marker then the prompt, the generation prompt."""
+    import gguf
+    import jinja2
+
+    r = gguf.GGUFReader(text_gguf)
+    f = r.fields
+    tokens = f["tokenizer.ggml.tokens"].contents()
+    bos = f.get("tokenizer.ggml.bos_token_id")
+    eos = f.get("tokenizer.ggml.eos_token_id")
+    template = jinja2.Environment().from_string(f["tokenizer.chat_template"].contents())
+    turn = [{"role": "user", "content": "<__media__>" + prompt}]
+    return template.render(messages=turn, add_generation_prompt=True,
+                           bos_token=tokens[bos.contents()] if bos else "",
+                           eos_token=tokens[eos.contents()] if eos else "")  # fmt: skip
+
+
+class Driver:
+    """tests/perf/mtmd_ttft.c in one process, a round per line written to its stdin."""
+
+    def __init__(self, a, image: Path, tmp: Path):
+        prompt = tmp / "prompt.txt"
+        prompt.write_text(driver_prompt(a.text, a.prompt))
+        cmd = [a.llama_driver, a.text, a.mmproj, str(prompt), str(image), "--stdin",
+               "--threads", str(a.threads), "--ctx", str(a.ctx),
+               "--ngl", "999" if a.device == "cuda" else "0"]  # fmt: skip
+        libs = f"{a.llama_bin}:{os.environ.get('LD_LIBRARY_PATH', '')}"
+        env = {**os.environ, "LD_LIBRARY_PATH": libs}
+        self.p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                  env=env)  # fmt: skip
+        self.ready = self._line()
+
+    def _line(self) -> dict:
+        line = self.p.stdout.readline()
+        if not line:
+            raise RuntimeError(f"mtmd_ttft exited ({self.p.wait()}): see its stderr above")
+        return json.loads(line)
+
+    def round(self) -> dict:
+        self.p.stdin.write("go\n")
+        self.p.stdin.flush()
+        return self._line()
+
+    def close(self) -> None:
+        self.p.stdin.close()
+        self.p.wait()
+
+
 def _col(rows: list[dict], key: str) -> str:
     xs = [r[key] for r in rows]
     return f"{min(xs):.0f} (median {statistics.median(xs):.0f})"
@@ -160,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ctx", type=int, default=4096)
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     ap.add_argument("--prompt", default=PROMPT)
+    ap.add_argument("--llama-driver", default=None, help="mtmd_ttft binary (see above)")
     ap.add_argument("--skip-llama", action="store_true", help="ours only")
     ap.add_argument("--json", type=Path, default=None, help="write every round's figures here")
     a = ap.parse_args(argv)
@@ -171,11 +232,21 @@ def main(argv: list[str] | None = None) -> int:
     ours = Ours(a)
     print(f"ours loaded in {time.perf_counter() - t0:.1f} s; load average {load:.1f}", flush=True)
     ours.encode(data)  # warm-up (allocations, first-call kernel choices)
+    ours.ttft(data, "warm-up")
+    drv = None
+    if a.llama_driver and not a.skip_llama:
+        t0 = time.perf_counter()
+        drv = Driver(a, image, Path(tmp.name))
+        print(f"mtmd_ttft loaded in {time.perf_counter() - t0:.1f} s", flush=True)
+        print("mtmd_ttft warm-up", json.dumps(drv.round()), flush=True)
     rows_enc, rows_ttft, rows_ll = [], [], []
     for r in range(a.rounds):
         rows_enc.append(ours.encode(data))
         print("ours encode", json.dumps(rows_enc[-1]), flush=True)
-        if not a.skip_llama:
+        if drv is not None:
+            rows_ll.append(drv.round())
+            print("mtmd_ttft", json.dumps(rows_ll[-1]), flush=True)
+        elif not a.skip_llama:
             rows_ll.append(run_mtmd(a, image))
             print("llama-mtmd-cli", json.dumps(rows_ll[-1]), flush=True)
         rows_ttft.append(ours.ttft(data, f"round{r}"))
@@ -189,7 +260,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"| localllm | {_col(rows_enc, 'preprocess_ms')} | {_col(rows_enc, 'tower_ms')} | "
           f"{_col(rows_enc, 'encode_ms')} | - | {_col(rows_ttft, 'ttft_ms')} | "
           f"{min(r['encode_cpu_s'] for r in rows_enc):.1f} |")  # fmt: skip
-    if rows_ll:
+    if drv is not None:
+        drv.close()
+        ll = rows_ll[0]
+        print(f"| llama.cpp (libmtmd) | {_col(rows_ll, 'read_tokenize_ms')} (read + tokenize) | "
+              f"{_col(rows_ll, 'encode_ms')} | - | image part {_col(rows_ll, 'image_decode_ms')}, "
+              f"text {_col(rows_ll, 'text_ms')} ({ll['prompt_tokens']} tok, "
+              f"{ll['image_tokens']} image) | {_col(rows_ll, 'ttft_ms')} | - |")  # fmt: skip
+    elif rows_ll:
         ll = rows_ll[0]
         print(f"| llama-mtmd-cli | (not logged) | {_col(rows_ll, 'encode_ms')} | - | "
               f"{_col(rows_ll, 'prompt_eval_ms')} ({ll['prompt_tokens']} tok; image part "

@@ -1,43 +1,76 @@
 #!/usr/bin/env bash
-# One device call (~4 min on an H100/H200): image encode time and image-prompt time to first token,
-# localllm (--device cuda) next to llama.cpp's llama-mtmd-cli (-ngl 99) on the same random-weight
-# SmolVLM-500M-shaped pair (tests/perf/make_synthetic_vlm.py: SigLIP-base mmproj F16, SmolLM2-360M
-# text Q8_0) and a generated 512x512 PNG, rounds alternating (tests/perf/bench_vision_vs_mtmd.py).
-# Two tilings: preproc 1024 (2 x 2 tiles + the global view, 320 image tokens, as on the CPU run in
-# tests/perf/results/vision.md) and preproc 2048 (SmolVLM's own: 4 x 4 + 1 = 17 tiles, 1088 tokens).
-# $OUT collects vision_mtmd_<preproc>.md / .json and make.log.
-# Prepare here first (git-excluded, carried):
-#   bash tests/perf/h200_prepare.sh     # .whl (gguf, llguidance), .refbuild/smollm2-tok.gguf
-#   python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
-#     --implementation cp --platform manylinux_2_28_x86_64 -d .whl pillow
-#   .llb: llama.cpp's CUDA binaries with llama-mtmd-cli (tests/perf/gpu_build_llamacpp.sh made them)
-# then run it with carry [".whl", ".refbuild/smollm2-tok.gguf", ".llb"]:
-#   bash tests/perf/gpu_vision_mtmd.sh
+# One device call (about 5-7 minutes on an H100/H200; issue 35's last measurement): image encode
+# time and image-prompt time to first token, localllm (--device cuda) next to llama.cpp's libmtmd
+# (3f545bec, CUDA: every layer on the GPU, flash attention on, mtmd-cli's n_batch 2048 / n_ubatch
+# 512) on the same random-weight real-shape pairs (tests/perf/make_synthetic_vlm_big.py):
+#   gemma3-4b    Gemma-3-4B text (Q4_K_M, 34 x 2560) + SigLIP so400m mmproj (F16, 27 x 1152),
+#                an 896x896 PNG: 256 image tokens
+#   qwen25vl-7b  Qwen2.5-VL-7B text (Q4_K_M, 28 x 3584) + its ViT mmproj (F16, 32 x 1280, window
+#                attention, merger to 3584), a 1024x1024 PNG: smart-resized to 1036x1036 (74 x 74
+#                patches), 1,369 image tokens
+# llama.cpp is timed through tests/perf/mtmd_ttft.c (what llama-mtmd-cli does for one image
+# prompt, in one process: compiled here against the carried libmtmd), rounds alternating with
+# ours in tests/perf/bench_vision_vs_mtmd.py (--llama-driver), warm-up rounds dropped, ours with
+# a fresh image hash each round (no encoder or prefix cache hit). Threads 8 (preprocessing and
+# tokenizing run on the CPU in both). $OUT: summary.md, vision_mtmd_<shape>.md / .json, make.log.
+#
+# Prepare once on the development machine (git-excluded folder .vismtmd, ~26 MiB; with the ~25
+# MiB tree well under the 64 MiB carry):
+#   echo /.vismtmd/ >>.git/info/exclude; mkdir -p .vismtmd
+#   ln -f .serve2/llb.part.* .vismtmd/     # llama.cpp 3f545bec CUDA libs (libmtmd, libllama,
+#                                          # libggml*), xz parts: tests/perf/serve2_prepare.sh
+#   cp .serve2/whl/gguf-*.whl .serve2/whl/llguidance-*.whl .vismtmd/
+#   S=/work/llama-cpu-src; tar c -C $S include/llama.h include/llama-cpp.h ggml/include \
+#     tools/mtmd/mtmd.h tools/mtmd/mtmd-helper.h | xz -9 >.vismtmd/mtmd-include.tar.xz
+# (the same headers as .refbuild/llama.cpp's). Then the device call, from the repo root:
+#   bash tests/perf/gpu_vision_mtmd.sh        carry [".vismtmd"]        (timeout_s 600)
+# Knobs: SHAPES ("gemma3-4b qwen25vl-7b"), ROUNDS (5), THREADS (8).
 set -u
 export PYTHONUNBUFFERED=1 PYTHONSAFEPATH=1
 OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT" /tmp/llb
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
+SHAPES=${SHAPES:-gemma3-4b qwen25vl-7b}
+ROUNDS=${ROUNDS:-5}
+THREADS=${THREADS:-8}
+C=.vismtmd
+mkdir -p "$OUT" /tmp/llb /tmp/mtmd-src /tmp/vlm
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site $C/*.whl
 ln -sfn "$PWD" /tmp/site/localllm
 export PYTHONPATH=/tmp/site:$PWD
-cat .llb/llb.part.* | xz -d | tar x -C /tmp/llb
-export LD_LIBRARY_PATH=/tmp/llb/bin:${LD_LIBRARY_PATH:-}
-if [ ! -x /tmp/llb/bin/llama-mtmd-cli ]; then  # (the .llb of 2026-12-06 06:45 held only llama-server)
-  echo "the carried .llb has no llama-mtmd-cli: rebuild it with tests/perf/gpu_build_llamacpp.sh" >&2
-  ls /tmp/llb/bin >&2
-  exit 1
-fi
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+# the files first (4 writers in parallel; nothing else runs meanwhile)
 date -u
-for pre in 1024 2048; do
-  timeout 120 python3 tests/perf/make_synthetic_vlm.py -o /tmp/vlm$pre --preproc $pre \
-    --tokenizer-from .refbuild/smollm2-tok.gguf >>"$OUT/make.log" 2>&1 || { tail "$OUT/make.log"; exit 1; }
+for sh in $SHAPES; do
+  for part in text mmproj; do
+    timeout 240 python3 tests/perf/make_synthetic_vlm_big.py --shape "$sh" --part $part -o /tmp/vlm \
+      >>"$OUT/make.log" 2>&1 &
+  done
 done
+# llama.cpp's libs (their run path is /tmp/llb/bin) and the driver, meanwhile
+cat $C/llb.part.* | xz -d | tar x -C /tmp/llb
+xz -dc $C/mtmd-include.tar.xz | tar x -C /tmp/mtmd-src
+S=/tmp/mtmd-src
+L=/tmp/llb/bin
+${CC:-gcc} -O2 -o /tmp/mtmd_ttft tests/perf/mtmd_ttft.c -I$S/include -I$S/ggml/include -I$S/tools/mtmd \
+  -L$L -lmtmd -lllama -lggml -lggml-base -Wl,-rpath,$L -Wl,--allow-shlib-undefined \
+  || { echo "building mtmd_ttft failed"; exit 1; }
+export LD_LIBRARY_PATH=$L${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+  nproc | sed 's/^/cpus /'; } | tee "$OUT/machine.txt"
+wait
+cat "$OUT/make.log"
 date -u
-for pre in 1024 2048; do
-  timeout 150 python3 tests/perf/bench_vision_vs_mtmd.py --device cuda --threads 8 --rounds 5 \
-    --text /tmp/vlm$pre/smolvlm-500m-text.gguf --mmproj /tmp/vlm$pre/smolvlm-500m-mmproj.gguf \
-    --llama-bin /tmp/llb/bin --json "$OUT/vision_mtmd_$pre.json" 2>&1 | tee "$OUT/vision_mtmd_$pre.md" | tail -8
+for sh in $SHAPES; do
+  case $sh in gemma3-4b) side=896 ;; *) side=1024 ;; esac
+  echo "== $sh at ${SECONDS}s"
+  timeout 200 python3 tests/perf/bench_vision_vs_mtmd.py --device cuda --threads "$THREADS" \
+    --rounds "$ROUNDS" --side $side --text /tmp/vlm/$sh-text.gguf --mmproj /tmp/vlm/$sh-mmproj.gguf \
+    --llama-driver /tmp/mtmd_ttft --llama-bin $L --json "$OUT/vision_mtmd_$sh.json" 2>&1 \
+    | tee "$OUT/vision_mtmd_$sh.md" | grep -vE "^(ours|mtmd_ttft) (encode|ttft|warm-up|{)"
   date -u
 done
+{ echo "# gpu_vision_mtmd $(date -u +%FT%TZ) on $(head -1 "$OUT/machine.txt")"
+  for sh in $SHAPES; do
+    echo; echo "## $sh"; grep -E "^(\||img[0-9]+\.png)" "$OUT/vision_mtmd_$sh.md"
+  done; } >"$OUT/summary.md"
+cat "$OUT/summary.md"
+echo "done at ${SECONDS}s"

@@ -220,6 +220,7 @@ static inline void prefetch_kv(const model_t *m, const void *cache, int64_t slot
 }
 
 enum { MAX_GROUP = 16 }; /* query heads per KV head read together */
+enum { ACT_PIECE = 1024 }; /* columns of the gate product per work item */
 
 /* The query heads h0 .. h0 + ng - 1 of row i, which share KV head g, over the row's context:
  * softmax(q . K^T x scale) V -> out [ng, hd] (each K and V row read once for all ng heads).
@@ -343,10 +344,15 @@ void decode_step(const model_t *m, int64_t t, float *x, const float *cos0, const
             }
             linear_groups(L->gu, L->n_gu, h, dim, t, dim, gu, 2 * hidden, q8, d8, bs);
             if (lora) lora_add(lora[4 * l + 2], h, dim, t, dim, gu, 2 * hidden);
+            /* the product in the gate's place, in pieces of ACT_PIECE columns (one decode row's
+             * 8192 SiLUs took ~27 us on one thread while the others waited) */
+            const int64_t npc = (hidden + ACT_PIECE - 1) / ACT_PIECE;
 #pragma omp for schedule(static)
-            for (int64_t i = 0; i < t; i++) { /* the product in the gate's place */
+            for (int64_t pc = 0; pc < t * npc; pc++) {
+                const int64_t i = pc / npc, j0 = pc % npc * ACT_PIECE;
+                const int64_t j1 = j0 + ACT_PIECE < hidden ? j0 + ACT_PIECE : hidden;
                 float *g = gu + i * 2 * hidden, *u = g + hidden;
-                for (int64_t j = 0; j < hidden; j++) {
+                for (int64_t j = j0; j < j1; j++) {
                     const float v = g[j];
                     const float a = m->act == 0 ? v / (1.f + expf(-v))
                                                 : 0.5f * v * (1.f + tanhf(0.7978845608f * (v + 0.044715f * v * v * v)));

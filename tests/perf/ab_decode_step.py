@@ -9,7 +9,9 @@ Not a test: its output goes, with the command, machine, date and load, into
 tests/perf/results/cpu.md.
 
     python tests/perf/ab_decode_step.py --model FILE --old-rev REV [--rows 1 4 16] [--ctx 96]
-        [--threads 2] [--rounds 15]
+        [--threads 2] [--rounds 15] [--old-defines=-DPREFETCH_ROWS=4]
+
+`--old-rev tree` with `--old-defines` compares a build variant of this tree against its default.
 """
 
 import argparse
@@ -37,14 +39,18 @@ FILES = ("decode_step.c", "block_linear.c", "block_dequant.h", "block_dots.h", "
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def old_library(rev: str, out: Path) -> ctypes.CDLL:
-    """The step's library from the sources at `rev`, built with the tree's fastest flags."""
+def old_library(rev: str, out: Path, defines: tuple[str, ...] = ()) -> ctypes.CDLL:
+    """The step's library from the sources at `rev` (`tree`: this checkout's files), built with
+    the tree's fastest flags and `defines` (e.g. -DPREFETCH_ROWS=4: a build variant)."""
     for name in FILES:
-        text = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:kernels/cpu/{name}"],
-                              capture_output=True, check=True).stdout  # fmt: skip
+        if rev == "tree":
+            text = (ROOT / "kernels" / "cpu" / name).read_bytes()
+        else:
+            text = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:kernels/cpu/{name}"],
+                                  capture_output=True, check=True).stdout  # fmt: skip
         (out / name).write_bytes(text)
-    built = built_libraries(tuple(out / n for n in FILES), block_linear.FLAG_SETS[:1],
-                            "ab-old-step", ds._bind_step, out)  # fmt: skip
+    flags = (block_linear.FLAG_SETS[0] + tuple(defines),)
+    built = built_libraries(tuple(out / n for n in FILES), flags, "ab-old-step", ds._bind_step, out)
     return next(built)[0]
 
 
@@ -89,14 +95,16 @@ def main() -> None:
     ap.add_argument("--ctx", type=int, default=96)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--old-defines", nargs="*", default=[], help="-D flags of the old build")
     a = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="ab-step-"))
-    libs = {"old": old_library(a.old_rev, tmp), "new": ds.load()}
+    libs = {"old": old_library(a.old_rev, tmp, tuple(a.old_defines)), "new": ds.load()}
     model = loader.build_model(loader.open_weights(a.model))
     nd = NativeDecode.for_model(model)
     head = getattr(getattr(model, "output", None), "_prepared", None)  # a NativeLinear
     layers, kvh, hd = model.kv_shape()
-    print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, old {a.old_rev}, "
+    print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, old {a.old_rev} "
+          f"{' '.join(a.old_defines)}, "
           f"threads {a.threads}, ctx {a.ctx}, load {os.getloadavg()[0]:.2f}")  # fmt: skip
     print("| call | old median / min ms | new median / min ms | new / old | same bits |")
     print("|---|---|---|---|---|")

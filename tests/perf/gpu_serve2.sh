@@ -1,38 +1,64 @@
 #!/usr/bin/env bash
-# One device call for issue 38 (about 8-9 minutes on an H100): on one synthetic GGUF
+# One device call for issue 38 (about 7-9 minutes on an H100): on one synthetic GGUF
 # (Llama-3.1-8B shape, Q4_K_M, SmolLM2's tokenizer, `--text-head`: the output head never picks a
 # token that is not valid UTF-8, so llama-server's output parser accepts every reply), in order:
-#   tests    GPU tests of the decode-graph ladder (default now 1-64 rows), while the file is written
-#   ours     `localllm serve` as shipped (-np 64), tests/perf/bench_serve.py at CONC streams
-#   llama    llama-server -np 64 -c 64*2560 -fa on -ngl 99, the same client, prompts and lengths
-#            (token-id prompts 512-2,048 with shared prefixes, 256 tokens each: ignore_eos, and
-#            min_tokens for ours; streaming /v1/completions)
-#   depth    tg128 at depth 8K and 32K: `localllm bench -d` and `llama-bench -d`, same file
-#   kernels  the 8B decode step kernel by kernel (tests/perf/decode_kernels.py: share of the step,
-#            bytes moved against the measured copy bandwidth), depth 512 and 8K
-#   batched  llama-batched-bench -npp 1024 -ntg 128 -npl 1,16,64
-#   ours-b2k ours with `-b 2048` (prompt chunks of 2,048 tokens a step): last, so it runs only if
-#            time is left (BUDGET_S)
-# then one table ($OUT/summary.md; serve_report.py gives no ratio at a level where either server
-# failed a request). $OUT: summary.md, serve_*.json, the logs. Results: tests/perf/results/server.md.
+#   tests    GPU tests of the decode-graph ladder and of serve's start-up warm-up (no capture or
+#            triton compile after it), while the file is written
+#   llama    llama-server, a fair config for many users (LLAMA_ARGS, default below),
+#            tests/perf/bench_serve.py at CONC streams (token-id prompts 512-2,048 with shared
+#            prefixes, 256 tokens each: ignore_eos, and min_tokens for ours; streaming
+#            /v1/completions)
+#   ours     `localllm serve -np 64` as shipped (`--warmup full`: every graph and kernel made
+#            before it listens), started with an empty triton cache (TRITON_CACHE_DIR: a first
+#            start on a machine), the same client, prompts and lengths
+#   restart  ours started again on the triton cache `ours` left (a restart): start-up only
+# Each server's time from launch to /health 200 (and ours' warm-up line) goes in the summary.
+# Optional steps (STEPS): llama-old (the config of the 09:06 run, `-np 64 -c 163840 -fa on -ngl
+# 99`, whose 64 streams collapsed: ~3 minutes), depth (tg128 at depth 8K and 32K, `localllm bench
+# -d` and `llama-bench -d`), kernels (tests/perf/decode_kernels.py at KDEPTHS), batched
+# (llama-batched-bench -npp 1024 -ntg 128 -npl 1,16,64), ours-b2k (ours with `-b 2048`),
+# ours-cold-none (ours with `--warmup none`: the first-request stall it avoids).
+# Then one table ($OUT/summary.md; serve_report.py gives no ratio at a level where either server
+# failed a request). $OUT: summary.md, serve_*.json, startup_*.txt, the logs. Results:
+# tests/perf/results/server.md.
+#
+# llama-server's default config: `--cache-ram 0`. llama.cpp 3f545bec keeps a host-RAM prompt
+# cache (`--cache-ram`, default 8192 MiB, common/common.h:616) and, by default, saves every idle
+# slot into it each time a task starts (`--cache-idle-slots`, common/common.h:613;
+# tools/server/server-context.cpp:2309-2323): `prompt_save` copies the slot's whole KV to the host
+# (`llama_state_seq_get_data_ext`, server-context.cpp:253-277) on the server's one thread, while
+# no batch runs. The slot a new task takes by LRU is saved and a cached prompt loaded too
+# (server-context.cpp:1533-1549). At 64 slots of ~2,300 tokens (128 KiB a token for this shape:
+# 32 layers x 8 KV heads x 128 x K,V x 2 bytes) that is ~18 GiB, more than the 8 GiB cache:
+# `server_prompt_cache::alloc` evicts the oldest (server-task.cpp:1711-1760) and the next task
+# saves them again, so each of the 64 arrivals copies gigabytes while the GPU waits (13 % busy,
+# first tokens after 121 s in the 09:06 run). `--cache-ram 0` turns the cache and the idle-slot
+# saves off (server-context.cpp:1258-1269, 1327-1330); a task still takes the idle slot whose
+# prompt shares the most with its own (`--slot-prompt-similarity` 0.1, common/common.h:678;
+# server-context.cpp:1457-1490) and reuses that prefix.
+# The rest is what llama.cpp's own server benchmark runs (tools/server/bench/README.md:30-43,
+# 100-118: --parallel N, --cont-batching, --batch-size 2048, a context per slot) at the defaults
+# the lead's llama-batched-bench used (-b 2048 -ub 512, no unified KV: per-slot streams, which
+# tools/server/server.cpp:152-157 turns into a unified KV only for -np auto).
 #
 # Prepare once on the development machine: bash tests/perf/serve2_prepare.sh (makes .serve2/,
 # ~31 MiB: llama.cpp 3f545bec's llama-server, llama-bench and llama-batched-bench built for sm_90,
 # the wheels, the tokenizer). Then the device call, from the repo root:
 #   bash tests/perf/gpu_serve2.sh        carry [".serve2"]          (timeout_s 600)
-# Knobs: STEPS ("tests ours llama depth kernels batched ours-b2k"), CONC (1,16,64), GEN (256), NP (64),
-# LEVEL_S (a level starts no measured request after this many seconds: 30), BUDGET_S (a step that
-# would start after this many seconds is skipped: 470), END_S (every step's timeout ends by then:
-# 575, inside the device's 600 s), DEPTHS (8192,32768), KDEPTHS (the kernel
-# breakdown's depths: 512,8192), BENCH_ARGS (more
-# bench_serve.py flags). A dry run on a CPU (a CPU build of llama.cpp's bin/ in LLB):
+# Knobs: STEPS ("tests llama ours restart"), CONC (1,16,64), GEN (256), NP (64), LLAMA_ARGS
+# (llama-server's flags after -m: "-np NP -c NP*2560 -fa on -ngl 99 -b 2048 -ub 512 --cache-ram
+# 0"), WARMUP (ours' --warmup: full), LEVEL_S (a level starts no measured request after this many seconds: 30),
+# BUDGET_S (a step that would start after this many seconds is skipped: 470), END_S (every step's
+# timeout ends by then: 575, inside the device's 600 s), DEPTHS (8192,32768), KDEPTHS (the
+# kernel breakdown's depths: 512,8192), BENCH_ARGS (more bench_serve.py flags). A dry run on a
+# CPU (a CPU build of llama.cpp's bin/ in LLB):
 #   NO_INSTALL=1 DEVICE=cpu SHAPE=tiny NP=4 CONC=1,2 GEN=16 DEPTHS=256 LLB=... BENCH_ARGS="--min-prompt
 #   256 --max-prompt 1024 --system 128 --docs 128,256,512" bash tests/perf/gpu_serve2.sh
 set -u
 export PYTHONUNBUFFERED=1 PYTHONSAFEPATH=1
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-STEPS=${STEPS:-tests ours llama depth kernels batched ours-b2k}
+STEPS=${STEPS:-tests llama ours restart}
 CONC=${CONC:-1,16,64}
 GEN=${GEN:-256}
 NP=${NP:-64}
@@ -42,6 +68,9 @@ BUDGET_S=${BUDGET_S:-470}
 DEPTHS=${DEPTHS:-8192,32768}
 KDEPTHS=${KDEPTHS:-512,8192}
 DEVICE=${DEVICE:-cuda}
+WARMUP=${WARMUP:-full}
+LLAMA_ARGS=${LLAMA_ARGS:--np $NP -c $((NP * 2560)) -fa on -ngl 99 -b 2048 -ub 512 --cache-ram 0}
+LLAMA_OLD_ARGS="-np $NP -c $((NP * 2560)) -fa on -ngl 99"  # the 09:06 run's
 LLB=${LLB:-/tmp/llb}  # llama.cpp's bin/ (its run path is /tmp/llb/bin: unpacked there)
 if [ -z "${NO_INSTALL:-}" ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
@@ -103,18 +132,53 @@ bench() {  # LABEL URL: bench_serve at every level into $OUT/serve_LABEL.json, t
 }
 cap() { local t=$((${END_S:-575} - SECONDS)); [ "$t" -lt "$1" ] || t=$1; [ "$t" -gt 5 ] || t=5; echo $t; }
 stop() { kill "$1" 2>/dev/null; for _ in $(seq 30); do kill -0 "$1" 2>/dev/null || return 0; sleep 1; done; kill -9 "$1" 2>/dev/null; }
-ours() {  # LABEL [serve flags]: localllm serve, benched, stopped
+serve_ours() {  # LABEL TRITON_CACHE [serve flags]: localllm serve in the background ($pid)
+  local label=$1 cache=$2; shift 2
+  TRITON_CACHE_DIR=$cache python3 -m localllm.app serve -m "$MODEL" --device "$DEVICE" \
+    -np "$NP" -c "$CTX" --port 8181 --warmup "$WARMUP" "$@" >"$OUT/server_$label.log" 2>&1 &
+  pid=$!
+}
+ours() {  # LABEL [serve flags]: localllm serve (an empty triton cache: a first start), benched
   local label=$1; shift
-  python3 -m localllm.app serve -m "$MODEL" --device "$DEVICE" -np "$NP" -c "$CTX" --port 8181 "$@" \
-    >"$OUT/server_$label.log" 2>&1 &
-  local pid=$!
-  if healthy http://127.0.0.1:8181 $pid "$(cap 240)"; then
+  local t0=$SECONDS
+  rm -rf "/tmp/triton-$label"
+  serve_ours "$label" "/tmp/triton-$label" "$@"
+  if healthy http://127.0.0.1:8181 $pid "$(cap 300)"; then
+    started "$label" $((SECONDS - t0)) "$OUT/server_$label.log"
     date -u; bench "$label" http://127.0.0.1:8181
     grep -iE "capture failed|Traceback|error" "$OUT/server_$label.log" | head -5
   else
     echo "$label: server did not come up"; tail -20 "$OUT/server_$label.log"
   fi
   stop $pid
+}
+restart() {  # ours again on the triton cache `ours` left (a restart on the same machine): ready
+  local t0=$SECONDS
+  serve_ours ours-restart /tmp/triton-ours
+  if healthy http://127.0.0.1:8181 $pid "$(cap 200)"; then
+    started ours-restart $((SECONDS - t0)) "$OUT/server_ours-restart.log"
+  else
+    echo "ours-restart: server did not come up"; tail -20 "$OUT/server_ours-restart.log"
+  fi
+  stop $pid
+}
+llama() {  # LABEL ARGS...: llama-server, benched
+  local label=$1; shift
+  local t0=$SECONDS
+  [ -x $LLB/bin/llama-server ] || { echo "$label: no $LLB/bin/llama-server"; return; }
+  $LLB/bin/llama-server -m "$MODEL" "$@" --port 8182 >"$OUT/server_$label.log" 2>&1 &
+  local pid=$!
+  if healthy http://127.0.0.1:8182 $pid "$(cap 240)"; then
+    started "$label" $((SECONDS - t0)) "$OUT/server_$label.log" "$*"
+    date -u; bench "$label" http://127.0.0.1:8182
+  else
+    echo "$label did not come up"; tail -20 "$OUT/server_$label.log"
+  fi
+  stop $pid
+}
+started() {  # LABEL SECONDS LOG [ARGS]: its start-up line in $OUT/startup_LABEL.txt
+  { echo "$1: ready (/health 200) $2 s after launch${4:+ (flags: $4)}"
+    grep -E "warm-up|loaded in" "$3" | sed 's/^/    /'; } | tee "$OUT/startup_$1.txt"
 }
 summary() {  # $OUT/summary.md from what the steps so far left (rewritten after each step)
   local files base f
@@ -125,6 +189,8 @@ summary() {  # $OUT/summary.md from what the steps so far left (rewritten after 
       base=; [ -f "$OUT/serve_llama-server.json" ] && base="--baseline llama-server"
       echo; python3 tests/perf/serve_report.py $files $base --smi "$OUT"
     fi
+    ls "$OUT"/startup_*.txt >/dev/null 2>&1 && { echo; echo "## start-up"; cat "$OUT"/startup_*.txt; }
+    [ -s "$OUT/pytest.log" ] && { echo; echo "## gpu tests"; tail -3 "$OUT/pytest.log"; }
     for f in depth_ours depth_llama batched; do
       [ -s "$OUT/$f.md" ] && { echo; echo "## $f"; grep -E "^\|" "$OUT/$f.md"; }
     done
@@ -135,21 +201,15 @@ left() { [ $SECONDS -lt "$BUDGET_S" ] || { echo "skip $1: ${SECONDS}s used of BU
 for step in $STEPS; do
   echo "== $step at ${SECONDS}s"
   case $step in
-    tests) timeout "$(cap 120)" python3 -m pytest -q -m gpu -p no:cacheprovider tests/engine/test_graph_ladder.py \
-        2>&1 | tee "$OUT/pytest.log" | grep -v "^\." | tail -6 ;;
+    tests) timeout "$(cap 150)" python3 -m pytest -q -m gpu -p no:cacheprovider tests/engine/test_graph_ladder.py \
+        tests/app/server/test_warmup_gpu.py 2>&1 | tee "$OUT/pytest.log" | grep -v "^\." | tail -12 ;;
     ours) left ours && model_ready && ours ours ;;
     ours-b2k) left ours-b2k && model_ready && ours ours-b2k -b 2048 ;;
-    llama) left llama && model_ready || continue
-      [ -x $LLB/bin/llama-server ] || { echo "llama: no $LLB/bin/llama-server"; continue; }
-      $LLB/bin/llama-server -m "$MODEL" -np "$NP" -c $((NP * 2560)) -fa on -ngl 99 --port 8182 \
-        >"$OUT/server_llama.log" 2>&1 &
-      pid=$!
-      if healthy http://127.0.0.1:8182 $pid "$(cap 240)"; then
-        date -u; bench llama-server http://127.0.0.1:8182
-      else
-        echo "llama-server did not come up"; tail -20 "$OUT/server_llama.log"
-      fi
-      stop $pid ;;
+    ours-cold-none) left ours-cold-none && model_ready && WARMUP=none ours ours-cold-none ;;
+    llama) left llama && model_ready && llama llama-server $LLAMA_ARGS ;;
+    llama-old) left llama-old && model_ready && llama llama-server-old $LLAMA_OLD_ARGS ;;
+    restart) left restart && model_ready || continue
+      if [ -d /tmp/triton-ours ]; then restart; else echo "restart: no triton cache from ours"; fi ;;
     depth) left depth && model_ready || continue
       timeout "$(cap 150)" python3 -m localllm.app bench -m "$MODEL" --device "$DEVICE" -p 0 -n 128 \
         -d "$DEPTHS" -r 3 2>&1 | tee "$OUT/depth_ours.md" | grep -E "^\||rror"

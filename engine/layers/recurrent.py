@@ -7,7 +7,8 @@ CUDA graph captures it); any other step reads every sequence's state (zeros for 
 starting at position 0), runs the decode step once over the sequences that bring one token, each
 longer one's rows through the prefill form from its state, and writes the states back. On CUDA a
 decode step is one Triton launch, and so is any other step's whole batch
-(`kernels.recurrent.triton_step`).
+(`kernels.recurrent.triton_step`), except a Mamba-2 prompt of CHUNKED_MIN_ROWS rows or more:
+its scan runs in chunks, three launches (`kernels.recurrent.triton_ssd_chunked`).
 Chunked prefill therefore carries the state across chunks with nothing else to do, and a step
 that mixes decodes with a prompt chunk still decodes in one call.
 """
@@ -119,7 +120,12 @@ def short_conv(
         from localllm.kernels.recurrent.triton_step import conv_varlen_triton
 
         def varlen(qs):
-            return conv_varlen_triton(x, weight, state, qs, bias, silu)
+            key = ("row_sequences",)  # the same for every layer of the step
+            if key not in batch.plans:
+                from localllm.kernels.recurrent.triton_step import row_sequences
+
+                batch.plans[key] = row_sequences(qs, batch.num_seqs, x.shape[0])
+            return conv_varlen_triton(x, weight, state, qs, bias, silu, batch.plans[key])
 
     y = _run(batch, state, tuple(x.shape), x.device, step, prefill, varlen)
     st.write(layer, name, batch, state)

@@ -32,6 +32,7 @@ from localllm.engine.models.decoder import Decoder
 from localllm.engine.models.hparams import HyperparameterError
 from localllm.engine.moe.block import MoEFeedForward, Routing
 from localllm.engine.moe.expert_tensor import EXPERT_TENSORS
+from localllm.kernels.recurrent.gated_norm import skip_gate_norm
 
 
 @dataclass(frozen=True)
@@ -174,11 +175,9 @@ class Mamba2(nn.Module):
         x = x.reshape(t, hs, p)
         dt = F.softplus(dt + self.ssm_dt.value)
         y = ssd(x, dt, A, b.reshape(t, g, n), c.reshape(t, g, n), batch, kv, self.layer, "ssm")
-        y = (y + D[:, None] * x).reshape(t, a.d_inner) * F.silu(z)
-        # RMSNorm per group of d_inner / n_groups channels
-        y = y.reshape(t, g, -1)
-        y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + a.norm_eps) * self.ssm_norm.value
-        return self.ssm_out(y.reshape(t, a.d_inner).to(h.dtype))
+        # D skip, SiLU(z) gate, RMSNorm per group of d_inner / n_groups channels
+        w = self.ssm_norm.value
+        return self.ssm_out(skip_gate_norm(y, x, D, z, w, a.norm_eps, h.dtype))
 
 
 class Block(nn.Module):

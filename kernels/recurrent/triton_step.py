@@ -126,7 +126,7 @@ def ssd_step_triton(x, dt, A, B, C, state, slots=None, fresh=None) -> torch.Tens
 
 @triton.jit
 def _conv_rows_kernel(
-    x_ptr, w_ptr, b_ptr, state_ptr, y_ptr, seq_ptr, qs_ptr, C,
+    x_ptr, w_ptr, b_ptr, state_ptr, y_ptr, seq_ptr, qs_ptr, C, SX,
     K: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, BLOCK_C: tl.constexpr,
 ):  # fmt: skip
     t = tl.program_id(0)  # a row of the flat batch: no recurrence, every row in parallel
@@ -139,7 +139,7 @@ def _conv_rows_kernel(
     for j in tl.static_range(K):  # input t - (K - 1 - j) meets tap j
         i = t - (K - 1 - j)
         iv = c * 0 + i  # (the row index as a vector: masks combine per lane)
-        from_x = tl.load(x_ptr + i * C + c, mask=m & (iv >= start), other=0.0)
+        from_x = tl.load(x_ptr + i * SX + c, mask=m & (iv >= start), other=0.0)
         # before the sequence's first row: its state's row K - 1 - (start - i)
         old = base + (K - 1 - (start - i)) * C + c
         from_state = tl.load(old, mask=m & (iv < start), other=0.0)
@@ -152,7 +152,7 @@ def _conv_rows_kernel(
 
 
 @triton.jit
-def _conv_state_kernel(x_ptr, state_ptr, qs_ptr, C, K: tl.constexpr, BLOCK_C: tl.constexpr):
+def _conv_state_kernel(x_ptr, state_ptr, qs_ptr, C, SX, K: tl.constexpr, BLOCK_C: tl.constexpr):
     s = tl.program_id(0)
     c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     m = c < C
@@ -164,34 +164,43 @@ def _conv_state_kernel(x_ptr, state_ptr, qs_ptr, C, K: tl.constexpr, BLOCK_C: tl
     for r in tl.static_range(K - 1):
         i = end - (K - 1 - r)
         iv = c * 0 + i
-        from_x = tl.load(x_ptr + i * C + c, mask=m & (iv >= start), other=0.0)
+        from_x = tl.load(x_ptr + i * SX + c, mask=m & (iv >= start), other=0.0)
         old = base + (K - 1 - (start - i)) * C + c
         from_state = tl.load(old, mask=m & (iv < start), other=0.0)
         tl.store(base + r * C + c, from_x + from_state, mask=m)
 
 
-def conv_varlen_triton(x, weight, state, query_start, bias=None, silu: bool = False):
+def conv_varlen_triton(x, weight, state, query_start, bias=None, silu: bool = False, seq=None):
     """Every sequence of a flat batch: x [T, C] (sequence b's rows query_start[b]..
-    query_start[b + 1], int32 on the device), state [B, K - 1, C] float32 contiguous, updated in
-    place -> y [T, C] float32 (bias, then SiLU when `silu`). Two launches: every row's output
-    in parallel (the conv has no recurrence), then each sequence's new state."""
+    query_start[b + 1], int32 on the device; rows may be a column slice of wider rows), state
+    [B, K - 1, C] float32 contiguous, updated in place -> y [T, C] float32 (bias, then SiLU when
+    `silu`). Two launches: every row's output in parallel (the conv has no recurrence), then each
+    sequence's new state. `seq`: each row's sequence, int32 [T] (`row_sequences`), if made
+    already (once per step serves every layer)."""
     t, c = x.shape
     k = weight.shape[1]
     n_seq = state.shape[0]
-    x = x.float().contiguous()
+    x = x.float()
+    if x.stride(1) != 1:
+        x = x.contiguous()
     w = weight.float().contiguous()
     y = torch.empty(t, c, dtype=torch.float32, device=x.device)
-    seq = torch.repeat_interleave(
-        torch.arange(n_seq, dtype=torch.int32, device=x.device), query_start.diff(), output_size=t
-    )
+    if seq is None:
+        seq = row_sequences(query_start, n_seq, t)
     block = min(128, triton.next_power_of_2(c))
     b = bias.float().contiguous() if bias is not None else w  # (unread without a bias)
-    _conv_rows_kernel[(t, triton.cdiv(c, block))](x, w, b, state, y, seq, query_start, c, K=k,
-                                                  HAS_BIAS=bias is not None, SILU=silu,
-                                                  BLOCK_C=block)  # fmt: skip
-    _conv_state_kernel[(n_seq, triton.cdiv(c, block))](x, state, query_start, c, K=k,
-                                                       BLOCK_C=block)  # fmt: skip
+    _conv_rows_kernel[(t, triton.cdiv(c, block))](x, w, b, state, y, seq, query_start, c,
+                                                  x.stride(0), K=k, HAS_BIAS=bias is not None,
+                                                  SILU=silu, BLOCK_C=block)  # fmt: skip
+    _conv_state_kernel[(n_seq, triton.cdiv(c, block))](x, state, query_start, c, x.stride(0),
+                                                       K=k, BLOCK_C=block)  # fmt: skip
     return y
+
+
+def row_sequences(query_start: torch.Tensor, n_seq: int, t: int) -> torch.Tensor:
+    """Each of a flat batch's T rows' sequence, int32 [T], from the device offsets."""
+    seqs = torch.arange(n_seq, dtype=torch.int32, device=query_start.device)
+    return torch.repeat_interleave(seqs, query_start.diff(), output_size=t)
 
 
 @triton.jit

@@ -136,6 +136,7 @@ def test_fixture_decodes_through_the_triton_steps(name, prompt, chunked, monkeyp
     16, `triton_ssd_chunked`, over 3 chunks), then token by token (the steps): transformers'
     logits, as the torch path gives."""
     import localllm.engine.layers.recurrent as layers
+    import localllm.kernels.recurrent.gated_norm as gated_norm
     import localllm.kernels.recurrent.ssd as ssd
     import localllm.kernels.recurrent.triton_ssd_chunked as chunked_scan
 
@@ -150,6 +151,7 @@ def test_fixture_decodes_through_the_triton_steps(name, prompt, chunked, monkeyp
 
     monkeypatch.setattr(layers, "use_triton", lambda x: True)
     monkeypatch.setattr(ssd, "use_triton", lambda s: True)
+    monkeypatch.setattr(gated_norm, "use_triton", lambda y: True)
     ids = sequence(name)
     with open_gguf(path(name)) as g, torch.inference_mode():
         model = build_model(g, precise=True, device=DEVICE)
@@ -183,23 +185,26 @@ def _qs():
     return torch.tensor([0, *itertools.accumulate(LENS)], dtype=torch.int32)
 
 
-@pytest.mark.parametrize("k", [4, 3])
-def test_conv_varlen_matches_reference(k):
+@pytest.mark.parametrize(("k", "strided"), [(4, False), (3, False), (4, True)])
+def test_conv_varlen_matches_reference(k, strided):
+    """`strided`: x a column slice of wider rows (Mamba-2's xBC in its projection's output)."""
     from localllm.kernels.recurrent.causal_conv import causal_conv_prefill
     from localllm.kernels.recurrent.triton_step import conv_varlen_triton
 
     gen = torch.Generator().manual_seed(k)
     c, qs = 96, _qs()
     w, bias = torch.randn(c, k, generator=gen) / k**0.5, 0.5 * torch.randn(c, generator=gen)
-    x = torch.randn(int(qs[-1]), c, generator=gen)
+    wide = torch.randn(int(qs[-1]), c + 40 * strided, generator=gen)
+    x = wide[:, 40 * strided :]
     state = torch.randn(len(LENS), k - 1, c, generator=gen)
     ref = state.clone()
     bounds = list(zip(qs[:-1].tolist(), qs[1:].tolist(), strict=True))
     want = torch.cat([F.silu(causal_conv_prefill(x[s:e], w, ref[i], silu=False) + bias)
                       for i, (s, e) in enumerate(bounds)])  # fmt: skip
     got_state = state.clone().to(DEVICE)
-    got = conv_varlen_triton(x.to(DEVICE), w.to(DEVICE), got_state, qs.to(DEVICE),
-                             bias.to(DEVICE), silu=True)  # fmt: skip
+    xd = wide.to(DEVICE)[:, 40 * strided :]  # (sliced on the device: .to would compact it)
+    got = conv_varlen_triton(xd, w.to(DEVICE), got_state, qs.to(DEVICE), bias.to(DEVICE),
+                             silu=True)  # fmt: skip
     assert (got.cpu() - want).abs().max() < TOL
     assert (got_state.cpu() - ref).abs().max() == 0
 

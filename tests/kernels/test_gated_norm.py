@@ -1,0 +1,35 @@
+"""The Mamba-2 mixer's end in one Triton launch (`kernels/recurrent/triton_gated_norm.py`)
+against its torch reference `gated_norm.skip_gate_norm_ref`: x and z read as column slices of
+one wider row (as the mixer's projection leaves them), one group and several, group widths off
+the blocks, float32 and bfloat16 out. Marked `gpu` (or run on CPU under TRITON_INTERPRET=1)."""
+
+import pytest
+import torch
+
+from localllm.kernels.recurrent.gated_norm import skip_gate_norm_ref
+from tests.triton_env import DEVICE, TRITON_MARKS
+
+pytestmark = TRITON_MARKS
+
+
+@pytest.mark.parametrize(
+    ("t", "h", "p", "g", "dtype"),
+    [(5, 4, 16, 1, torch.float32), (3, 6, 20, 3, torch.float32), (4, 48, 64, 1, torch.bfloat16)],
+)
+def test_skip_gate_norm_matches_reference(t, h, p, g, dtype):
+    from localllm.kernels.recurrent.triton_gated_norm import skip_gate_norm_triton
+
+    gen = torch.Generator().manual_seed(h * p + g)
+    d = h * p
+    wide = torch.randn(t, 2 * d + 7, generator=gen)  # [z | x | more]: strided slices
+    z, x = wide[:, :d], wide[:, d : 2 * d].reshape(t, h, p)
+    y = torch.randn(t, h, p, generator=gen)
+    D = torch.randn(h, generator=gen)
+    w = 1 + 0.1 * torch.randn(g, d // g, generator=gen)
+    want = skip_gate_norm_ref(y, x, D, z, w, 1e-5, dtype)
+    dev = [v.to(DEVICE) for v in (y, wide, D, w)]
+    zd, xd = dev[1][:, :d], dev[1][:, d : 2 * d].reshape(t, h, p)
+    got = skip_gate_norm_triton(dev[0], xd, dev[2], zd, dev[3], 1e-5, dtype)
+    assert got.dtype == dtype and got.shape == (t, d)
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    assert (got.float().cpu() - want.float()).abs().max() < tol * want.float().abs().max()

@@ -179,9 +179,11 @@ def warm_engine(engine, mode: str) -> WarmReport:
     bs = engine.args.block_size
     before = _captured(runner)
     for b, w in p.decode:
+        _lora_rows(runner, [1] * b)
         if not runner.graphs.warm(b, w, spare_block, bs):
             break
     for n in p.buckets:
+        _lora_rows(runner, [n])
         if not runner.prompts.warm(n, spare_block, bs):
             break
     if runner.kv.states is None:  # a hybrid's eager step needs real state slots
@@ -194,6 +196,13 @@ def warm_engine(engine, mode: str) -> WarmReport:
     report.failed = fails[0] if fails else None
     report.seconds = time.perf_counter() - t0
     return report
+
+
+def _lora_rows(runner, counts: list[int]) -> None:
+    """LoRA adapters loaded: a step's rows on none of them, as `ModelRunner.execute` sets them
+    (the captures of steps on an adapter are made on first use)."""
+    if runner.lora is not None:
+        runner.lora.set_rows([((), n) for n in counts])
 
 
 def _captured(runner) -> int:
@@ -215,6 +224,7 @@ def _warm_eager(runner, p: WarmPlan, spare_block: int, bs: int) -> None:
         pos = torch.cat([torch.arange(c - n, c, device=dev) for n, c in seqs])
         slots = torch.full((total,), spare_block * bs, dtype=torch.long, device=dev)
         meta = BatchMeta(tuple(starts), tuple(c for _, c in seqs), tables, slots, bs)
+        _lora_rows(runner, [n for n, _ in seqs])
         hidden = runner.model(ids, pos, meta, runner.kv)
     if hidden is None:
         return

@@ -125,7 +125,8 @@ def test_warm_steps_write_only_the_spare_block(tiny):
         for t in kv.k + kv.v:
             t.copy_(torch.randn(t.shape, generator=gen))
         before = [t.clone() for t in kv.k + kv.v]
-        runner = dataclasses.make_dataclass("R", ["model", "kv", "device"])(model, kv, kv.device)
+        fields = ["model", "kv", "device", "lora"]
+        runner = dataclasses.make_dataclass("R", fields)(model, kv, kv.device, None)
         p = _gpu_plan(budget=512, ctx=1024)
         with torch.inference_mode():
             _warm_eager(runner, p, blocks - 1, BS)

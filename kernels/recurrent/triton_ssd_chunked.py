@@ -27,6 +27,7 @@ import triton.language as tl
 CHUNK = 64  # tokens per chunk (tl.dot wants sides of 16 and more)
 DOT_PRECISION = "ieee"
 BLOCK_P = 32  # head-dim columns per program
+WARPS = 4  # per program of the chunk kernels
 
 
 @triton.jit
@@ -148,7 +149,7 @@ def ssd_chunked_triton(
     bp = max(16, min(BLOCK_P, triton.next_power_of_2(p)))
     bn = max(16, triton.next_power_of_2(n))
     grid = (nc, h, triton.cdiv(p, bp))
-    common = dict(L=chunk, BP=bp, BN=bn, PREC=DOT_PRECISION, num_warps=4)
+    common = dict(L=chunk, BP=bp, BN=bn, PREC=DOT_PRECISION, num_warps=WARPS)
     _chunk_state[grid](x, dt, a, B, chunks, ds, da, x.stride(0), B.stride(0), h, p, n, h // g,
                        **common)  # fmt: skip
     block = min(1024, triton.next_power_of_2(p * n))

@@ -2,13 +2,15 @@
 # One device call (about 4-5 minutes on an H100/H200) for issue 40's hybrid prompt speed
 # (Granite-4.0-H-Tiny pp512 was 0.44x llama.cpp, tests/perf/results/hybrid.md):
 # 1. GPU tests (while the Granite-4.0-H-Tiny file is written): the chunked Mamba-2 prompt scan
-#    against the token-by-token reference (tests/kernels/test_ssd_chunked_triton.py), the
-#    recurrent kernels and the fixtures through them, chunked prompt included
+#    against the token-by-token reference (tests/kernels/test_ssd_chunked_triton.py), the mixer's
+#    fused end (test_gated_norm.py), the recurrent kernels and the fixtures through them, chunked
+#    prompt included
 #    (test_recurrent_gpu.py, test_recurrent_triton.py), the hybrids' engine and graph tests.
 # 2. tests/perf/profile_hybrid_prefill.py on Granite-4.0-H-Tiny (make_hybrid_synthetic.py, Q4_K_M,
-#    random weights): eager 512-token prefill wall and host time, chunked scan vs token by token
+#    random weights): eager 512-token prefill wall and host time as shipped, with the
+#    token-by-token scan, and with that scan and the torch end of the mixer (before this change),
 #    alternated; host syncs per forward; a torch.profiler table (kernels by CUDA time, counts;
-#    mixer / MoE ranges); the scan alone at the model's shape.
+#    mixer / MoE ranges); the scan alone at the model's shape in a few configurations.
 # 3. `localllm bench -p 512 -n 0 -r 3 --device cuda` next to llama.cpp 3f545bec's
 #    `llama-bench -p 512 -n 0 -r 3 -ngl 99` on the same file; then Granite-4.0-H-Small (made in
 #    the background after Tiny) if it is ready and time is left (BUDGET_S).
@@ -52,7 +54,8 @@ mk() {  # name shape: <name>.gguf appears once complete
   [ "$SMALL" = 1 ] && mk g4s granite-4.0-h-small
   touch $M/done ) &
 timeout "${TEST_T:-110}" python3 -m pytest -q -m gpu -p no:cacheprovider \
-  tests/kernels/test_ssd_chunked_triton.py tests/kernels/test_recurrent_gpu.py \
+  tests/kernels/test_ssd_chunked_triton.py tests/kernels/test_gated_norm.py \
+  tests/kernels/test_recurrent_gpu.py \
   tests/kernels/test_recurrent_triton.py tests/engine/test_hybrid_families_gpu.py \
   tests/engine/test_hybrid_graphs.py 2>&1 | tee "$OUT/pytest.log" | grep -v "^\." | tail -15
 echo "tests done at $(($(date +%s) - T0)) s"
@@ -95,6 +98,6 @@ echo
 echo "g4t = Granite-4.0-H-Tiny, g4s = Granite-4.0-H-Small; Q4_K_M random weights, on the GPU"
 tail -3 "$OUT/pytest.log"
 grep -E "^\| (chunked|token)|^host syncs|^### profiler" "$OUT/profile_g4t.md" 2>/dev/null
-grep -E "^(token by token|chunked,)" "$OUT/profile_g4t.md" 2>/dev/null
+grep -E "^(token by token|chunked )" "$OUT/profile_g4t.md" 2>/dev/null
 cat "$OUT/summary.md"
 echo "total $(($(date +%s) - T0)) s"

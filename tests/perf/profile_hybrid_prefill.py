@@ -156,9 +156,6 @@ def _scan_alone(model, kv, ids, top: int) -> None:
     B, C = (torch.randn(n, g, s, device=dev, generator=gen) for _ in range(2))
     st0 = torch.randn(1, h, p, s, device=dev, generator=gen) * 0.1
     qs = torch.tensor([0, n], dtype=torch.int32, device=dev)
-    rows, first = ch.chunk_table([0, n])
-    chunks = torch.tensor(rows, dtype=torch.int32, device=dev).view(-1, 2)
-    firsts = torch.tensor(first, dtype=torch.int32, device=dev)
     ref_state = st0.clone()
     ref = ssd_varlen_triton(x, dt, A, B, C, ref_state, qs)
 
@@ -177,20 +174,53 @@ def _scan_alone(model, kv, ids, top: int) -> None:
           "(us per layer call; max |diff| vs token by token)")  # fmt: skip
     us = one(lambda: ssd_varlen_triton(x, dt, A, B, C, st0.clone(), qs))
     print(f"token by token (triton_step.ssd_varlen_triton): {us:.1f} us")
-    keep = ch.DOT_PRECISION
-    for prec in ("ieee", "tf32"):
-        ch.DOT_PRECISION = prec
+    keep = (ch.DOT_PRECISION, ch.BLOCK_P, ch.WARPS)
+    shipped = (keep[0], ch.CHUNK, keep[1], keep[2])
+    configs = [shipped] + [
+        c
+        for c in [("tf32", 64, 32, 4), ("ieee", 64, 32, 8), ("ieee", 64, 64, 8),
+                  ("ieee", 32, 32, 4), ("ieee", 32, 64, 4), ("ieee", 128, 32, 8)]
+        if c != shipped
+    ]  # fmt: skip
+    for prec, chunk, bp, warps in configs:
+        ch.DOT_PRECISION, ch.BLOCK_P, ch.WARPS = prec, bp, warps
+        rows, first = ch.chunk_table([0, n], chunk)
+        chunks = torch.tensor(rows, dtype=torch.int32, device=dev).view(-1, 2)
+        firsts = torch.tensor(first, dtype=torch.int32, device=dev)
+        name = f"chunked {prec}, L {chunk}, BP {bp}, {warps} warps"
+        name += " (shipped)" if (prec, chunk, bp, warps) == shipped else ""
         try:
             stc = st0.clone()
-            y = ch.ssd_chunked_triton(x, dt, A, B, C, stc, chunks, firsts)
+            y = ch.ssd_chunked_triton(x, dt, A, B, C, stc, chunks, firsts, chunk)
             diff = (y - ref).abs().max().item() / ref.abs().max().item()
             sdiff = (stc - ref_state).abs().max().item() / ref_state.abs().max().item()
-            us = one(lambda: ch.ssd_chunked_triton(x, dt, A, B, C, st0.clone(), chunks, firsts))
-            print(f"chunked, {prec} dots: {us:.1f} us (rel diff y {diff:.2e}, state {sdiff:.2e})")
-        except Exception as e:  # a precision this triton or GPU lacks: say so, go on
-            print(f"chunked, {prec} dots: failed: {type(e).__name__}: {str(e)[:200]}")
+            plan = (chunks, firsts, chunk)
+            us = one(lambda plan=plan: ch.ssd_chunked_triton(x, dt, A, B, C, st0.clone(), *plan))
+            print(f"{name}: {us:.1f} us (rel diff y {diff:.2e}, state {sdiff:.2e})")
+        except Exception as e:  # a config this triton or GPU refuses: say so, go on
+            print(f"{name}: failed: {type(e).__name__}: {str(e)[:200]}")
         finally:
-            ch.DOT_PRECISION = keep
+            ch.DOT_PRECISION, ch.BLOCK_P, ch.WARPS = keep
+
+
+# (Mamba-2 prompt scan, the mixer's end): as shipped; the token-by-token scan; both as before
+MODES = {
+    "chunked scan, fused end": ("chunked", True),
+    "token-by-token scan, fused end": ("tokens", True),
+    "token-by-token scan, torch end": ("tokens", False),
+}
+_KEEP: dict = {}
+
+
+def _mode(name: str) -> None:
+    import localllm.engine.layers.recurrent as layers
+    import localllm.kernels.recurrent.gated_norm as gated_norm
+
+    _KEEP.setdefault("rows", layers.CHUNKED_MIN_ROWS)
+    _KEEP.setdefault("fused", gated_norm.use_triton)
+    scan, fused = MODES[name]
+    layers.CHUNKED_MIN_ROWS = _KEEP["rows"] if scan == "chunked" else 1 << 30
+    gated_norm.use_triton = _KEEP["fused"] if fused else (lambda y: False)
 
 
 def main() -> None:
@@ -201,25 +231,21 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--device", default="cuda", help="cpu: a dry run of the script itself")
     args = ap.parse_args()
-    import localllm.engine.layers.recurrent as layers
-
     n, dev = args.prompt, torch.device(args.device)
     with torch.inference_mode():
         model, kv = _load(args.model, n, dev)
         ids = torch.randint(0, model.args.vocab_size, (n,), device=dev)
-        chunked_min = layers.CHUNKED_MIN_ROWS
-        modes = {"chunked scan": chunked_min, "token-by-token scan": 1 << 30}
-        for m in modes.values():  # warm-up: compilation, allocator
-            layers.CHUNKED_MIN_ROWS = m
+        for m in MODES:  # warm-up: compilation, allocator
+            _mode(m)
             _forward(model, kv, ids)
-        got = {k: [] for k in modes}
+        got = {k: [] for k in MODES}
         for _ in range(args.reps):
-            for k, m in modes.items():
-                layers.CHUNKED_MIN_ROWS = m
+            for k in MODES:
+                _mode(k)
                 got[k].append(_timed(model, kv, ids))
-        layers.CHUNKED_MIN_ROWS = chunked_min
+        _mode(next(iter(MODES)))
         print(f"### {args.model}: pp{n}, eager forward, median of {args.reps} (alternated)")
-        print("| scan | host returns ms | wall ms | t/s |\n|---|---:|---:|---:|")
+        print("| path | host returns ms | wall ms | t/s |\n|---|---:|---:|---:|")
         for k, v in got.items():
             host = sorted(h for h, _ in v)[len(v) // 2]
             wall = sorted(w for _, w in v)[len(v) // 2]

@@ -61,7 +61,7 @@ class WarmReport:
     mode: str
     captured: int = 0  # graphs made (prompt + decode)
     seconds: float = 0.0
-    failed: str | None = None  # why capture stopped (then those steps run eager)
+    failed: str | None = None  # why a capture failed (that shape and larger: left to first use)
 
     def line(self) -> str:
         why = f"; capture failed: {self.failed}" if self.failed else ""
@@ -178,13 +178,22 @@ def warm_engine(engine, mode: str) -> WarmReport:
     spare_block = engine.kv_plan.num_blocks  # the block past the plan (`LLMEngine`: spare = 1)
     bs = engine.args.block_size
     before = _captured(runner)
+    stops: list[tuple[int, int]] = []  # (batch, width) whose capture failed
     for b, w in p.decode:
+        if any(b >= sb and w >= sw for sb, sw in stops):
+            continue
         _lora_rows(runner, [1] * b)
         if not runner.graphs.warm(b, w, spare_block, bs):
-            break
+            stops.append((b, w))
+            report.failed = report.failed or runner.graphs.failed
+            # a shape no request may ever take must not turn the graphs off for every step:
+            # what was captured stays in use, a failing shape fails again on its first use
+            runner.graphs.failed = None
     for n in p.buckets:
         _lora_rows(runner, [n])
         if not runner.prompts.warm(n, spare_block, bs):
+            report.failed = report.failed or runner.prompts.failed
+            runner.prompts.failed = None  # (as above; longer buckets are left to first use)
             break
     if runner.kv.states is None:  # a hybrid's eager step needs real state slots
         _warm_eager(runner, p, spare_block, bs)
@@ -192,8 +201,6 @@ def warm_engine(engine, mode: str) -> WarmReport:
         warm_requests(engine)
     torch.cuda.synchronize(runner.device)
     report.captured = _captured(runner) - before
-    fails = [g.failed for g in (runner.graphs, runner.prompts) if g is not None and g.failed]
-    report.failed = fails[0] if fails else None
     report.seconds = time.perf_counter() - t0
     return report
 

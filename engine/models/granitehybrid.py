@@ -233,8 +233,8 @@ class Block(nn.Module):
             out = self.mamba(h, self.ssm_a, self.ssm_d, batch, kv)
         else:
             out = self.attend(h, batch, kv)
-        x = x + out * s
-        return x + self.mlp(self.ffn_norm(x)) * s
+        x = x.add(out, alpha=s)  # x + out * s in one launch
+        return x.add(self.mlp(self.ffn_norm(x)), alpha=s)
 
 
 class Model(Decoder):

@@ -36,13 +36,18 @@ def padded_decode_plan(
 ) -> DecodePlan:
     """Plan for B single-token sequences (row b of q is sequence b): tables [B, max_blocks] int64
     (entries past a sequence's blocks may be any valid block id), seq_lens [B] int64 (context
-    length after the step). Keys at positions >= seq_len (or outside `window`) are masked."""
+    length after the step). Keys at positions >= seq_len (or outside `window`) are masked;
+    `span` holds the visible range: the flash kernel's work follows the real length, not m."""
     slots = tables[:, where.block] * block_size + where.offset  # [B, m]
     pad = where.pos[None, :] >= seq_lens[:, None]
+    lo = torch.zeros_like(seq_lens)
     if window:
-        pad |= where.pos[None, :] < (seq_lens - window)[:, None]
+        lo = (seq_lens - window).clamp(min=0)
+        pad |= where.pos[None, :] < lo[:, None]
     # Masked keys re-read position 0's slot (always written): an unwritten slot may hold NaN, and
     # a zero softmax weight times NaN is still NaN.
     slots = torch.where(pad, slots[:, :1], slots)
     rows = torch.arange(tables.shape[0], device=tables.device)
-    return DecodePlan(rows, slots, pad[:, None, None, :])
+    # the visible keys are one range of positions: the flash kernel skips the padding after it
+    span = torch.stack((lo, seq_lens), 1)
+    return DecodePlan(rows, slots, pad[:, None, None, :], span=span)

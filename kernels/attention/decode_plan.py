@@ -19,6 +19,9 @@ class DecodePlan:
     # the CPU's native decode attention (`kernels/cpu/paged_decode`) reads instead of `slots`
     lens: torch.Tensor | None = None
     tables: torch.Tensor | None = None
+    # [nd, 2] int64 on the plan's device: the visible keys [lo, hi) along m (the rest is padding),
+    # which the flash-decoding split reads alone (None: all m keys, `pad` masking)
+    span: torch.Tensor | None = None
 
 
 def plan_decode(

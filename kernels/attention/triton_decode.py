@@ -1,10 +1,12 @@
 """Flash-decoding over a `DecodePlan` on CUDA: single-token queries against paged f16/bf16/f32
 keys and values, in two launches (split the keys, then combine) instead of the reference's
 gather + two batched matmuls + mask + softmax (6-8 kernels per layer, the bulk of decode's
-non-GEMV time on an H200). The plan's slots/pad are read on the device, so CUDA graphs replay it.
+non-GEMV time on an H200). The plan's slots/pad (and span) are read on the device, so CUDA graphs
+replay it. The split on tensor cores is `triton_split`'s (`SPLIT_KERNEL`); this module keeps the
+earlier splits (FMA, and the chunk split for A/B) and the combine.
 
 Reference: `decode.decode_attention` (same arguments); quantized KV caches and attention sinks
-stay on the reference.
+stay on the reference. tests/kernels/test_flash_decode.py checks every split against it.
 """
 
 import torch
@@ -13,9 +15,11 @@ import triton.language as tl
 
 from localllm.kernels import pdl
 from localllm.kernels.attention.decode_plan import DecodePlan
+from localllm.kernels.attention.triton_split import split_span
 from localllm.kernels.quant.triton_dp4a import quant_groups
 from localllm.kernels.quant.triton_packed import QuantizedX
 
+# The chunk and FMA splits' launch:
 PROGRAM_TARGET = 264  # (sequence, kv head, key chunk) programs: two per SM of an H100/H200
 # Values of the [heads, keys, dims] score product one program holds. A chunk within this runs in
 # one pass: its k and v loads go out together (decode attention on a GPU is bound by load
@@ -28,6 +32,12 @@ COMBINE_WARPS = 4  # warps of a combine program (one query head)
 # the kernel). "exact" (float32 in three tf32 passes, 5e-8 off) takes 8.1 / 17.7 us per 8B layer at
 # 513 / 4,000 keys where the FMA split takes 12.1 / 35.2 (H200, bench_attention.py, 2026-12-01).
 SPLIT_DOT: str | None = "exact"
+# Which tensor-core split runs: "span" (`triton_split`: each sequence's real keys in many short
+# splits, f16/bf16 keys as stored; issue 38's long contexts) or "chunk" (`_split_dot_kernel` over
+# all m keys of the plan in fixed chunks: at depth 8K on an H100 1,707 us a decode step, 21 % of
+# the copy bandwidth, tests/perf/results/server.md; kept for A/B in bench_attention.py and
+# tests/perf/gpu_flashdecode.sh)
+SPLIT_KERNEL = "span"
 # The combine also writes its rows quantized for the output projection's dp4a GEMV, which then
 # skips its own quantization launch (`decode.quantized_output`; tests/perf/h200_session.sh `pdlab`
 # mode `nocq` turns it off)
@@ -205,13 +215,16 @@ def flash_decode(
     softcap: float | None = None,
     out: torch.Tensor | None = None,
     bj: int | None = None,
-    warps: int = 4,
+    warps: int | None = None,
     dot: str | None = SPLIT_DOT,
     quant: QuantizedX | None = None,
+    kernel: str | None = None,
+    tune: dict | None = None,
 ) -> torch.Tensor:
     """`decode_attention` for unquantized caches: q [T, H, D] float32 -> [nd, H, Dv] float32.
     With `out` [T, H, Dv] the results go straight to the plan's rows of it (returned). `bj`
-    (keys per step), `warps` and `dot` (the tensor-core split) override the launch (benchmarks).
+    (keys per step), `warps`, `dot` (the tensor-core split), `kernel` (`SPLIT_KERNEL`) and `tune`
+    (the span split's, `triton_split.TUNE`) override the launch (benchmarks).
     `quant`: buffers for the output's rows quantized ([T or nd, H * Dv], `empty_quantized`; Dv a
     multiple of 32), which the combine fills along with the float rows; with `out`, the plan's
     rows must be all of out's (`decode.quantized_output` allocates them)."""
@@ -225,6 +238,13 @@ def flash_decode(
             raise ValueError(f"quant needs all {t} rows in the plan ({nd}) and Dv % 32 == 0")
     g = h // kvh
     gp = triton.next_power_of_2(g)
+    launch = pdl.launch_options(pdl.enabled(q))
+    if dot is not None and dot not in ("exact", "native"):
+        raise ValueError(f"dot must be None, 'exact' or 'native', not {dot!r}")
+    if (kernel or SPLIT_KERNEL) == "span" and dot is not None and min(d, dv) >= 16:
+        tune = (tune or {}) | {"bj": bj, "warps": warps}
+        mx, den, acc, ns = split_span(q, k_cache, v_cache, plan, scale, softcap, dot, launch, tune)
+        return _combine(q, mx, den, acc, ns, plan, out, quant, g, kvh, dv, launch)
     step = 16
     ns = max(1, min(triton.cdiv(m, step), triton.cdiv(PROGRAM_TARGET, nd * kvh)))
     chunk = max(step, triton.next_power_of_2(triton.cdiv(m, ns)))
@@ -242,18 +262,21 @@ def flash_decode(
     qc = q.contiguous()
     args = (qc, plan.rows, k_cache, v_cache, slots, pad.contiguous(), mx, den, acc, m, ns, scale)
     geo = {"CHUNK": chunk, "KV": kvh, "G": g, "GP": gp, "D": d, "DV": dv, "BJ": bj}
-    launch = pdl.launch_options(pdl.enabled(q))
-    flags = {"HAS_PAD": plan.pad is not None, "CAP": softcap is not None, "num_warps": warps}
+    flags = {"HAS_PAD": plan.pad is not None, "CAP": softcap is not None, "num_warps": warps or 4}
     flags |= launch
     if dot is not None and min(d, dv) >= 16:  # tl.dot needs 16-wide operands
-        if dot not in ("exact", "native"):
-            raise ValueError(f"dot must be None, 'exact' or 'native', not {dot!r}")
         dot_geo = {"GH": max(16, gp), "EXACT": dot == "exact"}
         _split_dot_kernel[(nd, kvh, ns)](*args, softcap or 0.0, **geo, **dot_geo, **flags)
     else:
         _split_kernel[(nd, kvh, ns)](*args, softcap or 0.0, **geo, **flags)
+    return _combine(q, mx, den, acc, ns, plan, out, quant, g, kvh, dv, launch)
+
+
+def _combine(q, mx, den, acc, ns, plan, out, quant, g, kvh, dv, launch) -> torch.Tensor:
+    """The combine launch over a split's partials (into `out`'s plan rows, or a new [nd, H, Dv])."""
+    nd, gp, dev = plan.rows.shape[0], triton.next_power_of_2(g), q.device
     if out is None:
-        out = torch.empty(nd, h, dv, dtype=torch.float32, device=dev)
+        out = torch.empty(nd, kvh * g, dv, dtype=torch.float32, device=dev)
         rows = torch.arange(nd, device=dev)
     else:
         rows = plan.rows

@@ -12,9 +12,12 @@ import torch
 
 from localllm.kernels.attention.decode import decode_attention
 from localllm.kernels.attention.decode_plan import DecodePlan
-from tests.triton_env import CUDA, DEVICE, TRITON_MARKS
+from tests.triton_env import CUDA, DEVICE, INTERPRET, TRITON_MARKS
 
 pytestmark = TRITON_MARKS
+# triton 3.9's interpreter multiplies bfloat16 operands of tl.dot as their raw bits (and rounds
+# float32 -> bfloat16 otherwise than a GPU): bfloat16 caches are checked on the GPU only
+GPU_BF16 = pytest.mark.skipif(INTERPRET, reason="the interpreter's bfloat16 tl.dot is wrong")
 
 
 def _plan(lens, m, blocks, bs, gen):
@@ -126,3 +129,86 @@ def test_combine_quant_needs_every_row_of_out():
     out = torch.zeros(3, 4, 32, device=DEVICE)
     with pytest.raises(ValueError, match="all 3 rows"):
         flash_decode(q, kc, kc, dev, 0.1, None, out, quant=empty_quantized(3, 128, out.device))
+
+
+def _padded(lens, width, bs, window, gen):
+    """A decode graph's plan (`padded_decode_plan`: every sequence over `width` table entries,
+    `span` its visible keys) over shuffled block tables."""
+    from localllm.kernels.attention.decode_graph import PaddedPositions, padded_decode_plan
+
+    tables = torch.stack([torch.randperm(len(lens) * width, generator=gen)[:width] for _ in lens])
+    where = PaddedPositions.make(width, bs, "cpu")
+    return padded_decode_plan(tables, torch.tensor(lens), where, bs, window), len(lens) * width
+
+
+def _span_on_device(plan: DecodePlan) -> DecodePlan:
+    dev = _on_device(plan)
+    span = None if plan.span is None else plan.span.to(DEVICE)
+    return DecodePlan(dev.rows, dev.slots, dev.pad, span=span)
+
+
+@pytest.mark.parametrize("kernel", ["span", "chunk"])
+@pytest.mark.parametrize(
+    ("dtype", "dot", "tol"),
+    [
+        (torch.float16, "exact", 2e-5),
+        pytest.param(torch.bfloat16, "exact", 2e-5, marks=GPU_BF16),
+        (torch.float32, "exact", 2e-5),
+        (torch.float16, "native", 5e-3),
+        # q and the weights rounded to 8-bit mantissas
+        pytest.param(torch.bfloat16, "native", 4e-2, marks=GPU_BF16),
+    ],
+)
+@pytest.mark.parametrize(
+    ("lens", "window", "programs", "bj", "ahead", "softcap"),
+    [
+        ([700], None, None, None, True, None),  # one long sequence: many splits, m 1/3 padding
+        ([700], 300, 7, 16, False, 20.0),  # a window: the span starts past 0; odd split lengths
+        ([3, 520, 97, 33], None, 5, 32, True, None),  # mixed lengths: some splits hold no key
+        ([40, 41], 17, 64, 16, False, None),  # more splits than a window's steps
+    ],
+)
+def test_graph_plan_matches_reference(
+    lens, window, programs, bj, ahead, softcap, dtype, dot, tol, kernel
+):
+    """The decode graph's padded plan (keys past each length, or before its window, padding) on
+    both tensor-core splits: the span split reads each sequence's span only."""
+    from localllm.kernels.attention.triton_decode import flash_decode
+
+    gen = torch.Generator().manual_seed(sum(lens) + len(lens))
+    bs, d, heads, kvh = 16, 32, 8, 2
+    width = 1 << (max(lens) // bs).bit_length()  # a power-of-two bucket, as the graphs take
+    plan, blocks = _padded(lens, width, bs, window, gen)
+    kc = torch.randn(blocks, bs, kvh, d, generator=gen).to(dtype)
+    vc = torch.randn(blocks, bs, kvh, d, generator=gen).to(dtype)
+    q = torch.randn(len(lens), heads, d, generator=gen) * 2.0
+    ref = decode_attention(q.double(), kc.double(), vc.double(), plan, d**-0.5, softcap)
+    kd, vd = kc.to(DEVICE), vc.to(DEVICE)
+    tune = {"programs": programs, "ahead": ahead}
+    got = flash_decode(q.to(DEVICE), kd, vd, _span_on_device(plan), d**-0.5, softcap, dot=dot,
+                       kernel=kernel, bj=bj, tune=tune)  # fmt: skip
+    assert (got.double().cpu() - ref).abs().max() < tol
+
+
+def test_span_alone_bounds_the_keys():
+    """Keys outside the plan's span are never read: here they are NaN and `pad` is absent."""
+    from localllm.kernels.attention.triton_decode import flash_decode
+
+    gen = torch.Generator().manual_seed(11)
+    bs, d, heads, kvh, m = 16, 32, 4, 1, 160
+    kc = torch.randn(2 * m // bs, bs, kvh, d, generator=gen)
+    vc = torch.randn(2 * m // bs, bs, kvh, d, generator=gen)
+    spans = torch.tensor([[0, 150], [37, 101]])
+    slots = torch.arange(2 * m).view(2, m)  # sequence i owns slots i * m ...
+    pos = torch.arange(m)
+    outside = (pos < spans[:, :1]) | (pos >= spans[:, 1:])
+    q = torch.randn(2, heads, d, generator=gen)
+    ref_plan = DecodePlan(torch.arange(2), slots, outside[:, None, None, :])
+    ref = decode_attention(q.double(), kc.double(), vc.double(), ref_plan, d**-0.5)
+    kn, vn = kc.clone().flatten(0, 1), vc.clone().flatten(0, 1)
+    kn[slots[outside]] = float("nan")
+    vn[slots[outside]] = float("nan")
+    plan = DecodePlan(torch.arange(2).to(DEVICE), slots.to(DEVICE), None, span=spans.to(DEVICE))
+    kd, vd = kn.view_as(kc).to(DEVICE), vn.view_as(vc).to(DEVICE)
+    got = flash_decode(q.to(DEVICE), kd, vd, plan, d**-0.5, kernel="span", tune={"programs": 6})
+    assert (got.double().cpu() - ref).abs().max() < 2e-5

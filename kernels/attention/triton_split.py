@@ -1,0 +1,190 @@
+"""Flash-decoding's split over each sequence's visible keys (`DecodePlan.span`), for long contexts.
+
+The first split (`triton_decode._split_dot_kernel`) cut the plan's m keys into power-of-two
+chunks fixed at launch: in a decode graph m is the table bucket's (up to twice the real length,
+the rest padding that re-reads one key), and one sequence x 8 kv heads made 32 programs, each a
+serial loop of 16 keys (two per SM, little of the cache in flight: 21 % of an H100's copy
+bandwidth at depth 8K). Here each (sequence, kv head) has NS programs that split the sequence's
+own span read on the device (so a graph replays for any length, and padding is never read), with
+NS set for several programs per SM, BJ keys per step and the key loop software-pipelined.
+
+"exact" products (the default) on f16/bf16 caches are float32 q and softmax weights cut into two
+(f16) or three (bf16) parts in the cache's type, each part's product on tensor cores with float32
+accumulation: about float32 products (each part is exact in 11 or 8 bits) for 2-3 passes over
+keys that are read as they are, where tf32x3 converted every key to float32 and made three.
+
+Checked so far on a CPU only (2026-12-06, triton 3.9's interpreter, tests/kernels/
+test_flash_decode.py: decode-graph plans of 1-4 sequences over 3-700 keys with windows, softcap,
+empty splits, f16/f32 caches, against `decode.decode_attention` in float64: within 2e-5, "native"
+5e-3; the interpreter's bfloat16 tl.dot is wrong, so bf16 is for the GPU run). A torch emulation
+of the parts on one [16, 128] x [128, 64] product: f16 in two parts 7.6e-7 off (one part 3.1e-3),
+bf16 in three parts exact in float64 (two 2.8e-5). No speed figure here: tests/perf/
+gpu_flashdecode.sh measures it against the chunk split on a GPU.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from localllm.kernels import pdl
+from localllm.kernels.attention.decode_plan import DecodePlan
+
+# The launch (each overridable by `split_span`'s `tune`, as tests/perf/bench_attention.py sweeps).
+# ptxas at sm_90 (tests/perf/compile_sm90.py, triton 3.9): 32 keys of 128 need ~130 registers a
+# thread at 4 warps, ~125-150 at 8 with AHEAD; 64 keys spill at 4 warps.
+TUNE = {
+    "programs": 528,  # (sequence, kv head, split) programs aimed for: four per SM of an H100
+    "key_values": 4096,  # values of the keys one step loads (BJ x head dim): 32 keys of 128
+    "warps": 8,
+    "stages": 2,  # tl.range's pipelining stages (triton pipelines the slot loads, not k/v)
+    "ahead": True,  # issue the next step's k/v loads before this step's math (by hand)
+    "maxnreg": None,  # a register cap (more programs per SM), None: ptxas's choice
+}
+
+
+@triton.jit
+def _dot_parts(a, b, NT: tl.constexpr):
+    """a (float32) @ b: NT = 0: b float32 in three tf32 passes; else a cut into NT parts in b's
+    type (1: a rounded, llama.cpp's flash attention; 2-3: ~float32), float32 accumulation."""
+    if NT == 0:
+        return tl.dot(a, b, input_precision="tf32x3")
+    hi = a.to(b.dtype)
+    out = tl.dot(hi, b)
+    if NT >= 2:
+        rest = a - hi.to(tl.float32)
+        mid = rest.to(b.dtype)
+        out = tl.dot(mid, b, out)
+        if NT >= 3:
+            out = tl.dot((rest - mid.to(tl.float32)).to(b.dtype), b, out)
+    return out
+
+
+@triton.jit
+def _load_kv(
+    slots_ptr, pad_ptr, k_ptr, v_ptr, srow, j, end, g, d, dv,
+    KV: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, HAS_PAD: tl.constexpr,
+):  # fmt: skip
+    """The keys and values at plan positions j (< end), and which of them count."""
+    ok = j < end
+    slot = tl.load(slots_ptr + srow + j, mask=ok, other=0)
+    if HAS_PAD:
+        ok &= tl.load(pad_ptr + srow + j, mask=ok, other=1) == 0
+    base = slot * KV + g
+    k = tl.load(k_ptr + base[:, None] * D + d[None, :], mask=ok[:, None], other=0.0)
+    v = tl.load(v_ptr + base[:, None] * DV + dv[None, :], mask=ok[:, None], other=0.0)
+    return k, v, ok
+
+
+@triton.jit
+def _span_split_kernel(
+    q_ptr, rows_ptr, k_ptr, v_ptr, slots_ptr, pad_ptr, span_ptr, m_ptr, l_ptr, acc_ptr,
+    M, NS, scale, softcap,
+    KV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, GH: tl.constexpr, D: tl.constexpr,
+    DV: tl.constexpr, BJ: tl.constexpr, HAS_PAD: tl.constexpr, HAS_SPAN: tl.constexpr,
+    CAP: tl.constexpr, NT: tl.constexpr, STAGES: tl.constexpr, AHEAD: tl.constexpr,
+    PDL: tl.constexpr,
+):  # fmt: skip
+    """Program (b, g, c): split c of NS of sequence b's keys [lo, hi) (span, else [0, M) with
+    `pad` masking) for kv head g's query heads (padded to GH >= 16 rows for tl.dot); writes the
+    running max, denominator and unnormalized sum for `triton_decode._combine_kernel`."""
+    pdl.gdc_begin(PDL)
+    pdl.gdc_wait(PDL)
+    b, g, c = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    gi = tl.arange(0, GH)
+    d = tl.arange(0, D)
+    dv = tl.arange(0, DV)
+    row = tl.load(rows_ptr + b)
+    qo = (row * KV * G + g * G + gi)[:, None] * D + d[None, :]
+    q = tl.load(q_ptr + qo, mask=(gi < G)[:, None], other=0.0).to(tl.float32) * scale
+    if HAS_SPAN:
+        lo = tl.load(span_ptr + 2 * b).to(tl.int32)
+        hi = tl.load(span_ptr + 2 * b + 1).to(tl.int32)
+    else:  # (tensors: M may come specialized as a constant)
+        lo = b * 0
+        hi = lo + M
+    per = tl.cdiv(tl.cdiv(hi - lo, NS), BJ) * BJ  # whole steps: only the span's end is masked
+    start = lo + c * per
+    end = tl.minimum(start + per, hi)
+    mx = tl.full([GH], float("-inf"), tl.float32)
+    den = tl.zeros([GH], dtype=tl.float32)
+    acc = tl.zeros([GH, DV], dtype=tl.float32)
+    srow = b.to(tl.int64) * M
+    jb = tl.arange(0, BJ)
+    if AHEAD:  # the first step's loads; each step then issues the next one's before its math
+        k, v, ok = _load_kv(slots_ptr, pad_ptr, k_ptr, v_ptr, srow, start + jb, end, g, d, dv,
+                            KV, D, DV, HAS_PAD)  # fmt: skip
+    for j0 in tl.range(start, end, BJ, num_stages=STAGES):
+        if AHEAD:
+            kn, vn, okn = _load_kv(slots_ptr, pad_ptr, k_ptr, v_ptr, srow, j0 + BJ + jb, end, g,
+                                   d, dv, KV, D, DV, HAS_PAD)  # fmt: skip
+        else:
+            k, v, ok = _load_kv(slots_ptr, pad_ptr, k_ptr, v_ptr, srow, j0 + jb, end, g, d, dv,
+                                KV, D, DV, HAS_PAD)  # fmt: skip
+        s = _dot_parts(q, tl.trans(k), NT)  # [GH, BJ]
+        if CAP:
+            s = softcap * (1.0 - 2.0 / (tl.exp(2.0 * s / softcap) + 1.0))  # cap * tanh(s / cap)
+        s = tl.where(ok[None, :], s, float("-inf"))
+        new = tl.maximum(mx, tl.max(s, axis=1))
+        safe = tl.where(new == float("-inf"), 0.0, new)  # nothing seen yet: no NaN
+        p = tl.exp(s - safe[:, None])
+        alpha = tl.exp(mx - safe)
+        acc = acc * alpha[:, None] + _dot_parts(p, v, NT)
+        den = den * alpha + tl.sum(p, axis=1)
+        mx = new
+        if AHEAD:
+            k, v, ok = kn, vn, okn
+    part = (b * KV + g) * NS + c
+    keep = gi < GP  # the partials are laid out for GP heads per group
+    tl.store(m_ptr + part * GP + gi, mx, mask=keep)
+    tl.store(l_ptr + part * GP + gi, den, mask=keep)
+    tl.store(acc_ptr + (part * GP + gi)[:, None] * DV + dv[None, :], acc, mask=keep[:, None])
+
+
+def parts(dot: str, dtype: torch.dtype) -> int:
+    """`_dot_parts`'s NT for a `flash_decode` precision and the cache's type."""
+    if dot == "native":
+        return 1
+    return {torch.float32: 0, torch.float16: 2, torch.bfloat16: 3}[dtype]
+
+
+def split_span(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    plan: DecodePlan,
+    scale: float,
+    softcap: float | None,
+    dot: str,
+    launch: dict,
+    tune: dict | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """The partials (max, denominator, sum [nd * KV * NS * GP (, Dv)]) and NS for
+    `triton_decode._combine_kernel`. `tune`: `TUNE` keys to override, and "bj" (keys a step)."""
+    nd, m = plan.slots.shape
+    _, _, kvh, d = k_cache.shape
+    dv = v_cache.shape[-1]
+    g = q.shape[1] // kvh
+    gp = triton.next_power_of_2(g)
+    t = TUNE | {k: v for k, v in (tune or {}).items() if v is not None}
+    bj = t.get("bj") or min(128, max(16, 1 << ((t["key_values"] // max(d, dv)).bit_length() - 1)))
+    # splits: enough for `programs` in all, none shorter than a step of the longest possible span
+    ns = max(1, min(triton.cdiv(m, bj), triton.cdiv(t["programs"], nd * kvh)))
+    dev = q.device
+    mx = torch.empty(nd * kvh * ns * gp, dtype=torch.float32, device=dev)
+    den = torch.empty_like(mx)
+    acc = torch.empty(nd * kvh * ns * gp, dv, dtype=torch.float32, device=dev)
+    slots = plan.slots.contiguous()
+    pad = plan.pad.reshape(nd, m).contiguous() if plan.pad is not None else slots
+    span = plan.span.contiguous() if plan.span is not None else slots
+    geo = {"KV": kvh, "G": g, "GP": gp, "GH": max(16, gp), "D": d, "DV": dv, "BJ": bj}
+    has_span = plan.span is not None  # the span holds every visible key: no pad to read
+    flags = {"HAS_PAD": plan.pad is not None and not has_span, "HAS_SPAN": has_span}
+    flags |= {"CAP": softcap is not None, "NT": parts(dot, k_cache.dtype)}
+    flags |= {"STAGES": t["stages"], "AHEAD": bool(t["ahead"]), "num_warps": t["warps"]}
+    if t["maxnreg"]:
+        flags["maxnreg"] = t["maxnreg"]
+    _span_split_kernel[(nd, kvh, ns)](
+        q.contiguous(), plan.rows, k_cache, v_cache, slots, pad, span, mx, den, acc,
+        m, ns, scale, softcap or 0.0, **geo, **flags, **launch,
+    )  # fmt: skip
+    return mx, den, acc, ns

@@ -35,11 +35,11 @@ MODES = ("full", "decode", "none")  # `localllm serve --warmup`; full is the def
 #   so keys M = Q0 + T) in each class they can take together;
 CHUNKS = ((48, 0), (48, 5), (48, 1), (47, 0), (47, 5), (47, 17), (47, 1))  # (T, Q0)
 # - a lone sequence's step too short for a prompt graph (or one token after a cached prefix);
-LONE = (((16, 16),), ((17, 17),), ((17, 22),), ((1, 40),))
+LONE = (((16, 16),), ((17, 17),), ((17, 22),), ((1, 40),), ((1, 1),))
 # - decoders beside a chunk: the flash-decoding split count (a power of two, a constexpr) follows
-#   the longest context and the number of decoding rows, so contexts double from 32 to the
-#   model's length, each once a multiple of 16 and once not (rows of unequal lengths: padded),
-#   at these row counts (as many as the KV pool can hold at once)
+#   the longest context and the number of decoding rows (one split below 17 keys), so contexts
+#   5 and 16 to the model's length doubling, each once a multiple of 16 and once not (rows of
+#   unequal lengths: padded), at these row counts (as many as the KV pool can hold at once)
 DECODERS = (1, 2, 4, 8, 16, 32, 63)
 _NEIGHBOUR = (1, 300)  # the decoder beside each chunk of CHUNKS
 HEAD_ROWS = (*range(1, 10), 16, 17)
@@ -128,7 +128,7 @@ def eager_steps(max_num_seqs: int, max_model_len: int) -> list[tuple[tuple[int, 
     """Every eager step of the lists above, before the limits of a step and of the pool."""
     steps = [(_NEIGHBOUR, (t, q0 + t)) for t, q0 in CHUNKS]
     steps += LONE
-    contexts, m = [], 32
+    contexts, m = [5], 16
     while m < max_model_len:
         contexts.append(m)
         m *= 2

@@ -2,8 +2,8 @@
 # One device call for issue 38 (about 7-9 minutes on an H100): on one synthetic GGUF
 # (Llama-3.1-8B shape, Q4_K_M, SmolLM2's tokenizer, `--text-head`: the output head never picks a
 # token that is not valid UTF-8, so llama-server's output parser accepts every reply), in order:
-#   tests    GPU tests of the decode-graph ladder and of serve's start-up warm-up (no capture or
-#            triton compile after it), while the file is written
+#   tests    GPU tests (TESTS: serve's start-up warm-up, no capture or triton compile after it;
+#            add tests/engine/test_graph_ladder.py for the ladder, ~50 s), while the file is written
 #   llama    llama-server, a fair config for many users (LLAMA_ARGS, default below),
 #            tests/perf/bench_serve.py at CONC streams (token-id prompts 512-2,048 with shared
 #            prefixes, 256 tokens each: ignore_eos, and min_tokens for ours; streaming
@@ -45,9 +45,10 @@
 # ~31 MiB: llama.cpp 3f545bec's llama-server, llama-bench and llama-batched-bench built for sm_90,
 # the wheels, the tokenizer). Then the device call, from the repo root:
 #   bash tests/perf/gpu_serve2.sh        carry [".serve2"]          (timeout_s 600)
-# Knobs: STEPS ("tests llama ours restart"), CONC (1,16,64), GEN (256), NP (64), LLAMA_ARGS
-# (llama-server's flags after -m: "-np NP -c NP*2560 -fa on -ngl 99 -b 2048 -ub 512 --cache-ram
-# 0"), WARMUP (ours' --warmup: full), LEVEL_S (a level starts no measured request after this many seconds: 30),
+# Knobs: STEPS ("tests llama ours restart"), TESTS (the tests step's files), CONC (1,16,64), GEN
+# (256), NP (64), LLAMA_ARGS (llama-server's flags after -m: "-np NP -c NP*2560 -fa on -ngl 99 -b
+# 2048 -ub 512 --cache-ram 0"), WARMUP (ours' --warmup: full), LEVEL_S (a level starts no
+# measured request after this many seconds: 30),
 # BUDGET_S (a step that would start after this many seconds is skipped: 470), END_S (every step's
 # timeout ends by then: 575, inside the device's 600 s), DEPTHS (8192,32768), KDEPTHS (the
 # kernel breakdown's depths: 512,8192), BENCH_ARGS (more bench_serve.py flags). A dry run on a
@@ -69,6 +70,7 @@ DEPTHS=${DEPTHS:-8192,32768}
 KDEPTHS=${KDEPTHS:-512,8192}
 DEVICE=${DEVICE:-cuda}
 WARMUP=${WARMUP:-full}
+TESTS=${TESTS:-tests/app/server/test_warmup_gpu.py}
 LLAMA_ARGS=${LLAMA_ARGS:--np $NP -c $((NP * 2560)) -fa on -ngl 99 -b 2048 -ub 512 --cache-ram 0}
 LLAMA_OLD_ARGS="-np $NP -c $((NP * 2560)) -fa on -ngl 99"  # the 09:06 run's
 LLB=${LLB:-/tmp/llb}  # llama.cpp's bin/ (its run path is /tmp/llb/bin: unpacked there)
@@ -201,8 +203,8 @@ left() { [ $SECONDS -lt "$BUDGET_S" ] || { echo "skip $1: ${SECONDS}s used of BU
 for step in $STEPS; do
   echo "== $step at ${SECONDS}s"
   case $step in
-    tests) timeout "$(cap 150)" python3 -m pytest -q -m gpu -p no:cacheprovider tests/engine/test_graph_ladder.py \
-        tests/app/server/test_warmup_gpu.py 2>&1 | tee "$OUT/pytest.log" | grep -v "^\." | tail -12 ;;
+    tests) timeout "$(cap 150)" python3 -m pytest -q -m gpu -p no:cacheprovider $TESTS 2>&1 \
+        | tee "$OUT/pytest.log" | grep -v "^\." | tail -12 ;;
     ours) left ours && model_ready && ours ours ;;
     ours-b2k) left ours-b2k && model_ready && ours ours-b2k -b 2048 ;;
     ours-cold-none) left ours-cold-none && model_ready && WARMUP=none ours ours-cold-none ;;

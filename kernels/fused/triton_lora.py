@@ -13,8 +13,9 @@ program does one tile and no loop of dependent loads:
   counter) zeroes t and the counter for the next call, so no memset launch is needed.
 
 One row (single-stream decode) runs broadcast products instead of `tl.dot` (whose tiles pad the
-rows to 16). Float32 math on float16/float32 weights, as the reference; the atomics' order makes
-t's last bit vary run to run (a row on no adapter still adds exactly 0).
+rows to 16). Float32 math on float16/float32 weights, as the reference (tl.dot in "tf32x3":
+three TF32 tensor-core products, float32-accurate; "ieee" FMA tiles spilled kilobytes); the
+atomics' order makes t's last bit vary run to run (a row on no adapter still adds exactly 0).
 `triton_lora_split` holds the first scheme (looped split-K partials), kept for A/B.
 """
 
@@ -61,7 +62,7 @@ def _shrink(x_ptr, sx, a_ptr, w_ptr, sw, t_ptr, T, K, R, BT: tl.constexpr, BR: t
     xb = tl.load(x_ptr + rows[:, None] * sx + k[None, :], mask=tm[:, None] & km[None, :],
                  other=0.0).to(tl.float32)  # fmt: skip
     if DOT:
-        acc = tl.dot(xb, tl.trans(a), input_precision="ieee")
+        acc = tl.dot(xb, tl.trans(a), input_precision="tf32x3")
     else:  # one row: [1, BR, BK] products, no padding to 16 rows
         acc = tl.sum(xb[:, None, :] * a[None, :, :], axis=2)
     m = tm[:, None] & rm[None, :]
@@ -96,10 +97,11 @@ def _expand(t_ptr, cnt_ptr, T, R,
     pdl.gdc_wait(PDL)
     rows = tl.arange(0, BT)
     tm = rows < T
+    # t was summed by the shrink's atomics in L2: read it there (no L1 line of an earlier call)
     t = tl.load(t_ptr + rows[:, None] * R + (lo + rr)[None, :], mask=tm[:, None] & rm[None, :],
-                other=0.0)  # fmt: skip
+                other=0.0, cache_modifier=".cg")  # fmt: skip
     if DOT:
-        d = tl.dot(t, bt, input_precision="ieee")
+        d = tl.dot(t, bt, input_precision="tf32x3")
     else:
         d = tl.sum(t[:, :, None] * bt[None, :, :], axis=1)
     ym = tm[:, None] & cm[None, :]

@@ -10,7 +10,8 @@ columns of a part: y_p += t[:, lo:hi] @ B_p.T in place). The last program to fin
 and both counters for the next call. PDL: the next kernel may be placed only once every program
 has started (so never ahead of one of ours still waiting for an SM).
 Under TRITON_INTERPRET=1 programs run one after another: G is 1 there (the barrier passes at
-once). Float32 math on float16/bfloat16/float32 weights, as the reference.
+once). Float32 math on float16/bfloat16/float32 weights, as the reference (tl.dot in
+"tf32x3", float32-accurate on tensor cores).
 """
 
 import torch
@@ -46,7 +47,7 @@ def _fused(x_ptr, sx, a_ptr, w_ptr, sw, t_ptr, sync_ptr, T, K, R, KS, RB, NB, P,
         xb = tl.load(x_ptr + rows[:, None] * sx + k[None, :], mask=tm[:, None] & km[None, :],
                      other=0.0).to(tl.float32)  # fmt: skip
         if DOT:
-            acc = tl.dot(xb, tl.trans(a), input_precision="ieee")
+            acc = tl.dot(xb, tl.trans(a), input_precision="tf32x3")
         else:
             acc = tl.sum(xb[:, None, :] * a[None, :, :], axis=2)
         m = tm[:, None] & rm[None, :]
@@ -81,7 +82,7 @@ def _fused(x_ptr, sx, a_ptr, w_ptr, sw, t_ptr, sync_ptr, T, K, R, KS, RB, NB, P,
         t = tl.load(t_ptr + rows[:, None] * R + (lo + rr)[None, :],
                     mask=tm[:, None] & rm[None, :], other=0.0, cache_modifier=".cg")  # fmt: skip
         if DOT:
-            d = tl.dot(t, bt, input_precision="ieee")
+            d = tl.dot(t, bt, input_precision="tf32x3")
         else:
             d = tl.sum(t[:, :, None] * bt[None, :, :], axis=1)
         ym = tm[:, None] & cm[None, :]

@@ -11,11 +11,11 @@ Not a test.
 
 `ab` is what a user sees (a base without adapters takes the native CPU decode step, which a
 model with adapters hung on leaves for the torch layers; on CUDA it adds the adapters through
-the torch ops, the first split-K-loop kernels and the one-launch kernel (`engine.lora.delta`'s
-SCHEME "split" / "fused"): the A/B of the kernel schemes, each case its own process, alternated
-round by round; `--cases` picks some); `delta` is the deltas alone: one process, one model
-with 1 (then 4) adapters hung on, decode steps alternating between no row on
-an adapter (the deltas skipped) and every row on all of them.
+the torch ops; `--cases` picks cases, among them the first split-K-loop kernels and the
+one-launch kernel (`engine.lora.delta`'s SCHEME "split" / "fused"): the A/B of the kernel
+schemes, each case its own process, alternated round by round); `delta` is the deltas alone:
+one process, one model with 1 (then 4) adapters hung on, decode steps alternating between no
+row on an adapter (the deltas skipped) and every row on all of them.
 
 `make` writes DIR/lora-K.gguf in llama.cpp's adapter format (`general.type = adapter`,
 `adapter.type = lora`, alpha = rank: scale 1) on every attention and MLP linear of the base,
@@ -99,13 +99,14 @@ def _adapters(a, n: int) -> list[str]:
 
 
 def ab(a) -> None:
-    cases = {**CASES, **(GPU_CASES if a.device != "cpu" else {})}
+    known = {**CASES, **(GPU_CASES if a.device != "cpu" else {})}
+    cases = {c: known[c] for c in list(known)[: len(CASES) + 1]}  # (+ torch ops on CUDA)
     if a.cases:
         picked = [c.strip() for c in a.cases.split(";")]
-        bad = [c for c in picked if c not in cases]
+        bad = [c for c in picked if c not in known]
         if bad:
-            raise SystemExit(f"unknown --cases {bad}; known: {list(cases)}")
-        cases = {c: cases[c] for c in picked}
+            raise SystemExit(f"unknown --cases {bad}; known: {list(known)}")
+        cases = {c: known[c] for c in picked}
     rows: dict[str, list[float]] = {c: [] for c in cases}
     for r in range(a.rounds):
         for case, (n, scale) in cases.items():

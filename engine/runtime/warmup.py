@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from localllm.engine.core.batch import BatchMeta
+from localllm.engine.moe.block import moe_blocks
 from localllm.engine.runtime.cuda_graphs import BATCH_SIZES, MIN_BLOCKS
 from localllm.engine.runtime.prefill_graphs import BUCKETS
 
@@ -94,12 +95,14 @@ def plan(
     block_size: int,
     pool_tokens: int | None = None,
     batch_sizes: tuple[int, ...] = BATCH_SIZES,
+    grid: bool = True,
 ) -> WarmPlan:
     """What `mode` warms for an engine whose runner has prompt graphs (`prompts`) and decode
     graphs (`decode`): buckets up to the one a budget-long chunk pads to (within the context),
     batch sizes up to the one `max_num_seqs` rows pad to, every table width of the context; the
     eager steps a step of at most `max_num_seqs` sequences, `token_budget` tokens and
-    `pool_tokens` cached tokens (the KV pool; default one context) can take."""
+    `pool_tokens` cached tokens (the KV pool; default one context) can take (`grid`: the
+    decoders' grid too; off where experts are read from the host, each step a slow one)."""
     check_mode(mode)
     if mode == "none" or not (prompts or decode):
         return WarmPlan()
@@ -116,7 +119,7 @@ def plan(
     buckets = tuple(b for b in BUCKETS if b <= longest or b == top_bucket) if prompts else ()
     pool = pool_tokens or max_model_len
     eager = tuple(
-        m for m in eager_steps(max_num_seqs, max_model_len)
+        m for m in eager_steps(max_num_seqs, max_model_len, grid)
         if sum(n for n, _ in m) <= token_budget and len(m) <= max_num_seqs
         and all(c <= max_model_len for _, c in m) and sum(c for _, c in m) <= pool
     )  # fmt: skip
@@ -124,10 +127,14 @@ def plan(
     return WarmPlan(buckets, pairs, eager, head)
 
 
-def eager_steps(max_num_seqs: int, max_model_len: int) -> list[tuple[tuple[int, int], ...]]:
+def eager_steps(
+    max_num_seqs: int, max_model_len: int, grid: bool = True
+) -> list[tuple[tuple[int, int], ...]]:
     """Every eager step of the lists above, before the limits of a step and of the pool."""
     steps = [(_NEIGHBOUR, (t, q0 + t)) for t, q0 in CHUNKS]
     steps += LONE
+    if not grid:
+        return steps
     contexts, m = [5], 16
     while m < max_model_len:
         contexts.append(m)
@@ -152,6 +159,8 @@ def engine_plan(engine, mode: str) -> WarmPlan:
     runner, args = engine.runner, engine.args
     if not engine.generates:  # an encoder (embeddings) never decodes
         return WarmPlan()
+    blocks = moe_blocks(runner.model)
+    resident = not any(b.mapped is not None or b.split is not None for b in blocks)
     return plan(
         mode,
         prompts=runner.prompts is not None and runner.prompts.usable,
@@ -162,6 +171,7 @@ def engine_plan(engine, mode: str) -> WarmPlan:
         block_size=args.block_size,
         pool_tokens=engine.kv_plan.num_blocks * args.block_size,
         batch_sizes=runner.graphs.batch_sizes if runner.graphs is not None else BATCH_SIZES,
+        grid=resident,
     )
 
 

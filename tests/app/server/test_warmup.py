@@ -96,6 +96,10 @@ def test_modes_and_devices():
     # as many decoders as the pool holds beside the chunk: 63 at 2,048 tokens each, not 4,096
     rows = {(len(s) - 1, max(c for _, c in s[:-1])) for s in full.eager if s[-1] == (48, 48)}
     assert (63, 2048) in rows and (63, 4096) not in rows and (16, 4096) in rows
+    # experts read from the host: no decoders' grid (each eager step would read them all)
+    host = plan("full", prompts=False, decode=True, max_num_seqs=64, token_budget=512,
+                max_model_len=131072, block_size=BS, grid=False)  # fmt: skip
+    assert 0 < len(host.eager) < 20 and host.decode == full.decode
     assert len(full.decode) == len(BATCH_SIZES) * 10  # widths 16 .. 8,192 blocks at 128K tokens
     decode = _gpu_plan("decode")
     assert decode == WarmPlan(decode=full.decode)

@@ -33,6 +33,11 @@ def _fused(x_ptr, sx, a_ptr, w_ptr, sw, t_ptr, sync_ptr, T, K, R, KS, RB, NB, P,
     pid = tl.program_id(0)
     g = tl.num_programs(0)
     pdl.gdc_begin(PDL)
+    # A is a weight: this program's first shrink tile heads for L2 before the wait
+    r_first = (pid // KS) * BR + tl.arange(0, BR)
+    k_lines = (pid % KS) * BK + tl.arange(0, BK // 32) * 32
+    first = (r_first < R)[:, None] & (k_lines < K)[None, :] & (pid < KS * RB)
+    pdl.prefetch_l2(a_ptr + r_first[:, None].to(tl.int64) * K + k_lines[None, :], first, PDL)
     pdl.gdc_wait(PDL)
     rows = tl.arange(0, BT)
     tm = rows < T

@@ -19,7 +19,12 @@ pooled by 4 to 256 tokens, `mm.input_projection` to 2560.
 of 128, FFN 18944, vocab 152064, q/k/v biases, M-RoPE sections 16/24/24, untied head. mmproj
 `qwen2.5vl_merger`: 32 blocks, 1280 wide, 16 heads, SwiGLU MLP 3420, RMS norms, 14-px patches
 over 2 frames (two patch-embedding halves), window attention with full attention every 8th
-block (n_wa_pattern 8), patch merger 5120 -> 5120 -> 3584.
+block (n_wa_pattern 8), patch merger 5120 -> 5120 -> 3584. Its pixel bounds are written as
+`clip.vision.image_min_pixels` / `image_max_pixels` = the model's preprocessor_config.json (3136,
+12845056), which localllm reads and llama.cpp ignores for this projector (it bounds Qwen images
+to 8-4096 tokens): without them localllm would fall back to the processor class's default (1280
+tokens: a 1024x1024 image -> 980x980, 1,225 tokens) while llama.cpp takes 1036x1036 (1,369); with
+them both encode the same 1,369 tokens. (llama.cpp's converter does not write the keys.)
 
 Memory holds one tensor at a time (`make_synthetic.write_plan` for the text model).
 
@@ -206,6 +211,9 @@ def write_mmproj(path: Path, s: Pair, seed: int) -> int:
     else:
         w.add_bool("clip.use_silu", True)
         w.add_uint32("clip.vision.n_wa_pattern", 8)  # fullatt_block_indexes 7, 15, 23, 31
+        # the model's preprocessor_config.json bounds (see the module docstring)
+        w.add_uint32("clip.vision.image_min_pixels", 3136)
+        w.add_uint32("clip.vision.image_max_pixels", 12845056)
         w.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-6)
     return _write_float(w, mmproj_plan(s), rng)
 

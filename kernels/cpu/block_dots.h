@@ -205,8 +205,9 @@ static inline void dot_iq4_xs_rows(BLOCK_ARGS) {
     for (int r = 0; r < R; r++) out[r] = hsum(acc[r]);
 }
 
-/* Q5_K against Q8_K: dot_q4_k_rows with each code's fifth bit from qh (bit 2j / 2j + 1 of byte l
- * for sub-blocks 2j / 2j + 1); codes <= 31, so the 16-bit pair sums stay below 2 x 31 x 127. */
+/* Q5_K against Q8_K: dot_q4_k_rows (its VNNI multiply-adds and scale shuffles too) with each
+ * code's fifth bit from qh (bit 2j / 2j + 1 of byte l for sub-blocks 2j / 2j + 1); codes <= 31,
+ * so the 16-bit pair sums stay below 2 x 31 x 127. */
 static inline void dot_q5_k_rows(BLOCK_ARGS) {
     const __m256i low = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
     __m256 acc[ROWS_MAX], macc[ROWS_MAX];
@@ -214,15 +215,14 @@ static inline void dot_q5_k_rows(BLOCK_ARGS) {
     for (int64_t b = 0; b < nb; b++, w += 176) {
         const uint8_t *qh = w + 16, *qs = w + 48;
         const float d = h2f(rd16(w)), dmin = h2f(rd16(w + 2));
-        uint32_t sm[4];
-        scales_mins_k4(w + 4, sm);
-        const uint8_t *sc = (const uint8_t *)sm;
-        const __m128i m16 = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(sm + 2)));
+        const __m128i smv = scales_mins_k4v(w + 4);
+        const __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(smv));
+        const __m128i m16 = _mm_cvtepu8_epi16(_mm_srli_si128(smv, 8));
         const __m256i mdup =
             _mm256_set_m128i(_mm_unpackhi_epi16(m16, m16), _mm_unpacklo_epi16(m16, m16));
         const __m256i hb = _mm256_loadu_si256((const __m256i *)qh);
-        __m256i sumi[ROWS_MAX];
-        for (int r = 0; r < R; r++) sumi[r] = _mm256_setzero_si256();
+        __m256i slo[ROWS_MAX], shi[ROWS_MAX];
+        for (int r = 0; r < R; r++) slo[r] = shi[r] = _mm256_setzero_si256();
         for (int j = 0; j < 4; j++) {
             const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));
             const __m256i h1 = _mm256_and_si256(_mm256_srli_epi16(hb, 2 * j), one);
@@ -230,19 +230,17 @@ static inline void dot_q5_k_rows(BLOCK_ARGS) {
             const __m256i lo = _mm256_or_si256(_mm256_and_si256(q, low), _mm256_slli_epi16(h1, 4));
             const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), low),
                                                _mm256_slli_epi16(h2, 4));
-            const __m256i s1 = _mm256_set1_epi16(sc[2 * j]), s2 = _mm256_set1_epi16(sc[2 * j + 1]);
+            const __m256i s1 = word_bcast(sc16, 2 * j), s2 = word_bcast(sc16, 2 * j + 1);
             for (int r = 0; r < R; r++) {
                 const int8_t *x = q8[r] + 256 * b + 64 * j;
-                const __m256i p1 = _mm256_madd_epi16(
-                    _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)x)), s1);
-                const __m256i p2 = _mm256_madd_epi16(
-                    _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(x + 32))), s2);
-                sumi[r] = _mm256_add_epi32(sumi[r], _mm256_add_epi32(p1, p2));
+                slo[r] = madd_acc(slo[r], _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)x)), s1);
+                shi[r] = madd_acc(shi[r], _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(x + 32))), s2);
             }
         }
         for (int r = 0; r < R; r++) {
             const float dx = d8[r][b];
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[r]), _mm256_set1_ps(d * dx), acc[r]);
+            const __m256i sumi = _mm256_add_epi32(slo[r], shi[r]);
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), _mm256_set1_ps(d * dx), acc[r]);
             const __m256i bs16 = _mm256_loadu_si256((const __m256i *)(bs[r] + 16 * b));
             const __m256 mterm = _mm256_cvtepi32_ps(_mm256_madd_epi16(bs16, mdup));
             macc[r] = _mm256_fmadd_ps(mterm, _mm256_set1_ps(dmin * dx), macc[r]);

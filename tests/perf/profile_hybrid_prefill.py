@@ -118,25 +118,28 @@ def _profile(model, kv, ids, top: int) -> None:
         for h in handles:
             h.remove()
     ev = prof.key_averages()
-    kernels = [
-        e for e in ev if e.device_time_total > 0 and not e.key.startswith(("aten::", "range:"))
-    ]
-    total = sum(e.self_device_time_total for e in kernels)
+    # kernels (and copies): the events with device time of their own; ops and ranges have none
+    kernels = [e for e in ev if _self_dev(e) > 0 and not e.key.startswith("range:")]
+    total = sum(_self_dev(e) for e in kernels)
     print(f"\n### profiler: one forward, GPU kernels {total / 1e3:.2f} ms in "
           f"{sum(e.count for e in kernels)} launches")  # fmt: skip
     print("| kernel | calls | CUDA ms | share |\n|---|---:|---:|---:|")
-    kernels.sort(key=lambda e: e.self_device_time_total, reverse=True)
+    kernels.sort(key=_self_dev, reverse=True)
     for e in kernels[:top]:
-        t = e.self_device_time_total
+        t = _self_dev(e)
         print(f"| {e.key[:70]} | {e.count} | {t / 1e3:.3f} | {100 * t / max(total, 1):.1f}% |")
     print("\n| range | calls | CPU ms (host) | CUDA ms (inside) |\n|---|---:|---:|---:|")
     for e in ev:
         if e.key.startswith("range:"):
             print(f"| {e.key[6:]} | {e.count} | {e.cpu_time_total / 1e3:.2f} | "
-                  f"{e.device_time_total / 1e3:.2f} |")  # fmt: skip
+                  f"{getattr(e, 'device_time_total', 0) / 1e3:.2f} |")  # fmt: skip
     ops = sorted((e for e in ev if e.key.startswith("aten::")), key=lambda e: -e.count)
     print("\naten ops by calls (host dispatches):",
           ", ".join(f"{e.key[6:]} {e.count}" for e in ops[:15]))  # fmt: skip
+
+
+def _self_dev(e) -> float:
+    return getattr(e, "self_device_time_total", 0) or getattr(e, "self_cuda_time_total", 0)
 
 
 def _scan_alone(model, kv, ids, top: int) -> None:

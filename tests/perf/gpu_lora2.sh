@@ -4,11 +4,13 @@
 #     reference) and tests/lora/test_lora_gpu.py (logits, greedy and mixed batches with graphs,
 #     each scheme's kernels against the torch ops); the one-launch "fused" scheme's cases (a grid
 #     barrier: a hang would cost the other results) in a second pytest with its own timeout;
-#  2. decode on the Llama-3-8B-shaped Q4_K_M with 0, 1 and 4 rank-16 f16 adapters (`bench_lora.py
+#  2. tests/perf/bench_lora_kernels.py: one step's 128 LoRA calls (8B shapes) per scheme in a CUDA
+#     graph, microseconds per step, 1 and 4 adapters, 1 and 4 rows (the deltas' own GPU time);
+#  3. decode on the Llama-3-8B-shaped Q4_K_M with 0, 1 and 4 rank-16 f16 adapters (`bench_lora.py
 #     make --dtype f16`: convert_lora_to_gguf.py's default type), ours (`localllm bench`, default
 #     kernels) next to llama.cpp's CUDA build with the very same files (bench_llamacpp_lora.py: a
 #     small C program on its libllama, llama_adapter_lora_init + llama_set_adapters_lora);
-#  3. the A/B of our kernel schemes, `bench_lora.py ab` (each case its own `localllm bench`
+#  4. the A/B of our kernel schemes, `bench_lora.py ab` (each case its own `localllm bench`
 #     process, alternated; one table per round, rounds while time is left): base, 1 and 4
 #     adapters with the default two-launch kernels (atomic split-K), the one-launch kernel
 #     (engine.lora.delta.SCHEME = "fused") and the first kernels (SCHEME = "split").
@@ -17,8 +19,8 @@
 # libllama in .serve2 or .llb (gpu_build_llamacpp.sh); run from the repository root carrying
 # [".whl", ".refbuild/smollm2-tok.gguf", ".serve2", ".refbuild/llama.cpp/include",
 #  ".refbuild/llama.cpp/ggml/include"] (or ".llb" instead of ".serve2").
-# $OUT collects pytest.log, pytest_fused.log, compare.md/.err, ab.md/.err and summary.md (printed
-# last). ROUNDS (default 3) caps the A/B rounds; they stop when time runs short.
+# $OUT collects pytest.log, pytest_fused.log, kernels.md/.err, compare.md/.err, ab.md/.err and
+# summary.md (printed last). ROUNDS (default 3) caps the A/B rounds; they stop when time runs short.
 set -u
 export PYTHONUNBUFFERED=1 PYTHONSAFEPATH=1
 OUT=${OUT:-/tmp/out}
@@ -48,6 +50,11 @@ timeout 60 python3 -m pytest -q -m gpu -p no:cacheprovider -k fused $TESTS 2>&1 
 [ "${PIPESTATUS[0]}" = 124 ] && echo "fused tests TIMED OUT (grid barrier hang?)" >>"$OUT/pytest_fused.log"
 FUSED_OK=1
 grep -qE "failed|error|TIMED" "$OUT/pytest_fused.log" && FUSED_OK=0
+# the deltas alone: one step's 128 LoRA calls per scheme in a CUDA graph (no GEMVs between)
+KS=atomic,split,torch
+[ $FUSED_OK = 1 ] && KS=atomic,fused,split,torch
+timeout 60 python3 tests/perf/bench_lora_kernels.py --schemes $KS >"$OUT/kernels.md" 2>"$OUT/kernels.err"
+cat "$OUT/kernels.md"; tail -3 "$OUT/kernels.err"
 wait $GEN || { tail -5 /tmp/make.log; exit 1; }
 date -u
 python3 tests/perf/bench_lora.py make --model /tmp/q4km.gguf --out /tmp/loras --rank 16 --count 4 \
@@ -76,6 +83,10 @@ date -u
   echo
   echo "GPU tests: $(grep -E "passed|failed|error" "$OUT/pytest.log" | tail -1)"
   echo "fused-kernel GPU tests: $(grep -E "passed|failed|error|TIMED" "$OUT/pytest_fused.log" | tail -1)"
+  echo
+  echo "LoRA deltas alone, one 8B step (128 calls) in a CUDA graph:"
+  echo
+  cat "$OUT/kernels.md"
   echo
   echo "Ours vs llama.cpp, same f16 GGUF LoRA files, rank 16, Llama-3-8B-shaped Q4_K_M, tg128:"
   echo

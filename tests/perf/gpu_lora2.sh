@@ -48,8 +48,9 @@ timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider -k "not fused" $TEST
 timeout 60 python3 -m pytest -q -m gpu -p no:cacheprovider -k fused $TESTS 2>&1 \
   | tee "$OUT/pytest_fused.log" | grep -v "^\." | tail -12
 [ "${PIPESTATUS[0]}" = 124 ] && echo "fused tests TIMED OUT (grid barrier hang?)" >>"$OUT/pytest_fused.log"
-FUSED_OK=1
-grep -qE "failed|error|TIMED" "$OUT/pytest_fused.log" && FUSED_OK=0
+FUSED_OK=0
+grep -qE "[0-9]+ passed" "$OUT/pytest_fused.log" && FUSED_OK=1
+grep -qE "[0-9]+ (failed|errors?)\b|TIMED" "$OUT/pytest_fused.log" && FUSED_OK=0
 # the deltas alone: one step's 128 LoRA calls per scheme in a CUDA graph (no GEMVs between)
 KS=atomic,split,torch
 [ $FUSED_OK = 1 ] && KS=atomic,fused,split,torch

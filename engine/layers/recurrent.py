@@ -102,7 +102,7 @@ def short_conv(
 
             return conv_step_triton(x, weight, states, bias, silu, slots, fresh)
         return short_conv_decode_ref(x, weight, states, slots, fresh, bias, silu)
-    state = st.read(layer, name, batch)  # [B, K - 1, C]
+    state = _read(st, layer, name, batch)  # [B, K - 1, C]
 
     def step(rows, sub):
         xs = x[rows]
@@ -130,6 +130,19 @@ def short_conv(
     y = _run(batch, state, tuple(x.shape), x.device, step, prefill, varlen)
     st.write(layer, name, batch, state)
     return y
+
+
+def _read(st, layer: int, name: str, batch: BatchMeta) -> torch.Tensor:
+    """`st.read`: the sequences' states [B, *shape]; zeros in one launch when every sequence
+    starts at position 0 (a fresh prompt: nothing of its slots is read)."""
+    qs = batch.query_start
+    fresh = batch.context is None and all(
+        qs[b + 1] - qs[b] == n for b, n in enumerate(batch.seq_lens)
+    )
+    if not fresh:
+        return st.read(layer, name, batch)
+    t = st.tensor(layer, name)
+    return torch.zeros(batch.num_seqs, *t.shape[1:], dtype=t.dtype, device=t.device)
 
 
 def _longest(batch: BatchMeta) -> int:
@@ -176,7 +189,7 @@ def ssd(
 
             return ssd_step_triton(x, dt, A, B, C, states, slots, fresh)
         return ssd_decode_ref(x, dt, A, B, C, states, slots, fresh)
-    state = st.read(layer, name, batch)  # [B, H, P, N]
+    state = _read(st, layer, name, batch)  # [B, H, P, N]
 
     def step(rows, sub):
         return ssd_step(x[rows], dt[rows], A, B[rows], C[rows], sub)

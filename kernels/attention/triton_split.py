@@ -30,14 +30,15 @@ from localllm.kernels import pdl
 from localllm.kernels.attention.decode_plan import DecodePlan
 
 # The launch (each overridable by `split_span`'s `tune`, as tests/perf/bench_attention.py sweeps).
-# ptxas at sm_90 (tests/perf/compile_sm90.py, triton 3.9): 32 keys of 128 need ~130 registers a
-# thread at 4 warps, ~125-150 at 8 with AHEAD; 64 keys spill at 4 warps.
+# ptxas for sm_90 (triton 3.9, f16 keys, D 128, exact): 32 keys a step at 8 warps take 128
+# registers a thread without spills (two programs per SM), with AHEAD 186 (one; 80 B spilled at a
+# cap of 128); 64 keys spill at 4 warps. ptxas takes up to 255 unless capped (`maxnreg`).
 TUNE = {
     "programs": 528,  # (sequence, kv head, split) programs aimed for: four per SM of an H100
     "key_values": 4096,  # values of the keys one step loads (BJ x head dim): 32 keys of 128
     "warps": 8,
-    "stages": 2,  # tl.range's pipelining stages (triton pipelines the slot loads, not k/v)
-    "ahead": True,  # issue the next step's k/v loads before this step's math (by hand)
+    "stages": 2,  # tl.range's pipelining stages: triton prefetches the slot loads, not k/v
+    "ahead": False,  # issue the next step's k/v loads before this step's math (by hand)
     "maxnreg": None,  # a register cap (more programs per SM), None: ptxas's choice
 }
 
@@ -60,19 +61,22 @@ def _dot_parts(a, b, NT: tl.constexpr):
 
 
 @triton.jit
-def _load_kv(
-    slots_ptr, pad_ptr, k_ptr, v_ptr, srow, j, end, g, d, dv,
-    KV: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, HAS_PAD: tl.constexpr,
-):  # fmt: skip
-    """The keys and values at plan positions j (< end), and which of them count."""
+def _slots(slots_ptr, pad_ptr, srow, j, end, HAS_PAD: tl.constexpr):
+    """The cache slots of plan positions j (< end), and which of them count."""
     ok = j < end
     slot = tl.load(slots_ptr + srow + j, mask=ok, other=0)
     if HAS_PAD:
         ok &= tl.load(pad_ptr + srow + j, mask=ok, other=1) == 0
+    return slot, ok
+
+
+@triton.jit
+def _kv(k_ptr, v_ptr, slot, ok, g, d, dv, KV: tl.constexpr, D: tl.constexpr, DV: tl.constexpr):
+    """kv head g's keys and values at those slots (zeros where not ok)."""
     base = slot * KV + g
     k = tl.load(k_ptr + base[:, None] * D + d[None, :], mask=ok[:, None], other=0.0)
     v = tl.load(v_ptr + base[:, None] * DV + dv[None, :], mask=ok[:, None], other=0.0)
-    return k, v, ok
+    return k, v
 
 
 @triton.jit
@@ -110,16 +114,18 @@ def _span_split_kernel(
     acc = tl.zeros([GH, DV], dtype=tl.float32)
     srow = b.to(tl.int64) * M
     jb = tl.arange(0, BJ)
-    if AHEAD:  # the first step's loads; each step then issues the next one's before its math
-        k, v, ok = _load_kv(slots_ptr, pad_ptr, k_ptr, v_ptr, srow, start + jb, end, g, d, dv,
-                            KV, D, DV, HAS_PAD)  # fmt: skip
+    if AHEAD:  # step i issues step i + 1's k/v loads (from slots loaded a step earlier) and step
+        # i + 2's slot loads before its own math: no load waits on another within a step
+        slot, ok = _slots(slots_ptr, pad_ptr, srow, start + jb, end, HAS_PAD)
+        k, v = _kv(k_ptr, v_ptr, slot, ok, g, d, dv, KV, D, DV)
+        slot1, ok1 = _slots(slots_ptr, pad_ptr, srow, start + BJ + jb, end, HAS_PAD)
     for j0 in tl.range(start, end, BJ, num_stages=STAGES):
         if AHEAD:
-            kn, vn, okn = _load_kv(slots_ptr, pad_ptr, k_ptr, v_ptr, srow, j0 + BJ + jb, end, g,
-                                   d, dv, KV, D, DV, HAS_PAD)  # fmt: skip
+            kn, vn = _kv(k_ptr, v_ptr, slot1, ok1, g, d, dv, KV, D, DV)
+            slot2, ok2 = _slots(slots_ptr, pad_ptr, srow, j0 + 2 * BJ + jb, end, HAS_PAD)
         else:
-            k, v, ok = _load_kv(slots_ptr, pad_ptr, k_ptr, v_ptr, srow, j0 + jb, end, g, d, dv,
-                                KV, D, DV, HAS_PAD)  # fmt: skip
+            slot, ok = _slots(slots_ptr, pad_ptr, srow, j0 + jb, end, HAS_PAD)
+            k, v = _kv(k_ptr, v_ptr, slot, ok, g, d, dv, KV, D, DV)
         s = _dot_parts(q, tl.trans(k), NT)  # [GH, BJ]
         if CAP:
             s = softcap * (1.0 - 2.0 / (tl.exp(2.0 * s / softcap) + 1.0))  # cap * tanh(s / cap)
@@ -132,7 +138,7 @@ def _span_split_kernel(
         den = den * alpha + tl.sum(p, axis=1)
         mx = new
         if AHEAD:
-            k, v, ok = kn, vn, okn
+            k, v, ok, slot1, ok1 = kn, vn, ok1, slot2, ok2
     part = (b * KV + g) * NS + c
     keep = gi < GP  # the partials are laid out for GP heads per group
     tl.store(m_ptr + part * GP + gi, mx, mask=keep)

@@ -15,7 +15,6 @@ first. --best writes the swept launch with the least summed time (the decode ste
 """
 
 import argparse
-import itertools
 import json
 import math
 
@@ -29,8 +28,12 @@ from localllm.kernels.attention.triton_split import TUNE
 H, KVH, D, BS = 32, 8, 128, 16
 CASES = "1x512,1x4096,1x8192,1x32768,16x2048,64x1024"  # sequences x decode depth
 TG = 64  # keys past the depth: the middle of a tg128 run
-SWEEP = {"bj": (32, 64), "warps": (4, 8), "stages": (2,), "ahead": (False, True)}
-MAXNREG = (None, 128)  # with 4 warps and 32 keys (64 spill): four programs' registers per SM
+# the span split's launches swept: (keys a step, warps, ahead, register cap); stages 2 throughout
+SWEEP = [
+    (32, 4, False, None), (32, 4, False, 128), (32, 4, True, None), (32, 4, True, 168),
+    (32, 8, False, 96), (32, 8, False, 80), (32, 8, True, None), (32, 8, True, 128),
+    (64, 8, False, None), (64, 8, False, 128), (64, 8, True, None), (16, 4, False, None),
+]  # fmt: skip
 PROGRAMS = (264, 528, 1056)  # swept at the default launch
 
 
@@ -108,11 +111,10 @@ def variants(sweep: bool) -> list[tuple[str, dict]]:
         ("span native", {"kernel": "span", "dot": "native"}),
     ]
     if sweep:
-        for bj, warps, stages, ahead in itertools.product(*SWEEP.values()):
-            for reg in MAXNREG if warps == 4 and bj == 32 else (None,):
-                tune = {"stages": stages, "ahead": ahead, "maxnreg": reg}
-                label = f"sweep bj{bj} w{warps} s{stages} a{int(ahead)} r{reg or '-'}"
-                out.append((label, {"kernel": "span", "bj": bj, "warps": warps, "tune": tune}))
+        for bj, warps, ahead, reg in SWEEP:
+            tune = {"ahead": ahead, "maxnreg": reg}
+            label = f"sweep bj{bj} w{warps} a{int(ahead)} r{reg or '-'}"
+            out.append((label, {"kernel": "span", "bj": bj, "warps": warps, "tune": tune}))
         for p in PROGRAMS:
             out.append((f"sweep programs {p}", {"kernel": "span", "tune": {"programs": p}}))
     return out

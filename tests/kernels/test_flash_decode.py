@@ -212,3 +212,24 @@ def test_span_alone_bounds_the_keys():
     kd, vd = kn.view_as(kc).to(DEVICE), vn.view_as(vc).to(DEVICE)
     got = flash_decode(q.to(DEVICE), kd, vd, plan, d**-0.5, kernel="span", tune={"programs": 6})
     assert (got.double().cpu() - ref).abs().max() < 2e-5
+
+
+@pytest.mark.skipif(not CUDA, reason="long contexts: too slow for the interpreter")
+@pytest.mark.parametrize("kernel", ["span", "chunk"])
+@pytest.mark.parametrize(("lens", "window"), [([20000, 3000, 1], None), ([33000], 4096)])
+def test_long_context_8b_shape(lens, window, kernel):
+    """The 8B attention shape (32 q / 8 kv heads of 128, f16) at tens of thousands of keys in a
+    decode graph's bucket, a lone key beside them, and a sliding window."""
+    from localllm.kernels.attention.triton_decode import flash_decode
+
+    gen = torch.Generator().manual_seed(len(lens))
+    bs, d, heads, kvh = 16, 128, 32, 8
+    width = 1 << (max(lens) // bs).bit_length()
+    plan, blocks = _padded(lens, width, bs, window, gen)
+    kc = torch.randn(blocks, bs, kvh, d, generator=gen).half().to(DEVICE)
+    vc = torch.randn(blocks, bs, kvh, d, generator=gen).half().to(DEVICE)
+    q = torch.randn(len(lens), heads, d, generator=gen).to(DEVICE)
+    dev = _span_on_device(plan)
+    ref = decode_attention(q.double(), kc.double(), vc.double(), dev, d**-0.5)
+    got = flash_decode(q, kc, vc, dev, d**-0.5, kernel=kernel)
+    assert (got.double() - ref).abs().max() < 2e-5

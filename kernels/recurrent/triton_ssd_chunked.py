@@ -8,7 +8,8 @@ so the GPU waits on memory latency step after step. Here (the SSD form of `ssd.s
 what llama.cpp's CUDA backend also runs from 128 tokens on):
 
 1. `_chunk_state`: per (chunk, head, P block) the state the chunk adds from zeros,
-   sum_j exp(c_L - c_j) dt_j x_j B_j^T, and its decay exp(c_L) (c: the cumulative dt A).
+   sum_j exp(c_L - c_j) dt_j x_j B_j^T, and its decay exp(c_L) (c: the cumulative dt A); per
+   (chunk, group) C_i . B_j, which every head of the group reads in 3.
 2. `_state_pass`: per (sequence, head, block of the state) the states entering each chunk, in
    chunk order (a few steps: 8 at 512 tokens), written over the chunk states; the sequence's
    final state into `state`.
@@ -44,8 +45,8 @@ def _chunk_rows(chunks_ptr, dt_ptr, a_ptr, c, h, H, L: tl.constexpr):
 
 @triton.jit
 def _chunk_state(
-    x_ptr, dt_ptr, a_ptr, b_ptr, chunks_ptr, ds_ptr, da_ptr,
-    SX, SB, H, P, N, HPG,
+    x_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, chunks_ptr, ds_ptr, da_ptr, cb_ptr,
+    SX, SB, SC, H, P, N, HPG, G,
     L: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
     c = tl.program_id(0).to(tl.int64)
@@ -65,6 +66,12 @@ def _chunk_state(
     offs = ((c * H + h) * P + p)[:, None] * N + n[None, :]
     tl.store(ds_ptr + offs, ds, mask=mp[:, None] & mn[None, :])
     tl.store(da_ptr + c * H + h, tl.exp(last))
+    if (h % HPG == 0) & (tl.program_id(2) == 0):  # C_i . B_j [L, L], once per (chunk, group)
+        cc = tl.load(c_ptr + rows[:, None] * SC + g * N + n[None, :],
+                     mask=mr[:, None] & mn[None, :], other=0.0)  # fmt: skip
+        cb = tl.dot(cc, tl.trans(b), input_precision=PREC)
+        i = tl.arange(0, L)
+        tl.store(cb_ptr + ((c * G + g) * L + i)[:, None] * L + i[None, :], cb)
 
 
 @triton.jit
@@ -86,8 +93,8 @@ def _state_pass(state_ptr, ds_ptr, da_ptr, seq_chunks_ptr, H, PN, BLOCK: tl.cons
 
 @triton.jit
 def _chunk_out(
-    x_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, chunks_ptr, sin_ptr, y_ptr,
-    SX, SB, SC, H, P, N, HPG,
+    x_ptr, dt_ptr, a_ptr, c_ptr, cb_ptr, chunks_ptr, sin_ptr, y_ptr,
+    SX, SC, H, P, N, HPG, G,
     L: tl.constexpr, BP: tl.constexpr, BN: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
     c = tl.program_id(0).to(tl.int64)
@@ -99,9 +106,8 @@ def _chunk_out(
     g = h // HPG
     m_rn = mr[:, None] & mn[None, :]
     cc = tl.load(c_ptr + rows[:, None] * SC + g * N + n[None, :], mask=m_rn, other=0.0)
-    bb = tl.load(b_ptr + rows[:, None] * SB + g * N + n[None, :], mask=m_rn, other=0.0)
-    cb = tl.dot(cc, tl.trans(bb), input_precision=PREC)  # [L, L]: C_i . B_j
     i = tl.arange(0, L)
+    cb = tl.load(cb_ptr + ((c * G + g) * L + i)[:, None] * L + i[None, :])  # C_i . B_j
     seg = cum[:, None] - cum[None, :]
     # masked before exp: above the diagonal c_i - c_j > 0 could overflow
     decay = tl.exp(tl.where(i[None, :] <= i[:, None], seg, float("-inf")))
@@ -150,13 +156,14 @@ def ssd_chunked_triton(
     bn = max(16, triton.next_power_of_2(n))
     grid = (nc, h, triton.cdiv(p, bp))
     common = dict(L=chunk, BP=bp, BN=bn, PREC=DOT_PRECISION, num_warps=WARPS)
-    _chunk_state[grid](x, dt, a, B, chunks, ds, da, x.stride(0), B.stride(0), h, p, n, h // g,
-                       **common)  # fmt: skip
+    cb = torch.empty(nc, g, chunk, chunk, dtype=torch.float32, device=x.device)
+    _chunk_state[grid](x, dt, a, B, C, chunks, ds, da, cb, x.stride(0), B.stride(0), C.stride(0),
+                       h, p, n, h // g, g, **common)  # fmt: skip
     block = min(1024, triton.next_power_of_2(p * n))
     _state_pass[(state.shape[0], h, triton.cdiv(p * n, block))](state, ds, da, seq_chunks, h,
                                                                 p * n, BLOCK=block)  # fmt: skip
-    _chunk_out[grid](x, dt, a, B, C, chunks, ds, y, x.stride(0), B.stride(0), C.stride(0), h, p,
-                     n, h // g, **common)  # fmt: skip
+    _chunk_out[grid](x, dt, a, C, cb, chunks, ds, y, x.stride(0), C.stride(0), h, p, n, h // g,
+                     g, **common)  # fmt: skip
     return y
 
 

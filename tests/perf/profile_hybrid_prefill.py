@@ -181,8 +181,9 @@ def _scan_alone(model, kv, ids, top: int) -> None:
     shipped = (keep[0], ch.CHUNK, keep[1], keep[2])
     configs = [shipped] + [
         c
-        for c in [("tf32", 64, 32, 4), ("ieee", 64, 32, 8), ("ieee", 64, 64, 8),
-                  ("ieee", 32, 32, 4), ("ieee", 32, 64, 4), ("ieee", 128, 32, 8)]
+        for c in [("tf32", 64, 32, 4), ("tf32x3", 64, 32, 4), ("ieee", 64, 32, 8),
+                  ("ieee", 64, 64, 8), ("ieee", 32, 32, 4), ("ieee", 32, 16, 4),
+                  ("ieee", 128, 32, 8)]
         if c != shipped
     ]  # fmt: skip
     for prec, chunk, bp, warps in configs:

@@ -2,11 +2,12 @@
 
 The first split (`triton_decode._split_dot_kernel`) cut the plan's m keys into power-of-two
 chunks fixed at launch: in a decode graph m is the table bucket's (up to twice the real length,
-the rest padding that re-reads one key), and one sequence x 8 kv heads made 32 programs, each a
-serial loop of 16 keys (two per SM, little of the cache in flight: 21 % of an H100's copy
-bandwidth at depth 8K). Here each (sequence, kv head) has NS programs that split the sequence's
-own span read on the device (so a graph replays for any length, and padding is never read), with
-NS set for several programs per SM, BJ keys per step and the key loop software-pipelined.
+the rest padding that re-reads one key). At depth 8K (m 16,384) one sequence x 8 kv heads made
+256 programs of 512-key chunks, half of them over padding, each a serial loop of 16 keys with
+little of the cache in flight: 21 % of an H100's copy bandwidth. Here each (sequence, kv head)
+has NS programs that split the sequence's own span, read on the device (a graph replays for any
+length; padding is never read), NS set for several programs per SM, BJ keys a step, the slot
+loads pipelined by tl.range (and, with AHEAD, the k/v loads a step ahead by hand).
 
 "exact" products (the default) on f16/bf16 caches are float32 q and softmax weights cut into two
 (f16) or three (bf16) parts in the cache's type, each part's product on tensor cores with float32

@@ -252,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
         rows_ttft.append(ours.ttft(data, f"round{r}"))
         print("ours ttft", json.dumps(rows_ttft[-1]), flush=True)
     e = rows_enc[0]
-    print(f"\n{image.name}: {e['tiles']} tiles, {e['tokens']} image tokens, "
+    print(f"\n{image.name}: {e['tiles']} tiles (Qwen: patches), {e['tokens']} image tokens, "
           f"prompt {rows_ttft[0]['prompt_tokens']} tokens; load average at start {load:.1f}, "
           f"at end {os.getloadavg()[0]:.1f}; best (median) of {a.rounds} ms")  # fmt: skip
     print("| | preprocess | tower + projector | encode total | prompt eval | TTFT | encode CPU s |")

@@ -28,11 +28,13 @@ from localllm.kernels.attention.triton_split import TUNE
 H, KVH, D, BS = 32, 8, 128, 16
 CASES = "1x192,1x512,1x4096,1x8192,1x32768,16x2048,64x1024"  # sequences x decode depth
 TG = 64  # keys past the depth: the middle of a tg128 run
-# the span split's launches swept: (keys a step, warps, ahead, register cap); stages 2 throughout
+# the span split's launches swept: (keys a step, warps, ahead, register cap, programs); stages 2
 SWEEP = [
-    (32, 4, False, None), (32, 4, False, 128), (32, 4, True, None), (32, 4, True, 168),
-    (32, 8, False, 96), (32, 8, False, 80), (32, 8, True, None), (32, 8, True, 128),
-    (64, 8, False, None), (64, 8, False, 128), (64, 8, True, None), (16, 4, False, None),
+    (32, 4, False, None, None), (32, 4, False, 128, None), (32, 4, False, 128, 1056),
+    (32, 4, True, None, None), (32, 4, True, 168, None), (32, 8, False, 96, None),
+    (32, 8, False, 80, None), (32, 8, True, None, None), (32, 8, True, 128, None),
+    (64, 8, False, None, None), (64, 8, False, 128, None), (64, 8, True, None, None),
+    (16, 4, False, None, None),
 ]  # fmt: skip
 PROGRAMS = (264, 528, 1056)  # swept at the default launch
 
@@ -111,9 +113,9 @@ def variants(sweep: bool) -> list[tuple[str, dict]]:
         ("span native", {"kernel": "span", "dot": "native"}),
     ]
     if sweep:
-        for bj, warps, ahead, reg in SWEEP:
-            tune = {"ahead": ahead, "maxnreg": reg}
-            label = f"sweep bj{bj} w{warps} a{int(ahead)} r{reg or '-'}"
+        for bj, warps, ahead, reg, programs in SWEEP:
+            tune = {"ahead": ahead, "maxnreg": reg, "programs": programs}
+            label = f"sweep bj{bj} w{warps} a{int(ahead)} r{reg or '-'} p{programs or '-'}"
             out.append((label, {"kernel": "span", "bj": bj, "warps": warps, "tune": tune}))
         for p in PROGRAMS:
             out.append((f"sweep programs {p}", {"kernel": "span", "tune": {"programs": p}}))
@@ -161,7 +163,7 @@ def main() -> None:
     print("span launches, fastest first: " + "; ".join(f"{lbl} {t:.1f}" for t, lbl in ranked[:6]))
     if args.best and ranked:
         kw = picks[ranked[0][1]]
-        best = dict(kw.get("tune", {}))
+        best = {k: v for k, v in kw.get("tune", {}).items() if v is not None}
         best |= {k: kw[k] for k in ("bj", "warps") if k in kw}
         with open(args.best, "w") as f:
             json.dump({"label": ranked[0][1], "tune": best}, f)

@@ -55,7 +55,7 @@ from localllm.kernels.attention import triton_decode, triton_split
 triton_decode.SPLIT_KERNEL = '$2'
 if len(sys.argv) > 1 and sys.argv[1].endswith('.json'):
     best = json.load(open(sys.argv.pop(1)))['tune']
-    triton_split.TUNE.update(best)
+    triton_split.TUNE.update({k: v for k, v in best.items() if v is not None})
     print('span TUNE', triton_split.TUNE, file=sys.stderr)
 from localllm.app.bench import main
 sys.exit(main(sys.argv[1:]))" ${3:-} -m "$MODEL" --device cuda -p 0 -n 128 -d "$DEPTHS" -r "$REPS" \

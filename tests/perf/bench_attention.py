@@ -26,7 +26,7 @@ from localllm.kernels.attention.triton_decode import flash_decode
 from localllm.kernels.attention.triton_split import TUNE
 
 H, KVH, D, BS = 32, 8, 128, 16
-CASES = "1x192,1x512,1x4096,1x8192,1x32768,16x2048,64x1024"  # sequences x decode depth
+CASES = "1x192,1x512,1x4096,1x8192,1x32768,16x2048,64x1024,64x2048"  # sequences x decode depth
 TG = 64  # keys past the depth: the middle of a tg128 run
 # the span split's launches swept: (keys a step, warps, ahead, register cap, programs); stages 2
 SWEEP = [

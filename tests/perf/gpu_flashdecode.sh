@@ -5,7 +5,7 @@
 #   tests   the GPU tests of decode attention (-m gpu: the flash kernels against the torch
 #           reference, the combine's quantized rows, the decode graphs), while the file is written
 #   attn    tests/perf/bench_attention.py --sweep: chunk vs span (and span's launch grid) at depths
-#           192 / 512 / 4K / 8K / 32K x 1 sequence, 16 x 2K, 64 x 1K (+64 keys each: mid-tg128),
+#           192 / 512 / 4K / 8K / 32K x 1 sequence, 16 x 2K, 64 x 1K, 64 x 2K (+64 keys: mid-tg128),
 #           8B shape, graph-bucket plans, us per layer and GB/s of the real keys against a copy's;
 #           the fastest span launch goes to $OUT/best.json
 #   span    `localllm bench -d 8192,32768` tg128 with the span split at that launch

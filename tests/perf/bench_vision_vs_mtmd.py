@@ -237,7 +237,9 @@ def main(argv: list[str] | None = None) -> int:
     if a.llama_driver and not a.skip_llama:
         t0 = time.perf_counter()
         drv = Driver(a, image, Path(tmp.name))
-        print(f"mtmd_ttft loaded in {time.perf_counter() - t0:.1f} s", flush=True)
+        r = drv.ready
+        fa = f"text {r.get('text_flash_attn')}, encoder {r.get('encoder_flash_attn')}"
+        print(f"mtmd_ttft loaded in {time.perf_counter() - t0:.1f} s; flash attention: {fa}")
         print("mtmd_ttft warm-up", json.dumps(drv.round()), flush=True)
     rows_enc, rows_ttft, rows_ll = [], [], []
     for r in range(a.rounds):

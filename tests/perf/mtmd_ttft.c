@@ -16,14 +16,16 @@
  * mtmd_batch_init/add_chunk/encode (the tower + projector) and mtmd_helper_decode_image_chunk
  * (the embeddings through the text model); then the argmax of the last logits (temp 0). Defaults
  * are mtmd-cli's: n_batch 2048, n_ubatch 512, every layer on the GPU when there is one (--ngl
- * 999), flash attention on in the text model and the encoder, mtmd's warm-up encode on, n_ctx
- * 4096. Times are ggml_time_us around each step (every step returns with the results on the
+ * 999), flash attention "auto" in the text model and the encoder (on where the backend supports
+ * it: the ready line says what it became; "enabled" would run an unsupported encoder attention on
+ * the CPU), mtmd's warm-up encode on, n_ctx 4096. Times are ggml_time_us around each step (every step returns with the results on the
  * host: synchronous). One line per round:
  *   {"round":R,"read_tokenize_ms":..,"encode_ms":..,"image_decode_ms":..,"text_ms":..,
  *    "ttft_ms":..,"prompt_tokens":..,"n_pos":..,"image_tokens":..,"first_token":..}
  * (n_pos: the positions the prompt took; fewer than its tokens where an image's tokens share
  * M-RoPE positions, as Qwen's do)
- * after a first line {"ready":true,"load_ms":..,"system_info":".."}. With --stdin a round starts
+ * after a first line {"ready":true,"load_ms":..,"text_flash_attn":..,"encoder_flash_attn":..,
+ * "system_info":".."}. With --stdin a round starts
  * on each line read from stdin (so a caller can alternate rounds with another program) until EOF.
  */
 
@@ -37,9 +39,16 @@
 #include <string.h>
 
 static int g_verbose = 0;
+static const char * g_text_fa = "?";  /* what flash-attention "auto" resolved to, from the log */
+static const char * g_encoder_fa = "?";
 
 static void log_cb(enum ggml_log_level level, const char * text, void * user) {
     (void) user;
+    if (strstr(text, "resolve_fused_ops: Flash Attention")) {  /* "enabled" or "not supported" */
+        g_text_fa = strstr(text, "enabled") ? "enabled" : "disabled";
+    } else if (strstr(text, "warmup: flash attention is")) {
+        g_encoder_fa = strstr(text, "enabled") ? "enabled" : "disabled";
+    }
     if (g_verbose || level == GGML_LOG_LEVEL_ERROR) {
         fputs(text, stderr);
     }
@@ -191,13 +200,13 @@ int main(int argc, char ** argv) {
     cp.n_seq_max = 1;
     cp.n_threads = threads;
     cp.n_threads_batch = threads;
-    cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_ENABLED;
+    cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_AUTO;
     struct llama_context * lctx = llama_init_from_model(model, cp);
     struct mtmd_context_params mparams = mtmd_context_params_default();
     mparams.use_gpu = ngl > 0;
     mparams.print_timings = false;
     mparams.n_threads = threads;
-    mparams.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_ENABLED;
+    mparams.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_AUTO;
     mparams.warmup = true;
     mtmd_context * mctx = lctx ? mtmd_init_from_file(argv[2], model, mparams) : NULL;
     if (!lctx || !mctx) {
@@ -205,7 +214,8 @@ int main(int argc, char ** argv) {
         return 1;
     }
     const int n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));
-    printf("{\"ready\":true,\"load_ms\":%.1f,\"system_info\":\"%s\"}\n", ms_since(t0), llama_print_system_info());
+    printf("{\"ready\":true,\"load_ms\":%.1f,\"text_flash_attn\":\"%s\",\"encoder_flash_attn\":\"%s\","
+           "\"system_info\":\"%s\"}\n", ms_since(t0), g_text_fa, g_encoder_fa, llama_print_system_info());
     fflush(stdout);
     char line[256];
     for (int r = 0; from_stdin || r < rounds; r++) {

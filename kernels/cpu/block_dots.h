@@ -208,7 +208,7 @@ static inline void dot_iq4_xs_rows(BLOCK_ARGS) {
 /* Q5_K against Q8_K: dot_q4_k_rows (its VNNI multiply-adds and scale shuffles too) with each
  * code's fifth bit from qh (bit 2j / 2j + 1 of byte l for sub-blocks 2j / 2j + 1); codes <= 31,
  * so the 16-bit pair sums stay below 2 x 31 x 127. */
-static inline void dot_q5_k_rows(BLOCK_ARGS) {
+ROWS_FN dot_q5_k_rows(BLOCK_ARGS) {
     const __m256i low = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
     __m256 acc[ROWS_MAX], macc[ROWS_MAX];
     for (int r = 0; r < R; r++) acc[r] = macc[r] = _mm256_setzero_ps();

@@ -14,6 +14,10 @@
 
 enum { Q8_0 = 8, Q4_K = 12, Q6_K = 14 };
 enum { ROWS_MAX = 4 }; /* activation rows per decoded weight row (the AVX2 Q4_K / Q6_K dots) */
+/* the R-row dots, inlined at each call: R is a literal there, so the per-row accumulators stay
+ * in registers (an out-of-line copy with R unknown kept them on the stack: 4-row Q4_K calls ran
+ * at half speed once its sums took two multiply-add chains) */
+#define ROWS_FN static inline __attribute__((always_inline)) void
 
 static float h2f(uint16_t h) {
 #if defined(__F16C__)
@@ -171,7 +175,7 @@ static inline __m256i word_bcast(__m256i v, int i) {
  * the scale multiply-adds fused into VNNI's dpwssd over two chains (lo / hi nibbles) and the
  * scales broadcast by byte shuffles from one vector made it ~10 % faster on the AMD EPYC box
  * (in-cache rows, 2026-12-06), with the same integer sums, so the same bits. */
-static inline void dot_q4_k_rows(const uint8_t *w, const int8_t *const *q8, const float *const *d8,
+ROWS_FN dot_q4_k_rows(const uint8_t *w, const int8_t *const *q8, const float *const *d8,
                                  const int16_t *const *bs, int64_t nb, int R, float *out) {
     const __m256i low = _mm256_set1_epi8(0x0F);
     __m256 acc[ROWS_MAX], macc[ROWS_MAX];
@@ -253,7 +257,7 @@ static float dot_q4_k(const uint8_t *w, const int8_t *q8, const float *d8, const
  * one-pair dot's, in the same order, so its bits do not depend on R. The float multiply-adds
  * alternate between two accumulators (even / odd 32-value quarters): one chain of 8 dependent
  * FMAs per super-block was the limit (~12 % faster in-cache on the AMD EPYC box, 2026-12-06). */
-static inline void dot_q6_k_rows(const uint8_t *w, const int8_t *const *q8, const float *const *d8,
+ROWS_FN dot_q6_k_rows(const uint8_t *w, const int8_t *const *q8, const float *const *d8,
                                  const int16_t *const *bs, int64_t nb, int R, float *out) {
     const __m256i low = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(3);
     /* 16-value group g of half n uses activation scale d8[4 n + g / 2]: lanes duplicated */

@@ -10,8 +10,12 @@ tests/perf/results/cpu.md.
 
     python tests/perf/ab_decode_step.py --model FILE --old-rev REV [--rows 1 4 16] [--ctx 96]
         [--threads 2] [--rounds 15] [--old-defines=-DPREFETCH_ROWS=4]
+    python tests/perf/ab_decode_step.py --old-rev REV --shapes Q4_K:256:2048 Q6_K:256:2048
+        [--rows 1] [--threads 1]
 
 `--old-rev tree` with `--old-defines` compares a build variant of this tree against its default.
+`--shapes` times `block_rows` alone on random blocks of those shapes (no model): shapes that fit
+the caches measure the dots' arithmetic, which a busy box disturbs least.
 """
 
 import argparse
@@ -71,14 +75,31 @@ def step_call(step, x0, args, threads, lib):
     return step(x, *args, threads=threads)
 
 
-def head_call(qt, parts, x, n, threads, lib):
+def head_call(qt, parts, x, n, threads, lib, reps=1):
     t, k = x.shape
     y, q8 = torch.empty(t, n), torch.empty(t * k, dtype=torch.int8)
     d8, bs = torch.empty(t * k // 32 + 8), torch.empty(t * k // 16 + 16, dtype=torch.int16)
     p = torch.Tensor.data_ptr
-    lib.block_rows(qt.value, len(parts), parts.ptrs, parts.rows, k, t, p(x), p(y), p(q8), p(d8),
-                   p(bs), threads)  # fmt: skip
+    for _ in range(reps):
+        lib.block_rows(qt.value, len(parts), parts.ptrs, parts.rows, k, t, p(x), p(y), p(q8),
+                       p(d8), p(bs), threads)  # fmt: skip
     return y
+
+
+def shape_rows(spec: str, rows: list[int], libs: dict, threads: int, rounds: int) -> None:
+    """block_rows on random blocks of `spec` (TYPE:N:K), each timed call ~64 MiB of weight reads
+    (a matrix that fits the caches measures the dots' arithmetic alone, as on a busy box)."""
+    name, n, k = spec.split(":")
+    qt, n, k = QuantType[name], int(n), int(k)
+    parts = block_linear.Parts([block_linear.random_blocks(qt, n, k, np.random.default_rng(0))])
+    nbytes = parts.parts[0].numel()
+    reps = max(1, (64 << 20) // nbytes)
+    for t in rows:
+        x = torch.randn(t, k, generator=torch.Generator().manual_seed(t))
+        run = functools.partial(head_call, qt, parts, x, n, threads, reps=reps)
+        res = alternate(run, libs, rounds)
+        gib = {v: nbytes * reps / (res[v][1] / 1e3) / 2**30 for v in ("old", "new")}
+        report(f"{spec} x{reps}, {t} rows (best {gib['old']:.1f} / {gib['new']:.1f} GiB/s)", res)
 
 
 def report(what: str, res: dict) -> None:
@@ -89,16 +110,27 @@ def report(what: str, res: dict) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", required=True)
+    ap.add_argument("--model")
     ap.add_argument("--old-rev", required=True)
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 4, 16])
     ap.add_argument("--ctx", type=int, default=96)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--old-defines", nargs="*", default=[], help="-D flags of the old build")
+    ap.add_argument("--shapes", nargs="*", default=[], help="TYPE:N:K block_rows only, no model")
     a = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="ab-step-"))
     libs = {"old": old_library(a.old_rev, tmp, tuple(a.old_defines)), "new": ds.load()}
+    if a.shapes:
+        print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, old {a.old_rev}, "
+              f"threads {a.threads}, load {os.getloadavg()[0]:.2f}")  # fmt: skip
+        print("| call | old median / min ms | new median / min ms | new / old | same bits |")
+        print("|---|---|---|---|---|")
+        for spec in a.shapes:
+            shape_rows(spec, a.rows, libs, a.threads, a.rounds)
+        return
+    if not a.model:
+        ap.error("--model FILE (or --shapes)")
     model = loader.build_model(loader.open_weights(a.model))
     nd = NativeDecode.for_model(model)
     head = getattr(getattr(model, "output", None), "_prepared", None)  # a NativeLinear

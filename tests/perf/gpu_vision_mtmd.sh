@@ -59,7 +59,8 @@ done
 [ -e $LLB/bin/libmtmd.so ] || { mkdir -p $LLB && cat $C/llb.part.* | xz -d | tar x -C $LLB; }
 [ -e $S/tools/mtmd/mtmd.h ] || { mkdir -p $S && xz -dc $C/mtmd-include.tar.xz | tar x -C $S; }
 L=$LLB/bin
-${CC:-gcc} -O2 -o /tmp/mtmd_ttft tests/perf/mtmd_ttft.c -I$S/include -I$S/ggml/include -I$S/tools/mtmd \
+CC=${CC:-$(command -v gcc || command -v cc || command -v clang)}
+$CC -O2 -o /tmp/mtmd_ttft tests/perf/mtmd_ttft.c -I$S/include -I$S/ggml/include -I$S/tools/mtmd \
   -L$L -lmtmd -lllama -lggml -lggml-base -Wl,-rpath,$L -Wl,--allow-shlib-undefined \
   || { echo "building mtmd_ttft failed"; exit 1; }
 export LD_LIBRARY_PATH=$L${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}

@@ -36,6 +36,7 @@ process, which a busy machine disturbs less than wall time.
 """
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -183,8 +184,11 @@ class Driver:
                "--ngl", "999" if a.device == "cuda" else "0"]  # fmt: skip
         libs = f"{a.llama_bin}:{os.environ.get('LD_LIBRARY_PATH', '')}"
         env = {**os.environ, "LD_LIBRARY_PATH": libs}
-        self.p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                  env=env)  # fmt: skip
+        self.cmd, self.env, self.ready, self.failed = cmd, env, {}, False
+
+    def start(self) -> None:
+        self.p = subprocess.Popen(self.cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  text=True, env=self.env)  # fmt: skip
         self.ready = self._line()
 
     def _line(self) -> dict:
@@ -199,13 +203,17 @@ class Driver:
         return self._line()
 
     def close(self) -> None:
-        self.p.stdin.close()
+        if not hasattr(self, "p"):
+            return
+        with contextlib.suppress(OSError):  # it exited already
+            self.p.stdin.close()
         self.p.wait()
 
 
 def _col(rows: list[dict], key: str) -> str:
     xs = [r[key] for r in rows]
-    return f"{min(xs):.0f} (median {statistics.median(xs):.0f})"
+    f = ".1f" if min(xs) < 100 else ".0f"
+    return f"{min(xs):{f}} (median {statistics.median(xs):{f}})"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -237,17 +245,29 @@ def main(argv: list[str] | None = None) -> int:
     if a.llama_driver and not a.skip_llama:
         t0 = time.perf_counter()
         drv = Driver(a, image, Path(tmp.name))
-        r = drv.ready
-        fa = f"text {r.get('text_flash_attn')}, encoder {r.get('encoder_flash_attn')}"
-        print(f"mtmd_ttft loaded in {time.perf_counter() - t0:.1f} s; flash attention: {fa}")
-        print("mtmd_ttft warm-up", json.dumps(drv.round()), flush=True)
+        try:
+            drv.start()
+            r = drv.ready
+            fa = f"text {r.get('text_flash_attn')}, encoder {r.get('encoder_flash_attn')}"
+            print(f"mtmd_ttft loaded in {time.perf_counter() - t0:.1f} s; flash attention: {fa}")
+            print("mtmd_ttft warm-up", json.dumps(drv.round()), flush=True)
+        except (RuntimeError, OSError, ValueError) as e:  # ours' rounds still count
+            drv.failed = True
+            print(f"mtmd_ttft failed: {e}", flush=True)
     rows_enc, rows_ttft, rows_ll = [], [], []
     for r in range(a.rounds):
         rows_enc.append(ours.encode(data))
         print("ours encode", json.dumps(rows_enc[-1]), flush=True)
         if drv is not None:
-            rows_ll.append(drv.round())
-            print("mtmd_ttft", json.dumps(rows_ll[-1]), flush=True)
+            try:
+                if drv.failed:
+                    raise RuntimeError("not running")
+                rows_ll.append(drv.round())
+                print("mtmd_ttft", json.dumps(rows_ll[-1]), flush=True)
+            except (RuntimeError, OSError, ValueError) as e:
+                if not drv.failed:
+                    print(f"mtmd_ttft failed: {e}", flush=True)
+                drv.failed = True
         elif not a.skip_llama:
             rows_ll.append(run_mtmd(a, image))
             print("llama-mtmd-cli", json.dumps(rows_ll[-1]), flush=True)
@@ -264,11 +284,16 @@ def main(argv: list[str] | None = None) -> int:
           f"{min(r['encode_cpu_s'] for r in rows_enc):.1f} |")  # fmt: skip
     if drv is not None:
         drv.close()
+    if drv is not None and rows_ll:
         ll = rows_ll[0]
         print(f"| llama.cpp (libmtmd) | {_col(rows_ll, 'read_tokenize_ms')} (read + tokenize) | "
               f"{_col(rows_ll, 'encode_ms')} | - | image part {_col(rows_ll, 'image_decode_ms')}, "
               f"text {_col(rows_ll, 'text_ms')} ({ll['prompt_tokens']} tok, "
               f"{ll['image_tokens']} image) | {_col(rows_ll, 'ttft_ms')} | - |")  # fmt: skip
+        enc = min(r["tower_ms"] for r in rows_enc) / min(r["encode_ms"] for r in rows_ll)
+        ttft = min(r["ttft_ms"] for r in rows_ttft) / min(r["ttft_ms"] for r in rows_ll)
+        print(f"ours / llama.cpp, best against best: encode {enc:.2f}, TTFT {ttft:.2f} "
+              "(below 1: ours faster)")  # fmt: skip
     elif rows_ll:
         ll = rows_ll[0]
         print(f"| llama-mtmd-cli | (not logged) | {_col(rows_ll, 'encode_ms')} | - | "

@@ -85,7 +85,7 @@ done
 { echo "# gpu_vision_mtmd $(date -u +%FT%TZ) on $(head -1 "$OUT/machine.txt")"
   for sh in $SHAPES; do
     echo; echo "## $sh"
-    grep -E "^(\||img[0-9]+\.png|(ours|mtmd_ttft) loaded)" "$OUT/vision_mtmd_$sh.md" || tail -5 "$OUT/vision_mtmd_$sh.md"
+    grep -E "^(\||img[0-9]+\.png|(ours|mtmd_ttft) loaded|ours / llama|mtmd_ttft failed)" "$OUT/vision_mtmd_$sh.md" || tail -5 "$OUT/vision_mtmd_$sh.md"
   done; } >"$OUT/summary.md"
 cat "$OUT/summary.md"
 echo "done at ${SECONDS}s"

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One device call (about 5-7 minutes on an H100/H200; issue 35's last measurement): image encode
 # time and image-prompt time to first token, localllm (--device cuda) next to llama.cpp's libmtmd
-# (3f545bec, CUDA: every layer on the GPU, flash attention on, mtmd-cli's n_batch 2048 / n_ubatch
-# 512) on the same random-weight real-shape pairs (tests/perf/make_synthetic_vlm_big.py):
+# (3f545bec, CUDA: every layer on the GPU, flash attention "auto" as in llama-mtmd-cli: on where
+# supported, the summary says what it became; mtmd-cli's n_batch 2048 / n_ubatch 512) on the same random-weight real-shape pairs (tests/perf/make_synthetic_vlm_big.py):
 #   gemma3-4b    Gemma-3-4B text (Q4_K_M, 34 x 2560) + SigLIP so400m mmproj (F16, 27 x 1152),
 #                an 896x896 PNG: 256 image tokens
 #   qwen25vl-7b  Qwen2.5-VL-7B text (Q4_K_M, 28 x 3584) + its ViT mmproj (F16, 32 x 1280, window
@@ -15,7 +15,7 @@
 # tokenizing run on the CPU in both). $OUT: summary.md, vision_mtmd_<shape>.md / .json, make.log.
 #
 # Prepare once on the development machine (git-excluded folder .vismtmd, ~26 MiB; with the ~25
-# MiB tree well under the 64 MiB carry):
+# MiB tree well under the 64 MiB carry; made on 2026-12-06 in /work/main):
 #   echo /.vismtmd/ >>.git/info/exclude; mkdir -p .vismtmd
 #   ln -f .serve2/llb.part.* .vismtmd/     # llama.cpp 3f545bec CUDA libs (libmtmd, libllama,
 #                                          # libggml*), xz parts: tests/perf/serve2_prepare.sh
@@ -27,7 +27,7 @@
 # Knobs: SHAPES ("gemma3-4b qwen25vl-7b"), ROUNDS (5), THREADS (8), END_S (470: no bench runs
 # past this many seconds; each bench gets at most 200 s, the file writers 180 s). A dry run on a
 # CPU against a CPU build of llama.cpp (its bin/ under LLB, headers in MTMD_SRC), small files:
-#   NO_INSTALL=1 DEVICE=cpu THREADS=2 ROUNDS=1 LLB=/work/llama-cpu/build MTMD_SRC=/work/llama-cpu-src \
+#   PYTHONPATH=/work NO_INSTALL=1 DEVICE=cpu THREADS=2 ROUNDS=1 LLB=/work/llama-cpu/build MTMD_SRC=/work/llama-cpu-src \
 #   SHAPES=qwen25vl-7b SIDE=224 MAKE_ARGS="--text-layers 1 --vision-layers 1" bash tests/perf/gpu_vision_mtmd.sh
 set -u
 export PYTHONUNBUFFERED=1 PYTHONSAFEPATH=1

@@ -214,7 +214,7 @@ ROWS_FN dot_q5_k_rows(BLOCK_ARGS) {
     for (int r = 0; r < R; r++) acc[r] = macc[r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++, w += 176) {
         const uint8_t *qh = w + 16, *qs = w + 48;
-        const float d = h2f(rd16(w)), dmin = h2f(rd16(w + 2));
+        const __m128 ddm = d_dmin(w);
         const __m128i smv = scales_mins_k4v(w + 4);
         const __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(smv));
         const __m128i m16 = _mm_cvtepu8_epi16(_mm_srli_si128(smv, 8));
@@ -238,12 +238,12 @@ ROWS_FN dot_q5_k_rows(BLOCK_ARGS) {
             }
         }
         for (int r = 0; r < R; r++) {
-            const float dx = d8[r][b];
+            const __m128 e = _mm_mul_ps(ddm, _mm_set1_ps(d8[r][b])); /* d x dx, dmin x dx */
             const __m256i sumi = _mm256_add_epi32(slo[r], shi[r]);
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), _mm256_set1_ps(d * dx), acc[r]);
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), _mm256_broadcastss_ps(e), acc[r]);
             const __m256i bs16 = _mm256_loadu_si256((const __m256i *)(bs[r] + 16 * b));
             const __m256 mterm = _mm256_cvtepi32_ps(_mm256_madd_epi16(bs16, mdup));
-            macc[r] = _mm256_fmadd_ps(mterm, _mm256_set1_ps(dmin * dx), macc[r]);
+            macc[r] = _mm256_fmadd_ps(mterm, _mm256_broadcastss_ps(_mm_movehdup_ps(e)), macc[r]);
         }
     }
     for (int r = 0; r < R; r++) out[r] = hsum(acc[r]) - hsum(macc[r]);

@@ -132,23 +132,31 @@ static inline float hsum(__m256 v) {
     return _mm_cvtss_f32(h);
 }
 
-/* The 8 6-bit scales (bytes 0-7 of out) and mins (bytes 8-15) of a Q4_K super-block's 12
- * packed bytes, all at once (scale_min_k4 for j = 0..7). */
-static inline void scales_mins_k4(const uint8_t *q, uint32_t out[4]) {
-    uint32_t a[3];
-    memcpy(a, q, 12);
-    out[0] = a[0] & 0x3f3f3f3f;
-    out[1] = (a[2] & 0x0f0f0f0f) | (((a[0] >> 6) & 0x03030303) << 4);
-    out[2] = a[1] & 0x3f3f3f3f;
-    out[3] = ((a[2] >> 4) & 0x0f0f0f0f) | (((a[1] >> 6) & 0x03030303) << 4);
+/* The 8 6-bit scales (bytes 0-7) and mins (bytes 8-15) of a Q4_K / Q5_K super-block's 12 packed
+ * bytes at q, all at once (scale_min_k4 for j = 0..7), unpacked in vector registers from 16
+ * bytes (a super-block always has 4 more after them): the words a0 a1 a2 give a0 & 0x3f..,
+ * (a2 & 0x0f..) | (a0 >> 6 & 3..) << 4, a1 & 0x3f.., (a2 >> 4 & 0x0f..) | (a1 >> 6 & 3..) << 4.
+ * (Unpacked in scalar registers and inserted word by word, they were ~5 % of the Q4_K dot.) */
+static inline __m128i scales_mins_k4v(const uint8_t *q) {
+    const __m128i v = _mm_loadu_si128((const __m128i *)q);          /* a0 a1 a2 . */
+    const __m128i t1 = _mm_shuffle_epi32(v, _MM_SHUFFLE(2, 1, 2, 0)); /* a0 a2 a1 a2 */
+    const __m128i lo = _mm_and_si128(_mm_srlv_epi32(t1, _mm_setr_epi32(0, 0, 0, 4)),
+                                     _mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f));
+    const __m128i t2 = _mm_shuffle_epi32(v, _MM_SHUFFLE(1, 1, 0, 0)); /* a0 a0 a1 a1 */
+    const __m128i hi =
+        _mm_and_si128(_mm_srli_epi32(t2, 2), _mm_setr_epi32(0, 0x30303030, 0, 0x30303030));
+    return _mm_or_si128(lo, hi);
 }
 
-/* the same 16 bytes as a vector, built in registers (a 64-bit load of the stored words was a
- * failed store-to-load forward) */
-static inline __m128i scales_mins_k4v(const uint8_t *q) {
-    uint32_t o[4];
-    scales_mins_k4(q, o);
-    return _mm_set_epi32((int)o[3], (int)o[2], (int)o[1], (int)o[0]);
+/* a K-quant super-block's two float16 scales at w (d, dmin) in lanes 0 and 1 */
+static inline __m128 d_dmin(const uint8_t *w) {
+#if defined(__F16C__)
+    uint32_t v;
+    memcpy(&v, w, 4);
+    return _mm_cvtph_ps(_mm_cvtsi32_si128((int)v));
+#else
+    return _mm_setr_ps(h2f(rd16(w)), h2f(rd16(w + 2)), 0.f, 0.f);
+#endif
 }
 
 /* acc + the pairwise 16-bit products of a and b summed into 32 bits: one AVX512-VNNI
@@ -182,7 +190,7 @@ ROWS_FN dot_q4_k_rows(const uint8_t *w, const int8_t *const *q8, const float *co
     for (int r = 0; r < R; r++) acc[r] = macc[r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++, w += 144) {
         const uint8_t *qs = w + 16;
-        const float d = h2f(rd16(w)), dmin = h2f(rd16(w + 2));
+        const __m128 ddm = d_dmin(w);
         const __m128i smv = scales_mins_k4v(w + 4);
         const __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(smv));
         /* each sub-block's min twice, beside its two 16-value code sums: one madd gives
@@ -203,13 +211,13 @@ ROWS_FN dot_q4_k_rows(const uint8_t *w, const int8_t *const *q8, const float *co
             }
         }
         for (int r = 0; r < R; r++) {
-            const float dx = d8[r][b];
+            const __m128 e = _mm_mul_ps(ddm, _mm_set1_ps(d8[r][b])); /* d x dx, dmin x dx */
             const __m256i sumi = _mm256_add_epi32(slo[r], shi[r]);
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), _mm256_set1_ps(d * dx), acc[r]);
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), _mm256_broadcastss_ps(e), acc[r]);
             /* minimums: each sub-block's min times its activation code sum */
             const __m256i bs16 = _mm256_loadu_si256((const __m256i *)(bs[r] + 16 * b));
             const __m256 mterm = _mm256_cvtepi32_ps(_mm256_madd_epi16(bs16, mdup));
-            macc[r] = _mm256_fmadd_ps(mterm, _mm256_set1_ps(dmin * dx), macc[r]);
+            macc[r] = _mm256_fmadd_ps(mterm, _mm256_broadcastss_ps(_mm_movehdup_ps(e)), macc[r]);
         }
     }
     for (int r = 0; r < R; r++) out[r] = hsum(acc[r]) - hsum(macc[r]);

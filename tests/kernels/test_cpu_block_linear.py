@@ -11,6 +11,7 @@ from gguf import GGMLQuantizationType as G
 from gguf import quants
 
 from localllm.kernels.cpu import block_linear
+from localllm.kernels.cpu.cbuild import built_libraries, cpu_id
 from localllm.kernels.quant import QuantType
 from localllm.kernels.quant.linear import prepare_linear, prepare_parts, quant_matmul_reference
 from localllm.kernels.quant.linear_native import (
@@ -167,3 +168,24 @@ def test_the_plain_c_build_agrees(blocks, tmp_path):
         assert _rel(got, block_rows_reference(x, [raw], QuantType[name], 512)) < REF_TOL, name
         assert torch.equal(plain.dequant(parts, QuantType[name], 512, 0, 33),
                            blocks.dequant(parts, QuantType[name], 512, 0, 33))  # fmt: skip
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_a_build_without_vnni_gives_the_same_bits(blocks, tmp_path, name):
+    """The dots sum their products with AVX512-VNNI (dpbusd, and dpwssd for the K-quant scales)
+    where the CPU has it, with maddubs / madd / add elsewhere: the same integers (no 16-bit sum
+    can saturate), so a build without VNNI gives every row the same bits, at 1 and 5 rows."""
+    if "avx512_vnni" not in cpu_id() or "-march=native" not in blocks.flags:
+        pytest.skip("the CPU (or the build) has no AVX512-VNNI: one code path here")
+    flags = (*block_linear.FLAG_SETS[0], "-mno-avx512vnni")
+    built = next(built_libraries(block_linear.SOURCES, (flags,), "no-vnni", block_linear._bind,
+                                 tmp_path), None)  # fmt: skip
+    assert built is not None, "the build without VNNI failed"
+    plain = block_linear.BlockKernels(*built)
+    n, k = 37, 512
+    raw = _weight(name, n, k, 9)
+    parts = block_linear.Parts([raw])
+    for t in (1, 5):
+        x = torch.randn(t, k, generator=torch.Generator().manual_seed(t))
+        want = blocks.rows(parts, QuantType[name], k, x, threads=1)
+        assert torch.equal(plain.rows(parts, QuantType[name], k, x, threads=1), want), t

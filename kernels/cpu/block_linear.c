@@ -5,7 +5,8 @@
  * block, float scales per block. A weight may come in parts (a fused q/k/v or gate/up whose
  * tensors lie apart in the file): the rows of all parts are one row space, so nothing is copied
  * or stacked. One OpenMP region per call; each weight row is read once for all token rows.
- * `block_dequant` gives prompts exact float32 rows for an fp32 GEMM. */
+ * `block_dequant` gives prompts exact float32 rows for an fp32 GEMM; `block_gemm_i16`
+ * (i16_gemm.h) multiplies prompts through int16 activations. */
 #include <stdint.h>
 #include <stdlib.h>
 #ifdef _OPENMP
@@ -13,6 +14,7 @@
 #endif
 
 #include "block_dequant.h"
+#include "i16_gemm.h"
 
 #ifndef PREFETCH_ROWS /* file pages are 4 KiB: the hardware prefetchers stop at each */
 #define PREFETCH_ROWS 4

@@ -9,9 +9,9 @@ every type) and read each weight row once for all rows. The other types' calls, 
 ones of those three (prompts), decode row tiles to ggml's float32 values in C for an exact fp32
 GEMM: exact prompt math is what keeps
 teacher-forced logits as close to llama.cpp's as transformers' are (tests/perf/results/
-cpu-moe.md, "CPU-only MoE next to llama.cpp").
-`block_rows_reference` is the torch reference of the int8 path, `quant_matmul_reference`
-(kernels/quant/linear.py) of the exact ones.
+cpu-moe.md, "CPU-only MoE next to llama.cpp"). PROMPT_I16 switches prompts to int16 activations.
+`block_rows_reference` is the torch reference of the int8 path, `gemm_i16_reference` of the
+int16 one, `quant_matmul_reference` (kernels/quant/linear.py) of the exact ones.
 """
 
 import torch
@@ -47,6 +47,13 @@ NATIVE_MAX_T = 64
 INT8_TYPES = frozenset({QuantType.Q4_K, QuantType.Q6_K, QuantType.Q8_0})
 DECODE_ROWS = 16
 GEMM_MIN_ROWS = 16
+# True: longer calls (prompts) take int16 activations instead (per 32 values, 1.5e-5 of each
+# group's largest value, 3e-5 for Q6_K: `kernels/cpu/i16_gemm.h`), integer sums at twice the fp32
+# FMA's rate: pp512 1.5-1.7x on Llama-3.2-1B / Gemma 3 270M Q4_K_M (tests/perf/results/cpu.md);
+# a row's bits do not depend on the call's other rows either. Off by default: Gemma 3's
+# teacher-forced top-1 against llama.cpp lost one token of 1,408 (a 2e-4-nat tie; KL the same),
+# which tests/engine/test_real_models.py rejects. `NativeLinear.prompt_i16` sets it per weight.
+PROMPT_I16 = False
 
 
 class NativeLinear:
@@ -62,6 +69,7 @@ class NativeLinear:
         self.qtype, self.shape, self.kernels = QuantType(qtype), shape, kernels
         # calls of up to this many rows take the int8 rows (see above)
         self.int8_max_t = NATIVE_MAX_T if self.qtype in INT8_TYPES else DECODE_ROWS
+        self.prompt_i16 = PROMPT_I16 and hasattr(kernels, "gemm_i16")
 
     @property
     def data(self) -> torch.Tensor:
@@ -80,6 +88,8 @@ class NativeLinear:
         t = x2.shape[0]
         if t <= self.int8_max_t:
             y = self.kernels.rows(self.parts, self.qtype, k, x2)
+        elif self.prompt_i16:
+            y = self.kernels.gemm_i16(self.parts, self.qtype, k, x2)
         else:
             if t < GEMM_MIN_ROWS:
                 x2 = torch.cat([x2, x2.new_zeros(GEMM_MIN_ROWS - t, k)])
@@ -105,5 +115,27 @@ def block_rows_reference(x: torch.Tensor, parts: list[torch.Tensor], qtype: Quan
     inv = torch.where(amax > 0, torch.full_like(amax, 127.0) / amax, torch.zeros_like(amax))
     q = torch.round(g * inv)  # lrintf: to nearest, ties to even
     xq = (q.double() * (amax / 127.0).double()).reshape(x.shape[0], k)
+    w = torch.cat([dequantize(p, qtype).reshape(-1, k) for p in parts]).double()
+    return xq @ w.T
+
+
+def i16_qmax(qtype: QuantType) -> int:
+    """The int16 activation codes' bound (`i16_qmax` in kernels/cpu/i16_gemm.h): Q6_K's codes
+    carry their scales (up to 4096), so its sums of 32 stay in int32 only below 16384."""
+    return 16383 if QuantType(qtype) == QuantType.Q6_K else 32767
+
+
+def gemm_i16_reference(x: torch.Tensor, parts: list[torch.Tensor], qtype: QuantType,
+                       k: int) -> torch.Tensor:  # fmt: skip
+    """The int16 prompt path's math in torch: x [t, k] rounded to int16 codes per 32 values
+    (scale amax / `i16_qmax`, float32 as the C), times the gguf-dequantized parts, float64
+    [t, n]."""
+    qmax = float(i16_qmax(qtype))
+    g = x.float().reshape(x.shape[0], -1, 32)
+    amax = g.abs().amax(-1, keepdim=True)
+    inv = torch.where(amax > 0, torch.full_like(amax, qmax) / amax,
+                      torch.zeros_like(amax))  # fmt: skip
+    q = torch.round(g * inv)
+    xq = (q.double() * (amax / qmax).double()).reshape(x.shape[0], k)
     w = torch.cat([dequantize(p, qtype).reshape(-1, k) for p in parts]).double()
     return xq @ w.T

@@ -173,11 +173,19 @@ static void i16_tile(int type, const uint8_t *const *wrow, int nvalid, int64_t k
         }
 }
 
+#if defined(__AVX512F__) && defined(__AVX512VNNI__)
+/* acc += pair products of x and w, in place: with the intrinsic, gcc 12 copied every
+ * accumulator to another register and back on each pair (24 moves a 12 products) */
+#define I16_DPWSSD(acc, x, w) __asm__("vpdpwssd %2, %1, %0" : "+v"(acc) : "v"(x), "v"(w))
+#endif
+
 /* y rows 0 .. I16_R - 1 (stride ldy; those >= R not stored), columns 0 .. nvalid - 1 = the tile
- * times activation rows a / da / as (strides lda, ldd) */
-static void i16_kernel(const int16_t *pk, const float *ws, const float *wm, int64_t k,
-                       const int16_t *a, int64_t lda, const float *da, const float *as,
-                       int64_t ldd, int R, float *y, int64_t ldy, int nvalid) {
+ * times activation rows a / da / as (strides lda, ldd); `mins` 0 (a literal at each call) for
+ * the types without minimums, whose terms would add zeros */
+static inline __attribute__((always_inline)) void
+i16_kernel(const int16_t *pk, const float *ws, const float *wm, int64_t k, const int16_t *a,
+           int64_t lda, const float *da, const float *as, int64_t ldd, int R, float *y,
+           int64_t ldy, int nvalid, const int mins) {
 #if defined(__AVX512F__) && defined(__AVX512VNNI__)
     __m512 acc[I16_R][2];
     for (int r = 0; r < I16_R; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
@@ -191,8 +199,8 @@ static void i16_kernel(const int16_t *pk, const float *ws, const float *wm, int6
                 int32_t pair;
                 memcpy(&pair, a + r * lda + 32 * j + 2 * p, 4);
                 const __m512i x = _mm512_set1_epi32(pair);
-                s[r][0] = _mm512_dpwssd_epi32(s[r][0], x, w0);
-                s[r][1] = _mm512_dpwssd_epi32(s[r][1], x, w1);
+                I16_DPWSSD(s[r][0], x, w0);
+                I16_DPWSSD(s[r][1], x, w1);
             }
         }
         const __m512 s0 = _mm512_loadu_ps(ws + j * I16_NC), s1 = _mm512_loadu_ps(ws + j * I16_NC + 16);
@@ -201,8 +209,10 @@ static void i16_kernel(const int16_t *pk, const float *ws, const float *wm, int6
             const __m512 d = _mm512_set1_ps(da[r * ldd + j]), ms = _mm512_set1_ps(as[r * ldd + j]);
             acc[r][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[r][0]), _mm512_mul_ps(s0, d), acc[r][0]);
             acc[r][1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[r][1]), _mm512_mul_ps(s1, d), acc[r][1]);
-            acc[r][0] = _mm512_fmadd_ps(m0, ms, acc[r][0]);
-            acc[r][1] = _mm512_fmadd_ps(m1, ms, acc[r][1]);
+            if (mins) {
+                acc[r][0] = _mm512_fmadd_ps(m0, ms, acc[r][0]);
+                acc[r][1] = _mm512_fmadd_ps(m1, ms, acc[r][1]);
+            }
         }
     }
     const __mmask16 k0 = nvalid >= 16 ? 0xFFFF : (__mmask16)((1u << nvalid) - 1);
@@ -221,7 +231,7 @@ static void i16_kernel(const int16_t *pk, const float *ws, const float *wm, int6
                     s += (int32_t)a[r * lda + 32 * j + l] * pk[((j * 16 + l / 2) * I16_NC + col) * 2 + l % 2];
                 const float sc = ws[j * I16_NC + col] * da[r * ldd + j];
                 acc = fmaf((float)s, sc, acc);
-                acc = fmaf(wm[j * I16_NC + col], as[r * ldd + j], acc);
+                if (mins) acc = fmaf(wm[j * I16_NC + col], as[r * ldd + j], acc);
             }
             y[r * ldy + col] = acc;
         }
@@ -236,6 +246,7 @@ void block_gemm_i16(int type, int64_t nparts, const uint8_t *const *parts, const
     int64_t n = 0;
     for (int64_t p = 0; p < nparts; p++) n += rows[p];
     const int64_t tp = (t + I16_R - 1) / I16_R * I16_R, g = k / 32, rb = block_row_bytes(type, k);
+    const int mins = type == Q4_1 || type == Q5_1 || type == Q4_K || type == Q5_K;
     int16_t *a = calloc((size_t)(tp * k), sizeof(int16_t));
     float *da = calloc((size_t)(tp * g), sizeof(float)), *as = calloc((size_t)(tp * g), sizeof(float));
     if (!a || !da || !as) { free(a), free(da), free(as); return; }
@@ -256,9 +267,15 @@ void block_gemm_i16(int type, int64_t nparts, const uint8_t *const *parts, const
                 wrow[col] = parts[p] + rr * rb;
             }
             i16_tile(type, wrow, nvalid, k, pk, ws, wm);
-            for (int64_t i = 0; i < tp; i += I16_R)
-                i16_kernel(pk, ws, wm, k, a + i * k, k, da + i * g, as + i * g, g,
-                           t - i < I16_R ? (int)(t - i) : I16_R, y + i * n + c0, n, nvalid);
+            for (int64_t i = 0; i < tp; i += I16_R) {
+                const int R = t - i < I16_R ? (int)(t - i) : I16_R;
+                if (mins)
+                    i16_kernel(pk, ws, wm, k, a + i * k, k, da + i * g, as + i * g, g, R,
+                               y + i * n + c0, n, nvalid, 1);
+                else
+                    i16_kernel(pk, ws, wm, k, a + i * k, k, da + i * g, as + i * g, g, R,
+                               y + i * n + c0, n, nvalid, 0);
+            }
         }
         free(pk), free(ws), free(wm);
     }

@@ -6,15 +6,17 @@ Not a test: its output goes, with the command, machine, date and load, into
 tests/perf/results/cpu.md.
 
     python tests/perf/ab_prompt_i16.py MODEL.gguf [MODEL.gguf ...] [--rounds 2] [--threads 2]
-        [-p 512] [-r 3]
+        [-p 512] [-r 3] [--llama-bench PATH]
     python tests/perf/ab_prompt_i16.py --shapes Q4_K:2048:2048 Q6_K:2048:8192 [-p 512]
 
+`--llama-bench` runs llama.cpp's llama-bench on the same file after each pair (same threads).
 `--shapes TYPE:N:K` times one linear alone (`NativeLinear.matmul`, random blocks, p rows) both
 ways, alternating call by call, and prints the minima and GFLOP/s.
 """
 
 import argparse
 import os
+import subprocess
 import time
 from pathlib import Path
 
@@ -56,6 +58,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("-p", type=int, default=512)
     ap.add_argument("-r", type=int, default=3)
+    ap.add_argument("--llama-bench", default=None, metavar="PATH")
     args = ap.parse_args()
     load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
     print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} cores, "
@@ -71,6 +74,11 @@ def main() -> None:
                       f"prompt {'int16' if i16 else 'fp32'}, load {load}", flush=True)  # fmt: skip
                 bench(["-m", model, "-p", str(args.p), "-n", "0", "-r", str(args.r),
                        "-t", str(args.threads)])  # fmt: skip
+            if args.llama_bench:
+                cmd = [args.llama_bench, "-m", model, "-p", str(args.p), "-n", "0", "-r",
+                       str(args.r), "-t", str(args.threads)]  # fmt: skip
+                out = subprocess.run(cmd, capture_output=True, text=True, check=False).stdout
+                print("## llama.cpp", *(ln for ln in out.splitlines() if f"pp{args.p}" in ln))
 
 
 if __name__ == "__main__":

@@ -49,9 +49,9 @@ DECODE_ROWS = 16
 GEMM_MIN_ROWS = 16
 # True: longer calls (prompts) take int16 activations instead (per 32 values, 1.5e-5 of each
 # group's largest value, 3e-5 for Q6_K: `kernels/cpu/i16_gemm.h`), integer sums at twice the fp32
-# FMA's rate: pp512 1.5-1.7x on Llama-3.2-1B / Gemma 3 270M Q4_K_M (tests/perf/results/cpu.md);
+# FMA's rate: pp512 1.6-1.9x on Llama-3.2-1B / Gemma 3 270M Q4_K_M (tests/perf/results/cpu.md);
 # a row's bits do not depend on the call's other rows either. Off by default: Gemma 3's
-# teacher-forced top-1 against llama.cpp lost one token of 1,408 (a 2e-4-nat tie; KL the same),
+# teacher-forced top-1 against llama.cpp lost one token of 1,469 (a 2e-4-nat tie; KL the same),
 # which tests/engine/test_real_models.py rejects. `NativeLinear.prompt_i16` sets it per weight.
 PROMPT_I16 = False
 

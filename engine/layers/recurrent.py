@@ -7,8 +7,8 @@ CUDA graph captures it); any other step reads every sequence's state (zeros for 
 starting at position 0), runs the decode step once over the sequences that bring one token, each
 longer one's rows through the prefill form from its state, and writes the states back. On CUDA a
 decode step is one Triton launch, and so is any other step's whole batch
-(`kernels.recurrent.triton_step`), except a Mamba-2 prompt of CHUNKED_MIN_ROWS rows or more:
-its scan runs in chunks, three launches (`kernels.recurrent.triton_ssd_chunked`).
+(`kernels.recurrent.triton_step`); with CHUNKED_MIN_ROWS lowered, a Mamba-2 prompt of that many
+rows or more scans in chunks instead, three launches (`kernels.recurrent.triton_ssd_chunked`).
 Chunked prefill therefore carries the state across chunks with nothing else to do, and a step
 that mixes decodes with a prompt chunk still decodes in one call.
 """
@@ -23,11 +23,13 @@ from localllm.kernels.recurrent.causal_conv import causal_conv_prefill, causal_c
 from localllm.kernels.recurrent.decode import short_conv_decode_ref, ssd_decode_ref
 from localllm.kernels.recurrent.ssd import ssd_chunked, ssd_step
 
-# A prompt's Mamba-2 scan on CUDA runs in chunks (`triton_ssd_chunked`: matmuls, three launches)
-# once a sequence brings this many rows; shorter steps scan token by token in one launch
-# (`triton_step.ssd_varlen_triton`). llama.cpp's CUDA backend switches at 128; ours at one chunk
-# (the token loop's cost grows with the rows, the chunks' hardly below one chunk).
-CHUNKED_MIN_ROWS = 64
+# A prompt's Mamba-2 scan on CUDA can run in chunks (`triton_ssd_chunked`: matmuls, three
+# launches) once a sequence brings this many rows; other steps scan token by token in one launch
+# (`triton_step.ssd_varlen_triton`). Off (1 << 30) by default: on an H100 (2026-12-06,
+# tests/perf/gpu_hybrid_prefill.sh) Granite-4.0-H-Tiny's eager pp512 forward took 53.5 ms with
+# the chunks at IEEE float32 against 51.0 ms token by token; the chunks at tf32x3 took 117 us a
+# layer alone against 248 us token by token, not yet measured in the whole forward.
+CHUNKED_MIN_ROWS = 1 << 30
 
 
 def use_triton(x: torch.Tensor) -> bool:

@@ -139,11 +139,22 @@ static void i16_sub(int type, const uint8_t *w, int64_t j, int16_t *c, float *ws
 static void i16_quantize(const float *x, int64_t k, int qmax, int16_t *a, float *da, float *as) {
     for (int64_t b = 0; b < k / 32; b++) {
         const float *xb = x + 32 * b;
+#if defined(__AVX512F__) && defined(__AVX512BW__) /* the same values (~5 % of a call in scalar) */
+        const __m512 x0 = _mm512_loadu_ps(xb), x1 = _mm512_loadu_ps(xb + 16);
+        const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
+        const float inv = amax > 0.f ? (float)qmax / amax : 0.f;
+        const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(x0, _mm512_set1_ps(inv)));
+        const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(x1, _mm512_set1_ps(inv)));
+        _mm256_storeu_si256((__m256i *)(a + 32 * b), _mm512_cvtepi32_epi16(q0));
+        _mm256_storeu_si256((__m256i *)(a + 32 * b + 16), _mm512_cvtepi32_epi16(q1));
+        const int s = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+#else
         float amax = 0.f;
         for (int i = 0; i < 32; i++) amax = fabsf(xb[i]) > amax ? fabsf(xb[i]) : amax;
         const float inv = amax > 0.f ? (float)qmax / amax : 0.f;
         int s = 0;
         for (int i = 0; i < 32; i++) s += a[32 * b + i] = (int16_t)round_even(xb[i] * inv);
+#endif
         da[b] = amax / (float)qmax;
         as[b] = da[b] * (float)s;
     }

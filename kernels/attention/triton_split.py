@@ -37,7 +37,7 @@ from localllm.kernels.attention.decode_plan import DecodePlan
 TUNE = {
     "programs": 528,  # (sequence, kv head, split) programs aimed for: four per SM of an H100
     "key_values": 4096,  # values of the keys one step loads (BJ x head dim): 32 keys of 128
-    "warps": 8,
+    "warps": 4,  # the H100 sweep's fastest (12:19 UTC 2026-12-06; 8 warps 1.2-1.6x slower)
     "stages": 2,  # tl.range's pipelining stages: triton prefetches the slot loads, not k/v
     "ahead": False,  # issue the next step's k/v loads before this step's math (by hand)
     "maxnreg": None,  # a register cap (more programs per SM), None: ptxas's choice

@@ -7,7 +7,10 @@ An engine on the tiny synthetic model (Q4_K_M: the triton GEMVs and dequantizers
 a time and then together (greedy, drawn and penalized rows, joining while others decode): the
 graphs it holds stay the same, and triton's own hook (`jit_cache_hook`, called on every kernel
 specialization a process meets for the first time, before it is compiled or read from disk)
-never fires. A server subprocess says its warm-up before its URL."""
+never fires. A server subprocess says its warm-up before its URL.
+
+It lives outside tests/app/server/: that folder's conftest imports the openai client, which the
+GPU image lacks (the 12:25 UTC 2026-12-06 call stopped at collection there)."""
 
 import dataclasses
 import os

@@ -14,13 +14,18 @@ loads pipelined by tl.range (and, with AHEAD, the k/v loads a step ahead by hand
 accumulation: about float32 products (each part is exact in 11 or 8 bits) for 2-3 passes over
 keys that are read as they are, where tf32x3 converted every key to float32 and made three.
 
-Checked so far on a CPU only (2026-12-06, triton 3.9's interpreter, tests/kernels/
-test_flash_decode.py: decode-graph plans of 1-4 sequences over 3-700 keys with windows, softcap,
-empty splits, f16/f32 caches, against `decode.decode_attention` in float64: within 2e-5, "native"
-5e-3; the interpreter's bfloat16 tl.dot is wrong, so bf16 is for the GPU run). A torch emulation
-of the parts on one [16, 128] x [128, 64] product: f16 in two parts 7.6e-7 off (one part 3.1e-3),
-bf16 in three parts exact in float64 (two 2.8e-5). No speed figure here: tests/perf/
-gpu_flashdecode.sh measures it against the chunk split on a GPU.
+On a CPU (triton 3.9's interpreter, tests/kernels/test_flash_decode.py): decode-graph plans of
+1-4 sequences over 3-700 keys with windows, softcap, empty splits, f16/f32 caches, against
+`decode.decode_attention` in float64: within 2e-5, "native" 5e-3 (the interpreter's bfloat16
+tl.dot is wrong). A torch emulation of the parts on one [16, 128] x [128, 64] product: f16 in two
+parts 7.6e-7 off (one part 3.1e-3), bf16 in three parts exact in float64 (two 2.8e-5).
+On an H100 (2026-12-06 12:18 UTC, triton 3.6, tests/perf/gpu_flashdecode.sh; tests/perf/results/
+gpu-kernels.md): test_flash_decode.py's GPU tests passed (at 8 warps, then the default); graph
+replay vs eager decode (tests/engine/test_gpu_graphs.py) failed, 9 of 24,576 logits over 0.02
+(max 0.032), cause not isolated (tests/perf/graph_replay_diff.py). 8B shape, f16, exact: one
+sequence at 8K keys 27.0 us a layer at 8 warps, 20.7 at 4 (67 % of the copy bandwidth; the chunk
+split 56.0); at 4 warps 32K 56.5 us (97 %), 64 sequences x 2K 193 us. tg128 at depth 8K / 32K
+1.41x / 1.36x llama-bench.
 """
 
 import torch

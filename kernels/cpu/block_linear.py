@@ -94,9 +94,11 @@ class BlockKernels:
         """x [t, k] float32 (contiguous) -> [t, n] float32 through int16 activations
         (i16_gemm.h; `gemm_i16_reference` is its math in torch)."""
         y = torch.empty(x.shape[0], parts.n)
-        self.lib.block_gemm_i16(int(qtype), len(parts), parts.ptrs, parts.rows, k, x.shape[0],
-                                x.data_ptr(), y.data_ptr(),
-                                threads or torch.get_num_threads())  # fmt: skip
+        rc = self.lib.block_gemm_i16(int(qtype), len(parts), parts.ptrs, parts.rows, k,
+                                     x.shape[0], x.data_ptr(), y.data_ptr(),
+                                     threads or torch.get_num_threads())  # fmt: skip
+        if rc != 0:
+            raise MemoryError(f"int16 GEMM {x.shape[0]} x {k}: no memory (or k % 32 != 0)")
         return y
 
     def dequant(self, parts: Parts, qtype: QuantType, k: int, r0: int, r1: int,
@@ -112,7 +114,7 @@ def _bind(lib: ctypes.CDLL) -> None:
     lib.block_rows.argtypes = [_INT, _I, _P, _P, _I, _I, _P, _P, _P, _P, _P, _INT]
     lib.block_rows.restype = None
     lib.block_gemm_i16.argtypes = [_INT, _I, _P, _P, _I, _I, _P, _P, _INT]
-    lib.block_gemm_i16.restype = None
+    lib.block_gemm_i16.restype = _INT
     lib.block_dequant.argtypes = [_INT, _I, _P, _P, _I, _I, _I, _P, _INT]
     lib.block_dequant.restype = None
 

@@ -250,17 +250,19 @@ i16_kernel(const int16_t *pk, const float *ws, const float *wm, int64_t k, const
 }
 
 /* y [t, n] = x [t, k] . W^T through int16 activations, W's rows the parts' (see block_rows);
- * one parallel region: the activations quantized, then each thread's tiles of I16_NC rows. */
-void block_gemm_i16(int type, int64_t nparts, const uint8_t *const *parts, const int64_t *rows,
+ * one parallel region: the activations quantized, then each thread's tiles of I16_NC rows.
+ * Returns 0, or -1 for bad arguments or no memory (y then unset). */
+int block_gemm_i16(int type, int64_t nparts, const uint8_t *const *parts, const int64_t *rows,
                     int64_t k, int64_t t, const float *x, float *y, int threads) {
-    if (nparts < 1 || nparts > 8 || k % 32) return;
+    if (nparts < 1 || nparts > 8 || k % 32) return -1;
     int64_t n = 0;
     for (int64_t p = 0; p < nparts; p++) n += rows[p];
     const int64_t tp = (t + I16_R - 1) / I16_R * I16_R, g = k / 32, rb = block_row_bytes(type, k);
     const int mins = type == Q4_1 || type == Q5_1 || type == Q4_K || type == Q5_K;
     int16_t *a = calloc((size_t)(tp * k), sizeof(int16_t));
     float *da = calloc((size_t)(tp * g), sizeof(float)), *as = calloc((size_t)(tp * g), sizeof(float));
-    if (!a || !da || !as) { free(a), free(da), free(as); return; }
+    if (!a || !da || !as) { free(a), free(da), free(as); return -1; }
+    int failed = 0;
 #pragma omp parallel num_threads(threads)
     {
 #pragma omp for schedule(static)
@@ -269,7 +271,11 @@ void block_gemm_i16(int type, int64_t nparts, const uint8_t *const *parts, const
         float *ws = aligned_alloc(64, (size_t)g * I16_NC * 4), *wm = aligned_alloc(64, (size_t)g * I16_NC * 4);
 #pragma omp for schedule(static)
         for (int64_t c0 = 0; c0 < n; c0 += I16_NC) {
-            if (!pk || !ws || !wm) continue;
+            if (!pk || !ws || !wm) {
+#pragma omp atomic write
+                failed = 1;
+                continue;
+            }
             const uint8_t *wrow[I16_NC];
             const int nvalid = n - c0 < I16_NC ? (int)(n - c0) : I16_NC;
             for (int col = 0; col < nvalid; col++) {
@@ -291,5 +297,6 @@ void block_gemm_i16(int type, int64_t nparts, const uint8_t *const *parts, const
         free(pk), free(ws), free(wm);
     }
     free(a), free(da), free(as);
+    return failed ? -1 : 0;
 }
 #endif /* LOCALLLM_I16_GEMM_H */

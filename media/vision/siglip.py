@@ -5,6 +5,11 @@ per block: LayerNorm (`ln1`) -> multi-head self-attention over all patches of a 
 with biases, `attn_out`) -> residual; LayerNorm (`ln2`) -> tanh-GELU MLP (`ffn_up`, `ffn_down`)
 -> residual; a final LayerNorm (`v.post_ln`). Tiles are a batch: [tiles, 3, S, S] in,
 [tiles, patches, dim] out. Linear weights stay in their ggml encoding (`QuantLinear`).
+
+`Tower.use_half` (opt-in, off by default; not yet measured on a GPU) runs the blocks' linears and
+attention in float16 or bfloat16 (F16 weights viewed as stored, others copied once): on CUDA that
+moves the matmuls from float32 units to tensor cores and lets attention take the flash backend,
+as llama.cpp's encoder does with F16 weights; the residual stream and the norms stay float32.
 """
 
 from dataclasses import dataclass
@@ -16,6 +21,7 @@ from torch import nn
 
 from localllm.engine.layers.linear import QuantLinear, dense
 from localllm.engine.models.bert import LayerNorm
+from localllm.kernels.quant.types import QuantType
 from localllm.offload import QuantWeight
 
 # Bounds on an mmproj header (untrusted input): far beyond every released tower (SigLIP-so400m:
@@ -23,6 +29,7 @@ from localllm.offload import QuantWeight
 MAX_DIM = 16_384
 MAX_BLOCKS = 256
 MAX_IMAGE_SIZE = 4_096
+HALF_TYPES = {QuantType.F16: torch.float16, QuantType.BF16: torch.bfloat16}  # viewed as stored
 
 
 class VisionConfigError(ValueError):
@@ -120,10 +127,27 @@ class PositionEmbedding(nn.Module):
         return self.weight is not None
 
 
+LINEARS = ("attn_q", "attn_k", "attn_v", "attn_out", "ffn_up", "ffn_down")
+
+
+def _half_weight(m: QuantLinear, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(W [N, K], bias) of a loaded QuantLinear in `dtype`: the file's own half values as a view
+    where they are of that dtype, else dequantized once."""
+    w, n = m.weight, m.out_features
+    if HALF_TYPES.get(w.qtype) == dtype:
+        half = w.data.reshape(n, -1).view(dtype)
+    else:
+        half = dense(w).reshape(n, m.in_features).to(dtype)
+        if not torch.isfinite(half).all():
+            raise ValueError(f"{dtype} cannot hold this {w.qtype.name} weight")
+    return half, m.bias.to(dtype) if m.bias is not None else None
+
+
 class Block(nn.Module):
     def __init__(self, a: TowerArgs):
         super().__init__()
         self.n_heads = a.n_heads
+        self.half_weights: dict[str, tuple[torch.Tensor, torch.Tensor | None]] | None = None
         self.ln1 = LayerNorm(a.dim, a.norm_eps)
         self.attn_q = QuantLinear(a.dim, a.dim)
         self.attn_k = QuantLinear(a.dim, a.dim)
@@ -133,7 +157,15 @@ class Block(nn.Module):
         self.ffn_up = QuantLinear(a.dim, a.hidden_dim)
         self.ffn_down = QuantLinear(a.hidden_dim, a.dim)
 
+    def use_half(self, dtype: torch.dtype | None) -> None:
+        weights = (
+            None if dtype is None else {k: _half_weight(getattr(self, k), dtype) for k in LINEARS}
+        )
+        self.half_weights = weights  # (not `half`: nn.Module.half() is a method)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.half_weights is not None:
+            return self._forward_half(x)
         t, n, d = x.shape
         h = self.ln1(x)
 
@@ -144,6 +176,21 @@ class Block(nn.Module):
         o = F.scaled_dot_product_attention(q, k, v)  # every patch sees every patch of its tile
         x = x + self.attn_out(o.transpose(1, 2).reshape(t, n, d))
         return x + self.ffn_down(F.gelu(self.ffn_up(self.ln2(x)), approximate="tanh"))
+
+    def _forward_half(self, x: torch.Tensor) -> torch.Tensor:
+        """`forward` with the matmuls and attention in the half dtype; x stays float32."""
+        t, n, d = x.shape
+        w = self.half_weights
+        h = self.ln1(x).to(w["attn_q"][0].dtype)
+
+        def heads(name):
+            return F.linear(h, *w[name]).view(t, n, self.n_heads, d // self.n_heads).transpose(1, 2)
+
+        o = F.scaled_dot_product_attention(heads("attn_q"), heads("attn_k"), heads("attn_v"))
+        x = x + F.linear(o.transpose(1, 2).reshape(t, n, d), *w["attn_out"]).float()
+        h = self.ln2(x).to(h.dtype)
+        u = F.gelu(F.linear(h, *w["ffn_up"]), approximate="tanh")
+        return x + F.linear(u, *w["ffn_down"]).float()
 
 
 class Tower(nn.Module):
@@ -156,6 +203,14 @@ class Tower(nn.Module):
         self.position_embd = PositionEmbedding(a.patches_per_side**2, a.dim)
         self.blk = nn.ModuleList(Block(a) for _ in range(a.n_layers))
         self.post_ln = LayerNorm(a.dim, a.norm_eps)
+
+    def use_half(self, dtype: torch.dtype | None = torch.float16) -> None:
+        """Run the blocks in `dtype` (torch.float16 or torch.bfloat16; None: float32 again, the
+        default). Call after loading; F16 weights are viewed, not copied, for float16."""
+        if dtype not in (None, torch.float16, torch.bfloat16):
+            raise ValueError(f"use_half takes torch.float16, torch.bfloat16 or None, not {dtype}")
+        for blk in self.blk:
+            blk.use_half(dtype)
 
     def forward(self, pixels: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
         x = self.patch_embd(pixels) + self.position_embd.weight[position_ids]

@@ -73,6 +73,24 @@ def test_encoder_on_cuda_matches_the_record(family):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_tower_on_cuda_matches_the_record(dtype):
+    """The opt-in half tower (`siglip.Tower.use_half`: tensor-core matmuls, flash attention) on
+    CUDA within the encoder bound of the float32 one."""
+    text, mmproj, rec = FAMILIES["gemma3"]
+    engine = LLMEngine(str(text), EngineArgs(device="cuda"))
+    vision = VisionPipeline(mmproj, engine)
+    try:
+        vision.model.v.use_half(dtype)
+        for name, ref in rec["images"].items():
+            out = vision.encode(vision.prepare(image_bytes(name))).float().cpu()
+            want = torch.from_numpy(floats(ref["image_features"], ref["feature_shape"]).copy())
+            assert (out - want).abs().max().item() < ENCODER_TOL
+    finally:
+        vision.close()
+        engine.close()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_spans_on_cuda_match_the_reference(dtype):
     """The CUDA prompt path with spans (f16/bf16 caches read as stored) against the float64
     token-type reference of tests/kernels/test_paged_spans.py."""

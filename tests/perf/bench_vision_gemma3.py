@@ -36,9 +36,9 @@ def f16(shape, device, scale=0.02) -> QuantWeight:
     return QuantWeight(t.view(torch.uint8), QuantType.F16, tuple(shape))
 
 
-def build(device, layers: int) -> Model:
+def build(device, layers: int, image_size: int = TOWER_4B.image_size) -> Model:
     torch.manual_seed(0)
-    t = dataclasses.replace(TOWER_4B, n_layers=layers)
+    t = dataclasses.replace(TOWER_4B, n_layers=layers, image_size=image_size)
     model = Model(dataclasses.replace(ARGS_4B, tower=t))
     for m in model.modules():
         if isinstance(m, QuantLinear):

@@ -116,6 +116,11 @@ class Ours:
                           enable_prefix_caching=False)  # fmt: skip
         self.engine = LLMEngine(a.text, args)
         self.pipe = VisionPipeline(a.mmproj, self.engine)
+        if a.half_tower:  # siglip.Tower.use_half (Gemma 3, SmolVLM): opt-in, measured here
+            tower = getattr(self.pipe.model, "v", None)
+            if not hasattr(tower, "use_half"):
+                raise SystemExit("--half-tower: this projector's tower has no half path")
+            tower.use_half(getattr(torch, a.half_tower))
         self.prompt = a.prompt
         self.cuda = a.device == "cuda"
 
@@ -231,6 +236,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--llama-driver", default=None, help="mtmd_ttft binary (see above)")
     ap.add_argument("--skip-llama", action="store_true", help="ours only")
     ap.add_argument("--json", type=Path, default=None, help="write every round's figures here")
+    ap.add_argument(
+        "--half-tower",
+        choices=("float16", "bfloat16"),
+        default=None,
+        help="ours: run a SigLIP tower's blocks in this dtype (default float32)",
+    )
     a = ap.parse_args(argv)
     tmp = tempfile.TemporaryDirectory()
     image = a.image or make_image(a.side, Path(tmp.name) / f"img{a.side}.png")
@@ -238,7 +249,9 @@ def main(argv: list[str] | None = None) -> int:
     load = os.getloadavg()[0]
     t0 = time.perf_counter()
     ours = Ours(a)
-    print(f"ours loaded in {time.perf_counter() - t0:.1f} s; load average {load:.1f}", flush=True)
+    half = f", tower blocks in {a.half_tower}" if a.half_tower else ""
+    print(f"ours loaded in {time.perf_counter() - t0:.1f} s{half}; load average {load:.1f}",
+          flush=True)  # fmt: skip
     ours.encode(data)  # warm-up (allocations, first-call kernel choices)
     ours.ttft(data, "warm-up")
     drv = None

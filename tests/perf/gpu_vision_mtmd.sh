@@ -25,7 +25,9 @@
 # (the same headers as .refbuild/llama.cpp's). Then the device call, from the repo root:
 #   bash tests/perf/gpu_vision_mtmd.sh        carry [".vismtmd"]        (timeout_s 600)
 # Knobs: SHAPES ("gemma3-4b qwen25vl-7b"), ROUNDS (5), THREADS (8), END_S (470: no bench runs
-# past this many seconds; each bench gets at most 200 s, the file writers 180 s). A dry run on a
+# past this many seconds; each bench gets at most 200 s, the file writers 180 s), HALF_TOWER
+# (unset; float16 or bfloat16: ours runs Gemma 3's SigLIP blocks in it, `siglip.Tower.use_half`,
+# opt-in; tests/perf/gpu_vision_siglip.sh sets it). A dry run on a
 # CPU against a CPU build of llama.cpp (its bin/ under LLB, headers in MTMD_SRC), small files:
 #   PYTHONPATH=/work NO_INSTALL=1 DEVICE=cpu THREADS=2 ROUNDS=1 LLB=/work/llama-cpu/build MTMD_SRC=/work/llama-cpu-src \
 #   SHAPES=qwen25vl-7b SIDE=224 MAKE_ARGS="--text-layers 1 --vision-layers 1" bash tests/perf/gpu_vision_mtmd.sh
@@ -78,7 +80,8 @@ for sh in $SHAPES; do
   echo "== $sh at ${SECONDS}s (timeout ${left}s)"
   timeout $left python3 tests/perf/bench_vision_vs_mtmd.py --device "$DEVICE" --threads "$THREADS" \
     --rounds "$ROUNDS" --side $side --text "$VLM/$sh-text.gguf" --mmproj "$VLM/$sh-mmproj.gguf" \
-    --llama-driver /tmp/mtmd_ttft --llama-bin $L --json "$OUT/vision_mtmd_$sh.json" 2>&1 \
+    --llama-driver /tmp/mtmd_ttft --llama-bin $L --json "$OUT/vision_mtmd_$sh.json" \
+    ${HALF_TOWER:+--half-tower $HALF_TOWER} 2>&1 \
     | tee "$OUT/vision_mtmd_$sh.md" | grep -vE '^(ours (encode|ttft) |mtmd_ttft (warm-up )?\{)'
   date -u
 done

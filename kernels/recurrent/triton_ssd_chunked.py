@@ -16,9 +16,14 @@ what llama.cpp's CUDA backend also runs from 128 tokens on):
 3. `_chunk_out`: per (chunk, head, P block) y_i = exp(c_i) C_i S_in + sum_{j<=i} exp(c_i - c_j)
    (C_i . B_j) dt_j x_j: matmuls within the chunk.
 
-float32 throughout; the matmuls take IEEE float32 inputs (DOT_PRECISION: "tf32" would be faster
-and round inputs to 10 mantissa bits). The torch reference is `ssd.ssd_scan` per sequence
-(`tests/kernels/test_ssd_chunked_triton.py`).
+float32 throughout; the matmuls take IEEE float32 inputs (DOT_PRECISION). Not the default path:
+`engine.layers.recurrent.CHUNKED_MIN_ROWS` turns it on. "ieee" tl.dot has no tensor-core form
+on Hopper: it compiles to FMA loops holding the tiles in registers, and they spill (triton
+3.9's ptxas for sm_90, tests/perf/ssd_kernel_regs.py: KBs of local memory a thread); "tf32x3"
+runs three tf32 tensor-core products (hi*hi + hi*lo + lo*hi), about IEEE's accuracy. On an H100
+at Granite-4.0-H-Tiny's shape (2026-12-06, tests/perf/results/hybrid.md): 1,079 us a layer
+here, 117 us with "tf32x3", 154 us "ieee" at 8 warps, 248 us token by token. The torch
+reference is `ssd.ssd_scan` per sequence (`tests/kernels/test_ssd_chunked_triton.py`).
 """
 
 import torch
@@ -26,6 +31,8 @@ import triton
 import triton.language as tl
 
 CHUNK = 64  # tokens per chunk (tl.dot wants sides of 16 and more)
+# "tf32x3" (tensor cores, 3 passes) is the candidate, to be timed in the whole forward first
+# (tests/perf/gpu_hybrid_prefill.sh, SSD_DOT_PRECISION); "tf32" rounds inputs to 10 bits
 DOT_PRECISION = "ieee"
 BLOCK_P = 32  # head-dim columns per program
 WARPS = 4  # per program of the chunk kernels

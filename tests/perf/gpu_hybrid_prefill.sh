@@ -10,10 +10,12 @@
 #    `llama-bench -p 512 -n 0 -r 3 -ngl 99` on Granite-4.0-H-Tiny (make_hybrid_synthetic.py,
 #    Q4_K_M, random weights).
 # 3. tests/perf/profile_hybrid_prefill.py on the same file: eager 512-token prefill wall and host
-#    time as shipped, with the token-by-token scan, and with that scan and the torch end of the
-#    mixer (the path before this change), alternated; host syncs per forward; a torch.profiler
-#    table (kernels by CUDA time, counts; mixer / MoE ranges); the scan alone at the model's
-#    shape in a few configurations.
+#    time as shipped (token-by-token scan, fused end), with the chunked scan (opt-in since
+#    f0183c3) at IEEE float32 dots and at SSD_DOT_PRECISION (default tf32x3: set for that mode
+#    only, the kernel's default stays "ieee"), and with the token loop and the torch end of the
+#    mixer (the path before the fused end), alternated; host syncs per forward; a
+#    torch.profiler table of the shipped path (kernels by CUDA time, counts; mixer / MoE
+#    ranges); the scan alone at the model's shape in a few configurations.
 # 4. 2. for Granite-4.0-H-Small (made in the background after Tiny) if it is ready and time is
 #    left (BUDGET_S).
 # $OUT: pytest.log, profile_g4t.md, bench.md, summary.md (printed last).
@@ -22,7 +24,8 @@
 # and its libraries, the gguf and llguidance wheels) and run from the repo root, timeout 600:
 #   bash tests/perf/gpu_hybrid_prefill.sh
 # Knobs: BUDGET_S (no new model after this many seconds: 230), END_S (every step's timeout ends
-# by then: 290), SMALL (0: skip Granite-4.0-H-Small), TEST_T (test timeout: 110).
+# by then: 290), SMALL (0: skip Granite-4.0-H-Small), TEST_T (test timeout: 110),
+# SSD_DOT_PRECISION (the chunked mode's dots in step 3: tf32x3; ieee, tf32).
 set -u
 export PYTHONUNBUFFERED=1 PYTHONSAFEPATH=1
 OUT=${OUT:-/tmp/out}
@@ -90,6 +93,7 @@ for name in g4t g4s; do
   echo "| $name | ${a:--} | ${b:--} | ${r:--} |" >>"$OUT/summary.md"
   if [ $name = g4t ]; then  # after the headline figures: the breakdown
     timeout $(left 20) python3 tests/perf/profile_hybrid_prefill.py -m $f -p 512 \
+      --chunk-precision "${SSD_DOT_PRECISION:-tf32x3}" \
       2>/tmp/prof.err | tee "$OUT/profile_$name.md"
     grep -E "Error|error" /tmp/prof.err | tail -3
   fi

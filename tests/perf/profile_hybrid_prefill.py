@@ -3,18 +3,23 @@
 runs hybrid prompts. Prints, compactly:
 
 - wall ms per prefill, and the host's share: how long the forward takes to return (launches
-  queued) before the GPU is waited for, for the chunked Mamba-2 scan (`triton_ssd_chunked`) and
-  for the token-by-token scan (`triton_step.ssd_varlen_triton`), alternated in one process;
+  queued) before the GPU is waited for, for the token-by-token Mamba-2 scan
+  (`triton_step.ssd_varlen_triton`, shipped) and the chunked one (`triton_ssd_chunked`, opt-in
+  since 2026-12-06: CHUNKED_MIN_ROWS set to 64 here) with IEEE float32 dots and with
+  `--chunk-precision` (env SSD_DOT_PRECISION, default "tf32x3": the kernel's DOT_PRECISION set
+  for that mode only, its default left alone), alternated in one process;
 - host syncs inside one forward (`torch.cuda.set_sync_debug_mode`), by source line;
 - a torch.profiler table of one forward: kernels by CUDA time with call counts, and the
   mixers / MoE FFNs / attention as ranges;
 - the scan alone at the model's shape (both kernels, each dot precision), per layer call.
 
     python tests/perf/profile_hybrid_prefill.py -m /tmp/g4t.gguf [-p 512] [--reps 5]
+        [--chunk-precision tf32x3]
 """
 
 import argparse
 import collections
+import os
 import time
 import warnings
 
@@ -178,13 +183,13 @@ def _scan_alone(model, kv, ids, top: int) -> None:
     us = one(lambda: ssd_varlen_triton(x, dt, A, B, C, st0.clone(), qs))
     print(f"token by token (triton_step.ssd_varlen_triton): {us:.1f} us")
     keep = (ch.DOT_PRECISION, ch.BLOCK_P, ch.WARPS)
-    shipped = (keep[0], ch.CHUNK, keep[1], keep[2])
-    configs = [shipped] + [
+    defaults = (keep[0], ch.CHUNK, keep[1], keep[2])
+    configs = [defaults] + [
         c
-        for c in [("tf32", 64, 32, 4), ("tf32x3", 64, 32, 4), ("ieee", 64, 32, 8),
-                  ("ieee", 64, 64, 8), ("ieee", 32, 32, 4), ("ieee", 32, 16, 4),
-                  ("ieee", 128, 32, 8)]
-        if c != shipped
+        for c in [("tf32", 64, 32, 4), ("tf32x3", 64, 32, 4), ("tf32x3", 64, 32, 8),
+                  ("tf32x3", 128, 32, 8), ("ieee", 64, 32, 8), ("ieee", 64, 64, 8),
+                  ("ieee", 32, 32, 4), ("ieee", 32, 16, 4), ("ieee", 128, 32, 8)]
+        if c != defaults
     ]  # fmt: skip
     for prec, chunk, bp, warps in configs:
         ch.DOT_PRECISION, ch.BLOCK_P, ch.WARPS = prec, bp, warps
@@ -192,7 +197,7 @@ def _scan_alone(model, kv, ids, top: int) -> None:
         chunks = torch.tensor(rows, dtype=torch.int32, device=dev).view(-1, 2)
         firsts = torch.tensor(first, dtype=torch.int32, device=dev)
         name = f"chunked {prec}, L {chunk}, BP {bp}, {warps} warps"
-        name += " (shipped)" if (prec, chunk, bp, warps) == shipped else ""
+        name += " (kernel defaults)" if (prec, chunk, bp, warps) == defaults else ""
         try:
             stc = st0.clone()
             y = ch.ssd_chunked_triton(x, dt, A, B, C, stc, chunks, firsts, chunk)
@@ -207,24 +212,51 @@ def _scan_alone(model, kv, ids, top: int) -> None:
             ch.DOT_PRECISION, ch.BLOCK_P, ch.WARPS = keep
 
 
-# (Mamba-2 prompt scan, the mixer's end): as shipped; the token-by-token scan; both as before
+# (Mamba-2 prompt scan, its dot precision, the mixer's end): the shipped path first (the one
+# profiled), then the chunked scan (opt-in) at IEEE float32 and at --chunk-precision, then the
+# path before the fused end
 MODES = {
-    "chunked scan, fused end": ("chunked", True),
-    "token-by-token scan, fused end": ("tokens", True),
-    "token-by-token scan, torch end": ("tokens", False),
+    "token-by-token scan, fused end": ("tokens", None, True),
+    "chunked scan ieee, fused end": ("chunked", "ieee", True),
+    "chunked scan {prec}, fused end": ("chunked", "{prec}", True),
+    "token-by-token scan, torch end": ("tokens", None, False),
 }
+CHUNKED_ROWS = 64  # CHUNKED_MIN_ROWS for the chunked modes (the default until f0183c3)
 _KEEP: dict = {}
 
 
-def _mode(name: str) -> None:
+def _modes(prec: str) -> dict:
+    """MODES with the asked chunk precision filled in (no duplicate when it is "ieee")."""
+    out = {}
+    for k, (scan, p, fused) in MODES.items():
+        out[k.format(prec=prec)] = (scan, p.format(prec=prec) if p else None, fused)
+    return out
+
+
+def _mode(spec: tuple) -> None:
     import localllm.engine.layers.recurrent as layers
     import localllm.kernels.recurrent.gated_norm as gated_norm
+    import localllm.kernels.recurrent.triton_ssd_chunked as ch
 
     _KEEP.setdefault("rows", layers.CHUNKED_MIN_ROWS)
     _KEEP.setdefault("fused", gated_norm.use_triton)
-    scan, fused = MODES[name]
-    layers.CHUNKED_MIN_ROWS = _KEEP["rows"] if scan == "chunked" else 1 << 30
+    _KEEP.setdefault("prec", ch.DOT_PRECISION)
+    scan, prec, fused = spec
+    layers.CHUNKED_MIN_ROWS = CHUNKED_ROWS if scan == "chunked" else 1 << 30
+    ch.DOT_PRECISION = prec or _KEEP["prec"]
     gated_norm.use_triton = _KEEP["fused"] if fused else (lambda y: False)
+
+
+def _restore() -> None:
+    """The module defaults back (the profile and the scan alone run as shipped)."""
+    import localllm.engine.layers.recurrent as layers
+    import localllm.kernels.recurrent.gated_norm as gated_norm
+    import localllm.kernels.recurrent.triton_ssd_chunked as ch
+
+    if _KEEP:
+        layers.CHUNKED_MIN_ROWS = _KEEP["rows"]
+        gated_norm.use_triton = _KEEP["fused"]
+        ch.DOT_PRECISION = _KEEP["prec"]
 
 
 def main() -> None:
@@ -234,20 +266,27 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--device", default="cuda", help="cpu: a dry run of the script itself")
+    ap.add_argument(
+        "--chunk-precision",
+        default=os.environ.get("SSD_DOT_PRECISION", "tf32x3"),
+        choices=("ieee", "tf32", "tf32x3"),
+        help="tl.dot precision of the third mode's chunked scan (env SSD_DOT_PRECISION)",
+    )
     args = ap.parse_args()
     n, dev = args.prompt, torch.device(args.device)
+    modes = _modes(args.chunk_precision)
     with torch.inference_mode():
         model, kv = _load(args.model, n, dev)
         ids = torch.randint(0, model.args.vocab_size, (n,), device=dev)
-        for m in MODES:  # warm-up: compilation, allocator
-            _mode(m)
+        for spec in modes.values():  # warm-up: compilation, allocator
+            _mode(spec)
             _forward(model, kv, ids)
-        got = {k: [] for k in MODES}
+        got = {k: [] for k in modes}
         for _ in range(args.reps):
-            for k in MODES:
-                _mode(k)
+            for k, spec in modes.items():
+                _mode(spec)
                 got[k].append(_timed(model, kv, ids))
-        _mode(next(iter(MODES)))
+        _restore()
         print(f"### {args.model}: pp{n}, eager forward, median of {args.reps} (alternated)")
         print("| path | host returns ms | wall ms | t/s |\n|---|---:|---:|---:|")
         for k, v in got.items():

@@ -1,6 +1,6 @@
-"""The CPU decode step of llama and Gemma 3 decoders as one native call
+"""The CPU decode step of llama, SmolLM3, Qwen3 and Gemma 3 decoders as one native call
 (`kernels/cpu/decode_step`): `NativeDecode.for_model` looks once whether a loaded model qualifies
-(llama or Gemma 3 blocks, dense gated MLPs, no biases, every linear on the native block kernels)
+(those families' blocks, dense gated MLPs, no biases, every linear on the native block kernels)
 and `__call__` runs a step when it does (each sequence's one new token, a float32 or float16
 paged cache; LoRA adapters on q|k|v, o, gate|up and down through `kernels.cpu.decode_lora`), else
 answers None and the torch layers run. Steps of the same model give the same tokens either way
@@ -19,7 +19,9 @@ from localllm.kernels.cpu import decode_lora, decode_step
 from localllm.kernels.quant.linear_native import INT8_TYPES, NativeLinear
 
 MAX_ROWS = 16  # token rows per native step (batched decode); more: the torch layers
-FAMILIES = ("localllm.engine.models.llama", "localllm.engine.models.gemma3")  # their Block
+# their Block: SmolLM3's NoPE layers take rope table 1 as cos 1, sin 0 (`_Unrotated`); Qwen3's
+# q/k norms are Gemma 3's (per head, before rope)
+FAMILIES = tuple(f"localllm.engine.models.{m}" for m in ("llama", "smollm3", "qwen3", "gemma3"))
 
 
 def _kernels(m: nn.Module | None) -> list | None:
@@ -36,11 +38,18 @@ def _runs(linears: list) -> list | None:
     return None if None in ks else [k for kk in ks for k in kk]
 
 
+def _fused_qkv(blk) -> nn.Module | None:
+    """The block's fused q|k|v linear, or None (llama's `qkv`; Qwen's `qkv_fused`, whose `qkv`
+    is a method)."""
+    fused = getattr(blk, "qkv_fused", getattr(blk, "qkv", None))
+    return fused if isinstance(fused, nn.Module) else None
+
+
 def _layer(blk, args) -> dict | None:
     """One block's `LayerSpec` fields (the caches aside), or None where it does not qualify."""
     if type(blk).__module__ not in FAMILIES or not isinstance(blk.mlp, GatedMLP):
         return None
-    mlp, fused = blk.mlp, getattr(blk, "qkv", None)
+    mlp, fused = blk.mlp, _fused_qkv(blk)
     qkv = _kernels(fused) if fused is not None else _runs([blk.attn_q, blk.attn_k, blk.attn_v])
     gu = _kernels(mlp.gate_up) if mlp.gate_up is not None else _runs([mlp.ffn_gate, mlp.ffn_up])
     o, down = _kernels(blk.attn_output), _kernels(mlp.ffn_down)
@@ -59,7 +68,20 @@ def _layer(blk, args) -> dict | None:
         spec[name] = None if m is None else m.weight.float().contiguous()
     if getattr(blk, "local", False):  # Gemma 3's sliding-window layers, their own rope table
         spec["window"], spec["rope_set"] = args.sliding_window, 1
+    if getattr(blk, "rope", True) is False:  # SmolLM3's NoPE layers: table 1 leaves q, k as is
+        spec["rope_set"] = 1
     return spec
+
+
+class _Unrotated:
+    """Rope table 1 of a model with NoPE layers: its rotary's config, cos 1 and sin 0."""
+
+    def __init__(self, rotary):
+        self.rotary, self.cfg = rotary, rotary.cfg
+
+    def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        cos, sin = self.rotary.cos_sin(positions)
+        return torch.ones_like(cos), torch.zeros_like(sin)
 
 
 class NativeDecode:
@@ -82,7 +104,9 @@ class NativeDecode:
         if None in layers:
             return None
         rotaries = [getattr(model, n, None) for n in ("rotary_global", "rotary_local")]
-        rotaries = rotaries if None not in rotaries else [model.rotary, model.rotary]
+        if None in rotaries:
+            nope = any(lay.get("rope_set") for lay in layers)
+            rotaries = [model.rotary, _Unrotated(model.rotary) if nope else model.rotary]
         same = dataclasses.replace(rotaries[1].cfg, base=rotaries[0].cfg.base)
         if rotaries[0] is None or rotaries[0].cfg != same:  # (tables differ in base alone)
             return None
@@ -158,7 +182,7 @@ class NativeDecode:
         linears = []
         for blk in self.model.blk:
             mlp = blk.mlp
-            fused = (getattr(blk, "qkv", None), blk.attn_output, mlp.gate_up, mlp.ffn_down)
+            fused = (_fused_qkv(blk), blk.attn_output, mlp.gate_up, mlp.ffn_down)
             loose = (blk.attn_q, blk.attn_k, blk.attn_v) if fused[0] is None else ()
             loose += (mlp.ffn_gate, mlp.ffn_up) if fused[2] is None else ()
             if any(m.lora is not None for m in loose):

@@ -1,0 +1,95 @@
+"""The native CPU decode step on every family it takes (llama, SmolLM3's NoPE layers, Qwen3's q/k
+norms, Gemma 3): teacher-forced decode logits of the step against the torch layers on the same
+int8-activation linears, and against exact math, on tiny quantized models (`tiny_models`)."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from localllm.engine.core.batch import BatchMeta
+from localllm.engine.gguf import open_gguf
+from localllm.engine.layers.native_decode import NativeDecode
+from localllm.engine.loader import build_model
+from localllm.engine.runtime.kv_cache import PagedKVCache
+from localllm.kernels.cpu import decode_step
+from localllm.kernels.quant.linear_native import NativeLinear
+from tests.engine.tiny_models import SPECS, TinySpec, write_tiny_gguf
+
+BS = 16
+FAMILIES = {
+    "llama": SPECS["llama"],
+    "qwen3": SPECS["qwen3"],
+    "gemma3": SPECS["gemma3"],
+    # layer 3 is NoPE ((il + 1) % 4 == 0): attention by content alone
+    "smollm3": dataclasses.replace(SPECS["llama"], arch="smollm3", n_layers=4),
+}
+pytestmark = pytest.mark.skipif(decode_step.load() is None, reason="no C compiler")
+
+
+def _logits(path, tokens: list[int], n_prompt: int, native: bool, precise: bool = False):
+    """Decode logits teacher-forced on `tokens` after a prompt of n_prompt of them; native=False
+    runs the torch layers with the step's int8 activations (int8_max_t 64)."""
+    gguf = open_gguf(str(path))
+    try:
+        model = build_model(gguf, precise=precise)
+        layers, kvh, hd = model.kv_shape()
+        kv = PagedKVCache(layers, 8, BS, kvh, hd, "f32", "cpu", model.kv_value_dim())
+        if not native:
+            model._native_step = False
+            for m in model.modules():
+                for k in m.kernels() if callable(getattr(m, "kernels", None)) else ():
+                    if isinstance(k, NativeLinear):
+                        k.int8_max_t = 64
+        out = []
+        with torch.inference_mode():
+            model(torch.tensor(tokens[:n_prompt]), torch.arange(n_prompt),
+                  BatchMeta.contiguous(n_prompt, n_prompt, BS), kv)  # fmt: skip
+            for p in range(n_prompt, len(tokens)):
+                table = tuple(range(p // BS + 1))
+                batch = BatchMeta((0, 1), (p + 1,), (table,), torch.tensor([p]), BS)
+                out.append(model.logits(model(torch.tensor([tokens[p]]), torch.tensor([p]),
+                                              batch, kv))[0])  # fmt: skip
+        ran = isinstance(model._native_step, NativeDecode)
+        return torch.stack(out).double(), ran
+    finally:
+        gguf.close()
+
+
+def _kl(p: torch.Tensor, q: torch.Tensor) -> float:
+    lp, lq = p.log_softmax(-1), q.log_softmax(-1)
+    return (lp.exp() * (lp - lq)).sum(-1).mean().item()
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_native_step_decodes_each_family_like_the_torch_layers(tmp_path, family):
+    spec: TinySpec = FAMILIES[family]
+    path = write_tiny_gguf(tmp_path / f"{family}.gguf", spec, quant=True, seed=3)
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(3, spec.vocab, (40,), generator=g).tolist()  # 40 > the 16-key blocks
+    native, ran = _logits(path, tokens, 5, native=True)
+    assert ran, f"{family}: the native step did not take the model"
+    torch_int8, _ = _logits(path, tokens, 5, native=False)
+    exact, _ = _logits(path, tokens, 5, native=False, precise=True)
+    # the same int8 linears either way (other roundings elsewhere, and int8 rounding flips that
+    # follow from them): the step is no further from exact math than the torch layers
+    kl_native, kl_torch = _kl(exact, native), _kl(exact, torch_int8)
+    print(f"{family}: KL to exact math: native {kl_native:.2e}, torch layers {kl_torch:.2e}")
+    assert kl_native < 1.5 * kl_torch + 1e-5, (kl_native, kl_torch)
+    top = exact.argmax(-1)
+    agree = [(x.argmax(-1) == top).double().mean().item() for x in (native, torch_int8)]
+    assert agree[0] >= agree[1] - 2 / len(top), agree
+
+
+def test_nope_layers_are_not_rotated(tmp_path):
+    """SmolLM3 with its NoPE layer rotated would be a different model: the step must not be."""
+    spec = FAMILIES["smollm3"]
+    path = write_tiny_gguf(tmp_path / "smollm3.gguf", spec, quant=True, seed=3)
+    as_llama = write_tiny_gguf(
+        tmp_path / "llama.gguf", dataclasses.replace(spec, arch="llama"), quant=True, seed=3
+    )
+    tokens = list(range(3, 43))
+    nope, _ = _logits(path, tokens, 5, native=True)
+    rotated, _ = _logits(as_llama, tokens, 5, native=True)
+    exact, _ = _logits(path, tokens, 5, native=False, precise=True)
+    assert _kl(exact, rotated) > 5 * _kl(exact, nope), (_kl(exact, rotated), _kl(exact, nope))

@@ -6,10 +6,10 @@ projection (q/k/v, gate/up) keeps its tensors as parts where the file has them, 
 Q4_K / Q6_K / Q8_0 calls of up to NATIVE_MAX_T rows multiply int8 activations (per 256 values
 for Q4_K, per 32 for the others, as llama.cpp's decode does; the native decode step does so for
 every type) and read each weight row once for all rows. The other types' calls, and longer
-ones of those three (prompts), decode row tiles to ggml's float32 values in C for an exact fp32
-GEMM: exact prompt math is what keeps
-teacher-forced logits as close to llama.cpp's as transformers' are (tests/perf/results/
-cpu-moe.md, "CPU-only MoE next to llama.cpp"). PROMPT_I16 switches prompts to int16 activations.
+ones of those three (prompts), multiply int16 activations (PROMPT_I16, `kernels/cpu/i16_gemm.h`:
+teacher-forced logits as close to llama.cpp's as transformers' float32, near-ties aside), or with
+it off decode row tiles to ggml's float32 values in C for an exact fp32 GEMM (tests/perf/
+results/cpu-moe.md, "CPU-only MoE next to llama.cpp"; cpu.md for the int16 figures).
 `block_rows_reference` is the torch reference of the int8 path, `gemm_i16_reference` of the
 int16 one, `quant_matmul_reference` (kernels/quant/linear.py) of the exact ones.
 """
@@ -47,13 +47,14 @@ NATIVE_MAX_T = 64
 INT8_TYPES = frozenset({QuantType.Q4_K, QuantType.Q6_K, QuantType.Q8_0})
 DECODE_ROWS = 16
 GEMM_MIN_ROWS = 16
-# True: longer calls (prompts) take int16 activations instead (per 32 values, 1.5e-5 of each
+# Calls past the int8 rows (prompts) take int16 activations (per 32 values, 1.5e-5 of each
 # group's largest value, 3e-5 for Q6_K: `kernels/cpu/i16_gemm.h`), integer sums at twice the fp32
-# FMA's rate: pp512 1.6-1.9x on Llama-3.2-1B / Gemma 3 270M Q4_K_M (tests/perf/results/cpu.md);
-# a row's bits do not depend on the call's other rows either. Off by default: Gemma 3's
-# teacher-forced top-1 against llama.cpp lost one token of 1,469 (a 2e-4-nat tie; KL the same),
-# which tests/engine/test_real_models.py rejects. `NativeLinear.prompt_i16` sets it per weight.
-PROMPT_I16 = False
+# FMA's rate: pp512 1.6-1.9x the exact fp32 tiles on Llama-3.2-1B / Gemma 3 270M Q4_K_M
+# (tests/perf/results/cpu.md); a row's bits do not depend on the call's other rows either.
+# Against llama.cpp's teacher-forced logits the mean KL is the exact path's to 6 digits; one
+# Gemma 3 token of 1,469 flips at a 2e-4-nat tie (tests/engine/test_real_models.py counts such
+# ties apart). False: the exact float32 tiles. `NativeLinear.prompt_i16` sets it per weight.
+PROMPT_I16 = True
 
 
 class NativeLinear:

@@ -1,11 +1,12 @@
-"""The CPU decode step of llama, SmolLM3, Qwen3 and Gemma 3 decoders as one native call
+"""The CPU decode step of llama, SmolLM3, Qwen2, Qwen3 and Gemma 3 decoders as one native call
 (`kernels/cpu/decode_step`): `NativeDecode.for_model` looks once whether a loaded model qualifies
-(those families' blocks, dense gated MLPs, no biases, every linear on the native block kernels)
-and `__call__` runs a step when it does (each sequence's one new token, a float32 or float16
-paged cache; LoRA adapters on q|k|v, o, gate|up and down through `kernels.cpu.decode_lora`), else
-answers None and the torch layers run. Steps of the same model give the same tokens either way
-(tests/kernels/test_cpu_decode_step.py, tests/lora/test_lora_native.py); the per-layer work is
-the same, the ~20 dispatched torch ops per layer are gone.
+(those families' blocks, dense gated MLPs, no biases but q|k|v's, every linear on the native
+block kernels) and `__call__` runs a step when it does (each sequence's one new token, a float32
+or float16 paged cache; LoRA adapters on q|k|v, o, gate|up and down through
+`kernels.cpu.decode_lora`), else answers None and the torch layers run. Steps of the same model
+give the same tokens either way (tests/kernels/test_cpu_decode_step.py,
+tests/lora/test_lora_native.py); the per-layer work is the same, the ~20 dispatched torch ops
+per layer are gone.
 """
 
 import dataclasses
@@ -21,7 +22,9 @@ from localllm.kernels.quant.linear_native import INT8_TYPES, NativeLinear
 MAX_ROWS = 16  # token rows per native step (batched decode); more: the torch layers
 # their Block: SmolLM3's NoPE layers take rope table 1 as cos 1, sin 0 (`_Unrotated`); Qwen3's
 # q/k norms are Gemma 3's (per head, before rope)
-FAMILIES = tuple(f"localllm.engine.models.{m}" for m in ("llama", "smollm3", "qwen3", "gemma3"))
+# q|k|v biases (Qwen2's) go in the step; a bias on any other linear keeps the torch layers
+FAMILIES = tuple(f"localllm.engine.models.{m}"
+                 for m in ("llama", "smollm3", "qwen2", "qwen3", "gemma3"))  # fmt: skip
 
 
 def _kernels(m: nn.Module | None) -> list | None:
@@ -45,6 +48,19 @@ def _fused_qkv(blk) -> nn.Module | None:
     return fused if isinstance(fused, nn.Module) else None
 
 
+def _qkv_bias(blk, fused: nn.Module | None) -> torch.Tensor | None:
+    """The q|k|v biases side by side as the step adds them (zeros for a part without one), or
+    None where no part has one."""
+    if fused is not None:
+        b = getattr(fused, "bias", None)
+        return None if b is None else b.float().contiguous()
+    parts = (blk.attn_q, blk.attn_k, blk.attn_v)
+    if all(getattr(m, "bias", None) is None for m in parts):
+        return None
+    bs = [m.bias if m.bias is not None else torch.zeros(m.out_features) for m in parts]
+    return torch.cat([b.float() for b in bs]).contiguous()
+
+
 def _layer(blk, args) -> dict | None:
     """One block's `LayerSpec` fields (the caches aside), or None where it does not qualify."""
     if type(blk).__module__ not in FAMILIES or not isinstance(blk.mlp, GatedMLP):
@@ -53,13 +69,13 @@ def _layer(blk, args) -> dict | None:
     qkv = _kernels(fused) if fused is not None else _runs([blk.attn_q, blk.attn_k, blk.attn_v])
     gu = _kernels(mlp.gate_up) if mlp.gate_up is not None else _runs([mlp.ffn_gate, mlp.ffn_up])
     o, down = _kernels(blk.attn_output), _kernels(mlp.ffn_down)
-    linears = (blk.attn_q, blk.attn_k, blk.attn_v, blk.attn_output, mlp.ffn_gate, mlp.ffn_up,
-               mlp.ffn_down, fused, mlp.gate_up)  # fmt: skip
+    linears = (blk.attn_output, mlp.ffn_gate, mlp.ffn_up, mlp.ffn_down, mlp.gate_up)
     if qkv is None or gu is None or o is None or down is None:
         return None
     if any(getattr(m, "bias", None) is not None for m in linears):
         return None
     spec = {"qkv": qkv, "o": o[0], "gate_up": gu, "down": down[0]}
+    spec["qkv_bias"] = _qkv_bias(blk, fused)
     for name, norm in (("attn_norm", "attn_norm"), ("ffn_norm", "ffn_norm"),
                        ("q_norm", "attn_q_norm"), ("k_norm", "attn_k_norm"),
                        ("post_attn_norm", "post_attention_norm"),

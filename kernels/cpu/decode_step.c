@@ -30,6 +30,9 @@ typedef struct {
      * the last `window` positions), and which rope table the layer rotates with (0 or 1) */
     const float *q_norm, *k_norm, *post_attn_norm, *post_ffn_norm;
     int64_t window, rope_set;
+    /* Qwen2's q | k | v biases [(n_q + 2 n_kv) hd], added before the q/k norms and rope; NULL:
+     * none (last in the struct: decode_step.py's _Layer mirrors this layout) */
+    const float *qkv_bias;
 } layer_t;
 
 typedef struct {
@@ -307,8 +310,10 @@ void decode_step(const model_t *m, int64_t t, float *x, const float *cos0, const
             linear_groups(L->qkv, L->n_qkv, h, dim, t, dim, qkv, nqkv, q8, d8, bs);
             if (lora) lora_add(lora[4 * l], h, dim, t, dim, qkv, nqkv);
 #pragma omp for schedule(static)
-            for (int64_t i = 0; i < t; i++) { /* rope q and k, write k and v at the row's slot */
+            for (int64_t i = 0; i < t; i++) { /* bias, rope q and k, write k and v at the row's slot */
                 float *row = qkv + i * nqkv;
+                if (L->qkv_bias)
+                    for (int64_t j = 0; j < nqkv; j++) row[j] += L->qkv_bias[j];
                 const int64_t at = i * (m->rope_dims / 2);
                 const float *c = (L->rope_set ? cos1 : cos0) + at, *s = (L->rope_set ? sin1 : sin0) + at;
                 for (int64_t hh = 0; hh < nq + nkv; hh++) {

@@ -48,6 +48,7 @@ class _Layer(ctypes.Structure):
         ("post_ffn_norm", _P),
         ("window", _I),
         ("rope_set", _I),
+        ("qkv_bias", _P),  # (last, as in the C's layer_t)
     ]
 
 
@@ -96,6 +97,7 @@ class LayerSpec:
     post_ffn_norm: torch.Tensor | None = None
     window: int = 0
     rope_set: int = 0
+    qkv_bias: torch.Tensor | None = None  # Qwen2: q | k | v biases [(n_q + 2 n_kv) head_dim]
 
 
 def load(cache_dir: Path | None = None) -> ctypes.CDLL | None:
@@ -137,6 +139,10 @@ class DecodeStep:
             raise ValueError(f"KV cache of {dtypes}: float32 or float16 only")
         if any(len(lay.qkv) > MAX_GROUPS or len(lay.gate_up) > MAX_GROUPS for lay in layers):
             raise ValueError(f"more than {MAX_GROUPS} runs of one type in a fused projection")
+        nqkv = (s.n_q + 2 * s.n_kv) * s.head_dim
+        for b in (lay.qkv_bias for lay in layers if lay.qkv_bias is not None):
+            if b.dtype != torch.float32 or not b.is_contiguous() or b.shape != (nqkv,):
+                raise ValueError(f"q|k|v bias of {b.dtype} {tuple(b.shape)}: float32 ({nqkv},)")
         self.lib, self.shape, self.specs = lib, s, layers  # (kept: the structs point in)
         self.layers = (_Layer * len(layers))()
         for c, lay in zip(self.layers, layers, strict=True):
@@ -152,7 +158,7 @@ class DecodeStep:
             )
             c.attn_norm, c.ffn_norm = lay.attn_norm.data_ptr(), lay.ffn_norm.data_ptr()
             c.k_cache, c.v_cache = lay.k_cache.data_ptr(), lay.v_cache.data_ptr()
-            for name in ("q_norm", "k_norm", "post_attn_norm", "post_ffn_norm"):
+            for name in ("q_norm", "k_norm", "post_attn_norm", "post_ffn_norm", "qkv_bias"):
                 w = getattr(lay, name)
                 setattr(c, name, None if w is None else w.data_ptr())
             c.window, c.rope_set = lay.window, lay.rope_set
@@ -240,6 +246,7 @@ def decode_step_reference(shape: Shape, layers: list[LayerSpec], block_size: int
     for lay in layers:
         h = norm(x, lay.attn_norm)
         qkv = torch.cat([mm(g, h) for g in lay.qkv], -1)
+        qkv = qkv if lay.qkv_bias is None else qkv + lay.qkv_bias
         q = qkv[:, : nq * hd].reshape(-1, nq, hd)
         k = qkv[:, nq * hd : (nq + nkv) * hd].reshape(-1, nkv, hd)
         q = q if lay.q_norm is None else norm(q, lay.q_norm)

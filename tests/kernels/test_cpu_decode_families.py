@@ -1,7 +1,9 @@
-"""The native CPU decode step on every family it takes (llama, SmolLM3's NoPE layers, Qwen3's q/k
-norms, Gemma 3): teacher-forced decode logits of the step against the torch layers on the same
-int8-activation linears, and against exact math, on tiny quantized models (`tiny_models`)."""
+"""The native CPU decode step on every family it takes (llama, SmolLM3's NoPE layers, Qwen2's
+q/k/v biases, Qwen3's q/k norms, Gemma 3): teacher-forced decode logits of the step against the
+torch layers on the same int8-activation linears, and against exact math, on tiny quantized
+models (`tiny_models`)."""
 
+import argparse
 import dataclasses
 
 import pytest
@@ -11,14 +13,17 @@ from localllm.engine.core.batch import BatchMeta
 from localllm.engine.gguf import open_gguf
 from localllm.engine.layers.native_decode import NativeDecode
 from localllm.engine.loader import build_model
+from localllm.engine.lora import LoraSpec, attach_adapters
 from localllm.engine.runtime.kv_cache import PagedKVCache
-from localllm.kernels.cpu import decode_step
+from localllm.kernels.cpu import decode_lora, decode_step
 from localllm.kernels.quant.linear_native import NativeLinear
 from tests.engine.tiny_models import SPECS, TinySpec, write_tiny_gguf
+from tests.perf.bench_lora import make
 
 BS = 16
 FAMILIES = {
     "llama": SPECS["llama"],
+    "qwen2": SPECS["qwen2"],  # q/k/v biases
     "qwen3": SPECS["qwen3"],
     "gemma3": SPECS["gemma3"],
     # layer 3 is NoPE ((il + 1) % 4 == 0): attention by content alone
@@ -27,12 +32,17 @@ FAMILIES = {
 pytestmark = pytest.mark.skipif(decode_step.load() is None, reason="no C compiler")
 
 
-def _logits(path, tokens: list[int], n_prompt: int, native: bool, precise: bool = False):
+def _logits(path, tokens: list[int], n_prompt: int, native: bool, precise: bool = False,
+            adapters: list | None = None):  # fmt: skip
     """Decode logits teacher-forced on `tokens` after a prompt of n_prompt of them; native=False
-    runs the torch layers with the step's int8 activations (int8_max_t 64)."""
+    runs the torch layers with the step's int8 activations (int8_max_t 64); `adapters`: LoRA
+    adapters, the sequence on the first at scale 16."""
     gguf = open_gguf(str(path))
     try:
         model = build_model(gguf, precise=precise)
+        on = ((0, 16.0),) if adapters else ()
+        if adapters:
+            attach_adapters(model, adapters, gguf, "cpu")
         layers, kvh, hd = model.kv_shape()
         kv = PagedKVCache(layers, 8, BS, kvh, hd, "f32", "cpu", model.kv_value_dim())
         if not native:
@@ -43,11 +53,15 @@ def _logits(path, tokens: list[int], n_prompt: int, native: bool, precise: bool 
                         k.int8_max_t = 64
         out = []
         with torch.inference_mode():
+            if adapters:
+                model.lora.set_rows([(on, n_prompt)])
             model(torch.tensor(tokens[:n_prompt]), torch.arange(n_prompt),
                   BatchMeta.contiguous(n_prompt, n_prompt, BS), kv)  # fmt: skip
             for p in range(n_prompt, len(tokens)):
                 table = tuple(range(p // BS + 1))
                 batch = BatchMeta((0, 1), (p + 1,), (table,), torch.tensor([p]), BS)
+                if adapters:
+                    model.lora.set_rows([(on, 1)])
                 out.append(model.logits(model(torch.tensor([tokens[p]]), torch.tensor([p]),
                                               batch, kv))[0])  # fmt: skip
         ran = isinstance(model._native_step, NativeDecode)
@@ -93,3 +107,25 @@ def test_nope_layers_are_not_rotated(tmp_path):
     rotated, _ = _logits(as_llama, tokens, 5, native=True)
     exact, _ = _logits(path, tokens, 5, native=False, precise=True)
     assert _kl(exact, rotated) > 5 * _kl(exact, nope), (_kl(exact, rotated), _kl(exact, nope))
+
+
+def test_qwen2_lora_steps_run_natively(tmp_path, monkeypatch):
+    """Adapters on Qwen2's biased q|k|v (and every other linear): the step takes the LoRA steps,
+    no further from exact math than the torch layers, far closer than the base is."""
+    spec = FAMILIES["qwen2"]
+    path = write_tiny_gguf(tmp_path / "qwen2.gguf", spec, quant=True, seed=3)
+    make(argparse.Namespace(model=str(path), out=str(tmp_path), rank=4, count=1))
+    adapters = [LoraSpec(str(tmp_path / "lora-0.gguf"))]
+    tables, real = [], decode_lora.set_table
+    monkeypatch.setattr(decode_lora, "set_table", lambda lib, t: (tables.append(t), real(lib, t)))
+    tokens = torch.randint(3, spec.vocab, (30,), generator=torch.Generator().manual_seed(1))
+    run = (tokens.tolist(), 5)
+    native, ran = _logits(path, *run, native=True, adapters=adapters)
+    assert ran and any(t is not None for t in tables), "the LoRA steps did not run natively"
+    torch_int8, _ = _logits(path, *run, native=False, adapters=adapters)
+    exact, _ = _logits(path, *run, native=False, precise=True, adapters=adapters)
+    base, _ = _logits(path, *run, native=False, precise=True)
+    kl_native, kl_torch = _kl(exact, native), _kl(exact, torch_int8)
+    print(f"qwen2 + LoRA: KL to exact: native {kl_native:.2e}, torch layers {kl_torch:.2e}")
+    assert kl_native < 1.5 * kl_torch + 1e-5, (kl_native, kl_torch)
+    assert _kl(exact, base) > 10 * kl_native, (_kl(exact, base), kl_native)

@@ -2,8 +2,8 @@
 (`decode_step_reference`: the same layers step by step, the linears through the same native
 kernels) on random block weights and a paged cache (float32 and float16, GQA, rope in pairs and
 halves, SiLU and GELU, several sequences of different lengths, Gemma 3's extra norms, windows and
-second rope table), and a real model's decode steps as close to exact math with the step as with
-its torch layers."""
+second rope table, Qwen2's q|k|v biases), and a real model's decode steps as close to exact
+math with the step as with its torch layers."""
 
 import dataclasses
 
@@ -49,6 +49,13 @@ def _gemma(layers, s: decode_step.Shape, seed):
             for i, lay in enumerate(layers)]  # fmt: skip
 
 
+def _biased(layers, s: decode_step.Shape, seed):
+    """Qwen2's q|k|v biases on each layer (large enough to move every head)."""
+    gen = torch.Generator().manual_seed(seed)
+    n = (s.n_q + 2 * s.n_kv) * s.head_dim
+    return [dataclasses.replace(lay, qkv_bias=torch.randn(n, generator=gen)) for lay in layers]
+
+
 def _layers(blocks, s: decode_step.Shape, n_layers, n_blocks, bsz, dtype, seed):
     rng = np.random.default_rng(seed)
     gen = torch.Generator().manual_seed(seed)
@@ -67,22 +74,25 @@ def _layers(blocks, s: decode_step.Shape, n_layers, n_blocks, bsz, dtype, seed):
     return out
 
 
-@pytest.mark.parametrize(("dtype", "neox", "act", "lens", "n_kv", "threads", "gemma"), [
-    (torch.float32, False, "silu", [37], 2, 2, False),
-    (torch.float16, True, "gelu", [5, 61, 16], 2, 1, False),
-    (torch.float32, False, "silu", [1, 33], 2, 2, False),
-    (torch.float16, False, "silu", [40], 1, 2, False),  # one KV head: query heads in two pieces
-    (torch.float32, False, "silu", [40], 1, 3, False),  # (three threads: four pieces)
-    (torch.float32, True, "gelu", [7, 45, 64], 1, 2, True),  # Gemma 3's layers
+@pytest.mark.parametrize(("dtype", "neox", "act", "lens", "n_kv", "threads", "extras"), [
+    (torch.float32, False, "silu", [37], 2, 2, None),
+    (torch.float16, True, "gelu", [5, 61, 16], 2, 1, None),
+    (torch.float32, False, "silu", [1, 33], 2, 2, None),
+    (torch.float16, False, "silu", [40], 1, 2, None),  # one KV head: query heads in two pieces
+    (torch.float32, False, "silu", [40], 1, 3, None),  # (three threads: four pieces)
+    (torch.float32, True, "gelu", [7, 45, 64], 1, 2, "gemma"),  # Gemma 3's layers
+    (torch.float16, True, "silu", [9, 50], 2, 2, "bias"),  # Qwen2's q|k|v biases
 ])  # fmt: skip
-def test_step_matches_the_torch_reference(parts, dtype, neox, act, lens, n_kv, threads, gemma):
+def test_step_matches_the_torch_reference(parts, dtype, neox, act, lens, n_kv, threads, extras):
     lib, blocks = parts
+    gemma = extras == "gemma"
     scale = 0.07 if gemma else None
     s = decode_step.Shape(256, 8, n_kv, 64, 512, 64 if not neox else 32, neox, 1e-5, act, scale)
     bsz, t = 16, len(lens)
     tables = torch.tensor([[4 * i + 3, 4 * i + 1, 4 * i + 2, 4 * i] for i in range(t)])
     layers = _layers(blocks, s, 2, 4 * t, bsz, dtype, len(lens))
     layers = _gemma(layers, s, 1) if gemma else layers
+    layers = _biased(layers, s, 2) if extras == "bias" else layers
     ref_layers = [dataclasses.replace(lay, k_cache=lay.k_cache.clone(),
                                       v_cache=lay.v_cache.clone()) for lay in layers]  # fmt: skip
     seq_lens = torch.tensor(lens)
@@ -113,6 +123,10 @@ def test_bad_layouts_are_refused(parts):
     q8 = [dataclasses.replace(lay, k_cache=lay.k_cache.to(torch.bfloat16)) for lay in layers]
     with pytest.raises(ValueError, match="float32 or float16"):
         decode_step.DecodeStep(lib, decode_step.Shape(256, 8, 2, 64, 512, 64, False, 1e-5), q8, 16)
+    short = [dataclasses.replace(lay, qkv_bias=torch.zeros(8 * 64)) for lay in layers]  # q's only
+    with pytest.raises(ValueError, match="q\\|k\\|v bias"):
+        decode_step.DecodeStep(lib, decode_step.Shape(256, 8, 2, 64, 512, 64, False, 1e-5), short,
+                               16)  # fmt: skip
 
 
 def _decode_logits(gen: Generator, tokens: list[int], n_prompt: int) -> torch.Tensor:

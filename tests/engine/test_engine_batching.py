@@ -94,8 +94,8 @@ def test_ngram_speculation_exact_and_accepts(smollm2_path, llm):
     want = ids(llm, [prompt], greedy(32))[0]
     with LLM(str(smollm2_path), num_speculative_tokens=4) as spec:
         out = spec.generate([prompt], greedy(32))[0]
-    # verify rows run as a prompt chunk (int16 activations), plain decode on the native step's
-    # int8 ones: the same tokens, or a split only at a near-tie
+    # verify rows run as a prompt chunk (exact float32, or int16 with PROMPT_I16), plain decode
+    # on the native step's int8 activations: the same tokens, or a split only at a near-tie
     _check_same_or_near_tie(llm, prompt, list(out.outputs[0].token_ids), want)
     m = out.metrics
     assert m.spec_proposed > 0 and m.spec_accepted > 0

@@ -85,8 +85,8 @@ def test_teacher_forced_at_least_as_close_as_transformers(model):
     """Teacher-forced against llama.cpp, no further from it than transformers' float32 is: the
     same mean KL (1 % of float noise) and no more top-1 disagreements, not counting ours that
     transformers does not share at positions where our own top two were within NEAR_TIE_NATS
-    (prompts run on int16 activations, `linear_native.PROMPT_I16`: such a tie can go either
-    way)."""
+    (such a tie can go either way on prompts that are not exact float32, e.g. with
+    `linear_native.PROMPT_I16`'s int16 activations)."""
     name, gen, golden = model
     ref_path = DATA / f"{name}.transformers.json"
     ids = golden["teacher_forced"]["token_ids"]
@@ -112,6 +112,6 @@ def test_teacher_forced_at_least_as_close_as_transformers(model):
     )
     assert ours["n_top1_disagree"] - len(ties) <= hf["n_top1_disagree"], (extra, ties)
     # With exact matmuls ours equals transformers' to 1e-8; int16 prompt activations (1.5e-5 of
-    # each 32 values' largest) move the KL estimate by far less than the 1 % allowed here.
+    # each 32 values' largest) moved the KL estimate by far less than the 1 % allowed here.
     assert ours["mean_kl"] <= hf["mean_kl"] * 1.01
     assert np.isfinite(ours["ppl_ours"])

@@ -3,7 +3,6 @@ values against the torch reference of the same math (`gemm_i16_reference`) and n
 float product, each row's bits independent of the call's other rows, the parts and the threads,
 the same bits from a build without AVX-512 (plain C), and `NativeLinear` taking it for prompts."""
 
-import numpy as np
 import pytest
 import torch
 
@@ -17,8 +16,8 @@ from localllm.kernels.quant.linear_native import (
     PROMPT_I16,
     gemm_i16_reference,
 )
+from tests.kernels.test_cpu_block_linear import TYPES, _rel, _weight
 
-TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "IQ4_XS", "Q4_K", "Q5_K", "Q6_K"]
 REF_TOL = 1e-6  # the same integers; float32 sums against float64
 EXACT_TOL = 2e-4  # int16 activations: ~4e-5 off the exact product on Gaussian rows
 
@@ -29,14 +28,6 @@ def blocks(tmp_path_factory):
     if k is None:
         pytest.skip("no C compiler here (the torch paths are used)")
     return k
-
-
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
-
-
-def _weight(name: str, n: int, k: int, seed: int) -> torch.Tensor:
-    return block_linear.random_blocks(QuantType[name], n, k, np.random.default_rng(seed))
 
 
 @pytest.mark.parametrize("name", TYPES)

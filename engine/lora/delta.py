@@ -15,9 +15,9 @@ CUDA graphs key their captures by that (`LoraContext.active`), so a graph of suc
 LoRA work at all. On CUDA, up to `triton_lora.MAX_ROWS` rows run the two triton kernels of
 `kernels.fused.triton_lora` per module (a split-K shrink with atomics into the module's scratch,
 an expand into every part that leaves the scratch at zero) on float16 weights; longer steps
-(prompts) and CPU run the torch ops below. `SCHEME` selects other kernels for A/B benches:
-"fused" (`triton_lora_fused`: both in one launch, a grid barrier between) or "split" (the first
-kernels, `triton_lora_split`: looped partial sums).
+(prompts) and CPU run the torch ops below. `SCHEME` "fused" selects `triton_lora_fused` (both
+in one launch, a grid barrier between) for A/B benches. (The first kernels, looped split-K
+partials, were removed after the H100 A/B of 2026-12-06: +102.9 % a token against +30.8 %.)
 `reference_delta` is the plain per-adapter formula the tests compare with.
 """
 
@@ -33,8 +33,8 @@ log = logging.getLogger(__name__)
 MIN_ROWS = 2048
 CUDA_DTYPE = torch.float16  # adapter weights on CUDA: half the bytes a decode step reads
 KERNELS = True  # the triton kernels on CUDA (False: the torch ops; an A/B switch for benches)
-# which kernels: "atomic" (triton_lora, two launches), "fused" (triton_lora_fused, one launch
-# with a grid barrier) or "split" (triton_lora_split, the first two-launch kernels); for A/B
+# which kernels: "atomic" (triton_lora, two launches) or "fused" (triton_lora_fused, one launch
+# with a grid barrier; for A/B)
 SCHEME = "atomic"
 
 
@@ -160,11 +160,7 @@ class LoraDelta:
             return False
         w = self.ctx.buffers[self.sig]
         try:
-            if SCHEME == "split":
-                from localllm.kernels.fused import triton_lora_split
-
-                triton_lora_split.shrink_expand(x, self.a, w, self.kparts, ys)
-            elif SCHEME == "fused":
+            if SCHEME == "fused":
                 from localllm.kernels.fused import triton_lora_fused
 
                 triton_lora_fused.shrink_expand(x, self.a, w, self.kparts, ys, self.scratch)

@@ -16,7 +16,7 @@ One row (single-stream decode) runs broadcast products instead of `tl.dot` (whos
 rows to 16). Float32 math on float16/float32 weights, as the reference (tl.dot in "tf32x3":
 three TF32 tensor-core products, float32-accurate; "ieee" FMA tiles spilled kilobytes); the
 atomics' order makes t's last bit vary run to run (a row on no adapter still adds exactly 0).
-`triton_lora_split` holds the first scheme (looped split-K partials), kept for A/B.
+The first scheme (looped split-K partials) was removed after its A/B (tests/perf/results/lora.md).
 """
 
 import torch

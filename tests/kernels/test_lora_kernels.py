@@ -1,6 +1,6 @@
 """The LoRA kernels against their torch reference (`kernels.fused.lora_delta`), each scheme:
-`triton_lora` (two launches, the default), `triton_lora_fused` (one launch, a grid barrier) and
-`triton_lora_split` (the first kernels, kept for A/B). One, two and three output parts, several
+`triton_lora` (two launches, the default) and `triton_lora_fused` (one launch, a grid barrier).
+One, two and three output parts, several
 adapters stacked per part (ranks 8, 16, 64 and ones that are not powers of two), row counts from
 one (the broadcast path) to the kernels' limit (tl.dot), float16, bfloat16 and float32 weights,
 float16 outputs, strided part outputs (the views a fused linear hands over) and rows on no
@@ -25,7 +25,7 @@ CASES = [  # (rows, in, part outputs, part ranks, weight dtype[, output dtype])
     (5, 1100, [200, 72], [48, 48], torch.float32),
     (64, 130, [33], [5], torch.float16),
 ]
-SCHEMES = ["atomic", "fused", "split"]
+SCHEMES = ["atomic", "fused"]
 
 
 def _case(rows, k, outs, ranks, dtype, ydtype=torch.float32, seed=0):
@@ -52,11 +52,7 @@ def _views(base, outs):
 
 
 def _run(scheme, x, a, w, parts, ys, scratch):
-    if scheme == "split":
-        from localllm.kernels.fused.triton_lora_split import shrink_expand
-
-        shrink_expand(x, a, w, parts, ys)
-    elif scheme == "fused":
+    if scheme == "fused":
         from localllm.kernels.fused.triton_lora_fused import shrink_expand
 
         shrink_expand(x, a, w, parts, ys, scratch)

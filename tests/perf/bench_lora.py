@@ -5,14 +5,14 @@ Not a test.
 
     python tests/perf/bench_lora.py make --model BASE.gguf --out DIR [--rank 16 --count 4]
     python tests/perf/bench_lora.py ab --model BASE.gguf --dir DIR [--rounds 3 -n 32 -t 2]
-        [--cases "base;1 adapter;1 adapter, split kernels"]
+        [--cases "base;1 adapter;1 adapter, fused kernel"]
     python tests/perf/bench_lora.py delta --model BASE.gguf --dir DIR [--rounds 6 -n 32]
     python tests/perf/bench_lora.py llamacpp --server llama-server --model BASE.gguf --dir DIR
 
 `ab` is what a user sees (a base without adapters takes the native CPU decode step, which a
 model with adapters hung on leaves for the torch layers; on CUDA it adds the adapters through
-the torch ops; `--cases` picks cases, among them the first split-K-loop kernels and the
-one-launch kernel (`engine.lora.delta`'s SCHEME "split" / "fused"): the A/B of the kernel
+the torch ops; `--cases` picks cases, among them the one-launch kernel (`engine.lora.delta`'s
+SCHEME "fused"): the A/B of the kernel
 schemes, each case its own process, alternated round by round); `delta` is the deltas alone:
 one process, one model with 1 (then 4) adapters hung on, decode steps alternating between no
 row on an adapter (the deltas skipped) and every row on all of them.
@@ -40,8 +40,6 @@ CASES = {"base": (0, 1.0), "1 adapter": (1, 1.0), "4 adapters": (4, 1.0), "4 at 
 # engine/lora/delta.py's KERNELS switch), the first kernels and the one-launch kernel (SCHEME)
 GPU_CASES = {
     "1 adapter, torch ops": (1, 1.0),
-    "1 adapter, split kernels": (1, 1.0),
-    "4 adapters, split kernels": (4, 1.0),
     "1 adapter, fused kernel": (1, 1.0),
     "4 adapters, fused kernel": (4, 1.0),
 }
@@ -55,8 +53,6 @@ SWITCHED = (
 def _launcher(case: str) -> list[str]:
     if "torch ops" in case:
         return ["-c", SWITCHED.format("d.KERNELS = False")]
-    if "split kernels" in case:
-        return ["-c", SWITCHED.format("d.SCHEME = 'split'")]
     if "fused kernel" in case:
         return ["-c", SWITCHED.format("d.SCHEME = 'fused'")]
     return ["-m", "localllm.app"]

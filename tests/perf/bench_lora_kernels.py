@@ -2,23 +2,23 @@
 
 One step of a Llama-3-8B-shaped model has 32 layers x 4 adapted modules (q|k|v, o, gate|up,
 down); this captures those 128 calls of one scheme (`engine.lora.delta.SCHEME`: the default
-"atomic" two-launch kernels, "fused" one launch, "split" the first kernels, or "torch" ops) in
+"atomic" two-launch kernels, "fused" one launch, or "torch" ops) in
 one CUDA graph, replays it and prints microseconds per step and per module, for 1 and 4 rank-16
 adapters and 1 and 4 rows. No GEMVs between the calls: the figure is the deltas' own cost.
 
-    python tests/perf/bench_lora_kernels.py [--reps 50] [--layers 32] [--schemes atomic,split]
+    python tests/perf/bench_lora_kernels.py [--reps 50] [--layers 32] [--schemes atomic,fused]
 """
 
 import argparse
 
 import torch
 
-from localllm.kernels.fused import triton_lora, triton_lora_fused, triton_lora_split
+from localllm.kernels.fused import triton_lora, triton_lora_fused
 from localllm.kernels.fused.lora_delta import LoraPart, scratch, shrink_expand_reference
 
 # (in, part outputs) of the 8B shape's four adapted modules
 MODULES = [(4096, [4096, 1024, 1024]), (4096, [4096]), (4096, [14336, 14336]), (14336, [4096])]
-SCHEMES = ("atomic", "fused", "split", "torch")
+SCHEMES = ("atomic", "fused", "torch")
 DEVICE = "cuda"  # (cpu under TRITON_INTERPRET=1: `check` only, to try the script without a GPU)
 
 
@@ -42,8 +42,6 @@ def _call(scheme: str, m) -> None:
         triton_lora.shrink_expand(x, a, w, parts, ys, pad)
     elif scheme == "fused":
         triton_lora_fused.shrink_expand(x, a, w, parts, ys, pad)
-    elif scheme == "split":
-        triton_lora_split.shrink_expand(x, a, w, parts, ys)
     else:  # the engine's torch ops (`LoraDelta._low` and `_addmm` on float16 weights)
         t = torch.mm(x.to(a.dtype), a.T).mul_(w[: x.shape[0]])
         for p, y in zip(parts, ys, strict=True):

@@ -12,8 +12,8 @@
 #     small C program on its libllama, llama_adapter_lora_init + llama_set_adapters_lora);
 #  4. the A/B of our kernel schemes, `bench_lora.py ab` (each case its own `localllm bench`
 #     process, alternated; one table per round, rounds while time is left): base, 1 and 4
-#     adapters with the default two-launch kernels (atomic split-K), the one-launch kernel
-#     (engine.lora.delta.SCHEME = "fused") and the first kernels (SCHEME = "split").
+#     adapters with the default two-launch kernels (atomic split-K) and the one-launch kernel
+#     (engine.lora.delta.SCHEME = "fused"); the first kernels' A/B is recorded in lora.md.
 # Prepare here first: `bash tests/perf/h200_prepare.sh` (.whl, .refbuild/smollm2-tok.gguf, the
 # llama.cpp tree in .refbuild/llama.cpp for its headers) and a llama.cpp CUDA build holding
 # libllama in .serve2 or .llb (gpu_build_llamacpp.sh); run from the repository root carrying
@@ -52,8 +52,8 @@ FUSED_OK=0
 grep -qE "[0-9]+ passed" "$OUT/pytest_fused.log" && FUSED_OK=1
 grep -qE "[0-9]+ (failed|errors?)\b|TIMED" "$OUT/pytest_fused.log" && FUSED_OK=0
 # the deltas alone: one step's 128 LoRA calls per scheme in a CUDA graph (no GEMVs between)
-KS=atomic,split,torch
-[ $FUSED_OK = 1 ] && KS=atomic,fused,split,torch
+KS=atomic,torch
+[ $FUSED_OK = 1 ] && KS=atomic,fused,torch
 timeout 60 python3 tests/perf/bench_lora_kernels.py --schemes $KS >"$OUT/kernels.md" 2>"$OUT/kernels.err"
 cat "$OUT/kernels.md"; tail -3 "$OUT/kernels.err"
 wait $GEN || { tail -5 /tmp/make.log; exit 1; }
@@ -66,7 +66,7 @@ LD_LIBRARY_PATH=/tmp/llb/bin timeout 120 python3 tests/perf/bench_llamacpp_lora.
 tail -3 "$OUT/compare.err"
 date -u
 # the scheme A/B, a round at a time while ~285 s are not spent (a cut round keeps its lines in ab.err)
-CASES="base;1 adapter;1 adapter, split kernels;4 adapters;4 adapters, split kernels"
+CASES="base;1 adapter;4 adapters"
 # the one-launch kernel only where its tests passed (a hang would cut whole rounds)
 [ $FUSED_OK = 1 ] && CASES="$CASES;1 adapter, fused kernel;4 adapters, fused kernel"
 : >"$OUT/ab.md"
@@ -93,8 +93,8 @@ date -u
   echo
   cat "$OUT/compare.md"
   echo
-  echo "Kernel schemes (default: two launches, atomic split-K; fused: one launch; split: the"
-  echo "first kernels), tg128, one table per round:"
+  echo "Kernel schemes (default: two launches, atomic split-K; fused: one launch), tg128, one"
+  echo "table per round:"
   echo
   if [ -s "$OUT/ab.md" ]; then cat "$OUT/ab.md"; else echo "(ab cut short; its rounds:)"; grep round "$OUT/ab.err"; fi
 } | tee "$OUT/summary.md"

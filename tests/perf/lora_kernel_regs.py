@@ -15,7 +15,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from localllm.kernels.fused import triton_lora, triton_lora_fused, triton_lora_split
+from localllm.kernels.fused import triton_lora, triton_lora_fused
 
 W16 = {"a_ptr": "*fp16", **{f"b{i}": "*fp16" for i in range(3)}}
 CONFIGS = [  # (kernel, extra arg types, constexprs)
@@ -28,8 +28,6 @@ CONFIGS = [  # (kernel, extra arg types, constexprs)
      {"BT": 1, "BR": 64, "BK": 128, "RANK": 64, "BN": 64, "DOT": False}),
     (triton_lora_fused._fused, {"sync_ptr": "*i32"},
      {"BT": 16, "BR": 64, "BK": 128, "RANK": 64, "BN": 64, "DOT": True}),
-    (triton_lora_split._shrink, {"p_ptr": "*fp32"}, {"BT": 16, "BR": 64, "BK": 64, "SPLIT": 512}),
-    (triton_lora_split._expand, {}, {"BT": 16, "BR": 64, "BN": 64}),
 ]  # fmt: skip
 
 

@@ -17,7 +17,9 @@
 # 99`, whose 64 streams collapsed: ~3 minutes), depth (tg128 at depth 8K and 32K, `localllm bench
 # -d` and `llama-bench -d`), kernels (tests/perf/decode_kernels.py at KDEPTHS), batched
 # (llama-batched-bench -npp 1024 -ntg 128 -npl 1,16,64), ours-b2k (ours with `-b 2048`),
-# ours-cold-none (ours with `--warmup none`: the first-request stall it avoids).
+# ours-cold-none (ours with `--warmup none`: the first-request stall it avoids), steps
+# (tests/perf/serve_steps.py in process at STEPS_CONC streams, default 16,64: time by step kind),
+# replay (tests/perf/graph_replay_diff.py: graph replay against eager decode per split).
 # Then one table ($OUT/summary.md; serve_report.py gives no ratio at a level where either server
 # failed a request). $OUT: summary.md, serve_*.json, startup_*.txt, the logs. Results:
 # tests/perf/results/server.md.
@@ -193,7 +195,7 @@ summary() {  # $OUT/summary.md from what the steps so far left (rewritten after 
     fi
     ls "$OUT"/startup_*.txt >/dev/null 2>&1 && { echo; echo "## start-up"; cat "$OUT"/startup_*.txt; }
     [ -s "$OUT/pytest.log" ] && { echo; echo "## gpu tests"; tail -3 "$OUT/pytest.log"; }
-    for f in depth_ours depth_llama batched; do
+    for f in depth_ours depth_llama batched steps_16 steps_64 replay; do
       [ -s "$OUT/$f.md" ] && { echo; echo "## $f"; grep -E "^\|" "$OUT/$f.md"; }
     done
     [ -s "$OUT/kernels.md" ] && { echo; echo "## kernels"; grep -E "^(\||depth|bytes|#)" "$OUT/kernels.md"; }
@@ -220,6 +222,12 @@ for step in $STEPS; do
     kernels) left kernels && model_ready || continue
       timeout "$(cap 120)" python3 tests/perf/decode_kernels.py "$MODEL" --depth "$KDEPTHS" --device "$DEVICE" \
         2>&1 | tee "$OUT/kernels.md" | tail -60 ;;
+    steps) left steps && model_ready || continue  # the engine's steps by kind at STEPS_CONC streams
+      for c in ${STEPS_CONC:-16,64}; do c=${c//,/ }; for n in $c; do
+        timeout "$(cap 120)" python3 tests/perf/serve_steps.py -m "$MODEL" --device "$DEVICE" --streams $n \
+          --requests $((n * 2)) --parallel "$NP" --json "$OUT/steps_$n.json" 2>&1 | tee "$OUT/steps_$n.md" | tail -14
+      done; done ;;
+    replay) timeout "$(cap 120)" python3 tests/perf/graph_replay_diff.py 2>&1 | tee "$OUT/replay.md" | tail -20 ;;
     batched) left batched && model_ready && [ -x $LLB/bin/llama-batched-bench ] || continue
       timeout "$(cap 100)" $LLB/bin/llama-batched-bench -m "$MODEL" -c $((64 * 1152 + 1024)) -b 2048 -ub 512 \
         -npp 1024 -ntg 128 -npl 1,16,64 -fa on -ngl 99 2>&1 | tee "$OUT/batched.md" | grep -E "^\||rror" ;;

@@ -14,8 +14,9 @@ CPU"; tests/perf/bench_quant_linear.py):
 CUDA policy: Q8_0/Q4_0/IQ4_NL/MXFP4/IQ4_XS/Q4_K/Q5_K/Q6_K run triton kernels through
 `triton_linear` (triton is imported only then): Q4_K/Q6_K/Q8_0 re-laid out column-major once
 (`repack`) for the int8-activation dp4a GEMVs of `triton_dp4a`, the others on their raw blocks
-(`triton_gemv`); prefill dequantizes to bf16 for a GEMM. F32 as is; other types dequantize row
-tiles per call.
+(`triton_gemv`); prefill dequantizes to bf16 for a GEMM. F16/BF16 multiply in their own dtype on
+tensor cores, the file's values as the weight (`linear_half`: activations cast to it, float32
+accumulation and output). F32 as is; other types dequantize row tiles per call.
 Float32 in, float32 out. `precise=True` takes the exact path (dequantize + fp32 matmul values).
 """
 
@@ -27,6 +28,7 @@ import torch
 from localllm.kernels.quant.affine import CODE_BITS
 from localllm.kernels.quant.dequant import dequantize
 from localllm.kernels.quant.linear_dense import DenseHalfLinear, DequantTilesLinear, Float32Linear
+from localllm.kernels.quant.linear_half import HALF_DTYPES, HalfGemmLinear
 from localllm.kernels.quant.linear_int4 import Int4PackLinear
 from localllm.kernels.quant.linear_native import MAX_PARTS, NATIVE_TYPES, NativeLinear
 from localllm.kernels.quant.types import QuantType, block_geometry
@@ -53,7 +55,9 @@ POLICY: MappingProxyType[QuantType, str] = MappingProxyType(
         QuantType.Q6_K: "dense_f16",
     }
 )
-STRATEGIES = ("int4pack", "dense_f16", "dense_bf16", "dequant_tiles", "dense_f32", "triton")
+STRATEGIES = (
+    "int4pack", "dense_f16", "dense_bf16", "dequant_tiles", "dense_f32", "triton", "half_gemm",
+)  # fmt: skip
 # Types with triton kernels (`triton_linear.SUPPORTED`; kept here so CPU code never imports triton).
 TRITON_TYPES = frozenset(
     {
@@ -82,6 +86,8 @@ def choose_strategy(qtype: QuantType, shape: tuple[int, int], device: torch.devi
     dev = torch.device(device).type
     if dev == "cuda" and (qtype in TRITON_TYPES or qtype in TRITON_WIDENED):
         return "triton"
+    if dev == "cuda" and qtype in HALF_DTYPES:
+        return "half_gemm"
     if dev != "cpu":
         return "dense_f32" if qtype == QuantType.F32 else "dequant_tiles"
     strategy = POLICY.get(qtype, "dequant_tiles")
@@ -114,7 +120,7 @@ def prepare_linear(
     strategy = strategy or choose_strategy(qtype, shape, data.device)
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}; one of {STRATEGIES}")
-    if precise and strategy in ("dense_f16", "dense_bf16", "triton"):
+    if precise and strategy in ("dense_f16", "dense_bf16", "triton", "half_gemm"):
         strategy = "dense_f32" if qtype == QuantType.F32 else "dequant_tiles"
     if chosen and data.device.type == "cpu" and strategy != "dense_f32":
         kept = prepare_parts([data], qtype, shape, precise, native)
@@ -135,6 +141,8 @@ def prepare_linear(
         if qtype in TRITON_WIDENED:  # as the Q8_0 blocks it widens to, exactly
             data, qtype = widen_blocks(data, qtype), WIDENED[qtype]
         return TritonLinear(data, qtype, shape)
+    if strategy == "half_gemm":
+        return HalfGemmLinear(data, qtype, shape)
     if strategy == "dense_f32":
         return Float32Linear(dequantize(data, qtype).reshape(shape))
     return DequantTilesLinear(data, qtype, shape)

@@ -315,7 +315,8 @@ def run_model(path: str, args: argparse.Namespace) -> list[BenchResult]:
 def _graphs(model, kv, blocks: int, device, args: argparse.Namespace):
     """(DecodeGraphs, PrefillGraphs) on CUDA with --cuda-graphs 1, else (None, None). Experts
     on host or disk (or unpacked types) run host code per step: captured in pieces. Hybrid
-    models (recurrent state) take decode graphs only: their prompts run eagerly."""
+    models (recurrent state) replay prompt graphs only with `prefill_graphs.STATEFUL` on (their
+    one sequence on state slot 0)."""
     if device.type != "cuda" or not getattr(args, "cuda_graphs", 1):
         return None, None
     import torch
@@ -324,8 +325,6 @@ def _graphs(model, kv, blocks: int, device, args: argparse.Namespace):
     from localllm.engine.runtime.prefill_graphs import PrefillGraphs
 
     graphs = DecodeGraphs(model, kv, batch_sizes=(1,))
-    if kv.states is not None:
-        return graphs, None
     prompts = PrefillGraphs(model, kv, spare_slot=blocks * 16, max_blocks=blocks)
     graphs.pool = prompts.pool = torch.cuda.graph_pool_handle()
     return graphs, prompts

@@ -10,7 +10,9 @@ decode step is one Triton launch, and so is any other step's whole batch
 (`kernels.recurrent.triton_step`); with CHUNKED_MIN_ROWS lowered, a Mamba-2 prompt of that many
 rows or more scans in chunks instead, three launches (`kernels.recurrent.triton_ssd_chunked`).
 Chunked prefill therefore carries the state across chunks with nothing else to do, and a step
-that mixes decodes with a prompt chunk still decodes in one call.
+that mixes decodes with a prompt chunk still decodes in one call. A prompt CUDA graph
+(`engine.runtime.prefill_graphs`) gives these layers its layout as device tensors
+(`prompt_graph_plans`): nothing of it is read on the host, so one capture serves every chunk.
 """
 
 from collections.abc import Callable
@@ -18,7 +20,7 @@ from collections.abc import Callable
 import torch
 
 from localllm.engine.core.batch import BatchMeta
-from localllm.engine.runtime.recurrent_state import states_of
+from localllm.engine.runtime.recurrent_state import STATE_FRESH, STATE_SLOTS, states_of
 from localllm.kernels.recurrent.causal_conv import causal_conv_prefill, causal_conv_step
 from localllm.kernels.recurrent.decode import short_conv_decode_ref, ssd_decode_ref
 from localllm.kernels.recurrent.ssd import ssd_chunked, ssd_step
@@ -162,6 +164,44 @@ def _chunk_plan(batch: BatchMeta, device: torch.device) -> tuple[torch.Tensor, t
         both = torch.tensor(rows + first, dtype=torch.int32).to(device)  # one copy
         batch.plans[key] = (both[: len(rows)].view(-1, 2), both[len(rows) :])
     return batch.plans[key]
+
+
+def prompt_graph_plans(batch: BatchMeta, kv, ctx: torch.Tensor) -> None:
+    """Fill `batch.plans` for a prompt graph's padded rows [P] from `ctx` = [first position,
+    end position, state slot] (int64 on the device, the graph's static input), with no host
+    read: the chunk's n = end - first rows are sequence 0 on its slot (fresh at position 0), the
+    padding rows after them sequence 1 on the scratch slot (fresh), so the scans stop the
+    chunk's state at its last real row and the padding writes only scratch."""
+    st = states_of(kv)
+    p = batch.query_start[-1]
+    n = ctx[1] - ctx[0]
+    qs = torch.stack([torch.zeros_like(n), n, torch.full_like(n, p)])
+    batch.plans[("query_start_i32",)] = qs.to(torch.int32)
+    rows = torch.arange(p, device=ctx.device)
+    batch.plans[("row_sequences",)] = (rows >= n).to(torch.int32)
+    batch.plans[STATE_SLOTS] = torch.stack([ctx[2], torch.full_like(ctx[2], st.scratch)])
+    batch.plans[STATE_FRESH] = torch.stack([ctx[0] == 0, torch.ones_like(ctx[0], dtype=torch.bool)])
+    if p >= CHUNKED_MIN_ROWS:
+        batch.plans[("ssd_chunks",)] = _device_chunks(n, p)
+
+
+def _device_chunks(n: torch.Tensor, p: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`_chunk_plan` of the two sequences [0, n) and [n, p) from n on the device: a fixed
+    ceil(p / L) + 1 chunks (L: the kernel's CHUNK), the first sequence's then the second's, its
+    last one empty (p, p) where the two need one chunk fewer (an empty chunk leaves a state as
+    it is)."""
+    from localllm.kernels.recurrent.triton_ssd_chunked import CHUNK as L
+
+    k = -(-p // L) + 1
+    i = torch.arange(k, device=n.device)
+    c0 = torch.div(n + L - 1, L, rounding_mode="floor")
+    first = i * L
+    second = torch.clamp(n + (i - c0) * L, max=p)
+    starts = torch.where(i < c0, first, second)
+    ends = torch.where(i < c0, torch.clamp(first + L, max=n), torch.clamp(second + L, max=p))
+    chunks = torch.stack([starts, ends], 1).to(torch.int32)
+    seq = torch.stack([torch.zeros_like(c0), c0, torch.full_like(c0, k)]).to(torch.int32)
+    return chunks, seq
 
 
 def _finish(y: torch.Tensor, bias: torch.Tensor | None, silu: bool) -> torch.Tensor:

@@ -245,6 +245,8 @@ class Model(Decoder):
         **{f"ssm_{n}": f"mamba.ssm_{n}" for n in ("in", "conv1d", "dt", "norm", "out")},
     }
     takes_embeds = False  # no multimodal granitehybrid file yet
+    # its recurrent layers (engine.layers.recurrent) read a prompt graph's layout from the device
+    state_in_prompt_graphs = True
 
     def __init__(self, args: ModelArgs, precise: bool = False):
         kv_index = {layer: j for j, layer in enumerate(args.attn_layers)}

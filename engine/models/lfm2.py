@@ -140,6 +140,8 @@ class Block(nn.Module):
 class Model(Decoder):
     tensor_aliases = {**Decoder.tensor_aliases, "token_embd_norm": "output_norm"}  # noqa: RUF012
     block_cls = Block  # lfm2moe reuses this model with its own block
+    # its short convs (engine.layers.recurrent) read a prompt graph's layout from the device
+    state_in_prompt_graphs = True
 
     def __init__(self, args: ModelArgs, precise: bool = False):
         kv_index = {layer: j for j, layer in enumerate(args.attn_layers)}

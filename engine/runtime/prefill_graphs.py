@@ -8,6 +8,12 @@ host-side but its token count once its block table and lengths are device tensor
 per length bucket and replayed for any context. Rows past the chunk up to the bucket are padding
 (token 0 at the chunk's last position, k/v written to `spare_slot`, a slot no sequence owns):
 causal attention keeps them out of every real row, and every other op is row by row.
+
+Hybrid models (recurrent state) whose recurrent layers take the step's layout from the device
+(`state_in_prompt_graphs`: granitehybrid, lfm2) may replay prompt graphs too, with STATEFUL on:
+the chunk's state slot is a static input beside its context, and the padding rows form a second
+sequence on the scratch state slot (`engine.layers.recurrent.prompt_graph_plans`), so a scan
+stops at the chunk's last real row. Off by default until measured on a GPU.
 """
 
 from dataclasses import dataclass
@@ -16,12 +22,17 @@ import torch
 from torch import nn
 
 from localllm.engine.core.batch import BatchMeta
+from localllm.engine.layers.recurrent import prompt_graph_plans
 from localllm.engine.moe.block import graph_safe, moe_blocks
 from localllm.engine.runtime.cuda_graphs import capture_first, lora_key, warm_up
 from localllm.engine.runtime.kv_cache import PagedKVCache
 
 # ~1.5x apart: padding costs at most a third of a bucket's device time
 BUCKETS = (32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
+# Prompt graphs for hybrid models (see above). Off: Granite-4.0-H-Tiny's eager pp512 forward was
+# host-bound on an H100 (51.0 ms, tests/perf/results/hybrid.md), but a replay's gain there is not
+# yet measured (tests/perf/gpu_hybrid_prefill.sh runs the A/B)
+STATEFUL = False
 
 
 def bucket_of(n: int) -> int | None:
@@ -47,18 +58,23 @@ class PrefillGraphs:
         self.model, self.kv, self.spare_slot = model, kv, spare_slot
         dev = kv.device
         self.table = torch.zeros(max_blocks, dtype=torch.long, device=dev)  # static, shared
-        self.ctx = torch.zeros(2, dtype=torch.long, device=dev)  # first position, length after
+        # first position, length after, the chunk's recurrent-state slot (hybrids)
+        self.ctx = torch.zeros(3, dtype=torch.long, device=dev)
         self.graphs: dict = {}  # padded length (and LoRA on, `lora_key`) -> graph
         self.pool = pool  # a graph memory pool shared with the decode graphs (or None: own)
         self.failed: str | None = None  # why capture failed (then every prompt runs eager)
+        self.states = getattr(kv, "states", None)  # hybrids' state slots (None: no state)
+        stateless = self.states is None
         # causal decoders only (padding must stay out of real rows); resident experts only (host
-        # steps cannot be captured whole); plain float caches (8-bit formats decode eagerly)
+        # steps cannot be captured whole); plain float caches (8-bit formats decode eagerly);
+        # hybrids whose recurrent layers read the layout from the device, when STATEFUL
         self.usable = (
             dev.type == "cuda"
             and getattr(model, "generates", True)
             and kv.k_scales is None
             and graph_safe(model)
             and not any(b.mapped is not None for b in moe_blocks(model))
+            and (stateless or (STATEFUL and getattr(model, "state_in_prompt_graphs", False)))
         )
 
     def bucket(self, n: int) -> int | None:
@@ -66,10 +82,10 @@ class PrefillGraphs:
         return bucket_of(n) if self.usable and self.failed is None else None
 
     def fill(self, inputs: torch.Tensor, ids: torch.Tensor, slots: torch.Tensor, start: int,
-             table: list[int]) -> None:  # fmt: skip
+             table: list[int], state_slot: int = 0) -> None:  # fmt: skip
         """Write a chunk of n tokens at positions start.. into static inputs [3, P] and the
         context: ids, positions, slots, then the padding (token 0 at the chunk's last position,
-        the spare slot); the table and (start, start + n)."""
+        the spare slot); the table and (start, start + n, state_slot)."""
         n, p = ids.shape[0], inputs.shape[1]
         inputs[0, :n].copy_(ids)
         inputs[0, n:].zero_()
@@ -77,24 +93,27 @@ class PrefillGraphs:
         torch.clamp(pos, max=start + n - 1, out=inputs[1])
         inputs[2, :n].copy_(slots)
         inputs[2, n:].fill_(self.spare_slot)
-        host = torch.tensor([start, start + n, *table], dtype=torch.long)
+        host = torch.tensor([start, start + n, state_slot, *table], dtype=torch.long)
         both = host.to(inputs.device, non_blocking=False)
-        self.ctx.copy_(both[:2])
-        self.table[: len(table)].copy_(both[2:])
+        self.ctx.copy_(both[:3])
+        self.table[: len(table)].copy_(both[3:])
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         """The model over static inputs [3, P] and the context -> hidden [P, dim] (no host
         sync)."""
         p = inputs.shape[1]
         meta = BatchMeta((0, p), (p,), ((),), inputs[2], self.kv.block_size,
-                         context=(self.table, self.ctx))  # fmt: skip
+                         context=(self.table, self.ctx[:2]))  # fmt: skip
+        if self.states is not None:
+            prompt_graph_plans(meta, self.kv, self.ctx)
         return self.model(inputs[0], inputs[1], meta, self.kv)
 
-    def run(self, ids: torch.Tensor, slots: torch.Tensor, start: int,
-            table: list[int]) -> torch.Tensor | None:  # fmt: skip
+    def run(self, ids: torch.Tensor, slots: torch.Tensor, start: int, table: list[int],
+            state_slot: int = 0) -> torch.Tensor | None:  # fmt: skip
         """Hidden states [n, dim] of a chunk of one sequence: `ids` and `slots` [n] on the
-        model's device at positions start..start+n-1, `table` its block table (host ints); or
-        None when it runs eager. A view of the graph's output: valid until the next call."""
+        model's device at positions start..start+n-1, `table` its block table (host ints),
+        `state_slot` its recurrent-state slot (hybrids); or None when it runs eager. A view of
+        the graph's output: valid until the next call."""
         n = ids.shape[0]
         p = self.bucket(n)
         if p is None or len(table) > self.table.shape[0]:
@@ -105,7 +124,7 @@ class PrefillGraphs:
         first = g is None
         if first:
             g = _Graph(torch.zeros(3, p, dtype=torch.long, device=self.kv.device), None, None)
-        self.fill(g.inputs, ids, slots, start, table)
+        self.fill(g.inputs, ids, slots, start, table, state_slot)
         if first and not capture_first(self, key, g):
             return None
         g.graph.replay()
@@ -118,11 +137,19 @@ class PrefillGraphs:
         dev = self.kv.device
         ids = torch.zeros(length, dtype=torch.long, device=dev)
         slots = torch.full((length,), block * block_size, dtype=torch.long, device=dev)
-        self.run(ids, slots, 0, [block] * -(-length // block_size))
+        scratch = 0 if self.states is None else self.states.scratch  # (a state nobody owns)
+        self.run(ids, slots, 0, [block] * -(-length // block_size), scratch)
         return self.failed is None
 
     def _capture(self, g: _Graph) -> None:
+        real = self.ctx.clone()
+        if self.states is not None:  # the warm-up must not advance the chunk's state before
+            # the replay does: it runs from position 0 on the scratch slot (the KV it writes at
+            # the chunk's slots the replay writes again)
+            n = real[1] - real[0]
+            self.ctx.copy_(torch.stack([torch.zeros_like(n), n, n * 0 + self.states.scratch]))
         warm_up(self.forward, g.inputs, self.kv.device)  # compiles for this length
+        self.ctx.copy_(real)
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()

@@ -41,6 +41,7 @@ from collections.abc import Mapping
 import torch
 
 STATE_DTYPE = torch.float32  # recurrences accumulate over the whole sequence: kept in float32
+STATE_SLOTS, STATE_FRESH = ("state_slots",), ("state_fresh",)  # their `BatchMeta.plans` keys
 
 StateShapes = Mapping[int, Mapping[str, tuple[int, ...]]]
 
@@ -104,7 +105,7 @@ class RecurrentState:
 
     def slots(self, batch) -> torch.Tensor:
         """Each sequence's slot, int64 [B] on the device (built once per step)."""
-        key = ("state_slots",)
+        key = STATE_SLOTS
         if key not in batch.plans:
             ids = batch.state_slots or tuple(range(batch.num_seqs))
             if len(ids) != batch.num_seqs:
@@ -117,7 +118,7 @@ class RecurrentState:
     def fresh(self, batch) -> torch.Tensor:
         """Whether each sequence's step starts at position 0 (its state starts from zeros),
         bool [B] on the device."""
-        key = ("state_fresh",)
+        key = STATE_FRESH
         if key not in batch.plans:
             if batch.context is not None:
                 raise ValueError("a device-context batch (a prompt graph) carries no state slots")

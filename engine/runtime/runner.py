@@ -10,7 +10,7 @@ speculation. On CUDA, steps where every request decodes one token replay a captu
 step of one request's prompt chunk replays a prompt graph (`PrefillGraphs`, given a spare KV slot
 for its padding); everything else (batches of prompts, drafts, CPU) runs eagerly. Hybrid models
 (recurrent state) replay decode graphs too, their rows naming each sequence's state slot; they
-launch nothing ahead and take no prompt graphs.
+launch nothing ahead, and take prompt graphs only with `prefill_graphs.STATEFUL` on.
 """
 
 from dataclasses import dataclass, field
@@ -100,7 +100,7 @@ class ModelRunner:
         # write their padding;
         # `max_blocks`: the longest block table a request can have
         self.prompts = None
-        if use and spare_slot is not None and stateless:  # (a prompt graph has no state slot)
+        if use and spare_slot is not None:  # (hybrids: `PrefillGraphs.usable` says whether)
             self.prompts = PrefillGraphs(model, kv, spare_slot, max_blocks)
             self.graphs.pool = self.prompts.pool = torch.cuda.graph_pool_handle()
 
@@ -122,7 +122,8 @@ class ModelRunner:
         plain = batch.embeds is None and not any(r.rope for r in sched.requests)
         if self.prompts is not None and batch.num_seqs == 1 and plain:
             start = batch.seq_lens[0] - len(ids)
-            hidden = self.prompts.run(ids, batch.slot_mapping, start, batch.block_tables[0])
+            state = batch.state_slots[0] if batch.state_slots else 0
+            hidden = self.prompts.run(ids, batch.slot_mapping, start, batch.block_tables[0], state)
         if hidden is None:
             hidden = self.model(ids, positions, batch, self.kv)
         out = RunnerOutput()

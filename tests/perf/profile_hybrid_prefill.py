@@ -7,14 +7,18 @@ runs hybrid prompts. Prints, compactly:
   (`triton_step.ssd_varlen_triton`, shipped) and the chunked one (`triton_ssd_chunked`, opt-in
   since 2026-12-06: CHUNKED_MIN_ROWS set to 64 here) with IEEE float32 dots and with
   `--chunk-precision` (env SSD_DOT_PRECISION, default "tf32x3": the kernel's DOT_PRECISION set
-  for that mode only, its default left alone), alternated in one process;
+  for that mode only, its default left alone), and both scans replayed as a prompt CUDA graph
+  (`prefill_graphs.STATEFUL`, off by default: one `PrefillGraphs` per mode, captured at the
+  warm-up), alternated in one process;
 - host syncs inside one forward (`torch.cuda.set_sync_debug_mode`), by source line;
 - a torch.profiler table of one forward: kernels by CUDA time with call counts, and the
   mixers / MoE FFNs / attention as ranges;
 - the scan alone at the model's shape (both kernels, each dot precision), per layer call.
 
     python tests/perf/profile_hybrid_prefill.py -m /tmp/g4t.gguf [-p 512] [--reps 5]
-        [--chunk-precision tf32x3]
+        [--chunk-precision tf32x3] [--no-profile]
+
+`--no-profile`: the timings and the scan alone only (no sync count, no profiler table).
 """
 
 import argparse
@@ -40,10 +44,20 @@ def _load(path: str, n: int, dev: torch.device):
     return model, kv
 
 
+_GRAPH: dict = {}  # the graph modes' PrefillGraphs, by mode name (None: this one runs eager)
+
+
 def _forward(model, kv, ids):
     from localllm.engine.core.batch import BatchMeta
 
     n = ids.shape[0]
+    prompts = _GRAPH.get(_KEEP.get("mode"))
+    if prompts is not None:  # a prompt graph's replay (its first call captures it)
+        slots = torch.arange(n, device=ids.device)
+        h = prompts.run(ids, slots, 0, list(range(-(-n // kv.block_size))), 0)
+        if h is None:
+            raise RuntimeError(f"prompt graph not replayed: {prompts.failed}")
+        return model.logits(h[-1:])
     b = BatchMeta.contiguous(n, n, kv.block_size)
     b = BatchMeta(b.query_start, b.seq_lens, b.block_tables, b.slot_mapping.to(ids.device),
                   b.block_size)  # fmt: skip
@@ -216,10 +230,12 @@ def _scan_alone(model, kv, ids, top: int) -> None:
 # profiled), then the chunked scan (opt-in) at IEEE float32 and at --chunk-precision, then the
 # path before the fused end
 MODES = {
-    "token-by-token scan, fused end": ("tokens", None, True),
-    "chunked scan ieee, fused end": ("chunked", "ieee", True),
-    "chunked scan {prec}, fused end": ("chunked", "{prec}", True),
-    "token-by-token scan, torch end": ("tokens", None, False),
+    "token-by-token scan, fused end": ("tokens", None, True, False),
+    "chunked scan ieee, fused end": ("chunked", "ieee", True, False),
+    "chunked scan {prec}, fused end": ("chunked", "{prec}", True, False),
+    "token-by-token scan, torch end": ("tokens", None, False, False),
+    "prompt graph, token-by-token scan": ("tokens", None, True, True),
+    "prompt graph, chunked scan {prec}": ("chunked", "{prec}", True, True),
 }
 CHUNKED_ROWS = 64  # CHUNKED_MIN_ROWS for the chunked modes (the default until f0183c3)
 _KEEP: dict = {}
@@ -228,12 +244,30 @@ _KEEP: dict = {}
 def _modes(prec: str) -> dict:
     """MODES with the asked chunk precision filled in (no duplicate when it is "ieee")."""
     out = {}
-    for k, (scan, p, fused) in MODES.items():
-        out[k.format(prec=prec)] = (scan, p.format(prec=prec) if p else None, fused)
+    for k, (scan, p, fused, graph) in MODES.items():
+        out[k.format(prec=prec)] = (scan, p.format(prec=prec) if p else None, fused, graph)
     return out
 
 
-def _mode(spec: tuple) -> None:
+def _graphs(modes: dict, model, kv) -> None:
+    """A `PrefillGraphs` (hybrid prompts on) for each graph mode, over the one sequence's blocks
+    and the spare block after them."""
+    import localllm.engine.runtime.prefill_graphs as pg
+
+    keep, pg.STATEFUL = pg.STATEFUL, True
+    try:
+        blocks = kv.num_blocks - 1
+        for k, spec in modes.items():
+            if spec[3] and kv.device.type == "cuda":
+                g = pg.PrefillGraphs(model, kv, blocks * kv.block_size, blocks)
+                if not g.usable:
+                    raise RuntimeError(f"{k}: prompt graphs not usable for this model")
+                _GRAPH[k] = g
+    finally:
+        pg.STATEFUL = keep
+
+
+def _mode(spec: tuple, name: str | None = None) -> None:
     import localllm.engine.layers.recurrent as layers
     import localllm.kernels.recurrent.gated_norm as gated_norm
     import localllm.kernels.recurrent.triton_ssd_chunked as ch
@@ -241,7 +275,8 @@ def _mode(spec: tuple) -> None:
     _KEEP.setdefault("rows", layers.CHUNKED_MIN_ROWS)
     _KEEP.setdefault("fused", gated_norm.use_triton)
     _KEEP.setdefault("prec", ch.DOT_PRECISION)
-    scan, prec, fused = spec
+    _KEEP["mode"] = name
+    scan, prec, fused, _ = spec
     layers.CHUNKED_MIN_ROWS = CHUNKED_ROWS if scan == "chunked" else 1 << 30
     ch.DOT_PRECISION = prec or _KEEP["prec"]
     gated_norm.use_triton = _KEEP["fused"] if fused else (lambda y: False)
@@ -254,6 +289,7 @@ def _restore() -> None:
     import localllm.kernels.recurrent.triton_ssd_chunked as ch
 
     if _KEEP:
+        _KEEP["mode"] = None
         layers.CHUNKED_MIN_ROWS = _KEEP["rows"]
         gated_norm.use_triton = _KEEP["fused"]
         ch.DOT_PRECISION = _KEEP["prec"]
@@ -272,19 +308,23 @@ def main() -> None:
         choices=("ieee", "tf32", "tf32x3"),
         help="tl.dot precision of the third mode's chunked scan (env SSD_DOT_PRECISION)",
     )
+    ap.add_argument("--no-profile", action="store_true", help="no sync count, no profiler")
     args = ap.parse_args()
     n, dev = args.prompt, torch.device(args.device)
     modes = _modes(args.chunk_precision)
+    if dev.type != "cuda":  # (prompt graphs are CUDA's)
+        modes = {k: v for k, v in modes.items() if not v[3]}
     with torch.inference_mode():
         model, kv = _load(args.model, n, dev)
+        _graphs(modes, model, kv)
         ids = torch.randint(0, model.args.vocab_size, (n,), device=dev)
-        for spec in modes.values():  # warm-up: compilation, allocator
-            _mode(spec)
+        for k, spec in modes.items():  # warm-up: compilation, allocator, graph captures
+            _mode(spec, k)
             _forward(model, kv, ids)
         got = {k: [] for k in modes}
         for _ in range(args.reps):
             for k, spec in modes.items():
-                _mode(spec)
+                _mode(spec, k)
                 got[k].append(_timed(model, kv, ids))
         _restore()
         print(f"### {args.model}: pp{n}, eager forward, median of {args.reps} (alternated)")
@@ -293,7 +333,8 @@ def main() -> None:
             host = sorted(h for h, _ in v)[len(v) // 2]
             wall = sorted(w for _, w in v)[len(v) // 2]
             print(f"| {k} | {host:.2f} | {wall:.2f} | {n / wall * 1e3:,.0f} |")
-        for step in (_syncs_line, _profile, _scan_alone):
+        steps = (_scan_alone,) if args.no_profile else (_syncs_line, _profile, _scan_alone)
+        for step in steps:
             try:  # one section failing leaves the others' figures
                 step(model, kv, ids, args.top)
             except Exception as e:

@@ -50,4 +50,7 @@ def padded_decode_plan(
     rows = torch.arange(tables.shape[0], device=tables.device)
     # the visible keys are one range of positions: the flash kernel skips the padding after it
     span = torch.stack((lo, seq_lens), 1)
-    return DecodePlan(rows, slots, pad[:, None, None, :], span=span)
+    # on the host (a graph's function run eagerly on the CPU) the lengths and tables go along:
+    # the native decode attention then serves its rows with the eager step's bits
+    host = (seq_lens, tables) if tables.device.type == "cpu" else (None, None)
+    return DecodePlan(rows, slots, pad[:, None, None, :], *host, span=span)

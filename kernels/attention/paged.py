@@ -118,7 +118,10 @@ def _native_cpu(q, k_cache, v_cache, query_start, seq_lens, block_tables, scale,
     one = [b for b in range(len(seq_lens)) if t[b] == 1]
     if not any(n > 1 for n in t) and len(one) == 1:  # lone decode: no output copy
         b = one[0]
-        lens, tables = host_tables([seq_lens[b]], [block_tables[b]])
+        if decode is not None:  # (a graph's plan: the batch's lengths are placeholders)
+            lens, tables = decode.lens, decode.tables
+        else:
+            lens, tables = host_tables([seq_lens[b]], [block_tables[b]])
         return paged_decode.paged_decode(q[query_start[b] : query_start[b] + 1], k_cache,
                                          v_cache, lens, tables, scale, window)  # fmt: skip
     out = q.new_empty(q.shape[0], q.shape[1], v_cache.shape[-1])

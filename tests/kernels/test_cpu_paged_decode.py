@@ -78,3 +78,29 @@ def test_paged_attention_routes_decode_rows_natively_and_keeps_prompt_rows():
     torch.testing.assert_close(out[2:6], chunk, rtol=0, atol=0)
     ref = _torch(q[:2], k, v, [3, 3], [[0], [1]], hd**-0.5, None)
     torch.testing.assert_close(out[:2], ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("window", [None, 7])
+@pytest.mark.parametrize("lens", [[13], [3, 21, 9, 30, 5]])
+def test_a_graph_plan_gives_the_eager_steps_bits(lens, window):
+    """A decode graph's padded plan on the CPU (`DecodeGraphs.forward` run eagerly: host tables,
+    placeholder lengths in the batch) takes the native kernel too, so each row has the eager
+    step's bits: the torch gather it took before differed by ~1e-6, which the int8 activations
+    of the next linear turned into 4e-3 logit flips (tests/engine/test_graph_ladder.py)."""
+    from localllm.kernels.attention.decode_graph import PaddedPositions, padded_decode_plan
+    from localllm.kernels.attention.decode_plan import plan_decode
+
+    bs, hd, heads, kvh, width = 4, 32, 8, 2, 16
+    k, v = _cache(48, bs, kvh, hd, torch.float32, seed=6)
+    perm = torch.randperm(48, generator=torch.Generator().manual_seed(7)).tolist()
+    tables = [perm[8 * i : 8 * i + -(-n // bs)] for i, n in enumerate(lens)]
+    q = torch.randn(len(lens), heads, hd, generator=torch.Generator().manual_seed(8))
+    n, qs = len(lens), tuple(range(len(lens) + 1))
+    eager = paged.paged_attention(q, k, v, qs, lens, tables, hd**-0.5, window,
+                                  decode=plan_decode(qs, lens, tables, bs, window))  # fmt: skip
+    padded = torch.tensor([t + perm[: width - len(t)] for t in tables])  # any valid ids past
+    plan = padded_decode_plan(padded, torch.tensor(lens), PaddedPositions.make(width, bs, "cpu"),
+                              bs, window)  # fmt: skip
+    graph = paged.paged_attention(q, k, v, qs, (1,) * n, ((0,),) * n, hd**-0.5, window,
+                                  decode=plan)  # fmt: skip
+    assert torch.equal(graph, eager)

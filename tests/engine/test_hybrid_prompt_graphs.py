@@ -191,8 +191,11 @@ def test_engine_tokens_same_with_and_without_prompt_graphs(name, stateful):
                   max_num_batched_tokens=48)  # fmt: skip
         graphs = llm.engine.runner.prompts
         assert graphs is not None and graphs.usable
+        replays = []
         if not flag:
             llm.engine.runner.prompts = None  # the eager path
+        else:  # count the chunks that replayed (run returns None where it stays eager)
+            graphs.run = _counting(graphs.run, replays)
         together = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, greedy)]
         alone = [list(llm.generate([p], greedy)[0].outputs[0].token_ids) for p in prompts]
         fork = [list(c.token_ids) for c in llm.generate([long], forks)[0].outputs]
@@ -200,6 +203,7 @@ def test_engine_tokens_same_with_and_without_prompt_graphs(name, stateful):
         if flag:  # the prompts alone really replayed: 48 (the long one's steps, the 41) and 32
             assert graphs.failed is None, graphs.failed
             assert {32, 48} <= set(graphs.graphs), list(graphs.graphs)
+            assert sum(replays) >= 5, replays  # alone at least: 2 + 1 + 1 + 1
         llm.close()
         del llm, graphs
         gc.collect()
@@ -207,6 +211,15 @@ def test_engine_tokens_same_with_and_without_prompt_graphs(name, stateful):
     p = path(name)
     for got, want, ps in zip(out[True], out[False], (prompts, prompts, [long] * 2), strict=True):
         assert_same_or_near_tie(p, ps, got, want)
+
+
+def _counting(run, replays: list):
+    def counted(*args):
+        out = run(*args)
+        replays.append(out is not None)
+        return out
+
+    return counted
 
 
 def test_chunk_table_on_the_device_matches_the_host_one():

@@ -5,7 +5,8 @@ The projector type (`clip.projector_type`, or `clip.vision.projector_type` in fi
 hold an audio encoder) picks the family file; any other type is an `MMProjError` that names it
 and the types we run. Loading is a walk over tensor names, like the text models': each tensor
 `a.b.c.weight` goes to the module at `a.b.c` through its `load_tensor` (F16/BF16/Q8_0 as they
-are); unknown or missing tensors are errors.
+are); unknown or missing tensors are errors. On CUDA a SigLIP tower of F16/BF16 weights runs its
+blocks in that dtype (`siglip.Tower.use_half`).
 """
 
 import dataclasses
@@ -17,7 +18,7 @@ import torch
 from torch import nn
 
 from localllm.engine.gguf import GGUFError, GGUFModel, open_gguf
-from localllm.media.vision.siglip import VisionConfigError
+from localllm.media.vision.siglip import Tower, VisionConfigError
 
 # projector type -> the family module of media.vision that runs it
 FAMILIES = {
@@ -102,4 +103,8 @@ def build_tower(g: GGUFModel, device: torch.device | str = "cpu") -> nn.Module:
             for key, v in list(vars(m).items()):
                 if isinstance(v, torch.Tensor) and v.device != device:
                     setattr(m, key, v.to(device))
+    if device.type == "cuda":  # SigLIP blocks in the weights' own half dtype (siglip's docstring)
+        for m in model.modules():
+            if isinstance(m, Tower):
+                m.use_half(m.stored_half_dtype())
     return model.eval()

@@ -6,10 +6,14 @@ with biases, `attn_out`) -> residual; LayerNorm (`ln2`) -> tanh-GELU MLP (`ffn_u
 -> residual; a final LayerNorm (`v.post_ln`). Tiles are a batch: [tiles, 3, S, S] in,
 [tiles, patches, dim] out. Linear weights stay in their ggml encoding (`QuantLinear`).
 
-`Tower.use_half` (opt-in, off by default; not yet measured on a GPU) runs the blocks' linears and
-attention in float16 or bfloat16 (F16 weights viewed as stored, others copied once): on CUDA that
-moves the matmuls from float32 units to tensor cores and lets attention take the flash backend,
-as llama.cpp's encoder does with F16 weights; the residual stream and the norms stay float32.
+`Tower.use_half` runs the blocks' linears and attention in float16 or bfloat16 (F16 weights
+viewed as stored, others copied once): the matmuls on tensor cores and attention through the
+flash backend, as llama.cpp's encoder does with F16 weights; the residual stream and the norms
+stay float32 (F16: norm outputs saturate at +-65504, `linear_half.half_input`). It is the
+default on CUDA where the blocks' weights are F16 or BF16 (`mmproj.build_tower` calls
+`use_half(stored_half_dtype())`); `use_half(None)` gives the float32 blocks (on CUDA their F16/BF16
+linears still multiply in half, `kernels/quant/linear_half.py`, attention in float32). CPU
+stays float32 (no half dot products there).
 """
 
 from dataclasses import dataclass
@@ -21,6 +25,7 @@ from torch import nn
 
 from localllm.engine.layers.linear import QuantLinear, dense
 from localllm.engine.models.bert import LayerNorm
+from localllm.kernels.quant.linear_half import half_input
 from localllm.kernels.quant.types import QuantType
 from localllm.offload import QuantWeight
 
@@ -181,14 +186,14 @@ class Block(nn.Module):
         """`forward` with the matmuls and attention in the half dtype; x stays float32."""
         t, n, d = x.shape
         w = self.half_weights
-        h = self.ln1(x).to(w["attn_q"][0].dtype)
+        h = half_input(self.ln1(x), w["attn_q"][0].dtype)
 
         def heads(name):
             return F.linear(h, *w[name]).view(t, n, self.n_heads, d // self.n_heads).transpose(1, 2)
 
         o = F.scaled_dot_product_attention(heads("attn_q"), heads("attn_k"), heads("attn_v"))
         x = x + F.linear(o.transpose(1, 2).reshape(t, n, d), *w["attn_out"]).float()
-        h = self.ln2(x).to(h.dtype)
+        h = half_input(self.ln2(x), h.dtype)
         u = F.gelu(F.linear(h, *w["ffn_up"]), approximate="tanh")
         return x + F.linear(u, *w["ffn_down"]).float()
 
@@ -204,8 +209,13 @@ class Tower(nn.Module):
         self.blk = nn.ModuleList(Block(a) for _ in range(a.n_layers))
         self.post_ln = LayerNorm(a.dim, a.norm_eps)
 
+    def stored_half_dtype(self) -> torch.dtype | None:
+        """float16 / bfloat16 where every block linear is stored F16 / BF16, else None."""
+        types = {getattr(blk, k).weight.qtype for blk in self.blk for k in LINEARS}
+        return HALF_TYPES.get(types.pop()) if len(types) == 1 else None
+
     def use_half(self, dtype: torch.dtype | None = torch.float16) -> None:
-        """Run the blocks in `dtype` (torch.float16 or torch.bfloat16; None: float32 again, the
+        """Run the blocks in `dtype` (torch.float16 or torch.bfloat16; None: float32, the CPU
         default). Call after loading; F16 weights are viewed, not copied, for float16."""
         if dtype not in (None, torch.float16, torch.bfloat16):
             raise ValueError(f"use_half takes torch.float16, torch.bfloat16 or None, not {dtype}")

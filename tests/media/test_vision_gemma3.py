@@ -88,8 +88,8 @@ def test_encoder_output_matches_transformers(vision, name):
     np.testing.assert_allclose(out.numpy(), want, rtol=0, atol=ENCODER_TOL)
 
 
-# the opt-in half tower (`siglip.Tower.use_half`): measured 4.7e-4 (float16) and 4.6e-3 (bfloat16)
-# on the 2-core CPU against outputs up to 1.6; the bounds leave ~4x room
+# the half tower (`siglip.Tower.use_half`, CUDA's default for F16/BF16 towers): measured 4.7e-4
+# (float16) and 4.6e-3 (bfloat16) on the 2-core CPU against outputs up to 1.6; ~4x room
 HALF_TOL = {torch.float16: 2e-3, torch.bfloat16: 2e-2}
 
 
@@ -111,6 +111,13 @@ def test_half_tower_stays_near_transformers_and_float32_comes_back(vision, dtype
 def test_half_tower_takes_only_half_dtypes(vision):
     with pytest.raises(ValueError, match=r"takes torch\.float16"):
         vision.model.v.use_half(torch.float64)
+
+
+def test_cpu_keeps_float32_blocks_and_knows_the_stored_dtype(vision):
+    """Half blocks are CUDA's default for an F16/BF16 tower (`mmproj.build_tower`), not a CPU's."""
+    v = vision.model.v
+    assert v.stored_half_dtype() == torch.float16  # this mmproj's block linears are F16
+    assert all(blk.half_weights is None for blk in v.blk)
 
 
 @pytest.mark.parametrize("name", ["one_image", "two_images"])

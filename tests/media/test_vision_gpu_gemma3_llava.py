@@ -2,8 +2,9 @@
 spans through the CUDA prompt path (the dense attention fallback), against transformers'
 records (tests/data/vision/*gemma3*, *llava*).
 
-The GPU path keeps F16 weights in its own kernels and an f16 KV cache, and cuDNN may run the
-patch convolution in TF32: encoder outputs within 2e-2 of transformers' and greedy tokens equal
+The GPU path keeps F16 weights in its own kernels (tensor-core GEMMs in float16, the SigLIP
+blocks in float16 by default) and an f16 KV cache, and cuDNN may run the patch convolution in
+TF32: encoder outputs within 2e-2 of transformers' and greedy tokens equal
 up to a near-tie (logit gap < 0.05 in the reference), as the SmolVLM GPU test.
 """
 
@@ -72,14 +73,18 @@ def test_encoder_on_cuda_matches_the_record(family):
         engine.close()
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, None])
 def test_half_tower_on_cuda_matches_the_record(dtype):
-    """The opt-in half tower (`siglip.Tower.use_half`: tensor-core matmuls, flash attention) on
-    CUDA within the encoder bound of the float32 one."""
+    """The SigLIP blocks on CUDA: float16 (the default for this F16 mmproj: tensor-core matmuls,
+    flash attention), bfloat16, and None (float32 blocks whose F16 linears still multiply in
+    half, `half_gemm`), each within the encoder bound."""
     text, mmproj, rec = FAMILIES["gemma3"]
     engine = LLMEngine(str(text), EngineArgs(device="cuda"))
     vision = VisionPipeline(mmproj, engine)
     try:
+        blk = vision.model.v.blk[0]
+        assert blk.half_weights["ffn_up"][0].dtype == torch.float16  # the CUDA default
+        assert blk.ffn_up.kernels()[0].kind == "half_gemm"
         vision.model.v.use_half(dtype)
         for name, ref in rec["images"].items():
             out = vision.encode(vision.prepare(image_bytes(name))).float().cpu()

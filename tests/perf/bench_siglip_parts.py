@@ -1,15 +1,19 @@
 """Where a Gemma-3-4B-shaped SigLIP tower's encode time goes (27 blocks, 1152 wide, 16 heads of 72,
 MLP 4304, 896-px images: 4,096 patches; random F16 weights, `bench_vision_gemma3.build`), and what
-the opt-in half tower (`siglip.Tower.use_half`) changes:
+the half paths change (issues 35 / 38):
 
-1. the tower + projector on one image as shipped (float32: F16 weights widened per call in row
-   tiles, `DequantTilesLinear` on CUDA), with TF32 matmuls allowed (torch's global switch, set for
-   this line only), and with `use_half(float16)` / `use_half(bfloat16)`: best of R, and the half
-   outputs' largest difference from the float32 ones;
-2. one block's parts at the tower's shapes: `ffn_up` (4,096 x 1152 -> 4304) as shipped, as one
-   float32 GEMM, TF32, float16; attention (16 heads x 4,096 x 72) through SDPA in float32 and
-   float16, each backend torch offers alone (unsupported ones say so);
-3. with --profile, the ten CUDA kernels taking most of one shipped encode (torch.profiler).
+1. the tower + projector on one image: as shipped before 2026-12-06 15:00 UTC (F16 weights widened
+   per call in float32 row tiles, `DequantTilesLinear`: reproduced by `precise` linears), the
+   same with TF32 allowed (torch's global switch, set for this line only), the F16 linears on
+   tensor cores (`half_gemm`, `kernels/quant/linear_half.py`) with float32 blocks
+   (`use_half(None)`), and the half blocks (`use_half(float16)`: the new CUDA default for an F16
+   tower; bfloat16): best of R, and the outputs' largest difference from the float32 tiles';
+2. the largest |activation| entering each kind of block linear (float32 blocks): how near
+   float16's 65504 the F16 path's inputs come (random weights: real ones may differ);
+3. one block's parts at the tower's shapes: `ffn_up` (4,096 x 1152 -> 4304) as float32 tiles,
+   as `half_gemm`, one float32 GEMM, TF32, plain float16 F.linear; attention (16 heads x 4,096 x
+   72) through SDPA in float32 and float16, each backend alone (unsupported ones say so);
+4. with --profile, the ten CUDA kernels taking most of one encode in the CUDA default.
 
 Prints Markdown for tests/perf/results/vision.md.
 
@@ -24,6 +28,9 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from localllm.engine.layers.linear import QuantLinear
+from localllm.kernels.quant import QuantType, prepare_linear
+from localllm.media.vision.siglip import LINEARS
 from tests.perf.bench_vision_gemma3 import best, build
 
 
@@ -42,25 +49,70 @@ def row(name: str, seconds: float | None, note: str = "") -> None:
     print(f"| {name} | {ms} | {note} |")
 
 
+def linears(model) -> list[QuantLinear]:
+    return [m for m in model.modules() if isinstance(m, QuantLinear) and m.weight is not None]
+
+
+def set_precise(model, precise: bool) -> None:
+    """Re-prepare every linear: `precise` takes the float32 tiles (the CUDA path before)."""
+    for m in linears(model):
+        m.precise = precise
+        m.load_tensor("weight", m.weight)
+
+
 def tower(model, pixels, repeats, dev) -> None:
     def encode():
         with torch.inference_mode():
             return model(pixels)
 
+    set_precise(model, True)
+    model.v.use_half(None)
     ref = encode().float()
     scale = ref.abs().max().item()
-    print("| tower + projector, one image | ms (best) | largest difference from float32 |")
+    print("| tower + projector, one image | ms (best) | largest difference from float32 tiles |")
     print("|---|---|---|")
-    row("float32, as shipped", best(encode, repeats, dev), f"(outputs up to {scale:.3g})")
+    row("float32 tiles (before)", best(encode, repeats, dev), f"(outputs up to {scale:.3g})")
     if dev.type == "cuda":
         with tf32():
             diff = (encode().float() - ref).abs().max().item()
-            row("float32 with TF32 matmuls allowed", best(encode, repeats, dev), f"{diff:.3g}")
+            row("float32 tiles, TF32 allowed", best(encode, repeats, dev), f"{diff:.3g}")
+    set_precise(model, False)
+    kind = linears(model)[0].kernels()[0].kind
+    diff = (encode().float() - ref).abs().max().item()
+    row(f"{kind} linears, float32 blocks", best(encode, repeats, dev), f"{diff:.3g}")
     for dtype in (torch.float16, torch.bfloat16):
         model.v.use_half(dtype)
         diff = (encode().float() - ref).abs().max().item()
-        row(f"use_half({dtype})", best(encode, repeats, dev), f"{diff:.3g}")
+        default = " (CUDA default)" if dtype == model.v.stored_half_dtype() else ""
+        row(f"use_half({dtype}){default}", best(encode, repeats, dev), f"{diff:.3g}")
     model.v.use_half(None)
+
+
+def activations(model, pixels) -> None:
+    """The largest |input| of each block linear kind over one encode (float32 blocks)."""
+    seen: dict[str, float] = {}
+
+    def hook(name):
+        def record(_m, args, _out):
+            seen[name] = max(seen.get(name, 0.0), args[0].abs().amax().item())
+
+        return record
+
+    handles = [
+        getattr(blk, name).register_forward_hook(hook(name))
+        for blk in model.v.blk
+        for name in LINEARS
+    ]
+    try:
+        with torch.inference_mode():
+            model(pixels)
+    finally:
+        for h in handles:
+            h.remove()
+    print("\n| block linear | largest input, float32 blocks (float16 saturates at 65504) |")
+    print("|---|---|")
+    for name in LINEARS:
+        print(f"| {name} | {seen[name]:.4g} |")
 
 
 def parts(model, repeats, dev) -> None:
@@ -71,16 +123,20 @@ def parts(model, repeats, dev) -> None:
     up = blk.ffn_up
     w32 = up.weight.data.reshape(a.hidden_dim, -1).view(torch.float16).float()
     w16, x16 = w32.half(), x.half()
+    shape = (a.hidden_dim, a.dim)
+    tiles = prepare_linear(up.weight.data, QuantType.F16, shape, strategy="dequant_tiles")
+    half = prepare_linear(up.weight.data, QuantType.F16, shape, strategy="half_gemm")
     print(f"\n| one block's part, {n} patches | ms (best) | note |")
     print("|---|---|---|")
     with torch.inference_mode():
-        row(f"ffn_up {a.dim} -> {a.hidden_dim}, as shipped ({up.kernels()[0].kind})",
-            best(lambda: up(x), repeats, dev))  # fmt: skip
+        row(f"ffn_up {a.dim} -> {a.hidden_dim}, float32 tiles (before)",
+            best(lambda: tiles.matmul(x), repeats, dev))  # fmt: skip
+        row("ffn_up, half_gemm (float32 in and out)", best(lambda: half.matmul(x), repeats, dev))
         row("ffn_up, one float32 GEMM", best(lambda: F.linear(x, w32), repeats, dev))
         if dev.type == "cuda":
             with tf32():
                 row("ffn_up, one TF32 GEMM", best(lambda: F.linear(x, w32), repeats, dev))
-        row("ffn_up, float16", best(lambda: F.linear(x16, w16), repeats, dev))
+        row("ffn_up, float16 F.linear", best(lambda: F.linear(x16, w16), repeats, dev))
         h, hd = a.n_heads, a.dim // a.n_heads
         q, k, v = (torch.randn(1, h, n, hd, generator=g).to(dev) for _ in range(3))
         backends = {
@@ -107,13 +163,14 @@ def profile(model, pixels) -> None:
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as prof
 
+    model.v.use_half(model.v.stored_half_dtype())  # the CUDA default
     with torch.inference_mode(), prof(activities=[ProfilerActivity.CUDA]) as p:
         model(pixels)
         torch.cuda.synchronize()
     keys = p.key_averages()
     sort = "self_device_time_total" if hasattr(keys[0], "self_device_time_total") else (
         "self_cuda_time_total")  # fmt: skip
-    print("\nOne shipped encode, CUDA kernels by time:\n")
+    print("\nOne encode in the CUDA default, CUDA kernels by time:\n")
     print("```")
     print(keys.table(sort_by=sort, row_limit=10, max_name_column_width=70))
     print("```")
@@ -135,6 +192,7 @@ def main() -> None:
     print(f"SigLIP so400m shape, {args.layers} blocks, {args.side} px, {name}, "
           f"torch {torch.__version__}\n")  # fmt: skip
     tower(model, pixels, args.repeats, dev)
+    activations(model, pixels)
     parts(model, args.repeats, dev)
     if args.profile and dev.type == "cuda":
         profile(model, pixels)

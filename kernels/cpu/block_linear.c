@@ -6,7 +6,8 @@
  * tensors lie apart in the file): the rows of all parts are one row space, so nothing is copied
  * or stacked. One OpenMP region per call; each weight row is read once for all token rows.
  * `block_dequant` gives prompts exact float32 rows for an fp32 GEMM; `block_gemm_i16`
- * (i16_gemm.h) multiplies prompts through int16 activations. */
+ * (i16_gemm.h) multiplies prompts through int16 activations, `block_gemm_i8` (i8_gemm.h)
+ * through int8 ones in llama.cpp's activation formats. */
 #include <stdint.h>
 #include <stdlib.h>
 #ifdef _OPENMP
@@ -15,6 +16,7 @@
 
 #include "block_dequant.h"
 #include "i16_gemm.h"
+#include "i8_gemm.h"
 
 #ifndef PREFETCH_ROWS /* file pages are 4 KiB: the hardware prefetchers stop at each */
 #define PREFETCH_ROWS 4

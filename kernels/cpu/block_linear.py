@@ -23,7 +23,7 @@ from localllm.kernels.quant.types import QuantType, block_geometry
 
 HERE = Path(__file__).parent
 SOURCES = (HERE / "block_linear.c", HERE / "block_dequant.h", HERE / "block_dots.h",
-           HERE / "quant_dots.h", HERE / "i16_gemm.h")  # fmt: skip
+           HERE / "quant_dots.h", HERE / "i16_gemm.h", HERE / "i8_gemm.h")  # fmt: skip
 TYPES = NATIVE_TYPES  # Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, IQ4_XS, Q4_K, Q5_K, Q6_K
 FLAG_SETS = (  # fastest first; the last builds anywhere (no OpenMP: one thread)
     ("-O3", "-march=native", "-fopenmp"),
@@ -101,6 +101,19 @@ class BlockKernels:
             raise MemoryError(f"int16 GEMM {x.shape[0]} x {k}: no memory (or k % 32 != 0)")
         return y
 
+    def gemm_i8(self, parts: Parts, qtype: QuantType, k: int, x: torch.Tensor,
+                threads: int | None = None) -> torch.Tensor:  # fmt: skip
+        """x [t, k] float32 (contiguous) -> [t, n] float32 through int8 activations in llama.cpp's
+        format for `qtype` (i8_gemm.h; `kernels.quant.prompt_i8.gemm_i8_reference` is its math)."""
+        y = torch.empty(x.shape[0], parts.n)
+        rc = self.lib.block_gemm_i8(int(qtype), len(parts), parts.ptrs, parts.rows, k,
+                                    x.shape[0], x.data_ptr(), y.data_ptr(),
+                                    threads or torch.get_num_threads())  # fmt: skip
+        if rc != 0:
+            raise MemoryError(f"int8 GEMM {x.shape[0]} x {k} of {QuantType(qtype).name}: no memory "
+                              "(or k not a multiple of its group)")  # fmt: skip
+        return y
+
     def dequant(self, parts: Parts, qtype: QuantType, k: int, r0: int, r1: int,
                 threads: int | None = None) -> torch.Tensor:  # fmt: skip
         """Rows r0 .. r1 - 1 of the parts' row space as ggml's float32 values [r1 - r0, k]."""
@@ -115,6 +128,8 @@ def _bind(lib: ctypes.CDLL) -> None:
     lib.block_rows.restype = None
     lib.block_gemm_i16.argtypes = [_INT, _I, _P, _P, _I, _I, _P, _P, _INT]
     lib.block_gemm_i16.restype = _INT
+    lib.block_gemm_i8.argtypes = [_INT, _I, _P, _P, _I, _I, _P, _P, _INT]
+    lib.block_gemm_i8.restype = _INT
     lib.block_dequant.argtypes = [_INT, _I, _P, _P, _I, _I, _I, _P, _INT]
     lib.block_dequant.restype = None
 
@@ -146,7 +161,7 @@ def random_blocks(qtype: QuantType, rows: int, k: int, rng: np.random.Generator)
 
 def self_check(k: BlockKernels, seed: int = 0) -> bool:
     """Each type's values equal the torch dequantization; its dots on 5 rows over two parts are
-    within CHECK_TOL of float math on those values (int8 and int16 activations), and one row
+    within CHECK_TOL of float math on those values (int8 rows, int16 and int8 GEMMs), and one row
     alone gets the same bits."""
     rng = np.random.default_rng(seed)
     gen = torch.Generator().manual_seed(seed)
@@ -166,5 +181,8 @@ def self_check(k: BlockKernels, seed: int = 0) -> bool:
             return False
         wide = k.gemm_i16(parts, qtype, kk, x, threads=2)  # int16 x: ~2e-5 off
         if not ((wide.double() - want).norm() / want.norm()).item() < CHECK_TOL:
+            return False
+        narrow = k.gemm_i8(parts, qtype, kk, x, threads=2)  # int8 x, as the rows
+        if not ((narrow.double() - want).norm() / want.norm()).item() < CHECK_TOL:
             return False
     return True

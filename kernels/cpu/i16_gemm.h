@@ -20,9 +20,9 @@ static inline int i16_qmax(int type) { return type == Q6_K ? 16383 : 32767; }
 #define I16_R 6        /* activation rows per microkernel step (rows are padded to a multiple) */
 
 #if defined(__AVX512BW__) && defined(__AVX512VL__) && defined(BLOCK_DOTS_AVX2)
-/* i16_sub's codes in vector registers (its scalar loops took 1-2.5 ns a value: a third of a
- * 512-row Q6_K call); the same integers. Returns 0 for a type it does not cover. */
-static int i16_codes_v(int type, const uint8_t *w, int64_t j, int16_t *c) {
+/* The 32 codes of sub-block j as bytes (those of i16_sub; Q6_K's q - 32 without its scales),
+ * in a vector register: 0 for a type it does not cover. */
+static int codes8_v(int type, const uint8_t *w, int64_t j, __m256i *out) {
     const __m256i lo4 = _mm256_set1_epi8(0x0F);
     __m256i v;
     switch (type) {
@@ -44,11 +44,8 @@ static int i16_codes_v(int type, const uint8_t *w, int64_t j, int16_t *c) {
         const __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
         v = _mm256_and_si256(i < 2 ? ql : _mm256_srli_epi16(ql, 4), lo4);
         v = _mm256_or_si256(v, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * i), _mm256_set1_epi8(3)), 4));
-        const int8_t *sc = (const int8_t *)(b + 192 + 8 * h);
-        const __m512i s = _mm512_inserti64x4(_mm512_set1_epi16(sc[2 * i]), _mm256_set1_epi16(sc[2 * i + 1]), 1);
         v = _mm256_sub_epi8(v, _mm256_set1_epi8(32));
-        _mm512_storeu_si512(c, _mm512_mullo_epi16(_mm512_cvtepi8_epi16(v), s));
-        return 1;
+        break;
     }
     case Q8_0: v = _mm256_loadu_si256((const __m256i *)(w + j * 34 + 2)); break;
     case Q4_0: v = _mm256_sub_epi8(nibbles32(w + j * 18 + 2), _mm256_set1_epi8(8)); break;
@@ -66,6 +63,23 @@ static int i16_codes_v(int type, const uint8_t *w, int64_t j, int16_t *c) {
         break;
     }
     default: return 0;
+    }
+    *out = v;
+    return 1;
+}
+
+/* i16_sub's codes in vector registers (its scalar loops took 1-2.5 ns a value: a third of a
+ * 512-row Q6_K call); the same integers. Returns 0 for a type it does not cover. */
+static int i16_codes_v(int type, const uint8_t *w, int64_t j, int16_t *c) {
+    __m256i v;
+    if (!codes8_v(type, w, j, &v)) return 0;
+    if (type == Q6_K) { /* the scale of each 16 folded in */
+        const uint8_t *b = w + (j / 8) * 210;
+        const int h = (int)(j % 8) / 4, i = (int)(j % 4);
+        const int8_t *sc = (const int8_t *)(b + 192 + 8 * h);
+        const __m512i s = _mm512_inserti64x4(_mm512_set1_epi16(sc[2 * i]), _mm256_set1_epi16(sc[2 * i + 1]), 1);
+        _mm512_storeu_si512(c, _mm512_mullo_epi16(_mm512_cvtepi8_epi16(v), s));
+        return 1;
     }
     _mm512_storeu_si512(c, _mm512_cvtepi8_epi16(v));
     return 1;

@@ -57,6 +57,10 @@ GEMM_MIN_ROWS = 16
 # answered differently at a 0.18-nat gap (tests/app/server/test_chat_continue.py); the exact
 # tiles happen to agree there. `NativeLinear.prompt_i16` sets it per weight.
 PROMPT_I16 = False
+# True: those calls take int8 activations in llama.cpp's format of each type instead (Q8_K, Q8_0
+# or Q8_1: `kernels/cpu/i8_gemm.h`, `kernels/quant/prompt_i8.py`), `vpdpbusd` at twice int16's
+# rate, so prompt logits land near llama.cpp's; off by default (tests/perf/results/cpu.md).
+PROMPT_I8 = False
 
 
 class NativeLinear:
@@ -73,6 +77,7 @@ class NativeLinear:
         # calls of up to this many rows take the int8 rows (see above)
         self.int8_max_t = NATIVE_MAX_T if self.qtype in INT8_TYPES else DECODE_ROWS
         self.prompt_i16 = PROMPT_I16 and hasattr(kernels, "gemm_i16")
+        self.prompt_i8 = PROMPT_I8 and hasattr(kernels, "gemm_i8")
 
     @property
     def data(self) -> torch.Tensor:
@@ -91,6 +96,8 @@ class NativeLinear:
         t = x2.shape[0]
         if t <= self.int8_max_t:
             y = self.kernels.rows(self.parts, self.qtype, k, x2)
+        elif self.prompt_i8:
+            y = self.kernels.gemm_i8(self.parts, self.qtype, k, x2)
         elif self.prompt_i16:
             y = self.kernels.gemm_i16(self.parts, self.qtype, k, x2)
         else:

@@ -3,7 +3,8 @@
 Weights are random but valid ggml blocks (random codes, random nonzero scales sized so that
 activations stay O(1)): Q8_0 through random int8 codes with an fp16 scale, Q4_K and Q6_K as raw
 random bytes with their fp16 scale fields overwritten (any byte pattern is a valid K-quant
-block). The mix follows llama.cpp's: `Q4_K_M` keeps attn_v/ffn_down of the "more bits" layers
+block), F16 (`--quant F16`: every matrix) as normal values. The mix follows llama.cpp's:
+`Q4_K_M` keeps attn_v/ffn_down of the "more bits" layers
 and the output head in Q6_K (a tied head, `smollm3`'s, is token_embd: Q6_K then, no
 output.weight); for MoE shapes (`qwen3moe`) that rule covers ffn_down_exps too,
 the router (ffn_gate_inp) and norms stay F32 (llama.cpp's Q8_0 bump of attn_k/attn_v is for
@@ -76,13 +77,18 @@ SHAPES = {
     "smollm3-3b": Shape(
         36, 2048, 16, 4, 128, 11008, 128256, 65536, 5e6, "smollm3", norm_eps=1e-6, tied=True
     ),
+    # HuggingFaceTB/SmolLM2-135M's config.json: 30 layers, hidden 576, 9 heads / 3 KV heads of
+    # 64, intermediate 1536, vocab 49152, rope_theta 1e5, max_position_embeddings 8192, tied
+    # (576 and 1536 are no multiples of 256: Q8_0 or F16 only)
+    "smollm2-135m": Shape(30, 576, 9, 3, 64, 1536, 49152, 8192, 100000.0, tied=True),
     # a small llama whose dims fit the 256-value K-quant blocks (tests)
     "tiny": Shape(2, 256, 4, 2, 64, 512, 49152, 2048, 10000.0),
     # the same for qwen3moe: 8 experts of 256, top 2
     "tiny-qwen3moe": Shape(2, 256, 4, 2, 64, 512, 1024, 2048, 1e6, "qwen3moe", 8, 2, 256, 1e-6),
 }
-FILE_TYPES = {"Q8_0": 7, "Q4_K_M": 15}
+FILE_TYPES = {"Q8_0": 7, "Q4_K_M": 15, "F16": 1}
 _BLOCK = {
+    QT.F16: (1, 2),
     QT.Q8_0: (32, 34),
     QT.Q4_0: (32, 18),
     QT.Q4_1: (32, 20),
@@ -102,6 +108,9 @@ def random_rows(
     qtype: QT, rows: int, k: int, rng: np.random.Generator, gain: float = 1.0
 ) -> np.ndarray:
     """uint8 [rows, row_bytes] of valid random blocks; weights have std about gain/sqrt(k)."""
+    if qtype == QT.F16:  # normal values of that std, as stored
+        w = rng.standard_normal((rows, k), dtype=np.float32) * np.float32(gain / math.sqrt(k))
+        return _f16(w).reshape(rows, -1)
     block, nbytes = _BLOCK[qtype]
     nb = rows * (k // block)
     raw = rng.integers(0, 256, size=(nb, nbytes), dtype=np.uint8)
@@ -139,8 +148,8 @@ def tensor_plan(shape: Shape, quant: str) -> list[tuple[str, Dims, QT]]:
     """(name, dims, type) of every tensor, in file order; dims are numpy order (outermost
     first), the last one is a row (what a quant block runs along)."""
     s = shape
-    q_main = QT.Q8_0 if quant == "Q8_0" else QT.Q4_K
-    q_more = QT.Q8_0 if quant == "Q8_0" else QT.Q6_K
+    q_main = {"Q8_0": QT.Q8_0, "F16": QT.F16}.get(quant, QT.Q4_K)
+    q_more = {"Q8_0": QT.Q8_0, "F16": QT.F16}.get(quant, QT.Q6_K)
     moe = s.n_expert > 0
     # llama.cpp quantizes a tied embedding as the head it also is
     out: list = [("token_embd.weight", (s.vocab, s.dim), q_more if s.tied else q_main)]

@@ -104,7 +104,7 @@ for name in g4t g4s; do
   light=()
   [ $name = g4s ] && light=(--no-profile --reps 3)
   timeout $(left 5) python3 tests/perf/profile_hybrid_prefill.py -m $f -p 512 \
-    --chunk-precision "$PREC" "${light[@]}" 2>/tmp/prof.err | tee "$OUT/profile_$name.md"
+    --chunk-precision "$PREC" ${light[@]+"${light[@]}"} 2>/tmp/prof.err | tee "$OUT/profile_$name.md"
   grep -E "Error|error" /tmp/prof.err | tail -3
   rm -f $f
 done

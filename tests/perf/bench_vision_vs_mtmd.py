@@ -116,11 +116,14 @@ class Ours:
                           enable_prefix_caching=False)  # fmt: skip
         self.engine = LLMEngine(a.text, args)
         self.pipe = VisionPipeline(a.mmproj, self.engine)
-        if a.half_tower:  # siglip.Tower.use_half (Gemma 3, SmolVLM): opt-in, measured here
-            tower = getattr(self.pipe.model, "v", None)
+        tower = getattr(self.pipe.model, "v", None)
+        if a.half_tower:  # siglip.Tower.use_half (Gemma 3, SmolVLM): CUDA's default is the file's
             if not hasattr(tower, "use_half"):
                 raise SystemExit("--half-tower: this projector's tower has no half path")
-            tower.use_half(getattr(torch, a.half_tower))
+            tower.use_half(None if a.half_tower == "float32" else getattr(torch, a.half_tower))
+        blk = getattr(tower, "blk", [None])[0]
+        half = getattr(blk, "half_weights", None)
+        self.tower_mode = "float32" if half is None else str(half["ffn_up"][0].dtype)[6:]
         self.prompt = a.prompt
         self.cuda = a.device == "cuda"
 
@@ -238,9 +241,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, default=None, help="write every round's figures here")
     ap.add_argument(
         "--half-tower",
-        choices=("float16", "bfloat16"),
+        choices=("float16", "bfloat16", "float32"),
         default=None,
-        help="ours: run a SigLIP tower's blocks in this dtype (default float32)",
+        help="ours: run a SigLIP tower's blocks in this dtype (default: the weights' half dtype "
+        "on CUDA, float32 on a CPU)",
     )
     a = ap.parse_args(argv)
     tmp = tempfile.TemporaryDirectory()
@@ -249,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     load = os.getloadavg()[0]
     t0 = time.perf_counter()
     ours = Ours(a)
-    half = f", tower blocks in {a.half_tower}" if a.half_tower else ""
+    half = f", tower blocks in {ours.tower_mode}"
     print(f"ours loaded in {time.perf_counter() - t0:.1f} s{half}; load average {load:.1f}",
           flush=True)  # fmt: skip
     ours.encode(data)  # warm-up (allocations, first-call kernel choices)

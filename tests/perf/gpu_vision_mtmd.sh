@@ -26,8 +26,8 @@
 #   bash tests/perf/gpu_vision_mtmd.sh        carry [".vismtmd"]        (timeout_s 600)
 # Knobs: SHAPES ("gemma3-4b qwen25vl-7b"), ROUNDS (5), THREADS (8), END_S (470: no bench runs
 # past this many seconds; each bench gets at most 200 s, the file writers 180 s), HALF_TOWER
-# (unset; float16 or bfloat16: ours runs Gemma 3's SigLIP blocks in it, `siglip.Tower.use_half`,
-# opt-in; tests/perf/gpu_vision_siglip.sh sets it). A dry run on a
+# (unset: the CUDA default, Gemma 3's SigLIP blocks in the F16 file's float16; float16, bfloat16
+# or float32 override it, `siglip.Tower.use_half`). A dry run on a
 # CPU against a CPU build of llama.cpp (its bin/ under LLB, headers in MTMD_SRC), small files:
 #   PYTHONPATH=/work NO_INSTALL=1 DEVICE=cpu THREADS=2 ROUNDS=1 LLB=/work/llama-cpu/build MTMD_SRC=/work/llama-cpu-src \
 #   SHAPES=qwen25vl-7b SIDE=224 MAKE_ARGS="--text-layers 1 --vision-layers 1" bash tests/perf/gpu_vision_mtmd.sh

@@ -2,7 +2,7 @@
 MLP 4304, 896-px images: 4,096 patches; random F16 weights, `bench_vision_gemma3.build`), and what
 the half paths change (issues 35 / 38):
 
-1. the tower + projector on one image: as shipped before 2026-12-06 15:00 UTC (F16 weights widened
+1. the tower + projector on one image: as shipped before commit 6172ae4 (F16 weights widened
    per call in float32 row tiles, `DequantTilesLinear`: reproduced by `precise` linears), the
    same with TF32 allowed (torch's global switch, set for this line only), the F16 linears on
    tensor cores (`half_gemm`, `kernels/quant/linear_half.py`) with float32 blocks

@@ -19,6 +19,8 @@
 #   f16    an F16 SmolLM2-135M-shape text file (make_synthetic.py --quant F16): `localllm bench`
 #          pp512 / tg128 with half_gemm, the same with the float32 tiles of before (tg32), and
 #          llama-bench -fa 1 -ngl 99 on the same file
+#   tests2 the other GPU tests on F16 fixtures (hybrid families, Qwen3-Next, LoRA) where time is
+#          left (rarely in the default call: `STEPS=tests2` runs them alone, ~1-2 minutes)
 # $OUT: pytest.log, siglip_parts.md, f16_*.md, mtmd/ (gpu_vision_mtmd.sh's files), summary.md
 # (compact, printed last).
 # Carry [".vismtmd"] (the gguf and llguidance wheels, llama.cpp 3f545bec's CUDA libs and bins
@@ -26,14 +28,14 @@
 # `ln -f .serve2/smollm2-tok.gguf .vismtmd/`, the tokenizer the F16 file copies; ~27 MiB, with
 # the ~24 MiB tree ~51 MiB), from the repo root:
 #   bash tests/perf/gpu_vision_siglip.sh        carry [".vismtmd"]        (timeout_s 600)
-# Knobs: STEPS ("tests parts mtmd f16"), END_S (540: nothing starts after it, each step's timeout
+# Knobs: STEPS ("tests parts mtmd f16 tests2"), END_S (540: nothing starts after it, each step's timeout
 # ends by then).
 set -u
 export PYTHONUNBUFFERED=1 PYTHONSAFEPATH=1
 export OUT=${OUT:-/tmp/out}
-STEPS=${STEPS:-tests parts mtmd f16}
+STEPS=${STEPS-tests parts mtmd f16 tests2}
 END_S=${END_S:-540}
-LLB=${LLB:-/tmp/llb}
+export LLB=${LLB:-/tmp/llb}
 C=.vismtmd
 F16=/tmp/smollm2-135m-f16.gguf
 mkdir -p "$OUT"
@@ -46,9 +48,12 @@ export LD_LIBRARY_PATH=$LLB/bin${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
   git log -1 --format='commit %h %s' 2>/dev/null; date -u; } | tee "$OUT/machine.txt"
 # the F16 file meanwhile (~270 MB, a few seconds)
-(python3 tests/perf/make_synthetic.py --shape smollm2-135m --quant F16 --text-head \
-  --tokenizer-from $C/smollm2-tok.gguf -o $F16 >"$OUT/make_f16.log" 2>&1 && touch $F16.done) &
-GEN=$!
+GEN=
+case " $STEPS " in *" f16 "*)
+  (python3 tests/perf/make_synthetic.py --shape smollm2-135m --quant F16 --text-head \
+    --tokenizer-from $C/smollm2-tok.gguf -o $F16 >"$OUT/make_f16.log" 2>&1 && touch $F16.done) &
+  GEN=$! ;;
+esac
 cap() { local t=$((END_S - SECONDS)); [ "$t" -lt "$1" ] || t=$1; [ "$t" -gt 5 ] || t=5; echo $t; }
 left() { [ $((END_S - SECONDS)) -gt "$1" ] || { echo "skip $2: ${SECONDS}s used of END_S=$END_S"; return 1; }; }
 bench() {  # LABEL BEFORE(0/1) ARGS...: localllm bench on the F16 file
@@ -71,12 +76,16 @@ for step in $STEPS; do
         tests/engine/test_fused_linear.py tests/media/test_vision_gpu_gemma3_llava.py \
         tests/media/test_vision_gpu.py tests/engine/test_converted_families_gpu.py 2>&1 | tee "$OUT/pytest.log" \
         | grep -v "^\." | tail -12 ;;
+    tests2) left 60 tests2 || continue
+      timeout "$(cap 200)" python3 -m pytest -q -m gpu -p no:cacheprovider \
+        tests/engine/test_hybrid_families_gpu.py tests/engine/test_qwen3next_gpu.py \
+        tests/lora/test_lora_gpu.py 2>&1 | tee "$OUT/pytest2.log" | grep -v "^\." | tail -12 ;;
     parts) left 60 parts || continue
       timeout "$(cap 150)" python3 tests/perf/bench_siglip_parts.py --device cuda -r 5 --profile \
         2>"$OUT/siglip_parts.err" | tee "$OUT/siglip_parts.md"
       tail -3 "$OUT/siglip_parts.err" ;;
     f16) left 50 f16 || continue
-      wait $GEN; [ -f $F16.done ] || { tail -3 "$OUT/make_f16.log"; continue; }
+      [ -z "$GEN" ] || wait $GEN; [ -f $F16.done ] || { tail -3 "$OUT/make_f16.log"; continue; }
       bench half 0 -p 512 -n 128 -r 3
       bench before 1 -p 512 -n 32 -r 1
       timeout "$(cap 60)" $LLB/bin/llama-bench -m $F16 -p 512 -n 128 -r 3 -fa 1 -ngl 99 -o md \
@@ -87,7 +96,13 @@ for step in $STEPS; do
   esac
 done
 { echo "# gpu_vision_siglip $(date -u +%FT%TZ) on $(head -1 "$OUT/machine.txt")"
-  echo; echo "## tests"; grep -E "passed|failed|error" "$OUT/pytest.log" | tail -3
+  echo; echo "## tests"
+  for log in pytest pytest2; do
+    [ -f "$OUT/$log.log" ] || continue
+    pat="^(FAILED|ERROR)|[0-9]+ (passed|failed|skipped|errors?)"
+    if grep -qE "$pat" "$OUT/$log.log"; then grep -E "$pat" "$OUT/$log.log" | tail -8
+    else echo "$log cut short: $(tail -c 200 "$OUT/$log.log")"; fi
+  done
   echo; echo "## SigLIP so400m tower (896 px, 27 blocks)"
   grep -E "^\| (float32|half_gemm|use_half|attn_|ffn_)" "$OUT/siglip_parts.md" 2>/dev/null
   echo; echo "## F16 SmolLM2-135M shape: ours (half_gemm), ours before (float32 tiles), llama.cpp"

@@ -27,9 +27,12 @@ _MM_OUT_DTYPE = "dtype" in torch.ops.aten.mm.overloads()
 
 
 def half_input(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """x in `dtype` (float16: saturated at +-65504 instead of inf); NaN stays NaN."""
+    """x in `dtype` (float16: saturated at +-65504 instead of inf); NaN stays NaN. A new tensor
+    where x is of another dtype; x itself is never written."""
     h = x.to(dtype)
-    return h.clamp_(-F16_MAX, F16_MAX) if dtype == torch.float16 else h
+    if dtype != torch.float16:
+        return h
+    return h.clamp(-F16_MAX, F16_MAX) if h is x else h.clamp_(-F16_MAX, F16_MAX)
 
 
 class HalfGemmLinear:

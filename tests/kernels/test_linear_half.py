@@ -72,6 +72,9 @@ def test_f16_inputs_beyond_range_saturate_instead_of_inf():
     h = half_input(x, torch.float16)
     assert h[0, :4].tolist() == [1.0, -F16_MAX, F16_MAX, F16_MAX] and h[0, 4].isnan()
     assert half_input(x, torch.bfloat16)[0, 2].item() == pytest.approx(1e5, rel=1e-2)
+    x16 = torch.tensor([1.0, float("inf")], dtype=torch.float16)
+    assert half_input(x16, torch.float16).tolist() == [1.0, F16_MAX]
+    assert x16[1].isinf()  # the caller's half tensor is not written
     n, k = 32, 128
     raw = _raw("F16", n, k, seed=5)
     prep = prepare_linear(raw, QuantType.F16, (n, k), strategy="half_gemm")

@@ -20,6 +20,7 @@ from localllm.engine.runtime.recurrent_state import attach_states
 from localllm.engine.sampling.params import SamplingParams
 from localllm.engine.sampling.sampler import Sampler, SamplingRow
 from localllm.engine.tokenizer import Tokenizer
+from localllm.kernels.quant.linear_native import prompt_rows
 
 PREFILL_CHUNK = 512  # tokens per prefill forward: bounds activation memory on long prompts
 KV_BLOCK = 16  # tokens per KV block; one sequence's blocks are consecutive, read as a view
@@ -83,12 +84,15 @@ class Generator:
         attach_states(kv, self.model, 1)  # hybrid models: the one sequence's recurrent state
         return kv
 
-    def _forward(self, ids: Sequence[int], start: int, kv: PagedKVCache) -> torch.Tensor:
-        """Hidden states for `ids` placed at positions start.. of the one sequence (blocks 0..)."""
+    def _forward(self, ids: Sequence[int], start: int, kv: PagedKVCache,
+                 prompt: bool = True) -> torch.Tensor:  # fmt: skip
+        """Hidden states for `ids` placed at positions start.. of the one sequence (blocks 0..),
+        as prompt rows or (`prompt` False) a decode row."""
         t = len(ids)
         positions = torch.arange(start, start + t)
-        batch = BatchMeta.contiguous(t, start + t, KV_BLOCK)
-        return self.model(torch.tensor(ids, dtype=torch.long), positions, batch, kv)
+        batch = BatchMeta.contiguous(t, start + t, KV_BLOCK, prompt=prompt)
+        with prompt_rows(batch.prompt_mask()):
+            return self.model(torch.tensor(ids, dtype=torch.long), positions, batch, kv)
 
     def score(self, ids: Sequence[int]) -> torch.Tensor:
         """Teacher-forced logits [len(ids), vocab]: row t predicts token t+1."""
@@ -144,7 +148,7 @@ class Generator:
                 if n == budget:
                     break
                 pos = len(prompt) + n - 1
-                logits = self.model.logits(self._forward([token], pos, kv))[0]
+                logits = self.model.logits(self._forward([token], pos, kv, prompt=False))[0]
         finally:
             t2 = time.perf_counter()
             reason = "stop" if stop is not None else "length"

@@ -35,11 +35,19 @@ class BatchMeta:
     # Recurrent-state models: each sequence's state slot (`engine.runtime.recurrent_state`);
     # empty: slots 0..B-1 (one-off callers that own the whole state)
     state_slots: tuple[int, ...] = ()
+    # Each sequence's rows this step are prompt rows (True) or decode rows: a step that starts
+    # inside the prompt (a prefill chunk, the tail recomputed after a prefix-cache hit, a resumed
+    # request's recompute) computes prompt rows, one that starts past it (a decode token, draft
+    # verification) decode rows. On the CPU prompt rows take the prompt path whatever their
+    # count and decode rows the decode path (`prompt_mask`); empty: every row is a decode row.
+    prompt: tuple[bool, ...] = ()
 
     def __post_init__(self) -> None:
         b = len(self.seq_lens)
         if len(self.query_start) != b + 1 or len(self.block_tables) != b:
             raise ValueError("query_start needs B+1 offsets and block_tables B tables")
+        if self.prompt and len(self.prompt) != b:
+            raise ValueError(f"prompt has {len(self.prompt)} flags for {b} sequences")
         if self.slot_mapping.shape != (self.query_start[-1],):
             raise ValueError(
                 f"slot_mapping has shape {tuple(self.slot_mapping.shape)}, "
@@ -81,20 +89,32 @@ class BatchMeta:
             self.plans["embed_runs"] = tuple(tuple(s) for s in runs)
         return self.plans["embed_runs"]
 
+    def prompt_mask(self) -> "bool | torch.Tensor":
+        """The step's prompt rows (`prompt`): False (none), True (all) or a bool [T] over the
+        flat rows."""
+        if not any(self.prompt):
+            return False
+        if all(self.prompt):
+            return True
+        qs = self.query_start
+        return torch.tensor([p for b, p in enumerate(self.prompt)
+                             for _ in range(qs[b + 1] - qs[b])], dtype=torch.bool)  # fmt: skip
+
     @property
     def num_seqs(self) -> int:
         return len(self.seq_lens)
 
     @staticmethod
     def contiguous(
-        num_new: int, seq_len: int, block_size: int, first_block: int = 0
+        num_new: int, seq_len: int, block_size: int, first_block: int = 0, prompt: bool = False
     ) -> "BatchMeta":
         """One sequence whose blocks are first_block, first_block+1, ..., appending `num_new`
-        tokens to reach `seq_len` in context."""
+        tokens to reach `seq_len` in context (`prompt`: as prompt rows)."""
         table = tuple(range(first_block, first_block - (-seq_len // block_size)))
         base = first_block * block_size
         slots = torch.arange(base + seq_len - num_new, base + seq_len)
-        return BatchMeta((0, num_new), (seq_len,), (table,), slots, block_size)
+        return BatchMeta((0, num_new), (seq_len,), (table,), slots, block_size,
+                         prompt=(True,) if prompt else ())  # fmt: skip
 
     @staticmethod
     def from_tables(

@@ -3,8 +3,9 @@
 (those families' blocks, dense gated MLPs, no biases but q|k|v's, every linear on the native
 block kernels) and `__call__` runs a step when it does (each sequence's one new token, a float32
 or float16 paged cache; LoRA adapters on q|k|v, o, gate|up and down through
-`kernels.cpu.decode_lora`), else answers None and the torch layers run. Steps of the same model
-give the same tokens either way (tests/kernels/test_cpu_decode_step.py,
+`kernels.cpu.decode_lora`), else answers None and the torch layers run. It never takes prompt
+rows (`BatchMeta.prompt`: a one-row prompt tail after a prefix-cache hit is one). Steps of the
+same model give the same tokens either way (tests/kernels/test_cpu_decode_step.py,
 tests/lora/test_lora_native.py); the per-layer work is the same, the ~20 dispatched torch ops
 per layer are gone.
 """
@@ -163,7 +164,7 @@ class NativeDecode:
             return None
         if batch.embeds is not None or batch.query_start != tuple(range(t + 1)):
             return None
-        if min(batch.seq_lens) < 2:  # a one-token prompt: exact prompt math, as in a batch
+        if any(batch.prompt) or min(batch.seq_lens) < 2:  # prompt rows: the prompt path
             return None
         lora = getattr(self.model, "lora", None)  # engine.lora: this step's rows on adapters
         table = None
@@ -223,7 +224,9 @@ def split_step(batch: BatchMeta, model: nn.Module) -> tuple | None:
     if lora is not None and lora.active:  # adapters are set per row of the whole step
         return None
     qs, lens = batch.query_start, batch.seq_lens
-    dec = [b for b in range(len(lens)) if qs[b + 1] - qs[b] == 1 and lens[b] >= 2]
+    prompt = batch.prompt or (False,) * len(lens)
+    dec = [b for b in range(len(lens))
+           if qs[b + 1] - qs[b] == 1 and lens[b] >= 2 and not prompt[b]]  # fmt: skip
     rest = [b for b in range(len(lens)) if qs[b + 1] > qs[b] and b not in dec]
     if not dec or not rest or len(dec) > MAX_ROWS:
         return None
@@ -244,6 +247,7 @@ def split_step(batch: BatchMeta, model: nn.Module) -> tuple | None:
             starts.append(starts[-1] + qs[b + 1] - qs[b])
         return BatchMeta(tuple(starts), tuple(lens[b] for b in seqs),
                          tuple(batch.block_tables[b] for b in seqs),
-                         batch.slot_mapping[flat], batch.block_size, embeds=embeds)  # fmt: skip
+                         batch.slot_mapping[flat], batch.block_size, embeds=embeds,
+                         prompt=tuple(prompt[b] for b in seqs))  # fmt: skip
 
     return drows, sub(dec, drows), rrows, sub(rest, rrows, embeds)

@@ -16,6 +16,7 @@ from localllm.engine.layers.rope import Rotary
 from localllm.engine.layers.shared import QuantEmbedding, RMSNorm
 from localllm.engine.runtime.kv_cache import PagedKVCache
 from localllm.kernels.fused import WeightedRows
+from localllm.kernels.quant.linear_native import prompt_rows
 
 
 class Decoder(nn.Module):
@@ -97,7 +98,8 @@ class Decoder(nn.Module):
         x = self._native_step(ids[drows], positions[drows], dbatch, kv)
         if x is None:
             return None
-        rest = self.forward(ids[rrows], positions[rrows], rbatch, kv)
+        with prompt_rows(rbatch.prompt_mask()):  # (the step's mask covered all its rows)
+            rest = self.forward(ids[rrows], positions[rrows], rbatch, kv)
         out = rest.new_empty(ids.shape[0], rest.shape[-1])
         out[drows] = self.output_norm(x).to(rest.dtype)
         out[rrows] = rest

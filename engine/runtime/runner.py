@@ -38,6 +38,7 @@ from localllm.engine.sampling.sampler import (
     needs_processing,
     prompt_logprobs,
 )
+from localllm.kernels.quant.linear_native import prompt_rows
 
 
 @dataclass(slots=True)
@@ -125,7 +126,8 @@ class ModelRunner:
             state = batch.state_slots[0] if batch.state_slots else 0
             hidden = self.prompts.run(ids, batch.slot_mapping, start, batch.block_tables[0], state)
         if hidden is None:
-            hidden = self.model(ids, positions, batch, self.kv)
+            with prompt_rows(batch.prompt_mask()):  # prompt rows on the prompt path (CPU)
+                hidden = self.model(ids, positions, batch, self.kv)
         out = RunnerOutput()
         wanted = [r for rs in rows.sample.values() for r in rs]
         wanted += [r for rs, _ in rows.prompt.values() for r in rs]
@@ -247,7 +249,7 @@ class ModelRunner:
         ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
-        query_start, seq_lens, tables = [0], [], []
+        query_start, seq_lens, tables, prompt = [0], [], [], []
         rows = _Rows()
         mm_rows: list[int] = []
         mm_values: list[torch.Tensor] = []
@@ -277,6 +279,7 @@ class ModelRunner:
                 ropes.append(rope)
             slots += [table[p // bs] * bs + p % bs for p in range(start, start + n)]
             query_start.append(len(ids))
+            prompt.append(start < req.num_prompt_tokens)  # (`BatchMeta.prompt`)
             seq_lens.append(start + n)
             tables.append(tuple(table))
             if start + n >= req.num_tokens:
@@ -295,6 +298,7 @@ class ModelRunner:
             block_size=bs,
             embeds=self._embeds(mm_rows, mm_values),
             state_slots=tuple(self._state_slots(sched.requests)),
+            prompt=tuple(prompt),
         )
         pos = packed[t : 2 * t]
         if ropes is not None:  # the 3-axis positions, in a second copy

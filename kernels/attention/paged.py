@@ -8,8 +8,10 @@ carry a scales tensor shaped like the values up to the head axis (see `kv_quant`
 The new queries of a sequence are its LAST tokens: with t queries and context length n, query i sits
 at position n - t + i. Each sequence gathers the blocks it needs (a zero-copy view when the ids are
 consecutive, one index_select otherwise), decodes them to the query dtype and runs dense math.
-On the CPU, single-token sequences over plain float caches take the native kernel
-(`kernels.cpu.paged_decode`) instead, whose rows do not depend on the rest of the batch.
+On the CPU, every row over plain float caches takes the native kernel (`kernels.cpu.paged_decode`)
+instead: single-token sequences and each row of a prompt chunk (over its own keys; images' two-way
+spans aside), so a row's bits depend neither on the rest of the batch nor on how its prompt was
+chunked (SDPA's blocks follow the call's query count).
 """
 
 from collections.abc import Sequence
@@ -110,10 +112,16 @@ def paged_attention(
     return torch.cat(outs) if outs else q.new_empty(0, q.shape[1], v_cache.shape[-1])
 
 
+# True: CPU prompt chunks run row by row through `paged_decode` (chunk-invariant bits; slower
+# than SDPA on long chunks, see tests/perf/results/cpu.md); False: torch's chunk path (SDPA)
+CHUNK_ROWS_NATIVE = True
+
+
 def _native_cpu(q, k_cache, v_cache, query_start, seq_lens, block_tables, scale, window,
                 decode: DecodePlan | None, spans) -> torch.Tensor:  # fmt: skip
-    """The CPU path with `kernels.cpu.paged_decode` for every single-token sequence (its rows'
-    bits independent of the other rows), the torch chunk path for the others."""
+    """The CPU path with `kernels.cpu.paged_decode` for every single-token sequence and every
+    prompt chunk's rows (each row's bits independent of the other rows), the torch chunk path
+    for chunks with two-way spans."""
     t = [query_start[b + 1] - query_start[b] for b in range(len(seq_lens))]
     one = [b for b in range(len(seq_lens)) if t[b] == 1]
     if not any(n > 1 for n in t) and len(one) == 1:  # lone decode: no output copy
@@ -133,6 +141,15 @@ def _native_cpu(q, k_cache, v_cache, query_start, seq_lens, block_tables, scale,
         rows = [query_start[b] for b in one]
         out[rows] = paged_decode.paged_decode(q[rows], k_cache, v_cache, lens, tables, scale,
                                               window)  # fmt: skip
+    chunks = [b for b in range(len(seq_lens)) if t[b] > 1 and not (spans and spans[b])]
+    if chunks and CHUNK_ROWS_NATIVE:  # each prompt row as its own query over its own keys
+        rows = [r for b in chunks for r in range(query_start[b], query_start[b + 1])]
+        lens = [n for b in chunks for n in range(seq_lens[b] - t[b] + 1, seq_lens[b] + 1)]
+        tabs = [block_tables[b] for b in chunks for _ in range(t[b])]
+        lens, tables = host_tables(lens, tabs)
+        out[rows] = paged_decode.paged_decode(q[rows], k_cache, v_cache, lens, tables, scale,
+                                              window)  # fmt: skip
+        t = [0 if b in chunks else n for b, n in enumerate(t)]
     for b in range(len(seq_lens)):
         if t[b] > 1:
             s, e = query_start[b], query_start[b + 1]

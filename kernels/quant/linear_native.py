@@ -11,7 +11,14 @@ GEMM (tests/perf/results/cpu-moe.md, "CPU-only MoE next to llama.cpp"), or with 
 multiply int16 activations (`kernels/cpu/i16_gemm.h`; cpu.md for its figures).
 `block_rows_reference` is the torch reference of the int8 path, `gemm_i16_reference` of the
 int16 one, `quant_matmul_reference` (kernels/quant/linear.py) of the exact ones.
+
+Row counts decide only for decode rows: inside `prompt_rows` (the engine's steps, from
+`BatchMeta.prompt`) a step's prompt rows take the prompt GEMM whatever their count, so a prompt
+token's bits do not depend on how its prompt was chunked or cached.
 """
+
+import contextlib
+import contextvars
 
 import torch
 import torch.nn.functional as F
@@ -63,6 +70,22 @@ PROMPT_I16 = False
 PROMPT_I8 = False
 
 
+# The current step's prompt rows: False (none: the row-count rule), True (all) or a bool [T]
+# over the step's flat rows (a step mixing both; calls of another row count, e.g. a subset of
+# the rows, keep the row-count rule)
+_PROMPT_ROWS: contextvars.ContextVar = contextvars.ContextVar("prompt_rows", default=False)
+
+
+@contextlib.contextmanager
+def prompt_rows(rows: "bool | torch.Tensor"):
+    """Calls inside take the prompt GEMM for `rows` (`BatchMeta.prompt_mask`)."""
+    token = _PROMPT_ROWS.set(rows)
+    try:
+        yield
+    finally:
+        _PROMPT_ROWS.reset(token)
+
+
 class NativeLinear:
     kind = "native"
 
@@ -93,10 +116,28 @@ class NativeLinear:
         x2 = x.reshape(-1, k)
         if x2.dtype != torch.float32 or not x2.is_contiguous():
             x2 = x2.float().contiguous()
+        rows = _PROMPT_ROWS.get()
+        if rows is True:
+            y = self._gemm(x2)
+        elif isinstance(rows, torch.Tensor) and rows.numel() == x2.shape[0]:
+            y = x2.new_empty(x2.shape[0], n)  # prompt and decode rows, each on its own path
+            y[rows] = self._gemm(x2[rows])
+            y[~rows] = self._decode(x2[~rows])
+        else:
+            y = self._decode(x2)
+        return y.reshape(*x.shape[:-1], n)
+
+    def _decode(self, x2: torch.Tensor) -> torch.Tensor:
+        """Decode rows: the int8 rows up to `int8_max_t`, the prompt GEMM past that."""
+        if x2.shape[0] <= self.int8_max_t:
+            return self.kernels.rows(self.parts, self.qtype, self.shape[1], x2)
+        return self._gemm(x2)
+
+    def _gemm(self, x2: torch.Tensor) -> torch.Tensor:
+        """Prompt rows [t, k] -> [t, n] (a row's bits do not depend on the other rows)."""
+        n, k = self.shape
         t = x2.shape[0]
-        if t <= self.int8_max_t:
-            y = self.kernels.rows(self.parts, self.qtype, k, x2)
-        elif self.prompt_i8:
+        if self.prompt_i8:
             y = self.kernels.gemm_i8(self.parts, self.qtype, k, x2)
         elif self.prompt_i16:
             y = self.kernels.gemm_i16(self.parts, self.qtype, k, x2)
@@ -108,7 +149,7 @@ class NativeLinear:
                 w = self.kernels.dequant(self.parts, self.qtype, k, r0, r1)
                 y[:, r0:r1] = F.linear(x2, w)
             y = y[:t]
-        return y.reshape(*x.shape[:-1], n)
+        return y
 
 
 def activation_group(qtype: QuantType) -> int:

@@ -262,17 +262,18 @@ static float dot_q4_k(const uint8_t *w, const int8_t *q8, const float *d8, const
 /* Q6_K with AVX2: the 6-bit codes of 32 values assembled per vector (low nibbles | 2 high bits),
  * two 16-value scales per vector (lanes 0-3 and 4-7), the -32 offset through the 16-sums. R = 1
  * to ROWS_MAX pairs per call: the codes are assembled once for both; each pair's arithmetic is the
- * one-pair dot's, in the same order, so its bits do not depend on R. One chain of 8 dependent
- * FMAs per super-block: two alternating accumulators were ~12 % faster in-cache (AMD EPYC,
- * 2026-12-06) but made tests/engine/test_graph_ladder.py's 33-row CPU batch differ from the same
- * rows padded to 64 (not isolated), so they were taken out again. */
+ * one-pair dot's, in the same order, so its bits do not depend on R. The float multiply-adds
+ * alternate between two accumulators (even / odd 32-value quarters): one chain of 8 dependent
+ * FMAs per super-block was the limit (~12 % faster in-cache on the AMD EPYC box, 2026-12-06).
+ * (Reverted once for a test_graph_ladder failure; its cause was a CPU graph step's torch
+ * attention, not these dots: tests/kernels/test_cpu_row_invariance.py holds every row count.) */
 ROWS_FN dot_q6_k_rows(const uint8_t *w, const int8_t *const *q8, const float *const *d8,
                                  const int16_t *const *bs, int64_t nb, int R, float *out) {
     const __m256i low = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(3);
     /* 16-value group g of half n uses activation scale d8[4 n + g / 2]: lanes duplicated */
     const __m256i dup = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
-    __m256 acc[ROWS_MAX], oacc[ROWS_MAX];
-    for (int r = 0; r < R; r++) acc[r] = oacc[r] = _mm256_setzero_ps();
+    __m256 acc[ROWS_MAX], acc1[ROWS_MAX], oacc[ROWS_MAX]; /* acc / acc1: even / odd quarters */
+    for (int r = 0; r < R; r++) acc[r] = acc1[r] = oacc[r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++, w += 210) {
         const int8_t *sc = (const int8_t *)(w + 192);
         const __m256 d = _mm256_set1_ps(h2f(rd16(w + 208)));
@@ -307,7 +308,10 @@ ROWS_FN dot_q6_k_rows(const uint8_t *w, const int8_t *const *q8, const float *co
                                                           2 * p + 1, 2 * p + 1, 2 * p + 1);
                     const __m256 sp = _mm256_permutevar8x32_ps(scale, idx);
                     const __m256 prod = _mm256_cvtepi32_ps(dot_u8s8(q[p], xv));
-                    acc[r] = _mm256_fmadd_ps(prod, sp, acc[r]);
+                    if (p & 1)
+                        acc1[r] = _mm256_fmadd_ps(prod, sp, acc1[r]);
+                    else
+                        acc[r] = _mm256_fmadd_ps(prod, sp, acc[r]);
                 }
             }
         }
@@ -320,7 +324,7 @@ ROWS_FN dot_q6_k_rows(const uint8_t *w, const int8_t *const *q8, const float *co
             oacc[r] = _mm256_fmadd_ps(e8[r], _mm256_cvtepi32_ps(off), oacc[r]);
         }
     }
-    for (int r = 0; r < R; r++) out[r] = hsum(acc[r]) - 32.f * hsum(oacc[r]);
+    for (int r = 0; r < R; r++) out[r] = hsum(_mm256_add_ps(acc[r], acc1[r])) - 32.f * hsum(oacc[r]);
 }
 
 static float dot_q6_k(const uint8_t *w, const int8_t *q8, const float *d8, const int16_t *bs,

@@ -184,14 +184,26 @@ static void i8_tile(int type, const uint8_t *const *wrow, int nvalid, int64_t k,
             int32_t corr = 0;
             for (int jj = 0; jj < nj; jj++) {
                 const int64_t j = g * nj + jj;
+                int32_t *at = (int32_t *)t->pk + j * 8 * I8_NC + col;
+                int s16[2] = {0, 0};
+#if defined(__AVX512BW__) && defined(__AVX512VL__) && defined(BLOCK_DOTS_AVX2)
+                __m256i v = _mm256_setzero_si256();
+                if (b && !codes8_v(type, wrow[col], j, &v)) i8_codes(type, wrow[col], j, (int8_t *)&v);
+                /* quad q to pk's word (j x 8 + q) x I8_NC + col; the sums of 4 (then of 16) */
+                _mm256_i32scatter_epi32(at, _mm256_setr_epi32(0, I8_NC, 2 * I8_NC, 3 * I8_NC, 4 * I8_NC, 5 * I8_NC, 6 * I8_NC, 7 * I8_NC), v, 4);
+                const __m256i q4 = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), v), _mm256_set1_epi16(1));
+                int32_t s4[8];
+                _mm256_storeu_si256((__m256i *)s4, q4);
+                s16[0] = s4[0] + s4[1] + s4[2] + s4[3], s16[1] = s4[4] + s4[5] + s4[6] + s4[7];
+#else
                 int32_t quad[8];
                 if (b) i8_codes(type, wrow[col], j, (int8_t *)quad);
                 else memset(quad, 0, sizeof quad);
                 const int8_t *c = (const int8_t *)quad;
-                int s16[2] = {0, 0};
                 for (int l = 0; l < 32; l++) s16[l / 16] += c[l];
+                for (int q = 0; q < 8; q++) at[q * I8_NC] = quad[q];
+#endif
                 corr += 128 * (sc[jj][0] * s16[0] + sc[jj][1] * s16[1]);
-                for (int q = 0; q < 8; q++) ((int32_t *)t->pk)[(j * 8 + q) * I8_NC + col] = quad[q];
                 if (type == Q6_K) {
                     t->isc[(2 * j) * I8_NC + col] = sc[jj][0], t->isc[(2 * j + 1) * I8_NC + col] = sc[jj][1];
                 } else if (fmt == I8_Q8_K) {
@@ -220,11 +232,16 @@ i8_kernel(const i8_tile_t *tl, int64_t k, const uint8_t *a, int64_t lda, const f
     __m512 acc[I8_R][2];
     for (int r = 0; r < I8_R; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
     for (int64_t g = 0; g < k / G; g++) {
+        /* the integer sums start at -corr (the codes' offset of 128 taken off) */
+        const __m512i k0 = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_loadu_si512(tl->corr + g * I8_NC));
+        const __m512i k1 = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_loadu_si512(tl->corr + g * I8_NC + 16));
         __m512i is[I8_R][2];
-        for (int r = 0; r < I8_R; r++) is[r][0] = is[r][1] = _mm512_setzero_si512();
+        for (int r = 0; r < I8_R; r++) is[r][0] = k0, is[r][1] = k1;
         for (int64_t sb = g * G / S; sb < (g + 1) * G / S; sb++) {
-            __m512i s[I8_R][2];
-            for (int r = 0; r < I8_R; r++) s[r][0] = s[r][1] = _mm512_setzero_si512();
+            __m512i s[I8_R][2]; /* (Q8_0 / Q8_1: one sub-block a group, its sum is the group's) */
+            for (int r = 0; r < I8_R; r++)
+                s[r][0] = fmt == I8_Q8_K ? _mm512_setzero_si512() : is[r][0],
+                s[r][1] = fmt == I8_Q8_K ? _mm512_setzero_si512() : is[r][1];
             for (int64_t q = sb * S / 4; q < (sb + 1) * S / 4; q++) {
                 const int8_t *pq = tl->pk + q * 4 * I8_NC;
                 const __m512i w0 = _mm512_loadu_si512(pq), w1 = _mm512_loadu_si512(pq + 64);
@@ -246,13 +263,12 @@ i8_kernel(const i8_tile_t *tl, int64_t k, const uint8_t *a, int64_t lda, const f
                 for (int r = 0; r < I8_R; r++) is[r][0] = s[r][0], is[r][1] = s[r][1];
             }
         }
-        const __m512i k0 = _mm512_loadu_si512(tl->corr + g * I8_NC), k1 = _mm512_loadu_si512(tl->corr + g * I8_NC + 16);
         const __m512 d0 = _mm512_loadu_ps(tl->wd + g * I8_NC), d1 = _mm512_loadu_ps(tl->wd + g * I8_NC + 16);
         const __m512 m0 = _mm512_loadu_ps(tl->wm + g * I8_NC), m1 = _mm512_loadu_ps(tl->wm + g * I8_NC + 16);
         for (int r = 0; r < I8_R; r++) {
             const __m512 d = _mm512_set1_ps(xd[r * ldd + g]);
-            acc[r][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(is[r][0], k0)), _mm512_mul_ps(d0, d), acc[r][0]);
-            acc[r][1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(is[r][1], k1)), _mm512_mul_ps(d1, d), acc[r][1]);
+            acc[r][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is[r][0]), _mm512_mul_ps(d0, d), acc[r][0]);
+            acc[r][1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is[r][1]), _mm512_mul_ps(d1, d), acc[r][1]);
             if (fmt == I8_Q8_1) {
                 const __m512 xsr = _mm512_set1_ps(xs[r * ldd + g]);
                 acc[r][0] = _mm512_fmadd_ps(m0, xsr, acc[r][0]);

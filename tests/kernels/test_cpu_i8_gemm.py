@@ -2,8 +2,14 @@
 activations in llama.cpp's format of each type (Q8_K, Q8_0, Q8_1), its values against the torch
 reference of the same math (`gemm_i8_reference`) and near the exact float product, each row's
 bits independent of the call's other rows, the parts and the threads, the same bits from a build
-without AVX-512 (plain C), and `NativeLinear` taking it for prompts with PROMPT_I8."""
+without AVX-512 (plain C), `NativeLinear` taking it for prompts with PROMPT_I8, and (where a
+llama.cpp CPU build is at hand) llama.cpp's own quantization and dots to float rounding."""
 
+import ctypes
+import os
+from pathlib import Path
+
+import numpy as np
 import pytest
 import torch
 
@@ -134,3 +140,52 @@ def test_self_check_refuses_a_wrong_int8_kernel(blocks):
 
     assert block_linear.self_check(blocks)
     assert not block_linear.self_check(Wrong(blocks.lib, blocks.path, blocks.flags))
+
+
+GGML_CPU = Path(os.environ.get("LOCALLLM_GGML_CPU_LIB", "/work/llama-cpu/build/bin/libggml-cpu.so"))
+_GGML_BLOCKS = {8: (32, 34), 9: (32, 36), 15: (256, 292)}  # Q8_0, Q8_1, Q8_K: values, bytes
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_gemm_i8_equals_ggmls_own_dots(blocks, name):
+    """Against llama.cpp's CPU library itself (a build of ngxson/llama.cpp; skipped without one):
+    its vec_dot_type's from_float on each activation row, then its vec_dot per weight row. The
+    same codes and integer sums: only float32 rounding apart (the exact product: ~5e-3 away)."""
+    if not GGML_CPU.exists():
+        pytest.skip(f"no libggml-cpu at {GGML_CPU} (set LOCALLLM_GGML_CPU_LIB)")
+    lib = ctypes.CDLL(str(GGML_CPU))
+    lib.ggml_cpu_init()
+
+    class Traits(ctypes.Structure):
+        _fields_ = [("from_float", ctypes.c_void_p), ("vec_dot", ctypes.c_void_p),
+                    ("vec_dot_type", ctypes.c_int), ("nrows", ctypes.c_int64)]  # fmt: skip
+
+    lib.ggml_get_type_traits_cpu.restype = ctypes.POINTER(Traits)
+    qt = QuantType[name]
+    traits = lib.ggml_get_type_traits_cpu(int(qt)).contents
+    vt = traits.vec_dot_type
+    assert {8: "Q8_0", 9: "Q8_1", 15: "Q8_K"}[vt] == activation_format(qt)
+    i64, vp, sz = ctypes.c_int64, ctypes.c_void_p, ctypes.c_size_t
+    from_float = ctypes.CFUNCTYPE(None, vp, vp, i64)(
+        lib.ggml_get_type_traits_cpu(vt).contents.from_float
+    )
+    vec_dot = ctypes.CFUNCTYPE(None, ctypes.c_int, vp, sz, vp, sz, vp, sz, ctypes.c_int)(
+        traits.vec_dot
+    )
+    n, k, t = 24, 1024, 3
+    raw = _weight(name, n, k, 3)
+    x = torch.randn(t, k, generator=torch.Generator().manual_seed(5)) * 2
+    per, nbytes = _GGML_BLOCKS[vt]
+    want = torch.zeros(t, n)
+    out = ctypes.c_float()
+    for i in range(t):
+        q = np.zeros(k // per * nbytes, dtype=np.uint8)
+        xi = x[i].contiguous().numpy()
+        from_float(xi.ctypes.data, q.ctypes.data, k)
+        for j in range(n):
+            wr = raw[j].contiguous().numpy()
+            vec_dot(k, ctypes.addressof(out), 0, wr.ctypes.data, 0, q.ctypes.data, 0, 1)
+            want[i, j] = out.value
+    got = blocks.gemm_i8(block_linear.Parts([raw]), qt, k, x)
+    assert _rel(got, want) < REF_TOL
+    assert _rel(want, quant_matmul_reference(x, raw, qt, (n, k))) > 100 * REF_TOL

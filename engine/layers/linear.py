@@ -100,15 +100,19 @@ class QuantLinear(nn.Module):
     def forward(self, x: torch.Tensor, xq=None) -> torch.Tensor:
         """`xq`: x's rows already quantized by the kernel that made x (see `kernels.fused`)."""
         x2 = x.reshape(-1, self.in_features)
-        y = _matmul(self._prepared, x2, xq)
-        if self.lora is not None:
+        tails = self.lora.tails(x2) if self.lora is not None else None  # (its shrink launched)
+        y = _matmul(self._prepared, x2, xq, tails[0] if tails else None)
+        if self.lora is not None and tails is None:
             y = self.lora.add(x2, y)
         y = y.reshape(*x.shape[:-1], self.out_features)
         return y + self.bias if self.bias is not None else y
 
 
-def _matmul(prepared, x: torch.Tensor, xq) -> torch.Tensor:
-    # only the triton kernels take pre-quantized rows; the others ignore the twin
+def _matmul(prepared, x: torch.Tensor, xq, tail=None) -> torch.Tensor:
+    # only the triton kernels take pre-quantized rows; the others ignore the twin. `tail`: a
+    # LoRA expand the packed GEMV adds in its epilogue (`LoraDelta.tails`)
+    if tail is not None:
+        return prepared.matmul(x, xq, lora=tail)
     if xq is not None and prepared.kind == "triton":
         return prepared.matmul(x, xq)
     return prepared.matmul(x)
@@ -183,15 +187,20 @@ class FusedLinear(nn.Module):
     def kernels(self) -> list:
         return [k for k, _ in self._groups]
 
+    def groups(self) -> list[tuple[object, list[int]]]:
+        """(kernel weight, sizes of the parts it computes) in part order."""
+        return list(self._groups)
+
     def project(self, x: torch.Tensor, xq=None) -> torch.Tensor:
         """The stacked outputs [T, sum(sizes)], parts side by side in the order given (one kernel
         weight only: GatedMLP's gate/up)."""
         if len(self._groups) != 1:
             raise ValueError("project() needs parts of one ggml type; call the module instead")
         x2 = x.reshape(-1, self.in_features)
-        y = _matmul(self._groups[0][0], x2, xq)
+        tails = self.lora.tails(x2) if self.lora is not None else None
+        y = _matmul(self._groups[0][0], x2, xq, tails[0] if tails else None)
         y = y + self.bias if self.bias is not None else y
-        return self.lora.add_stacked(x2, y) if self.lora is not None else y
+        return self.lora.add_stacked(x2, y) if self.lora is not None and not tails else y
 
     def forward(self, x: torch.Tensor, xq=None) -> tuple[torch.Tensor, ...]:
         """Each part's output [T, size] (views of the group outputs)."""
@@ -199,12 +208,14 @@ class FusedLinear(nn.Module):
         packed = all(getattr(k, "repacked", False) for k, _ in self._groups)
         if xq is None and len(self._groups) > 1 and x2.is_cuda and packed:
             xq = _quantized_twin(x2)  # once for every group
+        tails = self.lora.tails(x2) if self.lora is not None else None
         outs: list[torch.Tensor] = []
-        for kernel, sizes in self._groups:
-            outs.extend(_matmul(kernel, x2, xq).split(sizes, dim=-1))
+        for g, (kernel, sizes) in enumerate(self._groups):
+            tail = tails[g] if tails else None
+            outs.extend(_matmul(kernel, x2, xq, tail).split(sizes, dim=-1))
         if self.bias is not None:
             outs = [o + b for o, b in zip(outs, self.bias.split(self.sizes), strict=True)]
-        if self.lora is not None:
+        if self.lora is not None and not tails:
             outs = self.lora.add_parts(x2, outs)
         return tuple(outs)
 

@@ -97,12 +97,14 @@ def attach_adapters(
         cols = [s for s, p, _ in pairs for _ in range(p[0].shape[0])]
         parts_of[name] = (a_cat, b_cat, cols)
         lin.lora = LoraDelta(ctx, [parts_of[name]])
+        lin.lora.bind([(k, [lin.out_features]) for k in lin.kernels()])
     names_of = {id(m): n for n, m in linears.items()}
     for m in model.modules():
         if isinstance(m, FusedLinear) and any(names_of.get(id(p)) in parts_of for p in m.parts):
             m.lora = LoraDelta(
                 ctx, [_part(names_of.get(id(p)), p, parts_of, device) for p in m.parts]
             )
+            m.lora.bind(m.groups())
     setattr(model, "lora", ctx)  # noqa: B010 (the runner sets each step's rows through it)
     return LoraSet(adapters, specs, ctx)
 

@@ -18,14 +18,18 @@ an expand into every part that leaves the scratch at zero) on float16 weights; l
 (prompts) and CPU run the torch ops below. `SCHEME` "fused" selects `triton_lora_fused` (both
 in one launch, a grid barrier between) for A/B benches. (The first kernels, looped split-K
 partials, were removed after the H100 A/B of 2026-12-06: +102.9 % a token against +30.8 %.)
-`reference_delta` is the plain per-adapter formula the tests compare with.
+`SCHEME` "epilogue" (up to `EPILOGUE_ROWS` rows, packed base GEMVs only: the 8B Q4_K_M decode)
+launches the shrink alone and hands each base GEMV a `LoraTail`: the GEMV adds the expand in its
+epilogue (`kernels.quant.triton_lora_tail`), one launch a module fewer; other steps of that
+scheme run the "atomic" kernels. `reference_delta` is the plain per-adapter formula the tests
+compare with.
 """
 
 import logging
 
 import torch
 
-from localllm.kernels.fused.lora_delta import LoraPart, scratch
+from localllm.kernels.fused.lora_delta import LoraPart, make_tail, scratch
 
 log = logging.getLogger(__name__)
 
@@ -33,9 +37,10 @@ log = logging.getLogger(__name__)
 MIN_ROWS = 2048
 CUDA_DTYPE = torch.float16  # adapter weights on CUDA: half the bytes a decode step reads
 KERNELS = True  # the triton kernels on CUDA (False: the torch ops; an A/B switch for benches)
-# which kernels: "atomic" (triton_lora, two launches) or "fused" (triton_lora_fused, one launch
-# with a grid barrier; for A/B)
+# which kernels: "atomic" (triton_lora, two launches), "fused" (triton_lora_fused, one launch
+# with a grid barrier; for A/B) or "epilogue" (the shrink, and the expand in the base GEMVs)
 SCHEME = "atomic"
+EPILOGUE_ROWS = 4  # rows the epilogue scheme takes (the packed GEMVs' launch: MAX_ROWS)
 
 
 class LoraContext:
@@ -135,6 +140,59 @@ class LoraDelta:
         self.offsets = [0]
         for _, b, _ in parts:
             self.offsets.append(self.offsets[-1] + b.shape[0])
+        self._tails: list | None = None  # per base GEMV, its LoraTail (see `bind`)
+        self._gemvs: list = []
+
+    def bind(self, groups: list[tuple[object, list[int]]]) -> None:
+        """The base kernels that compute this module's outputs: per kernel weight, the sizes of
+        the parts it computes, in part order. Where all of them are packed GEMVs on CUDA (up to
+        3 parts each), builds the `LoraTail`s the "epilogue" scheme hands them (now, at load:
+        never inside a CUDA-graph capture)."""
+        self._tails, self._gemvs = None, []
+        if self.scratch is None or not groups:
+            return
+        if not all(hasattr(k, "takes_tail") and k.takes_tail(1) for k, _ in groups):
+            return
+        by_part = {i: kp for (i, _, _, _), kp in zip(self.b, self.kparts, strict=True)}
+        specs, tiles, i = [], 0, 0
+        for kernel, sizes in groups:
+            parts = [(size, by_part.get(i + j)) for j, size in enumerate(sizes)]
+            i += len(sizes)
+            if len(parts) > 3:
+                return
+            on = any(p is not None for _, p in parts)
+            tiles += -(-sum(sizes) // kernel.cfg.block_n) if on else 0
+            specs.append(parts if on else None)
+        if i != len(self.offsets) - 1:
+            raise ValueError(f"LoRA bind: {i} base outputs for {len(self.offsets) - 1} parts")
+        self._tails = [None if s is None else make_tail(self.scratch, s, tiles) for s in specs]
+        self._gemvs = [k for k, _ in groups]
+
+    def tails(self, x: torch.Tensor) -> list | None:
+        """Under SCHEME "epilogue": launch the shrink into the scratch and return each base
+        GEMV's `LoraTail` (None: a GEMV without adapter columns), which the caller must pass
+        to those GEMVs; None where the scheme does not take this call (then `add*` as usual)."""
+        global KERNELS
+        rows = x.shape[0]
+        if SCHEME != "epilogue" or self._tails is None or not (KERNELS and self.ctx.active):
+            return None
+        if not (0 < rows <= EPILOGUE_ROWS and x.device == self.scratch[0].device):
+            return None  # (the scratch is on CUDA only; CPU tensors: the triton interpreter)
+        if x.stride(-1) != 1:
+            return None
+        if not all(k.takes_tail(rows) for k in self._gemvs):
+            return None
+        from localllm.kernels.fused import triton_lora
+
+        try:
+            triton_lora.shrink(x, self.a, self.ctx.buffers[self.sig], self.scratch)
+        except Exception as e:  # a compile failure: the torch ops from now on, said once
+            if torch.cuda.is_current_stream_capturing():
+                raise
+            KERNELS = False
+            log.warning("LoRA triton shrink failed, torch ops from now on: %s", e)
+            return None
+        return self._tails
 
     def native_parts(self) -> tuple:
         """(A [R, in], W's columns [rows, R], ((lo, hi, output column, B.T), ...)): what the

@@ -8,7 +8,9 @@ stacked A at once, scale each column by its row's adapter factor, expand into ea
 One part per output of the linear (q, k, v of a fused attention input; gate, up; or one). A part
 whose columns no adapter has is left out by the caller. `scratch` is the per-module buffer pair
 the CUDA kernels accumulate t in (allocated here, with torch alone, at load: never inside a
-CUDA-graph capture).
+CUDA-graph capture). `LoraTail` is the same expand as an optional epilogue of a base GEMV (the
+packed dp4a kernels add it to their output tile: no expand launch); `tail_reference` is its torch
+form.
 """
 
 from dataclasses import dataclass
@@ -25,6 +27,64 @@ class LoraPart:
     lo: int
     hi: int
     b_t: torch.Tensor
+
+
+@dataclass(frozen=True, slots=True)
+class LoraTail:
+    """The expand of one base GEMV's output group [T, n] (parts side by side, up to 3), added by
+    the GEMV in its epilogue: y[:, c] += t[:, lo_p : lo_p + rank_p] @ b[:rank_p, c] for column c
+    of part p (columns ends[p - 1] .. ends[p]). t [rows, r]: the shrink's scaled output (the
+    module's scratch); b [rp, n]: each part's B.T in its columns, zero rows past its rank (rp a
+    power of two); count: the scratch's counter; `tiles`: the output tiles, over every GEMV of
+    the module that reads t, whose epilogues run before the last one zeroes t."""
+
+    t: torch.Tensor
+    count: torch.Tensor
+    b: torch.Tensor
+    ends: tuple[int, int]  # part 0 ends at ends[0], part 1 at ends[1] (n where absent)
+    lo: tuple[int, int, int]
+    rank: tuple[int, int, int]  # 0: a part no adapter targets
+    tiles: int
+
+
+def make_tail(scratch: tuple, parts: list[tuple[int, LoraPart | None]], tiles: int) -> LoraTail:
+    """The `LoraTail` of one GEMV output group: `parts` per output part in column order, (its
+    columns, its LoraPart or None where no adapter targets it); `scratch` the module's; `tiles`
+    the output tiles of every GEMV of the module that reads it (see `LoraTail`)."""
+    if not 0 < len(parts) <= 3:
+        raise ValueError(f"a LoRA epilogue takes 1 to 3 output parts, not {len(parts)}")
+    on = [p for _, p in parts if p is not None]
+    if not on:
+        raise ValueError("a LoRA epilogue needs a part with an adapter")
+    ranks = [0 if p is None else p.hi - p.lo for _, p in parts]
+    rp = max(16, 1 << (max(ranks) - 1).bit_length())
+    n = sum(cols for cols, _ in parts)
+    b = torch.zeros(rp, n, dtype=on[0].b_t.dtype, device=on[0].b_t.device)
+    ends, c0 = [], 0
+    for (cols, p), rk in zip(parts, ranks, strict=True):
+        if p is not None:
+            b[:rk, c0 : c0 + cols] = p.b_t
+        c0 += cols
+        ends.append(c0)
+    lo = [0 if p is None else p.lo for _, p in parts]
+    pad = 3 - len(parts)
+    return LoraTail(
+        t=scratch[0], count=scratch[1], b=b, ends=(*ends[:-1], *[n] * pad)[:2],
+        lo=(*lo, *[0] * pad), rank=(*ranks, *[0] * pad), tiles=tiles,
+    )  # fmt: skip
+
+
+def tail_reference(y: torch.Tensor, tail: LoraTail) -> torch.Tensor:
+    """y [T, n] plus the tail's delta, in float32 (does not touch t)."""
+    t = tail.t[: y.shape[0]].float()
+    out = y.float().clone()
+    starts = (0, *tail.ends)
+    ends = (*tail.ends, y.shape[1])
+    for p in range(3):
+        lo, rk, c0, c1 = tail.lo[p], tail.rank[p], starts[p], ends[p]
+        if rk and c1 > c0:
+            out[:, c0:c1] += t[:, lo : lo + rk] @ tail.b[:rk, c0:c1].float()
+    return out
 
 
 def shrink_expand_reference(

@@ -129,23 +129,34 @@ def _pow2(n: int, least: int = 16) -> int:
     return max(least, triton.next_power_of_2(n))
 
 
+def shrink(x: torch.Tensor, a: torch.Tensor, w: torch.Tensor, scratch: tuple) -> None:
+    """scratch t += (x @ a.T) * w in one launch (t zero before; `usable`'s row and stride
+    rules): the first half of `shrink_expand`, and all of a LoRA call whose expand runs in the
+    base GEMV's epilogue (`kernels.quant.triton_lora_tail`)."""
+    t, k = x.shape
+    r = a.shape[0]
+    acc = scratch[0]
+    if acc.shape[1] != r or acc.shape[0] < t:
+        raise ValueError(f"LoRA scratch {tuple(acc.shape)} does not fit {t} rows of rank {r}")
+    bt, dot = _rows(t)
+    br = 64 if r > 32 else _pow2(r)
+    _shrink[(triton.cdiv(k, BK), triton.cdiv(r, br))](
+        x, x.stride(0), a, w, w.stride(0), acc, t, k, r, BT=bt, BR=br, BK=BK, DOT=dot,
+        num_warps=4, **pdl.launch_options(pdl.enabled(x)),
+    )  # fmt: skip
+
+
 def shrink_expand(x: torch.Tensor, a: torch.Tensor, w: torch.Tensor, parts: list[LoraPart],
                   ys: list[torch.Tensor], scratch: tuple) -> None:  # fmt: skip
     """`lora_delta.shrink_expand_reference` in two launches (`usable` must hold): ys[p] += part
     p's delta in place. a [R, in] contiguous; w [rows >= T, R] with unit column stride;
     `scratch`: this module's `lora_delta.scratch(R, device)` (zero between calls)."""
-    t, k = x.shape
+    t = x.shape[0]
     r = a.shape[0]
     acc, count = scratch
-    if acc.shape[1] != r or acc.shape[0] < t:
-        raise ValueError(f"LoRA scratch {tuple(acc.shape)} does not fit {t} rows of rank {r}")
+    shrink(x, a, w, scratch)
     bt, dot = _rows(t)
     on = pdl.enabled(x)
-    br = 64 if r > 32 else _pow2(r)
-    _shrink[(triton.cdiv(k, BK), triton.cdiv(r, br))](
-        x, x.stride(0), a, w, w.stride(0), acc, t, k, r, BT=bt, BR=br, BK=BK, DOT=dot,
-        num_warps=4, **pdl.launch_options(on),
-    )  # fmt: skip
     pad = [*parts, *[parts[0]] * (MAX_PARTS - len(parts))]
     ypad = [*ys, *[ys[0]] * (MAX_PARTS - len(ys))]
     rank = _pow2(max(p.hi - p.lo for p in parts))

@@ -16,6 +16,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from localllm.kernels.pdl import gdc_begin, gdc_wait, prefetch_plane
+from localllm.kernels.quant.triton_lora_tail import lora_release, lora_tail
 
 
 @triton.jit
@@ -152,24 +153,40 @@ def _x_rows(x8_ptr, rows, xm, K4, word0):
 
 
 @triton.jit
-def _finish(acc, out_ptr, part_ptr, cnt_ptr, pn, pk, rows, rmask, cols, cols_ok, PS, N, SPLIT):
+def _finish(acc, out_ptr, part_ptr, cnt_ptr, pn, pk, rows, rmask, cols, cols_ok, PS, N, SPLIT,
+            lt_ptr, lb_ptr, lc_ptr, l_r, l_e1, l_e2, l_lo0, l_lo1, l_lo2, l_rk0, l_rk1, l_rk2,
+            l_tiles, MP: tl.constexpr, BN: tl.constexpr, LR: tl.constexpr):  # fmt: skip
     """Store y, or with split K: park this program's partial sums, and let the program that
     finishes its column tile last add all partials in a fixed order (deterministic, no second
-    kernel) and reset the tile's counter for the next launch (CUDA-graph replays included)."""
+    kernel) and reset the tile's counter for the next launch (CUDA-graph replays included).
+    LR > 0: that program adds the tile's LoRA delta first (`triton_lora_tail`)."""
     m2 = rmask[:, None] & cols_ok[None, :]
     yo = rows[:, None] * N + cols[None, :]
     if SPLIT == 1:
+        if LR > 0:
+            acc += lora_tail(lt_ptr, lb_ptr, l_r, rows, rmask, pn * BN, cols, cols_ok, N,
+                             l_e1, l_e2, l_lo0, l_lo1, l_lo2, l_rk0, l_rk1, l_rk2,
+                             MP, BN, LR)  # fmt: skip
         tl.store(out_ptr + yo, acc, mask=m2)
+        if LR > 0:
+            lora_release(lt_ptr, lc_ptr, l_r, rows, rmask, l_tiles, MP)
     else:
         tl.store(part_ptr + pk * PS + yo, acc, mask=m2)
         tl.debug_barrier()  # every thread's partial is written before the tile's counter moves
         done = tl.atomic_add(cnt_ptr + pn, 1, sem="acq_rel")
         if done == SPLIT - 1:
-            tot = tl.zeros(acc.shape, dtype=tl.float32)
+            if LR > 0:  # its loads go out before the partials' (latency, not bytes)
+                tot = lora_tail(lt_ptr, lb_ptr, l_r, rows, rmask, pn * BN, cols, cols_ok, N,
+                                l_e1, l_e2, l_lo0, l_lo1, l_lo2, l_rk0, l_rk1, l_rk2,
+                                MP, BN, LR)  # fmt: skip
+            else:
+                tot = tl.zeros(acc.shape, dtype=tl.float32)
             for j in range(0, SPLIT):  # L1 is not coherent across SMs: read partials from L2
                 tot += tl.load(part_ptr + j * PS + yo, mask=m2, other=0.0, cache_modifier=".cg")
             tl.store(out_ptr + yo, tot, mask=m2)
             tl.atomic_xchg(cnt_ptr + pn, 0)
+            if LR > 0:
+                lora_release(lt_ptr, lc_ptr, l_r, rows, rmask, l_tiles, MP)
 
 
 @triton.jit
@@ -197,7 +214,8 @@ def _gemv_q4k_packed(
     x8_ptr, xd_ptr, xsum_ptr, qs_ptr, hdr_ptr, out_ptr, part_ptr, cnt_ptr, ids_ptr, M, N, K, nb,
     XDIV, P, spb: tl.constexpr, SPLIT: tl.constexpr, MP: tl.constexpr, BN: tl.constexpr,
     ASM: tl.constexpr, MOE: tl.constexpr, PDL: tl.constexpr, PF: tl.constexpr,
-    LATE: tl.constexpr,
+    LATE: tl.constexpr, lt_ptr, lb_ptr, lc_ptr, l_r, l_e1, l_e2, l_lo0, l_lo1, l_lo2, l_rk0,
+    l_rk1, l_rk2, l_tiles, LR: tl.constexpr,
 ):  # fmt: skip
     pn, pk = tl.program_id(0), tl.program_id(1)
     if not LATE:  # else once the weights are read: one kernel ahead, not a chain
@@ -243,7 +261,9 @@ def _gemv_q4k_packed(
                 acc += (d * sc)[None, :] * (dx[:, None] * isum) - (dmin * mn)[None, :] * xs[:, None]
     if LATE:
         gdc_begin(PDL)
-    _finish(acc, out_ptr, part_ptr, cnt_ptr, pn, pk, rows, rmask, cols, cols_ok, ps, N, SPLIT)
+    _finish(acc, out_ptr, part_ptr, cnt_ptr, pn, pk, rows, rmask, cols, cols_ok, ps, N, SPLIT,
+            lt_ptr, lb_ptr, lc_ptr, l_r, l_e1, l_e2, l_lo0, l_lo1, l_lo2, l_rk0, l_rk1, l_rk2,
+            l_tiles, MP, BN, LR)  # fmt: skip
 
 
 @triton.jit
@@ -251,7 +271,8 @@ def _gemv_q6k_packed(
     x8_ptr, xd_ptr, s16_ptr, ql_ptr, qh_ptr, sc_ptr, d_ptr, out_ptr, part_ptr, cnt_ptr, ids_ptr,
     M, N, K, nb, XDIV, P, spb: tl.constexpr, SPLIT: tl.constexpr, MP: tl.constexpr,
     BN: tl.constexpr, ASM: tl.constexpr, MOE: tl.constexpr, PDL: tl.constexpr, PF: tl.constexpr,
-    LATE: tl.constexpr,
+    LATE: tl.constexpr, lt_ptr, lb_ptr, lc_ptr, l_r, l_e1, l_e2, l_lo0, l_lo1, l_lo2, l_rk0,
+    l_rk1, l_rk2, l_tiles, LR: tl.constexpr,
 ):  # fmt: skip
     pn, pk = tl.program_id(0), tl.program_id(1)
     if not LATE:  # else once the weights are read: one kernel ahead, not a chain
@@ -308,7 +329,9 @@ def _gemv_q6k_packed(
                     acc += (d * sc)[None, :] * t
     if LATE:
         gdc_begin(PDL)
-    _finish(acc, out_ptr, part_ptr, cnt_ptr, pn, pk, rows, rmask, cols, cols_ok, ps, N, SPLIT)
+    _finish(acc, out_ptr, part_ptr, cnt_ptr, pn, pk, rows, rmask, cols, cols_ok, ps, N, SPLIT,
+            lt_ptr, lb_ptr, lc_ptr, l_r, l_e1, l_e2, l_lo0, l_lo1, l_lo2, l_rk0, l_rk1, l_rk2,
+            l_tiles, MP, BN, LR)  # fmt: skip
 
 
 @triton.jit
@@ -316,7 +339,8 @@ def _gemv_q8_0_packed(
     x8_ptr, xd_ptr, qs_ptr, d_ptr, out_ptr, part_ptr, cnt_ptr, ids_ptr, M, N, K, nb, XDIV, P,
     spb: tl.constexpr, SPLIT: tl.constexpr, MP: tl.constexpr, BN: tl.constexpr, ASM: tl.constexpr,
     MOE: tl.constexpr, PDL: tl.constexpr, PF: tl.constexpr,
-    LATE: tl.constexpr,
+    LATE: tl.constexpr, lt_ptr, lb_ptr, lc_ptr, l_r, l_e1, l_e2, l_lo0, l_lo1, l_lo2, l_rk0,
+    l_rk1, l_rk2, l_tiles, LR: tl.constexpr,
 ):  # fmt: skip
     pn, pk = tl.program_id(0), tl.program_id(1)
     if not LATE:  # else once the weights are read: one kernel ahead, not a chain
@@ -356,4 +380,6 @@ def _gemv_q8_0_packed(
         acc += d[None, :] * (dx[:, None] * isum)
     if LATE:
         gdc_begin(PDL)
-    _finish(acc, out_ptr, part_ptr, cnt_ptr, pn, pk, rows, rmask, cols, cols_ok, ps, N, SPLIT)
+    _finish(acc, out_ptr, part_ptr, cnt_ptr, pn, pk, rows, rmask, cols, cols_ok, ps, N, SPLIT,
+            lt_ptr, lb_ptr, lc_ptr, l_r, l_e1, l_e2, l_lo0, l_lo1, l_lo2, l_rk0, l_rk1, l_rk2,
+            l_tiles, MP, BN, LR)  # fmt: skip

@@ -20,6 +20,7 @@ from localllm.kernels.quant.triton_gemv import (
     _gemv_q6_k,
     _gemv_q8_0,
 )
+from localllm.kernels.quant.triton_packed import MAX_ROWS as PACKED_MAX_ROWS
 from localllm.kernels.quant.triton_packed import (
     QuantizedX,
     dequantize_packed_t,
@@ -156,17 +157,24 @@ class TritonLinear:
     def repacked(self) -> bool:
         return self.packed is not None
 
+    def takes_tail(self, rows: int) -> bool:
+        """Whether `matmul` of `rows` rows can add a LoRA epilogue (one packed GEMV launch)."""
+        return self.packed is not None and 0 < rows <= PACKED_MAX_ROWS
+
     @property
     def nbytes(self) -> int:
         return self.packed.nbytes if self.packed is not None else self.data.numel()
 
-    def matmul(self, x: torch.Tensor, xq: QuantizedX | None = None) -> torch.Tensor:
-        """x [..., K] -> [..., N]; `xq`: x's rows already quantized (the dp4a GEMVs use it)."""
+    def matmul(self, x: torch.Tensor, xq: QuantizedX | None = None, lora=None) -> torch.Tensor:
+        """x [..., K] -> [..., N]; `xq`: x's rows already quantized (the dp4a GEMVs use it);
+        `lora`: a `LoraTail` the packed GEMV adds in its epilogue (`takes_tail` must hold)."""
         n, k = self.shape
         x2 = x.reshape(-1, k)
         small = x2.shape[0] <= GEMV_MAX_M
+        if lora is not None and not self.takes_tail(x2.shape[0]):
+            raise ValueError(f"no LoRA epilogue for {self.qtype.name} at {x2.shape[0]} rows")
         if self.packed is not None and small:
-            y = gemv_packed(x2, self.packed, self.cfg, self.counters, xq)
+            y = gemv_packed(x2, self.packed, self.cfg, self.counters, xq, lora)
         elif self.packed is not None:
             y = torch.mm(x2.to(torch.bfloat16), dequantize_packed_t(self.packed)).float()
         elif small:

@@ -18,6 +18,7 @@ from localllm.kernels.quant.triton_dp4a import (
     _gemv_q8_0_packed,
     _quant_x8,
 )
+from localllm.kernels.quant.triton_lora_tail import tail_args
 from localllm.kernels.quant.triton_unpack import _deq_q4k_packed, _deq_q6k_packed, _deq_q8_0_packed
 from localllm.kernels.quant.types import QuantType, block_geometry
 
@@ -113,11 +114,16 @@ def gemv_packed(
     cfg: PackedConfig | None = None,
     counters: torch.Tensor | None = None,
     xq: QuantizedX | None = None,
+    lora=None,
 ) -> torch.Tensor:
     """float32 x [M, K] (M <= 8) @ W.T for a packed weight -> float32 [M, N]. `xq`: x already
-    quantized (`quantize_x8` or a fused kernel that produced x), used when M <= MAX_ROWS."""
+    quantized (`quantize_x8` or a fused kernel that produced x), used when M <= MAX_ROWS.
+    `lora`: a `lora_delta.LoraTail` whose delta the kernel adds in its epilogue (M <= MAX_ROWS;
+    the shrink that filled its t ran before)."""
     x = x.float().contiguous()
     m = x.shape[0]
+    if lora is not None and not 0 < m <= MAX_ROWS:
+        raise ValueError(f"a LoRA epilogue takes 1..{MAX_ROWS} rows, not {m}")
     if m > MAX_ROWS:  # launches of at most MAX_ROWS rows (the weight then comes from L2)
         parts = [gemv_packed(c, p, cfg, counters) for c in x.split(MAX_ROWS)]
         return torch.cat(parts)
@@ -132,7 +138,8 @@ def gemv_packed(
     if counters is None:
         counters = split_counters(p, c) if split > 1 else y
     grid = (triton.cdiv(p.n, c.block_n), split)
-    _launch(xq, p, grid, (y, part, counters, y, m, p.n, p.k, nb, 1, 1), c, split, m, moe=False)
+    args = (y, part, counters, y, m, p.n, p.k, nb, 1, 1)
+    _launch(xq, p, grid, args, c, split, m, moe=False, lora=lora)
     return y
 
 
@@ -169,8 +176,11 @@ def grouped_counters(p: PackedBlocks, pairs: int) -> torch.Tensor:
     return torch.zeros(pairs * tiles, dtype=torch.int32, device=p.device)
 
 
-def _launch(xq: QuantizedX, p: PackedBlocks, grid, args, c: PackedConfig, split, m, moe: bool):
-    """Launch the type's kernel; args = (y, part, counters, ids, M, N, K, nb, xdiv, pairs)."""
+def _launch(
+    xq: QuantizedX, p: PackedBlocks, grid, args, c: PackedConfig, split, m, moe: bool, lora=None
+):  # fmt: skip
+    """Launch the type's kernel; args = (y, part, counters, ids, M, N, K, nb, xdiv, pairs);
+    `lora`: the epilogue's `LoraTail` (None: none compiled in)."""
     block, block_bytes = block_geometry(p.qtype)
     small = p.n * (p.k // block) * block_bytes <= PREFETCH_MAX_BYTES
     geo = {
@@ -183,6 +193,7 @@ def _launch(xq: QuantizedX, p: PackedBlocks, grid, args, c: PackedConfig, split,
         **pdl.launch_options(GEMV_PDL and pdl.enabled(xq.words)),
         "PF": GEMV_PREFETCH and small,
         "LATE": GEMV_LATE_TRIGGER,
+        **tail_args(lora, args[0]),
     }
     tail = (*args, c.blocks_per_program)
     pl = p.planes

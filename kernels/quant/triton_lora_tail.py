@@ -1,0 +1,91 @@
+"""The LoRA expand as an optional epilogue of the packed dp4a GEMVs (`engine.lora.delta.SCHEME =
+"epilogue"`): the program that finishes an output tile adds t @ B.T for its columns before it
+stores them, so a LoRA call site costs the shrink's launch and no expand launch (and no second
+read and write of y). Host side: `tail_args`; the layout is `lora_delta.LoraTail`, its torch form
+`lora_delta.tail_reference`.
+
+At decode the expand is a few tiny latency-bound loads (t from L2, a [rank, BN] slice of B), so
+the epilogue issues them before the GEMV's split-K partials are summed. Up to three parts per
+output group (q | k | v stacked in one GEMV): a tile inside one part (always at the 8B shapes)
+reads that part's slice of t; a tile across a boundary picks each column's part. The last
+tile's epilogue (a counter over every GEMV that reads this t) zeroes t for the shrink of the
+next call. LR == 0 compiles none of it: the base GEMV as before.
+"""
+
+import triton
+import triton.language as tl
+
+# rank rows per chunk of the epilogue's products (registers: MP x RC x BN values a chunk)
+RC = tl.constexpr(16)
+ZC = tl.constexpr(64)  # columns of t the last epilogue zeroes per store
+
+
+def tail_args(tail, y) -> dict:
+    """The packed GEMV kernels' LoRA keyword arguments for `tail` (a `LoraTail`, or None: LR=0
+    and `y` fills the unused pointers)."""
+    if tail is None:
+        return {"lt_ptr": y, "lb_ptr": y, "lc_ptr": y, "l_r": 0, "l_e1": 0, "l_e2": 0,
+                "l_lo0": 0, "l_lo1": 0, "l_lo2": 0, "l_rk0": 0, "l_rk1": 0, "l_rk2": 0,
+                "l_tiles": 0, "LR": 0}  # fmt: skip
+    lo, rk = tail.lo, tail.rank
+    return {"lt_ptr": tail.t, "lb_ptr": tail.b, "lc_ptr": tail.count, "l_r": tail.t.shape[1],
+            "l_e1": tail.ends[0], "l_e2": tail.ends[1], "l_lo0": lo[0], "l_lo1": lo[1],
+            "l_lo2": lo[2], "l_rk0": rk[0], "l_rk1": rk[1], "l_rk2": rk[2],
+            "l_tiles": tail.tiles, "LR": tail.b.shape[0]}  # fmt: skip
+
+
+@triton.jit
+def _t_chunk(t_ptr, R, rows, rmask, lo, rank, rr):
+    # t was summed by the shrink's atomics in L2: read it there (no L1 line of an earlier call)
+    m = rmask[:, None] & (rr < rank)[None, :]
+    return tl.load(t_ptr + rows[:, None] * R + (lo + rr)[None, :], mask=m, other=0.0,
+                   cache_modifier=".cg")  # fmt: skip
+
+
+@triton.jit
+def lora_tail(t_ptr, b_ptr, R, rows, rmask, c0, cols, cols_ok, N, e1, e2, lo0, lo1, lo2, rk0,
+              rk1, rk2, MP: tl.constexpr, BN: tl.constexpr, LR: tl.constexpr):  # fmt: skip
+    """The delta [MP, BN] of output columns `cols` (c0 the first): sum over r of
+    t[row, lo_p + r] * b[r, col], p the column's part (from column e1 on part 1, from e2 on
+    part 2)."""
+    d = tl.zeros([MP, BN], dtype=tl.float32)
+    last = tl.minimum(c0 + BN, N) - 1
+    p0 = (c0 >= e1).to(tl.int32) + (c0 >= e2).to(tl.int32)
+    p1 = (last >= e1).to(tl.int32) + (last >= e2).to(tl.int32)
+    if p0 == p1:  # the tile lies in one part (always at the 8B shapes): one slice of t
+        lo = tl.where(p0 == 0, lo0, tl.where(p0 == 1, lo1, lo2))
+        rank = tl.where(p0 == 0, rk0, tl.where(p0 == 1, rk1, rk2))
+        # a loop, not unrolled: unrolled, four rank-16 chunks (LR 64) took the Q4_K GEMV from 163
+        # to 243 registers (sm_90, tests/perf/lora_kernel_regs.py), fewer programs per SM
+        for c in range(0, LR, RC):
+            rr = c + tl.arange(0, RC)
+            # rows past a part's rank are zero in b: only the columns need a mask
+            b = tl.load(b_ptr + rr[:, None] * N + cols[None, :], mask=cols_ok[None, :], other=0.0)
+            t = _t_chunk(t_ptr, R, rows, rmask, lo, rank, rr)
+            d += tl.sum(t[:, :, None] * b.to(tl.float32)[None, :, :], axis=1)
+    else:  # a part boundary inside the tile: each column picks its part (a chunk at a time)
+        sel = (cols >= e1).to(tl.int32) + (cols >= e2).to(tl.int32)
+        sel3 = sel[None, None, :]
+        for c in range(0, LR, RC):
+            rr = c + tl.arange(0, RC)
+            b = tl.load(b_ptr + rr[:, None] * N + cols[None, :], mask=cols_ok[None, :], other=0.0)
+            ta = _t_chunk(t_ptr, R, rows, rmask, lo0, rk0, rr)[:, :, None]
+            tb = _t_chunk(t_ptr, R, rows, rmask, lo1, rk1, rr)[:, :, None]
+            tc = _t_chunk(t_ptr, R, rows, rmask, lo2, rk2, rr)[:, :, None]
+            t = tl.where(sel3 == 0, ta, tl.where(sel3 == 1, tb, tc))  # [MP, RC, BN]
+            d += tl.sum(t * b.to(tl.float32)[None, :, :], axis=1)
+    return d
+
+
+@triton.jit
+def lora_release(t_ptr, cnt_ptr, R, rows, rmask, tiles, MP: tl.constexpr):
+    """Count this tile's epilogue done; the last of `tiles` zeroes t's rows and the counter."""
+    tl.debug_barrier()  # every thread's reads of t are done before the tile counts itself
+    done = tl.atomic_add(cnt_ptr, 1, sem="acq_rel")
+    if done == tiles - 1:
+        for c0 in range(0, R, ZC):
+            zc = c0 + tl.arange(0, ZC)
+            zm = rmask[:, None] & (zc < R)[None, :]
+            tl.store(t_ptr + rows[:, None] * R + zc[None, :], tl.zeros((MP, ZC), tl.float32),
+                     mask=zm)  # fmt: skip
+        tl.atomic_xchg(cnt_ptr, 0, sem="relaxed")

@@ -1,0 +1,137 @@
+"""The "epilogue" LoRA scheme on CUDA (marked `gpu`): the shrink launched alone and the expand
+added by the packed base GEMVs (`engine.lora.delta.SCHEME = "epilogue"`). The tiny llama folder,
+made Q8_0 at load so that its linears run the packed dp4a GEMVs, with the PEFT adapters of
+tests/data/lora: its logits equal the torch ops' for one row on two adapters and for four rows
+on different adapters (one on none), every module's scratch is left at zero, and five rows (past
+the scheme's rows) take the atomic kernels; greedy decode with CUDA graphs gives a mixed batch
+each request's alone tokens, and the same tokens as the default scheme."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from localllm.engine.core.batch import BatchMeta
+from localllm.engine.llm import LLM
+from localllm.engine.lora import LoraSpec, delta
+from localllm.engine.runtime.kv_cache import PagedKVCache
+from localllm.engine.sampling.params import SamplingParams
+from tests.lora.lora_refs import HF, LORA, TIE, ids
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+GPU_TOL = 0.02  # as tests/lora/test_lora_gpu.py (Q8_0 base both sides here: only the deltas differ)
+CHOICES = [((0, 1.0),), ((1, 1.0),), ((0, 0.5), (1, 2.0)), ()]
+SPECS = (LoraSpec(str(LORA / "llama-a")), LoraSpec(str(LORA / "llama-b"), 0.0))
+
+
+def _llm():
+    return LLM(str(HF / "llama"), device="cuda", quantize="q8_0", lora=SPECS)
+
+
+def _count_tails(monkeypatch) -> list[int]:
+    """Counts the base GEMV calls that carry a LoRA epilogue."""
+    from localllm.kernels.quant import triton_linear
+
+    seen = [0]
+    real = triton_linear.gemv_packed
+
+    def spy(*args, **kw):
+        lora = kw.get("lora", args[5] if len(args) > 5 else None)
+        seen[0] += lora is not None
+        return real(*args, **kw)
+
+    monkeypatch.setattr(triton_linear, "gemv_packed", spy)
+    return seen
+
+
+@pytest.mark.parametrize("rows", [1, 4, 5])
+@torch.inference_mode()
+def test_epilogue_equals_the_torch_ops(monkeypatch, rows):
+    monkeypatch.setattr(delta, "SCHEME", "epilogue")
+    seen = _count_tails(monkeypatch)
+    with _llm() as llm:
+        model = llm.engine.model
+        deltas = [m.lora for m in model.modules()
+                  if isinstance(getattr(m, "lora", None), delta.LoraDelta)]  # fmt: skip
+        assert any(d._tails for d in deltas), "no module got epilogue tails (packed GEMVs?)"
+        tokens = ids(rows, seed=3)
+        if rows == 1:
+            model.lora.set_rows([(CHOICES[2], 1)])
+        else:
+            mix = [*CHOICES, CHOICES[0]][:rows]
+            model.lora.set_rows([(c, 1) for c in mix])
+
+        def run():
+            layers, kvh, hd = model.kv_shape()
+            kv = PagedKVCache(layers, 1, 16, kvh, hd, "f16", "cuda")
+            b = BatchMeta.contiguous(rows, rows, 16)
+            b = dataclasses.replace(b, slot_mapping=b.slot_mapping.to("cuda"))
+            pos = torch.arange(rows, device="cuda")
+            h = model(torch.tensor(tokens, device="cuda"), pos, b, kv)
+            return model.logits(h).float().cpu()
+
+        seen[0] = 0
+        got = run()
+        assert delta.KERNELS
+        assert (seen[0] > 0) == (rows <= delta.EPILOGUE_ROWS)  # 5 rows: the atomic kernels
+        assert all(not d.scratch[0].any() and not d.scratch[1].any()
+                   for d in deltas if d.scratch is not None)  # fmt: skip
+        again = run()
+        assert (again - got).abs().max().item() < 1e-3  # the scratch was clean for the second
+        monkeypatch.setattr(delta, "KERNELS", False)
+        want = run()
+        monkeypatch.setattr(delta, "KERNELS", True)
+        assert (got - want).abs().max().item() < GPU_TOL
+        model.lora.set_rows([((), rows)])
+        base = run()
+        assert (got - base).abs().max().item() > 5 * GPU_TOL  # the adapters really act
+
+
+def _last_logits(model, tokens: list[int], lora) -> torch.Tensor:
+    n = len(tokens)
+    model.lora.set_rows([(tuple(lora), n)])
+    layers, kvh, hd = model.kv_shape()
+    kv = PagedKVCache(layers, -(-n // 16), 16, kvh, hd, "f16", "cuda")
+    b = BatchMeta.contiguous(n, n, 16)
+    b = dataclasses.replace(b, slot_mapping=b.slot_mapping.to("cuda"))
+    h = model(torch.tensor(tokens, device="cuda"), torch.arange(n, device="cuda"), b, kv)
+    return model.logits(h).float().cpu()[-1]
+
+
+def _same_or_near_tie(model, prompt, lora, a: list[int], b: list[int]) -> None:
+    """Equal greedy tokens, or the first difference a near-tie of this model's logits."""
+    if a == b:
+        return
+    i = next(j for j, (x, y) in enumerate(zip(a, b, strict=True)) if x != y)
+    logits = _last_logits(model, prompt + a[:i], lora)
+    assert abs((logits[a[i]] - logits[b[i]]).item()) < TIE, f"step {i}: not a near-tie"
+
+
+def test_graph_decode_mixed_batches(monkeypatch):
+    seen = _count_tails(monkeypatch)
+    prompt = ids(40, seed=7)
+    params = [SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True, lora=c)
+              for c in CHOICES]  # fmt: skip
+    runs = {}
+    for scheme in ("epilogue", "atomic"):
+        monkeypatch.setattr(delta, "SCHEME", scheme)
+        with _llm() as llm:
+            together = llm.generate([prompt] * len(CHOICES), params)
+            alone = [llm.generate([prompt], p)[0] for p in params]
+            graphs = llm.engine.runner.graphs
+            assert graphs is not None and {k[-1] for k in graphs.graphs} == {False, True}
+            runs[scheme] = [[list(o.outputs[0].token_ids) for o in outs]
+                            for outs in (together, alone)]  # fmt: skip
+            if scheme == "epilogue":
+                assert seen[0] > 0  # the captured decode steps hold epilogue GEMVs
+                model = llm.engine.model
+                with torch.inference_mode():
+                    for c, t, a in zip(CHOICES, *runs[scheme], strict=True):
+                        _same_or_near_tie(model, prompt, c, a, t)  # mixed against alone
+                assert len({tuple(t) for t in runs[scheme][1]}) == len(CHOICES)
+    with _llm() as llm, torch.inference_mode():
+        for c, a, d in zip(CHOICES, runs["epilogue"][1], runs["atomic"][1], strict=True):
+            _same_or_near_tie(llm.engine.model, prompt, c, d, a)  # against the default scheme

@@ -29,6 +29,11 @@ from localllm.kernels.moe import triton_combine
 from localllm.kernels.quant import triton_dp4a
 
 F32, I32, I64 = "*fp32", "*i32", "*i64"
+# the packed GEMVs' LoRA epilogue arguments (`kernels/quant/triton_lora_tail.py`)
+GEMV_LORA = {"lt_ptr": F32, "lb_ptr": "*fp16", "lc_ptr": I32}
+GEMV_LORA |= dict.fromkeys(
+    ("l_r", "l_e1", "l_e2", "l_lo0", "l_lo1", "l_lo2", "l_rk0", "l_rk1", "l_rk2", "l_tiles"), "i32"
+)
 PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
 
 
@@ -110,6 +115,7 @@ def main(pdl: bool = False) -> None:
             cases.append((triton_decode._combine_kernel, comb, {**geo, "RN": True}, 4))
     gemv = {"x8_ptr": I32, "xd_ptr": F32, "out_ptr": F32, "part_ptr": F32, "cnt_ptr": I32}
     gemv |= {"ids_ptr": I64} | dict.fromkeys(("M", "N", "K", "nb", "XDIV", "P"), "i32")
+    gemv |= GEMV_LORA  # the LoRA epilogue's arguments (LR=0 here: compiled out)
     q4k = {"x8_ptr": I32, "xd_ptr": F32, "xsum_ptr": F32, "qs_ptr": I32, "hdr_ptr": I32} | gemv
     q6k = {"x8_ptr": I32, "xd_ptr": F32, "s16_ptr": I32, "ql_ptr": I32, "qh_ptr": I32} | gemv
     q6k |= {"sc_ptr": I32, "d_ptr": "*fp16"}
@@ -127,6 +133,7 @@ def main(pdl: bool = False) -> None:
                 "MOE": moe,
                 "PF": True,
                 "LATE": True,
+                "LR": 0,
             }
             cases.append((fn, {n: sig[n] for n in order}, geo, warps))
     comb_sig = {"y_ptr": F32, "w_ptr": F32, "out_ptr": F32, "D": "i32"}

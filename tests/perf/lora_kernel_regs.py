@@ -4,6 +4,10 @@ found the float32 "ieee" tl.dot tiles spilling kilobytes. Not a test; needs trit
 bundled ptxas (on the CPU box: PYTHONPATH=/work/tri-site).
 
     python tests/perf/lora_kernel_regs.py
+
+Then the packed dp4a GEMVs with the LoRA epilogue (`kernels/quant/triton_lora_tail.py`, the
+"epilogue" scheme) at the 8B decode geometry (1 warp, 64 columns, split K), LR = 0 (none: the
+base kernel), 16 (one rank-16 adapter) and 64 (four), one and four rows.
 """
 
 import inspect
@@ -16,6 +20,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from localllm.kernels.fused import triton_lora, triton_lora_fused
+from localllm.kernels.quant import triton_dp4a
 
 W16 = {"a_ptr": "*fp16", **{f"b{i}": "*fp16" for i in range(3)}}
 CONFIGS = [  # (kernel, extra arg types, constexprs)
@@ -38,14 +43,24 @@ def _type(name: str, extra: dict) -> str:
     return "*fp32" if pointer else "i32"
 
 
-def usage(kernel, extra: dict, consts: dict) -> str:
+# the packed GEMVs' argument types (the rest: "_ptr" float32, else i32)
+GEMV = {"x8_ptr": "*i32", "qs_ptr": "*i32", "hdr_ptr": "*i32", "cnt_ptr": "*i32",
+        "ids_ptr": "*i64", "lb_ptr": "*fp16", "lc_ptr": "*i32", "s16_ptr": "*i32",
+        "ql_ptr": "*i32", "qh_ptr": "*i32", "sc_ptr": "*i32", "d_ptr": "*fp16"}  # fmt: skip
+GEMV_CONFIGS = [  # (kernel, constexprs)
+    (triton_dp4a._gemv_q4k_packed, {"spb": 1, "SPLIT": 16}),
+    (triton_dp4a._gemv_q6k_packed, {"spb": 2, "SPLIT": 28}),
+]
+
+
+def usage(kernel, extra: dict, consts: dict, warps: int = 4) -> str:
     consts = {**consts, "PDL": True}
     if "ZR" in inspect.signature(kernel.fn).parameters:
         consts["ZR"] = triton_lora.ZR
     names = inspect.signature(kernel.fn).parameters
     sig = {n: "constexpr" if n in consts else _type(n, extra) for n in names}
     src = ASTSource(fn=kernel, signature=sig, constexprs=consts)
-    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
     ptxas = Path(triton.__file__).parent / "backends/nvidia/bin/ptxas-blackwell"
     with tempfile.TemporaryDirectory() as d:
         ptx = Path(d) / "k.ptx"
@@ -62,6 +77,13 @@ def main() -> None:
         mod = kernel.fn.__module__.rsplit(".", 1)[-1]
         shown = ", ".join(f"{k}={v}" for k, v in consts.items())
         print(f"{mod}.{kernel.fn.__name__} {shown}: {usage(kernel, extra, consts)}")
+    for kernel, geo in GEMV_CONFIGS:
+        for lr in (0, 16, 64):
+            for mp in (1, 4):
+                consts = {**geo, "MP": mp, "BN": 64, "ASM": True, "MOE": False, "PF": True,
+                          "LATE": True, "LR": lr}  # fmt: skip
+                shown = f"LR={lr}, MP={mp}"
+                print(f"triton_dp4a.{kernel.fn.__name__} {shown}: {usage(kernel, GEMV, consts, 1)}")
 
 
 if __name__ == "__main__":

@@ -7,8 +7,8 @@ Q4_K / Q6_K / Q8_0 calls of up to NATIVE_MAX_T rows multiply int8 activations (p
 for Q4_K, per 32 for the others, as llama.cpp's decode does; the native decode step does so for
 every type) and read each weight row once for all rows. The other types' calls, and longer
 ones of those three (prompts), decode row tiles to ggml's float32 values in C for an exact fp32
-GEMM (tests/perf/results/cpu-moe.md, "CPU-only MoE next to llama.cpp"), or with PROMPT_I16 on
-multiply int16 activations (`kernels/cpu/i16_gemm.h`; cpu.md for its figures).
+GEMM (tests/perf/results/cpu-moe.md, "CPU-only MoE next to llama.cpp") with PROMPT_I16 off,
+or by default multiply int16 activations (`kernels/cpu/i16_gemm.h`; cpu.md for its figures).
 `block_rows_reference` is the torch reference of the int8 path, `gemm_i16_reference` of the
 int16 one, `quant_matmul_reference` (kernels/quant/linear.py) of the exact ones.
 
@@ -59,11 +59,12 @@ GEMM_MIN_ROWS = 16
 # (tests/perf/results/cpu.md); a row's bits do not depend on the call's other rows either.
 # Against llama.cpp's teacher-forced logits the mean KL is the exact path's to 6 digits; one
 # Gemma 3 token of 1,469 flips at a 2e-4-nat tie (tests/engine/test_real_models.py counts such
-# ties apart). Off by default: with it on, a completion and a chat request of the same prompt
-# (the second's last token recomputed after a prefix-cache hit, on the decode path's int8 rows)
-# answered differently at a 0.18-nat gap (tests/app/server/test_chat_continue.py); the exact
-# tiles happen to agree there. `NativeLinear.prompt_i16` sets it per weight.
-PROMPT_I16 = False
+# ties apart). On by default since prompt rows take one path whatever their chunk (issue 39,
+# `prompt_rows`, tests/engine/test_prompt_rows.py): before, a completion and a chat request of
+# one prompt answered differently (tests/app/server/test_chat_continue.py), the second's tail
+# recomputed after a prefix-cache hit on other math. False: the exact float32 tiles.
+# `NativeLinear.prompt_i16` sets it per weight.
+PROMPT_I16 = True
 # True: those calls take int8 activations in llama.cpp's format of each type instead (Q8_K, Q8_0
 # or Q8_1: `kernels/cpu/i8_gemm.h`, `kernels/quant/prompt_i8.py`), `vpdpbusd` at twice int16's
 # rate, so prompt logits land near llama.cpp's; off by default (tests/perf/results/cpu.md).

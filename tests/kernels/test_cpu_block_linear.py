@@ -106,14 +106,14 @@ def test_native_linear_exact_rows_blocks_alone(kernels, name):
     assert lin.int8_max_t == DECODE_ROWS  # types new to these kernels: int8 rows for decode
     x = torch.randn(DECODE_ROWS, k, generator=gen)
     assert _rel(lin.matmul(x), block_rows_reference(x, [raw], QuantType[name], k)) < REF_TOL
-    lin.int8_max_t = 0  # (a model whose decode steps run natively): exact float32 everywhere
-    for shape in ((1, k), (3, k), (2, 5, k), (3, NATIVE_MAX_T, k)):  # (or int16 activations)
+    lin.int8_max_t = 0  # (a model whose decode steps run natively): int16 prompts everywhere,
+    for shape in ((1, k), (3, k), (2, 5, k), (3, NATIVE_MAX_T, k)):  # or exact float32
         x = torch.randn(*shape, generator=gen)
         want = quant_matmul_reference(x.reshape(-1, k), raw, QuantType[name], (n, k))
-        assert _rel(lin.matmul(x).reshape(-1, n), want) < 1e-6  # float32 sums in another order
-        lin.prompt_i16 = True
         assert _rel(lin.matmul(x).reshape(-1, n), want) < 2e-4  # int16 activations
         lin.prompt_i16 = False
+        assert _rel(lin.matmul(x).reshape(-1, n), want) < 1e-6  # float32 sums in another order
+        lin.prompt_i16 = True
     raw8 = _weight("Q8_0", n, k, 11)  # Q4_K / Q6_K / Q8_0: int8 rows up to NATIVE_MAX_T
     lin8 = prepare_linear(raw8, QuantType.Q8_0, (n, k), native=kernels)
     x = torch.randn(NATIVE_MAX_T, k, generator=gen)

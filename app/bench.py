@@ -346,8 +346,9 @@ class _Runner:
         if self.device.type == "cuda":
             self.torch.cuda.synchronize(self.device)
 
-    def _forward(self, ids, start: int):
+    def _forward(self, ids, start: int, prompt: bool = False):
         from localllm.engine.core.batch import BatchMeta
+        from localllm.kernels.quant.linear_native import prompt_rows
 
         torch = self.torch
         n = ids.shape[0]
@@ -358,19 +359,21 @@ class _Runner:
             batch.block_tables,
             batch.slot_mapping.to(self.device),
             batch.block_size,
+            prompt=(True,) if prompt else (),  # prompt chunks on the prompt path (CPU)
         )
         hidden = None
         if self.prompts is not None:
             hidden = self.prompts.run(ids, batch.slot_mapping, start, batch.block_tables[0])
         if hidden is None:
             pos = torch.arange(start, start + n, device=self.device)
-            hidden = self.model(ids, pos, batch, self.kv)
+            with prompt_rows(prompt):
+                hidden = self.model(ids, pos, batch, self.kv)
         return self.model.logits(hidden[-1:])
 
     def _prefill(self, ids, start: int):
         logits = None
         for c in range(0, ids.shape[0], PREFILL_CHUNK):
-            logits = self._forward(ids[c : c + PREFILL_CHUNK], start + c)
+            logits = self._forward(ids[c : c + PREFILL_CHUNK], start + c, prompt=True)
         return logits
 
     def once(self, depth: int, p: int, n: int) -> float:

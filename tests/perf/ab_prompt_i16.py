@@ -8,6 +8,11 @@ tests/perf/results/cpu.md.
     python tests/perf/ab_prompt_i16.py MODEL.gguf [MODEL.gguf ...] [--rounds 2] [--threads 2]
         [-p 512] [-r 3] [--llama-bench PATH]
     python tests/perf/ab_prompt_i16.py --shapes Q4_K:2048:2048 Q6_K:2048:8192 [-p 512]
+    python tests/perf/ab_prompt_i16.py MODEL.gguf --attention [...]
+
+`--attention` A/Bs the CPU prompt chunks' attention instead, both with the default prompt
+linears: torch's SDPA over the chunk against each row through the decode kernel over its own
+keys (`kernels.attention.paged.CHUNK_ROWS_NATIVE`, the default: chunk-invariant bits).
 
 `--llama-bench` runs llama.cpp's llama-bench on the same file after each pair (same threads).
 `--shapes TYPE:N:K` times one linear alone (`NativeLinear.matmul`, random blocks, p rows) both
@@ -24,6 +29,7 @@ import numpy as np
 import torch
 
 from localllm.app.bench import main as bench
+from localllm.kernels.attention import paged
 from localllm.kernels.cpu import block_linear
 from localllm.kernels.quant import QuantType, linear_native
 
@@ -59,6 +65,8 @@ def main() -> None:
     ap.add_argument("-p", type=int, default=512)
     ap.add_argument("-r", type=int, default=3)
     ap.add_argument("--llama-bench", default=None, metavar="PATH")
+    ap.add_argument("--attention", action="store_true",
+                    help="A/B the prompt chunks' attention (SDPA, row by row) instead")  # fmt: skip
     args = ap.parse_args()
     load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
     print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} cores, "
@@ -67,11 +75,16 @@ def main() -> None:
         shapes(args.shapes, args.p, args.threads, max(args.r, 3))
     for model in args.models:
         for rnd in range(args.rounds):
-            for i16 in (False, True):
-                linear_native.PROMPT_I16 = i16  # read as each weight is prepared
+            for on in (False, True):
+                if args.attention:
+                    paged.CHUNK_ROWS_NATIVE = on
+                    what = f"attention {'row by row' if on else 'SDPA'}"
+                else:
+                    linear_native.PROMPT_I16 = on  # read as each weight is prepared
+                    what = f"prompt {'int16' if on else 'fp32'}"
                 load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
-                print(f"## {os.path.basename(model)} round {rnd + 1}, "
-                      f"prompt {'int16' if i16 else 'fp32'}, load {load}", flush=True)  # fmt: skip
+                print(f"## {os.path.basename(model)} round {rnd + 1}, {what}, load {load}",
+                      flush=True)  # fmt: skip
                 bench(["-m", model, "-p", str(args.p), "-n", "0", "-r", str(args.r),
                        "-t", str(args.threads)])  # fmt: skip
             if args.llama_bench:

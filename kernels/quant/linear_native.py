@@ -67,7 +67,9 @@ GEMM_MIN_ROWS = 16
 PROMPT_I16 = True
 # True: those calls take int8 activations in llama.cpp's format of each type instead (Q8_K, Q8_0
 # or Q8_1: `kernels/cpu/i8_gemm.h`, `kernels/quant/prompt_i8.py`), `vpdpbusd` at twice int16's
-# rate, so prompt logits land near llama.cpp's; off by default (tests/perf/results/cpu.md).
+# rate; each product is llama.cpp's own to float rounding, yet a model's teacher-forced logits
+# land further from llama.cpp's, not nearer (rounding flips compound over layers): off by
+# default (tests/perf/results/cpu.md). `NativeLinear.prompt_i8` sets it per weight.
 PROMPT_I8 = False
 
 

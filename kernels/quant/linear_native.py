@@ -68,7 +68,7 @@ PROMPT_I16 = True
 # True: those calls take int8 activations in llama.cpp's format of each type instead (Q8_K, Q8_0
 # or Q8_1: `kernels/cpu/i8_gemm.h`, `kernels/quant/prompt_i8.py`), `vpdpbusd` at twice int16's
 # rate; each product is llama.cpp's own to float rounding, yet a model's teacher-forced logits
-# land further from llama.cpp's, not nearer (rounding flips compound over layers): off by
+# land further from llama.cpp's, not nearer (likely: rounding flips compound over layers): off by
 # default (tests/perf/results/cpu.md). `NativeLinear.prompt_i8` sets it per weight.
 PROMPT_I8 = False
 

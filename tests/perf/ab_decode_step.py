@@ -40,13 +40,22 @@ from localllm.kernels.cpu.cbuild import built_libraries
 from localllm.kernels.quant import QuantType
 
 FILES = ("decode_step.c", "block_linear.c", "block_dequant.h", "block_dots.h", "quant_dots.h",
-         "i16_gemm.h")  # fmt: skip
+         "i16_gemm.h", "i8_gemm.h")  # fmt: skip
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def old_library(rev: str, out: Path, defines: tuple[str, ...] = ()) -> ctypes.CDLL:
+def old_library(
+    rev: str, out: Path, new: ctypes.CDLL, defines: tuple[str, ...] = ()
+) -> ctypes.CDLL:
     """The step's library from the sources at `rev` (`tree`: this checkout's files), built with
-    the tree's fastest flags and `defines` (e.g. -DPREFETCH_ROWS=4: a build variant)."""
+    the tree's fastest flags and `defines` (e.g. -DPREFETCH_ROWS=4: a build variant); bound
+    like `new` for the two calls timed here (an older revision lacks later prompt GEMMs)."""
+
+    def bind(lib: ctypes.CDLL) -> None:
+        for name in ("block_rows", "decode_step"):
+            f, g = getattr(lib, name), getattr(new, name)
+            f.argtypes, f.restype = g.argtypes, g.restype
+
     for name in FILES:
         if rev == "tree":
             text = (ROOT / "kernels" / "cpu" / name).read_bytes()
@@ -55,7 +64,7 @@ def old_library(rev: str, out: Path, defines: tuple[str, ...] = ()) -> ctypes.CD
                                   capture_output=True, check=name == FILES[0]).stdout  # fmt: skip
         (out / name).write_bytes(text)
     flags = (block_linear.FLAG_SETS[0] + tuple(defines),)
-    built = built_libraries(tuple(out / n for n in FILES), flags, "ab-old-step", ds._bind_step, out)
+    built = built_libraries(tuple(out / n for n in FILES), flags, "ab-old-step", bind, out)
     return next(built)[0]
 
 
@@ -121,7 +130,8 @@ def main() -> None:
     ap.add_argument("--shapes", nargs="*", default=[], help="TYPE:N:K block_rows only, no model")
     a = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="ab-step-"))
-    libs = {"old": old_library(a.old_rev, tmp, tuple(a.old_defines)), "new": ds.load()}
+    new = ds.load()
+    libs = {"old": old_library(a.old_rev, tmp, new, tuple(a.old_defines)), "new": new}
     if a.shapes:
         print(f"# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, old {a.old_rev}, "
               f"threads {a.threads}, load {os.getloadavg()[0]:.2f}")  # fmt: skip

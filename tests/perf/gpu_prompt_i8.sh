@@ -63,6 +63,11 @@ timeout 120 python3 tests/perf/ab_prompt_i8.py --threads 2 -p 512 --shapes Q4_K:
   Q6_K:2048:8192 Q4_K:8192:2048 Q8_0:2048:2048 Q5_0:2048:640 2>&1 | grep -E "t=|Error" | tee -a "$LOG"
 [ -n "$BUILD" ] && wait "$BUILD"
 [ -x "$LLAMA_BENCH" ] || { tail -20 "$OUT/build.log"; echo "no llama-bench" | tee -a "$LOG"; }
+# the GEMM against that build's own quantization and dots (libggml-cpu beside llama-bench)
+GGML=$(dirname "$LLAMA_BENCH")/libggml-cpu.so
+[ -f "$GGML" ] && LOCALLLM_GGML_CPU_LIB=$GGML OMP_NUM_THREADS=2 timeout 60 python3 -m pytest -q \
+  -p no:cacheprovider tests/kernels/test_cpu_i8_gemm.py -k ggmls_own 2>&1 | tail -1 \
+  | sed 's/^/# against libggml-cpu: /' | tee -a "$LOG"
 for t in $THREADS; do
   for m in "$L1B" "$GEMMA"; do
     if [ "$SECONDS" -gt "${BUDGET_S:-480}" ]; then

@@ -20,11 +20,13 @@ in one launch, a grid barrier between) for A/B benches. (The first kernels, loop
 partials, were removed after the H100 A/B of 2026-12-06: +102.9 % a token against +30.8 %.)
 `SCHEME` "epilogue" (up to `EPILOGUE_ROWS` rows, packed base GEMVs only: the 8B Q4_K_M decode)
 launches the shrink alone and hands each base GEMV a `LoraTail`: the GEMV adds the expand in its
-epilogue (`kernels.quant.triton_lora_tail`), one launch a module fewer; other steps of that
-scheme run the "atomic" kernels. `reference_delta` is the plain per-adapter formula the tests
-compare with.
+epilogue (`kernels.quant.triton_lora_tail`), one launch a module fewer; "inline" hands the
+module's first GEMV the shrink too (its first programs do the shrink's items, its tile
+finishers wait for them): no LoRA launch at all. Other steps of these schemes run the "atomic"
+kernels. `reference_delta` is the plain per-adapter formula the tests compare with.
 """
 
+import dataclasses
 import logging
 
 import torch
@@ -38,9 +40,13 @@ MIN_ROWS = 2048
 CUDA_DTYPE = torch.float16  # adapter weights on CUDA: half the bytes a decode step reads
 KERNELS = True  # the triton kernels on CUDA (False: the torch ops; an A/B switch for benches)
 # which kernels: "atomic" (triton_lora, two launches), "fused" (triton_lora_fused, one launch
-# with a grid barrier; for A/B) or "epilogue" (the shrink, and the expand in the base GEMVs)
+# with a grid barrier; for A/B), "epilogue" (the shrink launched, the expand in the base GEMVs)
+# or "inline" (both in the base GEMVs: no LoRA launch at all)
 SCHEME = "atomic"
-EPILOGUE_ROWS = 4  # rows the epilogue scheme takes (the packed GEMVs' launch: MAX_ROWS)
+EPILOGUE_ROWS = 4  # rows the epilogue schemes take (the packed GEMVs' launch: MAX_ROWS)
+# "inline": at most this many shrink items in a GEMV (they must all be resident at once, with
+# room to spare: an H100 holds ~1,000 of its one-warp programs); more: the shrink is launched
+INLINE_MAX_ITEMS = 256
 
 
 class LoraContext:
@@ -167,14 +173,26 @@ class LoraDelta:
             raise ValueError(f"LoRA bind: {i} base outputs for {len(self.offsets) - 1} parts")
         self._tails = [None if s is None else make_tail(self.scratch, s, tiles) for s in specs]
         self._gemvs = [k for k, _ in groups]
+        # "inline": the first GEMV with adapter columns runs the shrink (when its items fit)
+        self._inline = None
+        first = next(i for i, t in enumerate(self._tails) if t is not None)
+        from localllm.kernels.quant.triton_lora_tail import shrink_items
+
+        if shrink_items(*self.a.shape) <= INLINE_MAX_ITEMS:
+            w = self.ctx.buffers[self.sig]
+            self._inline = list(self._tails)
+            self._inline[first] = dataclasses.replace(self._tails[first], a=self.a, w=w)
 
     def tails(self, x: torch.Tensor) -> list | None:
         """Under SCHEME "epilogue": launch the shrink into the scratch and return each base
         GEMV's `LoraTail` (None: a GEMV without adapter columns), which the caller must pass
-        to those GEMVs; None where the scheme does not take this call (then `add*` as usual)."""
+        to those GEMVs; "inline": the same with the shrink in the first GEMV's tail (nothing
+        launched here); None where the scheme does not take this call (then `add*` as usual)."""
         global KERNELS
         rows = x.shape[0]
-        if SCHEME != "epilogue" or self._tails is None or not (KERNELS and self.ctx.active):
+        if SCHEME not in ("epilogue", "inline") or self._tails is None:
+            return None
+        if not (KERNELS and self.ctx.active):
             return None
         if not (0 < rows <= EPILOGUE_ROWS and x.device == self.scratch[0].device):
             return None  # (the scratch is on CUDA only; CPU tensors: the triton interpreter)
@@ -182,6 +200,8 @@ class LoraDelta:
             return None
         if not all(k.takes_tail(rows) for k in self._gemvs):
             return None
+        if SCHEME == "inline" and self._inline is not None:
+            return self._inline  # (a compile failure raises: t may be left dirty)
         from localllm.kernels.fused import triton_lora
 
         try:

@@ -45,6 +45,10 @@ class LoraTail:
     lo: tuple[int, int, int]
     rank: tuple[int, int, int]  # 0: a part no adapter targets
     tiles: int
+    # the shrink inline (SCHEME "inline"): the module's stacked A [r, in] and W's columns
+    # [rows, r], on the first of its GEMVs only (None: the shrink was launched before)
+    a: torch.Tensor | None = None
+    w: torch.Tensor | None = None
 
 
 def make_tail(scratch: tuple, parts: list[tuple[int, LoraPart | None]], tiles: int) -> LoraTail:
@@ -99,7 +103,7 @@ def shrink_expand_reference(
 
 
 def scratch(r: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """The zeroed (t [KERNEL_ROWS, r] float32, counters [2] int32) one module's kernel calls
+    """The zeroed (t [KERNEL_ROWS, r] float32, counters [4] int32) one module's kernel calls
     share; the kernels leave them at zero after every call (CUDA graphs replay them as is)."""
     t = torch.zeros(KERNEL_ROWS, max(r, 1), dtype=torch.float32, device=device)
-    return t, torch.zeros(2, dtype=torch.int32, device=device)
+    return t, torch.zeros(4, dtype=torch.int32, device=device)

@@ -16,7 +16,13 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from localllm.kernels.pdl import gdc_begin, gdc_wait, prefetch_plane
-from localllm.kernels.quant.triton_lora_tail import lora_release, lora_tail
+from localllm.kernels.quant.triton_lora_tail import (
+    lora_program,
+    lora_release,
+    lora_shrink_item,
+    lora_tail,
+    lora_wait,
+)
 
 
 @triton.jit
@@ -155,7 +161,8 @@ def _x_rows(x8_ptr, rows, xm, K4, word0):
 @triton.jit
 def _finish(acc, out_ptr, part_ptr, cnt_ptr, pn, pk, rows, rmask, cols, cols_ok, PS, N, SPLIT,
             lt_ptr, lb_ptr, lc_ptr, l_r, l_e1, l_e2, l_lo0, l_lo1, l_lo2, l_rk0, l_rk1, l_rk2,
-            l_tiles, MP: tl.constexpr, BN: tl.constexpr, LR: tl.constexpr):  # fmt: skip
+            l_tiles, l_ns, MP: tl.constexpr, BN: tl.constexpr, LR: tl.constexpr,
+            LS: tl.constexpr):  # fmt: skip
     """Store y, or with split K: park this program's partial sums, and let the program that
     finishes its column tile last add all partials in a fixed order (deterministic, no second
     kernel) and reset the tile's counter for the next launch (CUDA-graph replays included).
@@ -164,6 +171,7 @@ def _finish(acc, out_ptr, part_ptr, cnt_ptr, pn, pk, rows, rmask, cols, cols_ok,
     yo = rows[:, None] * N + cols[None, :]
     if SPLIT == 1:
         if LR > 0:
+            lora_wait(lc_ptr, l_ns, LS)
             acc += lora_tail(lt_ptr, lb_ptr, l_r, rows, rmask, pn * BN, cols, cols_ok, N,
                              l_e1, l_e2, l_lo0, l_lo1, l_lo2, l_rk0, l_rk1, l_rk2,
                              MP, BN, LR)  # fmt: skip
@@ -176,6 +184,7 @@ def _finish(acc, out_ptr, part_ptr, cnt_ptr, pn, pk, rows, rmask, cols, cols_ok,
         done = tl.atomic_add(cnt_ptr + pn, 1, sem="acq_rel")
         if done == SPLIT - 1:
             if LR > 0:  # its loads go out before the partials' (latency, not bytes)
+                lora_wait(lc_ptr, l_ns, LS)
                 tot = lora_tail(lt_ptr, lb_ptr, l_r, rows, rmask, pn * BN, cols, cols_ok, N,
                                 l_e1, l_e2, l_lo0, l_lo1, l_lo2, l_rk0, l_rk1, l_rk2,
                                 MP, BN, LR)  # fmt: skip
@@ -215,9 +224,10 @@ def _gemv_q4k_packed(
     XDIV, P, spb: tl.constexpr, SPLIT: tl.constexpr, MP: tl.constexpr, BN: tl.constexpr,
     ASM: tl.constexpr, MOE: tl.constexpr, PDL: tl.constexpr, PF: tl.constexpr,
     LATE: tl.constexpr, lt_ptr, lb_ptr, lc_ptr, l_r, l_e1, l_e2, l_lo0, l_lo1, l_lo2, l_rk0,
-    l_rk1, l_rk2, l_tiles, LR: tl.constexpr,
+    l_rk1, l_rk2, l_tiles, ls_ptr, l_sx, la_ptr, lw_ptr, l_sw, l_ns, LR: tl.constexpr,
+    LS: tl.constexpr,
 ):  # fmt: skip
-    pn, pk = tl.program_id(0), tl.program_id(1)
+    pn, pk, tk = lora_program(lc_ptr, LS)  # (LS: the LoRA shrink inline, tickets)
     if not LATE:  # else once the weights are read: one kernel ahead, not a chain
         gdc_begin(PDL)
     if PF and not MOE:  # the weight does not depend on earlier kernels: fetch its first block
@@ -225,6 +235,8 @@ def _gemv_q4k_packed(
         prefetch_plane(qs_ptr, s0 * 32, 32, pn * BN, N, s0 < nb, BN, PDL)
         prefetch_plane(hdr_ptr, s0 * 4, 4, pn * BN, N, s0 < nb, BN, PDL)
     gdc_wait(PDL)
+    lora_shrink_item(tk, l_ns, ls_ptr, l_sx, la_ptr, lw_ptr, l_sw, lt_ptr, lc_ptr, M, K, l_r, MP,
+                     LS, ASM)  # fmt: skip
     cols = pn * BN + tl.arange(0, BN)
     cols_ok = cols < N
     rows = tl.arange(0, MP)
@@ -263,7 +275,7 @@ def _gemv_q4k_packed(
         gdc_begin(PDL)
     _finish(acc, out_ptr, part_ptr, cnt_ptr, pn, pk, rows, rmask, cols, cols_ok, ps, N, SPLIT,
             lt_ptr, lb_ptr, lc_ptr, l_r, l_e1, l_e2, l_lo0, l_lo1, l_lo2, l_rk0, l_rk1, l_rk2,
-            l_tiles, MP, BN, LR)  # fmt: skip
+            l_tiles, l_ns, MP, BN, LR, LS)  # fmt: skip
 
 
 @triton.jit
@@ -272,9 +284,10 @@ def _gemv_q6k_packed(
     M, N, K, nb, XDIV, P, spb: tl.constexpr, SPLIT: tl.constexpr, MP: tl.constexpr,
     BN: tl.constexpr, ASM: tl.constexpr, MOE: tl.constexpr, PDL: tl.constexpr, PF: tl.constexpr,
     LATE: tl.constexpr, lt_ptr, lb_ptr, lc_ptr, l_r, l_e1, l_e2, l_lo0, l_lo1, l_lo2, l_rk0,
-    l_rk1, l_rk2, l_tiles, LR: tl.constexpr,
+    l_rk1, l_rk2, l_tiles, ls_ptr, l_sx, la_ptr, lw_ptr, l_sw, l_ns, LR: tl.constexpr,
+    LS: tl.constexpr,
 ):  # fmt: skip
-    pn, pk = tl.program_id(0), tl.program_id(1)
+    pn, pk, tk = lora_program(lc_ptr, LS)  # (LS: the LoRA shrink inline, tickets)
     if not LATE:  # else once the weights are read: one kernel ahead, not a chain
         gdc_begin(PDL)
     if PF and not MOE:
@@ -284,6 +297,8 @@ def _gemv_q6k_packed(
         prefetch_plane(sc_ptr, s0 * 4, 4, pn * BN, N, s0 < nb, BN, PDL)
         prefetch_plane(d_ptr, s0, 1, pn * BN, N, s0 < nb, BN, PDL)
     gdc_wait(PDL)
+    lora_shrink_item(tk, l_ns, ls_ptr, l_sx, la_ptr, lw_ptr, l_sw, lt_ptr, lc_ptr, M, K, l_r, MP,
+                     LS, ASM)  # fmt: skip
     cols = pn * BN + tl.arange(0, BN)
     cols_ok = cols < N
     rows = tl.arange(0, MP)
@@ -331,7 +346,7 @@ def _gemv_q6k_packed(
         gdc_begin(PDL)
     _finish(acc, out_ptr, part_ptr, cnt_ptr, pn, pk, rows, rmask, cols, cols_ok, ps, N, SPLIT,
             lt_ptr, lb_ptr, lc_ptr, l_r, l_e1, l_e2, l_lo0, l_lo1, l_lo2, l_rk0, l_rk1, l_rk2,
-            l_tiles, MP, BN, LR)  # fmt: skip
+            l_tiles, l_ns, MP, BN, LR, LS)  # fmt: skip
 
 
 @triton.jit
@@ -340,9 +355,10 @@ def _gemv_q8_0_packed(
     spb: tl.constexpr, SPLIT: tl.constexpr, MP: tl.constexpr, BN: tl.constexpr, ASM: tl.constexpr,
     MOE: tl.constexpr, PDL: tl.constexpr, PF: tl.constexpr,
     LATE: tl.constexpr, lt_ptr, lb_ptr, lc_ptr, l_r, l_e1, l_e2, l_lo0, l_lo1, l_lo2, l_rk0,
-    l_rk1, l_rk2, l_tiles, LR: tl.constexpr,
+    l_rk1, l_rk2, l_tiles, ls_ptr, l_sx, la_ptr, lw_ptr, l_sw, l_ns, LR: tl.constexpr,
+    LS: tl.constexpr,
 ):  # fmt: skip
-    pn, pk = tl.program_id(0), tl.program_id(1)
+    pn, pk, tk = lora_program(lc_ptr, LS)  # (LS: the LoRA shrink inline, tickets)
     if not LATE:  # else once the weights are read: one kernel ahead, not a chain
         gdc_begin(PDL)
     if PF and not MOE:
@@ -352,6 +368,8 @@ def _gemv_q8_0_packed(
                 prefetch_plane(qs_ptr, b0 * 8, 8, pn * BN, N, b0 < nb, BN, PDL)
                 prefetch_plane(d_ptr, b0, 1, pn * BN, N, b0 < nb, BN, PDL)
     gdc_wait(PDL)
+    lora_shrink_item(tk, l_ns, ls_ptr, l_sx, la_ptr, lw_ptr, l_sw, lt_ptr, lc_ptr, M, K, l_r, MP,
+                     LS, ASM)  # fmt: skip
     cols = pn * BN + tl.arange(0, BN)
     cols_ok = cols < N
     rows = tl.arange(0, MP)
@@ -382,4 +400,4 @@ def _gemv_q8_0_packed(
         gdc_begin(PDL)
     _finish(acc, out_ptr, part_ptr, cnt_ptr, pn, pk, rows, rmask, cols, cols_ok, ps, N, SPLIT,
             lt_ptr, lb_ptr, lc_ptr, l_r, l_e1, l_e2, l_lo0, l_lo1, l_lo2, l_rk0, l_rk1, l_rk2,
-            l_tiles, MP, BN, LR)  # fmt: skip
+            l_tiles, l_ns, MP, BN, LR, LS)  # fmt: skip

@@ -20,18 +20,91 @@ RC = tl.constexpr(16)
 ZC = tl.constexpr(64)  # columns of t the last epilogue zeroes per store
 
 
-def tail_args(tail, y) -> dict:
+SHRINK_K, SHRINK_R = 256, 16  # an inline shrink item: columns of x, rows of A
+SK, SR = tl.constexpr(SHRINK_K), tl.constexpr(SHRINK_R)
+
+
+def tail_args(tail, y, x) -> dict:
     """The packed GEMV kernels' LoRA keyword arguments for `tail` (a `LoraTail`, or None: LR=0
-    and `y` fills the unused pointers)."""
+    and `y` fills the unused pointers); x: the GEMV's float32 rows (the inline shrink's)."""
     if tail is None:
         return {"lt_ptr": y, "lb_ptr": y, "lc_ptr": y, "l_r": 0, "l_e1": 0, "l_e2": 0,
                 "l_lo0": 0, "l_lo1": 0, "l_lo2": 0, "l_rk0": 0, "l_rk1": 0, "l_rk2": 0,
-                "l_tiles": 0, "LR": 0}  # fmt: skip
+                "l_tiles": 0, "ls_ptr": y, "l_sx": 0, "la_ptr": y, "lw_ptr": y, "l_sw": 0,
+                "l_ns": 0, "LR": 0, "LS": False}  # fmt: skip
     lo, rk = tail.lo, tail.rank
-    return {"lt_ptr": tail.t, "lb_ptr": tail.b, "lc_ptr": tail.count, "l_r": tail.t.shape[1],
+    r, k = tail.t.shape[1], x.shape[1]
+    inline = tail.a is not None
+    return {"lt_ptr": tail.t, "lb_ptr": tail.b, "lc_ptr": tail.count, "l_r": r,
             "l_e1": tail.ends[0], "l_e2": tail.ends[1], "l_lo0": lo[0], "l_lo1": lo[1],
             "l_lo2": lo[2], "l_rk0": rk[0], "l_rk1": rk[1], "l_rk2": rk[2],
-            "l_tiles": tail.tiles, "LR": tail.b.shape[0]}  # fmt: skip
+            "l_tiles": tail.tiles, "ls_ptr": x, "l_sx": x.stride(0),
+            "la_ptr": tail.a if inline else y, "lw_ptr": tail.w if inline else y,
+            "l_sw": tail.w.stride(0) if inline else 0,
+            "l_ns": shrink_items(r, k) if inline else 0,
+            "LR": tail.b.shape[0], "LS": inline}  # fmt: skip
+
+
+def shrink_items(r: int, k: int) -> int:
+    """The inline shrink's items for a stacked A of r rows and k columns."""
+    return triton.cdiv(r, SHRINK_R) * triton.cdiv(k, SHRINK_K)
+
+
+@triton.jit
+def lora_program(lc_ptr, LS: tl.constexpr):
+    """(column tile, K chunk, ticket) of this program: its grid position, or with LS (the
+    shrink inline) the ticket it takes as it starts. A program that waits for the shrink items
+    (a tile's finisher) then started after every program holding one (tickets below its own),
+    so those are resident and finish: no deadlock whatever order the hardware places them in."""
+    if LS:
+        tk = tl.atomic_add(lc_ptr + 2, 1, sem="relaxed")
+        tiles = tl.num_programs(0)
+        return tk % tiles, tk // tiles, tk
+    else:
+        return tl.program_id(0), tl.program_id(1), 0
+
+
+@triton.jit
+def lora_shrink_item(tk, ns, x_ptr, sx, a_ptr, w_ptr, sw, t_ptr, lc_ptr, M, K, R,
+                     MP: tl.constexpr, LS: tl.constexpr, SPREAD: tl.constexpr):  # fmt: skip
+    """With LS, ticket tk does shrink items tk, tk + G, ... below ns (G: the programs; an item:
+    SR rows of A x SK columns of x, times W, added into t with atomics) before its GEMV work,
+    counting each one done (after `gdc_wait`: x comes from the previous kernel). Without SPREAD
+    (the triton interpreter, which runs programs one after another) ticket 0 does them all."""
+    if LS:
+        SB: tl.constexpr = 64 // MP  # columns per step: MP x SR x SB products in registers
+        ks = tl.cdiv(K, SK)
+        rows = tl.arange(0, MP)
+        tm = rows < M
+        if SPREAD:
+            first, step = tk, tl.num_programs(0) * tl.num_programs(1)
+        else:
+            first, step = tk * ns, 1
+        for item in range(first, ns, step):
+            r = (item // ks) * SR + tl.arange(0, SR)
+            rm = r < R
+            acc = tl.zeros([MP, SR], dtype=tl.float32)
+            for c in range(0, SK, SB):
+                k = (item % ks) * SK + c + tl.arange(0, SB)
+                km = k < K
+                a = tl.load(a_ptr + r[:, None].to(tl.int64) * K + k[None, :],
+                            mask=rm[:, None] & km[None, :], other=0.0).to(tl.float32)  # fmt: skip
+                xb = tl.load(x_ptr + rows[:, None] * sx + k[None, :],
+                             mask=tm[:, None] & km[None, :], other=0.0)  # fmt: skip
+                acc += tl.sum(xb[:, None, :] * a[None, :, :], axis=2)
+            m = tm[:, None] & rm[None, :]
+            acc *= tl.load(w_ptr + rows[:, None] * sw + r[None, :], mask=m, other=0.0)
+            tl.atomic_add(t_ptr + rows[:, None] * R + r[None, :], acc, mask=m, sem="relaxed")
+            tl.debug_barrier()  # every thread's atomics are issued before the item counts
+            tl.atomic_add(lc_ptr + 3, 1, sem="release")
+
+
+@triton.jit
+def lora_wait(lc_ptr, ns, LS: tl.constexpr):
+    """With LS: spin until all ns shrink items are in t (a tile finisher, before it reads t)."""
+    if LS:
+        while tl.atomic_add(lc_ptr + 3, 0, sem="acquire") < ns:
+            pass
 
 
 @triton.jit
@@ -88,4 +161,8 @@ def lora_release(t_ptr, cnt_ptr, R, rows, rmask, tiles, MP: tl.constexpr):
             zm = rmask[:, None] & (zc < R)[None, :]
             tl.store(t_ptr + rows[:, None] * R + zc[None, :], tl.zeros((MP, ZC), tl.float32),
                      mask=zm)  # fmt: skip
+        # the inline shrink's ticket and item counters too (every program of the module's
+        # GEMVs has run: all took their tickets)
+        tl.atomic_xchg(cnt_ptr + 2, 0, sem="relaxed")
+        tl.atomic_xchg(cnt_ptr + 3, 0, sem="relaxed")
         tl.atomic_xchg(cnt_ptr, 0, sem="relaxed")

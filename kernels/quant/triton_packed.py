@@ -139,7 +139,7 @@ def gemv_packed(
         counters = split_counters(p, c) if split > 1 else y
     grid = (triton.cdiv(p.n, c.block_n), split)
     args = (y, part, counters, y, m, p.n, p.k, nb, 1, 1)
-    _launch(xq, p, grid, args, c, split, m, moe=False, lora=lora)
+    _launch(xq, p, grid, args, c, split, m, moe=False, lora=lora, x=x)
     return y
 
 
@@ -177,10 +177,12 @@ def grouped_counters(p: PackedBlocks, pairs: int) -> torch.Tensor:
 
 
 def _launch(
-    xq: QuantizedX, p: PackedBlocks, grid, args, c: PackedConfig, split, m, moe: bool, lora=None
+    xq: QuantizedX, p: PackedBlocks, grid, args, c: PackedConfig, split, m, moe: bool, lora=None,
+    x=None,
 ):  # fmt: skip
     """Launch the type's kernel; args = (y, part, counters, ids, M, N, K, nb, xdiv, pairs);
-    `lora`: the epilogue's `LoraTail` (None: none compiled in)."""
+    `lora`: the epilogue's `LoraTail` (None: none compiled in), x: the float rows (its shrink's
+    when it runs inline)."""
     block, block_bytes = block_geometry(p.qtype)
     small = p.n * (p.k // block) * block_bytes <= PREFETCH_MAX_BYTES
     geo = {
@@ -193,7 +195,7 @@ def _launch(
         **pdl.launch_options(GEMV_PDL and pdl.enabled(xq.words)),
         "PF": GEMV_PREFETCH and small,
         "LATE": GEMV_LATE_TRIGGER,
-        **tail_args(lora, args[0]),
+        **tail_args(lora, args[0], x if x is not None else args[0]),
     }
     tail = (*args, c.blocks_per_program)
     pl = p.planes

@@ -1,5 +1,6 @@
-"""The "epilogue" LoRA scheme on CUDA (marked `gpu`): the shrink launched alone and the expand
-added by the packed base GEMVs (`engine.lora.delta.SCHEME = "epilogue"`). The tiny llama folder,
+"""The "epilogue" and "inline" LoRA schemes on CUDA (marked `gpu`): the shrink launched alone
+(or done by the GEMV's first programs: "inline") and the expand added by the packed base GEMVs
+(`engine.lora.delta.SCHEME`). The tiny llama folder,
 made Q8_0 at load so that its linears run the packed dp4a GEMVs, with the PEFT adapters of
 tests/data/lora: its logits equal the torch ops' for one row on two adapters and for four rows
 on different adapters (one on none), every module's scratch is left at zero, and five rows (past
@@ -47,16 +48,19 @@ def _count_tails(monkeypatch) -> list[int]:
     return seen
 
 
+@pytest.mark.parametrize("scheme", ["epilogue", "inline"])
 @pytest.mark.parametrize("rows", [1, 4, 5])
 @torch.inference_mode()
-def test_epilogue_equals_the_torch_ops(monkeypatch, rows):
-    monkeypatch.setattr(delta, "SCHEME", "epilogue")
+def test_epilogue_equals_the_torch_ops(monkeypatch, rows, scheme):
+    monkeypatch.setattr(delta, "SCHEME", scheme)
     seen = _count_tails(monkeypatch)
     with _llm() as llm:
         model = llm.engine.model
         deltas = [m.lora for m in model.modules()
                   if isinstance(getattr(m, "lora", None), delta.LoraDelta)]  # fmt: skip
         assert any(d._tails for d in deltas), "no module got epilogue tails (packed GEMVs?)"
+        if scheme == "inline":
+            assert all(d._inline for d in deltas if d._tails)
         tokens = ids(rows, seed=3)
         if rows == 1:
             model.lora.set_rows([(CHOICES[2], 1)])
@@ -77,6 +81,7 @@ def test_epilogue_equals_the_torch_ops(monkeypatch, rows):
         got = run()
         assert delta.KERNELS
         assert (seen[0] > 0) == (rows <= delta.EPILOGUE_ROWS)  # 5 rows: the atomic kernels
+        # t and its counters back at zero
         assert all(not d.scratch[0].any() and not d.scratch[1].any()
                    for d in deltas if d.scratch is not None)  # fmt: skip
         again = run()
@@ -110,28 +115,29 @@ def _same_or_near_tie(model, prompt, lora, a: list[int], b: list[int]) -> None:
     assert abs((logits[a[i]] - logits[b[i]]).item()) < TIE, f"step {i}: not a near-tie"
 
 
-def test_graph_decode_mixed_batches(monkeypatch):
+@pytest.mark.parametrize("scheme", ["epilogue", "inline"])
+def test_graph_decode_mixed_batches(monkeypatch, scheme):
     seen = _count_tails(monkeypatch)
     prompt = ids(40, seed=7)
     params = [SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True, lora=c)
               for c in CHOICES]  # fmt: skip
     runs = {}
-    for scheme in ("epilogue", "atomic"):
-        monkeypatch.setattr(delta, "SCHEME", scheme)
+    for run in (scheme, "atomic"):
+        monkeypatch.setattr(delta, "SCHEME", run)
         with _llm() as llm:
             together = llm.generate([prompt] * len(CHOICES), params)
             alone = [llm.generate([prompt], p)[0] for p in params]
             graphs = llm.engine.runner.graphs
             assert graphs is not None and {k[-1] for k in graphs.graphs} == {False, True}
-            runs[scheme] = [[list(o.outputs[0].token_ids) for o in outs]
+            runs[run] = [[list(o.outputs[0].token_ids) for o in outs]
                             for outs in (together, alone)]  # fmt: skip
-            if scheme == "epilogue":
+            if run == scheme:
                 assert seen[0] > 0  # the captured decode steps hold epilogue GEMVs
                 model = llm.engine.model
                 with torch.inference_mode():
-                    for c, t, a in zip(CHOICES, *runs[scheme], strict=True):
+                    for c, t, a in zip(CHOICES, *runs[run], strict=True):
                         _same_or_near_tie(model, prompt, c, a, t)  # mixed against alone
-                assert len({tuple(t) for t in runs[scheme][1]}) == len(CHOICES)
+                assert len({tuple(t) for t in runs[run][1]}) == len(CHOICES)
     with _llm() as llm, torch.inference_mode():
-        for c, a, d in zip(CHOICES, runs["epilogue"][1], runs["atomic"][1], strict=True):
+        for c, a, d in zip(CHOICES, runs[scheme][1], runs["atomic"][1], strict=True):
             _same_or_near_tie(llm.engine.model, prompt, c, d, a)  # against the default scheme

@@ -12,8 +12,8 @@ Not a test.
 `ab` is what a user sees (a base without adapters takes the native CPU decode step, which a
 model with adapters hung on leaves for the torch layers; on CUDA it adds the adapters through
 the torch ops; `--cases` picks cases, among them the one-launch kernel (`engine.lora.delta`'s
-SCHEME "fused") and the expand in the base GEMVs' epilogue (SCHEME "epilogue", cases "N
-adapter(s), epilogue"): the A/B of the kernel
+SCHEME "fused"), the expand in the base GEMVs' epilogue (SCHEME "epilogue", cases "N
+adapter(s), epilogue") and the shrink in them too ("inline"): the A/B of the kernel
 schemes, each case its own process, alternated round by round); `delta` is the deltas alone:
 one process, one model with 1 (then 4) adapters hung on, decode steps alternating between no
 row on an adapter (the deltas skipped) and every row on all of them.
@@ -45,6 +45,8 @@ GPU_CASES = {
     "4 adapters, fused kernel": (4, 1.0),
     "1 adapter, epilogue": (1, 1.0),
     "4 adapters, epilogue": (4, 1.0),
+    "1 adapter, inline": (1, 1.0),
+    "4 adapters, inline": (4, 1.0),
 }
 # `localllm bench` with engine/lora/delta.py's module switches set, in its own process
 SWITCHED = (
@@ -60,6 +62,8 @@ def _launcher(case: str) -> list[str]:
         return ["-c", SWITCHED.format("d.SCHEME = 'fused'")]
     if "epilogue" in case:  # the expand in the base GEMVs' epilogue
         return ["-c", SWITCHED.format("d.SCHEME = 'epilogue'")]
+    if "inline" in case:  # the shrink and the expand in the base GEMVs
+        return ["-c", SWITCHED.format("d.SCHEME = 'inline'")]
     return ["-m", "localllm.app"]
 
 

@@ -10,7 +10,9 @@ CUDA graph, with each LoRA scheme's work around them, and prints microseconds pe
 - base: the GEMVs alone;
 - atomic: GEMV, then `triton_lora.shrink_expand` (the default scheme: shrink + expand launches);
 - epilogue: `triton_lora.shrink`, then the GEMV with the expand in its epilogue
-  (`engine.lora.delta.SCHEME = "epilogue"`).
+  (`engine.lora.delta.SCHEME = "epilogue"`);
+- inline: the GEMV alone, doing the shrink's items in its first programs and the expand in its
+  epilogue (SCHEME "inline": no LoRA launch).
 
 Rank-16 adapters (float16), 1 and 4 of them on every part, 1 and 4 rows; the overhead column is
 against base. No attention, norms or sampling between the GEMVs: a real step is ~15 % longer, so
@@ -21,6 +23,7 @@ against the torch reference (max |diff| printed).
 """
 
 import argparse
+import dataclasses
 
 import torch
 
@@ -43,7 +46,7 @@ SITES = [
     (QuantType.Q6_K, 14336, [4096]),
 ]
 SCALE_BYTES = {QuantType.Q4_K: (0, 4), QuantType.Q6_K: (208, 210)}  # fp16 d (and dmin)
-SCHEMES = ("base", "atomic", "epilogue")
+SCHEMES = ("base", "atomic", "epilogue", "inline")
 
 
 def _weight(qtype: QuantType, n: int, k: int, g: torch.Generator):
@@ -81,8 +84,11 @@ class Site:
         tiles = -(-sum(outs) // self.cfg.block_n)
         self.tail = make_tail(self.pad, [(n, p) for n, p in zip(outs, self.parts, strict=True)],
                               tiles)  # fmt: skip
+        self.inline = dataclasses.replace(self.tail, a=self.a, w=self.w)
 
     def call(self, scheme: str) -> torch.Tensor:
+        if scheme == "inline":
+            return gemv_packed(self.x, self.p, self.cfg, self.counters, self.xq, self.inline)
         if scheme == "epilogue":
             triton_lora.shrink(self.x, self.a, self.w, self.pad)
             return gemv_packed(self.x, self.p, self.cfg, self.counters, self.xq, self.tail)
@@ -123,7 +129,7 @@ def check(sites: list[Site]) -> float:
         for p, n in zip(s.parts, s.outs, strict=True):
             want[:, c0 : c0 + n] += t[:, p.lo : p.hi] @ p.b_t.float()
             c0 += n
-        for scheme in ("atomic", "epilogue"):
+        for scheme in ("atomic", "epilogue", "inline"):
             got = s.call(scheme)
             worst = max(worst, (got - want).abs().max().item())
             if s.pad[0].any() or s.pad[1].any():

@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # One device call (~4-5 min on an H100/H200), issue 36: the LoRA expand in the base GEMVs'
-# epilogue (engine.lora.delta.SCHEME = "epilogue") against the default two-launch kernels.
+# epilogue (engine.lora.delta.SCHEME = "epilogue"), and the shrink in them too ("inline"),
+# against the default two-launch kernels ("atomic").
 #  tests: the `-m gpu` tests of the epilogue (tests/kernels/test_lora_epilogue.py: the packed
 #     GEMV + epilogue against its references; tests/lora/test_lora_epilogue_gpu.py: a Q8_0 model
 #     with PEFT adapters, logits and graph decode against the torch ops and the default scheme),
 #     the default kernels' (test_lora_kernels.py, test_lora_gpu.py) and the packed GEMVs' own
 #     (test_triton_packed.py: the base path with LR = 0);
 #  bench: tests/perf/bench_lora_epilogue.py, one 8B step's 128 packed GEMVs in a CUDA graph, base
-#     / + atomic LoRA / + epilogue LoRA, 1 and 4 rank-16 adapters, 1 and 4 rows (us per step);
+#     / + atomic / epilogue / inline LoRA, 1 and 4 rank-16 adapters, 1 and 4 rows (us per step);
 #  ab: decode on the Llama-3-8B-shaped Q4_K_M (make_synthetic.py), `bench_lora.py ab` rounds of
-#     base, 1 and 4 rank-16 f16 adapters with the default scheme and with the epilogue one (each
+#     base, 1 and 4 rank-16 f16 adapters with the default scheme, "epilogue" and "inline" (each
 #     case its own `localllm bench` process, alternated; rounds while time is left).
 # STEPS picks parts (default "tests bench ab"); ROUNDS (default 3) caps the A/B rounds. If the
 # A/B round gets cut (the tests and bench took the time), run `STEPS=ab` in a second call.
@@ -50,7 +51,7 @@ if has tests; then
 fi
 : >"$OUT/epilogue.md"
 if has bench; then
-  timeout 100 python3 tests/perf/bench_lora_epilogue.py >"$OUT/epilogue.md" 2>"$OUT/epilogue.err"
+  timeout 120 python3 tests/perf/bench_lora_epilogue.py >"$OUT/epilogue.md" 2>"$OUT/epilogue.err"
   cat "$OUT/epilogue.md"; tail -3 "$OUT/epilogue.err"
   date -u
 fi
@@ -59,7 +60,8 @@ if has ab; then
   wait $GEN || { tail -5 /tmp/make.log; exit 1; }
   python3 tests/perf/bench_lora.py make --model /tmp/q4km.gguf --out /tmp/loras --rank 16 \
     --count 4 --dtype f16 >/dev/null
-  CASES="base;1 adapter;1 adapter, epilogue;4 adapters;4 adapters, epilogue"
+  CASES="base;1 adapter;1 adapter, epilogue;1 adapter, inline;4 adapters"
+  CASES="$CASES;4 adapters, epilogue;4 adapters, inline"
   for round in $(seq "${ROUNDS:-3}"); do
     LEFT=$((290 - $(date +%s) + T0))
     [ "$round" -gt 1 ] && [ "$LEFT" -lt 70 ] && break
@@ -77,7 +79,7 @@ fi
   grep -E "^(FAILED|ERROR)" "$OUT/pytest.log" | head -10
   echo "packed GEMVs, base path: $(grep -E "passed|failed|error" "$OUT/pytest_packed.log" | tail -1)"
   echo
-  echo "One 8B step's 128 packed GEMVs in a CUDA graph, base / atomic LoRA / epilogue LoRA:"
+  echo "One 8B step's 128 packed GEMVs in a CUDA graph, base / atomic / epilogue / inline LoRA:"
   echo
   cat "$OUT/epilogue.md"
   echo

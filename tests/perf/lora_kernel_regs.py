@@ -6,8 +6,9 @@ bundled ptxas (on the CPU box: PYTHONPATH=/work/tri-site).
     python tests/perf/lora_kernel_regs.py
 
 Then the packed dp4a GEMVs with the LoRA epilogue (`kernels/quant/triton_lora_tail.py`, the
-"epilogue" scheme) at the 8B decode geometry (1 warp, 64 columns, split K), LR = 0 (none: the
-base kernel), 16 (one rank-16 adapter) and 64 (four), one and four rows.
+"epilogue" scheme; LS: the shrink inline too, "inline") at the 8B decode geometry (1 warp, 64
+columns, split K), LR = 0 (none: the base kernel), 16 (one rank-16 adapter) and 64 (four), one
+and four rows.
 """
 
 import inspect
@@ -46,7 +47,8 @@ def _type(name: str, extra: dict) -> str:
 # the packed GEMVs' argument types (the rest: "_ptr" float32, else i32)
 GEMV = {"x8_ptr": "*i32", "qs_ptr": "*i32", "hdr_ptr": "*i32", "cnt_ptr": "*i32",
         "ids_ptr": "*i64", "lb_ptr": "*fp16", "lc_ptr": "*i32", "s16_ptr": "*i32",
-        "ql_ptr": "*i32", "qh_ptr": "*i32", "sc_ptr": "*i32", "d_ptr": "*fp16"}  # fmt: skip
+        "ql_ptr": "*i32", "qh_ptr": "*i32", "sc_ptr": "*i32", "d_ptr": "*fp16",
+        "la_ptr": "*fp16"}  # fmt: skip
 GEMV_CONFIGS = [  # (kernel, constexprs)
     (triton_dp4a._gemv_q4k_packed, {"spb": 1, "SPLIT": 16}),
     (triton_dp4a._gemv_q6k_packed, {"spb": 2, "SPLIT": 28}),
@@ -78,11 +80,11 @@ def main() -> None:
         shown = ", ".join(f"{k}={v}" for k, v in consts.items())
         print(f"{mod}.{kernel.fn.__name__} {shown}: {usage(kernel, extra, consts)}")
     for kernel, geo in GEMV_CONFIGS:
-        for lr in (0, 16, 64):
+        for lr, ls in ((0, False), (16, False), (64, False), (16, True), (64, True)):
             for mp in (1, 4):
                 consts = {**geo, "MP": mp, "BN": 64, "ASM": True, "MOE": False, "PF": True,
-                          "LATE": True, "LR": lr}  # fmt: skip
-                shown = f"LR={lr}, MP={mp}"
+                          "LATE": True, "LR": lr, "LS": ls}  # fmt: skip
+                shown = f"LR={lr}, LS={ls}, MP={mp}"
                 print(f"triton_dp4a.{kernel.fn.__name__} {shown}: {usage(kernel, GEMV, consts, 1)}")
 
 

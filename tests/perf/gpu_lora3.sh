@@ -5,18 +5,20 @@
 #  tests: the `-m gpu` tests of the epilogue (tests/kernels/test_lora_epilogue.py: the packed
 #     GEMV + epilogue against its references; tests/lora/test_lora_epilogue_gpu.py: a Q8_0 model
 #     with PEFT adapters, logits and graph decode against the torch ops and the default scheme),
-#     the default kernels' (test_lora_kernels.py, test_lora_gpu.py) and the packed GEMVs' own
-#     (test_triton_packed.py: the base path with LR = 0);
+#     the default kernels' (test_lora_kernels.py; with STEPS containing "more" test_lora_gpu.py
+#     too) and the packed GEMVs' own (test_triton_packed.py: the base path, LR = 0, one row);
 #  bench: tests/perf/bench_lora_epilogue.py, one 8B step's 128 packed GEMVs in a CUDA graph, base
 #     / + atomic / epilogue / inline LoRA, 1 and 4 rank-16 adapters, 1 and 4 rows (us per step);
 #  ab: decode on the Llama-3-8B-shaped Q4_K_M (make_synthetic.py), `bench_lora.py ab` rounds of
 #     base, 1 and 4 rank-16 f16 adapters with the default scheme, "epilogue" and "inline" (each
 #     case its own `localllm bench` process, alternated; rounds while time is left).
-# STEPS picks parts (default "tests bench ab"); ROUNDS (default 3) caps the A/B rounds. If the
-# A/B round gets cut (the tests and bench took the time), run `STEPS=ab` in a second call.
+# STEPS picks parts (default "tests bench ab"); ROUNDS (default 3) caps the A/B rounds. All three
+# in one call leave the A/B ~2 min (one round of 7 cases may not fit): better two calls,
+# STEPS="tests bench" then STEPS=ab.
 # Prepare here first: `bash tests/perf/h200_prepare.sh` (.whl, .refbuild/smollm2-tok.gguf); run
 # from the repository root carrying [".whl", ".refbuild/smollm2-tok.gguf"].
-# $OUT collects pytest.log, pytest_packed.log, epilogue.md/.err, ab.md/.err and summary.md (printed last).
+# $OUT collects pytest.log, pytest_packed.log, epilogue.md/.err, ab.md/.err and summary.md
+# (printed last).
 set -u
 export PYTHONUNBUFFERED=1 PYTHONSAFEPATH=1
 OUT=${OUT:-/tmp/out}
@@ -40,7 +42,8 @@ fi
 : >"$OUT/pytest.log"; : >"$OUT/pytest_packed.log"
 if has tests; then
   TESTS="tests/kernels/test_lora_epilogue.py tests/lora/test_lora_epilogue_gpu.py"
-  TESTS="$TESTS tests/kernels/test_lora_kernels.py tests/lora/test_lora_gpu.py"
+  TESTS="$TESTS tests/kernels/test_lora_kernels.py"
+  has more && TESTS="$TESTS tests/lora/test_lora_gpu.py"
   timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider -k "not fused" $TESTS 2>&1 \
     | tee "$OUT/pytest.log" | grep -v "^\." | tail -25
   # the base GEMVs (LR = 0) against their oracle: the Llama-3-8B shapes, one row

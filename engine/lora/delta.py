@@ -44,9 +44,19 @@ KERNELS = True  # the triton kernels on CUDA (False: the torch ops; an A/B switc
 # or "inline" (both in the base GEMVs: no LoRA launch at all)
 SCHEME = "atomic"
 EPILOGUE_ROWS = 4  # rows the epilogue schemes take (the packed GEMVs' launch: MAX_ROWS)
-# "inline": at most this many shrink items in a GEMV (they must all be resident at once, with
-# room to spare: an H100 holds ~1,000 of its one-warp programs); more: the shrink is launched
+# "inline": at most this many shrink items in a GEMV, and no more than the GPU's SMs (item owners
+# are the first programs to start; fewer than one per SM always find room, so the tile
+# finishers waiting for them cannot fill the GPU first); more: the shrink is launched
 INLINE_MAX_ITEMS = 256
+
+
+def inline_items_cap(device: torch.device) -> int:
+    """The most shrink items "inline" puts in one GEMV on `device` (see INLINE_MAX_ITEMS; CPU
+    tensors: the triton interpreter, which runs programs in turn)."""
+    if device.type != "cuda":
+        return INLINE_MAX_ITEMS
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    return min(INLINE_MAX_ITEMS, sms)
 
 
 class LoraContext:
@@ -178,7 +188,7 @@ class LoraDelta:
         first = next(i for i, t in enumerate(self._tails) if t is not None)
         from localllm.kernels.quant.triton_lora_tail import shrink_items
 
-        if shrink_items(*self.a.shape) <= INLINE_MAX_ITEMS:
+        if shrink_items(*self.a.shape) <= inline_items_cap(self.a.device):
             w = self.ctx.buffers[self.sig]
             self._inline = list(self._tails)
             self._inline[first] = dataclasses.replace(self._tails[first], a=self.a, w=w)

@@ -1,8 +1,10 @@
 """The LoRA expand as an optional epilogue of the packed dp4a GEMVs (`engine.lora.delta.SCHEME =
 "epilogue"`): the program that finishes an output tile adds t @ B.T for its columns before it
 stores them, so a LoRA call site costs the shrink's launch and no expand launch (and no second
-read and write of y). Host side: `tail_args`; the layout is `lora_delta.LoraTail`, its torch form
-`lora_delta.tail_reference`.
+read and write of y). With LS ("inline") the GEMV does the shrink too: its programs take
+tickets as they start, the first ones do the shrink's items (`lora_shrink_item`) before their
+GEMV work, and the tile finishers wait for all items (`lora_wait`). Host side: `tail_args`; the
+layout is `lora_delta.LoraTail`, its torch form `lora_delta.tail_reference`.
 
 At decode the expand is a few tiny latency-bound loads (t from L2, a [rank, BN] slice of B), so
 the epilogue issues them before the GEMV's split-K partials are summed. Up to three parts per
@@ -53,9 +55,9 @@ def shrink_items(r: int, k: int) -> int:
 @triton.jit
 def lora_program(lc_ptr, LS: tl.constexpr):
     """(column tile, K chunk, ticket) of this program: its grid position, or with LS (the
-    shrink inline) the ticket it takes as it starts. A program that waits for the shrink items
-    (a tile's finisher) then started after every program holding one (tickets below its own),
-    so those are resident and finish: no deadlock whatever order the hardware places them in."""
+    shrink inline) the ticket it takes as it starts. The shrink items go to the first tickets,
+    whichever programs the hardware places first; with fewer items than SMs (the host's rule)
+    those programs always find room, so tile finishers waiting for the items cannot deadlock."""
     if LS:
         tk = tl.atomic_add(lc_ptr + 2, 1, sem="relaxed")
         tiles = tl.num_programs(0)

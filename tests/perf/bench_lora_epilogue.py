@@ -12,7 +12,8 @@ CUDA graph, with each LoRA scheme's work around them, and prints microseconds pe
 - epilogue: `triton_lora.shrink`, then the GEMV with the expand in its epilogue
   (`engine.lora.delta.SCHEME = "epilogue"`);
 - inline: the GEMV alone, doing the shrink's items in its first programs and the expand in its
-  epilogue (SCHEME "inline": no LoRA launch).
+  epilogue (SCHEME "inline": no LoRA launch; as in the engine, a site whose shrink has more
+  items than the GPU has SMs launches it: four adapters' q|k|v and down).
 
 Rank-16 adapters (float16), 1 and 4 of them on every part, 1 and 4 rows; the overhead column is
 against base. No attention, norms or sampling between the GEMVs: a real step is ~15 % longer, so
@@ -27,10 +28,12 @@ import dataclasses
 
 import torch
 
+from localllm.engine.lora.delta import inline_items_cap
 from localllm.kernels.fused import triton_lora
 from localllm.kernels.fused.lora_delta import LoraPart, make_tail, scratch
 from localllm.kernels.quant import QuantType, block_geometry
 from localllm.kernels.quant.repack import pack_blocks
+from localllm.kernels.quant.triton_lora_tail import shrink_items
 from localllm.kernels.quant.triton_packed import (
     gemv_packed,
     packed_config,
@@ -84,11 +87,15 @@ class Site:
         tiles = -(-sum(outs) // self.cfg.block_n)
         self.tail = make_tail(self.pad, [(n, p) for n, p in zip(outs, self.parts, strict=True)],
                               tiles)  # fmt: skip
-        self.inline = dataclasses.replace(self.tail, a=self.a, w=self.w)
+        # as the engine: the shrink launched where its items would outnumber the SMs
+        inline = shrink_items(*self.a.shape) <= inline_items_cap(self.a.device)
+        self.inline = dataclasses.replace(self.tail, a=self.a, w=self.w) if inline else None
 
     def call(self, scheme: str) -> torch.Tensor:
-        if scheme == "inline":
+        if scheme == "inline" and self.inline is not None:
             return gemv_packed(self.x, self.p, self.cfg, self.counters, self.xq, self.inline)
+        if scheme == "inline":
+            scheme = "epilogue"
         if scheme == "epilogue":
             triton_lora.shrink(self.x, self.a, self.w, self.pad)
             return gemv_packed(self.x, self.p, self.cfg, self.counters, self.xq, self.tail)

@@ -159,6 +159,7 @@ class PagedKVCache:
             sinks=sinks,
             quant=xq,
             spans=spans,
+            prompt=batch.prompt or None,
         )
         return o, xq
 

@@ -8,10 +8,10 @@ carry a scales tensor shaped like the values up to the head axis (see `kv_quant`
 The new queries of a sequence are its LAST tokens: with t queries and context length n, query i sits
 at position n - t + i. Each sequence gathers the blocks it needs (a zero-copy view when the ids are
 consecutive, one index_select otherwise), decodes them to the query dtype and runs dense math.
-On the CPU, every row over plain float caches takes the native kernel (`kernels.cpu.paged_decode`)
-instead: single-token sequences and each row of a prompt chunk (over its own keys; images' two-way
-spans aside), so a row's bits depend neither on the rest of the batch nor on how its prompt was
-chunked (SDPA's blocks follow the call's query count).
+On the CPU, every row over plain float caches takes a native kernel instead: prompt rows
+(`prompt`; without flags, sequences of several rows) `kernels.cpu.prompt_attention`, decode rows
+`kernels.cpu.paged_decode` (images' two-way spans aside), so a row's bits depend neither on the
+rest of the batch nor on how its prompt was chunked (SDPA's blocks follow the call's query count).
 """
 
 from collections.abc import Sequence
@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from localllm.kernels.attention.decode import decode_attention
 from localllm.kernels.attention.decode_plan import DecodePlan, host_tables
 from localllm.kernels.attention.kv_quant import decode_kv
-from localllm.kernels.cpu import paged_decode
+from localllm.kernels.cpu import paged_decode, prompt_attention
 
 if TYPE_CHECKING:
     from localllm.kernels.quant.triton_packed import QuantizedX
@@ -59,6 +59,7 @@ def paged_attention(
     sinks: torch.Tensor | None = None,
     quant: "QuantizedX | None" = None,
     spans: Sequence[Sequence[tuple[int, int]]] | None = None,
+    prompt: Sequence[bool] | None = None,
 ) -> torch.Tensor:
     """Causal GQA attention of each sequence's new queries over its paged context.
 
@@ -73,7 +74,8 @@ def paged_attention(
     flash-decoding kernel fills with the output rows quantized. `spans` (per sequence, position
     ranges [a, b) that lie within its context): a query inside a range also sees every key of
     that range (Gemma 3's bidirectional image tokens; the window still applies), on CUDA in the
-    flash prefill kernel too.
+    flash prefill kernel too. `prompt` (`BatchMeta.prompt`): which sequences' rows are prompt
+    rows (the CPU's prompt kernel, a one-row tail too); None: those with several rows.
     """
     if decode is None and quant is not None:
         raise ValueError("quant needs a decode plan")
@@ -86,7 +88,7 @@ def paged_attention(
         and paged_decode.supports(q, k_cache, v_cache, softcap, sinks, k_scales)
     ):
         return _native_cpu(q, k_cache, v_cache, query_start, seq_lens, block_tables, scale,
-                           window, decode, spans)  # fmt: skip
+                           window, decode, spans, prompt)  # fmt: skip
     if decode is not None:
         return _with_plan(
             q,
@@ -112,19 +114,27 @@ def paged_attention(
     return torch.cat(outs) if outs else q.new_empty(0, q.shape[1], v_cache.shape[-1])
 
 
-# True: CPU prompt chunks run row by row through `paged_decode` (chunk-invariant bits; slower
-# than SDPA on long chunks, see tests/perf/results/cpu.md); False: torch's chunk path (SDPA)
-CHUNK_ROWS_NATIVE = True
+# CPU prompt rows: "tiled" (`kernels.cpu.prompt_attention`, the default: chunk-invariant bits,
+# each K/V block read once per tile of rows), "rows" (each row through `paged_decode`, also
+# chunk-invariant, ~3x slower on 512 rows; a one-row prompt tail as a decode row) or "sdpa"
+# (torch's chunk path: bits depend on the chunk). tests/perf/results/cpu.md has the A/B.
+CPU_PROMPT_ATTENTION = "tiled"
 
 
 def _native_cpu(q, k_cache, v_cache, query_start, seq_lens, block_tables, scale, window,
-                decode: DecodePlan | None, spans) -> torch.Tensor:  # fmt: skip
-    """The CPU path with `kernels.cpu.paged_decode` for every single-token sequence and every
-    prompt chunk's rows (each row's bits independent of the other rows), the torch chunk path
-    for chunks with two-way spans."""
+                decode: DecodePlan | None, spans, prompt) -> torch.Tensor:  # fmt: skip
+    """The CPU path: `kernels.cpu.prompt_attention` for prompt rows, `kernels.cpu.paged_decode`
+    for every other single-token sequence and other chunks' rows (each row's bits independent of
+    the other rows), the torch chunk path for chunks with two-way spans."""
     t = [query_start[b + 1] - query_start[b] for b in range(len(seq_lens))]
-    one = [b for b in range(len(seq_lens)) if t[b] == 1]
-    if not any(n > 1 for n in t) and len(one) == 1:  # lone decode: no output copy
+    tiled = []
+    if CPU_PROMPT_ATTENTION == "tiled" and prompt_attention.load() is not None:
+        flags = prompt or [n > 1 for n in t]
+        tiled = [b for b, n in enumerate(t) if n and flags[b] and not (spans and spans[b])]
+    if any(t[b] == 1 for b in tiled):  # the plan's rows include this prompt row
+        decode = None
+    one = [b for b in range(len(seq_lens)) if t[b] == 1 and b not in tiled]
+    if not tiled and not any(n > 1 for n in t) and len(one) == 1:  # lone decode: no output copy
         b = one[0]
         if decode is not None:  # (a graph's plan: the batch's lengths are placeholders)
             lens, tables = decode.lens, decode.tables
@@ -133,6 +143,11 @@ def _native_cpu(q, k_cache, v_cache, query_start, seq_lens, block_tables, scale,
         return paged_decode.paged_decode(q[query_start[b] : query_start[b] + 1], k_cache,
                                          v_cache, lens, tables, scale, window)  # fmt: skip
     out = q.new_empty(q.shape[0], q.shape[1], v_cache.shape[-1])
+    if tiled:
+        prompt_attention.prompt_attention(q, k_cache, v_cache, query_start, seq_lens,
+                                          block_tables, scale, window, out=out,
+                                          seqs=tiled)  # fmt: skip
+        t = [0 if b in tiled else n for b, n in enumerate(t)]
     if one:
         if decode is not None:
             lens, tables = decode.lens, decode.tables
@@ -142,7 +157,7 @@ def _native_cpu(q, k_cache, v_cache, query_start, seq_lens, block_tables, scale,
         out[rows] = paged_decode.paged_decode(q[rows], k_cache, v_cache, lens, tables, scale,
                                               window)  # fmt: skip
     chunks = [b for b in range(len(seq_lens)) if t[b] > 1 and not (spans and spans[b])]
-    if chunks and CHUNK_ROWS_NATIVE:  # each prompt row as its own query over its own keys
+    if chunks and CPU_PROMPT_ATTENTION != "sdpa":  # each row as its own query over its keys
         rows = [r for b in chunks for r in range(query_start[b], query_start[b + 1])]
         lens = [n for b in chunks for n in range(seq_lens[b] - t[b] + 1, seq_lens[b] + 1)]
         tabs = [block_tables[b] for b in chunks for _ in range(t[b])]

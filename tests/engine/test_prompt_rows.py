@@ -6,8 +6,8 @@ blocks follow the call's query count, ~1e-7), the int8 rows of calls of <= 64 ro
 Q6_K / Q8_0 and the native decode step for a one-row tail; with int16 activations such
 differences grew to 2e-3 in the hidden state and a server test's two answers of one prompt
 split (tests/app/server/test_chat_continue.py). Now `BatchMeta.prompt` marks prompt rows, which
-take the prompt GEMM whatever their count and never the native step, and CPU chunk attention
-runs each row over its own keys (`kernels.cpu.paged_decode`)."""
+take the prompt GEMM whatever their count and never the native step, and CPU prompt rows attend
+through `kernels.cpu.prompt_attention`, whose rows' bits do not depend on the chunk."""
 
 import dataclasses
 import itertools
@@ -178,8 +178,8 @@ def test_native_linear_prompt_rows_take_the_gemm_at_any_count(name, prompt_i16):
 
 @pytest.mark.parametrize("window", [None, 9])
 def test_cpu_chunk_attention_rows_do_not_depend_on_the_chunk(window):
-    """A chunk's rows over the paged cache: each row's bits as in any other split of the chunk
-    (the decode kernel's math, row by row), close to the torch reference."""
+    """A chunk's prompt rows over the paged cache: each row's bits as in any other split of the
+    chunk, a one-row tail too (`kernels.cpu.prompt_attention`), close to the torch reference."""
     if not paged.paged_decode.supports(*(torch.zeros(1, 4, 2, 16) for _ in range(3))):
         pytest.skip("no C compiler here")
     gen = torch.Generator().manual_seed(4)
@@ -189,7 +189,8 @@ def test_cpu_chunk_attention_rows_do_not_depend_on_the_chunk(window):
     table = [(2, 0, 3)]
 
     def attend(a, b):
-        return paged.paged_attention(q[a:b], k, v, (0, b - a), (b,), table, hd**-0.5, window)
+        return paged.paged_attention(q[a:b], k, v, (0, b - a), (b,), table, hd**-0.5, window,
+                                     prompt=(True,))  # fmt: skip
 
     whole = attend(0, n)
     for a in (n - 1, n - 2, 17, 32):

@@ -7,7 +7,7 @@ import torch
 
 from localllm.kernels.attention import paged
 from localllm.kernels.attention.decode_plan import host_tables
-from localllm.kernels.cpu import paged_decode
+from localllm.kernels.cpu import paged_decode, prompt_attention
 
 pytestmark = pytest.mark.skipif(
     paged_decode._lib() is None, reason="no C compiler: the torch path runs"
@@ -64,9 +64,10 @@ def test_a_rows_bits_do_not_depend_on_its_neighbours(threads):
 
 def test_paged_attention_routes_decode_rows_and_prompt_rows_natively():
     """A mixed step (two decode rows, one prompt chunk) through `paged_attention`: the decode rows
-    equal the native kernel's, identical ones identical; the chunk's rows equal the native
-    kernel's row by row, each over its own keys (issue 39: a prompt row's bits must not depend
-    on its chunk), and the torch path's to float rounding."""
+    equal the native kernel's, identical ones identical; the chunk's rows equal the prompt
+    kernel's (`kernels.cpu.prompt_attention`; with `CPU_PROMPT_ATTENTION = "rows"` this kernel's
+    row by row, each over its own keys: issue 39, a prompt row's bits must not depend on its
+    chunk), and the torch path's to float rounding."""
     bs, hd, heads, kvh = 4, 32, 4, 2
     k, v = _cache(12, bs, kvh, hd, torch.float32)
     k[1], v[1] = k[0], v[0]
@@ -75,9 +76,15 @@ def test_paged_attention_routes_decode_rows_and_prompt_rows_natively():
     qs, lens, tables = (0, 1, 2, 6), (3, 3, 8), ((0,), (1,), (4, 5))
     out = paged.paged_attention(q, k, v, qs, lens, tables, hd**-0.5)
     assert torch.equal(out[0], out[1])
+    tiled = prompt_attention.prompt_attention(q[2:6], k, v, (0, 4), (8,), ((4, 5),), hd**-0.5)
+    assert torch.equal(out[2:6], tiled)
     rows = paged_decode.paged_decode(q[2:6], k, v, *host_tables([5, 6, 7, 8], [[4, 5]] * 4),
                                      hd**-0.5)  # fmt: skip
-    assert torch.equal(out[2:6], rows)
+    old, paged.CPU_PROMPT_ATTENTION = paged.CPU_PROMPT_ATTENTION, "rows"
+    try:
+        assert torch.equal(paged.paged_attention(q, k, v, qs, lens, tables, hd**-0.5)[2:6], rows)
+    finally:
+        paged.CPU_PROMPT_ATTENTION = old
     chunk = paged._each(q[2:6], k, v, (0, 4), (8,), ((4, 5),), hd**-0.5, None, None, None, None,
                         None, None)[0]  # fmt: skip
     torch.testing.assert_close(out[2:6], chunk, rtol=1e-5, atol=1e-5)

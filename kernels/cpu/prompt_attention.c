@@ -85,6 +85,17 @@ static inline float h2f(uint16_t h) {
 #endif
 }
 
+/* n float16 values widened to float32 (exact) */
+static inline void widen(const uint16_t *h, float *f, int64_t n) {
+    int64_t i = 0;
+#if defined(__AVX512F__)
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(f + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(h + i))));
+#elif defined(__F16C__) && defined(__AVX__)
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(f + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))));
+#endif
+    for (; i < n; i++) f[i] = h2f(h[i]);
+}
+
 typedef struct {
     const float *q;
     const void *k, *v;
@@ -161,8 +172,8 @@ static void tile(const args_t *A, int64_t s, int64_t r0, int64_t nr, int64_t g, 
                 continue;
             }
             float *kf = w->kf + j * hd, *vf = w->vf + j * hd;
-            for (int64_t d = 0; d < hd; d++)
-                kf[d] = h2f(((const uint16_t *)kr)[d]), vf[d] = h2f(((const uint16_t *)vr)[d]);
+            widen((const uint16_t *)kr, kf, hd);
+            widen((const uint16_t *)vr, vf, hd);
             kp[j] = kf, vp[j] = vf;
         }
         v16 sc[BLOCK];

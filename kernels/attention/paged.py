@@ -116,7 +116,7 @@ def paged_attention(
 
 # CPU prompt rows: "tiled" (`kernels.cpu.prompt_attention`, the default: chunk-invariant bits,
 # each K/V block read once per tile of rows), "rows" (each row through `paged_decode`, also
-# chunk-invariant, ~3x slower on 512 rows; a one-row prompt tail as a decode row) or "sdpa"
+# chunk-invariant, 4-11x slower on 512 rows; a one-row prompt tail as a decode row) or "sdpa"
 # (torch's chunk path: bits depend on the chunk). tests/perf/results/cpu.md has the A/B.
 CPU_PROMPT_ATTENTION = "tiled"
 

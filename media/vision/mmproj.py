@@ -5,8 +5,8 @@ The projector type (`clip.projector_type`, or `clip.vision.projector_type` in fi
 hold an audio encoder) picks the family file; any other type is an `MMProjError` that names it
 and the types we run. Loading is a walk over tensor names, like the text models': each tensor
 `a.b.c.weight` goes to the module at `a.b.c` through its `load_tensor` (F16/BF16/Q8_0 as they
-are); unknown or missing tensors are errors. On CUDA a SigLIP tower of F16/BF16 weights runs its
-blocks in that dtype (`siglip.Tower.use_half`).
+are); unknown or missing tensors are errors. With HALF_TOWER on, a SigLIP tower of F16/BF16
+weights runs its blocks in that dtype on CUDA (`siglip.Tower.use_half`).
 """
 
 import dataclasses
@@ -21,6 +21,11 @@ from localllm.engine.gguf import GGUFError, GGUFModel, open_gguf
 from localllm.media.vision.siglip import Tower, VisionConfigError
 
 # projector type -> the family module of media.vision that runs it
+# SigLIP blocks in the weights' half dtype on CUDA by default. Off until a GPU run measures it
+# (tests/perf/gpu_vision_siglip.sh: speed next to libmtmd, accuracy against transformers); the
+# float32 blocks are what the H100 run of 2026-12-06 12:15 UTC measured.
+HALF_TOWER = False
+
 FAMILIES = {
     "idefics3": "idefics3",
     "gemma3": "gemma3",
@@ -103,7 +108,7 @@ def build_tower(g: GGUFModel, device: torch.device | str = "cpu") -> nn.Module:
             for key, v in list(vars(m).items()):
                 if isinstance(v, torch.Tensor) and v.device != device:
                     setattr(m, key, v.to(device))
-    if device.type == "cuda":  # SigLIP blocks in the weights' own half dtype (siglip's docstring)
+    if device.type == "cuda" and HALF_TOWER:  # SigLIP blocks in the weights' half dtype (siglip)
         for m in model.modules():
             if isinstance(m, Tower):
                 m.use_half(m.stored_half_dtype())

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from localllm.engine.layers.linear import FusedLinear, QuantLinear
-from localllm.kernels.quant import QuantType, prepare_linear, quant_matmul_reference
+from localllm.kernels.quant import QuantType, linear, prepare_linear, quant_matmul_reference
 from localllm.kernels.quant.linear import choose_strategy
 from localllm.kernels.quant.linear_half import F16_MAX, half_input, half_matmul_reference
 from localllm.offload import QuantWeight
@@ -39,10 +39,13 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).norm() / b.norm()).item()
 
 
-def test_policy_sends_half_weights_to_half_gemm_on_cuda_only():
+def test_policy_sends_half_weights_to_half_gemm_on_cuda_only(monkeypatch):
     for name in ("F16", "BF16"):
         q = QuantType[name]
+        assert choose_strategy(q, (640, 2048), torch.device("cuda")) == "dequant_tiles"  # off
+        monkeypatch.setattr(linear, "HALF_GEMM", True)
         assert choose_strategy(q, (640, 2048), torch.device("cuda")) == "half_gemm"
+        monkeypatch.setattr(linear, "HALF_GEMM", False)
         assert choose_strategy(q, (640, 2048), torch.device("cpu")) != "half_gemm"
         raw = _raw(name, 16, 64)
         assert prepare_linear(raw, q, (16, 64), strategy="half_gemm").kind == "half_gemm"
@@ -102,9 +105,10 @@ def test_cuda_half_gemm_matches_references(name, t):
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
 @pytest.mark.parametrize("name", ["F16", "BF16"])
-def test_cuda_half_gemm_through_layers_and_graphs(name):
+def test_cuda_half_gemm_through_layers_and_graphs(name, monkeypatch):
     """QuantLinear (bias, 3-D input), a FusedLinear over two parts (one stacked upload), a
     CUDA graph replay (no host sync in the call), saturated F16 inputs: all finite and close."""
+    monkeypatch.setattr(linear, "HALF_GEMM", True)
     q, k, dev = QuantType[name], 512, torch.device("cuda")
     parts = []
     for i, n in enumerate((256, 64)):

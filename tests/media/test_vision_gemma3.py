@@ -114,7 +114,8 @@ def test_half_tower_takes_only_half_dtypes(vision):
 
 
 def test_cpu_keeps_float32_blocks_and_knows_the_stored_dtype(vision):
-    """Half blocks are CUDA's default for an F16/BF16 tower (`mmproj.build_tower`), not a CPU's."""
+    """Half blocks are CUDA's choice for an F16/BF16 tower with `mmproj.HALF_TOWER` on
+    (`mmproj.build_tower`), never a CPU's."""
     v = vision.model.v
     assert v.stored_half_dtype() == torch.float16  # this mmproj's block linears are F16
     assert all(blk.half_weights is None for blk in v.blk)

@@ -13,6 +13,8 @@ import torch
 
 from localllm.engine import EngineArgs, LLMEngine
 from localllm.kernels.attention import paged_attention
+from localllm.kernels.quant import linear
+from localllm.media.vision import mmproj as mmproj_loader
 from localllm.media.vision.pipeline import VisionPipeline
 from tests.media import test_vision_gemma3 as gemma3
 from tests.media import test_vision_llava as llava
@@ -74,10 +76,13 @@ def test_encoder_on_cuda_matches_the_record(family):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, None])
-def test_half_tower_on_cuda_matches_the_record(dtype):
-    """The SigLIP blocks on CUDA: float16 (the default for this F16 mmproj: tensor-core matmuls,
-    flash attention), bfloat16, and None (float32 blocks whose F16 linears still multiply in
-    half, `half_gemm`), each within the encoder bound."""
+def test_half_tower_on_cuda_matches_the_record(dtype, monkeypatch):
+    """The SigLIP blocks on CUDA with `mmproj.HALF_TOWER` and `linear.HALF_GEMM` on: float16
+    (then the default for this F16 mmproj: tensor-core matmuls, flash attention), bfloat16, and
+    None (float32 blocks whose F16 linears still multiply in half, `half_gemm`), each within the
+    encoder bound."""
+    monkeypatch.setattr(mmproj_loader, "HALF_TOWER", True)
+    monkeypatch.setattr(linear, "HALF_GEMM", True)
     text, mmproj, rec = FAMILIES["gemma3"]
     engine = LLMEngine(str(text), EngineArgs(device="cuda"))
     vision = VisionPipeline(mmproj, engine)

@@ -117,7 +117,7 @@ class Ours:
         self.engine = LLMEngine(a.text, args)
         self.pipe = VisionPipeline(a.mmproj, self.engine)
         tower = getattr(self.pipe.model, "v", None)
-        if a.half_tower:  # siglip.Tower.use_half (Gemma 3, SmolVLM): CUDA's default is the file's
+        if a.half_tower:  # siglip.Tower.use_half (Gemma 3, SmolVLM)
             if not hasattr(tower, "use_half"):
                 raise SystemExit("--half-tower: this projector's tower has no half path")
             tower.use_half(None if a.half_tower == "float32" else getattr(torch, a.half_tower))
@@ -243,8 +243,8 @@ def main(argv: list[str] | None = None) -> int:
         "--half-tower",
         choices=("float16", "bfloat16", "float32"),
         default=None,
-        help="ours: run a SigLIP tower's blocks in this dtype (default: the weights' half dtype "
-        "on CUDA, float32 on a CPU)",
+        help="ours: run a SigLIP tower's blocks in this dtype (default: as shipped, float32 "
+        "blocks unless media.vision.mmproj.HALF_TOWER is on)",
     )
     a = ap.parse_args(argv)
     tmp = tempfile.TemporaryDirectory()

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One device call (~6-8 minutes on an H100/H200; issues 35 + 38): F16/BF16 weights multiplied in
-# their own dtype on tensor cores (`half_gemm`, kernels/quant/linear_half.py) and the SigLIP
-# blocks in float16 by default on CUDA (`siglip.Tower.use_half`), against the float32 row tiles
-# shipped before (Gemma-3-4B tower 171 ms against llama.cpp's 145 on an H100,
+# their own dtype on tensor cores (`half_gemm`, kernels/quant/linear_half.py; the switch
+# `kernels.quant.linear.HALF_GEMM`) and the SigLIP blocks in float16 on CUDA
+# (`siglip.Tower.use_half`; the switch `media.vision.mmproj.HALF_TOWER`) — both off as shipped
+# until this run shows them — against the float32 row tiles shipped (Gemma-3-4B tower 171 ms against llama.cpp's 145 on an H100,
 # tests/perf/results/vision.md, 2026-12-06 12:15 UTC). Steps (STEPS, in order):
 #   tests  pytest -m gpu: half_gemm against float32 and the rounded-input reference (F16 2e-3,
 #          BF16 1e-2; FusedLinear, a CUDA graph replay, saturated F16 inputs), the generic CUDA
@@ -61,8 +62,8 @@ bench() {  # LABEL BEFORE(0/1) ARGS...: localllm bench on the F16 file
   timeout "$(cap 90)" python3 -c "
 import sys
 import localllm.kernels.quant.linear as L
-if sys.argv.pop(1) == '1':
-    L.HALF_DTYPES = {}  # the CUDA policy of before: F16/BF16 in float32 row tiles per call
+# 1: the CUDA policy as shipped (F16/BF16 in float32 row tiles per call); 0: half_gemm on
+L.HALF_GEMM = sys.argv.pop(1) == '0'
 from localllm.app.bench import main
 sys.exit(main(sys.argv[1:]))" $before -m $F16 --device cuda "$@" 2>&1 | tee "$OUT/f16_$label.md" \
     | grep -E "^\||rror"
@@ -92,6 +93,7 @@ for step in $STEPS; do
         2>&1 | tee "$OUT/f16_llama.md" | grep -E "^\||rror|No such" ;;
     mtmd) left 150 mtmd || continue
       OUT=$OUT/mtmd SHAPES=gemma3-4b NO_INSTALL=1 END_S=$((END_S - SECONDS - 70)) \
+        HALF_TOWER=${HALF_TOWER:-float16} \
         bash tests/perf/gpu_vision_mtmd.sh 2>&1 | tail -12 ;;
   esac
 done

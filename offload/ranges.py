@@ -54,6 +54,22 @@ class MappedFile:
             return torch.empty(0, dtype=torch.uint8)
         return torch.frombuffer(self._buf, dtype=torch.uint8, count=rng.nbytes, offset=rng.offset)
 
+    def advise(self, rng: ByteRange, huge: bool) -> bool:
+        """Page-size advice for the whole pages inside `rng` alone, where the mapping took
+        `HUGE_PAGES` advice; whether the kernel took it."""
+        if self._mm is None or self.huge_pages is None or rng.path != self.path:
+            return False
+        start = -(-rng.offset // mmap.PAGESIZE) * mmap.PAGESIZE
+        end = (rng.offset + rng.nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
+        advice = getattr(mmap, "MADV_HUGEPAGE" if huge else "MADV_NOHUGEPAGE", None)
+        if end <= start or advice is None:
+            return False
+        try:
+            self._mm.madvise(advice, start, end - start)
+        except OSError:
+            return False
+        return True
+
     def advise_willneed(self) -> None:
         if self._mm is not None and hasattr(self._mm, "madvise"):
             self._mm.madvise(mmap.MADV_WILLNEED)

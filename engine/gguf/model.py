@@ -56,6 +56,11 @@ class GGUFModel:
                 rng = ByteRange(parsed.path, t.offset, t.nbytes)
                 self.tensors[t.name] = TensorInfo(t.name, t.qtype, t.shape, rng)
         self._files: dict[str, MappedFile] | None = {p.path: mf for mf, p in shards}
+        # token rows are gathered a few at a time: 4 KiB pages keep only the rows used resident
+        # (a tied table is also the output head, read whole every token: it keeps 2 MiB pages)
+        embd = self.tensors.get("token_embd.weight")
+        if embd is not None and "output.weight" in self.tensors:
+            self._files[embd.range.path].advise(embd.range, huge=False)
 
     @property
     def architecture(self) -> str | None:

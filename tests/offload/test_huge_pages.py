@@ -29,13 +29,14 @@ BLOCK = 4
 
 
 def _vm_flags(addr: int) -> set[str]:
-    """VmFlags of the mapping that starts at `addr`."""
+    """VmFlags of the mapping (after madvise splits: the part) that holds `addr`."""
     found = False
     with open("/proc/self/smaps") as f:
         for line in f:
             head = line.split()[0]
             if "-" in head and not head.endswith(":"):
-                found = int(head.split("-")[0], 16) == addr
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                found = lo <= addr < hi
             elif found and head == "VmFlags:":
                 return set(line.split()[1:])
     raise AssertionError(f"no mapping at {addr:#x}")
@@ -53,6 +54,29 @@ def test_advice_reaches_the_kernel(tmp_path, monkeypatch, huge):
     assert mf.huge_pages is huge
     assert {f for f in FLAG.values() if f in flags} == ({FLAG[huge]} if huge is not None else set())
     assert bytes(view[1000:1300].numpy()) == data[1000:1300]
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="madvise flags are read from Linux's smaps")
+def test_an_untied_embedding_table_stays_on_small_pages(tmp_path):
+    gguf = tmp_path / "tiny.gguf"
+    write_synthetic(gguf, SHAPES["tiny"], "Q4_K_M", None, seed=3)  # 49152 x 256 Q4_K: 6.75 MiB
+    with open_gguf(gguf) as g:
+        assert "output.weight" in g.tensors  # untied
+        embd, head = g.weight("token_embd.weight").data, g.weight("output.weight").data
+        assert "nh" in _vm_flags(embd[embd.shape[0] // 2].data_ptr())
+        assert "hg" in _vm_flags(head[head.shape[0] // 2].data_ptr())
+
+
+def test_range_advice_needs_whole_pages_and_the_mapping_advised(tmp_path, monkeypatch):
+    (tmp_path / "w.bin").write_bytes(bytes(3 * mmap.PAGESIZE))
+    mf = MappedFile(tmp_path / "w.bin")
+    assert mf.advise(ByteRange(mf.path, 1, 2 * mmap.PAGESIZE), huge=False) is (
+        mf.huge_pages is not None
+    )  # the one whole page inside: [PAGESIZE, 2 * PAGESIZE)
+    assert not mf.advise(ByteRange(mf.path, 1, mmap.PAGESIZE), huge=False)  # no whole page
+    monkeypatch.setattr(ranges, "HUGE_PAGES", None)
+    unadvised = MappedFile(tmp_path / "w.bin")
+    assert not unadvised.advise(ByteRange(mf.path, 0, 3 * mmap.PAGESIZE), huge=False)
 
 
 def test_no_advice_is_a_silent_no_op(tmp_path, monkeypatch):

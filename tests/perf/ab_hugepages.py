@@ -69,17 +69,18 @@ def build(path: str, pages: bool, copy: bool):
     return nd, nd._for_cache(kv), head, region, gguf
 
 
-def mapping(addr: int) -> str:
-    """Rss and FilePmdMapped (kB) of the mapping that starts at `addr`."""
-    out, found = {}, False
+def mapping(addr: int, size: int) -> str:
+    """Rss and FilePmdMapped (kB) of the mapping at [addr, addr + size), over every part that
+    madvise split it into (the loader's 4 KiB token_embd)."""
+    out, found = {"Rss": 0, "FilePmdMapped": 0}, False
     with open("/proc/self/smaps") as f:
         for line in f:
             head = line.split()[0]
             if "-" in head and not head.endswith(":"):
-                found = int(head.split("-")[0], 16) == addr
+                found = addr <= int(head.split("-")[0], 16) < addr + size
             elif found and head in ("Rss:", "FilePmdMapped:"):
-                out[head[:-1]] = int(line.split()[1])
-    return f"Rss {out.get('Rss', 0):,} kB, FilePmdMapped {out.get('FilePmdMapped', 0):,} kB"
+                out[head[:-1]] += int(line.split()[1])
+    return f"Rss {out['Rss']:,} kB, FilePmdMapped {out['FilePmdMapped']:,} kB"
 
 
 def status(key: str) -> str:
@@ -137,7 +138,7 @@ def main() -> None:
     for name, v in variants.items():
         mf = v[4].mapped_file(v[4].path)
         addr = mf.view(ranges.ByteRange(mf.path, 0, 1)).data_ptr()
-        print(f"# {name}: advice taken {mf.huge_pages}, mapping {mapping(addr)}")
+        print(f"# {name}: advice taken {mf.huge_pages}, mapping {mapping(addr, mf.size)}")
     print(
         f"# process: AnonHugePages {smaps_rollup('AnonHugePages')}, peak RSS "
         f"{status('VmHWM')} (the anonymous part is the copy)"

@@ -90,7 +90,8 @@ def test_f16_inputs_beyond_range_saturate_instead_of_inf():
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
 @pytest.mark.parametrize("name", ["F16", "BF16"])
 @pytest.mark.parametrize("t", [1, 3, 64, 300])
-def test_cuda_half_gemm_matches_references(name, t):
+def test_cuda_half_gemm_matches_references(name, t, monkeypatch):
+    monkeypatch.setattr(linear, "HALF_GEMM", True)
     n, k = 320, 1152
     q, raw = QuantType[name], _raw(name, n, k, seed=t).cuda()
     prep = prepare_linear(raw, q, (n, k))

@@ -41,6 +41,9 @@ def test_cuda_linear_matches_cpu_reference(name, make_blocks):
     raw = torch.from_numpy(np.array(make_blocks(name, 64, 512 // block_geometry(qtype)[0], rng)))
     x = torch.randn(5, 512)
     ref = x @ dequantize(raw, qtype).reshape(shape).T
-    prep = prepare_linear(raw.cuda(), qtype, shape)
-    y = prep.matmul(x.cuda()).cpu()
-    assert ((y - ref).norm() / ref.norm()).item() < 1e-5
+    exact = prepare_linear(raw.cuda(), qtype, shape, precise=True).matmul(x.cuda()).cpu()
+    assert ((exact - ref).norm() / ref.norm()).item() < 1e-5
+    # The default CUDA policy multiplies Q4_K / Q8_0 decode rows with int8 activations per 32
+    # (the dp4a GEMVs, as llama.cpp's mmvq): 5.2e-3 / 5.4e-3 from exact on an H100 (2026-12-06)
+    y = prepare_linear(raw.cuda(), qtype, shape).matmul(x.cuda()).cpu()
+    assert ((y - ref).norm() / ref.norm()).item() < (2e-2 if name in ("Q4_K", "Q8_0") else 1e-5)

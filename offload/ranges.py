@@ -11,8 +11,10 @@ import torch
 # step's weight stream misses the TLB 512x less often; no copy, no extra memory), False forbids
 # them (4 KiB entries: the A/B baseline), None leaves the kernel's choice. A silent no-op where
 # the platform has no such advice (macOS, Windows, kernels without transparent huge pages).
-# Pages already cached in small folios stay small: see docs/residency.md.
-HUGE_PAGES: bool | None = True
+# Pages already cached in small folios stay small: see docs/residency.md. None (the kernel's
+# choice, as before) until a quiet 2-thread A/B and a memory-pressure check of mapped experts:
+# measured so far at one thread on a busy box only (tests/perf/results/cpu.md, 15:54-16:17 UTC).
+HUGE_PAGES: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)

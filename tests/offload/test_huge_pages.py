@@ -57,7 +57,8 @@ def test_advice_reaches_the_kernel(tmp_path, monkeypatch, huge):
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="madvise flags are read from Linux's smaps")
-def test_an_untied_embedding_table_stays_on_small_pages(tmp_path):
+def test_an_untied_embedding_table_stays_on_small_pages(tmp_path, monkeypatch):
+    monkeypatch.setattr(ranges, "HUGE_PAGES", True)
     gguf = tmp_path / "tiny.gguf"
     write_synthetic(gguf, SHAPES["tiny"], "Q4_K_M", None, seed=3)  # 49152 x 256 Q4_K: 6.75 MiB
     with open_gguf(gguf) as g:

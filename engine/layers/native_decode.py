@@ -1,4 +1,4 @@
-"""The CPU decode step of llama, SmolLM3, Qwen2, Qwen3 and Gemma 3 decoders as one native call
+"""The CPU decode step of llama, SmolLM3, Qwen2, Qwen3, Gemma 3 and LFM2 decoders as one native call
 (`kernels/cpu/decode_step`): `NativeDecode.for_model` looks once whether a loaded model qualifies
 (those families' blocks, dense gated MLPs, no biases but q|k|v's, every linear on the native
 block kernels) and `__call__` runs a step when it does (each sequence's one new token, a float32
@@ -17,6 +17,7 @@ from torch import nn
 
 from localllm.engine.core.batch import BatchMeta
 from localllm.engine.layers.shared import GatedMLP
+from localllm.engine.runtime.recurrent_state import states_of
 from localllm.kernels.cpu import decode_lora, decode_step
 from localllm.kernels.quant.linear_native import INT8_TYPES, NativeLinear
 
@@ -24,8 +25,10 @@ MAX_ROWS = 16  # token rows per native step (batched decode); more: the torch la
 # their Block: SmolLM3's NoPE layers take rope table 1 as cos 1, sin 0 (`_Unrotated`); Qwen3's
 # q/k norms are Gemma 3's (per head, before rope)
 # q|k|v biases (Qwen2's) go in the step; a bias on any other linear keeps the torch layers
+# LFM2's short-conv layers run in the step on their recurrent state slots (its attention layers
+# are Qwen3's kind: q/k norms, NEOX rope)
 FAMILIES = tuple(f"localllm.engine.models.{m}"
-                 for m in ("llama", "smollm3", "qwen2", "qwen3", "gemma3"))  # fmt: skip
+                 for m in ("llama", "smollm3", "qwen2", "qwen3", "gemma3", "lfm2"))  # fmt: skip
 
 
 def _kernels(m: nn.Module | None) -> list | None:
@@ -67,6 +70,9 @@ def _layer(blk, args) -> dict | None:
     if type(blk).__module__ not in FAMILIES or not isinstance(blk.mlp, GatedMLP):
         return None
     mlp, fused = blk.mlp, _fused_qkv(blk)
+    conv = getattr(blk, "shortconv", None)
+    if conv is not None:
+        return _conv_layer(blk, conv)
     qkv = _kernels(fused) if fused is not None else _runs([blk.attn_q, blk.attn_k, blk.attn_v])
     gu = _kernels(mlp.gate_up) if mlp.gate_up is not None else _runs([mlp.ffn_gate, mlp.ffn_up])
     o, down = _kernels(blk.attn_output), _kernels(mlp.ffn_down)
@@ -88,6 +94,23 @@ def _layer(blk, args) -> dict | None:
     if getattr(blk, "rope", True) is False:  # SmolLM3's NoPE layers: table 1 leaves q, k as is
         spec["rope_set"] = 1
     return spec
+
+
+def _conv_layer(blk, conv) -> dict | None:
+    """An LFM2 short-conv block's `LayerSpec` fields (its state and the caches aside), or None."""
+    mlp = blk.mlp
+    ins, out = _kernels(conv.in_proj), _kernels(conv.out_proj)
+    gu = _kernels(mlp.gate_up) if mlp.gate_up is not None else _runs([mlp.ffn_gate, mlp.ffn_up])
+    down = _kernels(mlp.ffn_down)
+    if ins is None or len(ins) != 1 or out is None or gu is None or down is None:
+        return None
+    linears = (conv.in_proj, conv.out_proj, mlp.ffn_gate, mlp.ffn_up, mlp.ffn_down, mlp.gate_up)
+    if any(getattr(m, "bias", None) is not None for m in linears) or conv.conv.value is None:
+        return None
+    return {"qkv": ins, "o": out[0], "gate_up": gu, "down": down[0],
+            "attn_norm": blk.attn_norm.weight.float().contiguous(),
+            "ffn_norm": blk.ffn_norm.weight.float().contiguous(),
+            "conv_w": conv.conv.value.float().contiguous()}  # fmt: skip
 
 
 class _Unrotated:
@@ -145,10 +168,16 @@ class NativeDecode:
             return self._step[1]
         if kv.k_scales is not None or kv.k[0].dtype not in (torch.float32, torch.float16):
             return None
-        specs = [
-            decode_step.LayerSpec(k_cache=kv.k[i], v_cache=kv.v[i], **lay)
-            for i, lay in enumerate(self.layers)
-        ]
+        specs = []
+        for i, (blk, lay) in enumerate(zip(self.model.blk, self.layers, strict=True)):
+            if "conv_w" in lay:  # the layer's state slots instead of KV
+                state = states_of(kv).tensor(i, "conv")
+                specs.append(decode_step.LayerSpec(k_cache=None, v_cache=None, conv_state=state,
+                                                   **lay))  # fmt: skip
+                continue
+            j = getattr(blk, "kv_layer", None)  # LFM2: its attention layers are numbered apart
+            j = i if j is None else j
+            specs.append(decode_step.LayerSpec(k_cache=kv.k[j], v_cache=kv.v[j], **lay))
         try:
             step = decode_step.DecodeStep(self.lib, self.shape, specs, kv.block_size)
         except ValueError:
@@ -185,9 +214,11 @@ class NativeDecode:
         tables = torch.tensor([(*tb, *(0,) * (width - len(tb))) for tb in batch.block_tables])
         seq_lens = torch.tensor(batch.seq_lens, dtype=torch.int64)
         slots = batch.slot_mapping.to(torch.int64).contiguous()
+        state_slots = states_of(kv).slots(batch).contiguous() if step.convs else None
         decode_lora.set_table(self.lib, table)
         try:
-            return step(x, cos, sin, slots, seq_lens, tables.reshape(t, width), None, cos1, sin1)
+            return step(x, cos, sin, slots, seq_lens, tables.reshape(t, width), None, cos1, sin1,
+                        state_slots)  # fmt: skip
         finally:
             decode_lora.set_table(self.lib, None)
 
@@ -198,6 +229,8 @@ class NativeDecode:
             return self._lora[1]
         linears = []
         for blk in self.model.blk:
+            if getattr(blk, "shortconv", None) is not None:  # (no adapters in conv layers here)
+                return None
             mlp = blk.mlp
             fused = (_fused_qkv(blk), blk.attn_output, mlp.gate_up, mlp.ffn_down)
             loose = (blk.attn_q, blk.attn_k, blk.attn_v) if fused[0] is None else ()

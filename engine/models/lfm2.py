@@ -161,6 +161,9 @@ class Model(Decoder):
 
     def forward(self, ids, positions, batch, kv) -> torch.Tensor:
         """Hidden states [T, dim] after the final norm."""
+        x = self.native_decode(ids, positions, batch, kv)  # CPU decode steps: one native call
+        if x is not None:
+            return self.output_norm(x)
         x = batch.splice(self.token_embd(ids))
         cos_sin = self.rotary.cos_sin(positions)
         for blk in self.blk:

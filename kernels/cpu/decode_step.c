@@ -1,6 +1,7 @@
 /* A decode step of a pre-norm decoder (llama's block: RMSNorm -> q/k/v -> rope -> attention over
  * the paged KV cache -> output projection -> residual; RMSNorm -> gate/up -> SiLU or tanh-GELU
- * product -> down -> residual) for t token rows, each the one new token of its own sequence, all
+ * product -> down -> residual; LFM2's gated short convolution in place of attention in some
+ * layers) for t token rows, each the one new token of its own sequence, all
  * layers in one call and one OpenMP region (worksharing loops and their barriers between the
  * stages): eager torch spent ~20 dispatched ops per layer on what is a few microseconds of work.
  * The linears are block_linear.c's (the file's blocks, int8 activations); the rest is float32.
@@ -33,6 +34,13 @@ typedef struct {
     /* Qwen2's q | k | v biases [(n_q + 2 n_kv) hd], added before the q/k norms and rope; NULL:
      * none (last in the struct: decode_step.py's _Layer mirrors this layout) */
     const float *qkv_bias;
+    /* LFM2's short-convolution layers (conv_w non-NULL): qkv[0] is in_proj (B | C | x, 3 x dim
+     * outputs), o is out_proj, conv_w [dim, conv_taps] the depthwise taps, conv_state [slots + 1,
+     * conv_taps - 1, dim] each sequence's last inputs (engine/runtime/recurrent_state), updated
+     * in place at the row's state slot; no KV cache */
+    const float *conv_w;
+    float *conv_state;
+    int64_t conv_taps;
 } layer_t;
 
 typedef struct {
@@ -274,6 +282,27 @@ static void attend_group(const model_t *m, const layer_t *L, const float *q, int
     }
 }
 
+enum { CONV_PIECE = 512 }; /* channels per short-conv work item */
+
+/* LFM2's gated short conv for channels [c0, c1) of one row: bx = B x, y = the causal conv of the
+ * carried inputs and bx (in torch's order: tap products summed first to last), the state shifted
+ * by one with bx at its end, out = C y. bcx: the row's in_proj outputs [3 dim]. */
+static void short_conv_row(const layer_t *L, int64_t dim, const float *bcx, float *st, float *out,
+                           int64_t c0, int64_t c1) {
+    const int64_t taps = L->conv_taps;
+    const float *b = bcx, *cg = bcx + dim, *xv = bcx + 2 * dim;
+    for (int64_t c = c0; c < c1; c++) {
+        const float bx = b[c] * xv[c];
+        const float *w = L->conv_w + c * taps;
+        float y = st[c] * w[0];
+        for (int64_t k = 1; k < taps - 1; k++) y += st[k * dim + c] * w[k];
+        y += bx * w[taps - 1];
+        for (int64_t k = 0; k < taps - 2; k++) st[k * dim + c] = st[(k + 1) * dim + c];
+        st[(taps - 2) * dim + c] = bx;
+        out[c] = cg[c] * y;
+    }
+}
+
 /* x [t, dim]: the token rows' embeddings in, the stream after the last layer out (the caller
  * applies the final norm). cos0 / sin0 [t, rope_dims / 2]: the rope table of layers with rope_set
  * 0, cos1 / sin1 of those with 1 (Gemma 3's local layers); slots [t] (cache slot of each row's
@@ -281,11 +310,13 @@ static void attend_group(const model_t *m, const layer_t *L, const float *q, int
  * Scratch (floats unless said): h [t*dim], qkv [t*(n_q+2 n_kv)*hd], att [t*n_q*hd],
  * gu [t*2*hidden], y [t*dim], q8 int8 [t*kmax], d8 [t*kmax/32], bs int16 [t*kmax/16] (kmax =
  * the widest linear input), sc [threads * sc_stride], sc_stride >= min(group, MAX_GROUP) x (max
- * seq_len) + head_dim. */
+ * seq_len) + head_dim. With short-conv layers: qkv holds [t*3*dim], att [t*dim], and state_slots
+ * [t] names each row's recurrent state slot (NULL where the model has none). */
 void decode_step(const model_t *m, int64_t t, float *x, const float *cos0, const float *sin0,
                  const float *cos1, const float *sin1, const int64_t *slots, const int64_t *seq_lens, const int64_t *tables,
                  int64_t table_stride, float *h, float *qkv, float *att, float *gu, float *y,
-                 int8_t *q8, float *d8, int16_t *bs, float *sc, int64_t sc_stride, int threads) {
+                 int8_t *q8, float *d8, int16_t *bs, float *sc, int64_t sc_stride, int threads,
+                 const int64_t *state_slots) {
     const int64_t dim = m->dim, hd = m->hd, nq = m->n_q, nkv = m->n_kv, hidden = m->hidden;
     const int64_t nqkv = (nq + 2 * nkv) * hd, group = nq / nkv;
     /* a KV head's query heads in pieces of `per` (<= MAX_GROUP), more pieces where one row's KV
@@ -307,39 +338,51 @@ void decode_step(const model_t *m, int64_t t, float *x, const float *cos0, const
             const layer_t *L = &m->layers[l];
 #pragma omp for schedule(static)
             for (int64_t i = 0; i < t; i++) rms_norm_row(x + i * dim, L->attn_norm, dim, m->eps, h + i * dim);
-            linear_groups(L->qkv, L->n_qkv, h, dim, t, dim, qkv, nqkv, q8, d8, bs);
-            if (lora) lora_add(lora[4 * l], h, dim, t, dim, qkv, nqkv);
+            if (L->conv_w) { /* LFM2: in_proj -> gated short conv -> out_proj */
+                const int64_t npc = (dim + CONV_PIECE - 1) / CONV_PIECE, cs = (L->conv_taps - 1) * dim;
+                linear_groups(L->qkv, L->n_qkv, h, dim, t, dim, qkv, 3 * dim, q8, d8, bs);
 #pragma omp for schedule(static)
-            for (int64_t i = 0; i < t; i++) { /* bias, rope q and k, write k and v at the row's slot */
-                float *row = qkv + i * nqkv;
-                if (L->qkv_bias)
-                    for (int64_t j = 0; j < nqkv; j++) row[j] += L->qkv_bias[j];
-                const int64_t at = i * (m->rope_dims / 2);
-                const float *c = (L->rope_set ? cos1 : cos0) + at, *s = (L->rope_set ? sin1 : sin0) + at;
-                for (int64_t hh = 0; hh < nq + nkv; hh++) {
-                    const float *hn = hh < nq ? L->q_norm : L->k_norm;
-                    if (hn) rms_norm_row(row + hh * hd, hn, hd, m->eps, row + hh * hd);
-                    rope_head(row + hh * hd, c, s, m->rope_dims, m->neox);
+                for (int64_t p = 0; p < t * npc; p++) {
+                    const int64_t i = p / npc, c0 = p % npc * CONV_PIECE;
+                    short_conv_row(L, dim, qkv + i * 3 * dim, L->conv_state + state_slots[i] * cs,
+                                   att + i * dim, c0, c0 + CONV_PIECE < dim ? c0 + CONV_PIECE : dim);
                 }
-                const float *kr = row + nq * hd, *vr = kr + nkv * hd;
-                const int64_t cat = slots[i] * nkv * hd;
-                if (m->kv_f16) {
-                    uint16_t *kc = (uint16_t *)L->k_cache + cat, *vc = (uint16_t *)L->v_cache + cat;
-                    for (int64_t j = 0; j < nkv * hd; j++) kc[j] = float_to_half(kr[j]), vc[j] = float_to_half(vr[j]);
-                } else {
-                    memcpy((float *)L->k_cache + cat, kr, nkv * hd * sizeof(float));
-                    memcpy((float *)L->v_cache + cat, vr, nkv * hd * sizeof(float));
+                linear_groups(&L->o, 1, att, dim, t, dim, y, dim, q8, d8, bs);
+            } else { /* attention */
+                linear_groups(L->qkv, L->n_qkv, h, dim, t, dim, qkv, nqkv, q8, d8, bs);
+                if (lora) lora_add(lora[4 * l], h, dim, t, dim, qkv, nqkv);
+#pragma omp for schedule(static)
+                for (int64_t i = 0; i < t; i++) { /* bias, rope q and k, write k and v at the row's slot */
+                    float *row = qkv + i * nqkv;
+                    if (L->qkv_bias)
+                        for (int64_t j = 0; j < nqkv; j++) row[j] += L->qkv_bias[j];
+                    const int64_t at = i * (m->rope_dims / 2);
+                    const float *c = (L->rope_set ? cos1 : cos0) + at, *s = (L->rope_set ? sin1 : sin0) + at;
+                    for (int64_t hh = 0; hh < nq + nkv; hh++) {
+                        const float *hn = hh < nq ? L->q_norm : L->k_norm;
+                        if (hn) rms_norm_row(row + hh * hd, hn, hd, m->eps, row + hh * hd);
+                        rope_head(row + hh * hd, c, s, m->rope_dims, m->neox);
+                    }
+                    const float *kr = row + nq * hd, *vr = kr + nkv * hd;
+                    const int64_t cat = slots[i] * nkv * hd;
+                    if (m->kv_f16) {
+                        uint16_t *kc = (uint16_t *)L->k_cache + cat, *vc = (uint16_t *)L->v_cache + cat;
+                        for (int64_t j = 0; j < nkv * hd; j++) kc[j] = float_to_half(kr[j]), vc[j] = float_to_half(vr[j]);
+                    } else {
+                        memcpy((float *)L->k_cache + cat, kr, nkv * hd * sizeof(float));
+                        memcpy((float *)L->v_cache + cat, vr, nkv * hd * sizeof(float));
+                    }
                 }
-            }
 #pragma omp for schedule(dynamic, 1)
-            for (int64_t p = 0; p < t * nkv * nsplit; p++) { /* (row, KV head, piece of its group) */
-                const int64_t i = p / (nkv * nsplit), g = p / nsplit % nkv, h0 = g * group + p % nsplit * per;
-                attend_group(m, L, qkv + i * nqkv + h0 * hd, per, g, seq_lens[i],
-                             tables + i * table_stride, att + i * nq * hd + h0 * hd, mysc,
-                             mysc + sc_stride - hd);
+                for (int64_t p = 0; p < t * nkv * nsplit; p++) { /* (row, KV head, piece of its group) */
+                    const int64_t i = p / (nkv * nsplit), g = p / nsplit % nkv, h0 = g * group + p % nsplit * per;
+                    attend_group(m, L, qkv + i * nqkv + h0 * hd, per, g, seq_lens[i],
+                                 tables + i * table_stride, att + i * nq * hd + h0 * hd, mysc,
+                                 mysc + sc_stride - hd);
+                }
+                linear_groups(&L->o, 1, att, nq * hd, t, nq * hd, y, dim, q8, d8, bs);
+                if (lora) lora_add(lora[4 * l + 1], att, nq * hd, t, nq * hd, y, dim);
             }
-            linear_groups(&L->o, 1, att, nq * hd, t, nq * hd, y, dim, q8, d8, bs);
-            if (lora) lora_add(lora[4 * l + 1], att, nq * hd, t, nq * hd, y, dim);
 #pragma omp for schedule(static)
             for (int64_t i = 0; i < t; i++) {
                 float *yi = y + i * dim;

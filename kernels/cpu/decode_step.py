@@ -1,6 +1,7 @@
 """`decode_step.c`: every layer of a llama-style decoder for a decode step's token rows in one
 native call (norms, the block linears, rope, the KV write, attention over the paged cache, the
-gated MLP, the residual adds), compiled at first use like `block_linear.py`'s kernels.
+gated MLP, the residual adds; LFM2's gated short convolutions on their recurrent state slots in
+place of attention), compiled at first use like `block_linear.py`'s kernels.
 
 `DecodeStep` holds the model laid out in the C structs (`LayerSpec`s: the linears' prepared
 `NativeLinear`s, the norm weights, one KV cache's layer tensors) and runs a step; `load()` answers
@@ -48,7 +49,10 @@ class _Layer(ctypes.Structure):
         ("post_ffn_norm", _P),
         ("window", _I),
         ("rope_set", _I),
-        ("qkv_bias", _P),  # (last, as in the C's layer_t)
+        ("qkv_bias", _P),
+        ("conv_w", _P),
+        ("conv_state", _P),
+        ("conv_taps", _I),  # (last, as in the C's layer_t)
     ]
 
 
@@ -79,7 +83,9 @@ class Shape:
 @dataclass(frozen=True)
 class LayerSpec:
     """One layer: its linears' `NativeLinear`s (q|k|v and gate|up as runs of one type, in
-    order), its norm weights (float32, contiguous) and its K and V cache tensors."""
+    order), its norm weights (float32, contiguous) and its K and V cache tensors. A short-conv
+    layer (LFM2's: `conv_w` set) has no caches: `qkv` is its in_proj (B | C | x), `o` its
+    out_proj, `conv_w` [dim, taps] and `conv_state` [slots + 1, taps - 1, dim] float32."""
 
     qkv: list
     o: object
@@ -87,8 +93,8 @@ class LayerSpec:
     down: object
     attn_norm: torch.Tensor
     ffn_norm: torch.Tensor
-    k_cache: torch.Tensor
-    v_cache: torch.Tensor
+    k_cache: torch.Tensor | None
+    v_cache: torch.Tensor | None
     # Gemma 3: per-head q / k norms [head_dim], output norms [dim], a sliding window (0: none),
     # the rope table (0 or 1: `DecodeStep.__call__`'s first or second cos / sin)
     q_norm: torch.Tensor | None = None
@@ -98,6 +104,8 @@ class LayerSpec:
     window: int = 0
     rope_set: int = 0
     qkv_bias: torch.Tensor | None = None  # Qwen2: q | k | v biases [(n_q + 2 n_kv) head_dim]
+    conv_w: torch.Tensor | None = None
+    conv_state: torch.Tensor | None = None
 
 
 def load(cache_dir: Path | None = None) -> ctypes.CDLL | None:
@@ -114,7 +122,7 @@ def load(cache_dir: Path | None = None) -> ctypes.CDLL | None:
 def _bind_step(lib: ctypes.CDLL) -> None:
     _bind(lib)
     lib.decode_step.argtypes = [_P, _I, _P, _P, _P, _P, _P, _P, _P, _P, _I, _P, _P, _P, _P, _P,
-                                _P, _P, _P, _P, _I, ctypes.c_int]  # fmt: skip
+                                _P, _P, _P, _P, _I, ctypes.c_int, _P]  # fmt: skip
     lib.decode_step.restype = None
     lib.paged_decode.argtypes = [_I, _P, _P, _P, _I, _I, _I, _I, _I, _D, _I, _P, _P, _I, _P, _P,
                                  _I, ctypes.c_int]  # fmt: skip
@@ -134,9 +142,13 @@ class DecodeStep:
         s = shape
         if len(layers) == 0 or s.n_q % s.n_kv or s.rope_dims > s.head_dim or s.act not in ACTS:
             raise ValueError(f"no native decode step for {s} with {len(layers)} layers")
-        dtypes = {lay.k_cache.dtype for lay in layers} | {lay.v_cache.dtype for lay in layers}
-        if dtypes - {torch.float32, torch.float16} or len(dtypes) != 1:
+        attn = [lay for lay in layers if lay.conv_w is None]
+        dtypes = {lay.k_cache.dtype for lay in attn} | {lay.v_cache.dtype for lay in attn}
+        if dtypes - {torch.float32, torch.float16} or len(dtypes) > 1:
             raise ValueError(f"KV cache of {dtypes}: float32 or float16 only")
+        for lay in layers:
+            if lay.conv_w is not None:
+                _check_conv(lay, s.dim)
         if any(len(lay.qkv) > MAX_GROUPS or len(lay.gate_up) > MAX_GROUPS for lay in layers):
             raise ValueError(f"more than {MAX_GROUPS} runs of one type in a fused projection")
         nqkv = (s.n_q + 2 * s.n_kv) * s.head_dim
@@ -157,17 +169,25 @@ class DecodeStep:
                 _lin(lay.down),
             )
             c.attn_norm, c.ffn_norm = lay.attn_norm.data_ptr(), lay.ffn_norm.data_ptr()
-            c.k_cache, c.v_cache = lay.k_cache.data_ptr(), lay.v_cache.data_ptr()
+            if lay.conv_w is None:
+                c.k_cache, c.v_cache = lay.k_cache.data_ptr(), lay.v_cache.data_ptr()
             for name in ("q_norm", "k_norm", "post_attn_norm", "post_ffn_norm", "qkv_bias"):
                 w = getattr(lay, name)
                 setattr(c, name, None if w is None else w.data_ptr())
             c.window, c.rope_set = lay.window, lay.rope_set
-        f16 = layers[0].k_cache.dtype == torch.float16
+            if lay.conv_w is not None:
+                c.conv_w, c.conv_state = lay.conv_w.data_ptr(), lay.conv_state.data_ptr()
+                c.conv_taps = lay.conv_w.shape[1]
+        self.convs = len(layers) - len(attn)
+        f16 = torch.float16 in dtypes
         ints = (len(layers), s.dim, s.n_q, s.n_kv, s.head_dim, s.hidden, s.rope_dims, int(s.neox),
                 int(f16), block_size, ACTS[s.act])  # fmt: skip
         scale = s.head_dim**-0.5 if s.scale is None else s.scale
         self.model = _Model(*ints, s.eps, scale, ctypes.addressof(self.layers))
         self.kmax = max(s.dim, s.hidden, s.n_q * s.head_dim)
+        # the q|k|v and attention-output scratch also hold a conv layer's B | C | x and C y
+        self.wide = max((s.n_q + 2 * s.n_kv) * s.head_dim, 3 * s.dim if self.convs else 0)
+        self.att = max(s.n_q * s.head_dim, s.dim if self.convs else 0)
         self._scratch: dict[tuple[int, int], tuple] = {}
 
     def _sc_stride(self, ctx: int) -> int:
@@ -181,11 +201,11 @@ class DecodeStep:
         s = self.shape
         if have is None or have[0] < ctx:
             ctx = max(ctx, 2 * (have[0] if have else 256))
-            hd, kq = s.head_dim, t * self.kmax
+            kq = t * self.kmax
             # zeroed, not empty: allocated once per shape, and no padding byte should depend on
             # what the memory held before
-            bufs = (torch.zeros(t * s.dim), torch.zeros(t * (s.n_q + 2 * s.n_kv) * hd),
-                    torch.zeros(t * s.n_q * hd), torch.zeros(t * 2 * s.hidden),
+            bufs = (torch.zeros(t * s.dim), torch.zeros(t * self.wide), torch.zeros(t * self.att),
+                    torch.zeros(t * 2 * s.hidden),
                     torch.zeros(t * s.dim), torch.zeros(kq, dtype=torch.int8),
                     torch.zeros(kq // 32 + 8), torch.zeros(kq // 16 + 16, dtype=torch.int16),
                     torch.zeros(threads * self._sc_stride(ctx)))  # fmt: skip
@@ -195,12 +215,17 @@ class DecodeStep:
     def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                  slots: torch.Tensor, seq_lens: torch.Tensor, tables: torch.Tensor,
                  threads: int | None = None, cos1: torch.Tensor | None = None,
-                 sin1: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+                 sin1: torch.Tensor | None = None,
+                 state_slots: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
         """x [t, dim] float32 (the embeddings; updated in place to the stream after the last
         layer), cos / sin [t, rope_dims / 2] (cos1 / sin1: the table of layers with rope_set 1),
-        slots / seq_lens [t] and tables [t, W] int64 (all contiguous)."""
+        slots / seq_lens [t] and tables [t, W] int64 (all contiguous); state_slots [t] int64:
+        each row's recurrent state slot (needed with short-conv layers; never a fresh one)."""
         cos1, sin1 = (cos, sin) if cos1 is None else (cos1, sin1)
         t = x.shape[0]
+        if self.convs and (state_slots is None or state_slots.dtype != torch.int64
+                           or tuple(state_slots.shape) != (t,)):  # fmt: skip
+            raise ValueError("a step with short-conv layers needs int64 state_slots [t]")
         threads = threads or torch.get_num_threads()
         ctx, bufs = self._buffers(t, int(seq_lens.max()), threads)
         ptr = torch.Tensor.data_ptr
@@ -208,18 +233,34 @@ class DecodeStep:
             ctypes.addressof(self.model), t, ptr(x), ptr(cos), ptr(sin), ptr(cos1), ptr(sin1),
             ptr(slots),
             ptr(seq_lens), ptr(tables), tables.shape[1], *(ptr(b) for b in bufs),
-            self._sc_stride(ctx), threads,
+            self._sc_stride(ctx), threads, None if state_slots is None else ptr(state_slots),
         )  # fmt: skip
         return x
+
+
+def _check_conv(lay: LayerSpec, dim: int) -> None:
+    """A short-conv layer's tensors as the C reads them, or a ValueError."""
+    w, st = lay.conv_w, lay.conv_state
+    ok = w.dtype == torch.float32 and w.is_contiguous() and w.dim() == 2 and w.shape[0] == dim
+    taps = w.shape[1] if w.dim() == 2 else 0
+    if not ok or taps < 2:
+        raise ValueError(f"conv taps of {w.dtype} {tuple(w.shape)}: float32 ({dim}, taps >= 2)")
+    if st is None or st.dtype != torch.float32 or not st.is_contiguous() or st.dim() != 3 or \
+            tuple(st.shape[1:]) != (taps - 1, dim):  # fmt: skip
+        raise ValueError(f"conv state of {None if st is None else tuple(st.shape)}: float32 "
+                         f"(slots, {taps - 1}, {dim})")  # fmt: skip
+    if len(lay.qkv) != 1 or lay.qkv[0].shape[0] != 3 * dim or lay.o.shape[0] != dim:
+        raise ValueError("a short-conv layer's in_proj must be one run of 3 x dim outputs")
 
 
 def decode_step_reference(shape: Shape, layers: list[LayerSpec], block_size: int,
                           x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                           slots: torch.Tensor, seq_lens: torch.Tensor, tables: torch.Tensor,
                           cos1: torch.Tensor | None = None,
-                          sin1: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
-    """The step in torch (each linear's int8 math by `block_rows_reference`, the cache written
-    as the C does): x [t, dim] -> the stream after the last layer."""
+                          sin1: torch.Tensor | None = None,
+                          state_slots: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+    """The step in torch (each linear's int8 math by `block_rows_reference`, the cache and the
+    conv states written as the C does): x [t, dim] -> the stream after the last layer."""
     s, x = shape, x.clone()
 
     def mm(lin, v):  # a NativeLinear's int8-activation product, as the C computes it
@@ -245,6 +286,13 @@ def decode_step_reference(shape: Shape, layers: list[LayerSpec], block_size: int
 
     for lay in layers:
         h = norm(x, lay.attn_norm)
+        if lay.conv_w is not None:  # LFM2's gated short conv (engine/models/lfm2.py's ShortConv)
+            b, c, xv = mm(lay.qkv[0], h).split(s.dim, -1)
+            full = torch.cat((lay.conv_state[state_slots], (b * xv)[:, None]), 1)
+            lay.conv_state[state_slots] = full[:, 1:]
+            x = x + mm(lay.o, c * (full * lay.conv_w.t()[None]).sum(1))
+            x = _mlp(s, lay, x, mm, norm)
+            continue
         qkv = torch.cat([mm(g, h) for g in lay.qkv], -1)
         qkv = qkv if lay.qkv_bias is None else qkv + lay.qkv_bias
         q = qkv[:, : nq * hd].reshape(-1, nq, hd)
@@ -266,10 +314,14 @@ def decode_step_reference(shape: Shape, layers: list[LayerSpec], block_size: int
             outs.append(torch.einsum("hn,nhd->hd", p, vv).reshape(-1))
         o = mm(lay.o, torch.stack(outs))
         x = x + (o if lay.post_attn_norm is None else norm(o, lay.post_attn_norm))
-        h = norm(x, lay.ffn_norm)
-        gu = torch.cat([mm(g, h) for g in lay.gate_up], -1)
-        g, u = gu[:, : s.hidden], gu[:, s.hidden :]
-        a = F.silu(g) if s.act == "silu" else F.gelu(g, approximate="tanh")
-        d = mm(lay.down, a * u)
-        x = x + (d if lay.post_ffn_norm is None else norm(d, lay.post_ffn_norm))
+        x = _mlp(s, lay, x, mm, norm)
     return x
+
+
+def _mlp(s: Shape, lay: LayerSpec, x: torch.Tensor, mm, norm) -> torch.Tensor:
+    """The reference's gated MLP and its residual add."""
+    gu = torch.cat([mm(g, norm(x, lay.ffn_norm)) for g in lay.gate_up], -1)
+    g, u = gu[:, : s.hidden], gu[:, s.hidden :]
+    a = F.silu(g) if s.act == "silu" else F.gelu(g, approximate="tanh")
+    d = mm(lay.down, a * u)
+    return x + (d if lay.post_ffn_norm is None else norm(d, lay.post_ffn_norm))

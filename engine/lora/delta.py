@@ -62,10 +62,15 @@ def inline_items_cap(device: torch.device) -> int:
 class LoraContext:
     """Per-step row factors [rows, slots] and the per-module column views of them."""
 
-    def __init__(self, n_slots: int, device: torch.device, rows: int = MIN_ROWS):
+    def __init__(
+        self, n_slots: int, device: torch.device, rows: int = MIN_ROWS, kernels: bool | None = None
+    ):
         self.n_slots = n_slots
         self.device = device
         self.always = device.type == "cuda"  # graphs: W's rows are fixed once captured
+        # the deltas hold the triton kernels' layout (f16 weights, a scratch): on CUDA, or on
+        # CPU tensors when a test asks (the triton interpreter runs the epilogue schemes there)
+        self.kernels = device.type == "cuda" if kernels is None else kernels
         self.rows = max(rows, MIN_ROWS)
         self.w = torch.zeros(self.rows, n_slots, device=device)
         self._cols: list[torch.Tensor] = []  # per signature: column -> slot index [R]
@@ -137,11 +142,11 @@ class LoraDelta:
         """parts: per output part, (A [R_p, in], B [out_p, R_p], slot of each of the R_p
         columns); R_p may be 0 (a part no adapter targets)."""
         self.ctx = ctx
-        cuda = ctx.device.type == "cuda"
-        dtype = CUDA_DTYPE if cuda else torch.float32
+        kern = ctx.kernels  # the kernels' layout (CUDA, or the interpreter in tests)
+        dtype = CUDA_DTYPE if kern else torch.float32
         self.a = torch.cat([a for a, _, _ in parts]).to(dtype).contiguous()  # [R, in]
         # the torch path: one mm, mul_ and one addmm per part (CPU: A.T contiguous is faster)
-        self.a_t = self.a.T if cuda else self.a.T.contiguous()
+        self.a_t = self.a.T if kern else self.a.T.contiguous()
         self.sig = ctx.signature([s for _, _, cols in parts for s in cols])
         self.b: list[tuple[int, int, int, torch.Tensor]] = []  # (part, first col, last col, B.T)
         first = 0
@@ -152,7 +157,7 @@ class LoraDelta:
         self.kparts = [LoraPart(lo, hi, b_t) for _, lo, hi, b_t in self.b]
         self.whole = len(self.b) == 1 and first == self.b[0][2] - self.b[0][1]
         # the kernels' t accumulator, made here: never inside a CUDA-graph capture
-        self.scratch = scratch(first, ctx.device) if cuda else None
+        self.scratch = scratch(first, ctx.device) if kern else None
         self.offsets = [0]
         for _, b, _ in parts:
             self.offsets.append(self.offsets[-1] + b.shape[0])

@@ -1,15 +1,18 @@
-"""Shared pieces of the LoRA tests: fixture paths, transformers+peft references, our logits.
+"""Shared pieces of the LoRA tests: fixture paths, transformers+peft references, our logits,
+`exact_deltas` (the deltas in float64: the yardstick of the kernels and the torch ops).
 
 tests/data/lora/ (tests/tools/record_lora_fixtures.py): PEFT adapters with non-zero init of the
 tiny tests/data/hf/ bases, and llama.cpp's `convert_lora_to_gguf.py` output of the `-a` ones.
 """
 
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import torch
 
 from localllm.engine.core.batch import BatchMeta
+from localllm.engine.lora import delta
 from localllm.engine.runtime.kv_cache import PagedKVCache
 
 DATA = Path(__file__).parents[1] / "data"
@@ -79,3 +82,41 @@ def assert_same_or_near_tie(ref, prompt: list[int], ours: list[int], want: list[
     logits = ref_logits(ref, prompt + want[:i])[-1]
     gap = abs((logits[ours[i]] - logits[want[i]]).item())
     assert gap < TIE, f"step {i}: ours {ours[i]} vs reference {want[i]}, logit gap {gap:.3f}"
+
+
+def exact_delta(d: delta.LoraDelta, x: torch.Tensor) -> list[tuple[int, torch.Tensor]]:
+    """(part, its delta [T, out_p]) of LoraDelta `d` for rows x, in float64 from the weights `d`
+    holds (float16 on CUDA: a storage choice every scheme shares)."""
+    t = (x.double() @ d.a.double().T) * d.ctx.view(d.sig, x.shape[0]).double()
+    return [(i, t[:, lo:hi] @ b_t.double()) for i, lo, hi, b_t in d.b]
+
+
+def _add(self, x, y):
+    return y + exact_delta(self, x)[0][1].to(y.dtype) if self.ctx.active else y
+
+
+def _add_parts(self, x, outs):
+    outs = list(outs)
+    for i, dd in exact_delta(self, x) if self.ctx.active else ():
+        outs[i] = outs[i] + dd.to(outs[i].dtype)
+    return outs
+
+
+def _add_stacked(self, x, y):
+    for i, dd in exact_delta(self, x) if self.ctx.active else ():
+        y[:, self.offsets[i] : self.offsets[i + 1]] += dd.to(y.dtype)
+    return y
+
+
+@contextmanager
+def exact_deltas(monkeypatch):
+    """Inside: every LoraDelta adds `exact_delta` (no kernels, no epilogue tails). The torch ops
+    round x, t and the delta to float16 on CUDA: 1e-3 off at a module, which the int8 activation
+    codes of a Q8_0 model's dp4a GEMVs can carry to 0.04-0.1 in its logits (tests/perf/results/
+    lora.md, 2026-12-06 16:42-16:49 UTC); the kernels keep float32 and land within ~1e-7 of this."""
+    with monkeypatch.context() as m:
+        m.setattr(delta, "KERNELS", False)
+        m.setattr(delta.LoraDelta, "add", _add)
+        m.setattr(delta.LoraDelta, "add_parts", _add_parts)
+        m.setattr(delta.LoraDelta, "add_stacked", _add_stacked)
+        yield

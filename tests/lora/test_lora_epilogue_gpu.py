@@ -2,10 +2,13 @@
 (or done by the GEMV's first programs: "inline") and the expand added by the packed base GEMVs
 (`engine.lora.delta.SCHEME`). The tiny llama folder,
 made Q8_0 at load so that its linears run the packed dp4a GEMVs, with the PEFT adapters of
-tests/data/lora: its logits equal the torch ops' for one row on two adapters and for four rows
-on different adapters (one on none), every module's scratch is left at zero, and five rows (past
-the scheme's rows) take the atomic kernels; greedy decode with CUDA graphs gives a mixed batch
-each request's alone tokens, and the same tokens as the default scheme."""
+tests/data/lora: its logits equal those of the same model with float64 deltas (`exact_deltas`)
+for one row on two adapters and for four rows on different adapters (one on none), no worse than
+the torch ops' (float16: their 1e-3 at a module reach 0.04-0.1 in this model's logits through the
+GEMVs' int8 activation codes, so they are no yardstick here), every module's scratch is left at
+zero, and five rows (past the scheme's rows) take the atomic kernels; greedy decode with CUDA
+graphs gives a mixed batch each request's alone tokens, and the same tokens as the default
+scheme. The module-level check, tighter: tests/lora/test_lora_epilogue_module.py."""
 
 import dataclasses
 
@@ -17,13 +20,17 @@ from localllm.engine.llm import LLM
 from localllm.engine.lora import LoraSpec, delta
 from localllm.engine.runtime.kv_cache import PagedKVCache
 from localllm.engine.sampling.params import SamplingParams
-from tests.lora.lora_refs import HF, LORA, TIE, ids
+from tests.lora.lora_refs import HF, LORA, TIE, exact_deltas, ids
 
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
 ]
-GPU_TOL = 0.02  # as tests/lora/test_lora_gpu.py (Q8_0 base both sides here: only the deltas differ)
+# as tests/lora/test_lora_gpu.py; against float64 deltas on the same Q8_0 base (only the deltas
+# differ): the kernels were 0.0000 off under the CPU interpreter, the torch ops 0.038 / 0.106
+# (1 / 4 rows; 0.038 on the H100 of 2026-12-06 16:14), tests/perf/results/lora.md
+GPU_TOL = 0.02
+OPS_MARGIN = 1e-3  # a scheme's logits are no further from the exact deltas than the torch ops
 CHOICES = [((0, 1.0),), ((1, 1.0),), ((0, 0.5), (1, 2.0)), ()]
 SPECS = (LoraSpec(str(LORA / "llama-a")), LoraSpec(str(LORA / "llama-b"), 0.0))
 
@@ -50,7 +57,7 @@ def _count_tails(monkeypatch) -> list[int]:
 
 @pytest.mark.parametrize("scheme", ["epilogue", "inline"])
 @torch.inference_mode()
-def test_epilogue_equals_the_torch_ops(monkeypatch, scheme):
+def test_epilogue_near_exact_deltas(monkeypatch, scheme):
     monkeypatch.setattr(delta, "SCHEME", scheme)
     seen = _count_tails(monkeypatch)
     with _llm() as llm:
@@ -61,10 +68,10 @@ def test_epilogue_equals_the_torch_ops(monkeypatch, scheme):
         if scheme == "inline":
             assert all(d._inline for d in deltas if d._tails)
         for rows in (1, 4, 5):
-            _rows_equal_the_torch_ops(monkeypatch, model, deltas, seen, rows)
+            _rows_near_exact_deltas(monkeypatch, model, deltas, seen, rows)
 
 
-def _rows_equal_the_torch_ops(monkeypatch, model, deltas, seen, rows: int) -> None:
+def _rows_near_exact_deltas(monkeypatch, model, deltas, seen, rows: int) -> None:
     tokens = ids(rows, seed=3)
     if rows == 1:
         model.lora.set_rows([(CHOICES[2], 1)])
@@ -91,9 +98,13 @@ def _rows_equal_the_torch_ops(monkeypatch, model, deltas, seen, rows: int) -> No
     again = run()
     assert (again - got).abs().max().item() < 1e-3, rows  # the scratch was clean
     monkeypatch.setattr(delta, "KERNELS", False)
-    want = run()
+    ops = run()
     monkeypatch.setattr(delta, "KERNELS", True)
-    assert (got - want).abs().max().item() < GPU_TOL, rows
+    with exact_deltas(monkeypatch):
+        want = run()
+    err, err_ops = ((v - want).abs().max().item() for v in (got, ops))
+    assert err < GPU_TOL, (rows, err, err_ops)
+    assert err <= err_ops + OPS_MARGIN, (rows, err, err_ops)
     model.lora.set_rows([((), rows)])
     base = run()
     assert (got - base).abs().max().item() > 5 * GPU_TOL, rows  # the adapters really act

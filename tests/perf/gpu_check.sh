@@ -17,6 +17,7 @@ STEPS=${STEPS:-tests bench}
 END_S=${END_S:-570}
 TESTS=${TESTS:-tests/kernels/test_linear_half.py tests/kernels/test_triton_packed.py \
 tests/kernels/test_lora_epilogue.py tests/lora/test_lora_epilogue_gpu.py tests/kernels/test_lora_kernels.py \
+tests/lora/test_lora_epilogue_module.py \
 tests/engine/test_prefill_graphs.py tests/engine/test_hybrid_prompt_graphs.py tests/engine/test_gpu_graphs.py \
 tests/media/test_vision_gpu_gemma3_llava.py tests/kernels/test_quant_gpu.py}
 LLB=/tmp/llb

@@ -42,6 +42,7 @@ fi
 : >"$OUT/pytest.log"; : >"$OUT/pytest_packed.log"
 if has tests; then
   TESTS="tests/kernels/test_lora_epilogue.py tests/lora/test_lora_epilogue_gpu.py"
+  TESTS="$TESTS tests/lora/test_lora_epilogue_module.py"
   TESTS="$TESTS tests/kernels/test_lora_kernels.py"
   has more && TESTS="$TESTS tests/lora/test_lora_gpu.py"
   timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider -k "not fused" $TESTS 2>&1 \

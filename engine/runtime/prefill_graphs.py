@@ -14,6 +14,12 @@ Hybrid models (recurrent state) whose recurrent layers take the step's layout fr
 the chunk's state slot is a static input beside its context, and the padding rows form a second
 sequence on the scratch state slot (`engine.layers.recurrent.prompt_graph_plans`), so a scan
 stops at the chunk's last real row. Off by default until measured on a GPU.
+
+`declined` says which models keep eager prompts: any host step in the forward would fail the
+capture or freeze one chunk's values into every replay. Among them, attention heads that the
+device-context kernel does not take (`kernels.attention.context_heads`): their context is read
+on the host. tests/engine/test_prompt_graph_host_ops.py checks on the CPU that a taken model's
+captured forward holds no host step.
 """
 
 from dataclasses import dataclass
@@ -26,6 +32,7 @@ from localllm.engine.layers.recurrent import prompt_graph_plans
 from localllm.engine.moe.block import graph_safe, moe_blocks
 from localllm.engine.runtime.cuda_graphs import capture_first, lora_key, warm_up
 from localllm.engine.runtime.kv_cache import PagedKVCache
+from localllm.kernels.attention.context_heads import context_heads
 
 # ~1.5x apart: padding costs at most a third of a bucket's device time
 BUCKETS = (32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
@@ -33,6 +40,26 @@ BUCKETS = (32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
 # host-bound on an H100 (51.0 ms, tests/perf/results/hybrid.md), but a replay's gain there is not
 # yet measured (tests/perf/gpu_hybrid_prefill.sh runs the A/B)
 STATEFUL = False
+
+
+def declined(model: nn.Module, kv: PagedKVCache) -> str | None:
+    """Why `model`'s prompt chunks over `kv` cannot be captured on a GPU, or None: a capture
+    holds no host step, so every op of the forward must take its layout from the device."""
+    if not getattr(model, "generates", True):
+        return "not a causal decoder (padding must stay out of real rows)"
+    if kv.k_scales is not None:
+        return "an 8-bit KV cache (decodes eagerly)"
+    d, dv = kv.k[0].shape[-1], kv.v[0].shape[-1]
+    if not context_heads(d, dv):  # the context would be read on the host
+        return f"head dims {d} / {dv}: no device-context attention kernel"
+    if not graph_safe(model) or any(b.mapped is not None for b in moe_blocks(model)):
+        return "experts not resident and packed on the device (routing reaches the host)"
+    if getattr(kv, "states", None) is not None:
+        if not getattr(model, "state_in_prompt_graphs", False):
+            return "recurrent layers that walk the host's sequence layout"
+        if not STATEFUL:
+            return "recurrent state, and prefill_graphs.STATEFUL is off"
+    return None
 
 
 def bucket_of(n: int) -> int | None:
@@ -64,18 +91,8 @@ class PrefillGraphs:
         self.pool = pool  # a graph memory pool shared with the decode graphs (or None: own)
         self.failed: str | None = None  # why capture failed (then every prompt runs eager)
         self.states = getattr(kv, "states", None)  # hybrids' state slots (None: no state)
-        stateless = self.states is None
-        # causal decoders only (padding must stay out of real rows); resident experts only (host
-        # steps cannot be captured whole); plain float caches (8-bit formats decode eagerly);
-        # hybrids whose recurrent layers read the layout from the device, when STATEFUL
-        self.usable = (
-            dev.type == "cuda"
-            and getattr(model, "generates", True)
-            and kv.k_scales is None
-            and graph_safe(model)
-            and not any(b.mapped is not None for b in moe_blocks(model))
-            and (stateless or (STATEFUL and getattr(model, "state_in_prompt_graphs", False)))
-        )
+        self.declined = declined(model, kv)  # why this model's prompts stay eager (None: none)
+        self.usable = dev.type == "cuda" and self.declined is None
 
     def bucket(self, n: int) -> int | None:
         """The padded length that a chunk of `n` tokens replays at (None: eager)."""

@@ -15,6 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
+from localllm.kernels.attention.context_heads import context_heads
+
 # Products per cache type: float32 keys get ~float32 products (three tf32 passes); f16/bf16 keys,
 # already rounded to 10/7 mantissa bits, get one tf32 pass (q and the softmax weights rounded to
 # 10 bits, as llama.cpp's f16 flash attention does). H200, 32 q heads of 128, f16 keys
@@ -96,7 +98,7 @@ def supports(q: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor) -> bool:
         q.is_cuda
         and q.dtype == torch.float32
         and keys.dtype in (torch.float16, torch.bfloat16, torch.float32)
-        and all(n >= 16 and n == triton.next_power_of_2(n) for n in (d, dv))
+        and context_heads(d, dv)
     )
 
 

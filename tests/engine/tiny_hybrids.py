@@ -1,0 +1,28 @@
+"""Tiny random-weight hybrid GGUFs whose prompts a CUDA graph can take: head dims of 64 (the
+device-context attention kernel's; the converted fixtures' 8 are not) and Q4_K experts (packed on
+a GPU; the fixtures' F16 experts are not, so their routing reaches the host). Written by
+`tests/perf/make_hybrid_synthetic.py`'s writer with a byte tokenizer, vocabulary 512."""
+
+from pathlib import Path
+
+VOCAB = 512
+MAMBA = {"d_inner": 512, "ssm_heads": 8, "d_state": 16}
+MOE = {"n_expert": 4, "n_used": 2, "shared": 256}
+# name -> (arch, extra shape fields); lfm2moe has no synthetic writer
+KINDS = {
+    "tiny-lfm2": ("lfm2", {}),
+    "tiny-granitehybrid": ("granitehybrid", {**MAMBA, **MOE}),
+    # (`shared` is read even without experts: any size, unused)
+    "tiny-granitehybrid_dense": ("granitehybrid", {**MAMBA, "shared": 512}),
+}
+
+
+def write_tiny_hybrid(root: Path, name: str) -> Path:
+    """3 layers (attention at 1), dim 256, 4 / 2 heads of 64, FFN (or each expert) 256 or 512."""
+    from tests.perf.make_hybrid_synthetic import Hybrid, write_hybrid
+
+    arch, extra = KINDS[name]
+    hidden = 256 if "n_expert" in extra else 512
+    p = root / f"{name}.gguf"
+    write_hybrid(p, Hybrid(arch, 3, (1,), 256, 4, 2, hidden, VOCAB, **extra), None, seed=2)
+    return p

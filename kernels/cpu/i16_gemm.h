@@ -202,12 +202,78 @@ static inline void transpose16_epi32(__m512i r[16]) {
 }
 #endif
 
+#if defined(__AVX512BW__) && defined(__AVX512VL__) && defined(BLOCK_DOTS_AVX2)
+/* i16_sub of the 8 sub-blocks of super-block jb of a Q4_K / Q5_K / Q6_K row at once (the same
+ * integers and floats; one pass over its bytes, its fp16 scales read once): codes c[8][32], ws[8],
+ * wm[8]. Returns 0 for another type. */
+static int i16_super_v(int type, const uint8_t *w, int64_t jb, int16_t (*c)[32], float *ws,
+                       float *wm) {
+    if (type == Q6_K) {
+        const float d = h2f(rd16(w + jb * 210 + 208));
+        for (int g = 0; g < 8; g++) i16_codes_v(type, w, 8 * jb + g, c[g]), ws[g] = d, wm[g] = 0.f;
+        return 1;
+    }
+    if (type != Q4_K && type != Q5_K) return 0;
+    const uint8_t *b = w + jb * (type == Q4_K ? 144 : 176);
+    const float d = h2f(rd16(b)), dm = h2f(rd16(b + 2));
+    const __m256i lo4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
+    const __m256i h = type == Q5_K ? _mm256_loadu_si256((const __m256i *)(b + 16)) : _mm256_setzero_si256();
+    const uint8_t *q = b + (type == Q4_K ? 16 : 48);
+    for (int pr = 0; pr < 4; pr++) { /* sub-blocks 2 pr (low nibbles) and 2 pr + 1 (high) */
+        const __m256i v = _mm256_loadu_si256((const __m256i *)(q + 32 * pr));
+        __m256i lo = _mm256_and_si256(v, lo4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4);
+        if (type == Q5_K) {
+            lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2 * pr), one), 4));
+            hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2 * pr + 1), one), 4));
+        }
+        _mm512_storeu_si512(c[2 * pr], _mm512_cvtepi8_epi16(lo));
+        _mm512_storeu_si512(c[2 * pr + 1], _mm512_cvtepi8_epi16(hi));
+    }
+    for (int g = 0; g < 8; g++) {
+        int sc, mn;
+        scale_min_k4(g, b + 4, &sc, &mn);
+        ws[g] = d * (float)sc, wm[g] = -(dm * (float)mn);
+    }
+    return 1;
+}
+#define I16_SUPER(type) ((type) == Q4_K || (type) == Q5_K || (type) == Q6_K)
+#else
+static int i16_super_v(int type, const uint8_t *w, int64_t jb, int16_t (*c)[32], float *ws,
+                       float *wm) {
+    (void)type, (void)w, (void)jb, (void)c, (void)ws, (void)wm;
+    return 0;
+}
+#define I16_SUPER(type) 0
+#endif
+
 /* The tile of weight rows rows0 .. rows0 + I16_NC - 1 (those past n zero): codes as pairs
  * pk [k/2][I16_NC][2], scales ws [k/32][I16_NC] and minimums wm [k/32][I16_NC]. */
 static void i16_tile(int type, const uint8_t *const *wrow, int nvalid, int64_t k, int16_t *pk,
                      float *ws, float *wm) {
 #if defined(__AVX512F__)
     _Alignas(64) int16_t cc[16][32];
+    if (k % 256 == 0 && I16_SUPER(type)) { /* Q4_K, Q5_K, Q6_K: a super-block at a time */
+        _Alignas(64) int16_t cs[16][8][32];
+        float s8[16][8], m8[16][8];
+        for (int64_t jb = 0; jb < k / 256; jb++)
+            for (int h = 0; h < I16_NC; h += 16) {
+                for (int col = 0; col < 16; col++) {
+                    if (h + col < nvalid) i16_super_v(type, wrow[h + col], jb, cs[col], s8[col], m8[col]);
+                    else memset(cs[col], 0, sizeof cs[col]), memset(s8[col], 0, 32), memset(m8[col], 0, 32);
+                }
+                for (int g = 0; g < 8; g++) {
+                    const int64_t j = 8 * jb + g;
+                    __m512i r[16];
+                    for (int col = 0; col < 16; col++) {
+                        ws[j * I16_NC + h + col] = s8[col][g], wm[j * I16_NC + h + col] = m8[col][g];
+                        r[col] = _mm512_load_si512(cs[col][g]);
+                    }
+                    transpose16_epi32(r);
+                    for (int p = 0; p < 16; p++) _mm512_storeu_si512((int32_t *)pk + (j * 16 + p) * I16_NC + h, r[p]);
+                }
+            }
+        return;
+    }
     for (int64_t j = 0; j < k / 32; j++)
         for (int h = 0; h < I16_NC; h += 16) { /* 16 columns' sub-block j, transposed */
             __m512i r[16];

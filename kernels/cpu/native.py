@@ -20,7 +20,9 @@ import torch
 
 from localllm.kernels.cpu import block_linear
 from localllm.kernels.cpu.cbuild import build_library, built_libraries, checked, compiler
+from localllm.kernels.cpu.moe_prompt import expert_prompt_pairs
 from localllm.kernels.moe.experts import ExpertFormat, expert_ffn_reference, group_by_expert
+from localllm.kernels.quant import linear_native
 from localllm.kernels.quant.types import QuantType
 
 SOURCE = Path(__file__).with_name("moe_gemv.c")
@@ -130,44 +132,79 @@ class NativeKernels:
         blocks ([hidden, rb], [hidden, rb], [dim, rb]; CPU, contiguous), valid together until
         the next call. At most `at_once` experts per fetch (a slot pool's size; None: all);
         their pairs go to the kernels per fetch, then one combine: the same bits whatever
-        `at_once` is."""
+        `at_once` is. Prompt rows (`linear_native.prompt_rows`) take the experts' int16 GEMMs
+        (`moe_prompt`), the others the decode kernels."""
+        rows = linear_native.current_prompt_rows()
+        gemm = self.blocks is not None and linear_native.PROMPT_I16
+        if gemm and isinstance(rows, torch.Tensor) and rows.numel() == x.shape[0] and rows.any():
+            y = torch.empty(x.shape[0], x.shape[1])
+            y[rows] = self._moe_prompt(x[rows], weights[rows], ids[rows], fetch, types, act,
+                                       threads, at_once)  # fmt: skip
+            if not rows.all():
+                keep = ~rows
+                y[keep] = self._moe_pairs(x[keep], weights[keep], ids[keep], fetch, types, act,
+                                          threads, at_once)  # fmt: skip
+            return y
+        if gemm and rows is True:
+            return self._moe_prompt(x, weights, ids, fetch, types, act, threads, at_once)
+        return self._moe_pairs(x, weights, ids, fetch, types, act, threads, at_once)
+
+    def _moe_prompt(self, x, weights, ids, fetch, types, act, threads, at_once) -> torch.Tensor:
+        dim = x.shape[1]
+        threads = threads or torch.get_num_threads()
+        x = x.float().contiguous()
+
+        def pairs_dn(tok, counts, blocks):  # experts of few rows: the decode kernels
+            return self._pairs_dn(x, tok, counts, blocks, types, act, threads)
+
+        dn, pos = expert_prompt_pairs(self.blocks.lib, x, ids, fetch, types, act, threads,
+                                      at_once, pairs_dn)  # fmt: skip
+        return self._combine(weights, ids, pos, dn, dim, threads)
+
+    def _pairs_dn(self, x, tok, counts, blocks, types, act, threads) -> torch.Tensor:
+        """`moe_pairs` over some experts' pairs: x [T, dim] float32 (contiguous), tok [pairs]
+        each pair's token row, grouped by expert (counts, blocks: each expert's) -> [pairs, dim]."""
+        t, dim = x.shape
+        pairs, hidden = tok.shape[0], blocks[0][0].shape[0]
+        xq, xd, xb = quant_buffers(t * dim)
+        two = (types[0] == QuantType.Q4_K) != (types[1] == QuantType.Q4_K)
+        kq, kd, kb = quant_buffers(t * dim) if two else (xq, xd, xb)
+        h, dn = torch.empty(pairs * 2 * hidden), torch.empty(pairs, dim)
+        aq, ad, ab = quant_buffers(pairs * hidden)
+        ptrs = [(ctypes.c_void_p * len(blocks))(*(_ptr(b[i]) for b in blocks)) for i in range(3)]
+        gstart = torch.tensor([0, *itertools.accumulate(counts)], dtype=torch.int64)
+        tok = tok.contiguous()
+        self.lib.moe_pairs(
+            t, len(blocks), _ptr(gstart), *ptrs, _ptr(tok), _ptr(x), *(int(q) for q in types), dim,
+            hidden, ACTS[act], _ptr(xq), _ptr(xd), _ptr(xb), _ptr(kq), _ptr(kd), _ptr(kb), _ptr(h),
+            _ptr(aq), _ptr(ad), _ptr(ab), _ptr(dn), threads,
+        )  # fmt: skip
+        return dn
+
+    def _moe_pairs(self, x, weights, ids, fetch, types, act, threads, at_once) -> torch.Tensor:
         t, dim = x.shape
         kk = ids.shape[1]
         x = x.float().contiguous()
-        wts = weights.float().contiguous()
         threads = threads or torch.get_num_threads()
-        pairs = t * kk
         order, used, counts = group_by_expert(ids.to(torch.int64))
         bounds = [0, *itertools.accumulate(counts)]
-        tok = (order // kk).contiguous()
-        pos = torch.empty_like(order)
-        pos[order] = torch.arange(pairs)
+        tok = order // kk
+        dn = torch.empty(t * kk, dim)
         step = at_once or len(used) or 1
-        chunks = [used[c0 : c0 + step] for c0 in range(0, len(used), step)]
-        blocks = fetch(chunks[0]) if chunks else []
-        hidden = blocks[0][0].shape[0] if blocks else 0
-        xq, xd, xb = quant_buffers(t * dim)
-        kq, kd, kb = (
-            quant_buffers(t * dim)
-            if (types[0] == QuantType.Q4_K) != (types[1] == QuantType.Q4_K)
-            else (xq, xd, xb)
-        )
-        h = torch.empty(pairs * 2 * hidden)
-        aq, ad, ab = quant_buffers(pairs * hidden)
-        dn = torch.empty(pairs * dim)
-        for n, chunk in enumerate(chunks):
-            c0 = n * step
-            blocks = blocks if n == 0 else fetch(chunk)
-            ptrs = [(ctypes.c_void_p * len(chunk))(*(_ptr(b[i]) for b in blocks)) for i in range(3)]
-            gstart = torch.tensor(bounds[c0 : c0 + len(chunk) + 1], dtype=torch.int64)
-            self.lib.moe_pairs(
-                t, len(chunk), _ptr(gstart), *ptrs, _ptr(tok), _ptr(x),
-                *(int(q) for q in types), dim, hidden, ACTS[act],
-                _ptr(xq), _ptr(xd), _ptr(xb), _ptr(kq), _ptr(kd), _ptr(kb), _ptr(h), _ptr(aq),
-                _ptr(ad), _ptr(ab), _ptr(dn),
-                threads,
-            )  # fmt: skip
+        for c0 in range(0, len(used), step):
+            chunk = used[c0 : c0 + step]
+            a, b = bounds[c0], bounds[c0 + len(chunk)]
+            dn[a:b] = self._pairs_dn(x, tok[a:b], counts[c0 : c0 + len(chunk)], fetch(chunk),
+                                     types, act, threads)  # fmt: skip
+        pos = torch.empty_like(order)
+        pos[order] = torch.arange(t * kk)
+        return self._combine(weights, ids, pos, dn, dim, threads)
+
+    def _combine(self, weights, ids, pos, dn, dim: int, threads: int) -> torch.Tensor:
+        """Each row's choices summed in their order, weighted: [T, dim]."""
+        t, kk = ids.shape
         y = torch.empty(t, dim)
+        wts, pos = weights.float().contiguous(), pos.contiguous()
         self.lib.moe_combine(t, kk, _ptr(pos), _ptr(wts), _ptr(dn), dim, _ptr(y), threads)
         return y
 

@@ -79,6 +79,11 @@ PROMPT_I8 = False
 _PROMPT_ROWS: contextvars.ContextVar = contextvars.ContextVar("prompt_rows", default=False)
 
 
+def current_prompt_rows() -> "bool | torch.Tensor":
+    """The current step's prompt rows, as `prompt_rows` set them (False where none did)."""
+    return _PROMPT_ROWS.get()
+
+
 @contextlib.contextmanager
 def prompt_rows(rows: "bool | torch.Tensor"):
     """Calls inside take the prompt GEMM for `rows` (`BatchMeta.prompt_mask`)."""

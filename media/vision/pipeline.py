@@ -9,6 +9,7 @@ The processor takes the model's preprocessing settings (`preprocess_config`: the
 a Hugging Face folder model's sidecar files, the caller's overrides) over its family defaults.
 """
 
+import contextlib
 import dataclasses
 import importlib
 import inspect
@@ -22,6 +23,7 @@ import torch
 
 from localllm.engine.hf import HFCheckpoint
 from localllm.engine.multimodal import MultiModalInput
+from localllm.kernels.cpu.onednn_fp32 import fast_fp32
 from localllm.media.vision import preprocess_config as pconfig
 from localllm.media.vision import prompt as vprompt
 from localllm.media.vision.image import DEFAULT_LIMITS, ImageLimits, decode_image, image_digest
@@ -152,8 +154,11 @@ class VisionPipeline:
         )
 
     def encode(self, image: PreparedImage) -> torch.Tensor:
-        """The image's embeddings [num_tokens, dim] (runs the tower here and now)."""
-        with torch.inference_mode():
+        """The image's embeddings [num_tokens, dim] (runs the tower here and now; on a CPU its
+        float32 matmuls through oneDNN where that is float32 math: 1.74x the tower's speed on
+        the 2026-12-06 Zen 5, `kernels.cpu.onednn_fp32`)."""
+        cpu = self.device.type == "cpu"
+        with torch.inference_mode(), fast_fp32() if cpu else contextlib.nullcontext():
             if getattr(self.model, "takes_grid", False):  # Qwen: the patch grid too
                 return self.model(image.pixels.to(self.device), image.layout.thw)
             if getattr(self.model, "takes_layout", False):  # LLaVA-1.6: its tile grid

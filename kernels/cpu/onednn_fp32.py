@@ -12,6 +12,7 @@ matmuls in that window take the same path, which the probe showed to be float32 
 
 import contextlib
 import functools
+import threading
 
 import torch
 
@@ -19,9 +20,19 @@ PROBE_TOL = 2e-6  # float32 sums of 768 products: ~3e-7; bfloat16 math: ~4e-3
 ENABLED = True  # False: MKL as torch's default
 
 
+_LOCK = threading.Lock()
+_inside = 0  # fast_fp32 blocks open, all threads: the first sets the setting, the last restores it
+_kept = "none"
+
+
 @functools.cache
 def fp32_through_onednn() -> bool:
     """Whether oneDNN's path computes a float32 product in float32 on this machine."""
+    with _LOCK:
+        return _probe()
+
+
+def _probe() -> bool:
     mkldnn = getattr(torch.backends, "mkldnn", None)
     if mkldnn is None or not mkldnn.is_available() or not hasattr(mkldnn, "matmul"):
         return False
@@ -43,13 +54,19 @@ def fp32_through_onednn() -> bool:
 def fast_fp32():
     """float32 CPU matmuls inside go through oneDNN where `fp32_through_onednn()` (else as
     they were)."""
+    global _inside, _kept
     if not ENABLED or not fp32_through_onednn():
         yield
         return
     mm = torch.backends.mkldnn.matmul
-    keep = mm.fp32_precision
-    mm.fp32_precision = "bf16"
+    with _LOCK:
+        if _inside == 0:
+            _kept, mm.fp32_precision = mm.fp32_precision, "bf16"
+        _inside += 1
     try:
         yield
     finally:
-        mm.fp32_precision = keep
+        with _LOCK:
+            _inside -= 1
+            if _inside == 0:
+                mm.fp32_precision = _kept

@@ -42,3 +42,23 @@ def test_a_probe_that_sees_bfloat16_math_keeps_mkl(monkeypatch):
             assert torch.backends.mkldnn.matmul.fp32_precision != "bf16"
     finally:
         onednn_fp32.fp32_through_onednn.cache_clear()
+
+
+def test_blocks_in_threads_restore_the_setting_when_the_last_ends():
+    import threading
+
+    before = torch.backends.mkldnn.matmul.fp32_precision
+    go, done = threading.Barrier(4), []
+
+    def work():
+        with onednn_fp32.fast_fp32():
+            go.wait()  # all four inside at once
+            F.linear(torch.randn(8, 768), torch.randn(16, 768))
+        done.append(True)
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(done) == 4 and torch.backends.mkldnn.matmul.fp32_precision == before

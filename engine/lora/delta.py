@@ -203,7 +203,6 @@ class LoraDelta:
         GEMV's `LoraTail` (None: a GEMV without adapter columns), which the caller must pass
         to those GEMVs; "inline": the same with the shrink in the first GEMV's tail (nothing
         launched here); None where the scheme does not take this call (then `add*` as usual)."""
-        global KERNELS
         rows = x.shape[0]
         if SCHEME not in ("epilogue", "inline") or self._tails is None:
             return None
@@ -222,10 +221,7 @@ class LoraDelta:
         try:
             triton_lora.shrink(x, self.a, self.ctx.buffers[self.sig], self.scratch)
         except Exception as e:  # a compile failure: the torch ops from now on, said once
-            if torch.cuda.is_current_stream_capturing():
-                raise
-            KERNELS = False
-            log.warning("LoRA triton shrink failed, torch ops from now on: %s", e)
+            _give_up_kernels("shrink", e)
             return None
         return self._tails
 
@@ -244,7 +240,6 @@ class LoraDelta:
     def _kernels(self, x: torch.Tensor, ys: list[torch.Tensor]) -> bool:
         """ys[p] += part p's delta by the triton kernels, in place; False where they do not
         take this call (CPU, long steps) and the torch ops must run."""
-        global KERNELS
         if not (KERNELS and x.is_cuda):
             return False
         from localllm.kernels.fused import triton_lora
@@ -260,10 +255,7 @@ class LoraDelta:
             else:
                 triton_lora.shrink_expand(x, self.a, w, self.kparts, ys, self.scratch)
         except Exception as e:  # a compile failure: the torch ops from now on, said once
-            if torch.cuda.is_current_stream_capturing():
-                raise
-            KERNELS = False
-            log.warning("LoRA triton kernels failed, torch ops from now on: %s", e)
+            _give_up_kernels("kernels", e)
             return False
         return True
 
@@ -319,3 +311,13 @@ def _addmm(y: torch.Tensor, t: torch.Tensor, b_t: torch.Tensor) -> torch.Tensor:
 def reference_delta(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scaling: float):
     """PEFT's formula for one adapter: scaling * B(A(x)), in float32."""
     return scaling * ((x.float() @ a.float().T) @ b.float().T)
+
+
+def _give_up_kernels(what: str, e: Exception) -> None:
+    """After a triton LoRA launch failed (a compile failure): the torch ops from now on, said
+    once; inside a CUDA graph capture the error stands (the capture is already broken)."""
+    global KERNELS
+    if torch.cuda.is_current_stream_capturing():
+        raise e
+    KERNELS = False
+    log.warning("LoRA triton %s failed, torch ops from now on: %s", what, e)

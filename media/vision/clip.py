@@ -22,7 +22,7 @@ from torch import nn
 from localllm.engine.layers.linear import QuantLinear, dense
 from localllm.engine.models.bert import LayerNorm
 from localllm.media.vision.siglip import Block as SiglipBlock
-from localllm.media.vision.siglip import PatchEmbedding, PositionEmbedding, TowerArgs
+from localllm.media.vision.siglip import PatchEmbedding, PositionEmbedding, TowerArgs, residual
 from localllm.offload import QuantWeight
 
 
@@ -65,13 +65,13 @@ class Block(SiglipBlock):
 
         q, k, v = heads(self.attn_q(h)), heads(self.attn_k(h)), heads(self.attn_v(h))
         o = F.scaled_dot_product_attention(q, k, v)  # every position sees every other
-        x = x + self.attn_out(o.transpose(1, 2).reshape(t, n, d))
+        x = residual(x, self.attn_out(o.transpose(1, 2).reshape(t, n, d)))
         first, second = self.ffn_up, self.ffn_down
         if first.out_features != self.hidden:  # the legacy naming
             first, second = second, first
         y = first(self.ln2(x))
         y = F.gelu(y) if self.gelu else y * torch.sigmoid(1.702 * y)
-        return x + second(y)
+        return residual(x, second(y))
 
 
 class Tower(nn.Module):

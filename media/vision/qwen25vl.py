@@ -24,7 +24,7 @@ from torch import nn
 from localllm.engine.layers.linear import QuantLinear, dense
 from localllm.engine.layers.shared import RMSNorm
 from localllm.media.vision.idefics3 import _triple
-from localllm.media.vision.siglip import MAX_BLOCKS, MAX_DIM, VisionConfigError, _int
+from localllm.media.vision.siglip import MAX_BLOCKS, MAX_DIM, VisionConfigError, _int, residual
 from localllm.offload import QuantWeight
 
 ROPE_BASE = 10000.0  # the tower's 2-D rope (transformers' Qwen2_5_VisionRotaryEmbedding)
@@ -151,9 +151,9 @@ class Block(nn.Module):
         q, k, v = heads(self.attn_q(h)), heads(self.attn_k(h)), heads(self.attn_v(h))
         q, k = _rope(q, cos, sin).to(v.dtype), _rope(k, cos, sin).to(v.dtype)
         o = groups.attend(q, k, v)
-        x = x + self.attn_out(o.transpose(0, 1).reshape(n, d))
+        x = residual(x, self.attn_out(o.transpose(0, 1).reshape(n, d)))
         h = self.ln2(x)
-        return x + self.ffn_down(F.silu(self.ffn_gate(h)) * self.ffn_up(h))
+        return residual(x, self.ffn_down(F.silu(self.ffn_gate(h)) * self.ffn_up(h)))
 
 
 class Projector(nn.Module):

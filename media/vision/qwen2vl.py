@@ -25,7 +25,7 @@ from localllm.media.vision.qwen25vl import (
     rope_2d,
     rope_2d_freqs,
 )
-from localllm.media.vision.siglip import MAX_BLOCKS, MAX_DIM, VisionConfigError, _int
+from localllm.media.vision.siglip import MAX_BLOCKS, MAX_DIM, VisionConfigError, _int, residual
 
 
 @dataclass(frozen=True)
@@ -86,9 +86,9 @@ class Block(nn.Module):
         q, k, v = heads(self.attn_q(h)), heads(self.attn_k(h)), heads(self.attn_v(h))
         q, k = _rope(q, cos, sin).to(v.dtype), _rope(k, cos, sin).to(v.dtype)
         o = groups.attend(q, k, v)
-        x = x + self.attn_out(o.transpose(0, 1).reshape(n, d))
+        x = residual(x, self.attn_out(o.transpose(0, 1).reshape(n, d)))
         u = self.ffn_up(self.ln2(x))
-        return x + self.ffn_down(u * torch.sigmoid(1.702 * u))  # quick GELU
+        return residual(x, self.ffn_down(u * torch.sigmoid(1.702 * u)))  # quick GELU
 
 
 class Tower(nn.Module):

@@ -32,7 +32,14 @@ from localllm.media.vision.qwen25vl import (
     rope_2d,
     rope_2d_freqs,
 )
-from localllm.media.vision.siglip import MAX_BLOCKS, MAX_DIM, VisionConfigError, _int
+from localllm.media.vision.siglip import (
+    MAX_BLOCKS,
+    MAX_DIM,
+    VisionConfigError,
+    _int,
+    gelu_tanh_,
+    residual,
+)
 from localllm.offload import QuantWeight
 
 MERGER_EPS = 1e-6  # transformers' Qwen3VLVisionPatchMerger
@@ -142,8 +149,8 @@ class Block(nn.Module):
         q, k, v = (qkv[:, i].transpose(0, 1) for i in range(3))
         q, k = _rope(q, cos, sin).to(v.dtype), _rope(k, cos, sin).to(v.dtype)
         o = groups.attend(q, k, v)
-        x = x + self.attn_out(o.transpose(0, 1).reshape(n, d))
-        return x + self.ffn_down(F.gelu(self.ffn_up(self.ln2(x)), approximate="tanh"))
+        x = residual(x, self.attn_out(o.transpose(0, 1).reshape(n, d)))
+        return residual(x, self.ffn_down(gelu_tanh_(self.ffn_up(self.ln2(x)))))
 
 
 class Merger(nn.Module):

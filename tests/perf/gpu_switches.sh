@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# One device call (<= 9.5 min on an H100/H200) that needs no llama.cpp build: the GPU checks
+# and our own A/B of three switches that ship off until a GPU has shown them (issues 35, 36, 40).
+#   tests    pytest -m gpu: the LoRA epilogue / inline schemes against float64 deltas
+#            (tests/lora/test_lora_epilogue_*.py, test_lora_epilogue.py, test_lora_kernels.py),
+#            hybrid prompt graphs on the synthetic hybrids (test_hybrid_prompt_graphs.py,
+#            test_prefill_graphs.py), then the half GEMM / quant GPU test fixes of 7274667 and
+#            the Gemma 3 / LLaVA towers (test_linear_half.py, test_quant_gpu.py,
+#            test_vision_gpu_gemma3_llava.py) where time is left
+#   lora     decode overhead of 1 and 4 rank-16 f16 adapters over our base on the
+#            Llama-3.1-8B-shape Q4_K_M (`bench_lora.py ab`, each case its own `localllm bench`
+#            process): the default scheme ("atomic"), "epilogue" and "inline" (issue 36's goal
+#            is <= 10 % over the base)
+#   hybrid   tests/perf/profile_hybrid_prefill.py on a Granite-4.0-H-Tiny-shape Q4_K_M: pp512
+#            eager and as a prompt graph, token-by-token scan against the chunked one at IEEE
+#            and tf32x3 dots, alternated in one process (issue 40)
+# Prepare here: `bash tests/perf/h200_prepare.sh` (.whl, .refbuild/smollm2-tok.gguf); carry
+# [".whl", ".refbuild/smollm2-tok.gguf"]; from the repo root: bash tests/perf/gpu_switches.sh
+# Knobs: STEPS ("tests1 lora hybrid tests2"), END_S (560: no step's timeout runs past it).
+# $OUT: pytest1.log, pytest2.log, lora_ab.md, profile_g4t.md, summary.md (printed last).
+set -u
+export PYTHONUNBUFFERED=1 PYTHONSAFEPATH=1
+OUT=${OUT:-/tmp/out}
+STEPS=${STEPS:-tests1 lora hybrid tests2}
+END_S=${END_S:-560}
+mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
+  .whl/*.whl
+ln -sfn "$PWD" /tmp/site/localllm
+export PYTHONPATH=/tmp/site:$PWD
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1
+  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+  git log -1 --format='commit %h %s' 2>/dev/null; date -u; } | tee "$OUT/summary.md"
+cap() { local t=$((END_S - SECONDS)); [ "$t" -lt "$1" ] || t=$1; [ "$t" -gt 5 ] || t=5; echo $t; }
+has() { case " $STEPS " in *" $1 "*) return 0 ;; esac; return 1; }
+# the files, written on the host's cores while the first tests use the GPU
+if has lora; then
+  (python3 tests/perf/make_synthetic.py --shape llama3-8b --quant Q4_K_M -o /tmp/q4km.part \
+    --tokenizer-from .refbuild/smollm2-tok.gguf >/tmp/make8b.log 2>&1 && mv /tmp/q4km.part \
+    /tmp/q4km.gguf) &
+  G8=$!
+fi
+if has hybrid; then
+  (python3 tests/perf/make_hybrid_synthetic.py --shape granite-4.0-h-tiny \
+    --tokenizer-from tests/data/families/qwen3next.gguf -o /tmp/g4t.part >/tmp/makeg4t.log 2>&1 \
+    && mv /tmp/g4t.part /tmp/g4t.gguf) &
+  GH=$!
+fi
+gpu_tests() {  # gpu_tests LOG SECONDS FILES...
+  local log=$1 t=$2
+  shift 2
+  timeout "$(cap "$t")" python3 -m pytest -q -m gpu -p no:cacheprovider -rf "$@" 2>&1 \
+    | tee "$OUT/$log" | grep -v "^\." | tail -20
+  echo "$log: $(tail -1 "$OUT/$log")" >>"$OUT/summary.md"
+}
+for step in $STEPS; do
+  echo "== $step at ${SECONDS}s"
+  case $step in
+    tests1) gpu_tests pytest1.log 170 tests/lora/test_lora_epilogue_gpu.py \
+        tests/lora/test_lora_epilogue_module.py tests/kernels/test_lora_epilogue.py \
+        tests/kernels/test_lora_kernels.py tests/engine/test_hybrid_prompt_graphs.py \
+        tests/engine/test_prefill_graphs.py ;;
+    lora) wait $G8 || { tail -3 /tmp/make8b.log; continue; }
+      python3 tests/perf/bench_lora.py make --model /tmp/q4km.gguf --out /tmp/loras --rank 16 \
+        --count 4 --dtype f16 >/dev/null
+      CASES="base;1 adapter;1 adapter, epilogue;1 adapter, inline;4 adapters"
+      CASES="$CASES;4 adapters, epilogue;4 adapters, inline"
+      timeout "$(cap 170)" python3 tests/perf/bench_lora.py ab --model /tmp/q4km.gguf \
+        --dir /tmp/loras --device cuda -n 128 --reps 3 --rounds 1 --cases "$CASES" \
+        >"$OUT/lora_ab.md" 2>/tmp/lora_ab.err
+      tail -3 /tmp/lora_ab.err
+      { echo "## lora ab"; cat "$OUT/lora_ab.md"; } | tee -a "$OUT/summary.md"
+      rm -f /tmp/q4km.gguf ;;
+    hybrid) wait $GH || { tail -3 /tmp/makeg4t.log; continue; }
+      timeout "$(cap 120)" python3 tests/perf/profile_hybrid_prefill.py -m /tmp/g4t.gguf -p 512 \
+        --chunk-precision tf32x3 2>/tmp/prof.err | tee "$OUT/profile_g4t.md" | tail -30
+      grep -E "Error|error" /tmp/prof.err | tail -3
+      { echo "## hybrid (g4t)"
+        grep -E "^\| (chunked|token|prompt)|^host syncs" "$OUT/profile_g4t.md"
+        grep -E "^(token by token|chunked tf32x3, L 64, BP 32, 4 warps)" "$OUT/profile_g4t.md"
+      } >>"$OUT/summary.md" ;;
+    tests2) gpu_tests pytest2.log 200 tests/kernels/test_linear_half.py \
+        tests/kernels/test_quant_gpu.py tests/media/test_vision_gpu_gemma3_llava.py ;;
+  esac
+done
+echo "done at ${SECONDS}s" | tee -a "$OUT/summary.md"
+cat "$OUT/summary.md"

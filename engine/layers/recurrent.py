@@ -22,7 +22,7 @@ import torch
 from localllm.engine.core.batch import BatchMeta
 from localllm.engine.runtime.recurrent_state import STATE_FRESH, STATE_SLOTS, states_of
 from localllm.kernels.recurrent.causal_conv import causal_conv_prefill, causal_conv_step
-from localllm.kernels.recurrent.decode import short_conv_decode_ref, ssd_decode_ref
+from localllm.kernels.recurrent.decode import short_conv_decode_ref, ssd_decode
 from localllm.kernels.recurrent.ssd import ssd_chunked, ssd_step
 
 # A prompt's Mamba-2 scan on CUDA can run in chunks (`triton_ssd_chunked`: matmuls, three
@@ -230,7 +230,7 @@ def ssd(
             from localllm.kernels.recurrent.triton_step import ssd_step_triton  # (CUDA only)
 
             return ssd_step_triton(x, dt, A, B, C, states, slots, fresh)
-        return ssd_decode_ref(x, dt, A, B, C, states, slots, fresh)
+        return ssd_decode(x, dt, A, B, C, states, slots, fresh)
     state = _read(st, layer, name, batch)  # [B, H, P, N]
 
     def step(rows, sub):

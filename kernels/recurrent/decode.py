@@ -40,11 +40,20 @@ def gated_delta_decode_ref(q, k, v, g, beta, states, slots, fresh, eps: float) -
 
 
 def gated_delta_decode(q, k, v, g, beta, states, slots, fresh, eps: float) -> torch.Tensor:
-    """`gated_delta_decode_ref`, by one triton launch on CUDA."""
+    """`gated_delta_decode_ref`, by one triton launch on CUDA; on a CPU the rule by
+    `kernels/cpu/recurrent_step.c` (the state in place) where it builds."""
     if _cuda32(states):
         from localllm.kernels.recurrent.triton_recurrent import gated_delta_decode_cuda
 
         return gated_delta_decode_cuda(q, k, v, g, beta, states, slots, fresh, eps)
+    rs = _native(states)
+    if rs is not None:
+        rep = v.shape[1] // q.shape[1]
+        qn = l2_normalize(q, eps).repeat_interleave(rep, dim=1) * q.shape[-1] ** -0.5
+        kn = l2_normalize(k, eps).repeat_interleave(rep, dim=1)
+        o = rs.delta(qn, kn, v, g, beta, states, slots, fresh)
+        if o is not None:
+            return o
     return gated_delta_decode_ref(q, k, v, g, beta, states, slots, fresh, eps)
 
 
@@ -84,3 +93,19 @@ def ssd_decode_ref(x, dt, A, B, C, states, slots, fresh) -> torch.Tensor:
     y = ssd_step_ref(x, dt, A, B, C, s)
     states.index_copy_(0, slots, s)
     return y
+
+
+def ssd_decode(x, dt, A, B, C, states, slots, fresh) -> torch.Tensor:
+    """`ssd_decode_ref`; on a CPU by `kernels/cpu/recurrent_step.c` (one pass over the state)
+    where it builds."""
+    rs = _native(states)
+    y = None if rs is None else rs.ssd(x, dt, A, B, C, states, slots, fresh)
+    return ssd_decode_ref(x, dt, A, B, C, states, slots, fresh) if y is None else y
+
+
+def _native(states: torch.Tensor):
+    if states.device.type != "cpu":
+        return None
+    from localllm.kernels.cpu import recurrent_step  # (compiled at first use)
+
+    return recurrent_step.load()

@@ -1,0 +1,140 @@
+"""`recurrent_step.c`: the decode step of Mamba-2's scan and Gated DeltaNet's delta rule on the
+CPU, in place on each sequence's state slot (one pass over the state where the torch references
+of `kernels/recurrent/decode.py` make five or six), compiled at first use like `float_gemv.py`.
+
+`load()` answers a `RecurrentStep`, or None where no compiler or a failed self-check (each kernel
+against its reference on random slots, fresh and not) leaves callers on the references. Its
+calls take exactly what the references take and answer None where the tensors are not what the
+kernels read (not CPU float32 contiguous, groups that do not divide the heads): then the
+reference runs.
+"""
+
+import ctypes
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from localllm.kernels.cpu.cbuild import built_libraries
+
+SOURCE = Path(__file__).with_name("recurrent_step.c")
+FLAG_SETS = (("-O3", "-march=native", "-fopenmp"), ("-O3", "-fopenmp"), ("-O3",))
+CHECK_TOL = 1e-5  # relative, outputs and states: float32 sums in another order
+_P, _I, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+
+
+def _f32(*ts: torch.Tensor) -> list[torch.Tensor] | None:
+    """The tensors as contiguous CPU float32, or None where one is on another device."""
+    if any(t.device.type != "cpu" for t in ts):
+        return None
+    return [t.float().contiguous() for t in ts]
+
+
+def _slot_args(states, slots, fresh):
+    if states.dtype != torch.float32 or not states.is_contiguous() or states.device.type != "cpu":
+        return None
+    return slots.to(torch.int64).contiguous(), fresh.to(torch.uint8).contiguous()
+
+
+@dataclass(frozen=True)
+class RecurrentStep:
+    lib: ctypes.CDLL
+    path: Path
+
+    def ssd(self, x, dt, A, B, C, states, slots, fresh) -> torch.Tensor | None:
+        """`decode.ssd_decode_ref`'s step: x [b, H, P], dt [b, H], A [H], B and C [b, G, N],
+        states [S, H, P, N] float32 (the rows' slots updated in place) -> y [b, H, P]."""
+        sl = _slot_args(states, slots, fresh)
+        got = _f32(x, dt, A, B, C)
+        if sl is None or got is None:
+            return None
+        x, dt, A, B, C = got
+        b, h, p = x.shape
+        g, n = B.shape[1:]
+        if h % g or tuple(states.shape[1:]) != (h, p, n) or tuple(C.shape) != (b, g, n):
+            return None
+        y = torch.empty(b, h, p)
+        ptr = torch.Tensor.data_ptr
+        self.lib.ssd_step_slots(b, ptr(x), ptr(dt), ptr(A), ptr(B), ptr(C), ptr(states),
+                                ptr(sl[0]), ptr(sl[1]), h, p, n, g, ptr(y),
+                                torch.get_num_threads())  # fmt: skip
+        return y
+
+    def delta(self, q, k, v, g, beta, states, slots, fresh) -> torch.Tensor | None:
+        """`decode.gated_delta_decode_ref`'s rule after its normalization: q, k [b, H, K] (one
+        per value head, q scaled), v [b, H, V], g and beta [b, H], states [S, H, K, V] float32
+        (updated in place) -> o [b, H, V]."""
+        sl = _slot_args(states, slots, fresh)
+        got = _f32(q, k, v, g, beta)
+        if sl is None or got is None:
+            return None
+        q, k, v, g, beta = got
+        b, h, kd = q.shape
+        vd = v.shape[-1]
+        if tuple(states.shape[1:]) != (h, kd, vd) or tuple(k.shape) != (b, h, kd):
+            return None
+        o = torch.empty(b, h, vd)
+        threads = torch.get_num_threads()
+        pred = torch.empty(threads * vd)
+        ptr = torch.Tensor.data_ptr
+        self.lib.delta_step_slots(b, ptr(q), ptr(k), ptr(v), ptr(g), ptr(beta), ptr(states),
+                                  ptr(sl[0]), ptr(sl[1]), h, kd, vd, ptr(o), ptr(pred),
+                                  threads)  # fmt: skip
+        return o
+
+
+def _bind(lib: ctypes.CDLL) -> None:
+    lib.ssd_step_slots.argtypes = [_I, _P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _P, _INT]
+    lib.ssd_step_slots.restype = None
+    lib.delta_step_slots.argtypes = [_I, _P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _P, _P,
+                                     _INT]  # fmt: skip
+    lib.delta_step_slots.restype = None
+
+
+def _close(got: torch.Tensor, want: torch.Tensor) -> bool:
+    return bool((got - want).norm() <= CHECK_TOL * want.norm())
+
+
+def self_check(rs: RecurrentStep, seed: int = 0) -> bool:
+    """Both kernels against their references: three rows on slots 3, 0, 2 of four, the middle
+    one fresh (its slot filled with NaN, which must not be read), grouped B / C."""
+    from localllm.kernels.recurrent.delta_rule import delta_rule_step_ref
+    from localllm.kernels.recurrent.ssd import ssd_step_ref
+
+    gen = torch.Generator().manual_seed(seed)
+
+    def r(*shape):
+        return torch.randn(*shape, generator=gen)
+
+    slots, fresh = torch.tensor([3, 0, 2]), torch.tensor([False, True, False])
+    keep = (~fresh).float()
+    b, h, p, n, g = 3, 4, 8, 16, 2
+    st = r(4, h, p, n)
+    st[0] = float("nan")
+    x, dt, A, B, C = r(b, h, p), r(b, h).abs(), -r(h).abs(), r(b, g, n), r(b, g, n)
+    want_st = st[slots].nan_to_num() * keep[:, None, None, None]
+    want = ssd_step_ref(x, dt, A, B, C, want_st)
+    got = rs.ssd(x, dt, A, B, C, st, slots, fresh)
+    if got is None or not (_close(got, want) and _close(st[slots], want_st)):
+        return False
+    k_, v_ = 8, 16
+    st = r(4, h, k_, v_)
+    st[0] = float("nan")
+    q, k, v = r(b, h, k_), r(b, h, k_) / 3, r(b, h, v_)
+    gg, beta = -r(b, h).abs(), torch.rand(b, h, generator=gen)
+    want_st = st[slots].nan_to_num() * keep[:, None, None, None]
+    want = delta_rule_step_ref(q, k, v, gg, beta, want_st)
+    got = rs.delta(q, k, v, gg, beta, st, slots, fresh)
+    return got is not None and _close(got, want) and _close(st[slots], want_st)
+
+
+@functools.cache
+def load(cache_dir: Path | None = None) -> RecurrentStep | None:
+    """The compiled kernels, checked, or None (callers keep the references)."""
+    for lib, path, _ in built_libraries((SOURCE,), FLAG_SETS, "localllm-recurrent-step", _bind,
+                                        cache_dir):  # fmt: skip
+        rs = RecurrentStep(lib, path)
+        if self_check(rs):
+            return rs
+    return None

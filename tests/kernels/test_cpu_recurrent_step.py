@@ -1,0 +1,90 @@
+"""`kernels/cpu/recurrent_step.c` against the torch references of `kernels/recurrent/decode.py`:
+Mamba-2's scan step and Gated DeltaNet's delta rule on state slots, in place."""
+
+import pytest
+import torch
+
+from localllm.kernels.cpu import recurrent_step
+from localllm.kernels.cpu.cbuild import compiler
+from localllm.kernels.recurrent import decode
+
+pytestmark = pytest.mark.skipif(compiler() is None, reason="no C compiler")
+RS = recurrent_step.load() if compiler() else None
+
+
+def test_the_kernels_build_and_pass_their_self_check():
+    """With a compiler the library loads (a kernel failing its self-check would leave every
+    other test here comparing nothing)."""
+    assert RS is not None
+
+
+@pytest.mark.parametrize("b,h,p,n,g", [(1, 48, 64, 128, 1), (3, 8, 16, 32, 2), (5, 6, 7, 9, 3)])
+def test_ssd_step_matches_reference(b, h, p, n, g):
+    gen = torch.Generator().manual_seed(b * 100 + h)
+    slots = torch.randperm(b + 2, generator=gen)[:b]
+    fresh = torch.rand(b, generator=gen) < 0.4
+    st = torch.randn(b + 2, h, p, n, generator=gen)
+    st[slots[fresh]] = float("nan")  # a fresh slot's bytes are never read
+    x, dt = torch.randn(b, h, p, generator=gen), torch.rand(b, h, generator=gen)
+    A = -torch.rand(h, generator=gen) * 4
+    B, C = torch.randn(b, g, n, generator=gen), torch.randn(b, g, n, generator=gen)
+    ref_st = st.clone()
+    want = decode.ssd_decode_ref(x, dt, A, B, C, ref_st, slots, fresh)
+    got = RS.ssd(x, dt, A, B, C, st, slots, fresh)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(st, ref_st, rtol=1e-5, atol=1e-5, equal_nan=True)
+
+
+@pytest.mark.parametrize(
+    "b,hk,hv,dk,dv", [(1, 16, 32, 128, 128), (3, 2, 4, 16, 8), (4, 3, 3, 5, 7)]
+)
+def test_gated_delta_step_matches_reference(b, hk, hv, dk, dv):
+    gen = torch.Generator().manual_seed(b * 10 + hv)
+    slots = torch.randperm(b + 1, generator=gen)[:b]
+    fresh = torch.rand(b, generator=gen) < 0.4
+    st = torch.randn(b + 1, hv, dk, dv, generator=gen) * 0.1
+    st[slots[fresh]] = float("nan")
+    q, k = torch.randn(b, hk, dk, generator=gen), torch.randn(b, hk, dk, generator=gen)
+    v = torch.randn(b, hv, dv, generator=gen)
+    g, beta = -torch.rand(b, hv, generator=gen), torch.rand(b, hv, generator=gen)
+    ref_st = st.clone()
+    want = decode.gated_delta_decode_ref(q, k, v, g, beta, ref_st, slots, fresh, 1e-6)
+    got = decode.gated_delta_decode(q, k, v, g, beta, st, slots, fresh, 1e-6)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(st, ref_st, rtol=1e-5, atol=1e-5, equal_nan=True)
+
+
+def test_ssd_decode_dispatches_to_the_kernel_and_leaves_other_slots():
+    """`decode.ssd_decode` on CPU float32 runs the kernel (the reference's answer, in place);
+    slots no row names keep their bytes exactly."""
+    gen = torch.Generator().manual_seed(7)
+    st = torch.randn(6, 4, 8, 16, generator=gen)
+    before = st.clone()
+    slots, fresh = torch.tensor([4, 1]), torch.tensor([False, False])
+    x, dt = torch.randn(2, 4, 8, generator=gen), torch.rand(2, 4, generator=gen)
+    A, B = -torch.rand(4, generator=gen), torch.randn(2, 1, 16, generator=gen)
+    C = torch.randn(2, 1, 16, generator=gen)
+    ref_st = st.clone()
+    want = decode.ssd_decode_ref(x, dt, A, B, C, ref_st, slots, fresh)
+    got = decode.ssd_decode(x, dt, A, B, C, st, slots, fresh)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    for s in (0, 2, 3, 5):
+        assert torch.equal(st[s], before[s])
+    assert not torch.equal(st[4], before[4])
+
+
+def test_unsupported_inputs_answer_none():
+    """Tensors the kernel does not read (a float64 state, a non-contiguous one, groups that do
+    not divide the heads) fall back: the kernel answers None and touches nothing."""
+    x, dt, A = torch.randn(1, 6, 4), torch.rand(1, 6), -torch.rand(6)
+    B = C = torch.randn(1, 4, 8)  # 4 groups for 6 heads
+    st = torch.randn(2, 6, 4, 8)
+    slots, fresh = torch.tensor([1]), torch.tensor([False])
+    assert RS.ssd(x, dt, A, B, C, st, slots, fresh) is None
+    B = C = torch.randn(1, 2, 8)
+    assert RS.ssd(x, dt, A, B, C, st.double(), slots, fresh) is None
+    strided = torch.randn(2, 6, 8, 4).transpose(2, 3)  # [2, 6, 4, 8], not contiguous
+    assert RS.ssd(x, dt, A, B, C, strided, slots, fresh) is None
+    before = st.clone()
+    assert RS.ssd(x, dt, A, B, C, st, slots, fresh) is not None
+    assert not torch.equal(st[1], before[1]) and torch.equal(st[0], before[0])

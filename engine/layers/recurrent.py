@@ -22,7 +22,7 @@ import torch
 from localllm.engine.core.batch import BatchMeta
 from localllm.engine.runtime.recurrent_state import STATE_FRESH, STATE_SLOTS, states_of
 from localllm.kernels.recurrent.causal_conv import causal_conv_prefill, causal_conv_step
-from localllm.kernels.recurrent.decode import short_conv_decode_ref, ssd_decode
+from localllm.kernels.recurrent.decode import short_conv_decode, ssd_decode
 from localllm.kernels.recurrent.ssd import ssd_chunked, ssd_step
 
 # A prompt's Mamba-2 scan on CUDA can run in chunks (`triton_ssd_chunked`: matmuls, three
@@ -105,7 +105,7 @@ def short_conv(
             from localllm.kernels.recurrent.triton_step import conv_step_triton  # (CUDA only)
 
             return conv_step_triton(x, weight, states, bias, silu, slots, fresh)
-        return short_conv_decode_ref(x, weight, states, slots, fresh, bias, silu)
+        return short_conv_decode(x, weight, states, slots, fresh, bias, silu)
     state = _read(st, layer, name, batch)  # [B, K - 1, C]
 
     def step(rows, sub):

@@ -1,5 +1,5 @@
-/* A decode step of the recurrent layers' scans on the CPU, straight on each sequence's state slot:
- * Mamba-2's (SSD) and Gated DeltaNet's delta rule. The torch references (kernels/recurrent/
+/* A decode step of the recurrent layers on the CPU, straight on each sequence's state slot:
+ * Mamba-2's scan (SSD), Gated DeltaNet's delta rule and the causal short conv before them. The torch references (kernels/recurrent/
  * decode.py: gather the slot, zero it where the sequence is fresh, decay, add the outer product,
  * contract, scatter back) pass over a [heads, 64, 128] float32 state five or six times a layer,
  * ~0.34 ms of a Granite-4.0-H-Tiny step's layer on two cores; here one pass (two for the delta
@@ -84,6 +84,32 @@ void delta_step_slots(int64_t b, const float *q, const float *k, const float *v,
                     oh[c] += e * qr;
                 }
             }
+        }
+    }
+}
+
+/* The causal depthwise conv's step: x [b, C], w [C, taps], states [slots, taps - 1, C] (each
+ * sequence's last inputs; zeros where fresh), bias [C] or NULL; y = the taps' products summed
+ * first to last (+ bias, then SiLU where silu), the state shifted by one with x at its end. */
+void conv_step_slots(int64_t b, const float *x, const float *w, int64_t taps, float *states,
+                     const int64_t *slots, const uint8_t *fresh, const float *bias, int silu,
+                     int64_t C, float *y, int threads) {
+    enum { PIECE = 512 };
+    const int64_t np = (C + PIECE - 1) / PIECE;
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t q = 0; q < b * np; q++) {
+        const int64_t i = q / np, c0 = q % np * PIECE, c1 = c0 + PIECE < C ? c0 + PIECE : C;
+        float *st = states + slots[i] * (taps - 1) * C;
+        const float *xi = x + i * C;
+        for (int64_t c = c0; c < c1; c++) {
+            const float *wc = w + c * taps;
+            float acc = 0.f;
+            for (int64_t k = 0; k < taps - 1; k++) acc += (fresh[i] ? 0.f : st[k * C + c]) * wc[k];
+            acc += xi[c] * wc[taps - 1];
+            for (int64_t k = 0; k + 1 < taps - 1; k++) st[k * C + c] = fresh[i] ? 0.f : st[(k + 1) * C + c];
+            st[(taps - 2) * C + c] = xi[c];
+            if (bias) acc += bias[c];
+            y[i * C + c] = silu ? acc / (1.f + expf(-acc)) : acc;
         }
     }
 }

@@ -1,6 +1,7 @@
-"""`recurrent_step.c`: the decode step of Mamba-2's scan and Gated DeltaNet's delta rule on the
-CPU, in place on each sequence's state slot (one pass over the state where the torch references
-of `kernels/recurrent/decode.py` make five or six), compiled at first use like `float_gemv.py`.
+"""`recurrent_step.c`: the decode step of Mamba-2's scan, Gated DeltaNet's delta rule and the
+causal short conv on the CPU, in place on each sequence's state slot (one pass over the state
+where the torch references of `kernels/recurrent/decode.py` make five or six), compiled at first
+use like `float_gemv.py`.
 
 `load()` answers a `RecurrentStep`, or None where no compiler or a failed self-check (each kernel
 against its reference on random slots, fresh and not) leaves callers on the references. Its
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 from localllm.kernels.cpu.cbuild import built_libraries
 
@@ -61,6 +63,27 @@ class RecurrentStep:
                                 torch.get_num_threads())  # fmt: skip
         return y
 
+    def conv(self, x, weight, states, slots, fresh, bias=None, silu=False) -> torch.Tensor | None:
+        """`decode.short_conv_decode_ref`'s step: x [b, C], weight [C, K], states [S, K - 1, C]
+        float32 (updated in place), bias [C] or None -> y [b, C] (SiLU'd where `silu`)."""
+        sl = _slot_args(states, slots, fresh)
+        got = _f32(x, weight) if bias is None else _f32(x, weight, bias)
+        if sl is None or got is None:
+            return None
+        x, weight = got[:2]
+        b, c = x.shape
+        taps = weight.shape[-1]
+        if weight.dim() != 2 or weight.shape[0] != c or taps < 2:
+            return None
+        if tuple(states.shape[1:]) != (taps - 1, c) or (bias is not None and got[2].numel() != c):
+            return None
+        y = torch.empty(b, c)
+        ptr = torch.Tensor.data_ptr
+        self.lib.conv_step_slots(b, ptr(x), ptr(weight), taps, ptr(states), ptr(sl[0]),
+                                 ptr(sl[1]), None if bias is None else ptr(got[2]), int(silu), c,
+                                 ptr(y), torch.get_num_threads())  # fmt: skip
+        return y
+
     def delta(self, q, k, v, g, beta, states, slots, fresh) -> torch.Tensor | None:
         """`decode.gated_delta_decode_ref`'s rule after its normalization: q, k [b, H, K] (one
         per value head, q scaled), v [b, H, V], g and beta [b, H], states [S, H, K, V] float32
@@ -90,6 +113,8 @@ def _bind(lib: ctypes.CDLL) -> None:
     lib.delta_step_slots.argtypes = [_I, _P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _P, _P,
                                      _INT]  # fmt: skip
     lib.delta_step_slots.restype = None
+    lib.conv_step_slots.argtypes = [_I, _P, _P, _I, _P, _P, _P, _P, _INT, _I, _P, _INT]
+    lib.conv_step_slots.restype = None
 
 
 def _close(got: torch.Tensor, want: torch.Tensor) -> bool:
@@ -99,6 +124,7 @@ def _close(got: torch.Tensor, want: torch.Tensor) -> bool:
 def self_check(rs: RecurrentStep, seed: int = 0) -> bool:
     """Both kernels against their references: three rows on slots 3, 0, 2 of four, the middle
     one fresh (its slot filled with NaN, which must not be read), grouped B / C."""
+    from localllm.kernels.recurrent.causal_conv import causal_conv_step
     from localllm.kernels.recurrent.delta_rule import delta_rule_step_ref
     from localllm.kernels.recurrent.ssd import ssd_step_ref
 
@@ -126,6 +152,14 @@ def self_check(rs: RecurrentStep, seed: int = 0) -> bool:
     want_st = st[slots].nan_to_num() * keep[:, None, None, None]
     want = delta_rule_step_ref(q, k, v, gg, beta, want_st)
     got = rs.delta(q, k, v, gg, beta, st, slots, fresh)
+    if got is None or not (_close(got, want) and _close(st[slots], want_st)):
+        return False
+    st = r(4, 3, 20)
+    st[0] = float("nan")
+    x, w, bias = r(b, 20), r(20, 4), r(20)
+    want_st = st[slots].nan_to_num() * keep[:, None, None]
+    want = F.silu(causal_conv_step(x, w, want_st, silu=False) + bias)
+    got = rs.conv(x, w, st, slots, fresh, bias, True)
     return got is not None and _close(got, want) and _close(st[slots], want_st)
 
 

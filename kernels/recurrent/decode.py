@@ -66,12 +66,14 @@ def conv_decode_ref(x, weight, states, slots, fresh) -> torch.Tensor:
 
 
 def conv_decode(x, weight, states, slots, fresh) -> torch.Tensor:
-    """`conv_decode_ref`, by one triton launch on CUDA."""
+    """`conv_decode_ref`, by one triton launch on CUDA; on a CPU by `recurrent_step.c`."""
     if _cuda32(states):
         from localllm.kernels.recurrent.triton_recurrent import conv_decode_cuda
 
         return conv_decode_cuda(x, weight, states, slots, fresh)
-    return conv_decode_ref(x, weight, states, slots, fresh)
+    rs = _native(states)
+    y = None if rs is None else rs.conv(x, weight, states, slots, fresh, None, True)
+    return conv_decode_ref(x, weight, states, slots, fresh) if y is None else y
 
 
 def short_conv_decode_ref(x, weight, states, slots, fresh, bias=None, silu: bool = False):
@@ -93,6 +95,13 @@ def ssd_decode_ref(x, dt, A, B, C, states, slots, fresh) -> torch.Tensor:
     y = ssd_step_ref(x, dt, A, B, C, s)
     states.index_copy_(0, slots, s)
     return y
+
+
+def short_conv_decode(x, weight, states, slots, fresh, bias=None, silu: bool = False):
+    """`short_conv_decode_ref`; on a CPU by `kernels/cpu/recurrent_step.c` where it builds."""
+    rs = _native(states)
+    y = None if rs is None else rs.conv(x, weight, states, slots, fresh, bias, silu)
+    return short_conv_decode_ref(x, weight, states, slots, fresh, bias, silu) if y is None else y
 
 
 def ssd_decode(x, dt, A, B, C, states, slots, fresh) -> torch.Tensor:

@@ -1,5 +1,6 @@
 """`kernels/cpu/recurrent_step.c` against the torch references of `kernels/recurrent/decode.py`:
-Mamba-2's scan step and Gated DeltaNet's delta rule on state slots, in place."""
+Mamba-2's scan step, Gated DeltaNet's delta rule and the causal short conv on state slots, in
+place."""
 
 import pytest
 import torch
@@ -88,3 +89,25 @@ def test_unsupported_inputs_answer_none():
     before = st.clone()
     assert RS.ssd(x, dt, A, B, C, st, slots, fresh) is not None
     assert not torch.equal(st[1], before[1]) and torch.equal(st[0], before[0])
+
+
+@pytest.mark.parametrize("bias,silu", [(True, True), (False, False), (False, True)])
+@pytest.mark.parametrize("b,c,taps", [(1, 3328, 4), (3, 20, 3), (2, 600, 2)])
+def test_conv_step_matches_reference(b, c, taps, bias, silu):
+    """Mamba-2's conv (bias, SiLU), LFM2's (neither) and Qwen3-Next's (SiLU alone), through the
+    dispatching functions the layers call."""
+    gen = torch.Generator().manual_seed(b * 7 + c + taps)
+    slots = torch.randperm(b + 2, generator=gen)[:b]
+    fresh = torch.rand(b, generator=gen) < 0.4
+    st = torch.randn(b + 2, taps - 1, c, generator=gen)
+    st[slots[fresh]] = float("nan")
+    x, w = torch.randn(b, c, generator=gen), torch.randn(c, taps, generator=gen)
+    bb = torch.randn(c, generator=gen) if bias else None
+    ref_st = st.clone()
+    want = decode.short_conv_decode_ref(x, w, ref_st, slots, fresh, bb, silu)
+    if bias or not silu:
+        got = decode.short_conv_decode(x, w, st, slots, fresh, bb, silu)
+    else:
+        got = decode.conv_decode(x, w, st, slots, fresh)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(st, ref_st, rtol=1e-5, atol=1e-5, equal_nan=True)

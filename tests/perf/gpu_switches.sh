@@ -56,7 +56,7 @@ gpu_tests() {  # gpu_tests LOG SECONDS FILES...
 for step in $STEPS; do
   echo "== $step at ${SECONDS}s"
   case $step in
-    tests1) gpu_tests pytest1.log 170 tests/lora/test_lora_epilogue_gpu.py \
+    tests1) gpu_tests pytest1.log 140 tests/lora/test_lora_epilogue_gpu.py \
         tests/lora/test_lora_epilogue_module.py tests/kernels/test_lora_epilogue.py \
         tests/kernels/test_lora_kernels.py tests/engine/test_hybrid_prompt_graphs.py \
         tests/engine/test_prefill_graphs.py ;;
@@ -65,14 +65,14 @@ for step in $STEPS; do
         --count 4 --dtype f16 >/dev/null
       CASES="base;1 adapter;1 adapter, epilogue;1 adapter, inline;4 adapters"
       CASES="$CASES;4 adapters, epilogue;4 adapters, inline"
-      timeout "$(cap 170)" python3 tests/perf/bench_lora.py ab --model /tmp/q4km.gguf \
+      timeout "$(cap 150)" python3 tests/perf/bench_lora.py ab --model /tmp/q4km.gguf \
         --dir /tmp/loras --device cuda -n 128 --reps 3 --rounds 1 --cases "$CASES" \
         >"$OUT/lora_ab.md" 2>/tmp/lora_ab.err
       tail -3 /tmp/lora_ab.err
       { echo "## lora ab"; cat "$OUT/lora_ab.md"; } | tee -a "$OUT/summary.md"
       rm -f /tmp/q4km.gguf ;;
     hybrid) wait $GH || { tail -3 /tmp/makeg4t.log; continue; }
-      timeout "$(cap 120)" python3 tests/perf/profile_hybrid_prefill.py -m /tmp/g4t.gguf -p 512 \
+      timeout "$(cap 110)" python3 tests/perf/profile_hybrid_prefill.py -m /tmp/g4t.gguf -p 512 \
         --chunk-precision tf32x3 2>/tmp/prof.err | tee "$OUT/profile_g4t.md" | tail -30
       grep -E "Error|error" /tmp/prof.err | tail -3
       { echo "## hybrid (g4t)"

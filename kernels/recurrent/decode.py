@@ -2,7 +2,9 @@
 token updates its slot in place (`slots` [B] int64; `fresh` [B] bool: the sequence starts here,
 its slot's old contents are never read). Plain-torch references; on CUDA float32 tensors one
 triton launch each (`triton_recurrent`; LFM2's and Mamba-2's steps, `short_conv_decode_ref` and
-`ssd_decode_ref`, are `triton_step`'s kernels given the slots, called by `engine.layers.recurrent`).
+`ssd_decode_ref`, are `triton_step`'s kernels given the slots, called by `engine.layers.recurrent`);
+on a CPU `ssd_decode`, `short_conv_decode`, `conv_decode` and `gated_delta_decode` run
+`kernels/cpu/recurrent_step.c` in place on the slots where it builds (the references otherwise).
 
 `gated_delta_decode` also takes q and k raw (before their L2 norm, per key head) and does what
 Gated DeltaNet does before the rule: normalise q and k, scale q by 1/sqrt(Dk), let key head

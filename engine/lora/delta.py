@@ -41,8 +41,11 @@ CUDA_DTYPE = torch.float16  # adapter weights on CUDA: half the bytes a decode s
 KERNELS = True  # the triton kernels on CUDA (False: the torch ops; an A/B switch for benches)
 # which kernels: "atomic" (triton_lora, two launches), "fused" (triton_lora_fused, one launch
 # with a grid barrier; for A/B), "epilogue" (the shrink launched, the expand in the base GEMVs)
-# or "inline" (both in the base GEMVs: no LoRA launch at all)
-SCHEME = "atomic"
+# or "inline" (both in the base GEMVs: no LoRA launch at all). "epilogue" by default: the 8B
+# shape's decode on an H100 (2026-12-06 20:47 UTC, tests/perf/results/lora.md) 1 / 4 rank-16
+# adapters +22.1 % / +46.5 % over the base, against "atomic"'s +32.9 % / +56.4 % ("inline"
+# +35.3 % / +41.2 %)
+SCHEME = "epilogue"
 EPILOGUE_ROWS = 4  # rows the epilogue schemes take (the packed GEMVs' launch: MAX_ROWS)
 # "inline": at most this many shrink items in a GEMV, and no more than the GPU's SMs (item owners
 # are the first programs to start; fewer than one per SM always find room, so the tile

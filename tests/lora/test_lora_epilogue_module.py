@@ -53,8 +53,8 @@ def _module(g, adapters, names: list[str]):
         key = f"blk.0.{n}"
         pairs = [(s, *a.pairs[key], a.scalings[key]) for s, a in enumerate(adapters)
                  if key in a.pairs]  # fmt: skip
-        a_cat = torch.cat([pa for _, pa, _, _ in pairs])
-        b_cat = torch.cat([pb * k for _, _, pb, k in pairs], dim=1)
+        a_cat = torch.cat([pa for _, pa, _, _ in pairs]).to(DEVICE)  # (on the device, as
+        b_cat = torch.cat([pb * k for _, _, pb, k in pairs], dim=1).to(DEVICE)  # attach puts it)
         parts.append((a_cat, b_cat, [s for s, pa, _, _ in pairs for _ in range(pa.shape[0])]))
     d = LoraDelta(ctx, parts)
     d.bind([(lin, sizes)])

@@ -13,8 +13,10 @@ Not a test.
 model with adapters hung on leaves for the torch layers; on CUDA it adds the adapters through
 the torch ops; `--cases` picks cases, among them the one-launch kernel (`engine.lora.delta`'s
 SCHEME "fused"), the expand in the base GEMVs' epilogue (SCHEME "epilogue", cases "N
-adapter(s), epilogue") and the shrink in them too ("inline"): the A/B of the kernel
-schemes, each case its own process, alternated round by round); `delta` is the deltas alone:
+adapter(s), epilogue"; the default since 2026-12-06, so the plain "N adapter(s)" cases run it
+too), the two-launch kernels ("N adapter(s), atomic") and the shrink in the GEMVs too
+("inline"): the A/B of the kernel schemes, each case its own process, alternated round by
+round); `delta` is the deltas alone:
 one process, one model with 1 (then 4) adapters hung on, decode steps alternating between no
 row on an adapter (the deltas skipped) and every row on all of them.
 
@@ -47,6 +49,8 @@ GPU_CASES = {
     "4 adapters, epilogue": (4, 1.0),
     "1 adapter, inline": (1, 1.0),
     "4 adapters, inline": (4, 1.0),
+    "1 adapter, atomic": (1, 1.0),
+    "4 adapters, atomic": (4, 1.0),
 }
 # `localllm bench` with engine/lora/delta.py's module switches set, in its own process
 SWITCHED = (
@@ -64,6 +68,8 @@ def _launcher(case: str) -> list[str]:
         return ["-c", SWITCHED.format("d.SCHEME = 'epilogue'")]
     if "inline" in case:  # the shrink and the expand in the base GEMVs
         return ["-c", SWITCHED.format("d.SCHEME = 'inline'")]
+    if "atomic" in case:  # the two-launch kernels (the default until 2026-12-06 20:47 UTC)
+        return ["-c", SWITCHED.format("d.SCHEME = 'atomic'")]
     return ["-m", "localllm.app"]
 
 

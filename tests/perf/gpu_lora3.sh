@@ -64,7 +64,7 @@ if has ab; then
   wait $GEN || { tail -5 /tmp/make.log; exit 1; }
   python3 tests/perf/bench_lora.py make --model /tmp/q4km.gguf --out /tmp/loras --rank 16 \
     --count 4 --dtype f16 >/dev/null
-  CASES="base;1 adapter;1 adapter, epilogue;1 adapter, inline;4 adapters"
+  CASES="base;1 adapter, atomic;1 adapter, epilogue;1 adapter, inline;4 adapters, atomic"
   CASES="$CASES;4 adapters, epilogue;4 adapters, inline"
   for round in $(seq "${ROUNDS:-3}"); do
     LEFT=$((290 - $(date +%s) + T0))

@@ -9,7 +9,7 @@
 #            test_vision_gpu_gemma3_llava.py) where time is left
 #   lora     decode overhead of 1 and 4 rank-16 f16 adapters over our base on the
 #            Llama-3.1-8B-shape Q4_K_M (`bench_lora.py ab`, each case its own `localllm bench`
-#            process): the default scheme ("atomic"), "epilogue" and "inline" (issue 36's goal
+#            process): the schemes "atomic", "epilogue" (the default) and "inline" (issue 36's goal
 #            is <= 10 % over the base)
 #   hybrid   tests/perf/profile_hybrid_prefill.py on a Granite-4.0-H-Tiny-shape Q4_K_M: pp512
 #            eager and as a prompt graph, token-by-token scan against the chunked one at IEEE
@@ -63,7 +63,7 @@ for step in $STEPS; do
     lora) wait $G8 || { tail -3 /tmp/make8b.log; continue; }
       python3 tests/perf/bench_lora.py make --model /tmp/q4km.gguf --out /tmp/loras --rank 16 \
         --count 4 --dtype f16 >/dev/null
-      CASES="base;1 adapter;1 adapter, epilogue;1 adapter, inline;4 adapters"
+      CASES="base;1 adapter, atomic;1 adapter, epilogue;1 adapter, inline;4 adapters, atomic"
       CASES="$CASES;4 adapters, epilogue;4 adapters, inline"
       timeout "$(cap 150)" python3 tests/perf/bench_lora.py ab --model /tmp/q4km.gguf \
         --dir /tmp/loras --device cuda -n 128 --reps 3 --rounds 1 --cases "$CASES" \

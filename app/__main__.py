@@ -2,6 +2,6 @@
 
 import sys
 
-from localllm.app.cli import main
+from localllm.app.cli import entry
 
-sys.exit(main())
+sys.exit(entry())

@@ -235,10 +235,8 @@ def run_model(path: str, args: argparse.Namespace) -> list[BenchResult]:
     from localllm.engine.moe.split_link import split_balance
     from localllm.engine.runtime.kv_cache import PagedKVCache
     from localllm.engine.runtime.recurrent_state import attach_states
-    from localllm.kernels.cpu.malloc_tuning import keep_transients_in_heap
     from localllm.offload.expert_stats import expert_stats
 
-    keep_transients_in_heap()  # as LLMEngine does: the runs measure what `run` and `serve` get
     device = torch.device(args.device)
     gguf = open_weights(path, args.quantize)  # a GGUF or a Hugging Face folder
     if device.type == "cuda":  # the device memory the model and its runs take, from here on

@@ -39,7 +39,7 @@ from localllm.engine.sampling.params import SamplingParams
 from localllm.engine.sampling.structured import GrammarCompiler
 from localllm.engine.tokenizer import ChatTemplate
 from localllm.engine.tokenizer.continuation import continued_render
-from localllm.kernels.cpu.malloc_tuning import keep_transients_in_heap, release_free_memory
+from localllm.kernels.cpu.malloc_tuning import release_free_memory
 from localllm.offload.memory import available_bytes
 
 log = logging.getLogger(__name__)
@@ -59,7 +59,6 @@ class LLMEngine:
         args = args or EngineArgs()
         self.args = args
         t0 = time.perf_counter()
-        keep_transients_in_heap()  # prompt-sized host tensors reused, not page-faulted afresh
         # a GGUF, or a Hugging Face folder read as one (`engine.hf`)
         self.gguf = open_weights(model, args.quantize)
         try:

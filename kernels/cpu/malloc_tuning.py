@@ -9,19 +9,20 @@ caches, whole weights) stay mappings that go back to the system on free. `TRIM_T
 much free memory the heap's top may keep; `release_free_memory` hands free heap pages back (the
 engine calls it when it closes, so an unloaded model's blocks do not stay resident).
 
-Off with LOCALLLM_MALLOC_TUNING=0, and left alone where the user set glibc's own
-MALLOC_MMAP_THRESHOLD_ / MALLOC_TRIM_THRESHOLD_ (or GLIBC_TUNABLES); a no-op off glibc.
+A process-wide setting, so the process decides: the `localllm` command's entry point
+(`app.cli.entry`) applies it unless LOCALLLM_MALLOC_TUNING=0 or the user set glibc's own
+MALLOC_MMAP_THRESHOLD_ / MALLOC_TRIM_THRESHOLD_ / GLIBC_TUNABLES; a library user calls
+`keep_transients_in_heap()` themselves. A no-op off glibc.
 """
 
 import ctypes
 import ctypes.util
-import os
 import threading
 
 MMAP_THRESHOLD = 128 << 20  # bytes: blocks below this come from the heap
 TRIM_THRESHOLD = 256 << 20  # bytes of free heap top kept before trimming
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
-_USER_SET = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES")
+USER_SET = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES")  # glibc's own
 _lock = threading.Lock()
 _applied: bool | None = None
 
@@ -43,12 +44,9 @@ def keep_transients_in_heap() -> bool:
     global _applied
     with _lock:
         if _applied is None:
-            _applied = False
-            off = os.environ.get("LOCALLLM_MALLOC_TUNING", "1") == "0"
-            libc = None if off or any(k in os.environ for k in _USER_SET) else _glibc()
-            if libc is not None:
-                ok = libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
-                _applied = bool(ok and libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD))
+            libc = _glibc()
+            ok = libc is not None and libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+            _applied = bool(ok and libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD))
         return _applied
 
 

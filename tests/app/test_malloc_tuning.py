@@ -1,5 +1,6 @@
-"""`kernels/cpu/malloc_tuning`: each case in a fresh interpreter (the setting is process-wide),
-read back from /proc: where a 60 MiB torch tensor lives, and what the process keeps resident."""
+"""`kernels/cpu/malloc_tuning` as the `localllm` command applies it (`app.cli.process_settings`):
+each case in a fresh interpreter (the setting is process-wide), read back from /proc: where a
+60 MiB torch tensor lives, and what the process keeps resident."""
 
 import os
 import subprocess
@@ -18,6 +19,7 @@ pytestmark = pytest.mark.skipif(
 PROBE = textwrap.dedent("""
     import sys
     import torch
+    from localllm.app.cli import process_settings
     from localllm.kernels.cpu import malloc_tuning as m
 
     def where(t):
@@ -32,7 +34,7 @@ PROBE = textwrap.dedent("""
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) >> 10
 
-    applied = m.keep_transients_in_heap()
+    applied = process_settings()
     x = torch.ones(60 << 20, dtype=torch.uint8)
     print(applied, where(x))
     if "release" in sys.argv:
@@ -45,7 +47,7 @@ PROBE = textwrap.dedent("""
 
 
 def _run(env: dict[str, str], *args: str) -> list[str]:
-    env = {k: v for k, v in os.environ.items() if k not in malloc_tuning._USER_SET} | env
+    env = {k: v for k, v in os.environ.items() if k not in malloc_tuning.USER_SET} | env
     done = subprocess.run([sys.executable, "-c", PROBE, *args], capture_output=True, text=True,
                           env=env, check=True, timeout=120)  # fmt: skip
     return done.stdout.split()

@@ -486,4 +486,7 @@ def _md_row(r: BenchResult) -> str:
 
 
 if __name__ == "__main__":
+    from localllm.app.process import apply_settings
+
+    apply_settings()  # as the `localllm` command does
     sys.exit(main())

@@ -10,7 +10,6 @@ each subcommand imports its heavy modules in its handler.
 import argparse
 import importlib
 import logging
-import os
 import re
 import sys
 import traceback
@@ -106,23 +105,12 @@ def distribution_version() -> str:
         return "unknown (not installed)"
 
 
-def process_settings() -> bool:
-    """The process-wide settings of a `localllm` process: glibc's malloc thresholds
-    (`kernels.cpu.malloc_tuning`) unless LOCALLLM_MALLOC_TUNING=0 or the user set glibc's own
-    variables. True where they were applied."""
-    from localllm.kernels.cpu import malloc_tuning  # (no torch: the command stays quick)
-
-    if os.environ.get("LOCALLLM_MALLOC_TUNING", "1") == "0":
-        return False
-    if any(k in os.environ for k in malloc_tuning.USER_SET):
-        return False
-    return malloc_tuning.keep_transients_in_heap()  # prompt-sized host tensors reused
-
-
 def entry() -> int:
-    """The `localllm` command (and `python -m localllm.app`): `process_settings`, then `main`.
-    (Tests call `main` in their own process and leave that process as it is.)"""
-    process_settings()
+    """The `localllm` command (and `python -m localllm.app`): `process.apply_settings`, then
+    `main`. (Tests call `main` in their own process and leave that process as it is.)"""
+    from localllm.app.process import apply_settings
+
+    apply_settings()
     return main()
 
 

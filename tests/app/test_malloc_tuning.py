@@ -1,4 +1,4 @@
-"""`kernels/cpu/malloc_tuning` as the `localllm` command applies it (`app.cli.process_settings`):
+"""`kernels/cpu/malloc_tuning` as the `localllm` command applies it (`app.process.apply_settings`):
 each case in a fresh interpreter (the setting is process-wide), read back from /proc: where a
 60 MiB torch tensor lives, and what the process keeps resident."""
 
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.skipif(
 PROBE = textwrap.dedent("""
     import sys
     import torch
-    from localllm.app.cli import process_settings
+    from localllm.app.process import apply_settings
     from localllm.kernels.cpu import malloc_tuning as m
 
     def where(t):
@@ -34,7 +34,7 @@ PROBE = textwrap.dedent("""
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) >> 10
 
-    applied = process_settings()
+    applied = apply_settings()
     x = torch.ones(60 << 20, dtype=torch.uint8)
     print(applied, where(x))
     if "release" in sys.argv:

@@ -17,6 +17,7 @@ MALLOC_MMAP_THRESHOLD_ / MALLOC_TRIM_THRESHOLD_ / GLIBC_TUNABLES; a library user
 
 import ctypes
 import ctypes.util
+import functools
 import threading
 
 MMAP_THRESHOLD = 128 << 20  # bytes: blocks below this come from the heap
@@ -27,6 +28,7 @@ _lock = threading.Lock()
 _applied: bool | None = None
 
 
+@functools.cache
 def _glibc() -> ctypes.CDLL | None:
     name = ctypes.util.find_library("c")
     if not name:

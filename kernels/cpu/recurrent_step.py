@@ -26,17 +26,15 @@ CHECK_TOL = 1e-5  # relative, outputs and states: float32 sums in another order
 _P, _I, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 
 
-def _f32(*ts: torch.Tensor) -> list[torch.Tensor] | None:
-    """The tensors as contiguous CPU float32, or None where one is on another device."""
-    if any(t.device.type != "cpu" for t in ts):
-        return None
-    return [t.float().contiguous() for t in ts]
-
-
-def _slot_args(states, slots, fresh):
+def _inputs(states, slots, fresh, *ts: torch.Tensor | None):
+    """(slots int64, fresh uint8, the tensors as contiguous float32, None kept) as the kernels
+    read them, or None where the state is not CPU float32 contiguous or a tensor is elsewhere."""
     if states.dtype != torch.float32 or not states.is_contiguous() or states.device.type != "cpu":
         return None
-    return slots.to(torch.int64).contiguous(), fresh.to(torch.uint8).contiguous()
+    if any(t is not None and t.device.type != "cpu" for t in ts):
+        return None
+    got = [None if t is None else t.float().contiguous() for t in ts]
+    return slots.to(torch.int64).contiguous(), fresh.to(torch.uint8).contiguous(), got
 
 
 @dataclass(frozen=True)
@@ -47,11 +45,10 @@ class RecurrentStep:
     def ssd(self, x, dt, A, B, C, states, slots, fresh) -> torch.Tensor | None:
         """`decode.ssd_decode_ref`'s step: x [b, H, P], dt [b, H], A [H], B and C [b, G, N],
         states [S, H, P, N] float32 (the rows' slots updated in place) -> y [b, H, P]."""
-        sl = _slot_args(states, slots, fresh)
-        got = _f32(x, dt, A, B, C)
-        if sl is None or got is None:
+        sl = _inputs(states, slots, fresh, x, dt, A, B, C)
+        if sl is None:
             return None
-        x, dt, A, B, C = got
+        x, dt, A, B, C = sl[2]
         b, h, p = x.shape
         g, n = B.shape[1:]
         if h % g or tuple(states.shape[1:]) != (h, p, n) or tuple(C.shape) != (b, g, n):
@@ -66,21 +63,20 @@ class RecurrentStep:
     def conv(self, x, weight, states, slots, fresh, bias=None, silu=False) -> torch.Tensor | None:
         """`decode.short_conv_decode_ref`'s step: x [b, C], weight [C, K], states [S, K - 1, C]
         float32 (updated in place), bias [C] or None -> y [b, C] (SiLU'd where `silu`)."""
-        sl = _slot_args(states, slots, fresh)
-        got = _f32(x, weight) if bias is None else _f32(x, weight, bias)
-        if sl is None or got is None:
+        sl = _inputs(states, slots, fresh, x, weight, bias)
+        if sl is None:
             return None
-        x, weight = got[:2]
+        x, weight, bias = sl[2]
         b, c = x.shape
         taps = weight.shape[-1]
         if weight.dim() != 2 or weight.shape[0] != c or taps < 2:
             return None
-        if tuple(states.shape[1:]) != (taps - 1, c) or (bias is not None and got[2].numel() != c):
+        if tuple(states.shape[1:]) != (taps - 1, c) or (bias is not None and bias.numel() != c):
             return None
         y = torch.empty(b, c)
         ptr = torch.Tensor.data_ptr
         self.lib.conv_step_slots(b, ptr(x), ptr(weight), taps, ptr(states), ptr(sl[0]),
-                                 ptr(sl[1]), None if bias is None else ptr(got[2]), int(silu), c,
+                                 ptr(sl[1]), None if bias is None else ptr(bias), int(silu), c,
                                  ptr(y), torch.get_num_threads())  # fmt: skip
         return y
 
@@ -88,11 +84,10 @@ class RecurrentStep:
         """`decode.gated_delta_decode_ref`'s rule after its normalization: q, k [b, H, K] (one
         per value head, q scaled), v [b, H, V], g and beta [b, H], states [S, H, K, V] float32
         (updated in place) -> o [b, H, V]."""
-        sl = _slot_args(states, slots, fresh)
-        got = _f32(q, k, v, g, beta)
-        if sl is None or got is None:
+        sl = _inputs(states, slots, fresh, q, k, v, g, beta)
+        if sl is None:
             return None
-        q, k, v, g, beta = got
+        q, k, v, g, beta = sl[2]
         b, h, kd = q.shape
         vd = v.shape[-1]
         if tuple(states.shape[1:]) != (h, kd, vd) or tuple(k.shape) != (b, h, kd):

@@ -169,6 +169,22 @@ void dequant_rows(int type, const uint8_t *w, int64_t rows, int64_t k, float *ou
     }
 }
 
+#ifndef MOE_ROWS
+#define MOE_ROWS ROWS_MAX
+#endif
+/* fn with R (2 .. 4) a literal at each call: the inlined dot unrolls its per-row loops and keeps
+ * the accumulators in registers (a runtime R left them in memory: ~10 % slower) */
+#define ROWS_LITERAL(fn, w, q, d, s, nb, R, out)                                 \
+    do {                                                                        \
+        if ((R) == 4) fn(w, q, d, s, nb, 4, out);                               \
+        else if ((R) == 3) fn(w, q, d, s, nb, 3, out);                          \
+        else fn(w, q, d, s, nb, 2, out);                                        \
+    } while (0)
+/* pairs p .. end - 1 taken together by a multi-row dot: at most MOE_ROWS */
+static inline int rows_left(int64_t p, int64_t end) {
+    return end - p < MOE_ROWS ? (int)(end - p) : MOE_ROWS;
+}
+
 /* Pairs of one MoE layer grouped by expert: group g is pairs gstart[g] .. gstart[g+1]-1 of the
  * expert whose raw blocks start at gate[g], up[g], down[g] (gate, up: hidden rows of dim; down: dim
  * rows of hidden); pair p belongs to token row tok[p]. x [t, dim]; act 0 = SiLU, 1 = GELU (tanh).
@@ -243,15 +259,18 @@ void moe_pairs(int64_t t, int64_t ngroups, const int64_t *gstart, const uint8_t 
             int64_t ds = own ? dim / 256 : dim / 32;
             int64_t p = gstart[g];
 #ifdef Q4K_ROWS
-            for (; type == Q4_K && p + 1 < gstart[g + 1]; p += 2) {  /* decode once, dot twice */
-                int64_t i = tok[p], i2 = tok[p + 1];
-                const int8_t *q[2] = {aq8 + i * dim, aq8 + i2 * dim};
-                const float *dd[2] = {ad8 + i * ds, ad8 + i2 * ds};
-                const int16_t *bb[2] = {ab8 + i * dim / 16, ab8 + i2 * dim / 16};
-                float pair[2];
-                dot_q4_k_rows(w, q, dd, bb, dim / 256, 2, pair);
-                h[p * 2 * hidden + r] = pair[0];
-                h[(p + 1) * 2 * hidden + r] = pair[1];
+            /* decode once, dot up to ROWS_MAX pairs (each pair's sums as alone: the same bits) */
+            for (int R; type == Q4_K && (R = rows_left(p, gstart[g + 1])) > 1; p += R) {
+                const int8_t *q[ROWS_MAX];
+                const float *dd[ROWS_MAX];
+                const int16_t *bb[ROWS_MAX];
+                float out[ROWS_MAX];
+                for (int j = 0; j < R; j++) {
+                    int64_t i = tok[p + j];
+                    q[j] = aq8 + i * dim, dd[j] = ad8 + i * ds, bb[j] = ab8 + i * dim / 16;
+                }
+                ROWS_LITERAL(dot_q4_k_rows, w, q, dd, bb, dim / 256, R, out);
+                for (int j = 0; j < R; j++) h[(p + j) * 2 * hidden + r] = out[j];
             }
 #endif
             for (; p < gstart[g + 1]; p++) {
@@ -279,14 +298,16 @@ void moe_pairs(int64_t t, int64_t ngroups, const int64_t *gstart, const uint8_t 
             if (r + PREFETCH_ROWS < dim) prefetch_row(w + PREFETCH_ROWS * rd, rd);
             int64_t p = gstart[g];
 #ifdef Q6K_ROWS
-            for (; td == Q6_K && p + 1 < gstart[g + 1]; p += 2) {  /* assemble once, dot twice */
-                const int8_t *q[2] = {aq + p * hidden, aq + (p + 1) * hidden};
-                const float *dd[2] = {ad + p * hidden / 32, ad + (p + 1) * hidden / 32};
-                const int16_t *bb[2] = {ab + p * hidden / 16, ab + (p + 1) * hidden / 16};
-                float pair[2];
-                dot_q6_k_rows(w, q, dd, bb, hidden / 256, 2, pair);
-                dn[p * dim + r] = pair[0];
-                dn[(p + 1) * dim + r] = pair[1];
+            for (int R; td == Q6_K && (R = rows_left(p, gstart[g + 1])) > 1; p += R) {
+                const int8_t *q[ROWS_MAX];  /* assemble once, dot up to ROWS_MAX pairs */
+                const float *dd[ROWS_MAX];
+                const int16_t *bb[ROWS_MAX];
+                float out[ROWS_MAX];
+                for (int j = 0; j < R; j++)
+                    q[j] = aq + (p + j) * hidden, dd[j] = ad + (p + j) * hidden / 32,
+                    bb[j] = ab + (p + j) * hidden / 16;
+                ROWS_LITERAL(dot_q6_k_rows, w, q, dd, bb, hidden / 256, R, out);
+                for (int j = 0; j < R; j++) dn[(p + j) * dim + r] = out[j];
             }
 #endif
             for (; p < gstart[g + 1]; p++)

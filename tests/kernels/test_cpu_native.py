@@ -243,18 +243,19 @@ def test_experts_fetched_in_chunks_give_the_same_bits(kernels):
         assert max(calls) <= at_once and sum(calls) == len(set(ids.reshape(-1).tolist()))
 
 
-def test_pairs_decoded_together_keep_each_pairs_bits(kernels):
-    """A prompt's Q4_K (gate/up) and Q6_K (down) weight rows are decoded once for two pairs of
-    the same expert: every token's output equals the one it gets alone in a call (where each row
-    meets one pair)."""
+@pytest.mark.parametrize("tokens", [2, 3, 5, 11])
+def test_pairs_decoded_together_keep_each_pairs_bits(kernels, tokens):
+    """A prompt's Q4_K (gate/up) and Q6_K (down) weight rows are decoded once for up to four
+    pairs of the same expert (11 pairs: 4 + 4 + 3): every token's output equals the one it gets
+    alone in a call (where each row meets one pair)."""
     types = (QT.Q4_K, QT.Q4_K, QT.Q6_K)
     qt = tuple(QuantType(t) for t in types)
     g, u, d = _layer(types, 3, 256, 512, seed=9)
     gen = torch.Generator().manual_seed(9)
-    x = torch.randn(5, 256, generator=gen)
-    ids = torch.tensor([[0, 2]] * 5)  # 5 pairs per used expert: two twos and a single
-    w = torch.softmax(torch.randn(5, 2, generator=gen), -1)
+    x = torch.randn(tokens, 256, generator=gen)
+    ids = torch.tensor([[0, 2]] * tokens)  # every token's pairs in the same two experts
+    w = torch.softmax(torch.randn(tokens, 2, generator=gen), -1)
     together = kernels.moe_ffn(x, w, ids, g, u, d, qt)
     alone = torch.cat([kernels.moe_ffn(x[i : i + 1], w[i : i + 1], ids[i : i + 1], g, u, d, qt)
-                       for i in range(5)])  # fmt: skip
+                       for i in range(tokens)])  # fmt: skip
     assert together.abs().max() > 0 and torch.equal(together, alone)

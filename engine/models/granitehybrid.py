@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from localllm.engine.layers.linear import QuantLinear, dense
-from localllm.engine.layers.recurrent import short_conv, ssd
+from localllm.engine.layers.recurrent import mamba2_decode, short_conv, ssd
 from localllm.engine.layers.shared import DenseParam, GatedMLP, RMSNorm, attention
 from localllm.engine.models.common import arch_key, attention_layers
 from localllm.engine.models.decoder import Decoder
@@ -168,8 +168,15 @@ class Mamba2(nn.Module):
     def forward(self, h, A, D, batch, kv) -> torch.Tensor:
         a = self.args
         t, hs, p, g, n = h.shape[0], a.n_ssm_heads, a.head_size, a.n_groups, a.d_state
-        z, xbc, dt = self.ssm_in(h).float().split([a.d_inner, self.conv_dim, hs], dim=-1)
+        zxd = self.ssm_in(h).float()
         conv = self.ssm_conv1d
+        # a CPU decode step: conv, scan, gate and norm in one native call
+        mixer = (conv.weight, conv.bias, self.ssm_dt.value, A, D, self.ssm_norm.value,
+                 a.norm_eps, hs, g)  # fmt: skip
+        y = mamba2_decode(zxd, mixer, batch, kv, self.layer)
+        if y is not None:
+            return self.ssm_out(y.to(h.dtype))
+        z, xbc, dt = zxd.split([a.d_inner, self.conv_dim, hs], dim=-1)
         xbc = short_conv(xbc, conv.weight, batch, kv, self.layer, "conv", conv.bias, silu=True)
         x, b, c = xbc.split([a.d_inner, g * n, g * n], dim=-1)
         x = x.reshape(t, hs, p)

@@ -80,6 +80,51 @@ class RecurrentStep:
                                  ptr(y), torch.get_num_threads())  # fmt: skip
         return y
 
+    def mamba2(
+        self,
+        zxd,
+        conv_w,
+        conv_b,
+        dt_bias,
+        A,
+        D,
+        norm_w,
+        eps: float,
+        conv_states,
+        ssm_states,
+        slots,
+        fresh,
+        heads: int,
+        groups: int,
+    ) -> torch.Tensor | None:
+        """`decode.mamba2_mixer_decode_ref`: zxd [b, Din + Cc + H] the in-projection's rows,
+        conv_states [S, K - 1, Cc] and ssm_states [S, H, P, N] float32 (updated in place) ->
+        [b, Din], the out-projection's input."""
+        if conv_states.dtype != torch.float32 or not conv_states.is_contiguous():
+            return None
+        sl = _inputs(ssm_states, slots, fresh, zxd, conv_w, conv_b, dt_bias, A, D, norm_w)
+        if sl is None:
+            return None
+        zxd, conv_w, conv_b, dt_bias, A, D, norm_w = sl[2]
+        b, width = zxd.shape
+        h, p, n = ssm_states.shape[1:]
+        cc, taps = conv_w.shape
+        din = h * p
+        if h != heads or h % groups or din % groups or cc != din + 2 * groups * n:
+            return None
+        if width != din + cc + h or tuple(conv_states.shape[1:]) != (taps - 1, cc) or taps < 2:
+            return None
+        if norm_w.numel() != din or (conv_b is not None and conv_b.numel() != cc):
+            return None
+        xbc, out = torch.empty(b, cc), torch.empty(b, din)
+        ptr = torch.Tensor.data_ptr
+        self.lib.mamba2_step_slots(b, ptr(zxd), ptr(conv_w),
+                                   None if conv_b is None else ptr(conv_b), taps,
+                                   ptr(conv_states), ptr(dt_bias), ptr(A), ptr(D), ptr(norm_w),
+                                   eps, ptr(ssm_states), ptr(sl[0]), ptr(sl[1]), h, p, n,
+                                   groups, ptr(xbc), ptr(out), torch.get_num_threads())  # fmt: skip
+        return out
+
     def delta(self, q, k, v, g, beta, states, slots, fresh) -> torch.Tensor | None:
         """`decode.gated_delta_decode_ref`'s rule after its normalization: q, k [b, H, K] (one
         per value head, q scaled), v [b, H, V], g and beta [b, H], states [S, H, K, V] float32
@@ -110,6 +155,9 @@ def _bind(lib: ctypes.CDLL) -> None:
     lib.delta_step_slots.restype = None
     lib.conv_step_slots.argtypes = [_I, _P, _P, _I, _P, _P, _P, _P, _INT, _I, _P, _INT]
     lib.conv_step_slots.restype = None
+    lib.mamba2_step_slots.argtypes = [_I, _P, _P, _P, _I, _P, _P, _P, _P, _P, ctypes.c_float, _P,
+                                      _P, _P, _I, _I, _I, _I, _P, _P, _INT]  # fmt: skip
+    lib.mamba2_step_slots.restype = None
 
 
 def _close(got: torch.Tensor, want: torch.Tensor) -> bool:
@@ -117,8 +165,8 @@ def _close(got: torch.Tensor, want: torch.Tensor) -> bool:
 
 
 def self_check(rs: RecurrentStep, seed: int = 0) -> bool:
-    """Both kernels against their references: three rows on slots 3, 0, 2 of four, the middle
-    one fresh (its slot filled with NaN, which must not be read), grouped B / C."""
+    """Every kernel against its reference: three rows on slots 3, 0, 2 of four, the middle one
+    fresh (its slot filled with NaN, which must not be read), grouped B / C."""
     from localllm.kernels.recurrent.causal_conv import causal_conv_step
     from localllm.kernels.recurrent.delta_rule import delta_rule_step_ref
     from localllm.kernels.recurrent.ssd import ssd_step_ref
@@ -155,7 +203,31 @@ def self_check(rs: RecurrentStep, seed: int = 0) -> bool:
     want_st = st[slots].nan_to_num() * keep[:, None, None]
     want = F.silu(causal_conv_step(x, w, want_st, silu=False) + bias)
     got = rs.conv(x, w, st, slots, fresh, bias, True)
-    return got is not None and _close(got, want) and _close(st[slots], want_st)
+    if got is None or not (_close(got, want) and _close(st[slots], want_st)):
+        return False
+    return _check_mamba2(rs, r, slots, fresh)
+
+
+def _check_mamba2(rs: RecurrentStep, r, slots, fresh) -> bool:
+    """The whole mixer against its reference (decode.mamba2_mixer_decode_ref), grouped."""
+    from localllm.kernels.recurrent.decode import mamba2_mixer_decode_ref
+
+    b, h, p, n, g, taps = 3, 4, 8, 16, 2, 4
+    din, cc = h * p, h * p + 2 * g * n
+    got_c, got_s = r(4, taps - 1, cc), r(4, h, p, n)
+    got_c[0], got_s[0] = float("nan"), float("nan")
+    want_c, want_s = got_c.clone(), got_s.clone()
+    zxd, w, cb = r(b, din + cc + h), r(cc, taps), r(cc)
+    dtb, A, D, nw = r(h), -r(h).abs(), r(h), r(din)
+    args = (zxd, w, cb, dtb, A, D, nw, 1e-5)
+    want = mamba2_mixer_decode_ref(*args, want_c, want_s, slots, fresh, h, g)
+    got = rs.mamba2(*args, got_c, got_s, slots, fresh, h, g)
+    return (
+        got is not None
+        and _close(got, want)
+        and _close(got_c[slots], want_c[slots])
+        and _close(got_s[slots], want_s[slots])
+    )
 
 
 @functools.cache

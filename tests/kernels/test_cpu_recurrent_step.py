@@ -111,3 +111,53 @@ def test_conv_step_matches_reference(b, c, taps, bias, silu):
         got = decode.conv_decode(x, w, st, slots, fresh)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(st, ref_st, rtol=1e-5, atol=1e-5, equal_nan=True)
+
+
+def _mixer_inputs(b, h, p, n, g, taps, bias, seed):
+    """A Mamba-2 mixer step's arguments on b rows over b + 2 slots, some fresh (NaN slots)."""
+    gen = torch.Generator().manual_seed(seed)
+    din, cc = h * p, h * p + 2 * g * n
+    slots = torch.randperm(b + 2, generator=gen)[:b]
+    fresh = torch.rand(b, generator=gen) < 0.4
+    conv_st = torch.randn(b + 2, taps - 1, cc, generator=gen)
+    ssm_st = torch.randn(b + 2, h, p, n, generator=gen) * 0.5
+    conv_st[slots[fresh]], ssm_st[slots[fresh]] = float("nan"), float("nan")
+    zxd = torch.randn(b, din + cc + h, generator=gen)
+    conv_w = torch.randn(cc, taps, generator=gen) * 0.5
+    conv_b = torch.randn(cc, generator=gen) if bias else None
+    dt_bias, A = torch.randn(h, generator=gen), -torch.rand(h, generator=gen) * 4
+    D, norm_w = torch.randn(h, generator=gen), torch.randn(din, generator=gen)
+    return (zxd, conv_w, conv_b, dt_bias, A, D, norm_w, 1e-5), conv_st, ssm_st, slots, fresh
+
+
+@pytest.mark.parametrize(
+    "b,h,p,n,g,taps,bias",
+    [(1, 48, 64, 128, 1, 4, True), (3, 8, 16, 32, 2, 4, True), (4, 6, 5, 9, 3, 3, False)],
+)
+def test_mamba2_mixer_step_matches_reference(b, h, p, n, g, taps, bias):
+    """The whole mixer (conv, softplus(dt + bias), scan, D skip, SiLU(z) gate, group norm) in one
+    call equals the references composed (`decode.mamba2_mixer_decode_ref`), output and both
+    states; the first shape is Granite-4.0-H-Tiny's."""
+    args, conv_st, ssm_st, slots, fresh = _mixer_inputs(b, h, p, n, g, taps, bias, b * 7 + h)
+    ref_c, ref_s = conv_st.clone(), ssm_st.clone()
+    want = decode.mamba2_mixer_decode_ref(*args, ref_c, ref_s, slots, fresh, h, g)
+    got = decode.mamba2_mixer_decode(*args, conv_st, ssm_st, slots, fresh, h, g)
+    assert got is not None
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(conv_st, ref_c, rtol=1e-5, atol=1e-5, equal_nan=True)
+    torch.testing.assert_close(ssm_st, ref_s, rtol=1e-5, atol=1e-5, equal_nan=True)
+
+
+def test_mamba2_mixer_leaves_other_slots_and_refuses_odd_shapes():
+    """Slots no row names keep their bytes; a width that is not Din + Cc + H, or heads the
+    state does not have, answer None with the states untouched."""
+    args, conv_st, ssm_st, slots, fresh = _mixer_inputs(2, 4, 8, 16, 2, 4, True, 3)
+    before_c, before_s = conv_st.clone(), ssm_st.clone()
+    assert RS.mamba2(args[0][:, :-1], *args[1:], conv_st, ssm_st, slots, fresh, 4, 2) is None
+    assert RS.mamba2(*args, conv_st, ssm_st, slots, fresh, 5, 2) is None
+    assert torch.equal(conv_st.nan_to_num(), before_c.nan_to_num())
+    assert torch.equal(ssm_st.nan_to_num(), before_s.nan_to_num())
+    assert RS.mamba2(*args, conv_st, ssm_st, slots, fresh, 4, 2) is not None
+    for s in set(range(4)) - set(slots.tolist()):
+        assert torch.equal(conv_st[s].nan_to_num(), before_c[s].nan_to_num())
+        assert torch.equal(ssm_st[s].nan_to_num(), before_s[s].nan_to_num())

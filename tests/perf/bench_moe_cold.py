@@ -4,7 +4,10 @@ rotated call by call, random experts per token, native kernels over the raw bloc
 prepared torch path. Not a test.
 
     python tests/perf/bench_moe_cold.py [--threads 2] [--layers 4] [--rows 1 16 64] [--native-only]
-        [--defines "PREFETCH_ROWS=8 PREFETCH_ROWS=16,PREFETCH_LOCALITY=3"]
+        [--defines "PREFETCH_ROWS=8 PREFETCH_ROWS=16,PREFETCH_LOCALITY=3"] [--shape granite]
+
+`--shape granite`: Granite-4.0-H-Tiny's experts instead (64 of 1536 x 512, top 6: ~1.5 MB an
+expert against Qwen3's ~3 MB).
 
 `--defines`: native builds with these -D settings besides the default one (space-separated
 variants, comma-separated defines within one), each timed on the same layers.
@@ -28,9 +31,18 @@ from localllm.kernels.moe.prepared import prepare_expert
 from localllm.kernels.quant import QuantType
 from tests.kernels.test_moe_prepared import expert_blocks
 
-DIM, HIDDEN, E, TOP_K = 2048, 768, 128, 8
-FMT = ExpertFormat(QuantType.Q4_K, QuantType.Q4_K, QuantType.Q6_K, DIM, HIDDEN)
-SHAPES = ((QT.Q4_K, HIDDEN, DIM), (QT.Q4_K, HIDDEN, DIM), (QT.Q6_K, DIM, HIDDEN))
+SHAPE_OF = {"qwen3moe": (2048, 768, 128, 8), "granite": (1536, 512, 64, 6)}  # dim, hidden, E, k
+DIM, HIDDEN, E, TOP_K = SHAPE_OF["qwen3moe"]
+
+
+def _set_shape(name: str) -> None:
+    global DIM, HIDDEN, E, TOP_K, FMT, SHAPES
+    DIM, HIDDEN, E, TOP_K = SHAPE_OF[name]
+    FMT = ExpertFormat(QuantType.Q4_K, QuantType.Q4_K, QuantType.Q6_K, DIM, HIDDEN)
+    SHAPES = ((QT.Q4_K, HIDDEN, DIM), (QT.Q4_K, HIDDEN, DIM), (QT.Q6_K, DIM, HIDDEN))
+
+
+_set_shape("qwen3moe")
 
 
 def median_ms(run, layers: list, rows: int, calls: int, seed: int) -> float:
@@ -57,7 +69,9 @@ def main() -> None:
     ap.add_argument("--rows", type=int, nargs="*", default=[1, 16, 64])
     ap.add_argument("--native-only", action="store_true", help="skip the prepared torch path")
     ap.add_argument("--defines", default="", help="native build variants (see the docstring)")
+    ap.add_argument("--shape", choices=sorted(SHAPE_OF), default="qwen3moe")
     a = ap.parse_args()
+    _set_shape(a.shape)
     torch.set_num_threads(a.threads)
     rng = np.random.default_rng(0)
     raw = [[torch.from_numpy(expert_blocks(q, E, r, c, rng)) for q, r, c in SHAPES]

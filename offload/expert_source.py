@@ -69,7 +69,8 @@ class ResidentExperts(IgnoresHints):
     expert prepared here, once; `fetch` then answers with the PreparedExpert. Other layers
     answer with raw blocks (a device computes them, or a device copy is made of them). With
     `lazy`, an expert is prepared on its first fetch instead (a default source that a residency
-    plan may replace before any use costs nothing).
+    plan may replace before any use costs nothing). `native`: the native CPU kernels, whose block
+    linears then take the prepared matrices of the types they know (`prepare_expert`).
     """
 
     def __init__(
@@ -77,8 +78,10 @@ class ResidentExperts(IgnoresHints):
         layers: Mapping[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
         prepared: Mapping[int, ExpertFormat] = MappingProxyType({}),
         lazy: bool = False,
+        native=None,
     ):
         self.layers = dict(layers)
+        self.native = native  # the native CPU kernels the prepared experts may run on
         self.formats: dict[int, ExpertFormat] = {}
         self.prepared: dict[int, list[PreparedExpert | None]] = {}
         todo = []
@@ -101,7 +104,8 @@ class ResidentExperts(IgnoresHints):
 
     def _prepare(self, layer: int, expert: int) -> PreparedExpert:
         g, u, d = self.layers[layer]
-        p = prepare_expert(ExpertBlocks(g[expert], u[expert], d[expert]), self.formats[layer])
+        blocks = ExpertBlocks(g[expert], u[expert], d[expert])
+        p = prepare_expert(blocks, self.formats[layer], native=self.native)
         self.prepared[layer][expert] = p
         return p
 

@@ -436,22 +436,26 @@ class MoEFeedForward(nn.Module):
 def use_native_cpu_experts(model: nn.Module, native: NativeKernels | None) -> None:
     """A CPU model's MoE blocks take the native kernels the loader loaded (None: none built)
     where they take the block's format: their default sources then hold the raw blocks alone,
-    nothing prepared. Precise blocks and experts with biases keep their paths."""
+    nothing prepared. Other blocks (experts with biases, gpt-oss's clamped SwiGLU, types the
+    fused expert kernels lack) prepare their experts over the native block linears where those
+    take the types (MXFP4 among them: views of the blocks, not per-call dequantized tiles).
+    Precise blocks keep their paths."""
     blocks = [
         b
         for b in moe_blocks(model)
-        if b.ffn_gate_inp.weight.data.device.type == "cpu"
-        and not b.precise
-        and b.ffn_gate_exps.bias is None
+        if b.ffn_gate_inp.weight.data.device.type == "cpu" and not b.precise
     ]
     if native is None:
         return
     scratch = RowsScratch()  # one decode call at a time: the layers share its buffers
     for b in blocks:
-        f = b.format
-        if native.supports(f.gate, f.up, f.down, f.dim, f.hidden, f.act):
+        f, raw = b.format, {b.layer: tuple(w.data for w in b.expert_weights())}
+        fused = b.ffn_gate_exps.bias is None
+        if fused and native.supports(f.gate, f.up, f.down, f.dim, f.hidden, f.act):
             b.native, b.rows_scratch = native, scratch
-            b.attach(ResidentExperts({b.layer: tuple(w.data for w in b.expert_weights())}))
+            b.attach(ResidentExperts(raw))
+        else:  # prepared on first use, each matrix on the block linears where they take it
+            b.attach(ResidentExperts(raw, {b.layer: f}, lazy=True, native=native))
 
 
 def moe_blocks(model: nn.Module) -> list[MoEFeedForward]:

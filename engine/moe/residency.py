@@ -123,7 +123,8 @@ def apply_residency(model: nn.Module, plan: ResidencyPlan) -> list[ExpertSource]
             how = "torch (no C build)" if native is None else f"native ({' '.join(native.flags)})"
             log.info("host experts: %d of %d layers on %s CPU kernels", n, len(host), how)
         prepared = {b.layer: b.format for b in blocks if b.layer in resident and _on_cpu(b)}
-        shared = ResidentExperts(resident, prepared)
+        # (CPU experts the fused kernels do not take run their matrices on the block linears)
+        shared = ResidentExperts(resident, prepared, native=load_native() if prepared else None)
         for b in blocks:
             if b.layer in resident:
                 b.attach(shared)

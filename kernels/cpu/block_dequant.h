@@ -1,6 +1,7 @@
 /* One weight row's float32 values from its ggml blocks (ggml's dequantize, the same float
  * operations as gguf-py: a scale times an integer code is exact in float32, so only the minimum's
- * add or subtract rounds), for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, IQ4_XS, Q4_K, Q5_K and Q6_K.
+ * add or subtract rounds), for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4, IQ4_XS, Q4_K, Q5_K and
+ * Q6_K.
  * Prompts multiply these rows in an exact fp32 GEMM (kernels/quant/linear_native.py). */
 #ifndef LOCALLLM_BLOCK_DEQUANT_H
 #define LOCALLLM_BLOCK_DEQUANT_H
@@ -8,6 +9,7 @@
 
 static int64_t block_row_bytes(int type, int64_t k) {
     switch (type) {
+    case MXFP4: return k / 32 * 17;
     case Q4_0: case IQ4_NL: return k / 32 * 18;
     case Q4_1: return k / 32 * 20;
     case Q5_0: return k / 32 * 22;
@@ -93,6 +95,13 @@ static int dequant_row(int type, const uint8_t *b, int64_t k, float *y) {
                 codes32(b + 8 + 16 * ib, NULL, c);
                 for (int l = 0; l < 32; l++) y[l] = dl * (float)IQ4NL_VALUES[c[l]];
             }
+        }
+        return 1;
+    case MXFP4:
+        for (int64_t j = 0; j < k / 32; j++, b += 17, y += 32) {
+            const float d = e8m0_half(b[0]);
+            codes32(b + 1, NULL, c);
+            for (int l = 0; l < 32; l++) y[l] = d * (float)FP4_VALUES[c[l]];
         }
         return 1;
     case Q4_0: case Q4_1: case Q5_0: case Q5_1: case IQ4_NL: {

@@ -1,5 +1,5 @@
 /* The dense linears' dot products beside quant_dots.h's (included by dense_linear.c): Q4_0, Q4_1,
- * Q5_0, Q5_1, IQ4_NL (32-value blocks) and IQ4_XS against int8 activations per 32 (ggml's Q8_0
+ * Q5_0, Q5_1, IQ4_NL, MXFP4 (32-value blocks) and IQ4_XS against int8 activations per 32 (ggml's Q8_0
  * rows with the sums of every 16 codes: the minimum terms of Q4_1 / Q5_1), and Q5_K against
  * llama.cpp's Q8_K (per 256). `*_rows` dot one weight row with R activation rows (R = 1 ..
  * ROWS_MAX, a literal at each call so each count unrolls), its codes decoded once; each row's
@@ -10,10 +10,24 @@
 #define LOCALLLM_BLOCK_DOTS_H
 #include "quant_dots.h"
 
-enum { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q5_K = 13, IQ4_NL = 20, IQ4_XS = 23 };
+enum { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q5_K = 13, IQ4_NL = 20, IQ4_XS = 23, MXFP4 = 39 };
 
 static const int8_t IQ4NL_VALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
                                         1,    13,   25,  38,  53,  69,  89,  113};
+
+/* MXFP4's E2M1 values doubled (ggml's kvalues_mxfp4); its E8M0 scale is taken at half */
+static const int8_t FP4_VALUES[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+/* ggml's GGML_E8M0_TO_FP32_HALF: 2^(e - 128), the two smallest as denormals */
+static inline float e8m0_half(uint8_t e) {
+    const uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+/* a 32-value block's scale: an fp16 at its start (Q4_0 .. IQ4_NL, Q8_0), or MXFP4's E8M0 byte */
+static inline float f16_at(const uint8_t *b) { return h2f(rd16(b)); }
+static inline float e8m0_at(const uint8_t *b) { return e8m0_half(b[0]); }
 
 /* IQ4_XS sub-block ib's signed scale (ls - 32) */
 static inline int iq4xs_scale(const uint8_t *w, int ib) {
@@ -49,9 +63,9 @@ static inline __m256i dot_s8s8(__m256i w, __m256i x) {
  * scale(s); acc[r] += dot x d x dx; the minimum terms (Q4_1 / Q5_1) summed in floats beside.
  * Even and odd blocks go to their own accumulators (a0 / a1): one chain of dependent
  * multiply-adds through every block was the limit (4 cycles of latency for ~2 of work). */
-#define BLOCK_ONE(A, M, B, CODES, SGN, HASMIN, MINAT)                                             \
+#define BLOCK_ONE(A, M, B, CODES, SGN, HASMIN, MINAT, SCALE)                                             \
     {                                                                                             \
-        const float d = h2f(rd16(wb));                                                            \
+        const float d = SCALE(wb);                                                                \
         const __m256i q = CODES;                                                                  \
         for (int r = 0; r < R; r++) {                                                             \
             const __m256i xv = _mm256_loadu_si256((const __m256i *)(q8[r] + 32 * (B)));           \
@@ -61,20 +75,20 @@ static inline __m256i dot_s8s8(__m256i w, __m256i x) {
                 M[r] += h2f(rd16(wb + (MINAT))) * d8[r][B] * (float)(bs[r][2 * (B)] + bs[r][2 * (B) + 1]); \
         }                                                                                         \
     }
-#define BLOCK_ROWS_LOOP(NB, BYTES, CODES, SGN, HASMIN, MINAT)                                     \
+#define BLOCK_ROWS_LOOP(NB, BYTES, CODES, SGN, HASMIN, MINAT, SCALE)                                     \
     __m256 a0[ROWS_MAX], a1[ROWS_MAX];                                                            \
     float m0[ROWS_MAX], m1[ROWS_MAX];                                                             \
     for (int r = 0; r < R; r++) a0[r] = a1[r] = _mm256_setzero_ps(), m0[r] = m1[r] = 0.f;        \
     int64_t b = 0;                                                                                \
     for (; b + 1 < (NB); b += 2) {                                                                \
         const uint8_t *wb = w + b * (BYTES);                                                      \
-        BLOCK_ONE(a0, m0, b, CODES, SGN, HASMIN, MINAT)                                           \
+        BLOCK_ONE(a0, m0, b, CODES, SGN, HASMIN, MINAT, SCALE)                                           \
         wb += (BYTES);                                                                            \
-        BLOCK_ONE(a1, m1, b + 1, CODES, SGN, HASMIN, MINAT)                                       \
+        BLOCK_ONE(a1, m1, b + 1, CODES, SGN, HASMIN, MINAT, SCALE)                                       \
     }                                                                                             \
     if (b < (NB)) {                                                                               \
         const uint8_t *wb = w + b * (BYTES);                                                      \
-        BLOCK_ONE(a0, m0, b, CODES, SGN, HASMIN, MINAT)                                           \
+        BLOCK_ONE(a0, m0, b, CODES, SGN, HASMIN, MINAT, SCALE)                                           \
     }                                                                                             \
     for (int r = 0; r < R; r++) out[r] = hsum(_mm256_add_ps(a0[r], a1[r])) + (m0[r] + m1[r]);
 
@@ -84,23 +98,28 @@ static inline __m256i dot_s8s8(__m256i w, __m256i x) {
 
 static inline void dot_q4_0_rows(BLOCK_ARGS) {
     (void)bs;
-    BLOCK_ROWS_LOOP(nb, 18, _mm256_sub_epi8(nibbles32(wb + 2), _mm256_set1_epi8(8)), 1, 0, 0)
+    BLOCK_ROWS_LOOP(nb, 18, _mm256_sub_epi8(nibbles32(wb + 2), _mm256_set1_epi8(8)), 1, 0, 0, f16_at)
 }
-static inline void dot_q4_1_rows(BLOCK_ARGS) { BLOCK_ROWS_LOOP(nb, 20, nibbles32(wb + 4), 0, 1, 2) }
+static inline void dot_q4_1_rows(BLOCK_ARGS) { BLOCK_ROWS_LOOP(nb, 20, nibbles32(wb + 4), 0, 1, 2, f16_at) }
 static inline void dot_q5_0_rows(BLOCK_ARGS) {
     (void)bs;
     BLOCK_ROWS_LOOP(nb, 22,
                     _mm256_sub_epi8(_mm256_or_si256(nibbles32(wb + 6), fifth_bits(wb + 2)),
                                     _mm256_set1_epi8(16)),
-                    1, 0, 0)
+                    1, 0, 0, f16_at)
 }
 static inline void dot_q5_1_rows(BLOCK_ARGS) {
-    BLOCK_ROWS_LOOP(nb, 24, _mm256_or_si256(nibbles32(wb + 8), fifth_bits(wb + 4)), 0, 1, 2)
+    BLOCK_ROWS_LOOP(nb, 24, _mm256_or_si256(nibbles32(wb + 8), fifth_bits(wb + 4)), 0, 1, 2, f16_at)
 }
 static inline void dot_iq4_nl_rows(BLOCK_ARGS) {
     (void)bs;
     const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)IQ4NL_VALUES));
-    BLOCK_ROWS_LOOP(nb, 18, _mm256_shuffle_epi8(lut, nibbles32(wb + 2)), 1, 0, 0)
+    BLOCK_ROWS_LOOP(nb, 18, _mm256_shuffle_epi8(lut, nibbles32(wb + 2)), 1, 0, 0, f16_at)
+}
+static inline void dot_mxfp4_rows(BLOCK_ARGS) { /* IQ4_NL's dot: another table, an E8M0 scale */
+    (void)bs;
+    const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)FP4_VALUES));
+    BLOCK_ROWS_LOOP(nb, 17, _mm256_shuffle_epi8(lut, nibbles32(wb + 1)), 1, 0, 0, e8m0_at)
 }
 
 /* The same dots over a row tile (block_linear.c's `tile_rows` lays it out): R <= TILE_ROWS
@@ -113,12 +132,12 @@ static inline void dot_iq4_nl_rows(BLOCK_ARGS) {
 #else
 #define TILE_ROWS 4
 #endif
-#define TILE_ONE(A, MV, B, CODES, SGN, HASMIN, MINAT)                                             \
+#define TILE_ONE(A, MV, B, CODES, SGN, HASMIN, MINAT, SCALE)                                             \
     {                                                                                             \
         const __m256i q = CODES;                                                                  \
         const __m256 dv = _mm256_loadu_ps(dt + 8 * (B));                                          \
         float sc[8];                                                                              \
-        _mm256_storeu_ps(sc, _mm256_mul_ps(_mm256_set1_ps(h2f(rd16(wb))), dv));                   \
+        _mm256_storeu_ps(sc, _mm256_mul_ps(_mm256_set1_ps(SCALE(wb)), dv));                       \
         const int8_t *xb = qt + (B) * R * 32;                                                     \
         for (int r = 0; r < R; r++) {                                                             \
             const __m256i xv = _mm256_loadu_si256((const __m256i *)(xb + 32 * r));                \
@@ -129,19 +148,19 @@ static inline void dot_iq4_nl_rows(BLOCK_ARGS) {
             MV = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(h2f(rd16(wb + (MINAT)))), dv),      \
                                  _mm256_loadu_ps(st + 8 * (B)), MV);                              \
     }
-#define TILE_LOOP(NB, BYTES, CODES, SGN, HASMIN, MINAT)                                           \
+#define TILE_LOOP(NB, BYTES, CODES, SGN, HASMIN, MINAT, SCALE)                                           \
     __m256 a0[TILE_ROWS], a1[TILE_ROWS], m0 = _mm256_setzero_ps(), m1 = _mm256_setzero_ps();     \
     for (int r = 0; r < R; r++) a0[r] = a1[r] = _mm256_setzero_ps();                              \
     int64_t b = 0;                                                                                \
     for (; b + 1 < (NB); b += 2) {                                                                \
         const uint8_t *wb = w + b * (BYTES);                                                      \
-        TILE_ONE(a0, m0, b, CODES, SGN, HASMIN, MINAT)                                            \
+        TILE_ONE(a0, m0, b, CODES, SGN, HASMIN, MINAT, SCALE)                                            \
         wb += (BYTES);                                                                            \
-        TILE_ONE(a1, m1, b + 1, CODES, SGN, HASMIN, MINAT)                                        \
+        TILE_ONE(a1, m1, b + 1, CODES, SGN, HASMIN, MINAT, SCALE)                                        \
     }                                                                                             \
     if (b < (NB)) {                                                                               \
         const uint8_t *wb = w + b * (BYTES);                                                      \
-        TILE_ONE(a0, m0, b, CODES, SGN, HASMIN, MINAT)                                            \
+        TILE_ONE(a0, m0, b, CODES, SGN, HASMIN, MINAT, SCALE)                                            \
     }                                                                                             \
     float ms[8];                                                                                  \
     _mm256_storeu_ps(ms, _mm256_add_ps(m0, m1));                                                  \
@@ -154,23 +173,28 @@ static inline void dot_iq4_nl_rows(BLOCK_ARGS) {
 
 TILE_FN dot_q4_0_tile(TILE_ARGS) {
     (void)st;
-    TILE_LOOP(nb, 18, _mm256_sub_epi8(nibbles32(wb + 2), _mm256_set1_epi8(8)), 1, 0, 0)
+    TILE_LOOP(nb, 18, _mm256_sub_epi8(nibbles32(wb + 2), _mm256_set1_epi8(8)), 1, 0, 0, f16_at)
 }
-TILE_FN dot_q4_1_tile(TILE_ARGS) { TILE_LOOP(nb, 20, nibbles32(wb + 4), 0, 1, 2) }
+TILE_FN dot_q4_1_tile(TILE_ARGS) { TILE_LOOP(nb, 20, nibbles32(wb + 4), 0, 1, 2, f16_at) }
 TILE_FN dot_q5_0_tile(TILE_ARGS) {
     (void)st;
     TILE_LOOP(nb, 22,
               _mm256_sub_epi8(_mm256_or_si256(nibbles32(wb + 6), fifth_bits(wb + 2)),
                               _mm256_set1_epi8(16)),
-              1, 0, 0)
+              1, 0, 0, f16_at)
 }
 TILE_FN dot_q5_1_tile(TILE_ARGS) {
-    TILE_LOOP(nb, 24, _mm256_or_si256(nibbles32(wb + 8), fifth_bits(wb + 4)), 0, 1, 2)
+    TILE_LOOP(nb, 24, _mm256_or_si256(nibbles32(wb + 8), fifth_bits(wb + 4)), 0, 1, 2, f16_at)
 }
 TILE_FN dot_iq4_nl_tile(TILE_ARGS) {
     (void)st;
     const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)IQ4NL_VALUES));
-    TILE_LOOP(nb, 18, _mm256_shuffle_epi8(lut, nibbles32(wb + 2)), 1, 0, 0)
+    TILE_LOOP(nb, 18, _mm256_shuffle_epi8(lut, nibbles32(wb + 2)), 1, 0, 0, f16_at)
+}
+TILE_FN dot_mxfp4_tile(TILE_ARGS) {
+    (void)st;
+    const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)FP4_VALUES));
+    TILE_LOOP(nb, 17, _mm256_shuffle_epi8(lut, nibbles32(wb + 1)), 1, 0, 0, e8m0_at)
 }
 /* Q8_0 (quant_dots.h's dot_q8_0): one accumulator per row through every block */
 TILE_FN dot_q8_0_tile(TILE_ARGS) {
@@ -179,7 +203,7 @@ TILE_FN dot_q8_0_tile(TILE_ARGS) {
     for (int r = 0; r < R; r++) a[r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *wb = w + 34 * b;
-        TILE_ONE(a, m0, b, _mm256_loadu_si256((const __m256i *)(wb + 2)), 1, 0, 0)
+        TILE_ONE(a, m0, b, _mm256_loadu_si256((const __m256i *)(wb + 2)), 1, 0, 0, f16_at)
     }
     for (int r = 0; r < R; r++) out[r] = hsum(a[r]);
 }
@@ -265,18 +289,21 @@ static inline int code32(const uint8_t *qs, const uint8_t *qh, int l) {
 
 static float dot32(int type, const uint8_t *w, const int8_t *x, const float *dx,
                    const int16_t *s, int64_t nb) {
-    const int bytes = type == Q4_0 || type == IQ4_NL ? 18 : type == Q4_1 ? 20 : type == Q5_0 ? 22 : 24;
-    const int at = type == Q4_0 || type == IQ4_NL ? 2 : type == Q4_1 ? 4 : type == Q5_0 ? 6 : 8;
+    const int bytes = type == MXFP4 ? 17 : type == Q4_0 || type == IQ4_NL ? 18 : type == Q4_1 ? 20
+                      : type == Q5_0 ? 22 : 24;
+    const int at = type == MXFP4 ? 1 : type == Q4_0 || type == IQ4_NL ? 2 : type == Q4_1 ? 4
+                   : type == Q5_0 ? 6 : 8;
     float sum = 0.f;
     for (int64_t b = 0; b < nb; b++, w += bytes, x += 32) {
         const uint8_t *qh = type == Q5_0 ? w + 2 : type == Q5_1 ? w + 4 : NULL;
         int32_t a = 0;
         for (int l = 0; l < 32; l++) {
             int c = code32(w + at, qh, l);
-            c = type == Q4_0 ? c - 8 : type == Q5_0 ? c - 16 : type == IQ4_NL ? IQ4NL_VALUES[c] : c;
+            c = type == Q4_0 ? c - 8 : type == Q5_0 ? c - 16 : type == IQ4_NL ? IQ4NL_VALUES[c]
+                : type == MXFP4 ? FP4_VALUES[c] : c;
             a += c * x[l];
         }
-        sum += h2f(rd16(w)) * dx[b] * (float)a;
+        sum += (type == MXFP4 ? e8m0_half(w[0]) : h2f(rd16(w))) * dx[b] * (float)a;
         if (type == Q4_1 || type == Q5_1)
             sum += h2f(rd16(w + 2)) * dx[b] * (float)(s[2 * b] + s[2 * b + 1]);
     }
@@ -290,6 +317,7 @@ static void dot_q4_1_rows(BLOCK_ARGS) { ROWS_OF(Q4_1) }
 static void dot_q5_0_rows(BLOCK_ARGS) { ROWS_OF(Q5_0) }
 static void dot_q5_1_rows(BLOCK_ARGS) { ROWS_OF(Q5_1) }
 static void dot_iq4_nl_rows(BLOCK_ARGS) { ROWS_OF(IQ4_NL) }
+static void dot_mxfp4_rows(BLOCK_ARGS) { ROWS_OF(MXFP4) }
 
 static void dot_iq4_xs_rows(BLOCK_ARGS) {
     for (int r = 0; r < R; r++) {

@@ -1,5 +1,5 @@
 /* Dense linears on the CPU over the file's raw GGUF blocks (kernels/cpu/block_linear.py loads it):
- * Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, IQ4_XS, Q4_K, Q5_K and Q6_K, llama.cpp's decode
+ * Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4, IQ4_XS, Q4_K, Q5_K and Q6_K, llama.cpp's decode
  * arithmetic: a few activation rows quantized to int8 (per 256 values for Q4_K / Q5_K, as its
  * Q8_K; per 32 for the others; sums of every 16 codes for the minimum terms), integer dots per
  * block, float scales per block. A weight may come in parts (a fused q/k/v or gate/up whose
@@ -50,6 +50,7 @@ static void row_dots(int type, const uint8_t *w, int64_t k, const int8_t *const 
     case Q5_0: { int64_t nb = k / 32; CALL_R(dot_q5_0_rows); return; }
     case Q5_1: { int64_t nb = k / 32; CALL_R(dot_q5_1_rows); return; }
     case IQ4_NL: { int64_t nb = k / 32; CALL_R(dot_iq4_nl_rows); return; }
+    case MXFP4: { int64_t nb = k / 32; CALL_R(dot_mxfp4_rows); return; }
     case IQ4_XS: { int64_t nb = k / 256; CALL_R(dot_iq4_xs_rows); return; }
     case Q5_K: { int64_t nb = k / 256; CALL_R(dot_q5_k_rows); return; }
 #ifdef Q4K_ROWS
@@ -89,7 +90,7 @@ static void quantize_rows(int type, const float *x, int64_t ldx, int64_t t, int6
 /* the 32-value block types, dotted over row tiles (block_dots.h's `*_tile`) */
 static int tiled(int type) {
     return type == Q4_0 || type == Q4_1 || type == Q5_0 || type == Q5_1 || type == IQ4_NL ||
-           type == Q8_0;
+           type == MXFP4 || type == Q8_0;
 }
 
 #define TILE_CASE(fn, N) case N: fn(w, qt, dt, st, nb, N, out); return;
@@ -115,6 +116,7 @@ static void tile_dots(int type, const uint8_t *w, const int8_t *qt, const float 
     case Q5_0: CALL_T(dot_q5_0_tile)
     case Q5_1: CALL_T(dot_q5_1_tile)
     case Q8_0: CALL_T(dot_q8_0_tile)
+    case MXFP4: CALL_T(dot_mxfp4_tile)
     default: CALL_T(dot_iq4_nl_tile)
     }
 }

@@ -24,7 +24,7 @@ from localllm.kernels.quant.types import QuantType, block_geometry
 HERE = Path(__file__).parent
 SOURCES = (HERE / "block_linear.c", HERE / "block_dequant.h", HERE / "block_dots.h",
            HERE / "quant_dots.h", HERE / "i16_gemm.h", HERE / "i8_gemm.h")  # fmt: skip
-TYPES = NATIVE_TYPES  # Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, IQ4_XS, Q4_K, Q5_K, Q6_K
+TYPES = NATIVE_TYPES  # Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4, IQ4_XS, Q4_K, Q5_K, Q6_K
 FLAG_SETS = (  # fastest first; the last builds anywhere (no OpenMP: one thread)
     ("-O3", "-march=native", "-fopenmp"),
     ("-O3", "-fopenmp"),
@@ -148,14 +148,16 @@ def load(cache_dir: Path | None = None) -> BlockKernels | None:
 
 
 def random_blocks(qtype: QuantType, rows: int, k: int, rng: np.random.Generator) -> torch.Tensor:
-    """uint8 [rows, row bytes] of random blocks of `qtype` with small finite fp16 scales."""
+    """uint8 [rows, row bytes] of random blocks of `qtype` with small finite scales."""
     qtype = QuantType(qtype)
     block, nbytes = block_geometry(qtype)
     nb = rows * k // block
     raw = rng.integers(0, 256, size=(nb, nbytes), dtype=np.uint8)
-    for at in _F16_AT[qtype.name]:
+    for at in _F16_AT.get(qtype.name, ()):
         small = (rng.uniform(0.5, 1.5, nb) * 1e-2).astype(np.float16).view(np.uint8)
         raw[:, at : at + 2] = small.reshape(nb, 2)
+    if qtype == QuantType.MXFP4:  # E8M0 scales 2^-10 .. 2^-5 (x the doubled E2M1 values)
+        raw[:, 0] = rng.integers(118, 124, nb, dtype=np.uint8)
     return torch.from_numpy(raw.reshape(rows, -1))
 
 

@@ -56,6 +56,11 @@ static int codes8_v(int type, const uint8_t *w, int64_t j, __m256i *out) {
         break;
     }
     case Q5_1: v = _mm256_or_si256(nibbles32(w + j * 24 + 8), fifth_bits(w + j * 24 + 4)); break;
+    case MXFP4: {
+        const __m256i tab = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)FP4_VALUES));
+        v = _mm256_shuffle_epi8(tab, nibbles32(w + j * 17 + 1));
+        break;
+    }
     case IQ4_NL: case IQ4_XS: {
         const __m256i tab = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)IQ4NL_VALUES));
         const uint8_t *qs = type == IQ4_NL ? w + j * 18 + 2 : w + (j / 8) * 136 + 8 + 16 * (j % 8);
@@ -128,6 +133,14 @@ static void i16_sub(int type, const uint8_t *w, int64_t j, int16_t *c, float *ws
         if (done) return;
         codes32(b + 8 + 16 * (j % 8), NULL, v);
         for (int l = 0; l < 32; l++) c[l] = IQ4NL_VALUES[v[l]];
+        return;
+    }
+    case MXFP4: {
+        const uint8_t *b = w + j * 17;
+        *ws = e8m0_half(b[0]);
+        if (done) return;
+        codes32(b + 1, NULL, v);
+        for (int l = 0; l < 32; l++) c[l] = FP4_VALUES[v[l]];
         return;
     }
     case Q8_0: {

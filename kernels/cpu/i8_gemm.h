@@ -23,7 +23,7 @@ enum { I8_Q8_0 = 1, I8_Q8_1 = 2, I8_Q8_K = 3 };
 /* ggml's vec_dot_type of `type` (0: not covered) */
 static int i8_format(int type) {
     switch (type) {
-    case Q4_0: case Q5_0: case Q8_0: case IQ4_NL: return I8_Q8_0;
+    case Q4_0: case Q5_0: case Q8_0: case IQ4_NL: case MXFP4: return I8_Q8_0;
     case Q4_1: case Q5_1: return I8_Q8_1;
     case Q4_K: case Q5_K: case Q6_K: case IQ4_XS: return I8_Q8_K;
     default: return 0;
@@ -167,7 +167,7 @@ static void i8_tile(int type, const uint8_t *const *wrow, int nvalid, int64_t k,
             for (int jj = 0; jj < nj; jj++) sc[jj][0] = sc[jj][1] = b ? 1 : 0;
             if (!b) {
             } else if (fmt != I8_Q8_K) {
-                wd = h2f(rd16(b));
+                wd = type == MXFP4 ? e8m0_half(b[0]) : h2f(rd16(b));
                 if (fmt == I8_Q8_1) wm = h2f(rd16(b + 2));
             } else if (type == Q6_K) {
                 const int8_t *s8 = (const int8_t *)(b + 192);

@@ -65,17 +65,23 @@ def _owned_nbytes(lin: PreparedLinear, raw: torch.Tensor) -> int:
 
 
 def prepare_expert(
-    blocks: ExpertBlocks, fmt: ExpertFormat, precise: bool = False
+    blocks: ExpertBlocks, fmt: ExpertFormat, precise: bool = False, native=None
 ) -> PreparedExpert:
     """Prepare one expert's raw blocks (CPU tensors) for `expert_ffn_one`; `precise` takes
-    `prepare_linear`'s exact strategies (dequantize + fp32 values)."""
+    `prepare_linear`'s exact strategies (dequantize + fp32 values); `native` (the loaded native
+    CPU kernels, `kernels.cpu.native`): matrices of the types their block linears take run there
+    on the raw blocks (views, nothing copied), e.g. gpt-oss's MXFP4 experts, whose biases and
+    clamped SwiGLU the fused expert kernels do not take."""
     d, h = fmt.dim, fmt.hidden
     parts = (
         (blocks.gate, fmt.gate, h, d),
         (blocks.up, fmt.up, h, d),
         (blocks.down, fmt.down, d, h),
     )
-    lins = [prepare_linear(raw, qt, (rows, cols), precise=precise) for raw, qt, rows, cols in parts]
+    lins = [
+        prepare_linear(raw, qt, (rows, cols), precise=precise, native=native)
+        for raw, qt, rows, cols in parts
+    ]
     owned = sum(_owned_nbytes(lin, p[0]) for lin, p in zip(lins, parts, strict=True))
     return PreparedExpert(*lins, nbytes=owned)
 

@@ -1,6 +1,7 @@
 """Linears on the CPU through the native kernels (`kernels/cpu/block_linear.c`), holding the
-file's blocks alone: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, IQ4_XS, Q4_K, Q5_K and Q6_K (keep-quant:
-the fp16 copies they replace took 2 bytes a weight, the int4pack forms 0.875 plus scales). A fused
+file's blocks alone: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4, IQ4_XS, Q4_K, Q5_K and Q6_K
+(keep-quant: the fp16 copies or per-call dequantized tiles they replace took 2 or 4 bytes a weight,
+the int4pack forms 0.875 plus scales). A fused
 projection (q/k/v, gate/up) keeps its tensors as parts where the file has them, never stacked.
 
 Q4_K / Q6_K / Q8_0 calls of up to NATIVE_MAX_T rows multiply int8 activations (per 256 values
@@ -31,7 +32,19 @@ from localllm.kernels.quant.types import QuantType
 # object comes from the loader, so importing kernels.quant never builds or loads C)
 NATIVE_TYPES = frozenset(
     QuantType[n]
-    for n in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "IQ4_XS", "Q4_K", "Q5_K", "Q6_K")
+    for n in (
+        "Q4_0",
+        "Q4_1",
+        "Q5_0",
+        "Q5_1",
+        "Q8_0",
+        "IQ4_NL",
+        "MXFP4",
+        "IQ4_XS",
+        "Q4_K",
+        "Q5_K",
+        "Q6_K",
+    )
 )
 MAX_PARTS = 8  # parts of one weight (MAX_PARTS in the C)
 # Rows per call on the int8 kernels (decode, batched decode, short prompts). This 2-core Xeon, one

@@ -1,6 +1,6 @@
 """The native block linears (`kernels/cpu/block_linear.c`) for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
-IQ4_NL, IQ4_XS, Q4_K, Q5_K and Q6_K: their float values against gguf-py's dequantization (same
-bits), their int8 dots against the torch reference of the same math (`block_rows_reference`),
+IQ4_NL, MXFP4, IQ4_XS, Q4_K, Q5_K and Q6_K: their float values against gguf-py's dequantization
+(same bits), their int8 dots against the torch reference of the same math (`block_rows_reference`),
 each row's bits independent of batch size, parts and threads, the prompt path exact, and fused
 projections reading the file's tensors in place (no stacked copy)."""
 
@@ -21,7 +21,8 @@ from localllm.kernels.quant.linear_native import (
     block_rows_reference,
 )
 
-TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "IQ4_XS", "Q4_K", "Q5_K", "Q6_K"]
+TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "MXFP4", "IQ4_XS", "Q4_K", "Q5_K",
+         "Q6_K"]  # fmt: skip
 REF_TOL = 2e-4  # float32 sums in another order; a code rounded the other way at a tie
 
 
@@ -79,7 +80,7 @@ def test_a_rows_bits_do_not_depend_on_batch_parts_or_threads(blocks, name):
         assert torch.equal(alone[0], one[i])
 
 
-@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "Q8_0"])
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "MXFP4", "Q8_0"])
 def test_every_row_tile_height_gives_a_row_its_bits_alone(blocks, name):
     """The 32-value block types dot tiles of up to 8 token rows (4 without AVX-512) per decode of a
     weight row: every height, a ragged last tile and an odd block count (the tail block) give

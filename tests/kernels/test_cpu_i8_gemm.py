@@ -35,7 +35,7 @@ def blocks(tmp_path_factory):
 
 def test_formats_are_ggmls_vec_dot_types():
     want = {"Q4_0": "Q8_0", "Q4_1": "Q8_1", "Q5_0": "Q8_0", "Q5_1": "Q8_1", "Q8_0": "Q8_0",
-            "IQ4_NL": "Q8_0", "IQ4_XS": "Q8_K", "Q4_K": "Q8_K", "Q5_K": "Q8_K",
+            "IQ4_NL": "Q8_0", "MXFP4": "Q8_0", "IQ4_XS": "Q8_K", "Q4_K": "Q8_K", "Q5_K": "Q8_K",
             "Q6_K": "Q8_K"}  # fmt: skip
     assert {n: activation_format(QuantType[n]) for n in TYPES} == want
 

@@ -97,6 +97,7 @@ _BLOCK = {
     QT.Q4_K: (256, 144),
     QT.Q5_K: (256, 176),
     QT.Q6_K: (256, 210),
+    QT.MXFP4: (32, 17),  # (make_gpt_oss_synthetic.py writes its blocks)
 }
 
 

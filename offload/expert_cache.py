@@ -65,6 +65,7 @@ class StreamedExperts:
         prepare: bool = False,
         pack_on: torch.device | None = None,
         n_used: int = 8,
+        native=None,
     ):
         if slots < 1:
             raise ValueError("expert streaming needs at least one slot")
@@ -75,6 +76,7 @@ class StreamedExperts:
         self.layouts = dict(layouts)
         self.slot_bytes = max(lay.expert_nbytes for lay in self.layouts.values())
         self.prepare = prepare
+        self.native = native  # prepared matrices on the native block linears (`prepare_expert`)
         # the most one slot's prepared expert holds (the largest layer's)
         self.prepared_slot_bytes = (
             max(prepared_format_nbytes(lay.fmt) for lay in self.layouts.values()) if prepare else 0
@@ -188,7 +190,7 @@ class StreamedExperts:
         t1 = time.perf_counter()
         for (slot, _), b in zip(wave, bufs, strict=True):
             if pool is None:
-                made = prepare_expert(self._blocks(b, layout), layout.fmt)
+                made = prepare_expert(self._blocks(b, layout), layout.fmt, native=self.native)
             else:  # an upload that does not wait, packed into the slot in place
                 made = pool.fill_mapped(slot, self.pool[b, : layout.expert_nbytes])
             self._prepared[slot] = made

@@ -219,8 +219,9 @@ def _stream(
         share = max(1, st.slots * len(group) // len(disk))
         mine = {b.layer: layouts[b.layer] for b in group}
         streamed = StreamedExperts(
-            mine, share, st.prefetch, st.evict, prepare, pack_on, n_used=group[0].n_used
-        )
+            mine, share, st.prefetch, st.evict, prepare, pack_on, n_used=group[0].n_used,
+            native=load_native() if prepare else None,  # as the resident experts' (same bits)
+        )  # fmt: skip
         for b in group:
             b.attach(streamed)
             for t in (b.ffn_gate_exps, b.ffn_up_exps, b.ffn_down_exps):

@@ -240,9 +240,9 @@ def test_streamed_hits_do_not_reprepare_and_memory_is_bounded(tmp_path, monkeypa
     threads: list[str] = []
     real = expert_cache.prepare_expert
 
-    def counting(blocks, fmt):
+    def counting(blocks, fmt, native=None):
         threads.append(threading.current_thread().name)
-        return real(blocks, fmt)
+        return real(blocks, fmt, native=native)
 
     monkeypatch.setattr(expert_cache, "prepare_expert", counting)
     cache = StreamedExperts(_on_disk(tmp_path, layers, fmts), slots=2, prepare=True)

@@ -218,10 +218,9 @@ def _stream(
     for group in groups.values():
         share = max(1, st.slots * len(group) // len(disk))
         mine = {b.layer: layouts[b.layer] for b in group}
-        streamed = StreamedExperts(
-            mine, share, st.prefetch, st.evict, prepare, pack_on, n_used=group[0].n_used,
-            native=load_native() if prepare else None,  # as the resident experts' (same bits)
-        )  # fmt: skip
+        native = load_native() if prepare else None  # as the resident experts' (same bits)
+        streamed = StreamedExperts(mine, share, st.prefetch, st.evict, prepare, pack_on,
+                                   n_used=group[0].n_used, native=native)  # fmt: skip
         for b in group:
             b.attach(streamed)
             for t in (b.ffn_gate_exps, b.ffn_up_exps, b.ffn_down_exps):

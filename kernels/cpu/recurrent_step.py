@@ -209,24 +209,33 @@ def self_check(rs: RecurrentStep, seed: int = 0) -> bool:
 
 
 def _check_mamba2(rs: RecurrentStep, r, slots, fresh) -> bool:
-    """The whole mixer against its reference (decode.mamba2_mixer_decode_ref), grouped."""
-    from localllm.kernels.recurrent.decode import mamba2_mixer_decode_ref
+    """The whole mixer against the references it fuses (`decode.mamba2_mixer_decode_ref`'s
+    steps, here from the modules below it), grouped."""
+    from localllm.kernels.recurrent.causal_conv import causal_conv_step
+    from localllm.kernels.recurrent.gated_norm import skip_gate_norm_ref
+    from localllm.kernels.recurrent.ssd import ssd_step_ref
 
     b, h, p, n, g, taps = 3, 4, 8, 16, 2, 4
     din, cc = h * p, h * p + 2 * g * n
-    got_c, got_s = r(4, taps - 1, cc), r(4, h, p, n)
-    got_c[0], got_s[0] = float("nan"), float("nan")
-    want_c, want_s = got_c.clone(), got_s.clone()
+    keep = (~fresh).float()
+    conv_st, ssm_st = r(4, taps - 1, cc), r(4, h, p, n)
+    conv_st[0], ssm_st[0] = float("nan"), float("nan")
     zxd, w, cb = r(b, din + cc + h), r(cc, taps), r(cc)
     dtb, A, D, nw = r(h), -r(h).abs(), r(h), r(din)
-    args = (zxd, w, cb, dtb, A, D, nw, 1e-5)
-    want = mamba2_mixer_decode_ref(*args, want_c, want_s, slots, fresh, h, g)
-    got = rs.mamba2(*args, got_c, got_s, slots, fresh, h, g)
+    want_c = conv_st[slots].nan_to_num() * keep[:, None, None]
+    want_s = ssm_st[slots].nan_to_num() * keep[:, None, None, None]
+    z, xbc, dt = zxd.split([din, cc, h], dim=-1)
+    xbc = F.silu(causal_conv_step(xbc, w, want_c, silu=False) + cb)
+    x, bm, cm = xbc.split([din, g * n, g * n], dim=-1)
+    y = ssd_step_ref(x.reshape(b, h, p), F.softplus(dt + dtb), A, bm.reshape(b, g, n),
+                     cm.reshape(b, g, n), want_s)  # fmt: skip
+    want = skip_gate_norm_ref(y, x.reshape(b, h, p), D, z, nw.reshape(g, -1), 1e-5, torch.float32)
+    got = rs.mamba2(zxd, w, cb, dtb, A, D, nw, 1e-5, conv_st, ssm_st, slots, fresh, h, g)
     return (
         got is not None
         and _close(got, want)
-        and _close(got_c[slots], want_c[slots])
-        and _close(got_s[slots], want_s[slots])
+        and _close(conv_st[slots], want_c)
+        and _close(ssm_st[slots], want_s)
     )
 
 

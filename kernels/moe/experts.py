@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from localllm.kernels.quant.dequant import dequantize
 from localllm.kernels.quant.linear import TRITON_TYPES
+from localllm.kernels.quant.linear_native import current_prompt_rows, prompt_rows
 from localllm.kernels.quant.types import QuantType
 
 
@@ -62,6 +63,13 @@ class ExpertBlocks:
 
 SWIGLU_OAI_LIMIT, SWIGLU_OAI_ALPHA = 7.0, 1.702
 GEMV_MAX_M = 8  # rows up to which a CUDA expert uses the fused GEMV (as `triton_linear`)
+# A prepared expert's prompt rows below this many take the native block linears' int8 rows (one
+# pass over the weights) instead of their prompt GEMM, which decodes the weights for its int16
+# tiles: as the fused expert kernels' GEMM_MIN_ROWS (kernels/cpu/moe_prompt.py). gpt-oss-20b
+# shape, 64-token prompts (~8 rows an expert), 2 threads, 2026-12-06: 35-38 against 18-19 t/s
+# (tests/perf/results/cpu-moe.md). A prompt row's bits then depend on how many rows share its
+# expert in the call, as with the fused kernels.
+PROMPT_GEMM_MIN_ROWS = 16
 
 
 def _glu(g: torch.Tensor, u: torch.Tensor, act: str) -> torch.Tensor:
@@ -94,6 +102,14 @@ def expert_ffn_one(
 ) -> torch.Tensor:
     """One expert's FFN on the tokens x [n, dim] routed to it -> [n, dim] (float32); `b` is its
     raw blocks or its prepared weights (CPU); `bias` its (gate, up, down) biases, if any."""
+    few = x.shape[0] < PROMPT_GEMM_MIN_ROWS and current_prompt_rows() is not False
+    if few and not isinstance(b, ExpertBlocks):
+        with prompt_rows(False):  # a prompt's few rows: the int8 rows, not the prompt GEMM
+            return _ffn_one(x, b, fmt, bias)
+    return _ffn_one(x, b, fmt, bias)
+
+
+def _ffn_one(x: torch.Tensor, b, fmt: ExpertFormat, bias) -> torch.Tensor:
     d, h = fmt.dim, fmt.hidden
     if isinstance(b, ExpertBlocks):
         g = _project(x, b.gate, fmt.gate, h, d)

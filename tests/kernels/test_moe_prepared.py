@@ -346,3 +346,36 @@ def test_tiny_qwen3moe_greedy_identical_resident_vs_streamed(qtype, tiny_moe, mo
     _, raw_logits, _ = _generate(tiny_moe[qtype], "resident", prepare=False)
     assert not torch.equal(raw_logits, want_logits)
     assert _rel(want_logits, raw_logits) < REL_TOL["int4pack1"]
+
+
+def test_prepared_experts_on_the_block_linears_and_few_prompt_rows():
+    """With the native kernels, MXFP4 experts (gpt-oss's) prepare on the block linears: views of
+    the raw blocks, nothing owned. An expert's prompt rows below PROMPT_GEMM_MIN_ROWS take the
+    int8 rows (the bits the same rows get as decode rows), 16 or more the prompt GEMM; both
+    near the dequantized-weights FFN."""
+    from localllm.kernels.cpu.native import load as load_native
+    from localllm.kernels.moe import experts
+    from localllm.kernels.quant.linear_native import NativeLinear, prompt_rows
+
+    native = load_native()
+    if native is None or native.blocks is None:
+        pytest.skip("no C compiler here")
+    fmt = _fmt(QT.MXFP4, QT.MXFP4, "swiglu_oai")
+    g, u, d = _layer(fmt, seed=11)
+    raw = ExpertBlocks(g[2], u[2], d[2])
+    p = prepare_expert(raw, fmt, native=native)
+    assert isinstance(p.gate, NativeLinear) and isinstance(p.down, NativeLinear)
+    assert p.nbytes == 0
+    x = torch.randn(20, D, generator=torch.Generator().manual_seed(3))
+    want = experts.expert_ffn_one(x, raw, fmt)  # the float32 values of the blocks
+    few = experts.PROMPT_GEMM_MIN_ROWS - 1
+    with prompt_rows(False):
+        decode = experts.expert_ffn_one(x[:few], p, fmt)
+    with prompt_rows(True):
+        prompt_few = experts.expert_ffn_one(x[:few], p, fmt)
+        prompt_many = experts.expert_ffn_one(x, p, fmt)
+    assert torch.equal(prompt_few, decode)
+    assert not torch.equal(prompt_many[:few], decode)  # the GEMM's int16 activations
+    for got in (decode, prompt_many[:few]):
+        rel = ((got - want[:few]).norm() / want[:few].norm()).item()
+        assert rel < 3e-2, rel

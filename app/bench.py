@@ -315,8 +315,8 @@ def run_model(path: str, args: argparse.Namespace) -> list[BenchResult]:
 def _graphs(model, kv, blocks: int, device, args: argparse.Namespace):
     """(DecodeGraphs, PrefillGraphs) on CUDA with --cuda-graphs 1, else (None, None). Experts
     on host or disk (or unpacked types) run host code per step: captured in pieces. Hybrid
-    models (recurrent state) replay prompt graphs only with `prefill_graphs.STATEFUL` on (their
-    one sequence on state slot 0)."""
+    models (recurrent state) replay prompt graphs where `prefill_graphs.STATEFUL` is on (the
+    default; their one sequence on state slot 0)."""
     if device.type != "cuda" or not getattr(args, "cuda_graphs", 1):
         return None, None
     import torch

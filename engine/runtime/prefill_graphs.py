@@ -13,7 +13,7 @@ Hybrid models (recurrent state) whose recurrent layers take the step's layout fr
 (`state_in_prompt_graphs`: granitehybrid, lfm2) may replay prompt graphs too, with STATEFUL on:
 the chunk's state slot is a static input beside its context, and the padding rows form a second
 sequence on the scratch state slot (`engine.layers.recurrent.prompt_graph_plans`), so a scan
-stops at the chunk's last real row. Off by default until measured on a GPU.
+stops at the chunk's last real row (on by default since measured on a GPU, below).
 
 `declined` says which models keep eager prompts: any host step in the forward would fail the
 capture or freeze one chunk's values into every replay. Among them, attention heads that the
@@ -36,10 +36,10 @@ from localllm.kernels.attention.context_heads import context_heads
 
 # ~1.5x apart: padding costs at most a third of a bucket's device time
 BUCKETS = (32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
-# Prompt graphs for hybrid models (see above). Off: Granite-4.0-H-Tiny's eager pp512 forward was
-# host-bound on an H100 (51.0 ms, tests/perf/results/hybrid.md), but a replay's gain there is not
-# yet measured (tests/perf/gpu_hybrid_prefill.sh runs the A/B)
-STATEFUL = False
+# Prompt graphs for hybrid models (see above). On since an H100 measured them (2026-12-06 23:34
+# UTC, tests/perf/results/hybrid.md): Granite-4.0-H-Tiny's 512-token forward 126.9 ms eager
+# (host-bound) against 29.6 ms replayed, the hybrid prompt-graph GPU tests passing in that call
+STATEFUL = True
 
 
 def declined(model: nn.Module, kv: PagedKVCache) -> str | None:

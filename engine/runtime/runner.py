@@ -10,7 +10,7 @@ speculation. On CUDA, steps where every request decodes one token replay a captu
 step of one request's prompt chunk replays a prompt graph (`PrefillGraphs`, given a spare KV slot
 for its padding); everything else (batches of prompts, drafts, CPU) runs eagerly. Hybrid models
 (recurrent state) replay decode graphs too, their rows naming each sequence's state slot; they
-launch nothing ahead, and take prompt graphs only with `prefill_graphs.STATEFUL` on.
+launch nothing ahead, and take prompt graphs while `prefill_graphs.STATEFUL` is on (the default).
 """
 
 from dataclasses import dataclass, field

@@ -23,7 +23,7 @@ from localllm.engine.core.batch import BatchMeta
 from localllm.engine.runtime.recurrent_state import STATE_FRESH, STATE_SLOTS, states_of
 from localllm.kernels.recurrent.causal_conv import causal_conv_prefill, causal_conv_step
 from localllm.kernels.recurrent.decode import mamba2_mixer_decode, short_conv_decode, ssd_decode
-from localllm.kernels.recurrent.ssd import ssd_chunked, ssd_step
+from localllm.kernels.recurrent.ssd import Mamba2Mixer, ssd_chunked, ssd_step
 
 # A prompt's Mamba-2 scan on CUDA can run in chunks (`triton_ssd_chunked`: matmuls, three
 # launches) once a sequence brings this many rows; other steps scan token by token in one launch
@@ -210,19 +210,16 @@ def _finish(y: torch.Tensor, bias: torch.Tensor | None, silu: bool) -> torch.Ten
     return torch.nn.functional.silu(y) if silu else y
 
 
-def mamba2_decode(zxd: torch.Tensor, mixer: tuple, batch: BatchMeta, kv, layer: int):
+def mamba2_decode(zxd: torch.Tensor, mixer: Mamba2Mixer, batch: BatchMeta, kv, layer: int):
     """Mamba-2's mixer between its projections in one native call (`kernels/cpu/recurrent_step.c`)
     where the step decodes one token a sequence on a CPU: zxd [T, Din + Cc + H] the in-projection's
-    rows; `mixer` (conv_w, conv_b, dt_bias, A, D, norm_w, eps, heads, groups). Returns the
-    out-projection's input [T, Din] float32, or None: then the caller runs `short_conv`, `ssd`
-    and the gated norm (prompts, CUDA, no compiler)."""
+    rows. Returns the out-projection's input [T, Din] float32, or None: then the caller runs
+    `short_conv`, `ssd` and the gated norm (prompts, CUDA, no compiler)."""
     if use_triton(zxd) or not _one_token_each(batch):
         return None
     st = states_of(kv)
-    conv_w, conv_b, dt_bias, A, D, norm_w, eps, heads, groups = mixer
     conv, ssm = st.tensor(layer, "conv"), st.tensor(layer, "ssm")
-    return mamba2_mixer_decode(zxd, conv_w, conv_b, dt_bias, A, D, norm_w, eps, conv, ssm,
-                               st.slots(batch), st.fresh(batch), heads, groups)  # fmt: skip
+    return mamba2_mixer_decode(zxd, mixer, conv, ssm, st.slots(batch), st.fresh(batch))
 
 
 def ssd(

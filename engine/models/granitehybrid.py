@@ -33,6 +33,7 @@ from localllm.engine.models.hparams import HyperparameterError
 from localllm.engine.moe.block import MoEFeedForward, Routing
 from localllm.engine.moe.expert_tensor import EXPERT_TENSORS
 from localllm.kernels.recurrent.gated_norm import skip_gate_norm
+from localllm.kernels.recurrent.ssd import Mamba2Mixer
 
 
 @dataclass(frozen=True)
@@ -171,8 +172,8 @@ class Mamba2(nn.Module):
         zxd = self.ssm_in(h).float()
         conv = self.ssm_conv1d
         # a CPU decode step: conv, scan, gate and norm in one native call
-        mixer = (conv.weight, conv.bias, self.ssm_dt.value, A, D, self.ssm_norm.value,
-                 a.norm_eps, hs, g)  # fmt: skip
+        mixer = Mamba2Mixer(conv.weight, conv.bias, self.ssm_dt.value, A, D,
+                            self.ssm_norm.value, a.norm_eps, hs, g)  # fmt: skip
         y = mamba2_decode(zxd, mixer, batch, kv, self.layer)
         if y is not None:
             return self.ssm_out(y.to(h.dtype))

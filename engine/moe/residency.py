@@ -215,10 +215,10 @@ def _stream(
     for b in disk:
         groups.setdefault(b.format if pack_on is not None else None, []).append(b)
     sources = []
+    native = load_native() if prepare else None  # as the resident experts' (same bits)
     for group in groups.values():
         share = max(1, st.slots * len(group) // len(disk))
         mine = {b.layer: layouts[b.layer] for b in group}
-        native = load_native() if prepare else None  # as the resident experts' (same bits)
         streamed = StreamedExperts(mine, share, st.prefetch, st.evict, prepare, pack_on,
                                    n_used=group[0].n_used, native=native)  # fmt: skip
         for b in group:

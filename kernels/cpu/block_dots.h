@@ -1,6 +1,6 @@
 /* The dense linears' dot products beside quant_dots.h's (included by dense_linear.c): Q4_0, Q4_1,
- * Q5_0, Q5_1, IQ4_NL, MXFP4 (32-value blocks) and IQ4_XS against int8 activations per 32 (ggml's Q8_0
- * rows with the sums of every 16 codes: the minimum terms of Q4_1 / Q5_1), and Q5_K against
+ * Q5_0, Q5_1, IQ4_NL, MXFP4 (32-value blocks) and IQ4_XS against int8 activations per 32 (ggml's
+ * Q8_0 rows with the sums of every 16 codes: the minimum terms of Q4_1 / Q5_1), and Q5_K against
  * llama.cpp's Q8_K (per 256). `*_rows` dot one weight row with R activation rows (R = 1 ..
  * ROWS_MAX, a literal at each call so each count unrolls), its codes decoded once; each row's
  * arithmetic is the one-row dot's, in the same order, so its bits do not depend on R. `*_tile`
@@ -28,6 +28,9 @@ static inline float e8m0_half(uint8_t e) {
 /* a 32-value block's scale: an fp16 at its start (Q4_0 .. IQ4_NL, Q8_0), or MXFP4's E8M0 byte */
 static inline float f16_at(const uint8_t *b) { return h2f(rd16(b)); }
 static inline float e8m0_at(const uint8_t *b) { return e8m0_half(b[0]); }
+static inline float scale32(int type, const uint8_t *b) {
+    return type == MXFP4 ? e8m0_at(b) : f16_at(b);
+}
 
 /* IQ4_XS sub-block ib's signed scale (ls - 32) */
 static inline int iq4xs_scale(const uint8_t *w, int ib) {
@@ -303,7 +306,7 @@ static float dot32(int type, const uint8_t *w, const int8_t *x, const float *dx,
                 : type == MXFP4 ? FP4_VALUES[c] : c;
             a += c * x[l];
         }
-        sum += (type == MXFP4 ? e8m0_half(w[0]) : h2f(rd16(w))) * dx[b] * (float)a;
+        sum += scale32(type, w) * dx[b] * (float)a;
         if (type == Q4_1 || type == Q5_1)
             sum += h2f(rd16(w + 2)) * dx[b] * (float)(s[2 * b] + s[2 * b + 1]);
     }

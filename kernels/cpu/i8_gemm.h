@@ -167,7 +167,7 @@ static void i8_tile(int type, const uint8_t *const *wrow, int nvalid, int64_t k,
             for (int jj = 0; jj < nj; jj++) sc[jj][0] = sc[jj][1] = b ? 1 : 0;
             if (!b) {
             } else if (fmt != I8_Q8_K) {
-                wd = type == MXFP4 ? e8m0_half(b[0]) : h2f(rd16(b));
+                wd = scale32(type, b);
                 if (fmt == I8_Q8_1) wm = h2f(rd16(b + 2));
             } else if (type == Q6_K) {
                 const int8_t *s8 = (const int8_t *)(b + 192);

@@ -80,37 +80,23 @@ class RecurrentStep:
                                  ptr(y), torch.get_num_threads())  # fmt: skip
         return y
 
-    def mamba2(
-        self,
-        zxd,
-        conv_w,
-        conv_b,
-        dt_bias,
-        A,
-        D,
-        norm_w,
-        eps: float,
-        conv_states,
-        ssm_states,
-        slots,
-        fresh,
-        heads: int,
-        groups: int,
-    ) -> torch.Tensor | None:
-        """`decode.mamba2_mixer_decode_ref`: zxd [b, Din + Cc + H] the in-projection's rows,
-        conv_states [S, K - 1, Cc] and ssm_states [S, H, P, N] float32 (updated in place) ->
-        [b, Din], the out-projection's input."""
+    def mamba2(self, zxd, m, conv_states, ssm_states, slots, fresh) -> torch.Tensor | None:
+        """`decode.mamba2_mixer_decode_ref`: zxd [b, Din + Cc + H] the in-projection's rows, `m`
+        a `ssd.Mamba2Mixer`, conv_states [S, K - 1, Cc] and ssm_states [S, H, P, N] float32
+        (updated in place) -> [b, Din], the out-projection's input."""
         if conv_states.dtype != torch.float32 or not conv_states.is_contiguous():
             return None
-        sl = _inputs(ssm_states, slots, fresh, zxd, conv_w, conv_b, dt_bias, A, D, norm_w)
+        sl = _inputs(ssm_states, slots, fresh, zxd, m.conv_w, m.conv_b, m.dt_bias, m.A, m.D,
+                     m.norm_w)  # fmt: skip
         if sl is None:
             return None
         zxd, conv_w, conv_b, dt_bias, A, D, norm_w = sl[2]
+        groups = m.groups
         b, width = zxd.shape
         h, p, n = ssm_states.shape[1:]
         cc, taps = conv_w.shape
         din = h * p
-        if h != heads or h % groups or din % groups or cc != din + 2 * groups * n:
+        if h != m.heads or h % groups or din % groups or cc != din + 2 * groups * n:
             return None
         if width != din + cc + h or tuple(conv_states.shape[1:]) != (taps - 1, cc) or taps < 2:
             return None
@@ -121,7 +107,7 @@ class RecurrentStep:
         self.lib.mamba2_step_slots(b, ptr(zxd), ptr(conv_w),
                                    None if conv_b is None else ptr(conv_b), taps,
                                    ptr(conv_states), ptr(dt_bias), ptr(A), ptr(D), ptr(norm_w),
-                                   eps, ptr(ssm_states), ptr(sl[0]), ptr(sl[1]), h, p, n,
+                                   m.eps, ptr(ssm_states), ptr(sl[0]), ptr(sl[1]), h, p, n,
                                    groups, ptr(xbc), ptr(out), torch.get_num_threads())  # fmt: skip
         return out
 
@@ -213,7 +199,7 @@ def _check_mamba2(rs: RecurrentStep, r, slots, fresh) -> bool:
     steps, here from the modules below it), grouped."""
     from localllm.kernels.recurrent.causal_conv import causal_conv_step
     from localllm.kernels.recurrent.gated_norm import skip_gate_norm_ref
-    from localllm.kernels.recurrent.ssd import ssd_step_ref
+    from localllm.kernels.recurrent.ssd import Mamba2Mixer, ssd_step_ref
 
     b, h, p, n, g, taps = 3, 4, 8, 16, 2, 4
     din, cc = h * p, h * p + 2 * g * n
@@ -230,7 +216,8 @@ def _check_mamba2(rs: RecurrentStep, r, slots, fresh) -> bool:
     y = ssd_step_ref(x.reshape(b, h, p), F.softplus(dt + dtb), A, bm.reshape(b, g, n),
                      cm.reshape(b, g, n), want_s)  # fmt: skip
     want = skip_gate_norm_ref(y, x.reshape(b, h, p), D, z, nw.reshape(g, -1), 1e-5, torch.float32)
-    got = rs.mamba2(zxd, w, cb, dtb, A, D, nw, 1e-5, conv_st, ssm_st, slots, fresh, h, g)
+    m = Mamba2Mixer(w, cb, dtb, A, D, nw, 1e-5, h, g)
+    got = rs.mamba2(zxd, m, conv_st, ssm_st, slots, fresh)
     return (
         got is not None
         and _close(got, want)

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from localllm.kernels.recurrent.causal_conv import causal_conv_step
 from localllm.kernels.recurrent.delta_rule import delta_rule_step_ref, l2_normalize
-from localllm.kernels.recurrent.ssd import ssd_step_ref
+from localllm.kernels.recurrent.ssd import Mamba2Mixer, ssd_step_ref
 
 
 def _cuda32(*xs: torch.Tensor) -> bool:
@@ -114,49 +114,32 @@ def ssd_decode(x, dt, A, B, C, states, slots, fresh) -> torch.Tensor:
     return ssd_decode_ref(x, dt, A, B, C, states, slots, fresh) if y is None else y
 
 
-def mamba2_mixer_decode_ref(
-    zxd,
-    conv_w,
-    conv_b,
-    dt_bias,
-    A,
-    D,
-    norm_w,
-    eps: float,
-    conv_states,
-    ssm_states,
-    slots,
-    fresh,
-    heads: int,
-    groups: int,
-) -> torch.Tensor:
+def mamba2_mixer_decode_ref(zxd, m: Mamba2Mixer, conv_states, ssm_states, slots, fresh):
     """Mamba-2's mixer between its projections for one token a sequence: zxd [B, Din + Cc + H]
-    the in-projection's rows (z | x B C | dt; Din = H P, Cc = Din + 2 G N), conv_w [Cc, K] and
-    conv_b [Cc] or None, conv_states [S, K - 1, Cc] and ssm_states [S, H, P, N] float32 updated
-    in place. Returns the gated, group-normed scan output [B, Din] float32 (the out-projection's
-    input): the conv, softplus(dt + dt_bias), the scan, then `gated_norm.skip_gate_norm_ref`."""
+    the in-projection's rows (z | x B C | dt; Din = H P, Cc = Din + 2 G N), `m` the layer's
+    weights, conv_states [S, K - 1, Cc] and ssm_states [S, H, P, N] float32 updated in place.
+    Returns the gated, group-normed scan output [B, Din] float32 (the out-projection's input):
+    the conv, softplus(dt + dt_bias), the scan, then `gated_norm.skip_gate_norm_ref`."""
     from localllm.kernels.recurrent.gated_norm import skip_gate_norm_ref
 
     b = zxd.shape[0]
     h, p, n = ssm_states.shape[1:]
-    din, cc = h * p, conv_w.shape[0]
+    din, cc, g = h * p, m.conv_w.shape[0], m.groups
     z, xbc, dt = zxd.float().split([din, cc, h], dim=-1)
-    xbc = short_conv_decode_ref(xbc, conv_w, conv_states, slots, fresh, conv_b, silu=True)
-    x, bm, cm = xbc.split([din, groups * n, groups * n], dim=-1)
+    xbc = short_conv_decode_ref(xbc, m.conv_w, conv_states, slots, fresh, m.conv_b, silu=True)
+    x, bm, cm = xbc.split([din, g * n, g * n], dim=-1)
     x = x.reshape(b, h, p)
-    dt = F.softplus(dt + dt_bias)
-    bm, cm = bm.reshape(b, groups, n), cm.reshape(b, groups, n)
-    y = ssd_decode_ref(x, dt, A, bm, cm, ssm_states, slots, fresh)
-    w = norm_w.reshape(groups, din // groups)
-    return skip_gate_norm_ref(y, x, D, z, w, eps, torch.float32)
+    dt = F.softplus(dt + m.dt_bias)
+    bm, cm = bm.reshape(b, g, n), cm.reshape(b, g, n)
+    y = ssd_decode_ref(x, dt, m.A, bm, cm, ssm_states, slots, fresh)
+    return skip_gate_norm_ref(y, x, m.D, z, m.norm_w.reshape(g, din // g), m.eps, torch.float32)
 
 
-def mamba2_mixer_decode(*args) -> torch.Tensor | None:
-    """`mamba2_mixer_decode_ref`'s arguments; on a CPU one call of `recurrent_step.c` where it
-    builds and takes them, else None (the caller runs its own ops: on CUDA, triton launches)."""
-    conv_states = args[8]
+def mamba2_mixer_decode(zxd, m: Mamba2Mixer, conv_states, ssm_states, slots, fresh):
+    """`mamba2_mixer_decode_ref`; on a CPU one call of `recurrent_step.c` where it builds and
+    takes the tensors, else None (the caller runs its own ops: on CUDA, triton launches)."""
     rs = _native(conv_states)
-    return None if rs is None else rs.mamba2(*args)
+    return None if rs is None else rs.mamba2(zxd, m, conv_states, ssm_states, slots, fresh)
 
 
 def _native(states: torch.Tensor):

@@ -11,9 +11,27 @@ group's B, C [N] (G groups of H / G heads share B and C):
 Everything computes in float32: the state is a running sum over the whole context.
 """
 
+from typing import NamedTuple
+
 import torch
 
 CHUNK = 64  # tokens per block of the chunked form
+
+
+class Mamba2Mixer(NamedTuple):
+    """One Mamba-2 layer's mixer weights between its projections: the depthwise conv's taps
+    conv_w [Cc, K] and bias [Cc] (or None), the step's bias dt_bias [H], the decay A [H] (< 0),
+    the skip D [H], the group norm's weight norm_w [Din] and eps, the head and group counts."""
+
+    conv_w: torch.Tensor
+    conv_b: torch.Tensor | None
+    dt_bias: torch.Tensor
+    A: torch.Tensor
+    D: torch.Tensor
+    norm_w: torch.Tensor
+    eps: float
+    heads: int
+    groups: int
 
 
 def use_triton(state: torch.Tensor) -> bool:

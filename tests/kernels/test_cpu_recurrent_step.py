@@ -8,6 +8,7 @@ import torch
 from localllm.kernels.cpu import recurrent_step
 from localllm.kernels.cpu.cbuild import compiler
 from localllm.kernels.recurrent import decode
+from localllm.kernels.recurrent.ssd import Mamba2Mixer
 
 pytestmark = pytest.mark.skipif(compiler() is None, reason="no C compiler")
 RS = recurrent_step.load() if compiler() else None
@@ -127,7 +128,8 @@ def _mixer_inputs(b, h, p, n, g, taps, bias, seed):
     conv_b = torch.randn(cc, generator=gen) if bias else None
     dt_bias, A = torch.randn(h, generator=gen), -torch.rand(h, generator=gen) * 4
     D, norm_w = torch.randn(h, generator=gen), torch.randn(din, generator=gen)
-    return (zxd, conv_w, conv_b, dt_bias, A, D, norm_w, 1e-5), conv_st, ssm_st, slots, fresh
+    m = Mamba2Mixer(conv_w, conv_b, dt_bias, A, D, norm_w, 1e-5, h, g)
+    return zxd, m, conv_st, ssm_st, slots, fresh
 
 
 @pytest.mark.parametrize(
@@ -138,10 +140,10 @@ def test_mamba2_mixer_step_matches_reference(b, h, p, n, g, taps, bias):
     """The whole mixer (conv, softplus(dt + bias), scan, D skip, SiLU(z) gate, group norm) in one
     call equals the references composed (`decode.mamba2_mixer_decode_ref`), output and both
     states; the first shape is Granite-4.0-H-Tiny's."""
-    args, conv_st, ssm_st, slots, fresh = _mixer_inputs(b, h, p, n, g, taps, bias, b * 7 + h)
+    zxd, m, conv_st, ssm_st, slots, fresh = _mixer_inputs(b, h, p, n, g, taps, bias, b * 7 + h)
     ref_c, ref_s = conv_st.clone(), ssm_st.clone()
-    want = decode.mamba2_mixer_decode_ref(*args, ref_c, ref_s, slots, fresh, h, g)
-    got = decode.mamba2_mixer_decode(*args, conv_st, ssm_st, slots, fresh, h, g)
+    want = decode.mamba2_mixer_decode_ref(zxd, m, ref_c, ref_s, slots, fresh)
+    got = decode.mamba2_mixer_decode(zxd, m, conv_st, ssm_st, slots, fresh)
     assert got is not None
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(conv_st, ref_c, rtol=1e-5, atol=1e-5, equal_nan=True)
@@ -151,13 +153,13 @@ def test_mamba2_mixer_step_matches_reference(b, h, p, n, g, taps, bias):
 def test_mamba2_mixer_leaves_other_slots_and_refuses_odd_shapes():
     """Slots no row names keep their bytes; a width that is not Din + Cc + H, or heads the
     state does not have, answer None with the states untouched."""
-    args, conv_st, ssm_st, slots, fresh = _mixer_inputs(2, 4, 8, 16, 2, 4, True, 3)
+    zxd, m, conv_st, ssm_st, slots, fresh = _mixer_inputs(2, 4, 8, 16, 2, 4, True, 3)
     before_c, before_s = conv_st.clone(), ssm_st.clone()
-    assert RS.mamba2(args[0][:, :-1], *args[1:], conv_st, ssm_st, slots, fresh, 4, 2) is None
-    assert RS.mamba2(*args, conv_st, ssm_st, slots, fresh, 5, 2) is None
+    assert RS.mamba2(zxd[:, :-1], m, conv_st, ssm_st, slots, fresh) is None
+    assert RS.mamba2(zxd, m._replace(heads=5), conv_st, ssm_st, slots, fresh) is None
     assert torch.equal(conv_st.nan_to_num(), before_c.nan_to_num())
     assert torch.equal(ssm_st.nan_to_num(), before_s.nan_to_num())
-    assert RS.mamba2(*args, conv_st, ssm_st, slots, fresh, 4, 2) is not None
+    assert RS.mamba2(zxd, m, conv_st, ssm_st, slots, fresh) is not None
     for s in set(range(4)) - set(slots.tolist()):
         assert torch.equal(conv_st[s].nan_to_num(), before_c[s].nan_to_num())
         assert torch.equal(ssm_st[s].nan_to_num(), before_s[s].nan_to_num())

@@ -4,7 +4,11 @@
 # bytes read, beside llama.cpp's llama-bench on the same file in the same call (llama-bench feeds a
 # random token per step, as our bench now does by default). The file: the Qwen3-30B-A3B shape cut to
 # $LAYERS layers (24: half the experts' bytes, so the budgets below are half of issue 7's).
-# Carry .whl, .refbuild/smollm2-tok.gguf and .llb (tests/perf/gpu_build_llamacpp.sh makes .llb).
+# STEPS picks rows (default "budget llama disk"; also budget-split, ncmoe, cpumoe, llama-cpumoe,
+# resident); BUDGET (5GiB), ROUTINGS (model,uniform,zipf:1).
+# Carry .whl, .refbuild/smollm2-tok.gguf and .llb (tests/perf/gpu_build_llamacpp.sh makes .llb), or
+# run it after gpu_build_llamacpp.sh in the same call (carry .refbuild/llama.cpp instead of .llb);
+# with LLB_PARTS=.serve2 it takes serve2_prepare.sh's smaller parts (carry .serve2 instead).
 set -u
 export PYTHONUNBUFFERED=1 PYTHONSAFEPATH=1
 OUT=${OUT:-/tmp/out}
@@ -12,7 +16,8 @@ LAYERS=${LAYERS:-24}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
 ln -sfn "$PWD" /tmp/site/localllm
 export PYTHONPATH=/tmp/site:$PWD
-mkdir -p /tmp/llb && cat .llb/llb.part.* | xz -d | tar x -C /tmp/llb
+# A build made earlier in the same call (gpu_build_llamacpp.sh) is used as it is.
+[ -x /tmp/llb/bin/llama-bench ] || { mkdir -p /tmp/llb && cat ${LLB_PARTS:-.llb}/llb.part.* | xz -d | tar x -C /tmp/llb; }
 export LD_LIBRARY_PATH=/tmp/llb/bin:${LD_LIBRARY_PATH:-}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 date -u
@@ -20,14 +25,29 @@ M=/tmp/moe$LAYERS.gguf
 [ -f $M ] || python3 tests/perf/make_synthetic.py --shape qwen3moe-30b-a3b --layers "$LAYERS" \
   --quant Q4_K_M -o $M --tokenizer-from .refbuild/smollm2-tok.gguf | tail -1
 date -u
-ours() { echo "== ours $*"; timeout 240 python3 -m localllm.app.bench -m $M --device cuda -p 0 "$@" \
-  2>&1 | grep -E "qwen3moe|expert|routing|graphs|memory|rror"; }
-llama() { echo "== llama.cpp $*"; timeout 120 /tmp/llb/bin/llama-bench -m $M -ngl 99 -fa 1 -p 0 "$@" \
-  2>&1 | grep -E "^\| q|error"; }
+# each run's peak device memory, the whole process (CUDA context included): nvidia-smi every 100 ms
+peak() { nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 >/tmp/smi.txt &
+  local p=$!; "$@"; kill $p; echo "nvidia-smi peak: $(sort -n /tmp/smi.txt | tail -1) MiB"; }
+ours() { echo "== ours $*"; peak timeout 240 python3 -m localllm.app.bench -m $M --device cuda -p 0 \
+  "$@" 2>&1 | grep -E "qwen3moe|expert|routing|graphs|memory|rror|peak"; }
+llama() { echo "== llama.cpp $*"; peak timeout 120 /tmp/llb/bin/llama-bench -m $M -ngl 99 -fa 1 -p 0 \
+  "$@" 2>&1 | grep -E "^\| q|error|peak"; }
 R=${ROUTINGS:-model,uniform,zipf:1}
-ours -n 32 -r 2 --mem-budget ${BUDGET:-5GiB} --routing $R | tee -a "$OUT/routing.md"
-llama -n 32 -r 2 -ncmoe $((LAYERS / 2)) | tee -a "$OUT/routing.md"
-ours -n 32 -r 2 --experts disk --expert-slots $((LAYERS * 64)) --routing $R | tee -a "$OUT/routing.md"
-[ -n "${RESIDENT:-}" ] && { ours -n 64 -r 2 --routing model,uniform | tee -a "$OUT/routing.md";
-  llama -n 64 -r 2 | tee -a "$OUT/routing.md"; }
+H=$((LAYERS / 2))
+for step in ${STEPS:-budget llama disk}; do
+  case $step in
+    budget) ours -n 32 -r 2 --mem-budget ${BUDGET:-5GiB} --routing $R ;;
+    budget-split) ours -n 32 -r 2 --mem-budget ${BUDGET:-5GiB} --host-compute split --routing $R ;;
+    llama) llama -n 32 -r 2 -ncmoe $H ;;
+    # llama.cpp's static split, ours the same layers: GPU reads them mapped, the CPU computes them,
+    # or the two share them
+    ncmoe) for hc in mapped host split; do
+        ours -n 32 -r 2 --n-cpu-moe $H --host-compute $hc --routing $R; done ;;
+    cpumoe) for hc in auto host split; do
+        ours -n 32 -r 2 --cpu-moe --host-compute $hc --routing $R; done ;;
+    llama-cpumoe) llama -n 32 -r 2 -ot exps=CPU ;;
+    disk) ours -n 32 -r 2 --experts disk --expert-slots $((LAYERS * 64)) --routing $R ;;
+    resident) ours -n 64 -r 2 --routing model,uniform; llama -n 64 -r 2 ;;
+  esac 2>&1 | tee -a "$OUT/routing.md"
+done
 date -u

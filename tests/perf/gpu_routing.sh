@@ -5,7 +5,8 @@
 # random token per step, as our bench now does by default). The file: the Qwen3-30B-A3B shape cut to
 # $LAYERS layers (24: half the experts' bytes, so the budgets below are half of issue 7's).
 # STEPS picks rows (default "budget llama disk"; also budget-split, ncmoe, cpumoe, llama-cpumoe,
-# resident); BUDGET (5GiB), ROUTINGS (model,uniform,zipf:1).
+# resident); BUDGET (5GiB), ROUTINGS (model,uniform,zipf:1), NCMOE_HC / CPUMOE_HC (the
+# --host-compute modes of the ncmoe / cpumoe rows: "mapped host split" / "auto host split").
 # Carry .whl, .refbuild/smollm2-tok.gguf and .llb (tests/perf/gpu_build_llamacpp.sh makes .llb), or
 # run it after gpu_build_llamacpp.sh in the same call (carry .refbuild/llama.cpp instead of .llb);
 # with LLB_PARTS=.serve2 it takes serve2_prepare.sh's smaller parts (carry .serve2 instead).
@@ -41,9 +42,9 @@ for step in ${STEPS:-budget llama disk}; do
     llama) llama -n 32 -r 2 -ncmoe $H ;;
     # llama.cpp's static split, ours the same layers: GPU reads them mapped, the CPU computes them,
     # or the two share them
-    ncmoe) for hc in mapped host split; do
+    ncmoe) for hc in ${NCMOE_HC:-mapped host split}; do
         ours -n 32 -r 2 --n-cpu-moe $H --host-compute $hc --routing $R; done ;;
-    cpumoe) for hc in auto host split; do
+    cpumoe) for hc in ${CPUMOE_HC:-auto host split}; do
         ours -n 32 -r 2 --cpu-moe --host-compute $hc --routing $R; done ;;
     llama-cpumoe) llama -n 32 -r 2 -ot exps=CPU ;;
     disk) ours -n 32 -r 2 --experts disk --expert-slots $((LAYERS * 64)) --routing $R ;;

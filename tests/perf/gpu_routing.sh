@@ -30,15 +30,16 @@ date -u
 peak() { nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 >/tmp/smi.txt &
   local p=$!; "$@"; kill $p; echo "nvidia-smi peak: $(sort -n /tmp/smi.txt | tail -1) MiB"; }
 ours() { echo "== ours $*"; peak timeout 240 python3 -m localllm.app.bench -m $M --device cuda -p 0 \
-  "$@" 2>&1 | grep -E "qwen3moe|expert|routing|graphs|memory|rror|peak"; }
+  "$@" 2>&1 | grep -E "qwen3moe|expert|routing|graphs|memory|rror|peak|  (budget|device|KV|scratch|runtime|planned)"; }
 llama() { echo "== llama.cpp $*"; peak timeout 120 /tmp/llb/bin/llama-bench -m $M -ngl 99 -fa 1 -p 0 \
   "$@" 2>&1 | grep -E "^\| q|error|peak"; }
 R=${ROUTINGS:-model,uniform,zipf:1}
 H=$((LAYERS / 2))
 for step in ${STEPS:-budget llama disk}; do
   case $step in
-    budget) ours -n 32 -r 2 --mem-budget ${BUDGET:-5GiB} --routing $R ;;
-    budget-split) ours -n 32 -r 2 --mem-budget ${BUDGET:-5GiB} --host-compute split --routing $R ;;
+    budget) ours -n 32 -r 2 --mem-budget ${BUDGET:-5GiB} --show-plan --routing $R ;;
+    budget-split) ours -n 32 -r 2 --mem-budget ${BUDGET:-5GiB} --host-compute split --show-plan \
+      --routing $R ;;
     llama) llama -n 32 -r 2 -ncmoe $H ;;
     # llama.cpp's static split, ours the same layers: GPU reads them mapped, the CPU computes them,
     # or the two share them

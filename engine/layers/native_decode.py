@@ -1,13 +1,14 @@
-"""The CPU decode step of llama, SmolLM3, Qwen2, Qwen3, Gemma 3 and LFM2 decoders as one native call
-(`kernels/cpu/decode_step`): `NativeDecode.for_model` looks once whether a loaded model qualifies
-(those families' blocks, dense gated MLPs, no biases but q|k|v's, every linear on the native
-block kernels) and `__call__` runs a step when it does (each sequence's one new token, a float32
-or float16 paged cache; LoRA adapters on q|k|v, o, gate|up and down through
-`kernels.cpu.decode_lora`), else answers None and the torch layers run. It never takes prompt
-rows (`BatchMeta.prompt`: a one-row prompt tail after a prefix-cache hit is one). Steps of the
-same model give the same tokens either way (tests/kernels/test_cpu_decode_step.py,
-tests/lora/test_lora_native.py); the per-layer work is the same, the ~20 dispatched torch ops
-per layer are gone.
+"""The CPU decode step of llama, SmolLM3, Qwen2, Qwen3, Qwen3-MoE, Gemma 3 and LFM2 decoders as one
+native call (`kernels/cpu/decode_step`): `NativeDecode.for_model` looks once whether a loaded
+model qualifies (those families' blocks, dense gated MLPs or resident routed experts with the
+plain softmax router, no biases but q|k|v's, every linear on the native block kernels) and
+`__call__` runs a step when it does (each sequence's one new token, a float32 or float16 paged
+cache; LoRA adapters on q|k|v, o, gate|up and down through `kernels.cpu.decode_lora`, dense
+models only), else answers None and the torch layers run. It never takes prompt rows
+(`BatchMeta.prompt`: a one-row prompt tail after a prefix-cache hit is one), nor steps under a
+measurement's drawn routing. Steps of the same model give the same tokens either way
+(tests/kernels/test_cpu_decode_step.py, tests/lora/test_lora_native.py); the per-layer work is
+the same, the ~20 dispatched torch ops per layer are gone.
 """
 
 import dataclasses
@@ -19,16 +20,18 @@ from localllm.engine.core.batch import BatchMeta
 from localllm.engine.layers.shared import GatedMLP
 from localllm.engine.runtime.recurrent_state import states_of
 from localllm.kernels.cpu import decode_lora, decode_step
-from localllm.kernels.quant.linear_native import INT8_TYPES, NativeLinear
+from localllm.kernels.quant.linear_native import INT8_TYPES, NATIVE_TYPES, NativeLinear
+from localllm.offload.expert_source import ResidentExperts
 
 MAX_ROWS = 16  # token rows per native step (batched decode); more: the torch layers
 # their Block: SmolLM3's NoPE layers take rope table 1 as cos 1, sin 0 (`_Unrotated`); Qwen3's
 # q/k norms are Gemma 3's (per head, before rope)
 # q|k|v biases (Qwen2's) go in the step; a bias on any other linear keeps the torch layers
 # LFM2's short-conv layers run in the step on their recurrent state slots (its attention layers
-# are Qwen3's kind: q/k norms, NEOX rope)
-FAMILIES = tuple(f"localllm.engine.models.{m}"
-                 for m in ("llama", "smollm3", "qwen2", "qwen3", "gemma3", "lfm2"))  # fmt: skip
+# are Qwen3's kind: q/k norms, NEOX rope); Qwen3-MoE's routed experts run in the step where they
+# are resident raw blocks with the plain softmax router (`_moe_parts`)
+FAMILIES = tuple(f"localllm.engine.models.{m}" for m in
+                 ("llama", "smollm3", "qwen2", "qwen3", "qwen3moe", "gemma3", "lfm2"))  # fmt: skip
 
 
 def _kernels(m: nn.Module | None) -> list | None:
@@ -65,23 +68,54 @@ def _qkv_bias(blk, fused: nn.Module | None) -> torch.Tensor | None:
     return torch.cat([b.float() for b in bs]).contiguous()
 
 
+def _moe_parts(mlp) -> dict | None:
+    """A routed-expert FFN's `LayerSpec` fields for the step (`kernels/cpu/decode_moe.h`), or
+    None where it runs otherwise: resident raw experts of native block types (gate's and up's
+    alike), SiLU, the plain softmax top-k router in float32, no shared expert, nothing mapped,
+    split, offloaded or read ahead."""
+    f, router = getattr(mlp, "format", None), getattr(mlp, "ffn_gate_inp", None)
+    if f is None or router is None or not isinstance(mlp.source, ResidentExperts):
+        return None
+    w = router.dense_weight()
+    elsewhere = (mlp.routing, mlp.shexp, mlp.compute_on, mlp.split, mlp.mapped, mlp.packed,
+                 mlp.guess_next, mlp.read_ahead_next, router.bias,
+                 mlp.ffn_gate_exps.bias)  # fmt: skip
+    if w is None or any(v is not None for v in elsewhere) or f.act != "silu" or f.gate != f.up:
+        return None
+    raw = tuple(t.data for t in mlp.expert_weights())
+    if f.gate not in NATIVE_TYPES or f.down not in NATIVE_TYPES:
+        return None
+    if any(t.dtype != torch.uint8 or t.device.type != "cpu" or t.dim() != 3 for t in raw):
+        return None
+    return {"router": w.float().contiguous(), "experts": tuple(t.contiguous() for t in raw),
+            "exp_types": (f.gate, f.up, f.down), "n_used": mlp.n_used,
+            "norm_topk": bool(mlp.norm_topk_prob)}  # fmt: skip
+
+
 def _layer(blk, args) -> dict | None:
     """One block's `LayerSpec` fields (the caches aside), or None where it does not qualify."""
-    if type(blk).__module__ not in FAMILIES or not isinstance(blk.mlp, GatedMLP):
+    if type(blk).__module__ not in FAMILIES:
         return None
     mlp, fused = blk.mlp, _fused_qkv(blk)
+    moe = None if isinstance(mlp, GatedMLP) else _moe_parts(mlp)
+    if moe is None and not isinstance(mlp, GatedMLP):
+        return None
     conv = getattr(blk, "shortconv", None)
     if conv is not None:
-        return _conv_layer(blk, conv)
+        return _conv_layer(blk, conv) if moe is None else None
     qkv = _kernels(fused) if fused is not None else _runs([blk.attn_q, blk.attn_k, blk.attn_v])
-    gu = _kernels(mlp.gate_up) if mlp.gate_up is not None else _runs([mlp.ffn_gate, mlp.ffn_up])
-    o, down = _kernels(blk.attn_output), _kernels(mlp.ffn_down)
-    linears = (blk.attn_output, mlp.ffn_gate, mlp.ffn_up, mlp.ffn_down, mlp.gate_up)
+    o = _kernels(blk.attn_output)
+    if moe is not None:
+        gu, down, linears = [], [None], (blk.attn_output,)
+    else:
+        gu = _kernels(mlp.gate_up) if mlp.gate_up is not None else _runs([mlp.ffn_gate, mlp.ffn_up])
+        down = _kernels(mlp.ffn_down)
+        linears = (blk.attn_output, mlp.ffn_gate, mlp.ffn_up, mlp.ffn_down, mlp.gate_up)
     if qkv is None or gu is None or o is None or down is None:
         return None
     if any(getattr(m, "bias", None) is not None for m in linears):
         return None
-    spec = {"qkv": qkv, "o": o[0], "gate_up": gu, "down": down[0]}
+    spec = {"qkv": qkv, "o": o[0], "gate_up": gu, "down": down[0], **(moe or {})}
     spec["qkv_bias"] = _qkv_bias(blk, fused)
     for name, norm in (("attn_norm", "attn_norm"), ("ffn_norm", "ffn_norm"),
                        ("q_norm", "attn_q_norm"), ("k_norm", "attn_k_norm"),
@@ -138,7 +172,7 @@ class NativeDecode:
         """The native step of `model`, or None where it does not qualify (or nothing builds)."""
         blocks = getattr(model, "blk", None)
         args = getattr(model, "args", None)
-        if not blocks or args is None or getattr(args, "n_expert", 0):
+        if not blocks or args is None:
             return None
         layers = [_layer(blk, args) for blk in blocks]
         if None in layers:
@@ -155,11 +189,14 @@ class NativeDecode:
             return None
         for lay in layers:  # decode goes through the step: the linears' own calls are prompts
             for k in (*lay["qkv"], lay["o"], *lay["gate_up"], lay["down"]):
-                if k.qtype not in INT8_TYPES:
+                if k is not None and k.qtype not in INT8_TYPES:
                     k.int8_max_t = 0  # exact float32 (kernels/quant/linear_native.py)
         cfg = rotaries[0].cfg
+        # (a MoE layer's pairs, k experts a row, take the gate|up scratch: k x their hidden)
+        pairs = [lay["n_used"] * lay["experts"][0].shape[1] for lay in layers if "router" in lay]
+        hidden = max([args.hidden_dim, *pairs]) if pairs else args.hidden_dim
         shape = decode_step.Shape(args.dim, args.n_heads, args.n_kv_heads, args.head_dim,
-                                  args.hidden_dim, cfg.dims, cfg.neox, args.norm_eps,
+                                  hidden, cfg.dims, cfg.neox, args.norm_eps,
                                   blocks[0].mlp.act, getattr(args, "attn_scale", None))  # fmt: skip
         return cls(model, lib, shape, layers, rotaries)
 
@@ -195,6 +232,8 @@ class NativeDecode:
             return None
         if any(batch.prompt) or min(batch.seq_lens) < 2:  # prompt rows: the prompt path
             return None
+        if any(getattr(b.mlp, "routing_override", None) is not None for b in self.model.blk):
+            return None  # a measurement's drawn routing (bench --routing): the torch layers
         lora = getattr(self.model, "lora", None)  # engine.lora: this step's rows on adapters
         table = None
         if lora is not None and lora.active:
@@ -229,8 +268,8 @@ class NativeDecode:
             return self._lora[1]
         linears = []
         for blk in self.model.blk:
-            if getattr(blk, "shortconv", None) is not None:  # (no adapters in conv layers here)
-                return None
+            if getattr(blk, "shortconv", None) is not None or not isinstance(blk.mlp, GatedMLP):
+                return None  # (no adapters in conv layers or beside routed experts here)
             mlp = blk.mlp
             fused = (_fused_qkv(blk), blk.attn_output, mlp.gate_up, mlp.ffn_down)
             loose = (blk.attn_q, blk.attn_k, blk.attn_v) if fused[0] is None else ()

@@ -41,6 +41,12 @@ typedef struct {
     const float *conv_w;
     float *conv_state;
     int64_t conv_taps;
+    /* Qwen3-MoE's routed experts in place of the gated MLP where n_expert > 0 (decode_moe.h):
+     * router [n_expert, dim] float32; gate / up [n_expert, exp_ff] and down [n_expert, dim] rows
+     * of raw blocks, of exp_types (gate, up, down; gate's and up's alike) */
+    const float *router;
+    const uint8_t *exp_gate, *exp_up, *exp_down;
+    int64_t exp_types[3], n_expert, n_used, exp_ff, norm_topk;
 } layer_t;
 
 typedef struct {
@@ -48,6 +54,8 @@ typedef struct {
     double eps, scale;
     const layer_t *layers;
 } model_t;
+
+#include "decode_moe.h"
 
 static inline float half_to_float(uint16_t h) { return h2f(h); }
 
@@ -316,7 +324,7 @@ void decode_step(const model_t *m, int64_t t, float *x, const float *cos0, const
                  const float *cos1, const float *sin1, const int64_t *slots, const int64_t *seq_lens, const int64_t *tables,
                  int64_t table_stride, float *h, float *qkv, float *att, float *gu, float *y,
                  int8_t *q8, float *d8, int16_t *bs, float *sc, int64_t sc_stride, int threads,
-                 const int64_t *state_slots) {
+                 const int64_t *state_slots, float *moe) {
     const int64_t dim = m->dim, hd = m->hd, nq = m->n_q, nkv = m->n_kv, hidden = m->hidden;
     const int64_t nqkv = (nq + 2 * nkv) * hd, group = nq / nkv;
     /* a KV head's query heads in pieces of `per` (<= MAX_GROUP), more pieces where one row's KV
@@ -390,25 +398,29 @@ void decode_step(const model_t *m, int64_t t, float *x, const float *cos0, const
                 for (int64_t j = 0; j < dim; j++) x[i * dim + j] += yi[j];
                 rms_norm_row(x + i * dim, L->ffn_norm, dim, m->eps, h + i * dim);
             }
-            linear_groups(L->gu, L->n_gu, h, dim, t, dim, gu, 2 * hidden, q8, d8, bs);
-            if (lora) lora_add(lora[4 * l + 2], h, dim, t, dim, gu, 2 * hidden);
-            /* the product in the gate's place, in pieces of ACT_PIECE columns (one decode row's
-             * 8192 SiLUs took ~27 us on one thread while the others waited) */
-            const int64_t npc = (hidden + ACT_PIECE - 1) / ACT_PIECE;
+            if (L->n_expert) {
+                moe_ffn_rows(L, dim, t, h, gu, y, q8, d8, bs, moe);
+            } else {
+                linear_groups(L->gu, L->n_gu, h, dim, t, dim, gu, 2 * hidden, q8, d8, bs);
+                if (lora) lora_add(lora[4 * l + 2], h, dim, t, dim, gu, 2 * hidden);
+                /* the product in the gate's place, in pieces of ACT_PIECE columns (one decode row's
+                 * 8192 SiLUs took ~27 us on one thread while the others waited) */
+                const int64_t npc = (hidden + ACT_PIECE - 1) / ACT_PIECE;
 #pragma omp for schedule(static)
-            for (int64_t pc = 0; pc < t * npc; pc++) {
-                const int64_t i = pc / npc, j0 = pc % npc * ACT_PIECE;
-                const int64_t j1 = j0 + ACT_PIECE < hidden ? j0 + ACT_PIECE : hidden;
-                float *g = gu + i * 2 * hidden, *u = g + hidden;
-                for (int64_t j = j0; j < j1; j++) {
-                    const float v = g[j];
-                    const float a = m->act == 0 ? v / (1.f + expf(-v))
-                                                : 0.5f * v * (1.f + tanhf(0.7978845608f * (v + 0.044715f * v * v * v)));
-                    g[j] = a * u[j];
+                for (int64_t pc = 0; pc < t * npc; pc++) {
+                    const int64_t i = pc / npc, j0 = pc % npc * ACT_PIECE;
+                    const int64_t j1 = j0 + ACT_PIECE < hidden ? j0 + ACT_PIECE : hidden;
+                    float *g = gu + i * 2 * hidden, *u = g + hidden;
+                    for (int64_t j = j0; j < j1; j++) {
+                        const float v = g[j];
+                        const float a = m->act == 0 ? v / (1.f + expf(-v))
+                                                    : 0.5f * v * (1.f + tanhf(0.7978845608f * (v + 0.044715f * v * v * v)));
+                        g[j] = a * u[j];
+                    }
                 }
+                linear_groups(&L->down, 1, gu, 2 * hidden, t, hidden, y, dim, q8, d8, bs);
+                if (lora) lora_add(lora[4 * l + 3], gu, 2 * hidden, t, hidden, y, dim);
             }
-            linear_groups(&L->down, 1, gu, 2 * hidden, t, hidden, y, dim, q8, d8, bs);
-            if (lora) lora_add(lora[4 * l + 3], gu, 2 * hidden, t, hidden, y, dim);
 #pragma omp for schedule(static)
             for (int64_t i = 0; i < t; i++) {
                 float *yi = y + i * dim;

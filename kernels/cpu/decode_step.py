@@ -1,7 +1,8 @@
 """`decode_step.c`: every layer of a llama-style decoder for a decode step's token rows in one
 native call (norms, the block linears, rope, the KV write, attention over the paged cache, the
 gated MLP, the residual adds; LFM2's gated short convolutions on their recurrent state slots in
-place of attention), compiled at first use like `block_linear.py`'s kernels.
+place of attention; Qwen3-MoE's routed experts in place of the MLP, `decode_moe.h`), compiled at
+first use like `block_linear.py`'s kernels.
 
 `DecodeStep` holds the model laid out in the C structs (`LayerSpec`s: the linears' prepared
 `NativeLinear`s, the norm weights, one KV cache's layer tensors) and runs a step; `load()` answers
@@ -21,6 +22,7 @@ from localllm.kernels.cpu.cbuild import built_libraries, compiler
 from localllm.kernels.quant.linear_native import block_rows_reference
 
 SOURCE = Path(__file__).with_name("decode_step.c")
+MOE = Path(__file__).with_name("decode_moe.h")  # included by SOURCE: part of the build key
 ACTS = {"silu": 0, "gelu": 1}
 MAX_GROUPS = 3  # MAX_GROUPS in the C: runs of one ggml type in q|k|v or gate|up
 MAX_GROUP_HEADS = 16  # MAX_GROUP in the C: query heads attended together over one KV head
@@ -52,7 +54,16 @@ class _Layer(ctypes.Structure):
         ("qkv_bias", _P),
         ("conv_w", _P),
         ("conv_state", _P),
-        ("conv_taps", _I),  # (last, as in the C's layer_t)
+        ("conv_taps", _I),
+        ("router", _P),
+        ("exp_gate", _P),
+        ("exp_up", _P),
+        ("exp_down", _P),
+        ("exp_types", _I * 3),
+        ("n_expert", _I),
+        ("n_used", _I),
+        ("exp_ff", _I),
+        ("norm_topk", _I),  # (last, as in the C's layer_t)
     ]
 
 
@@ -106,6 +117,14 @@ class LayerSpec:
     qkv_bias: torch.Tensor | None = None  # Qwen2: q | k | v biases [(n_q + 2 n_kv) head_dim]
     conv_w: torch.Tensor | None = None
     conv_state: torch.Tensor | None = None
+    # Qwen3-MoE (`gate_up` and `down` unused): router [n_expert, dim] float32, the experts' raw
+    # blocks gate / up [n_expert, ff, row bytes] and down [n_expert, dim, row bytes] (uint8,
+    # contiguous), their ggml types, k experts a token, renormalised top-k weights
+    router: torch.Tensor | None = None
+    experts: tuple | None = None
+    exp_types: tuple = ()
+    n_used: int = 0
+    norm_topk: bool = True
 
 
 def load(cache_dir: Path | None = None) -> ctypes.CDLL | None:
@@ -113,7 +132,7 @@ def load(cache_dir: Path | None = None) -> ctypes.CDLL | None:
     cc = compiler()
     if cc is None:
         return None
-    for lib, _, _ in built_libraries((SOURCE, *SOURCES), FLAG_SETS, "localllm-decode-step",
+    for lib, _, _ in built_libraries((SOURCE, MOE, *SOURCES), FLAG_SETS, "localllm-decode-step",
                                      _bind_step, cache_dir, cc):  # fmt: skip
         return lib
     return None
@@ -122,7 +141,7 @@ def load(cache_dir: Path | None = None) -> ctypes.CDLL | None:
 def _bind_step(lib: ctypes.CDLL) -> None:
     _bind(lib)
     lib.decode_step.argtypes = [_P, _I, _P, _P, _P, _P, _P, _P, _P, _P, _I, _P, _P, _P, _P, _P,
-                                _P, _P, _P, _P, _I, ctypes.c_int, _P]  # fmt: skip
+                                _P, _P, _P, _P, _I, ctypes.c_int, _P, _P]  # fmt: skip
     lib.decode_step.restype = None
     lib.paged_decode.argtypes = [_I, _P, _P, _P, _I, _I, _I, _I, _I, _D, _I, _P, _P, _I, _P, _P,
                                  _I, ctypes.c_int]  # fmt: skip
@@ -149,6 +168,8 @@ class DecodeStep:
         for lay in layers:
             if lay.conv_w is not None:
                 _check_conv(lay, s.dim)
+            if lay.router is not None:
+                _check_moe(lay, s)
         if any(len(lay.qkv) > MAX_GROUPS or len(lay.gate_up) > MAX_GROUPS for lay in layers):
             raise ValueError(f"more than {MAX_GROUPS} runs of one type in a fused projection")
         nqkv = (s.n_q + 2 * s.n_kv) * s.head_dim
@@ -166,7 +187,7 @@ class DecodeStep:
                 len(lay.qkv),
                 len(lay.gate_up),
                 _lin(lay.o),
-                _lin(lay.down),
+                _lin(lay.o) if lay.down is None else _lin(lay.down),  # (a MoE layer's: unread)
             )
             c.attn_norm, c.ffn_norm = lay.attn_norm.data_ptr(), lay.ffn_norm.data_ptr()
             if lay.conv_w is None:
@@ -178,6 +199,12 @@ class DecodeStep:
             if lay.conv_w is not None:
                 c.conv_w, c.conv_state = lay.conv_w.data_ptr(), lay.conv_state.data_ptr()
                 c.conv_taps = lay.conv_w.shape[1]
+            if lay.router is not None:
+                c.router = lay.router.data_ptr()
+                c.exp_gate, c.exp_up, c.exp_down = (e.data_ptr() for e in lay.experts)
+                c.exp_types[:] = [int(q) for q in lay.exp_types]
+                c.n_expert, c.n_used = lay.router.shape[0], lay.n_used
+                c.exp_ff, c.norm_topk = lay.experts[0].shape[1], int(lay.norm_topk)
         self.convs = len(layers) - len(attn)
         f16 = torch.float16 in dtypes
         ints = (len(layers), s.dim, s.n_q, s.n_kv, s.head_dim, s.hidden, s.rope_dims, int(s.neox),
@@ -188,6 +215,9 @@ class DecodeStep:
         # the q|k|v and attention-output scratch also hold a conv layer's B | C | x and C y
         self.wide = max((s.n_q + 2 * s.n_kv) * s.head_dim, 3 * s.dim if self.convs else 0)
         self.att = max(s.n_q * s.head_dim, s.dim if self.convs else 0)
+        # a MoE layer's router logits, top-k weights and ids, and every pair's down output
+        self.moe = max((lay.router.shape[0] + lay.n_used * (2 + s.dim) for lay in layers
+                        if lay.router is not None), default=0)  # fmt: skip
         self._scratch: dict[tuple[int, int], tuple] = {}
 
     def _sc_stride(self, ctx: int) -> int:
@@ -208,7 +238,8 @@ class DecodeStep:
                     torch.zeros(t * 2 * s.hidden),
                     torch.zeros(t * s.dim), torch.zeros(kq, dtype=torch.int8),
                     torch.zeros(kq // 32 + 8), torch.zeros(kq // 16 + 16, dtype=torch.int16),
-                    torch.zeros(threads * self._sc_stride(ctx)))  # fmt: skip
+                    torch.zeros(threads * self._sc_stride(ctx)),
+                    torch.zeros(t * self.moe + 1))  # fmt: skip
             have = self._scratch[key] = (ctx, bufs)
         return have
 
@@ -229,11 +260,13 @@ class DecodeStep:
         threads = threads or torch.get_num_threads()
         ctx, bufs = self._buffers(t, int(seq_lens.max()), threads)
         ptr = torch.Tensor.data_ptr
+        *bufs, moe = bufs
         self.lib.decode_step(
             ctypes.addressof(self.model), t, ptr(x), ptr(cos), ptr(sin), ptr(cos1), ptr(sin1),
             ptr(slots),
             ptr(seq_lens), ptr(tables), tables.shape[1], *(ptr(b) for b in bufs),
             self._sc_stride(ctx), threads, None if state_slots is None else ptr(state_slots),
+            ptr(moe),
         )  # fmt: skip
         return x
 
@@ -251,6 +284,24 @@ def _check_conv(lay: LayerSpec, dim: int) -> None:
                          f"(slots, {taps - 1}, {dim})")  # fmt: skip
     if len(lay.qkv) != 1 or lay.qkv[0].shape[0] != 3 * dim or lay.o.shape[0] != dim:
         raise ValueError("a short-conv layer's in_proj must be one run of 3 x dim outputs")
+
+
+def _check_moe(lay: LayerSpec, s: Shape) -> None:
+    """A MoE layer's tensors as decode_moe.h reads them, or a ValueError."""
+    r, ex = lay.router, lay.experts
+    n = r.shape[0] if r.dim() == 2 else 0
+    if r.dtype != torch.float32 or not r.is_contiguous() or tuple(r.shape) != (n, s.dim):
+        raise ValueError(f"router of {r.dtype} {tuple(r.shape)}: float32 (n_expert, {s.dim})")
+    types = lay.exp_types
+    if ex is None or len(ex) != 3 or len(types) != 3 or types[0] != types[1]:
+        raise ValueError("experts: gate, up and down raw blocks, gate's type and up's alike")
+    ff = ex[0].shape[1] if ex[0].dim() == 3 else 0
+    want = ((n, ff), (n, ff), (n, s.dim))
+    if any(e.dtype != torch.uint8 or not e.is_contiguous() or e.dim() != 3
+           or tuple(e.shape[:2]) != w for e, w in zip(ex, want, strict=True)):  # fmt: skip
+        raise ValueError(f"expert blocks {[tuple(e.shape) for e in ex]}: uint8 {want} x bytes")
+    if not 0 < lay.n_used <= n or s.act != "silu" or s.hidden < lay.n_used * ff:
+        raise ValueError(f"{lay.n_used} of {n} experts of {ff} ({s.act}), hidden {s.hidden}")
 
 
 def decode_step_reference(shape: Shape, layers: list[LayerSpec], block_size: int,
@@ -319,9 +370,28 @@ def decode_step_reference(shape: Shape, layers: list[LayerSpec], block_size: int
 
 
 def _mlp(s: Shape, lay: LayerSpec, x: torch.Tensor, mm, norm) -> torch.Tensor:
-    """The reference's gated MLP and its residual add."""
+    """The reference's gated MLP (or routed experts) and its residual add."""
+    if lay.router is not None:
+        return x + _moe(lay, norm(x, lay.ffn_norm))
     gu = torch.cat([mm(g, norm(x, lay.ffn_norm)) for g in lay.gate_up], -1)
     g, u = gu[:, : s.hidden], gu[:, s.hidden :]
     a = F.silu(g) if s.act == "silu" else F.gelu(g, approximate="tanh")
     d = mm(lay.down, a * u)
     return x + (d if lay.post_ffn_norm is None else norm(d, lay.post_ffn_norm))
+
+
+def _moe(lay: LayerSpec, h: torch.Tensor) -> torch.Tensor:
+    """The reference's routed experts on h [t, dim]: softmax, top k, their SiLU FFNs' int8
+    math, summed by weight in routing order."""
+    gate, up, down = lay.experts
+    tg, td = lay.exp_types[0], lay.exp_types[2]
+    w, ids = torch.softmax(h @ lay.router.T, -1).topk(lay.n_used, -1)
+    w = w / w.sum(-1, keepdim=True) if lay.norm_topk else w
+    out = torch.zeros_like(h)
+    for i in range(h.shape[0]):
+        for j, e in enumerate(ids[i].tolist()):
+            g = block_rows_reference(h[i : i + 1], [gate[e]], tg, h.shape[1]).float()
+            u = block_rows_reference(h[i : i + 1], [up[e]], tg, h.shape[1]).float()
+            d = block_rows_reference(F.silu(g) * u, [down[e]], td, gate.shape[1]).float()
+            out[i] += w[i, j] * d[0]
+    return out

@@ -2,8 +2,8 @@
 (`decode_step_reference`: the same layers step by step, the linears through the same native
 kernels) on random block weights and a paged cache (float32 and float16, GQA, rope in pairs and
 halves, SiLU and GELU, several sequences of different lengths, Gemma 3's extra norms, windows and
-second rope table, Qwen2's q|k|v biases), and a real model's decode steps as close to exact
-math with the step as with its torch layers."""
+second rope table, Qwen2's q|k|v biases, Qwen3-MoE's routed experts), and a real model's decode
+steps as close to exact math with the step as with its torch layers."""
 
 import dataclasses
 
@@ -56,6 +56,23 @@ def _biased(layers, s: decode_step.Shape, seed):
     return [dataclasses.replace(lay, qkv_bias=torch.randn(n, generator=gen)) for lay in layers]
 
 
+def _moe(layers, s: decode_step.Shape, seed, types=("Q4_K", "Q4_K", "Q6_K")):
+    """Qwen3-MoE's routed experts in place of each layer's MLP: 8 experts of s.hidden / 2, two a
+    token (a router scaled so no two experts' logits nearly tie)."""
+    rng = np.random.default_rng(seed)
+    gen = torch.Generator().manual_seed(seed)
+    n, ff = 8, s.hidden // 2
+
+    def experts(name, rows, k):
+        return block_linear.random_blocks(QuantType[name], n * rows, k, rng).view(n, rows, -1)
+
+    return [dataclasses.replace(
+        lay, router=torch.randn(n, s.dim, generator=gen) * 0.3, n_used=2,
+        experts=(experts(types[0], ff, s.dim), experts(types[1], ff, s.dim),
+                 experts(types[2], s.dim, ff)),
+        exp_types=tuple(QuantType[t] for t in types)) for lay in layers]  # fmt: skip
+
+
 def _layers(blocks, s: decode_step.Shape, n_layers, n_blocks, bsz, dtype, seed):
     rng = np.random.default_rng(seed)
     gen = torch.Generator().manual_seed(seed)
@@ -82,6 +99,8 @@ def _layers(blocks, s: decode_step.Shape, n_layers, n_blocks, bsz, dtype, seed):
     (torch.float32, False, "silu", [40], 1, 3, None),  # (three threads: four pieces)
     (torch.float32, True, "gelu", [7, 45, 64], 1, 2, "gemma"),  # Gemma 3's layers
     (torch.float16, True, "silu", [9, 50], 2, 2, "bias"),  # Qwen2's q|k|v biases
+    (torch.float32, True, "silu", [13, 40, 3], 2, 2, "moe"),  # Qwen3-MoE's routed experts
+    (torch.float16, True, "silu", [30], 2, 3, "moe-q8"),
 ])  # fmt: skip
 def test_step_matches_the_torch_reference(parts, dtype, neox, act, lens, n_kv, threads, extras):
     lib, blocks = parts
@@ -93,6 +112,8 @@ def test_step_matches_the_torch_reference(parts, dtype, neox, act, lens, n_kv, t
     layers = _layers(blocks, s, 2, 4 * t, bsz, dtype, len(lens))
     layers = _gemma(layers, s, 1) if gemma else layers
     layers = _biased(layers, s, 2) if extras == "bias" else layers
+    layers = _moe(layers, s, 4) if extras == "moe" else layers
+    layers = _moe(layers, s, 5, ("Q8_0",) * 3) if extras == "moe-q8" else layers
     ref_layers = [dataclasses.replace(lay, k_cache=lay.k_cache.clone(),
                                       v_cache=lay.v_cache.clone()) for lay in layers]  # fmt: skip
     seq_lens = torch.tensor(lens)
@@ -148,7 +169,18 @@ def _kl(p_logits: torch.Tensor, q_logits: torch.Tensor) -> float:
     return (lp.exp() * (lp - lq)).sum(-1).mean().item()
 
 
-@pytest.mark.parametrize("model", ["smollm2_path", "gemma3_path"])
+@pytest.fixture(scope="module")
+def qwen3moe_q8_path(tmp_path_factory):
+    """A tiny qwen3moe whose attention linears and experts are Q8_0: its steps qualify."""
+    from gguf import GGMLQuantizationType as QT
+
+    from tests.offload.tiny_moe import MoESpec, write_moe_gguf
+
+    spec = MoESpec(expert_qtype=QT.Q8_0, attn_qtype=QT.Q8_0)
+    return write_moe_gguf(tmp_path_factory.mktemp("moe-step") / "moe.gguf", spec)
+
+
+@pytest.mark.parametrize("model", ["smollm2_path", "gemma3_path", "qwen3moe_q8_path"])
 def test_a_real_model_decodes_as_close_to_exact_math_natively(request, model):
     """Teacher-forced decode steps of the native step and of the torch layers with the same
     int8-activation linears (other roundings elsewhere) against the precise model: the step is
@@ -181,6 +213,21 @@ def test_a_real_model_decodes_as_close_to_exact_math_natively(request, model):
     agree_native = (native.argmax(-1) == top).float().mean().item()
     agree_eager = (eager.argmax(-1) == top).float().mean().item()
     assert agree_native >= agree_eager - 2 / len(top), (agree_native, agree_eager)
+
+
+def test_drawn_routing_leaves_the_step(qwen3moe_q8_path):
+    """A measurement's drawn experts (`bench --routing`) are the torch layers' to apply."""
+    gen = Generator.load(str(qwen3moe_q8_path))
+    try:
+        step = NativeDecode.for_model(gen.model)
+        assert step is not None  # resident Q8_0 experts, the plain router: the step takes them
+        kv = gen._cache(64)
+        one = BatchMeta((0, 1), (5,), ((0,),), torch.tensor([4]), kv.block_size)
+        assert step(torch.tensor([3]), torch.tensor([4]), one, kv) is not None
+        gen.model.blk[1].mlp.routing_override = object()
+        assert step(torch.tensor([3]), torch.tensor([4]), one, kv) is None
+    finally:
+        gen.close()
 
 
 def test_steps_it_cannot_take_fall_back(smollm2_path):

@@ -29,6 +29,7 @@ class MoESpec:
     context: int = 128
     rope_base: float = 1e6
     expert_qtype: QT = QT.F32  # Q8_0 / Q4_0 keep the experts quantized
+    attn_qtype: QT = QT.F32  # Q8_0: the attention's linears too (the CPU's native decode step)
     tied: bool = True
 
     @property
@@ -129,7 +130,12 @@ def write_moe_gguf(path: Path, spec: MoESpec = QWEN3MOE, seed: int = 0) -> Path:
     writer.add_float32(f"{a}.attention.layer_norm_rms_epsilon", 1e-6)
     writer.add_float32(f"{a}.rope.freq_base", spec.rope_base)
     for name, arr in _tensors(spec, rng).items():
-        if "_exps" in name and spec.expert_qtype != QT.F32:
+        attn = name.endswith(
+            ("attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight")
+        )
+        if attn and spec.attn_qtype == QT.Q8_0:
+            writer.add_tensor(name, _q8_0(arr), raw_dtype=QT.Q8_0)
+        elif "_exps" in name and spec.expert_qtype != QT.F32:
             q8 = spec.expert_qtype == QT.Q8_0
             raw = _q8_0(arr) if q8 else gguf.quants.quantize(arr, spec.expert_qtype)
             writer.add_tensor(name, raw, raw_dtype=spec.expert_qtype)

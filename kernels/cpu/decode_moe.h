@@ -1,0 +1,81 @@
+/* The routed-expert FFN of a decode step's MoE layers (Qwen3-MoE's: a float32 router, softmax
+ * over every expert, the top k, their weights renormalised; SiLU experts, no shared expert), as
+ * worksharing loops inside decode_step's parallel region, where the torch layers spent ~0.35 ms
+ * a layer on routing, index tensors and wrappers around the same kernels. Included by
+ * decode_step.c after its layer_t; the experts' linears are block_linear.c's row dots. */
+#ifndef LOCALLLM_DECODE_MOE_H
+#define LOCALLLM_DECODE_MOE_H
+
+/* y [t, dim] = the weighted sum of each row's k experts on h [t, dim]; every thread calls it.
+ * moe: float scratch of t * (n_expert + 2 k + k * dim); gu [t * k * 2 ff] and q8 / d8 / bs as
+ * decode_step's (sized for t * k * ff codes). */
+static void moe_ffn_rows(const layer_t *L, int64_t dim, int64_t t, const float *h, float *gu,
+                         float *y, int8_t *q8, float *d8, int16_t *bs, float *moe) {
+    const int64_t E = L->n_expert, K = L->n_used, ff = L->exp_ff, P = t * K;
+    float *logit = moe, *wts = moe + t * E, *dn = wts + 2 * t * K;
+    int32_t *ids = (int32_t *)(wts + t * K);
+    const int tg = (int)L->exp_types[0], td = (int)L->exp_types[2];
+#pragma omp for schedule(static)
+    for (int64_t p = 0; p < t * E; p++) {
+        const float *a = h + p / E * dim, *r = L->router + p % E * dim;
+        float s = 0.f;
+#pragma omp simd reduction(+ : s)
+        for (int64_t j = 0; j < dim; j++) s += a[j] * r[j];
+        logit[p] = s;
+    }
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < t; i++) { /* softmax, the top k (lower index first on ties), renormalised */
+        const float *l = logit + i * E;
+        float mx = l[0], sum = 0.f, kept = 0.f;
+        for (int64_t e = 1; e < E; e++) mx = l[e] > mx ? l[e] : mx;
+        for (int64_t e = 0; e < E; e++) sum += expf(l[e] - mx);
+        for (int64_t j = 0; j < K; j++) {
+            int64_t best = -1;
+            for (int64_t e = 0; e < E; e++) {
+                int taken = 0;
+                for (int64_t q = 0; q < j; q++) taken |= ids[i * K + q] == e;
+                if (!taken && (best < 0 || l[e] > l[best])) best = e;
+            }
+            ids[i * K + j] = (int32_t)best;
+            wts[i * K + j] = expf(l[best] - mx) / sum;
+            kept += wts[i * K + j];
+        }
+        if (L->norm_topk)
+            for (int64_t j = 0; j < K; j++) wts[i * K + j] /= kept;
+    }
+    /* gate | up of every (row, expert) pair: 2 ff weight rows each */
+    quantize_rows(tg, h, dim, t, dim, q8, d8, bs);
+    const int64_t rg = block_row_bytes(tg, dim), rd = block_row_bytes(td, ff);
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < P * 2 * ff; r++) {
+        const int64_t p = r / (2 * ff), j = r % (2 * ff), i = p / K, e = ids[p];
+        const uint8_t *w = (j < ff ? L->exp_gate : L->exp_up) + (e * ff + j % ff) * rg;
+        const int8_t *q[1] = {q8 + i * dim};
+        const float *d[1] = {d8 + i * dim / 32};
+        const int16_t *s[1] = {bs + i * dim / 16};
+        row_dots(tg, w, dim, q, d, s, 1, gu + p * 2 * ff + j);
+    }
+#pragma omp for schedule(static)
+    for (int64_t p = 0; p < P; p++) { /* SiLU(gate) x up, in the gate's place */
+        float *g = gu + p * 2 * ff, *u = g + ff;
+        for (int64_t j = 0; j < ff; j++) g[j] = g[j] / (1.f + expf(-g[j])) * u[j];
+    }
+    quantize_rows(td, gu, 2 * ff, P, ff, q8, d8, bs);
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < P * dim; r++) {
+        const int64_t p = r / dim, j = r % dim;
+        const int8_t *q[1] = {q8 + p * ff};
+        const float *d[1] = {d8 + p * ff / 32};
+        const int16_t *s[1] = {bs + p * ff / 16};
+        row_dots(td, L->exp_down + (ids[p] * dim + j) * rd, ff, q, d, s, 1, dn + r);
+    }
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < t; i++) /* the experts in routing order, as moe_combine sums them */
+        for (int64_t j = 0; j < dim; j++) {
+            float acc = 0.f;
+            for (int64_t k = 0; k < K; k++) acc += wts[i * K + k] * dn[(i * K + k) * dim + j];
+            y[i * dim + j] = acc;
+        }
+}
+
+#endif

@@ -28,8 +28,9 @@ MAX_ROWS = 16  # token rows per native step (batched decode); more: the torch la
 # q/k norms are Gemma 3's (per head, before rope)
 # q|k|v biases (Qwen2's) go in the step; a bias on any other linear keeps the torch layers
 # LFM2's short-conv layers run in the step on their recurrent state slots (its attention layers
-# are Qwen3's kind: q/k norms, NEOX rope); Qwen3-MoE's routed experts run in the step where they
-# are resident raw blocks with the plain softmax router (`_moe_parts`)
+# are Qwen3's kind: q/k norms, NEOX rope); Qwen3-MoE's and Mixtral-style llama MoE's routed
+# experts run in the step where they are resident raw blocks with the plain softmax router
+# (`_moe_parts`)
 FAMILIES = tuple(f"localllm.engine.models.{m}" for m in
                  ("llama", "smollm3", "qwen2", "qwen3", "qwen3moe", "gemma3", "lfm2"))  # fmt: skip
 

@@ -180,7 +180,20 @@ def qwen3moe_q8_path(tmp_path_factory):
     return write_moe_gguf(tmp_path_factory.mktemp("moe-step") / "moe.gguf", spec)
 
 
-@pytest.mark.parametrize("model", ["smollm2_path", "gemma3_path", "qwen3moe_q8_path"])
+@pytest.fixture(scope="module")
+def mixtral_q8_path(tmp_path_factory):
+    """The same as a Mixtral-style llama MoE (no q/k norms, its own rope base)."""
+    from gguf import GGMLQuantizationType as QT
+
+    from tests.offload.tiny_moe import MIXTRAL, write_moe_gguf
+
+    spec = dataclasses.replace(MIXTRAL, expert_qtype=QT.Q8_0, attn_qtype=QT.Q8_0)
+    return write_moe_gguf(tmp_path_factory.mktemp("moe-step") / "mixtral.gguf", spec)
+
+
+@pytest.mark.parametrize(
+    "model", ["smollm2_path", "gemma3_path", "qwen3moe_q8_path", "mixtral_q8_path"]
+)
 def test_a_real_model_decodes_as_close_to_exact_math_natively(request, model):
     """Teacher-forced decode steps of the native step and of the torch layers with the same
     int8-activation linears (other roundings elsewhere) against the precise model: the step is

@@ -1,9 +1,9 @@
 /* The routed-expert FFN of a decode step's MoE layers (Qwen3-MoE's and Mixtral's: a float32
  * router, softmax over every expert, the top k, their weights renormalised (or not); SiLU
- * experts, no shared expert), as
- * worksharing loops inside decode_step's parallel region, where the torch layers spent ~0.35 ms
- * a layer on routing, index tensors and wrappers around the same kernels. Included by
- * decode_step.c after its layer_t; the experts' linears are block_linear.c's row dots. */
+ * experts, no shared expert), as worksharing loops inside decode_step's parallel region, where
+ * the torch layers spent ~0.35 ms a layer on routing, index tensors and wrappers around the same
+ * kernels. Included by decode_step.c after its layer_t; the experts' linears are block_linear.c's
+ * row dots. */
 #ifndef LOCALLLM_DECODE_MOE_H
 #define LOCALLLM_DECODE_MOE_H
 

@@ -167,6 +167,7 @@ class NativeDecode:
         self.embed_scale = getattr(model, "embed_scale", None)
         self._step: tuple[object, decode_step.DecodeStep] | None = None  # (kv, its step)
         self._lora: tuple[torch.Tensor, decode_lora.LoraTable] | None = None  # (W, its table)
+        self.moe = [b.mlp for b in model.blk if not isinstance(b.mlp, GatedMLP)]  # routed FFNs
 
     @classmethod
     def for_model(cls, model: nn.Module) -> "NativeDecode | None":
@@ -233,7 +234,7 @@ class NativeDecode:
             return None
         if any(batch.prompt) or min(batch.seq_lens) < 2:  # prompt rows: the prompt path
             return None
-        if any(getattr(b.mlp, "routing_override", None) is not None for b in self.model.blk):
+        if any(mlp.routing_override is not None for mlp in self.moe):
             return None  # a measurement's drawn routing (bench --routing): the torch layers
         lora = getattr(self.model, "lora", None)  # engine.lora: this step's rows on adapters
         table = None
@@ -257,10 +258,14 @@ class NativeDecode:
         state_slots = states_of(kv).slots(batch).contiguous() if step.convs else None
         decode_lora.set_table(self.lib, table)
         try:
-            return step(x, cos, sin, slots, seq_lens, tables.reshape(t, width), None, cos1, sin1,
-                        state_slots)  # fmt: skip
+            x = step(x, cos, sin, slots, seq_lens, tables.reshape(t, width), None, cos1, sin1,
+                     state_slots)  # fmt: skip
         finally:
             decode_lora.set_table(self.lib, None)
+        for mlp, used in zip(self.moe, step.experts_used(t), strict=True):  # as `_decode_rows`
+            mlp.source.stats.lookups += used
+            mlp.source.stats.hits += used
+        return x
 
     def _lora_table(self, ctx) -> "decode_lora.LoraTable | None":
         """The adapters of every block linear for the native step (made once per row buffer of

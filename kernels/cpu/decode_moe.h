@@ -43,6 +43,7 @@ static void moe_ffn_rows(const layer_t *L, int64_t dim, int64_t t, const float *
         }
         if (L->norm_topk)
             for (int64_t j = 0; j < K; j++) wts[i * K + j] /= kept;
+        if (L->ids_out) memcpy(L->ids_out + i * K, ids + i * K, K * sizeof(int32_t));
     }
     /* gate | up of every (row, expert) pair: 2 ff weight rows each */
     quantize_rows(tg, h, dim, t, dim, q8, d8, bs);

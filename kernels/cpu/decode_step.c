@@ -47,6 +47,7 @@ typedef struct {
     const float *router;
     const uint8_t *exp_gate, *exp_up, *exp_down;
     int64_t exp_types[3], n_expert, n_used, exp_ff, norm_topk;
+    int32_t *ids_out; /* the step's expert ids [t, n_used] copied out (the lookup counters) */
 } layer_t;
 
 typedef struct {

@@ -26,6 +26,7 @@ MOE = Path(__file__).with_name("decode_moe.h")  # included by SOURCE: part of th
 ACTS = {"silu": 0, "gelu": 1}
 MAX_GROUPS = 3  # MAX_GROUPS in the C: runs of one ggml type in q|k|v or gate|up
 MAX_GROUP_HEADS = 16  # MAX_GROUP in the C: query heads attended together over one KV head
+MAX_T = 64  # token rows a step with MoE layers takes (their expert ids are copied out)
 _I, _P, _D = ctypes.c_int64, ctypes.c_void_p, ctypes.c_double
 
 
@@ -63,7 +64,8 @@ class _Layer(ctypes.Structure):
         ("n_expert", _I),
         ("n_used", _I),
         ("exp_ff", _I),
-        ("norm_topk", _I),  # (last, as in the C's layer_t)
+        ("norm_topk", _I),
+        ("ids_out", _P),  # (last, as in the C's layer_t)
     ]
 
 
@@ -177,6 +179,7 @@ class DecodeStep:
             if b.dtype != torch.float32 or not b.is_contiguous() or b.shape != (nqkv,):
                 raise ValueError(f"q|k|v bias of {b.dtype} {tuple(b.shape)}: float32 ({nqkv},)")
         self.lib, self.shape, self.specs = lib, s, layers  # (kept: the structs point in)
+        self.moe_ids: list[torch.Tensor] = []  # each MoE layer's last step's expert ids [MAX_T, k]
         self.layers = (_Layer * len(layers))()
         for c, lay in zip(self.layers, layers, strict=True):
             for i, g in enumerate(lay.qkv):
@@ -205,6 +208,9 @@ class DecodeStep:
                 c.exp_types[:] = [int(q) for q in lay.exp_types]
                 c.n_expert, c.n_used = lay.router.shape[0], lay.n_used
                 c.exp_ff, c.norm_topk = lay.experts[0].shape[1], int(lay.norm_topk)
+                ids = torch.zeros(MAX_T, lay.n_used, dtype=torch.int32)
+                self.moe_ids.append(ids)
+                c.ids_out = ids.data_ptr()
         self.convs = len(layers) - len(attn)
         f16 = torch.float16 in dtypes
         ints = (len(layers), s.dim, s.n_q, s.n_kv, s.head_dim, s.hidden, s.rope_dims, int(s.neox),
@@ -219,6 +225,14 @@ class DecodeStep:
         self.moe = max((lay.router.shape[0] + lay.n_used * (2 + s.dim) for lay in layers
                         if lay.router is not None), default=0)  # fmt: skip
         self._scratch: dict[tuple[int, int], tuple] = {}
+
+    def experts_used(self, t: int) -> list[int]:
+        """The distinct experts each MoE layer (in order) used in the last step of t rows: what
+        the torch layers count as lookups of resident experts."""
+        if not self.moe_ids:
+            return []
+        ids = torch.stack([i[:t].reshape(-1) for i in self.moe_ids]).sort(1).values
+        return (1 + (ids[:, 1:] != ids[:, :-1]).sum(1)).tolist()
 
     def _sc_stride(self, ctx: int) -> int:
         # scores of up to MAX_GROUP query heads (one KV head's) over ctx, and one K or V row
@@ -254,6 +268,8 @@ class DecodeStep:
         each row's recurrent state slot (needed with short-conv layers; never a fresh one)."""
         cos1, sin1 = (cos, sin) if cos1 is None else (cos1, sin1)
         t = x.shape[0]
+        if self.moe_ids and t > MAX_T:
+            raise ValueError(f"{t} rows: a step with MoE layers takes at most {MAX_T}")
         if self.convs and (state_slots is None or state_slots.dtype != torch.int64
                            or tuple(state_slots.shape) != (t,)):  # fmt: skip
             raise ValueError("a step with short-conv layers needs int64 state_slots [t]")

@@ -236,7 +236,11 @@ def test_drawn_routing_leaves_the_step(qwen3moe_q8_path):
         assert step is not None  # resident Q8_0 experts, the plain router: the step takes them
         kv = gen._cache(64)
         one = BatchMeta((0, 1), (5,), ((0,),), torch.tensor([4]), kv.block_size)
+        stats = {id(s): s for s in (b.mlp.source.stats for b in gen.model.blk)}.values()
+        before = sum(s.lookups for s in stats)
         assert step(torch.tensor([3]), torch.tensor([4]), one, kv) is not None
+        # each layer's distinct experts counted as the torch layers count them: k of one row
+        assert sum(s.lookups for s in stats) - before == sum(b.mlp.n_used for b in gen.model.blk)
         gen.model.blk[1].mlp.routing_override = object()
         assert step(torch.tensor([3]), torch.tensor([4]), one, kv) is None
     finally:

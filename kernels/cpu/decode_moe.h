@@ -7,14 +7,37 @@
 #ifndef LOCALLLM_DECODE_MOE_H
 #define LOCALLLM_DECODE_MOE_H
 
+/* The step's (row, expert) pairs in runs of up to ROWS_MAX pairs of one expert: order [P] the
+ * pairs by expert (a counting sort, stable), run [n + 1] where each run starts in `order`; n. A
+ * weight row is then decoded once for every pair of its run (rows of other sequences routed to
+ * the same expert in a batched step); a pair's bits do not depend on its run (row_dots). */
+static int64_t expert_runs(const int32_t *ids, int64_t P, int64_t E, int32_t *count,
+                           int32_t *order, int32_t *run) {
+    for (int64_t e = 0; e <= E; e++) count[e] = 0;
+    for (int64_t p = 0; p < P; p++) count[ids[p] + 1]++;
+    for (int64_t e = 0; e < E; e++) count[e + 1] += count[e];
+    for (int64_t p = 0; p < P; p++) order[count[ids[p]]++] = (int32_t)p;
+    int64_t n = 0;
+    for (int64_t a = 0; a < P;) {
+        int64_t b = a + 1;
+        while (b < P && b - a < ROWS_MAX && ids[order[b]] == ids[order[a]]) b++;
+        run[n++] = (int32_t)a;
+        a = b;
+    }
+    run[n] = (int32_t)P;
+    return n;
+}
+
 /* y [t, dim] = the weighted sum of each row's k experts on h [t, dim]; every thread calls it.
- * moe: float scratch of t * (n_expert + 2 k + k * dim); gu [t * k * 2 ff] and q8 / d8 / bs as
- * decode_step's (sized for t * k * ff codes). */
+ * moe: float scratch of t * (n_expert + k * (dim + 4)) + n_expert + 2; gu [t * k * 2 ff] and
+ * q8 / d8 / bs
+ * as decode_step's (sized for t * k * ff codes). */
 static void moe_ffn_rows(const layer_t *L, int64_t dim, int64_t t, const float *h, float *gu,
                          float *y, int8_t *q8, float *d8, int16_t *bs, float *moe) {
     const int64_t E = L->n_expert, K = L->n_used, ff = L->exp_ff, P = t * K;
     float *logit = moe, *wts = moe + t * E, *dn = wts + 2 * t * K;
-    int32_t *ids = (int32_t *)(wts + t * K);
+    int32_t *ids = (int32_t *)(wts + t * K), *order = (int32_t *)(dn + P * dim);
+    int32_t *run = order + P, *count = run + P + 1;
     const int tg = (int)L->exp_types[0], td = (int)L->exp_types[2];
 #pragma omp for schedule(static)
     for (int64_t p = 0; p < t * E; p++) {
@@ -45,17 +68,27 @@ static void moe_ffn_rows(const layer_t *L, int64_t dim, int64_t t, const float *
             for (int64_t j = 0; j < K; j++) wts[i * K + j] /= kept;
         if (L->ids_out) memcpy(L->ids_out + i * K, ids + i * K, K * sizeof(int32_t));
     }
-    /* gate | up of every (row, expert) pair: 2 ff weight rows each */
+    int64_t nrun = 0;
+#pragma omp single copyprivate(nrun)
+    nrun = expert_runs(ids, P, E, count, order, run);
+    /* gate | up of every (row, expert) pair: 2 ff weight rows each, a run's pairs at once */
     quantize_rows(tg, h, dim, t, dim, q8, d8, bs);
     const int64_t rg = block_row_bytes(tg, dim), rd = block_row_bytes(td, ff);
 #pragma omp for schedule(static)
-    for (int64_t r = 0; r < P * 2 * ff; r++) {
-        const int64_t p = r / (2 * ff), j = r % (2 * ff), i = p / K, e = ids[p];
-        const uint8_t *w = (j < ff ? L->exp_gate : L->exp_up) + (e * ff + j % ff) * rg;
-        const int8_t *q[1] = {q8 + i * dim};
-        const float *d[1] = {d8 + i * dim / 32};
-        const int16_t *s[1] = {bs + i * dim / 16};
-        row_dots(tg, w, dim, q, d, s, 1, gu + p * 2 * ff + j);
+    for (int64_t r = 0; r < nrun * 2 * ff; r++) {
+        const int64_t c = r / (2 * ff), j = r % (2 * ff), e = ids[order[run[c]]];
+        const int R = run[c + 1] - run[c];
+        const int8_t *q[ROWS_MAX];
+        const float *d[ROWS_MAX];
+        const int16_t *s[ROWS_MAX];
+        float out[ROWS_MAX];
+        for (int k = 0; k < R; k++) {
+            const int64_t i = order[run[c] + k] / K;
+            q[k] = q8 + i * dim, d[k] = d8 + i * dim / 32, s[k] = bs + i * dim / 16;
+        }
+        row_dots(tg, (j < ff ? L->exp_gate : L->exp_up) + (e * ff + j % ff) * rg, dim, q, d, s, R,
+                 out);
+        for (int k = 0; k < R; k++) gu[order[run[c] + k] * 2 * ff + j] = out[k];
     }
 #pragma omp for schedule(static)
     for (int64_t p = 0; p < P; p++) { /* SiLU(gate) x up, in the gate's place */
@@ -64,12 +97,19 @@ static void moe_ffn_rows(const layer_t *L, int64_t dim, int64_t t, const float *
     }
     quantize_rows(td, gu, 2 * ff, P, ff, q8, d8, bs);
 #pragma omp for schedule(static)
-    for (int64_t r = 0; r < P * dim; r++) {
-        const int64_t p = r / dim, j = r % dim;
-        const int8_t *q[1] = {q8 + p * ff};
-        const float *d[1] = {d8 + p * ff / 32};
-        const int16_t *s[1] = {bs + p * ff / 16};
-        row_dots(td, L->exp_down + (ids[p] * dim + j) * rd, ff, q, d, s, 1, dn + r);
+    for (int64_t r = 0; r < nrun * dim; r++) {
+        const int64_t c = r / dim, j = r % dim, e = ids[order[run[c]]];
+        const int R = run[c + 1] - run[c];
+        const int8_t *q[ROWS_MAX];
+        const float *d[ROWS_MAX];
+        const int16_t *s[ROWS_MAX];
+        float out[ROWS_MAX];
+        for (int k = 0; k < R; k++) {
+            const int64_t p = order[run[c] + k];
+            q[k] = q8 + p * ff, d[k] = d8 + p * ff / 32, s[k] = bs + p * ff / 16;
+        }
+        row_dots(td, L->exp_down + (e * dim + j) * rd, ff, q, d, s, R, out);
+        for (int k = 0; k < R; k++) dn[order[run[c] + k] * dim + j] = out[k];
     }
 #pragma omp for schedule(static)
     for (int64_t i = 0; i < t; i++) /* the experts in routing order, as moe_combine sums them */

@@ -221,9 +221,12 @@ class DecodeStep:
         # the q|k|v and attention-output scratch also hold a conv layer's B | C | x and C y
         self.wide = max((s.n_q + 2 * s.n_kv) * s.head_dim, 3 * s.dim if self.convs else 0)
         self.att = max(s.n_q * s.head_dim, s.dim if self.convs else 0)
-        # a MoE layer's router logits, top-k weights and ids, and every pair's down output
-        self.moe = max((lay.router.shape[0] + lay.n_used * (2 + s.dim) for lay in layers
+        # a MoE layer's router logits, top-k weights and ids, every pair's down output, the
+        # pairs' order by expert and their runs (decode_moe.h)
+        self.moe = max((lay.router.shape[0] + lay.n_used * (4 + s.dim) for lay in layers
                         if lay.router is not None), default=0)  # fmt: skip
+        self.moe_e = max((lay.router.shape[0] for lay in layers if lay.router is not None),
+                         default=0)  # fmt: skip
         self._scratch: dict[tuple[int, int], tuple] = {}
 
     def experts_used(self, t: int) -> list[int]:
@@ -253,7 +256,7 @@ class DecodeStep:
                     torch.zeros(t * s.dim), torch.zeros(kq, dtype=torch.int8),
                     torch.zeros(kq // 32 + 8), torch.zeros(kq // 16 + 16, dtype=torch.int16),
                     torch.zeros(threads * self._sc_stride(ctx)),
-                    torch.zeros(t * self.moe + 1))  # fmt: skip
+                    torch.zeros(t * self.moe + self.moe_e + 2))  # fmt: skip
             have = self._scratch[key] = (ctx, bufs)
         return have
 

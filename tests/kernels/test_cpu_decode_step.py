@@ -100,7 +100,7 @@ def _layers(blocks, s: decode_step.Shape, n_layers, n_blocks, bsz, dtype, seed):
     (torch.float32, True, "gelu", [7, 45, 64], 1, 2, "gemma"),  # Gemma 3's layers
     (torch.float16, True, "silu", [9, 50], 2, 2, "bias"),  # Qwen2's q|k|v biases
     (torch.float32, True, "silu", [13, 40, 3], 2, 2, "moe"),  # Qwen3-MoE's routed experts
-    (torch.float16, True, "silu", [30], 2, 3, "moe-q8"),
+    (torch.float16, True, "silu", [30, 7, 19, 2, 11], 2, 3, "moe-q8"),  # (experts shared by rows)
 ])  # fmt: skip
 def test_step_matches_the_torch_reference(parts, dtype, neox, act, lens, n_kv, threads, extras):
     lib, blocks = parts

@@ -28,6 +28,23 @@ static int64_t expert_runs(const int32_t *ids, int64_t P, int64_t E, int32_t *co
     return n;
 }
 
+/* Weight row w (k values of `type`) dotted with the activations of a run's R pairs, each
+ * pair's row pairs[r] / div of q8 / d8 / bs (k codes a row), into out[pairs[r] * ldo]. */
+static void run_dots(int type, const uint8_t *w, int64_t k, const int32_t *pairs, int R,
+                     int64_t div, const int8_t *q8, const float *d8, const int16_t *bs, float *out,
+                     int64_t ldo) {
+    const int8_t *q[ROWS_MAX];
+    const float *d[ROWS_MAX];
+    const int16_t *s[ROWS_MAX];
+    float o[ROWS_MAX];
+    for (int r = 0; r < R; r++) {
+        const int64_t a = pairs[r] / div;
+        q[r] = q8 + a * k, d[r] = d8 + a * k / 32, s[r] = bs + a * k / 16;
+    }
+    row_dots(type, w, k, q, d, s, R, o);
+    for (int r = 0; r < R; r++) out[pairs[r] * ldo] = o[r];
+}
+
 /* y [t, dim] = the weighted sum of each row's k experts on h [t, dim]; every thread calls it.
  * moe: float scratch of t * (n_expert + k * (dim + 4)) + n_expert + 2; gu [t * k * 2 ff] and
  * q8 / d8 / bs
@@ -77,18 +94,8 @@ static void moe_ffn_rows(const layer_t *L, int64_t dim, int64_t t, const float *
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < nrun * 2 * ff; r++) {
         const int64_t c = r / (2 * ff), j = r % (2 * ff), e = ids[order[run[c]]];
-        const int R = run[c + 1] - run[c];
-        const int8_t *q[ROWS_MAX];
-        const float *d[ROWS_MAX];
-        const int16_t *s[ROWS_MAX];
-        float out[ROWS_MAX];
-        for (int k = 0; k < R; k++) {
-            const int64_t i = order[run[c] + k] / K;
-            q[k] = q8 + i * dim, d[k] = d8 + i * dim / 32, s[k] = bs + i * dim / 16;
-        }
-        row_dots(tg, (j < ff ? L->exp_gate : L->exp_up) + (e * ff + j % ff) * rg, dim, q, d, s, R,
-                 out);
-        for (int k = 0; k < R; k++) gu[order[run[c] + k] * 2 * ff + j] = out[k];
+        const uint8_t *w = (j < ff ? L->exp_gate : L->exp_up) + (e * ff + j % ff) * rg;
+        run_dots(tg, w, dim, order + run[c], run[c + 1] - run[c], K, q8, d8, bs, gu + j, 2 * ff);
     }
 #pragma omp for schedule(static)
     for (int64_t p = 0; p < P; p++) { /* SiLU(gate) x up, in the gate's place */
@@ -99,17 +106,8 @@ static void moe_ffn_rows(const layer_t *L, int64_t dim, int64_t t, const float *
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < nrun * dim; r++) {
         const int64_t c = r / dim, j = r % dim, e = ids[order[run[c]]];
-        const int R = run[c + 1] - run[c];
-        const int8_t *q[ROWS_MAX];
-        const float *d[ROWS_MAX];
-        const int16_t *s[ROWS_MAX];
-        float out[ROWS_MAX];
-        for (int k = 0; k < R; k++) {
-            const int64_t p = order[run[c] + k];
-            q[k] = q8 + p * ff, d[k] = d8 + p * ff / 32, s[k] = bs + p * ff / 16;
-        }
-        row_dots(td, L->exp_down + (e * dim + j) * rd, ff, q, d, s, R, out);
-        for (int k = 0; k < R; k++) dn[order[run[c] + k] * dim + j] = out[k];
+        run_dots(td, L->exp_down + (e * dim + j) * rd, ff, order + run[c], run[c + 1] - run[c], 1,
+                 q8, d8, bs, dn + j, dim);
     }
 #pragma omp for schedule(static)
     for (int64_t i = 0; i < t; i++) /* the experts in routing order, as moe_combine sums them */

@@ -197,6 +197,8 @@ class NativeDecode:
         # (a MoE layer's pairs, k experts a row, take the gate|up scratch: k x their hidden)
         pairs = [lay["n_used"] * lay["experts"][0].shape[1] for lay in layers if "router" in lay]
         hidden = max([args.hidden_dim, *pairs]) if pairs else args.hidden_dim
+        if hidden != args.hidden_dim and len(pairs) < len(layers):
+            return None  # (dense layers beside MoE ones would read a wider hidden than theirs)
         shape = decode_step.Shape(args.dim, args.n_heads, args.n_kv_heads, args.head_dim,
                                   hidden, cfg.dims, cfg.neox, args.norm_eps,
                                   blocks[0].mlp.act, getattr(args, "attn_scale", None))  # fmt: skip

@@ -47,8 +47,7 @@ static void run_dots(int type, const uint8_t *w, int64_t k, const int32_t *pairs
 
 /* y [t, dim] = the weighted sum of each row's k experts on h [t, dim]; every thread calls it.
  * moe: float scratch of t * (n_expert + k * (dim + 4)) + n_expert + 2; gu [t * k * 2 ff] and
- * q8 / d8 / bs
- * as decode_step's (sized for t * k * ff codes). */
+ * q8 / d8 / bs as decode_step's (sized for t * k * ff codes). */
 static void moe_ffn_rows(const layer_t *L, int64_t dim, int64_t t, const float *h, float *gu,
                          float *y, int8_t *q8, float *d8, int16_t *bs, float *moe) {
     const int64_t E = L->n_expert, K = L->n_used, ff = L->exp_ff, P = t * K;

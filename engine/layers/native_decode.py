@@ -86,9 +86,11 @@ def _moe_parts(mlp) -> dict | None:
     raw = tuple(t.data for t in mlp.expert_weights())
     if f.gate not in NATIVE_TYPES or f.down not in NATIVE_TYPES:
         return None
-    if any(t.dtype != torch.uint8 or t.device.type != "cpu" or t.dim() != 3 for t in raw):
+    # (views of the file's blocks: a copy here would hold every expert twice)
+    if any(t.dtype != torch.uint8 or t.device.type != "cpu" or t.dim() != 3
+           or not t.is_contiguous() for t in raw):  # fmt: skip
         return None
-    return {"router": w.float().contiguous(), "experts": tuple(t.contiguous() for t in raw),
+    return {"router": w.contiguous(), "experts": raw,
             "exp_types": (f.gate, f.up, f.down), "n_used": mlp.n_used,
             "norm_topk": bool(mlp.norm_topk_prob)}  # fmt: skip
 

@@ -190,7 +190,7 @@ class DecodeStep:
                 len(lay.qkv),
                 len(lay.gate_up),
                 _lin(lay.o),
-                _lin(lay.o) if lay.down is None else _lin(lay.down),  # (a MoE layer's: unread)
+                _Lin() if lay.down is None else _lin(lay.down),  # (a MoE layer has none)
             )
             c.attn_norm, c.ffn_norm = lay.attn_norm.data_ptr(), lay.ffn_norm.data_ptr()
             if lay.conv_w is None:

@@ -1,14 +1,15 @@
-"""The CPU decode step of llama, SmolLM3, Qwen2, Qwen3, Qwen3-MoE, Gemma 3 and LFM2 decoders as one
-native call (`kernels/cpu/decode_step`): `NativeDecode.for_model` looks once whether a loaded
-model qualifies (those families' blocks, dense gated MLPs or resident routed experts with the
-plain softmax router, no biases but q|k|v's, every linear on the native block kernels) and
-`__call__` runs a step when it does (each sequence's one new token, a float32 or float16 paged
-cache; LoRA adapters on q|k|v, o, gate|up and down through `kernels.cpu.decode_lora`, dense
-models only), else answers None and the torch layers run. It never takes prompt rows
-(`BatchMeta.prompt`: a one-row prompt tail after a prefix-cache hit is one), nor steps under a
-measurement's drawn routing. Steps of the same model give the same tokens either way
-(tests/kernels/test_cpu_decode_step.py, tests/lora/test_lora_native.py); the per-layer work is
-the same, the ~20 dispatched torch ops per layer are gone.
+"""The CPU decode step of llama, SmolLM3, Qwen2, Qwen3, Qwen3-MoE, Gemma 3, LFM2 and gpt-oss
+decoders as one native call (`kernels/cpu/decode_step`): `NativeDecode.for_model` looks once
+whether a loaded model qualifies (those families' blocks, dense gated MLPs or resident routed
+experts with the softmax router, no biases but q|k|v's, the output's and gpt-oss's experts' and
+router's, every linear on the native block kernels) and `__call__` runs a step when it does
+(each sequence's one new token, a float32 or float16 paged cache; LoRA adapters on q|k|v, o,
+gate|up and down through `kernels.cpu.decode_lora`, dense models only), else answers None and
+the torch layers run. It never takes prompt rows (`BatchMeta.prompt`: a one-row prompt tail
+after a prefix-cache hit is one), nor steps under a measurement's drawn routing. Steps of the
+same model give the same tokens either way (tests/kernels/test_cpu_decode_step.py,
+tests/kernels/test_cpu_decode_families.py, tests/lora/test_lora_native.py); the per-layer work
+is the same, the ~20 dispatched torch ops per layer are gone.
 """
 
 import dataclasses
@@ -30,9 +31,13 @@ MAX_ROWS = 16  # token rows per native step (batched decode); more: the torch la
 # LFM2's short-conv layers run in the step on their recurrent state slots (its attention layers
 # are Qwen3's kind: q/k norms, NEOX rope); Qwen3-MoE's and Mixtral-style llama MoE's routed
 # experts run in the step where they are resident raw blocks with the plain softmax router
-# (`_moe_parts`)
+# (`_moe_parts`); gpt-oss's too (biased, the clamped SwiGLU), with its attention sinks, output
+# bias and windows on every other layer
 FAMILIES = tuple(f"localllm.engine.models.{m}" for m in
-                 ("llama", "smollm3", "qwen2", "qwen3", "qwen3moe", "gemma3", "lfm2"))  # fmt: skip
+                 ("llama", "smollm3", "qwen2", "qwen3", "qwen3moe", "gemma3", "lfm2",
+                  "gpt_oss"))  # fmt: skip
+# blocks whose FFN norm has another name: gpt-oss's is `post_attention_norm` (not an output norm)
+FFN_NORM = {"localllm.engine.models.gpt_oss": "post_attention_norm"}
 
 
 def _kernels(m: nn.Module | None) -> list | None:
@@ -72,16 +77,17 @@ def _qkv_bias(blk, fused: nn.Module | None) -> torch.Tensor | None:
 def _moe_parts(mlp) -> dict | None:
     """A routed-expert FFN's `LayerSpec` fields for the step (`kernels/cpu/decode_moe.h`), or
     None where it runs otherwise: resident raw experts of native block types (gate's and up's
-    alike), SiLU, the plain softmax top-k router in float32, no shared expert, nothing mapped,
-    split, offloaded or read ahead."""
+    alike), SiLU or gpt-oss's clamped SwiGLU (biases or none), the softmax top-k router in
+    float32 (a bias or none), no shared expert, nothing mapped, split, offloaded or read ahead."""
     f, router = getattr(mlp, "format", None), getattr(mlp, "ffn_gate_inp", None)
     if f is None or router is None or not isinstance(mlp.source, ResidentExperts):
         return None
     w = router.dense_weight()
     elsewhere = (mlp.routing, mlp.shexp, mlp.compute_on, mlp.split, mlp.mapped, mlp.packed,
-                 mlp.guess_next, mlp.read_ahead_next, router.bias,
-                 mlp.ffn_gate_exps.bias)  # fmt: skip
-    if w is None or any(v is not None for v in elsewhere) or f.act != "silu" or f.gate != f.up:
+                 mlp.guess_next, mlp.read_ahead_next)  # fmt: skip
+    if w is None or any(v is not None for v in elsewhere) or f.gate != f.up:
+        return None
+    if f.act not in decode_step.EXP_ACTS:
         return None
     raw = tuple(t.data for t in mlp.expert_weights())
     if f.gate not in NATIVE_TYPES or f.down not in NATIVE_TYPES:
@@ -90,9 +96,16 @@ def _moe_parts(mlp) -> dict | None:
     if any(t.dtype != torch.uint8 or t.device.type != "cpu" or t.dim() != 3
            or not t.is_contiguous() for t in raw):  # fmt: skip
         return None
+    exps = (mlp.ffn_gate_exps, mlp.ffn_up_exps, mlp.ffn_down_exps)
+    bias = None if exps[0].bias is None else tuple(_f32(t.bias) for t in exps)
     return {"router": w.contiguous(), "experts": raw,
             "exp_types": (f.gate, f.up, f.down), "n_used": mlp.n_used,
-            "norm_topk": bool(mlp.norm_topk_prob)}  # fmt: skip
+            "norm_topk": bool(mlp.norm_topk_prob), "router_bias": _f32(router.bias),
+            "exp_bias": bias, "exp_act": f.act}  # fmt: skip
+
+
+def _f32(t: torch.Tensor | None) -> torch.Tensor | None:
+    return None if t is None else t.float().contiguous()
 
 
 def _layer(blk, args) -> dict | None:
@@ -109,25 +122,32 @@ def _layer(blk, args) -> dict | None:
     qkv = _kernels(fused) if fused is not None else _runs([blk.attn_q, blk.attn_k, blk.attn_v])
     o = _kernels(blk.attn_output)
     if moe is not None:
-        gu, down, linears = [], [None], (blk.attn_output,)
+        gu, down, linears = [], [None], ()
     else:
         gu = _kernels(mlp.gate_up) if mlp.gate_up is not None else _runs([mlp.ffn_gate, mlp.ffn_up])
         down = _kernels(mlp.ffn_down)
-        linears = (blk.attn_output, mlp.ffn_gate, mlp.ffn_up, mlp.ffn_down, mlp.gate_up)
+        linears = (mlp.ffn_gate, mlp.ffn_up, mlp.ffn_down, mlp.gate_up)
     if qkv is None or gu is None or o is None or down is None:
         return None
     if any(getattr(m, "bias", None) is not None for m in linears):
         return None
     spec = {"qkv": qkv, "o": o[0], "gate_up": gu, "down": down[0], **(moe or {})}
     spec["qkv_bias"] = _qkv_bias(blk, fused)
-    for name, norm in (("attn_norm", "attn_norm"), ("ffn_norm", "ffn_norm"),
+    spec["o_bias"] = _f32(getattr(blk.attn_output, "bias", None))
+    sinks = getattr(blk, "attn_sinks", None)  # gpt-oss's
+    spec["sinks"] = None if sinks is None else _f32(sinks.value)
+    ffn = FFN_NORM.get(type(blk).__module__, "ffn_norm")
+    post_attn = None if ffn == "post_attention_norm" else "post_attention_norm"
+    for name, norm in (("attn_norm", "attn_norm"), ("ffn_norm", ffn),
                        ("q_norm", "attn_q_norm"), ("k_norm", "attn_k_norm"),
-                       ("post_attn_norm", "post_attention_norm"),
+                       ("post_attn_norm", post_attn),
                        ("post_ffn_norm", "post_ffw_norm")):  # fmt: skip
-        m = getattr(blk, norm, None)
+        m = getattr(blk, norm, None) if norm else None
         spec[name] = None if m is None else m.weight.float().contiguous()
     if getattr(blk, "local", False):  # Gemma 3's sliding-window layers, their own rope table
         spec["window"], spec["rope_set"] = args.sliding_window, 1
+    if isinstance(getattr(blk, "window", None), int):  # gpt-oss's: the same rope table
+        spec["window"] = blk.window
     if getattr(blk, "rope", True) is False:  # SmolLM3's NoPE layers: table 1 leaves q, k as is
         spec["rope_set"] = 1
     return spec
@@ -201,9 +221,11 @@ class NativeDecode:
         hidden = max([args.hidden_dim, *pairs]) if pairs else args.hidden_dim
         if hidden != args.hidden_dim and len(pairs) < len(layers):
             return None  # (dense layers beside MoE ones would read a wider hidden than theirs)
+        # (the dense MLPs' activation; routed experts name theirs per layer)
+        act = next((b.mlp.act for b in blocks if isinstance(b.mlp, GatedMLP)), "silu")
         shape = decode_step.Shape(args.dim, args.n_heads, args.n_kv_heads, args.head_dim,
                                   hidden, cfg.dims, cfg.neox, args.norm_eps,
-                                  blocks[0].mlp.act, getattr(args, "attn_scale", None))  # fmt: skip
+                                  act, getattr(args, "attn_scale", None))  # fmt: skip
         return cls(model, lib, shape, layers, rotaries)
 
     def _for_cache(self, kv) -> decode_step.DecodeStep | None:

@@ -1,11 +1,16 @@
-/* The routed-expert FFN of a decode step's MoE layers (Qwen3-MoE's and Mixtral's: a float32
- * router, softmax over every expert, the top k, their weights renormalised (or not); SiLU
- * experts, no shared expert), as worksharing loops inside decode_step's parallel region, where
- * the torch layers spent ~0.35 ms a layer on routing, index tensors and wrappers around the same
- * kernels. Included by decode_step.c after its layer_t; the experts' linears are block_linear.c's
+/* The routed-expert FFN of a decode step's MoE layers (Qwen3-MoE's, Mixtral's and gpt-oss's: a
+ * float32 router (with a bias or not), softmax over every expert, the top k, their weights
+ * renormalised (or not); SiLU experts or gpt-oss's biased ones with the clamped SwiGLU; no shared
+ * expert), as worksharing loops inside decode_step's parallel region, where the torch layers
+ * spent ~0.35 ms a layer on routing, index tensors and wrappers around the same kernels (gpt-oss:
+ * ~1 ms). Included by decode_step.c after its layer_t; the experts' linears are block_linear.c's
  * row dots. */
 #ifndef LOCALLLM_DECODE_MOE_H
 #define LOCALLLM_DECODE_MOE_H
+
+/* gpt-oss's clamped SwiGLU (kernels/moe/experts.py's SWIGLU_OAI_LIMIT / _ALPHA) */
+#define SWIGLU_LIMIT 7.0f
+#define SWIGLU_ALPHA 1.702f
 
 /* The step's (row, expert) pairs in runs of up to ROWS_MAX pairs of one expert: order [P] the
  * pairs by expert (a counting sort, stable), run [n + 1] where each run starts in `order`; n. A
@@ -61,7 +66,7 @@ static void moe_ffn_rows(const layer_t *L, int64_t dim, int64_t t, const float *
         float s = 0.f;
 #pragma omp simd reduction(+ : s)
         for (int64_t j = 0; j < dim; j++) s += a[j] * r[j];
-        logit[p] = s;
+        logit[p] = L->router_bias ? s + L->router_bias[p % E] : s;
     }
 #pragma omp for schedule(static)
     for (int64_t i = 0; i < t; i++) { /* softmax, the top k (lower index first on ties), renormalised */
@@ -97,9 +102,20 @@ static void moe_ffn_rows(const layer_t *L, int64_t dim, int64_t t, const float *
         run_dots(tg, w, dim, order + run[c], run[c + 1] - run[c], K, q8, d8, bs, gu + j, 2 * ff);
     }
 #pragma omp for schedule(static)
-    for (int64_t p = 0; p < P; p++) { /* SiLU(gate) x up, in the gate's place */
+    for (int64_t p = 0; p < P; p++) { /* act(gate) x up, in the gate's place */
         float *g = gu + p * 2 * ff, *u = g + ff;
-        for (int64_t j = 0; j < ff; j++) g[j] = g[j] / (1.f + expf(-g[j])) * u[j];
+        if (L->exp_bias_g) {
+            const float *bg = L->exp_bias_g + ids[p] * ff, *bu = L->exp_bias_u + ids[p] * ff;
+            for (int64_t j = 0; j < ff; j++) g[j] += bg[j], u[j] += bu[j];
+        }
+        if (L->exp_act == 1) /* gpt-oss: min(g, 7) sigmoid(1.702 min(g, 7)) (clamp(u, +-7) + 1) */
+            for (int64_t j = 0; j < ff; j++) {
+                const float a = g[j] < SWIGLU_LIMIT ? g[j] : SWIGLU_LIMIT;
+                const float b = u[j] < -SWIGLU_LIMIT ? -SWIGLU_LIMIT : u[j] > SWIGLU_LIMIT ? SWIGLU_LIMIT : u[j];
+                g[j] = a / (1.f + expf(-SWIGLU_ALPHA * a)) * (b + 1.f);
+            }
+        else
+            for (int64_t j = 0; j < ff; j++) g[j] = g[j] / (1.f + expf(-g[j])) * u[j];
     }
     quantize_rows(td, gu, 2 * ff, P, ff, q8, d8, bs);
 #pragma omp for schedule(static)
@@ -112,7 +128,10 @@ static void moe_ffn_rows(const layer_t *L, int64_t dim, int64_t t, const float *
     for (int64_t i = 0; i < t; i++) /* the experts in routing order, as moe_combine sums them */
         for (int64_t j = 0; j < dim; j++) {
             float acc = 0.f;
-            for (int64_t k = 0; k < K; k++) acc += wts[i * K + k] * dn[(i * K + k) * dim + j];
+            for (int64_t k = 0; k < K; k++) {
+                const float *bd = L->exp_bias_d ? L->exp_bias_d + ids[i * K + k] * dim : NULL;
+                acc += wts[i * K + k] * (bd ? dn[(i * K + k) * dim + j] + bd[j] : dn[(i * K + k) * dim + j]);
+            }
             y[i * dim + j] = acc;
         }
 }

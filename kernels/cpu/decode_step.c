@@ -48,6 +48,12 @@ typedef struct {
     const uint8_t *exp_gate, *exp_up, *exp_down;
     int64_t exp_types[3], n_expert, n_used, exp_ff, norm_topk;
     int32_t *ids_out; /* the step's expert ids [t, n_used] copied out (the lookup counters) */
+    /* gpt-oss's extras, NULL / 0 where a family has none: the attention output's bias [dim],
+     * per-head sink logits [n_q] (each head's softmax denominator gains exp(sink)), the router's
+     * bias [n_expert], the experts' biases (gate and up [n_expert, exp_ff], down [n_expert,
+     * dim]) and their activation (exp_act 0: SiLU; 1: the clamped SwiGLU, decode_moe.h) */
+    const float *o_bias, *sinks, *router_bias, *exp_bias_g, *exp_bias_u, *exp_bias_d;
+    int64_t exp_act;
 } layer_t;
 
 typedef struct {
@@ -243,10 +249,12 @@ enum { MAX_GROUP = 16 }; /* query heads per KV head read together */
 enum { ACT_PIECE = 1024 }; /* columns of the gate product per work item */
 
 /* The query heads h0 .. h0 + ng - 1 of row i, which share KV head g, over the row's context:
- * softmax(q . K^T x scale) V -> out [ng, hd] (each K and V row read once for all ng heads).
+ * softmax(q . K^T x scale) V -> out [ng, hd] (each K and V row read once for all ng heads);
+ * sink [ng] (or NULL): each head's sink logit, a key with no value in its softmax (gpt-oss).
  * sc: scratch of ng x ctx floats, tmp: hd floats. */
 static void attend_group(const model_t *m, const layer_t *L, const float *q, int64_t ng, int64_t g,
-                         int64_t ctx, const int64_t *table, float *out, float *sc, float *tmp) {
+                         int64_t ctx, const int64_t *table, float *out, float *sc, float *tmp,
+                         const float *sink) {
     const int64_t bsz = m->block_size, hd = m->hd;
     const int64_t j0 = L->window > 0 && ctx > L->window ? ctx - L->window : 0;
     table += j0 / bsz; /* the window's first block; its first key at j0 % bsz */
@@ -275,6 +283,7 @@ static void attend_group(const model_t *m, const layer_t *L, const float *q, int
     }
     for (int64_t h = 0; h < ng; h++) {
         float *sh = sc + h * ctx;
+        if (sink) mx[h] = sink[h] > mx[h] ? sink[h] : mx[h], sum[h] = expf(sink[h] - mx[h]);
         for (int64_t j = 0; j < ctx - skip; j++) sum[h] += (sh[j] = expf(sh[j] - mx[h]));
         sum[h] = 1.f / sum[h];
         for (int64_t d = 0; d < hd; d++) out[h * hd + d] = 0.f;
@@ -387,7 +396,7 @@ void decode_step(const model_t *m, int64_t t, float *x, const float *cos0, const
                     const int64_t i = p / (nkv * nsplit), g = p / nsplit % nkv, h0 = g * group + p % nsplit * per;
                     attend_group(m, L, qkv + i * nqkv + h0 * hd, per, g, seq_lens[i],
                                  tables + i * table_stride, att + i * nq * hd + h0 * hd, mysc,
-                                 mysc + sc_stride - hd);
+                                 mysc + sc_stride - hd, L->sinks ? L->sinks + h0 : NULL);
                 }
                 linear_groups(&L->o, 1, att, nq * hd, t, nq * hd, y, dim, q8, d8, bs);
                 if (lora) lora_add(lora[4 * l + 1], att, nq * hd, t, nq * hd, y, dim);
@@ -395,6 +404,8 @@ void decode_step(const model_t *m, int64_t t, float *x, const float *cos0, const
 #pragma omp for schedule(static)
             for (int64_t i = 0; i < t; i++) {
                 float *yi = y + i * dim;
+                if (L->o_bias)
+                    for (int64_t j = 0; j < dim; j++) yi[j] += L->o_bias[j];
                 if (L->post_attn_norm) rms_norm_row(yi, L->post_attn_norm, dim, m->eps, yi);
                 for (int64_t j = 0; j < dim; j++) x[i * dim + j] += yi[j];
                 rms_norm_row(x + i * dim, L->ffn_norm, dim, m->eps, h + i * dim);
@@ -463,7 +474,7 @@ void paged_decode(int64_t nd, const float *q, const void *k_cache, const void *v
             const int64_t i = p / (n_kv * nsplit), g = p / nsplit % n_kv, h0 = g * group + p % nsplit * per;
             attend_group(&m, &L, q + (i * n_q + h0) * hd, per, g, seq_lens[i],
                          tables + i * table_stride, out + (i * n_q + h0) * hd, mysc,
-                         mysc + sc_stride - hd);
+                         mysc + sc_stride - hd, NULL);
         }
     }
 }

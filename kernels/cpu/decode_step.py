@@ -1,8 +1,9 @@
 """`decode_step.c`: every layer of a llama-style decoder for a decode step's token rows in one
 native call (norms, the block linears, rope, the KV write, attention over the paged cache, the
 gated MLP, the residual adds; LFM2's gated short convolutions on their recurrent state slots in
-place of attention; Qwen3-MoE's routed experts in place of the MLP, `decode_moe.h`), compiled at
-first use like `block_linear.py`'s kernels.
+place of attention; Qwen3-MoE's and gpt-oss's routed experts in place of the MLP, `decode_moe.h`;
+gpt-oss's attention sinks and output bias), compiled at first use like `block_linear.py`'s
+kernels.
 
 `DecodeStep` holds the model laid out in the C structs (`LayerSpec`s: the linears' prepared
 `NativeLinear`s, the norm weights, one KV cache's layer tensors) and runs a step; `load()` answers
@@ -24,6 +25,7 @@ from localllm.kernels.quant.linear_native import block_rows_reference
 SOURCE = Path(__file__).with_name("decode_step.c")
 MOE = Path(__file__).with_name("decode_moe.h")  # included by SOURCE: part of the build key
 ACTS = {"silu": 0, "gelu": 1}
+EXP_ACTS = {"silu": 0, "swiglu_oai": 1}  # routed experts' activations (decode_moe.h's exp_act)
 MAX_GROUPS = 3  # MAX_GROUPS in the C: runs of one ggml type in q|k|v or gate|up
 MAX_GROUP_HEADS = 16  # MAX_GROUP in the C: query heads attended together over one KV head
 MAX_T = 64  # token rows a step with MoE layers takes (their expert ids are copied out)
@@ -65,7 +67,14 @@ class _Layer(ctypes.Structure):
         ("n_used", _I),
         ("exp_ff", _I),
         ("norm_topk", _I),
-        ("ids_out", _P),  # (last, as in the C's layer_t)
+        ("ids_out", _P),
+        ("o_bias", _P),
+        ("sinks", _P),
+        ("router_bias", _P),
+        ("exp_bias_g", _P),
+        ("exp_bias_u", _P),
+        ("exp_bias_d", _P),
+        ("exp_act", _I),  # (last, as in the C's layer_t)
     ]
 
 
@@ -127,6 +136,14 @@ class LayerSpec:
     exp_types: tuple = ()
     n_used: int = 0
     norm_topk: bool = True
+    # gpt-oss: the attention output's bias [dim], per-head sink logits [n_q], the router's bias
+    # [n_expert], the experts' (gate [n_expert, ff], up [n_expert, ff], down [n_expert, dim])
+    # biases, all float32 contiguous; the experts' activation (EXP_ACTS)
+    o_bias: torch.Tensor | None = None
+    sinks: torch.Tensor | None = None
+    router_bias: torch.Tensor | None = None
+    exp_bias: tuple | None = None
+    exp_act: str = "silu"
 
 
 def load(cache_dir: Path | None = None) -> ctypes.CDLL | None:
@@ -175,9 +192,9 @@ class DecodeStep:
         if any(len(lay.qkv) > MAX_GROUPS or len(lay.gate_up) > MAX_GROUPS for lay in layers):
             raise ValueError(f"more than {MAX_GROUPS} runs of one type in a fused projection")
         nqkv = (s.n_q + 2 * s.n_kv) * s.head_dim
-        for b in (lay.qkv_bias for lay in layers if lay.qkv_bias is not None):
-            if b.dtype != torch.float32 or not b.is_contiguous() or b.shape != (nqkv,):
-                raise ValueError(f"q|k|v bias of {b.dtype} {tuple(b.shape)}: float32 ({nqkv},)")
+        for lay in layers:
+            for name, n in (("qkv_bias", nqkv), ("o_bias", s.dim), ("sinks", s.n_q)):
+                _check_vector(getattr(lay, name), n, name)
         self.lib, self.shape, self.specs = lib, s, layers  # (kept: the structs point in)
         self.moe_ids: list[torch.Tensor] = []  # each MoE layer's last step's expert ids [MAX_T, k]
         self.layers = (_Layer * len(layers))()
@@ -195,7 +212,8 @@ class DecodeStep:
             c.attn_norm, c.ffn_norm = lay.attn_norm.data_ptr(), lay.ffn_norm.data_ptr()
             if lay.conv_w is None:
                 c.k_cache, c.v_cache = lay.k_cache.data_ptr(), lay.v_cache.data_ptr()
-            for name in ("q_norm", "k_norm", "post_attn_norm", "post_ffn_norm", "qkv_bias"):
+            for name in ("q_norm", "k_norm", "post_attn_norm", "post_ffn_norm", "qkv_bias",
+                         "o_bias", "sinks", "router_bias"):  # fmt: skip
                 w = getattr(lay, name)
                 setattr(c, name, None if w is None else w.data_ptr())
             c.window, c.rope_set = lay.window, lay.rope_set
@@ -208,6 +226,9 @@ class DecodeStep:
                 c.exp_types[:] = [int(q) for q in lay.exp_types]
                 c.n_expert, c.n_used = lay.router.shape[0], lay.n_used
                 c.exp_ff, c.norm_topk = lay.experts[0].shape[1], int(lay.norm_topk)
+                c.exp_act = EXP_ACTS[lay.exp_act]
+                if lay.exp_bias is not None:
+                    c.exp_bias_g, c.exp_bias_u, c.exp_bias_d = (b.data_ptr() for b in lay.exp_bias)
                 ids = torch.zeros(MAX_T, lay.n_used, dtype=torch.int32)
                 self.moe_ids.append(ids)
                 c.ids_out = ids.data_ptr()
@@ -305,6 +326,16 @@ def _check_conv(lay: LayerSpec, dim: int) -> None:
         raise ValueError("a short-conv layer's in_proj must be one run of 3 x dim outputs")
 
 
+_LABELS = {"qkv_bias": "q|k|v bias", "o_bias": "output bias", "sinks": "attention sinks",
+           "router_bias": "router bias"}  # fmt: skip
+
+
+def _check_vector(v: torch.Tensor | None, n: int, name: str) -> None:
+    """A per-layer float32 vector of n values as the C reads it (or None), else a ValueError."""
+    if v is not None and (v.dtype != torch.float32 or not v.is_contiguous() or v.shape != (n,)):
+        raise ValueError(f"{_LABELS[name]} of {v.dtype} {tuple(v.shape)}: float32 ({n},)")
+
+
 def _check_moe(lay: LayerSpec, s: Shape) -> None:
     """A MoE layer's tensors as decode_moe.h reads them, or a ValueError."""
     r, ex = lay.router, lay.experts
@@ -319,8 +350,14 @@ def _check_moe(lay: LayerSpec, s: Shape) -> None:
     if any(e.dtype != torch.uint8 or not e.is_contiguous() or e.dim() != 3
            or tuple(e.shape[:2]) != w for e, w in zip(ex, want, strict=True)):  # fmt: skip
         raise ValueError(f"expert blocks {[tuple(e.shape) for e in ex]}: uint8 {want} x bytes")
-    if not 0 < lay.n_used <= n or s.act != "silu" or s.hidden < lay.n_used * ff:
-        raise ValueError(f"{lay.n_used} of {n} experts of {ff} ({s.act}), hidden {s.hidden}")
+    if not 0 < lay.n_used <= n or lay.exp_act not in EXP_ACTS or s.hidden < lay.n_used * ff:
+        raise ValueError(f"{lay.n_used} of {n} experts of {ff} ({lay.exp_act}), hidden {s.hidden}")
+    _check_vector(lay.router_bias, n, "router_bias")
+    b = lay.exp_bias
+    if b is not None and (len(b) != 3 or any(
+            t.dtype != torch.float32 or not t.is_contiguous() or tuple(t.shape) != w
+            for t, w in zip(b, want, strict=True))):  # fmt: skip
+        raise ValueError(f"expert biases {[tuple(t.shape) for t in b]}: float32 {want}")
 
 
 def decode_step_reference(shape: Shape, layers: list[LayerSpec], block_size: int,
@@ -380,9 +417,13 @@ def decode_step_reference(shape: Shape, layers: list[LayerSpec], block_size: int
             sl = tables[i][pos // block_size] * block_size + pos % block_size
             kk = kc[sl].float().repeat_interleave(nq // nkv, 1)  # [n, nq, hd]
             vv = vc[sl].float().repeat_interleave(nq // nkv, 1)
-            p = torch.softmax(torch.einsum("hd,nhd->hn", q[i], kk) * scale, -1)
+            sc = torch.einsum("hd,nhd->hn", q[i], kk) * scale
+            if lay.sinks is not None:  # a key of its own per head, with no value
+                sc = torch.cat((sc, lay.sinks[:, None]), -1)
+            p = torch.softmax(sc, -1)[:, : len(pos)]
             outs.append(torch.einsum("hn,nhd->hd", p, vv).reshape(-1))
         o = mm(lay.o, torch.stack(outs))
+        o = o if lay.o_bias is None else o + lay.o_bias
         x = x + (o if lay.post_attn_norm is None else norm(o, lay.post_attn_norm))
         x = _mlp(s, lay, x, mm, norm)
     return x
@@ -400,17 +441,26 @@ def _mlp(s: Shape, lay: LayerSpec, x: torch.Tensor, mm, norm) -> torch.Tensor:
 
 
 def _moe(lay: LayerSpec, h: torch.Tensor) -> torch.Tensor:
-    """The reference's routed experts on h [t, dim]: softmax, top k, their SiLU FFNs' int8
-    math, summed by weight in routing order."""
+    """The reference's routed experts on h [t, dim]: softmax, top k, their FFNs' int8 math
+    (SiLU, or gpt-oss's biases and clamped SwiGLU), summed by weight in routing order."""
     gate, up, down = lay.experts
     tg, td = lay.exp_types[0], lay.exp_types[2]
-    w, ids = torch.softmax(h @ lay.router.T, -1).topk(lay.n_used, -1)
+    logits = h @ lay.router.T
+    logits = logits if lay.router_bias is None else logits + lay.router_bias
+    w, ids = torch.softmax(logits, -1).topk(lay.n_used, -1)
     w = w / w.sum(-1, keepdim=True) if lay.norm_topk else w
+    zero = torch.zeros(1)
     out = torch.zeros_like(h)
     for i in range(h.shape[0]):
         for j, e in enumerate(ids[i].tolist()):
-            g = block_rows_reference(h[i : i + 1], [gate[e]], tg, h.shape[1]).float()
-            u = block_rows_reference(h[i : i + 1], [up[e]], tg, h.shape[1]).float()
-            d = block_rows_reference(F.silu(g) * u, [down[e]], td, gate.shape[1]).float()
+            bg, bu, bd = (zero,) * 3 if lay.exp_bias is None else (b[e] for b in lay.exp_bias)
+            g = block_rows_reference(h[i : i + 1], [gate[e]], tg, h.shape[1]).float() + bg
+            u = block_rows_reference(h[i : i + 1], [up[e]], tg, h.shape[1]).float() + bu
+            if lay.exp_act == "swiglu_oai":
+                g, u = g.clamp(max=7.0), u.clamp(-7.0, 7.0)
+                a = g * torch.sigmoid(1.702 * g) * (u + 1)
+            else:
+                a = F.silu(g) * u
+            d = block_rows_reference(a, [down[e]], td, gate.shape[1]).float() + bd
             out[i] += w[i, j] * d[0]
     return out

@@ -1,7 +1,7 @@
 """The native CPU decode step on every family it takes (llama, SmolLM3's NoPE layers, Qwen2's
-q/k/v biases, Qwen3's q/k norms, Gemma 3): teacher-forced decode logits of the step against the
-torch layers on the same int8-activation linears, and against exact math, on tiny quantized
-models (`tiny_models`)."""
+q/k/v biases, Qwen3's q/k norms, Gemma 3, gpt-oss's sinks, biases and MXFP4 experts):
+teacher-forced decode logits of the step against the torch layers on the same int8-activation
+linears, and against exact math, on tiny quantized models (`tiny_models`, `test_gpt_oss`)."""
 
 import argparse
 import dataclasses
@@ -89,6 +89,39 @@ def test_native_step_decodes_each_family_like_the_torch_layers(tmp_path, family)
     # follow from them): the step is no further from exact math than the torch layers
     kl_native, kl_torch = _kl(exact, native), _kl(exact, torch_int8)
     print(f"{family}: KL to exact math: native {kl_native:.2e}, torch layers {kl_torch:.2e}")
+    assert kl_native < 1.5 * kl_torch + 1e-5, (kl_native, kl_torch)
+    top = exact.argmax(-1)
+    agree = [(x.argmax(-1) == top).double().mean().item() for x in (native, torch_int8)]
+    assert agree[0] >= agree[1] - 2 / len(top), agree
+
+
+def _gpt_oss_q8(path):
+    """test_gpt_oss's tiny model with its attention linears in Q8_0 (native block types; its
+    experts are MXFP4 already): the step takes it."""
+    from gguf import GGMLQuantizationType as QT
+    from gguf.quants import quantize
+
+    from tests.engine import test_gpt_oss as oss
+    from tests.engine.tiny_models import write_gguf
+
+    t = oss._tensors(seed=3)
+    for name in [n for n in t if n.endswith(("attn_q.weight", "attn_k.weight", "attn_v.weight",
+                                             "attn_output.weight"))]:  # fmt: skip
+        t[name] = (quantize(t[name], QT.Q8_0), QT.Q8_0)
+    return write_gguf(path, "gpt-oss", oss.META, t)
+
+
+def test_native_step_decodes_gpt_oss_like_the_torch_layers(tmp_path):
+    """Sinks, q|k|v and output biases, a window on every other layer (8 keys: 40 tokens pass
+    it), the biased router, MXFP4 experts with biases and the clamped SwiGLU."""
+    path = _gpt_oss_q8(tmp_path / "gpt-oss.gguf")
+    tokens = torch.randint(3, 256, (40,), generator=torch.Generator().manual_seed(0)).tolist()
+    native, ran = _logits(path, tokens, 5, native=True)
+    assert ran, "the native step did not take gpt-oss"
+    torch_int8, _ = _logits(path, tokens, 5, native=False)
+    exact, _ = _logits(path, tokens, 5, native=False, precise=True)
+    kl_native, kl_torch = _kl(exact, native), _kl(exact, torch_int8)
+    print(f"gpt-oss: KL to exact math: native {kl_native:.2e}, torch layers {kl_torch:.2e}")
     assert kl_native < 1.5 * kl_torch + 1e-5, (kl_native, kl_torch)
     top = exact.argmax(-1)
     agree = [(x.argmax(-1) == top).double().mean().item() for x in (native, torch_int8)]

@@ -2,7 +2,8 @@
 (`decode_step_reference`: the same layers step by step, the linears through the same native
 kernels) on random block weights and a paged cache (float32 and float16, GQA, rope in pairs and
 halves, SiLU and GELU, several sequences of different lengths, Gemma 3's extra norms, windows and
-second rope table, Qwen2's q|k|v biases, Qwen3-MoE's routed experts), and a real model's decode
+second rope table, Qwen2's q|k|v biases, Qwen3-MoE's routed experts, gpt-oss's sinks, biases and
+MXFP4 experts), and a real model's decode
 steps as close to exact math with the step as with its torch layers."""
 
 import dataclasses
@@ -73,6 +74,24 @@ def _moe(layers, s: decode_step.Shape, seed, types=("Q4_K", "Q4_K", "Q6_K")):
         exp_types=tuple(QuantType[t] for t in types)) for lay in layers]  # fmt: skip
 
 
+def _gpt_oss(layers, s: decode_step.Shape, seed):
+    """gpt-oss's layers: q|k|v and output biases, attention sinks, every other layer a window of
+    20, MXFP4 experts with biases and the clamped SwiGLU (gate / up values past its limit of 7
+    occur), a biased router."""
+    layers = _biased(_moe(layers, s, seed, ("MXFP4",) * 3), s, seed + 1)
+    gen = torch.Generator().manual_seed(seed)
+    n, ff = 8, s.hidden // 2
+
+    def r(*shape, scale=1.0):
+        return torch.randn(*shape, generator=gen) * scale
+
+    return [dataclasses.replace(
+        lay, o_bias=r(s.dim), sinks=r(s.n_q, scale=2.0), window=20 * (i % 2),
+        router_bias=r(n, scale=0.5), exp_act="swiglu_oai",
+        exp_bias=(r(n, ff, scale=4.0), r(n, ff, scale=4.0), r(n, s.dim)))
+        for i, lay in enumerate(layers)]  # fmt: skip
+
+
 def _layers(blocks, s: decode_step.Shape, n_layers, n_blocks, bsz, dtype, seed):
     rng = np.random.default_rng(seed)
     gen = torch.Generator().manual_seed(seed)
@@ -101,6 +120,7 @@ def _layers(blocks, s: decode_step.Shape, n_layers, n_blocks, bsz, dtype, seed):
     (torch.float16, True, "silu", [9, 50], 2, 2, "bias"),  # Qwen2's q|k|v biases
     (torch.float32, True, "silu", [13, 40, 3], 2, 2, "moe"),  # Qwen3-MoE's routed experts
     (torch.float16, True, "silu", [30, 7, 19, 2, 11], 2, 3, "moe-q8"),  # (experts shared by rows)
+    (torch.float32, True, "silu", [13, 40, 3, 27], 2, 2, "gpt-oss"),  # sinks, biases, MXFP4
 ])  # fmt: skip
 def test_step_matches_the_torch_reference(parts, dtype, neox, act, lens, n_kv, threads, extras):
     lib, blocks = parts
@@ -114,6 +134,7 @@ def test_step_matches_the_torch_reference(parts, dtype, neox, act, lens, n_kv, t
     layers = _biased(layers, s, 2) if extras == "bias" else layers
     layers = _moe(layers, s, 4) if extras == "moe" else layers
     layers = _moe(layers, s, 5, ("Q8_0",) * 3) if extras == "moe-q8" else layers
+    layers = _gpt_oss(layers, s, 6) if extras == "gpt-oss" else layers
     ref_layers = [dataclasses.replace(lay, k_cache=lay.k_cache.clone(),
                                       v_cache=lay.v_cache.clone()) for lay in layers]  # fmt: skip
     seq_lens = torch.tensor(lens)

@@ -18,11 +18,17 @@ static const int8_t IQ4NL_VALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10
 /* MXFP4's E2M1 values doubled (ggml's kvalues_mxfp4); its E8M0 scale is taken at half */
 static const int8_t FP4_VALUES[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 
-/* ggml's GGML_E8M0_TO_FP32_HALF: 2^(e - 128), the two smallest as denormals */
+/* ggml's GGML_E8M0_TO_FP32_HALF: 2^(e - 128), the two smallest as denormals; as a table of the
+ * float bits (one load a block where the shifts and compares took ~8 instructions of the ~25 an
+ * MXFP4 block's dot spent, at the CPU's issue width) */
+#define E8M0_BITS(e) ((e) < 2 ? 0x00200000u << (e) : (uint32_t)((e) - 1) << 23)
+#define E8M0_4(e) E8M0_BITS(e), E8M0_BITS((e) + 1), E8M0_BITS((e) + 2), E8M0_BITS((e) + 3)
+#define E8M0_16(e) E8M0_4(e), E8M0_4((e) + 4), E8M0_4((e) + 8), E8M0_4((e) + 12)
+#define E8M0_64(e) E8M0_16(e), E8M0_16((e) + 16), E8M0_16((e) + 32), E8M0_16((e) + 48)
+static const uint32_t E8M0_HALF[256] = {E8M0_64(0), E8M0_64(64), E8M0_64(128), E8M0_64(192)};
 static inline float e8m0_half(uint8_t e) {
-    const uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
     float f;
-    memcpy(&f, &bits, 4);
+    memcpy(&f, &E8M0_HALF[e], 4);
     return f;
 }
 /* a 32-value block's scale: an fp16 at its start (Q4_0 .. IQ4_NL, Q8_0), or MXFP4's E8M0 byte */
@@ -39,11 +45,21 @@ static inline int iq4xs_scale(const uint8_t *w, int ib) {
 }
 
 #if defined(__AVX2__) && defined(__FMA__)
-/* 32 codes of a 16-byte nibble run: lane l < 16 the low nibble of byte l, lane 16 + l its high */
+/* 32 codes of a 16-byte nibble run: lane l < 16 the low nibble of byte l, lane 16 + l its high.
+ * The run loaded into both halves (a load, not a shuffle) and the high half shifted by 4: these
+ * dots were bound by the CPU's issue width, the shuffle ports among the busiest. */
 static inline __m256i nibbles32(const uint8_t *qs) {
-    const __m128i t = _mm_loadu_si128((const __m128i *)qs);
-    const __m256i v = _mm256_insertf128_si256(_mm256_castsi128_si256(t), _mm_srli_epi16(t, 4), 1);
-    return _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
+    const __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)qs));
+    return _mm256_and_si256(_mm256_srlv_epi32(v, _mm256_set_epi32(4, 4, 4, 4, 0, 0, 0, 0)),
+                            _mm256_set1_epi8(0x0F));
+}
+
+/* a block's scale in every lane, loaded as such: the fp16 at its start, or MXFP4's E8M0 byte */
+static inline __m256 f16_v(const uint8_t *b) {
+    return _mm256_cvtph_ps(_mm_set1_epi16((short)rd16(b)));
+}
+static inline __m256 e8m0_v(const uint8_t *b) {
+    return _mm256_castsi256_ps(_mm256_set1_epi32((int)E8M0_HALF[b[0]]));
 }
 
 /* 0x10 in lane i where bit i of the 32-bit word at p is set (Q5_0 / Q5_1's fifth bits) */
@@ -68,12 +84,13 @@ static inline __m256i dot_s8s8(__m256i w, __m256i x) {
  * multiply-adds through every block was the limit (4 cycles of latency for ~2 of work). */
 #define BLOCK_ONE(A, M, B, CODES, SGN, HASMIN, MINAT, SCALE)                                             \
     {                                                                                             \
-        const float d = SCALE(wb);                                                                \
+        const __m256 d = SCALE(wb);                                                               \
         const __m256i q = CODES;                                                                  \
         for (int r = 0; r < R; r++) {                                                             \
             const __m256i xv = _mm256_loadu_si256((const __m256i *)(q8[r] + 32 * (B)));           \
             const __m256i p = SGN ? dot_s8s8(q, xv) : dot_u8s8(q, xv);                           \
-            A[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d * d8[r][B]), A[r]);   \
+            const __m256 dd = _mm256_mul_ps(d, _mm256_broadcast_ss(d8[r] + (B)));                 \
+            A[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), dd, A[r]);                              \
             if (HASMIN)                                                                           \
                 M[r] += h2f(rd16(wb + (MINAT))) * d8[r][B] * (float)(bs[r][2 * (B)] + bs[r][2 * (B) + 1]); \
         }                                                                                         \
@@ -101,28 +118,28 @@ static inline __m256i dot_s8s8(__m256i w, __m256i x) {
 
 static inline void dot_q4_0_rows(BLOCK_ARGS) {
     (void)bs;
-    BLOCK_ROWS_LOOP(nb, 18, _mm256_sub_epi8(nibbles32(wb + 2), _mm256_set1_epi8(8)), 1, 0, 0, f16_at)
+    BLOCK_ROWS_LOOP(nb, 18, _mm256_sub_epi8(nibbles32(wb + 2), _mm256_set1_epi8(8)), 1, 0, 0, f16_v)
 }
-static inline void dot_q4_1_rows(BLOCK_ARGS) { BLOCK_ROWS_LOOP(nb, 20, nibbles32(wb + 4), 0, 1, 2, f16_at) }
+static inline void dot_q4_1_rows(BLOCK_ARGS) { BLOCK_ROWS_LOOP(nb, 20, nibbles32(wb + 4), 0, 1, 2, f16_v) }
 static inline void dot_q5_0_rows(BLOCK_ARGS) {
     (void)bs;
     BLOCK_ROWS_LOOP(nb, 22,
                     _mm256_sub_epi8(_mm256_or_si256(nibbles32(wb + 6), fifth_bits(wb + 2)),
                                     _mm256_set1_epi8(16)),
-                    1, 0, 0, f16_at)
+                    1, 0, 0, f16_v)
 }
 static inline void dot_q5_1_rows(BLOCK_ARGS) {
-    BLOCK_ROWS_LOOP(nb, 24, _mm256_or_si256(nibbles32(wb + 8), fifth_bits(wb + 4)), 0, 1, 2, f16_at)
+    BLOCK_ROWS_LOOP(nb, 24, _mm256_or_si256(nibbles32(wb + 8), fifth_bits(wb + 4)), 0, 1, 2, f16_v)
 }
 static inline void dot_iq4_nl_rows(BLOCK_ARGS) {
     (void)bs;
     const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)IQ4NL_VALUES));
-    BLOCK_ROWS_LOOP(nb, 18, _mm256_shuffle_epi8(lut, nibbles32(wb + 2)), 1, 0, 0, f16_at)
+    BLOCK_ROWS_LOOP(nb, 18, _mm256_shuffle_epi8(lut, nibbles32(wb + 2)), 1, 0, 0, f16_v)
 }
 static inline void dot_mxfp4_rows(BLOCK_ARGS) { /* IQ4_NL's dot: another table, an E8M0 scale */
     (void)bs;
     const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)FP4_VALUES));
-    BLOCK_ROWS_LOOP(nb, 17, _mm256_shuffle_epi8(lut, nibbles32(wb + 1)), 1, 0, 0, e8m0_at)
+    BLOCK_ROWS_LOOP(nb, 17, _mm256_shuffle_epi8(lut, nibbles32(wb + 1)), 1, 0, 0, e8m0_v)
 }
 
 /* The same dots over a row tile (block_linear.c's `tile_rows` lays it out): R <= TILE_ROWS
@@ -140,7 +157,7 @@ static inline void dot_mxfp4_rows(BLOCK_ARGS) { /* IQ4_NL's dot: another table, 
         const __m256i q = CODES;                                                                  \
         const __m256 dv = _mm256_loadu_ps(dt + 8 * (B));                                          \
         float sc[8];                                                                              \
-        _mm256_storeu_ps(sc, _mm256_mul_ps(_mm256_set1_ps(SCALE(wb)), dv));                       \
+        _mm256_storeu_ps(sc, _mm256_mul_ps(SCALE(wb), dv));                                       \
         const int8_t *xb = qt + (B) * R * 32;                                                     \
         for (int r = 0; r < R; r++) {                                                             \
             const __m256i xv = _mm256_loadu_si256((const __m256i *)(xb + 32 * r));                \
@@ -176,28 +193,28 @@ static inline void dot_mxfp4_rows(BLOCK_ARGS) { /* IQ4_NL's dot: another table, 
 
 TILE_FN dot_q4_0_tile(TILE_ARGS) {
     (void)st;
-    TILE_LOOP(nb, 18, _mm256_sub_epi8(nibbles32(wb + 2), _mm256_set1_epi8(8)), 1, 0, 0, f16_at)
+    TILE_LOOP(nb, 18, _mm256_sub_epi8(nibbles32(wb + 2), _mm256_set1_epi8(8)), 1, 0, 0, f16_v)
 }
-TILE_FN dot_q4_1_tile(TILE_ARGS) { TILE_LOOP(nb, 20, nibbles32(wb + 4), 0, 1, 2, f16_at) }
+TILE_FN dot_q4_1_tile(TILE_ARGS) { TILE_LOOP(nb, 20, nibbles32(wb + 4), 0, 1, 2, f16_v) }
 TILE_FN dot_q5_0_tile(TILE_ARGS) {
     (void)st;
     TILE_LOOP(nb, 22,
               _mm256_sub_epi8(_mm256_or_si256(nibbles32(wb + 6), fifth_bits(wb + 2)),
                               _mm256_set1_epi8(16)),
-              1, 0, 0, f16_at)
+              1, 0, 0, f16_v)
 }
 TILE_FN dot_q5_1_tile(TILE_ARGS) {
-    TILE_LOOP(nb, 24, _mm256_or_si256(nibbles32(wb + 8), fifth_bits(wb + 4)), 0, 1, 2, f16_at)
+    TILE_LOOP(nb, 24, _mm256_or_si256(nibbles32(wb + 8), fifth_bits(wb + 4)), 0, 1, 2, f16_v)
 }
 TILE_FN dot_iq4_nl_tile(TILE_ARGS) {
     (void)st;
     const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)IQ4NL_VALUES));
-    TILE_LOOP(nb, 18, _mm256_shuffle_epi8(lut, nibbles32(wb + 2)), 1, 0, 0, f16_at)
+    TILE_LOOP(nb, 18, _mm256_shuffle_epi8(lut, nibbles32(wb + 2)), 1, 0, 0, f16_v)
 }
 TILE_FN dot_mxfp4_tile(TILE_ARGS) {
     (void)st;
     const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)FP4_VALUES));
-    TILE_LOOP(nb, 17, _mm256_shuffle_epi8(lut, nibbles32(wb + 1)), 1, 0, 0, e8m0_at)
+    TILE_LOOP(nb, 17, _mm256_shuffle_epi8(lut, nibbles32(wb + 1)), 1, 0, 0, e8m0_v)
 }
 /* Q8_0 (quant_dots.h's dot_q8_0): one accumulator per row through every block */
 TILE_FN dot_q8_0_tile(TILE_ARGS) {
@@ -206,7 +223,7 @@ TILE_FN dot_q8_0_tile(TILE_ARGS) {
     for (int r = 0; r < R; r++) a[r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *wb = w + 34 * b;
-        TILE_ONE(a, m0, b, _mm256_loadu_si256((const __m256i *)(wb + 2)), 1, 0, 0, f16_at)
+        TILE_ONE(a, m0, b, _mm256_loadu_si256((const __m256i *)(wb + 2)), 1, 0, 0, f16_v)
     }
     for (int r = 0; r < R; r++) out[r] = hsum(a[r]);
 }

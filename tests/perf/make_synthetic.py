@@ -86,7 +86,7 @@ SHAPES = {
     # the same for qwen3moe: 8 experts of 256, top 2
     "tiny-qwen3moe": Shape(2, 256, 4, 2, 64, 512, 1024, 2048, 1e6, "qwen3moe", 8, 2, 256, 1e-6),
 }
-FILE_TYPES = {"Q8_0": 7, "Q4_K_M": 15, "F16": 1}
+FILE_TYPES = {"Q8_0": 7, "Q4_K_M": 15, "F16": 1, "Q4_0": 2}
 _BLOCK = {
     QT.F16: (1, 2),
     QT.Q8_0: (32, 34),
@@ -149,11 +149,13 @@ def tensor_plan(shape: Shape, quant: str) -> list[tuple[str, Dims, QT]]:
     """(name, dims, type) of every tensor, in file order; dims are numpy order (outermost
     first), the last one is a row (what a quant block runs along)."""
     s = shape
-    q_main = {"Q8_0": QT.Q8_0, "F16": QT.F16}.get(quant, QT.Q4_K)
-    q_more = {"Q8_0": QT.Q8_0, "F16": QT.F16}.get(quant, QT.Q6_K)
+    q_main = {"Q8_0": QT.Q8_0, "F16": QT.F16, "Q4_0": QT.Q4_0}.get(quant, QT.Q4_K)
+    q_more = {"Q8_0": QT.Q8_0, "F16": QT.F16, "Q4_0": QT.Q4_0}.get(quant, QT.Q6_K)
+    # the output head: Q6_K in llama.cpp's Q4_K_M and Q4_0 files
+    q_head = QT.Q6_K if quant == "Q4_0" else q_more
     moe = s.n_expert > 0
     # llama.cpp quantizes a tied embedding as the head it also is
-    out: list = [("token_embd.weight", (s.vocab, s.dim), q_more if s.tied else q_main)]
+    out: list = [("token_embd.weight", (s.vocab, s.dim), q_head if s.tied else q_main)]
     for i in range(s.n_layers):
         p, more = f"blk.{i}.", q_more if _more_bits(i, s.n_layers) else q_main
         out += [
@@ -183,7 +185,7 @@ def tensor_plan(shape: Shape, quant: str) -> list[tuple[str, Dims, QT]]:
             ]
     out += [("output_norm.weight", s.dim, QT.F32)]
     if not s.tied:
-        out += [("output.weight", (s.vocab, s.dim), q_more)]
+        out += [("output.weight", (s.vocab, s.dim), q_head)]
     return out
 
 

@@ -32,10 +32,11 @@ MAX_ROWS = 16  # token rows per native step (batched decode); more: the torch la
 # are Qwen3's kind: q/k norms, NEOX rope); Qwen3-MoE's and Mixtral-style llama MoE's routed
 # experts run in the step where they are resident raw blocks with the plain softmax router
 # (`_moe_parts`); gpt-oss's too (biased, the clamped SwiGLU), with its attention sinks, output
-# bias and windows on every other layer
+# bias and windows on every other layer; GLM-4.5's and LFM2-MoE's (sigmoid scores, a choice bias,
+# a weight scale; GLM's shared expert), beside their leading dense layers
 FAMILIES = tuple(f"localllm.engine.models.{m}" for m in
                  ("llama", "smollm3", "qwen2", "qwen3", "qwen3moe", "gemma3", "lfm2",
-                  "gpt_oss"))  # fmt: skip
+                  "gpt_oss", "glm4moe", "lfm2moe"))  # fmt: skip
 # blocks whose FFN norm has another name: gpt-oss's is `post_attention_norm` (not an output norm)
 FFN_NORM = {"localllm.engine.models.gpt_oss": "post_attention_norm"}
 
@@ -77,17 +78,24 @@ def _qkv_bias(blk, fused: nn.Module | None) -> torch.Tensor | None:
 def _moe_parts(mlp) -> dict | None:
     """A routed-expert FFN's `LayerSpec` fields for the step (`kernels/cpu/decode_moe.h`), or
     None where it runs otherwise: resident raw experts of native block types (gate's and up's
-    alike), SiLU or gpt-oss's clamped SwiGLU (biases or none), the softmax top-k router in
-    float32 (a bias or none), no shared expert, nothing mapped, split, offloaded or read ahead."""
+    alike), SiLU or gpt-oss's clamped SwiGLU (biases or none), a float32 router (a bias or none)
+    with softmax or sigmoid scores (a choice bias, a weight scale; no expert groups), a shared
+    SiLU expert on native kernels or none, nothing mapped, split, offloaded or read ahead."""
     f, router = getattr(mlp, "format", None), getattr(mlp, "ffn_gate_inp", None)
     if f is None or router is None or not isinstance(mlp.source, ResidentExperts):
         return None
     w = router.dense_weight()
-    elsewhere = (mlp.routing, mlp.shexp, mlp.compute_on, mlp.split, mlp.mapped, mlp.packed,
-                 mlp.guess_next, mlp.read_ahead_next)  # fmt: skip
+    elsewhere = (mlp.compute_on, mlp.split, mlp.mapped, mlp.packed, mlp.guess_next,
+                 mlp.read_ahead_next)  # fmt: skip
     if w is None or any(v is not None for v in elsewhere) or f.gate != f.up:
         return None
     if f.act not in decode_step.EXP_ACTS:
+        return None
+    r = mlp.routing
+    if r is not None and (r.n_group != 1 or r.scoring not in decode_step.SCORINGS):
+        return None
+    shared = {} if mlp.shexp is None else _shared_parts(mlp.shexp)
+    if shared is None:
         return None
     raw = tuple(t.data for t in mlp.expert_weights())
     if f.gate not in NATIVE_TYPES or f.down not in NATIVE_TYPES:
@@ -98,10 +106,27 @@ def _moe_parts(mlp) -> dict | None:
         return None
     exps = (mlp.ffn_gate_exps, mlp.ffn_up_exps, mlp.ffn_down_exps)
     bias = None if exps[0].bias is None else tuple(_f32(t.bias) for t in exps)
+    routing = {} if r is None else {
+        "scoring": r.scoring, "w_scale": float(r.scale),
+        "probs_bias": _f32(mlp.exp_probs_b.value) if r.probs_bias else None}  # fmt: skip
     return {"router": w.contiguous(), "experts": raw,
             "exp_types": (f.gate, f.up, f.down), "n_used": mlp.n_used,
             "norm_topk": bool(mlp.norm_topk_prob), "router_bias": _f32(router.bias),
-            "exp_bias": bias, "exp_act": f.act}  # fmt: skip
+            "exp_bias": bias, "exp_act": f.act, **routing, **shared}  # fmt: skip
+
+
+def _shared_parts(shexp) -> dict | None:
+    """A shared expert's `LayerSpec` fields (a SiLU gated MLP on native kernels, no biases), or
+    None."""
+    fused = shexp.gate_up
+    gu = _kernels(fused) if fused is not None else _runs([shexp.ffn_gate, shexp.ffn_up])
+    down = _kernels(shexp.ffn_down)
+    parts = (shexp.ffn_gate, shexp.ffn_up, shexp.ffn_down, shexp.gate_up)
+    if gu is None or down is None or shexp.act != "silu":
+        return None
+    if any(getattr(m, "bias", None) is not None for m in parts):
+        return None
+    return {"shared_gu": tuple(gu), "shared_down": down[0]}
 
 
 def _f32(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -118,7 +143,7 @@ def _layer(blk, args) -> dict | None:
         return None
     conv = getattr(blk, "shortconv", None)
     if conv is not None:
-        return _conv_layer(blk, conv) if moe is None else None
+        return _conv_layer(blk, conv, moe)
     qkv = _kernels(fused) if fused is not None else _runs([blk.attn_q, blk.attn_k, blk.attn_v])
     o = _kernels(blk.attn_output)
     if moe is not None:
@@ -132,6 +157,8 @@ def _layer(blk, args) -> dict | None:
     if any(getattr(m, "bias", None) is not None for m in linears):
         return None
     spec = {"qkv": qkv, "o": o[0], "gate_up": gu, "down": down[0], **(moe or {})}
+    if moe is None:
+        spec["hidden"] = down[0].shape[1]  # (narrower than the step's beside wider MoE layers)
     spec["qkv_bias"] = _qkv_bias(blk, fused)
     spec["o_bias"] = _f32(getattr(blk.attn_output, "bias", None))
     sinks = getattr(blk, "attn_sinks", None)  # gpt-oss's
@@ -143,6 +170,8 @@ def _layer(blk, args) -> dict | None:
                        ("post_attn_norm", post_attn),
                        ("post_ffn_norm", "post_ffw_norm")):  # fmt: skip
         m = getattr(blk, norm, None) if norm else None
+        if m is not None and not getattr(m, "loaded", True):  # (GLM-4.5-Air has no q/k norms)
+            m = None
         spec[name] = None if m is None else m.weight.float().contiguous()
     if getattr(blk, "local", False):  # Gemma 3's sliding-window layers, their own rope table
         spec["window"], spec["rope_set"] = args.sliding_window, 1
@@ -153,18 +182,25 @@ def _layer(blk, args) -> dict | None:
     return spec
 
 
-def _conv_layer(blk, conv) -> dict | None:
-    """An LFM2 short-conv block's `LayerSpec` fields (its state and the caches aside), or None."""
+def _conv_layer(blk, conv, moe: dict | None) -> dict | None:
+    """An LFM2 short-conv block's `LayerSpec` fields (its state and the caches aside), its FFN
+    dense or routed (`moe`: LFM2-MoE's), or None."""
     mlp = blk.mlp
     ins, out = _kernels(conv.in_proj), _kernels(conv.out_proj)
-    gu = _kernels(mlp.gate_up) if mlp.gate_up is not None else _runs([mlp.ffn_gate, mlp.ffn_up])
-    down = _kernels(mlp.ffn_down)
-    if ins is None or len(ins) != 1 or out is None or gu is None or down is None:
+    if moe is None:
+        gu = _kernels(mlp.gate_up) if mlp.gate_up is not None else _runs([mlp.ffn_gate, mlp.ffn_up])
+        down = _kernels(mlp.ffn_down)
+        linears = (mlp.ffn_gate, mlp.ffn_up, mlp.ffn_down, mlp.gate_up)
+        ffn = None if gu is None or down is None else {
+            "gate_up": gu, "down": down[0], "hidden": down[0].shape[1]}  # fmt: skip
+    else:
+        linears, ffn = (), {"gate_up": [], "down": None, **moe}
+    if ins is None or len(ins) != 1 or out is None or ffn is None:
         return None
-    linears = (conv.in_proj, conv.out_proj, mlp.ffn_gate, mlp.ffn_up, mlp.ffn_down, mlp.gate_up)
+    linears = (conv.in_proj, conv.out_proj, *linears)
     if any(getattr(m, "bias", None) is not None for m in linears) or conv.conv.value is None:
         return None
-    return {"qkv": ins, "o": out[0], "gate_up": gu, "down": down[0],
+    return {"qkv": ins, "o": out[0], **ffn,
             "attn_norm": blk.attn_norm.weight.float().contiguous(),
             "ffn_norm": blk.ffn_norm.weight.float().contiguous(),
             "conv_w": conv.conv.value.float().contiguous()}  # fmt: skip
@@ -216,11 +252,13 @@ class NativeDecode:
                 if k is not None and k.qtype not in INT8_TYPES:
                     k.int8_max_t = 0  # exact float32 (kernels/quant/linear_native.py)
         cfg = rotaries[0].cfg
-        # (a MoE layer's pairs, k experts a row, take the gate|up scratch: k x their hidden)
-        pairs = [lay["n_used"] * lay["experts"][0].shape[1] for lay in layers if "router" in lay]
-        hidden = max([args.hidden_dim, *pairs]) if pairs else args.hidden_dim
-        if hidden != args.hidden_dim and len(pairs) < len(layers):
-            return None  # (dense layers beside MoE ones would read a wider hidden than theirs)
+        # (a MoE layer's pairs, k experts a row, take the gate|up scratch: k x their hidden; a
+        # shared expert and a dense layer their own; dense layers know their width)
+        widths = [lay["n_used"] * lay["experts"][0].shape[1] if "router" in lay
+                  else lay["hidden"] for lay in layers]  # fmt: skip
+        shared = [lay.get("shared_down") for lay in layers]
+        widths += [d.shape[1] for d in shared if d is not None]
+        hidden = max(widths)
         # (the dense MLPs' activation; routed experts name theirs per layer)
         act = next((b.mlp.act for b in blocks if isinstance(b.mlp, GatedMLP)), "silu")
         shape = decode_step.Shape(args.dim, args.n_heads, args.n_kv_heads, args.head_dim,

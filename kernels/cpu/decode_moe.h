@@ -69,11 +69,23 @@ static void moe_ffn_rows(const layer_t *L, int64_t dim, int64_t t, const float *
         logit[p] = L->router_bias ? s + L->router_bias[p % E] : s;
     }
 #pragma omp for schedule(static)
-    for (int64_t i = 0; i < t; i++) { /* softmax, the top k (lower index first on ties), renormalised */
-        const float *l = logit + i * E;
+    for (int64_t i = 0; i < t; i++) {
+        /* scores: softmax, or sigmoid (scoring 1); the top k by logit (plain softmax) or by score
+         * + probs_bias, lower index first on ties; the chosen scores, renormalised (norm_topk),
+         * times w_scale (where set) */
+        float *l = logit + i * E;
+        const int by_score = L->scoring == 1 || L->probs_bias;
         float mx = l[0], sum = 0.f, kept = 0.f;
-        for (int64_t e = 1; e < E; e++) mx = l[e] > mx ? l[e] : mx;
-        for (int64_t e = 0; e < E; e++) sum += expf(l[e] - mx);
+        if (L->scoring == 0) {
+            for (int64_t e = 1; e < E; e++) mx = l[e] > mx ? l[e] : mx;
+            for (int64_t e = 0; e < E; e++) sum += expf(l[e] - mx);
+        }
+        float score[by_score ? E : 1];
+        if (by_score) /* each logit's place takes its score plus the choice bias */
+            for (int64_t e = 0; e < E; e++) {
+                score[e] = L->scoring == 1 ? 1.f / (1.f + expf(-l[e])) : expf(l[e] - mx) / sum;
+                l[e] = L->probs_bias ? score[e] + L->probs_bias[e] : score[e];
+            }
         for (int64_t j = 0; j < K; j++) {
             int64_t best = -1;
             for (int64_t e = 0; e < E; e++) {
@@ -82,11 +94,13 @@ static void moe_ffn_rows(const layer_t *L, int64_t dim, int64_t t, const float *
                 if (!taken && (best < 0 || l[e] > l[best])) best = e;
             }
             ids[i * K + j] = (int32_t)best;
-            wts[i * K + j] = expf(l[best] - mx) / sum;
+            wts[i * K + j] = by_score ? score[best] : expf(l[best] - mx) / sum;
             kept += wts[i * K + j];
         }
         if (L->norm_topk)
             for (int64_t j = 0; j < K; j++) wts[i * K + j] /= kept;
+        if (L->w_scale != 0.0 && L->w_scale != 1.0)
+            for (int64_t j = 0; j < K; j++) wts[i * K + j] *= (float)L->w_scale;
         if (L->ids_out) memcpy(L->ids_out + i * K, ids + i * K, K * sizeof(int32_t));
     }
     int64_t nrun = 0;

@@ -54,6 +54,19 @@ typedef struct {
      * dim]) and their activation (exp_act 0: SiLU; 1: the clamped SwiGLU, decode_moe.h) */
     const float *o_bias, *sinks, *router_bias, *exp_bias_g, *exp_bias_u, *exp_bias_d;
     int64_t exp_act;
+    /* A dense layer's own MLP width where the model's (m->hidden) is wider (GLM's and LFM2-MoE's
+     * leading dense layers beside wider MoE ones); 0: the model's. DeepSeek-style routing
+     * (GLM-4.5, LFM2-MoE): scoring 1 takes sigmoid scores, probs_bias [n_expert] (or NULL)
+     * shifts only the choice, the chosen scores (renormalised with norm_topk) times w_scale
+     * weigh the experts; shared experts (GLM's): sh_gu / sh_down of sh_ff columns, SiLU, added to
+     * the routed sum (n_sh_gu 0: none) */
+    int64_t hidden, scoring;
+    const float *probs_bias;
+    double w_scale;
+    lin_t sh_gu[MAX_GROUPS];
+    int64_t n_sh_gu;
+    lin_t sh_down;
+    int64_t sh_ff;
 } layer_t;
 
 typedef struct {
@@ -112,102 +125,7 @@ static void linear_groups(const lin_t *g, int64_t ng, const float *x, int64_t ld
     }
 }
 
-/* LoRA adapters (engine/lora), unmerged: y[:, col_s : col_s + n_s] += ((x @ A.T) * W)[:, lo_s : hi_s]
- * @ Bt_s for each output part s; A [r, k] and Bt_s [hi_s - lo_s, n_s] float16 (half the bytes a
- * memory-bound step reads), the rows' adapter factors W [t, r] (row stride r) and the math
- * float32, tmp [t * r] scratch; Bt_s chunk-major, [ceil(n_s / LORA_CHUNK)][hi_s - lo_s][LORA_CHUNK]
- * (zero-padded: an expand work item reads one contiguous block). kernels/cpu/decode_lora.py lays them out;
- * `set_lora` hands a step its table [n_layers * 4] (q|k|v, o, gate|up, down; NULL: none) on the
- * calling thread, which `decode_step` reads before its parallel region. */
-typedef struct {
-    int64_t r, nseg;
-    const uint16_t *a;
-    const float *w;
-    float *tmp;
-    int64_t lo[MAX_GROUPS], hi[MAX_GROUPS], col[MAX_GROUPS], n[MAX_GROUPS];
-    const uint16_t *bt[MAX_GROUPS];
-} lora_t;
-
-/* sum x[c] * h[c] over n, h float16 */
-static float dot_f16(const float *x, const uint16_t *h, int64_t n) {
-    int64_t c = 0;
-    float s = 0.f;
-#if defined(__F16C__) && defined(__AVX__)
-    __m256 acc = _mm256_setzero_ps();
-    for (; c + 8 <= n; c += 8)
-        acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(x + c),
-                                               _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + c)))));
-    float lanes[8];
-    _mm256_storeu_ps(lanes, acc);
-    for (int i = 0; i < 8; i++) s += lanes[i];
-#endif
-    for (; c < n; c++) s += x[c] * half_to_float(h[c]);
-    return s;
-}
-
-/* y[c] += sum_j v[j] * h[j * ldh + c] over c < n and j < rank, h float16; a full chunk of
- * LORA_CHUNK columns sums in registers and touches y once */
-static void expand_f16(float *y, const float *v, const uint16_t *h, int64_t ldh, int64_t rank,
-                       int64_t n) {
-    int64_t c = 0;
-#if defined(__F16C__) && defined(__AVX__)
-    if (n == 64) {
-        __m256 acc[8];
-        for (int q = 0; q < 8; q++) acc[q] = _mm256_setzero_ps();
-        for (int64_t j = 0; j < rank; j++) {
-            if (v[j] == 0.f) continue;
-            const __m256 vv = _mm256_set1_ps(v[j]);
-            const uint16_t *hj = h + j * ldh;
-            for (int q = 0; q < 8; q++)
-                acc[q] = _mm256_add_ps(acc[q], _mm256_mul_ps(vv, _mm256_cvtph_ps(
-                                                                    _mm_loadu_si128((const __m128i *)(hj + 8 * q)))));
-        }
-        for (int q = 0; q < 8; q++) _mm256_storeu_ps(y + 8 * q, _mm256_add_ps(_mm256_loadu_ps(y + 8 * q), acc[q]));
-        return;
-    }
-#endif
-    for (; c < n; c++) {
-        float s = 0.f;
-        for (int64_t j = 0; j < rank; j++) s += v[j] * half_to_float(h[j * ldh + c]);
-        y[c] += s;
-    }
-}
-
-enum { LORA_CHUNK = 64 }; /* output columns per expand work item (expand_f16's full chunk) */
-
-static _Thread_local const lora_t *const *step_lora;
-
-void set_lora(const lora_t *const *table) { step_lora = table; }
-
-/* decode_lora.py lays Bt out chunk-major for a library that exports this */
-int lora_chunk_major(void) { return 1; }
-
-/* inside the parallel region: shrink (rows x ranks), a barrier, expand (column chunks) */
-static void lora_add(const lora_t *L, const float *x, int64_t ldx, int64_t t, int64_t k, float *y,
-                     int64_t ldy) {
-    if (!L) return;
-    const int64_t r = L->r;
-#pragma omp for schedule(static)
-    for (int64_t p = 0; p < t * r; p++) {
-        const int64_t i = p / r, j = p % r;
-        const float f = L->w[i * r + j];
-        float s = 0.f;
-        if (f != 0.f) s = dot_f16(x + i * ldx, L->a + j * k, k); /* else: nothing to read */
-        L->tmp[p] = s * f;
-    }
-    int64_t total = 0;
-    for (int64_t s = 0; s < L->nseg; s++) total += (L->n[s] + LORA_CHUNK - 1) / LORA_CHUNK;
-#pragma omp for schedule(static)
-    for (int64_t q = 0; q < total; q++) {
-        int64_t s = 0, c0 = q;
-        while (c0 >= (L->n[s] + LORA_CHUNK - 1) / LORA_CHUNK) c0 -= (L->n[s] + LORA_CHUNK - 1) / LORA_CHUNK, s++;
-        c0 *= LORA_CHUNK;
-        const int64_t len = L->n[s] - c0 < LORA_CHUNK ? L->n[s] - c0 : LORA_CHUNK;
-        for (int64_t i = 0; i < t; i++)
-            expand_f16(y + i * ldy + L->col[s] + c0, L->tmp + i * r + L->lo[s],
-                       L->bt[s] + c0 * (L->hi[s] - L->lo[s]), LORA_CHUNK, L->hi[s] - L->lo[s], len);
-    }
-}
+#include "decode_lora.h"
 
 /* rotate the first `dims` values of one head: adjacent pairs (llama's NORM) or halves (NEOX) */
 static void rope_head(float *v, const float *cos, const float *sin, int64_t dims, int64_t neox) {
@@ -321,6 +239,33 @@ static void short_conv_row(const layer_t *L, int64_t dim, const float *bcx, floa
     }
 }
 
+/* y [t, dim] = down(act(gate(h)) x up(h)) over h [t, dim], ff columns: gate|up's groups gu (into
+ * the scratch g [t, 2 ff]), act 0 SiLU / 1 tanh-GELU, LoRA adapters on gate|up and down (or NULL).
+ * Inside the parallel region; y may be h (read before it is written). */
+static void gated_mlp(const lin_t *gu, int64_t ngu, const lin_t *down, int64_t ff, int64_t act,
+                      const float *h, int64_t dim, int64_t t, float *g, float *y, int8_t *q8,
+                      float *d8, int16_t *bs, const lora_t *lora_gu, const lora_t *lora_down) {
+    linear_groups(gu, ngu, h, dim, t, dim, g, 2 * ff, q8, d8, bs);
+    lora_add(lora_gu, h, dim, t, dim, g, 2 * ff);
+    /* the product in the gate's place, in pieces of ACT_PIECE columns (one decode row's 8192
+     * SiLUs took ~27 us on one thread while the others waited) */
+    const int64_t npc = (ff + ACT_PIECE - 1) / ACT_PIECE;
+#pragma omp for schedule(static)
+    for (int64_t pc = 0; pc < t * npc; pc++) {
+        const int64_t i = pc / npc, j0 = pc % npc * ACT_PIECE;
+        const int64_t j1 = j0 + ACT_PIECE < ff ? j0 + ACT_PIECE : ff;
+        float *gi = g + i * 2 * ff, *u = gi + ff;
+        for (int64_t j = j0; j < j1; j++) {
+            const float v = gi[j];
+            const float a = act == 0 ? v / (1.f + expf(-v))
+                                     : 0.5f * v * (1.f + tanhf(0.7978845608f * (v + 0.044715f * v * v * v)));
+            gi[j] = a * u[j];
+        }
+    }
+    linear_groups(down, 1, g, 2 * ff, t, ff, y, dim, q8, d8, bs);
+    lora_add(lora_down, g, 2 * ff, t, ff, y, dim);
+}
+
 /* x [t, dim]: the token rows' embeddings in, the stream after the last layer out (the caller
  * applies the final norm). cos0 / sin0 [t, rope_dims / 2]: the rope table of layers with rope_set
  * 0, cos1 / sin1 of those with 1 (Gemma 3's local layers); slots [t] (cache slot of each row's
@@ -412,26 +357,16 @@ void decode_step(const model_t *m, int64_t t, float *x, const float *cos0, const
             }
             if (L->n_expert) {
                 moe_ffn_rows(L, dim, t, h, gu, y, q8, d8, bs, moe);
-            } else {
-                linear_groups(L->gu, L->n_gu, h, dim, t, dim, gu, 2 * hidden, q8, d8, bs);
-                if (lora) lora_add(lora[4 * l + 2], h, dim, t, dim, gu, 2 * hidden);
-                /* the product in the gate's place, in pieces of ACT_PIECE columns (one decode row's
-                 * 8192 SiLUs took ~27 us on one thread while the others waited) */
-                const int64_t npc = (hidden + ACT_PIECE - 1) / ACT_PIECE;
+                if (L->n_sh_gu) { /* the shared experts on h, their output in h's place, added */
+                    gated_mlp(L->sh_gu, L->n_sh_gu, &L->sh_down, L->sh_ff, 0, h, dim, t, gu, h, q8, d8, bs,
+                              NULL, NULL);
 #pragma omp for schedule(static)
-                for (int64_t pc = 0; pc < t * npc; pc++) {
-                    const int64_t i = pc / npc, j0 = pc % npc * ACT_PIECE;
-                    const int64_t j1 = j0 + ACT_PIECE < hidden ? j0 + ACT_PIECE : hidden;
-                    float *g = gu + i * 2 * hidden, *u = g + hidden;
-                    for (int64_t j = j0; j < j1; j++) {
-                        const float v = g[j];
-                        const float a = m->act == 0 ? v / (1.f + expf(-v))
-                                                    : 0.5f * v * (1.f + tanhf(0.7978845608f * (v + 0.044715f * v * v * v)));
-                        g[j] = a * u[j];
-                    }
+                    for (int64_t i = 0; i < t; i++)
+                        for (int64_t j = 0; j < dim; j++) y[i * dim + j] += h[i * dim + j];
                 }
-                linear_groups(&L->down, 1, gu, 2 * hidden, t, hidden, y, dim, q8, d8, bs);
-                if (lora) lora_add(lora[4 * l + 3], gu, 2 * hidden, t, hidden, y, dim);
+            } else {
+                gated_mlp(L->gu, L->n_gu, &L->down, L->hidden ? L->hidden : hidden, m->act, h, dim, t,
+                          gu, y, q8, d8, bs, lora ? lora[4 * l + 2] : NULL, lora ? lora[4 * l + 3] : NULL);
             }
 #pragma omp for schedule(static)
             for (int64_t i = 0; i < t; i++) {

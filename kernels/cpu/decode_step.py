@@ -1,14 +1,15 @@
 """`decode_step.c`: every layer of a llama-style decoder for a decode step's token rows in one
 native call (norms, the block linears, rope, the KV write, attention over the paged cache, the
 gated MLP, the residual adds; LFM2's gated short convolutions on their recurrent state slots in
-place of attention; Qwen3-MoE's and gpt-oss's routed experts in place of the MLP, `decode_moe.h`;
-gpt-oss's attention sinks and output bias), compiled at first use like `block_linear.py`'s
-kernels.
+place of attention; routed experts in place of the MLP (Qwen3-MoE's, gpt-oss's, GLM's and
+LFM2-MoE's: sigmoid scores, choice biases, shared experts), `decode_moe.h`; gpt-oss's attention
+sinks and output bias; LoRA adapters, `decode_lora.h`), compiled at first use like
+`block_linear.py`'s kernels.
 
 `DecodeStep` holds the model laid out in the C structs (`LayerSpec`s: the linears' prepared
 `NativeLinear`s, the norm weights, one KV cache's layer tensors) and runs a step; `load()` answers
-the library or None (no compiler: the torch layers run). `decode_step_reference` is the same
-step in torch, the linears' int8 math by `block_rows_reference`: the oracle of the tests.
+the library or None (no compiler: the torch layers run). `decode_step_ref.py` holds the same
+step in torch, the oracle of the tests.
 """
 
 import ctypes
@@ -16,16 +17,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from localllm.kernels.cpu.block_linear import FLAG_SETS, SOURCES, _bind
 from localllm.kernels.cpu.cbuild import built_libraries, compiler
-from localllm.kernels.quant.linear_native import block_rows_reference
 
 SOURCE = Path(__file__).with_name("decode_step.c")
-MOE = Path(__file__).with_name("decode_moe.h")  # included by SOURCE: part of the build key
+# included by SOURCE: part of the build key
+HEADERS = tuple(Path(__file__).with_name(h) for h in ("decode_moe.h", "decode_lora.h"))
 ACTS = {"silu": 0, "gelu": 1}
 EXP_ACTS = {"silu": 0, "swiglu_oai": 1}  # routed experts' activations (decode_moe.h's exp_act)
+SCORINGS = {"softmax": 0, "sigmoid": 1}  # routers' scores (decode_moe.h's scoring)
 MAX_GROUPS = 3  # MAX_GROUPS in the C: runs of one ggml type in q|k|v or gate|up
 MAX_GROUP_HEADS = 16  # MAX_GROUP in the C: query heads attended together over one KV head
 MAX_T = 64  # token rows a step with MoE layers takes (their expert ids are copied out)
@@ -74,7 +75,15 @@ class _Layer(ctypes.Structure):
         ("exp_bias_g", _P),
         ("exp_bias_u", _P),
         ("exp_bias_d", _P),
-        ("exp_act", _I),  # (last, as in the C's layer_t)
+        ("exp_act", _I),
+        ("hidden", _I),
+        ("scoring", _I),
+        ("probs_bias", _P),
+        ("w_scale", _D),
+        ("sh_gu", _Lin * MAX_GROUPS),
+        ("n_sh_gu", _I),
+        ("sh_down", _Lin),
+        ("sh_ff", _I),  # (last, as in the C's layer_t)
     ]
 
 
@@ -144,6 +153,15 @@ class LayerSpec:
     router_bias: torch.Tensor | None = None
     exp_bias: tuple | None = None
     exp_act: str = "silu"
+    # a dense layer's MLP width where narrower than Shape.hidden (0: that); DeepSeek-style
+    # routing (SCORINGS; `probs_bias` [n_expert] shifts only the choice; the weights times
+    # `w_scale`); shared experts: gate|up runs and down of a SiLU MLP added to the routed sum
+    hidden: int = 0
+    scoring: str = "softmax"
+    probs_bias: torch.Tensor | None = None
+    w_scale: float = 1.0
+    shared_gu: tuple = ()
+    shared_down: object = None
 
 
 def load(cache_dir: Path | None = None) -> ctypes.CDLL | None:
@@ -151,8 +169,9 @@ def load(cache_dir: Path | None = None) -> ctypes.CDLL | None:
     cc = compiler()
     if cc is None:
         return None
-    for lib, _, _ in built_libraries((SOURCE, MOE, *SOURCES), FLAG_SETS, "localllm-decode-step",
-                                     _bind_step, cache_dir, cc):  # fmt: skip
+    sources = (SOURCE, *HEADERS, *SOURCES)
+    for lib, _, _ in built_libraries(sources, FLAG_SETS, "localllm-decode-step", _bind_step,
+                                     cache_dir, cc):  # fmt: skip
         return lib
     return None
 
@@ -191,6 +210,8 @@ class DecodeStep:
                 _check_moe(lay, s)
         if any(len(lay.qkv) > MAX_GROUPS or len(lay.gate_up) > MAX_GROUPS for lay in layers):
             raise ValueError(f"more than {MAX_GROUPS} runs of one type in a fused projection")
+        if any(not 0 <= lay.hidden <= s.hidden for lay in layers):
+            raise ValueError(f"a layer's MLP wider than the step's hidden {s.hidden}")
         nqkv = (s.n_q + 2 * s.n_kv) * s.head_dim
         for lay in layers:
             for name, n in (("qkv_bias", nqkv), ("o_bias", s.dim), ("sinks", s.n_q)):
@@ -213,7 +234,7 @@ class DecodeStep:
             if lay.conv_w is None:
                 c.k_cache, c.v_cache = lay.k_cache.data_ptr(), lay.v_cache.data_ptr()
             for name in ("q_norm", "k_norm", "post_attn_norm", "post_ffn_norm", "qkv_bias",
-                         "o_bias", "sinks", "router_bias"):  # fmt: skip
+                         "o_bias", "sinks", "router_bias", "probs_bias"):  # fmt: skip
                 w = getattr(lay, name)
                 setattr(c, name, None if w is None else w.data_ptr())
             c.window, c.rope_set = lay.window, lay.rope_set
@@ -227,11 +248,18 @@ class DecodeStep:
                 c.n_expert, c.n_used = lay.router.shape[0], lay.n_used
                 c.exp_ff, c.norm_topk = lay.experts[0].shape[1], int(lay.norm_topk)
                 c.exp_act = EXP_ACTS[lay.exp_act]
+                c.scoring, c.w_scale = SCORINGS[lay.scoring], lay.w_scale
+                for i, g in enumerate(lay.shared_gu):
+                    c.sh_gu[i] = _lin(g)
+                c.n_sh_gu = len(lay.shared_gu)
+                if lay.shared_gu:
+                    c.sh_down, c.sh_ff = _lin(lay.shared_down), lay.shared_down.shape[1]
                 if lay.exp_bias is not None:
                     c.exp_bias_g, c.exp_bias_u, c.exp_bias_d = (b.data_ptr() for b in lay.exp_bias)
                 ids = torch.zeros(MAX_T, lay.n_used, dtype=torch.int32)
                 self.moe_ids.append(ids)
                 c.ids_out = ids.data_ptr()
+            c.hidden = lay.hidden
         self.convs = len(layers) - len(attn)
         f16 = torch.float16 in dtypes
         ints = (len(layers), s.dim, s.n_q, s.n_kv, s.head_dim, s.hidden, s.rope_dims, int(s.neox),
@@ -327,7 +355,7 @@ def _check_conv(lay: LayerSpec, dim: int) -> None:
 
 
 _LABELS = {"qkv_bias": "q|k|v bias", "o_bias": "output bias", "sinks": "attention sinks",
-           "router_bias": "router bias"}  # fmt: skip
+           "router_bias": "router bias", "probs_bias": "choice bias"}  # fmt: skip
 
 
 def _check_vector(v: torch.Tensor | None, n: int, name: str) -> None:
@@ -353,114 +381,15 @@ def _check_moe(lay: LayerSpec, s: Shape) -> None:
     if not 0 < lay.n_used <= n or lay.exp_act not in EXP_ACTS or s.hidden < lay.n_used * ff:
         raise ValueError(f"{lay.n_used} of {n} experts of {ff} ({lay.exp_act}), hidden {s.hidden}")
     _check_vector(lay.router_bias, n, "router_bias")
+    _check_vector(lay.probs_bias, n, "probs_bias")
+    if lay.scoring not in SCORINGS:
+        raise ValueError(f"router scores {lay.scoring!r}: one of {sorted(SCORINGS)}")
+    if lay.shared_gu and (len(lay.shared_gu) > MAX_GROUPS or lay.shared_down is None
+                          or not 0 < lay.shared_down.shape[1] <= s.hidden
+                          or lay.shared_down.shape[0] != s.dim):  # fmt: skip
+        raise ValueError("shared experts: gate|up runs and a down of dim outputs, <= hidden wide")
     b = lay.exp_bias
     if b is not None and (len(b) != 3 or any(
             t.dtype != torch.float32 or not t.is_contiguous() or tuple(t.shape) != w
             for t, w in zip(b, want, strict=True))):  # fmt: skip
         raise ValueError(f"expert biases {[tuple(t.shape) for t in b]}: float32 {want}")
-
-
-def decode_step_reference(shape: Shape, layers: list[LayerSpec], block_size: int,
-                          x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                          slots: torch.Tensor, seq_lens: torch.Tensor, tables: torch.Tensor,
-                          cos1: torch.Tensor | None = None,
-                          sin1: torch.Tensor | None = None,
-                          state_slots: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
-    """The step in torch (each linear's int8 math by `block_rows_reference`, the cache and the
-    conv states written as the C does): x [t, dim] -> the stream after the last layer."""
-    s, x = shape, x.clone()
-
-    def mm(lin, v):  # a NativeLinear's int8-activation product, as the C computes it
-        return block_rows_reference(v, lin.parts.parts, lin.qtype, lin.shape[1]).float()
-
-    nq, nkv, hd = s.n_q, s.n_kv, s.head_dim
-    half = s.rope_dims // 2
-
-    tables_cs = ((cos, sin), (cos, sin) if cos1 is None else (cos1, sin1))
-    scale = hd**-0.5 if s.scale is None else s.scale
-
-    def rope(v, cs):  # [t, heads, hd]
-        cos, sin = cs
-        r = v[..., : s.rope_dims]
-        a, b = (r[..., :half], r[..., half:]) if s.neox else (r[..., 0::2], r[..., 1::2])
-        c, sn = cos[:, None, :], sin[:, None, :]
-        ra, rb = a * c - b * sn, b * c + a * sn
-        out = torch.cat((ra, rb), -1) if s.neox else torch.stack((ra, rb), -1).flatten(-2)
-        return torch.cat((out, v[..., s.rope_dims :]), -1)
-
-    def norm(v, w):
-        return v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + s.eps) * w
-
-    for lay in layers:
-        h = norm(x, lay.attn_norm)
-        if lay.conv_w is not None:  # LFM2's gated short conv (engine/models/lfm2.py's ShortConv)
-            b, c, xv = mm(lay.qkv[0], h).split(s.dim, -1)
-            full = torch.cat((lay.conv_state[state_slots], (b * xv)[:, None]), 1)
-            lay.conv_state[state_slots] = full[:, 1:]
-            x = x + mm(lay.o, c * (full * lay.conv_w.t()[None]).sum(1))
-            x = _mlp(s, lay, x, mm, norm)
-            continue
-        qkv = torch.cat([mm(g, h) for g in lay.qkv], -1)
-        qkv = qkv if lay.qkv_bias is None else qkv + lay.qkv_bias
-        q = qkv[:, : nq * hd].reshape(-1, nq, hd)
-        k = qkv[:, nq * hd : (nq + nkv) * hd].reshape(-1, nkv, hd)
-        q = q if lay.q_norm is None else norm(q, lay.q_norm)
-        k = k if lay.k_norm is None else norm(k, lay.k_norm)
-        q, k = rope(q, tables_cs[lay.rope_set]), rope(k, tables_cs[lay.rope_set])
-        v = qkv[:, (nq + nkv) * hd :].reshape(-1, nkv, hd)
-        kc, vc = (c.view(-1, nkv, hd) for c in (lay.k_cache, lay.v_cache))
-        kc[slots], vc[slots] = k.to(kc.dtype), v.to(vc.dtype)
-        outs = []
-        for i in range(x.shape[0]):
-            n = int(seq_lens[i])
-            pos = torch.arange(max(0, n - lay.window) if lay.window else 0, n)
-            sl = tables[i][pos // block_size] * block_size + pos % block_size
-            kk = kc[sl].float().repeat_interleave(nq // nkv, 1)  # [n, nq, hd]
-            vv = vc[sl].float().repeat_interleave(nq // nkv, 1)
-            sc = torch.einsum("hd,nhd->hn", q[i], kk) * scale
-            if lay.sinks is not None:  # a key of its own per head, with no value
-                sc = torch.cat((sc, lay.sinks[:, None]), -1)
-            p = torch.softmax(sc, -1)[:, : len(pos)]
-            outs.append(torch.einsum("hn,nhd->hd", p, vv).reshape(-1))
-        o = mm(lay.o, torch.stack(outs))
-        o = o if lay.o_bias is None else o + lay.o_bias
-        x = x + (o if lay.post_attn_norm is None else norm(o, lay.post_attn_norm))
-        x = _mlp(s, lay, x, mm, norm)
-    return x
-
-
-def _mlp(s: Shape, lay: LayerSpec, x: torch.Tensor, mm, norm) -> torch.Tensor:
-    """The reference's gated MLP (or routed experts) and its residual add."""
-    if lay.router is not None:
-        return x + _moe(lay, norm(x, lay.ffn_norm))
-    gu = torch.cat([mm(g, norm(x, lay.ffn_norm)) for g in lay.gate_up], -1)
-    g, u = gu[:, : s.hidden], gu[:, s.hidden :]
-    a = F.silu(g) if s.act == "silu" else F.gelu(g, approximate="tanh")
-    d = mm(lay.down, a * u)
-    return x + (d if lay.post_ffn_norm is None else norm(d, lay.post_ffn_norm))
-
-
-def _moe(lay: LayerSpec, h: torch.Tensor) -> torch.Tensor:
-    """The reference's routed experts on h [t, dim]: softmax, top k, their FFNs' int8 math
-    (SiLU, or gpt-oss's biases and clamped SwiGLU), summed by weight in routing order."""
-    gate, up, down = lay.experts
-    tg, td = lay.exp_types[0], lay.exp_types[2]
-    logits = h @ lay.router.T
-    logits = logits if lay.router_bias is None else logits + lay.router_bias
-    w, ids = torch.softmax(logits, -1).topk(lay.n_used, -1)
-    w = w / w.sum(-1, keepdim=True) if lay.norm_topk else w
-    zero = torch.zeros(1)
-    out = torch.zeros_like(h)
-    for i in range(h.shape[0]):
-        for j, e in enumerate(ids[i].tolist()):
-            bg, bu, bd = (zero,) * 3 if lay.exp_bias is None else (b[e] for b in lay.exp_bias)
-            g = block_rows_reference(h[i : i + 1], [gate[e]], tg, h.shape[1]).float() + bg
-            u = block_rows_reference(h[i : i + 1], [up[e]], tg, h.shape[1]).float() + bu
-            if lay.exp_act == "swiglu_oai":
-                g, u = g.clamp(max=7.0), u.clamp(-7.0, 7.0)
-                a = g * torch.sigmoid(1.702 * g) * (u + 1)
-            else:
-                a = F.silu(g) * u
-            d = block_rows_reference(a, [down[e]], td, gate.shape[1]).float() + bd
-            out[i] += w[i, j] * d[0]
-    return out

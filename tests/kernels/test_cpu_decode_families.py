@@ -1,5 +1,6 @@
 """The native CPU decode step on every family it takes (llama, SmolLM3's NoPE layers, Qwen2's
-q/k/v biases, Qwen3's q/k norms, Gemma 3, gpt-oss's sinks, biases and MXFP4 experts):
+q/k/v biases, Qwen3's q/k norms, Gemma 3, gpt-oss's sinks, biases and MXFP4 experts, GLM-4.5's
+and LFM2-MoE's sigmoid routing, shared expert and leading dense layers):
 teacher-forced decode logits of the step against the torch layers on the same int8-activation
 linears, and against exact math, on tiny quantized models (`tiny_models`, `test_gpt_oss`)."""
 
@@ -15,6 +16,7 @@ from localllm.engine.layers.native_decode import NativeDecode
 from localllm.engine.loader import build_model
 from localllm.engine.lora import LoraSpec, attach_adapters
 from localllm.engine.runtime.kv_cache import PagedKVCache
+from localllm.engine.runtime.recurrent_state import attach_states
 from localllm.kernels.cpu import decode_lora, decode_step
 from localllm.kernels.quant.linear_native import NativeLinear
 from tests.engine.tiny_models import SPECS, TinySpec, write_tiny_gguf
@@ -45,6 +47,7 @@ def _logits(path, tokens: list[int], n_prompt: int, native: bool, precise: bool 
             attach_adapters(model, adapters, gguf, "cpu")
         layers, kvh, hd = model.kv_shape()
         kv = PagedKVCache(layers, 8, BS, kvh, hd, "f32", "cpu", model.kv_value_dim())
+        attach_states(kv, model, 1)  # (LFM2's conv states: slot 0, the one sequence's)
         if not native:
             model._native_step = False
             for m in model.modules():
@@ -64,7 +67,8 @@ def _logits(path, tokens: list[int], n_prompt: int, native: bool, precise: bool 
                     model.lora.set_rows([(on, 1)])
                 out.append(model.logits(model(torch.tensor([tokens[p]]), torch.tensor([p]),
                                               batch, kv))[0])  # fmt: skip
-        ran = isinstance(model._native_step, NativeDecode)
+        # (the step built over this cache: no layer's layout was refused)
+        ran = isinstance(model._native_step, NativeDecode) and model._native_step._step is not None
         return torch.stack(out).double(), ran
     finally:
         gguf.close()
@@ -122,6 +126,57 @@ def test_native_step_decodes_gpt_oss_like_the_torch_layers(tmp_path):
     exact, _ = _logits(path, tokens, 5, native=False, precise=True)
     kl_native, kl_torch = _kl(exact, native), _kl(exact, torch_int8)
     print(f"gpt-oss: KL to exact math: native {kl_native:.2e}, torch layers {kl_torch:.2e}")
+    assert kl_native < 1.5 * kl_torch + 1e-5, (kl_native, kl_torch)
+    top = exact.argmax(-1)
+    agree = [(x.argmax(-1) == top).double().mean().item() for x in (native, torch_int8)]
+    assert agree[0] >= agree[1] - 2 / len(top), agree
+
+
+def _glm_air(path):
+    """A tiny GLM-4.5-Air (make_glm4moe.py's writer, Q8_0): a leading dense layer narrower than
+    the MoE layers' k x experts, sigmoid routing with a choice bias, a shared expert, biased
+    q/k/v, partial rope, no q/k norms."""
+    from tests.perf import make_glm4moe as glm
+
+    shape = glm.Shape(
+        n_layers=3,
+        n_dense=1,
+        dim=256,
+        n_heads=4,
+        n_kv_heads=2,
+        head_dim=64,
+        hidden=384,
+        vocab=512,
+        n_expert=8,
+        n_used=2,
+        expert_ff=256,
+        n_shared=1,
+    )
+    glm.write(path, shape, "Q8_0", None, seed=4)
+    return path
+
+
+def _lfm2moe(path):
+    """A tiny LFM2-MoE (make_hybrid_synthetic.py's writer, Q4_K / Q6_K): short-conv layers and one
+    attention layer, a leading dense layer narrower than the MoE layers' k x experts, sigmoid
+    routing with a choice bias."""
+    from tests.perf.make_hybrid_synthetic import Hybrid, write_hybrid
+
+    write_hybrid(path, Hybrid("lfm2moe", 4, (2,), 256, 4, 2, 256, 512, n_expert=4, n_used=2,
+                              n_dense=1, expert_ff=256), None, seed=5)  # fmt: skip
+    return path
+
+
+@pytest.mark.parametrize("family", ["glm4moe", "lfm2moe"])
+def test_native_step_decodes_sigmoid_routed_moe_like_the_torch_layers(tmp_path, family):
+    path = (_glm_air if family == "glm4moe" else _lfm2moe)(tmp_path / f"{family}.gguf")
+    tokens = torch.randint(3, 512, (40,), generator=torch.Generator().manual_seed(2)).tolist()
+    native, ran = _logits(path, tokens, 5, native=True)
+    assert ran, f"the native step did not take {family}"
+    torch_int8, _ = _logits(path, tokens, 5, native=False)
+    exact, _ = _logits(path, tokens, 5, native=False, precise=True)
+    kl_native, kl_torch = _kl(exact, native), _kl(exact, torch_int8)
+    print(f"{family}: KL to exact math: native {kl_native:.2e}, torch layers {kl_torch:.2e}")
     assert kl_native < 1.5 * kl_torch + 1e-5, (kl_native, kl_torch)
     top = exact.argmax(-1)
     agree = [(x.argmax(-1) == top).double().mean().item() for x in (native, torch_int8)]

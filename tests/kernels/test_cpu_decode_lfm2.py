@@ -19,7 +19,7 @@ from localllm.engine.layers.native_decode import NativeDecode
 from localllm.engine.loader import build_model
 from localllm.engine.runtime.kv_cache import PagedKVCache
 from localllm.engine.runtime.recurrent_state import attach_states
-from localllm.kernels.cpu import decode_step
+from localllm.kernels.cpu import decode_step, decode_step_ref
 from localllm.kernels.quant import QuantType
 from localllm.kernels.quant.linear_native import NativeLinear
 from tests.engine.gguf_fixtures import write_gguf
@@ -122,7 +122,7 @@ def test_the_step_equals_its_torch_reference_and_moves_the_states(lfm2_q8):
     ref_specs = [dataclasses.replace(s, **{n: getattr(s, n).clone() for n in
                  ("conv_state", "k_cache", "v_cache") if getattr(s, n) is not None})
                  for s in step.specs]  # fmt: skip
-    want = decode_step.decode_step_reference(nd.shape, ref_specs, BS, x, cos, sin, slots,
+    want = decode_step_ref.decode_step_reference(nd.shape, ref_specs, BS, x, cos, sin, slots,
                                              seq_lens, tables, state_slots=state_slots)  # fmt: skip
     got = step(x.clone(), cos, sin, slots, seq_lens, tables, None, cos, sin, state_slots)
     assert (got - want).abs().max().item() < 1e-4 * want.abs().max().item()

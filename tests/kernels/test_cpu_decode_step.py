@@ -3,8 +3,8 @@
 kernels) on random block weights and a paged cache (float32 and float16, GQA, rope in pairs and
 halves, SiLU and GELU, several sequences of different lengths, Gemma 3's extra norms, windows and
 second rope table, Qwen2's q|k|v biases, Qwen3-MoE's routed experts, gpt-oss's sinks, biases and
-MXFP4 experts), and a real model's decode
-steps as close to exact math with the step as with its torch layers."""
+MXFP4 experts, GLM's sigmoid routing, shared expert and narrower dense layer), and a real model's
+decode steps as close to exact math with the step as with its torch layers."""
 
 import dataclasses
 
@@ -16,7 +16,7 @@ from localllm.engine.core.batch import BatchMeta
 from localllm.engine.generator import Generator
 from localllm.engine.layers.native_decode import NativeDecode
 from localllm.engine.sampling.params import SamplingParams
-from localllm.kernels.cpu import block_linear, decode_step
+from localllm.kernels.cpu import block_linear, decode_step, decode_step_ref
 from localllm.kernels.quant import QuantType
 from localllm.kernels.quant.linear_native import NativeLinear
 
@@ -92,6 +92,24 @@ def _gpt_oss(layers, s: decode_step.Shape, seed):
         for i, lay in enumerate(layers)]  # fmt: skip
 
 
+def _glm(blocks, layers, s: decode_step.Shape, seed):
+    """GLM-4.5-Air's layers: the first dense and narrower than the step's hidden (384 of 512),
+    the second routed by sigmoid scores with a choice bias (large enough to change the choice)
+    and a weight scale (0.025: the random experts' outputs would drown the shared expert's),
+    plus a shared expert of 128."""
+    rng = np.random.default_rng(seed)
+    gen = torch.Generator().manual_seed(seed)
+    dense = dataclasses.replace(
+        layers[0], hidden=384, gate_up=[_lin(blocks, "Q5_1", 768, s.dim, rng, [384, 384])],
+        down=_lin(blocks, "IQ4_NL", s.dim, 384, rng))  # fmt: skip
+    moe = _moe(layers[1:2], s, seed, ("Q8_0",) * 3)[0]
+    moe = dataclasses.replace(
+        moe, scoring="sigmoid", probs_bias=torch.randn(8, generator=gen) * 0.5, w_scale=0.025,
+        shared_gu=[_lin(blocks, "Q8_0", 256, s.dim, rng, [128, 128])],
+        shared_down=_lin(blocks, "Q8_0", s.dim, 128, rng))  # fmt: skip
+    return [dense, moe]
+
+
 def _layers(blocks, s: decode_step.Shape, n_layers, n_blocks, bsz, dtype, seed):
     rng = np.random.default_rng(seed)
     gen = torch.Generator().manual_seed(seed)
@@ -121,6 +139,7 @@ def _layers(blocks, s: decode_step.Shape, n_layers, n_blocks, bsz, dtype, seed):
     (torch.float32, True, "silu", [13, 40, 3], 2, 2, "moe"),  # Qwen3-MoE's routed experts
     (torch.float16, True, "silu", [30, 7, 19, 2, 11], 2, 3, "moe-q8"),  # (experts shared by rows)
     (torch.float32, True, "silu", [13, 40, 3, 27], 2, 2, "gpt-oss"),  # sinks, biases, MXFP4
+    (torch.float16, True, "silu", [21, 6, 33], 2, 2, "glm"),  # sigmoid routing, shared expert
 ])  # fmt: skip
 def test_step_matches_the_torch_reference(parts, dtype, neox, act, lens, n_kv, threads, extras):
     lib, blocks = parts
@@ -135,6 +154,7 @@ def test_step_matches_the_torch_reference(parts, dtype, neox, act, lens, n_kv, t
     layers = _moe(layers, s, 4) if extras == "moe" else layers
     layers = _moe(layers, s, 5, ("Q8_0",) * 3) if extras == "moe-q8" else layers
     layers = _gpt_oss(layers, s, 6) if extras == "gpt-oss" else layers
+    layers = _glm(blocks, layers, s, 7) if extras == "glm" else layers
     ref_layers = [dataclasses.replace(lay, k_cache=lay.k_cache.clone(),
                                       v_cache=lay.v_cache.clone()) for lay in layers]  # fmt: skip
     seq_lens = torch.tensor(lens)
@@ -144,7 +164,7 @@ def test_step_matches_the_torch_reference(parts, dtype, neox, act, lens, n_kv, t
     cos, sin = angles.cos(), angles.sin()
     cos1, sin1 = (angles * 0.3).cos(), (angles * 0.3).sin()  # (only layers with rope_set 1)
     x = torch.randn(t, s.dim, generator=torch.Generator().manual_seed(3))
-    want = decode_step.decode_step_reference(s, ref_layers, bsz, x, cos, sin, slots, seq_lens,
+    want = decode_step_ref.decode_step_reference(s, ref_layers, bsz, x, cos, sin, slots, seq_lens,
                                              tables, cos1, sin1)  # fmt: skip
     step = decode_step.DecodeStep(lib, s, layers, bsz)
     got = step(x.clone(), cos, sin, slots, seq_lens, tables, threads, cos1, sin1)

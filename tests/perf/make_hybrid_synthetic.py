@@ -25,7 +25,7 @@ from make_synthetic import _BLOCK, _copy_tokenizer, _more_bits, random_rows, smo
 
 @dataclass(frozen=True)
 class Hybrid:
-    arch: str  # lfm2 or granitehybrid
+    arch: str  # lfm2, lfm2moe or granitehybrid
     n_layers: int
     attn: tuple[int, ...]  # attention layers; the rest recurrent
     dim: int
@@ -41,12 +41,32 @@ class Hybrid:
     groups: int = 1
     d_state: int = 0
     d_conv: int = 4
+    n_dense: int = 0  # lfm2moe: leading layers with a dense FFN of `hidden`, experts of expert_ff
+    expert_ff: int = 0
 
 
 SHAPES = {
     # LiquidAI/LFM2-1.2B config.json: 16 layers (6 attention), hidden 2048, 32 / 8 heads,
     # block_ff_dim 12288 auto-adjusted to 8192, conv_L_cache 3, vocab 65536, tied output
     "lfm2-1.2b": Hybrid("lfm2", 16, (2, 5, 8, 10, 12, 14), 2048, 32, 8, 8192, 65536),
+    # LiquidAI/LFM2-8B-A1B: 24 layers, hidden 2048, 32 / 8 heads, the first 2 layers dense (7168),
+    # 32 experts (top 4) of 1792 after them, vocab 65536; its six attention layers' places are
+    # taken as below (from memory of its config's layer_types, not checked: speed depends on the
+    # count)
+    "lfm2-8b-a1b": Hybrid(
+        "lfm2moe",
+        24,
+        (2, 6, 10, 14, 18, 21),
+        2048,
+        32,
+        8,
+        7168,
+        65536,
+        n_expert=32,
+        n_used=4,
+        n_dense=2,
+        expert_ff=1792,
+    ),
     # ibm-granite/granite-4.0-h-tiny: 40 layers (attention at 5, 15, 25, 35), hidden 1536, 12 / 4
     # heads; Mamba-2 48 heads of 64, 1 group, state 128; 64 experts (top 6) of 512, shared 1024
     "granite-4.0-h-tiny": Hybrid(
@@ -100,10 +120,10 @@ def tensor_plan(s: Hybrid) -> list[tuple[str, tuple[int, ...], QT]]:
                 (p + "attn_v.weight", (s.n_kv_heads * hd, s.dim), more),
                 (p + "attn_output.weight", (s.dim, s.n_heads * hd), QT.Q4_K),
             ]
-            if s.arch == "lfm2":
+            if s.arch.startswith("lfm2"):
                 out += [(p + "attn_q_norm.weight", (hd,), QT.F32)]
                 out += [(p + "attn_k_norm.weight", (hd,), QT.F32)]
-        elif s.arch == "lfm2":
+        elif s.arch.startswith("lfm2"):
             out += [
                 (p + "shortconv.conv.weight", (s.dim, 3), QT.F32),
                 (p + "shortconv.in_proj.weight", (3 * s.dim, s.dim), QT.Q4_K),
@@ -122,24 +142,29 @@ def tensor_plan(s: Hybrid) -> list[tuple[str, tuple[int, ...], QT]]:
                 (p + "ssm_out.weight", (s.dim, s.d_inner), QT.Q4_K),
             ]
         out.append((p + "ffn_norm.weight", (s.dim,), QT.F32))
-        if s.n_expert:
-            ne, ff = s.n_expert, s.hidden
+        if s.n_expert and i >= s.n_dense:
+            ne, ff = s.n_expert, s.expert_ff or s.hidden
             out += [
                 (p + "ffn_gate_inp.weight", (ne, s.dim), QT.F32),
                 (p + "ffn_gate_exps.weight", (ne, ff, s.dim), QT.Q4_K),
                 (p + "ffn_up_exps.weight", (ne, ff, s.dim), QT.Q4_K),
                 (p + "ffn_down_exps.weight", (ne, s.dim, ff), more),
-                (p + "ffn_gate_shexp.weight", (s.shared, s.dim), QT.Q4_K),
-                (p + "ffn_up_shexp.weight", (s.shared, s.dim), QT.Q4_K),
-                (p + "ffn_down_shexp.weight", (s.dim, s.shared), more),
             ]
+            if s.arch == "lfm2moe":  # sigmoid routing's choice bias, no shared expert
+                out += [(p + "exp_probs_b.bias", (ne,), QT.F32)]
+            else:
+                out += [
+                    (p + "ffn_gate_shexp.weight", (s.shared, s.dim), QT.Q4_K),
+                    (p + "ffn_up_shexp.weight", (s.shared, s.dim), QT.Q4_K),
+                    (p + "ffn_down_shexp.weight", (s.dim, s.shared), more),
+                ]
         else:
             out += [
                 (p + "ffn_gate.weight", (s.hidden, s.dim), QT.Q4_K),
                 (p + "ffn_up.weight", (s.hidden, s.dim), QT.Q4_K),
                 (p + "ffn_down.weight", (s.dim, s.hidden), more),
             ]
-    norm = "token_embd_norm.weight" if s.arch == "lfm2" else "output_norm.weight"
+    norm = "token_embd_norm.weight" if s.arch.startswith("lfm2") else "output_norm.weight"
     out.append((norm, (s.dim,), QT.F32))
     if s.arch == "granitehybrid":  # LFM2 ties its head to the embedding
         out.append(("output.weight", (s.vocab, s.dim), QT.Q6_K))
@@ -151,16 +176,24 @@ def _metadata(w: gguf.GGUFWriter, s: Hybrid) -> None:
     w.add_uint32("general.file_type", 15)  # MOSTLY_Q4_K_M
     w.add_string("general.name", f"synthetic-{a}-Q4_K_M")
     w.add_block_count(s.n_layers)
-    w.add_context_length(128000 if a == "lfm2" else 1 << 20)
+    lfm = a.startswith("lfm2")
+    w.add_context_length(128000 if lfm else 1 << 20)
     w.add_embedding_length(s.dim)
     w.add_feed_forward_length(s.hidden)
     w.add_head_count(s.n_heads)
     w.add_head_count_kv([s.n_kv_heads if i in s.attn else 0 for i in range(s.n_layers)])
     w.add_layer_norm_rms_eps(1e-5)
-    w.add_rope_freq_base(1e6 if a == "lfm2" else 10000.0)
+    w.add_rope_freq_base(1e6 if lfm else 10000.0)
     w.add_vocab_size(s.vocab)
-    if a == "lfm2":
-        w.add_uint32("lfm2.shortconv.l_cache", 3)
+    if lfm:
+        w.add_uint32(f"{a}.shortconv.l_cache", 3)
+    if a == "lfm2moe":
+        w.add_expert_count(s.n_expert)
+        w.add_expert_used_count(s.n_used)
+        w.add_expert_feed_forward_length(s.expert_ff)
+        w.add_uint32(f"{a}.leading_dense_block_count", s.n_dense)
+        w.add_uint32(f"{a}.expert_gating_func", 2)  # sigmoid
+    if lfm:
         return
     w.add_expert_count(s.n_expert)
     w.add_expert_used_count(s.n_used)

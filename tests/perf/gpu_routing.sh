@@ -37,9 +37,11 @@ R=${ROUTINGS:-model,uniform,zipf:1}
 H=$((LAYERS / 2))
 for step in ${STEPS:-budget llama disk}; do
   case $step in
-    budget) ours -n 32 -r 2 --mem-budget ${BUDGET:-5GiB} --show-plan --routing $R ;;
-    budget-split) ours -n 32 -r 2 --mem-budget ${BUDGET:-5GiB} --host-compute split --show-plan \
-      --routing $R ;;
+    # (--show-plan prints the plan and exits: a run of its own before the timed one)
+    budget) ours --mem-budget ${BUDGET:-5GiB} --show-plan
+      ours -n 32 -r 2 --mem-budget ${BUDGET:-5GiB} --routing $R ;;
+    budget-split) ours --mem-budget ${BUDGET:-5GiB} --host-compute split --show-plan
+      ours -n 32 -r 2 --mem-budget ${BUDGET:-5GiB} --host-compute split --routing $R ;;
     llama) llama -n 32 -r 2 -ncmoe $H ;;
     # llama.cpp's static split, ours the same layers: GPU reads them mapped, the CPU computes them,
     # or the two share them

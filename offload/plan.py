@@ -90,9 +90,10 @@ def expert_layer(name: str) -> int | None:
 
 # auto splits host experts with the CPU over its own slots where they hold less than this share
 # of them: at about 1/15 (3 GiB for Qwen3-30B-A3B, by the loaded bytes) the split ran 1.52x
-# mapped + slots on the H200; at about 1/6 (4.5 GiB) only mapped + slots was measured
-# (tests/perf/results/offload-host.md)
-SPLIT_SLOTS_COVER = 1 / 8
+# mapped + slots on the H200 (tests/perf/results/offload-host.md); on an H100 with 16 host
+# cores, 12 of its layers, slots over 15 % and 31 % of the experts: 1.23-1.45x and 1.20-1.47x
+# under the synthetic router, uniform and zipf:1 routing (2026-12-07, offload.md)
+SPLIT_SLOTS_COVER = 1 / 3
 # a device slot pool packs a streamed expert by one gather per plane through int32 byte maps:
 # four bytes of device memory per byte of one expert (`kernels.moe.slot_pool`)
 PACKING_MAPS = 4

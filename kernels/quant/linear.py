@@ -14,10 +14,10 @@ CPU"; tests/perf/bench_quant_linear.py):
 CUDA policy: Q8_0/Q4_0/IQ4_NL/MXFP4/IQ4_XS/Q4_K/Q5_K/Q6_K run triton kernels through
 `triton_linear` (triton is imported only then): Q4_K/Q6_K/Q8_0 re-laid out column-major once
 (`repack`) for the int8-activation dp4a GEMVs of `triton_dp4a`, the others on their raw blocks
-(`triton_gemv`); prefill dequantizes to bf16 for a GEMM. With HALF_GEMM on (off by default),
-F16/BF16 multiply in their own dtype on tensor cores, the file's values as the weight
-(`linear_half`: activations cast to it, float32 accumulation and output). F32 as is; other
-types (F16/BF16 while HALF_GEMM is off) dequantize row tiles per call.
+(`triton_gemv`); prefill dequantizes to bf16 for a GEMM. F16/BF16 multiply in their own dtype
+on tensor cores, the file's values as the weight (`linear_half`: activations cast to it, float32
+accumulation and output; HALF_GEMM off: float32 row tiles per call). F32 as is; other types
+dequantize row tiles per call.
 Float32 in, float32 out. `precise=True` takes the exact path (dequantize + fp32 matmul values).
 """
 
@@ -57,10 +57,10 @@ POLICY: MappingProxyType[QuantType, str] = MappingProxyType(
     }
 )
 # F16/BF16 weights on CUDA through `half_gemm` (the file's half values on tensor cores, as
-# llama.cpp's cuBLAS path) instead of float32 dequant tiles per call. Off until a GPU run shows
-# it (tests/perf/gpu_check.sh and gpu_vision_siglip.sh run its GPU tests with it on): built and
-# tested against torch references on a CPU only (2026-12-06; no GPU was available).
-HALF_GEMM = False
+# llama.cpp's cuBLAS path) instead of float32 dequant tiles per call. On since its GPU run (H100,
+# 2026-12-07 04:37 UTC, tests/perf/results/vision.md): its GPU tests pass, an F16 SmolLM2-shape
+# decodes 1.53x and prefills ~2.3x the float32 tiles, the SigLIP tower's linears ~10x
+HALF_GEMM = True
 STRATEGIES = (
     "int4pack", "dense_f16", "dense_bf16", "dequant_tiles", "dense_f32", "triton", "half_gemm",
 )  # fmt: skip

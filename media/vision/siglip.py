@@ -10,7 +10,7 @@ with biases, `attn_out`) -> residual; LayerNorm (`ln2`) -> tanh-GELU MLP (`ffn_u
 viewed as stored, others copied once): the matmuls on tensor cores and attention through the
 flash backend, as llama.cpp's encoder does with F16 weights; the residual stream and the norms
 stay float32 (F16: norm outputs saturate at +-65504, `linear_half.half_input`). With
-`mmproj.HALF_TOWER` on (off until measured on a GPU) it is the default on CUDA where the blocks'
+`mmproj.HALF_TOWER` on (the default since its GPU run) it is the default on CUDA where the blocks'
 weights are F16 or BF16 (`mmproj.build_tower` calls `use_half(stored_half_dtype())`);
 `use_half(None)` gives the float32 blocks (their F16/BF16 linears multiply in half on CUDA with
 `kernels.quant.linear.HALF_GEMM` on, `kernels/quant/linear_half.py`). CPU stays float32 (no half

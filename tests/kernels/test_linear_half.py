@@ -42,11 +42,11 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
 def test_policy_sends_half_weights_to_half_gemm_on_cuda_only(monkeypatch):
     for name in ("F16", "BF16"):
         q = QuantType[name]
+        assert choose_strategy(q, (640, 2048), torch.device("cuda")) == "half_gemm"  # default
+        assert choose_strategy(q, (640, 2048), torch.device("cpu")) != "half_gemm"
+        monkeypatch.setattr(linear, "HALF_GEMM", False)
         assert choose_strategy(q, (640, 2048), torch.device("cuda")) == "dequant_tiles"  # off
         monkeypatch.setattr(linear, "HALF_GEMM", True)
-        assert choose_strategy(q, (640, 2048), torch.device("cuda")) == "half_gemm"
-        monkeypatch.setattr(linear, "HALF_GEMM", False)
-        assert choose_strategy(q, (640, 2048), torch.device("cpu")) != "half_gemm"
         raw = _raw(name, 16, 64)
         assert prepare_linear(raw, q, (16, 64), strategy="half_gemm").kind == "half_gemm"
         exact = prepare_linear(raw, q, (16, 64), strategy="half_gemm", precise=True)

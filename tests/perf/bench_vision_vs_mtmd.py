@@ -243,8 +243,8 @@ def main(argv: list[str] | None = None) -> int:
         "--half-tower",
         choices=("float16", "bfloat16", "float32"),
         default=None,
-        help="ours: run a SigLIP tower's blocks in this dtype (default: as shipped, float32 "
-        "blocks unless media.vision.mmproj.HALF_TOWER is on)",
+        help="ours: run a SigLIP tower's blocks in this dtype (default: as shipped, half blocks "
+        "on CUDA while media.vision.mmproj.HALF_TOWER is on)",
     )
     a = ap.parse_args(argv)
     tmp = tempfile.TemporaryDirectory()

@@ -85,14 +85,19 @@ def test_native_step_decodes_each_family_like_the_torch_layers(tmp_path, family)
     path = write_tiny_gguf(tmp_path / f"{family}.gguf", spec, quant=True, seed=3)
     g = torch.Generator().manual_seed(0)
     tokens = torch.randint(3, spec.vocab, (40,), generator=g).tolist()  # 40 > the 16-key blocks
+    _step_like_torch_layers(path, tokens, family)
+
+
+def _step_like_torch_layers(path, tokens: list[int], name: str) -> None:
+    """The step took the model, and its teacher-forced logits are no further from exact math
+    than the torch layers' on the same int8 linears (other roundings elsewhere, and int8
+    rounding flips that follow from them), nor their greedy tokens."""
     native, ran = _logits(path, tokens, 5, native=True)
-    assert ran, f"{family}: the native step did not take the model"
+    assert ran, f"{name}: the native step did not take the model"
     torch_int8, _ = _logits(path, tokens, 5, native=False)
     exact, _ = _logits(path, tokens, 5, native=False, precise=True)
-    # the same int8 linears either way (other roundings elsewhere, and int8 rounding flips that
-    # follow from them): the step is no further from exact math than the torch layers
     kl_native, kl_torch = _kl(exact, native), _kl(exact, torch_int8)
-    print(f"{family}: KL to exact math: native {kl_native:.2e}, torch layers {kl_torch:.2e}")
+    print(f"{name}: KL to exact math: native {kl_native:.2e}, torch layers {kl_torch:.2e}")
     assert kl_native < 1.5 * kl_torch + 1e-5, (kl_native, kl_torch)
     top = exact.argmax(-1)
     agree = [(x.argmax(-1) == top).double().mean().item() for x in (native, torch_int8)]
@@ -120,16 +125,7 @@ def test_native_step_decodes_gpt_oss_like_the_torch_layers(tmp_path):
     it), the biased router, MXFP4 experts with biases and the clamped SwiGLU."""
     path = _gpt_oss_q8(tmp_path / "gpt-oss.gguf")
     tokens = torch.randint(3, 256, (40,), generator=torch.Generator().manual_seed(0)).tolist()
-    native, ran = _logits(path, tokens, 5, native=True)
-    assert ran, "the native step did not take gpt-oss"
-    torch_int8, _ = _logits(path, tokens, 5, native=False)
-    exact, _ = _logits(path, tokens, 5, native=False, precise=True)
-    kl_native, kl_torch = _kl(exact, native), _kl(exact, torch_int8)
-    print(f"gpt-oss: KL to exact math: native {kl_native:.2e}, torch layers {kl_torch:.2e}")
-    assert kl_native < 1.5 * kl_torch + 1e-5, (kl_native, kl_torch)
-    top = exact.argmax(-1)
-    agree = [(x.argmax(-1) == top).double().mean().item() for x in (native, torch_int8)]
-    assert agree[0] >= agree[1] - 2 / len(top), agree
+    _step_like_torch_layers(path, tokens, "gpt-oss")
 
 
 def _glm_air(path):
@@ -138,20 +134,9 @@ def _glm_air(path):
     q/k/v, partial rope, no q/k norms."""
     from tests.perf import make_glm4moe as glm
 
-    shape = glm.Shape(
-        n_layers=3,
-        n_dense=1,
-        dim=256,
-        n_heads=4,
-        n_kv_heads=2,
-        head_dim=64,
-        hidden=384,
-        vocab=512,
-        n_expert=8,
-        n_used=2,
-        expert_ff=256,
-        n_shared=1,
-    )
+    sizes = {"dim": 256, "n_heads": 4, "n_kv_heads": 2, "head_dim": 64, "hidden": 384}
+    shape = glm.Shape(n_layers=3, n_dense=1, vocab=512, n_expert=8, n_used=2, expert_ff=256,
+                      n_shared=1, **sizes)  # fmt: skip
     glm.write(path, shape, "Q8_0", None, seed=4)
     return path
 
@@ -171,16 +156,7 @@ def _lfm2moe(path):
 def test_native_step_decodes_sigmoid_routed_moe_like_the_torch_layers(tmp_path, family):
     path = (_glm_air if family == "glm4moe" else _lfm2moe)(tmp_path / f"{family}.gguf")
     tokens = torch.randint(3, 512, (40,), generator=torch.Generator().manual_seed(2)).tolist()
-    native, ran = _logits(path, tokens, 5, native=True)
-    assert ran, f"the native step did not take {family}"
-    torch_int8, _ = _logits(path, tokens, 5, native=False)
-    exact, _ = _logits(path, tokens, 5, native=False, precise=True)
-    kl_native, kl_torch = _kl(exact, native), _kl(exact, torch_int8)
-    print(f"{family}: KL to exact math: native {kl_native:.2e}, torch layers {kl_torch:.2e}")
-    assert kl_native < 1.5 * kl_torch + 1e-5, (kl_native, kl_torch)
-    top = exact.argmax(-1)
-    agree = [(x.argmax(-1) == top).double().mean().item() for x in (native, torch_int8)]
-    assert agree[0] >= agree[1] - 2 / len(top), agree
+    _step_like_torch_layers(path, tokens, family)
 
 
 def test_nope_layers_are_not_rotated(tmp_path):

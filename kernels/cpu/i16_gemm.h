@@ -21,8 +21,10 @@ static inline int i16_qmax(int type) { return type == Q6_K ? 16383 : 32767; }
 
 #if defined(__AVX512BW__) && defined(__AVX512VL__) && defined(BLOCK_DOTS_AVX2)
 /* The 32 codes of sub-block j as bytes (those of i16_sub; Q6_K's q - 32 without its scales),
- * in a vector register: 0 for a type it does not cover. */
-static int codes8_v(int type, const uint8_t *w, int64_t j, __m256i *out) {
+ * in a vector register: 0 for a type it does not cover. Inlined: with a literal type (i16_block32)
+ * the switch folds away. */
+static inline __attribute__((always_inline)) int codes8_v(int type, const uint8_t *w, int64_t j,
+                                                          __m256i *out) {
     const __m256i lo4 = _mm256_set1_epi8(0x0F);
     __m256i v;
     switch (type) {
@@ -266,25 +268,22 @@ static int i16_super_v(int type, const uint8_t *w, int64_t jb, int16_t (*c)[32],
 static inline __attribute__((always_inline)) void i16_block32(int type, const uint8_t *w,
                                                               int64_t j, int16_t *c, float *ws,
                                                               float *wm) {
-    const int64_t bytes = type == MXFP4 ? 17 : type == Q4_0 || type == IQ4_NL ? 18
-                          : type == Q4_1 ? 20 : type == Q5_0 ? 22 : type == Q5_1 ? 24 : 34;
-    const uint8_t *b = w + j * bytes;
     __m256i v;
-    if (type == Q8_0) v = _mm256_loadu_si256((const __m256i *)(b + 2));
-    else if (type == Q4_0) v = _mm256_sub_epi8(nibbles32(b + 2), _mm256_set1_epi8(8));
-    else if (type == Q4_1) v = nibbles32(b + 4);
-    else if (type == Q5_0)
-        v = _mm256_sub_epi8(_mm256_or_si256(nibbles32(b + 6), fifth_bits(b + 2)), _mm256_set1_epi8(16));
-    else if (type == Q5_1) v = _mm256_or_si256(nibbles32(b + 8), fifth_bits(b + 4));
-    else {
-        const int8_t *tab = type == MXFP4 ? FP4_VALUES : IQ4NL_VALUES;
-        v = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)tab)),
-                                nibbles32(type == MXFP4 ? b + 1 : b + 2));
-    }
+    codes8_v(type, w, j, &v);
     _mm512_store_si512(c, _mm512_cvtepi8_epi16(v));
+    const uint8_t *b = w + j * block_row_bytes(type, 32);
     *ws = type == MXFP4 ? e8m0_half(b[0]) : h2f(rd16(b));
     *wm = type == Q4_1 || type == Q5_1 ? h2f(rd16(b + 2)) : 0.f;
 }
+#define I16_SUB_Q4_0(w, j, c, s, m) i16_block32(Q4_0, w, j, c, s, m)
+#define I16_SUB_Q4_1(w, j, c, s, m) i16_block32(Q4_1, w, j, c, s, m)
+#define I16_SUB_Q5_0(w, j, c, s, m) i16_block32(Q5_0, w, j, c, s, m)
+#define I16_SUB_Q5_1(w, j, c, s, m) i16_block32(Q5_1, w, j, c, s, m)
+#define I16_SUB_IQ4_NL(w, j, c, s, m) i16_block32(IQ4_NL, w, j, c, s, m)
+#define I16_SUB_MXFP4(w, j, c, s, m) i16_block32(MXFP4, w, j, c, s, m)
+#define I16_SUB_Q8_0(w, j, c, s, m) i16_block32(Q8_0, w, j, c, s, m)
+#endif
+
 /* i16_tile's loop over the 32-value sub-blocks, with `sub` decoding one (a literal type: i16_sub
  * or i16_block32 specialised) */
 #define I16_TILE_LOOP(SUB)                                                                        \
@@ -302,14 +301,6 @@ static inline __attribute__((always_inline)) void i16_block32(int type, const ui
             for (int p = 0; p < 16; p++) _mm512_storeu_si512((int32_t *)pk + (j * 16 + p) * I16_NC + h, r[p]); \
         }
 #define I16_SUB_ANY(w, j, c, s, m) i16_sub(type, w, j, c, s, m)
-#define I16_SUB_Q4_0(w, j, c, s, m) i16_block32(Q4_0, w, j, c, s, m)
-#define I16_SUB_Q4_1(w, j, c, s, m) i16_block32(Q4_1, w, j, c, s, m)
-#define I16_SUB_Q5_0(w, j, c, s, m) i16_block32(Q5_0, w, j, c, s, m)
-#define I16_SUB_Q5_1(w, j, c, s, m) i16_block32(Q5_1, w, j, c, s, m)
-#define I16_SUB_IQ4_NL(w, j, c, s, m) i16_block32(IQ4_NL, w, j, c, s, m)
-#define I16_SUB_MXFP4(w, j, c, s, m) i16_block32(MXFP4, w, j, c, s, m)
-#define I16_SUB_Q8_0(w, j, c, s, m) i16_block32(Q8_0, w, j, c, s, m)
-#endif
 
 /* The tile of weight rows rows0 .. rows0 + I16_NC - 1 (those past n zero): codes as pairs
  * pk [k/2][I16_NC][2], scales ws [k/32][I16_NC] and minimums wm [k/32][I16_NC]. */
@@ -351,19 +342,7 @@ static void i16_tile(int type, const uint8_t *const *wrow, int nvalid, int64_t k
     default: I16_TILE_LOOP(I16_SUB_ANY) return;
     }
 #else
-    for (int64_t j = 0; j < k / 32; j++)
-        for (int h = 0; h < I16_NC; h += 16) { /* 16 columns' sub-block j, transposed */
-            __m512i r[16];
-            for (int col = 0; col < 16; col++) {
-                float s = 0.f, m = 0.f;
-                if (h + col < nvalid) i16_sub(type, wrow[h + col], j, cc[col], &s, &m);
-                else memset(cc[col], 0, sizeof cc[col]);
-                ws[j * I16_NC + h + col] = s, wm[j * I16_NC + h + col] = m;
-                r[col] = _mm512_load_si512(cc[col]);
-            }
-            transpose16_epi32(r);
-            for (int p = 0; p < 16; p++) _mm512_storeu_si512((int32_t *)pk + (j * 16 + p) * I16_NC + h, r[p]);
-        }
+    I16_TILE_LOOP(I16_SUB_ANY)
 #endif
 #else
     int16_t c[32];

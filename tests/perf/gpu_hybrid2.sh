@@ -11,8 +11,9 @@
 # 2. `localllm bench -p 512 -n 128 -r 3` and llama.cpp's llama-bench on the same real-shape
 #    random-weight Q4_K_M files, made on the device while the tests run: LFM2-1.2B,
 #    Granite-4.0-H-Tiny, Qwen3-Next-80B-A3B (Q3N_LAYERS, default 12 of 48), GLM-4.5-Air
-#    (GLM_LAYERS, default 10 of 46), Granite-4.0-H-Small (if time and disk allow). Each file is
-#    deleted once benched. A compact table ends the output ($OUT/table.md).
+#    (GLM_LAYERS, default 10 of 46), Granite-4.0-H-Small (if time and disk allow), SmolLM3-3B
+#    and LFM2-8B-A1B. MODELS (default "lfm2 g4t q3n glm s3 l2m g4s") picks and orders them. Each
+#    file is deleted once benched. A compact table ends the output ($OUT/table.md).
 #
 # Carry [".hyb2", ".hyb2w"] (made here by `bash tests/perf/gpu_hybrid2_pack.sh` from .whl and
 # .llb: llama-bench with its libraries, stripped, and the gguf and llguidance wheels unpacked;
@@ -23,6 +24,7 @@
 # column), then [".hyb2"] with `LLAMA_ONLY=1 bash tests/perf/gpu_hybrid2.sh` for llama.cpp's on
 # the same files (made again from the same seeds). Without .hyb2w the wheels come from .whl.
 # The files' tokenizer comes from a tracked fixture (no .refbuild needed).
+# Or carry [".serve2"] alone (serve2_prepare.sh: llama-bench's parts and the wheels, ~31 MiB).
 set -u
 export PYTHONUNBUFFERED=1 PYTHONSAFEPATH=1
 OUT=${OUT:-/tmp/out}
@@ -34,10 +36,13 @@ mkdir -p /tmp/site
 for a in .hyb2/gguf.tar.xz .hyb2w/llguidance.tar.xz; do
   [ -f $a ] && xz -d <$a | tar x -C /tmp
 done
-if [ ! -f .hyb2w/llguidance.tar.xz ] && [ -d .whl ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
-    .whl/*.whl
-fi
+for w in .whl .serve2/whl; do
+  if [ ! -f .hyb2w/llguidance.tar.xz ] && [ -d $w ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
+      $w/*.whl
+    break
+  fi
+done
 ln -sfn "$PWD" /tmp/site/localllm
 export PYTHONPATH=/tmp/site:$PWD
 python3 -c "import gguf" || { echo "carry .hyb2 (or .whl): gguf"; exit 1; }
@@ -50,11 +55,13 @@ TOK=${TOK:-tests/data/families/qwen3next.gguf}  # a converter-made tokenizer, sm
 M=/tmp/models
 mkdir -p $M
 LLB=/tmp/llb/bin/llama-bench
-for d in .hyb2 .llb; do
+for d in .hyb2 .serve2 .llb; do
   if ls $d/llb.part.* >/dev/null 2>&1; then
     mkdir -p /tmp/llb && cat $d/llb.part.* | xz -d | tar x -C /tmp/llb && break
   fi
 done
+MODELS=${MODELS:-lfm2 g4t q3n glm s3 l2m g4s}
+on() { case " $MODELS " in *" $1 "*) return 0 ;; esac; return 1; }
 mk() {  # name, then the maker's command; <name>.gguf appears once complete
   local name=$1
   shift
@@ -65,14 +72,20 @@ wait_room() {  # Granite-4.0-H-Small (~19 GiB) waits until at most one file is l
   while [ "$(ls $M/*.gguf 2>/dev/null | wc -l)" -gt 1 ] || [ ! -f $M/a.done ]; do sleep 2; done
 }
 # two makers beside the tests (the first four files, ~29 GiB, fit the disk together)
-( mk lfm2 python3 tests/perf/make_hybrid_synthetic.py --shape lfm2-1.2b --tokenizer-from $TOK
-  mk g4t python3 tests/perf/make_hybrid_synthetic.py --shape granite-4.0-h-tiny \
+( on lfm2 && mk lfm2 python3 tests/perf/make_hybrid_synthetic.py --shape lfm2-1.2b \
     --tokenizer-from $TOK
-  mk glm python3 tests/perf/make_glm4moe.py --layers "${GLM_LAYERS:-10}" --tokenizer-from $TOK
+  on g4t && mk g4t python3 tests/perf/make_hybrid_synthetic.py --shape granite-4.0-h-tiny \
+    --tokenizer-from $TOK
+  on glm && mk glm python3 tests/perf/make_glm4moe.py --layers "${GLM_LAYERS:-10}" \
+    --tokenizer-from $TOK
+  on s3 && mk s3 python3 tests/perf/make_synthetic.py --shape smollm3-3b --tokenizer-from $TOK
+  on l2m && mk l2m python3 tests/perf/make_hybrid_synthetic.py --shape lfm2-8b-a1b \
+    --tokenizer-from $TOK
   touch $M/a.done ) &
-( mk q3n python3 tests/perf/make_qwen3next.py --layers "${Q3N_LAYERS:-12}" --tokenizer-from $TOK
-  wait_room
-  if [ "$(df -BG --output=avail /tmp | tail -1 | tr -dc 0-9)" -gt 30 ]; then
+( on q3n && mk q3n python3 tests/perf/make_qwen3next.py --layers "${Q3N_LAYERS:-12}" \
+    --tokenizer-from $TOK
+  on g4s && wait_room
+  if on g4s && [ "$(df -BG --output=avail /tmp | tail -1 | tr -dc 0-9)" -gt 30 ]; then
     mk g4s python3 tests/perf/make_hybrid_synthetic.py --shape granite-4.0-h-small \
       --tokenizer-from $TOK
   fi
@@ -88,7 +101,7 @@ echo "|---|---|---:|---:|---:|" >>"$OUT/table.md"
 rates() {  # the pp512 / tg128 rows of a bench table: "test t/s"
   grep -E "\| +(pp512|tg128) +\|" "$1" | awk -F'|' '{gsub(/ /, "", $(NF-2)); print $(NF-2), $(NF-1)}'
 }
-for name in lfm2 g4t q3n glm g4s; do
+for name in $MODELS; do
   f=$M/$name.gguf
   while [ ! -f $f ] && [ ! -f $M/done ] && [ $(($(date +%s) - T0)) -le "$BUDGET" ]; do
     sleep 2
@@ -123,6 +136,6 @@ done
 tail -12 /tmp/make.log
 echo "files: lfm2 = LFM2-1.2B, g4t = Granite-4.0-H-Tiny, q3n = Qwen3-Next-80B-A3B" \
   "(${Q3N_LAYERS:-12} layers), glm = GLM-4.5-Air (${GLM_LAYERS:-10} layers)," \
-  "g4s = Granite-4.0-H-Small; all Q4_K_M random weights"
+  "g4s = Granite-4.0-H-Small, s3 = SmolLM3-3B, l2m = LFM2-8B-A1B; all Q4_K_M random weights"
 cat "$OUT/table.md"
 date -u

@@ -60,26 +60,35 @@ def _host_cache_slots(
 
 def _auto_split(
     config: ResidencyConfig, st: Streaming, memory: MemoryInfo, tiers: Mapping[str, str],
-    sizes: Mapping[str, int], n_expert: int,
+    sizes: Mapping[str, int],
 ) -> bool:  # fmt: skip
     """`host_compute = auto` where a separate CUDA device reads host-tier experts in place (the
-    caller checks that) with no device slots over them, or with auto's own slots holding under
-    `SPLIT_SLOTS_COVER` of them: the CPU's share (the slots' misses first) beside the bus's. On
-    the H200 (tests/perf/results/offload.md, offload-host.md) the split decoded 1.3x mapped alone
-    with no slots, and 1.52x mapped over auto's slots at 3 GiB (~1.1 GB: about 1/15 of the
-    experts; hit rate 0.40); slots the user set stay mapped. The CPU reads the file's blocks
-    beside the page-locked copy, so only in mmap mode with host RAM for both (or it would read
-    the disk)."""
-    if config.host_compute != "auto" or config.load_mode != "mmap":
+    caller checks that) with no device slots over them: the CPU's share beside the bus's. On the
+    H200 (tests/perf/results/offload.md, offload-host.md) the split decoded 1.3x mapped alone.
+    The CPU reads the file's blocks beside the page-locked copy, so only in mmap mode with host
+    RAM for both (or it would read the disk). Device slots (the user's, or auto's where the CPU
+    cannot share: `_cpu_shares_layers`) stay mapped."""
+    if config.host_compute != "auto" or config.load_mode != "mmap" or st.slots:
         return False
     if "disk" in tiers.values():
         return False
     hosted = [n for n, t in tiers.items() if t == "host" and expert_layer(n) is not None]
-    if st.slots:
-        layers = len({expert_layer(n) for n in hosted})
-        if config.streaming.slots or st.slots >= SPLIT_SLOTS_COVER * n_expert * layers:
-            return False
     return 2 * sum(sizes[n] for n in hosted) <= memory.host_free
+
+
+def _cpu_shares_layers(config: ResidencyConfig, memory: MemoryInfo, hosted: int) -> bool:
+    """Whether the CPU computes a share of the host-tier layers (split: asked for, or auto's
+    where the file stays mapped and host RAM holds the page-locked copy beside it): then a split
+    by layer beats the device's room as slots over every layer, whose misses make every layer
+    wait on the CPU. On an H100 with 16 host cores (12 layers of the Qwen3-30B-A3B shape,
+    tests/perf/results/offload.md, 2026-12-07 04:29): the layer split at 3,191 MiB decoded 1.33x
+    / 2.03x / 0.90x auto's slots at 2,659 MiB under the synthetic router / uniform / zipf:1
+    routing, and every expert on host with no slots (1,441 MiB) 1.20x / 1.43x / 0.97x the slots
+    split at 1,989 MiB."""
+    if config.host_compute == "split":
+        return True
+    auto = config.host_compute == "auto" and config.load_mode == "mmap"
+    return auto and 2 * hosted <= memory.host_free
 
 
 def expert_layer(name: str) -> int | None:
@@ -88,12 +97,6 @@ def expert_layer(name: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-# auto splits host experts with the CPU over its own slots where they hold less than this share
-# of them: at about 1/15 (3 GiB for Qwen3-30B-A3B, by the loaded bytes) the split ran 1.52x
-# mapped + slots on the H200 (tests/perf/results/offload-host.md); on an H100 with 16 host
-# cores, 12 of its layers, slots over 15 % and 31 % of the experts: 1.23-1.45x and 1.20-1.47x
-# under the synthetic router, uniform and zipf:1 routing (2026-12-07, offload.md)
-SPLIT_SLOTS_COVER = 1 / 3
 # a device slot pool packs a streamed expert by one gather per plane through int32 byte maps:
 # four bytes of device memory per byte of one expert (`kernels.moe.slot_pool`)
 PACKING_MAPS = 4
@@ -391,7 +394,14 @@ def plan_residency(
         moved[tier].append(layer)
         tiers.update(dict.fromkeys(experts[layer], tier))
     cache = host_cache and config.host_compute in ("mapped", "auto", "split") and not st.slots
-    if cache and moved["host"] and not moved["disk"]:
+    if (
+        cache
+        and moved["host"]
+        and not moved["disk"]
+        and not _cpu_shares_layers(
+            config, memory, sum(sizes[n] for la in moved["host"] for n in experts[la])
+        )
+    ):
         # (layers a rule put on host share the slots too)
         hosted = [la for la, ns in experts.items() if la in auto or tiers[ns[0]] == "host"]
         slots = _host_cache_slots(budget - before, [sum(sizes[n] for n in experts[la])
@@ -474,13 +484,11 @@ def plan_residency(
             notes.append("prompts read the host-tier experts in place (no room for a layer's copy)")
     copy = copy or disk_copy
     host_compute = config.host_compute
-    if host_cache and mapped and _auto_split(config, st, memory, tiers, sizes, n_expert):
+    if host_cache and mapped and _auto_split(config, st, memory, tiers, sizes):
         host_compute = "split"
-        few = f"{st.slots} device slots" if st.slots else "no device slots"
-        first = " (the slots' misses first)" if st.slots else ""
         notes.append(
-            f"{few} over the host-tier experts: the CPU computes a share of each decode "
-            f"token's experts{first} while the device reads the rest (split)"
+            "the CPU computes a share of each decode token's host-tier experts while the "
+            "device reads the rest over the bus (split)"
         )
     rules = tuple(f"{r.pattern} -> {r.tier}  ({r.source})" for r in config.rules)
     return ResidencyPlan(

@@ -1,11 +1,12 @@
 """The auto-fit planner on a separate GPU whose kernels read host-tier experts in place: when not
-every layer's experts fit on the device, all of them go to host and the device's room becomes an
-LRU of expert slots over them (measured faster than split by layer: tests/perf/results/offload.md),
-unless the user set the slots, the host cannot hold them all, the room does not give each layer
-a token's experts, or host experts are computed on the CPU."""
+every layer's experts fit on the device and the GPU alone reads the host-tier ones (mapped), all
+of them go to host and the device's room becomes an LRU of expert slots over them (measured
+faster than split by layer: tests/perf/results/offload.md), unless the user set the slots, the
+host cannot hold them all, the room does not give each layer a token's experts, or host experts
+are computed on the CPU. Where the CPU computes a share of them (split, and auto's default where
+it can) the split by layer stays (measured faster than the slots there)."""
 
 import dataclasses
-import math
 
 import pytest
 from gguf import GGMLQuantizationType as QT
@@ -38,7 +39,7 @@ def _plan(budget: int, host_free: int = 1 << 30, cache: bool = True, used: int =
 def test_layers_that_do_not_all_fit_go_to_host_with_the_room_as_slots():
     # room for two of the four layers' experts (2 x 8 x 300) and a little more
     room = 2 * E * SLOT + 700
-    plan = _plan(1000 + room)
+    plan = _plan(1000 + room, host_compute="mapped")
     assert set(plan.expert_tiers().values()) == {"host"}
     copy = E * SLOT  # a prompt's copy of one layer stays where it fits
     assert plan.streaming.slots == (room - copy) // SLOT
@@ -50,17 +51,28 @@ def test_layers_that_do_not_all_fit_go_to_host_with_the_room_as_slots():
     assert used <= plan.budget
 
 
-def test_split_host_compute_gets_the_slots_too():
-    """Split reads the GPU's share through the same mapped path: the room becomes slots there
-    too (the CPU then takes the experts they miss)."""
-    plan = _plan(1000 + 2 * E * SLOT + 700, host_compute="split")
-    assert set(plan.expert_tiers().values()) == {"host"} and plan.streaming.slots > 0
-    assert plan.host_compute == "split"
+@pytest.mark.parametrize("settings", [{"host_compute": "split"}, {}])
+def test_where_the_cpu_shares_the_host_layers_the_split_by_layer_stays(settings):
+    """Split (asked for, or auto's where the file stays mapped and host RAM holds the copy
+    beside it): two layers stay on the device, two on host split with the CPU, no slots; auto
+    without the CPU's share (read load mode, host RAM for one copy) takes the slots."""
+    plan = _plan(1000 + 2 * E * SLOT + 700, **settings)
+    assert sorted(plan.expert_tiers().values()) == ["device", "device", "host", "host"]
+    assert not plan.streaming.slots and plan.host_compute == "split"
+    if settings:
+        return
+    assert "(split)" in "\n".join(plan.notes)  # (auto's choice, said)
+    # one layer on the device: three on host want twice their bytes of host RAM to share
+    for why, other in (("read load mode", {"load_mode": "read"}),
+                       ("host RAM for one copy", {"host_free": 6 * E * SLOT - 1})):  # fmt: skip
+        cached = _plan(1000 + E * SLOT + 700, **other)
+        assert set(cached.expert_tiers().values()) == {"host"}, why
+        assert cached.streaming.slots and cached.host_compute == "auto", why
 
 
 def test_without_room_for_the_copy_the_slots_take_all_of_it():
     room = LAYERS * USED * SLOT + 100  # a token's experts a layer, not a layer's copy on top
-    plan = _plan(1000 + room)
+    plan = _plan(1000 + room, host_compute="mapped")
     assert plan.streaming.slots == room // SLOT and plan.prompt_copy_bytes == 0
 
 
@@ -79,14 +91,14 @@ def test_otherwise_the_split_by_layer_stays(why, kw):
 
 
 def test_slots_the_user_set_are_kept():
-    plan = _plan(1000 + 2 * E * SLOT + 700, streaming={"slots": 4})
+    plan = _plan(1000 + 2 * E * SLOT + 700, host_compute="mapped", streaming={"slots": 4})
     assert plan.streaming.slots == 4
     assert "the device's room as slots" not in "\n".join(plan.notes)
 
 
 def test_too_little_room_for_a_tokens_experts_a_layer_stays_split():
     # 4 experts a token: one layer fits (with 4 slots kept), 4 layers x 4 slots (4,800 B) do not
-    plan = _plan(1000 + E * SLOT + 4 * SLOT + 10, used=4)
+    plan = _plan(1000 + E * SLOT + 4 * SLOT + 10, used=4, host_compute="mapped")
     assert sorted(plan.expert_tiers().values()).count("device") == 1
     assert not plan.streaming.slots
 
@@ -112,7 +124,7 @@ def test_plan_model_asks_for_the_cache_only_on_a_cuda_device_with_packed_types(t
             room = nbytes // 2  # half the experts' bytes
             need = fixed + whole.kv_bytes + whole.scratch_bytes + room
             need += CUDA_CONTEXT if device.startswith("cuda") else 0  # (in a given budget)
-            cfg = resolve([("t", {"budget": need})])
+            cfg = resolve([("t", {"budget": need, "host_compute": "mapped"})])
             plan = plan_model(g, cfg, memory=mem)
         finally:
             g.close()
@@ -126,9 +138,9 @@ def test_layers_a_rule_put_on_host_count_for_the_slots_each_layer_needs():
     automatically (3 x 4)."""
     rule = {"rules": [r"blk\.0\.ffn_.*_exps=host"]}
     room = 14 * SLOT  # over 3 x 4 and a layer's (8-slot) copy's worth short of 4 x 4
-    plan = _plan(1000 + room, used=4, **rule)
+    plan = _plan(1000 + room, used=4, host_compute="mapped", **rule)
     assert not plan.streaming.slots, "under a token's experts for one of the layers"
-    roomy = _plan(1000 + 2 * E * SLOT + 4 * SLOT, used=4, **rule)
+    roomy = _plan(1000 + 2 * E * SLOT + 4 * SLOT, used=4, host_compute="mapped", **rule)
     assert set(roomy.expert_tiers().values()) == {"host"}
     assert roomy.streaming.slots >= 4 * 4
 
@@ -190,7 +202,8 @@ def test_a_unified_cuda_plan_counts_cublas_workspaces_like_a_separate_one(tmp_pa
 def _first(budget: int, first=("token_embd.weight",), **settings):
     gpu = MemoryInfo("cuda:0", host_free=1 << 30, device_free=1 << 30)
     sizes = {**_sizes(), "output.weight": 1000}
-    cfg = resolve([("t", {"budget": budget, **settings})])
+    # (mapped: the room becomes slots, whose count shows where the embedding's bytes went)
+    cfg = resolve([("t", {"budget": budget, "host_compute": "mapped", **settings})])
     return plan_residency(cfg, sizes, 0, gpu, n_expert=E, min_slots=USED, host_cache=True,
                           host_first=first)  # fmt: skip
 
@@ -266,7 +279,6 @@ def test_auto_host_compute_splits_host_experts_with_the_cpu_where_no_slots_cover
     assert "host_compute = split" in plan.describe()
     hosted = 3 * E * SLOT  # the three layers on host
     cases = [
-        ("device slots over many of them", _plan(1000 + 3 * E * SLOT + 700), "auto"),
         ("asked for mapped", _plan(tight, used=4, host_compute="mapped"), "mapped"),
         ("read load mode", _plan(tight, used=4, load_mode="read"), "auto"),
         ("host RAM for one copy", _plan(tight, used=4, host_free=2 * hosted - 1), "auto"),
@@ -279,29 +291,3 @@ def test_auto_host_compute_splits_host_experts_with_the_cpu_where_no_slots_cover
     cfg = resolve([("t", {"budget": tight})])
     cpu_plan = plan_residency(cfg, _sizes(), 0, cpu, n_expert=E, min_slots=4, host_cache=True)
     assert cpu_plan.host_compute == "auto"
-
-
-def test_auto_splits_over_its_own_slots_where_they_hold_few_of_the_host_experts():
-    """Auto's slots under `SPLIT_SLOTS_COVER` of the host-tier experts: split over them (the
-    CPU takes each token's misses); more slots, or slots the user set, stay mapped."""
-    from localllm.offload.plan import SPLIT_SLOTS_COVER
-
-    e, layers, slot = 64, 4, 300
-    sizes = {f"blk.{i}.ffn_{p}_exps.weight": e * slot // 3
-             for i in range(layers) for p in ("gate", "up", "down")}  # fmt: skip
-    sizes["token_embd.weight"] = 1000
-    gpu = MemoryInfo("cuda:0", host_free=1 << 30, device_free=1 << 30)
-
-    def plan(slots_room: int, **settings):
-        # the room for a layer's prompt copy (e slots' bytes) and then `slots_room` slots
-        cfg = resolve([("t", {"budget": 1000 + (e + slots_room) * slot, **settings})])
-        return plan_residency(cfg, sizes, 0, gpu, n_expert=e, min_slots=2, host_cache=True)
-
-    cover = math.ceil(SPLIT_SLOTS_COVER * e * layers)  # 86 slots of 256 experts
-    few = plan(cover - 12)
-    assert few.streaming.slots == cover - 12 and few.host_compute == "split"
-    assert f"{cover - 12} device slots over the host-tier experts" in "\n".join(few.notes)
-    many = plan(cover)
-    assert many.streaming.slots == cover and many.host_compute == "auto"
-    given = plan(cover - 12, streaming={"slots": cover - 12})
-    assert given.streaming.slots == cover - 12 and given.host_compute == "auto"

@@ -80,18 +80,29 @@ class RMSNorm(nn.Module):
         # One fused op instead of five: decode is dominated by per-op overhead (CPU and GPU).
         return rms_norm_q(x, self.weight, self.eps, quant=False)[0]
 
-    def forward_q(self, x: torch.Tensor):
-        """(norm(x), its rows quantized for the next dp4a GEMV, or None where none applies)."""
-        return rms_norm_q(x, self.weight, self.eps)
+    def forward_q(self, x: torch.Tensor, feeds=None):
+        """(norm(x), its rows quantized for the next dp4a GEMV, or None where none applies);
+        `feeds`: the linear that reads it next, whose LoRA shrink the norm's kernel may run."""
+        return rms_norm_q(x, self.weight, self.eps, shrink=_shrink_for(feeds, x))
 
     def residual(self, x: torch.Tensor, r: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(x + r, norm(x + r)) in one pass where a fused kernel exists."""
         return add_rms_norm_q(x, r, self.weight, self.eps, quant=False)[:2]
 
-    def residual_q(self, x: torch.Tensor, r: torch.Tensor, max_rows: int = QUANT_MAX_ROWS):
+    def residual_q(
+        self, x: torch.Tensor, r: torch.Tensor, max_rows: int = QUANT_MAX_ROWS, feeds=None
+    ):
         """(x + r, norm(x + r), the norm's quantized rows or None); `max_rows`: the most rows
-        the reader takes quantized."""
-        return add_rms_norm_q(x, r, self.weight, self.eps, max_rows=max_rows)
+        the reader takes quantized; `feeds`: as `forward_q`'s."""
+        shrink = _shrink_for(feeds, x)
+        return add_rms_norm_q(x, r, self.weight, self.eps, max_rows=max_rows, shrink=shrink)
+
+
+def _shrink_for(feeds, x: torch.Tensor):
+    """The LoRA shrink of `feeds` (the linear that reads what the kernel at hand makes from x,
+    or None) for that kernel to run, where `feeds` has adapters and hands it over."""
+    lora = getattr(feeds, "lora", None)
+    return None if lora is None else lora.producer_shrink(x.numel() // x.shape[-1], x.device)
 
 
 class GatedMLP(nn.Module):
@@ -112,10 +123,17 @@ class GatedMLP(nn.Module):
         if FusedLinear.fusable(parts):
             self.gate_up = FusedLinear(parts)
 
+    @property
+    def first(self) -> FusedLinear | None:
+        """The one linear that reads this MLP's input (gate | up fused, SiLU), else None: what
+        the norm before it `feeds`."""
+        return self.gate_up if self.act == "silu" else None
+
     def forward(self, x: torch.Tensor, xq=None) -> torch.Tensor:
         """`xq`: x's quantized rows from the norm that made x (CUDA decode), or None."""
         if self.gate_up is not None and self.act == "silu":
-            a, aq = silu_mul_q(self.gate_up.project(x, xq), self.hidden)
+            gu = self.gate_up.project(x, xq)
+            a, aq = silu_mul_q(gu, self.hidden, shrink=_shrink_for(self.ffn_down, gu))
             return self.ffn_down(a, aq)
         if self.gate_up is not None:
             g, u = self.gate_up(x)

@@ -31,7 +31,7 @@ import logging
 
 import torch
 
-from localllm.kernels.fused.lora_delta import LoraPart, make_tail, scratch
+from localllm.kernels.fused.lora_delta import LoraPart, LoraShrink, make_tail, scratch
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +47,10 @@ KERNELS = True  # the triton kernels on CUDA (False: the torch ops; an A/B switc
 # +35.3 % / +41.2 %)
 SCHEME = "epilogue"
 EPILOGUE_ROWS = 4  # rows the epilogue schemes take (the packed GEMVs' launch: MAX_ROWS)
+# "epilogue": the kernel that makes a module's input (the norm before q|k|v and gate|up, the SiLU
+# product before down) runs its shrink where the model hands it over (`producer_shrink`), so
+# no LoRA launch is left for those modules (False: the shrink launched, for A/B benches)
+PRODUCER_SHRINK = True
 # "inline": at most this many shrink items in a GEMV, and no more than the GPU's SMs (item owners
 # are the first programs to start; fewer than one per SM always find room, so the tile
 # finishers waiting for them cannot fill the GPU first); more: the shrink is launched
@@ -166,6 +170,7 @@ class LoraDelta:
             self.offsets.append(self.offsets[-1] + b.shape[0])
         self._tails: list | None = None  # per base GEMV, its LoraTail (see `bind`)
         self._gemvs: list = []
+        self._produced = 0  # rows whose shrink the input's kernel ran (`producer_shrink`)
 
     def bind(self, groups: list[tuple[object, list[int]]]) -> None:
         """The base kernels that compute this module's outputs: per kernel weight, the sizes of
@@ -201,21 +206,40 @@ class LoraDelta:
             self._inline = list(self._tails)
             self._inline[first] = dataclasses.replace(self._tails[first], a=self.a, w=w)
 
-    def tails(self, x: torch.Tensor) -> list | None:
-        """Under SCHEME "epilogue": launch the shrink into the scratch and return each base
-        GEMV's `LoraTail` (None: a GEMV without adapter columns), which the caller must pass
-        to those GEMVs; "inline": the same with the shrink in the first GEMV's tail (nothing
-        launched here); None where the scheme does not take this call (then `add*` as usual)."""
-        rows = x.shape[0]
+    def _takes(self, rows: int, device: torch.device) -> bool:
+        """Whether the epilogue schemes take a call of `rows` rows on `device`."""
         if SCHEME not in ("epilogue", "inline") or self._tails is None:
-            return None
+            return False
         if not (KERNELS and self.ctx.active):
+            return False
+        if not (0 < rows <= EPILOGUE_ROWS and device == self.scratch[0].device):
+            return False  # (the scratch is on CUDA only; CPU tensors: the triton interpreter)
+        return all(k.takes_tail(rows) for k in self._gemvs)
+
+    def producer_shrink(self, rows: int, device: torch.device) -> LoraShrink | None:
+        """Under SCHEME "epilogue" (and PRODUCER_SHRINK), where `tails` will take the next call
+        of `rows` rows: the shrink for the kernel that makes this module's input to run
+        (`kernels.fused.ops`'s `shrink`), after which that call's `tails` launches none. The
+        caller must hand it to that kernel and call this module next."""
+        self._produced = 0
+        if not (PRODUCER_SHRINK and SCHEME == "epilogue" and self._takes(rows, device)):
             return None
-        if not (0 < rows <= EPILOGUE_ROWS and x.device == self.scratch[0].device):
-            return None  # (the scratch is on CUDA only; CPU tensors: the triton interpreter)
-        if x.stride(-1) != 1:
-            return None
-        if not all(k.takes_tail(rows) for k in self._gemvs):
+        self._produced = rows
+        return LoraShrink(self.a, self.ctx.buffers[self.sig], self.scratch[0])
+
+    def tails(self, x: torch.Tensor) -> list | None:
+        """Under SCHEME "epilogue": launch the shrink into the scratch (unless the kernel that
+        made x ran it: `producer_shrink`) and return each base GEMV's `LoraTail` (None: a GEMV
+        without adapter columns), which the caller must pass to those GEMVs; "inline": the
+        same with the shrink in the first GEMV's tail (nothing launched here); None where the
+        scheme does not take this call (then `add*` as usual)."""
+        rows = x.shape[0]
+        produced, self._produced = self._produced, 0
+        if produced:
+            if produced != rows or x.stride(-1) != 1:
+                raise RuntimeError(f"LoRA: a shrink of {produced} rows for a call of {rows}")
+            return self._tails
+        if not self._takes(rows, x.device) or x.stride(-1) != 1:
             return None
         if SCHEME == "inline" and self._inline is not None:
             return self._inline  # (a compile failure raises: t may be left dirty)

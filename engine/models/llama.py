@@ -95,10 +95,10 @@ class Block(nn.Module):
         """The stream is x + r (r: the previous block's pending output, or None); returns the
         new (x, r): the MLP's output is added by the next norm, in its kernel."""
         a = self.args
-        if r is None:
-            h, hq = self.attn_norm.forward_q(x)  # hq: h quantized for the dp4a GEMVs, or None
-        else:
-            x, h, hq = self.attn_norm.residual_q(x, r)
+        if r is None:  # hq: h quantized for the dp4a GEMVs, or None
+            h, hq = self.attn_norm.forward_q(x, feeds=self.qkv)
+        else:  # (feeds: the norm's kernel may run q|k|v's LoRA shrink)
+            x, h, hq = self.attn_norm.residual_q(x, r, feeds=self.qkv)
         nq, nkv, hd = a.n_heads, a.n_kv_heads, a.head_dim
         if self.qkv is not None:  # q, k, v side by side in one output: views, no copies
             q, k, v = self.qkv(h, hq)
@@ -108,7 +108,8 @@ class Block(nn.Module):
         # oq: o quantized by the attention kernel for the output projection's GEMV, or None
         args = (q, k, v, lay, cos_sin, rotary, batch, kv, layer, hd**-0.5)
         o, oq = rope_attention_q(*args, quant=self.attn_output.takes_quantized)
-        x, h, hq = self.ffn_norm.residual_q(x, self.attn_output(o.reshape(-1, nq * hd), oq))
+        o = self.attn_output(o.reshape(-1, nq * hd), oq)
+        x, h, hq = self.ffn_norm.residual_q(x, o, feeds=getattr(self.mlp, "first", None))
         return x, self.mlp(h, hq)
 
 

@@ -94,10 +94,10 @@ class Block(nn.Module):
         """The stream is x + r (r: the previous block's pending output, or None); returns the
         new (x, r): the MLP's output is added by the next norm, in its kernel."""
         a = self.args
-        if r is None:
-            h, hq = self.attn_norm.forward_q(x)
+        if r is None:  # (feeds: the norm's kernel may run q|k|v's LoRA shrink)
+            h, hq = self.attn_norm.forward_q(x, feeds=self.qkv_fused)
         else:
-            x, h, hq = self.attn_norm.residual_q(x, r)
+            x, h, hq = self.attn_norm.residual_q(x, r, feeds=self.qkv_fused)
         q, k, v = self.qkv(h, hq)
         lay = rotary.layout(a.n_heads, a.n_kv_heads, a.head_dim)
         norms = self.head_norms()
@@ -107,7 +107,7 @@ class Block(nn.Module):
         o = self.attn_output(o.reshape(-1, a.n_heads * a.head_dim), oq)
         # MoE experts packed on a GPU read a prompt's rows quantized too: the norm writes them
         rows = getattr(self.mlp, "quant_rows", QUANT_MAX_ROWS)
-        x, h, hq = self.ffn_norm.residual_q(x, o, rows)
+        x, h, hq = self.ffn_norm.residual_q(x, o, rows, feeds=getattr(self.mlp, "first", None))
         return x, self.mlp(h, hq)
 
 

@@ -51,6 +51,23 @@ class LoraTail:
     w: torch.Tensor | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class LoraShrink:
+    """A linear's LoRA shrink handed to the kernel that makes its input (a norm, the SiLU
+    product), which then writes t = (x @ a.T) * w[:T] into the scratch itself: a [R, in] the
+    stacked A, w [rows, R] W's columns, t [rows, R] the module's scratch (zero before)."""
+
+    a: torch.Tensor
+    w: torch.Tensor
+    t: torch.Tensor
+
+    def reference(self, x: torch.Tensor) -> None:
+        """The torch form: t[:T] = (x @ a.T) * w[:T] in float32."""
+        x2 = x.reshape(-1, x.shape[-1])
+        n = x2.shape[0]
+        self.t[:n] = (x2.float() @ self.a.float().T) * self.w[:n].float()
+
+
 def make_tail(scratch: tuple, parts: list[tuple[int, LoraPart | None]], tiles: int) -> LoraTail:
     """The `LoraTail` of one GEMV output group: `parts` per output part in column order, (its
     columns, its LoraPart or None where no adapter targets it); `scratch` the module's; `tiles`

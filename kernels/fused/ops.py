@@ -42,13 +42,17 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     return rms_norm_q(x, w, eps, quant=False)[0]
 
 
-def rms_norm_q(x: torch.Tensor, w: torch.Tensor, eps: float, quant: bool = True):
-    """(rms_norm(x), its quantized rows or None)."""
+def rms_norm_q(x: torch.Tensor, w: torch.Tensor, eps: float, quant: bool = True, shrink=None):
+    """(rms_norm(x), its quantized rows or None); `shrink` (a `lora_delta.LoraShrink`): the
+    next linear's LoRA shrink, written into its scratch by the same kernel."""
     if _cuda32(x):
         from localllm.kernels.fused.triton_ops import rms_norm_cuda
 
-        return rms_norm_cuda(x, w, eps, quant and _quant(x))
-    return F.rms_norm(x, w.shape, w, eps), None
+        return rms_norm_cuda(x, w, eps, quant and _quant(x), shrink)
+    y = F.rms_norm(x, w.shape, w, eps)
+    if shrink is not None:
+        shrink.reference(y)
+    return y, None
 
 
 def add_rms_norm(
@@ -65,10 +69,11 @@ def add_rms_norm_q(
     eps: float,
     quant: bool = True,
     max_rows: int = QUANT_MAX_ROWS,
+    shrink=None,
 ):
     """(x + r, rms_norm(x + r), the norm's quantized rows or None); `max_rows`: the reader's
     row limit (a GEMV's, or any number for MoE experts' grouped GEMMs). `r` may be a
-    `WeightedRows` (the kernel sums it)."""
+    `WeightedRows` (the kernel sums it). `shrink`: as `rms_norm_q`'s."""
     rw = None
     if isinstance(r, WeightedRows):
         r, rw = (r.rows, r.weights) if _cuda32(x, r.rows) else (r.total().to(x.dtype), None)
@@ -76,9 +81,12 @@ def add_rms_norm_q(
         from localllm.kernels.fused.triton_ops import add_rms_norm_cuda
 
         rows = x.reshape(-1, x.shape[-1]).shape[0]
-        return add_rms_norm_cuda(x, r, w, eps, quant and rows <= max_rows, rw=rw)
+        return add_rms_norm_cuda(x, r, w, eps, quant and rows <= max_rows, rw=rw, shrink=shrink)
     s = x + r
-    return s, F.rms_norm(s, w.shape, w, eps), None
+    y = F.rms_norm(s, w.shape, w, eps)
+    if shrink is not None:
+        shrink.reference(y)
+    return s, y, None
 
 
 def silu_mul(gu: torch.Tensor, hidden: int) -> torch.Tensor:
@@ -86,12 +94,18 @@ def silu_mul(gu: torch.Tensor, hidden: int) -> torch.Tensor:
     return silu_mul_q(gu, hidden, quant=False)[0]
 
 
-def silu_mul_q(gu: torch.Tensor, hidden: int, quant: bool = True, max_rows: int = QUANT_MAX_ROWS):
-    """(silu_mul(gu), its quantized rows or None); `max_rows`: the reader's row limit."""
+def silu_mul_q(
+    gu: torch.Tensor, hidden: int, quant: bool = True, max_rows: int = QUANT_MAX_ROWS, shrink=None
+):
+    """(silu_mul(gu), its quantized rows or None); `max_rows`: the reader's row limit;
+    `shrink`: as `rms_norm_q`'s."""
     if _cuda32(gu):
         from localllm.kernels.fused.triton_ops import silu_mul_cuda
 
         rows = gu.reshape(-1, gu.shape[-1]).shape[0]
-        return silu_mul_cuda(gu, hidden, quant and rows <= max_rows)
+        return silu_mul_cuda(gu, hidden, quant and rows <= max_rows, shrink)
     g, u = gu.split(hidden, dim=-1)
-    return F.silu(g) * u, None
+    y = F.silu(g) * u
+    if shrink is not None:
+        shrink.reference(y)
+    return y, None

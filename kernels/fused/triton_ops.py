@@ -1,39 +1,47 @@
 """Triton kernels of `ops` (CUDA; or CPU tensors under TRITON_INTERPRET=1 in tests). One program
 per row (RMSNorm) or per 1,024 values of a row (SiLU product); float32 in and out, sums in float32
 like the references. With QUANT the kernel also writes its output quantized for the dp4a GEMV
-that reads it next (`triton_packed.QuantizedX`), which saves that GEMV its quantization launch."""
+that reads it next (`triton_packed.QuantizedX`), which saves that GEMV its quantization launch.
+With a `LoraShrink` it also runs the LoRA shrink of that linear (`engine.lora.delta`'s "epilogue"
+scheme), which saves the shrink's own launch: the norm in extra programs, each recomputing the
+row's norm and dotting it with a few rows of the stacked A; the SiLU product split over its
+programs' columns with float32 atomics."""
 
 import torch
 import triton
 import triton.language as tl
 
 from localllm.kernels import pdl
+from localllm.kernels.fused.lora_delta import LoraShrink
 from localllm.kernels.quant.triton_dp4a import quant_groups
 from localllm.kernels.quant.triton_packed import QuantizedX, empty_quantized
 
 
 @triton.jit
-def _rms_norm(
-    x_ptr, r_ptr, rw_ptr, s_ptr, w_ptr, y_ptr, q_ptr, d_ptr, s16_ptr, xs_ptr, D, eps,
-    BD: tl.constexpr, ADD: tl.constexpr, KSEL: tl.constexpr, QUANT: tl.constexpr,
-    RN: tl.constexpr, PDL: tl.constexpr,
-):  # fmt: skip
-    row = tl.program_id(0).to(tl.int64)
-    c = tl.arange(0, BD)
-    m = c < D
-    pdl.gdc_begin(PDL)
-    w = tl.load(w_ptr + c, mask=m, other=0.0)  # a weight: no earlier kernel writes it
-    pdl.gdc_wait(PDL)
+def _stream(x_ptr, r_ptr, rw_ptr, row, c, m, D, ADD: tl.constexpr, KSEL: tl.constexpr):
+    """A row of the stream: x, plus r or the weighted sum of KSEL rows of r."""
     v = tl.load(x_ptr + row * D + c, mask=m, other=0.0)
     if ADD:
         if KSEL == 0:
             v += tl.load(r_ptr + row * D + c, mask=m, other=0.0)
         else:  # r is the weighted sum of KSEL rows per row, in order (`ops.WeightedRows`)
-            acc = tl.zeros([BD], dtype=tl.float32)
+            acc = tl.zeros(v.shape, dtype=tl.float32)
             for j in tl.static_range(KSEL):  # unrolled: the rows' loads go out together
                 rj = row * KSEL + j
                 acc += tl.load(rw_ptr + rj) * tl.load(r_ptr + rj * D + c, mask=m, other=0.0)
             v += acc
+    return v
+
+
+@triton.jit
+def _norm_row(
+    x_ptr, r_ptr, rw_ptr, s_ptr, w, y_ptr, q_ptr, d_ptr, s16_ptr, xs_ptr, row, c, m, D, eps,
+    BD: tl.constexpr, ADD: tl.constexpr, KSEL: tl.constexpr, QUANT: tl.constexpr,
+    RN: tl.constexpr, PDL: tl.constexpr,
+):  # fmt: skip
+    pdl.gdc_wait(PDL)
+    v = _stream(x_ptr, r_ptr, rw_ptr, row, c, m, D, ADD, KSEL)
+    if ADD:
         tl.store(s_ptr + row * D + c, v, mask=m)
     inv = 1.0 / tl.sqrt(tl.sum(v * v, axis=0) / D + eps)
     y = v * inv * w
@@ -47,9 +55,54 @@ def _rms_norm(
 
 
 @triton.jit
+def _norm_shrink(
+    x_ptr, r_ptr, rw_ptr, w, a_ptr, lw_ptr, t_ptr, row, c, m, D, eps, slw, R, part,
+    ADD: tl.constexpr, KSEL: tl.constexpr, BRL: tl.constexpr, PDL: tl.constexpr,
+):  # fmt: skip
+    """The next linear's LoRA shrink from this norm: t[row, r] = (y . A[r]) * W[row, r] for BRL
+    rows r of the stacked A (a weight: loaded before the wait), the norm recomputed from the
+    stream (it is in L2); a plain store, one program per (row, r)."""
+    r = (part - 1) * BRL + tl.arange(0, BRL)
+    rm = r < R
+    a = tl.load(a_ptr + r[:, None].to(tl.int64) * D + c[None, :], mask=rm[:, None] & m[None, :],
+                other=0.0).to(tl.float32)  # fmt: skip
+    pdl.gdc_wait(PDL)
+    v = _stream(x_ptr, r_ptr, rw_ptr, row, c, m, D, ADD, KSEL)
+    inv = 1.0 / tl.sqrt(tl.sum(v * v, axis=0) / D + eps)
+    y = v * inv * w
+    acc = tl.sum(y[None, :] * a, axis=1) * tl.load(lw_ptr + row * slw + r, mask=rm, other=0.0)
+    tl.store(t_ptr + row * R + r, acc, mask=rm)
+
+
+@triton.jit
+def _rms_norm(
+    x_ptr, r_ptr, rw_ptr, s_ptr, w_ptr, y_ptr, q_ptr, d_ptr, s16_ptr, xs_ptr, a_ptr, lw_ptr,
+    t_ptr, D, eps, slw, R,
+    BD: tl.constexpr, ADD: tl.constexpr, KSEL: tl.constexpr, QUANT: tl.constexpr,
+    RN: tl.constexpr, PDL: tl.constexpr, LORA: tl.constexpr, BRL: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0).to(tl.int64)
+    c = tl.arange(0, BD)
+    m = c < D
+    pdl.gdc_begin(PDL)
+    w = tl.load(w_ptr + c, mask=m, other=0.0)  # a weight: no earlier kernel writes it
+    args = (x_ptr, r_ptr, rw_ptr, s_ptr, w, y_ptr, q_ptr, d_ptr, s16_ptr, xs_ptr, row, c, m, D, eps)
+    if LORA:  # programs (row, 1..): the LoRA shrink of the linear that reads y
+        part = tl.program_id(1)
+        if part > 0:
+            _norm_shrink(x_ptr, r_ptr, rw_ptr, w, a_ptr, lw_ptr, t_ptr, row, c, m, D, eps, slw,
+                         R, part, ADD, KSEL, BRL, PDL)  # fmt: skip
+        else:
+            _norm_row(*args, BD, ADD, KSEL, QUANT, RN, PDL)
+    else:
+        _norm_row(*args, BD, ADD, KSEL, QUANT, RN, PDL)
+
+
+@triton.jit
 def _silu_mul(
-    gu_ptr, y_ptr, q_ptr, d_ptr, s16_ptr, xs_ptr, H,
+    gu_ptr, y_ptr, q_ptr, d_ptr, s16_ptr, xs_ptr, a_ptr, lw_ptr, t_ptr, H, slw, R,
     BH: tl.constexpr, QUANT: tl.constexpr, RN: tl.constexpr, PDL: tl.constexpr,
+    LORA: tl.constexpr, BRS: tl.constexpr,
 ):  # fmt: skip
     pdl.gdc_begin(PDL)
     pdl.gdc_wait(PDL)
@@ -68,6 +121,21 @@ def _silu_mul(
         quant_groups(
             yg, grp, grp < H // 32, q_row, d_ptr + k32, s16_row, xs_ptr + k32, BH // 32, RN
         )
+    if LORA:  # the next linear's LoRA shrink, split over the programs' columns: float32
+        for r0 in range(0, R, BRS):  # atomics into t, which the last call left at zero
+            r = r0 + tl.arange(0, BRS)
+            rm = r < R
+            a = tl.load(a_ptr + r[:, None].to(tl.int64) * H + c[None, :],
+                        mask=rm[:, None] & m[None, :], other=0.0).to(tl.float32)  # fmt: skip
+            acc = tl.sum(y[None, :] * a, axis=1)
+            acc *= tl.load(lw_ptr + row * slw + r, mask=rm, other=0.0)
+            tl.atomic_add(t_ptr + row * R + r, acc, mask=rm, sem="relaxed")
+
+
+# rows of the stacked LoRA A per extra norm program (rank 16: 4 programs beside the norm's), and
+# per step of the SiLU programs' loop (a [8, 1,024] tile of A a program at a time)
+NORM_LORA_ROWS = 4
+SILU_LORA_ROWS = 8
 
 
 def norm_warps(d: int) -> int:
@@ -90,32 +158,43 @@ def _quant_out(rows: int, d: int, quant: bool, like: torch.Tensor):
     return xq, (xq.words, xq.scale, xq.sum16, xq.xsum)
 
 
-def rms_norm_cuda(
-    x: torch.Tensor, w: torch.Tensor, eps: float, quant: bool = False
-) -> tuple[torch.Tensor, QuantizedX | None]:
-    x2 = _rows(x)
-    y = torch.empty_like(x2)
-    d = x2.shape[1]
-    xq, qa = _quant_out(x2.shape[0], d, quant, y)
+def _lora(shrink: LoraShrink | None, rows: int, d: int, like: torch.Tensor):
+    """The kernels' LoRA arguments (a, W, t, W's row stride, R) and R, 0 without a shrink."""
+    if shrink is None:
+        return (like, like, like, 0, 0), 0
+    a, w, t = shrink.a, shrink.w, shrink.t
+    r = a.shape[0]
+    if a.shape[1] != d or not a.is_contiguous() or w.stride(1) != 1 or w.shape[0] < rows:
+        raise ValueError(f"LoRA shrink A {tuple(a.shape)} / W {tuple(w.shape)} for {rows} x {d}")
+    if t.shape[0] < rows or t.shape[1] != r or not t.is_contiguous():
+        raise ValueError(f"LoRA scratch {tuple(t.shape)} does not fit {rows} rows of rank {r}")
+    return (a, w, t, w.stride(0), r), r
+
+
+def _norm(x2, r2, rw, w, eps, quant, shrink, add, warps=None):
+    s, y = torch.empty_like(x2), torch.empty_like(x2)
+    rows, d = x2.shape
+    xq, qa = _quant_out(rows, d, quant, y)
+    la, r = _lora(shrink, rows, d, y)
     bd = triton.next_power_of_2(d)
-    _rms_norm[(x2.shape[0],)](
-        x2,
-        x2,
-        x2,
-        x2,
-        w,
-        y,
-        *qa,
-        d,
-        eps,
-        BD=bd,
-        ADD=False,
-        KSEL=0,
-        QUANT=xq is not None,
-        RN=x.is_cuda,
-        num_warps=norm_warps(d),
-        **pdl.launch_options(pdl.enabled(x)),
-    )
+    ksel = 0 if rw is None else rw.shape[-1]
+    if rw is not None and r2.shape[0] != rows * ksel:
+        raise ValueError(f"{r2.shape[0]} rows do not hold {ksel} per row of {rows}")
+    _rms_norm[(rows, 1 + triton.cdiv(r, NORM_LORA_ROWS))](
+        x2, r2, x2 if rw is None else rw.float().contiguous(), s, w, y, *qa, *la[:3], d, eps,
+        *la[3:], BD=bd, ADD=add, KSEL=ksel, QUANT=xq is not None, RN=x2.is_cuda, LORA=r > 0,
+        BRL=NORM_LORA_ROWS, num_warps=warps or norm_warps(d), **pdl.launch_options(pdl.enabled(x2)),
+    )  # fmt: skip
+    return s, y, xq
+
+
+def rms_norm_cuda(
+    x: torch.Tensor, w: torch.Tensor, eps: float, quant: bool = False,
+    shrink: LoraShrink | None = None,
+) -> tuple[torch.Tensor, QuantizedX | None]:  # fmt: skip
+    """norm(x) and its quantized twin; `shrink`: the next linear's LoRA shrink into its scratch."""
+    x2 = _rows(x)
+    _, y, xq = _norm(x2, x2, None, w, eps, quant, shrink, False)
     return y.reshape(x.shape), xq
 
 
@@ -127,46 +206,27 @@ def add_rms_norm_cuda(
     quant: bool = False,
     warps: int | None = None,
     rw: torch.Tensor | None = None,
+    shrink: LoraShrink | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, QuantizedX | None]:
     """x + r, its norm and quantized twin; with `rw` [T, k], r [T * k, D] holds k rows per row
-    of x, summed with those weights (`ops.WeightedRows`)."""
-    x2, r2 = _rows(x), _rows(r)
-    s, y = torch.empty_like(x2), torch.empty_like(x2)
-    d = x2.shape[1]
-    xq, qa = _quant_out(x2.shape[0], d, quant, y)
-    bd = triton.next_power_of_2(d)
-    ksel = 0 if rw is None else rw.shape[-1]
-    if rw is not None and r2.shape[0] != x2.shape[0] * ksel:
-        raise ValueError(f"{r2.shape[0]} rows do not hold {ksel} per row of {x2.shape[0]}")
-    _rms_norm[(x2.shape[0],)](
-        x2,
-        r2,
-        x2 if rw is None else rw.float().contiguous(),
-        s,
-        w,
-        y,
-        *qa,
-        d,
-        eps,
-        BD=bd,
-        ADD=True,
-        KSEL=ksel,
-        QUANT=xq is not None,
-        RN=x.is_cuda,
-        num_warps=warps or norm_warps(d),
-        **pdl.launch_options(pdl.enabled(x)),
-    )
+    of x, summed with those weights (`ops.WeightedRows`); `shrink`: the next linear's LoRA
+    shrink into its scratch."""
+    s, y, xq = _norm(_rows(x), _rows(r), rw, w, eps, quant, shrink, True, warps)
     return s.reshape(x.shape), y.reshape(x.shape), xq
 
 
 def silu_mul_cuda(
-    gu: torch.Tensor, hidden: int, quant: bool = False
+    gu: torch.Tensor, hidden: int, quant: bool = False, shrink: LoraShrink | None = None
 ) -> tuple[torch.Tensor, QuantizedX | None]:
+    """silu(g) * u and its quantized twin; `shrink`: the next linear's LoRA shrink, added
+    into its scratch (zero before, as every LoRA call leaves it)."""
     g2 = _rows(gu)
     y = torch.empty(g2.shape[0], hidden, dtype=gu.dtype, device=gu.device)
     xq, qa = _quant_out(g2.shape[0], hidden, quant, y)
+    la, r = _lora(shrink, g2.shape[0], hidden, y)
     bh = 1024
     grid = (g2.shape[0], triton.cdiv(hidden, bh))
     flags = {"QUANT": xq is not None, "RN": gu.is_cuda, **pdl.launch_options(pdl.enabled(gu))}
-    _silu_mul[grid](g2, y, *qa, hidden, BH=bh, num_warps=4, **flags)
+    _silu_mul[grid](g2, y, *qa, *la[:3], hidden, *la[3:], BH=bh, num_warps=4, LORA=r > 0,
+                    BRS=SILU_LORA_ROWS, **flags)  # fmt: skip
     return y.reshape(*gu.shape[:-1], hidden), xq

@@ -8,7 +8,10 @@ the torch ops' (float16: their 1e-3 at a module reach 0.04-0.1 in this model's l
 GEMVs' int8 activation codes, so they are no yardstick here), every module's scratch is left at
 zero, and five rows (past the scheme's rows) take the atomic kernels; greedy decode with CUDA
 graphs gives a mixed batch each request's alone tokens, and the same tokens as the default
-scheme. The module-level check, tighter: tests/lora/test_lora_epilogue_module.py."""
+scheme. "epilogue" runs q|k|v's, gate|up's and down's shrinks in the norm and SiLU kernels before
+them (PRODUCER_SHRINK: only the output projections' shrinks are launched), "epilogue-launched"
+launches every shrink. The module-level checks, tighter: tests/lora/test_lora_epilogue_module.py,
+tests/lora/test_lora_producer_shrink.py."""
 
 import dataclasses
 
@@ -55,11 +58,25 @@ def _count_tails(monkeypatch) -> list[int]:
     return seen
 
 
-@pytest.mark.parametrize("scheme", ["epilogue", "inline"])
+SCHEMES = ["epilogue", "epilogue-launched", "inline"]
+
+
+def _scheme(monkeypatch, name: str) -> None:
+    monkeypatch.setattr(delta, "SCHEME", name.removesuffix("-launched"))
+    monkeypatch.setattr(delta, "PRODUCER_SHRINK", not name.endswith("-launched"))
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
 @torch.inference_mode()
 def test_epilogue_near_exact_deltas(monkeypatch, scheme):
-    monkeypatch.setattr(delta, "SCHEME", scheme)
+    from localllm.kernels.fused import triton_lora
+
+    _scheme(monkeypatch, scheme)
     seen = _count_tails(monkeypatch)
+    launched = [0]
+    real = triton_lora.shrink
+    monkeypatch.setattr(triton_lora, "shrink", lambda *a: launched.__setitem__(0, launched[0] + 1)
+                        or real(*a))  # fmt: skip
     with _llm() as llm:
         model = llm.engine.model
         deltas = [m.lora for m in model.modules()
@@ -67,8 +84,29 @@ def test_epilogue_near_exact_deltas(monkeypatch, scheme):
         assert any(d._tails for d in deltas), "no module got epilogue tails (packed GEMVs?)"
         if scheme == "inline":
             assert all(d._inline for d in deltas if d._tails)
+        # the launched shrinks a forward: every module's, or the output projections' alone
+        want = sum(1 for d in deltas if d._tails)
+        if scheme == "epilogue":
+            want = sum(1 for name, m in model.named_modules()
+                       if name.endswith("attn_output") and m.lora and m.lora._tails)  # fmt: skip
         for rows in (1, 4, 5):
             _rows_near_exact_deltas(monkeypatch, model, deltas, seen, rows)
+            if rows <= delta.EPILOGUE_ROWS and scheme != "inline":
+                launched[0] = 0
+                model.lora.set_rows([(CHOICES[2], rows)])
+                _forward(model, ids(rows, seed=3))
+                assert launched[0] == want, (rows, launched[0], want)
+
+
+def _forward(model, tokens: list[int]) -> torch.Tensor:
+    rows = len(tokens)
+    layers, kvh, hd = model.kv_shape()
+    kv = PagedKVCache(layers, 1, 16, kvh, hd, "f16", "cuda")
+    b = BatchMeta.contiguous(rows, rows, 16)
+    b = dataclasses.replace(b, slot_mapping=b.slot_mapping.to("cuda"))
+    pos = torch.arange(rows, device="cuda")
+    h = model(torch.tensor(tokens, device="cuda"), pos, b, kv)
+    return model.logits(h).float().cpu()
 
 
 def _rows_near_exact_deltas(monkeypatch, model, deltas, seen, rows: int) -> None:
@@ -80,13 +118,7 @@ def _rows_near_exact_deltas(monkeypatch, model, deltas, seen, rows: int) -> None
         model.lora.set_rows([(c, 1) for c in mix])
 
     def run():
-        layers, kvh, hd = model.kv_shape()
-        kv = PagedKVCache(layers, 1, 16, kvh, hd, "f16", "cuda")
-        b = BatchMeta.contiguous(rows, rows, 16)
-        b = dataclasses.replace(b, slot_mapping=b.slot_mapping.to("cuda"))
-        pos = torch.arange(rows, device="cuda")
-        h = model(torch.tensor(tokens, device="cuda"), pos, b, kv)
-        return model.logits(h).float().cpu()
+        return _forward(model, tokens)
 
     seen[0] = 0
     got = run()
@@ -130,7 +162,7 @@ def _same_or_near_tie(model, prompt, lora, a: list[int], b: list[int]) -> None:
     assert abs((logits[a[i]] - logits[b[i]]).item()) < TIE, f"step {i}: not a near-tie"
 
 
-@pytest.mark.parametrize("scheme", ["epilogue", "inline"])
+@pytest.mark.parametrize("scheme", SCHEMES)
 def test_graph_decode_mixed_batches(monkeypatch, scheme):
     seen = _count_tails(monkeypatch)
     prompt = ids(40, seed=7)
@@ -138,7 +170,7 @@ def test_graph_decode_mixed_batches(monkeypatch, scheme):
               for c in CHOICES]  # fmt: skip
     runs = {}
     for run in (scheme, "atomic"):
-        monkeypatch.setattr(delta, "SCHEME", run)
+        _scheme(monkeypatch, run)
         with _llm() as llm:
             together = llm.generate([prompt] * len(CHOICES), params)
             alone = [llm.generate([prompt], p)[0] for p in params]

@@ -47,6 +47,8 @@ GPU_CASES = {
     "4 adapters, fused kernel": (4, 1.0),
     "1 adapter, epilogue": (1, 1.0),
     "4 adapters, epilogue": (4, 1.0),
+    "1 adapter, epilogue launched": (1, 1.0),
+    "4 adapters, epilogue launched": (4, 1.0),
     "1 adapter, inline": (1, 1.0),
     "4 adapters, inline": (4, 1.0),
     "1 adapter, atomic": (1, 1.0),
@@ -64,6 +66,8 @@ def _launcher(case: str) -> list[str]:
         return ["-c", SWITCHED.format("d.KERNELS = False")]
     if "fused kernel" in case:
         return ["-c", SWITCHED.format("d.SCHEME = 'fused'")]
+    if "epilogue launched" in case:  # every shrink launched (none run by the norm / SiLU kernels)
+        return ["-c", SWITCHED.format("d.SCHEME = 'epilogue'; d.PRODUCER_SHRINK = False")]
     if "epilogue" in case:  # the expand in the base GEMVs' epilogue
         return ["-c", SWITCHED.format("d.SCHEME = 'epilogue'")]
     if "inline" in case:  # the shrink and the expand in the base GEMVs

@@ -34,13 +34,21 @@ GEMV_LORA = {"lt_ptr": F32, "lb_ptr": "*fp16", "lc_ptr": I32}
 GEMV_LORA |= dict.fromkeys(
     ("l_r", "l_e1", "l_e2", "l_lo0", "l_lo1", "l_lo2", "l_rk0", "l_rk1", "l_rk2", "l_tiles"), "i32"
 )
-PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+# the "inline" scheme's shrink arguments (x, A, W)
+GEMV_LORA |= {"ls_ptr": F32, "l_sx": "i32", "la_ptr": "*fp16", "lw_ptr": F32, "l_sw": "i32"}
+GEMV_LORA |= {"l_ns": "i32"}
+# PTXAS: another ptxas where the bundled one predates the PTX triton writes (triton 3.9 wheels
+# bundle a 12.9 `ptxas` and a 13.x `ptxas-blackwell`, which also takes sm_90a)
+PTXAS = os.environ.get("PTXAS") or os.path.join(
+    os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas"
+)
 
 
 def compile_one(fn, sig: dict[str, str], const: dict, warps: int = 4) -> str:
     """ptxas's resource line for `fn` with these argument types and constexprs (plus, with PDL,
     how many griddepcontrol and prefetch instructions the PTX holds)."""
-    full = {**sig, **dict.fromkeys(const, "constexpr")}
+    given = {**sig, **dict.fromkeys(const, "constexpr")}
+    full = {n: given[n] for n in fn.arg_names}  # (in the kernel's order: constexprs by index)
     names = list(full)
     constexprs = {(names.index(k),): v for k, v in const.items()}
     src = ASTSource(fn=fn, signature=full, constexprs=constexprs)
@@ -68,9 +76,12 @@ def compile_one(fn, sig: dict[str, str], const: dict, warps: int = 4) -> str:
 
 def main(pdl: bool = False) -> None:
     norm = dict.fromkeys(("x_ptr", "r_ptr", "rw_ptr", "s_ptr", "w_ptr", "y_ptr"), F32)
-    norm |= {"q_ptr": I32, "d_ptr": F32, "s16_ptr": I32, "xs_ptr": F32, "D": "i32", "eps": "fp32"}
+    norm |= {"q_ptr": I32, "d_ptr": F32, "s16_ptr": I32, "xs_ptr": F32}
+    # the LoRA shrink's arguments (`triton_ops._lora`): A, W, the scratch, W's stride, R
+    lora = {"a_ptr": "*fp16", "lw_ptr": F32, "t_ptr": F32}
+    norm |= lora | {"D": "i32", "eps": "fp32", "slw": "i32", "R": "i32"}
     silu = {"gu_ptr": F32, "y_ptr": F32, "q_ptr": I32, "d_ptr": F32, "s16_ptr": I32, "xs_ptr": F32}
-    silu["H"] = "i32"
+    silu |= lora | {"H": "i32", "slw": "i32", "R": "i32"}
     rope = dict.fromkeys(("q_ptr", "k_ptr", "v_ptr"), F32) | dict.fromkeys(
         ("sq", "sk", "sv"), "i32"
     )
@@ -94,11 +105,14 @@ def main(pdl: bool = False) -> None:
     quant = {"x_ptr": F32, "q_ptr": I32, "d_ptr": F32, "s16_ptr": I32, "xsum_ptr": F32, "K": "i32"}
     cases = [
         (triton_dp4a._quant_x8, quant, {"G": 16, "RN": True}, 4),
-        (triton_ops._silu_mul, silu, {"BH": 1024, "QUANT": True, "RN": True}, 4),
     ]
-    for d, ksel in ((2048, 0), (4096, 0), (2048, 8)):  # 8: a MoE layer's output summed in
-        flags = {"BD": d, "ADD": True, "KSEL": ksel, "QUANT": True, "RN": True}
-        cases.append((triton_ops._rms_norm, norm, flags, triton_ops.norm_warps(d)))
+    for lo in (False, True):  # with the next linear's LoRA shrink (`triton_ops.LoraShrink`)
+        silu_flags = {"BH": 1024, "QUANT": True, "RN": True, "LORA": lo, "BRS": 8}
+        cases.append((triton_ops._silu_mul, silu, silu_flags, 4))
+        for d, ksel in ((2048, 0), (4096, 0), (2048, 8)):  # 8: a MoE layer's output summed in
+            flags = {"BD": d, "ADD": True, "KSEL": ksel, "QUANT": True, "RN": True}
+            flags |= {"LORA": lo, "BRL": triton_ops.NORM_LORA_ROWS}
+            cases.append((triton_ops._rms_norm, norm, flags, triton_ops.norm_warps(d)))
     for kv, g in ((8, 4), (4, 8)):  # Llama-3-8B, Qwen3-30B-A3B
         heads = {"NQ": kv * g, "NKV": kv, "HD": 128, "ROT": 128, "NEOX": kv == 4, "NORM": kv == 4}
         cases.append((triton_rope._rope_qkv, rope, {**heads, "BP": 64, "BD": 128}, 1))
@@ -134,6 +148,7 @@ def main(pdl: bool = False) -> None:
                 "PF": True,
                 "LATE": True,
                 "LR": 0,
+                "LS": False,
             }
             cases.append((fn, {n: sig[n] for n in order}, geo, warps))
     comb_sig = {"y_ptr": F32, "w_ptr": F32, "out_ptr": F32, "D": "i32"}
@@ -150,7 +165,7 @@ def main(pdl: bool = False) -> None:
             print(f"{fn.__name__} x {warps} warps: {compile_one(fn, sig, const, warps)}")
             continue
         const = {**const, "PDL": pdl}
-        keys = ("BD", "NQ", "NKV", "G", "BJ", "QUANT", "EXACT", "MOE")
+        keys = ("BD", "NQ", "NKV", "G", "BJ", "QUANT", "EXACT", "MOE", "LORA")
         shown = {k: v for k, v in const.items() if k in keys}
         print(f"{fn.__name__} {shown} x {warps} warps: {compile_one(fn, sig, const, warps)}")
 

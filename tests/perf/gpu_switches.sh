@@ -9,8 +9,9 @@
 #            test_vision_gpu_gemma3_llava.py) where time is left
 #   lora     decode overhead of 1 and 4 rank-16 f16 adapters over our base on the
 #            Llama-3.1-8B-shape Q4_K_M (`bench_lora.py ab`, each case its own `localllm bench`
-#            process): the schemes "atomic", "epilogue" (the default) and "inline" (issue 36's goal
-#            is <= 10 % over the base)
+#            process): "epilogue" (the default: the norm / SiLU kernels run the shrinks of
+#            q|k|v, gate|up and down), "epilogue launched" (every shrink its own launch) and
+#            "inline"; LORA_CASES overrides (issue 36's goal is <= 10 % over the base)
 #   hybrid   tests/perf/profile_hybrid_prefill.py on a Granite-4.0-H-Tiny-shape Q4_K_M: pp512
 #            eager and as a prompt graph, token-by-token scan against the chunked one at IEEE
 #            and tf32x3 dots, alternated in one process (issue 40)
@@ -57,14 +58,14 @@ for step in $STEPS; do
   echo "== $step at ${SECONDS}s"
   case $step in
     tests1) gpu_tests pytest1.log 140 tests/lora/test_lora_epilogue_gpu.py \
-        tests/lora/test_lora_epilogue_module.py tests/kernels/test_lora_epilogue.py \
+        tests/lora/test_lora_producer_shrink.py tests/lora/test_lora_epilogue_module.py tests/kernels/test_lora_epilogue.py \
         tests/kernels/test_lora_kernels.py tests/engine/test_hybrid_prompt_graphs.py \
         tests/engine/test_prefill_graphs.py ;;
     lora) wait $G8 || { tail -3 /tmp/make8b.log; continue; }
       python3 tests/perf/bench_lora.py make --model /tmp/q4km.gguf --out /tmp/loras --rank 16 \
         --count 4 --dtype f16 >/dev/null
-      CASES="base;1 adapter, atomic;1 adapter, epilogue;1 adapter, inline;4 adapters, atomic"
-      CASES="$CASES;4 adapters, epilogue;4 adapters, inline"
+      CASES="base;1 adapter, epilogue;1 adapter, epilogue launched;4 adapters, epilogue"
+      CASES=${LORA_CASES:-"$CASES;4 adapters, epilogue launched;4 adapters, inline"}
       timeout "$(cap 150)" python3 tests/perf/bench_lora.py ab --model /tmp/q4km.gguf \
         --dir /tmp/loras --device cuda -n 128 --reps 3 --rounds 1 --cases "$CASES" \
         >"$OUT/lora_ab.md" 2>/tmp/lora_ab.err

@@ -59,6 +59,37 @@ def grouped_gemm(
     return out
 
 
+# a dense packed weight as one "expert" holding every row (`dense_gemm`, up to
+# `triton_linear.DENSE_MAX_ROWS` rows): batched decode steps of many sequences, where a bf16 copy
+# of the whole weight per call (the path of long prompts) costs more than the GEMM itself
+DENSE_BLOCK_N = 64  # weight rows per program: one row block, so twice the programs of 128
+_DENSE_PAIRS: dict[torch.device, list[SortedPairs]] = {}
+
+
+def prepare_dense(device: torch.device, max_rows: int) -> None:
+    """Make `dense_gemm`'s row lists for `device` up to `max_rows` rows (call outside any CUDA
+    graph capture: at load): for M rows, one block of 16 (M <= 16) or of a power of two at least
+    M, holding 0..M-1, padding -1, on expert 0."""
+    if len(_DENSE_PAIRS.get(device, ())) >= max_rows:
+        return
+    made = []
+    for m in range(1, max_rows + 1):
+        bm = max(16, triton.next_power_of_2(m))
+        rows = torch.full((bm,), -1, dtype=torch.int32)
+        rows[:m] = torch.arange(m, dtype=torch.int32)
+        experts = torch.zeros(1, dtype=torch.int32)
+        made.append(SortedPairs(rows.to(device), experts.to(device), bm, m))
+    _DENSE_PAIRS[device] = made
+
+
+def dense_gemm(xq: QuantizedX, p: PackedBlocks, m: int) -> torch.Tensor:
+    """x [m, K] (quantized, `quantize_x8`) @ W.T for one packed weight W [N, K] -> float32 [m, N]
+    through the grouped int8 GEMM, every row on expert 0 (the weight read once per call);
+    `prepare_dense` must have run for the device with at least m rows."""
+    sp = _DENSE_PAIRS[p.device][m - 1]
+    return grouped_gemm(xq, sp, p, 1, GroupedConfig(block_n=DENSE_BLOCK_N))
+
+
 def grouped_gemm_reference(
     a: torch.Tensor, ids: torch.Tensor, raw: torch.Tensor, qtype: QuantType, adiv: int
 ) -> torch.Tensor:

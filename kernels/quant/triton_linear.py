@@ -26,11 +26,17 @@ from localllm.kernels.quant.triton_packed import (
     dequantize_packed_t,
     gemv_packed,
     packed_config,
+    quantize_x8,
     split_counters,
 )
 from localllm.kernels.quant.types import QuantType
 
 GEMV_MAX_M = 8  # more activation rows than this: dequantize to bf16 and use a GEMM
+# packed weights between GEMV_MAX_M and this many rows: the int8 tensor-core GEMM over the packed
+# blocks (`kernels.moe.grouped.dense_gemm`: a batched decode step reads the weight once instead
+# of writing and reading a bf16 copy of it); False: the bf16 copy (an A/B switch)
+DENSE_INT8 = True
+DENSE_MAX_ROWS = 64
 
 # 4-bit codes in 32-value groups: the kernel's KIND and code table
 _NIB32 = {
@@ -129,8 +135,9 @@ def dequantize_bf16(data: torch.Tensor, qtype: QuantType, n: int, k: int) -> tor
 
 
 class TritonLinear:
-    """A raw-block weight [N, K] on CUDA: fused GEMV for M <= GEMV_MAX_M rows, else the weight
-    dequantized to bf16 (one pass, scratch freed after the call) and a bf16 GEMM.
+    """A raw-block weight [N, K] on CUDA: fused GEMV for M <= GEMV_MAX_M rows; for packed types up
+    to DENSE_MAX_ROWS rows the int8 tensor-core GEMM over the packed blocks; else the
+    weight dequantized to bf16 (one pass, scratch freed after the call) and a bf16 GEMM.
 
     Q4_K, Q6_K and Q8_0 are re-laid out column-major once (`repack`, same bytes) for the dp4a
     kernels; `repacked` tells the owner that the raw copy it passed is no longer needed.
@@ -149,6 +156,10 @@ class TritonLinear:
             self.packed = pack_blocks(data, qtype, *shape)
             self.cfg = packed_config(qtype, *shape)
             self.counters = split_counters(self.packed, self.cfg)
+            # (a package edge to the grouped GEMMs, which import this package's kernels only)
+            from localllm.kernels.moe.grouped import prepare_dense
+
+            prepare_dense(self.packed.device, DENSE_MAX_ROWS)  # (now: never inside a capture)
         else:
             self.data = data.reshape(shape[0], -1).contiguous()
             self.cfg = gemv_config(qtype, shape[0])
@@ -175,6 +186,10 @@ class TritonLinear:
             raise ValueError(f"no LoRA epilogue for {self.qtype.name} at {x2.shape[0]} rows")
         if self.packed is not None and small:
             y = gemv_packed(x2, self.packed, self.cfg, self.counters, xq, lora)
+        elif self.packed is not None and DENSE_INT8 and x2.shape[0] <= DENSE_MAX_ROWS:
+            from localllm.kernels.moe.grouped import dense_gemm
+
+            y = dense_gemm(quantize_x8(x2), self.packed, x2.shape[0])
         elif self.packed is not None:
             y = torch.mm(x2.to(torch.bfloat16), dequantize_packed_t(self.packed)).float()
         elif small:

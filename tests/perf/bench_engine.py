@@ -325,6 +325,7 @@ def bench(a) -> dict:
         "enable_prefix_caching": True,
         "kv_cache_dtype": a.kv_cache_dtype,
         "max_model_len": a.max_model_len,
+        "device": a.device,
     }
     report["settings"] = settings
     t0 = time.perf_counter()
@@ -409,6 +410,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--max-num-batched-tokens", type=int, default=512)
     ap.add_argument("--max-model-len", type=int, default=2048, help="bounds the KV pool")
     ap.add_argument("--kv-cache-dtype", default="f16")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda")
     ap.add_argument("--compare", action="store_true", help="also run bench_llamacpp_batched.py")
     ap.add_argument("--llamacpp-python", default="/root/refvenv/bin/python")
     ap.add_argument("--json", action="store_true", help="print one JSON object, nothing else")

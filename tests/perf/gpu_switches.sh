@@ -12,12 +12,18 @@
 #            process): "epilogue" (the default: the norm / SiLU kernels run the shrinks of
 #            q|k|v, gate|up and down), "epilogue launched" (every shrink its own launch) and
 #            "inline"; LORA_CASES overrides (issue 36's goal is <= 10 % over the base)
+#   tests3   pytest -m gpu: the packed linears' paths by row count (the int8 GEMM past 8 rows),
+#            the grouped GEMMs, the decode graphs
+#   dense    tests/perf/bench_dense_rows.py: one 8B layer's packed linears at 1-64 rows, the
+#            int8 GEMM against the bf16 copy of the weight (issue 38)
+#   batch    tests/perf/bench_engine.py section 1 on the 8B Q4_K_M, 1 / 16 / 64 concurrent
+#            requests of 128 + 128 tokens, triton_linear.DENSE_INT8 on and off (issue 38)
 #   hybrid   tests/perf/profile_hybrid_prefill.py on a Granite-4.0-H-Tiny-shape Q4_K_M: pp512
 #            eager and as a prompt graph, token-by-token scan against the chunked one at IEEE
 #            and tf32x3 dots, alternated in one process (issue 40)
 # Prepare here: `bash tests/perf/h200_prepare.sh` (.whl, .refbuild/smollm2-tok.gguf); carry
 # [".whl", ".refbuild/smollm2-tok.gguf"]; from the repo root: bash tests/perf/gpu_switches.sh
-# Knobs: STEPS ("tests1 lora hybrid tests2"), END_S (560: no step's timeout runs past it).
+# Knobs: STEPS ("tests1 lora hybrid tests2"; also tests3, dense, batch), END_S (560: no step's timeout runs past it).
 # $OUT: pytest1.log, pytest2.log, lora_ab.md, profile_g4t.md, summary.md (printed last).
 set -u
 export PYTHONUNBUFFERED=1 PYTHONSAFEPATH=1
@@ -35,7 +41,7 @@ export PYTHONPATH=/tmp/site:$PWD
 cap() { local t=$((END_S - SECONDS)); [ "$t" -lt "$1" ] || t=$1; [ "$t" -gt 5 ] || t=5; echo $t; }
 has() { case " $STEPS " in *" $1 "*) return 0 ;; esac; return 1; }
 # the files, written on the host's cores while the first tests use the GPU
-if has lora; then
+if has lora || has batch; then
   (python3 tests/perf/make_synthetic.py --shape llama3-8b --quant Q4_K_M -o /tmp/q4km.part \
     --tokenizer-from .refbuild/smollm2-tok.gguf >/tmp/make8b.log 2>&1 && mv /tmp/q4km.part \
     /tmp/q4km.gguf) &
@@ -70,8 +76,25 @@ for step in $STEPS; do
         --dir /tmp/loras --device cuda -n 128 --reps 3 --rounds 1 --cases "$CASES" \
         >"$OUT/lora_ab.md" 2>/tmp/lora_ab.err
       tail -3 /tmp/lora_ab.err
-      { echo "## lora ab"; cat "$OUT/lora_ab.md"; } | tee -a "$OUT/summary.md"
-      rm -f /tmp/q4km.gguf ;;
+      { echo "## lora ab"; cat "$OUT/lora_ab.md"; } | tee -a "$OUT/summary.md" ;;
+    tests3) gpu_tests pytest3.log 120 tests/kernels/test_triton_gemv.py \
+        tests/kernels/test_moe_grouped.py tests/engine/test_gpu_graphs.py ;;
+    dense) timeout "$(cap 90)" python3 tests/perf/bench_dense_rows.py --reps 30 2>/tmp/dense.err \
+        | tee "$OUT/dense.md"
+      tail -3 /tmp/dense.err
+      { echo "## dense rows"; cat "$OUT/dense.md"; } >>"$OUT/summary.md" ;;
+    batch) wait $G8 || { tail -3 /tmp/make8b.log; continue; }
+      for on in True False; do
+        echo "### DENSE_INT8 = $on" | tee -a "$OUT/batch.md"
+        timeout "$(cap 120)" python3 -c "import sys, runpy
+import localllm.kernels.quant.triton_linear as t; t.DENSE_INT8 = $on
+sys.argv = ['bench_engine'] + sys.argv[1:]
+runpy.run_path('tests/perf/bench_engine.py', run_name='__main__')" --model /tmp/q4km.gguf \
+          --device cuda --sections 1 --concurrency 1,16,64 --prompt-len 128 --gen 128 --reps 2 \
+          --max-model-len 512 2>/tmp/batch.err | tee -a "$OUT/batch.md"
+        tail -3 /tmp/batch.err
+      done
+      { echo "## batch"; cat "$OUT/batch.md"; } >>"$OUT/summary.md" ;;
     hybrid) wait $GH || { tail -3 /tmp/makeg4t.log; continue; }
       timeout "$(cap 110)" python3 tests/perf/profile_hybrid_prefill.py -m /tmp/g4t.gguf -p 512 \
         --chunk-precision tf32x3 2>/tmp/prof.err | tee "$OUT/profile_g4t.md" | tail -30

@@ -9,7 +9,6 @@ import math
 import torch
 from torch import nn
 
-from localllm.kernels.fused import QUANT_MAX_ROWS
 from localllm.kernels.quant.dequant import dequantize
 from localllm.kernels.quant.linear import prepare_linear, prepare_parts
 from localllm.offload import QuantWeight
@@ -209,8 +208,10 @@ class FusedLinear(nn.Module):
     def forward(self, x: torch.Tensor, xq=None) -> tuple[torch.Tensor, ...]:
         """Each part's output [T, size] (views of the group outputs)."""
         x2 = x.reshape(-1, self.in_features)
-        packed = all(getattr(k, "repacked", False) for k, _ in self._groups)
-        if xq is None and len(self._groups) > 1 and x2.is_cuda and packed:
+        rows = x2.shape[0]
+        tri = [k for k, _ in self._groups if k.kind == "triton"]
+        takes = bool(tri) and all(k.takes_quantized(rows) for k in tri)
+        if xq is None and len(self._groups) > 1 and x2.is_cuda and takes:
             xq = _quantized_twin(x2)  # once for every group
         tails = self.lora.tails(x2) if self.lora is not None else None
         outs: list[torch.Tensor] = []
@@ -225,8 +226,9 @@ class FusedLinear(nn.Module):
 
 
 def _quantized_twin(x: torch.Tensor):
-    """x's rows quantized for the dp4a GEMVs when they will take them (else None)."""
-    if x.shape[0] > QUANT_MAX_ROWS or x.dtype != torch.float32 or x.shape[1] % 32:
+    """x's rows quantized for the dp4a GEMVs and int8 GEMMs (the caller checked that they take
+    them), else None."""
+    if x.dtype != torch.float32 or x.shape[1] % 32:
         return None
     from localllm.kernels.quant.triton_packed import quantize_x8
 

@@ -168,6 +168,11 @@ class TritonLinear:
     def repacked(self) -> bool:
         return self.packed is not None
 
+    def takes_quantized(self, rows: int) -> bool:
+        """Whether `matmul` of `rows` rows reads an `xq` (its rows quantized to int8 per 32)."""
+        dense = DENSE_INT8 and GEMV_MAX_M < rows <= DENSE_MAX_ROWS
+        return self.packed is not None and (0 < rows <= PACKED_MAX_ROWS or dense)
+
     def takes_tail(self, rows: int) -> bool:
         """Whether `matmul` of `rows` rows can add a LoRA epilogue (one packed GEMV launch)."""
         return self.packed is not None and 0 < rows <= PACKED_MAX_ROWS
@@ -189,7 +194,7 @@ class TritonLinear:
         elif self.packed is not None and DENSE_INT8 and x2.shape[0] <= DENSE_MAX_ROWS:
             from localllm.kernels.moe.grouped import dense_gemm
 
-            y = dense_gemm(quantize_x8(x2), self.packed, x2.shape[0])
+            y = dense_gemm(xq if xq is not None else quantize_x8(x2), self.packed, x2.shape[0])
         elif self.packed is not None:
             y = torch.mm(x2.to(torch.bfloat16), dequantize_packed_t(self.packed)).float()
         elif small:

@@ -68,16 +68,17 @@ _DENSE_PAIRS: dict[torch.device, list[SortedPairs]] = {}
 
 def prepare_dense(device: torch.device, max_rows: int) -> None:
     """Make `dense_gemm`'s row lists for `device` up to `max_rows` rows (call outside any CUDA
-    graph capture: at load): for M rows, one block of 16 (M <= 16) or of a power of two at least
-    M, holding 0..M-1, padding -1, on expert 0."""
+    graph capture: at load): for M rows, blocks of the power of two at least M (16 to 64 rows)
+    holding 0..M-1, padding -1, all on expert 0."""
     if len(_DENSE_PAIRS.get(device, ())) >= max_rows:
         return
     made = []
     for m in range(1, max_rows + 1):
-        bm = max(16, triton.next_power_of_2(m))
-        rows = torch.full((bm,), -1, dtype=torch.int32)
+        bm = min(max(16, triton.next_power_of_2(m)), 64)
+        blocks = -(-m // bm)
+        rows = torch.full((blocks * bm,), -1, dtype=torch.int32)
         rows[:m] = torch.arange(m, dtype=torch.int32)
-        experts = torch.zeros(1, dtype=torch.int32)
+        experts = torch.zeros(blocks, dtype=torch.int32)
         made.append(SortedPairs(rows.to(device), experts.to(device), bm, m))
     _DENSE_PAIRS[device] = made
 

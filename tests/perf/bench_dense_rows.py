@@ -2,11 +2,11 @@
 layer shapes (q|k|v, o, gate|up as Q4_K, down as Q6_K: a Q4_K_M file's), random blocks, through
 each path at each row count: the packed GEMVs (up to 8 rows: `TritonLinear.matmul`), the int8
 GEMM over the packed blocks (`grouped.dense_gemm`, with its activation quantization; the path of
-9-64 rows) and a bf16 copy of the weight with a bf16 GEMM (the path past 64 rows); CUDA events
-over `--reps` calls after a warm-up. Prints one markdown table: us per call, the weight's GB/s,
+9-64 rows; past 64 in blocks of 64 rows, to find where it stops paying) and a bf16 copy of the
+weight with a bf16 GEMM (the path past 64 rows); CUDA events over `--reps` calls after a warm-up. Prints one markdown table: us per call, the weight's GB/s,
 and the per-layer sum.
 
-    python tests/perf/bench_dense_rows.py [--rows 1,4,5,8,9,16,32,64,128] [--reps 50]
+    python tests/perf/bench_dense_rows.py [--rows 1,4,5,8,9,16,32,64,128,256,512] [--reps 50]
 """
 
 import argparse
@@ -46,7 +46,7 @@ def _time(fn, reps: int) -> float:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rows", default="1,4,5,8,9,16,32,64,128")
+    p.add_argument("--rows", default="1,4,5,8,9,16,32,64,128,256,512")
     p.add_argument("--reps", type=int, default=50)
     a = p.parse_args()
     rows = [int(r) for r in a.rows.split(",")]

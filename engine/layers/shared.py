@@ -186,18 +186,20 @@ def rope_attention_q(
     scale: float,
     norms: HeadNorms | None = None,
     quant: bool = True,
+    feeds=None,
 ):
     """A layer's attention from its projections: q [T, n_q * D], k and v [T, n_kv * D] (views of
     one fused projection are fine) -> ([T, n_q, D], its rows [T, n_q * D] quantized for the dp4a
     GEMV that reads them next, or None). Per-head norms (`norms`), rope and the KV write run as
     one kernel where the cache stores plain floats on CUDA, else step by step; the quantized rows
     come from the flash-decoding kernel on CUDA decode steps of few rows (pass `quant` only where
-    the reader takes them: `QuantLinear.takes_quantized`)."""
+    the reader takes them: `QuantLinear.takes_quantized`). `feeds`: the output projection, whose
+    LoRA shrink the attention's kernels may run (`RMSNorm.forward_q`'s)."""
     cache = kv.plain_layer(layer)
     if cache is not None and fusable(q, cache[0]):
         cos, sin = cos_sin
         q3 = rope_qkv_write(q, k, v, cos, sin, lay, *cache, batch.slot_mapping, norms)
-        return kv.attend_q(layer, q3, batch, scale, quant=quant)
+        return kv.attend_q(layer, q3, batch, scale, quant=quant, shrink=_shrink_for(feeds, q))
     hd = lay.head_dim
     q3, k3 = q.reshape(-1, lay.n_q, hd), k.reshape(-1, lay.n_kv, hd)
     if norms is not None:

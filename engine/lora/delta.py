@@ -48,8 +48,9 @@ KERNELS = True  # the triton kernels on CUDA (False: the torch ops; an A/B switc
 SCHEME = "epilogue"
 EPILOGUE_ROWS = 4  # rows the epilogue schemes take (the packed GEMVs' launch: MAX_ROWS)
 # "epilogue": the kernel that makes a module's input (the norm before q|k|v and gate|up, the SiLU
-# product before down) runs its shrink where the model hands it over (`producer_shrink`), so
-# no LoRA launch is left for those modules (False: the shrink launched, for A/B benches)
+# product before down, the flash-decoding combine before the output projection) runs its shrink
+# where the model hands it over (`producer_shrink`), so no LoRA launch is left for those modules
+# (False: the shrink launched, for A/B benches)
 PRODUCER_SHRINK = True
 # "inline": at most this many shrink items in a GEMV, and no more than the GPU's SMs (item owners
 # are the first programs to start; fewer than one per SM always find room, so the tile

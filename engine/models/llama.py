@@ -107,7 +107,9 @@ class Block(nn.Module):
         lay = rotary.layout(nq, nkv, hd)
         # oq: o quantized by the attention kernel for the output projection's GEMV, or None
         args = (q, k, v, lay, cos_sin, rotary, batch, kv, layer, hd**-0.5)
-        o, oq = rope_attention_q(*args, quant=self.attn_output.takes_quantized)
+        o, oq = rope_attention_q(
+            *args, quant=self.attn_output.takes_quantized, feeds=self.attn_output
+        )
         o = self.attn_output(o.reshape(-1, nq * hd), oq)
         x, h, hq = self.ffn_norm.residual_q(x, o, feeds=getattr(self.mlp, "first", None))
         return x, self.mlp(h, hq)

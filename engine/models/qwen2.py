@@ -103,7 +103,9 @@ class Block(nn.Module):
         norms = self.head_norms()
         args = (q, k, v, lay, cos_sin, rotary, batch, kv, layer, a.head_dim**-0.5, norms)
         # oq: o quantized by the attention kernel for the output projection's GEMV, or None
-        o, oq = rope_attention_q(*args, quant=self.attn_output.takes_quantized)
+        o, oq = rope_attention_q(
+            *args, quant=self.attn_output.takes_quantized, feeds=self.attn_output
+        )
         o = self.attn_output(o.reshape(-1, a.n_heads * a.head_dim), oq)
         # MoE experts packed on a GPU read a prompt's rows quantized too: the norm writes them
         rows = getattr(self.mlp, "quant_rows", QUANT_MAX_ROWS)

@@ -20,6 +20,7 @@ from localllm.kernels.attention import (
     plan_decode,
     quantized_output,
     scale_shape,
+    serves_every_row,
     vector_nbytes,
     write_paged,
 )
@@ -127,9 +128,12 @@ class PagedKVCache:
         sinks: torch.Tensor | None = None,
         quant: bool = True,
         spans=None,
+        shrink=None,
     ) -> tuple[torch.Tensor, "QuantizedX | None"]:
         """(`attend`, its rows quantized for the dp4a GEMV that reads them next or None): the
-        flash-decoding kernel writes them where it serves every row (`quantized_output`)."""
+        flash-decoding kernel writes them where it serves every row (`quantized_output`), and
+        `shrink` (the output projection's LoRA shrink, `lora_delta.LoraShrink`) there too; where
+        it does not, the shrink's torch form runs on the output."""
         if batch.block_size != self.block_size:
             raise ValueError(f"batch block size {batch.block_size} != cache {self.block_size}")
         k, v = self.k[layer], self.v[layer]
@@ -140,9 +144,12 @@ class PagedKVCache:
                 raise ValueError("a prompt graph step cannot carry bidirectional spans")
             table, ctx = batch.context
             o = context_attention(q, k, v, table, ctx, scale, window, softcap, ks, vs, sinks)
+            if shrink is not None:
+                shrink.reference(o.reshape(o.shape[0], -1))
             return o, None
         plan = self._decode_plan(batch, window)
         xq = quantized_output(q, k, v, plan, ks, sinks) if quant and plan is not None else None
+        inner = shrink if shrink is not None and serves_every_row(q, k, plan, ks, sinks) else None
         o = paged_attention(
             q,
             k,
@@ -160,7 +167,10 @@ class PagedKVCache:
             quant=xq,
             spans=spans,
             prompt=batch.prompt or None,
+            shrink=inner,
         )
+        if shrink is not None and inner is None:
+            shrink.reference(o.reshape(o.shape[0], -1))
         return o, xq
 
     def _decode_plan(self, batch: BatchMeta, window: int | None):

@@ -1,6 +1,6 @@
 """Attention over a paged KV cache: plain-torch reference ops (triton variants plug in on GPU)."""
 
-from localllm.kernels.attention.decode import decode_attention, quantized_output
+from localllm.kernels.attention.decode import decode_attention, quantized_output, serves_every_row
 from localllm.kernels.attention.decode_plan import DecodePlan, plan_decode
 from localllm.kernels.attention.kv_quant import (
     KV_DTYPES,
@@ -32,6 +32,7 @@ __all__ = [
     "quantize_q8_0",
     "quantized_output",
     "scale_shape",
+    "serves_every_row",
     "vector_nbytes",
     "write_paged",
 ]

@@ -60,6 +60,23 @@ def quantized_output(
     return empty_quantized(t, h * dv, q.device) if triton_decode.COMBINE_QUANT else None
 
 
+def serves_every_row(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    plan: DecodePlan | None,
+    k_scales: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
+) -> bool:
+    """Whether the flash-decoding kernel computes every row of q (all of them the plan's): only
+    then can its combine write a product of the output, such as the next linear's LoRA shrink
+    (`decode_attention`'s `shrink`)."""
+    return (
+        plan is not None
+        and plan.slots.shape[0] == q.shape[0]
+        and _flash(q, k_cache, k_scales, sinks)
+    )
+
+
 def decode_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -72,17 +89,20 @@ def decode_attention(
     sinks: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     quant: "QuantizedX | None" = None,
+    shrink=None,
 ) -> torch.Tensor:
     """Attention of the plan's query rows of q [T, H, D] -> [nd, H, Dv]; `sinks` [H] as in
     `paged_attention`. On CUDA, unquantized caches take the flash-decoding kernel, which writes
     the rows of `out` [T, H, Dv] directly when given (and returns `out`), and with `quant` (from
-    `quantized_output` for the same arguments) those rows quantized too."""
+    `quantized_output` for the same arguments) those rows quantized too; with `shrink` (a
+    `lora_delta.LoraShrink`, where `serves_every_row`) the output projection's LoRA shrink."""
     if _flash(q, k_cache, k_scales, sinks):
         from localllm.kernels.attention.triton_decode import flash_decode
 
-        return flash_decode(q, k_cache, v_cache, plan, scale, softcap, out, quant=quant)
-    if quant is not None:
-        raise ValueError("quant is written by the flash-decoding kernel, which does not run here")
+        return flash_decode(q, k_cache, v_cache, plan, scale, softcap, out, quant=quant,
+                            shrink=shrink)  # fmt: skip
+    if quant is not None or shrink is not None:
+        raise ValueError("quant and shrink are written by the flash-decoding kernel, not here")
     keys = decode_kv(
         _take(k_cache, plan.slots),
         _take(k_scales, plan.slots) if k_scales is not None else None,

@@ -60,6 +60,7 @@ def paged_attention(
     quant: "QuantizedX | None" = None,
     spans: Sequence[Sequence[tuple[int, int]]] | None = None,
     prompt: Sequence[bool] | None = None,
+    shrink=None,
 ) -> torch.Tensor:
     """Causal GQA attention of each sequence's new queries over its paged context.
 
@@ -71,19 +72,21 @@ def paged_attention(
     in one batched gather. `sinks` [H] (gpt-oss) are per-head logits of a virtual key with a zero
     value: they join each softmax's denominator only. Returns [T, H, Dv] in q's dtype (possibly
     a non-contiguous view). `quant`: `decode.quantized_output`'s buffers for `decode`, which the
-    flash-decoding kernel fills with the output rows quantized. `spans` (per sequence, position
-    ranges [a, b) that lie within its context): a query inside a range also sees every key of
-    that range (Gemma 3's bidirectional image tokens; the window still applies), on CUDA in the
-    flash prefill kernel too. `prompt` (`BatchMeta.prompt`): which sequences' rows are prompt
+    flash-decoding kernel fills with the output rows quantized; `shrink`: the output
+    projection's LoRA shrink for that kernel (`decode.serves_every_row`). `spans` (per sequence,
+    position ranges [a, b) that lie within its context): a query inside a range also sees every
+    key of that range (Gemma 3's bidirectional image tokens; the window still applies), on CUDA
+    in the flash prefill kernel too. `prompt` (`BatchMeta.prompt`): which sequences' rows are prompt
     rows (the CPU's prompt kernel, a one-row tail too); None: those with several rows.
     """
-    if decode is None and quant is not None:
-        raise ValueError("quant needs a decode plan")
+    if decode is None and (quant is not None or shrink is not None):
+        raise ValueError("quant and shrink need a decode plan")
     # (a plan without host tables is a graph's, built from device tensors: the host lengths and
     # tables here are placeholders then)
     if (
         q.device.type == "cpu"
         and quant is None
+        and shrink is None
         and (decode is None or decode.lens is not None)
         and paged_decode.supports(q, k_cache, v_cache, softcap, sinks, k_scales)
     ):
@@ -106,6 +109,7 @@ def paged_attention(
             sinks,
             quant,
             spans,
+            shrink,
         )
     outs = _each(q, k_cache, v_cache, query_start, seq_lens, block_tables, scale, window, softcap,
                  k_scales, v_scales, sinks, spans)  # fmt: skip
@@ -254,11 +258,12 @@ def _with_plan(
     sinks: torch.Tensor | None = None,
     quant: "QuantizedX | None" = None,
     spans: Sequence[Sequence[tuple[int, int]]] | None = None,
+    shrink=None,
 ) -> torch.Tensor:
     """Single-token sequences in one batched pass; the others one by one into the same output."""
     out = q.new_empty(q.shape[0], q.shape[1], v_cache.shape[-1])
     got = decode_attention(
-        q, k_cache, v_cache, decode, scale, softcap, k_scales, v_scales, sinks, out, quant
+        q, k_cache, v_cache, decode, scale, softcap, k_scales, v_scales, sinks, out, quant, shrink
     )
     if got is not out:  # the reference path returns the plan's rows only
         out[decode.rows] = got

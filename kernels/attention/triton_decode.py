@@ -151,14 +151,18 @@ def _split_dot_kernel(
 
 @triton.jit
 def _combine_kernel(
-    m_ptr, l_ptr, acc_ptr, rows_ptr, out_ptr, q_ptr, d_ptr, s16_ptr, xs_ptr, NS,
+    m_ptr, l_ptr, acc_ptr, rows_ptr, out_ptr, q_ptr, d_ptr, s16_ptr, xs_ptr, a_ptr, lw_ptr, t_ptr,
+    NS, slw, R,
     KV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, DV: tl.constexpr, CB: tl.constexpr,
     NSP: tl.constexpr, QUANT: tl.constexpr, RN: tl.constexpr, PDL: tl.constexpr,
+    LORA: tl.constexpr = False, BRS: tl.constexpr = 8,
 ):  # fmt: skip
     """One query head per program: merge its chunk partials CB chunks at a time (one round trip
     of loads for up to CB chunks; a running max across blocks) into output row rows[b]. QUANT:
     also quantize the head's DV values (whole 32-value groups of the row) into the row's
-    `QuantizedX` buffers, as `quantize_x8` of the float output would."""
+    `QuantizedX` buffers, as `quantize_x8` of the float output would. LORA: add the head's share
+    of the output projection's LoRA shrink (its DV columns of the stacked A, times W) into the
+    projection's scratch t with float32 atomics (`lora_delta.LoraShrink`; t zero before)."""
     pdl.gdc_begin(PDL)
     pdl.gdc_wait(PDL)
     b, hh = tl.program_id(0), tl.program_id(1)
@@ -192,6 +196,16 @@ def _combine_kernel(
         quant_groups(
             yg, grp, grp < ng, q_row, d_ptr + row * ng, s16_row, xs_ptr + row * ng, DV // 32, RN
         )
+    if LORA:
+        cols = (hh * DV + dv).to(tl.int64)
+        for r0 in range(0, R, BRS):
+            r = r0 + tl.arange(0, BRS)
+            rm = r < R
+            a = tl.load(a_ptr + r[:, None].to(tl.int64) * (KV * G * DV) + cols[None, :],
+                        mask=rm[:, None], other=0.0).to(tl.float32)  # fmt: skip
+            part = tl.sum(y[None, :] * a, axis=1)
+            part *= tl.load(lw_ptr + row * slw + r, mask=rm, other=0.0)
+            tl.atomic_add(t_ptr + row * R + r, part, mask=rm, sem="relaxed")
 
 
 def supports(k_cache: torch.Tensor, k_scales, sinks) -> bool:
@@ -220,6 +234,7 @@ def flash_decode(
     quant: QuantizedX | None = None,
     kernel: str | None = None,
     tune: dict | None = None,
+    shrink=None,
 ) -> torch.Tensor:
     """`decode_attention` for unquantized caches: q [T, H, D] float32 -> [nd, H, Dv] float32.
     With `out` [T, H, Dv] the results go straight to the plan's rows of it (returned). `bj`
@@ -227,7 +242,9 @@ def flash_decode(
     (the span split's, `triton_split.TUNE`) override the launch (benchmarks).
     `quant`: buffers for the output's rows quantized ([T or nd, H * Dv], `empty_quantized`; Dv a
     multiple of 32), which the combine fills along with the float rows; with `out`, the plan's
-    rows must be all of out's (`decode.quantized_output` allocates them)."""
+    rows must be all of out's (`decode.quantized_output` allocates them). `shrink` (a
+    `lora_delta.LoraShrink`, the same rows rule): the output projection's LoRA shrink, which the
+    combine adds into that projection's scratch."""
     nd, m = plan.slots.shape
     _, _, kvh, d = k_cache.shape
     dv = v_cache.shape[-1]
@@ -236,6 +253,8 @@ def flash_decode(
         t = nd if out is None else out.shape[0]
         if t != nd or dv % 32 or quant.scale.shape != (t, h * dv // 32):
             raise ValueError(f"quant needs all {t} rows in the plan ({nd}) and Dv % 32 == 0")
+    if shrink is not None and out is not None and out.shape[0] != nd:
+        raise ValueError(f"a LoRA shrink needs all {out.shape[0]} rows in the plan ({nd})")
     g = h // kvh
     gp = triton.next_power_of_2(g)
     launch = pdl.launch_options(pdl.enabled(q))
@@ -244,7 +263,7 @@ def flash_decode(
     if (kernel or SPLIT_KERNEL) == "span" and dot is not None and min(d, dv) >= 16:
         tune = (tune or {}) | {"bj": bj, "warps": warps}
         mx, den, acc, ns = split_span(q, k_cache, v_cache, plan, scale, softcap, dot, launch, tune)
-        return _combine(q, mx, den, acc, ns, plan, out, quant, g, kvh, dv, launch)
+        return _combine(q, mx, den, acc, ns, plan, out, quant, g, kvh, dv, launch, shrink)
     step = 16
     ns = max(1, min(triton.cdiv(m, step), triton.cdiv(PROGRAM_TARGET, nd * kvh)))
     chunk = max(step, triton.next_power_of_2(triton.cdiv(m, ns)))
@@ -269,11 +288,12 @@ def flash_decode(
         _split_dot_kernel[(nd, kvh, ns)](*args, softcap or 0.0, **geo, **dot_geo, **flags)
     else:
         _split_kernel[(nd, kvh, ns)](*args, softcap or 0.0, **geo, **flags)
-    return _combine(q, mx, den, acc, ns, plan, out, quant, g, kvh, dv, launch)
+    return _combine(q, mx, den, acc, ns, plan, out, quant, g, kvh, dv, launch, shrink)
 
 
-def _combine(q, mx, den, acc, ns, plan, out, quant, g, kvh, dv, launch) -> torch.Tensor:
-    """The combine launch over a split's partials (into `out`'s plan rows, or a new [nd, H, Dv])."""
+def _combine(q, mx, den, acc, ns, plan, out, quant, g, kvh, dv, launch, shrink=None):
+    """The combine launch over a split's partials (into `out`'s plan rows, or a new [nd, H, Dv]);
+    `shrink`: the output projection's LoRA shrink, added into its scratch."""
     nd, gp, dev = plan.rows.shape[0], triton.next_power_of_2(g), q.device
     if out is None:
         out = torch.empty(nd, kvh * g, dv, dtype=torch.float32, device=dev)
@@ -285,8 +305,15 @@ def _combine(q, mx, den, acc, ns, plan, out, quant, g, kvh, dv, launch) -> torch
     cb = min(nsp, max(1, COMBINE_VALUES // dv))
     grid = (nd, kvh * g)
     geo = {"KV": kvh, "G": g, "GP": gp, "DV": dv, "CB": cb, "NSP": nsp}
-    geo |= {"QUANT": quant is not None, "RN": q.is_cuda}
+    geo |= {"QUANT": quant is not None, "RN": q.is_cuda, "LORA": shrink is not None}
+    if shrink is None:
+        la = (out, out, out, 0, 0)
+    else:
+        if shrink.a.shape[1] != kvh * g * dv or shrink.w.stride(1) != 1:
+            raise ValueError(f"LoRA shrink A {tuple(shrink.a.shape)} for {kvh * g} x {dv}")
+        la = (shrink.a, shrink.w, shrink.t, shrink.w.stride(0), shrink.a.shape[0])
     _combine_kernel[grid](
-        mx, den, acc, rows, out, *qa, ns, **geo, **launch, num_warps=COMBINE_WARPS
-    )
+        mx, den, acc, rows, out, *qa, *la[:3], ns, *la[3:], **geo, **launch,
+        num_warps=COMBINE_WARPS,
+    )  # fmt: skip
     return out

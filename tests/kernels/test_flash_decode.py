@@ -117,6 +117,39 @@ def test_combine_quantizes_its_rows_like_quantize_x8(g, dv, t, m):
         assert torch.equal(getattr(xq, name), getattr(ref, name)), name
 
 
+@pytest.mark.parametrize(("g", "dv", "t", "rank"), [(4, 128, 1, 16), (8, 64, 3, 20)])
+@pytest.mark.parametrize("span", [False, True])
+def test_combine_adds_the_output_projections_lora_shrink(g, dv, t, rank, span):
+    """With `shrink` the combine also adds (o @ A.T) * W into the projection's scratch t (each
+    head its DV columns, float32 atomics): within float32 rounding of the float64 product of
+    the rows it wrote; the float output is the same as without; rows past t stay zero. The
+    plan's rows are out's rows in another order (t follows out's rows)."""
+    from localllm.kernels.attention.triton_decode import flash_decode
+    from localllm.kernels.fused.lora_delta import LoraShrink
+
+    gen = torch.Generator().manual_seed(g * dv + t)
+    bs, d, kvh, m = 16, 64, 2, 150
+    blocks = (m + bs - 1) // bs * t
+    kc = torch.randn(blocks, bs, kvh, d, generator=gen)
+    vc = torch.randn(blocks, bs, kvh, dv, generator=gen) * 3.0
+    q = torch.randn(t, kvh * g, d, generator=gen)
+    plan = _plan([max(1, m - 7 * i) for i in range(t)], m, blocks, bs, gen)
+    dev = _on_device(DecodePlan(torch.randperm(t, generator=gen), plan.slots, plan.pad))
+    args = (q.to(DEVICE), kc.to(DEVICE), vc.to(DEVICE), dev, d**-0.5, None)
+    kw = {"kernel": "span", "dot": "exact"} if span else {"kernel": "chunk", "dot": None}
+    plain = flash_decode(*args, torch.zeros(t, kvh * g, dv, device=DEVICE), **kw)
+    a = torch.randn(rank, kvh * g * dv, generator=gen).half()
+    w = torch.randn(8, rank, generator=gen)
+    sh = LoraShrink(a.to(DEVICE), w.to(DEVICE), torch.zeros(8, rank, device=DEVICE))
+    out = torch.zeros(t, kvh * g, dv, device=DEVICE)
+    assert flash_decode(*args, out, shrink=sh, **kw) is out
+    assert torch.equal(out, plain)
+    want = (out.reshape(t, -1).double().cpu() @ a.double().T) * w[:t].double()
+    got = sh.t.double().cpu()
+    assert (got[:t] - want).abs().max().item() < 1e-5 * want.abs().max().item()
+    assert not got[t:].any()
+
+
 def test_combine_quant_needs_every_row_of_out():
     from localllm.kernels.attention.triton_decode import flash_decode
     from localllm.kernels.quant.triton_packed import empty_quantized

@@ -158,3 +158,23 @@ def test_a_module_takes_its_inputs_shrink(monkeypatch, module):
     d.producer_shrink(n, torch.device(DEVICE))
     with pytest.raises(RuntimeError, match="shrink of 3 rows"):
         d.tails(y[:2])
+
+
+def test_attention_without_the_flash_kernel_runs_the_shrinks_torch_form():
+    """Where the flash-decoding combine does not serve every row (here: a CPU cache), the
+    paged cache's `attend_q` runs the output projection's shrink on its output itself."""
+    from localllm.engine.core.batch import BatchMeta
+    from localllm.engine.runtime.kv_cache import PagedKVCache
+
+    gen = torch.Generator().manual_seed(4)
+    kv = PagedKVCache(1, 4, 16, 2, 32, "f16", "cpu")
+    meta = BatchMeta.from_tables([3, 1], [3, 1], [[0], [2]], 16)
+    kv.write(0, torch.randn(4, 2, 32, generator=gen), torch.randn(4, 2, 32, generator=gen),
+             meta.slot_mapping)  # fmt: skip
+    q = torch.randn(4, 4, 32, generator=gen)
+    made = _shrink(16, 4 * 32, 4, seed=3)
+    sh = LoraShrink(made.a.cpu(), made.w.cpu(), torch.zeros(64, 16))
+    o, _ = kv.attend_q(0, q, meta, 32**-0.5, shrink=sh)
+    plain, _ = kv.attend_q(0, q, meta, 32**-0.5)
+    assert torch.equal(o, plain)
+    _check_t(sh, o.reshape(4, -1), 4)

@@ -3,8 +3,8 @@ layer shapes (q|k|v, o, gate|up as Q4_K, down as Q6_K: a Q4_K_M file's), random 
 each path at each row count: the packed GEMVs (up to 8 rows: `TritonLinear.matmul`), the int8
 GEMM over the packed blocks (`grouped.dense_gemm`, with its activation quantization; the path of
 9-64 rows; past 64 in blocks of 64 rows, to find where it stops paying) and a bf16 copy of the
-weight with a bf16 GEMM (the path past 64 rows); CUDA events over `--reps` calls after a warm-up. Prints one markdown table: us per call, the weight's GB/s,
-and the per-layer sum.
+weight with a bf16 GEMM (the path past 64 rows); CUDA events over `--reps` calls after a
+warm-up. Prints one markdown table: us per call, the weight's GB/s, and the per-layer sum.
 
     python tests/perf/bench_dense_rows.py [--rows 1,4,5,8,9,16,32,64,128,256,512] [--reps 50]
 """

@@ -102,6 +102,7 @@ def main(pdl: bool = False) -> None:
         "xs_ptr": F32,
         "NS": "i32",
     }
+    comb |= lora | {"slw": "i32", "R": "i32"}
     quant = {"x_ptr": F32, "q_ptr": I32, "d_ptr": F32, "s16_ptr": I32, "xsum_ptr": F32, "K": "i32"}
     cases = [
         (triton_dp4a._quant_x8, quant, {"G": 16, "RN": True}, 4),
@@ -124,9 +125,11 @@ def main(pdl: bool = False) -> None:
         for bj, exact in itertools.product((16, 32, 64), (True, False)):  # tensor-core split
             dot = {**geo, "CHUNK": bj, "BJ": bj, "GH": 16, "HAS_PAD": True, "CAP": False}
             cases.append((triton_decode._split_dot_kernel, split, {**dot, "EXACT": exact}, 4))
-        for quant in (False, True):  # with the o-proj's quantized rows (`COMBINE_QUANT`)
+        for quant, lo in ((False, False), (True, False), (True, True)):  # the o-proj's
+            # quantized rows (`COMBINE_QUANT`), its LoRA shrink
             geo = {"KV": kv, "G": g, "GP": g, "DV": 128, "CB": 64, "NSP": 64, "QUANT": quant}
-            cases.append((triton_decode._combine_kernel, comb, {**geo, "RN": True}, 4))
+            geo |= {"RN": True, "LORA": lo, "BRS": 8}
+            cases.append((triton_decode._combine_kernel, comb, geo, 4))
     gemv = {"x8_ptr": I32, "xd_ptr": F32, "out_ptr": F32, "part_ptr": F32, "cnt_ptr": I32}
     gemv |= {"ids_ptr": I64} | dict.fromkeys(("M", "N", "K", "nb", "XDIV", "P"), "i32")
     gemv |= GEMV_LORA  # the LoRA epilogue's arguments (LR=0 here: compiled out)

@@ -13,7 +13,9 @@
 #            q|k|v, gate|up and down), "epilogue launched" (every shrink its own launch) and
 #            "inline"; LORA_CASES overrides (issue 36's goal is <= 10 % over the base)
 #   tests3   pytest -m gpu: the packed linears' paths by row count (the int8 GEMM past 8 rows),
-#            the grouped GEMMs, the decode graphs
+#            fused linears, the grouped GEMMs, the flash-decoding combine (its LoRA shrink)
+#   tests4   pytest -m gpu: the LoRA shrinks in the norm / SiLU / attention kernels, the
+#            epilogue schemes through the whole model (issue 36)
 #   dense    tests/perf/bench_dense_rows.py: one 8B layer's packed linears at 1-64 rows, the
 #            int8 GEMM against the bf16 copy of the weight (issue 38)
 #   batch    tests/perf/bench_engine.py section 1 on the 8B Q4_K_M, 1 / 16 / 64 concurrent
@@ -71,14 +73,17 @@ for step in $STEPS; do
       python3 tests/perf/bench_lora.py make --model /tmp/q4km.gguf --out /tmp/loras --rank 16 \
         --count 4 --dtype f16 >/dev/null
       CASES="base;1 adapter, epilogue;1 adapter, epilogue launched;4 adapters, epilogue"
-      CASES=${LORA_CASES:-"$CASES;4 adapters, epilogue launched;4 adapters, inline"}
+      CASES=${LORA_CASES:-"$CASES;4 adapters, epilogue launched"}
       timeout "$(cap 150)" python3 tests/perf/bench_lora.py ab --model /tmp/q4km.gguf \
         --dir /tmp/loras --device cuda -n 128 --reps 3 --rounds 1 --cases "$CASES" \
         >"$OUT/lora_ab.md" 2>/tmp/lora_ab.err
       tail -3 /tmp/lora_ab.err
       { echo "## lora ab"; cat "$OUT/lora_ab.md"; } | tee -a "$OUT/summary.md" ;;
-    tests3) gpu_tests pytest3.log 120 tests/kernels/test_triton_gemv.py \
-        tests/kernels/test_moe_grouped.py tests/engine/test_gpu_graphs.py ;;
+    tests3) gpu_tests pytest3.log 120 tests/kernels/test_triton_gemv.py -k both_paths \
+        tests/engine/test_fused_linear.py tests/kernels/test_moe_grouped.py \
+        tests/kernels/test_flash_decode.py tests/engine/test_combine_quant.py ;;
+    tests4) gpu_tests pytest4.log 110 tests/lora/test_lora_producer_shrink.py \
+        tests/lora/test_lora_epilogue_gpu.py ;;
     dense) timeout "$(cap 90)" python3 tests/perf/bench_dense_rows.py --reps 30 2>/tmp/dense.err \
         | tee "$OUT/dense.md"
       tail -3 /tmp/dense.err
@@ -86,11 +91,11 @@ for step in $STEPS; do
     batch) wait $G8 || { tail -3 /tmp/make8b.log; continue; }
       for on in True False; do
         echo "### DENSE_INT8 = $on" | tee -a "$OUT/batch.md"
-        timeout "$(cap 120)" python3 -c "import sys, runpy
+        timeout "$(cap 100)" python3 -c "import sys, runpy
 import localllm.kernels.quant.triton_linear as t; t.DENSE_INT8 = $on
 sys.argv = ['bench_engine'] + sys.argv[1:]
 runpy.run_path('tests/perf/bench_engine.py', run_name='__main__')" --model /tmp/q4km.gguf \
-          --device cuda --sections 1 --concurrency 1,16,64 --prompt-len 128 --gen 128 --reps 2 \
+          --device cuda --sections 1 --concurrency 1,16,64 --prompt-len 128 --gen 128 --reps 1 \
           --max-model-len 512 2>/tmp/batch.err | tee -a "$OUT/batch.md"
         tail -3 /tmp/batch.err
       done

@@ -81,7 +81,8 @@ for step in $STEPS; do
       { echo "## lora ab"; cat "$OUT/lora_ab.md"; } | tee -a "$OUT/summary.md" ;;
     tests3) gpu_tests pytest3.log 120 tests/kernels/test_triton_gemv.py -k both_paths \
         tests/engine/test_fused_linear.py tests/kernels/test_moe_grouped.py \
-        tests/kernels/test_flash_decode.py tests/engine/test_combine_quant.py ;;
+        tests/kernels/test_flash_decode.py tests/engine/test_combine_quant.py \
+        tests/engine/test_gpu_engine.py tests/engine/test_converted_families_gpu.py ;;
     tests4) gpu_tests pytest4.log 110 tests/lora/test_lora_producer_shrink.py \
         tests/lora/test_lora_epilogue_gpu.py ;;
     dense) timeout "$(cap 90)" python3 tests/perf/bench_dense_rows.py --reps 30 2>/tmp/dense.err \

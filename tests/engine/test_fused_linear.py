@@ -12,6 +12,7 @@ import torch
 
 from localllm.engine.layers.linear import FusedLinear, QuantLinear
 from localllm.engine.layers.shared import RMSNorm
+from localllm.kernels.fused import QUANT_MAX_ROWS
 from localllm.kernels.quant import QuantType
 from localllm.offload import QuantWeight
 from tests.kernels.conftest import random_blocks
@@ -73,6 +74,6 @@ def test_mixed_types_equal_separate_linears_cuda(rows, bias):
     norm = RMSNorm(K, 1e-6)
     norm.weight = torch.rand(K, device="cuda") + 0.5
     h, hq = norm.forward_q(x)
-    assert (hq is not None) == (rows <= 4)
+    assert (hq is not None) == (rows <= QUANT_MAX_ROWS)
     for a, b in zip(fused(h, hq), fused(h), strict=True):
         assert torch.equal(a, b)

@@ -52,6 +52,10 @@ EPILOGUE_ROWS = 4  # rows the epilogue schemes take (the packed GEMVs' launch: M
 # where the model hands it over (`producer_shrink`), so no LoRA launch is left for those modules
 # (False: the shrink launched, for A/B benches)
 PRODUCER_SHRINK = True
+# the producers take a module's stacked ranks up to this (H100, 8B shape: one rank-16 adapter,
+# R 48 / 32 / 16 for q|k|v / gate|up / down and o, +16.1 % against +22.1 % launched; four,
+# R 64 to 192, +54.1 % against +46.3 %: their loops over A outgrow a launch)
+PRODUCER_MAX_RANK = 48
 # "inline": at most this many shrink items in a GEMV, and no more than the GPU's SMs (item owners
 # are the first programs to start; fewer than one per SM always find room, so the tile
 # finishers waiting for them cannot fill the GPU first); more: the shrink is launched
@@ -223,6 +227,8 @@ class LoraDelta:
         (`kernels.fused.ops`'s `shrink`), after which that call's `tails` launches none. The
         caller must hand it to that kernel and call this module next."""
         self._produced = 0
+        if self.a.shape[0] > PRODUCER_MAX_RANK:
+            return None
         if not (PRODUCER_SHRINK and SCHEME == "epilogue" and self._takes(rows, device)):
             return None
         self._produced = rows

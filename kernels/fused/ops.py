@@ -8,12 +8,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-# Rows up to which the CUDA linears take an activation quantized by the kernel that made it:
-# the packed GEMVs up to `triton_packed.MAX_ROWS` (4) rows, the int8 GEMM over packed blocks from
-# 9 to `triton_linear.DENSE_MAX_ROWS` (64) rows, which then needs no quantization launch of its
-# own (5-8 rows: the GEMVs quantize in their own launches). Kept here so CPU code never imports
-# triton.
-QUANT_MAX_ROWS = 64
+# Rows up to which a GEMV takes a pre-quantized activation (`triton_packed.MAX_ROWS`; kept here
+# so CPU code never imports triton).
+QUANT_MAX_ROWS = 4
 
 
 @dataclass(frozen=True)

@@ -32,10 +32,13 @@ from localllm.kernels.quant.triton_packed import (
 from localllm.kernels.quant.types import QuantType
 
 GEMV_MAX_M = 8  # more activation rows than this: dequantize to bf16 and use a GEMM
-# packed weights between GEMV_MAX_M and this many rows: the int8 tensor-core GEMM over the packed
-# blocks (`kernels.moe.grouped.dense_gemm`: a batched decode step reads the weight once instead
-# of writing and reading a bf16 copy of it); False: the bf16 copy (an A/B switch)
-DENSE_INT8 = True
+# packed weights between GEMV_MAX_M and DENSE_MAX_ROWS rows: the int8 tensor-core GEMM over the
+# packed blocks (`kernels.moe.grouped.dense_gemm`) instead of a bf16 copy of the weight and a
+# cuBLAS GEMM. Off: on an H100 (8B shape, tests/perf/results/server.md, 2026-12-07 08:19) the
+# engine's 16 / 64 concurrent decodes ran 818 / 1,521 tok/s with it against 1,004 / 3,042
+# without (one row block over the whole weight gives N / 64 programs, each looping over all of
+# K: too few for the GPU; a split-K geometry is the next step). An A/B switch
+DENSE_INT8 = False
 DENSE_MAX_ROWS = 64
 
 # 4-bit codes in 32-value groups: the kernel's KIND and code table

@@ -65,8 +65,7 @@ def test_fusable_rules():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
-# 9, 33: the int8 GEMM over the packed blocks (one quantization shared by the groups); 65: bf16
-@pytest.mark.parametrize("rows", [1, 3, 9, 33, 65])
+@pytest.mark.parametrize("rows", [1, 3, 9, 33])  # 9, 33: the bf16 GEMM path
 @pytest.mark.parametrize("bias", [False, True])
 def test_mixed_types_equal_separate_linears_cuda(rows, bias):
     fused, x = _check("cuda", rows, bias, 1e-4)

@@ -82,19 +82,22 @@ def test_bf16_dequant_matches_reference(name, make_blocks):
 
 @pytest.mark.parametrize("name", TYPES)
 @pytest.mark.parametrize("m", [1, 9, 33, 64, 65])
-def test_prepared_linear_both_paths(name, m, make_blocks):
-    """Up to 8 rows the GEMVs; packed types up to DENSE_MAX_ROWS (64) rows the int8 tensor-core
-    GEMM (both: int8 activations per 32, against their float64 oracle); more rows, and the other
-    types past 8, the bf16 GEMM."""
+@pytest.mark.parametrize("dense_int8", [False, True])
+def test_prepared_linear_both_paths(name, m, dense_int8, make_blocks, monkeypatch):
+    """Up to 8 rows the GEMVs; with `DENSE_INT8` packed types up to DENSE_MAX_ROWS (64) rows the
+    int8 tensor-core GEMM (both: int8 activations per 32, against their float64 oracle); more
+    rows, and the other types past 8, the bf16 GEMM."""
+    from localllm.kernels.quant import triton_linear
     from localllm.kernels.quant.triton_linear import DENSE_MAX_ROWS
 
+    monkeypatch.setattr(triton_linear, "DENSE_INT8", dense_int8)
     n, k = SHAPES[0]
     seed, raw, w = _case(make_blocks, name, n, k)
     prep = prepare_linear(raw, QuantType[name], (n, k), strategy="triton")
     assert prep.kind == "triton" and prep.nbytes == raw.numel()
     x = torch.randn(m, k, dtype=torch.float64)
     y = prep.matmul(x.float().to(DEVICE))
-    int8 = prep.repacked and m <= DENSE_MAX_ROWS
+    int8 = prep.repacked and (m <= 8 or (dense_int8 and m <= DENSE_MAX_ROWS))
     if int8:  # dp4a kernels and the int8 GEMM (test_triton_packed.py, test_moe_grouped.py)
         from localllm.kernels.quant.q8x_reference import gemv_q8x_reference
 

@@ -136,7 +136,7 @@ def test_a_module_takes_its_inputs_shrink(monkeypatch, module):
     n, k = len(rows_lora), lin.shape[1]
     gen = torch.Generator().manual_seed(9)
     with torch.inference_mode():
-        sh = d.producer_shrink(n, torch.device(DEVICE))
+        sh = d.producer_shrink(n, d.scratch[0].device)
         assert sh is not None
         if module == "qkv":
             x, r = (torch.randn(n, k, generator=gen).to(DEVICE) for _ in range(2))
@@ -155,7 +155,7 @@ def test_a_module_takes_its_inputs_shrink(monkeypatch, module):
     assert (got - (base + dt)).abs().max().item() < 1e-5 * dt.abs().max().item()
     assert torch.equal(got[1], base[1])  # the row on no adapter: the base alone
     # a call of other rows than the shrink's is refused (t would be wrong)
-    d.producer_shrink(n, torch.device(DEVICE))
+    d.producer_shrink(n, d.scratch[0].device)
     with pytest.raises(RuntimeError, match="shrink of 3 rows"):
         d.tails(y[:2])
 

@@ -3,8 +3,9 @@ layer shapes (q|k|v, o, gate|up as Q4_K, down as Q6_K: a Q4_K_M file's), random 
 each path at each row count: the packed GEMVs (up to 8 rows: `TritonLinear.matmul`), the int8
 GEMM over the packed blocks (`grouped.dense_gemm`, with its activation quantization; the path of
 9-64 rows; past 64 in blocks of 64 rows, to find where it stops paying) and a bf16 copy of the
-weight with a bf16 GEMM (the path past 64 rows); CUDA events over `--reps` calls after a
-warm-up. Prints one markdown table: us per call, the weight's GB/s, and the per-layer sum.
+weight with a bf16 GEMM (the path past 64 rows); `--reps` calls captured in one CUDA graph and
+timed replayed, after a warm-up. Prints one markdown table: us per call, the weight's GB/s, and
+the per-layer sum.
 
     python tests/perf/bench_dense_rows.py [--rows 1,4,5,8,9,16,32,64,128,256,512] [--reps 50]
 """
@@ -33,12 +34,22 @@ SHAPES = {  # name: (N, K, type) of one Llama-3-8B layer
 
 
 def _time(fn, reps: int) -> float:
-    fn()
+    """GPU microseconds of one call: `reps` calls captured in one CUDA graph, replayed (eager
+    calls measure the host's launches: 2026-12-07 08:18, tests/perf/results/server.md)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()  # compile and allocate outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(reps):
+            fn()
+    graph.replay()
     torch.cuda.synchronize()
     a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     a.record()
-    for _ in range(reps):
-        fn()
+    graph.replay()
     b.record()
     torch.cuda.synchronize()
     return a.elapsed_time(b) * 1000 / reps

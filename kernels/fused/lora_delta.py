@@ -54,8 +54,9 @@ class LoraTail:
 @dataclass(frozen=True, slots=True)
 class LoraShrink:
     """A linear's LoRA shrink handed to the kernel that makes its input (a norm, the SiLU
-    product), which then writes t = (x @ a.T) * w[:T] into the scratch itself: a [R, in] the
-    stacked A, w [rows, R] W's columns, t [rows, R] the module's scratch (zero before)."""
+    product, the flash-decoding combine), which then writes t = (x @ a.T) * w[:T] into the
+    scratch itself: a [R, in] the stacked A, w [rows, R] W's columns, t [rows, R] the module's
+    scratch (zero before)."""
 
     a: torch.Tensor
     w: torch.Tensor

@@ -60,8 +60,8 @@ def grouped_gemm(
 
 
 # a dense packed weight as one "expert" holding every row (`dense_gemm`, up to
-# `triton_linear.DENSE_MAX_ROWS` rows): batched decode steps of many sequences, where a bf16 copy
-# of the whole weight per call (the path of long prompts) costs more than the GEMM itself
+# `triton_linear.DENSE_MAX_ROWS` rows, behind its DENSE_INT8 switch): tried for batched decode in
+# place of a bf16 copy of the weight per call, and measured slower (tests/perf/results/server.md)
 DENSE_BLOCK_N = 64  # weight rows per program: one row block, so twice the programs of 128
 _DENSE_PAIRS: dict[torch.device, list[SortedPairs]] = {}
 

@@ -138,9 +138,9 @@ def dequantize_bf16(data: torch.Tensor, qtype: QuantType, n: int, k: int) -> tor
 
 
 class TritonLinear:
-    """A raw-block weight [N, K] on CUDA: fused GEMV for M <= GEMV_MAX_M rows; for packed types up
-    to DENSE_MAX_ROWS rows the int8 tensor-core GEMM over the packed blocks; else the
-    weight dequantized to bf16 (one pass, scratch freed after the call) and a bf16 GEMM.
+    """A raw-block weight [N, K] on CUDA: fused GEMV for M <= GEMV_MAX_M rows, else the weight
+    dequantized to bf16 (one pass, scratch freed after the call) and a bf16 GEMM (with
+    DENSE_INT8, packed types up to DENSE_MAX_ROWS rows take the int8 GEMM over their blocks).
 
     Q4_K, Q6_K and Q8_0 are re-laid out column-major once (`repack`, same bytes) for the dp4a
     kernels; `repacked` tells the owner that the raw copy it passed is no longer needed.
@@ -159,10 +159,11 @@ class TritonLinear:
             self.packed = pack_blocks(data, qtype, *shape)
             self.cfg = packed_config(qtype, *shape)
             self.counters = split_counters(self.packed, self.cfg)
-            # (a package edge to the grouped GEMMs, which import this package's kernels only)
-            from localllm.kernels.moe.grouped import prepare_dense
+            if DENSE_INT8:  # its row lists at load, never inside a capture (set it before load)
+                # (a package edge to the grouped GEMMs, which import this package's kernels only)
+                from localllm.kernels.moe.grouped import prepare_dense
 
-            prepare_dense(self.packed.device, DENSE_MAX_ROWS)  # (now: never inside a capture)
+                prepare_dense(self.packed.device, DENSE_MAX_ROWS)
         else:
             self.data = data.reshape(shape[0], -1).contiguous()
             self.cfg = gemv_config(qtype, shape[0])

@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from localllm.kernels.quant.triton_dp4a import _plane, _q4k_header
+from localllm.kernels.quant.triton_unpack import _affine, _split
 
 
 @triton.jit
@@ -37,14 +38,6 @@ def _cols(N, BN: tl.constexpr):
     """This program's weight rows (output columns) and which of them exist."""
     cols = tl.program_id(1) * BN + tl.arange(0, BN)
     return cols, cols < N
-
-
-@triton.jit
-def _split(w):
-    """Words [8, BN] -> their bytes [32, BN] as int32 (row r: byte r % 4 of word r // 4, the
-    code at K offset r)."""
-    b4 = tl.arange(0, 4)
-    return tl.reshape((w[:, None, :] >> (8 * b4)[None, :, None]) & 0xFF, (32, w.shape[1]))
 
 
 @triton.jit
@@ -89,20 +82,6 @@ def _grouped_q4k(
                 low = (dmin * mn)[None, :] * xs[:, None]  # the sub-block's minimum, summed
                 acc += (d * sc)[None, :] * (dx[:, None] * isum.to(tl.float32)) - low
         _store(out_ptr, acc, pair, rm, cols, cm, N)
-
-
-@triton.jit
-def _affine(h1, h2, h3, sub):
-    """`triton_dp4a._q4k_affine` for a sub-block index known only at run time (the flat loop's);
-    the decode GEMVs keep the compile-time form, whose branch drops the unused header word."""
-    sh = (sub % 4) * 8
-    a1 = (h1 >> sh) & 0xFF
-    a2 = (h2 >> sh) & 0xFF
-    a3 = (h3 >> sh) & 0xFF
-    lo = sub < 4
-    sc = tl.where(lo, a1 & 63, (a3 & 15) | ((a1 >> 6) << 4))
-    mn = tl.where(lo, a2 & 63, ((a3 >> 4) & 15) | ((a2 >> 6) << 4))
-    return sc.to(tl.float32), mn.to(tl.float32)
 
 
 @triton.jit

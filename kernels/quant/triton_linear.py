@@ -8,6 +8,8 @@ from dataclasses import dataclass
 import torch
 import triton
 
+from localllm.kernels.quant.batch_gemm import MAX_ROWS as BATCH_MAX_ROWS
+from localllm.kernels.quant.batch_gemm import batch_gemm
 from localllm.kernels.quant.dequant_legacy import FP4_VALUES, IQ4_NL_VALUES, kvalues_lut
 from localllm.kernels.quant.repack import PACKED_TYPES, PackedBlocks, pack_blocks
 from localllm.kernels.quant.triton_gemv import (
@@ -32,12 +34,16 @@ from localllm.kernels.quant.triton_packed import (
 from localllm.kernels.quant.types import QuantType
 
 GEMV_MAX_M = 8  # more activation rows than this: dequantize to bf16 and use a GEMM
-# packed weights between GEMV_MAX_M and DENSE_MAX_ROWS rows: the int8 tensor-core GEMM over the
-# packed blocks (`kernels.moe.grouped.dense_gemm`) instead of a bf16 copy of the weight and a
-# cuBLAS GEMM. Off: on an H100 (8B shape, tests/perf/results/server.md, 2026-12-07 08:19) the
+# packed weights between GEMV_MAX_M and batch_gemm.MAX_ROWS (64) rows, batched decode: one GEMM
+# that expands the weight's tiles in registers (`batch_gemm`) instead of writing a bf16 copy of
+# the whole weight and reading it back for cuBLAS (the copy is most of a 16-64 sequence decode
+# step's traffic). An A/B switch, off until a GPU has timed it (tests/perf/gpu_switches.sh `bgemm`)
+BATCH_GEMM = False
+# the int8 tensor-core GEMM over the packed blocks (`kernels.moe.grouped.dense_gemm`) for the
+# same rows. Off: on an H100 (8B shape, tests/perf/results/server.md, 2026-12-07 08:19) the
 # engine's 16 / 64 concurrent decodes ran 818 / 1,521 tok/s with it against 1,004 / 3,042
 # without (one row block over the whole weight gives N / 64 programs, each looping over all of
-# K: too few for the GPU; a split-K geometry is the next step). An A/B switch
+# K: too few for the GPU; register spills at 64 rows). An A/B switch; BATCH_GEMM wins over it
 DENSE_INT8 = False
 DENSE_MAX_ROWS = 64
 
@@ -140,7 +146,8 @@ def dequantize_bf16(data: torch.Tensor, qtype: QuantType, n: int, k: int) -> tor
 class TritonLinear:
     """A raw-block weight [N, K] on CUDA: fused GEMV for M <= GEMV_MAX_M rows, else the weight
     dequantized to bf16 (one pass, scratch freed after the call) and a bf16 GEMM (with
-    DENSE_INT8, packed types up to DENSE_MAX_ROWS rows take the int8 GEMM over their blocks).
+    BATCH_GEMM, packed types up to 64 rows take `batch_gemm`, which expands the weight in
+    registers; with DENSE_INT8 the int8 GEMM over their blocks).
 
     Q4_K, Q6_K and Q8_0 are re-laid out column-major once (`repack`, same bytes) for the dp4a
     kernels; `repacked` tells the owner that the raw copy it passed is no longer needed.
@@ -174,7 +181,7 @@ class TritonLinear:
 
     def takes_quantized(self, rows: int) -> bool:
         """Whether `matmul` of `rows` rows reads an `xq` (its rows quantized to int8 per 32)."""
-        dense = DENSE_INT8 and GEMV_MAX_M < rows <= DENSE_MAX_ROWS
+        dense = DENSE_INT8 and not BATCH_GEMM and GEMV_MAX_M < rows <= DENSE_MAX_ROWS
         return self.packed is not None and (0 < rows <= PACKED_MAX_ROWS or dense)
 
     def takes_tail(self, rows: int) -> bool:
@@ -195,6 +202,8 @@ class TritonLinear:
             raise ValueError(f"no LoRA epilogue for {self.qtype.name} at {x2.shape[0]} rows")
         if self.packed is not None and small:
             y = gemv_packed(x2, self.packed, self.cfg, self.counters, xq, lora)
+        elif self.packed is not None and BATCH_GEMM and x2.shape[0] <= BATCH_MAX_ROWS:
+            y = batch_gemm(x2, self.packed)
         elif self.packed is not None and DENSE_INT8 and x2.shape[0] <= DENSE_MAX_ROWS:
             from localllm.kernels.moe.grouped import dense_gemm
 

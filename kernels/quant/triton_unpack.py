@@ -88,3 +88,25 @@ def _deq_q8_0_packed(qs_ptr, d_ptr, out_ptr, N, NB, E0, BN: tl.constexpr, BB: tl
             krow = blk * 32 + 4 * lane + b
             o = out_ptr + krow.to(tl.int64)[:, None] * N + cols[None, :]
             tl.store(o, (d[None, :] * code).to(tl.bfloat16), mask=cm[None, :])
+
+
+@triton.jit
+def _split(w):
+    """Words [8, BN] -> their bytes [32, BN] as int32 (row r: byte r % 4 of word r // 4, the
+    code at K offset r)."""
+    b4 = tl.arange(0, 4)
+    return tl.reshape((w[:, None, :] >> (8 * b4)[None, :, None]) & 0xFF, (32, w.shape[1]))
+
+
+@triton.jit
+def _affine(h1, h2, h3, sub):
+    """`triton_dp4a._q4k_affine` for a sub-block index known only at run time (a flat loop's);
+    the decode GEMVs keep the compile-time form, whose branch drops the unused header word."""
+    sh = (sub % 4) * 8
+    a1 = (h1 >> sh) & 0xFF
+    a2 = (h2 >> sh) & 0xFF
+    a3 = (h3 >> sh) & 0xFF
+    lo = sub < 4
+    sc = tl.where(lo, a1 & 63, (a3 & 15) | ((a1 >> 6) << 4))
+    mn = tl.where(lo, a2 & 63, ((a3 >> 4) & 15) | ((a2 >> 6) << 4))
+    return sc.to(tl.float32), mn.to(tl.float32)

@@ -82,15 +82,18 @@ def test_bf16_dequant_matches_reference(name, make_blocks):
 
 @pytest.mark.parametrize("name", TYPES)
 @pytest.mark.parametrize("m", [1, 9, 33, 64, 65])
-@pytest.mark.parametrize("dense_int8", [False, True])
-def test_prepared_linear_both_paths(name, m, dense_int8, make_blocks, monkeypatch):
-    """Up to 8 rows the GEMVs; with `DENSE_INT8` packed types up to DENSE_MAX_ROWS (64) rows the
-    int8 tensor-core GEMM (both: int8 activations per 32, against their float64 oracle); more
-    rows, and the other types past 8, the bf16 GEMM."""
+@pytest.mark.parametrize("past8", ["bf16 copy", "int8", "batch"])
+def test_prepared_linear_both_paths(name, m, past8, make_blocks, monkeypatch):
+    """Up to 8 rows the GEMVs; past 8 and up to 64 rows packed types take, by switch, the bf16
+    copy of the weight, the int8 tensor-core GEMM (`DENSE_INT8`; int8 activations per 32 like
+    the GEMVs, both against their float64 oracle) or `batch_gemm` (`BATCH_GEMM`: bf16, as the
+    copy); more rows, and the other types past 8, the bf16 GEMM."""
     from localllm.kernels.quant import triton_linear
     from localllm.kernels.quant.triton_linear import DENSE_MAX_ROWS
 
-    monkeypatch.setattr(triton_linear, "DENSE_INT8", dense_int8)
+    monkeypatch.setattr(triton_linear, "DENSE_INT8", past8 == "int8")
+    monkeypatch.setattr(triton_linear, "BATCH_GEMM", past8 == "batch")
+    dense_int8 = past8 == "int8"
     n, k = SHAPES[0]
     seed, raw, w = _case(make_blocks, name, n, k)
     prep = prepare_linear(raw, QuantType[name], (n, k), strategy="triton")

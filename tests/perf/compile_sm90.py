@@ -1,6 +1,7 @@
 """Compile the fused and attention triton kernels for sm_90 on a machine without a GPU (not a test).
 
     python tests/perf/compile_sm90.py [--pdl]
+    python tests/perf/compile_sm90.py --batch    # only the batched-decode GEMMs' tile choices
 
 `--pdl` compiles the programmatic-dependent-launch variants (`kernels/pdl.py`) and checks that
 their PTX holds the griddepcontrol instructions (and, for the GEMVs, the L2 prefetches).
@@ -26,7 +27,7 @@ from localllm.kernels import host_flags
 from localllm.kernels.attention import triton_decode
 from localllm.kernels.fused import triton_ops, triton_rope
 from localllm.kernels.moe import triton_combine
-from localllm.kernels.quant import triton_dp4a
+from localllm.kernels.quant import triton_batch_gemm, triton_dp4a
 
 F32, I32, I64 = "*fp32", "*i32", "*i64"
 # the packed GEMVs' LoRA epilogue arguments (`kernels/quant/triton_lora_tail.py`)
@@ -72,6 +73,24 @@ def compile_one(fn, sig: dict[str, str], const: dict, warps: int = 4) -> str:
         pre = ptx_text.count("prefetch.global.L2")
         line += f", griddepcontrol {starts}+{waits}, L2 prefetches {pre}"
     return line
+
+
+def batch_gemms() -> None:
+    """`triton_batch_gemm`'s kernels at their row blocks and the tile widths and warps a sweep
+    would try (`batch_gemm.BatchGemmConfig`)."""
+    tail = {"out_ptr": F32} | dict.fromkeys(("M", "N", "K", "NB", "SB"), "i32")
+    sigs = {
+        triton_batch_gemm._bgemm_q4k: {"x_ptr": "*bf16", "qs_ptr": I32, "hdr_ptr": I32} | tail,
+        triton_batch_gemm._bgemm_q6k: {"x_ptr": "*bf16", "ql_ptr": I32, "qh_ptr": I32}
+        | {"sc_ptr": I32, "d_ptr": "*fp16"}
+        | tail,
+        triton_batch_gemm._bgemm_q8_0: {"x_ptr": "*bf16", "qs_ptr": I32, "d_ptr": "*fp16"} | tail,
+    }
+    for fn, sig in sigs.items():
+        for bm, bn, warps in itertools.product((16, 32, 64), (32, 64, 128), (4, 8)):
+            const = {"BM": bm, "BN": bn, "HALF": True}
+            line = compile_one(fn, sig, const, warps)
+            print(f"{fn.__name__} BM {bm} BN {bn} x {warps} warps: {line}")
 
 
 def main(pdl: bool = False) -> None:
@@ -174,4 +193,7 @@ def main(pdl: bool = False) -> None:
 
 
 if __name__ == "__main__":
-    main(pdl="--pdl" in sys.argv)
+    if "--batch" in sys.argv:
+        batch_gemms()
+    else:
+        main(pdl="--pdl" in sys.argv)

@@ -16,22 +16,28 @@
 #            fused linears, the grouped GEMMs, the flash-decoding combine (its LoRA shrink)
 #   tests4   pytest -m gpu: the LoRA shrinks in the norm / SiLU / attention kernels, the
 #            epilogue schemes through the whole model (issue 36)
+#   tests5   pytest -m gpu: the batch GEMM over packed blocks (9-64 rows) against the bf16 copy
+#            and gguf, and every packed linear path by row count (issue 38)
 #   dense    tests/perf/bench_dense_rows.py: one 8B layer's packed linears at 1-64 rows, the
-#            int8 GEMM against the bf16 copy of the weight (issue 38)
+#            batch GEMM and the int8 GEMM against the bf16 copy of the weight; SWEEP=1 adds the
+#            batch GEMM's geometry sweep at 16 and 64 rows (issue 38)
 #   batch    tests/perf/bench_engine.py section 1 on the 8B Q4_K_M, 1 / 16 / 64 concurrent
-#            requests of 128 + 128 tokens, triton_linear.DENSE_INT8 on and off (issue 38)
+#            requests of 128 + 128 tokens, triton_linear.$SWITCH on and off (SWITCH: BATCH_GEMM,
+#            the default, or DENSE_INT8; issue 38)
 #   hybrid   tests/perf/profile_hybrid_prefill.py on a Granite-4.0-H-Tiny-shape Q4_K_M: pp512
 #            eager and as a prompt graph, token-by-token scan against the chunked one at IEEE
 #            and tf32x3 dots, alternated in one process (issue 40)
 # Prepare here: `bash tests/perf/h200_prepare.sh` (.whl, .refbuild/smollm2-tok.gguf); carry
 # [".whl", ".refbuild/smollm2-tok.gguf"]; from the repo root: bash tests/perf/gpu_switches.sh
-# Knobs: STEPS ("tests1 lora hybrid tests2"; also tests3, dense, batch), END_S (560: no step's timeout runs past it).
+# Knobs: STEPS ("tests1 lora hybrid tests2"; also tests3, tests4, tests5, dense, batch), END_S
+# (560: no step's timeout runs past it), SWITCH, SWEEP.
 # $OUT: pytest1.log, pytest2.log, lora_ab.md, profile_g4t.md, summary.md (printed last).
 set -u
 export PYTHONUNBUFFERED=1 PYTHONSAFEPATH=1
 OUT=${OUT:-/tmp/out}
 STEPS=${STEPS:-tests1 lora hybrid tests2}
 END_S=${END_S:-560}
+SWITCH=${SWITCH:-BATCH_GEMM}
 mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
   .whl/*.whl
@@ -85,15 +91,18 @@ for step in $STEPS; do
         tests/engine/test_gpu_engine.py tests/engine/test_converted_families_gpu.py ;;
     tests4) gpu_tests pytest4.log 110 tests/lora/test_lora_producer_shrink.py \
         tests/lora/test_lora_epilogue_gpu.py ;;
-    dense) timeout "$(cap 90)" python3 tests/perf/bench_dense_rows.py --reps 30 2>/tmp/dense.err \
-        | tee "$OUT/dense.md"
+    tests5) gpu_tests pytest5.log 100 tests/kernels/test_batch_gemm.py \
+        tests/kernels/test_triton_gemv.py -k "both_paths or batch" ;;
+    dense) if [ "${SWEEP:-0}" = 1 ]; then rows=(--rows 1,8,9,16,32,64 --sweep); else rows=(); fi
+      timeout "$(cap 150)" python3 tests/perf/bench_dense_rows.py --reps 30 "${rows[@]}" \
+        2>/tmp/dense.err | tee "$OUT/dense.md"
       tail -3 /tmp/dense.err
       { echo "## dense rows"; cat "$OUT/dense.md"; } >>"$OUT/summary.md" ;;
     batch) wait $G8 || { tail -3 /tmp/make8b.log; continue; }
       for on in True False; do
-        echo "### DENSE_INT8 = $on" | tee -a "$OUT/batch.md"
+        echo "### $SWITCH = $on" | tee -a "$OUT/batch.md"
         timeout "$(cap 100)" python3 -c "import sys, runpy
-import localllm.kernels.quant.triton_linear as t; t.DENSE_INT8 = $on
+import localllm.kernels.quant.triton_linear as t; t.$SWITCH = $on
 sys.argv = ['bench_engine'] + sys.argv[1:]
 runpy.run_path('tests/perf/bench_engine.py', run_name='__main__')" --model /tmp/q4km.gguf \
           --device cuda --sections 1 --concurrency 1,16,64 --prompt-len 128 --gen 128 --reps 1 \

@@ -1,0 +1,122 @@
+"""Triton GEMMs for batched decode (9-64 rows) over packed Q4_K, Q6_K and Q8_0 blocks.
+
+Past the GEMVs' few rows a packed linear used to expand its whole weight into a bf16 copy per
+call and hand it to cuBLAS: at 16-64 rows that copy (written, then read back) is most of a decode
+step's memory traffic. Here each program expands its own [32, BN] weight tile in registers, by
+the same float32 formulas as `triton_unpack` (each value rounded once to bf16), and multiplies it
+with the activation rows on bf16 tensor cores, so the weight's bytes are read once and nothing
+is written but the output. Activations are bf16 [M, K]; programs split K (grid axis 1) and each
+writes its partial sums [M, N] of one split to its own slice, which the host adds in a fixed
+order (no atomics: a call's bits do not depend on scheduling).
+
+Program (n, split, m): weight rows n*BN.., super-blocks (blocks for Q8_0) split*SB.., activation
+rows m*BM... One flat loop of 32-value steps lets the software pipeliner prefetch every load
+(`triton_grouped`'s finding). Layouts: `repack.PackedBlocks`; host side: `batch_gemm`.
+"""
+
+import triton
+import triton.language as tl
+
+from localllm.kernels.quant.triton_dp4a import _plane, _q4k_header
+from localllm.kernels.quant.triton_unpack import _affine, _split
+
+
+@triton.jit
+def _tile_start(M, N, BM: tl.constexpr, BN: tl.constexpr):
+    """This program's activation rows, weight rows, their masks and its split index."""
+    rows = tl.program_id(2) * BM + tl.arange(0, BM)
+    cols = tl.program_id(0) * BN + tl.arange(0, BN)
+    return rows, rows < M, cols, cols < N, tl.program_id(1)
+
+
+@triton.jit
+def _x_tile(x_ptr, rows, rm, K, k0):
+    """Activation values [BM, 32] at K offset k0 (bf16, as the host rounded them)."""
+    kk = k0 + tl.arange(0, 32)
+    return tl.load(x_ptr + rows[:, None].to(tl.int64) * K + kk[None, :], mask=rm[:, None], other=0)
+
+
+@triton.jit
+def _mma(acc, x, w, HALF: tl.constexpr):
+    """acc + x @ w, w [32, BN] float32 rounded to bf16 first. HALF: bf16 tensor cores (CUDA);
+    else the same bf16 values multiplied in float32 (the interpreter's bf16 dot is wrong)."""
+    if HALF:
+        return tl.dot(x, w.to(tl.bfloat16), acc)
+    return tl.dot(x.to(tl.float32), w.to(tl.bfloat16).to(tl.float32), acc, input_precision="ieee")
+
+
+@triton.jit
+def _store_split(out_ptr, acc, split, rows, rm, cols, cm, M, N):
+    o = out_ptr + (split * M + rows).to(tl.int64)[:, None] * N + cols[None, :]
+    tl.store(o, acc, mask=rm[:, None] & cm[None, :])
+
+
+@triton.jit
+def _bgemm_q4k(
+    x_ptr, qs_ptr, hdr_ptr, out_ptr, M, N, K, NB, SB,
+    BM: tl.constexpr, BN: tl.constexpr, HALF: tl.constexpr,
+):  # fmt: skip
+    rows, rm, cols, cm, split = _tile_start(M, N, BM, BN)
+    lane = tl.arange(0, 8)
+    s0 = split * SB
+    steps = tl.minimum(SB, NB - s0) * 8
+    acc = tl.zeros([BM, BN], dtype=tl.float32)
+    for i in range(0, steps):  # sub-block `sub` of super-block s: 32 values
+        s = s0 + i // 8
+        sub = i % 8
+        d, dmin, h1, h2, h3 = _q4k_header(hdr_ptr, s, N, cols, cm)
+        sc, mn = _affine(h1, h2, h3, sub)
+        # sub-blocks 2j and 2j + 1 are the low and high nibbles of words 8j..8j+7
+        wb = _split(_plane(qs_ptr, s * 32 + (sub // 2) * 8 + lane, cols, N, cm))
+        q = ((wb >> (4 * (sub % 2))) & 15).to(tl.float32)
+        w = (d * sc)[None, :] * q - (dmin * mn)[None, :]
+        acc = _mma(acc, _x_tile(x_ptr, rows, rm, K, s * 256 + sub * 32), w, HALF)
+    _store_split(out_ptr, acc, split, rows, rm, cols, cm, M, N)
+
+
+@triton.jit
+def _bgemm_q6k(
+    x_ptr, ql_ptr, qh_ptr, sc_ptr, d_ptr, out_ptr, M, N, K, NB, SB,
+    BM: tl.constexpr, BN: tl.constexpr, HALF: tl.constexpr,
+):  # fmt: skip
+    rows, rm, cols, cm, split = _tile_start(M, N, BM, BN)
+    lane = tl.arange(0, 8)
+    s0 = split * SB
+    steps = tl.minimum(SB, NB - s0) * 8
+    acc = tl.zeros([BM, BN], dtype=tl.float32)
+    for i in range(0, steps):  # quarter k of half hf of super-block s: 32 values
+        s = s0 + i // 8
+        hf = (i // 4) % 2
+        k = i % 4
+        d = tl.load(d_ptr + s * N + cols, mask=cm, other=0.0).to(tl.float32)
+        lo = _plane(ql_ptr, s * 32 + hf * 16 + (k % 2) * 8 + lane, cols, N, cm)
+        hi = _plane(qh_ptr, s * 16 + hf * 8 + lane, cols, N, cm)
+        words = ((lo >> (4 * (k // 2))) & 0x0F0F0F0F) | (((hi >> (2 * k)) & 0x03030303) << 4)
+        code = (_split(words) - 32).to(tl.float32)
+        # lane l's four codes share scale group hf * 8 + 2k + l // 4 (a signed byte)
+        grp = hf * 8 + 2 * k + lane // 4
+        scw = _plane(sc_ptr, s * 4 + grp // 4, cols, N, cm)
+        sc = ((scw << (24 - 8 * (grp % 4))[:, None]) >> 24).to(tl.float32)
+        sc = tl.reshape(tl.broadcast_to(sc[:, None, :], (8, 4, BN)), (32, BN))
+        w = d[None, :] * sc * code
+        acc = _mma(acc, _x_tile(x_ptr, rows, rm, K, s * 256 + hf * 128 + k * 32), w, HALF)
+    _store_split(out_ptr, acc, split, rows, rm, cols, cm, M, N)
+
+
+@triton.jit
+def _bgemm_q8_0(
+    x_ptr, qs_ptr, d_ptr, out_ptr, M, N, K, NB, SB,
+    BM: tl.constexpr, BN: tl.constexpr, HALF: tl.constexpr,
+):  # fmt: skip
+    rows, rm, cols, cm, split = _tile_start(M, N, BM, BN)
+    lane = tl.arange(0, 8)
+    b0 = split * SB
+    steps = tl.minimum(SB, NB - b0)
+    acc = tl.zeros([BM, BN], dtype=tl.float32)
+    for i in range(0, steps):  # block b: 32 values
+        b = b0 + i
+        d = tl.load(d_ptr + b * N + cols, mask=cm, other=0.0).to(tl.float32)
+        wb = _split(_plane(qs_ptr, b * 8 + lane, cols, N, cm))
+        code = ((wb << 24) >> 24).to(tl.float32)  # the byte as a signed code
+        acc = _mma(acc, _x_tile(x_ptr, rows, rm, K, b * 32), d[None, :] * code, HALF)
+    _store_split(out_ptr, acc, split, rows, rm, cols, cm, M, N)

@@ -14,7 +14,8 @@
 #   restart  ours started again on the triton cache `ours` left (a restart): start-up only
 # Each server's time from launch to /health 200 (and ours' warm-up line) goes in the summary.
 # Optional steps (STEPS): llama-old (the config of the 09:06 run, `-np 64 -c 163840 -fa on -ngl
-# 99`, whose 64 streams collapsed: ~3 minutes), depth (tg128 at depth 8K and 32K, `localllm bench
+# 99`, whose 64 streams collapsed: ~3 minutes), ours-bgemm (ours with triton_linear.BATCH_GEMM on:
+# the batch GEMM over packed blocks for 9-64 rows in place of a bf16 weight copy), depth (tg128 at depth 8K and 32K, `localllm bench
 # -d` and `llama-bench -d`), kernels (tests/perf/decode_kernels.py at KDEPTHS), batched
 # (llama-batched-bench -npp 1024 -ntg 128 -npl 1,16,64), ours-b2k (ours with `-b 2048`),
 # ours-cold-none (ours with `--warmup none`: the first-request stall it avoids), steps
@@ -138,7 +139,9 @@ cap() { local t=$((${END_S:-575} - SECONDS)); [ "$t" -lt "$1" ] || t=$1; [ "$t" 
 stop() { kill "$1" 2>/dev/null; for _ in $(seq 30); do kill -0 "$1" 2>/dev/null || return 0; sleep 1; done; kill -9 "$1" 2>/dev/null; }
 serve_ours() {  # LABEL TRITON_CACHE [serve flags]: localllm serve in the background ($pid)
   local label=$1 cache=$2; shift 2
-  TRITON_CACHE_DIR=$cache python3 -m localllm.app serve -m "$MODEL" --device "$DEVICE" \
+  local launch=(-m localllm.app)  # SW: switches set for this server (tests/perf/with_switches.py)
+  [ -z "${SW:-}" ] || launch=(tests/perf/with_switches.py $SW -- -m localllm.app)
+  TRITON_CACHE_DIR=$cache python3 "${launch[@]}" serve -m "$MODEL" --device "$DEVICE" \
     -np "$NP" -c "$CTX" --port 8181 --warmup "$WARMUP" "$@" >"$OUT/server_$label.log" 2>&1 &
   pid=$!
 }
@@ -209,6 +212,8 @@ for step in $STEPS; do
         | tee "$OUT/pytest.log" | grep -v "^\." | tail -12 ;;
     ours) left ours && model_ready && ours ours ;;
     ours-b2k) left ours-b2k && model_ready && ours ours-b2k -b 2048 ;;
+    ours-bgemm) left ours-bgemm && model_ready \
+      && SW=localllm.kernels.quant.triton_linear.BATCH_GEMM=True ours ours-bgemm ;;
     ours-cold-none) left ours-cold-none && model_ready && WARMUP=none ours ours-cold-none ;;
     llama) left llama && model_ready && llama llama-server $LLAMA_ARGS ;;
     llama-old) left llama-old && model_ready && llama llama-server-old $LLAMA_OLD_ARGS ;;

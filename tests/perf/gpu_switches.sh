@@ -101,10 +101,9 @@ for step in $STEPS; do
     batch) wait $G8 || { tail -3 /tmp/make8b.log; continue; }
       for on in True False; do
         echo "### $SWITCH = $on" | tee -a "$OUT/batch.md"
-        timeout "$(cap 100)" python3 -c "import sys, runpy
-import localllm.kernels.quant.triton_linear as t; t.$SWITCH = $on
-sys.argv = ['bench_engine'] + sys.argv[1:]
-runpy.run_path('tests/perf/bench_engine.py', run_name='__main__')" --model /tmp/q4km.gguf \
+        timeout "$(cap 100)" python3 tests/perf/with_switches.py \
+          "localllm.kernels.quant.triton_linear.$SWITCH=$on" -- tests/perf/bench_engine.py \
+          --model /tmp/q4km.gguf \
           --device cuda --sections 1 --concurrency 1,16,64 --prompt-len 128 --gen 128 --reps 1 \
           --max-model-len 512 2>/tmp/batch.err | tee -a "$OUT/batch.md"
         tail -3 /tmp/batch.err

@@ -37,6 +37,14 @@ def _x_tile(x_ptr, rows, rm, K, k0):
 
 
 @triton.jit
+def _codes(u, bias: tl.constexpr):
+    """Small unsigned integers u (< 2^23) minus `bias`, as float32, exactly: u's bits under the
+    exponent of 2^23 make the float 2^23 + u, and one subtraction removes both offsets. An or and
+    a subtraction instead of an int-to-float conversion, which runs at a quarter of the rate."""
+    return (u | 0x4B000000).to(tl.float32, bitcast=True) - (8388608.0 + bias)
+
+
+@triton.jit
 def _mma(acc, x, w, HALF: tl.constexpr):
     """acc + x @ w, w [32, BN] float32 rounded to bf16 first. HALF: bf16 tensor cores (CUDA);
     else the same bf16 values multiplied in float32 (the interpreter's bf16 dot is wrong)."""
@@ -59,18 +67,18 @@ def _bgemm_q4k(
     rows, rm, cols, cm, split = _tile_start(M, N, BM, BN)
     lane = tl.arange(0, 8)
     s0 = split * SB
-    steps = tl.minimum(SB, NB - s0) * 8
+    steps = tl.minimum(SB, NB - s0) * 4
     acc = tl.zeros([BM, BN], dtype=tl.float32)
-    for i in range(0, steps):  # sub-block `sub` of super-block s: 32 values
-        s = s0 + i // 8
-        sub = i % 8
+    for i in range(0, steps):  # pair j of super-block s: sub-blocks 2j and 2j + 1, 64 values
+        s = s0 + i // 4
+        j = i % 4
         d, dmin, h1, h2, h3 = _q4k_header(hdr_ptr, s, N, cols, cm)
-        sc, mn = _affine(h1, h2, h3, sub)
-        # sub-blocks 2j and 2j + 1 are the low and high nibbles of words 8j..8j+7
-        wb = _split(_plane(qs_ptr, s * 32 + (sub // 2) * 8 + lane, cols, N, cm))
-        q = ((wb >> (4 * (sub % 2))) & 15).to(tl.float32)
-        w = (d * sc)[None, :] * q - (dmin * mn)[None, :]
-        acc = _mma(acc, _x_tile(x_ptr, rows, rm, K, s * 256 + sub * 32), w, HALF)
+        # the low and high nibbles of words 8j..8j+7 are sub-blocks 2j and 2j + 1
+        wb = _split(_plane(qs_ptr, s * 32 + j * 8 + lane, cols, N, cm))
+        for h in tl.static_range(2):
+            sc, mn = _affine(h1, h2, h3, 2 * j + h)
+            w = (d * sc)[None, :] * _codes((wb >> (4 * h)) & 15, 0.0) - (dmin * mn)[None, :]
+            acc = _mma(acc, _x_tile(x_ptr, rows, rm, K, s * 256 + (2 * j + h) * 32), w, HALF)
     _store_split(out_ptr, acc, split, rows, rm, cols, cm, M, N)
 
 
@@ -92,7 +100,7 @@ def _bgemm_q6k(
         lo = _plane(ql_ptr, s * 32 + hf * 16 + (k % 2) * 8 + lane, cols, N, cm)
         hi = _plane(qh_ptr, s * 16 + hf * 8 + lane, cols, N, cm)
         words = ((lo >> (4 * (k // 2))) & 0x0F0F0F0F) | (((hi >> (2 * k)) & 0x03030303) << 4)
-        code = (_split(words) - 32).to(tl.float32)
+        code = _codes(_split(words), 32.0)
         # lane l's four codes share scale group hf * 8 + 2k + l // 4 (a signed byte)
         grp = hf * 8 + 2 * k + lane // 4
         scw = _plane(sc_ptr, s * 4 + grp // 4, cols, N, cm)
@@ -117,6 +125,6 @@ def _bgemm_q8_0(
         b = b0 + i
         d = tl.load(d_ptr + b * N + cols, mask=cm, other=0.0).to(tl.float32)
         wb = _split(_plane(qs_ptr, b * 8 + lane, cols, N, cm))
-        code = ((wb << 24) >> 24).to(tl.float32)  # the byte as a signed code
+        code = _codes(wb ^ 0x80, 128.0)  # the byte as a signed code: its bits offset by 128
         acc = _mma(acc, _x_tile(x_ptr, rows, rm, K, b * 32), d[None, :] * code, HALF)
     _store_split(out_ptr, acc, split, rows, rm, cols, cm, M, N)

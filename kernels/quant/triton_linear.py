@@ -39,6 +39,9 @@ GEMV_MAX_M = 8  # more activation rows than this: dequantize to bf16 and use a G
 # the whole weight and reading it back for cuBLAS (the copy is most of a 16-64 sequence decode
 # step's traffic). An A/B switch, off until a GPU has timed it (tests/perf/gpu_switches.sh `bgemm`)
 BATCH_GEMM = False
+# the fewest rows BATCH_GEMM takes: 5-8 rows run the GEMVs in two launches of 4, each reading the
+# weight; the sweep (`bench_dense_rows.py`) times the batch GEMM at 8 rows too, to see if 5 pays
+BATCH_MIN_ROWS = GEMV_MAX_M + 1
 # the int8 tensor-core GEMM over the packed blocks (`kernels.moe.grouped.dense_gemm`) for the
 # same rows. Off: on an H100 (8B shape, tests/perf/results/server.md, 2026-12-07 08:19) the
 # engine's 16 / 64 concurrent decodes ran 818 / 1,521 tok/s with it against 1,004 / 3,042
@@ -181,8 +184,15 @@ class TritonLinear:
 
     def takes_quantized(self, rows: int) -> bool:
         """Whether `matmul` of `rows` rows reads an `xq` (its rows quantized to int8 per 32)."""
-        dense = DENSE_INT8 and not BATCH_GEMM and GEMV_MAX_M < rows <= DENSE_MAX_ROWS
+        if self._batch(rows):
+            return False
+        dense = DENSE_INT8 and GEMV_MAX_M < rows <= DENSE_MAX_ROWS
         return self.packed is not None and (0 < rows <= PACKED_MAX_ROWS or dense)
+
+    def _batch(self, rows: int) -> bool:
+        """Whether `rows` rows take `batch_gemm` (BATCH_MIN_ROWS never below the GEMVs' 4)."""
+        low = max(BATCH_MIN_ROWS, PACKED_MAX_ROWS + 1)
+        return BATCH_GEMM and self.packed is not None and low <= rows <= BATCH_MAX_ROWS
 
     def takes_tail(self, rows: int) -> bool:
         """Whether `matmul` of `rows` rows can add a LoRA epilogue (one packed GEMV launch)."""
@@ -200,10 +210,10 @@ class TritonLinear:
         small = x2.shape[0] <= GEMV_MAX_M
         if lora is not None and not self.takes_tail(x2.shape[0]):
             raise ValueError(f"no LoRA epilogue for {self.qtype.name} at {x2.shape[0]} rows")
-        if self.packed is not None and small:
-            y = gemv_packed(x2, self.packed, self.cfg, self.counters, xq, lora)
-        elif self.packed is not None and BATCH_GEMM and x2.shape[0] <= BATCH_MAX_ROWS:
+        if self._batch(x2.shape[0]):
             y = batch_gemm(x2, self.packed)
+        elif self.packed is not None and small:
+            y = gemv_packed(x2, self.packed, self.cfg, self.counters, xq, lora)
         elif self.packed is not None and DENSE_INT8 and x2.shape[0] <= DENSE_MAX_ROWS:
             from localllm.kernels.moe.grouped import dense_gemm
 

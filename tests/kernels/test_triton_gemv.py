@@ -108,6 +108,33 @@ def test_prepared_linear_both_paths(name, m, past8, make_blocks, monkeypatch):
         assert _rel(y, ref) < (1e-5 if m <= 8 or name == "Q8_0" else 2e-4), f"seed {seed}"
     tol = 1e-5 if m <= 8 and not prep.repacked else 2e-2  # bf16 or int8 activations
     assert _rel(y, x @ w.T) < tol, f"seed {seed}"
+    if past8 == "batch" and prep.repacked and 8 < m <= 64:  # the batch GEMM ran: the bf16
+        # copy's sums unrounded (that path's bf16 GEMM rounds its output: 2e-3 here on a CPU)
+        from localllm.kernels.quant.triton_packed import dequantize_packed_t
+
+        copy = x.float().bfloat16().double() @ dequantize_packed_t(prep.packed).double().cpu()
+        assert not prep.takes_quantized(m) and _rel(y, copy) < 1e-6, f"seed {seed}"
+
+
+@pytest.mark.parametrize("low", [2, 5, 9])
+def test_batch_gemm_takes_rows_from_its_minimum(low, make_blocks, monkeypatch):
+    """`BATCH_MIN_ROWS` lowers where the batch GEMM starts, never into the GEMVs' 1-4 rows (their
+    int8 inputs and LoRA epilogues); rows it takes read float inputs."""
+    from localllm.kernels.quant import triton_linear
+    from localllm.kernels.quant.triton_packed import dequantize_packed_t
+
+    monkeypatch.setattr(triton_linear, "BATCH_GEMM", True)
+    monkeypatch.setattr(triton_linear, "BATCH_MIN_ROWS", low)
+    n, k = SHAPES[0]
+    _, raw, _ = _case(make_blocks, "Q4_K", n, k)
+    prep = prepare_linear(raw, QuantType.Q4_K, (n, k), strategy="triton")
+    wt = dequantize_packed_t(prep.packed).double().cpu()
+    for m in (4, 5, 8, 9):
+        batch = m >= max(low, 5)
+        assert prep.takes_quantized(m) == (m <= 4)
+        x = torch.randn(m, k)
+        copy = x.bfloat16().double() @ wt
+        assert (_rel(prep.matmul(x.to(DEVICE)), copy) < 1e-6) == batch, m
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the default policy needs CUDA")

@@ -93,7 +93,7 @@ for step in $STEPS; do
         tests/lora/test_lora_epilogue_gpu.py ;;
     tests5) gpu_tests pytest5.log 100 tests/kernels/test_batch_gemm.py \
         tests/kernels/test_triton_gemv.py -k "both_paths or batch" ;;
-    dense) if [ "${SWEEP:-0}" = 1 ]; then rows=(--rows 1,8,9,16,32,64 --sweep); else rows=(); fi
+    dense) if [ "${SWEEP:-0}" = 1 ]; then rows=(--rows 1,4,5,8,9,16,32,64 --sweep); else rows=(); fi
       timeout "$(cap 150)" python3 tests/perf/bench_dense_rows.py --reps 30 "${rows[@]}" \
         2>/tmp/dense.err | tee "$OUT/dense.md"
       tail -3 /tmp/dense.err

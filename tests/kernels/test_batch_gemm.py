@@ -3,9 +3,12 @@ times a packed Q4_K / Q6_K / Q8_0 weight, the weight tiles expanded in registers
 
 Two references, both float64: the bf16 copy of the weight this path replaces
 (`dequantize_packed_t`, the same rounding of each value on the same device), which the kernel
-must equal up to float32 summation (1e-6 relative); and gguf's dequantization rounded to bf16
-(`batch_gemm_reference`): 1e-6 on CUDA, 8e-3 under the interpreter, whose float32 -> bf16
-conversion truncates (`test_triton_packed.test_dequantize_packed_t`). Split-K geometries,
+must equal up to float32 summation (`SUM_TOL`: 1e-6 under the interpreter; 5e-5 on CUDA, whose
+tensor cores add products of up to 14,336 values in their own order and precision); and gguf's
+dequantization rounded to bf16 (`batch_gemm_reference`): `SUM_TOL` on CUDA, 8e-3 under the
+interpreter, whose float32 -> bf16 conversion truncates
+(`test_triton_packed.test_dequantize_packed_t`). Either is far below what another path gives
+(int8 activations ~5e-3; a bf16 output ~2e-3). Split-K geometries,
 uneven last splits and row counts that are not a tile's are covered. Kernels run on CUDA
 (marked `gpu`) or on CPU tensors under TRITON_INTERPRET=1.
 """
@@ -23,6 +26,7 @@ from tests.triton_env import DEVICE, INTERPRET, TRITON_MARKS
 pytestmark = TRITON_MARKS
 
 # (type, N, K): K of 5 super-blocks (Q4_K, Q6_K) or 40 blocks (Q8_0) splits unevenly
+SUM_TOL = 1e-6 if INTERPRET else 5e-5
 CASES = [("Q4_K", 70, 1280), ("Q6_K", 70, 1280), ("Q8_0", 70, 1280)]
 if not INTERPRET:
     CASES += [("Q4_K", 4096, 4096), ("Q6_K", 4096, 14336), ("Q8_0", 6144, 4096)]
@@ -49,8 +53,8 @@ def test_batch_gemm_equals_the_bf16_copy_and_gguf(name, n, k, m):
     y = batch_gemm(x, p)
     assert y.shape == (m, n) and y.dtype == torch.float32
     copy = x.bfloat16().double() @ dequantize_packed_t(p).double()
-    assert _rel(y, copy) < 1e-6
-    assert _rel(y, batch_gemm_reference(x, p)) < (8e-3 if INTERPRET else 1e-6)
+    assert _rel(y, copy) < SUM_TOL
+    assert _rel(y, batch_gemm_reference(x, p)) < (8e-3 if INTERPRET else SUM_TOL)
 
 
 @pytest.mark.parametrize("name", ["Q4_K", "Q6_K", "Q8_0"])
@@ -70,7 +74,7 @@ def test_split_k_geometries_give_the_same_sums(name):
     n_split, per = splits(p, m, uneven)
     assert n_split > 1 and (p.k // (32 if name == "Q8_0" else 256)) % per != 0
     for cfg in (one, uneven, BatchGemmConfig(block_n=16, warps=2)):
-        assert _rel(batch_gemm(x, p, cfg), copy) < 1e-6, cfg
+        assert _rel(batch_gemm(x, p, cfg), copy) < SUM_TOL, cfg
 
 
 def test_rejects_rows_it_does_not_take():

@@ -109,11 +109,12 @@ def test_prepared_linear_both_paths(name, m, past8, make_blocks, monkeypatch):
     tol = 1e-5 if m <= 8 and not prep.repacked else 2e-2  # bf16 or int8 activations
     assert _rel(y, x @ w.T) < tol, f"seed {seed}"
     if past8 == "batch" and prep.repacked and 8 < m <= 64:  # the batch GEMM ran: the bf16
-        # copy's sums unrounded (that path's bf16 GEMM rounds its output: 2e-3 here on a CPU)
+        # copy's sums unrounded (1e-4: that path's bf16 GEMM rounds its output, ~2e-3; the
+        # GEMVs' int8 rows ~5e-3; test_batch_gemm.py holds the batch GEMM to its tolerances)
         from localllm.kernels.quant.triton_packed import dequantize_packed_t
 
         copy = x.float().bfloat16().double() @ dequantize_packed_t(prep.packed).double().cpu()
-        assert not prep.takes_quantized(m) and _rel(y, copy) < 1e-6, f"seed {seed}"
+        assert not prep.takes_quantized(m) and _rel(y, copy) < 1e-4, f"seed {seed}"
 
 
 @pytest.mark.parametrize("low", [2, 5, 9])
@@ -134,7 +135,7 @@ def test_batch_gemm_takes_rows_from_its_minimum(low, make_blocks, monkeypatch):
         assert prep.takes_quantized(m) == (m <= 4)
         x = torch.randn(m, k)
         copy = x.bfloat16().double() @ wt
-        assert (_rel(prep.matmul(x.to(DEVICE)), copy) < 1e-6) == batch, m
+        assert (_rel(prep.matmul(x.to(DEVICE)), copy) < 1e-4) == batch, m
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the default policy needs CUDA")

@@ -16,6 +16,10 @@ from localllm.app.engine_flags import add_engine_flags, engine_kwargs
 from localllm.app.residency_flags import residency_config, show_plan
 
 MAX_N = 128  # OpenAI's own cap on n
+# uvicorn's event loop and HTTP parser: "auto" takes uvloop and httptools (dependencies on Linux
+# and macOS), else asyncio and h11. An A/B switch: "asyncio" / "h11" force the pure-Python pair
+EVENT_LOOP = "auto"
+HTTP_PARSER = "auto"
 
 
 def add_parser(sub) -> None:
@@ -329,7 +333,8 @@ def handle(args: argparse.Namespace) -> int:
             app,
             host=args.host,
             port=args.port,
-            http=protocol_class(args.read_timeout),
+            loop=EVENT_LOOP,
+            http=protocol_class(args.read_timeout, HTTP_PARSER),
             limit_concurrency=args.max_connections,
             log_level="info" if args.verbose else "warning",
             access_log=args.verbose,

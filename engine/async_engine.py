@@ -26,6 +26,11 @@ from localllm.engine.sampling.params import SamplingParams
 
 log = logging.getLogger(__name__)
 
+# hand a step's outputs to each event loop in one callback (False: one per output, for A/B):
+# every `call_soon_threadsafe` writes the loop's wake-up pipe and takes the GIL from the loop's
+# thread, 64 times a step at 64 streams (tests/perf/results/server.md)
+BATCH_DELIVERY = True
+
 
 class EngineDeadError(RuntimeError):
     """The engine thread has stopped; no new requests are taken."""
@@ -225,8 +230,11 @@ class AsyncEngine:
                     self._deliver_error(rid, RuntimeError(f"engine step failed: {e}"))
                 engine.groups.clear()
                 continue
-            for out in outputs:
-                self._deliver(out.request_id, out)
+            if BATCH_DELIVERY:
+                self._deliver_step(outputs)
+            else:
+                for out in outputs:
+                    self._deliver(out.request_id, out)
         self._fail_all(EngineDeadError("the engine is shut down"))
 
     def _handle(self, cmd) -> bool:
@@ -306,6 +314,21 @@ class AsyncEngine:
             except RuntimeError:  # the caller's loop is closed
                 self.engine.abort_request(rid)
 
+    def _deliver_step(self, outputs: Sequence[RequestOutput]) -> None:
+        """A step's outputs, one callback per event loop that reads some of them."""
+        by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+        with self._lock:
+            for out in outputs:
+                stream = self._streams.get(out.request_id)
+                if stream is not None:
+                    by_loop.setdefault(stream.loop, []).append((stream.queue, out))
+        for loop, items in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_put_all, items)
+            except RuntimeError:  # that loop is closed
+                for _, out in items:
+                    self.engine.abort_request(out.request_id)
+
     def _deliver_error(self, rid: str, error: BaseException) -> None:
         self._deliver(rid, error)
 
@@ -314,3 +337,8 @@ class AsyncEngine:
             rids = list(self._streams)
         for rid in rids:
             self._deliver(rid, error)
+
+
+def _put_all(items: list) -> None:
+    for q, item in items:
+        q.put_nowait(item)

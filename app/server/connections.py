@@ -12,6 +12,7 @@ import asyncio
 from typing import Any
 
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 
 class _HeaderDeadline:
@@ -58,6 +59,11 @@ class _HeaderDeadline:
             self.transport.close()  # type: ignore[attr-defined]
 
 
-def protocol_class(read_timeout: float, base: type = AutoHTTPProtocol) -> type:
-    """uvicorn's HTTP protocol (`base`) with the header deadline; pass it as `http=`."""
+def protocol_class(read_timeout: float, parser: str = "auto") -> type:
+    """uvicorn's HTTP protocol with the header deadline; pass it as `http=`. `parser`: "auto"
+    (httptools where installed, else h11), "h11" or "httptools"."""
+    if parser == "httptools":
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as base
+    else:
+        base = H11Protocol if parser == "h11" else AutoHTTPProtocol
     return type(f"Deadline{base.__name__}", (_HeaderDeadline, base), {"read_timeout": read_timeout})

@@ -84,6 +84,13 @@ async def all_or_none(works: list[Awaitable[T]]) -> list[T]:
 
 async def merged(streams: list[AsyncIterator[T]]) -> AsyncIterator[tuple[int, T]]:
     """Items of several streams as they arrive, tagged with the stream's position."""
+    if len(streams) == 1:  # the usual request: no pump task and queue hop per item
+        try:
+            async for item in streams[0]:
+                yield 0, item
+        finally:
+            await streams[0].aclose()
+        return
     queue: asyncio.Queue = asyncio.Queue()
     end = object()
 

@@ -1,6 +1,6 @@
 """Where one decode step's time goes, kernel by kernel, against the memory-bandwidth floor.
 
-    python tests/perf/decode_kernels.py MODEL.gguf [--depth 512,8192] [--steps 20]
+    python tests/perf/decode_kernels.py MODEL.gguf [--depth 512,8192] [--steps 20] [--lora A.gguf]
 
 For each depth: DEPTH random tokens are prefilled, then the single-sequence decode graph that
 `localllm serve` and `localllm bench` replay (`engine.runtime.cuda_graphs.DecodeGraphs`) is timed
@@ -15,7 +15,9 @@ bandwidth (a 1 GiB device-to-device copy: read + write bytes over time); for the
 bytes over the shipped step time. The weight bytes are the GGUF's (token embeddings excluded: one
 row a step); the engine's repacked layouts differ by their few header bytes. Not a test; results
 in tests/perf/results/server.md (tests/perf/gpu_serve2.sh runs it). On a CPU (`--device cpu`: a
-dry run of the script) the captured function runs eagerly under the CPU profiler.
+dry run of the script) the captured function runs eagerly under the CPU profiler. `--lora`
+(repeatable) puts the step's row on those adapters at scale 1, as `localllm bench --lora` does:
+the LoRA kernels' share of the step, and what they add to the base kernels, by name.
 """
 
 import argparse
@@ -194,12 +196,19 @@ def main(argv=None) -> int:
     ap.add_argument("--depth", default="512", help="context depths, comma-separated (512)")
     ap.add_argument("--steps", type=int, default=20, help="profiled replays per depth (20)")
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--lora", action="append", default=[], help="adapter on every step (PATH)")
     a = ap.parse_args(argv)
     device = torch.device(a.device)
     path_bytes = weight_bytes(a.model)
     gg = open_gguf(a.model)
     try:
         model = build_model(gg, device=device)
+        if a.lora:  # the row on every adapter at scale 1: their decode overhead
+            from localllm.engine.lora import LoraSpec, attach_adapters
+
+            loras = attach_adapters(model, [LoraSpec(p) for p in a.lora], gg, device)
+            loras.context.apply_all(loras.resolve(None))
+            print(f"# LoRA: {', '.join(a.lora)} on the step's row")
         bw = copy_bandwidth(device)
         print(f"# {a.model}: weights read a step by type (MB) "
               + ", ".join(f"{k} {v / 1e6:.1f}" for k, v in sorted(path_bytes.items()))

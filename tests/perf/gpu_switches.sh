@@ -12,6 +12,8 @@
 #            process): "epilogue" (the default: the norm / SiLU kernels run the shrinks of
 #            q|k|v, gate|up and down), "epilogue launched" (every shrink its own launch) and
 #            "inline"; LORA_CASES overrides (issue 36's goal is <= 10 % over the base)
+#   lorak    tests/perf/decode_kernels.py on the same file, depth 512: the decode step kernel by
+#            kernel with no adapter, one and four (where LoRA's +16 % / +46 % goes; issue 36)
 #   tests3   pytest -m gpu: the packed linears' paths by row count (the int8 GEMM past 8 rows),
 #            fused linears, the grouped GEMMs, the flash-decoding combine (its LoRA shrink)
 #   tests4   pytest -m gpu: the LoRA shrinks in the norm / SiLU / attention kernels, the
@@ -49,7 +51,7 @@ export PYTHONPATH=/tmp/site:$PWD
 cap() { local t=$((END_S - SECONDS)); [ "$t" -lt "$1" ] || t=$1; [ "$t" -gt 5 ] || t=5; echo $t; }
 has() { case " $STEPS " in *" $1 "*) return 0 ;; esac; return 1; }
 # the files, written on the host's cores while the first tests use the GPU
-if has lora || has batch; then
+if has lora || has batch || has lorak; then
   (python3 tests/perf/make_synthetic.py --shape llama3-8b --quant Q4_K_M -o /tmp/q4km.part \
     --tokenizer-from .refbuild/smollm2-tok.gguf >/tmp/make8b.log 2>&1 && mv /tmp/q4km.part \
     /tmp/q4km.gguf) &
@@ -68,6 +70,14 @@ gpu_tests() {  # gpu_tests LOG SECONDS FILES...
     | tee "$OUT/$log" | grep -v "^\." | tail -20
   echo "$log: $(tail -1 "$OUT/$log")" >>"$OUT/summary.md"
 }
+have8b() {  # the 8B file is written (waits for its writer once; later steps reuse the answer)
+  if [ -z "${G8_RC:-}" ]; then wait "$G8"; G8_RC=$?; fi
+  [ "$G8_RC" = 0 ] || { tail -3 /tmp/make8b.log; return 1; }
+}
+make_loras() {  # four rank-16 f16 adapters for /tmp/q4km.gguf in /tmp/loras (once)
+  [ -f /tmp/loras/lora-3.gguf ] || python3 tests/perf/bench_lora.py make --model /tmp/q4km.gguf \
+    --out /tmp/loras --rank 16 --count 4 --dtype f16 >/dev/null
+}
 for step in $STEPS; do
   echo "== $step at ${SECONDS}s"
   case $step in
@@ -75,9 +85,8 @@ for step in $STEPS; do
         tests/lora/test_lora_producer_shrink.py tests/lora/test_lora_epilogue_module.py tests/kernels/test_lora_epilogue.py \
         tests/kernels/test_lora_kernels.py tests/engine/test_hybrid_prompt_graphs.py \
         tests/engine/test_prefill_graphs.py ;;
-    lora) wait $G8 || { tail -3 /tmp/make8b.log; continue; }
-      python3 tests/perf/bench_lora.py make --model /tmp/q4km.gguf --out /tmp/loras --rank 16 \
-        --count 4 --dtype f16 >/dev/null
+    lora) have8b || continue
+      make_loras
       CASES="base;1 adapter, epilogue;1 adapter, epilogue launched;4 adapters, epilogue"
       CASES=${LORA_CASES:-"$CASES;4 adapters, epilogue launched"}
       timeout "$(cap 150)" python3 tests/perf/bench_lora.py ab --model /tmp/q4km.gguf \
@@ -85,6 +94,17 @@ for step in $STEPS; do
         >"$OUT/lora_ab.md" 2>/tmp/lora_ab.err
       tail -3 /tmp/lora_ab.err
       { echo "## lora ab"; cat "$OUT/lora_ab.md"; } | tee -a "$OUT/summary.md" ;;
+    lorak) have8b || continue
+      make_loras
+      for n in 0 1 4; do
+        args=(); for i in $(seq 0 $((n - 1))); do args+=(--lora "/tmp/loras/lora-$i.gguf"); done
+        echo "### $n adapters" | tee -a "$OUT/lorak.md"
+        timeout "$(cap 80)" python3 tests/perf/decode_kernels.py /tmp/q4km.gguf --depth 512 \
+          "${args[@]}" >>"$OUT/lorak.md" 2>/tmp/lorak.err
+        grep -E "^depth" "$OUT/lorak.md" | tail -1
+        tail -2 /tmp/lorak.err
+      done
+      { echo "## lora kernels"; grep -E "^(###|depth|\| )" "$OUT/lorak.md"; } >>"$OUT/summary.md" ;;
     tests3) gpu_tests pytest3.log 120 tests/kernels/test_triton_gemv.py -k both_paths \
         tests/engine/test_fused_linear.py tests/kernels/test_moe_grouped.py \
         tests/kernels/test_flash_decode.py tests/engine/test_combine_quant.py \
@@ -98,7 +118,7 @@ for step in $STEPS; do
         2>/tmp/dense.err | tee "$OUT/dense.md"
       tail -3 /tmp/dense.err
       { echo "## dense rows"; cat "$OUT/dense.md"; } >>"$OUT/summary.md" ;;
-    batch) wait $G8 || { tail -3 /tmp/make8b.log; continue; }
+    batch) have8b || continue
       for on in True False; do
         echo "### $SWITCH = $on" | tee -a "$OUT/batch.md"
         timeout "$(cap 100)" python3 tests/perf/with_switches.py \

@@ -49,6 +49,11 @@ BATCH_MIN_ROWS = GEMV_MAX_M + 1
 # K: too few for the GPU; register spills at 64 rows). An A/B switch; BATCH_GEMM wins over it
 DENSE_INT8 = False
 DENSE_MAX_ROWS = 64
+# keep a bf16 copy of each packed weight beside its blocks (made at load) for the GEMMs of many
+# rows (prompt chunks, steps that mix a chunk with decodes): no dequantization per call, at two
+# bytes a weight more device memory (~15 GB for an 8B model). An A/B switch, off until a GPU has
+# timed it (tests/perf/gpu_serve2.sh `ours-shadow`); set it before load
+HALF_SHADOW = False
 
 # 4-bit codes in 32-value groups: the kernel's KIND and code table
 _NIB32 = {
@@ -174,6 +179,7 @@ class TritonLinear:
                 from localllm.kernels.moe.grouped import prepare_dense
 
                 prepare_dense(self.packed.device, DENSE_MAX_ROWS)
+            self.shadow = dequantize_packed_t(self.packed) if HALF_SHADOW else None
         else:
             self.data = data.reshape(shape[0], -1).contiguous()
             self.cfg = gemv_config(qtype, shape[0])
@@ -200,7 +206,11 @@ class TritonLinear:
 
     @property
     def nbytes(self) -> int:
-        return self.packed.nbytes if self.packed is not None else self.data.numel()
+        """The weight's bytes as loaded (with HALF_SHADOW, the bf16 copy's besides)."""
+        if self.packed is None:
+            return self.data.numel()
+        extra = 0 if self.shadow is None else self.shadow.numel() * self.shadow.element_size()
+        return self.packed.nbytes + extra
 
     def matmul(self, x: torch.Tensor, xq: QuantizedX | None = None, lora=None) -> torch.Tensor:
         """x [..., K] -> [..., N]; `xq`: x's rows already quantized (the dp4a GEMVs use it);
@@ -219,7 +229,8 @@ class TritonLinear:
 
             y = dense_gemm(xq if xq is not None else quantize_x8(x2), self.packed, x2.shape[0])
         elif self.packed is not None:
-            y = torch.mm(x2.to(torch.bfloat16), dequantize_packed_t(self.packed)).float()
+            wt = self.shadow if self.shadow is not None else dequantize_packed_t(self.packed)
+            y = torch.mm(x2.to(torch.bfloat16), wt).float()
         elif small:
             y = gemv(x2, self.data, self.qtype, n, k, self.cfg)
         else:

@@ -117,6 +117,23 @@ def test_prepared_linear_both_paths(name, m, past8, make_blocks, monkeypatch):
         assert not prep.takes_quantized(m) and _rel(y, copy) < 1e-4, f"seed {seed}"
 
 
+@pytest.mark.parametrize("name", ["Q4_K", "Q6_K", "Q8_0"])
+def test_half_shadow_is_the_per_call_copy(name, make_blocks, monkeypatch):
+    """`HALF_SHADOW` keeps the bf16 copy made at load: many rows give the very bits of the copy
+    made per call, and the linear counts the copy's bytes."""
+    from localllm.kernels.quant import triton_linear
+
+    n, k = SHAPES[0]
+    _, raw, _ = _case(make_blocks, name, n, k)
+    x = torch.randn(70, k).to(DEVICE)
+    plain = prepare_linear(raw, QuantType[name], (n, k), strategy="triton")
+    monkeypatch.setattr(triton_linear, "HALF_SHADOW", True)
+    kept = prepare_linear(raw, QuantType[name], (n, k), strategy="triton")
+    assert kept.shadow is not None and plain.shadow is None
+    assert kept.nbytes == raw.numel() + 2 * n * k
+    assert torch.equal(kept.matmul(x), plain.matmul(x))
+
+
 @pytest.mark.parametrize("low", [2, 5, 9])
 def test_batch_gemm_takes_rows_from_its_minimum(low, make_blocks, monkeypatch):
     """`BATCH_MIN_ROWS` lowers where the batch GEMM starts, never into the GEMVs' 1-4 rows (their

@@ -15,8 +15,10 @@
 # Each server's time from launch to /health 200 (and ours' warm-up line) goes in the summary.
 # Optional steps (STEPS): llama-old (the config of the 09:06 run, `-np 64 -c 163840 -fa on -ngl
 # 99`, whose 64 streams collapsed: ~3 minutes), ours-bgemm (ours with triton_linear.BATCH_GEMM on:
-# the batch GEMM over packed blocks for 9-64 rows in place of a bf16 weight copy), depth (tg128 at depth 8K and 32K, `localllm bench
-# -d` and `llama-bench -d`), kernels (tests/perf/decode_kernels.py at KDEPTHS), batched
+# the batch GEMM over packed blocks for 9-64 rows in place of a bf16 weight copy; after its GPU
+# test), ours-bgemm-b2k (the same with -b 2048: fewer steps pay a prompt chunk's weight copy),
+# ours-shadow (BATCH_GEMM and HALF_SHADOW: a bf16 copy of the weights kept from load), depth
+# (tg128 at depth 8K and 32K, `localllm bench -d` and `llama-bench -d`), kernels (tests/perf/decode_kernels.py at KDEPTHS), batched
 # (llama-batched-bench -npp 1024 -ntg 128 -npl 1,16,64), ours-b2k (ours with `-b 2048`),
 # ours-cold-none (ours with `--warmup none`: the first-request stall it avoids), steps
 # (tests/perf/serve_steps.py in process at STEPS_CONC streams, default 16,64: time by step kind),
@@ -204,6 +206,16 @@ summary() {  # $OUT/summary.md from what the steps so far left (rewritten after 
     [ -s "$OUT/kernels.md" ] && { echo; echo "## kernels"; grep -E "^(\||depth|bytes|#)" "$OUT/kernels.md"; }
   } >"$OUT/summary.md"
 }
+BG=localllm.kernels.quant.triton_linear.BATCH_GEMM=True
+bgemm_ok() {  # the batch GEMM's GPU test passed (run once): a wrong kernel still streams tokens
+  if [ -z "${BGEMM_RC:-}" ]; then
+    timeout "$(cap 120)" python3 -m pytest -q -m gpu -p no:cacheprovider -x \
+      tests/kernels/test_batch_gemm.py >"$OUT/pytest_bgemm.log" 2>&1
+    BGEMM_RC=$?
+    tail -1 "$OUT/pytest_bgemm.log"
+  fi
+  [ "$BGEMM_RC" = 0 ] || { echo "batch GEMM steps skipped: its GPU test failed"; return 1; }
+}
 left() { [ $SECONDS -lt "$BUDGET_S" ] || { echo "skip $1: ${SECONDS}s used of BUDGET_S=$BUDGET_S"; return 1; }; }
 for step in $STEPS; do
   echo "== $step at ${SECONDS}s"
@@ -212,14 +224,11 @@ for step in $STEPS; do
         | tee "$OUT/pytest.log" | grep -v "^\." | tail -12 ;;
     ours) left ours && model_ready && ours ours ;;
     ours-b2k) left ours-b2k && model_ready && ours ours-b2k -b 2048 ;;
-    ours-bgemm) left ours-bgemm && model_ready || continue
-      # its kernels' GPU test first: a wrong kernel would still stream tokens (ignore_eos)
-      if timeout "$(cap 120)" python3 -m pytest -q -m gpu -p no:cacheprovider -x \
-          tests/kernels/test_batch_gemm.py >"$OUT/pytest_bgemm.log" 2>&1; then
-        SW=localllm.kernels.quant.triton_linear.BATCH_GEMM=True ours ours-bgemm
-      else
-        echo "ours-bgemm: skipped, its GPU test failed"; tail -5 "$OUT/pytest_bgemm.log"
-      fi ;;
+    ours-bgemm) left ours-bgemm && model_ready && bgemm_ok && SW=$BG ours ours-bgemm ;;
+    ours-bgemm-b2k) left ours-bgemm-b2k && model_ready && bgemm_ok \
+      && SW=$BG ours ours-bgemm-b2k -b 2048 ;;
+    ours-shadow) left ours-shadow && model_ready && bgemm_ok \
+      && SW="$BG localllm.kernels.quant.triton_linear.HALF_SHADOW=True" ours ours-shadow ;;
     ours-cold-none) left ours-cold-none && model_ready && WARMUP=none ours ours-cold-none ;;
     llama) left llama && model_ready && llama llama-server $LLAMA_ARGS ;;
     llama-old) left llama-old && model_ready && llama llama-server-old $LLAMA_OLD_ARGS ;;

@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from localllm.kernels.quant.triton_dp4a import _plane, _q4k_header
-from localllm.kernels.quant.triton_unpack import _affine, _split
+from localllm.kernels.quant.triton_unpack import _affine, _q6k_quarter_codes, _split
 
 
 @triton.jit
@@ -106,10 +106,7 @@ def _grouped_q6k(
             hf = (i // 4) % 2
             k = i % 4
             d = tl.load(d_ptr + s * N + cols, mask=cm, other=0.0).to(tl.float32)
-            lo = _plane(ql_ptr, s * 32 + hf * 16 + (k % 2) * 8 + lane, cols, N, cm)
-            hi = _plane(qh_ptr, s * 16 + hf * 8 + lane, cols, N, cm)
-            words = ((lo >> (4 * (k // 2))) & 0x0F0F0F0F) | (((hi >> (2 * k)) & 0x03030303) << 4)
-            q = (_split(words) - 32).to(tl.int8)
+            q = (_q6k_quarter_codes(ql_ptr, qh_ptr, s, i, lane, cols, N, cm) - 32).to(tl.int8)
             a8 = _x8(x8_ptr, arow, rm, K, i * 32)
             i0 = tl.dot(tl.where(first, a8, 0), q, out_dtype=tl.int32).to(tl.float32)
             i1 = tl.dot(tl.where(first, 0, a8), q, out_dtype=tl.int32).to(tl.float32)

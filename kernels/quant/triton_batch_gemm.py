@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from localllm.kernels.quant.triton_dp4a import _plane, _q4k_header
-from localllm.kernels.quant.triton_unpack import _affine, _split
+from localllm.kernels.quant.triton_unpack import _affine, _q6k_quarter_codes, _split
 
 
 @triton.jit
@@ -97,10 +97,7 @@ def _bgemm_q6k(
         hf = (i // 4) % 2
         k = i % 4
         d = tl.load(d_ptr + s * N + cols, mask=cm, other=0.0).to(tl.float32)
-        lo = _plane(ql_ptr, s * 32 + hf * 16 + (k % 2) * 8 + lane, cols, N, cm)
-        hi = _plane(qh_ptr, s * 16 + hf * 8 + lane, cols, N, cm)
-        words = ((lo >> (4 * (k // 2))) & 0x0F0F0F0F) | (((hi >> (2 * k)) & 0x03030303) << 4)
-        code = _codes(_split(words), 32.0)
+        code = _codes(_q6k_quarter_codes(ql_ptr, qh_ptr, s, i, lane, cols, N, cm), 32.0)
         # lane l's four codes share scale group hf * 8 + 2k + l // 4 (a signed byte)
         grp = hf * 8 + 2 * k + lane // 4
         scw = _plane(sc_ptr, s * 4 + grp // 4, cols, N, cm)

@@ -110,3 +110,14 @@ def _affine(h1, h2, h3, sub):
     sc = tl.where(lo, a1 & 63, (a3 & 15) | ((a1 >> 6) << 4))
     mn = tl.where(lo, a2 & 63, ((a3 >> 4) & 15) | ((a2 >> 6) << 4))
     return sc.to(tl.float32), mn.to(tl.float32)
+
+
+@triton.jit
+def _q6k_quarter_codes(ql_ptr, qh_ptr, s, i, lane, cols, N, cm):
+    """Codes 0..63 [32, BN] of step i (quarter i % 4 of half (i // 4) % 2) of super-block s, for
+    a flat loop whose quarter is known only at run time (`_q6k_quarter`'s compile-time form)."""
+    hf = (i // 4) % 2
+    k = i % 4
+    lo = _plane(ql_ptr, s * 32 + hf * 16 + (k % 2) * 8 + lane, cols, N, cm)
+    hi = _plane(qh_ptr, s * 16 + hf * 8 + lane, cols, N, cm)
+    return _split(((lo >> (4 * (k // 2))) & 0x0F0F0F0F) | (((hi >> (2 * k)) & 0x03030303) << 4))

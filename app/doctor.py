@@ -198,6 +198,18 @@ def _cuda_kernel_lines() -> list[tuple[str, str]]:
     return lines
 
 
+def _server_line() -> tuple[str, str]:
+    """What `serve` runs on: uvicorn takes uvloop and httptools where installed."""
+    loop = _version("uvloop")
+    http = _version("httptools")
+    text = f"uvicorn {_version('uvicorn')}, event loop "
+    text += f"uvloop {loop}" if loop else "asyncio (uvloop not installed)"
+    text += (
+        f", HTTP parser httptools {http}" if http else ", HTTP parser h11 (httptools not installed)"
+    )
+    return ("server", text)
+
+
 def report() -> list[tuple[str, str]]:
     """The doctor's lines as (name, value)."""
     import torch
@@ -217,7 +229,8 @@ def report() -> list[tuple[str, str]]:
         ("cpu", f"{cpu}, torch CPU capability {capability}"),
         gpu_line,
     ]
-    return lines + _memory_lines(torch, cuda) + _model_lines() + _kernel_lines(cuda)
+    lines += _memory_lines(torch, cuda) + _model_lines() + _kernel_lines(cuda)
+    return [*lines, _server_line()]
 
 
 def handle(args: argparse.Namespace) -> int:

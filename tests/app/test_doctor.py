@@ -19,6 +19,7 @@ CPU_KEYS = [
     "localllm", "python", "torch", "triton", "cuda", "cpu", "gpu", "memory", "host free",
     "device free", "settings", "hf cache", "model folders", "default model",
     "native cpu kernels", "linear kernels (cpu)", "moe experts (cpu)", "attention (cpu)",
+    "server",
 ]  # fmt: skip
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only report")
@@ -71,6 +72,12 @@ def test_device_and_memory(doctor):
     assert float(m[2]) == round(vm.total / GIB, 1)
     assert abs(float(m[1]) - vm.available / GIB) < 2.0  # others use memory meanwhile
     assert doctor["device free"] == "n/a (no GPU)"
+
+
+def test_server_line(doctor):
+    """uvloop and httptools are dependencies (uvloop outside Windows): both named, versions."""
+    want = f"uvicorn {version('uvicorn')}, event loop uvloop {version('uvloop')}, "
+    assert doctor["server"] == want + f"HTTP parser httptools {version('httptools')}"
 
 
 def test_model_folders(doctor):

@@ -28,6 +28,11 @@ PROGRAM_TARGET = 264  # (sequence, kv head, key chunk) programs: two per SM of a
 PRODUCT_VALUES = 16384
 COMBINE_VALUES = 8192  # partial-sum values one combine program loads at once (64 registers)
 COMBINE_WARPS = 4  # warps of a combine program (one query head)
+# with the output projection's LoRA shrink, split its A rows over this many per combine program
+# (a third grid axis; each such program merges its head again and only the first stores) instead
+# of one program a head looping over all R. None: no split (as measured so far); an A/B switch,
+# a multiple of the kernel's BRS (8)
+COMBINE_LORA_RSTEP: int | None = None
 # The split on tensor cores (`_split_dot_kernel`): None (the FMA split), "exact" or "native" (see
 # the kernel). "exact" (float32 in three tf32 passes, 5e-8 off) takes 8.1 / 17.7 us per 8B layer at
 # 513 / 4,000 keys where the FMA split takes 12.1 / 35.2 (H200, bench_attention.py, 2026-12-01).
@@ -152,7 +157,7 @@ def _split_dot_kernel(
 @triton.jit
 def _combine_kernel(
     m_ptr, l_ptr, acc_ptr, rows_ptr, out_ptr, q_ptr, d_ptr, s16_ptr, xs_ptr, a_ptr, lw_ptr, t_ptr,
-    NS, slw, R,
+    NS, slw, R, RSTEP,
     KV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, DV: tl.constexpr, CB: tl.constexpr,
     NSP: tl.constexpr, QUANT: tl.constexpr, RN: tl.constexpr, PDL: tl.constexpr,
     LORA: tl.constexpr = False, BRS: tl.constexpr = 8,
@@ -162,7 +167,9 @@ def _combine_kernel(
     also quantize the head's DV values (whole 32-value groups of the row) into the row's
     `QuantizedX` buffers, as `quantize_x8` of the float output would. LORA: add the head's share
     of the output projection's LoRA shrink (its DV columns of the stacked A, times W) into the
-    projection's scratch t with float32 atomics (`lora_delta.LoraShrink`; t zero before)."""
+    projection's scratch t with float32 atomics (`lora_delta.LoraShrink`; t zero before): rows
+    r * RSTEP.. of A for grid axis 2's program r (one program and RSTEP = R unless the shrink is
+    split: then every r merges the head and the r = 0 program stores it)."""
     pdl.gdc_begin(PDL)
     pdl.gdc_wait(PDL)
     b, hh = tl.program_id(0), tl.program_id(1)
@@ -187,18 +194,19 @@ def _combine_kernel(
         top = new
     row = tl.load(rows_ptr + b)
     y = acc / den
-    tl.store(out_ptr + (row * KV * G + hh) * DV + dv, y)
+    first = tl.program_id(2) == 0
+    tl.store(out_ptr + (row * KV * G + hh) * DV + dv, y, mask=(dv < DV) & first)
     if QUANT:  # the row is KV * G * DV wide; this head holds its groups hh * DV / 32 onwards
         ng = KV * G * (DV // 32)  # groups per row
         grp = hh * (DV // 32) + tl.arange(0, DV // 32)
         q_row, s16_row = q_ptr + row * ng * 8, s16_ptr + row * ng * 2
         yg = tl.reshape(y, (DV // 32, 32))
-        quant_groups(
-            yg, grp, grp < ng, q_row, d_ptr + row * ng, s16_row, xs_ptr + row * ng, DV // 32, RN
-        )
+        gm = (grp < ng) & first
+        quant_groups(yg, grp, gm, q_row, d_ptr + row * ng, s16_row, xs_ptr + row * ng, DV // 32, RN)
     if LORA:
         cols = (hh * DV + dv).to(tl.int64)
-        for r0 in range(0, R, BRS):
+        lo = tl.program_id(2) * RSTEP
+        for r0 in range(lo, tl.minimum(lo + RSTEP, R), BRS):
             r = r0 + tl.arange(0, BRS)
             rm = r < R
             a = tl.load(a_ptr + r[:, None].to(tl.int64) * (KV * G * DV) + cols[None, :],
@@ -303,7 +311,9 @@ def _combine(q, mx, den, acc, ns, plan, out, quant, g, kvh, dv, launch, shrink=N
     qa = (out,) * 4 if quant is None else (quant.words, quant.scale, quant.sum16, quant.xsum)
     nsp = triton.next_power_of_2(ns)
     cb = min(nsp, max(1, COMBINE_VALUES // dv))
-    grid = (nd, kvh * g)
+    r = 0 if shrink is None else shrink.a.shape[0]
+    rstep = COMBINE_LORA_RSTEP if r and COMBINE_LORA_RSTEP else max(r, 1)
+    grid = (nd, kvh * g, triton.cdiv(max(r, 1), rstep))
     geo = {"KV": kvh, "G": g, "GP": gp, "DV": dv, "CB": cb, "NSP": nsp}
     geo |= {"QUANT": quant is not None, "RN": q.is_cuda, "LORA": shrink is not None}
     if shrink is None:
@@ -313,7 +323,7 @@ def _combine(q, mx, den, acc, ns, plan, out, quant, g, kvh, dv, launch, shrink=N
             raise ValueError(f"LoRA shrink A {tuple(shrink.a.shape)} for {kvh * g} x {dv}")
         la = (shrink.a, shrink.w, shrink.t, shrink.w.stride(0), shrink.a.shape[0])
     _combine_kernel[grid](
-        mx, den, acc, rows, out, *qa, *la[:3], ns, *la[3:], **geo, **launch,
+        mx, den, acc, rows, out, *qa, *la[:3], ns, *la[3:], rstep, **geo, **launch,
         num_warps=COMBINE_WARPS,
     )  # fmt: skip
     return out

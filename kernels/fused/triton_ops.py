@@ -100,10 +100,13 @@ def _rms_norm(
 
 @triton.jit
 def _silu_mul(
-    gu_ptr, y_ptr, q_ptr, d_ptr, s16_ptr, xs_ptr, a_ptr, lw_ptr, t_ptr, H, slw, R,
+    gu_ptr, y_ptr, q_ptr, d_ptr, s16_ptr, xs_ptr, a_ptr, lw_ptr, t_ptr, H, slw, R, RSTEP,
     BH: tl.constexpr, QUANT: tl.constexpr, RN: tl.constexpr, PDL: tl.constexpr,
     LORA: tl.constexpr, BRS: tl.constexpr,
 ):  # fmt: skip
+    """Program (row, column block, r): y = silu(g) * u of its columns (and their quantized
+    groups), stored by the r = 0 programs; with LORA, rows r * RSTEP.. of the next linear's
+    shrink over those columns (one r program and RSTEP = R unless the shrink is split)."""
     pdl.gdc_begin(PDL)
     pdl.gdc_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
@@ -112,17 +115,18 @@ def _silu_mul(
     g = tl.load(gu_ptr + row * 2 * H + c, mask=m, other=0.0)
     u = tl.load(gu_ptr + row * 2 * H + H + c, mask=m, other=0.0)
     y = g / (1.0 + tl.exp(-g)) * u
-    tl.store(y_ptr + row * H + c, y, mask=m)
+    first = tl.program_id(2) == 0
+    tl.store(y_ptr + row * H + c, y, mask=m & first)
     if QUANT:  # H is a multiple of 32: a program's BH values are whole groups
         grp = tl.program_id(1) * (BH // 32) + tl.arange(0, BH // 32)
         k32 = row * (H // 32)
         q_row, s16_row = q_ptr + row * (H // 4), s16_ptr + row * (H // 16)
         yg = tl.reshape(y, (BH // 32, 32))
-        quant_groups(
-            yg, grp, grp < H // 32, q_row, d_ptr + k32, s16_row, xs_ptr + k32, BH // 32, RN
-        )
+        gm = (grp < H // 32) & first
+        quant_groups(yg, grp, gm, q_row, d_ptr + k32, s16_row, xs_ptr + k32, BH // 32, RN)
     if LORA:  # the next linear's LoRA shrink, split over the programs' columns: float32
-        for r0 in range(0, R, BRS):  # atomics into t, which the last call left at zero
+        lo = tl.program_id(2) * RSTEP
+        for r0 in range(lo, tl.minimum(lo + RSTEP, R), BRS):  # atomics into t (zero before)
             r = r0 + tl.arange(0, BRS)
             rm = r < R
             a = tl.load(a_ptr + r[:, None].to(tl.int64) * H + c[None, :],
@@ -136,6 +140,11 @@ def _silu_mul(
 # per step of the SiLU programs' loop (a [8, 1,024] tile of A a program at a time)
 NORM_LORA_ROWS = 4
 SILU_LORA_ROWS = 8
+# with a shrink, split its A rows over this many per SiLU program (a third grid axis; each such
+# program recomputes its columns' y) instead of one program looping over all R: R / 8 dependent
+# [8, 1,024] steps per program at 14 column programs for an 8B's down projection. None: no split
+# (as measured so far); an A/B switch, a multiple of SILU_LORA_ROWS
+SILU_LORA_RSTEP: int | None = None
 
 
 def norm_warps(d: int) -> int:
@@ -225,8 +234,9 @@ def silu_mul_cuda(
     xq, qa = _quant_out(g2.shape[0], hidden, quant, y)
     la, r = _lora(shrink, g2.shape[0], hidden, y)
     bh = 1024
-    grid = (g2.shape[0], triton.cdiv(hidden, bh))
+    rstep = SILU_LORA_RSTEP if r > 0 and SILU_LORA_RSTEP else max(r, 1)
+    grid = (g2.shape[0], triton.cdiv(hidden, bh), triton.cdiv(max(r, 1), rstep))
     flags = {"QUANT": xq is not None, "RN": gu.is_cuda, **pdl.launch_options(pdl.enabled(gu))}
-    _silu_mul[grid](g2, y, *qa, *la[:3], hidden, *la[3:], BH=bh, num_warps=4, LORA=r > 0,
-                    BRS=SILU_LORA_ROWS, **flags)  # fmt: skip
+    _silu_mul[grid](g2, y, *qa, *la[:3], hidden, *la[3:], rstep, BH=bh, num_warps=4,
+                    LORA=r > 0, BRS=SILU_LORA_ROWS, **flags)  # fmt: skip
     return y.reshape(*gu.shape[:-1], hidden), xq

@@ -119,14 +119,18 @@ def test_combine_quantizes_its_rows_like_quantize_x8(g, dv, t, m):
 
 @pytest.mark.parametrize(("g", "dv", "t", "rank"), [(4, 128, 1, 16), (8, 64, 3, 20)])
 @pytest.mark.parametrize("span", [False, True])
-def test_combine_adds_the_output_projections_lora_shrink(g, dv, t, rank, span):
+@pytest.mark.parametrize("rstep", [None, 8])
+def test_combine_adds_the_output_projections_lora_shrink(g, dv, t, rank, span, rstep, monkeypatch):
     """With `shrink` the combine also adds (o @ A.T) * W into the projection's scratch t (each
     head its DV columns, float32 atomics): within float32 rounding of the float64 product of
     the rows it wrote; the float output is the same as without; rows past t stay zero. The
-    plan's rows are out's rows in another order (t follows out's rows)."""
+    plan's rows are out's rows in another order (t follows out's rows). `COMBINE_LORA_RSTEP`
+    splits A's rows over more programs (rank 20 in 8 + 8 + 4): the same."""
+    from localllm.kernels.attention import triton_decode
     from localllm.kernels.attention.triton_decode import flash_decode
     from localllm.kernels.fused.lora_delta import LoraShrink
 
+    monkeypatch.setattr(triton_decode, "COMBINE_LORA_RSTEP", rstep)
     gen = torch.Generator().manual_seed(g * dv + t)
     bs, d, kvh, m = 16, 64, 2, 150
     blocks = (m + bs - 1) // bs * t

@@ -49,6 +49,9 @@ GPU_CASES = {
     "4 adapters, epilogue": (4, 1.0),
     "1 adapter, epilogue launched": (1, 1.0),
     "4 adapters, epilogue launched": (4, 1.0),
+    "4 adapters, producers": (4, 1.0),
+    "1 adapter, producers split": (1, 1.0),
+    "4 adapters, producers split": (4, 1.0),
     "1 adapter, inline": (1, 1.0),
     "4 adapters, inline": (4, 1.0),
     "1 adapter, atomic": (1, 1.0),
@@ -66,6 +69,14 @@ def _launcher(case: str) -> list[str]:
         return ["-c", SWITCHED.format("d.KERNELS = False")]
     if "fused kernel" in case:
         return ["-c", SWITCHED.format("d.SCHEME = 'fused'")]
+    if "producers" in case:  # every shrink in the input kernels, whatever its rank; "split":
+        # the SiLU's and the attention combine's over more programs (8 rows of A each)
+        sets = "d.SCHEME = 'epilogue'; d.PRODUCER_MAX_RANK = 1 << 20"
+        if "split" in case:
+            sets += ("; import localllm.kernels.fused.triton_ops as o; o.SILU_LORA_RSTEP = 8"
+                     "; import localllm.kernels.attention.triton_decode as a"
+                     "; a.COMBINE_LORA_RSTEP = 8")  # fmt: skip
+        return ["-c", SWITCHED.format(sets)]
     if "epilogue launched" in case:  # every shrink launched (none run by the norm / SiLU kernels)
         return ["-c", SWITCHED.format("d.SCHEME = 'epilogue'; d.PRODUCER_SHRINK = False")]
     if "epilogue" in case:  # the expand in the base GEMVs' epilogue

@@ -100,7 +100,7 @@ def main(pdl: bool = False) -> None:
     lora = {"a_ptr": "*fp16", "lw_ptr": F32, "t_ptr": F32}
     norm |= lora | {"D": "i32", "eps": "fp32", "slw": "i32", "R": "i32"}
     silu = {"gu_ptr": F32, "y_ptr": F32, "q_ptr": I32, "d_ptr": F32, "s16_ptr": I32, "xs_ptr": F32}
-    silu |= lora | {"H": "i32", "slw": "i32", "R": "i32"}
+    silu |= lora | {"H": "i32", "slw": "i32", "R": "i32", "RSTEP": "i32"}
     rope = dict.fromkeys(("q_ptr", "k_ptr", "v_ptr"), F32) | dict.fromkeys(
         ("sq", "sk", "sv"), "i32"
     )
@@ -121,7 +121,7 @@ def main(pdl: bool = False) -> None:
         "xs_ptr": F32,
         "NS": "i32",
     }
-    comb |= lora | {"slw": "i32", "R": "i32"}
+    comb |= lora | {"slw": "i32", "R": "i32", "RSTEP": "i32"}
     quant = {"x_ptr": F32, "q_ptr": I32, "d_ptr": F32, "s16_ptr": I32, "xsum_ptr": F32, "K": "i32"}
     cases = [
         (triton_dp4a._quant_x8, quant, {"G": 16, "RN": True}, 4),

@@ -11,7 +11,10 @@
 #            Llama-3.1-8B-shape Q4_K_M (`bench_lora.py ab`, each case its own `localllm bench`
 #            process): "epilogue" (the default: the norm / SiLU kernels run the shrinks of
 #            q|k|v, gate|up and down), "epilogue launched" (every shrink its own launch) and
-#            "inline"; LORA_CASES overrides (issue 36's goal is <= 10 % over the base)
+#            "inline"; LORA_CASES overrides (issue 36's goal is <= 10 % over the base); e.g.
+#            "base;1 adapter, epilogue;1 adapter, producers split;4 adapters, epilogue launched;
+#            4 adapters, producers;4 adapters, producers split" (every shrink in the input
+#            kernels whatever its rank, the SiLU's and combine's split over more programs)
 #   lorak    tests/perf/decode_kernels.py on the same file, depth 512: the decode step kernel by
 #            kernel with no adapter, one and four (where LoRA's +16 % / +46 % goes; issue 36)
 #   tests3   pytest -m gpu: the packed linears' paths by row count (the int8 GEMM past 8 rows),

@@ -37,7 +37,7 @@ GEMV_MAX_M = 8  # more activation rows than this: dequantize to bf16 and use a G
 # packed weights between GEMV_MAX_M and batch_gemm.MAX_ROWS (64) rows, batched decode: one GEMM
 # that expands the weight's tiles in registers (`batch_gemm`) instead of writing a bf16 copy of
 # the whole weight and reading it back for cuBLAS (the copy is most of a 16-64 sequence decode
-# step's traffic). An A/B switch, off until a GPU has timed it (tests/perf/gpu_switches.sh `bgemm`)
+# step's traffic). An A/B switch, off until a GPU has timed it (gpu_switches.sh tests5/dense/batch)
 BATCH_GEMM = False
 # the fewest rows BATCH_GEMM takes: 5-8 rows run the GEMVs in two launches of 4, each reading the
 # weight; the sweep (`bench_dense_rows.py`) times the batch GEMM at 8 rows too, to see if 5 pays
@@ -170,6 +170,7 @@ class TritonLinear:
         self.qtype, self.shape = qtype, shape
         self.data: torch.Tensor | None = None
         self.packed: PackedBlocks | None = None
+        self.shadow: torch.Tensor | None = None
         if qtype in PACKED_TYPES:
             self.packed = pack_blocks(data, qtype, *shape)
             self.cfg = packed_config(qtype, *shape)
@@ -179,7 +180,8 @@ class TritonLinear:
                 from localllm.kernels.moe.grouped import prepare_dense
 
                 prepare_dense(self.packed.device, DENSE_MAX_ROWS)
-            self.shadow = dequantize_packed_t(self.packed) if HALF_SHADOW else None
+            if HALF_SHADOW:
+                self.shadow = dequantize_packed_t(self.packed)
         else:
             self.data = data.reshape(shape[0], -1).contiguous()
             self.cfg = gemv_config(qtype, shape[0])

@@ -10,8 +10,9 @@ writes its partial sums [M, N] of one split to its own slice, which the host add
 order (no atomics: a call's bits do not depend on scheduling).
 
 Program (n, split, m): weight rows n*BN.., super-blocks (blocks for Q8_0) split*SB.., activation
-rows m*BM... One flat loop of 32-value steps lets the software pipeliner prefetch every load
-(`triton_grouped`'s finding). Layouts: `repack.PackedBlocks`; host side: `batch_gemm`.
+rows m*BM... One flat loop (32 values a step; 64 for Q4_K, both nibbles of the words it loads)
+lets the software pipeliner prefetch every load (`triton_grouped`'s finding). Layouts:
+`repack.PackedBlocks`; host side: `batch_gemm`.
 """
 
 import triton

@@ -163,7 +163,7 @@ def test_plan_makes_room_for_a_prompts_copy_of_one_mapped_layer():
 def test_mapping_that_fails_leaves_the_rest_to_the_cpu(caplog):
     """Page-locking can fail (no pinned memory left): the layers mapped so far stay mapped,
     the rest are handed back for the CPU to compute, with a warning that says so."""
-    from localllm.engine.moe.residency import _map
+    from localllm.engine.moe.sources import _map
 
     class Block:
         def __init__(self, layer, fails):

@@ -140,7 +140,7 @@ def test_the_plans_split_share_sets_each_layers_cpu_count(kernels, tmp_path):
     from localllm.engine.gguf import open_gguf
     from localllm.engine.loader import build_model
     from localllm.engine.moe.block import moe_blocks
-    from localllm.engine.moe.residency import _split
+    from localllm.engine.moe.sources import _split
     from localllm.engine.moe.split import SPLIT_CPU_SHARE, SPLIT_CPU_SHARE_SLOTS
     from tests.offload.tiny_moe import QWEN3MOE, write_moe_gguf
 

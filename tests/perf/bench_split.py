@@ -17,7 +17,7 @@ import time
 import torch
 
 from localllm.engine.llm import LLM
-from localllm.engine.moe import residency as moe_residency
+from localllm.engine.moe import sources as moe_sources
 from localllm.engine.moe import split as moe_split
 from localllm.engine.moe.block import moe_blocks
 from localllm.engine.runtime import cuda_graphs
@@ -28,7 +28,7 @@ from localllm.offload.residency import resolve
 def run(path: str, share: float, tokens: int, slots: int = 0, breaks: bool = False) -> str:
     cuda_graphs.SPLIT_LINK = not breaks
     moe_split.SPLIT_CPU_SHARE = share
-    moe_residency.SPLIT_CPU_SHARE_SLOTS = share  # (the share over slots, read where it is used)
+    moe_sources.SPLIT_CPU_SHARE_SLOTS = share  # (the share over slots, read where it is used)
     layer = {"cpu_moe": True, "host_compute": "split"}
     if slots:  # device slots over the mapped experts: the CPU takes the pairs they miss
         layer["streaming"] = {"slots": slots}

@@ -24,7 +24,8 @@ if [ -n "${SERVE:-}" ]; then  # gpu_serve.sh: `localllm serve` and bench_serve.p
   # dependencies (the device image may lack some; gpu_serve.sh lets the image's own copies win)
   python -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-    -d .whlserve fastapi uvicorn httpx anyio jinja2 psutil tokenizers python-multipart 2>&1 \
+    -d .whlserve fastapi uvicorn uvloop httptools httpx anyio jinja2 psutil tokenizers \
+    python-multipart 2>&1 \
     | grep -v "^WARNING: Location" || true
   ls .whlserve && du -sh .whlserve
 fi

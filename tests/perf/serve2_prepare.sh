@@ -6,7 +6,8 @@
 #                             stripped, libggml-cuda's PTX dropped (prune_fatbin.py: the sm_90
 #                             cubins stay byte for byte), xz -9e: ~22 MiB instead of 43
 #   .serve2/whl/*.whl         gguf, llguidance (.whl) and the server's stack the device image
-#                             lacks (fastapi, starlette, pydantic, uvicorn, ...; from .whlserve)
+#                             lacks (fastapi, starlette, pydantic, uvicorn, uvloop, httptools, ...;
+#                             from .whlserve)
 #   .serve2/smollm2-tok.gguf  the tokenizer the synthetic files copy (.refbuild/smollm2-tok.gguf)
 # Needs .llb, .whl, .whlserve and .refbuild/smollm2-tok.gguf (h200_prepare.sh with SERVE=1, and
 # gpu_build_llamacpp.sh's parts in .llb). Run from the repo root: bash tests/perf/serve2_prepare.sh
@@ -27,7 +28,7 @@ tar c $files | xz -T2 -9e | split -b 15M - "$OLDPWD/.serve2/llb.part."
 cd "$OLDPWD" && rm -rf "$tmp"
 cp .whl/*.whl .serve2/whl/
 for n in annotated_doc annotated_types anyio fastapi h11 pydantic pydantic_core python_multipart \
-  opentelemetry_api starlette typing_extensions typing_inspection uvicorn; do
+  opentelemetry_api starlette typing_extensions typing_inspection uvicorn uvloop httptools; do
   cp .whlserve/"$n"-[0-9]*.whl .serve2/whl/
 done
 cp .refbuild/smollm2-tok.gguf .serve2/

@@ -12,7 +12,8 @@ order (no atomics: a call's bits do not depend on scheduling).
 Program (n, split, m): weight rows n*BN.., super-blocks (blocks for Q8_0) split*SB.., activation
 rows m*BM... One flat loop (32 values a step; 64 for Q4_K, both nibbles of the words it loads)
 lets the software pipeliner prefetch every load (`triton_grouped`'s finding). Layouts:
-`repack.PackedBlocks`; host side: `batch_gemm`.
+`repack.PackedBlocks`; host side: `batch_gemm`. M and SB are not specialized on (triton would
+compile again for a row count that 16 does not divide: a stall mid-serving, after the warm-up).
 """
 
 import triton
@@ -60,7 +61,7 @@ def _store_split(out_ptr, acc, split, rows, rm, cols, cm, M, N):
     tl.store(o, acc, mask=rm[:, None] & cm[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M", "SB"])  # one compile for every row count
 def _bgemm_q4k(
     x_ptr, qs_ptr, hdr_ptr, out_ptr, M, N, K, NB, SB,
     BM: tl.constexpr, BN: tl.constexpr, HALF: tl.constexpr,
@@ -83,7 +84,7 @@ def _bgemm_q4k(
     _store_split(out_ptr, acc, split, rows, rm, cols, cm, M, N)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M", "SB"])  # one compile for every row count
 def _bgemm_q6k(
     x_ptr, ql_ptr, qh_ptr, sc_ptr, d_ptr, out_ptr, M, N, K, NB, SB,
     BM: tl.constexpr, BN: tl.constexpr, HALF: tl.constexpr,
@@ -109,7 +110,7 @@ def _bgemm_q6k(
     _store_split(out_ptr, acc, split, rows, rm, cols, cm, M, N)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M", "SB"])  # one compile for every row count
 def _bgemm_q8_0(
     x_ptr, qs_ptr, d_ptr, out_ptr, M, N, K, NB, SB,
     BM: tl.constexpr, BN: tl.constexpr, HALF: tl.constexpr,

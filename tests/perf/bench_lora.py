@@ -57,35 +57,38 @@ GPU_CASES = {
     "1 adapter, atomic": (1, 1.0),
     "4 adapters, atomic": (4, 1.0),
 }
-# `localllm bench` with engine/lora/delta.py's module switches set, in its own process
-SWITCHED = (
-    "import runpy, sys; import localllm.engine.lora.delta as d; {}; "
-    "sys.argv[0] = 'localllm'; runpy.run_module('localllm.app', run_name='__main__')"
-)
+# `localllm bench` with module switches set, in its own process (tests/perf/with_switches.py)
+D = "localllm.engine.lora.delta."
+
+
+def _switches(case: str) -> list[str]:
+    if "torch ops" in case:
+        return [D + "KERNELS=False"]
+    if "fused kernel" in case:
+        return [D + "SCHEME='fused'"]
+    if "producers" in case:  # every shrink in the input kernels, whatever its rank; "split":
+        # the SiLU's and the attention combine's over more programs (8 rows of A each)
+        sets = [D + "SCHEME='epilogue'", D + "PRODUCER_MAX_RANK=1048576"]
+        if "split" in case:
+            sets += ["localllm.kernels.fused.triton_ops.SILU_LORA_RSTEP=8",
+                     "localllm.kernels.attention.triton_decode.COMBINE_LORA_RSTEP=8"]  # fmt: skip
+        return sets
+    if "epilogue launched" in case:  # every shrink launched (none run by the norm / SiLU kernels)
+        return [D + "SCHEME='epilogue'", D + "PRODUCER_SHRINK=False"]
+    if "epilogue" in case:  # the expand in the base GEMVs' epilogue
+        return [D + "SCHEME='epilogue'"]
+    if "inline" in case:  # the shrink and the expand in the base GEMVs
+        return [D + "SCHEME='inline'"]
+    if "atomic" in case:  # the two-launch kernels (the default until 2026-12-06 20:47 UTC)
+        return [D + "SCHEME='atomic'"]
+    return []
 
 
 def _launcher(case: str) -> list[str]:
-    if "torch ops" in case:
-        return ["-c", SWITCHED.format("d.KERNELS = False")]
-    if "fused kernel" in case:
-        return ["-c", SWITCHED.format("d.SCHEME = 'fused'")]
-    if "producers" in case:  # every shrink in the input kernels, whatever its rank; "split":
-        # the SiLU's and the attention combine's over more programs (8 rows of A each)
-        sets = "d.SCHEME = 'epilogue'; d.PRODUCER_MAX_RANK = 1 << 20"
-        if "split" in case:
-            sets += ("; import localllm.kernels.fused.triton_ops as o; o.SILU_LORA_RSTEP = 8"
-                     "; import localllm.kernels.attention.triton_decode as a"
-                     "; a.COMBINE_LORA_RSTEP = 8")  # fmt: skip
-        return ["-c", SWITCHED.format(sets)]
-    if "epilogue launched" in case:  # every shrink launched (none run by the norm / SiLU kernels)
-        return ["-c", SWITCHED.format("d.SCHEME = 'epilogue'; d.PRODUCER_SHRINK = False")]
-    if "epilogue" in case:  # the expand in the base GEMVs' epilogue
-        return ["-c", SWITCHED.format("d.SCHEME = 'epilogue'")]
-    if "inline" in case:  # the shrink and the expand in the base GEMVs
-        return ["-c", SWITCHED.format("d.SCHEME = 'inline'")]
-    if "atomic" in case:  # the two-launch kernels (the default until 2026-12-06 20:47 UTC)
-        return ["-c", SWITCHED.format("d.SCHEME = 'atomic'")]
-    return ["-m", "localllm.app"]
+    switches = _switches(case)
+    if not switches:
+        return ["-m", "localllm.app"]
+    return [str(Path(__file__).parent / "with_switches.py"), *switches, "--", "-m", "localllm.app"]
 
 
 def make(a) -> None:

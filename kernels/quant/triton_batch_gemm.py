@@ -24,11 +24,14 @@ from localllm.kernels.quant.triton_unpack import _affine, _q6k_quarter_codes, _s
 
 
 @triton.jit
-def _tile_start(M, N, BM: tl.constexpr, BN: tl.constexpr):
-    """This program's activation rows, weight rows, their masks and its split index."""
+def _tile_start(M, N, NB, SB, BM: tl.constexpr, BN: tl.constexpr):
+    """This program's activation rows, weight rows, their masks, its split index, and the first
+    and count of the (super-)blocks of K it sums (the last split may hold fewer)."""
     rows = tl.program_id(2) * BM + tl.arange(0, BM)
     cols = tl.program_id(0) * BN + tl.arange(0, BN)
-    return rows, rows < M, cols, cols < N, tl.program_id(1)
+    split = tl.program_id(1)
+    b0 = split * SB
+    return rows, rows < M, cols, cols < N, split, b0, tl.minimum(SB, NB - b0)
 
 
 @triton.jit
@@ -66,10 +69,9 @@ def _bgemm_q4k(
     x_ptr, qs_ptr, hdr_ptr, out_ptr, M, N, K, NB, SB,
     BM: tl.constexpr, BN: tl.constexpr, HALF: tl.constexpr,
 ):  # fmt: skip
-    rows, rm, cols, cm, split = _tile_start(M, N, BM, BN)
+    rows, rm, cols, cm, split, s0, nb = _tile_start(M, N, NB, SB, BM, BN)
     lane = tl.arange(0, 8)
-    s0 = split * SB
-    steps = tl.minimum(SB, NB - s0) * 4
+    steps = nb * 4
     acc = tl.zeros([BM, BN], dtype=tl.float32)
     for i in range(0, steps):  # pair j of super-block s: sub-blocks 2j and 2j + 1, 64 values
         s = s0 + i // 4
@@ -89,10 +91,9 @@ def _bgemm_q6k(
     x_ptr, ql_ptr, qh_ptr, sc_ptr, d_ptr, out_ptr, M, N, K, NB, SB,
     BM: tl.constexpr, BN: tl.constexpr, HALF: tl.constexpr,
 ):  # fmt: skip
-    rows, rm, cols, cm, split = _tile_start(M, N, BM, BN)
+    rows, rm, cols, cm, split, s0, nb = _tile_start(M, N, NB, SB, BM, BN)
     lane = tl.arange(0, 8)
-    s0 = split * SB
-    steps = tl.minimum(SB, NB - s0) * 8
+    steps = nb * 8
     acc = tl.zeros([BM, BN], dtype=tl.float32)
     for i in range(0, steps):  # quarter k of half hf of super-block s: 32 values
         s = s0 + i // 8
@@ -115,10 +116,8 @@ def _bgemm_q8_0(
     x_ptr, qs_ptr, d_ptr, out_ptr, M, N, K, NB, SB,
     BM: tl.constexpr, BN: tl.constexpr, HALF: tl.constexpr,
 ):  # fmt: skip
-    rows, rm, cols, cm, split = _tile_start(M, N, BM, BN)
+    rows, rm, cols, cm, split, b0, steps = _tile_start(M, N, NB, SB, BM, BN)
     lane = tl.arange(0, 8)
-    b0 = split * SB
-    steps = tl.minimum(SB, NB - b0)
     acc = tl.zeros([BM, BN], dtype=tl.float32)
     for i in range(0, steps):  # block b: 32 values
         b = b0 + i

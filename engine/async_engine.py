@@ -231,7 +231,7 @@ class AsyncEngine:
                 engine.groups.clear()
                 continue
             if BATCH_DELIVERY:
-                self._deliver_step(outputs)
+                self._deliver_many([(out.request_id, out) for out in outputs])
             else:
                 for out in outputs:
                     self._deliver(out.request_id, out)
@@ -306,28 +306,23 @@ class AsyncEngine:
         stream.loop.call_soon_threadsafe(done)
 
     def _deliver(self, rid: str, item) -> None:
-        with self._lock:
-            stream = self._streams.get(rid)
-        if stream is not None:
-            try:
-                stream.loop.call_soon_threadsafe(stream.queue.put_nowait, item)
-            except RuntimeError:  # the caller's loop is closed
-                self.engine.abort_request(rid)
+        self._deliver_many([(rid, item)])
 
-    def _deliver_step(self, outputs: Sequence[RequestOutput]) -> None:
-        """A step's outputs, one callback per event loop that reads some of them."""
+    def _deliver_many(self, items: Sequence[tuple[str, Any]]) -> None:
+        """(request id, output or error) pairs to their streams, one callback per event loop
+        that reads some of them; a request whose loop is closed is aborted."""
         by_loop: dict[asyncio.AbstractEventLoop, list] = {}
         with self._lock:
-            for out in outputs:
-                stream = self._streams.get(out.request_id)
+            for rid, item in items:
+                stream = self._streams.get(rid)
                 if stream is not None:
-                    by_loop.setdefault(stream.loop, []).append((stream.queue, out))
-        for loop, items in by_loop.items():
+                    by_loop.setdefault(stream.loop, []).append((stream.queue, item, rid))
+        for loop, batch in by_loop.items():
             try:
-                loop.call_soon_threadsafe(_put_all, items)
+                loop.call_soon_threadsafe(_put_all, batch)
             except RuntimeError:  # that loop is closed
-                for _, out in items:
-                    self.engine.abort_request(out.request_id)
+                for _, _, rid in batch:
+                    self.engine.abort_request(rid)
 
     def _deliver_error(self, rid: str, error: BaseException) -> None:
         self._deliver(rid, error)
@@ -335,10 +330,9 @@ class AsyncEngine:
     def _fail_all(self, error: BaseException) -> None:
         with self._lock:
             rids = list(self._streams)
-        for rid in rids:
-            self._deliver(rid, error)
+        self._deliver_many([(rid, error) for rid in rids])
 
 
 def _put_all(items: list) -> None:
-    for q, item in items:
+    for q, item, _ in items:
         q.put_nowait(item)

@@ -132,6 +132,8 @@ def test_half_shadow_is_the_per_call_copy(name, make_blocks, monkeypatch):
     assert kept.shadow is not None and plain.shadow is None
     assert kept.nbytes == raw.numel() + 2 * n * k
     assert torch.equal(kept.matmul(x), plain.matmul(x))
+    kept.shadow.zero_()  # the GEMM reads the kept copy, not a new one
+    assert not kept.matmul(x).any()
 
 
 @pytest.mark.parametrize("low", [2, 5, 9])

@@ -1,14 +1,14 @@
-"""The CPU decode step of llama, SmolLM3, Qwen2, Qwen3, Qwen3-MoE, Gemma 3, LFM2, gpt-oss, GLM-4.5
-and LFM2-MoE decoders as one native call (`kernels/cpu/decode_step`): `NativeDecode.for_model`
-looks once whether a loaded model qualifies (those families' blocks, dense gated MLPs or
-resident routed experts with a softmax or sigmoid router, no biases but q|k|v's, the output's and
-gpt-oss's experts' and router's, every linear on the native block kernels) and `__call__`
-runs a step when it does (each sequence's one new token, a float32 or float16 paged cache; LoRA
-adapters on q|k|v, o, gate|up and down through `kernels.cpu.decode_lora`, dense models only),
-else answers None and the torch layers run. It never takes prompt rows (`BatchMeta.prompt`: a
-one-row prompt tail after a prefix-cache hit is one), nor steps under a measurement's drawn
-routing. Steps of the same model give the same tokens either way
-(tests/kernels/test_cpu_decode_step.py, tests/kernels/test_cpu_decode_families.py,
+"""The CPU decode step of llama, SmolLM3, Qwen2, Qwen3, Qwen3-MoE, Gemma 3, LFM2, gpt-oss, GLM-4.5,
+LFM2-MoE and Granite-4.0-H decoders as one native call (`kernels/cpu/decode_step`):
+`NativeDecode.for_model` looks once whether a loaded model qualifies (those families' blocks,
+dense gated MLPs or resident routed experts with a softmax or sigmoid router, no biases but
+q|k|v's, the output's and gpt-oss's experts' and router's, every linear on the native block
+kernels) and `__call__` runs a step when it does (each sequence's one new token, a float32 or
+float16 paged cache; LoRA adapters on q|k|v, o, gate|up and down through
+`kernels.cpu.decode_lora`, dense models only), else answers None and the torch layers run. It
+never takes prompt rows (`BatchMeta.prompt`: a one-row prompt tail after a prefix-cache hit is
+one), nor steps under a measurement's drawn routing. Steps of the same model give the same tokens
+either way (tests/kernels/test_cpu_decode_step.py, tests/kernels/test_cpu_decode_families.py,
 tests/lora/test_lora_native.py); the per-layer work is the same, the ~20 dispatched torch ops
 per layer are gone.
 """
@@ -34,10 +34,12 @@ MAX_ROWS = 16  # token rows per native step (batched decode); more: the torch la
 # experts run in the step where they are resident raw blocks with the plain softmax router
 # (`_moe_parts`); gpt-oss's too (biased, the clamped SwiGLU), with its attention sinks, output
 # bias and windows on every other layer; GLM-4.5's and LFM2-MoE's (sigmoid scores, a choice bias,
-# a weight scale; GLM's shared expert), beside their leading dense layers
+# a weight scale; GLM's shared expert), beside their leading dense layers; Granite-4.0-H's
+# Mamba-2 layers on their conv and SSM state slots, its rope-less attention, residual scale and
+# softmax-routed experts with a shared one
 FAMILIES = tuple(f"localllm.engine.models.{m}" for m in
                  ("llama", "smollm3", "qwen2", "qwen3", "qwen3moe", "gemma3", "lfm2",
-                  "gpt_oss", "glm4moe", "lfm2moe"))  # fmt: skip
+                  "gpt_oss", "glm4moe", "lfm2moe", "granitehybrid"))  # fmt: skip
 # blocks whose FFN norm has another name: gpt-oss's is `post_attention_norm` (not an output norm)
 FFN_NORM = {"localllm.engine.models.gpt_oss": "post_attention_norm"}
 
@@ -145,6 +147,8 @@ def _layer(blk, args) -> dict | None:
     conv = getattr(blk, "shortconv", None)
     if conv is not None:
         return _conv_layer(blk, conv, moe)
+    if getattr(blk, "mamba", None) is not None:
+        return _mamba_layer(blk, blk.mamba, moe)
     qkv = _kernels(fused) if fused is not None else _runs([blk.attn_q, blk.attn_k, blk.attn_v])
     o = _kernels(blk.attn_output)
     if moe is not None:
@@ -183,11 +187,12 @@ def _layer(blk, args) -> dict | None:
     return spec
 
 
-def _conv_layer(blk, conv, moe: dict | None) -> dict | None:
-    """An LFM2 short-conv block's `LayerSpec` fields (its state and the caches aside), its FFN
-    dense or routed (`moe`: LFM2-MoE's), or None."""
+def _mixer_layer(blk, ins_proj, out_proj, moe: dict | None) -> dict | None:
+    """A recurrent block's `LayerSpec` fields shared by its kinds (its mixer's aside): the
+    in- and out-projections (no biases; the in-projection one run), the norms, its FFN dense or
+    routed (`moe`), or None."""
     mlp = blk.mlp
-    ins, out = _kernels(conv.in_proj), _kernels(conv.out_proj)
+    ins, out = _kernels(ins_proj), _kernels(out_proj)
     if moe is None:
         gu = _kernels(mlp.gate_up) if mlp.gate_up is not None else _runs([mlp.ffn_gate, mlp.ffn_up])
         down = _kernels(mlp.ffn_down)
@@ -198,13 +203,32 @@ def _conv_layer(blk, conv, moe: dict | None) -> dict | None:
         linears, ffn = (), {"gate_up": [], "down": None, **moe}
     if ins is None or len(ins) != 1 or out is None or ffn is None:
         return None
-    linears = (conv.in_proj, conv.out_proj, *linears)
-    if any(getattr(m, "bias", None) is not None for m in linears) or conv.conv.value is None:
+    if any(getattr(m, "bias", None) is not None for m in (ins_proj, out_proj, *linears)):
         return None
     return {"qkv": ins, "o": out[0], **ffn,
             "attn_norm": blk.attn_norm.weight.float().contiguous(),
-            "ffn_norm": blk.ffn_norm.weight.float().contiguous(),
-            "conv_w": conv.conv.value.float().contiguous()}  # fmt: skip
+            "ffn_norm": blk.ffn_norm.weight.float().contiguous()}  # fmt: skip
+
+
+def _conv_layer(blk, conv, moe: dict | None) -> dict | None:
+    """An LFM2 short-conv block's `LayerSpec` fields (its state and the caches aside), its FFN
+    dense or routed (`moe`: LFM2-MoE's), or None."""
+    spec = _mixer_layer(blk, conv.in_proj, conv.out_proj, moe)
+    if spec is None or conv.conv.value is None:
+        return None
+    return {**spec, "conv_w": conv.conv.value.float().contiguous()}
+
+
+def _mamba_layer(blk, mamba, moe: dict | None) -> dict | None:
+    """A Granite-4.0-H Mamba-2 block's `LayerSpec` fields (its states aside), or None."""
+    spec = _mixer_layer(blk, mamba.ssm_in, mamba.ssm_out, moe)
+    conv, a = mamba.ssm_conv1d, mamba.args
+    if spec is None or conv.weight is None or blk.ssm_a is None or blk.ssm_d is None:
+        return None
+    return {**spec, "conv_w": _f32(conv.weight), "conv_b": _f32(conv.bias),
+            "ssm_dt_bias": _f32(mamba.ssm_dt.value), "ssm_a": _f32(blk.ssm_a),
+            "ssm_d": _f32(blk.ssm_d), "ssm_norm": _f32(mamba.ssm_norm.value.reshape(-1)),
+            "ssm_dims": (a.n_ssm_heads, a.head_size, a.d_state, a.n_groups)}  # fmt: skip
 
 
 class _Unrotated:
@@ -218,12 +242,20 @@ class _Unrotated:
         return torch.ones_like(cos), torch.zeros_like(sin)
 
 
+class _NoRope:
+    """The rope tables of a model whose attention has no rope (Granite-4.0-H): no dims."""
+
+    def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        z = torch.zeros(positions.shape[0], 0)
+        return z, z
+
+
 class NativeDecode:
     def __init__(self, model: nn.Module, lib, shape: decode_step.Shape, layers: list[dict],
                  rotaries: list):  # fmt: skip
         self.model, self.lib, self.shape, self.layers = model, lib, shape, layers
         self.rotaries = rotaries  # rope tables 0 and 1 (LayerSpec.rope_set)
-        self.embed_scale = getattr(model, "embed_scale", None)
+        self.embed_scale = getattr(model, "embed_scale", None)  # (Gemma's, Granite's)
         self._step: tuple[object, decode_step.DecodeStep] | None = None  # (kv, its step)
         self._lora: tuple[torch.Tensor, decode_lora.LoraTable] | None = None  # (W, its table)
         self.moe = [b.mlp for b in model.blk if not isinstance(b.mlp, GatedMLP)]  # routed FFNs
@@ -242,9 +274,15 @@ class NativeDecode:
         if None in rotaries:
             nope = any(lay.get("rope_set") for lay in layers)
             rotaries = [model.rotary, _Unrotated(model.rotary) if nope else model.rotary]
-        same = dataclasses.replace(rotaries[1].cfg, base=rotaries[0].cfg.base)
-        if rotaries[0] is None or rotaries[0].cfg != same:  # (tables differ in base alone)
-            return None
+        if rotaries[0] is None:  # no rope at all: only where the family says so
+            if getattr(args, "rope", True):
+                return None
+            rotaries, dims, neox = [_NoRope()] * 2, 0, False
+        else:
+            same = dataclasses.replace(rotaries[1].cfg, base=rotaries[0].cfg.base)
+            if rotaries[0].cfg != same:  # (tables differ in base alone)
+                return None
+            dims, neox = rotaries[0].cfg.dims, rotaries[0].cfg.neox
         lib = decode_step.load()
         if lib is None:
             return None
@@ -252,7 +290,6 @@ class NativeDecode:
             for k in (*lay["qkv"], lay["o"], *lay["gate_up"], lay["down"]):
                 if k is not None and k.qtype not in INT8_TYPES:
                     k.int8_max_t = 0  # exact float32 (kernels/quant/linear_native.py)
-        cfg = rotaries[0].cfg
         # (a MoE layer's pairs, k experts a row, take the gate|up scratch: k x their hidden; a
         # shared expert and a dense layer their own; dense layers know their width)
         widths = [lay["n_used"] * lay["experts"][0].shape[1] if "router" in lay
@@ -263,8 +300,9 @@ class NativeDecode:
         # (the dense MLPs' activation; routed experts name theirs per layer)
         act = next((b.mlp.act for b in blocks if isinstance(b.mlp, GatedMLP)), "silu")
         shape = decode_step.Shape(args.dim, args.n_heads, args.n_kv_heads, args.head_dim,
-                                  hidden, cfg.dims, cfg.neox, args.norm_eps,
-                                  act, getattr(args, "attn_scale", None))  # fmt: skip
+                                  hidden, dims, neox, args.norm_eps, act,
+                                  getattr(args, "attn_scale", None),
+                                  getattr(args, "residual_scale", 1.0))  # fmt: skip
         return cls(model, lib, shape, layers, rotaries)
 
     def _for_cache(self, kv) -> decode_step.DecodeStep | None:
@@ -275,9 +313,11 @@ class NativeDecode:
         specs = []
         for i, (blk, lay) in enumerate(zip(self.model.blk, self.layers, strict=True)):
             if "conv_w" in lay:  # the layer's state slots instead of KV
-                state = states_of(kv).tensor(i, "conv")
-                specs.append(decode_step.LayerSpec(k_cache=None, v_cache=None, conv_state=state,
-                                                   **lay))  # fmt: skip
+                states = states_of(kv)
+                ssm = states.tensor(i, "ssm") if "ssm_dims" in lay else None
+                conv = states.tensor(i, "conv")
+                specs.append(decode_step.LayerSpec(k_cache=None, v_cache=None, ssm_state=ssm,
+                                                   conv_state=conv, **lay))  # fmt: skip
                 continue
             j = getattr(blk, "kv_layer", None)  # LFM2: its attention layers are numbered apart
             j = i if j is None else j
@@ -339,8 +379,9 @@ class NativeDecode:
             return self._lora[1]
         linears = []
         for blk in self.model.blk:
-            if getattr(blk, "shortconv", None) is not None or not isinstance(blk.mlp, GatedMLP):
-                return None  # (no adapters in conv layers or beside routed experts here)
+            recurrent = any(getattr(blk, n, None) is not None for n in ("shortconv", "mamba"))
+            if recurrent or not isinstance(blk.mlp, GatedMLP):
+                return None  # (no adapters in recurrent layers or beside routed experts here)
             mlp = blk.mlp
             fused = (_fused_qkv(blk), blk.attn_output, mlp.gate_up, mlp.ffn_down)
             loose = (blk.attn_q, blk.attn_k, blk.attn_v) if fused[0] is None else ()

@@ -260,6 +260,7 @@ class Model(Decoder):
         kv_index = {layer: j for j, layer in enumerate(args.attn_layers)}
         blocks = [Block(args, i, kv_index.get(i), precise) for i in range(args.n_layers)]
         super().__init__(args, blocks, precise)
+        self.embed_scale = args.embedding_scale
         outputs = (f"blk.{i}.attn_output.bias" for i in args.attn_layers)
         self.optional_tensors = (*Decoder.optional_tensors, *outputs)
 
@@ -277,7 +278,10 @@ class Model(Decoder):
 
     def forward(self, ids, positions, batch, kv) -> torch.Tensor:
         """Hidden states [T, dim] after the final norm."""
-        x = batch.splice(self.token_embd(ids)) * self.args.embedding_scale
+        x = self.native_decode(ids, positions, batch, kv)  # CPU decode steps: one native call
+        if x is not None:
+            return self.output_norm(x)
+        x = batch.splice(self.token_embd(ids)) * self.embed_scale
         for blk in self.blk:
             x = blk(x, batch, kv)
         return self.output_norm(x)

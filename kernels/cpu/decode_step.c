@@ -1,7 +1,7 @@
 /* A decode step of a pre-norm decoder (llama's block: RMSNorm -> q/k/v -> rope -> attention over
  * the paged KV cache -> output projection -> residual; RMSNorm -> gate/up -> SiLU or tanh-GELU
- * product -> down -> residual; LFM2's gated short convolution in place of attention in some
- * layers) for t token rows, each the one new token of its own sequence, all
+ * product -> down -> residual; LFM2's gated short convolution or Granite-4.0-H's Mamba-2 mixer
+ * in place of attention in some layers) for t token rows, each the one new token of its own sequence, all
  * layers in one call and one OpenMP region (worksharing loops and their barriers between the
  * stages): eager torch spent ~20 dispatched ops per layer on what is a few microseconds of work.
  * The linears are block_linear.c's (the file's blocks, int8 activations); the rest is float32.
@@ -67,15 +67,24 @@ typedef struct {
     int64_t n_sh_gu;
     lin_t sh_down;
     int64_t sh_ff;
+    /* Granite-4.0-H's Mamba-2 layers where ssm_h > 0 (recurrent_rows.h's mamba2_rows): qkv[0] is
+     * the in-projection (z | x B C | dt), o the out-projection, conv_w / conv_state / conv_taps
+     * the conv's over x B C, conv_b its bias [Cc] (or NULL); ssm_dt_b, ssm_a, ssm_d [H],
+     * ssm_norm [H P] (groups of H P / G), ssm_state [slots + 1, H, P, N]; no KV cache */
+    const float *conv_b, *ssm_dt_b, *ssm_a, *ssm_d, *ssm_norm;
+    float *ssm_state;
+    int64_t ssm_h, ssm_p, ssm_n, ssm_g;
 } layer_t;
 
 typedef struct {
     int64_t n_layers, dim, n_q, n_kv, hd, hidden, rope_dims, neox, kv_f16, block_size, act;
     double eps, scale;
     const layer_t *layers;
+    double res_scale; /* the blocks' outputs times this into the stream (Granite's; else 1) */
 } model_t;
 
 #include "decode_moe.h"
+#include "recurrent_rows.h"
 
 static inline float half_to_float(uint16_t h) { return h2f(h); }
 
@@ -274,7 +283,8 @@ static void gated_mlp(const lin_t *gu, int64_t ngu, const lin_t *down, int64_t f
  * gu [t*2*hidden], y [t*dim], q8 int8 [t*kmax], d8 [t*kmax/32], bs int16 [t*kmax/16] (kmax =
  * the widest linear input), sc [threads * sc_stride], sc_stride >= min(group, MAX_GROUP) x (max
  * seq_len) + head_dim. With short-conv layers: qkv holds [t*3*dim], att [t*dim], and state_slots
- * [t] names each row's recurrent state slot (NULL where the model has none). */
+ * [t] names each row's recurrent state slot (NULL where the model has none); with Mamba-2 layers
+ * qkv holds [t*(Din+Cc+H)], att [t*Din] and gu [t*Cc] too. */
 void decode_step(const model_t *m, int64_t t, float *x, const float *cos0, const float *sin0,
                  const float *cos1, const float *sin1, const int64_t *slots, const int64_t *seq_lens, const int64_t *tables,
                  int64_t table_stride, float *h, float *qkv, float *att, float *gu, float *y,
@@ -290,6 +300,9 @@ void decode_step(const model_t *m, int64_t t, float *x, const float *cos0, const
     if (group / nsplit > MAX_GROUP) nsplit = group;
     const int64_t per = group / nsplit;
     const lora_t *const *lora = step_lora; /* (thread-local: read here, shared below) */
+    const float rs = (float)m->res_scale;
+    uint8_t not_fresh[t > 0 ? t : 1]; /* decode rows: every state slot holds its sequence's */
+    memset(not_fresh, 0, sizeof not_fresh);
 #pragma omp parallel num_threads(threads)
     {
         int id = 0;
@@ -301,7 +314,14 @@ void decode_step(const model_t *m, int64_t t, float *x, const float *cos0, const
             const layer_t *L = &m->layers[l];
 #pragma omp for schedule(static)
             for (int64_t i = 0; i < t; i++) rms_norm_row(x + i * dim, L->attn_norm, dim, m->eps, h + i * dim);
-            if (L->conv_w) { /* LFM2: in_proj -> gated short conv -> out_proj */
+            if (L->ssm_h) { /* Granite-4.0-H: in-projection -> Mamba-2 mixer -> out-projection */
+                const int64_t H = L->ssm_h, din = H * L->ssm_p, cc = din + 2 * L->ssm_g * L->ssm_n;
+                linear_groups(L->qkv, L->n_qkv, h, dim, t, dim, qkv, din + cc + H, q8, d8, bs);
+                mamba2_rows(t, qkv, L->conv_w, L->conv_b, L->conv_taps, L->conv_state, L->ssm_dt_b,
+                            L->ssm_a, L->ssm_d, L->ssm_norm, (float)m->eps, L->ssm_state, state_slots,
+                            not_fresh, H, L->ssm_p, L->ssm_n, L->ssm_g, gu, att);
+                linear_groups(&L->o, 1, att, din, t, din, y, dim, q8, d8, bs);
+            } else if (L->conv_w) { /* LFM2: in_proj -> gated short conv -> out_proj */
                 const int64_t npc = (dim + CONV_PIECE - 1) / CONV_PIECE, cs = (L->conv_taps - 1) * dim;
                 linear_groups(L->qkv, L->n_qkv, h, dim, t, dim, qkv, 3 * dim, q8, d8, bs);
 #pragma omp for schedule(static)
@@ -352,7 +372,7 @@ void decode_step(const model_t *m, int64_t t, float *x, const float *cos0, const
                 if (L->o_bias)
                     for (int64_t j = 0; j < dim; j++) yi[j] += L->o_bias[j];
                 if (L->post_attn_norm) rms_norm_row(yi, L->post_attn_norm, dim, m->eps, yi);
-                for (int64_t j = 0; j < dim; j++) x[i * dim + j] += yi[j];
+                for (int64_t j = 0; j < dim; j++) x[i * dim + j] += rs * yi[j];
                 rms_norm_row(x + i * dim, L->ffn_norm, dim, m->eps, h + i * dim);
             }
             if (L->n_expert) {
@@ -372,7 +392,7 @@ void decode_step(const model_t *m, int64_t t, float *x, const float *cos0, const
             for (int64_t i = 0; i < t; i++) {
                 float *yi = y + i * dim;
                 if (L->post_ffn_norm) rms_norm_row(yi, L->post_ffn_norm, dim, m->eps, yi);
-                for (int64_t j = 0; j < dim; j++) x[i * dim + j] += yi[j];
+                for (int64_t j = 0; j < dim; j++) x[i * dim + j] += rs * yi[j];
             }
         }
     }

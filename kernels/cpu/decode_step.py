@@ -1,10 +1,11 @@
 """`decode_step.c`: every layer of a llama-style decoder for a decode step's token rows in one
 native call (norms, the block linears, rope, the KV write, attention over the paged cache, the
 gated MLP, the residual adds; LFM2's gated short convolutions on their recurrent state slots in
-place of attention; routed experts in place of the MLP (Qwen3-MoE's, gpt-oss's, GLM's and
-LFM2-MoE's: sigmoid scores, choice biases, shared experts), `decode_moe.h`; gpt-oss's attention
-sinks and output bias; LoRA adapters, `decode_lora.h`), compiled at first use like
-`block_linear.py`'s kernels.
+place of attention, Granite-4.0-H's Mamba-2 mixers (`recurrent_rows.h`) and its residual scale;
+routed experts in place of the MLP (Qwen3-MoE's, gpt-oss's, GLM's, LFM2-MoE's and Granite's:
+sigmoid scores, choice biases, shared experts), `decode_moe.h`; gpt-oss's attention sinks and
+output bias; LoRA adapters, `decode_lora.h`), compiled at first use like `block_linear.py`'s
+kernels.
 
 `DecodeStep` holds the model laid out in the C structs (`LayerSpec`s: the linears' prepared
 `NativeLinear`s, the norm weights, one KV cache's layer tensors) and runs a step; `load()` answers
@@ -23,7 +24,8 @@ from localllm.kernels.cpu.cbuild import built_libraries, compiler
 
 SOURCE = Path(__file__).with_name("decode_step.c")
 # included by SOURCE: part of the build key
-HEADERS = tuple(Path(__file__).with_name(h) for h in ("decode_moe.h", "decode_lora.h"))
+HEADERS = tuple(Path(__file__).with_name(h)
+                for h in ("decode_moe.h", "decode_lora.h", "recurrent_rows.h"))  # fmt: skip
 ACTS = {"silu": 0, "gelu": 1}
 EXP_ACTS = {"silu": 0, "swiglu_oai": 1}  # routed experts' activations (decode_moe.h's exp_act)
 SCORINGS = {"softmax": 0, "sigmoid": 1}  # routers' scores (decode_moe.h's scoring)
@@ -83,7 +85,9 @@ class _Layer(ctypes.Structure):
         ("sh_gu", _Lin * MAX_GROUPS),
         ("n_sh_gu", _I),
         ("sh_down", _Lin),
-        ("sh_ff", _I),  # (last, as in the C's layer_t)
+        ("sh_ff", _I),
+        *((n, _P) for n in ("conv_b", "ssm_dt_b", "ssm_a", "ssm_d", "ssm_norm", "ssm_state")),
+        *((n, _I) for n in ("ssm_h", "ssm_p", "ssm_n", "ssm_g")),  # (last, as in the C's layer_t)
     ]
 
 
@@ -92,7 +96,13 @@ _MODEL_INTS = ("n_layers", "dim", "n_q", "n_kv", "hd", "hidden", "rope_dims", "n
 
 
 class _Model(ctypes.Structure):
-    _fields_ = [*((n, _I) for n in _MODEL_INTS), ("eps", _D), ("scale", _D), ("layers", _P)]
+    _fields_ = [
+        *((n, _I) for n in _MODEL_INTS),
+        ("eps", _D),
+        ("scale", _D),
+        ("layers", _P),
+        ("res_scale", _D),
+    ]
 
 
 @dataclass(frozen=True)
@@ -109,6 +119,7 @@ class Shape:
     eps: float
     act: str = "silu"
     scale: float | None = None  # attention's score scale (None: head_dim ** -0.5)
+    residual_scale: float = 1.0  # each block output's factor into the stream (Granite's)
 
 
 @dataclass(frozen=True)
@@ -162,6 +173,18 @@ class LayerSpec:
     w_scale: float = 1.0
     shared_gu: tuple = ()
     shared_down: object = None
+    # Granite-4.0-H's Mamba-2 layers (`ssm_state` set): `qkv` is the in-projection (z | x B C |
+    # dt), `o` the out-projection, `conv_w` [Cc, taps] / `conv_state` [slots + 1, taps - 1, Cc]
+    # the conv's over x B C (Cc = H P + 2 G N) and `conv_b` its bias [Cc] (or None); dt's bias,
+    # A and D [H], the gated norm's weight [H P], the SSM state [slots + 1, H, P, N] float32;
+    # ssm_dims (H, P, N, G)
+    conv_b: torch.Tensor | None = None
+    ssm_dt_bias: torch.Tensor | None = None
+    ssm_a: torch.Tensor | None = None
+    ssm_d: torch.Tensor | None = None
+    ssm_norm: torch.Tensor | None = None
+    ssm_state: torch.Tensor | None = None
+    ssm_dims: tuple = ()
 
 
 def load(cache_dir: Path | None = None) -> ctypes.CDLL | None:
@@ -204,7 +227,9 @@ class DecodeStep:
         if dtypes - {torch.float32, torch.float16} or len(dtypes) > 1:
             raise ValueError(f"KV cache of {dtypes}: float32 or float16 only")
         for lay in layers:
-            if lay.conv_w is not None:
+            if lay.ssm_state is not None:
+                _check_mamba(lay, s.dim)
+            elif lay.conv_w is not None:
                 _check_conv(lay, s.dim)
             if lay.router is not None:
                 _check_moe(lay, s)
@@ -241,6 +266,13 @@ class DecodeStep:
             if lay.conv_w is not None:
                 c.conv_w, c.conv_state = lay.conv_w.data_ptr(), lay.conv_state.data_ptr()
                 c.conv_taps = lay.conv_w.shape[1]
+            if lay.ssm_state is not None:
+                ssm = (("conv_b", lay.conv_b), ("ssm_dt_b", lay.ssm_dt_bias), ("ssm_a", lay.ssm_a),
+                       ("ssm_d", lay.ssm_d), ("ssm_norm", lay.ssm_norm),
+                       ("ssm_state", lay.ssm_state))  # fmt: skip
+                for name, w in ssm:
+                    setattr(c, name, None if w is None else w.data_ptr())
+                c.ssm_h, c.ssm_p, c.ssm_n, c.ssm_g = lay.ssm_dims
             if lay.router is not None:
                 c.router = lay.router.data_ptr()
                 c.exp_gate, c.exp_up, c.exp_down = (e.data_ptr() for e in lay.experts)
@@ -265,11 +297,17 @@ class DecodeStep:
         ints = (len(layers), s.dim, s.n_q, s.n_kv, s.head_dim, s.hidden, s.rope_dims, int(s.neox),
                 int(f16), block_size, ACTS[s.act])  # fmt: skip
         scale = s.head_dim**-0.5 if s.scale is None else s.scale
-        self.model = _Model(*ints, s.eps, scale, ctypes.addressof(self.layers))
-        self.kmax = max(s.dim, s.hidden, s.n_q * s.head_dim)
-        # the q|k|v and attention-output scratch also hold a conv layer's B | C | x and C y
-        self.wide = max((s.n_q + 2 * s.n_kv) * s.head_dim, 3 * s.dim if self.convs else 0)
-        self.att = max(s.n_q * s.head_dim, s.dim if self.convs else 0)
+        self.model = _Model(*ints, s.eps, scale, ctypes.addressof(self.layers), s.residual_scale)
+        # a Mamba-2 layer's inner width, conv channels and in-projection outputs (0: none)
+        din, cc, zxd = max(((h * p, h * p + 2 * g * n, 2 * h * p + 2 * g * n + h)
+                            for h, p, n, g in (lay.ssm_dims for lay in layers if lay.ssm_dims)),
+                           default=(0, 0, 0))  # fmt: skip
+        self.kmax = max(s.dim, s.hidden, s.n_q * s.head_dim, din)
+        # the q|k|v and attention-output scratch also hold a conv layer's B | C | x and C y, a
+        # Mamba-2 layer's in-projection and mixer outputs; the gate|up scratch its conv's
+        self.wide = max((s.n_q + 2 * s.n_kv) * s.head_dim, 3 * s.dim if self.convs else 0, zxd)
+        self.att = max(s.n_q * s.head_dim, s.dim if self.convs else 0, din)
+        self.gu = max(2 * s.hidden, cc)
         # a MoE layer's router logits, top-k weights and ids, every pair's down output, the
         # pairs' order by expert and their runs (decode_moe.h)
         self.moe = max((lay.router.shape[0] + lay.n_used * (4 + s.dim) for lay in layers
@@ -301,7 +339,7 @@ class DecodeStep:
             # zeroed, not empty: allocated once per shape, and no padding byte should depend on
             # what the memory held before
             bufs = (torch.zeros(t * s.dim), torch.zeros(t * self.wide), torch.zeros(t * self.att),
-                    torch.zeros(t * 2 * s.hidden),
+                    torch.zeros(t * self.gu),
                     torch.zeros(t * s.dim), torch.zeros(kq, dtype=torch.int8),
                     torch.zeros(kq // 32 + 8), torch.zeros(kq // 16 + 16, dtype=torch.int16),
                     torch.zeros(threads * self._sc_stride(ctx)),
@@ -317,14 +355,15 @@ class DecodeStep:
         """x [t, dim] float32 (the embeddings; updated in place to the stream after the last
         layer), cos / sin [t, rope_dims / 2] (cos1 / sin1: the table of layers with rope_set 1),
         slots / seq_lens [t] and tables [t, W] int64 (all contiguous); state_slots [t] int64:
-        each row's recurrent state slot (needed with short-conv layers; never a fresh one)."""
+        each row's recurrent state slot (needed with short-conv or Mamba-2 layers; never a fresh
+        one)."""
         cos1, sin1 = (cos, sin) if cos1 is None else (cos1, sin1)
         t = x.shape[0]
         if self.moe_ids and t > MAX_T:
             raise ValueError(f"{t} rows: a step with MoE layers takes at most {MAX_T}")
         if self.convs and (state_slots is None or state_slots.dtype != torch.int64
                            or tuple(state_slots.shape) != (t,)):  # fmt: skip
-            raise ValueError("a step with short-conv layers needs int64 state_slots [t]")
+            raise ValueError("a step with recurrent layers needs int64 state_slots [t]")
         threads = threads or torch.get_num_threads()
         ctx, bufs = self._buffers(t, int(seq_lens.max()), threads)
         ptr = torch.Tensor.data_ptr
@@ -352,6 +391,31 @@ def _check_conv(lay: LayerSpec, dim: int) -> None:
                          f"(slots, {taps - 1}, {dim})")  # fmt: skip
     if len(lay.qkv) != 1 or lay.qkv[0].shape[0] != 3 * dim or lay.o.shape[0] != dim:
         raise ValueError("a short-conv layer's in_proj must be one run of 3 x dim outputs")
+
+
+def _check_mamba(lay: LayerSpec, dim: int) -> None:
+    """A Mamba-2 layer's tensors as recurrent_rows.h's mamba2_rows reads them, or a ValueError."""
+    if len(lay.ssm_dims) != 4 or min(lay.ssm_dims) < 1:
+        raise ValueError(f"Mamba-2 dims {lay.ssm_dims}: (heads, head size, state, groups)")
+    h, p, n, g = lay.ssm_dims
+    cc = h * p + 2 * g * n
+    taps = lay.conv_w.shape[-1] if lay.conv_w is not None else 0
+    want = {"conv_w": (cc, taps), "conv_state": (lay.ssm_state.shape[0], taps - 1, cc),
+            "conv_b": (cc,), "ssm_dt_bias": (h,), "ssm_a": (h,), "ssm_d": (h,),
+            "ssm_norm": (h * p,), "ssm_state": (lay.ssm_state.shape[0], h, p, n)}  # fmt: skip
+    for name, shape in want.items():
+        w = getattr(lay, name)
+        if w is None and name == "conv_b":
+            continue
+        if w is None or w.dtype != torch.float32 or not w.is_contiguous() or \
+                tuple(w.shape) != shape:  # fmt: skip
+            got = None if w is None else (w.dtype, tuple(w.shape))
+            raise ValueError(f"Mamba-2 {name} of {got}: float32 {shape}")
+    if h % g or taps < 2:
+        raise ValueError(f"Mamba-2: {g} groups of {h} heads, {taps} conv taps")
+    if len(lay.qkv) != 1 or lay.qkv[0].shape[0] != 2 * h * p + 2 * g * n + h or \
+            tuple(lay.o.shape) != (dim, h * p):  # fmt: skip
+        raise ValueError("a Mamba-2 layer's in-projection must be one run of z | x B C | dt")
 
 
 _LABELS = {"qkv_bias": "q|k|v bias", "o_bias": "output bias", "sinks": "attention sinks",

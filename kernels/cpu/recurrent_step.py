@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from localllm.kernels.cpu.cbuild import built_libraries
 
 SOURCE = Path(__file__).with_name("recurrent_step.c")
+HEADER = Path(__file__).with_name("recurrent_rows.h")  # included by SOURCE: part of the key
 FLAG_SETS = (("-O3", "-march=native", "-fopenmp"), ("-O3", "-fopenmp"), ("-O3",))
 CHECK_TOL = 1e-5  # relative, outputs and states: float32 sums in another order
 _P, _I, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
@@ -229,7 +230,8 @@ def _check_mamba2(rs: RecurrentStep, r, slots, fresh) -> bool:
 @functools.cache
 def load(cache_dir: Path | None = None) -> RecurrentStep | None:
     """The compiled kernels, checked, or None (callers keep the references)."""
-    for lib, path, _ in built_libraries((SOURCE,), FLAG_SETS, "localllm-recurrent-step", _bind,
+    sources = (SOURCE, HEADER)
+    for lib, path, _ in built_libraries(sources, FLAG_SETS, "localllm-recurrent-step", _bind,
                                         cache_dir):  # fmt: skip
         rs = RecurrentStep(lib, path)
         if self_check(rs):

@@ -1,6 +1,7 @@
 """The native CPU decode step on every family it takes (llama, SmolLM3's NoPE layers, Qwen2's
 q/k/v biases, Qwen3's q/k norms, Gemma 3, gpt-oss's sinks, biases and MXFP4 experts, GLM-4.5's
-and LFM2-MoE's sigmoid routing, shared expert and leading dense layers):
+and LFM2-MoE's sigmoid routing, shared expert and leading dense layers, Granite-4.0-H's Mamba-2
+layers):
 teacher-forced decode logits of the step against the torch layers on the same int8-activation
 linears, and against exact math, on tiny quantized models (`tiny_models`, `test_gpt_oss`)."""
 
@@ -157,6 +158,18 @@ def test_native_step_decodes_sigmoid_routed_moe_like_the_torch_layers(tmp_path, 
     path = (_glm_air if family == "glm4moe" else _lfm2moe)(tmp_path / f"{family}.gguf")
     tokens = torch.randint(3, 512, (40,), generator=torch.Generator().manual_seed(2)).tolist()
     _step_like_torch_layers(path, tokens, family)
+
+
+@pytest.mark.parametrize("name", ["tiny-granitehybrid", "tiny-granitehybrid_dense"])
+def test_native_step_decodes_granite_like_the_torch_layers(tmp_path, name):
+    """Granite-4.0-H: Mamba-2 layers on their conv and SSM state slots, rope-less attention
+    scaled by `attention.scale`, residual / embedding / logit scales (0.22 / 12 / 6), softmax-
+    routed experts with a shared one, or the dense MLP."""
+    from tests.engine.tiny_hybrids import VOCAB, write_tiny_hybrid
+
+    path = write_tiny_hybrid(tmp_path, name)
+    tokens = torch.randint(3, VOCAB, (40,), generator=torch.Generator().manual_seed(4)).tolist()
+    _step_like_torch_layers(path, tokens, name)
 
 
 def test_nope_layers_are_not_rotated(tmp_path):

@@ -172,6 +172,49 @@ def test_native_step_decodes_granite_like_the_torch_layers(tmp_path, name):
     _step_like_torch_layers(path, tokens, name)
 
 
+@torch.inference_mode()
+def test_granite_rows_in_other_slots_step_as_alone(tmp_path):
+    """Four Granite sequences in state slots 3, 0, 2, 1 decode two steps together in the native
+    step: each row's logits are the very bits of its sequence stepping alone in slot 0 (every
+    stage of the step works row by row; the Mamba-2 rows on their own slots)."""
+    from tests.engine.tiny_hybrids import VOCAB, write_tiny_hybrid
+
+    path = write_tiny_hybrid(tmp_path, "tiny-granitehybrid")
+    g = torch.Generator().manual_seed(6)
+    seqs = [torch.randint(3, VOCAB, (n,), generator=g).tolist() for n in (9, 5, 17, 12)]
+    nxt = torch.randint(3, VOCAB, (2, 4), generator=g).tolist()
+    with open_gguf(str(path)) as gguf:
+        model = build_model(gguf)
+
+        def run(rows: list[int], slots: list[int]) -> list[torch.Tensor]:
+            """The prompts of `rows` one by one into their slots, then two decode steps of them
+            together: the logits of each step."""
+            layers, kvh, hd = model.kv_shape()
+            kv = PagedKVCache(layers, 4 * 3, BS, kvh, hd, "f32", "cpu", model.kv_value_dim())
+            attach_states(kv, model, 4)
+            tables = [tuple(range(3 * j, 3 * j + 3)) for j in range(len(rows))]
+            for j, i in enumerate(rows):
+                n = len(seqs[i])
+                b = BatchMeta.from_tables([n], [n], [tables[j]], BS)
+                b = dataclasses.replace(b, state_slots=(slots[j],))
+                model(torch.tensor(seqs[i]), torch.arange(n), b, kv)
+            out = []
+            for k in range(2):
+                lens = [len(seqs[i]) + k + 1 for i in rows]
+                b = BatchMeta.from_tables([1] * len(rows), lens, tables, BS)
+                b = dataclasses.replace(b, state_slots=tuple(slots))
+                ids = torch.tensor([nxt[k][i] for i in rows])
+                out.append(model.logits(model(ids, torch.tensor(lens) - 1, b, kv)))
+            assert model._native_step._step is not None, "the native step did not take it"
+            return out
+
+        together = run([0, 1, 2, 3], [3, 0, 2, 1])
+        for i in range(4):
+            alone = run([i], [0])
+            for k in range(2):
+                assert torch.equal(together[k][i], alone[k][0]), (i, k)
+
+
 def test_nope_layers_are_not_rotated(tmp_path):
     """SmolLM3 with its NoPE layer rotated would be a different model: the step must not be."""
     spec = FAMILIES["smollm3"]

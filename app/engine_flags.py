@@ -9,6 +9,11 @@ from localllm.app.threads import add_threads_flag, apply_threads
 from localllm.offload.residency import ResidencyConfig
 
 KV_CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "fp8")
+# tokens a step takes by default (`-b`): on a GPU a 2,048-token prompt chunk beside the decoders
+# served 1.09-1.41x the streams' tokens of 512 on an H100 (16 / 64 streams, 8B Q4_K_M,
+# tests/perf/results/server.md, 2026-12-07), its p99 inter-token gap longer (65-80 / 123-145
+# against 54 / 81 ms); on a CPU a chunk that long stalls the decoders for seconds
+GPU_BATCH, CPU_BATCH = 2048, 512
 # `--quantize` (engine.hf.checkpoint.STORE_TYPES; kept here so --help never imports torch)
 QUANTIZE_CHOICES = ("q8_0", "q4_k", "q4_0", "q4_1", "q5_0", "q5_1", "f16", "bf16", "f32")
 
@@ -26,8 +31,9 @@ def add_engine_flags(p: argparse.ArgumentParser, *, parallel: int | None = None)
             "-b",
             "--batch-size",
             type=int,
-            default=512,
-            help="tokens per step, prompt chunks included (512)",
+            default=None,
+            help=f"tokens per step, prompt chunks included ({GPU_BATCH} on a GPU, {CPU_BATCH} "
+            "on a CPU)",
         )
     g.add_argument(
         "--cache-type", default="f16", choices=KV_CACHE_TYPES, help="KV cache storage (f16)"
@@ -75,7 +81,9 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         kw["lora"] = tuple(LoraSpec.parse(s) for s in args.lora)
     if getattr(args, "parallel", None) is not None:
         kw["max_num_seqs"] = args.parallel
-        kw["max_num_batched_tokens"] = args.batch_size
+        gpu = kw["device"].startswith("cuda")
+        default = GPU_BATCH if gpu else CPU_BATCH
+        kw["max_num_batched_tokens"] = default if args.batch_size is None else args.batch_size
     residency = residency_config(args)
     if residency != ResidencyConfig():  # planned loading only when asked for
         kw["residency"] = residency

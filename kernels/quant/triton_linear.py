@@ -37,8 +37,10 @@ GEMV_MAX_M = 8  # more activation rows than this: dequantize to bf16 and use a G
 # packed weights between GEMV_MAX_M and batch_gemm.MAX_ROWS (64) rows, batched decode: one GEMM
 # that expands the weight's tiles in registers (`batch_gemm`) instead of writing a bf16 copy of
 # the whole weight and reading it back for cuBLAS (the copy is most of a 16-64 sequence decode
-# step's traffic). An A/B switch, off until a GPU has timed it (gpu_switches.sh tests5/dense/batch)
-BATCH_GEMM = False
+# step's traffic). On by default: `serve` on an H100 (8B Q4_K_M, 2026-12-07 12:18-12:24 UTC,
+# tests/perf/results/server.md) streamed 1,290 / 2,037 tok/s at 16 / 64 streams with it against
+# 839 / 1,833 without, one stream unchanged; off: the bf16 copy and cuBLAS (an A/B switch)
+BATCH_GEMM = True
 # the fewest rows BATCH_GEMM takes: 5-8 rows run the GEMVs in two launches of 4, each reading the
 # weight; the sweep (`bench_dense_rows.py`) times the batch GEMM at 8 rows too, to see if 5 pays
 BATCH_MIN_ROWS = GEMV_MAX_M + 1

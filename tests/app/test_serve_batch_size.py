@@ -17,7 +17,9 @@ def _kwargs(*flags: str) -> dict:
 
 
 def test_batch_size_reaches_the_scheduler(tmp_path):
-    assert _kwargs()["max_num_batched_tokens"] == 512  # the documented default
+    assert _kwargs()["max_num_batched_tokens"] == 512  # the documented defaults: CPU, GPU
+    assert _kwargs("--device", "cuda")["max_num_batched_tokens"] == 2048
+    assert _kwargs("--device", "cuda", "-b", "512")["max_num_batched_tokens"] == 512
     kw = _kwargs("-np", "2", "-b", "64", "--threads", "1")
     assert kw["max_num_batched_tokens"] == 64 and kw["max_num_seqs"] == 2
     path = tmp_path / "tiny.gguf"

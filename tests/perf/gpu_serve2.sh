@@ -9,7 +9,8 @@
 #            prefixes, 256 tokens each: ignore_eos, and min_tokens for ours; streaming
 #            /v1/completions)
 #   ours     `localllm serve -np 64` as shipped (`--warmup full`: every graph and kernel made
-#            before it listens), started with an empty triton cache (TRITON_CACHE_DIR: a first
+#            before it listens; since 2026-12-07 the batch GEMM and `-b 2048` are its GPU
+#            defaults: ours-bgemm-b2k is ours), started with an empty triton cache (TRITON_CACHE_DIR: a first
 #            start on a machine), the same client, prompts and lengths
 #   restart  ours started again on the triton cache `ours` left (a restart): start-up only
 # Each server's time from launch to /health 200 (and ours' warm-up line) goes in the summary.

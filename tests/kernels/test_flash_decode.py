@@ -123,7 +123,9 @@ def test_combine_quantizes_its_rows_like_quantize_x8(g, dv, t, m):
 def test_combine_adds_the_output_projections_lora_shrink(g, dv, t, rank, span, rstep, monkeypatch):
     """With `shrink` the combine also adds (o @ A.T) * W into the projection's scratch t (each
     head its DV columns, float32 atomics): within float32 rounding of the float64 product of
-    the rows it wrote; the float output is the same as without; rows past t stay zero. The
+    the rows it wrote; the float output is the same as without (its bits on the interpreter;
+    within float32 rounding on a GPU, where the kernel with the shrink is another compile);
+    rows past t stay zero. The
     plan's rows are out's rows in another order (t follows out's rows). `COMBINE_LORA_RSTEP`
     splits A's rows over more programs (rank 20 in 8 + 8 + 4): the same."""
     from localllm.kernels.attention import triton_decode
@@ -147,7 +149,13 @@ def test_combine_adds_the_output_projections_lora_shrink(g, dv, t, rank, span, r
     sh = LoraShrink(a.to(DEVICE), w.to(DEVICE), torch.zeros(8, rank, device=DEVICE))
     out = torch.zeros(t, kvh * g, dv, device=DEVICE)
     assert flash_decode(*args, out, shrink=sh, **kw) is out
-    assert torch.equal(out, plain)
+    if out.is_cuda:  # another compile of the merge: on an H100 (2026-12-07 12:34 UTC) the span
+        # split's t = 1, 4 x 128 case was not bit-equal (by how much was not seen): this bound
+        # says whether it is float32 rounding
+        bound = 1e-6 * plain.abs().max().item()
+        assert (out - plain).abs().max().item() <= bound
+    else:
+        assert torch.equal(out, plain)
     want = (out.reshape(t, -1).double().cpu() @ a.double().T) * w[:t].double()
     got = sh.t.double().cpu()
     assert (got[:t] - want).abs().max().item() < 1e-5 * want.abs().max().item()

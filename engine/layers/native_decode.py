@@ -39,7 +39,7 @@ MAX_ROWS = 16  # token rows per native step (batched decode); more: the torch la
 # softmax-routed experts with a shared one
 FAMILIES = tuple(f"localllm.engine.models.{m}" for m in
                  ("llama", "smollm3", "qwen2", "qwen3", "qwen3moe", "gemma3", "lfm2",
-                  "gpt_oss", "glm4moe", "lfm2moe", "granitehybrid"))  # fmt: skip
+                  "gpt_oss", "glm4moe", "lfm2moe", "granitehybrid", "gemma2"))  # fmt: skip
 # blocks whose FFN norm has another name: gpt-oss's is `post_attention_norm` (not an output norm)
 FFN_NORM = {"localllm.engine.models.gpt_oss": "post_attention_norm"}
 
@@ -302,7 +302,8 @@ class NativeDecode:
         shape = decode_step.Shape(args.dim, args.n_heads, args.n_kv_heads, args.head_dim,
                                   hidden, dims, neox, args.norm_eps, act,
                                   getattr(args, "attn_scale", None),
-                                  getattr(args, "residual_scale", 1.0))  # fmt: skip
+                                  getattr(args, "residual_scale", 1.0),
+                                  getattr(args, "attn_softcap", 0.0) or 0.0)  # fmt: skip
         return cls(model, lib, shape, layers, rotaries)
 
     def _for_cache(self, kv) -> decode_step.DecodeStep | None:

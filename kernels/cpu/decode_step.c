@@ -81,6 +81,7 @@ typedef struct {
     double eps, scale;
     const layer_t *layers;
     double res_scale; /* the blocks' outputs times this into the stream (Granite's; else 1) */
+    double softcap;   /* attention scores capped to cap * tanh(s / cap) (Gemma 2's; 0: none) */
 } model_t;
 
 #include "decode_moe.h"
@@ -187,7 +188,7 @@ static void attend_group(const model_t *m, const layer_t *L, const float *q, int
     table += j0 / bsz; /* the window's first block; its first key at j0 % bsz */
     const int64_t skip = j0 % bsz;
     ctx -= j0 - skip;
-    const float scale = (float)m->scale;
+    const float scale = (float)m->scale, cap = (float)m->softcap;
     float mx[MAX_GROUP], sum[MAX_GROUP];
     for (int64_t h = 0; h < ng; h++) mx[h] = -INFINITY, sum[h] = 0.f;
     for (int64_t j = skip; j < ctx; j++) {
@@ -204,6 +205,7 @@ static void attend_group(const model_t *m, const layer_t *L, const float *q, int
 #pragma omp simd reduction(+ : s)
             for (int64_t d = 0; d < hd; d++) s += qh[d] * kr[d];
             s *= scale;
+            if (cap > 0.f) s = cap * tanhf(s / cap);
             sc[h * ctx + j - skip] = s;
             mx[h] = s > mx[h] ? s : mx[h];
         }

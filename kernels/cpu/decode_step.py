@@ -102,6 +102,7 @@ class _Model(ctypes.Structure):
         ("scale", _D),
         ("layers", _P),
         ("res_scale", _D),
+        ("softcap", _D),
     ]
 
 
@@ -120,6 +121,7 @@ class Shape:
     act: str = "silu"
     scale: float | None = None  # attention's score scale (None: head_dim ** -0.5)
     residual_scale: float = 1.0  # each block output's factor into the stream (Granite's)
+    softcap: float = 0.0  # attention scores capped to cap * tanh(s / cap) (Gemma 2's; 0: none)
 
 
 @dataclass(frozen=True)
@@ -297,7 +299,8 @@ class DecodeStep:
         ints = (len(layers), s.dim, s.n_q, s.n_kv, s.head_dim, s.hidden, s.rope_dims, int(s.neox),
                 int(f16), block_size, ACTS[s.act])  # fmt: skip
         scale = s.head_dim**-0.5 if s.scale is None else s.scale
-        self.model = _Model(*ints, s.eps, scale, ctypes.addressof(self.layers), s.residual_scale)
+        self.model = _Model(*ints, s.eps, scale, ctypes.addressof(self.layers), s.residual_scale,
+                            s.softcap)  # fmt: skip
         # a Mamba-2 layer's inner width, conv channels and in-projection outputs (0: none)
         din, cc, zxd = max(((h * p, h * p + 2 * g * n, 2 * h * p + 2 * g * n + h)
                             for h, p, n, g in (lay.ssm_dims for lay in layers if lay.ssm_dims)),

@@ -160,6 +160,31 @@ def test_native_step_decodes_sigmoid_routed_moe_like_the_torch_layers(tmp_path, 
     _step_like_torch_layers(path, tokens, family)
 
 
+def _gemma2_q8(path):
+    """The converted tiny Gemma 2 (test_families' fixture: attention scores capped at 2, a
+    4-key window on even layers, GeGLU, post-norms) with its linears in Q8_0 (native block
+    types; the file's are F16)."""
+    from gguf import GGMLQuantizationType as QT
+    from gguf.quants import quantize
+
+    from tests.engine.hostile_gguf import base, write_variant
+
+    linears = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+    q8 = {}
+    for name, (data, qtype, shape) in base("gemma2")[2].items():
+        if name.split(".")[-2] in linears:
+            assert qtype == QT.F16, (name, qtype)
+            w = data.view("float16").astype("float32").reshape(shape)
+            q8[name] = (quantize(w, QT.Q8_0), QT.Q8_0, shape)
+    return write_variant(path, "gemma2", tensors=q8)
+
+
+def test_native_step_decodes_gemma2_like_the_torch_layers(tmp_path):
+    path = _gemma2_q8(tmp_path / "gemma2.gguf")
+    tokens = torch.randint(3, 151, (40,), generator=torch.Generator().manual_seed(5)).tolist()
+    _step_like_torch_layers(path, tokens, "gemma2")
+
+
 @pytest.mark.parametrize("name", ["tiny-granitehybrid", "tiny-granitehybrid_dense"])
 def test_native_step_decodes_granite_like_the_torch_layers(tmp_path, name):
     """Granite-4.0-H: Mamba-2 layers on their conv and SSM state slots, rope-less attention

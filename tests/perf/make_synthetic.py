@@ -81,12 +81,22 @@ SHAPES = {
     # 64, intermediate 1536, vocab 49152, rope_theta 1e5, max_position_embeddings 8192, tied
     # (576 and 1536 are no multiples of 256: Q8_0 or F16 only)
     "smollm2-135m": Shape(30, 576, 9, 3, 64, 1536, 49152, 8192, 100000.0, tied=True),
+    # google/gemma-2-2b's config.json: 26 layers, hidden 2304, 8 heads / 4 KV heads of 256,
+    # intermediate 9216, vocab 256000, rope_theta 1e4, max_position_embeddings 8192, rms_norm_eps
+    # 1e-6, tied; sliding window 4096 on every other layer, attention scores capped at 50 and the
+    # logits at 30 (GEMMA2 below)
+    "gemma2-2b": Shape(
+        26, 2304, 8, 4, 256, 9216, 256000, 8192, 1e4, "gemma2", norm_eps=1e-6, tied=True
+    ),
     # a small llama whose dims fit the 256-value K-quant blocks (tests)
     "tiny": Shape(2, 256, 4, 2, 64, 512, 49152, 2048, 10000.0),
     # the same for qwen3moe: 8 experts of 256, top 2
     "tiny-qwen3moe": Shape(2, 256, 4, 2, 64, 512, 1024, 2048, 1e6, "qwen3moe", 8, 2, 256, 1e-6),
 }
 FILE_TYPES = {"Q8_0": 7, "Q4_K_M": 15, "F16": 1, "Q4_0": 2}
+# gemma2's own keys (google/gemma-2-2b): sliding window, the two soft caps
+GEMMA2 = {"attention.sliding_window": 4096, "attn_logit_softcapping": 50.0,
+          "final_logit_softcapping": 30.0}  # fmt: skip
 _BLOCK = {
     QT.F16: (1, 2),
     QT.Q8_0: (32, 34),
@@ -168,7 +178,11 @@ def tensor_plan(shape: Shape, quant: str) -> list[tuple[str, Dims, QT]]:
         if s.arch == "qwen3moe":
             out += [(p + "attn_q_norm.weight", s.head_dim, QT.F32)]
             out += [(p + "attn_k_norm.weight", s.head_dim, QT.F32)]
+        if s.arch == "gemma2":  # the outputs' norms before their residual adds
+            out += [(p + "post_attention_norm.weight", s.dim, QT.F32)]
         out += [(p + "ffn_norm.weight", s.dim, QT.F32)]
+        if s.arch == "gemma2":
+            out += [(p + "post_ffw_norm.weight", s.dim, QT.F32)]
         if moe:  # stacked experts [n_expert, rows, cols]: one expert's slice is contiguous
             ne, ff = s.n_expert, s.expert_ff
             out += [
@@ -333,6 +347,10 @@ def write_synthetic(
     if s.arch not in ("llama", "smollm3") or s.head_dim * s.n_heads != s.dim:
         w.add_key_length(s.head_dim)
         w.add_value_length(s.head_dim)
+    if s.arch == "gemma2":
+        w.add_uint32("gemma2.attention.sliding_window", GEMMA2["attention.sliding_window"])
+        for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+            w.add_float32(f"gemma2.{key}", GEMMA2[key])
     if s.n_expert:
         w.add_expert_count(s.n_expert)
         w.add_expert_used_count(s.n_used)

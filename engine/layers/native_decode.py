@@ -1,5 +1,5 @@
-"""The CPU decode step of llama, SmolLM3, Qwen2, Qwen3, Qwen3-MoE, Gemma 3, LFM2, gpt-oss, GLM-4.5,
-LFM2-MoE and Granite-4.0-H decoders as one native call (`kernels/cpu/decode_step`):
+"""The CPU decode step of llama, SmolLM3, Qwen2, Qwen3, Qwen3-MoE, Gemma 2, Gemma 3, Phi-3, OLMo 2,
+LFM2, gpt-oss, GLM-4.5, LFM2-MoE and Granite-4.0-H decoders as one native call (`kernels/cpu/decode_step`):
 `NativeDecode.for_model` looks once whether a loaded model qualifies (those families' blocks,
 dense gated MLPs or resident routed experts with a softmax or sigmoid router, no biases but
 q|k|v's, the output's and gpt-oss's experts' and router's, every linear on the native block
@@ -36,10 +36,12 @@ MAX_ROWS = 16  # token rows per native step (batched decode); more: the torch la
 # bias and windows on every other layer; GLM-4.5's and LFM2-MoE's (sigmoid scores, a choice bias,
 # a weight scale; GLM's shared expert), beside their leading dense layers; Granite-4.0-H's
 # Mamba-2 layers on their conv and SSM state slots, its rope-less attention, residual scale and
-# softmax-routed experts with a shared one
+# softmax-routed experts with a shared one; Gemma 2's capped attention scores; Phi-3's q|k|v and
+# gate|up tensors on the block; OLMo 2's q / k norms over all heads and missing input norms
 FAMILIES = tuple(f"localllm.engine.models.{m}" for m in
                  ("llama", "smollm3", "qwen2", "qwen3", "qwen3moe", "gemma3", "lfm2",
-                  "gpt_oss", "glm4moe", "lfm2moe", "granitehybrid", "gemma2"))  # fmt: skip
+                  "gpt_oss", "glm4moe", "lfm2moe", "granitehybrid", "gemma2", "phi3",
+                  "olmo2"))  # fmt: skip
 # blocks whose FFN norm has another name: gpt-oss's is `post_attention_norm` (not an output norm)
 FFN_NORM = {"localllm.engine.models.gpt_oss": "post_attention_norm"}
 
@@ -140,6 +142,8 @@ def _layer(blk, args) -> dict | None:
     """One block's `LayerSpec` fields (the caches aside), or None where it does not qualify."""
     if type(blk).__module__ not in FAMILIES:
         return None
+    if not hasattr(blk, "mlp"):  # Phi-3: q|k|v and gate|up each one tensor on the block
+        return _phi3_layer(blk)
     mlp, fused = blk.mlp, _fused_qkv(blk)
     moe = None if isinstance(mlp, GatedMLP) else _moe_parts(mlp)
     if moe is None and not isinstance(mlp, GatedMLP):
@@ -178,6 +182,8 @@ def _layer(blk, args) -> dict | None:
         if m is not None and not getattr(m, "loaded", True):  # (GLM-4.5-Air has no q/k norms)
             m = None
         spec[name] = None if m is None else m.weight.float().contiguous()
+    if type(blk).__module__.endswith(".olmo2"):  # q / k norms over all heads, no input norms
+        spec["qk_norm_full"] = True
     if getattr(blk, "local", False):  # Gemma 3's sliding-window layers, their own rope table
         spec["window"], spec["rope_set"] = args.sliding_window, 1
     if isinstance(getattr(blk, "window", None), int):  # gpt-oss's: the same rope table
@@ -185,6 +191,19 @@ def _layer(blk, args) -> dict | None:
     if getattr(blk, "rope", True) is False:  # SmolLM3's NoPE layers: table 1 leaves q, k as is
         spec["rope_set"] = 1
     return spec
+
+
+def _phi3_layer(blk) -> dict | None:
+    """A Phi-3 block's `LayerSpec` fields (`attn_qkv`, `ffn_up` as gate | up rows), or None."""
+    parts = [_kernels(blk.attn_qkv), _kernels(blk.attn_output), _kernels(blk.ffn_up),
+             _kernels(blk.ffn_down)]  # fmt: skip
+    linears = (blk.attn_qkv, blk.attn_output, blk.ffn_up, blk.ffn_down)
+    if None in parts or any(getattr(m, "bias", None) is not None for m in linears):
+        return None
+    qkv, o, gu, down = parts
+    return {"qkv": qkv, "o": o[0], "gate_up": gu, "down": down[0], "hidden": down[0].shape[1],
+            "attn_norm": blk.attn_norm.weight.float().contiguous(),
+            "ffn_norm": blk.ffn_norm.weight.float().contiguous()}  # fmt: skip
 
 
 def _mixer_layer(blk, ins_proj, out_proj, moe: dict | None) -> dict | None:
@@ -258,7 +277,8 @@ class NativeDecode:
         self.embed_scale = getattr(model, "embed_scale", None)  # (Gemma's, Granite's)
         self._step: tuple[object, decode_step.DecodeStep] | None = None  # (kv, its step)
         self._lora: tuple[torch.Tensor, decode_lora.LoraTable] | None = None  # (W, its table)
-        self.moe = [b.mlp for b in model.blk if not isinstance(b.mlp, GatedMLP)]  # routed FFNs
+        mlps = [getattr(b, "mlp", None) for b in model.blk]  # (Phi-3's blocks hold theirs)
+        self.moe = [m for m in mlps if m is not None and not isinstance(m, GatedMLP)]  # routed
 
     @classmethod
     def for_model(cls, model: nn.Module) -> "NativeDecode | None":
@@ -298,7 +318,8 @@ class NativeDecode:
         widths += [d.shape[1] for d in shared if d is not None]
         hidden = max(widths)
         # (the dense MLPs' activation; routed experts name theirs per layer)
-        act = next((b.mlp.act for b in blocks if isinstance(b.mlp, GatedMLP)), "silu")
+        act = next((b.mlp.act for b in blocks if isinstance(getattr(b, "mlp", None), GatedMLP)),
+                   "silu")  # fmt: skip
         shape = decode_step.Shape(args.dim, args.n_heads, args.n_kv_heads, args.head_dim,
                                   hidden, dims, neox, args.norm_eps, act,
                                   getattr(args, "attn_scale", None),
@@ -381,7 +402,7 @@ class NativeDecode:
         linears = []
         for blk in self.model.blk:
             recurrent = any(getattr(blk, n, None) is not None for n in ("shortconv", "mamba"))
-            if recurrent or not isinstance(blk.mlp, GatedMLP):
+            if recurrent or not isinstance(getattr(blk, "mlp", None), GatedMLP):
                 return None  # (no adapters in recurrent layers or beside routed experts here)
             mlp = blk.mlp
             fused = (_fused_qkv(blk), blk.attn_output, mlp.gate_up, mlp.ffn_down)

@@ -74,6 +74,9 @@ typedef struct {
     const float *conv_b, *ssm_dt_b, *ssm_a, *ssm_d, *ssm_norm;
     float *ssm_state;
     int64_t ssm_h, ssm_p, ssm_n, ssm_g;
+    /* OLMo 2: q_norm / k_norm span all of q's / k's heads (n_q hd / n_kv hd weights), not one
+     * head's; its blocks have no input norms (attn_norm / ffn_norm NULL: the stream itself) */
+    int64_t qk_full;
 } layer_t;
 
 typedef struct {
@@ -114,8 +117,12 @@ static inline uint16_t float_to_half(float f) {
 #endif
 }
 
-/* h = x / rms(x) * w, one row */
+/* h = x / rms(x) * w, one row; w NULL: h = x (a block without that norm) */
 static void rms_norm_row(const float *x, const float *w, int64_t n, double eps, float *h) {
+    if (!w) {
+        if (h != x) memcpy(h, x, n * sizeof(float));
+        return;
+    }
     float ss = 0.f;
 #pragma omp simd reduction(+ : ss)
     for (int64_t j = 0; j < n; j++) ss += x[j] * x[j];
@@ -343,8 +350,12 @@ void decode_step(const model_t *m, int64_t t, float *x, const float *cos0, const
                         for (int64_t j = 0; j < nqkv; j++) row[j] += L->qkv_bias[j];
                     const int64_t at = i * (m->rope_dims / 2);
                     const float *c = (L->rope_set ? cos1 : cos0) + at, *s = (L->rope_set ? sin1 : sin0) + at;
+                    if (L->qk_full) { /* OLMo 2: each norm over all of q's or k's heads */
+                        rms_norm_row(row, L->q_norm, nq * hd, m->eps, row);
+                        rms_norm_row(row + nq * hd, L->k_norm, nkv * hd, m->eps, row + nq * hd);
+                    }
                     for (int64_t hh = 0; hh < nq + nkv; hh++) {
-                        const float *hn = hh < nq ? L->q_norm : L->k_norm;
+                        const float *hn = L->qk_full ? NULL : hh < nq ? L->q_norm : L->k_norm;
                         if (hn) rms_norm_row(row + hh * hd, hn, hd, m->eps, row + hh * hd);
                         rope_head(row + hh * hd, c, s, m->rope_dims, m->neox);
                     }

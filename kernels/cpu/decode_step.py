@@ -4,8 +4,8 @@ gated MLP, the residual adds; LFM2's gated short convolutions on their recurrent
 place of attention, Granite-4.0-H's Mamba-2 mixers (`recurrent_rows.h`) and its residual scale;
 routed experts in place of the MLP (Qwen3-MoE's, gpt-oss's, GLM's, LFM2-MoE's and Granite's:
 sigmoid scores, choice biases, shared experts), `decode_moe.h`; gpt-oss's attention sinks and
-output bias; LoRA adapters, `decode_lora.h`), compiled at first use like `block_linear.py`'s
-kernels.
+output bias; Gemma 2's capped attention scores; OLMo 2's q / k norms over all heads; LoRA
+adapters, `decode_lora.h`), compiled at first use like `block_linear.py`'s kernels.
 
 `DecodeStep` holds the model laid out in the C structs (`LayerSpec`s: the linears' prepared
 `NativeLinear`s, the norm weights, one KV cache's layer tensors) and runs a step; `load()` answers
@@ -87,7 +87,8 @@ class _Layer(ctypes.Structure):
         ("sh_down", _Lin),
         ("sh_ff", _I),
         *((n, _P) for n in ("conv_b", "ssm_dt_b", "ssm_a", "ssm_d", "ssm_norm", "ssm_state")),
-        *((n, _I) for n in ("ssm_h", "ssm_p", "ssm_n", "ssm_g")),  # (last, as in the C's layer_t)
+        *((n, _I) for n in ("ssm_h", "ssm_p", "ssm_n", "ssm_g")),
+        ("qk_full", _I),  # (last, as in the C's layer_t)
     ]
 
 
@@ -135,8 +136,8 @@ class LayerSpec:
     o: object
     gate_up: list
     down: object
-    attn_norm: torch.Tensor
-    ffn_norm: torch.Tensor
+    attn_norm: torch.Tensor | None
+    ffn_norm: torch.Tensor | None
     k_cache: torch.Tensor | None
     v_cache: torch.Tensor | None
     # Gemma 3: per-head q / k norms [head_dim], output norms [dim], a sliding window (0: none),
@@ -187,6 +188,9 @@ class LayerSpec:
     ssm_norm: torch.Tensor | None = None
     ssm_state: torch.Tensor | None = None
     ssm_dims: tuple = ()
+    # OLMo 2: q_norm / k_norm over all of q's / k's heads ([n_q head_dim] / [n_kv head_dim]);
+    # attn_norm / ffn_norm may be None there (no input norms: the stream itself)
+    qk_norm_full: bool = False
 
 
 def load(cache_dir: Path | None = None) -> ctypes.CDLL | None:
@@ -243,6 +247,9 @@ class DecodeStep:
         for lay in layers:
             for name, n in (("qkv_bias", nqkv), ("o_bias", s.dim), ("sinks", s.n_q)):
                 _check_vector(getattr(lay, name), n, name)
+            heads = (s.n_q, s.n_kv) if lay.qk_norm_full else (1, 1)
+            for name, n in zip(("q_norm", "k_norm"), heads, strict=True):
+                _check_vector(getattr(lay, name), n * s.head_dim, name)
         self.lib, self.shape, self.specs = lib, s, layers  # (kept: the structs point in)
         self.moe_ids: list[torch.Tensor] = []  # each MoE layer's last step's expert ids [MAX_T, k]
         self.layers = (_Layer * len(layers))()
@@ -257,7 +264,9 @@ class DecodeStep:
                 _lin(lay.o),
                 _Lin() if lay.down is None else _lin(lay.down),  # (a MoE layer has none)
             )
-            c.attn_norm, c.ffn_norm = lay.attn_norm.data_ptr(), lay.ffn_norm.data_ptr()
+            c.attn_norm, c.ffn_norm = (None if w is None else w.data_ptr()
+                                       for w in (lay.attn_norm, lay.ffn_norm))  # fmt: skip
+            c.qk_full = int(lay.qk_norm_full)
             if lay.conv_w is None:
                 c.k_cache, c.v_cache = lay.k_cache.data_ptr(), lay.v_cache.data_ptr()
             for name in ("q_norm", "k_norm", "post_attn_norm", "post_ffn_norm", "qkv_bias",
@@ -421,8 +430,9 @@ def _check_mamba(lay: LayerSpec, dim: int) -> None:
         raise ValueError("a Mamba-2 layer's in-projection must be one run of z | x B C | dt")
 
 
-_LABELS = {"qkv_bias": "q|k|v bias", "o_bias": "output bias", "sinks": "attention sinks",
-           "router_bias": "router bias", "probs_bias": "choice bias"}  # fmt: skip
+_LABELS = {"qkv_bias": "q|k|v bias", "q_norm": "q norm", "k_norm": "k norm",
+           "o_bias": "output bias", "sinks": "attention sinks", "router_bias": "router bias",
+           "probs_bias": "choice bias"}  # fmt: skip
 
 
 def _check_vector(v: torch.Tensor | None, n: int, name: str) -> None:

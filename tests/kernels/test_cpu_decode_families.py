@@ -1,7 +1,7 @@
 """The native CPU decode step on every family it takes (llama, SmolLM3's NoPE layers, Qwen2's
 q/k/v biases, Qwen3's q/k norms, Gemma 3, gpt-oss's sinks, biases and MXFP4 experts, GLM-4.5's
 and LFM2-MoE's sigmoid routing, shared expert and leading dense layers, Granite-4.0-H's Mamba-2
-layers):
+layers, Gemma 2's capped scores, Phi-3's fused tensors, OLMo 2's whole-width q / k norms):
 teacher-forced decode logits of the step against the torch layers on the same int8-activation
 linears, and against exact math, on tiny quantized models (`tiny_models`, `test_gpt_oss`)."""
 
@@ -29,6 +29,8 @@ FAMILIES = {
     "qwen2": SPECS["qwen2"],  # q/k/v biases
     "qwen3": SPECS["qwen3"],
     "gemma3": SPECS["gemma3"],
+    "phi3": SPECS["phi3"],  # q|k|v and gate|up each one tensor, partial rotary
+    "phi3_longrope": SPECS["phi3_longrope"],  # the rope table's long factors and attn factor
     # layer 3 is NoPE ((il + 1) % 4 == 0): attention by content alone
     "smollm3": dataclasses.replace(SPECS["llama"], arch="smollm3", n_layers=4),
 }
@@ -160,10 +162,9 @@ def test_native_step_decodes_sigmoid_routed_moe_like_the_torch_layers(tmp_path, 
     _step_like_torch_layers(path, tokens, family)
 
 
-def _gemma2_q8(path):
-    """The converted tiny Gemma 2 (test_families' fixture: attention scores capped at 2, a
-    4-key window on even layers, GeGLU, post-norms) with its linears in Q8_0 (native block
-    types; the file's are F16)."""
+def _converted_q8(path, family: str):
+    """A converted tiny fixture (transformers' model through llama.cpp's converter) with its
+    linears in Q8_0 (native block types; the file's are F16)."""
     from gguf import GGMLQuantizationType as QT
     from gguf.quants import quantize
 
@@ -171,18 +172,22 @@ def _gemma2_q8(path):
 
     linears = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
     q8 = {}
-    for name, (data, qtype, shape) in base("gemma2")[2].items():
+    for name, (data, qtype, shape) in base(family)[2].items():
         if name.split(".")[-2] in linears:
             assert qtype == QT.F16, (name, qtype)
             w = data.view("float16").astype("float32").reshape(shape)
             q8[name] = (quantize(w, QT.Q8_0), QT.Q8_0, shape)
-    return write_variant(path, "gemma2", tensors=q8)
+    return write_variant(path, family, tensors=q8)
 
 
-def test_native_step_decodes_gemma2_like_the_torch_layers(tmp_path):
-    path = _gemma2_q8(tmp_path / "gemma2.gguf")
-    tokens = torch.randint(3, 151, (40,), generator=torch.Generator().manual_seed(5)).tolist()
-    _step_like_torch_layers(path, tokens, "gemma2")
+@pytest.mark.parametrize("family", ["gemma2", "olmo2"])
+def test_native_step_decodes_converted_families_like_the_torch_layers(tmp_path, family):
+    """Gemma 2: attention scores capped at 2, a 4-key window on even layers, GeGLU,
+    post-norms; OLMo 2: q / k norms over all heads, no input norms, post-norms."""
+    path = _converted_q8(tmp_path / f"{family}.gguf", family)
+    vocab = 145  # (the smaller of the two fixtures' vocabularies)
+    tokens = torch.randint(3, vocab, (40,), generator=torch.Generator().manual_seed(5)).tolist()
+    _step_like_torch_layers(path, tokens, family)
 
 
 @pytest.mark.parametrize("name", ["tiny-granitehybrid", "tiny-granitehybrid_dense"])

@@ -1,16 +1,16 @@
 """The CPU decode step of llama, SmolLM3, Qwen2, Qwen3, Qwen3-MoE, Gemma 2, Gemma 3, Phi-3, OLMo 2,
-LFM2, gpt-oss, GLM-4.5, LFM2-MoE and Granite-4.0-H decoders as one native call (`kernels/cpu/decode_step`):
-`NativeDecode.for_model` looks once whether a loaded model qualifies (those families' blocks,
-dense gated MLPs or resident routed experts with a softmax or sigmoid router, no biases but
-q|k|v's, the output's and gpt-oss's experts' and router's, every linear on the native block
-kernels) and `__call__` runs a step when it does (each sequence's one new token, a float32 or
-float16 paged cache; LoRA adapters on q|k|v, o, gate|up and down through
-`kernels.cpu.decode_lora`, dense models only), else answers None and the torch layers run. It
-never takes prompt rows (`BatchMeta.prompt`: a one-row prompt tail after a prefix-cache hit is
-one), nor steps under a measurement's drawn routing. Steps of the same model give the same tokens
-either way (tests/kernels/test_cpu_decode_step.py, tests/kernels/test_cpu_decode_families.py,
-tests/lora/test_lora_native.py); the per-layer work is the same, the ~20 dispatched torch ops
-per layer are gone.
+LFM2, gpt-oss, GLM-4.5, LFM2-MoE and Granite-4.0-H decoders as one native call
+(`kernels/cpu/decode_step`): `NativeDecode.for_model` looks once whether a loaded model qualifies
+(those families' blocks, dense gated MLPs or resident routed experts with a softmax or sigmoid
+router, no biases but q|k|v's, the output's and gpt-oss's experts' and router's, every linear on the
+native block kernels) and `__call__` runs a step when it does (each sequence's one new token, a
+float32 or float16 paged cache; LoRA adapters on q|k|v, o, gate|up and down through
+`kernels.cpu.decode_lora`, dense models only), else answers None and the torch layers run. It never
+takes prompt rows (`BatchMeta.prompt`: a one-row prompt tail after a prefix-cache hit is one), nor
+steps under a measurement's drawn routing. Steps of the same model give the same tokens either way
+(tests/kernels/test_cpu_decode_step.py, tests/kernels/test_cpu_decode_families.py,
+tests/lora/test_lora_native.py); the per-layer work is the same, the ~20 dispatched torch ops per
+layer are gone.
 """
 
 import dataclasses

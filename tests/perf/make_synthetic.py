@@ -88,6 +88,15 @@ SHAPES = {
     "gemma2-2b": Shape(
         26, 2304, 8, 4, 256, 9216, 256000, 8192, 1e4, "gemma2", norm_eps=1e-6, tied=True
     ),
+    # allenai/OLMo-2-0425-1B's config.json: 16 layers, hidden 2048, 16 heads / 16 KV heads of 128,
+    # intermediate 8192, vocab 100352, rope_theta 5e5, max_position_embeddings 4096, rms_norm_eps
+    # 1e-6, untied; q / k norms over all heads, norms after attention and the MLP only
+    "olmo2-1b": Shape(16, 2048, 16, 16, 128, 8192, 100352, 4096, 5e5, "olmo2", norm_eps=1e-6),
+    # microsoft/Phi-3-mini-4k-instruct's config.json: 32 layers, hidden 3072, 32 heads / 32 KV
+    # heads of 96, intermediate 8192, vocab 32064, rope_theta 1e4, max_position_embeddings 4096,
+    # rms_norm_eps 1e-5, untied; q|k|v and gate|up each one tensor (vocabulary 49152 here: the
+    # SmolLM2 tokenizer's, which does not fit in 32064; +0.05 GiB of embedding and head)
+    "phi3-mini": Shape(32, 3072, 32, 32, 96, 8192, 49152, 4096, 1e4, "phi3"),
     # a small llama whose dims fit the 256-value K-quant blocks (tests)
     "tiny": Shape(2, 256, 4, 2, 64, 512, 49152, 2048, 10000.0),
     # the same for qwen3moe: 8 experts of 256, top 2
@@ -168,20 +177,28 @@ def tensor_plan(shape: Shape, quant: str) -> list[tuple[str, Dims, QT]]:
     out: list = [("token_embd.weight", (s.vocab, s.dim), q_head if s.tied else q_main)]
     for i in range(s.n_layers):
         p, more = f"blk.{i}.", q_more if _more_bits(i, s.n_layers) else q_main
-        out += [
-            (p + "attn_norm.weight", s.dim, QT.F32),
-            (p + "attn_q.weight", (s.n_heads * s.head_dim, s.dim), q_main),
-            (p + "attn_k.weight", (s.n_kv_heads * s.head_dim, s.dim), q_main),
-            (p + "attn_v.weight", (s.n_kv_heads * s.head_dim, s.dim), more),
-            (p + "attn_output.weight", (s.dim, s.n_heads * s.head_dim), q_main),
-        ]
+        nq, nkv = s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim
+        if s.arch != "olmo2":  # (OLMo 2 normalizes the outputs only)
+            out += [(p + "attn_norm.weight", s.dim, QT.F32)]
+        if s.arch == "phi3":  # q | k | v rows in one tensor
+            out += [(p + "attn_qkv.weight", (nq + 2 * nkv, s.dim), more)]
+        else:
+            out += [
+                (p + "attn_q.weight", (nq, s.dim), q_main),
+                (p + "attn_k.weight", (nkv, s.dim), q_main),
+                (p + "attn_v.weight", (nkv, s.dim), more),
+            ]
+        out += [(p + "attn_output.weight", (s.dim, nq), q_main)]
+        if s.arch == "olmo2":  # its q / k norms span all heads
+            out += [(p + "attn_q_norm.weight", nq, QT.F32), (p + "attn_k_norm.weight", nkv, QT.F32)]
         if s.arch == "qwen3moe":
             out += [(p + "attn_q_norm.weight", s.head_dim, QT.F32)]
             out += [(p + "attn_k_norm.weight", s.head_dim, QT.F32)]
-        if s.arch == "gemma2":  # the outputs' norms before their residual adds
+        if s.arch in ("gemma2", "olmo2"):  # the outputs' norms before their residual adds
             out += [(p + "post_attention_norm.weight", s.dim, QT.F32)]
-        out += [(p + "ffn_norm.weight", s.dim, QT.F32)]
-        if s.arch == "gemma2":
+        if s.arch != "olmo2":
+            out += [(p + "ffn_norm.weight", s.dim, QT.F32)]
+        if s.arch in ("gemma2", "olmo2"):
             out += [(p + "post_ffw_norm.weight", s.dim, QT.F32)]
         if moe:  # stacked experts [n_expert, rows, cols]: one expert's slice is contiguous
             ne, ff = s.n_expert, s.expert_ff
@@ -190,6 +207,11 @@ def tensor_plan(shape: Shape, quant: str) -> list[tuple[str, Dims, QT]]:
                 (p + "ffn_gate_exps.weight", (ne, ff, s.dim), q_main),
                 (p + "ffn_up_exps.weight", (ne, ff, s.dim), q_main),
                 (p + "ffn_down_exps.weight", (ne, s.dim, ff), more),
+            ]
+        elif s.arch == "phi3":  # gate | up rows in one tensor
+            out += [
+                (p + "ffn_up.weight", (2 * s.hidden, s.dim), q_main),
+                (p + "ffn_down.weight", (s.dim, s.hidden), more),
             ]
         else:
             out += [

@@ -212,11 +212,17 @@ static void attend_group(const model_t *m, const layer_t *L, const float *q, int
 #pragma omp simd reduction(+ : s)
             for (int64_t d = 0; d < hd; d++) s += qh[d] * kr[d];
             s *= scale;
-            if (cap > 0.f) s = cap * tanhf(s / cap);
             sc[h * ctx + j - skip] = s;
             mx[h] = s > mx[h] ? s : mx[h];
         }
     }
+    if (cap > 0.f) /* Gemma 2: cap * tanh(s / cap), after the loop above (a branch inside it
+                    * changed how the compiler sums the dot products: other bits for every family);
+                    * the cap rises with s, so the capped max is the max's cap */
+        for (int64_t h = 0; h < ng; h++) {
+            for (int64_t j = 0; j < ctx - skip; j++) sc[h * ctx + j] = cap * tanhf(sc[h * ctx + j] / cap);
+            mx[h] = cap * tanhf(mx[h] / cap);
+        }
     for (int64_t h = 0; h < ng; h++) {
         float *sh = sc + h * ctx;
         if (sink) mx[h] = sink[h] > mx[h] ? sink[h] : mx[h], sum[h] = expf(sink[h] - mx[h]);

@@ -354,7 +354,10 @@ def write_synthetic(
     s = shape
     w = gguf.GGUFWriter(path, s.arch)
     w.add_uint32("general.file_type", FILE_TYPES[quant])
-    w.add_string("general.name", f"synthetic-{s.arch}-{quant}")
+    # (not "phi3" in a phi3 file's name: llama.cpp then sets attributes on Phi-3's own special
+    # tokens, which SmolLM2's vocabulary lacks, and fails to load it)
+    name = "phi-three" if s.arch == "phi3" else s.arch
+    w.add_string("general.name", f"synthetic-{name}-{quant}")
     w.add_block_count(s.n_layers)
     w.add_context_length(s.context)
     w.add_embedding_length(s.dim)

@@ -1,11 +1,12 @@
 /* A decode step of a pre-norm decoder (llama's block: RMSNorm -> q/k/v -> rope -> attention over
  * the paged KV cache -> output projection -> residual; RMSNorm -> gate/up -> SiLU or tanh-GELU
  * product -> down -> residual; LFM2's gated short convolution or Granite-4.0-H's Mamba-2 mixer
- * in place of attention in some layers) for t token rows, each the one new token of its own sequence, all
- * layers in one call and one OpenMP region (worksharing loops and their barriers between the
- * stages): eager torch spent ~20 dispatched ops per layer on what is a few microseconds of work.
- * The linears are block_linear.c's (the file's blocks, int8 activations); the rest is float32.
- * kernels/cpu/decode_step.py lays the model out in these structs and holds the torch reference. */
+ * in place of attention in some layers) for t token rows, each the one new token of its own
+ * sequence, all layers in one call and one OpenMP region (worksharing loops and their barriers
+ * between the stages): eager torch spent ~20 dispatched ops per layer on what is a few
+ * microseconds of work. The linears are block_linear.c's (the file's blocks, int8 activations);
+ * the rest is float32. kernels/cpu/decode_step.py lays the model out in these structs and holds
+ * the torch reference. */
 #include "block_linear.c"
 
 typedef struct {
@@ -220,7 +221,8 @@ static void attend_group(const model_t *m, const layer_t *L, const float *q, int
                     * changed how the compiler sums the dot products: other bits for every family);
                     * the cap rises with s, so the capped max is the max's cap */
         for (int64_t h = 0; h < ng; h++) {
-            for (int64_t j = 0; j < ctx - skip; j++) sc[h * ctx + j] = cap * tanhf(sc[h * ctx + j] / cap);
+            float *sh = sc + h * ctx;
+            for (int64_t j = 0; j < ctx - skip; j++) sh[j] = cap * tanhf(sh[j] / cap);
             mx[h] = cap * tanhf(mx[h] / cap);
         }
     for (int64_t h = 0; h < ng; h++) {
@@ -333,8 +335,8 @@ void decode_step(const model_t *m, int64_t t, float *x, const float *cos0, const
                 const int64_t H = L->ssm_h, din = H * L->ssm_p, cc = din + 2 * L->ssm_g * L->ssm_n;
                 linear_groups(L->qkv, L->n_qkv, h, dim, t, dim, qkv, din + cc + H, q8, d8, bs);
                 mamba2_rows(t, qkv, L->conv_w, L->conv_b, L->conv_taps, L->conv_state, L->ssm_dt_b,
-                            L->ssm_a, L->ssm_d, L->ssm_norm, (float)m->eps, L->ssm_state, state_slots,
-                            not_fresh, H, L->ssm_p, L->ssm_n, L->ssm_g, gu, att);
+                            L->ssm_a, L->ssm_d, L->ssm_norm, (float)m->eps, L->ssm_state,
+                            state_slots, not_fresh, H, L->ssm_p, L->ssm_n, L->ssm_g, gu, att);
                 linear_groups(&L->o, 1, att, din, t, din, y, dim, q8, d8, bs);
             } else if (L->conv_w) { /* LFM2: in_proj -> gated short conv -> out_proj */
                 const int64_t npc = (dim + CONV_PIECE - 1) / CONV_PIECE, cs = (L->conv_taps - 1) * dim;

@@ -1,5 +1,5 @@
 """The CPU decode step of llama, SmolLM3, Qwen2, Qwen3, Qwen3-MoE, Gemma 2, Gemma 3, Phi-3, OLMo 2,
-LFM2, gpt-oss, GLM-4.5, LFM2-MoE and Granite-4.0-H decoders as one native call
+LFM2, gpt-oss, GLM-4.5, LFM2-MoE, Granite-4.0-H and Qwen3-Next decoders as one native call
 (`kernels/cpu/decode_step`): `NativeDecode.for_model` looks once whether a loaded model qualifies
 (those families' blocks, dense gated MLPs or resident routed experts with a softmax or sigmoid
 router, no biases but q|k|v's, the output's and gpt-oss's experts' and router's, every linear on the
@@ -37,11 +37,14 @@ MAX_ROWS = 16  # token rows per native step (batched decode); more: the torch la
 # a weight scale; GLM's shared expert), beside their leading dense layers; Granite-4.0-H's
 # Mamba-2 layers on their conv and SSM state slots, its rope-less attention, residual scale and
 # softmax-routed experts with a shared one; Gemma 2's capped attention scores; Phi-3's q|k|v and
-# gate|up tensors on the block; OLMo 2's q / k norms over all heads and missing input norms
+# gate|up tensors on the block; OLMo 2's q / k norms over all heads and missing input norms;
+# Qwen3-Next's Gated DeltaNet layers on their conv and delta state slots (the split projections
+# of current conversions; an older file's one `ssm_in` keeps the torch layers), its gated
+# queries and its block's shared expert with a sigmoid gate
 FAMILIES = tuple(f"localllm.engine.models.{m}" for m in
                  ("llama", "smollm3", "qwen2", "qwen3", "qwen3moe", "gemma3", "lfm2",
                   "gpt_oss", "glm4moe", "lfm2moe", "granitehybrid", "gemma2", "phi3",
-                  "olmo2"))  # fmt: skip
+                  "olmo2", "qwen3next"))  # fmt: skip
 # blocks whose FFN norm has another name: gpt-oss's is `post_attention_norm` (not an output norm)
 FFN_NORM = {"localllm.engine.models.gpt_oss": "post_attention_norm"}
 
@@ -148,6 +151,14 @@ def _layer(blk, args) -> dict | None:
     moe = None if isinstance(mlp, GatedMLP) else _moe_parts(mlp)
     if moe is None and not isinstance(mlp, GatedMLP):
         return None
+    gate = getattr(blk, "ffn_gate_inp_shexp", None)
+    if gate is not None:  # Qwen3-Next: the block's shared expert, scaled by a sigmoid gate
+        shared = _shared_parts(blk.shexp) if moe is not None and "shared_gu" not in moe else None
+        if shared is None:
+            return None
+        moe = {**moe, **shared, "shared_gate": _f32(gate.value.reshape(-1))}
+    if getattr(blk, "ssm_ba", None) is not None:
+        return _delta_layer(blk, moe)
     conv = getattr(blk, "shortconv", None)
     if conv is not None:
         return _conv_layer(blk, conv, moe)
@@ -190,6 +201,8 @@ def _layer(blk, args) -> dict | None:
         spec["window"] = blk.window
     if getattr(blk, "rope", True) is False:  # SmolLM3's NoPE layers: table 1 leaves q, k as is
         spec["rope_set"] = 1
+    if type(blk).__module__.endswith(".qwen3next"):  # each head's query and gate side by side
+        spec["q_gate"] = True
     return spec
 
 
@@ -248,6 +261,24 @@ def _mamba_layer(blk, mamba, moe: dict | None) -> dict | None:
             "ssm_dt_bias": _f32(mamba.ssm_dt.value), "ssm_a": _f32(blk.ssm_a),
             "ssm_d": _f32(blk.ssm_d), "ssm_norm": _f32(mamba.ssm_norm.value.reshape(-1)),
             "ssm_dims": (a.n_ssm_heads, a.head_size, a.d_state, a.n_groups)}  # fmt: skip
+
+
+def _delta_layer(blk, moe: dict | None) -> dict | None:
+    """A Qwen3-Next Gated DeltaNet block's `LayerSpec` fields (its states aside), or None (an
+    older file's one `ssm_in`, a linear off the native kernels)."""
+    if moe is None or blk.ssm_in.loaded or blk.ssm_a_value is None:
+        return None
+    ins = [_kernels(m) for m in (blk.attn_qkv, blk.attn_gate, blk.ssm_ba)]
+    out = _kernels(blk.ssm_out)
+    linears = (blk.attn_qkv, blk.attn_gate, blk.ssm_ba, blk.ssm_out)
+    if None in ins or out is None or any(getattr(m, "bias", None) is not None for m in linears):
+        return None
+    a = blk.args
+    return {"qkv": [k for ks in ins for k in ks], "o": out[0], "gate_up": [], "down": None, **moe,
+            "attn_norm": _f32(blk.attn_norm.weight), "ffn_norm": _f32(blk.ffn_norm.weight),
+            "conv_w": _f32(blk.ssm_conv1d.value), "ssm_dt_bias": _f32(blk.ssm_dt.value),
+            "ssm_a": _f32(blk.ssm_a_value), "ssm_norm": _f32(blk.ssm_norm.weight),
+            "delta_dims": (a.n_k_heads, a.n_v_heads, a.head_k_dim, a.head_v_dim)}  # fmt: skip
 
 
 class _Unrotated:
@@ -336,7 +367,8 @@ class NativeDecode:
         for i, (blk, lay) in enumerate(zip(self.model.blk, self.layers, strict=True)):
             if "conv_w" in lay:  # the layer's state slots instead of KV
                 states = states_of(kv)
-                ssm = states.tensor(i, "ssm") if "ssm_dims" in lay else None
+                recurrent = "ssm_dims" in lay or "delta_dims" in lay
+                ssm = states.tensor(i, "ssm") if recurrent else None
                 conv = states.tensor(i, "conv")
                 specs.append(decode_step.LayerSpec(k_cache=None, v_cache=None, ssm_state=ssm,
                                                    conv_state=conv, **lay))  # fmt: skip

@@ -1,7 +1,7 @@
 /* A decode step of a pre-norm decoder (llama's block: RMSNorm -> q/k/v -> rope -> attention over
  * the paged KV cache -> output projection -> residual; RMSNorm -> gate/up -> SiLU or tanh-GELU
- * product -> down -> residual; LFM2's gated short convolution or Granite-4.0-H's Mamba-2 mixer
- * in place of attention in some layers) for t token rows, each the one new token of its own
+ * product -> down -> residual; LFM2's gated short convolution, Granite-4.0-H's Mamba-2 mixer or
+ * Qwen3-Next's Gated DeltaNet in place of attention in some layers) for t token rows, each the one new token of its own
  * sequence, all layers in one call and one OpenMP region (worksharing loops and their barriers
  * between the stages): eager torch spent ~20 dispatched ops per layer on what is a few
  * microseconds of work. The linears are block_linear.c's (the file's blocks, int8 activations);
@@ -78,6 +78,15 @@ typedef struct {
     /* OLMo 2: q_norm / k_norm span all of q's / k's heads (n_q hd / n_kv hd weights), not one
      * head's; its blocks have no input norms (attn_norm / ffn_norm NULL: the stream itself) */
     int64_t qk_full;
+    /* Qwen3-Next: q_gate, the q projection gives each head's query and output gate side by side
+     * (the attention output times sigmoid(gate)); sh_gate [dim] (or NULL), the shared expert's
+     * output times sigmoid(sh_gate . h); Gated DeltaNet layers where dn_hv > 0
+     * (recurrent_rows.h's delta_rows): qkv holds q k v | z | b a side by side, o the
+     * out-projection, conv_w / conv_state / conv_taps the conv's over q k v, ssm_dt_b and ssm_a
+     * [Hv], ssm_norm [Dv], ssm_state [slots + 1, Hv, Dk, Dv] */
+    int64_t q_gate;
+    const float *sh_gate;
+    int64_t dn_hk, dn_hv, dn_dk, dn_dv;
 } layer_t;
 
 typedef struct {
@@ -130,6 +139,15 @@ static void rms_norm_row(const float *x, const float *w, int64_t n, double eps, 
     const float inv = 1.f / sqrtf(ss / (float)n + (float)eps);
 #pragma omp simd
     for (int64_t j = 0; j < n; j++) h[j] = x[j] * inv * w[j];
+}
+
+/* Qwen3-Next's query row [q0 g0 q1 g1 .. | k | v] (each head's query and gate side by side) as
+ * [q | k | v | g], in place; tmp: n_q hd floats */
+static void split_q_gate(float *row, int64_t nq, int64_t nkv, int64_t hd, float *tmp) {
+    for (int64_t h = 0; h < nq; h++) memcpy(tmp + h * hd, row + (2 * h + 1) * hd, hd * sizeof(float));
+    for (int64_t h = 1; h < nq; h++) memmove(row + h * hd, row + 2 * h * hd, hd * sizeof(float));
+    memmove(row + nq * hd, row + 2 * nq * hd, 2 * nkv * hd * sizeof(float));
+    memcpy(row + (nq + 2 * nkv) * hd, tmp, nq * hd * sizeof(float));
 }
 
 /* a linear's groups, each quantizing x for its own type, outputs side by side in y [t, ldy] */
@@ -301,7 +319,9 @@ static void gated_mlp(const lin_t *gu, int64_t ngu, const lin_t *down, int64_t f
  * the widest linear input), sc [threads * sc_stride], sc_stride >= min(group, MAX_GROUP) x (max
  * seq_len) + head_dim. With short-conv layers: qkv holds [t*3*dim], att [t*dim], and state_slots
  * [t] names each row's recurrent state slot (NULL where the model has none); with Mamba-2 layers
- * qkv holds [t*(Din+Cc+H)], att [t*Din] and gu [t*Cc] too. */
+ * qkv holds [t*(Din+Cc+H)], att [t*Din] and gu [t*Cc] too; with Gated DeltaNet layers qkv
+ * [t*(Cc+Hv Dv+2 Hv)], att [t*Hv Dv] and gu [t*Cc]; with gated
+ * queries (Qwen3-Next's) qkv [t*(2 n_q+2 n_kv)*hd]. */
 void decode_step(const model_t *m, int64_t t, float *x, const float *cos0, const float *sin0,
                  const float *cos1, const float *sin1, const int64_t *slots, const int64_t *seq_lens, const int64_t *tables,
                  int64_t table_stride, float *h, float *qkv, float *att, float *gu, float *y,
@@ -320,6 +340,7 @@ void decode_step(const model_t *m, int64_t t, float *x, const float *cos0, const
     const float rs = (float)m->res_scale;
     uint8_t not_fresh[t > 0 ? t : 1]; /* decode rows: every state slot holds its sequence's */
     memset(not_fresh, 0, sizeof not_fresh);
+    float shg[t > 0 ? t : 1]; /* each row's shared-expert gate (Qwen3-Next's) */
 #pragma omp parallel num_threads(threads)
     {
         int id = 0;
@@ -331,7 +352,15 @@ void decode_step(const model_t *m, int64_t t, float *x, const float *cos0, const
             const layer_t *L = &m->layers[l];
 #pragma omp for schedule(static)
             for (int64_t i = 0; i < t; i++) rms_norm_row(x + i * dim, L->attn_norm, dim, m->eps, h + i * dim);
-            if (L->ssm_h) { /* Granite-4.0-H: in-projection -> Mamba-2 mixer -> out-projection */
+            if (L->dn_hv) { /* Qwen3-Next: in-projections -> Gated DeltaNet mixer -> out-projection */
+                const int64_t vd = L->dn_hv * L->dn_dv, cc = 2 * L->dn_hk * L->dn_dk + vd;
+                const int64_t lin = cc + vd + 2 * L->dn_hv;
+                linear_groups(L->qkv, L->n_qkv, h, dim, t, dim, qkv, lin, q8, d8, bs);
+                delta_rows(t, qkv, lin, L->conv_w, L->conv_taps, L->conv_state, L->ssm_dt_b, L->ssm_a,
+                           L->ssm_norm, (float)m->eps, L->ssm_state, state_slots, not_fresh, L->dn_hk,
+                           L->dn_hv, L->dn_dk, L->dn_dv, gu, att);
+                linear_groups(&L->o, 1, att, vd, t, vd, y, dim, q8, d8, bs);
+            } else if (L->ssm_h) { /* Granite-4.0-H: in-projection -> Mamba-2 mixer -> out-projection */
                 const int64_t H = L->ssm_h, din = H * L->ssm_p, cc = din + 2 * L->ssm_g * L->ssm_n;
                 linear_groups(L->qkv, L->n_qkv, h, dim, t, dim, qkv, din + cc + H, q8, d8, bs);
                 mamba2_rows(t, qkv, L->conv_w, L->conv_b, L->conv_taps, L->conv_state, L->ssm_dt_b,
@@ -349,11 +378,16 @@ void decode_step(const model_t *m, int64_t t, float *x, const float *cos0, const
                 }
                 linear_groups(&L->o, 1, att, dim, t, dim, y, dim, q8, d8, bs);
             } else { /* attention */
-                linear_groups(L->qkv, L->n_qkv, h, dim, t, dim, qkv, nqkv, q8, d8, bs);
-                if (lora) lora_add(lora[4 * l], h, dim, t, dim, qkv, nqkv);
+                const int64_t ldq = nqkv + (L->q_gate ? nq * hd : 0); /* Qwen3-Next's gates after v */
+                linear_groups(L->qkv, L->n_qkv, h, dim, t, dim, qkv, ldq, q8, d8, bs);
+                if (lora) lora_add(lora[4 * l], h, dim, t, dim, qkv, ldq);
 #pragma omp for schedule(static)
                 for (int64_t i = 0; i < t; i++) { /* bias, rope q and k, write k and v at the row's slot */
-                    float *row = qkv + i * nqkv;
+                    float *row = qkv + i * ldq;
+                    if (L->q_gate) {
+                        float tmp[nq * hd];
+                        split_q_gate(row, nq, nkv, hd, tmp);
+                    }
                     if (L->qkv_bias)
                         for (int64_t j = 0; j < nqkv; j++) row[j] += L->qkv_bias[j];
                     const int64_t at = i * (m->rope_dims / 2);
@@ -380,9 +414,17 @@ void decode_step(const model_t *m, int64_t t, float *x, const float *cos0, const
 #pragma omp for schedule(dynamic, 1)
                 for (int64_t p = 0; p < t * nkv * nsplit; p++) { /* (row, KV head, piece of its group) */
                     const int64_t i = p / (nkv * nsplit), g = p / nsplit % nkv, h0 = g * group + p % nsplit * per;
-                    attend_group(m, L, qkv + i * nqkv + h0 * hd, per, g, seq_lens[i],
+                    attend_group(m, L, qkv + i * ldq + h0 * hd, per, g, seq_lens[i],
                                  tables + i * table_stride, att + i * nq * hd + h0 * hd, mysc,
                                  mysc + sc_stride - hd, L->sinks ? L->sinks + h0 : NULL);
+                }
+                if (L->q_gate) {
+#pragma omp for schedule(static)
+                    for (int64_t i = 0; i < t; i++) {
+                        const float *gt = qkv + i * ldq + nqkv;
+                        float *a = att + i * nq * hd;
+                        for (int64_t j = 0; j < nq * hd; j++) a[j] *= 1.f / (1.f + expf(-gt[j]));
+                    }
                 }
                 linear_groups(&L->o, 1, att, nq * hd, t, nq * hd, y, dim, q8, d8, bs);
                 if (lora) lora_add(lora[4 * l + 1], att, nq * hd, t, nq * hd, y, dim);
@@ -399,11 +441,25 @@ void decode_step(const model_t *m, int64_t t, float *x, const float *cos0, const
             if (L->n_expert) {
                 moe_ffn_rows(L, dim, t, h, gu, y, q8, d8, bs, moe);
                 if (L->n_sh_gu) { /* the shared experts on h, their output in h's place, added */
+                    if (L->sh_gate) { /* Qwen3-Next's: times sigmoid(sh_gate . h), taken before */
+#pragma omp for schedule(static)
+                        for (int64_t i = 0; i < t; i++) {
+                            float s = 0.f;
+                            for (int64_t j = 0; j < dim; j++) s += h[i * dim + j] * L->sh_gate[j];
+                            shg[i] = 1.f / (1.f + expf(-s));
+                        }
+                    }
                     gated_mlp(L->sh_gu, L->n_sh_gu, &L->sh_down, L->sh_ff, 0, h, dim, t, gu, h, q8, d8, bs,
                               NULL, NULL);
+                    if (L->sh_gate) {
 #pragma omp for schedule(static)
-                    for (int64_t i = 0; i < t; i++)
-                        for (int64_t j = 0; j < dim; j++) y[i * dim + j] += h[i * dim + j];
+                        for (int64_t i = 0; i < t; i++)
+                            for (int64_t j = 0; j < dim; j++) y[i * dim + j] += shg[i] * h[i * dim + j];
+                    } else {
+#pragma omp for schedule(static)
+                        for (int64_t i = 0; i < t; i++)
+                            for (int64_t j = 0; j < dim; j++) y[i * dim + j] += h[i * dim + j];
+                    }
                 }
             } else {
                 gated_mlp(L->gu, L->n_gu, &L->down, L->hidden ? L->hidden : hidden, m->act, h, dim, t,

@@ -1,7 +1,8 @@
 """`decode_step.c`: every layer of a llama-style decoder for a decode step's token rows in one
 native call (norms, the block linears, rope, the KV write, attention over the paged cache, the
 gated MLP, the residual adds; LFM2's gated short convolutions on their recurrent state slots in
-place of attention, Granite-4.0-H's Mamba-2 mixers (`recurrent_rows.h`) and its residual scale;
+place of attention, Granite-4.0-H's Mamba-2 mixers (`recurrent_rows.h`) and its residual scale,
+Qwen3-Next's Gated DeltaNet mixers, gated queries and gated shared expert;
 routed experts in place of the MLP (Qwen3-MoE's, gpt-oss's, GLM's, LFM2-MoE's and Granite's:
 sigmoid scores, choice biases, shared experts), `decode_moe.h`; gpt-oss's attention sinks and
 output bias; Gemma 2's capped attention scores; OLMo 2's q / k norms over all heads; LoRA
@@ -88,7 +89,10 @@ class _Layer(ctypes.Structure):
         ("sh_ff", _I),
         *((n, _P) for n in ("conv_b", "ssm_dt_b", "ssm_a", "ssm_d", "ssm_norm", "ssm_state")),
         *((n, _I) for n in ("ssm_h", "ssm_p", "ssm_n", "ssm_g")),
-        ("qk_full", _I),  # (last, as in the C's layer_t)
+        ("qk_full", _I),
+        ("q_gate", _I),
+        ("sh_gate", _P),
+        *((n, _I) for n in ("dn_hk", "dn_hv", "dn_dk", "dn_dv")),  # (last, as in the C's layer_t)
     ]
 
 
@@ -191,6 +195,15 @@ class LayerSpec:
     # OLMo 2: q_norm / k_norm over all of q's / k's heads ([n_q head_dim] / [n_kv head_dim]);
     # attn_norm / ffn_norm may be None there (no input norms: the stream itself)
     qk_norm_full: bool = False
+    # Qwen3-Next: each head's query and output gate side by side in the q projection (`q_gate`);
+    # the shared expert's output times sigmoid(shared_gate . h) (shared_gate [dim] float32);
+    # Gated DeltaNet layers (`delta_dims` (Hk, Hv, Dk, Dv) set): `qkv` is the in-projections
+    # (q k v | z | b a), `o` the out-projection, `conv_w` [Cc, taps] / `conv_state` the conv's
+    # over q k v (Cc = 2 Hk Dk + Hv Dv), `ssm_dt_bias` and `ssm_a` [Hv], `ssm_norm` [Dv],
+    # `ssm_state` [slots + 1, Hv, Dk, Dv] float32
+    q_gate: bool = False
+    shared_gate: torch.Tensor | None = None
+    delta_dims: tuple = ()
 
 
 def load(cache_dir: Path | None = None) -> ctypes.CDLL | None:
@@ -233,7 +246,9 @@ class DecodeStep:
         if dtypes - {torch.float32, torch.float16} or len(dtypes) > 1:
             raise ValueError(f"KV cache of {dtypes}: float32 or float16 only")
         for lay in layers:
-            if lay.ssm_state is not None:
+            if lay.delta_dims:
+                _check_delta(lay, s.dim)
+            elif lay.ssm_state is not None:
                 _check_mamba(lay, s.dim)
             elif lay.conv_w is not None:
                 _check_conv(lay, s.dim)
@@ -247,6 +262,9 @@ class DecodeStep:
         for lay in layers:
             for name, n in (("qkv_bias", nqkv), ("o_bias", s.dim), ("sinks", s.n_q)):
                 _check_vector(getattr(lay, name), n, name)
+            if lay.q_gate and (lay.qkv_bias is not None or lay.conv_w is not None or sum(
+                    k.shape[0] for k in lay.qkv) != nqkv + s.n_q * s.head_dim):  # fmt: skip
+                raise ValueError("gated queries: q (with its gates) | k | v, no biases")
             heads = (s.n_q, s.n_kv) if lay.qk_norm_full else (1, 1)
             for name, n in zip(("q_norm", "k_norm"), heads, strict=True):
                 _check_vector(getattr(lay, name), n * s.head_dim, name)
@@ -266,7 +284,7 @@ class DecodeStep:
             )
             c.attn_norm, c.ffn_norm = (None if w is None else w.data_ptr()
                                        for w in (lay.attn_norm, lay.ffn_norm))  # fmt: skip
-            c.qk_full = int(lay.qk_norm_full)
+            c.qk_full, c.q_gate = int(lay.qk_norm_full), int(lay.q_gate)
             if lay.conv_w is None:
                 c.k_cache, c.v_cache = lay.k_cache.data_ptr(), lay.v_cache.data_ptr()
             for name in ("q_norm", "k_norm", "post_attn_norm", "post_ffn_norm", "qkv_bias",
@@ -283,7 +301,10 @@ class DecodeStep:
                        ("ssm_state", lay.ssm_state))  # fmt: skip
                 for name, w in ssm:
                     setattr(c, name, None if w is None else w.data_ptr())
-                c.ssm_h, c.ssm_p, c.ssm_n, c.ssm_g = lay.ssm_dims
+                if lay.delta_dims:
+                    c.dn_hk, c.dn_hv, c.dn_dk, c.dn_dv = lay.delta_dims
+                else:
+                    c.ssm_h, c.ssm_p, c.ssm_n, c.ssm_g = lay.ssm_dims
             if lay.router is not None:
                 c.router = lay.router.data_ptr()
                 c.exp_gate, c.exp_up, c.exp_down = (e.data_ptr() for e in lay.experts)
@@ -295,6 +316,10 @@ class DecodeStep:
                 for i, g in enumerate(lay.shared_gu):
                     c.sh_gu[i] = _lin(g)
                 c.n_sh_gu = len(lay.shared_gu)
+                _check_vector(lay.shared_gate, s.dim, "shared_gate")
+                if lay.shared_gate is not None and not lay.shared_gu:
+                    raise ValueError("a shared expert's gate without a shared expert")
+                c.sh_gate = None if lay.shared_gate is None else lay.shared_gate.data_ptr()
                 if lay.shared_gu:
                     c.sh_down, c.sh_ff = _lin(lay.shared_down), lay.shared_down.shape[1]
                 if lay.exp_bias is not None:
@@ -314,12 +339,20 @@ class DecodeStep:
         din, cc, zxd = max(((h * p, h * p + 2 * g * n, 2 * h * p + 2 * g * n + h)
                             for h, p, n, g in (lay.ssm_dims for lay in layers if lay.ssm_dims)),
                            default=(0, 0, 0))  # fmt: skip
-        self.kmax = max(s.dim, s.hidden, s.n_q * s.head_dim, din)
+        # a Gated DeltaNet layer's value width, conv channels and in-projection outputs
+        vd, dcc, dlin = max(((hv * dv, 2 * hk * dk + hv * dv, 2 * hk * dk + 2 * hv * dv + 2 * hv)
+                             for hk, hv, dk, dv in (lay.delta_dims for lay in layers
+                                                    if lay.delta_dims)),
+                            default=(0, 0, 0))  # fmt: skip
+        gated = any(lay.q_gate for lay in layers)
+        self.kmax = max(s.dim, s.hidden, s.n_q * s.head_dim, din, vd)
         # the q|k|v and attention-output scratch also hold a conv layer's B | C | x and C y, a
-        # Mamba-2 layer's in-projection and mixer outputs; the gate|up scratch its conv's
-        self.wide = max((s.n_q + 2 * s.n_kv) * s.head_dim, 3 * s.dim if self.convs else 0, zxd)
-        self.att = max(s.n_q * s.head_dim, s.dim if self.convs else 0, din)
-        self.gu = max(2 * s.hidden, cc)
+        # Mamba-2 or DeltaNet layer's in-projection and mixer outputs, Qwen3-Next's query gates;
+        # the gate|up scratch their conv's
+        self.wide = max((s.n_q * (2 if gated else 1) + 2 * s.n_kv) * s.head_dim,
+                        3 * s.dim if self.convs else 0, zxd, dlin)  # fmt: skip
+        self.att = max(s.n_q * s.head_dim, s.dim if self.convs else 0, din, vd)
+        self.gu = max(2 * s.hidden, cc, dcc)
         # a MoE layer's router logits, top-k weights and ids, every pair's down output, the
         # pairs' order by expert and their runs (decode_moe.h)
         self.moe = max((lay.router.shape[0] + lay.n_used * (4 + s.dim) for lay in layers
@@ -430,9 +463,32 @@ def _check_mamba(lay: LayerSpec, dim: int) -> None:
         raise ValueError("a Mamba-2 layer's in-projection must be one run of z | x B C | dt")
 
 
+def _check_delta(lay: LayerSpec, dim: int) -> None:
+    """A Gated DeltaNet layer's tensors as recurrent_rows.h's delta_rows reads them, or a
+    ValueError."""
+    if len(lay.delta_dims) != 4 or min(lay.delta_dims) < 1:
+        raise ValueError(f"DeltaNet dims {lay.delta_dims}: (key heads, value heads, Dk, Dv)")
+    hk, hv, dk, dv = lay.delta_dims
+    cc, slots = 2 * hk * dk + hv * dv, lay.ssm_state.shape[0] if lay.ssm_state is not None else 0
+    taps = lay.conv_w.shape[-1] if lay.conv_w is not None else 0
+    want = {"conv_w": (cc, taps), "conv_state": (slots, taps - 1, cc), "ssm_dt_bias": (hv,),
+            "ssm_a": (hv,), "ssm_norm": (dv,), "ssm_state": (slots, hv, dk, dv)}  # fmt: skip
+    for name, shape in want.items():
+        w = getattr(lay, name)
+        if w is None or w.dtype != torch.float32 or not w.is_contiguous() or \
+                tuple(w.shape) != shape:  # fmt: skip
+            got = None if w is None else (w.dtype, tuple(w.shape))
+            raise ValueError(f"DeltaNet {name} of {got}: float32 {shape}")
+    if hv % hk or taps < 2:
+        raise ValueError(f"DeltaNet: {hk} key heads for {hv} value heads, {taps} conv taps")
+    if sum(k.shape[0] for k in lay.qkv) != cc + hv * dv + 2 * hv or \
+            tuple(lay.o.shape) != (dim, hv * dv):  # fmt: skip
+        raise ValueError("a DeltaNet layer's in-projections must give q k v | z | b a")
+
+
 _LABELS = {"qkv_bias": "q|k|v bias", "q_norm": "q norm", "k_norm": "k norm",
            "o_bias": "output bias", "sinks": "attention sinks", "router_bias": "router bias",
-           "probs_bias": "choice bias"}  # fmt: skip
+           "probs_bias": "choice bias", "shared_gate": "shared expert's gate"}  # fmt: skip
 
 
 def _check_vector(v: torch.Tensor | None, n: int, name: str) -> None:

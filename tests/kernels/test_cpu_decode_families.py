@@ -1,12 +1,14 @@
 """The native CPU decode step on every family it takes (llama, SmolLM3's NoPE layers, Qwen2's
 q/k/v biases, Qwen3's q/k norms, Gemma 3, gpt-oss's sinks, biases and MXFP4 experts, GLM-4.5's
 and LFM2-MoE's sigmoid routing, shared expert and leading dense layers, Granite-4.0-H's Mamba-2
-layers, Gemma 2's capped scores, Phi-3's fused tensors, OLMo 2's whole-width q / k norms):
+layers, Gemma 2's capped scores, Phi-3's fused tensors, OLMo 2's whole-width q / k norms,
+Qwen3-Next's Gated DeltaNet layers, gated queries and gated shared expert):
 teacher-forced decode logits of the step against the torch layers on the same int8-activation
 linears, and against exact math, on tiny quantized models (`tiny_models`, `test_gpt_oss`)."""
 
 import argparse
 import dataclasses
+from pathlib import Path
 
 import pytest
 import torch
@@ -202,17 +204,60 @@ def test_native_step_decodes_granite_like_the_torch_layers(tmp_path, name):
     _step_like_torch_layers(path, tokens, name)
 
 
-@torch.inference_mode()
-def test_granite_rows_in_other_slots_step_as_alone(tmp_path):
-    """Four Granite sequences in state slots 3, 0, 2, 1 decode two steps together in the native
-    step: each row's logits are the very bits of its sequence stepping alone in slot 0 (every
-    stage of the step works row by row; the Mamba-2 rows on their own slots)."""
+def _qwen3next(path):
+    """A tiny Qwen3-Next (make_qwen3next.py's writer): three Gated DeltaNet layers (two value
+    heads a key head) and one gated attention layer (partial rope, per-head q / k norms), 8
+    softmax-routed experts with the block's sigmoid-gated shared one, Q8_0."""
+    from tests.perf import make_qwen3next as q3n
+
+    q3n.write(path, q3n.TINY, "Q8_0", Path(__file__).parents[1] / "data/families/qwen3next.gguf",
+              seed=4)  # fmt: skip
+    return path
+
+
+def test_native_step_decodes_qwen3next_like_the_torch_layers(tmp_path):
+    path = _qwen3next(tmp_path / "qwen3next.gguf")
+    tokens = torch.randint(3, 500, (40,), generator=torch.Generator().manual_seed(4)).tolist()
+    _step_like_torch_layers(path, tokens, "qwen3next")
+
+
+def test_first_qwen3next_steps_equal_the_torch_layers(tmp_path):
+    """The step's first three teacher-forced decode steps give the torch layers' logits to
+    float32 rounding (both quantize each linear's input to int8 alike, and tiny float
+    differences vanish in that rounding: measured equal bits): the DeltaNet mixer, the query
+    gates and the shared expert's gate each move them by far more where wrong (a query gate
+    pinned at 0.5 does, which the KL test above cannot see: this model's gates sit near 0).
+    Later steps are not compared: one int8 rounding flip, carried by the recurrent state, moves
+    them by ~0.05."""
+    path = _qwen3next(tmp_path / "qwen3next.gguf")
+    tokens = torch.randint(3, 500, (8,), generator=torch.Generator().manual_seed(4)).tolist()
+    native, ran = _logits(path, tokens, 5, native=True)
+    assert ran, "the native step did not take the model"
+    torch_layers, _ = _logits(path, tokens, 5, native=False)
+    err, scale = (native - torch_layers).abs().max().item(), torch_layers.abs().max().item()
+    assert err <= 1e-5 * scale, (err, scale)
+
+
+def _hybrid(tmp_path, name: str):
+    """(path, vocabulary) of a tiny hybrid: Granite-4.0-H's or Qwen3-Next's."""
+    if name == "qwen3next":
+        return _qwen3next(tmp_path / "qwen3next.gguf"), 500
     from tests.engine.tiny_hybrids import VOCAB, write_tiny_hybrid
 
-    path = write_tiny_hybrid(tmp_path, "tiny-granitehybrid")
+    return write_tiny_hybrid(tmp_path, "tiny-granitehybrid"), VOCAB
+
+
+@pytest.mark.parametrize("name", ["granitehybrid", "qwen3next"])
+@torch.inference_mode()
+def test_hybrid_rows_in_other_slots_step_as_alone(tmp_path, name):
+    """Four sequences in state slots 3, 0, 2, 1 decode two steps together in the native step:
+    each row's logits are the very bits of its sequence stepping alone in slot 0 (every stage
+    of the step works row by row; Granite's Mamba-2 rows and Qwen3-Next's DeltaNet rows on their
+    own slots)."""
+    path, vocab = _hybrid(tmp_path, name)
     g = torch.Generator().manual_seed(6)
-    seqs = [torch.randint(3, VOCAB, (n,), generator=g).tolist() for n in (9, 5, 17, 12)]
-    nxt = torch.randint(3, VOCAB, (2, 4), generator=g).tolist()
+    seqs = [torch.randint(3, vocab, (n,), generator=g).tolist() for n in (9, 5, 17, 12)]
+    nxt = torch.randint(3, vocab, (2, 4), generator=g).tolist()
     with open_gguf(str(path)) as gguf:
         model = build_model(gguf)
 

@@ -145,6 +145,10 @@ SILU_LORA_ROWS = 8
 # [8, 1,024] steps per program at 14 column programs for an 8B's down projection. None: no split
 # (as measured so far); an A/B switch, a multiple of SILU_LORA_ROWS
 SILU_LORA_RSTEP: int | None = None
+# with a shrink, columns per SiLU program (a multiple of 32) instead of 1,024: more programs share
+# an 8B's 14,336-wide shrink (14 at 1,024, where one adapter's SiLU took 6.6 us against 1.6
+# without: H100, 2026-12-07); None: 1,024 (as measured so far); an A/B switch
+SILU_LORA_BH: int | None = None
 
 
 def norm_warps(d: int) -> int:
@@ -233,7 +237,7 @@ def silu_mul_cuda(
     y = torch.empty(g2.shape[0], hidden, dtype=gu.dtype, device=gu.device)
     xq, qa = _quant_out(g2.shape[0], hidden, quant, y)
     la, r = _lora(shrink, g2.shape[0], hidden, y)
-    bh = 1024
+    bh = SILU_LORA_BH if r > 0 and SILU_LORA_BH else 1024
     rstep = SILU_LORA_RSTEP if r > 0 and SILU_LORA_RSTEP else max(r, 1)
     grid = (g2.shape[0], triton.cdiv(hidden, bh), triton.cdiv(max(r, 1), rstep))
     flags = {"QUANT": xq is not None, "RN": gu.is_cuda, **pdl.launch_options(pdl.enabled(gu))}

@@ -79,14 +79,17 @@ def test_norm_kernel_runs_the_shrink(form, rank, rows):
 @pytest.mark.gpu
 @pytest.mark.parametrize("rows", [1, 4])
 @pytest.mark.parametrize("rank", [16, 44])
-@pytest.mark.parametrize("rstep", [None, 8, 16])
-def test_silu_kernel_adds_the_shrink(rank, rows, rstep, monkeypatch):
-    """Also with `SILU_LORA_RSTEP` splitting A's rows over more programs (44 in 16 + 16 + 12):
-    y and its twin are stored once, t gets every row."""
+@pytest.mark.parametrize(("rstep", "bh"), [(None, None), (8, None), (16, None), (None, 256),
+                                           (8, 256)])  # fmt: skip
+def test_silu_kernel_adds_the_shrink(rank, rows, rstep, bh, monkeypatch):
+    """Also with `SILU_LORA_RSTEP` splitting A's rows over more programs (44 in 16 + 16 + 12),
+    and `SILU_LORA_BH` narrowing each program's columns (3,072 in 12 of 256): y and its twin are
+    stored once, t gets every row."""
     from localllm.kernels.fused import triton_ops
     from localllm.kernels.fused.triton_ops import silu_mul_cuda
 
     monkeypatch.setattr(triton_ops, "SILU_LORA_RSTEP", rstep)
+    monkeypatch.setattr(triton_ops, "SILU_LORA_BH", bh)
     g = torch.Generator().manual_seed(rows + rank)
     gu = torch.randn(rows, 2 * H, generator=g).to(DEVICE)
     sh = _shrink(rank, H, rows, seed=1)

@@ -52,6 +52,9 @@ GPU_CASES = {
     "4 adapters, producers": (4, 1.0),
     "1 adapter, producers split": (1, 1.0),
     "4 adapters, producers split": (4, 1.0),
+    "1 adapter, silu narrow": (1, 1.0),
+    "1 adapter, silu narrow split": (1, 1.0),
+    "4 adapters, producers narrow split": (4, 1.0),
     "1 adapter, inline": (1, 1.0),
     "4 adapters, inline": (4, 1.0),
     "1 adapter, atomic": (1, 1.0),
@@ -66,12 +69,17 @@ def _switches(case: str) -> list[str]:
         return [D + "KERNELS=False"]
     if "fused kernel" in case:
         return [D + "SCHEME='fused'"]
-    if "producers" in case:  # every shrink in the input kernels, whatever its rank; "split":
-        # the SiLU's and the attention combine's over more programs (8 rows of A each)
-        sets = [D + "SCHEME='epilogue'", D + "PRODUCER_MAX_RANK=1048576"]
+    if "producers" in case or "silu narrow" in case:  # every shrink in the input kernels,
+        # whatever its rank ("producers"; one adapter's take them by default); "split": the
+        # SiLU's and the attention combine's over more programs (8 rows of A each); "narrow":
+        # the SiLU's programs 256 columns wide
+        sets = [D + "SCHEME='epilogue'"]
+        sets += [D + "PRODUCER_MAX_RANK=1048576"] if "producers" in case else []
         if "split" in case:
             sets += ["localllm.kernels.fused.triton_ops.SILU_LORA_RSTEP=8",
                      "localllm.kernels.attention.triton_decode.COMBINE_LORA_RSTEP=8"]  # fmt: skip
+        if "narrow" in case:
+            sets += ["localllm.kernels.fused.triton_ops.SILU_LORA_BH=256"]
         return sets
     if "epilogue launched" in case:  # every shrink launched (none run by the norm / SiLU kernels)
         return [D + "SCHEME='epilogue'", D + "PRODUCER_SHRINK=False"]

@@ -40,7 +40,8 @@ from localllm.kernels.cpu.cbuild import built_libraries
 from localllm.kernels.quant import QuantType
 
 FILES = ("decode_step.c", "block_linear.c", "block_dequant.h", "block_dots.h", "quant_dots.h",
-         "i16_gemm.h", "i8_gemm.h")  # fmt: skip
+         "i16_gemm.h", "i8_gemm.h", "decode_moe.h", "decode_lora.h", "recurrent_rows.h",
+         "decode_attention.h")  # fmt: skip
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -45,6 +45,10 @@ log = logging.getLogger(__name__)
 # prepared: 3.2 / 3.9 at 1 row, 34.8 / 45.3 at 16, 80.4 / 95.3 at 64, 283.6 / 208.8 at 256).
 NATIVE_MAX_T = 64
 ROWS_MAX_T = 8  # decode rows of resident raw experts through one prepared call (`_decode_rows`)
+# CUDA: scored routing without expert groups (GLM-4.5's, LFM2-MoE's sigmoid scores and choice
+# bias) in one top-k launch (`triton_route.topk_scored_cuda`; decode's router GEMV before it)
+# instead of ~8 torch ops a layer; an A/B switch until a GPU has timed it (off: the torch ops)
+SCORED_ROUTE_KERNEL = False
 
 
 @dataclass(frozen=True)
@@ -224,16 +228,19 @@ class MoEFeedForward(nn.Module):
     def _route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         x = x.reshape(-1, self.dim)
         r, w = self.routing, self.ffn_gate_inp.dense_weight()
-        if r is None and x.is_cuda and w is not None and self.ffn_gate_inp.bias is None:
-            from localllm.kernels.moe.triton_route import (
-                ROUTE_MAX_T,
-                route_topk_cuda,
-                topk_softmax_cuda,
-            )
+        fused = x.is_cuda and w is not None and self.ffn_gate_inp.bias is None
+        if fused and (r is None or (r.n_group == 1 and SCORED_ROUTE_KERNEL)):
+            from localllm.kernels.moe import triton_route as tr
 
-            if x.shape[0] <= ROUTE_MAX_T:  # decode: two launches instead of ~6
-                return route_topk_cuda(x, w, self.n_used, self.norm_topk_prob)
-            return topk_softmax_cuda(self.ffn_gate_inp(x), self.n_used, self.norm_topk_prob)
+            few = x.shape[0] <= tr.ROUTE_MAX_T  # decode: the router GEMV kernel, else torch's GEMM
+            if r is None and few:  # decode: two launches instead of ~6
+                return tr.route_topk_cuda(x, w, self.n_used, self.norm_topk_prob)
+            logits = tr.router_logits_cuda(x, w) if few else self.ffn_gate_inp(x)
+            if r is None:
+                return tr.topk_softmax_cuda(logits, self.n_used, self.norm_topk_prob)
+            bias = self.exp_probs_b.value if r.probs_bias else None
+            return tr.topk_scored_cuda(logits, self.n_used, r.scoring, bias, self.norm_topk_prob,
+                                       r.scale)  # fmt: skip
         logits = self.ffn_gate_inp(x)
         if r is None:
             return route_topk(logits, self.n_used, self.norm_topk_prob)

@@ -1,5 +1,6 @@
 """Decode routing on CUDA in two launches: the float32 router GEMV (one program per expert row)
-and top-k + softmax per token (k rounds of max over the row's logits).
+and top-k + softmax per token (k rounds of max over the row's logits); DeepSeek-style scored
+routing without groups (sigmoid or softmax scores, a choice bias, a weight scale) likewise.
 
 Eager torch spends ~6 launches per layer here (cuBLAS GEMV, a top-k that sorts, softmax, copies):
 ~20 us of a ~130 us MoE decode layer on an H200. Same results as `routing.route_topk` on the same
@@ -72,11 +73,54 @@ def _topk_softmax(
     tl.store(id_ptr + t * KSEL + j, ids, mask=j < KSEL)
 
 
+@triton.jit
+def _topk_scored(
+    logits_ptr, bias_ptr, w_ptr, id_ptr, E, scale, KSEL: tl.constexpr, KP: tl.constexpr,
+    BE: tl.constexpr, SIGMOID: tl.constexpr, BIAS: tl.constexpr, NORM: tl.constexpr,
+    PDL: tl.constexpr,
+):  # fmt: skip
+    """`routing.route_scored` of one row without expert groups: softmax or sigmoid scores, the
+    choice shifted by a bias, the chosen scores (unbiased) renormalised or not, times scale."""
+    pdl.gdc_begin(PDL)
+    pdl.gdc_wait(PDL)
+    t = tl.program_id(0)
+    idx = tl.arange(0, BE)
+    m = idx < E
+    v = tl.load(logits_ptr + t * E + idx, mask=m, other=0.0)
+    if SIGMOID:
+        s = 1.0 / (1.0 + tl.exp(-v))
+    else:
+        ex = tl.where(m, tl.exp(v - tl.max(tl.where(m, v, -float("inf")), axis=0)), 0.0)
+        s = ex / tl.sum(ex, axis=0)
+    c = s
+    if BIAS:
+        c = s + tl.load(bias_ptr + idx, mask=m, other=0.0)
+    c = tl.where(m, c, -float("inf"))
+    j = tl.arange(0, KP)
+    top = tl.zeros([KP], dtype=tl.float32)
+    ids = tl.zeros([KP], dtype=tl.int64)
+    for r in tl.static_range(KSEL):
+        best = tl.max(c, axis=0)
+        at = tl.min(tl.where(c == best, idx, BE), axis=0)  # lowest index among equals
+        top = tl.where(j == r, tl.sum(tl.where(idx == at, s, 0.0), axis=0), top)
+        ids = tl.where(j == r, at.to(tl.int64), ids)
+        c = tl.where(idx == at, -float("inf"), c)
+    if NORM:
+        top = top / tl.sum(tl.where(j < KSEL, top, 0.0), axis=0)
+    tl.store(w_ptr + t * KSEL + j, top * scale, mask=j < KSEL)
+    tl.store(id_ptr + t * KSEL + j, ids, mask=j < KSEL)
+
+
 def route_topk_cuda(
     x: torch.Tensor, w: torch.Tensor, k: int, norm_topk_prob: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """x [T, D] (T <= ROUTE_MAX_T), router weight w float32 [E, D] -> (weights [T, k] float32,
     ids [T, k] int64), as `route_topk(x @ w.T, k, norm_topk_prob)`."""
+    return topk_softmax_cuda(router_logits_cuda(x, w), k, norm_topk_prob)
+
+
+def router_logits_cuda(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x [T, D] (T <= ROUTE_MAX_T) @ w.T in float32 (w [E, D] float32): one program an expert."""
     t, d = x.shape
     e = w.shape[0]
     x = x.float().contiguous()
@@ -86,7 +130,27 @@ def route_topk_cuda(
     kl = triton.next_power_of_2(triton.cdiv(d, 32))
     geo = {"K": d, "BT": bt, "BK": bk, "KL": kl, **pdl.launch_options(pdl.enabled(x))}
     _router_logits[(e,)](x, w, logits, t, e, num_warps=2, **geo)
-    return topk_softmax_cuda(logits, k, norm_topk_prob)
+    return logits
+
+
+def topk_scored_cuda(
+    logits: torch.Tensor, k: int, scoring: str, bias: torch.Tensor | None, norm: bool,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """`routing.route_scored` of float32 logits [T, E] without expert groups (GLM-4.5's,
+    LFM2-MoE's sigmoid scores with a choice bias) in one launch, in place of ~8 torch ops."""
+    if scoring not in ("softmax", "sigmoid"):
+        raise ValueError(f"router scores {scoring!r}: softmax or sigmoid")
+    t, e = logits.shape
+    logits = logits.float().contiguous()
+    weights = torch.empty(t, k, dtype=torch.float32, device=logits.device)
+    ids = torch.empty(t, k, dtype=torch.int64, device=logits.device)
+    b = logits if bias is None else bias.float().contiguous()
+    geo = {"KSEL": k, "KP": triton.next_power_of_2(k), "BE": triton.next_power_of_2(e),
+           "SIGMOID": scoring == "sigmoid", "BIAS": bias is not None, "NORM": norm}  # fmt: skip
+    launch = {"num_warps": TOPK_WARPS, **pdl.launch_options(pdl.enabled(logits))}
+    _topk_scored[(t,)](logits, b, weights, ids, e, float(scale), **geo, **launch)
+    return weights, ids
 
 
 def topk_softmax_cuda(

@@ -51,3 +51,33 @@ def test_prompt_topk_softmax_matches_torch(n_expert, k, norm):
     want_w, want_ids = route_topk(logits, k, norm)
     assert torch.equal(ids.cpu(), want_ids)
     torch.testing.assert_close(weights.cpu(), want_w, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("scoring", ["sigmoid", "softmax"])
+@pytest.mark.parametrize("with_bias", [True, False])
+@pytest.mark.parametrize("norm", [True, False])
+@pytest.mark.parametrize(("n_expert", "k", "rows"), [(32, 4, 1), (160, 8, 3), (128, 8, 300)])
+def test_topk_scored_matches_route_scored(scoring, with_bias, norm, n_expert, k, rows):
+    """GLM-4.5's / LFM2-MoE's routing (`route_scored` without groups: the choice shifted by a
+    bias, the unbiased scores of the chosen weighted, renormalised or not, times a scale) in
+    one launch: the same experts in the same order, weights within float32 rounding; decode
+    rows through the router GEMV kernel, a prompt's from given logits."""
+    from localllm.kernels.moe import route_scored
+    from localllm.kernels.moe.triton_route import router_logits_cuda, topk_scored_cuda
+
+    gen = torch.Generator().manual_seed(n_expert + rows)
+    bias = torch.randn(n_expert, generator=gen) * 0.3 if with_bias else None
+    dev_bias = None if bias is None else bias.to(DEVICE)
+    if rows <= 8:
+        x = torch.randn(rows, 64, generator=gen)
+        w = torch.randn(n_expert, 64, generator=gen) / 8
+        logits = router_logits_cuda(x.to(DEVICE), w.to(DEVICE))
+        want_logits = x.double() @ w.double().T
+        torch.testing.assert_close(logits.cpu().double(), want_logits, rtol=1e-5, atol=1e-5)
+    else:
+        logits = (torch.randn(rows, n_expert, generator=gen) * 2).to(DEVICE)
+    weights, ids = topk_scored_cuda(logits, k, scoring, dev_bias, norm, 2.5)
+    want_w, want_ids = route_scored(logits.cpu(), k, scoring, bias, 1, 1, norm, 2.5)
+    assert ids.dtype == torch.int64 and weights.shape == (rows, k)
+    assert torch.equal(ids.cpu(), want_ids)
+    torch.testing.assert_close(weights.cpu(), want_w, rtol=1e-5, atol=1e-6)

@@ -32,6 +32,9 @@
 #   hybrid   tests/perf/profile_hybrid_prefill.py on a Granite-4.0-H-Tiny-shape Q4_K_M: pp512
 #            eager and as a prompt graph, token-by-token scan against the chunked one at IEEE
 #            and tf32x3 dots, alternated in one process (issue 40)
+#   route    pytest -m gpu tests/kernels/test_moe_route.py, then `localllm bench -p 512 -n 128`
+#            on an LFM2-8B-A1B-shape Q4_K_M (sigmoid routing with a choice bias) with
+#            engine.moe.block.SCORED_ROUTE_KERNEL off and on, two rounds alternating (issue 40)
 # Prepare here: `bash tests/perf/h200_prepare.sh` (.whl, .refbuild/smollm2-tok.gguf); carry
 # [".whl", ".refbuild/smollm2-tok.gguf"]; from the repo root: bash tests/perf/gpu_switches.sh
 # Knobs: STEPS ("tests1 lora hybrid tests2"; also tests3, tests4, tests5, dense, batch), END_S
@@ -59,6 +62,12 @@ if has lora || has batch || has lorak; then
     --tokenizer-from .refbuild/smollm2-tok.gguf >/tmp/make8b.log 2>&1 && mv /tmp/q4km.part \
     /tmp/q4km.gguf) &
   G8=$!
+fi
+if has route; then
+  (python3 tests/perf/make_hybrid_synthetic.py --shape lfm2-8b-a1b \
+    --tokenizer-from tests/data/families/qwen3next.gguf -o /tmp/l2m.part >/tmp/makel2m.log 2>&1 \
+    && mv /tmp/l2m.part /tmp/l2m.gguf) &
+  GR=$!
 fi
 if has hybrid; then
   (python3 tests/perf/make_hybrid_synthetic.py --shape granite-4.0-h-tiny \
@@ -140,6 +149,19 @@ for step in $STEPS; do
         grep -E "^\| (chunked|token|prompt)|^host syncs" "$OUT/profile_g4t.md"
         grep -E "^(token by token|chunked tf32x3, L 64, BP 32, 4 warps)" "$OUT/profile_g4t.md"
       } >>"$OUT/summary.md" ;;
+    route) gpu_tests pytestr.log 60 tests/kernels/test_moe_route.py
+      wait $GR || { tail -3 /tmp/makel2m.log; continue; }
+      for round in 1 2; do
+        for on in False True; do
+          echo "### round $round, SCORED_ROUTE_KERNEL = $on" | tee -a "$OUT/route.md"
+          timeout "$(cap 60)" python3 tests/perf/with_switches.py \
+            "localllm.engine.moe.block.SCORED_ROUTE_KERNEL=$on" -- -m localllm.app.bench \
+            -m /tmp/l2m.gguf -p 512 -n 128 -r 3 --device cuda 2>/tmp/route.err \
+            | grep -E "pp512|tg128" | tee -a "$OUT/route.md"
+          tail -2 /tmp/route.err
+        done
+      done
+      { echo "## route (LFM2-8B-A1B)"; cat "$OUT/route.md"; } >>"$OUT/summary.md" ;;
     tests2) gpu_tests pytest2.log 200 tests/kernels/test_linear_half.py \
         tests/kernels/test_quant_gpu.py tests/media/test_vision_gpu_gemma3_llava.py ;;
   esac

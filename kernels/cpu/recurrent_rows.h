@@ -100,6 +100,36 @@ static void mamba2_rows(int64_t b, const float *zxd, const float *conv_w, const 
     }
 }
 
+/* One head's gated delta rule on its state s [K, V], in place: s = s decay (zeros where fresh:
+ * a fresh slot's old bytes may be NaN, never multiplied in); delta = (v - s^T k) beta;
+ * s += k delta^T; o = s^T q [V]. pr: V floats of scratch. */
+static inline void delta_head(float *s, const float *qh, const float *kh, const float *vh,
+                              float decay, int fresh, float bt, int64_t K, int64_t V, float *pr,
+                              float *oh) {
+    for (int64_t c = 0; c < V; c++) pr[c] = 0.f;
+    for (int64_t r = 0; r < K; r++) { /* decay in place, the prediction s^T k */
+        float *sr = s + r * V;
+        const float kr = kh[r];
+#pragma omp simd
+        for (int64_t c = 0; c < V; c++) {
+            const float e = fresh ? 0.f : sr[c] * decay;
+            sr[c] = e;
+            pr[c] += e * kr;
+        }
+    }
+    for (int64_t c = 0; c < V; c++) pr[c] = (vh[c] - pr[c]) * bt, oh[c] = 0.f;
+    for (int64_t r = 0; r < K; r++) { /* the rank-one update, the output s^T q */
+        float *sr = s + r * V;
+        const float kr = kh[r], qr = qh[r];
+#pragma omp simd
+        for (int64_t c = 0; c < V; c++) {
+            const float e = sr[c] + kr * pr[c];
+            sr[c] = e;
+            oh[c] += e * qr;
+        }
+    }
+}
+
 /* Gated DeltaNet's mixer between its projections for b decode rows (Qwen3-Next), worksharing
  * loops (call inside a parallel region): in [b, lin] the in-projections' outputs side by side
  * (q k v into the conv, Cc = 2 Hk Dk + Hv Dv | z [Hv Dv] | b and a, Hv / Hk of each per key
@@ -136,28 +166,7 @@ static void delta_rows(int64_t b, const float *in, int64_t lin, const float *con
         const float *vh = x + 2 * Hk * Dk + h * Dv, *z = row + cc + h * Dv;
         float *s = states + (slots[i] * Hv + h) * Dk * Dv, *oh = out + i * Hv * Dv + h * Dv;
         float pr[Dv];
-        for (int64_t c = 0; c < Dv; c++) pr[c] = 0.f;
-        for (int64_t r = 0; r < Dk; r++) { /* decay in place, the prediction s^T k */
-            float *sr = s + r * Dv;
-            const float kr = kv[r];
-#pragma omp simd
-            for (int64_t c = 0; c < Dv; c++) {
-                const float e = fresh[i] ? 0.f : sr[c] * decay;
-                sr[c] = e;
-                pr[c] += e * kr;
-            }
-        }
-        for (int64_t c = 0; c < Dv; c++) pr[c] = (vh[c] - pr[c]) * bt, oh[c] = 0.f;
-        for (int64_t r = 0; r < Dk; r++) { /* the rank-one update, the output s^T q */
-            float *sr = s + r * Dv;
-            const float kr = kv[r], qr = qh[r];
-#pragma omp simd
-            for (int64_t c = 0; c < Dv; c++) {
-                const float e = sr[c] + kr * pr[c];
-                sr[c] = e;
-                oh[c] += e * qr;
-            }
-        }
+        delta_head(s, qh, kv, vh, decay, fresh[i], bt, Dk, Dv, pr, oh);
         float ss = 0.f;
         for (int64_t c = 0; c < Dv; c++) ss += oh[c] * oh[c];
         const float r = 1.f / sqrtf(ss / (float)Dv + eps);

@@ -48,28 +48,7 @@ void delta_step_slots(int64_t b, const float *q, const float *k, const float *v,
             const float decay = fresh[i] ? 0.f : expf(g[w]), bt = beta[w];
             const float *qh = q + w * K, *kh = k + w * K, *vh = v + w * V;
             float *s = states + (slots[i] * H + w % H) * K * V, *oh = o + w * V;
-            for (int64_t c = 0; c < V; c++) pr[c] = 0.f;
-            for (int64_t r = 0; r < K; r++) { /* decay in place, the prediction s^T k */
-                float *sr = s + r * V;
-                const float kr = kh[r];
-#pragma omp simd
-                for (int64_t c = 0; c < V; c++) {
-                    const float e = fresh[i] ? 0.f : sr[c] * decay;
-                    sr[c] = e;
-                    pr[c] += e * kr;
-                }
-            }
-            for (int64_t c = 0; c < V; c++) pr[c] = (vh[c] - pr[c]) * bt, oh[c] = 0.f;
-            for (int64_t r = 0; r < K; r++) { /* the rank-one update, the output s^T q */
-                float *sr = s + r * V;
-                const float kr = kh[r], qr = qh[r];
-#pragma omp simd
-                for (int64_t c = 0; c < V; c++) {
-                    const float e = sr[c] + kr * pr[c];
-                    sr[c] = e;
-                    oh[c] += e * qr;
-                }
-            }
+            delta_head(s, qh, kh, vh, decay, fresh[i], bt, K, V, pr, oh);
         }
     }
 }

@@ -39,8 +39,8 @@ MAX_ROWS = 16  # token rows per native step (batched decode); more: the torch la
 # softmax-routed experts with a shared one; Gemma 2's capped attention scores; Phi-3's q|k|v and
 # gate|up tensors on the block; OLMo 2's q / k norms over all heads and missing input norms;
 # Qwen3-Next's Gated DeltaNet layers on their conv and delta state slots (the split projections
-# of current conversions; an older file's one `ssm_in` keeps the torch layers), its gated
-# queries and its block's shared expert with a sigmoid gate
+# of current conversions, or an older file's one `ssm_in`, reordered), its gated queries and
+# its block's shared expert with a sigmoid gate
 FAMILIES = tuple(f"localllm.engine.models.{m}" for m in
                  ("llama", "smollm3", "qwen2", "qwen3", "qwen3moe", "gemma3", "lfm2",
                   "gpt_oss", "glm4moe", "lfm2moe", "granitehybrid", "gemma2", "phi3",
@@ -264,13 +264,16 @@ def _mamba_layer(blk, mamba, moe: dict | None) -> dict | None:
 
 
 def _delta_layer(blk, moe: dict | None) -> dict | None:
-    """A Qwen3-Next Gated DeltaNet block's `LayerSpec` fields (its states aside), or None (an
-    older file's one `ssm_in`, a linear off the native kernels)."""
-    if moe is None or blk.ssm_in.loaded or blk.ssm_a_value is None:
+    """A Qwen3-Next Gated DeltaNet block's `LayerSpec` fields (its states aside), or None (a
+    linear off the native kernels). An older file's one `ssm_in` (q k v z grouped per key head)
+    is reordered by the step."""
+    if moe is None or blk.ssm_a_value is None:
         return None
-    ins = [_kernels(m) for m in (blk.attn_qkv, blk.attn_gate, blk.ssm_ba)]
+    grouped = blk.ssm_in.loaded
+    projections = (blk.ssm_in,) if grouped else (blk.attn_qkv, blk.attn_gate)
+    ins = [_kernels(m) for m in (*projections, blk.ssm_ba)]
     out = _kernels(blk.ssm_out)
-    linears = (blk.attn_qkv, blk.attn_gate, blk.ssm_ba, blk.ssm_out)
+    linears = (*projections, blk.ssm_ba, blk.ssm_out)
     if None in ins or out is None or any(getattr(m, "bias", None) is not None for m in linears):
         return None
     a = blk.args
@@ -278,7 +281,8 @@ def _delta_layer(blk, moe: dict | None) -> dict | None:
             "attn_norm": _f32(blk.attn_norm.weight), "ffn_norm": _f32(blk.ffn_norm.weight),
             "conv_w": _f32(blk.ssm_conv1d.value), "ssm_dt_bias": _f32(blk.ssm_dt.value),
             "ssm_a": _f32(blk.ssm_a_value), "ssm_norm": _f32(blk.ssm_norm.weight),
-            "delta_dims": (a.n_k_heads, a.n_v_heads, a.head_k_dim, a.head_v_dim)}  # fmt: skip
+            "delta_dims": (a.n_k_heads, a.n_v_heads, a.head_k_dim, a.head_v_dim),
+            "delta_grouped": grouped}  # fmt: skip
 
 
 class _Unrotated:

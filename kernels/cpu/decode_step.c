@@ -83,10 +83,11 @@ typedef struct {
      * output times sigmoid(sh_gate . h); Gated DeltaNet layers where dn_hv > 0
      * (recurrent_rows.h's delta_rows): qkv holds q k v | z | b a side by side, o the
      * out-projection, conv_w / conv_state / conv_taps the conv's over q k v, ssm_dt_b and ssm_a
-     * [Hv], ssm_norm [Dv], ssm_state [slots + 1, Hv, Dk, Dv] */
+     * [Hv], ssm_norm [Dv], ssm_state [slots + 1, Hv, Dk, Dv]; dn_grouped: q k v z come grouped
+     * per key head (an older file's one ssm_in), reordered before the mixer */
     int64_t q_gate;
     const float *sh_gate;
-    int64_t dn_hk, dn_hv, dn_dk, dn_dv;
+    int64_t dn_hk, dn_hv, dn_dk, dn_dv, dn_grouped;
 } layer_t;
 
 typedef struct {
@@ -122,6 +123,21 @@ static void split_q_gate(float *row, int64_t nq, int64_t nkv, int64_t hd, float 
     for (int64_t h = 1; h < nq; h++) memmove(row + h * hd, row + 2 * h * hd, hd * sizeof(float));
     memmove(row + nq * hd, row + 2 * nq * hd, 2 * nkv * hd * sizeof(float));
     memcpy(row + (nq + 2 * nkv) * hd, tmp, nq * hd * sizeof(float));
+}
+
+/* An older Qwen3-Next file's ssm_in row, q k v z grouped per key head (each head's q and k, Dk
+ * each, then the vz values of v and of z of the value heads it serves), as [q | k | v | z]
+ * across the heads, in place; tmp: Hk (2 Dk + 2 vz) floats */
+static void ungroup_qkvz(float *row, int64_t hk, int64_t dk, int64_t vz, float *tmp) {
+    const int64_t g = 2 * dk + 2 * vz, at[4] = {0, hk * dk, 2 * hk * dk, 2 * hk * dk + hk * vz};
+    memcpy(tmp, row, hk * g * sizeof(float));
+    for (int64_t h = 0; h < hk; h++) {
+        const float *src = tmp + h * g;
+        memcpy(row + at[0] + h * dk, src, dk * sizeof(float));
+        memcpy(row + at[1] + h * dk, src + dk, dk * sizeof(float));
+        memcpy(row + at[2] + h * vz, src + 2 * dk, vz * sizeof(float));
+        memcpy(row + at[3] + h * vz, src + 2 * dk + vz, vz * sizeof(float));
+    }
 }
 
 /* a linear's groups, each quantizing x for its own type, outputs side by side in y [t, ldy] */
@@ -234,6 +250,13 @@ void decode_step(const model_t *m, int64_t t, float *x, const float *cos0, const
                 const int64_t vd = L->dn_hv * L->dn_dv, cc = 2 * L->dn_hk * L->dn_dk + vd;
                 const int64_t lin = cc + vd + 2 * L->dn_hv;
                 linear_groups(L->qkv, L->n_qkv, h, dim, t, dim, qkv, lin, q8, d8, bs);
+                if (L->dn_grouped) {
+#pragma omp for schedule(static)
+                    for (int64_t i = 0; i < t; i++) {
+                        float tmp[cc + vd];
+                        ungroup_qkvz(qkv + i * lin, L->dn_hk, L->dn_dk, vd / L->dn_hk, tmp);
+                    }
+                }
                 delta_rows(t, qkv, lin, L->conv_w, L->conv_taps, L->conv_state, L->ssm_dt_b, L->ssm_a,
                            L->ssm_norm, (float)m->eps, L->ssm_state, state_slots, not_fresh, L->dn_hk,
                            L->dn_hv, L->dn_dk, L->dn_dv, gu, att);

@@ -101,7 +101,7 @@ class _Layer(ctypes.Structure):
         ("qk_full", _I),
         ("q_gate", _I),
         ("sh_gate", _P),
-        *((n, _I) for n in ("dn_hk", "dn_hv", "dn_dk", "dn_dv")),  # (last, as in the C's layer_t)
+        *((n, _I) for n in ("dn_hk", "dn_hv", "dn_dk", "dn_dv", "dn_grouped")),  # (last, as in C)
     ]
 
 
@@ -217,6 +217,7 @@ class DecodeStep:
                     setattr(c, name, None if w is None else w.data_ptr())
                 if lay.delta_dims:
                     c.dn_hk, c.dn_hv, c.dn_dk, c.dn_dv = lay.delta_dims
+                    c.dn_grouped = int(lay.delta_grouped)
                 else:
                     c.ssm_h, c.ssm_p, c.ssm_n, c.ssm_g = lay.ssm_dims
             if lay.router is not None:

@@ -107,6 +107,7 @@ class LayerSpec:
     q_gate: bool = False
     shared_gate: torch.Tensor | None = None
     delta_dims: tuple = ()
+    delta_grouped: bool = False  # q k v z grouped per key head (an older file's one `ssm_in`)
 
 
 def check_conv(lay: LayerSpec, dim: int) -> None:

@@ -204,14 +204,15 @@ def test_native_step_decodes_granite_like_the_torch_layers(tmp_path, name):
     _step_like_torch_layers(path, tokens, name)
 
 
-def _qwen3next(path):
+def _qwen3next(path, ssm_in: bool = False):
     """A tiny Qwen3-Next (make_qwen3next.py's writer): three Gated DeltaNet layers (two value
     heads a key head) and one gated attention layer (partial rope, per-head q / k norms), 8
-    softmax-routed experts with the block's sigmoid-gated shared one, Q8_0."""
+    softmax-routed experts with the block's sigmoid-gated shared one, Q8_0; `ssm_in`: the older
+    conversions' one projection of q k v z grouped per key head."""
     from tests.perf import make_qwen3next as q3n
 
     q3n.write(path, q3n.TINY, "Q8_0", Path(__file__).parents[1] / "data/families/qwen3next.gguf",
-              seed=4)  # fmt: skip
+              seed=4, ssm_in=ssm_in)  # fmt: skip
     return path
 
 
@@ -221,15 +222,17 @@ def test_native_step_decodes_qwen3next_like_the_torch_layers(tmp_path):
     _step_like_torch_layers(path, tokens, "qwen3next")
 
 
-def test_first_qwen3next_steps_equal_the_torch_layers(tmp_path):
+@pytest.mark.parametrize("ssm_in", [False, True])
+def test_first_qwen3next_steps_equal_the_torch_layers(tmp_path, ssm_in):
     """The step's first three teacher-forced decode steps give the torch layers' logits to
     float32 rounding (both quantize each linear's input to int8 alike, and tiny float
     differences vanish in that rounding: measured equal bits): the DeltaNet mixer, the query
     gates and the shared expert's gate each move them by far more where wrong (a query gate
     pinned at 0.5 does, which the KL test above cannot see: this model's gates sit near 0).
     Later steps are not compared: one int8 rounding flip, carried by the recurrent state, moves
-    them by ~0.05."""
-    path = _qwen3next(tmp_path / "qwen3next.gguf")
+    them by ~0.05. Also an older file's one `ssm_in` (q k v z grouped per key head), which the
+    step reorders and the torch layers split their own way."""
+    path = _qwen3next(tmp_path / "qwen3next.gguf", ssm_in)
     tokens = torch.randint(3, 500, (8,), generator=torch.Generator().manual_seed(4)).tolist()
     native, ran = _logits(path, tokens, 5, native=True)
     assert ran, "the native step did not take the model"

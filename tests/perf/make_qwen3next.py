@@ -54,7 +54,9 @@ QWEN3NEXT_80B = Shape()
 TINY = Shape(4, 256, 4, 2, 64, 16, 512, 49152, 8, 2, 256, 256, 4, 2, 4, 64, 64)
 
 
-def tensor_plan(s: Shape, quant: str) -> list[tuple[str, ms.Dims, QT]]:
+def tensor_plan(s: Shape, quant: str, ssm_in: bool = False) -> list[tuple[str, ms.Dims, QT]]:
+    """(name, dims, type) of every tensor; `ssm_in`: the DeltaNet layers' q k v z in one
+    projection grouped per key head, as conversions before llama.cpp split it wrote them."""
     q_main = QT.Q8_0 if quant == "Q8_0" else QT.Q4_K
     q_more = QT.Q8_0 if quant == "Q8_0" else QT.Q6_K
     conv_dim = 2 * s.k_heads * s.head_k + s.v_heads * s.head_v
@@ -65,9 +67,12 @@ def tensor_plan(s: Shape, quant: str) -> list[tuple[str, ms.Dims, QT]]:
         more = q_more if ms._more_bits(i, s.n_layers) else q_main
         out += [(p + "attn_norm.weight", s.dim, QT.F32)]
         if (i + 1) % s.interval:
+            if ssm_in:
+                out += [(p + "ssm_in.weight", (conv_dim + value_dim, s.dim), q_main)]
+            else:
+                out += [(p + "attn_qkv.weight", (conv_dim, s.dim), q_main),
+                        (p + "attn_gate.weight", (value_dim, s.dim), q_main)]  # fmt: skip
             out += [
-                (p + "attn_qkv.weight", (conv_dim, s.dim), q_main),
-                (p + "attn_gate.weight", (value_dim, s.dim), q_main),
                 (p + "ssm_ba.weight", (2 * s.v_heads, s.dim), QT.Q8_0),
                 (p + "ssm_conv1d.weight", (conv_dim, s.conv_kernel), QT.F32),
                 (p + "ssm_dt.bias", s.v_heads, QT.F32),
@@ -111,7 +116,8 @@ def _data(name: str, dims: ms.Dims, qt: QT, rng: np.random.Generator) -> np.ndar
     return ms._tensor_data(name, dims, qt, rng)
 
 
-def write(path: Path, s: Shape, quant: str, tokenizer_from: Path, seed: int = 0) -> int:
+def write(path: Path, s: Shape, quant: str, tokenizer_from: Path, seed: int = 0,
+          ssm_in: bool = False) -> int:  # fmt: skip
     rng = np.random.default_rng(seed)
     arch = "qwen3next"
     w = gguf.GGUFWriter(path, arch)
@@ -140,7 +146,7 @@ def write(path: Path, s: Shape, quant: str, tokenizer_from: Path, seed: int = 0)
     w.add_uint32(f"{arch}.ssm.inner_size", s.v_heads * s.head_v)
     w.add_uint32(f"{arch}.full_attention_interval", s.interval)
     ms._copy_tokenizer(w, tokenizer_from, s.vocab)
-    plan = tensor_plan(s, quant)
+    plan = tensor_plan(s, quant, ssm_in)
     for name, dims, qt in plan:
         nbytes = ms.tensor_nbytes(dims, qt)
         if qt == QT.F32:

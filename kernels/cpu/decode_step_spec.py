@@ -135,19 +135,24 @@ def check_mamba(lay: LayerSpec, dim: int) -> None:
     want = {"conv_w": (cc, taps), "conv_state": (lay.ssm_state.shape[0], taps - 1, cc),
             "conv_b": (cc,), "ssm_dt_bias": (h,), "ssm_a": (h,), "ssm_d": (h,),
             "ssm_norm": (h * p,), "ssm_state": (lay.ssm_state.shape[0], h, p, n)}  # fmt: skip
-    for name, shape in want.items():
-        w = getattr(lay, name)
-        if w is None and name == "conv_b":
-            continue
-        if w is None or w.dtype != torch.float32 or not w.is_contiguous() or \
-                tuple(w.shape) != shape:  # fmt: skip
-            got = None if w is None else (w.dtype, tuple(w.shape))
-            raise ValueError(f"Mamba-2 {name} of {got}: float32 {shape}")
+    _check_f32(lay, want, "Mamba-2", optional=("conv_b",))
     if h % g or taps < 2:
         raise ValueError(f"Mamba-2: {g} groups of {h} heads, {taps} conv taps")
     if len(lay.qkv) != 1 or lay.qkv[0].shape[0] != 2 * h * p + 2 * g * n + h or \
             tuple(lay.o.shape) != (dim, h * p):  # fmt: skip
         raise ValueError("a Mamba-2 layer's in-projection must be one run of z | x B C | dt")
+
+
+def _check_f32(lay: LayerSpec, want: dict, label: str, optional: tuple = ()) -> None:
+    """Each tensor `want` names float32, contiguous and of its shape (or None where optional)."""
+    for name, shape in want.items():
+        w = getattr(lay, name)
+        if w is None and name in optional:
+            continue
+        if w is None or w.dtype != torch.float32 or not w.is_contiguous() or \
+                tuple(w.shape) != shape:  # fmt: skip
+            got = None if w is None else (w.dtype, tuple(w.shape))
+            raise ValueError(f"{label} {name} of {got}: float32 {shape}")
 
 
 def check_delta(lay: LayerSpec, dim: int) -> None:
@@ -160,12 +165,7 @@ def check_delta(lay: LayerSpec, dim: int) -> None:
     taps = lay.conv_w.shape[-1] if lay.conv_w is not None else 0
     want = {"conv_w": (cc, taps), "conv_state": (slots, taps - 1, cc), "ssm_dt_bias": (hv,),
             "ssm_a": (hv,), "ssm_norm": (dv,), "ssm_state": (slots, hv, dk, dv)}  # fmt: skip
-    for name, shape in want.items():
-        w = getattr(lay, name)
-        if w is None or w.dtype != torch.float32 or not w.is_contiguous() or \
-                tuple(w.shape) != shape:  # fmt: skip
-            got = None if w is None else (w.dtype, tuple(w.shape))
-            raise ValueError(f"DeltaNet {name} of {got}: float32 {shape}")
+    _check_f32(lay, want, "DeltaNet")
     if hv % hk or taps < 2:
         raise ValueError(f"DeltaNet: {hk} key heads for {hv} value heads, {taps} conv taps")
     if sum(k.shape[0] for k in lay.qkv) != cc + hv * dv + 2 * hv or \

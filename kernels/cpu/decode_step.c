@@ -1,12 +1,12 @@
 /* A decode step of a pre-norm decoder (llama's block: RMSNorm -> q/k/v -> rope -> attention over
  * the paged KV cache -> output projection -> residual; RMSNorm -> gate/up -> SiLU or tanh-GELU
  * product -> down -> residual; LFM2's gated short convolution, Granite-4.0-H's Mamba-2 mixer or
- * Qwen3-Next's Gated DeltaNet in place of attention in some layers) for t token rows, each the one new token of its own
- * sequence, all layers in one call and one OpenMP region (worksharing loops and their barriers
- * between the stages): eager torch spent ~20 dispatched ops per layer on what is a few
- * microseconds of work. The linears are block_linear.c's (the file's blocks, int8 activations);
- * the rest is float32. kernels/cpu/decode_step.py lays the model out in these structs and holds
- * the torch reference. */
+ * Qwen3-Next's Gated DeltaNet in place of attention in some layers) for t token rows, each the
+ * one new token of its own sequence, all layers in one call and one OpenMP region (worksharing
+ * loops and their barriers between the stages): eager torch spent ~20 dispatched ops per layer
+ * on what is a few microseconds of work. The linears are block_linear.c's (the file's blocks,
+ * int8 activations); the rest is float32. kernels/cpu/decode_step.py lays the model out in
+ * these structs and holds the torch reference. */
 #include "block_linear.c"
 
 typedef struct {
@@ -214,8 +214,8 @@ static void gated_mlp(const lin_t *gu, int64_t ngu, const lin_t *down, int64_t f
  * seq_len) + head_dim. With short-conv layers: qkv holds [t*3*dim], att [t*dim], and state_slots
  * [t] names each row's recurrent state slot (NULL where the model has none); with Mamba-2 layers
  * qkv holds [t*(Din+Cc+H)], att [t*Din] and gu [t*Cc] too; with Gated DeltaNet layers qkv
- * [t*(Cc+Hv Dv+2 Hv)], att [t*Hv Dv] and gu [t*Cc]; with gated
- * queries (Qwen3-Next's) qkv [t*(2 n_q+2 n_kv)*hd]. */
+ * [t*(Cc+Hv Dv+2 Hv)], att [t*Hv Dv] and gu [t*Cc]; with gated queries (Qwen3-Next's) qkv
+ * [t*(2 n_q+2 n_kv)*hd]. */
 void decode_step(const model_t *m, int64_t t, float *x, const float *cos0, const float *sin0,
                  const float *cos1, const float *sin1, const int64_t *slots, const int64_t *seq_lens, const int64_t *tables,
                  int64_t table_stride, float *h, float *qkv, float *att, float *gu, float *y,

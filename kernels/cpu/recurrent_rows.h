@@ -170,7 +170,8 @@ static void delta_rows(int64_t b, const float *in, int64_t lin, const float *con
         float ss = 0.f;
         for (int64_t c = 0; c < Dv; c++) ss += oh[c] * oh[c];
         const float r = 1.f / sqrtf(ss / (float)Dv + eps);
-        for (int64_t c = 0; c < Dv; c++) oh[c] = oh[c] * r * norm_w[c] * (z[c] / (1.f + expf(-z[c])));
+        for (int64_t c = 0; c < Dv; c++) /* the gated norm: RMSNorm times SiLU(z) */
+            oh[c] = oh[c] * r * norm_w[c] * (z[c] / (1.f + expf(-z[c])));
     }
 }
 

@@ -231,6 +231,8 @@ class DeltaNetBlock(Block):
             q, k, v = self._split(mixed)
             ssm = st.tensor(layer, "ssm")
             o = gated_delta_decode(q, k, v, g, beta, ssm, slots, fresh, a.norm_eps)
+        elif batch.context is not None:  # a prompt graph's padded rows
+            o = self._padded_prompt(qkv, g, beta, batch, kv, layer)
         else:  # prompts (and chunks of them): each sequence from its own state
             conv, ssm = st.read(layer, "conv", batch), st.read(layer, "ssm", batch)
             outs = []
@@ -245,6 +247,28 @@ class DeltaNetBlock(Block):
         o = self.ssm_norm(o) * F.silu(z.float().view(t, a.n_v_heads, a.head_v_dim))
         out = self.ssm_out(o.reshape(t, a.value_dim).to(h.dtype))
         return self.ffn(x + out.to(x.dtype))
+
+    def _padded_prompt(self, qkv, g, beta, batch, kv, layer: int) -> torch.Tensor:
+        """A prompt graph's P rows (`engine.layers.recurrent.prompt_graph_plans`): the chunk's n
+        rows on its slot, then padding, with n known only on the device. The padding's decay and
+        write strength are zeroed, so its rows leave the delta state as the chunk's last row left
+        it (a zero beta writes nothing, a zero g decays nothing); the conv keeps the last K - 1
+        inputs up to row n, gathered on the device. Every shape is fixed: one capture serves
+        every chunk of the bucket. -> o [P, value heads, Dv]."""
+        st, w = states_of(kv), self.ssm_conv1d.value
+        n = batch.plans[("query_start_i32",)][1].long()
+        real = (batch.plans[("row_sequences",)] == 0)[:, None]  # [P, 1]
+        zero = torch.zeros((), dtype=g.dtype, device=g.device)
+        g, beta = torch.where(real, g, zero), torch.where(real, beta, zero)
+        conv, ssm = st.read(layer, "conv", batch), st.read(layer, "ssm", batch)  # [2, ...]
+        full = torch.cat((conv[0].float(), qkv.float()))  # [K - 1 + P, C]
+        mixed = causal_conv_prefill(qkv, w, conv[0].clone())  # (its state: past the padding)
+        conv[0] = full.index_select(0, n + torch.arange(w.shape[1] - 1, device=n.device))
+        q, k, v = self._heads(*self._split(mixed))
+        o = delta_rule_chunked(q, k, v, g, beta, ssm[0])  # the chunk's state, in place
+        st.write(layer, "conv", batch, conv)
+        st.write(layer, "ssm", batch, ssm)
+        return o
 
     def _project(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(q/k/v into the conv [T, conv_dim], z [T, value_dim]) from either layout."""
@@ -273,6 +297,8 @@ class DeltaNetBlock(Block):
 
 
 class Model(Decoder):
+    # prompt graphs: the DeltaNet layers take a padded chunk's layout from the device
+    state_in_prompt_graphs = True
     tensor_aliases = {  # noqa: RUF012 (a class constant the loader reads)
         **Decoder.tensor_aliases,
         "post_attention_norm": "ffn_norm",

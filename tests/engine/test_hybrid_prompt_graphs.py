@@ -1,21 +1,26 @@
-"""Prompt CUDA graphs of the hybrid families (granitehybrid, lfm2, lfm2moe) against their eager
-prompts, on the converted tiny fixtures (tests/data/families); `prefill_graphs.STATEFUL` on.
+"""Prompt CUDA graphs of the hybrid families (granitehybrid, lfm2, lfm2moe, qwen3next) against
+their eager prompts, on the converted tiny fixtures (tests/data/families); `prefill_graphs.STATEFUL`
+on.
 
 A prompt graph's padded rows reach the recurrent layers as two sequences, the chunk's rows on
 its state slot and the padding on the scratch slot (`engine.layers.recurrent.prompt_graph_plans`),
-all from device tensors. Chunks: a fresh 32-token prompt (an exact bucket), a 40-token chunk
-after it (padded to 48, its state read from the slot), a 37-token prompt on another slot and
-33 tokens after it, every slot starting as NaN (what a previous owner may leave).
+all from device tensors; Qwen3-Next's DeltaNet layers run all the rows as the chunk's, the
+padding's decay and write strength zeroed, and gather the conv state at the chunk's end.
+Chunks: a fresh 32-token prompt (an exact bucket), a 40-token chunk after it (padded to 48, its
+state read from the slot), a 37-token prompt on another slot and 33 tokens after it, every slot
+starting as NaN (what a previous owner may leave).
 CPU under TRITON_INTERPRET=1: `PrefillGraphs.forward` (the captured function, run eagerly) with
 the recurrent layers on their triton kernels equals the torch reference's eager chunks (hidden
 states, KV rows, the chunks' states), token-by-token scan and the chunked scan (chunks of 16,
-so a chunk's rows cross chunk borders), and a slot nobody owns stays untouched. GPU (marked
-`gpu`): the same through real replays; the engine's greedy tokens with hybrid prompt graphs on
-and off (a prompt cut into chunks by the step budget, a batch of four, each alone, n = 2 forks)
-agree up to a near-tie of the precise reference, and the prompts really replayed. The GPU tests
-run on tiny synthetic lfm2 and granitehybrid files (`tiny_hybrids`): the fixtures' head dim of 8
-has no device-context attention kernel and their F16 experts are not packed on a GPU, so
-`prefill_graphs.declined` keeps their prompts eager (no lfm2moe synthetic: its replay is untested).
+so a chunk's rows cross chunk borders; for qwen3next the delta rule's two-phase GPU form,
+`delta_rule_blocks`, against the CPU's per-block one), and a slot nobody owns stays untouched.
+GPU (marked `gpu`): the same through real replays; the engine's greedy tokens with hybrid prompt
+graphs on and off (a prompt cut into chunks by the step budget, a batch of four, each alone,
+n = 2 forks) agree up to a near-tie of the precise reference, and the prompts really replayed.
+The GPU tests run on tiny synthetic lfm2, granitehybrid and qwen3next files (`tiny_hybrids`): the
+fixtures' head dim of 8 has no device-context attention kernel and their F16 experts are not
+packed on a GPU, so `prefill_graphs.declined` keeps their prompts eager (no lfm2moe synthetic:
+its replay is untested).
 """
 
 import gc
@@ -37,7 +42,7 @@ from tests.engine.tiny_hybrids import KINDS, write_tiny_hybrid
 from tests.triton_env import INTERPRET
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-NAMES = ["granitehybrid", "lfm2", "lfm2moe"]
+NAMES = ["granitehybrid", "lfm2", "lfm2moe", "qwen3next"]
 BS = 16
 NB = 12  # blocks in the test caches; the last one is the spare
 SPARE = (NB - 1) * BS
@@ -147,28 +152,29 @@ def stateful(monkeypatch):
 @pytest.mark.parametrize("scan", ["token", "chunked"])
 @pytest.mark.parametrize("name", NAMES)
 def test_padded_prompt_forward_equals_eager_on_cpu(name, scan, monkeypatch):
-    if scan == "chunked":
+    from localllm.kernels.recurrent import delta_rule
+
+    blocks = scan == "chunked" and name == "qwen3next"  # the GPU's two-phase delta rule
+    if scan == "chunked" and not blocks:
         if not name.startswith("granite"):
             pytest.skip("no Mamba-2 scan")
         from localllm.kernels.recurrent import triton_ssd_chunked
 
         monkeypatch.setattr(recurrent, "CHUNKED_MIN_ROWS", 32)
         monkeypatch.setattr(triton_ssd_chunked, "CHUNK", 16)
-    plain = recurrent.use_triton
+    plain, cuda32 = recurrent.use_triton, delta_rule._cuda32
     # eager: the torch reference (CPU tensors); the graph's function: the triton kernels
-    on = lambda: monkeypatch.setattr(recurrent, "use_triton", lambda x: True)
-    off = lambda: monkeypatch.setattr(recurrent, "use_triton", plain)
+
+    def on():
+        monkeypatch.setattr(recurrent, "use_triton", lambda x: True)
+        if blocks:
+            monkeypatch.setattr(delta_rule, "_cuda32", lambda t: t.dtype == torch.float32)
+
+    def off():
+        monkeypatch.setattr(recurrent, "use_triton", plain)
+        monkeypatch.setattr(delta_rule, "_cuda32", cuda32)
+
     _assert_same(_compare(name, "cpu", False, on, off), 1e-4)
-
-
-def test_qwen3next_takes_no_prompt_graphs(stateful):
-    """Its DeltaNet layers walk the host's sequence layout: it keeps eager prompts."""
-    with open_gguf(str(path("qwen3next"))) as gg:
-        model = build_model(gg, device="cpu")
-        kv = _cache(model, "cpu")
-        assert not getattr(model, "state_in_prompt_graphs", False)
-        prompts = PrefillGraphs(model, kv, SPARE, max_blocks=8)
-        assert prompts.states is not None and not prompts.usable
 
 
 @pytest.mark.gpu

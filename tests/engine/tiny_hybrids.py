@@ -1,7 +1,8 @@
 """Tiny random-weight hybrid GGUFs whose prompts a CUDA graph can take: head dims of 64 (the
 device-context attention kernel's; the converted fixtures' 8 are not) and Q4_K experts (packed on
 a GPU; the fixtures' F16 experts are not, so their routing reaches the host). Written by
-`tests/perf/make_hybrid_synthetic.py`'s writer with a byte tokenizer, vocabulary 512."""
+`tests/perf/make_hybrid_synthetic.py`'s writer (qwen3next: `make_qwen3next.py`'s, its TINY shape)
+with a byte tokenizer, vocabulary 512."""
 
 from pathlib import Path
 
@@ -14,14 +15,24 @@ KINDS = {
     "tiny-granitehybrid": ("granitehybrid", {**MAMBA, **MOE}),
     # (`shared` is read even without experts: any size, unused)
     "tiny-granitehybrid_dense": ("granitehybrid", {**MAMBA, "shared": 512}),
+    "tiny-qwen3next": ("qwen3next", {}),  # 3 DeltaNet layers, attention at 3, 8 experts top-2
 }
 
 
 def write_tiny_hybrid(root: Path, name: str) -> Path:
-    """3 layers (attention at 1), dim 256, 4 / 2 heads of 64, FFN (or each expert) 256 or 512."""
+    """3 layers (attention at 1), dim 256, 4 / 2 heads of 64, FFN (or each expert) 256 or 512;
+    qwen3next: 4 layers (attention at 3), dim 256, 4 / 2 heads of 64, 2 / 4 DeltaNet heads."""
     from tests.perf.make_hybrid_synthetic import Hybrid, write_hybrid
 
     arch, extra = KINDS[name]
+    if arch == "qwen3next":
+        import dataclasses
+
+        from tests.perf.make_qwen3next import TINY, write
+
+        p = root / f"{name}.gguf"
+        write(p, dataclasses.replace(TINY, vocab=VOCAB), "Q4_K_M", None, seed=2)
+        return p
     hidden = 256 if "n_expert" in extra else 512
     p = root / f"{name}.gguf"
     write_hybrid(p, Hybrid(arch, 3, (1,), 256, 4, 2, hidden, VOCAB, **extra), None, seed=2)

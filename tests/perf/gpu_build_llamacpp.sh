@@ -7,14 +7,15 @@
 # UI target reads it even with LLAMA_BUILD_UI=OFF). Unpack: cat .llb/llb.part.* | xz -d | tar x.
 set -u
 OUT=${OUT:-/tmp/out}
+# what to build (fewer targets: a shorter call)
+TARGETS=${TARGETS:-llama-bench llama-server llama-batched-bench llama-mtmd-cli}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 date -u
 (cmake -S .refbuild/llama.cpp -B /tmp/llb -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
   -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
   -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_OPENSSL=OFF \
   >/tmp/build.log 2>&1 &&
-  cmake --build /tmp/llb -j 16 --target llama-bench llama-server llama-batched-bench \
-    llama-mtmd-cli >>/tmp/build.log 2>&1) &
+  cmake --build /tmp/llb -j 16 --target $TARGETS >>/tmp/build.log 2>&1) &
 BLD=$!
 if [ -n "${TESTS:-}" ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl

@@ -24,6 +24,9 @@
 # column), then [".hyb2"] with `LLAMA_ONLY=1 bash tests/perf/gpu_hybrid2.sh` for llama.cpp's on
 # the same files (made again from the same seeds). Without .hyb2w the wheels come from .whl.
 # The files' tokenizer comes from a tracked fixture (no .refbuild needed).
+# AB_<name> (e.g. AB_q3n="localllm.engine.runtime.prefill_graphs.STATEFUL=False"): ours once more
+# on that file with those switches (tests/perf/with_switches.py), after llama.cpp's run; its rows
+# are "<name> ab" in the table. TESTS replaces the test files (empty: no tests).
 # Or carry [".serve2"] alone (serve2_prepare.sh: llama-bench's parts and the wheels, ~31 MiB).
 set -u
 export PYTHONUNBUFFERED=1 PYTHONSAFEPATH=1
@@ -90,11 +93,11 @@ wait_room() {  # Granite-4.0-H-Small (~19 GiB) waits until at most one file is l
       --tokenizer-from $TOK
   fi
   touch $M/done ) &
-[ "$LLAMA_ONLY" = 1 ] || timeout "${TEST_T:-240}" python3 -m pytest -q -m gpu -p no:cacheprovider \
-  tests/engine/test_hybrid_graphs.py tests/engine/test_hybrid_families_gpu.py \
+TESTS=${TESTS-tests/engine/test_hybrid_graphs.py tests/engine/test_hybrid_families_gpu.py \
   tests/engine/test_qwen3next_gpu.py tests/engine/test_gpu_graphs.py \
-  tests/kernels/test_recurrent_gpu.py tests/kernels/test_recurrent_triton.py 2>&1 \
-  | tee "$OUT/pytest.log" | grep -v "^\." | tail -25
+  tests/kernels/test_recurrent_gpu.py tests/kernels/test_recurrent_triton.py}
+[ "$LLAMA_ONLY" = 1 ] || [ -z "$TESTS" ] || timeout "${TEST_T:-240}" python3 -m pytest -q -m gpu \
+  -p no:cacheprovider -rf $TESTS 2>&1 | tee "$OUT/pytest.log" | grep -v "^\." | tail -25
 date -u
 echo "| model | test | localllm t/s | llama.cpp t/s | ratio |" >"$OUT/table.md"
 echo "|---|---|---:|---:|---:|" >>"$OUT/table.md"
@@ -124,12 +127,26 @@ for name in $MODELS; do
       >/tmp/theirs.md 2>/tmp/theirs.err || tail -3 /tmp/theirs.err
     cat /tmp/theirs.md >>"$OUT/bench.md"
   fi
+  ab_var=AB_$name
+  ab=${!ab_var:-}
+  : >/tmp/ab.md
+  if [ -n "$ab" ] && [ "$LLAMA_ONLY" != 1 ]; then
+    echo "### $name with $ab" >>"$OUT/bench.md"
+    # shellcheck disable=SC2086
+    timeout 120 python3 tests/perf/with_switches.py $ab -- -m localllm.app.bench -m $f -p 512 \
+      -n 128 -r 3 --device cuda >/tmp/ab.md 2>/tmp/ab.err || tail -3 /tmp/ab.err
+    cat /tmp/ab.md >>"$OUT/bench.md"
+  fi
   rm -f $f
   for t in pp512 tg128; do
-    a=$(rates /tmp/ours.md | awk -v t=$t '$1 == t {print $2}')
     b=$(rates /tmp/theirs.md | awk -v t=$t '$1 == t {print $2}')
-    r=$(awk -v a="${a:-0}" -v b="${b:-0}" 'BEGIN { if (a > 0 && b > 0) printf "%.2fx", a / b }')
-    echo "| $name | $t | ${a:--} | ${b:--} | ${r:--} |" >>"$OUT/table.md"
+    for run in ours ab; do
+      a=$(rates /tmp/$run.md | awk -v t=$t '$1 == t {print $2}')
+      [ $run = ab ] && [ -z "$a" ] && continue
+      r=$(awk -v a="${a:-0}" -v b="${b:-0}" 'BEGIN { if (a > 0 && b > 0) printf "%.2fx", a / b }')
+      label=$name; [ $run = ab ] && label="$name ab"
+      echo "| $label | $t | ${a:--} | ${b:--} | ${r:--} |" >>"$OUT/table.md"
+    done
   done
   date -u
 done

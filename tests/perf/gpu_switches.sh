@@ -36,7 +36,8 @@
 #            on an LFM2-8B-A1B-shape Q4_K_M (sigmoid routing with a choice bias) with
 #            engine.moe.block.SCORED_ROUTE_KERNEL off and on, two rounds alternating (issue 40)
 # Prepare here: `bash tests/perf/h200_prepare.sh` (.whl, .refbuild/smollm2-tok.gguf); carry
-# [".whl", ".refbuild/smollm2-tok.gguf"]; from the repo root: bash tests/perf/gpu_switches.sh
+# [".whl", ".refbuild/smollm2-tok.gguf"] (or [".serve2"]: its wheels and tokenizer serve too);
+# from the repo root: bash tests/perf/gpu_switches.sh. A /tmp/q4km.gguf already there is used.
 # Knobs: STEPS ("tests1 lora hybrid tests2"; also tests3, tests4, tests5, dense, batch), END_S
 # (560: no step's timeout runs past it), SWITCH, SWEEP.
 # $OUT: pytest1.log, pytest2.log, lora_ab.md, profile_g4t.md, summary.md (printed last).
@@ -47,8 +48,13 @@ STEPS=${STEPS:-tests1 lora hybrid tests2}
 END_S=${END_S:-560}
 SWITCH=${SWITCH:-BATCH_GEMM}
 mkdir -p "$OUT"
+# the wheels and tokenizer from .whl / .refbuild, or from .serve2 (serve2_prepare.sh) alone
+WHL=.whl
+[ -d $WHL ] || WHL=.serve2/whl
+TOK=.refbuild/smollm2-tok.gguf
+[ -f $TOK ] || TOK=.serve2/smollm2-tok.gguf
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
-  .whl/*.whl
+  $WHL/*.whl
 ln -sfn "$PWD" /tmp/site/localllm
 export PYTHONPATH=/tmp/site:$PWD
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1
@@ -57,10 +63,11 @@ export PYTHONPATH=/tmp/site:$PWD
 cap() { local t=$((END_S - SECONDS)); [ "$t" -lt "$1" ] || t=$1; [ "$t" -gt 5 ] || t=5; echo $t; }
 has() { case " $STEPS " in *" $1 "*) return 0 ;; esac; return 1; }
 # the files, written on the host's cores while the first tests use the GPU
-if has lora || has batch || has lorak; then
+if [ -f /tmp/q4km.gguf ]; then  # written by an earlier script of the same call
+  G8_RC=0
+elif has lora || has batch || has lorak; then
   (python3 tests/perf/make_synthetic.py --shape llama3-8b --quant Q4_K_M -o /tmp/q4km.part \
-    --tokenizer-from .refbuild/smollm2-tok.gguf >/tmp/make8b.log 2>&1 && mv /tmp/q4km.part \
-    /tmp/q4km.gguf) &
+    --tokenizer-from $TOK >/tmp/make8b.log 2>&1 && mv /tmp/q4km.part /tmp/q4km.gguf) &
   G8=$!
 fi
 if has route; then

@@ -10,10 +10,11 @@ per length bucket and replayed for any context. Rows past the chunk up to the bu
 causal attention keeps them out of every real row, and every other op is row by row.
 
 Hybrid models (recurrent state) whose recurrent layers take the step's layout from the device
-(`state_in_prompt_graphs`: granitehybrid, lfm2) may replay prompt graphs too, with STATEFUL on:
-the chunk's state slot is a static input beside its context, and the padding rows form a second
-sequence on the scratch state slot (`engine.layers.recurrent.prompt_graph_plans`), so a scan
-stops at the chunk's last real row (on by default since measured on a GPU, below).
+(`state_in_prompt_graphs`: granitehybrid, lfm2, qwen3next) may replay prompt graphs too, with
+STATEFUL on: the chunk's state slot is a static input beside its context, and the padding rows
+form a second sequence on the scratch state slot (`engine.layers.recurrent.prompt_graph_plans`),
+so a scan stops at the chunk's last real row (Qwen3-Next's DeltaNet layers zero the padding's
+decay and write strength instead; on by default since measured on a GPU, below).
 
 `declined` says which models keep eager prompts: any host step in the forward would fail the
 capture or freeze one chunk's values into every replay. Among them, attention heads that the

@@ -33,6 +33,7 @@ from localllm.engine.gguf import open_gguf
 from localllm.engine.loader import build_model
 from localllm.engine.runtime.cuda_graphs import COLS, DecodeGraphs, pack_decode
 from localllm.engine.runtime.kv_cache import PagedKVCache
+from localllm.engine.runtime.recurrent_state import attach_states
 
 try:
     from localllm.kernels import pdl
@@ -123,6 +124,7 @@ def one_depth(model, path_bytes, depth, device, steps, bw) -> list[str]:
     layers, kvh, hd = model.kv_shape()
     blocks = depth // BS + 2
     kv = PagedKVCache(layers, blocks, BS, kvh, hd, "f16", device, model.kv_value_dim())
+    attach_states(kv, model, 1)  # hybrid models: the one sequence's recurrent state, slot 0
     table = list(range(blocks))
     cuda = device.type == "cuda"
     with torch.inference_mode():

@@ -26,7 +26,9 @@
 # The files' tokenizer comes from a tracked fixture (no .refbuild needed).
 # AB_<name> (e.g. AB_q3n="localllm.engine.runtime.prefill_graphs.STATEFUL=False"): ours once more
 # on that file with those switches (tests/perf/with_switches.py), after llama.cpp's run; its rows
-# are "<name> ab" in the table. TESTS replaces the test files (empty: no tests).
+# are "<name> ab" in the table. TESTS replaces the test files (empty: no tests). KERNELS (names,
+# e.g. "l2m"): tests/perf/decode_kernels.py on those files too, the decode step kernel by kernel
+# ($OUT/kernels_<name>.md).
 # Or carry [".serve2"] alone (serve2_prepare.sh: llama-bench's parts and the wheels, ~31 MiB).
 set -u
 export PYTHONUNBUFFERED=1 PYTHONSAFEPATH=1
@@ -137,6 +139,11 @@ for name in $MODELS; do
       -n 128 -r 3 --device cuda >/tmp/ab.md 2>/tmp/ab.err || tail -3 /tmp/ab.err
     cat /tmp/ab.md >>"$OUT/bench.md"
   fi
+  case " ${KERNELS:-} " in *" $name "*)
+    timeout 120 python3 tests/perf/decode_kernels.py $f --depth 512 >"$OUT/kernels_$name.md" \
+      2>/tmp/kern.err || tail -3 /tmp/kern.err
+    grep -E "^(depth|\| )" "$OUT/kernels_$name.md" | head -30 >>"$OUT/bench.md" ;;
+  esac
   rm -f $f
   for t in pp512 tg128; do
     b=$(rates /tmp/theirs.md | awk -v t=$t '$1 == t {print $2}')

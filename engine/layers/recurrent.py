@@ -136,6 +136,23 @@ def short_conv(
     return y
 
 
+def gated_short_conv(
+    bcx: torch.Tensor, weight: torch.Tensor, batch: BatchMeta, kv, layer: int, dtype: torch.dtype
+) -> torch.Tensor:
+    """LFM2's gated short conv: C * conv(B * x) from the in-projection's rows bcx [T, 3C] (B, C, x
+    side by side) -> [T, C] in `dtype`. A CUDA decode step is one launch (the products fused
+    into the conv step: no elementwise kernels around it); other steps run `short_conv`."""
+    if use_triton(bcx) and _one_token_each(batch):
+        from localllm.kernels.recurrent.triton_step import conv_step_triton  # (CUDA only)
+
+        st = states_of(kv)
+        states, slots, fresh = st.tensor(layer, "conv"), st.slots(batch), st.fresh(batch)
+        return conv_step_triton(bcx, weight, states, slots=slots, fresh=fresh, gated=True,
+                                out_dtype=dtype)  # fmt: skip
+    b, c, x = bcx.split(weight.shape[0], dim=-1)
+    return (c * short_conv(b * x, weight, batch, kv, layer)).to(dtype)
+
+
 def _read(st, layer: int, name: str, batch: BatchMeta) -> torch.Tensor:
     """`st.read`: the sequences' states [B, *shape]; zeros in one launch when every sequence
     starts at position 0 (a fresh prompt: nothing of its slots is read)."""

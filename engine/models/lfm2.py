@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from localllm.engine.layers.linear import QuantLinear
-from localllm.engine.layers.recurrent import short_conv
+from localllm.engine.layers.recurrent import gated_short_conv
 from localllm.engine.layers.rope import RopeConfig, Rotary
 from localllm.engine.layers.shared import DenseParam, GatedMLP, RMSNorm, rope_attention_q
 from localllm.engine.models.common import arch_key, attention_layers, rope_scale
@@ -96,9 +96,8 @@ class ShortConv(nn.Module):
         self.out_proj = QuantLinear(args.dim, args.dim, precise)
 
     def forward(self, h, batch, kv) -> torch.Tensor:
-        b, c, x = self.in_proj(h).split(self.dim, dim=-1)
-        y = short_conv(b * x, self.conv.value, batch, kv, self.layer)
-        return self.out_proj((c * y).to(h.dtype))
+        y = gated_short_conv(self.in_proj(h), self.conv.value, batch, kv, self.layer, h.dtype)
+        return self.out_proj(y)
 
 
 class Block(nn.Module):

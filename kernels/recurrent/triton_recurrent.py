@@ -56,7 +56,7 @@ def gated_delta_decode_cuda(q, k, v, g, beta, states, slots, fresh, eps: float) 
     bv = min(triton.next_power_of_2(dv), max(16, 4096 // bk))  # a tile of at most 4096 values
     grid = (bsz, hv, triton.cdiv(dv, bv))
     _gated_delta[grid](
-        q, k, v, g, beta, states, slots, fresh.to(torch.int8), out,
+        q, k, v, g, beta, states, slots, fresh.contiguous().view(torch.int8), out,
         hk, hv, dk, dv, hv // hk, dk**-0.5, eps, BK=bk, BV=bv,
     )  # fmt: skip
     return out
@@ -92,8 +92,8 @@ def conv_decode_cuda(x, weight, states, slots, fresh) -> torch.Tensor:
     x, weight = x.float().contiguous(), weight.float().contiguous()
     out = torch.empty(bsz, c, dtype=torch.float32, device=x.device)
     bc = 256
-    _conv[(bsz, triton.cdiv(c, bc))](x, weight, states, slots, fresh.to(torch.int8), out, c,
-                                     K=kk, BC=bc)  # fmt: skip
+    fr = fresh.contiguous().view(torch.int8)  # (a view: no launch)
+    _conv[(bsz, triton.cdiv(c, bc))](x, weight, states, slots, fr, out, c, K=kk, BC=bc)
     return out
 
 

@@ -19,9 +19,9 @@ import triton.language as tl
 
 @triton.jit
 def _conv_step_kernel(
-    x_ptr, w_ptr, b_ptr, state_ptr, slot_ptr, fresh_ptr, y_ptr, C,
+    x_ptr, w_ptr, b_ptr, state_ptr, slot_ptr, fresh_ptr, y_ptr, C, SX,
     K: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, SLOTS: tl.constexpr,
-    BLOCK_C: tl.constexpr,
+    GATED: tl.constexpr, BLOCK_C: tl.constexpr,
 ):  # fmt: skip
     s = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -31,7 +31,12 @@ def _conv_step_kernel(
     if SLOTS:  # the sequence's slot among many; a fresh one's old contents never read
         slot = tl.load(slot_ptr + s)
         keep = (c * 0 + tl.load(fresh_ptr + s).to(tl.int32)) == 0
-    xv = tl.load(x_ptr + s * C + c, mask=m, other=0.0)
+    row_x = x_ptr + s * SX
+    if GATED:  # LFM2: the row is (B, C, x); the conv's input is B * x, its output times C
+        xv = tl.load(row_x + c, mask=m, other=0.0).to(tl.float32)
+        xv *= tl.load(row_x + 2 * C + c, mask=m, other=0.0).to(tl.float32)
+    else:
+        xv = tl.load(row_x + c, mask=m, other=0.0).to(tl.float32)
     acc = xv * tl.load(w_ptr + c * K + (K - 1), mask=m, other=0.0)  # the newest input: last tap
     base = state_ptr + slot * (K - 1) * C
     for j in tl.static_range(K - 1):  # state row j: the input K - 1 - j steps back
@@ -45,29 +50,36 @@ def _conv_step_kernel(
         acc += tl.load(b_ptr + c, mask=m, other=0.0)
     if SILU:
         acc = acc * tl.sigmoid(acc)
+    if GATED:
+        acc *= tl.load(row_x + C + c, mask=m, other=0.0).to(tl.float32)
     tl.store(y_ptr + s * C + c, acc, mask=m)
 
 
 def conv_step_triton(
-    x, weight, state, bias=None, silu: bool = False, slots=None, fresh=None
-) -> torch.Tensor:
+    x, weight, state, bias=None, silu: bool = False, slots=None, fresh=None, gated: bool = False,
+    out_dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:  # fmt: skip
     """x [S, C], weight [C, K], state [S, K - 1, C] float32 contiguous (updated in place), bias
     [C] or None -> y [S, C] float32 (bias added, then SiLU when `silu`). With `slots` [S] int64
     and `fresh` [S] bool: `state` is [any, K - 1, C] and row s steps slot slots[s] (from zeros
-    where fresh)."""
+    where fresh). `gated` (LFM2's short conv): x is [S, 3C], each row (B, C, x) side by side as
+    the in-projection writes it, the conv's input B * x and y = C * conv; in `out_dtype`."""
     s, c = x.shape
+    if gated:
+        c //= 3
     k = weight.shape[1]
-    x = x.float().contiguous()
+    if x.stride(1) != 1:
+        x = x.contiguous()
     w = weight.float().contiguous()
-    y = torch.empty(s, c, dtype=torch.float32, device=x.device)
+    y = torch.empty(s, c, dtype=out_dtype, device=x.device)
     block = min(256, triton.next_power_of_2(c))
     b = bias.float().contiguous() if bias is not None else w  # (unread without a bias)
     use = slots is not None
     sl = slots.contiguous() if use else y  # (unread without slots)
-    fr = fresh.to(torch.int8) if use else y
+    fr = fresh.contiguous().view(torch.int8) if use else y  # (a view: no launch)
     _conv_step_kernel[(s, triton.cdiv(c, block))](
-        x, w, b, state, sl, fr, y, c, K=k, HAS_BIAS=bias is not None, SILU=silu, SLOTS=use,
-        BLOCK_C=block,
+        x, w, b, state, sl, fr, y, c, x.stride(0), K=k, HAS_BIAS=bias is not None, SILU=silu,
+        SLOTS=use, GATED=gated, BLOCK_C=block,
     )  # fmt: skip
     return y
 
@@ -118,7 +130,7 @@ def ssd_step_triton(x, dt, A, B, C, state, slots=None, fresh=None) -> torch.Tens
     grid = (s * h, triton.cdiv(p, block_p))
     use = slots is not None
     sl = slots.contiguous() if use else y  # (unread without slots)
-    fr = fresh.to(torch.int8) if use else y
+    fr = fresh.contiguous().view(torch.int8) if use else y  # (a view: no launch)
     _ssd_step_kernel[grid](x, dt, a, b, c, state, sl, fr, y, h, p, n, h // g, g, SLOTS=use,
                            BLOCK_P=block_p, BLOCK_N=block_n)  # fmt: skip
     return y

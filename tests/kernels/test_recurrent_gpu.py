@@ -93,6 +93,36 @@ def test_conv_step_on_slots_matches_reference(c, k, bias_silu):
         assert torch.equal(got_states.cpu(), ref), step  # moved, not computed; others untouched
 
 
+@pytest.mark.parametrize(("c", "k"), [(96, 4), (300, 3)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_gated_conv_step_on_slots_matches_reference(c, k, dtype):
+    """LFM2's gated form in one launch: rows (B, C, x) of the in-projection, C * conv(B * x) in
+    `dtype`, against B * x through `decode.short_conv_decode_ref` times C (products in float32,
+    as the kernel's)."""
+    from localllm.kernels.recurrent.decode import short_conv_decode_ref
+    from localllm.kernels.recurrent.triton_step import conv_step_triton
+
+    gen = torch.Generator().manual_seed(c * k + 1)
+    w = torch.randn(c, k, generator=gen) / k**0.5
+    ref = _slotted(torch.randn(3, k - 1, c, generator=gen))
+    got_states = ref.clone().to(DEVICE)
+    slots = torch.tensor(SLOTS)
+    for step in range(3):
+        fresh = torch.tensor(FRESH) if step == 0 else torch.zeros(3, dtype=torch.bool)
+        bcx = torch.randn(3, 3 * c, generator=gen).to(dtype)
+        b, gate, x = bcx.float().split(c, dim=-1)
+        want = gate * short_conv_decode_ref(b * x, w, ref, slots, fresh)
+        got = conv_step_triton(bcx.to(DEVICE), w.to(DEVICE), got_states, slots=slots.to(DEVICE),
+                               fresh=fresh.to(DEVICE), gated=True, out_dtype=dtype)  # fmt: skip
+        assert got.dtype == dtype
+        tol = TOL if dtype == torch.float32 else 4e-3 * want.abs().max().item()
+        assert (got.cpu().float() - want).abs().max() < tol, step
+        # the state holds B * x in float32 (the products, not the rows)
+        assert (got_states.cpu()[SLOTS] - ref[SLOTS]).abs().max() < TOL, step
+        others = [i for i in range(5) if i not in SLOTS]
+        assert (got_states.cpu()[others] == 7.0).all(), step
+
+
 @pytest.mark.parametrize(("h", "p", "g", "n"), [(4, 16, 2, 8), (48, 64, 1, 128)])
 def test_ssd_step_on_slots_matches_reference(h, p, g, n):
     """In place on the state slots (decode graphs' form): `decode.ssd_decode_ref`."""

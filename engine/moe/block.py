@@ -47,8 +47,10 @@ NATIVE_MAX_T = 64
 ROWS_MAX_T = 8  # decode rows of resident raw experts through one prepared call (`_decode_rows`)
 # CUDA: scored routing without expert groups (GLM-4.5's, LFM2-MoE's sigmoid scores and choice
 # bias) in one top-k launch (`triton_route.topk_scored_cuda`; decode's router GEMV before it)
-# instead of ~8 torch ops a layer; an A/B switch until a GPU has timed it (off: the torch ops)
-SCORED_ROUTE_KERNEL = False
+# instead of ~8 torch ops a layer. On since an H200 timed it (2026-12-07 18:14-18:18 UTC,
+# tests/perf/results/hybrid.md): LFM2-8B-A1B tg128 589.79 -> 816.05 t/s, its kernel tests
+# passing on an H100 (tests/kernels/test_moe_route.py); False: the torch ops
+SCORED_ROUTE_KERNEL = True
 
 
 @dataclass(frozen=True)

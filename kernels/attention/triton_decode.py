@@ -30,9 +30,9 @@ COMBINE_VALUES = 8192  # partial-sum values one combine program loads at once (6
 COMBINE_WARPS = 4  # warps of a combine program (one query head)
 # with the output projection's LoRA shrink, split its A rows over this many per combine program
 # (a third grid axis; each such program merges its head again and only the first stores) instead
-# of one program a head looping over all R. None: no split (as measured so far); an A/B switch,
-# a multiple of the kernel's BRS (8)
-COMBINE_LORA_RSTEP: int | None = None
+# of one program a head looping over all R. None: no split; a multiple of the kernel's BRS (8).
+# On with the SiLU's (`triton_ops.SILU_LORA_RSTEP`, measured together on an H200, 2026-12-07)
+COMBINE_LORA_RSTEP: int | None = 8
 # The split on tensor cores (`_split_dot_kernel`): None (the FMA split), "exact" or "native" (see
 # the kernel). "exact" (float32 in three tf32 passes, 5e-8 off) takes 8.1 / 17.7 us per 8B layer at
 # 513 / 4,000 keys where the FMA split takes 12.1 / 35.2 (H200, bench_attention.py, 2026-12-01).

@@ -142,13 +142,15 @@ NORM_LORA_ROWS = 4
 SILU_LORA_ROWS = 8
 # with a shrink, split its A rows over this many per SiLU program (a third grid axis; each such
 # program recomputes its columns' y) instead of one program looping over all R: R / 8 dependent
-# [8, 1,024] steps per program at 14 column programs for an 8B's down projection. None: no split
-# (as measured so far); an A/B switch, a multiple of SILU_LORA_ROWS
-SILU_LORA_RSTEP: int | None = None
+# steps per program at 14 column programs for an 8B's down projection. None: no split; a
+# multiple of SILU_LORA_ROWS
+SILU_LORA_RSTEP: int | None = 8
 # with a shrink, columns per SiLU program (a multiple of 32) instead of 1,024: more programs share
 # an 8B's 14,336-wide shrink (14 at 1,024, where one adapter's SiLU took 6.6 us against 1.6
-# without: H100, 2026-12-07); None: 1,024 (as measured so far); an A/B switch
-SILU_LORA_BH: int | None = None
+# without: H100, 2026-12-07); None: 1,024. Both on since an H200 timed them (2026-12-07 18:18 UTC,
+# tests/perf/results/lora.md: one rank-16 adapter +20.5 % over the base with neither, +15.8 %
+# narrow, +15.0 % narrow with the row split and the combine's, COMBINE_LORA_RSTEP)
+SILU_LORA_BH: int | None = 256
 
 
 def norm_warps(d: int) -> int:

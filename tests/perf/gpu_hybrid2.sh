@@ -58,6 +58,7 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
 date -u
 TOK=${TOK:-tests/data/families/qwen3next.gguf}  # a converter-made tokenizer, small vocabulary
 M=/tmp/models
+rm -rf $M  # (a warm machine keeps an earlier call's files and end marks)
 mkdir -p $M
 LLB=/tmp/llb/bin/llama-bench
 for d in .hyb2 .serve2 .llb; do
@@ -108,7 +109,9 @@ rates() {  # the pp512 / tg128 rows of a bench table: "test t/s"
 }
 for name in $MODELS; do
   f=$M/$name.gguf
-  while [ ! -f $f ] && [ ! -f $M/done ] && [ $(($(date +%s) - T0)) -le "$BUDGET" ]; do
+  # (each maker chain marks its end: a.done, done; wait for the file or both ends)
+  while [ ! -f $f ] && { [ ! -f $M/done ] || [ ! -f $M/a.done ]; } \
+    && [ $(($(date +%s) - T0)) -le "$BUDGET" ]; do
     sleep 2
   done
   [ -f $f ] || { echo "$name: not made (yet)"; continue; }

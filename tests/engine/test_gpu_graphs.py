@@ -120,8 +120,14 @@ def _compare(path, device, replay: bool):
         gguf.close()
 
 
-def _assert_same_decode(eager, got, tol):
-    torch.testing.assert_close(got, eager, rtol=tol, atol=tol)
+def _assert_same_decode(eager, got, tol, flip=5e-2):
+    # the linears quantize their inputs to int8: a value at a rounding edge may round apart in
+    # one path (other summation orders), a discrete jump in that step's logits (on an Intel Xeon
+    # with AVX-512 one step of 48 moved 0.019, the others 1e-6; 2026-12-07). So: every step
+    # within `flip`, at most one in eight beyond `tol`
+    per_step = (got - eager).abs().amax(-1)
+    assert (per_step <= flip).all(), per_step
+    assert (per_step > tol).sum() <= len(per_step) // 8, per_step
     # greedy tokens equal wherever eager's top two are not a near-tie
     top2 = eager.topk(2, -1).values
     clear = (top2[:, 0] - top2[:, 1]) > 4 * tol

@@ -168,11 +168,20 @@ def test_step_matches_the_torch_reference(parts, dtype, neox, act, lens, n_kv, t
                                              tables, cos1, sin1)  # fmt: skip
     step = decode_step.DecodeStep(lib, s, layers, bsz)
     got = step(x.clone(), cos, sin, slots, seq_lens, tables, threads, cos1, sin1)
-    rel = ((got - want).norm() / want.norm()).item()
-    assert rel < 2e-3  # int8 codes of near-equal activations may round apart
-    for a, b in zip(layers, ref_layers, strict=True):  # the new tokens' K and V were written
-        assert torch.allclose(a.k_cache.float(), b.k_cache.float(), rtol=1e-2, atol=1e-2)
-        assert torch.allclose(a.v_cache.float(), b.v_cache.float(), rtol=1e-2, atol=1e-2)
+    rows = (got - want).norm(dim=-1) / want.norm(dim=-1)
+    # Both quantize activations to int8: where the two sum in other orders, a code of a value
+    # near a rounding edge may round apart and move its row (which rows, depends on the CPU's
+    # math libraries: "moe-q8" rows 0 and 1 by 0.4 % and 0.9 % on an Intel Xeon with AVX-512,
+    # none on a Zen 5); the rows that round alike agree to float rounding (~1e-7)
+    assert (rows < 2e-2).all(), rows
+    assert (rows < 1e-5).sum() * 2 >= len(rows), rows
+    apart = slots[rows >= 1e-5]  # (past the first layer their K and V carry the difference)
+    for i, (a, b) in enumerate(zip(layers, ref_layers, strict=True)):  # new K and V written
+        for mine, ref in ((a.k_cache, b.k_cache), (a.v_cache, b.v_cache)):
+            mine, ref = mine.float().flatten(0, 1), ref.float().flatten(0, 1)
+            if i:
+                mine[apart], ref[apart] = 0, 0
+            assert torch.allclose(mine, ref, rtol=1e-2, atol=1e-2), i
 
 
 def test_bad_layouts_are_refused(parts):

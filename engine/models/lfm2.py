@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from localllm.engine.layers.linear import QuantLinear
+from localllm.engine.layers.linear import FusedLinear, QuantLinear
 from localllm.engine.layers.recurrent import gated_short_conv
 from localllm.engine.layers.rope import RopeConfig, Rotary
 from localllm.engine.layers.shared import DenseParam, GatedMLP, RMSNorm, rope_attention_q
@@ -24,6 +24,13 @@ from localllm.engine.models.common import arch_key, attention_layers, rope_scale
 from localllm.engine.models.decoder import Decoder
 from localllm.engine.models.hparams import HyperparameterError
 from localllm.kernels.fused.heads import HeadNorms
+
+# llama's layout for the blocks: each residual add in the next norm's kernel (an MoE block's
+# weighted expert rows summed there too), the norms' int8 rows handed to the linears that read
+# them, q|k|v as one linear, the attention's output rows quantized by its kernel: on a CUDA
+# decode step ~3 launches fewer a layer. An A/B switch until a GPU has timed it (off: a norm,
+# the linears' own quantization and a residual add each a kernel).
+FUSED_RESIDUAL = False
 
 
 @dataclass(frozen=True)
@@ -95,9 +102,10 @@ class ShortConv(nn.Module):
         self.conv = DenseParam(args.dim, args.conv_taps)  # [channels, taps]
         self.out_proj = QuantLinear(args.dim, args.dim, precise)
 
-    def forward(self, h, batch, kv) -> torch.Tensor:
-        y = gated_short_conv(self.in_proj(h), self.conv.value, batch, kv, self.layer, h.dtype)
-        return self.out_proj(y)
+    def forward(self, h, batch, kv, hq=None) -> torch.Tensor:
+        """`hq`: h's int8 rows from the norm that made it (FUSED_RESIDUAL), or None."""
+        bcx = self.in_proj(h, hq)
+        return self.out_proj(gated_short_conv(bcx, self.conv.value, batch, kv, self.layer, h.dtype))
 
 
 class Block(nn.Module):
@@ -117,15 +125,34 @@ class Block(nn.Module):
             self.attn_k_norm = RMSNorm(hd, args.norm_eps)
         self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
         self.mlp = GatedMLP(args.dim, args.hidden_dim, "silu", precise)
+        self.qkv: FusedLinear | None = None  # (FUSED_RESIDUAL, attention layers)
 
-    def attend(self, h, cos_sin, rotary, batch, kv) -> torch.Tensor:
+    def fuse(self) -> None:
+        """After loading: the MLP's gate | up; with FUSED_RESIDUAL q|k|v too and an MoE's
+        output left for the next norm to add."""
+        self.mlp.fuse()
+        if not FUSED_RESIDUAL:
+            return
+        if self.kv_layer is not None:
+            parts = [self.attn_q, self.attn_k, self.attn_v]
+            if FusedLinear.fusable(parts, mixed=True):
+                self.qkv = FusedLinear(parts)
+        if hasattr(self.mlp, "sum_in_norm"):  # routed experts: their rows summed in the norm
+            self.mlp.sum_in_norm = True
+
+    def attend(self, h, cos_sin, rotary, batch, kv, hq=None) -> torch.Tensor:
         a = self.args
-        q, k, v = self.attn_q(h), self.attn_k(h), self.attn_v(h)
+        if self.qkv is not None:  # q, k, v side by side in one output: views, no copies
+            q, k, v = self.qkv(h, hq)
+        else:
+            q, k, v = self.attn_q(h, hq), self.attn_k(h, hq), self.attn_v(h, hq)
         lay = rotary.layout(a.n_heads, a.n_kv_heads, a.head_dim)
         norms = HeadNorms(self.attn_q_norm.weight, self.attn_k_norm.weight, a.norm_eps)
-        o, _ = rope_attention_q(q, k, v, lay, cos_sin, rotary, batch, kv, self.kv_layer,
-                                a.head_dim**-0.5, norms, quant=False)  # fmt: skip
-        return self.attn_output(o.reshape(-1, a.n_heads * a.head_dim))
+        quant = FUSED_RESIDUAL and self.attn_output.takes_quantized
+        o, oq = rope_attention_q(q, k, v, lay, cos_sin, rotary, batch, kv, self.kv_layer,
+                                 a.head_dim**-0.5, norms, quant=quant,
+                                 feeds=self.attn_output if FUSED_RESIDUAL else None)  # fmt: skip
+        return self.attn_output(o.reshape(-1, a.n_heads * a.head_dim), oq)
 
     def forward(self, x, cos_sin, rotary, batch, kv) -> torch.Tensor:
         h = self.attn_norm(x)
@@ -134,6 +161,22 @@ class Block(nn.Module):
         else:
             x = x + self.attend(h, cos_sin, rotary, batch, kv)
         return x + self.mlp(self.ffn_norm(x))
+
+    def forward_fused(self, x, r, cos_sin, rotary, batch, kv):
+        """FUSED_RESIDUAL's form: the stream is x + r (r: the previous block's output not yet
+        added, or None); returns the new (x, r), this block's MLP output left for the next
+        norm."""
+        first = self.shortconv.in_proj if self.kv_layer is None else self.qkv
+        if r is None:
+            h, hq = self.attn_norm.forward_q(x, feeds=first)
+        else:
+            x, h, hq = self.attn_norm.residual_q(x, r, feeds=first)
+        if self.kv_layer is None:
+            mix = self.shortconv(h, batch, kv, hq)
+        else:
+            mix = self.attend(h, cos_sin, rotary, batch, kv, hq)
+        x, h, hq = self.ffn_norm.residual_q(x, mix, feeds=getattr(self.mlp, "first", None))
+        return x, self.mlp(h, hq)
 
 
 class Model(Decoder):
@@ -165,9 +208,14 @@ class Model(Decoder):
             return self.output_norm(x)
         x = batch.splice(self.token_embd(ids))
         cos_sin = self.rotary.cos_sin(positions)
+        if not FUSED_RESIDUAL:
+            for blk in self.blk:
+                x = blk(x, cos_sin, self.rotary, batch, kv)
+            return self.output_norm(x)
+        r = None
         for blk in self.blk:
-            x = blk(x, cos_sin, self.rotary, batch, kv)
-        return self.output_norm(x)
+            x, r = blk.forward_fused(x, r, cos_sin, self.rotary, batch, kv)
+        return self.output_norm.residual(x, r)[1]
 
     def finish_load(self, extra: dict[str, torch.Tensor]) -> None:
         """Called by the loader after every tensor is in place."""
@@ -176,4 +224,4 @@ class Model(Decoder):
         cfg = RopeConfig(a.head_dim, a.rope_base, neox=True, linear_scale=a.rope_linear_scale)
         self.rotary = Rotary(cfg)
         for blk in self.blk:
-            blk.mlp.fuse()
+            blk.fuse()

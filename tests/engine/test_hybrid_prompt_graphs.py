@@ -17,10 +17,9 @@ so a chunk's rows cross chunk borders; for qwen3next the delta rule's two-phase 
 GPU (marked `gpu`): the same through real replays; the engine's greedy tokens with hybrid prompt
 graphs on and off (a prompt cut into chunks by the step budget, a batch of four, each alone,
 n = 2 forks) agree up to a near-tie of the precise reference, and the prompts really replayed.
-The GPU tests run on tiny synthetic lfm2, granitehybrid and qwen3next files (`tiny_hybrids`): the
-fixtures' head dim of 8 has no device-context attention kernel and their F16 experts are not
-packed on a GPU, so `prefill_graphs.declined` keeps their prompts eager (no lfm2moe synthetic:
-its replay is untested).
+The GPU tests run on tiny synthetic lfm2, lfm2moe, granitehybrid and qwen3next files
+(`tiny_hybrids`): the fixtures' head dim of 8 has no device-context attention kernel and their
+F16 experts are not packed on a GPU, so `prefill_graphs.declined` keeps their prompts eager.
 """
 
 import gc

@@ -9,9 +9,11 @@ from pathlib import Path
 VOCAB = 512
 MAMBA = {"d_inner": 512, "ssm_heads": 8, "d_state": 16}
 MOE = {"n_expert": 4, "n_used": 2, "shared": 256}
-# name -> (arch, extra shape fields); lfm2moe has no synthetic writer
+# name -> (arch, extra shape fields)
 KINDS = {
     "tiny-lfm2": ("lfm2", {}),
+    # layer 0 dense (512), then 4 experts (top 2) of 256 with sigmoid routing and a choice bias
+    "tiny-lfm2moe": ("lfm2moe", {"n_expert": 4, "n_used": 2, "n_dense": 1, "expert_ff": 256}),
     "tiny-granitehybrid": ("granitehybrid", {**MAMBA, **MOE}),
     # (`shared` is read even without experts: any size, unused)
     "tiny-granitehybrid_dense": ("granitehybrid", {**MAMBA, "shared": 512}),
@@ -33,7 +35,7 @@ def write_tiny_hybrid(root: Path, name: str) -> Path:
         p = root / f"{name}.gguf"
         write(p, dataclasses.replace(TINY, vocab=VOCAB), "Q4_K_M", None, seed=2)
         return p
-    hidden = 256 if "n_expert" in extra else 512
+    hidden = 256 if "n_expert" in extra and arch != "lfm2moe" else 512
     p = root / f"{name}.gguf"
     write_hybrid(p, Hybrid(arch, 3, (1,), 256, 4, 2, hidden, VOCAB, **extra), None, seed=2)
     return p

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from localllm.engine.layers.linear import QuantLinear, dense
+from localllm.engine.layers.linear import FusedLinear, QuantLinear, dense
 from localllm.engine.layers.rope import RopeConfig, Rotary
 from localllm.engine.layers.shared import DenseParam, GatedMLP, RMSNorm, rope_attention_q
 from localllm.engine.models import qwen2
@@ -44,8 +44,19 @@ from localllm.engine.moe.expert_tensor import EXPERT_TENSORS
 from localllm.engine.runtime.recurrent_state import states_of
 from localllm.kernels.fused.heads import HeadNorms
 from localllm.kernels.recurrent.causal_conv import causal_conv_prefill
-from localllm.kernels.recurrent.decode import conv_decode, gated_delta_decode
+from localllm.kernels.recurrent.decode import (
+    conv_decode,
+    gated_delta_decode,
+    gated_delta_raw,
+    norm_gate,
+)
 from localllm.kernels.recurrent.delta_rule import delta_rule_chunked, l2_normalize
+
+# CUDA decode steps of the DeltaNet layers: attn_qkv, attn_gate and ssm_ba as one linear (one
+# quantization of h, views of one output), g and beta made inside the delta rule's launch from
+# ssm_ba's row, the gated norm one launch: ~10 launches fewer a layer than the torch ops between
+# the kernels. An A/B switch until a GPU has timed it (off: those torch ops).
+FUSED_DECODE = False
 
 
 @dataclass(frozen=True)
@@ -200,6 +211,19 @@ class DeltaNetBlock(Block):
         self.ssm_a_value: torch.Tensor | None = None  # -exp(A_log): the file's bare `ssm_a`
         self.ssm_norm = RMSNorm(args.head_v_dim, args.norm_eps)
         self.ssm_out = QuantLinear(args.value_dim, args.dim, precise)
+        self.in_fused: FusedLinear | None = None  # attn_qkv | attn_gate | ssm_ba (FUSED_DECODE)
+
+    def fuse(self) -> None:
+        super().fuse()
+        if FUSED_DECODE and self.ssm_dt.value.is_cuda:
+            self.fuse_inputs()
+
+    def fuse_inputs(self) -> None:
+        """The three linears that read h as one (FUSED_DECODE's decode steps); the older files'
+        one ssm_in keeps its own layout."""
+        parts = [self.attn_qkv, self.attn_gate, self.ssm_ba]
+        if not self.ssm_in.loaded and FusedLinear.fusable(parts, mixed=True):
+            self.in_fused = FusedLinear(parts)
 
     # `blk.N.ssm_a` has no suffix: the loader hands it to the block itself
     def load_tensor(self, suffix: str, w) -> None:
@@ -220,8 +244,14 @@ class DeltaNetBlock(Block):
         a = self.args
         t = x.shape[0]
         h = self.attn_norm(x)
-        qkv, z = self._project(h)
-        ba = self.ssm_ba(h).float().view(t, a.n_k_heads, 2, -1)  # per key head: b then a
+        if self.in_fused is not None:  # (FUSED_DECODE) the three input linears as one
+            qkv, z, ba = self.in_fused(h)
+            if batch.query_start[-1] == batch.num_seqs:  # a decode step
+                out = self._fused_decode(qkv, z, ba, h.dtype, batch, kv, layer)
+                return self.ffn(x + out.to(x.dtype))
+        else:
+            (qkv, z), ba = self._project(h), self.ssm_ba(h)
+        ba = ba.float().view(t, a.n_k_heads, 2, -1)  # per key head: b then a
         beta = torch.sigmoid(ba[:, :, 0].reshape(t, a.n_v_heads))
         g = self.ssm_a_value * F.softplus(ba[:, :, 1].reshape(t, a.n_v_heads) + self.ssm_dt.value)
         st, w, qs = states_of(kv), self.ssm_conv1d.value, batch.query_start
@@ -247,6 +277,18 @@ class DeltaNetBlock(Block):
         o = self.ssm_norm(o) * F.silu(z.float().view(t, a.n_v_heads, a.head_v_dim))
         out = self.ssm_out(o.reshape(t, a.value_dim).to(h.dtype))
         return self.ffn(x + out.to(x.dtype))
+
+    def _fused_decode(self, qkv, z, ba, dtype, batch, kv, layer: int) -> torch.Tensor:
+        """FUSED_DECODE's decode step (one token a sequence, on the state slots) from the one
+        input linear's parts: the conv, the delta rule with g and beta made from ssm_ba's row,
+        the gated norm -> ssm_out's output."""
+        st = states_of(kv)
+        slots, fresh = st.slots(batch), st.fresh(batch)
+        mixed = conv_decode(qkv, self.ssm_conv1d.value, st.tensor(layer, "conv"), slots, fresh)
+        q, k, v = self._split(mixed)
+        o = gated_delta_raw(q, k, v, ba, self.ssm_dt.value, self.ssm_a_value,
+                            st.tensor(layer, "ssm"), slots, fresh, self.args.norm_eps)  # fmt: skip
+        return self.ssm_out(norm_gate(o, z, self.ssm_norm.weight, self.ssm_norm.eps, dtype))
 
     def _padded_prompt(self, qkv, g, beta, batch, kv, layer: int) -> torch.Tensor:
         """A prompt graph's P rows (`engine.layers.recurrent.prompt_graph_plans`): the chunk's n

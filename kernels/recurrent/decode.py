@@ -59,6 +59,44 @@ def gated_delta_decode(q, k, v, g, beta, states, slots, fresh, eps: float) -> to
     return gated_delta_decode_ref(q, k, v, g, beta, states, slots, fresh, eps)
 
 
+def gated_delta_raw_ref(q, k, v, ba, dt_bias, ssm_a, states, slots, fresh, eps: float):
+    """`gated_delta_decode_ref` with g and beta from Qwen3-Next's projection row ba [B, 2 * Hv]
+    (per key head: b, then a, for its value heads): beta = sigmoid(b), g = ssm_a * softplus(a +
+    dt_bias)."""
+    bsz, hk, hv = q.shape[0], q.shape[1], v.shape[1]
+    ba = ba.float().view(bsz, hk, 2, hv // hk)
+    beta = torch.sigmoid(ba[:, :, 0].reshape(bsz, hv))
+    g = ssm_a * F.softplus(ba[:, :, 1].reshape(bsz, hv) + dt_bias)
+    return gated_delta_decode_ref(q, k, v, g, beta, states, slots, fresh, eps)
+
+
+def gated_delta_raw(q, k, v, ba, dt_bias, ssm_a, states, slots, fresh, eps: float):
+    """`gated_delta_raw_ref`, by one triton launch on CUDA (g and beta made in the kernel)."""
+    if _cuda32(states):
+        from localllm.kernels.recurrent.triton_recurrent import gated_delta_decode_cuda
+
+        raw = (ba, dt_bias, ssm_a)
+        return gated_delta_decode_cuda(q, k, v, None, None, states, slots, fresh, eps, raw)
+    return gated_delta_raw_ref(q, k, v, ba, dt_bias, ssm_a, states, slots, fresh, eps)
+
+
+def norm_gate_ref(o, z, weight, eps: float, dtype: torch.dtype) -> torch.Tensor:
+    """Qwen3-Next's gated norm: RMSNorm of each head's output o [T, H, D] (weight [D]) times
+    SiLU(z) [T, H * D] -> [T, H * D] in `dtype`."""
+    t, h, d = o.shape
+    y = F.rms_norm(o.float(), (d,), weight.float(), eps)
+    return (y * F.silu(z.float().view(t, h, d))).reshape(t, h * d).to(dtype)
+
+
+def norm_gate(o, z, weight, eps: float, dtype: torch.dtype) -> torch.Tensor:
+    """`norm_gate_ref`, by one triton launch on CUDA."""
+    if _cuda32(o):
+        from localllm.kernels.recurrent.triton_recurrent import norm_gate_cuda
+
+        return norm_gate_cuda(o, z, weight, eps, dtype)
+    return norm_gate_ref(o, z, weight, eps, dtype)
+
+
 def conv_decode_ref(x, weight, states, slots, fresh) -> torch.Tensor:
     """x [B, C], weight [C, K], states [S, K - 1, C] float32 updated in place; SiLU(conv) [B, C]."""
     s = _read(states, slots, fresh)

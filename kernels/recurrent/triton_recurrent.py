@@ -16,8 +16,9 @@ import triton.language as tl
 @triton.jit
 def _gated_delta(
     q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, s_ptr, slot_ptr, fresh_ptr, o_ptr,
+    ba_ptr, dt_ptr, a_ptr, SBA,
     HK, HV, DK, DV, REP, scale, eps,
-    BK: tl.constexpr, BV: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, RAW: tl.constexpr,
 ):  # fmt: skip
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
@@ -30,8 +31,16 @@ def _gated_delta(
     q = q / tl.sqrt(tl.sum(q * q, axis=0) + eps) * scale
     k = k / tl.sqrt(tl.sum(k * k, axis=0) + eps)
     v = tl.load(v_ptr + (b * HV + h) * DV + cols, mask=mv, other=0.0)
-    g = tl.load(g_ptr + b * HV + h)
-    beta = tl.load(b_ptr + b * HV + h)
+    if RAW:  # from the projection's row (row stride SBA): per key head b, then a, for its
+        # REP value heads; beta = sigmoid(b), g = ssm_a * softplus(a + dt bias)
+        at = ba_ptr + b * SBA + kh * 2 * REP + h % REP
+        beta = tl.sigmoid(tl.load(at).to(tl.float32))
+        x = tl.load(at + REP).to(tl.float32) + tl.load(dt_ptr + h)
+        soft = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))))  # torch's
+        g = tl.load(a_ptr + h) * soft
+    else:
+        g = tl.load(g_ptr + b * HV + h)
+        beta = tl.load(b_ptr + b * HV + h)
     slot = tl.load(slot_ptr + b)
     base = s_ptr + (slot * HV + h) * DK * DV
     tile = base + rows[:, None] * DV + cols[None, :]
@@ -47,19 +56,56 @@ def _gated_delta(
     tl.store(o_ptr + (b * HV + h) * DV + cols, o, mask=mv)
 
 
-def gated_delta_decode_cuda(q, k, v, g, beta, states, slots, fresh, eps: float) -> torch.Tensor:
+def gated_delta_decode_cuda(q, k, v, g, beta, states, slots, fresh, eps: float,
+                            raw=None) -> torch.Tensor:  # fmt: skip
+    """`decode.gated_delta_decode_ref` in one launch; `raw` = (ba [B, 2 * Hv] with contiguous
+    rows, dt bias [Hv], ssm_a [Hv]): g and beta made in the kernel from the projection's row
+    (`decode.gated_delta_raw_ref`; then g and beta are None)."""
     bsz, hk, dk = q.shape
     hv, dv = v.shape[1], v.shape[2]
-    q, k, v, g, beta = (t.float().contiguous() for t in (q, k, v, g, beta))
+    q, k, v = (t.float().contiguous() for t in (q, k, v))
     out = torch.empty(bsz, hv, dv, dtype=torch.float32, device=v.device)
+    if raw is None:
+        g, beta = g.float().contiguous(), beta.float().contiguous()
+        ba, dt, a, sba = out, out, out, 0  # (unread)
+    else:
+        ba, dt, a = raw
+        ba = ba if ba.stride(-1) == 1 else ba.contiguous()
+        dt, a, sba = dt.float().contiguous(), a.float().contiguous(), ba.stride(0)
+        g, beta = dt, a  # (unread)
     bk = triton.next_power_of_2(dk)
     bv = min(triton.next_power_of_2(dv), max(16, 4096 // bk))  # a tile of at most 4096 values
     grid = (bsz, hv, triton.cdiv(dv, bv))
     _gated_delta[grid](
-        q, k, v, g, beta, states, slots, fresh.contiguous().view(torch.int8), out,
-        hk, hv, dk, dv, hv // hk, dk**-0.5, eps, BK=bk, BV=bv,
+        q, k, v, g, beta, states, slots, fresh.contiguous().view(torch.int8), out, ba, dt, a, sba,
+        hk, hv, dk, dv, hv // hk, dk**-0.5, eps, BK=bk, BV=bv, RAW=raw is not None,
     )  # fmt: skip
     return out
+
+
+@triton.jit
+def _norm_gate(o_ptr, z_ptr, w_ptr, y_ptr, SZ, H, D, eps, BD: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1).to(tl.int64)
+    c = tl.arange(0, BD)
+    m = c < D
+    o = tl.load(o_ptr + (t * H + h) * D + c, mask=m, other=0.0)
+    z = tl.load(z_ptr + t * SZ + h * D + c, mask=m, other=0.0).to(tl.float32)
+    r = tl.rsqrt(tl.sum(o * o, axis=0) / D + eps)
+    w = tl.load(w_ptr + c, mask=m, other=0.0)
+    tl.store(y_ptr + (t * H + h) * D + c, o * r * w * (z * tl.sigmoid(z)), mask=m)
+
+
+def norm_gate_cuda(o, z, weight, eps: float, dtype: torch.dtype) -> torch.Tensor:
+    """`decode.norm_gate_ref` in one launch: o [T, H, D] float32, z [T, H * D] (contiguous
+    rows, any row stride), weight [D] -> [T, H * D] in `dtype`."""
+    t, h, d = o.shape
+    o = o.float().contiguous()
+    z = z if z.stride(-1) == 1 else z.contiguous()
+    y = torch.empty(t, h * d, dtype=dtype, device=o.device)
+    _norm_gate[(t, h)](o, z, weight.float().contiguous(), y, z.stride(0), h, d, eps,
+                       BD=triton.next_power_of_2(d))  # fmt: skip
+    return y
 
 
 @triton.jit

@@ -6,7 +6,12 @@ untouched, a fresh sequence's garbage never read."""
 import pytest
 import torch
 
-from localllm.kernels.recurrent.decode import conv_decode_ref, gated_delta_decode_ref
+from localllm.kernels.recurrent.decode import (
+    conv_decode_ref,
+    gated_delta_decode_ref,
+    gated_delta_raw_ref,
+    norm_gate_ref,
+)
 from tests.kernels.test_recurrent_decode import EPS, SHAPES, TOL, conv_inputs, delta_inputs
 from tests.triton_env import DEVICE, TRITON_MARKS
 
@@ -25,6 +30,47 @@ def test_delta_decode_matches_reference(shape):
     assert torch.allclose(args[5], ref_states, atol=TOL, rtol=0, equal_nan=True)
 
 
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("strided", [False, True])
+def test_delta_decode_from_the_projection_row_matches_reference(shape, strided):
+    """g and beta made in the kernel from Qwen3-Next's ssm_ba row (b, then a, per key head; a
+    view into a wider projection output when `strided`), softplus past its threshold too."""
+    from localllm.kernels.recurrent.triton_recurrent import gated_delta_decode_cuda
+
+    q, k, v, _, _, states, slots, fresh = delta_inputs(*shape, device=DEVICE, seed=4)
+    hv = shape[1]
+    gen = torch.Generator().manual_seed(7)
+    wide = 3 * torch.randn(3, 2 * hv + 5, generator=gen)
+    wide[0, 2 + 2 * hv - 1] = 25.0  # an `a` past softplus's threshold of 20
+    ba = wide[:, 2 : 2 + 2 * hv] if strided else wide[:, : 2 * hv].contiguous()
+    dt, a = torch.randn(hv, generator=gen), -torch.rand(hv, generator=gen) - 0.1
+    ref_states = states.clone()
+    want = gated_delta_raw_ref(q, k, v, ba.to(DEVICE), dt.to(DEVICE), a.to(DEVICE), ref_states,
+                               slots, fresh, EPS)  # fmt: skip
+    raw = (ba.to(DEVICE), dt.to(DEVICE), a.to(DEVICE))
+    got = gated_delta_decode_cuda(q, k, v, None, None, states, slots, fresh, EPS, raw)
+    assert (got - want).abs().max().item() < TOL
+    assert torch.allclose(states, ref_states, atol=TOL, rtol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize(("h", "d"), [(4, 128), (3, 40)])
+def test_norm_gate_matches_reference(h, d, dtype):
+    """Qwen3-Next's gated norm in one launch: RMSNorm per head times SiLU(z), z a view into a
+    wider projection output (its row stride)."""
+    from localllm.kernels.recurrent.triton_recurrent import norm_gate_cuda
+
+    gen = torch.Generator().manual_seed(h * d)
+    o = torch.randn(5, h, d, generator=gen)
+    wide = torch.randn(5, h * d + 7, generator=gen)
+    z, w = wide[:, 3 : 3 + h * d], 1 + 0.1 * torch.randn(d, generator=gen)
+    want = norm_gate_ref(o, z, w, EPS, dtype)
+    got = norm_gate_cuda(o.to(DEVICE), z.to(DEVICE), w.to(DEVICE), EPS, dtype)
+    assert got.dtype == dtype
+    tol = TOL if dtype == torch.float32 else 2e-3 * want.abs().max().item()
+    assert (got.cpu().float() - want.float()).abs().max().item() < tol
+
+
 @pytest.mark.parametrize(("c", "kk"), [(40, 4), (300, 4), (64, 2)])
 def test_conv_decode_matches_reference(c, kk):
     from localllm.kernels.recurrent.triton_recurrent import conv_decode_cuda
@@ -37,15 +83,20 @@ def test_conv_decode_matches_reference(c, kk):
     assert torch.allclose(states, ref_states, atol=TOL, rtol=0, equal_nan=True)
 
 
-def test_qwen3next_on_the_kernels_matches_transformers(monkeypatch):
+@pytest.mark.parametrize("fused", [False, True])
+def test_qwen3next_on_the_kernels_matches_transformers(fused, monkeypatch):
     """The converted Qwen3-Next fixture run with these kernels on its state slots (forced on CPU
     tensors under the interpreter): prompt chunks of 7 and 5 tokens (the chunked rule's scan
     between blocks), then decode steps (conv and rule steps); transformers' fp32 logits. The
     fixture's F16 linears take float32 activations (`HALF_GEMM` off: half ones alone move the
-    logits 0.096 through the recurrent state, H100, 2026-12-07)."""
+    logits 0.096 through the recurrent state, H100, 2026-12-07). `fused`: the decode steps as
+    `qwen3next.FUSED_DECODE` runs them (one input linear, g and beta in the rule's launch, the
+    gated norm's launch)."""
+    from localllm.engine.models import qwen3next
     from localllm.kernels.quant import linear
 
     monkeypatch.setattr(linear, "HALF_GEMM", False)
+    monkeypatch.setattr(qwen3next, "FUSED_DECODE", fused)
     import dataclasses
     import itertools
 
@@ -69,6 +120,12 @@ def test_qwen3next_on_the_kernels_matches_transformers(monkeypatch):
     bounds = [0, 7, 12, *range(13, len(ids) + 1)]
     with open_gguf(path("qwen3next")) as g:
         model = build_model(g, precise=DEVICE == "cpu", device=DEVICE)
+        deltas = [b for b in model.blk if isinstance(b, qwen3next.DeltaNetBlock)]
+        if fused and DEVICE == "cpu":  # (fuse() fuses on CUDA only)
+            model._native_step = False  # (the native CPU step reads the three linears)
+            for b in deltas:
+                b.fuse_inputs()
+        assert all((b.in_fused is not None) == fused for b in deltas)
         layers, heads, hd = model.kv_shape()
         kv = PagedKVCache(layers, 6, 4, heads, hd, "f32", DEVICE)
         attach_states(kv, model, 3)

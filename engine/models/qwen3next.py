@@ -43,6 +43,7 @@ from localllm.engine.moe.block import MoEFeedForward
 from localllm.engine.moe.expert_tensor import EXPERT_TENSORS
 from localllm.engine.runtime.recurrent_state import states_of
 from localllm.kernels.fused.heads import HeadNorms
+from localllm.kernels.fused.ops import gated_add
 from localllm.kernels.recurrent.causal_conv import causal_conv_prefill
 from localllm.kernels.recurrent.decode import (
     conv_decode,
@@ -52,10 +53,12 @@ from localllm.kernels.recurrent.decode import (
 )
 from localllm.kernels.recurrent.delta_rule import delta_rule_chunked, l2_normalize
 
-# CUDA decode steps of the DeltaNet layers: attn_qkv, attn_gate and ssm_ba as one linear (one
-# quantization of h, views of one output), g and beta made inside the delta rule's launch from
-# ssm_ba's row, the gated norm one launch: ~10 launches fewer a layer than the torch ops between
-# the kernels. An A/B switch until a GPU has timed it (off: those torch ops).
+# Fewer launches on CUDA: the DeltaNet layers' decode steps with attn_qkv, attn_gate and ssm_ba
+# as one linear (one quantization of h, views of one output), g and beta made inside the delta
+# rule's launch from ssm_ba's row, the gated norm one launch (~10 launches fewer a layer); every
+# block's FFN with the norm's int8 rows for the routed and the shared expert, its end (residual,
+# experts, the shared expert's sigmoid gate) one launch (~5 fewer). An A/B switch until a GPU
+# has timed it (off: the torch ops between the kernels).
 FUSED_DECODE = False
 
 
@@ -161,6 +164,10 @@ class Block(nn.Module):
         self.shexp.fuse()
 
     def ffn(self, x: torch.Tensor) -> torch.Tensor:
+        if FUSED_DECODE:  # h's int8 rows from the norm for both expert paths; one launch to end
+            h, hq = self.ffn_norm.forward_q(x)
+            g = h.float() @ self.ffn_gate_inp_shexp.value.t()
+            return gated_add(x, self.mlp(h, hq), self.shexp(h, hq), g).to(x.dtype)
         h = self.ffn_norm(x)
         gate = torch.sigmoid(h.float() @ self.ffn_gate_inp_shexp.value.t())
         y = self.mlp(h).float() + gate * self.shexp(h).float()

@@ -89,6 +89,16 @@ def add_rms_norm_q(
     return s, y, None
 
 
+def gated_add(x: torch.Tensor, y: torch.Tensor, s: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """x + y + sigmoid(g) * s: x, y, s [T, D], g [T, 1] (Qwen3-Next's block end: the residual,
+    the routed experts, the shared expert under its gate); one launch on CUDA float32."""
+    if _cuda32(x, y, s, g):
+        from localllm.kernels.fused.triton_ops import gated_add_cuda
+
+        return gated_add_cuda(x, y, s, g)
+    return x + y + torch.sigmoid(g) * s
+
+
 def silu_mul(gu: torch.Tensor, hidden: int) -> torch.Tensor:
     """silu(g) * u for gu = [g | u] side by side in the last dim ([..., 2 * hidden])."""
     return silu_mul_q(gu, hidden, quant=False)[0]

@@ -246,3 +246,24 @@ def silu_mul_cuda(
     _silu_mul[grid](g2, y, *qa, *la[:3], hidden, *la[3:], rstep, BH=bh, num_warps=4,
                     LORA=r > 0, BRS=SILU_LORA_ROWS, **flags)  # fmt: skip
     return y.reshape(*gu.shape[:-1], hidden), xq
+
+
+@triton.jit
+def _gated_add(x_ptr, y_ptr, s_ptr, g_ptr, o_ptr, D, BD: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1) * BD + tl.arange(0, BD)
+    m = c < D
+    at = row * D + c
+    gate = tl.sigmoid(tl.load(g_ptr + row))
+    v = tl.load(x_ptr + at, mask=m, other=0.0) + tl.load(y_ptr + at, mask=m, other=0.0)
+    tl.store(o_ptr + at, v + gate * tl.load(s_ptr + at, mask=m, other=0.0), mask=m)
+
+
+def gated_add_cuda(x, y, s, g) -> torch.Tensor:
+    """`ops.gated_add` in one launch: x, y, s [T, D] float32, g [T, 1] float32."""
+    x, y, s = (t.reshape(-1, t.shape[-1]).contiguous() for t in (x, y, s))
+    t, d = x.shape
+    out = torch.empty_like(x)
+    bd = min(1024, triton.next_power_of_2(d))
+    _gated_add[(t, triton.cdiv(d, bd))](x, y, s, g.reshape(-1).contiguous(), out, d, BD=bd)
+    return out

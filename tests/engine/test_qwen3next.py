@@ -107,6 +107,28 @@ def test_chunked_prefill_matches_transformers(model, plan):
 
 
 @torch.inference_mode()
+def test_fused_ffn_matches_transformers(monkeypatch):
+    """`qwen3next.FUSED_DECODE`'s FFN (the norm's rows to both expert paths, one gated add at
+    its end; on a CPU the torch forms of both) keeps transformers' logits, whole and in decode
+    steps. Its CUDA-only parts (the three input linears as one, g and beta in the rule's
+    launch, the gated norm's launch) are tested under the Triton interpreter
+    (tests/kernels/test_recurrent_triton.py)."""
+    from localllm.engine.models import qwen3next
+
+    monkeypatch.setattr(qwen3next, "FUSED_DECODE", True)
+    with open_gguf(path(NAME)) as g:
+        fused = build_model(g, precise=True)
+    seq, want = ids(), golden_logits(NAME)
+    assert max_err(full_logits(fused, seq), want) < LOGIT_TOL
+    kv = new_cache(fused, len(seq))
+    for s, e in itertools.pairwise([0, 13, *range(14, len(seq) + 1)]):
+        h = fused(
+            torch.tensor(seq[s:e]), torch.arange(s, e), BatchMeta.contiguous(e - s, e, BLOCK), kv
+        )
+        assert max_err(fused.logits(h), want[s:e]) < LOGIT_TOL, (s, e)
+
+
+@torch.inference_mode()
 def test_batch_of_four_in_other_slots_matches_alone(model):
     """Four sequences prefilled in one flat step (state slots 2, 0, 3, 1, interleaved block
     tables), then decoded together: each one's logits are its own alone."""

@@ -111,3 +111,19 @@ def test_triton_silu_mul(hidden):
         assert xq is None
     else:
         _assert_same_quant(xq, got_q)
+
+
+@pytest.mark.gpu
+@needs_triton
+@pytest.mark.parametrize("d", [40, 2048, 3000])
+def test_triton_gated_add(d):
+    """Qwen3-Next's block end in one launch: x + y + sigmoid(g) * s, g one value a row."""
+    from localllm.kernels.fused import ops
+    from localllm.kernels.fused.triton_ops import gated_add_cuda
+
+    gen = torch.Generator().manual_seed(d)
+    x, y, s = (torch.randn(3, d, generator=gen) for _ in range(3))
+    g = 3 * torch.randn(3, 1, generator=gen)
+    ref = ops.gated_add(x, y, s, g)  # (CPU tensors: the torch formula)
+    got = gated_add_cuda(*(t.to(DEVICE) for t in (x, y, s, g)))
+    assert torch.allclose(got.cpu(), ref, rtol=1e-6, atol=1e-6)

@@ -6,8 +6,10 @@
 #    1, 3-padded-to-4 and 4 sequences; the engine with graphs on vs off, batch of 4, alone, n = 2
 #    forks), the hybrids' engine tests (test_hybrid_families_gpu.py, test_qwen3next_gpu.py), the
 #    recurrent triton kernels against their references (test_recurrent_gpu.py: the steps in
-#    place on the state slots too; test_recurrent_triton.py) and the dense graphs'
-#    (test_gpu_graphs.py: the rows gained a state-slot column).
+#    place on the state slots too; test_recurrent_triton.py: with qwen3next.FUSED_DECODE too),
+#    the dense graphs' (test_gpu_graphs.py: the rows gained a state-slot column), the hybrid
+#    prompt graphs (test_hybrid_prompt_graphs.py) and lfm2.FUSED_RESIDUAL's tokens
+#    (test_lfm2_fused_residual.py).
 # 2. `localllm bench -p 512 -n 128 -r 3` and llama.cpp's llama-bench on the same real-shape
 #    random-weight Q4_K_M files, made on the device while the tests run: LFM2-1.2B,
 #    Granite-4.0-H-Tiny, Qwen3-Next-80B-A3B (Q3N_LAYERS, default 12 of 48), GLM-4.5-Air
@@ -98,7 +100,8 @@ wait_room() {  # Granite-4.0-H-Small (~19 GiB) waits until at most one file is l
   touch $M/done ) &
 TESTS=${TESTS-tests/engine/test_hybrid_graphs.py tests/engine/test_hybrid_families_gpu.py \
   tests/engine/test_qwen3next_gpu.py tests/engine/test_gpu_graphs.py \
-  tests/kernels/test_recurrent_gpu.py tests/kernels/test_recurrent_triton.py}
+  tests/kernels/test_recurrent_gpu.py tests/kernels/test_recurrent_triton.py \
+  tests/engine/test_hybrid_prompt_graphs.py tests/engine/test_lfm2_fused_residual.py}
 [ "$LLAMA_ONLY" = 1 ] || [ -z "$TESTS" ] || timeout "${TEST_T:-240}" python3 -m pytest -q -m gpu \
   -p no:cacheprovider -rf $TESTS 2>&1 | tee "$OUT/pytest.log" | grep -v "^\." | tail -25
 date -u

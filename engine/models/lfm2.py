@@ -97,7 +97,7 @@ class ShortConv(nn.Module):
 
     def __init__(self, args: ModelArgs, layer: int, precise: bool):
         super().__init__()
-        self.layer, self.dim = layer, args.dim
+        self.layer = layer
         self.in_proj = QuantLinear(args.dim, 3 * args.dim, precise)
         self.conv = DenseParam(args.dim, args.conv_taps)  # [channels, taps]
         self.out_proj = QuantLinear(args.dim, args.dim, precise)

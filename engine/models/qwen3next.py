@@ -310,8 +310,8 @@ class DeltaNetBlock(Block):
         zero = torch.zeros((), dtype=g.dtype, device=g.device)
         g, beta = torch.where(real, g, zero), torch.where(real, beta, zero)
         conv, ssm = st.read(layer, "conv", batch), st.read(layer, "ssm", batch)  # [2, ...]
-        full = torch.cat((conv[0].float(), qkv.float()))  # [K - 1 + P, C]
-        mixed = causal_conv_prefill(qkv, w, conv[0].clone())  # (its state: past the padding)
+        full = torch.cat((conv[0].float(), qkv.float()))  # [K - 1 + P, C], before the conv
+        mixed = causal_conv_prefill(qkv, w, conv[0])  # (leaves the state past the padding:)
         conv[0] = full.index_select(0, n + torch.arange(w.shape[1] - 1, device=n.device))
         q, k, v = self._heads(*self._split(mixed))
         o = delta_rule_chunked(q, k, v, g, beta, ssm[0])  # the chunk's state, in place

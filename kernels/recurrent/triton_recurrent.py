@@ -12,6 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
+from localllm.kernels.recurrent.triton_step import fresh_flags
+
 
 @triton.jit
 def _gated_delta(
@@ -77,7 +79,7 @@ def gated_delta_decode_cuda(q, k, v, g, beta, states, slots, fresh, eps: float,
     bv = min(triton.next_power_of_2(dv), max(16, 4096 // bk))  # a tile of at most 4096 values
     grid = (bsz, hv, triton.cdiv(dv, bv))
     _gated_delta[grid](
-        q, k, v, g, beta, states, slots, fresh.contiguous().view(torch.int8), out, ba, dt, a, sba,
+        q, k, v, g, beta, states, slots, fresh_flags(fresh), out, ba, dt, a, sba,
         hk, hv, dk, dv, hv // hk, dk**-0.5, eps, BK=bk, BV=bv, RAW=raw is not None,
     )  # fmt: skip
     return out
@@ -138,7 +140,7 @@ def conv_decode_cuda(x, weight, states, slots, fresh) -> torch.Tensor:
     x, weight = x.float().contiguous(), weight.float().contiguous()
     out = torch.empty(bsz, c, dtype=torch.float32, device=x.device)
     bc = 256
-    fr = fresh.contiguous().view(torch.int8)  # (a view: no launch)
+    fr = fresh_flags(fresh)
     _conv[(bsz, triton.cdiv(c, bc))](x, weight, states, slots, fr, out, c, K=kk, BC=bc)
     return out
 

@@ -17,6 +17,11 @@ import triton
 import triton.language as tl
 
 
+def fresh_flags(fresh: torch.Tensor) -> torch.Tensor:
+    """The kernels' per-sequence `fresh` flags: the bool tensor viewed as int8 (no launch)."""
+    return fresh.contiguous().view(torch.int8)
+
+
 @triton.jit
 def _conv_step_kernel(
     x_ptr, w_ptr, b_ptr, state_ptr, slot_ptr, fresh_ptr, y_ptr, C, SX,
@@ -76,7 +81,7 @@ def conv_step_triton(
     b = bias.float().contiguous() if bias is not None else w  # (unread without a bias)
     use = slots is not None
     sl = slots.contiguous() if use else y  # (unread without slots)
-    fr = fresh.contiguous().view(torch.int8) if use else y  # (a view: no launch)
+    fr = fresh_flags(fresh) if use else y
     _conv_step_kernel[(s, triton.cdiv(c, block))](
         x, w, b, state, sl, fr, y, c, x.stride(0), K=k, HAS_BIAS=bias is not None, SILU=silu,
         SLOTS=use, GATED=gated, BLOCK_C=block,
@@ -130,7 +135,7 @@ def ssd_step_triton(x, dt, A, B, C, state, slots=None, fresh=None) -> torch.Tens
     grid = (s * h, triton.cdiv(p, block_p))
     use = slots is not None
     sl = slots.contiguous() if use else y  # (unread without slots)
-    fr = fresh.contiguous().view(torch.int8) if use else y  # (a view: no launch)
+    fr = fresh_flags(fresh) if use else y
     _ssd_step_kernel[grid](x, dt, a, b, c, state, sl, fr, y, h, p, n, h // g, g, SLOTS=use,
                            BLOCK_P=block_p, BLOCK_N=block_n)  # fmt: skip
     return y

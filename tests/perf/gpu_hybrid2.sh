@@ -30,7 +30,8 @@
 # on that file with those switches (tests/perf/with_switches.py), after llama.cpp's run; its rows
 # are "<name> ab" in the table. TESTS replaces the test files (empty: no tests). KERNELS (names,
 # e.g. "l2m"): tests/perf/decode_kernels.py on those files too, the decode step kernel by kernel
-# ($OUT/kernels_<name>.md).
+# ($OUT/kernels_<name>.md). TEST_SW (MODULE.NAME=VALUE ...): the tests run with those switches
+# set, e.g. the prepared ones before they are turned on.
 # Or carry [".serve2"] alone (serve2_prepare.sh: llama-bench's parts and the wheels, ~31 MiB).
 set -u
 export PYTHONUNBUFFERED=1 PYTHONSAFEPATH=1
@@ -102,8 +103,10 @@ TESTS=${TESTS-tests/engine/test_hybrid_graphs.py tests/engine/test_hybrid_famili
   tests/engine/test_qwen3next_gpu.py tests/engine/test_gpu_graphs.py \
   tests/kernels/test_recurrent_gpu.py tests/kernels/test_recurrent_triton.py \
   tests/engine/test_hybrid_prompt_graphs.py tests/engine/test_lfm2_fused_residual.py}
-[ "$LLAMA_ONLY" = 1 ] || [ -z "$TESTS" ] || timeout "${TEST_T:-240}" python3 -m pytest -q -m gpu \
-  -p no:cacheprovider -rf $TESTS 2>&1 | tee "$OUT/pytest.log" | grep -v "^\." | tail -25
+PYTEST=(-m pytest)  # TEST_SW: the tests run with those switches set (with_switches.py)
+[ -z "${TEST_SW:-}" ] || read -ra PYTEST <<<"tests/perf/with_switches.py $TEST_SW -- -m pytest"
+[ "$LLAMA_ONLY" = 1 ] || [ -z "$TESTS" ] || timeout "${TEST_T:-240}" python3 "${PYTEST[@]}" -q \
+  -m gpu -p no:cacheprovider -rf $TESTS 2>&1 | tee "$OUT/pytest.log" | grep -v "^\." | tail -25
 date -u
 echo "| model | test | localllm t/s | llama.cpp t/s | ratio |" >"$OUT/table.md"
 echo "|---|---|---:|---:|---:|" >>"$OUT/table.md"

@@ -22,8 +22,9 @@ partials, were removed after the H100 A/B of 2026-12-06: +102.9 % a token agains
 launches the shrink alone and hands each base GEMV a `LoraTail`: the GEMV adds the expand in its
 epilogue (`kernels.quant.triton_lora_tail`), one launch a module fewer; "inline" hands the
 module's first GEMV the shrink too (its first programs do the shrink's items, its tile
-finishers wait for them): no LoRA launch at all. Other steps of these schemes run the "atomic"
-kernels. `reference_delta` is the plain per-adapter formula the tests compare with.
+finishers wait for them): no LoRA launch at all. With PARTIAL_SHRINK the input kernels store
+partial shrinks (a column block's or a head's) that the epilogues sum, so nothing is zeroed
+after a call. Other steps of these schemes run the "atomic" kernels. `reference_delta` is the plain per-adapter formula the tests compare with.
 """
 
 import dataclasses
@@ -31,7 +32,14 @@ import logging
 
 import torch
 
-from localllm.kernels.fused.lora_delta import LoraPart, LoraShrink, make_tail, scratch
+from localllm.kernels.fused.lora_delta import (
+    PARTIALS,
+    LoraPart,
+    LoraShrink,
+    make_tail,
+    partials,
+    scratch,
+)
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +64,11 @@ PRODUCER_SHRINK = True
 # R 48 / 32 / 16 for q|k|v / gate|up / down and o, +16.1 % against +22.1 % launched; four,
 # R 64 to 192, +54.1 % against +46.3 %: their loops over A outgrow a launch)
 PRODUCER_MAX_RANK = 48
+# the producers store partial shrinks (the SiLU product's column blocks, the combine's heads)
+# into the module's partials buffer and the GEMVs' epilogues sum them: no atomics, and no
+# counter or zeroing after the epilogues (False: atomics into the scratch, which the last
+# epilogue zeroes); off until a GPU has timed it
+PARTIAL_SHRINK = False
 # "inline": at most this many shrink items in a GEMV, and no more than the GPU's SMs (item owners
 # are the first programs to start; fewer than one per SM always find room, so the tile
 # finishers waiting for them cannot fill the GPU first); more: the shrink is launched
@@ -170,6 +183,10 @@ class LoraDelta:
         self.whole = len(self.b) == 1 and first == self.b[0][2] - self.b[0][1]
         # the kernels' t accumulator, made here: never inside a CUDA-graph capture
         self.scratch = scratch(first, ctx.device) if kern else None
+        small = kern and first <= PRODUCER_MAX_RANK
+        self.partials = partials(first, EPILOGUE_ROWS, ctx.device) if small else None
+        self._parts = 0  # partials the last producer wrote (`PARTIAL_SHRINK`)
+        self._partial_tails: dict[int, list] = {}
         self.offsets = [0]
         for _, b, _ in parts:
             self.offsets.append(self.offsets[-1] + b.shape[0])
@@ -200,6 +217,7 @@ class LoraDelta:
         if i != len(self.offsets) - 1:
             raise ValueError(f"LoRA bind: {i} base outputs for {len(self.offsets) - 1} parts")
         self._tails = [None if s is None else make_tail(self.scratch, s, tiles) for s in specs]
+        self._partial_tails = {}
         self._gemvs = [k for k, _ in groups]
         # "inline": the first GEMV with adapter columns runs the shrink (when its items fit)
         self._inline = None
@@ -226,13 +244,31 @@ class LoraDelta:
         of `rows` rows: the shrink for the kernel that makes this module's input to run
         (`kernels.fused.ops`'s `shrink`), after which that call's `tails` launches none. The
         caller must hand it to that kernel and call this module next."""
-        self._produced = 0
+        self._produced, self._parts = 0, 0
         if self.a.shape[0] > PRODUCER_MAX_RANK:
             return None
         if not (PRODUCER_SHRINK and SCHEME == "epilogue" and self._takes(rows, device)):
             return None
         self._produced = rows
-        return LoraShrink(self.a, self.ctx.buffers[self.sig], self.scratch[0])
+        w = self.ctx.buffers[self.sig]
+        if PARTIAL_SHRINK and self.partials is not None:
+            self._parts = -1  # until the producer says how many it wrote
+            return LoraShrink(self.a, w, self.partials, PARTIALS, self._wrote)
+        return LoraShrink(self.a, w, self.scratch[0])
+
+    def _wrote(self, parts: int) -> None:
+        self._parts = parts
+
+    def _tails_over(self, parts: int) -> list:
+        """The tails that sum `parts` partial shrinks from the partials buffer (made once per
+        count, on the host: fine inside a CUDA-graph capture)."""
+        if parts not in self._partial_tails:
+            self._partial_tails[parts] = [
+                None if t is None
+                else dataclasses.replace(t, t=self.partials, np=parts, ps=PARTIALS)
+                for t in self._tails
+            ]  # fmt: skip
+        return self._partial_tails[parts]
 
     def tails(self, x: torch.Tensor) -> list | None:
         """Under SCHEME "epilogue": launch the shrink into the scratch (unless the kernel that
@@ -242,10 +278,13 @@ class LoraDelta:
         scheme does not take this call (then `add*` as usual)."""
         rows = x.shape[0]
         produced, self._produced = self._produced, 0
+        parts, self._parts = self._parts, 0
         if produced:
             if produced != rows or x.stride(-1) != 1:
                 raise RuntimeError(f"LoRA: a shrink of {produced} rows for a call of {rows}")
-            return self._tails
+            if parts < 0:
+                raise RuntimeError("LoRA: the input's kernel did not run the partial shrinks")
+            return self._tails_over(parts) if parts else self._tails
         if not self._takes(rows, x.device) or x.stride(-1) != 1:
             return None
         if SCHEME == "inline" and self._inline is not None:

@@ -157,10 +157,10 @@ def _split_dot_kernel(
 @triton.jit
 def _combine_kernel(
     m_ptr, l_ptr, acc_ptr, rows_ptr, out_ptr, q_ptr, d_ptr, s16_ptr, xs_ptr, a_ptr, lw_ptr, t_ptr,
-    NS, slw, R, RSTEP,
+    NS, slw, R, RSTEP, PS,
     KV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, DV: tl.constexpr, CB: tl.constexpr,
     NSP: tl.constexpr, QUANT: tl.constexpr, RN: tl.constexpr, PDL: tl.constexpr,
-    LORA: tl.constexpr = False, BRS: tl.constexpr = 8,
+    LORA: tl.constexpr = False, BRS: tl.constexpr = 8, PART: tl.constexpr = False,
 ):  # fmt: skip
     """One query head per program: merge its chunk partials CB chunks at a time (one round trip
     of loads for up to CB chunks; a running max across blocks) into output row rows[b]. QUANT:
@@ -169,7 +169,8 @@ def _combine_kernel(
     of the output projection's LoRA shrink (its DV columns of the stacked A, times W) into the
     projection's scratch t with float32 atomics (`lora_delta.LoraShrink`; t zero before): rows
     r * RSTEP.. of A for grid axis 2's program r (one program and RSTEP = R unless the shrink is
-    split: then every r merges the head and the r = 0 program stores it)."""
+    split: then every r merges the head and the r = 0 program stores it). PART: the head's share
+    stored as its partial instead (t[row, r, head], `LoraShrink.ps`; the epilogue sums them)."""
     pdl.gdc_begin(PDL)
     pdl.gdc_wait(PDL)
     b, hh = tl.program_id(0), tl.program_id(1)
@@ -213,7 +214,10 @@ def _combine_kernel(
                         mask=rm[:, None], other=0.0).to(tl.float32)  # fmt: skip
             part = tl.sum(y[None, :] * a, axis=1)
             part *= tl.load(lw_ptr + row * slw + r, mask=rm, other=0.0)
-            tl.atomic_add(t_ptr + row * R + r, part, mask=rm, sem="relaxed")
+            if PART:
+                tl.store(t_ptr + (row * R + r) * PS + hh, part, mask=rm)
+            else:
+                tl.atomic_add(t_ptr + row * R + r, part, mask=rm, sem="relaxed")
 
 
 def supports(k_cache: torch.Tensor, k_scales, sinks) -> bool:
@@ -311,11 +315,15 @@ def _combine(q, mx, den, acc, ns, plan, out, quant, g, kvh, dv, launch, shrink=N
     qa = (out,) * 4 if quant is None else (quant.words, quant.scale, quant.sum16, quant.xsum)
     nsp = triton.next_power_of_2(ns)
     cb = min(nsp, max(1, COMBINE_VALUES // dv))
+    after = None  # a shrink whose partials (one a head) would not fit: its torch form after
+    if shrink is not None and shrink.ps and kvh * g > shrink.ps:
+        shrink, after = None, shrink
     r = 0 if shrink is None else shrink.a.shape[0]
     rstep = COMBINE_LORA_RSTEP if r and COMBINE_LORA_RSTEP else max(r, 1)
     grid = (nd, kvh * g, triton.cdiv(max(r, 1), rstep))
+    ps = 0 if shrink is None else shrink.ps
     geo = {"KV": kvh, "G": g, "GP": gp, "DV": dv, "CB": cb, "NSP": nsp}
-    geo |= {"QUANT": quant is not None, "RN": q.is_cuda, "LORA": shrink is not None}
+    geo |= {"QUANT": quant is not None, "RN": q.is_cuda, "LORA": shrink is not None, "PART": ps > 0}
     if shrink is None:
         la = (out, out, out, 0, 0)
     else:
@@ -323,7 +331,11 @@ def _combine(q, mx, den, acc, ns, plan, out, quant, g, kvh, dv, launch, shrink=N
             raise ValueError(f"LoRA shrink A {tuple(shrink.a.shape)} for {kvh * g} x {dv}")
         la = (shrink.a, shrink.w, shrink.t, shrink.w.stride(0), shrink.a.shape[0])
     _combine_kernel[grid](
-        mx, den, acc, rows, out, *qa, *la[:3], ns, *la[3:], rstep, **geo, **launch,
+        mx, den, acc, rows, out, *qa, *la[:3], ns, *la[3:], rstep, ps, **geo, **launch,
         num_warps=COMBINE_WARPS,
     )  # fmt: skip
+    if shrink is not None:
+        shrink.wrote(kvh * g)
+    if after is not None:
+        after.reference(out.reshape(out.shape[0], -1))
     return out

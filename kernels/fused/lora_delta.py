@@ -13,11 +13,16 @@ packed dp4a kernels add it to their output tile: no expand launch); `tail_refere
 form.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 KERNEL_ROWS = 64  # token rows the triton kernels take (`triton_lora.MAX_ROWS`); more: torch ops
+# partial shrinks a module's partials buffer holds (`partials`): a SiLU product's column blocks
+# (an 8B's 14,336 in 56 of 256), an attention combine's heads; a producer with more takes wider
+# blocks (the SiLU) or runs the shrink's torch form (the combine)
+PARTIALS = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +54,11 @@ class LoraTail:
     # [rows, r], on the first of its GEMVs only (None: the shrink was launched before)
     a: torch.Tensor | None = None
     w: torch.Tensor | None = None
+    # np > 0: t is a partials buffer [rows, r, ps] of which the first np partials of each value
+    # are a producer's (`LoraShrink.ps`): the epilogue sums them, and nothing is zeroed after
+    # (no counter): the next call overwrites them
+    np: int = 0
+    ps: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,17 +66,40 @@ class LoraShrink:
     """A linear's LoRA shrink handed to the kernel that makes its input (a norm, the SiLU
     product, the flash-decoding combine), which then writes t = (x @ a.T) * w[:T] into the
     scratch itself: a [R, in] the stacked A, w [rows, R] W's columns, t [rows, R] the module's
-    scratch (zero before)."""
+    scratch (zero before). With ps > 0 t is a partials buffer [rows, R, ps] instead
+    (`partials`): the kernel's program p stores its share of t[row, r] at [row, r, p] with a
+    plain store (no atomics, no zero needed; the partials of a value side by side, so the
+    epilogue's sum reads them as vectors) and tells `done` how many it wrote."""
 
     a: torch.Tensor
     w: torch.Tensor
     t: torch.Tensor
+    ps: int = 0
+    done: Callable[[int], None] | None = None
+
+    @property
+    def cap(self) -> int:
+        """The partial shrinks t holds (1 without partials)."""
+        return self.ps or 1
+
+    def wrote(self, parts: int) -> None:
+        """A producer's report: it wrote `parts` partials (with ps > 0)."""
+        if self.ps and parts > self.cap:
+            raise ValueError(f"{parts} partial LoRA shrinks for a buffer of {self.cap}")
+        if self.done is not None:
+            self.done(parts)
 
     def reference(self, x: torch.Tensor) -> None:
-        """The torch form: t[:T] = (x @ a.T) * w[:T] in float32."""
+        """The torch form: t[:T] = (x @ a.T) * w[:T] in float32 (with partials: partial 0 of
+        1)."""
         x2 = x.reshape(-1, x.shape[-1])
         n = x2.shape[0]
-        self.t[:n] = (x2.float() @ self.a.float().T) * self.w[:n].float()
+        t = (x2.float() @ self.a.float().T) * self.w[:n].float()
+        if self.ps:
+            self.t[:n, :, 0] = t
+        else:
+            self.t[:n] = t
+        self.wrote(1)
 
 
 def make_tail(scratch: tuple, parts: list[tuple[int, LoraPart | None]], tiles: int) -> LoraTail:
@@ -98,7 +131,8 @@ def make_tail(scratch: tuple, parts: list[tuple[int, LoraPart | None]], tiles: i
 
 def tail_reference(y: torch.Tensor, tail: LoraTail) -> torch.Tensor:
     """y [T, n] plus the tail's delta, in float32 (does not touch t)."""
-    t = tail.t[: y.shape[0]].float()
+    n = y.shape[0]
+    t = tail.t[:n, :, : tail.np].sum(-1) if tail.np else tail.t[:n].float()
     out = y.float().clone()
     starts = (0, *tail.ends)
     ends = (*tail.ends, y.shape[1])
@@ -118,6 +152,12 @@ def shrink_expand_reference(
     t = (x.float() @ a.float().T) * w[: x.shape[0]].float()
     for part, y in zip(parts, ys, strict=True):
         y += (t[:, part.lo : part.hi] @ part.b_t.float()).to(y.dtype)
+
+
+def partials(r: int, rows: int, device) -> torch.Tensor:
+    """The zeroed partials buffer [rows, r, PARTIALS] float32 of one module's producer shrinks
+    (`LoraShrink.ps` = PARTIALS)."""
+    return torch.zeros(rows, max(r, 1), PARTIALS, dtype=torch.float32, device=device)
 
 
 def scratch(r: int, device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -5,7 +5,8 @@ that reads it next (`triton_packed.QuantizedX`), which saves that GEMV its quant
 With a `LoraShrink` it also runs the LoRA shrink of that linear (`engine.lora.delta`'s "epilogue"
 scheme), which saves the shrink's own launch: the norm in extra programs, each recomputing the
 row's norm and dotting it with a few rows of the stacked A; the SiLU product split over its
-programs' columns with float32 atomics."""
+programs' columns with float32 atomics, or each column block's partial stored for the GEMV's
+epilogue to sum (`LoraShrink.ps`)."""
 
 import torch
 import triton
@@ -56,12 +57,13 @@ def _norm_row(
 
 @triton.jit
 def _norm_shrink(
-    x_ptr, r_ptr, rw_ptr, w, a_ptr, lw_ptr, t_ptr, row, c, m, D, eps, slw, R, part,
+    x_ptr, r_ptr, rw_ptr, w, a_ptr, lw_ptr, t_ptr, row, c, m, D, eps, slw, R, PS, part,
     ADD: tl.constexpr, KSEL: tl.constexpr, BRL: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """The next linear's LoRA shrink from this norm: t[row, r] = (y . A[r]) * W[row, r] for BRL
     rows r of the stacked A (a weight: loaded before the wait), the norm recomputed from the
-    stream (it is in L2); a plain store, one program per (row, r)."""
+    stream (it is in L2); a plain store, one program per (row, r) (PS > 1: partial 0 of a
+    partials buffer, `LoraShrink.ps`)."""
     r = (part - 1) * BRL + tl.arange(0, BRL)
     rm = r < R
     a = tl.load(a_ptr + r[:, None].to(tl.int64) * D + c[None, :], mask=rm[:, None] & m[None, :],
@@ -71,13 +73,13 @@ def _norm_shrink(
     inv = 1.0 / tl.sqrt(tl.sum(v * v, axis=0) / D + eps)
     y = v * inv * w
     acc = tl.sum(y[None, :] * a, axis=1) * tl.load(lw_ptr + row * slw + r, mask=rm, other=0.0)
-    tl.store(t_ptr + row * R + r, acc, mask=rm)
+    tl.store(t_ptr + (row * R + r) * PS, acc, mask=rm)
 
 
 @triton.jit
 def _rms_norm(
     x_ptr, r_ptr, rw_ptr, s_ptr, w_ptr, y_ptr, q_ptr, d_ptr, s16_ptr, xs_ptr, a_ptr, lw_ptr,
-    t_ptr, D, eps, slw, R,
+    t_ptr, D, eps, slw, R, PS,
     BD: tl.constexpr, ADD: tl.constexpr, KSEL: tl.constexpr, QUANT: tl.constexpr,
     RN: tl.constexpr, PDL: tl.constexpr, LORA: tl.constexpr, BRL: tl.constexpr,
 ):  # fmt: skip
@@ -91,7 +93,7 @@ def _rms_norm(
         part = tl.program_id(1)
         if part > 0:
             _norm_shrink(x_ptr, r_ptr, rw_ptr, w, a_ptr, lw_ptr, t_ptr, row, c, m, D, eps, slw,
-                         R, part, ADD, KSEL, BRL, PDL)  # fmt: skip
+                         R, PS, part, ADD, KSEL, BRL, PDL)  # fmt: skip
         else:
             _norm_row(*args, BD, ADD, KSEL, QUANT, RN, PDL)
     else:
@@ -100,13 +102,14 @@ def _rms_norm(
 
 @triton.jit
 def _silu_mul(
-    gu_ptr, y_ptr, q_ptr, d_ptr, s16_ptr, xs_ptr, a_ptr, lw_ptr, t_ptr, H, slw, R, RSTEP,
+    gu_ptr, y_ptr, q_ptr, d_ptr, s16_ptr, xs_ptr, a_ptr, lw_ptr, t_ptr, H, slw, R, RSTEP, PS,
     BH: tl.constexpr, QUANT: tl.constexpr, RN: tl.constexpr, PDL: tl.constexpr,
-    LORA: tl.constexpr, BRS: tl.constexpr,
+    LORA: tl.constexpr, BRS: tl.constexpr, PART: tl.constexpr = False,
 ):  # fmt: skip
     """Program (row, column block, r): y = silu(g) * u of its columns (and their quantized
     groups), stored by the r = 0 programs; with LORA, rows r * RSTEP.. of the next linear's
-    shrink over those columns (one r program and RSTEP = R unless the shrink is split)."""
+    shrink over those columns (one r program and RSTEP = R unless the shrink is split), added
+    into t or, with PART, stored as the column block's partial (`LoraShrink.ps`)."""
     pdl.gdc_begin(PDL)
     pdl.gdc_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
@@ -126,14 +129,17 @@ def _silu_mul(
         quant_groups(yg, grp, gm, q_row, d_ptr + k32, s16_row, xs_ptr + k32, BH // 32, RN)
     if LORA:  # the next linear's LoRA shrink, split over the programs' columns: float32
         lo = tl.program_id(2) * RSTEP
-        for r0 in range(lo, tl.minimum(lo + RSTEP, R), BRS):  # atomics into t (zero before)
+        for r0 in range(lo, tl.minimum(lo + RSTEP, R), BRS):
             r = r0 + tl.arange(0, BRS)
             rm = r < R
             a = tl.load(a_ptr + r[:, None].to(tl.int64) * H + c[None, :],
                         mask=rm[:, None] & m[None, :], other=0.0).to(tl.float32)  # fmt: skip
             acc = tl.sum(y[None, :] * a, axis=1)
             acc *= tl.load(lw_ptr + row * slw + r, mask=rm, other=0.0)
-            tl.atomic_add(t_ptr + row * R + r, acc, mask=rm, sem="relaxed")
+            if PART:  # this column block's partial, stored (the epilogue sums them)
+                tl.store(t_ptr + (row * R + r) * PS + tl.program_id(1), acc, mask=rm)
+            else:  # atomics into t (zero before)
+                tl.atomic_add(t_ptr + row * R + r, acc, mask=rm, sem="relaxed")
 
 
 # rows of the stacked LoRA A per extra norm program (rank 16: 4 programs beside the norm's), and
@@ -181,7 +187,8 @@ def _lora(shrink: LoraShrink | None, rows: int, d: int, like: torch.Tensor):
     r = a.shape[0]
     if a.shape[1] != d or not a.is_contiguous() or w.stride(1) != 1 or w.shape[0] < rows:
         raise ValueError(f"LoRA shrink A {tuple(a.shape)} / W {tuple(w.shape)} for {rows} x {d}")
-    if t.shape[0] < rows or t.shape[1] != r or not t.is_contiguous():
+    fits = t.shape[0] >= rows and t.shape[1] == r and t.is_contiguous()
+    if not fits or t.shape[2:] != ((shrink.ps,) if shrink.ps else ()):
         raise ValueError(f"LoRA scratch {tuple(t.shape)} does not fit {rows} rows of rank {r}")
     return (a, w, t, w.stride(0), r), r
 
@@ -191,15 +198,18 @@ def _norm(x2, r2, rw, w, eps, quant, shrink, add, warps=None):
     rows, d = x2.shape
     xq, qa = _quant_out(rows, d, quant, y)
     la, r = _lora(shrink, rows, d, y)
+    ps = shrink.ps if shrink is not None and shrink.ps else 1  # t's stride per value
     bd = triton.next_power_of_2(d)
     ksel = 0 if rw is None else rw.shape[-1]
     if rw is not None and r2.shape[0] != rows * ksel:
         raise ValueError(f"{r2.shape[0]} rows do not hold {ksel} per row of {rows}")
     _rms_norm[(rows, 1 + triton.cdiv(r, NORM_LORA_ROWS))](
         x2, r2, x2 if rw is None else rw.float().contiguous(), s, w, y, *qa, *la[:3], d, eps,
-        *la[3:], BD=bd, ADD=add, KSEL=ksel, QUANT=xq is not None, RN=x2.is_cuda, LORA=r > 0,
+        *la[3:], ps, BD=bd, ADD=add, KSEL=ksel, QUANT=xq is not None, RN=x2.is_cuda, LORA=r > 0,
         BRL=NORM_LORA_ROWS, num_warps=warps or norm_warps(d), **pdl.launch_options(pdl.enabled(x2)),
     )  # fmt: skip
+    if shrink is not None:  # (one program a (row, A rows): partial 0 is the whole shrink)
+        shrink.wrote(1)
     return s, y, xq
 
 
@@ -240,11 +250,16 @@ def silu_mul_cuda(
     xq, qa = _quant_out(g2.shape[0], hidden, quant, y)
     la, r = _lora(shrink, g2.shape[0], hidden, y)
     bh = SILU_LORA_BH if r > 0 and SILU_LORA_BH else 1024
+    ps = shrink.ps if shrink is not None else 0
+    while ps and triton.cdiv(hidden, bh) > ps:  # wider blocks: fewer partials
+        bh *= 2
     rstep = SILU_LORA_RSTEP if r > 0 and SILU_LORA_RSTEP else max(r, 1)
     grid = (g2.shape[0], triton.cdiv(hidden, bh), triton.cdiv(max(r, 1), rstep))
     flags = {"QUANT": xq is not None, "RN": gu.is_cuda, **pdl.launch_options(pdl.enabled(gu))}
-    _silu_mul[grid](g2, y, *qa, *la[:3], hidden, *la[3:], rstep, BH=bh, num_warps=4,
-                    LORA=r > 0, BRS=SILU_LORA_ROWS, **flags)  # fmt: skip
+    _silu_mul[grid](g2, y, *qa, *la[:3], hidden, *la[3:], rstep, ps, BH=bh, num_warps=4,
+                    LORA=r > 0, BRS=SILU_LORA_ROWS, PART=ps > 0, **flags)  # fmt: skip
+    if shrink is not None:
+        shrink.wrote(grid[1])
     return y.reshape(*gu.shape[:-1], hidden), xq
 
 

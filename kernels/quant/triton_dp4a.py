@@ -161,12 +161,13 @@ def _x_rows(x8_ptr, rows, xm, K4, word0):
 @triton.jit
 def _finish(acc, out_ptr, part_ptr, cnt_ptr, pn, pk, rows, rmask, cols, cols_ok, PS, N, SPLIT,
             lt_ptr, lb_ptr, lc_ptr, l_r, l_e1, l_e2, l_lo0, l_lo1, l_lo2, l_rk0, l_rk1, l_rk2,
-            l_tiles, l_ns, MP: tl.constexpr, BN: tl.constexpr, LR: tl.constexpr,
-            LS: tl.constexpr):  # fmt: skip
+            l_tiles, l_ns, l_np, MP: tl.constexpr, BN: tl.constexpr, LR: tl.constexpr,
+            LS: tl.constexpr, NPC: tl.constexpr, LPS: tl.constexpr):  # fmt: skip
     """Store y, or with split K: park this program's partial sums, and let the program that
     finishes its column tile last add all partials in a fixed order (deterministic, no second
     kernel) and reset the tile's counter for the next launch (CUDA-graph replays included).
-    LR > 0: that program adds the tile's LoRA delta first (`triton_lora_tail`)."""
+    LR > 0: that program adds the tile's LoRA delta first (`triton_lora_tail`; with partials,
+    NPC > 0, nothing to release after)."""
     m2 = rmask[:, None] & cols_ok[None, :]
     yo = rows[:, None] * N + cols[None, :]
     if SPLIT == 1:
@@ -174,9 +175,9 @@ def _finish(acc, out_ptr, part_ptr, cnt_ptr, pn, pk, rows, rmask, cols, cols_ok,
             lora_wait(lc_ptr, l_ns, LS)
             acc += lora_tail(lt_ptr, lb_ptr, l_r, rows, rmask, pn * BN, cols, cols_ok, N,
                              l_e1, l_e2, l_lo0, l_lo1, l_lo2, l_rk0, l_rk1, l_rk2,
-                             MP, BN, LR)  # fmt: skip
+                             l_np, MP, BN, LR, NPC, LPS)  # fmt: skip
         tl.store(out_ptr + yo, acc, mask=m2)
-        if LR > 0:
+        if LR > 0 and NPC == 0:
             lora_release(lt_ptr, lc_ptr, l_r, rows, rmask, l_tiles, MP)
     else:
         tl.store(part_ptr + pk * PS + yo, acc, mask=m2)
@@ -187,14 +188,14 @@ def _finish(acc, out_ptr, part_ptr, cnt_ptr, pn, pk, rows, rmask, cols, cols_ok,
                 lora_wait(lc_ptr, l_ns, LS)
                 tot = lora_tail(lt_ptr, lb_ptr, l_r, rows, rmask, pn * BN, cols, cols_ok, N,
                                 l_e1, l_e2, l_lo0, l_lo1, l_lo2, l_rk0, l_rk1, l_rk2,
-                                MP, BN, LR)  # fmt: skip
+                                l_np, MP, BN, LR, NPC, LPS)  # fmt: skip
             else:
                 tot = tl.zeros(acc.shape, dtype=tl.float32)
             for j in range(0, SPLIT):  # L1 is not coherent across SMs: read partials from L2
                 tot += tl.load(part_ptr + j * PS + yo, mask=m2, other=0.0, cache_modifier=".cg")
             tl.store(out_ptr + yo, tot, mask=m2)
             tl.atomic_xchg(cnt_ptr + pn, 0)
-            if LR > 0:
+            if LR > 0 and NPC == 0:
                 lora_release(lt_ptr, lc_ptr, l_r, rows, rmask, l_tiles, MP)
 
 
@@ -224,8 +225,8 @@ def _gemv_q4k_packed(
     XDIV, P, spb: tl.constexpr, SPLIT: tl.constexpr, MP: tl.constexpr, BN: tl.constexpr,
     ASM: tl.constexpr, MOE: tl.constexpr, PDL: tl.constexpr, PF: tl.constexpr,
     LATE: tl.constexpr, lt_ptr, lb_ptr, lc_ptr, l_r, l_e1, l_e2, l_lo0, l_lo1, l_lo2, l_rk0,
-    l_rk1, l_rk2, l_tiles, ls_ptr, l_sx, la_ptr, lw_ptr, l_sw, l_ns, LR: tl.constexpr,
-    LS: tl.constexpr,
+    l_rk1, l_rk2, l_tiles, ls_ptr, l_sx, la_ptr, lw_ptr, l_sw, l_ns, l_np,
+    LR: tl.constexpr, LS: tl.constexpr, NPC: tl.constexpr, LPS: tl.constexpr,
 ):  # fmt: skip
     pn, pk, tk = lora_program(lc_ptr, LS)  # (LS: the LoRA shrink inline, tickets)
     if not LATE:  # else once the weights are read: one kernel ahead, not a chain
@@ -275,7 +276,7 @@ def _gemv_q4k_packed(
         gdc_begin(PDL)
     _finish(acc, out_ptr, part_ptr, cnt_ptr, pn, pk, rows, rmask, cols, cols_ok, ps, N, SPLIT,
             lt_ptr, lb_ptr, lc_ptr, l_r, l_e1, l_e2, l_lo0, l_lo1, l_lo2, l_rk0, l_rk1, l_rk2,
-            l_tiles, l_ns, MP, BN, LR, LS)  # fmt: skip
+            l_tiles, l_ns, l_np, MP, BN, LR, LS, NPC, LPS)  # fmt: skip
 
 
 @triton.jit
@@ -284,8 +285,8 @@ def _gemv_q6k_packed(
     M, N, K, nb, XDIV, P, spb: tl.constexpr, SPLIT: tl.constexpr, MP: tl.constexpr,
     BN: tl.constexpr, ASM: tl.constexpr, MOE: tl.constexpr, PDL: tl.constexpr, PF: tl.constexpr,
     LATE: tl.constexpr, lt_ptr, lb_ptr, lc_ptr, l_r, l_e1, l_e2, l_lo0, l_lo1, l_lo2, l_rk0,
-    l_rk1, l_rk2, l_tiles, ls_ptr, l_sx, la_ptr, lw_ptr, l_sw, l_ns, LR: tl.constexpr,
-    LS: tl.constexpr,
+    l_rk1, l_rk2, l_tiles, ls_ptr, l_sx, la_ptr, lw_ptr, l_sw, l_ns, l_np,
+    LR: tl.constexpr, LS: tl.constexpr, NPC: tl.constexpr, LPS: tl.constexpr,
 ):  # fmt: skip
     pn, pk, tk = lora_program(lc_ptr, LS)  # (LS: the LoRA shrink inline, tickets)
     if not LATE:  # else once the weights are read: one kernel ahead, not a chain
@@ -346,7 +347,7 @@ def _gemv_q6k_packed(
         gdc_begin(PDL)
     _finish(acc, out_ptr, part_ptr, cnt_ptr, pn, pk, rows, rmask, cols, cols_ok, ps, N, SPLIT,
             lt_ptr, lb_ptr, lc_ptr, l_r, l_e1, l_e2, l_lo0, l_lo1, l_lo2, l_rk0, l_rk1, l_rk2,
-            l_tiles, l_ns, MP, BN, LR, LS)  # fmt: skip
+            l_tiles, l_ns, l_np, MP, BN, LR, LS, NPC, LPS)  # fmt: skip
 
 
 @triton.jit
@@ -355,8 +356,8 @@ def _gemv_q8_0_packed(
     spb: tl.constexpr, SPLIT: tl.constexpr, MP: tl.constexpr, BN: tl.constexpr, ASM: tl.constexpr,
     MOE: tl.constexpr, PDL: tl.constexpr, PF: tl.constexpr,
     LATE: tl.constexpr, lt_ptr, lb_ptr, lc_ptr, l_r, l_e1, l_e2, l_lo0, l_lo1, l_lo2, l_rk0,
-    l_rk1, l_rk2, l_tiles, ls_ptr, l_sx, la_ptr, lw_ptr, l_sw, l_ns, LR: tl.constexpr,
-    LS: tl.constexpr,
+    l_rk1, l_rk2, l_tiles, ls_ptr, l_sx, la_ptr, lw_ptr, l_sw, l_ns, l_np,
+    LR: tl.constexpr, LS: tl.constexpr, NPC: tl.constexpr, LPS: tl.constexpr,
 ):  # fmt: skip
     pn, pk, tk = lora_program(lc_ptr, LS)  # (LS: the LoRA shrink inline, tickets)
     if not LATE:  # else once the weights are read: one kernel ahead, not a chain
@@ -400,4 +401,4 @@ def _gemv_q8_0_packed(
         gdc_begin(PDL)
     _finish(acc, out_ptr, part_ptr, cnt_ptr, pn, pk, rows, rmask, cols, cols_ok, ps, N, SPLIT,
             lt_ptr, lb_ptr, lc_ptr, l_r, l_e1, l_e2, l_lo0, l_lo1, l_lo2, l_rk0, l_rk1, l_rk2,
-            l_tiles, l_ns, MP, BN, LR, LS)  # fmt: skip
+            l_tiles, l_ns, l_np, MP, BN, LR, LS, NPC, LPS)  # fmt: skip

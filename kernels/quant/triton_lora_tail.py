@@ -11,7 +11,9 @@ the epilogue issues them before the GEMV's split-K partials are summed. Up to th
 output group (q | k | v stacked in one GEMV): a tile inside one part (always at the 8B shapes)
 reads that part's slice of t; a tile across a boundary picks each column's part. The last
 tile's epilogue (a counter over every GEMV that reads this t) zeroes t for the shrink of the
-next call. LR == 0 compiles none of it: the base GEMV as before.
+next call. With partials (NPC > 0: a producer kernel's column blocks or heads each stored its
+share, `LoraShrink.ps`) the epilogue sums them as it reads t, and nothing is counted or
+zeroed: the next call overwrites them. LR == 0 compiles none of it: the base GEMV as before.
 """
 
 import triton
@@ -20,6 +22,7 @@ import triton.language as tl
 # rank rows per chunk of the epilogue's products (registers: MP x RC x BN values a chunk)
 RC = tl.constexpr(16)
 ZC = tl.constexpr(64)  # columns of t the last epilogue zeroes per store
+PC = 1024  # values of t's partials a load takes, [partials, rows, RC] (registers: 32 a thread)
 
 
 SHRINK_K, SHRINK_R = 256, 16  # an inline shrink item: columns of x, rows of A
@@ -33,18 +36,29 @@ def tail_args(tail, y, x) -> dict:
         return {"lt_ptr": y, "lb_ptr": y, "lc_ptr": y, "l_r": 0, "l_e1": 0, "l_e2": 0,
                 "l_lo0": 0, "l_lo1": 0, "l_lo2": 0, "l_rk0": 0, "l_rk1": 0, "l_rk2": 0,
                 "l_tiles": 0, "ls_ptr": y, "l_sx": 0, "la_ptr": y, "lw_ptr": y, "l_sw": 0,
-                "l_ns": 0, "LR": 0, "LS": False}  # fmt: skip
+                "l_ns": 0, "l_np": 0, "LR": 0, "LS": False, "NPC": 0, "LPS": 0}  # fmt: skip
     lo, rk = tail.lo, tail.rank
     r, k = tail.t.shape[1], x.shape[1]
     inline = tail.a is not None
+    if tail.np and (inline or not 0 < tail.np <= tail.ps):
+        raise ValueError(f"{tail.np} LoRA partials of {tail.ps} (inline: {inline})")
     return {"lt_ptr": tail.t, "lb_ptr": tail.b, "lc_ptr": tail.count, "l_r": r,
             "l_e1": tail.ends[0], "l_e2": tail.ends[1], "l_lo0": lo[0], "l_lo1": lo[1],
             "l_lo2": lo[2], "l_rk0": rk[0], "l_rk1": rk[1], "l_rk2": rk[2],
             "l_tiles": tail.tiles, "ls_ptr": x, "l_sx": x.stride(0),
             "la_ptr": tail.a if inline else y, "lw_ptr": tail.w if inline else y,
             "l_sw": tail.w.stride(0) if inline else 0,
-            "l_ns": shrink_items(r, k) if inline else 0,
-            "LR": tail.b.shape[0], "LS": inline}  # fmt: skip
+            "l_ns": shrink_items(r, k) if inline else 0, "l_np": tail.np,
+            "LR": tail.b.shape[0], "LS": inline,
+            "NPC": partial_chunk(tail.np, x.shape[0]), "LPS": tail.ps}  # fmt: skip
+
+
+def partial_chunk(np: int, rows: int) -> int:
+    """Partials the epilogue sums per load (a power of two; 0: none, t is whole): all of them
+    where [partials, rows, RC] values fit PC (one round trip of loads at one row), else fewer."""
+    if not np:
+        return 0
+    return min(triton.next_power_of_2(np), max(1, PC // (triton.next_power_of_2(rows) * RC.value)))
 
 
 def shrink_items(r: int, k: int) -> int:
@@ -110,19 +124,30 @@ def lora_wait(lc_ptr, ns, LS: tl.constexpr):
 
 
 @triton.jit
-def _t_chunk(t_ptr, R, rows, rmask, lo, rank, rr):
-    # t was summed by the shrink's atomics in L2: read it there (no L1 line of an earlier call)
+def _t_chunk(t_ptr, R, rows, rmask, lo, rank, rr, np, NPC: tl.constexpr, PS: tl.constexpr):
+    # t was summed by the shrink's atomics in L2 (or its partials stored there by the previous
+    # kernel): read it there (no L1 line of an earlier call)
     m = rmask[:, None] & (rr < rank)[None, :]
-    return tl.load(t_ptr + rows[:, None] * R + (lo + rr)[None, :], mask=m, other=0.0,
-                   cache_modifier=".cg")  # fmt: skip
+    off = rows[:, None] * R + (lo + rr)[None, :]
+    if NPC == 0:
+        t = tl.load(t_ptr + off, mask=m, other=0.0, cache_modifier=".cg")
+    else:  # t[row, r] = sum of [row, r, :np]: side by side, vector loads
+        t = tl.zeros(m.shape, dtype=tl.float32)
+        for p0 in range(0, np, NPC):  # one step where all partials fit a load (one row)
+            p = p0 + tl.arange(0, NPC)
+            pm = m[:, :, None] & (p < np)[None, None, :]
+            at = (off * PS)[:, :, None] + p[None, None, :]  # (PS constexpr: aligned vectors)
+            t += tl.sum(tl.load(t_ptr + at, mask=pm, other=0.0, cache_modifier=".cg"), axis=2)
+    return t
 
 
 @triton.jit
 def lora_tail(t_ptr, b_ptr, R, rows, rmask, c0, cols, cols_ok, N, e1, e2, lo0, lo1, lo2, rk0,
-              rk1, rk2, MP: tl.constexpr, BN: tl.constexpr, LR: tl.constexpr):  # fmt: skip
+              rk1, rk2, np, MP: tl.constexpr, BN: tl.constexpr, LR: tl.constexpr,
+              NPC: tl.constexpr, PS: tl.constexpr):  # fmt: skip
     """The delta [MP, BN] of output columns `cols` (c0 the first): sum over r of
     t[row, lo_p + r] * b[r, col], p the column's part (from column e1 on part 1, from e2 on
-    part 2)."""
+    part 2). NPC > 0: t[row, r] is the sum of t's [row, r, :np] (PS per value), NPC a load."""
     d = tl.zeros([MP, BN], dtype=tl.float32)
     last = tl.minimum(c0 + BN, N) - 1
     p0 = (c0 >= e1).to(tl.int32) + (c0 >= e2).to(tl.int32)
@@ -136,7 +161,7 @@ def lora_tail(t_ptr, b_ptr, R, rows, rmask, c0, cols, cols_ok, N, e1, e2, lo0, l
             rr = c + tl.arange(0, RC)
             # rows past a part's rank are zero in b: only the columns need a mask
             b = tl.load(b_ptr + rr[:, None] * N + cols[None, :], mask=cols_ok[None, :], other=0.0)
-            t = _t_chunk(t_ptr, R, rows, rmask, lo, rank, rr)
+            t = _t_chunk(t_ptr, R, rows, rmask, lo, rank, rr, np, NPC, PS)
             d += tl.sum(t[:, :, None] * b.to(tl.float32)[None, :, :], axis=1)
     else:  # a part boundary inside the tile: each column picks its part (a chunk at a time)
         sel = (cols >= e1).to(tl.int32) + (cols >= e2).to(tl.int32)
@@ -144,9 +169,9 @@ def lora_tail(t_ptr, b_ptr, R, rows, rmask, c0, cols, cols_ok, N, e1, e2, lo0, l
         for c in range(0, LR, RC):
             rr = c + tl.arange(0, RC)
             b = tl.load(b_ptr + rr[:, None] * N + cols[None, :], mask=cols_ok[None, :], other=0.0)
-            ta = _t_chunk(t_ptr, R, rows, rmask, lo0, rk0, rr)[:, :, None]
-            tb = _t_chunk(t_ptr, R, rows, rmask, lo1, rk1, rr)[:, :, None]
-            tc = _t_chunk(t_ptr, R, rows, rmask, lo2, rk2, rr)[:, :, None]
+            ta = _t_chunk(t_ptr, R, rows, rmask, lo0, rk0, rr, np, NPC, PS)[:, :, None]
+            tb = _t_chunk(t_ptr, R, rows, rmask, lo1, rk1, rr, np, NPC, PS)[:, :, None]
+            tc = _t_chunk(t_ptr, R, rows, rmask, lo2, rk2, rr, np, NPC, PS)[:, :, None]
             t = tl.where(sel3 == 0, ta, tl.where(sel3 == 1, tb, tc))  # [MP, RC, BN]
             d += tl.sum(t * b.to(tl.float32)[None, :, :], axis=1)
     return d

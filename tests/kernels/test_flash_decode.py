@@ -120,14 +120,19 @@ def test_combine_quantizes_its_rows_like_quantize_x8(g, dv, t, m):
 @pytest.mark.parametrize(("g", "dv", "t", "rank"), [(4, 128, 1, 16), (8, 64, 3, 20)])
 @pytest.mark.parametrize("span", [False, True])
 @pytest.mark.parametrize("rstep", [None, 8])
-def test_combine_adds_the_output_projections_lora_shrink(g, dv, t, rank, span, rstep, monkeypatch):
+@pytest.mark.parametrize("partial", [0, 64, 4], ids=["scratch", "partials", "few-partials"])
+def test_combine_adds_the_output_projections_lora_shrink(
+    g, dv, t, rank, span, rstep, partial, monkeypatch
+):
     """With `shrink` the combine also adds (o @ A.T) * W into the projection's scratch t (each
     head its DV columns, float32 atomics): within float32 rounding of the float64 product of
     the rows it wrote; the float output is the same as without (its bits on the interpreter;
     within float32 rounding on a GPU, where the kernel with the shrink is another compile);
     rows past t stay zero. The
     plan's rows are out's rows in another order (t follows out's rows). `COMBINE_LORA_RSTEP`
-    splits A's rows over more programs (rank 20 in 8 + 8 + 4): the same."""
+    splits A's rows over more programs (rank 20 in 8 + 8 + 4): the same. With partials
+    (`LoraShrink.ps`, NaN before) each head stores its own share, t their sum; a buffer of
+    fewer partials than heads gets the shrink's torch form after the combine (partial 0)."""
     from localllm.kernels.attention import triton_decode
     from localllm.kernels.attention.triton_decode import flash_decode
     from localllm.kernels.fused.lora_delta import LoraShrink
@@ -146,7 +151,12 @@ def test_combine_adds_the_output_projections_lora_shrink(g, dv, t, rank, span, r
     plain = flash_decode(*args, torch.zeros(t, kvh * g, dv, device=DEVICE), **kw)
     a = torch.randn(rank, kvh * g * dv, generator=gen).half()
     w = torch.randn(8, rank, generator=gen)
-    sh = LoraShrink(a.to(DEVICE), w.to(DEVICE), torch.zeros(8, rank, device=DEVICE))
+    reports = []
+    if partial:
+        buf = torch.full((8, rank, partial), float("nan"), device=DEVICE)
+        sh = LoraShrink(a.to(DEVICE), w.to(DEVICE), buf, partial, reports.append)
+    else:
+        sh = LoraShrink(a.to(DEVICE), w.to(DEVICE), torch.zeros(8, rank, device=DEVICE))
     out = torch.zeros(t, kvh * g, dv, device=DEVICE)
     assert flash_decode(*args, out, shrink=sh, **kw) is out
     if out.is_cuda:  # another compile of the merge: on an H100 (2026-12-07 12:34 UTC) the span
@@ -158,8 +168,15 @@ def test_combine_adds_the_output_projections_lora_shrink(g, dv, t, rank, span, r
         assert torch.equal(out, plain)
     want = (out.reshape(t, -1).double().cpu() @ a.double().T) * w[:t].double()
     got = sh.t.double().cpu()
+    if partial:
+        n = kvh * g if partial >= kvh * g else 1
+        assert reports == [n]
+        assert not got[:t, :, :n].isnan().any()
+        assert got[:t, :, n:].isnan().all() and got[t:].isnan().all()
+        got = got[:, :, :n].sum(-1)
+    else:
+        assert not got[t:].any()
     assert (got[:t] - want).abs().max().item() < 1e-5 * want.abs().max().item()
-    assert not got[t:].any()
 
 
 def test_combine_quant_needs_every_row_of_out():

@@ -173,3 +173,57 @@ def test_epilogue_rejects_long_steps(make_blocks):
     tail = make_tail(scratch(16, DEVICE), [(64, LoraPart(0, 16, torch.zeros(16, 64).half()))], 1)
     with pytest.raises(ValueError, match="LoRA epilogue takes"):
         gemv_packed(torch.zeros(MAX_ROWS + 1, K, device=DEVICE), p, lora=tail)
+
+
+@pytest.mark.parametrize("np_", [1, 5, 56], ids=lambda n: f"{n}partials")
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-T{c[1]}-{len(c[2])}parts")
+def test_epilogue_sums_partial_shrinks(case, np_, make_blocks):
+    """`PARTIAL_SHRINK`'s tails: t is the sum of a producer's np partials ([rows, R, PS], the
+    ones past np NaN: never read); the epilogue adds that t's delta, counts and zeroes nothing
+    (the partials and the scratch's counters are as they were), and a second call gives the
+    same bits."""
+    import dataclasses
+
+    from localllm.kernels.fused.lora_delta import PARTIALS, partials
+    from localllm.kernels.quant.q8x_reference import gemv_q8x_reference
+    from localllm.kernels.quant.triton_packed import gemv_packed, split_counters
+
+    name, rows, cols, ranks, split = case
+    n = sum(cols)
+    qt, raw = _weight(make_blocks, name, n, seed=n)
+    x, a, w, parts = _adapters(rows, cols, ranks, seed=rows)
+    want = gemv_q8x_reference(x, raw, qt, n, K).float() + _delta(x, a, w, parts, cols)
+    p = pack_blocks(raw.to(DEVICE), qt, n, K)
+    cfg = _cfg(qt, n, split)
+    dev_parts = [None if q is None else LoraPart(q.lo, q.hi, q.b_t.to(DEVICE)) for q in parts]
+    pad = scratch(a.shape[0], DEVICE)
+    tail = make_tail(pad, list(zip(cols, dev_parts, strict=True)), -(-n // cfg.block_n))
+    # the shrink's t split into np random shares (what a producer's programs store)
+    t = (x.float() @ a.float().T) * w[:rows]
+    g = torch.Generator().manual_seed(np_)
+    shares = torch.randn(rows, t.shape[1], np_, generator=g)
+    shares[..., -1] += t - shares.sum(-1)
+    shares[w[:rows] == 0] = 0.0  # a producer's shares of a row on no adapter: times W = 0
+    buf = partials(a.shape[0], 4, "cpu").fill_(float("nan"))
+    buf[:rows, :, :np_] = shares
+    buf = buf.to(DEVICE)
+    before = buf.clone()
+    tail = dataclasses.replace(tail, t=buf, np=np_, ps=PARTIALS)
+    xd = x.to(DEVICE)
+    base = gemv_packed(xd, p, cfg, split_counters(p, cfg)).cpu()
+    ref = tail_reference(base, _with_t(tail, buf))
+    outs = []
+    for _ in range(2):
+        counters = split_counters(p, cfg)
+        outs.append(gemv_packed(xd, p, cfg, counters, lora=tail).cpu())
+        assert torch.equal(buf.isnan(), before.isnan())
+        assert torch.equal(buf.nan_to_num(), before.nan_to_num())  # nothing zeroed
+        assert not pad[0].any() and not pad[1].any() and not counters.any()
+    got = outs[0]
+    assert torch.equal(outs[0], outs[1])
+    assert not got.isnan().any()
+    assert (got - ref).abs().max().item() < 1e-4 * max(1.0, ref.abs().max().item())
+    assert (got - want).norm().item() < 1e-3 * want.norm().item()
+    assert (got - base).abs().max().item() > 1e-2  # the delta is really there
+    if rows > 1:
+        assert torch.equal(got[1], base[1])  # a row on no adapter: the base alone

@@ -10,7 +10,8 @@ zero, and five rows (past the scheme's rows) take the atomic kernels; greedy dec
 graphs gives a mixed batch each request's alone tokens, and the same tokens as the default
 scheme. "epilogue" runs q|k|v's, gate|up's, down's and the output projection's shrinks in the
 norm, SiLU and flash-decoding kernels before them (PRODUCER_SHRINK: no shrink is launched),
-"epilogue-launched" launches every shrink. The module-level checks, tighter:
+"epilogue-launched" launches every shrink, "epilogue-partials" has those kernels store partial
+shrinks that the GEMVs' epilogues sum (PARTIAL_SHRINK). The module-level checks, tighter:
 tests/lora/test_lora_epilogue_module.py, tests/lora/test_lora_producer_shrink.py."""
 
 import dataclasses
@@ -58,12 +59,13 @@ def _count_tails(monkeypatch) -> list[int]:
     return seen
 
 
-SCHEMES = ["epilogue", "epilogue-launched", "inline"]
+SCHEMES = ["epilogue", "epilogue-partials", "epilogue-launched", "inline"]
 
 
 def _scheme(monkeypatch, name: str) -> None:
-    monkeypatch.setattr(delta, "SCHEME", name.removesuffix("-launched"))
+    monkeypatch.setattr(delta, "SCHEME", name.split("-")[0])
     monkeypatch.setattr(delta, "PRODUCER_SHRINK", not name.endswith("-launched"))
+    monkeypatch.setattr(delta, "PARTIAL_SHRINK", name.endswith("-partials"))
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)
@@ -87,7 +89,8 @@ def test_epilogue_near_exact_deltas(monkeypatch, scheme):
         # the launched shrinks a forward: every module's, or none (the norm, SiLU and attention
         # kernels run them; a prompt's attention output: its torch form)
         wide = [d for d in deltas if d._tails and d.a.shape[0] > delta.PRODUCER_MAX_RANK]
-        want = len(wide) if scheme == "epilogue" else sum(1 for d in deltas if d._tails)
+        producers = scheme in ("epilogue", "epilogue-partials")
+        want = len(wide) if producers else sum(1 for d in deltas if d._tails)
         for rows in (1, 4, 5):
             _rows_near_exact_deltas(monkeypatch, model, deltas, seen, rows)
             if rows <= delta.EPILOGUE_ROWS and scheme != "inline":

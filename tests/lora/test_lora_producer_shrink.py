@@ -21,12 +21,22 @@ D, H, EPS = 256, 3072, 1e-5
 REL_TOL = 1e-5  # of t's largest value: float32 dot products against the float64 product
 
 
-def _shrink(r: int, k: int, rows: int, seed: int = 0) -> LoraShrink:
+def _shrink(r: int, k: int, rows: int, seed: int = 0, partial: int = 0) -> LoraShrink:
+    """`partial` > 0: a partials buffer of that many a value (`delta.PARTIAL_SHRINK`), NaN
+    before the call (what the kernel does not write stays NaN); the reports land in
+    `_reports`."""
     g = torch.Generator().manual_seed(seed)
     a = torch.randn(r, k, generator=g).half()
     w = torch.randn(64, r, generator=g)
     w[1] = 0.0  # a row on no adapter: exactly 0
+    if partial:
+        _reports.clear()
+        t = torch.full((64, r, partial), float("nan"), device=DEVICE)
+        return LoraShrink(a.to(DEVICE), w.to(DEVICE), t, partial, _reports.append)
     return LoraShrink(a.to(DEVICE), w.to(DEVICE), torch.zeros(64, r, device=DEVICE))
+
+
+_reports: list[int] = []
 
 
 def _same_twin(a, b) -> bool:
@@ -36,13 +46,21 @@ def _same_twin(a, b) -> bool:
     )
 
 
-def _check_t(sh: LoraShrink, y: torch.Tensor, rows: int) -> None:
+def _check_t(sh: LoraShrink, y: torch.Tensor, rows: int, parts: int = 1) -> None:
+    """t (with partials: the sum of the `parts` the kernel reported, each written, the rest
+    and the rows past the call untouched) against the float64 product."""
     want = (y.double().cpu() @ sh.a.double().cpu().T) * sh.w[:rows].double().cpu()
     got = sh.t.double().cpu()
+    if sh.ps:
+        assert _reports == [parts]
+        assert not got[:rows, :, :parts].isnan().any()  # every partial written
+        assert got[:rows, :, parts:].isnan().all() and got[rows:].isnan().all()
+        got = got[:rows, :, :parts].sum(-1)
+    else:
+        assert not got[rows:].any()  # rows past the call untouched
     scale = want.abs().max().item()
     assert scale > 1.0
     assert (got[:rows] - want).abs().max().item() < REL_TOL * scale
-    assert not got[rows:].any()  # rows past the call untouched
     if rows > 1:
         assert not got[1].any()
 
@@ -52,7 +70,9 @@ def _check_t(sh: LoraShrink, y: torch.Tensor, rows: int) -> None:
 @pytest.mark.parametrize("rows", [1, 3])
 @pytest.mark.parametrize("rank", [16, 22])
 @pytest.mark.parametrize("form", ["norm", "add", "weighted"])
-def test_norm_kernel_runs_the_shrink(form, rank, rows):
+@pytest.mark.parametrize("partial", [0, 64], ids=["scratch", "partials"])
+def test_norm_kernel_runs_the_shrink(form, rank, rows, partial):
+    """Into the scratch, or as partial 0 of a partials buffer (one program a value)."""
     from localllm.kernels.fused.triton_ops import add_rms_norm_cuda, rms_norm_cuda
 
     g = torch.Generator().manual_seed(rows * 100 + rank)
@@ -61,7 +81,7 @@ def test_norm_kernel_runs_the_shrink(form, rank, rows):
     k = 3 if form == "weighted" else 1
     r = torch.randn(rows * k, D, generator=g).to(DEVICE)
     rw = torch.rand(rows, k, generator=g).to(DEVICE) if form == "weighted" else None
-    sh = _shrink(rank, D, rows)
+    sh = _shrink(rank, D, rows, partial=partial)
 
     def run(shrink):
         if form == "norm":
@@ -81,10 +101,12 @@ def test_norm_kernel_runs_the_shrink(form, rank, rows):
 @pytest.mark.parametrize("rank", [16, 44])
 @pytest.mark.parametrize(("rstep", "bh"), [(None, None), (8, None), (16, None), (None, 256),
                                            (8, 256)])  # fmt: skip
-def test_silu_kernel_adds_the_shrink(rank, rows, rstep, bh, monkeypatch):
+@pytest.mark.parametrize("partial", [0, 64, 4], ids=["scratch", "partials", "4-partials"])
+def test_silu_kernel_adds_the_shrink(rank, rows, rstep, bh, partial, monkeypatch):
     """Also with `SILU_LORA_RSTEP` splitting A's rows over more programs (44 in 16 + 16 + 12),
     and `SILU_LORA_BH` narrowing each program's columns (3,072 in 12 of 256): y and its twin are
-    stored once, t gets every row."""
+    stored once, t gets every row. With partials each column block stores its own (12 of 256,
+    or 3 of 1,024), and a buffer of 4 a value makes the blocks wider (3,072 in 3 of 1,024)."""
     from localllm.kernels.fused import triton_ops
     from localllm.kernels.fused.triton_ops import silu_mul_cuda
 
@@ -92,12 +114,12 @@ def test_silu_kernel_adds_the_shrink(rank, rows, rstep, bh, monkeypatch):
     monkeypatch.setattr(triton_ops, "SILU_LORA_BH", bh)
     g = torch.Generator().manual_seed(rows + rank)
     gu = torch.randn(rows, 2 * H, generator=g).to(DEVICE)
-    sh = _shrink(rank, H, rows, seed=1)
+    sh = _shrink(rank, H, rows, seed=1, partial=partial)
     y0, q0 = silu_mul_cuda(gu, H, True)
     y1, q1 = silu_mul_cuda(gu, H, True, sh)
     assert torch.equal(y0, y1)
     assert _same_twin(q0, q1)
-    _check_t(sh, y1, rows)
+    _check_t(sh, y1, rows, parts=H // (bh or 1024) if partial == 64 else 3)
 
 
 def test_the_torch_fallback_writes_the_same_product():
@@ -121,7 +143,10 @@ def test_the_torch_fallback_writes_the_same_product():
 @needs_triton
 @pytest.mark.gpu
 @pytest.mark.parametrize("module", ["qkv", "down"])
-def test_a_module_takes_its_inputs_shrink(monkeypatch, module):
+@pytest.mark.parametrize("partial", [False, True], ids=["scratch", "partials"])
+def test_a_module_takes_its_inputs_shrink(monkeypatch, module, partial):
+    """With `PARTIAL_SHRINK` the input's kernel stores partials (the norm 1, the SiLU product
+    one a column block) and the GEMV's epilogue sums them; the scratch is never touched."""
     from localllm.engine.loader import open_weights
     from localllm.engine.lora import LoraSpec
     from localllm.engine.lora.load import load_adapter
@@ -136,6 +161,7 @@ def test_a_module_takes_its_inputs_shrink(monkeypatch, module):
     finally:
         g.close()
     monkeypatch.setattr(delta, "SCHEME", "epilogue")
+    monkeypatch.setattr(delta, "PARTIAL_SHRINK", partial)
     launched = []
     real = triton_lora.shrink
     monkeypatch.setattr(triton_lora, "shrink", lambda *a: launched.append(1) or real(*a))
@@ -152,9 +178,11 @@ def test_a_module_takes_its_inputs_shrink(monkeypatch, module):
         else:
             gu = torch.randn(n, 2 * k, generator=gen).to(DEVICE)
             y, _ = silu_mul_cuda(gu, k, shrink=sh)
-        assert d.scratch[0][:n].any()  # the input's kernel wrote t
+        # the input's kernel wrote t (or its partials)
+        assert (d.partials if partial else d.scratch[0])[:n].any()
         tails = d.tails(y)
         assert tails is not None and not launched
+        assert tails[0].np == (0 if not partial else 1 if module == "qkv" else -(-k // 256))
         got = lin.matmul(y, lora=tails[0]).cpu().double()
         assert not d.scratch[0].any() and not d.scratch[1].any(), "scratch left dirty"
         base = lin.matmul(y).cpu().double()

@@ -59,6 +59,8 @@ GPU_CASES = {
     "4 adapters, inline": (4, 1.0),
     "1 adapter, atomic": (1, 1.0),
     "4 adapters, atomic": (4, 1.0),
+    "1 adapter, partials": (1, 1.0),
+    "4 adapters, producers partials": (4, 1.0),
 }
 # `localllm bench` with module switches set, in its own process (tests/perf/with_switches.py)
 D = "localllm.engine.lora.delta."
@@ -69,6 +71,9 @@ def _switches(case: str) -> list[str]:
         return [D + "KERNELS=False"]
     if "fused kernel" in case:
         return [D + "SCHEME='fused'"]
+    if "partials" in case:  # the input kernels store partial shrinks, the epilogues sum them
+        sets = [D + "SCHEME='epilogue'", D + "PARTIAL_SHRINK=True"]
+        return sets + ([D + "PRODUCER_MAX_RANK=1048576"] if "producers" in case else [])
     if "producers" in case or "silu narrow" in case:  # every shrink in the input kernels,
         # whatever its rank ("producers"; one adapter's take them by default); "split": the
         # SiLU's and the attention combine's over more programs (8 rows of A each); "narrow":

@@ -37,7 +37,7 @@ GEMV_LORA |= dict.fromkeys(
 )
 # the "inline" scheme's shrink arguments (x, A, W)
 GEMV_LORA |= {"ls_ptr": F32, "l_sx": "i32", "la_ptr": "*fp16", "lw_ptr": F32, "l_sw": "i32"}
-GEMV_LORA |= {"l_ns": "i32"}
+GEMV_LORA |= {"l_ns": "i32", "l_np": "i32"}
 # PTXAS: another ptxas where the bundled one predates the PTX triton writes (triton 3.9 wheels
 # bundle a 12.9 `ptxas` and a 13.x `ptxas-blackwell`, which also takes sm_90a)
 PTXAS = os.environ.get("PTXAS") or os.path.join(
@@ -98,9 +98,9 @@ def main(pdl: bool = False) -> None:
     norm |= {"q_ptr": I32, "d_ptr": F32, "s16_ptr": I32, "xs_ptr": F32}
     # the LoRA shrink's arguments (`triton_ops._lora`): A, W, the scratch, W's stride, R
     lora = {"a_ptr": "*fp16", "lw_ptr": F32, "t_ptr": F32}
-    norm |= lora | {"D": "i32", "eps": "fp32", "slw": "i32", "R": "i32"}
+    norm |= lora | {"D": "i32", "eps": "fp32", "slw": "i32", "R": "i32", "PS": "i32"}
     silu = {"gu_ptr": F32, "y_ptr": F32, "q_ptr": I32, "d_ptr": F32, "s16_ptr": I32, "xs_ptr": F32}
-    silu |= lora | {"H": "i32", "slw": "i32", "R": "i32", "RSTEP": "i32"}
+    silu |= lora | {"H": "i32", "slw": "i32", "R": "i32", "RSTEP": "i32", "PS": "i32"}
     rope = dict.fromkeys(("q_ptr", "k_ptr", "v_ptr"), F32) | dict.fromkeys(
         ("sq", "sk", "sv"), "i32"
     )
@@ -121,7 +121,7 @@ def main(pdl: bool = False) -> None:
         "xs_ptr": F32,
         "NS": "i32",
     }
-    comb |= lora | {"slw": "i32", "R": "i32", "RSTEP": "i32"}
+    comb |= lora | {"slw": "i32", "R": "i32", "RSTEP": "i32", "PS": "i32"}
     quant = {"x_ptr": F32, "q_ptr": I32, "d_ptr": F32, "s16_ptr": I32, "xsum_ptr": F32, "K": "i32"}
     cases = [
         (triton_dp4a._quant_x8, quant, {"G": 16, "RN": True}, 4),
@@ -171,6 +171,8 @@ def main(pdl: bool = False) -> None:
                 "LATE": True,
                 "LR": 0,
                 "LS": False,
+                "NPC": 0,
+                "LPS": 0,
             }
             cases.append((fn, {n: sig[n] for n in order}, geo, warps))
     comb_sig = {"y_ptr": F32, "w_ptr": F32, "out_ptr": F32, "D": "i32"}

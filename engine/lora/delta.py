@@ -24,7 +24,8 @@ epilogue (`kernels.quant.triton_lora_tail`), one launch a module fewer; "inline"
 module's first GEMV the shrink too (its first programs do the shrink's items, its tile
 finishers wait for them): no LoRA launch at all. With PARTIAL_SHRINK the input kernels store
 partial shrinks (a column block's or a head's) that the epilogues sum, so nothing is zeroed
-after a call. Other steps of these schemes run the "atomic" kernels. `reference_delta` is the plain per-adapter formula the tests compare with.
+after a call. Other steps of these schemes run the "atomic" kernels. `reference_delta` is the
+plain per-adapter formula the tests compare with.
 """
 
 import dataclasses

@@ -227,6 +227,7 @@ def _gemv_q4k_packed(
     LATE: tl.constexpr, lt_ptr, lb_ptr, lc_ptr, l_r, l_e1, l_e2, l_lo0, l_lo1, l_lo2, l_rk0,
     l_rk1, l_rk2, l_tiles, ls_ptr, l_sx, la_ptr, lw_ptr, l_sw, l_ns, l_np,
     LR: tl.constexpr, LS: tl.constexpr, NPC: tl.constexpr, LPS: tl.constexpr,
+    STAGES: tl.constexpr = 1,
 ):  # fmt: skip
     pn, pk, tk = lora_program(lc_ptr, LS)  # (LS: the LoRA shrink inline, tickets)
     if not LATE:  # else once the weights are read: one kernel ahead, not a chain
@@ -254,7 +255,7 @@ def _gemv_q4k_packed(
     part_ptr += orow * N
     cnt_ptr += cb
     acc = tl.zeros([MP, BN], dtype=tl.float32)
-    for i in range(0, spb):
+    for i in tl.range(0, spb, num_stages=STAGES):  # STAGES > 1: cp.async stages
         s = pk * spb + i
         real = s < nb  # the last program's chunk may run past the row
         cm = cols_ok & real
@@ -287,6 +288,7 @@ def _gemv_q6k_packed(
     LATE: tl.constexpr, lt_ptr, lb_ptr, lc_ptr, l_r, l_e1, l_e2, l_lo0, l_lo1, l_lo2, l_rk0,
     l_rk1, l_rk2, l_tiles, ls_ptr, l_sx, la_ptr, lw_ptr, l_sw, l_ns, l_np,
     LR: tl.constexpr, LS: tl.constexpr, NPC: tl.constexpr, LPS: tl.constexpr,
+    STAGES: tl.constexpr = 1,
 ):  # fmt: skip
     pn, pk, tk = lora_program(lc_ptr, LS)  # (LS: the LoRA shrink inline, tickets)
     if not LATE:  # else once the weights are read: one kernel ahead, not a chain
@@ -318,7 +320,7 @@ def _gemv_q6k_packed(
     part_ptr += orow * N
     cnt_ptr += cb
     acc = tl.zeros([MP, BN], dtype=tl.float32)
-    for i in range(0, spb):
+    for i in tl.range(0, spb, num_stages=STAGES):  # STAGES > 1: cp.async stages
         s = pk * spb + i
         real = s < nb  # the last program's chunk may run past the row
         cm = cols_ok & real
@@ -358,6 +360,7 @@ def _gemv_q8_0_packed(
     LATE: tl.constexpr, lt_ptr, lb_ptr, lc_ptr, l_r, l_e1, l_e2, l_lo0, l_lo1, l_lo2, l_rk0,
     l_rk1, l_rk2, l_tiles, ls_ptr, l_sx, la_ptr, lw_ptr, l_sw, l_ns, l_np,
     LR: tl.constexpr, LS: tl.constexpr, NPC: tl.constexpr, LPS: tl.constexpr,
+    STAGES: tl.constexpr = 1,
 ):  # fmt: skip
     pn, pk, tk = lora_program(lc_ptr, LS)  # (LS: the LoRA shrink inline, tickets)
     if not LATE:  # else once the weights are read: one kernel ahead, not a chain
@@ -386,7 +389,7 @@ def _gemv_q8_0_packed(
     part_ptr += orow * N
     cnt_ptr += cb
     acc = tl.zeros([MP, BN], dtype=tl.float32)
-    for i in range(0, spb):
+    for i in tl.range(0, spb, num_stages=STAGES):  # STAGES > 1: cp.async stages
         b = pk * spb + i
         real = b < nb
         cm = cols_ok & real

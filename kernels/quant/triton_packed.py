@@ -44,6 +44,13 @@ PREFETCH_MAX_BYTES = 8 << 20
 # Let the next kernel be placed only after the weights are read (else at the start: the next
 # kernels' programs, placed and prefetching a chain ahead, slowed Llama-3-8B decode 4 %)
 GEMV_LATE_TRIGGER = True
+# Software-pipelined weight loads: a program's loop over its K chunk's blocks runs with this many
+# cp.async stages (triton's pipeliner; 1: plain loads, the kernels as before, PTX identical).
+# With more stages a program keeps its next blocks in flight, so fewer split-K programs (less
+# partial-sum traffic, a shorter reduction tail) may stream as fast: PIPE_SM_TARGET programs
+# per launch then. Off until a GPU sweep (tests/perf/bench_gpu.py packed) times them.
+GEMV_STAGES = 1
+PIPE_SM_TARGET = SM_TARGET
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,25 +66,31 @@ class QuantizedX:
 
 @dataclass(frozen=True, slots=True)
 class PackedConfig:
-    """Weight rows per program, warps, and blocks (super-blocks for K-quants) per program."""
+    """Weight rows per program, warps, blocks (super-blocks for K-quants) per program, and the
+    cp.async stages of a program's loop over them (1: none)."""
 
     block_n: int
     num_warps: int
     blocks_per_program: int
+    stages: int = 1
 
 
 def packed_config(
     qtype: QuantType, n: int, k: int, block_n: int = 64, warps: int | None = None
 ) -> PackedConfig:
     """Split K until the launch has about SM_TARGET programs (N alone gives too few for the
-    4096-row projections). Warps: two per program for matrices up to SMALL_BYTES, else one."""
+    4096-row projections; PIPE_SM_TARGET with GEMV_STAGES > 1, whose stages a program with
+    more than one block takes). Warps: two per program for matrices up to SMALL_BYTES, else
+    one."""
     block, block_bytes = block_geometry(qtype)
     nb = k // block
     tiles = triton.cdiv(n, block_n)
-    split = 1 if tiles >= NO_SPLIT_TILES else max(1, min(nb, triton.cdiv(SM_TARGET, tiles)))
+    target = PIPE_SM_TARGET if GEMV_STAGES > 1 else SM_TARGET
+    split = 1 if tiles >= NO_SPLIT_TILES else max(1, min(nb, triton.cdiv(target, tiles)))
     if warps is None:
         warps = 2 if n * nb * block_bytes <= SMALL_BYTES else 1
-    return PackedConfig(block_n, warps, triton.cdiv(nb, split))
+    spb = triton.cdiv(nb, split)
+    return PackedConfig(block_n, warps, spb, GEMV_STAGES if spb > 1 else 1)
 
 
 def empty_quantized(m: int, k: int, device: torch.device) -> QuantizedX:
@@ -195,6 +208,7 @@ def _launch(
         **pdl.launch_options(GEMV_PDL and pdl.enabled(xq.words)),
         "PF": GEMV_PREFETCH and small,
         "LATE": GEMV_LATE_TRIGGER,
+        "STAGES": c.stages,
         **tail_args(lora, args[0], x if x is not None else args[0]),
     }
     tail = (*args, c.blocks_per_program)

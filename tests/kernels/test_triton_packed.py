@@ -88,14 +88,19 @@ def test_gemv_packed_matches_reference(name, shape, m, make_blocks):
 @pytest.mark.parametrize("name", NAMES)
 def test_split_k_uneven_chunks_and_counter_reuse(name, make_blocks):
     """Chunks that do not divide the row (the last program runs past it) and one counter buffer
-    over several calls: each call's last program must reset the tile counters it used."""
+    over several calls: each call's last program must reset the tile counters it used. Also
+    with the loop over a chunk's blocks in cp.async stages (`GEMV_STAGES`; the interpreter runs
+    it as a plain loop, a GPU as the pipelined one), and one program for the whole row."""
     from localllm.kernels.quant.q8x_reference import gemv_q8x_reference
     from localllm.kernels.quant.triton_packed import PackedConfig, gemv_packed, split_counters
 
     n, k = 70, 1280 if name != "Q8_0" else 224  # 5 super-blocks / 7 blocks in chunks of 2 or 3
     seed, raw = _case(make_blocks, name, n, k, DEVICE)
     p = pack_blocks(raw, QuantType[name], n, k)
-    for cfg in (PackedConfig(32, 1, 2), PackedConfig(64, 2, 3)):
+    nb = k // (32 if name == "Q8_0" else 256)
+    configs = (PackedConfig(32, 1, 2), PackedConfig(64, 2, 3), PackedConfig(32, 1, 2, 2),
+               PackedConfig(64, 1, 3, 3), PackedConfig(64, 1, nb, 3))  # fmt: skip
+    for cfg in configs:
         counters = split_counters(p, cfg)
         for _ in range(3):
             x = torch.randn(2, k)

@@ -2,6 +2,8 @@
 
     python tests/perf/bench_gpu.py kernels          # each GEMV / prefill dequant vs its byte floor
     python tests/perf/bench_gpu.py packed [moe]     # dp4a GEMVs over packed blocks: geometry sweep
+    python tests/perf/bench_gpu.py packed pipe      # the 8B's Q4_K / Q6_K GEMVs: cp.async stages
+                                                    # x programs per launch (GEMV_STAGES)
     python tests/perf/bench_gpu.py breakdown MODEL  # one decode step: time per op vs byte floor
 
 Byte floors use the measured copy bandwidth of the H200 here (4.25 TB/s, bytes read + written).
@@ -100,7 +102,9 @@ def sweep() -> None:
 def packed(model: str = "llama8b") -> None:
     """dp4a GEMVs over packed Q4_K / Q6_K / Q8_0 (activation quantization included): rows per
     program x warps x split-K target at M = 1, each first checked against the q8x reference, timed
-    as CUDA-graph replays (GPU time; the host's launch cost is what graphs remove in decode)."""
+    as CUDA-graph replays (GPU time; the host's launch cost is what graphs remove in decode).
+    "pipe": the 8B's Q4_K and Q6_K shapes, 64 or 128 rows and one warp a program, 132 to 2,112
+    programs, the loop over a program's blocks in 1 (plain loads), 2 or 3 cp.async stages."""
     from functools import partial
 
     from triton.testing import do_bench_cudagraph
@@ -126,8 +130,14 @@ def packed(model: str = "llama8b") -> None:
         cases = [("Q4_K", "qkv"), ("Q4_K", "qk"), ("Q6_K", "v"), ("Q4_K", "o"), ("Q6_K", "output")]
         shapes = {**QWEN3MOE, "output": (151936, 2048)}
     geos = [(32, 1), (64, 1), (64, 2), (128, 1), (128, 2)]
-    print("| type | shape | N x K | block_n | warps | split | us | GB/s | % of 4.25 TB/s |")
-    print("|---|---|---|---:|---:|---:|---:|---:|---:|")
+    targets, stages = (528, 1056, 2112), (1,)
+    if model == "pipe":
+        cases = [("Q4_K", "gate_up"), ("Q4_K", "down"), ("Q4_K", "qkv"), ("Q4_K", "o")]
+        cases += [("Q6_K", "down")]
+        geos, targets, stages = [(64, 1), (128, 1)], (132, 264, 528, 1056, 2112), (1, 2, 3)
+    print("| type | shape | N x K | block_n | warps | split | stages | us | GB/s | % of 4.25 TB/s"
+          " |")  # fmt: skip
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for name, label in cases:
         qt = QuantType[name]
         n, k = shapes[label]
@@ -141,10 +151,12 @@ def packed(model: str = "llama8b") -> None:
         best = None
         cfgs = {packed_config(qt, n, k)}
         for bn, warps in geos:
-            for target in (528, 1056, 2112):
+            for target in targets:
                 split = max(1, min(nb, triton_cdiv(target, triton_cdiv(n, bn))))
-                cfgs.add(PackedConfig(bn, warps, triton_cdiv(nb, split)))
-        for cfg in sorted(cfgs, key=lambda c: (c.block_n, c.num_warps, c.blocks_per_program)):
+                spb = triton_cdiv(nb, split)
+                cfgs |= {PackedConfig(bn, warps, spb, st) for st in stages if st == 1 or spb > 1}
+        for cfg in sorted(cfgs, key=lambda c: (c.block_n, c.num_warps, c.blocks_per_program,
+                                               c.stages)):  # fmt: skip
             cnt = split_counters(p, cfg)
             y = gemv_packed(x, p, cfg, cnt)[:, :rows].double()
             split = triton_cdiv(nb, cfg.blocks_per_program)
@@ -152,7 +164,8 @@ def packed(model: str = "llama8b") -> None:
             if not err < 1e-5:
                 bad = (y - ref).abs().argmax().item()
                 print(f"| {name} | {label} | {n}x{k} | {cfg.block_n} | {cfg.num_warps} | {split} "
-                      f"| WRONG rel {err:.3g} nonfinite {int((~torch.isfinite(y)).sum())} "
+                      f"| {cfg.stages} | WRONG rel {err:.3g} "
+                      f"nonfinite {int((~torch.isfinite(y)).sum())} "
                       f"worst row {bad} y {y.flatten()[bad].item():.4g} "
                       f"ref {ref.flatten()[bad].item():.4g} | | |")  # fmt: skip
                 continue
@@ -162,7 +175,8 @@ def packed(model: str = "llama8b") -> None:
                 best = (us, cfg)
             mark = " (default)" if cfg == packed_config(qt, n, k) else ""
             print(f"| {name} | {label} | {n}x{k} | {cfg.block_n} | {cfg.num_warps} | {split} | "
-                  f"{us:.1f}{mark} | {gbs:.0f} | {100 * gbs * 1e9 / COPY_BW:.0f} |")  # fmt: skip
+                  f"{cfg.stages} | {us:.1f}{mark} | {gbs:.0f} | "
+                  f"{100 * gbs * 1e9 / COPY_BW:.0f} |")  # fmt: skip
         dflt = packed_config(qt, n, k)
         cnt = split_counters(p, dflt)
         for m in (4, 8):

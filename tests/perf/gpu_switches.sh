@@ -32,6 +32,11 @@
 #   hybrid   tests/perf/profile_hybrid_prefill.py on a Granite-4.0-H-Tiny-shape Q4_K_M: pp512
 #            eager and as a prompt graph, token-by-token scan against the chunked one at IEEE
 #            and tf32x3 dots, alternated in one process (issue 40)
+#   pipe     the packed GEMVs' loop over blocks in cp.async stages (triton_packed.GEMV_STAGES,
+#            off): their GPU tests with 3 stages, `bench_gpu.py packed pipe` (stages x programs per
+#            launch for the 8B's Q4_K / Q6_K shapes), then `localllm bench -p 512 -n 128` on the
+#            8B Q4_K_M at 1, 2 and 3 stages (PIPE_TARGET: programs per launch with stages, 2048),
+#            two rounds alternating (issue 38's single stream)
 #   route    pytest -m gpu tests/kernels/test_moe_route.py, then `localllm bench -p 512 -n 128`
 #            on an LFM2-8B-A1B-shape Q4_K_M (sigmoid routing with a choice bias) with
 #            engine.moe.block.SCORED_ROUTE_KERNEL off and on, two rounds alternating (issue 40)
@@ -65,7 +70,7 @@ has() { case " $STEPS " in *" $1 "*) return 0 ;; esac; return 1; }
 # the files, written on the host's cores while the first tests use the GPU
 if [ -f /tmp/q4km.gguf ]; then  # written by an earlier script of the same call
   G8_RC=0
-elif has lora || has batch || has lorak; then
+elif has lora || has batch || has lorak || has pipe; then
   (python3 tests/perf/make_synthetic.py --shape llama3-8b --quant Q4_K_M -o /tmp/q4km.part \
     --tokenizer-from $TOK >/tmp/make8b.log 2>&1 && mv /tmp/q4km.part /tmp/q4km.gguf) &
   G8=$!
@@ -169,6 +174,28 @@ for step in $STEPS; do
         done
       done
       { echo "## route (LFM2-8B-A1B)"; cat "$OUT/route.md"; } >>"$OUT/summary.md" ;;
+    pipe) Q=localllm.kernels.quant.triton_packed
+      timeout "$(cap 90)" python3 tests/perf/with_switches.py "$Q.GEMV_STAGES=3" -- -m pytest -q \
+        -m gpu -p no:cacheprovider -rf tests/kernels/test_triton_packed.py \
+        tests/kernels/test_triton_gemv.py tests/kernels/test_pdl.py 2>&1 | tee "$OUT/pytestp.log" \
+        | grep -v "^\." | tail -12
+      echo "pytestp.log (GEMV_STAGES=3): $(tail -1 "$OUT/pytestp.log")" >>"$OUT/summary.md"
+      timeout "$(cap 200)" python3 tests/perf/bench_gpu.py packed pipe 2>/tmp/pipe.err \
+        | tee "$OUT/pipe.md" | grep -E "^best"
+      tail -3 /tmp/pipe.err
+      have8b || continue
+      for round in 1 2; do
+        for st in 1 2 3; do
+          echo "### round $round, GEMV_STAGES = $st" | tee -a "$OUT/pipe_bench.md"
+          timeout "$(cap 60)" python3 tests/perf/with_switches.py "$Q.GEMV_STAGES=$st" \
+            "$Q.PIPE_SM_TARGET=${PIPE_TARGET:-2048}" -- -m localllm.app.bench -m /tmp/q4km.gguf \
+            -p 512 -n 128 -r 3 --device cuda 2>/tmp/pipeb.err \
+            | grep -E "pp512|tg128" | tee -a "$OUT/pipe_bench.md"
+          tail -2 /tmp/pipeb.err
+        done
+      done
+      { echo "## pipe"; grep -E "^best" "$OUT/pipe.md"; cat "$OUT/pipe_bench.md"; } \
+        >>"$OUT/summary.md" ;;
     tests2) gpu_tests pytest2.log 200 tests/kernels/test_linear_half.py \
         tests/kernels/test_quant_gpu.py tests/media/test_vision_gpu_gemma3_llava.py ;;
   esac

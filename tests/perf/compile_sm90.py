@@ -127,8 +127,9 @@ def main(pdl: bool = False) -> None:
         (triton_dp4a._quant_x8, quant, {"G": 16, "RN": True}, 4),
     ]
     for lo in (False, True):  # with the next linear's LoRA shrink (`triton_ops.LoraShrink`)
-        silu_flags = {"BH": 1024, "QUANT": True, "RN": True, "LORA": lo, "BRS": 8}
-        cases.append((triton_ops._silu_mul, silu, silu_flags, 4))
+        for part in (False, True) if lo else (False,):  # its shares stored (`PARTIAL_SHRINK`)
+            silu_flags = {"BH": 1024, "QUANT": True, "RN": True, "LORA": lo, "BRS": 8}
+            cases.append((triton_ops._silu_mul, silu, silu_flags | {"PART": part}, 4))
         for d, ksel in ((2048, 0), (4096, 0), (2048, 8)):  # 8: a MoE layer's output summed in
             flags = {"BD": d, "ADD": True, "KSEL": ksel, "QUANT": True, "RN": True}
             flags |= {"LORA": lo, "BRL": triton_ops.NORM_LORA_ROWS}
@@ -144,10 +145,11 @@ def main(pdl: bool = False) -> None:
         for bj, exact in itertools.product((16, 32, 64), (True, False)):  # tensor-core split
             dot = {**geo, "CHUNK": bj, "BJ": bj, "GH": 16, "HAS_PAD": True, "CAP": False}
             cases.append((triton_decode._split_dot_kernel, split, {**dot, "EXACT": exact}, 4))
-        for quant, lo in ((False, False), (True, False), (True, True)):  # the o-proj's
-            # quantized rows (`COMBINE_QUANT`), its LoRA shrink
+        for quant, lo, part in ((False, False, False), (True, False, False), (True, True, False),
+                                (True, True, True)):  # fmt: skip
+            # the o-proj's quantized rows (`COMBINE_QUANT`), its LoRA shrink (shares: PART)
             geo = {"KV": kv, "G": g, "GP": g, "DV": 128, "CB": 64, "NSP": 64, "QUANT": quant}
-            geo |= {"RN": True, "LORA": lo, "BRS": 8}
+            geo |= {"RN": True, "LORA": lo, "BRS": 8, "PART": part}
             cases.append((triton_decode._combine_kernel, comb, geo, 4))
     gemv = {"x8_ptr": I32, "xd_ptr": F32, "out_ptr": F32, "part_ptr": F32, "cnt_ptr": I32}
     gemv |= {"ids_ptr": I64} | dict.fromkeys(("M", "N", "K", "nb", "XDIV", "P"), "i32")
@@ -173,6 +175,7 @@ def main(pdl: bool = False) -> None:
                 "LS": False,
                 "NPC": 0,
                 "LPS": 0,
+                "STAGES": 1,
             }
             cases.append((fn, {n: sig[n] for n in order}, geo, warps))
     comb_sig = {"y_ptr": F32, "w_ptr": F32, "out_ptr": F32, "D": "i32"}

@@ -184,7 +184,8 @@ class LoraDelta:
         self.whole = len(self.b) == 1 and first == self.b[0][2] - self.b[0][1]
         # the kernels' t accumulator, made here: never inside a CUDA-graph capture
         self.scratch = scratch(first, ctx.device) if kern else None
-        small = kern and first <= PRODUCER_MAX_RANK
+        # (made only with PARTIAL_SHRINK on at load: 1 KB per rank of R a module otherwise idle)
+        small = kern and first <= PRODUCER_MAX_RANK and PARTIAL_SHRINK
         self.partials = partials(first, EPILOGUE_ROWS, ctx.device) if small else None
         self._parts = 0  # partials the last producer wrote (`PARTIAL_SHRINK`)
         self._partial_tails: dict[int, list] = {}

@@ -154,14 +154,14 @@ def test_a_module_takes_its_inputs_shrink(monkeypatch, module, partial):
     from localllm.kernels.fused.triton_ops import add_rms_norm_cuda, silu_mul_cuda
     from tests.lora.test_lora_epilogue_module import CHOICES, MODULES, _module, _truth
 
+    monkeypatch.setattr(delta, "SCHEME", "epilogue")
+    monkeypatch.setattr(delta, "PARTIAL_SHRINK", partial)  # (before the load: its buffer)
     g = open_weights(HF / "llama", "q8_0")
     try:
         adapters = [load_adapter(LoraSpec(str(LORA / n)), g) for n in ("llama-a", "llama-b")]
         lin, d = _module(g, adapters, MODULES[module])
     finally:
         g.close()
-    monkeypatch.setattr(delta, "SCHEME", "epilogue")
-    monkeypatch.setattr(delta, "PARTIAL_SHRINK", partial)
     launched = []
     real = triton_lora.shrink
     monkeypatch.setattr(triton_lora, "shrink", lambda *a: launched.append(1) or real(*a))

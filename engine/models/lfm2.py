@@ -28,9 +28,10 @@ from localllm.kernels.fused.heads import HeadNorms
 # llama's layout for the blocks: each residual add in the next norm's kernel (an MoE block's
 # weighted expert rows summed there too), the norms' int8 rows handed to the linears that read
 # them, q|k|v as one linear, the attention's output rows quantized by its kernel: on a CUDA
-# decode step ~3 launches fewer a layer. An A/B switch until a GPU has timed it (off: a norm,
-# the linears' own quantization and a residual add each a kernel).
-FUSED_RESIDUAL = False
+# decode step ~3 launches fewer a layer. On since an H100 timed it (2026-12-07 21:54 UTC,
+# tests/perf/results/hybrid.md: LFM2-8B-A1B tg128 913.4 t/s against 757.6 off, llama.cpp 620.5;
+# off: a norm, the linears' own quantization and a residual add each a kernel).
+FUSED_RESIDUAL = True
 
 
 @dataclass(frozen=True)

@@ -57,9 +57,10 @@ from localllm.kernels.recurrent.delta_rule import delta_rule_chunked, l2_normali
 # as one linear (one quantization of h, views of one output), g and beta made inside the delta
 # rule's launch from ssm_ba's row, the gated norm one launch (~10 launches fewer a layer); every
 # block's FFN with the norm's int8 rows for the routed and the shared expert, its end (residual,
-# experts, the shared expert's sigmoid gate) one launch (~5 fewer). An A/B switch until a GPU
-# has timed it (off: the torch ops between the kernels).
-FUSED_DECODE = False
+# experts, the shared expert's sigmoid gate) one launch (~5 fewer). On since an H100 timed it
+# (2026-12-07 21:54 UTC, tests/perf/results/hybrid.md: Qwen3-Next 12 layers tg128 779.0 t/s
+# against 645.9 off, llama.cpp 656.7; off: the torch ops between the kernels).
+FUSED_DECODE = True
 
 
 @dataclass(frozen=True)

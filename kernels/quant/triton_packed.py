@@ -48,7 +48,8 @@ GEMV_LATE_TRIGGER = True
 # cp.async stages (triton's pipeliner; 1: plain loads, the kernels as before, PTX identical).
 # With more stages a program keeps its next blocks in flight, so fewer split-K programs (less
 # partial-sum traffic, a shorter reduction tail) may stream as fast: PIPE_SM_TARGET programs
-# per launch then. Off until a GPU sweep (tests/perf/bench_gpu.py packed) times them.
+# per launch then. Off: slower on an H100 (2026-12-07 21:57 UTC, 8B tg128 387 t/s plain, 324-371
+# at 2 stages, 355-358 at 3, with 264, 528 or 2,048 programs; tests/perf/results/gpu-kernels.md).
 GEMV_STAGES = 1
 PIPE_SM_TARGET = SM_TARGET
 

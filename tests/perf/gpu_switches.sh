@@ -36,7 +36,7 @@
 #            off): their GPU tests with 3 stages, `bench_gpu.py packed pipe` (stages x programs per
 #            launch for the 8B's Q4_K / Q6_K shapes), then `localllm bench -p 512 -n 128` on the
 #            8B Q4_K_M at 1, 2 and 3 stages (PIPE_TARGET: programs per launch with stages, 2048),
-#            two rounds alternating (issue 38's single stream)
+#            two rounds alternating (issue 38's single stream); PIPE_SWEEP=0: the benches alone
 #   route    pytest -m gpu tests/kernels/test_moe_route.py, then `localllm bench -p 512 -n 128`
 #            on an LFM2-8B-A1B-shape Q4_K_M (sigmoid routing with a choice bias) with
 #            engine.moe.block.SCORED_ROUTE_KERNEL off and on, two rounds alternating (issue 40)
@@ -175,13 +175,14 @@ for step in $STEPS; do
       done
       { echo "## route (LFM2-8B-A1B)"; cat "$OUT/route.md"; } >>"$OUT/summary.md" ;;
     pipe) Q=localllm.kernels.quant.triton_packed
-      timeout "$(cap 90)" python3 tests/perf/with_switches.py "$Q.GEMV_STAGES=3" -- -m pytest -q \
+      [ "${PIPE_SWEEP:-1}" = 1 ] && timeout "$(cap 90)" python3 tests/perf/with_switches.py \
+        "$Q.GEMV_STAGES=3" -- -m pytest -q \
         -m gpu -p no:cacheprovider -rf tests/kernels/test_triton_packed.py \
         tests/kernels/test_triton_gemv.py tests/kernels/test_pdl.py 2>&1 | tee "$OUT/pytestp.log" \
         | grep -v "^\." | tail -12
       echo "pytestp.log (GEMV_STAGES=3): $(tail -1 "$OUT/pytestp.log")" >>"$OUT/summary.md"
-      timeout "$(cap 200)" python3 tests/perf/bench_gpu.py packed pipe 2>/tmp/pipe.err \
-        | tee "$OUT/pipe.md" | grep -E "^best"
+      [ "${PIPE_SWEEP:-1}" = 1 ] && timeout "$(cap 200)" python3 tests/perf/bench_gpu.py packed \
+        pipe 2>/tmp/pipe.err | tee "$OUT/pipe.md" | grep -E "^best"
       tail -3 /tmp/pipe.err
       have8b || continue
       for round in 1 2; do

@@ -77,15 +77,10 @@ class LoraShrink:
     ps: int = 0
     done: Callable[[int], None] | None = None
 
-    @property
-    def cap(self) -> int:
-        """The partial shrinks t holds (1 without partials)."""
-        return self.ps or 1
-
     def wrote(self, parts: int) -> None:
         """A producer's report: it wrote `parts` partials (with ps > 0)."""
-        if self.ps and parts > self.cap:
-            raise ValueError(f"{parts} partial LoRA shrinks for a buffer of {self.cap}")
+        if self.ps and parts > self.ps:
+            raise ValueError(f"{parts} partial LoRA shrinks for a buffer of {self.ps}")
         if self.done is not None:
             self.done(parts)
 

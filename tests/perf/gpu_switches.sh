@@ -180,10 +180,10 @@ for step in $STEPS; do
         -m gpu -p no:cacheprovider -rf tests/kernels/test_triton_packed.py \
         tests/kernels/test_triton_gemv.py tests/kernels/test_pdl.py 2>&1 | tee "$OUT/pytestp.log" \
         | grep -v "^\." | tail -12
-      echo "pytestp.log (GEMV_STAGES=3): $(tail -1 "$OUT/pytestp.log")" >>"$OUT/summary.md"
+      [ -f "$OUT/pytestp.log" ] \
+        && echo "pytestp.log (GEMV_STAGES=3): $(tail -1 "$OUT/pytestp.log")" >>"$OUT/summary.md"
       [ "${PIPE_SWEEP:-1}" = 1 ] && timeout "$(cap 200)" python3 tests/perf/bench_gpu.py packed \
-        pipe 2>/tmp/pipe.err | tee "$OUT/pipe.md" | grep -E "^best"
-      tail -3 /tmp/pipe.err
+        pipe 2>/tmp/pipe.err | tee "$OUT/pipe.md" | grep -E "^best" && tail -3 /tmp/pipe.err
       have8b || continue
       for round in 1 2; do
         for st in 1 2 3; do
@@ -195,7 +195,7 @@ for step in $STEPS; do
           tail -2 /tmp/pipeb.err
         done
       done
-      { echo "## pipe"; grep -E "^best" "$OUT/pipe.md"; cat "$OUT/pipe_bench.md"; } \
+      { echo "## pipe"; grep -sE "^best" "$OUT/pipe.md"; cat "$OUT/pipe_bench.md"; } \
         >>"$OUT/summary.md" ;;
     tests2) gpu_tests pytest2.log 200 tests/kernels/test_linear_half.py \
         tests/kernels/test_quant_gpu.py tests/media/test_vision_gpu_gemma3_llava.py ;;

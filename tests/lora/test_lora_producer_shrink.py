@@ -68,7 +68,7 @@ def _check_t(sh: LoraShrink, y: torch.Tensor, rows: int, parts: int = 1) -> None
 @needs_triton
 @pytest.mark.gpu
 @pytest.mark.parametrize("rows", [1, 3])
-@pytest.mark.parametrize("rank", [16, 22])
+@pytest.mark.parametrize("rank", [16, 22, 192])  # 192: q|k|v of four rank-16 adapters
 @pytest.mark.parametrize("form", ["norm", "add", "weighted"])
 @pytest.mark.parametrize("partial", [0, 64], ids=["scratch", "partials"])
 def test_norm_kernel_runs_the_shrink(form, rank, rows, partial):
@@ -98,7 +98,7 @@ def test_norm_kernel_runs_the_shrink(form, rank, rows, partial):
 @needs_triton
 @pytest.mark.gpu
 @pytest.mark.parametrize("rows", [1, 4])
-@pytest.mark.parametrize("rank", [16, 44])
+@pytest.mark.parametrize("rank", [16, 44, 64])  # 64: down of four rank-16 adapters
 @pytest.mark.parametrize(("rstep", "bh"), [(None, None), (8, None), (16, None), (None, 256),
                                            (8, 256)])  # fmt: skip
 @pytest.mark.parametrize("partial", [0, 64, 4], ids=["scratch", "partials", "4-partials"])

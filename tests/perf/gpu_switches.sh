@@ -19,8 +19,9 @@
 #            kernel with no adapter, one and four (where LoRA's +16 % / +46 % goes; issue 36)
 #   tests3   pytest -m gpu: the packed linears' paths by row count (the int8 GEMM past 8 rows),
 #            fused linears, the grouped GEMMs, the flash-decoding combine (its LoRA shrink)
-#   tests4   pytest -m gpu: the LoRA shrinks in the norm / SiLU / attention kernels, the
-#            epilogue schemes through the whole model (issue 36)
+#   tests4   pytest -m gpu: the LoRA shrinks in the norm / SiLU / attention kernels (up to
+#            four rank-16 adapters' stacked ranks: 192, 64), the epilogue schemes through the
+#            whole model, the flash-decoding combine (issue 36)
 #   tests5   pytest -m gpu: the batch GEMM over packed blocks (9-64 rows) against the bf16 copy
 #            and gguf, and every packed linear path by row count (issue 38)
 #   dense    tests/perf/bench_dense_rows.py: one 8B layer's packed linears at 1-64 rows, the
@@ -133,8 +134,9 @@ for step in $STEPS; do
         tests/engine/test_fused_linear.py tests/kernels/test_moe_grouped.py \
         tests/kernels/test_flash_decode.py tests/engine/test_combine_quant.py \
         tests/engine/test_gpu_engine.py tests/engine/test_converted_families_gpu.py ;;
-    tests4) gpu_tests pytest4.log 110 tests/lora/test_lora_producer_shrink.py \
-        tests/lora/test_lora_epilogue_gpu.py tests/kernels/test_lora_epilogue.py ;;
+    tests4) gpu_tests pytest4.log 120 tests/lora/test_lora_producer_shrink.py \
+        tests/lora/test_lora_epilogue_gpu.py tests/kernels/test_lora_epilogue.py \
+        tests/kernels/test_flash_decode.py ;;
     tests5) gpu_tests pytest5.log 100 tests/kernels/test_batch_gemm.py \
         tests/kernels/test_triton_gemv.py -k "both_paths or batch" ;;
     dense) if [ "${SWEEP:-0}" = 1 ]; then rows=(--rows 1,4,5,8,9,16,32,64 --sweep); else rows=(); fi

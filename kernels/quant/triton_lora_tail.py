@@ -13,17 +13,27 @@ reads that part's slice of t; a tile across a boundary picks each column's part.
 tile's epilogue (a counter over every GEMV that reads this t) zeroes t for the shrink of the
 next call. With partials (NPC > 0: a producer kernel's column blocks or heads each stored its
 share, `LoraShrink.ps`) the epilogue sums them as it reads t, and nothing is counted or
-zeroed: the next call overwrites them. LR == 0 compiles none of it: the base GEMV as before.
+zeroed: the next call overwrites them; t is then whole before the GEMV starts, so with
+EARLY_TAIL split 0's program adds the delta to its partial sum, off the tile's serial tail.
+LR == 0 compiles none of it: the base GEMV as before.
 """
 
 import triton
 import triton.language as tl
 
 # rank rows per chunk of the epilogue's products (registers: MP x RC x BN values a chunk)
-RC = tl.constexpr(16)
+RC = 16
+# ... at one row: the epilogue's peak sets the whole GEMV's registers, so its occupancy (sm_90,
+# ptxas: one adapter over 56 partials, Q4_K 137 registers at 16 against 71 at 4 and the base's
+# 64; Q6_K 136 against 96 and 96; tests/perf/lora_kernel_regs.py), for more serial chunks
+RC_ONE_ROW = 16
 ZC = tl.constexpr(64)  # columns of t the last epilogue zeroes per store
 PC = 1024  # values of t's partials a load takes, [partials, rows, RC] (registers: 32 a thread)
 
+
+# With partials (t whole before the GEMV starts) a split-K GEMV's delta goes into split 0's
+# partial sum, not onto the tile finisher's serial tail (False: the finisher adds it, as before)
+EARLY_TAIL = False
 
 SHRINK_K, SHRINK_R = 256, 16  # an inline shrink item: columns of x, rows of A
 SK, SR = tl.constexpr(SHRINK_K), tl.constexpr(SHRINK_R)
@@ -36,7 +46,8 @@ def tail_args(tail, y, x) -> dict:
         return {"lt_ptr": y, "lb_ptr": y, "lc_ptr": y, "l_r": 0, "l_e1": 0, "l_e2": 0,
                 "l_lo0": 0, "l_lo1": 0, "l_lo2": 0, "l_rk0": 0, "l_rk1": 0, "l_rk2": 0,
                 "l_tiles": 0, "ls_ptr": y, "l_sx": 0, "la_ptr": y, "lw_ptr": y, "l_sw": 0,
-                "l_ns": 0, "l_np": 0, "LR": 0, "LS": False, "NPC": 0, "LPS": 0}  # fmt: skip
+                "l_ns": 0, "l_np": 0, "LR": 0, "LS": False, "NPC": 0, "LPS": 0, "LE": False,
+                "LRC": RC}  # fmt: skip
     lo, rk = tail.lo, tail.rank
     r, k = tail.t.shape[1], x.shape[1]
     inline = tail.a is not None
@@ -50,15 +61,24 @@ def tail_args(tail, y, x) -> dict:
             "l_sw": tail.w.stride(0) if inline else 0,
             "l_ns": shrink_items(r, k) if inline else 0, "l_np": tail.np,
             "LR": tail.b.shape[0], "LS": inline,
-            "NPC": partial_chunk(tail.np, x.shape[0]), "LPS": tail.ps}  # fmt: skip
+            "NPC": partial_chunk(tail.np, x.shape[0]), "LPS": tail.ps,
+            "LE": bool(EARLY_TAIL and tail.np and not inline),
+            "LRC": rank_chunk(x.shape[0])}  # fmt: skip
+
+
+def rank_chunk(rows: int) -> int:
+    """Rank rows per chunk of the epilogue's products for a launch of `rows` rows."""
+    return RC_ONE_ROW if rows == 1 else RC
 
 
 def partial_chunk(np: int, rows: int) -> int:
     """Partials the epilogue sums per load (a power of two; 0: none, t is whole): all of them
-    where [partials, rows, RC] values fit PC (one round trip of loads at one row), else fewer."""
+    where [partials, rows, rank chunk] values fit PC (one round trip of loads at one row), else
+    fewer."""
     if not np:
         return 0
-    return min(triton.next_power_of_2(np), max(1, PC // (triton.next_power_of_2(rows) * RC.value)))
+    per = triton.next_power_of_2(rows) * rank_chunk(rows)
+    return min(triton.next_power_of_2(np), max(1, PC // per))
 
 
 def shrink_items(r: int, k: int) -> int:
@@ -144,10 +164,11 @@ def _t_chunk(t_ptr, R, rows, rmask, lo, rank, rr, np, NPC: tl.constexpr, PS: tl.
 @triton.jit
 def lora_tail(t_ptr, b_ptr, R, rows, rmask, c0, cols, cols_ok, N, e1, e2, lo0, lo1, lo2, rk0,
               rk1, rk2, np, MP: tl.constexpr, BN: tl.constexpr, LR: tl.constexpr,
-              NPC: tl.constexpr, PS: tl.constexpr):  # fmt: skip
+              NPC: tl.constexpr, PS: tl.constexpr, RCH: tl.constexpr):  # fmt: skip
     """The delta [MP, BN] of output columns `cols` (c0 the first): sum over r of
-    t[row, lo_p + r] * b[r, col], p the column's part (from column e1 on part 1, from e2 on
-    part 2). NPC > 0: t[row, r] is the sum of t's [row, r, :np] (PS per value), NPC a load."""
+        t[row, lo_p + r] * b[r, col], p the column's part (from column e1 on part 1, from e2 on
+        part 2). NPC > 0: t[row, r] is the sum of t's [row, r, :np] (PS per value), NPC a load; RCH
+    rank rows a chunk."""
     d = tl.zeros([MP, BN], dtype=tl.float32)
     last = tl.minimum(c0 + BN, N) - 1
     p0 = (c0 >= e1).to(tl.int32) + (c0 >= e2).to(tl.int32)
@@ -157,8 +178,8 @@ def lora_tail(t_ptr, b_ptr, R, rows, rmask, c0, cols, cols_ok, N, e1, e2, lo0, l
         rank = tl.where(p0 == 0, rk0, tl.where(p0 == 1, rk1, rk2))
         # a loop, not unrolled: unrolled, four rank-16 chunks (LR 64) took the Q4_K GEMV from 163
         # to 243 registers (sm_90, tests/perf/lora_kernel_regs.py), fewer programs per SM
-        for c in range(0, LR, RC):
-            rr = c + tl.arange(0, RC)
+        for c in range(0, LR, RCH):
+            rr = c + tl.arange(0, RCH)
             # rows past a part's rank are zero in b: only the columns need a mask
             b = tl.load(b_ptr + rr[:, None] * N + cols[None, :], mask=cols_ok[None, :], other=0.0)
             t = _t_chunk(t_ptr, R, rows, rmask, lo, rank, rr, np, NPC, PS)
@@ -166,13 +187,13 @@ def lora_tail(t_ptr, b_ptr, R, rows, rmask, c0, cols, cols_ok, N, e1, e2, lo0, l
     else:  # a part boundary inside the tile: each column picks its part (a chunk at a time)
         sel = (cols >= e1).to(tl.int32) + (cols >= e2).to(tl.int32)
         sel3 = sel[None, None, :]
-        for c in range(0, LR, RC):
-            rr = c + tl.arange(0, RC)
+        for c in range(0, LR, RCH):
+            rr = c + tl.arange(0, RCH)
             b = tl.load(b_ptr + rr[:, None] * N + cols[None, :], mask=cols_ok[None, :], other=0.0)
             ta = _t_chunk(t_ptr, R, rows, rmask, lo0, rk0, rr, np, NPC, PS)[:, :, None]
             tb = _t_chunk(t_ptr, R, rows, rmask, lo1, rk1, rr, np, NPC, PS)[:, :, None]
             tc = _t_chunk(t_ptr, R, rows, rmask, lo2, rk2, rr, np, NPC, PS)[:, :, None]
-            t = tl.where(sel3 == 0, ta, tl.where(sel3 == 1, tb, tc))  # [MP, RC, BN]
+            t = tl.where(sel3 == 0, ta, tl.where(sel3 == 1, tb, tc))  # [MP, RCH, BN]
             d += tl.sum(t * b.to(tl.float32)[None, :, :], axis=1)
     return d
 

@@ -117,7 +117,9 @@ def test_combine_quantizes_its_rows_like_quantize_x8(g, dv, t, m):
         assert torch.equal(getattr(xq, name), getattr(ref, name)), name
 
 
-@pytest.mark.parametrize(("g", "dv", "t", "rank"), [(4, 128, 1, 16), (8, 64, 3, 20), (4, 128, 2, 64)])
+@pytest.mark.parametrize(
+    ("g", "dv", "t", "rank"), [(4, 128, 1, 16), (8, 64, 3, 20), (4, 128, 2, 64)]
+)
 @pytest.mark.parametrize("span", [False, True])
 @pytest.mark.parametrize("rstep", [None, 8])
 @pytest.mark.parametrize("partial", [0, 64, 4], ids=["scratch", "partials", "few-partials"])

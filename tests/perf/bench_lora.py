@@ -61,18 +61,33 @@ GPU_CASES = {
     "4 adapters, atomic": (4, 1.0),
     "1 adapter, partials": (1, 1.0),
     "4 adapters, producers partials": (4, 1.0),
+    "1 adapter, early": (1, 1.0),
+    "4 adapters, producers early": (4, 1.0),
+    "1 adapter, rc4": (1, 1.0),
+    "1 adapter, early rc4": (1, 1.0),
+    "4 adapters, producers early rc4": (4, 1.0),
 }
 # `localllm bench` with module switches set, in its own process (tests/perf/with_switches.py)
 D = "localllm.engine.lora.delta."
 
 
 def _switches(case: str) -> list[str]:
+    # "rc4": one row's epilogue products 4 rank rows a chunk (fewer registers, more chunks)
+    rc = ["localllm.kernels.quant.triton_lora_tail.RC_ONE_ROW=4"] if "rc4" in case else []
+    return _scheme_switches(case) + rc
+
+
+def _scheme_switches(case: str) -> list[str]:
     if "torch ops" in case:
         return [D + "KERNELS=False"]
     if "fused kernel" in case:
         return [D + "SCHEME='fused'"]
-    if "partials" in case:  # the input kernels store partial shrinks, the epilogues sum them
+    if "partials" in case or "early" in case:  # the input kernels store partial shrinks, the
+        # epilogues sum them ("early": split 0's programs, `triton_lora_tail.EARLY_TAIL`)
         sets = [D + "SCHEME='epilogue'", D + "PARTIAL_SHRINK=True"]
+        sets += (
+            ["localllm.kernels.quant.triton_lora_tail.EARLY_TAIL=True"] if "early" in case else []
+        )
         return sets + ([D + "PRODUCER_MAX_RANK=1048576"] if "producers" in case else [])
     if "producers" in case or "silu narrow" in case:  # every shrink in the input kernels,
         # whatever its rank ("producers"; one adapter's take them by default); "split": the

@@ -8,7 +8,8 @@ bundled ptxas (on the CPU box: PYTHONPATH=/work/tri-site).
 Then the packed dp4a GEMVs with the LoRA epilogue (`kernels/quant/triton_lora_tail.py`, the
 "epilogue" scheme; LS: the shrink inline too, "inline") at the 8B decode geometry (1 warp, 64
 columns, split K), LR = 0 (none: the base kernel), 16 (one rank-16 adapter) and 64 (four), one
-and four rows; and one adapter whose t is 1 or 56 partials (a norm's, a SiLU product's).
+and four rows; and one adapter whose t is 1 or 56 partials (a norm's, a SiLU product's), the
+latter also summed by split 0's programs (`EARLY_TAIL`).
 """
 
 import inspect
@@ -22,7 +23,7 @@ from triton.compiler import ASTSource
 
 from localllm.kernels.fused import triton_lora, triton_lora_fused
 from localllm.kernels.quant import triton_dp4a
-from localllm.kernels.quant.triton_lora_tail import partial_chunk
+from localllm.kernels.quant.triton_lora_tail import partial_chunk, rank_chunk
 
 W16 = {"a_ptr": "*fp16", **{f"b{i}": "*fp16" for i in range(3)}}
 CONFIGS = [  # (kernel, extra arg types, constexprs)
@@ -82,14 +83,17 @@ def main() -> None:
         shown = ", ".join(f"{k}={v}" for k, v in consts.items())
         print(f"{mod}.{kernel.fn.__name__} {shown}: {usage(kernel, extra, consts)}")
     for kernel, geo in GEMV_CONFIGS:
-        for lr, ls, np in ((0, False, 0), (16, False, 0), (64, False, 0), (16, True, 0),
-                           (64, True, 0), (16, False, 1), (16, False, 56)):  # fmt: skip
+        for lr, ls, np, le in ((0, False, 0, False), (16, False, 0, False),
+                               (64, False, 0, False), (16, True, 0, False), (64, True, 0, False),
+                               (16, False, 1, False), (16, False, 56, False),
+                               (16, False, 56, True), (64, False, 56, True)):  # fmt: skip
             for mp in (1, 4):
                 npc = partial_chunk(np, mp)
                 consts = {**geo, "MP": mp, "BN": 64, "ASM": True, "MOE": False, "PF": True,
                           "LATE": True, "LR": lr, "LS": ls, "NPC": npc,
-                          "LPS": 64 if np else 0}  # fmt: skip
-                shown = f"LR={lr}, LS={ls}, MP={mp}, partials {np} ({npc} a load)"
+                          "LPS": 64 if np else 0, "LE": le, "LRC": rank_chunk(mp),
+                          "STAGES": 1}  # fmt: skip
+                shown = f"LR={lr}, LS={ls}, MP={mp}, partials {np} ({npc} a load), early {le}"
                 print(f"triton_dp4a.{kernel.fn.__name__} {shown}: {usage(kernel, GEMV, consts, 1)}")
 
 

@@ -134,9 +134,9 @@ for step in $STEPS; do
         tests/engine/test_fused_linear.py tests/kernels/test_moe_grouped.py \
         tests/kernels/test_flash_decode.py tests/engine/test_combine_quant.py \
         tests/engine/test_gpu_engine.py tests/engine/test_converted_families_gpu.py ;;
-    tests4) gpu_tests pytest4.log 120 tests/lora/test_lora_producer_shrink.py \
+    tests4) gpu_tests pytest4.log 200 tests/lora/test_lora_producer_shrink.py \
         tests/lora/test_lora_epilogue_gpu.py tests/kernels/test_lora_epilogue.py \
-        tests/kernels/test_flash_decode.py ;;
+        tests/kernels/test_flash_decode.py::test_combine_adds_the_output_projections_lora_shrink ;;
     tests5) gpu_tests pytest5.log 100 tests/kernels/test_batch_gemm.py \
         tests/kernels/test_triton_gemv.py -k "both_paths or batch" ;;
     dense) if [ "${SWEEP:-0}" = 1 ]; then rows=(--rows 1,4,5,8,9,16,32,64 --sweep); else rows=(); fi

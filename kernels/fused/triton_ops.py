@@ -104,17 +104,22 @@ def _rms_norm(
 def _silu_mul(
     gu_ptr, y_ptr, q_ptr, d_ptr, s16_ptr, xs_ptr, a_ptr, lw_ptr, t_ptr, H, slw, R, RSTEP, PS,
     BH: tl.constexpr, QUANT: tl.constexpr, RN: tl.constexpr, PDL: tl.constexpr,
-    LORA: tl.constexpr, BRS: tl.constexpr, PART: tl.constexpr = False,
+    LORA: tl.constexpr, BRS: tl.constexpr, PART: tl.constexpr = False, APF: tl.constexpr = False,
 ):  # fmt: skip
     """Program (row, column block, r): y = silu(g) * u of its columns (and their quantized
     groups), stored by the r = 0 programs; with LORA, rows r * RSTEP.. of the next linear's
     shrink over those columns (one r program and RSTEP = R unless the shrink is split), added
-    into t or, with PART, stored as the column block's partial (`LoraShrink.ps`)."""
+    into t or, with PART, stored as the column block's partial (`LoraShrink.ps`). APF: the
+    first BRS rows of A load before the wait for the previous kernel (a weight, not its
+    output), so their latency hides behind that kernel's end."""
     pdl.gdc_begin(PDL)
-    pdl.gdc_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1) * BH + tl.arange(0, BH)
     m = c < H
+    lo = tl.program_id(2) * RSTEP
+    if LORA and APF:
+        a0 = _a_rows(a_ptr, lo + tl.arange(0, BRS), c, m, H, R)
+    pdl.gdc_wait(PDL)
     g = tl.load(gu_ptr + row * 2 * H + c, mask=m, other=0.0)
     u = tl.load(gu_ptr + row * 2 * H + H + c, mask=m, other=0.0)
     y = g / (1.0 + tl.exp(-g)) * u
@@ -128,18 +133,35 @@ def _silu_mul(
         gm = (grp < H // 32) & first
         quant_groups(yg, grp, gm, q_row, d_ptr + k32, s16_row, xs_ptr + k32, BH // 32, RN)
     if LORA:  # the next linear's LoRA shrink, split over the programs' columns: float32
-        lo = tl.program_id(2) * RSTEP
-        for r0 in range(lo, tl.minimum(lo + RSTEP, R), BRS):
+        start = lo
+        if APF:
+            _shrink_rows(y, a0, lo + tl.arange(0, BRS), row, lw_ptr, slw, t_ptr, R, PS, PART)
+            start = lo + BRS
+        for r0 in range(start, tl.minimum(lo + RSTEP, R), BRS):
             r = r0 + tl.arange(0, BRS)
-            rm = r < R
-            a = tl.load(a_ptr + r[:, None].to(tl.int64) * H + c[None, :],
-                        mask=rm[:, None] & m[None, :], other=0.0).to(tl.float32)  # fmt: skip
-            acc = tl.sum(y[None, :] * a, axis=1)
-            acc *= tl.load(lw_ptr + row * slw + r, mask=rm, other=0.0)
-            if PART:  # this column block's partial, stored (the epilogue sums them)
-                tl.store(t_ptr + (row * R + r) * PS + tl.program_id(1), acc, mask=rm)
-            else:  # atomics into t (zero before)
-                tl.atomic_add(t_ptr + row * R + r, acc, mask=rm, sem="relaxed")
+            a = _a_rows(a_ptr, r, c, m, H, R)
+            _shrink_rows(y, a, r, row, lw_ptr, slw, t_ptr, R, PS, PART)
+
+
+@triton.jit
+def _a_rows(a_ptr, r, c, m, H, R):
+    """Rows r of the stacked LoRA A over columns c, float32 (rows past R: zero)."""
+    rm = r < R
+    return tl.load(a_ptr + r[:, None].to(tl.int64) * H + c[None, :],
+                   mask=rm[:, None] & m[None, :], other=0.0).to(tl.float32)  # fmt: skip
+
+
+@triton.jit
+def _shrink_rows(y, a, r, row, lw_ptr, slw, t_ptr, R, PS, PART: tl.constexpr):
+    """(y @ a.T) * W for rows r of the shrink: stored as this column block's partial (PART;
+    the epilogue sums them) or added into t with atomics (zero before)."""
+    rm = r < R
+    acc = tl.sum(y[None, :] * a, axis=1)
+    acc *= tl.load(lw_ptr + row * slw + r, mask=rm, other=0.0)
+    if PART:
+        tl.store(t_ptr + (row * R + r) * PS + tl.program_id(1), acc, mask=rm)
+    else:
+        tl.atomic_add(t_ptr + row * R + r, acc, mask=rm, sem="relaxed")
 
 
 # rows of the stacked LoRA A per extra norm program (rank 16: 4 programs beside the norm's), and
@@ -157,6 +179,9 @@ SILU_LORA_RSTEP: int | None = 8
 # tests/perf/results/lora.md: one rank-16 adapter +20.5 % over the base with neither, +15.8 %
 # narrow, +15.0 % narrow with the row split and the combine's, COMBINE_LORA_RSTEP)
 SILU_LORA_BH: int | None = 256
+# with a shrink, each SiLU program's first rows of A load before it waits for the gate|up GEMV
+# (PDL): off until a GPU times it
+SILU_LORA_PREFETCH = False
 
 
 def norm_warps(d: int) -> int:
@@ -257,7 +282,8 @@ def silu_mul_cuda(
     grid = (g2.shape[0], triton.cdiv(hidden, bh), triton.cdiv(max(r, 1), rstep))
     flags = {"QUANT": xq is not None, "RN": gu.is_cuda, **pdl.launch_options(pdl.enabled(gu))}
     _silu_mul[grid](g2, y, *qa, *la[:3], hidden, *la[3:], rstep, ps, BH=bh, num_warps=4,
-                    LORA=r > 0, BRS=SILU_LORA_ROWS, PART=ps > 0, **flags)  # fmt: skip
+                    LORA=r > 0, BRS=SILU_LORA_ROWS, PART=ps > 0, APF=SILU_LORA_PREFETCH,
+                    **flags)  # fmt: skip
     if shrink is not None:
         shrink.wrote(grid[1])
     return y.reshape(*gu.shape[:-1], hidden), xq

@@ -99,19 +99,22 @@ def test_norm_kernel_runs_the_shrink(form, rank, rows, partial):
 @pytest.mark.gpu
 @pytest.mark.parametrize("rows", [1, 4])
 @pytest.mark.parametrize("rank", [16, 44, 64])  # 64: down of four rank-16 adapters
-@pytest.mark.parametrize(("rstep", "bh"), [(None, None), (8, None), (16, None), (None, 256),
-                                           (8, 256)])  # fmt: skip
+@pytest.mark.parametrize(("rstep", "bh", "apf"), [(None, None, False), (8, None, False),
+    (16, None, False), (None, 256, False), (8, 256, False), (None, None, True),
+    (16, None, True), (8, 256, True)])  # fmt: skip
 @pytest.mark.parametrize("partial", [0, 64, 4], ids=["scratch", "partials", "4-partials"])
-def test_silu_kernel_adds_the_shrink(rank, rows, rstep, bh, partial, monkeypatch):
+def test_silu_kernel_adds_the_shrink(rank, rows, rstep, bh, apf, partial, monkeypatch):
     """Also with `SILU_LORA_RSTEP` splitting A's rows over more programs (44 in 16 + 16 + 12),
     and `SILU_LORA_BH` narrowing each program's columns (3,072 in 12 of 256): y and its twin are
     stored once, t gets every row. With partials each column block stores its own (12 of 256,
-    or 3 of 1,024), and a buffer of 4 a value makes the blocks wider (3,072 in 3 of 1,024)."""
+    or 3 of 1,024), and a buffer of 4 a value makes the blocks wider (3,072 in 3 of 1,024).
+    `SILU_LORA_PREFETCH` (apf): the first rows of A loaded before the PDL wait, the same t."""
     from localllm.kernels.fused import triton_ops
     from localllm.kernels.fused.triton_ops import silu_mul_cuda
 
     monkeypatch.setattr(triton_ops, "SILU_LORA_RSTEP", rstep)
     monkeypatch.setattr(triton_ops, "SILU_LORA_BH", bh)
+    monkeypatch.setattr(triton_ops, "SILU_LORA_PREFETCH", apf)
     g = torch.Generator().manual_seed(rows + rank)
     gu = torch.randn(rows, 2 * H, generator=g).to(DEVICE)
     sh = _shrink(rank, H, rows, seed=1, partial=partial)

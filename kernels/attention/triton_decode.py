@@ -33,6 +33,9 @@ COMBINE_WARPS = 4  # warps of a combine program (one query head)
 # of one program a head looping over all R. None: no split; a multiple of the kernel's BRS (8).
 # On with the SiLU's (`triton_ops.SILU_LORA_RSTEP`, measured together on an H200, 2026-12-07)
 COMBINE_LORA_RSTEP: int | None = 8
+# with a shrink, each combine program's first rows of A load before it waits for the split
+# kernel (PDL); off until a GPU times it (with `triton_ops.SILU_LORA_PREFETCH`)
+COMBINE_LORA_PREFETCH = False
 # The split on tensor cores (`_split_dot_kernel`): None (the FMA split), "exact" or "native" (see
 # the kernel). "exact" (float32 in three tf32 passes, 5e-8 off) takes 8.1 / 17.7 us per 8B layer at
 # 513 / 4,000 keys where the FMA split takes 12.1 / 35.2 (H200, bench_attention.py, 2026-12-01).
@@ -161,6 +164,7 @@ def _combine_kernel(
     KV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, DV: tl.constexpr, CB: tl.constexpr,
     NSP: tl.constexpr, QUANT: tl.constexpr, RN: tl.constexpr, PDL: tl.constexpr,
     LORA: tl.constexpr = False, BRS: tl.constexpr = 8, PART: tl.constexpr = False,
+    APF: tl.constexpr = False,
 ):  # fmt: skip
     """One query head per program: merge its chunk partials CB chunks at a time (one round trip
     of loads for up to CB chunks; a running max across blocks) into output row rows[b]. QUANT:
@@ -170,12 +174,17 @@ def _combine_kernel(
     projection's scratch t with float32 atomics (`lora_delta.LoraShrink`; t zero before): rows
     r * RSTEP.. of A for grid axis 2's program r (one program and RSTEP = R unless the shrink is
     split: then every r merges the head and the r = 0 program stores it). PART: the head's share
-    stored as its partial instead (t[row, r, head], `LoraShrink.ps`; the epilogue sums them)."""
+    stored as its partial instead (t[row, r, head], `LoraShrink.ps`; the epilogue sums them).
+    APF: the head's first BRS rows of A load before the wait for the split kernel (a weight)."""
     pdl.gdc_begin(PDL)
-    pdl.gdc_wait(PDL)
     b, hh = tl.program_id(0), tl.program_id(1)
     g, gi = hh // G, hh % G
     dv = tl.arange(0, DV)
+    cols = (hh * DV + dv).to(tl.int64)
+    lo = tl.program_id(2) * RSTEP
+    if LORA and APF:
+        a0 = _head_a(a_ptr, lo + tl.arange(0, BRS), cols, R, KV * G * DV)
+    pdl.gdc_wait(PDL)
     top = tl.full([1], float("-inf"), tl.float32)
     den = tl.zeros([1], dtype=tl.float32)
     acc = tl.zeros([DV], dtype=tl.float32)
@@ -205,19 +214,34 @@ def _combine_kernel(
         gm = (grp < ng) & first
         quant_groups(yg, grp, gm, q_row, d_ptr + row * ng, s16_row, xs_ptr + row * ng, DV // 32, RN)
     if LORA:
-        cols = (hh * DV + dv).to(tl.int64)
-        lo = tl.program_id(2) * RSTEP
-        for r0 in range(lo, tl.minimum(lo + RSTEP, R), BRS):
+        start = lo
+        if APF:
+            _head_shrink(y, a0, lo + tl.arange(0, BRS), row, hh, lw_ptr, slw, t_ptr, R, PS, PART)
+            start = lo + BRS
+        for r0 in range(start, tl.minimum(lo + RSTEP, R), BRS):
             r = r0 + tl.arange(0, BRS)
-            rm = r < R
-            a = tl.load(a_ptr + r[:, None].to(tl.int64) * (KV * G * DV) + cols[None, :],
-                        mask=rm[:, None], other=0.0).to(tl.float32)  # fmt: skip
-            part = tl.sum(y[None, :] * a, axis=1)
-            part *= tl.load(lw_ptr + row * slw + r, mask=rm, other=0.0)
-            if PART:
-                tl.store(t_ptr + (row * R + r) * PS + hh, part, mask=rm)
-            else:
-                tl.atomic_add(t_ptr + row * R + r, part, mask=rm, sem="relaxed")
+            a = _head_a(a_ptr, r, cols, R, KV * G * DV)
+            _head_shrink(y, a, r, row, hh, lw_ptr, slw, t_ptr, R, PS, PART)
+
+
+@triton.jit
+def _head_a(a_ptr, r, cols, R, width):
+    """Rows r of the stacked LoRA A over one head's columns, float32 (rows past R: zero)."""
+    return tl.load(a_ptr + r[:, None].to(tl.int64) * width + cols[None, :],
+                   mask=(r < R)[:, None], other=0.0).to(tl.float32)  # fmt: skip
+
+
+@triton.jit
+def _head_shrink(y, a, r, row, hh, lw_ptr, slw, t_ptr, R, PS, PART: tl.constexpr):
+    """The head's share of rows r of the shrink, times W: stored as its partial (PART) or added
+    into t with atomics (zero before)."""
+    rm = r < R
+    part = tl.sum(y[None, :] * a, axis=1)
+    part *= tl.load(lw_ptr + row * slw + r, mask=rm, other=0.0)
+    if PART:
+        tl.store(t_ptr + (row * R + r) * PS + hh, part, mask=rm)
+    else:
+        tl.atomic_add(t_ptr + row * R + r, part, mask=rm, sem="relaxed")
 
 
 def supports(k_cache: torch.Tensor, k_scales, sinks) -> bool:
@@ -323,7 +347,8 @@ def _combine(q, mx, den, acc, ns, plan, out, quant, g, kvh, dv, launch, shrink=N
     grid = (nd, kvh * g, triton.cdiv(max(r, 1), rstep))
     ps = 0 if shrink is None else shrink.ps
     geo = {"KV": kvh, "G": g, "GP": gp, "DV": dv, "CB": cb, "NSP": nsp}
-    geo |= {"QUANT": quant is not None, "RN": q.is_cuda, "LORA": shrink is not None, "PART": ps > 0}
+    geo |= {"QUANT": quant is not None, "RN": q.is_cuda, "LORA": shrink is not None, "PART": ps > 0,
+            "APF": COMBINE_LORA_PREFETCH}  # fmt: skip
     if shrink is None:
         la = (out, out, out, 0, 0)
     else:

@@ -121,10 +121,10 @@ def test_combine_quantizes_its_rows_like_quantize_x8(g, dv, t, m):
     ("g", "dv", "t", "rank"), [(4, 128, 1, 16), (8, 64, 3, 20), (4, 128, 2, 64)]
 )
 @pytest.mark.parametrize("span", [False, True])
-@pytest.mark.parametrize("rstep", [None, 8])
+@pytest.mark.parametrize(("rstep", "apf"), [(None, False), (8, False), (None, True), (8, True)])
 @pytest.mark.parametrize("partial", [0, 64, 4], ids=["scratch", "partials", "few-partials"])
 def test_combine_adds_the_output_projections_lora_shrink(
-    g, dv, t, rank, span, rstep, partial, monkeypatch
+    g, dv, t, rank, span, rstep, apf, partial, monkeypatch
 ):
     """With `shrink` the combine also adds (o @ A.T) * W into the projection's scratch t (each
     head its DV columns, float32 atomics): within float32 rounding of the float64 product of
@@ -132,7 +132,8 @@ def test_combine_adds_the_output_projections_lora_shrink(
     within float32 rounding on a GPU, where the kernel with the shrink is another compile);
     rows past t stay zero. The
     plan's rows are out's rows in another order (t follows out's rows). `COMBINE_LORA_RSTEP`
-    splits A's rows over more programs (rank 20 in 8 + 8 + 4): the same. With partials
+    splits A's rows over more programs (rank 20 in 8 + 8 + 4), `COMBINE_LORA_PREFETCH` loads
+    the first rows of A before the PDL wait: the same. With partials
     (`LoraShrink.ps`, NaN before) each head stores its own share, t their sum; a buffer of
     fewer partials than heads gets the shrink's torch form after the combine (partial 0)."""
     from localllm.kernels.attention import triton_decode
@@ -140,6 +141,7 @@ def test_combine_adds_the_output_projections_lora_shrink(
     from localllm.kernels.fused.lora_delta import LoraShrink
 
     monkeypatch.setattr(triton_decode, "COMBINE_LORA_RSTEP", rstep)
+    monkeypatch.setattr(triton_decode, "COMBINE_LORA_PREFETCH", apf)
     gen = torch.Generator().manual_seed(g * dv + t)
     bs, d, kvh, m = 16, 64, 2, 150
     blocks = (m + bs - 1) // bs * t

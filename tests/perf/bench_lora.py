@@ -76,8 +76,10 @@ D = "localllm.engine.lora.delta."
 def _switches(case: str) -> list[str]:
     # "rc4": one row's epilogue products 4 rank rows a chunk (fewer registers, more chunks)
     rc = ["localllm.kernels.quant.triton_lora_tail.RC_ONE_ROW=4"] if "rc4" in case else []
-    # "apf": the SiLU programs' first rows of A loaded before their PDL wait
-    apf = ["localllm.kernels.fused.triton_ops.SILU_LORA_PREFETCH=True"] if "apf" in case else []
+    # "apf": the SiLU and combine programs' first rows of A loaded before their PDL wait
+    apf = ["localllm.kernels.fused.triton_ops.SILU_LORA_PREFETCH=True",
+           "localllm.kernels.attention.triton_decode.COMBINE_LORA_PREFETCH=True"]  # fmt: skip
+    apf = apf if "apf" in case else []
     return _scheme_switches(case) + rc + apf
 
 

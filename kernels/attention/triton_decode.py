@@ -34,7 +34,7 @@ COMBINE_WARPS = 4  # warps of a combine program (one query head)
 # On with the SiLU's (`triton_ops.SILU_LORA_RSTEP`, measured together on an H200, 2026-12-07)
 COMBINE_LORA_RSTEP: int | None = 8
 # with a shrink, each combine program's first rows of A load before it waits for the split
-# kernel (PDL); off until a GPU times it (with `triton_ops.SILU_LORA_PREFETCH`)
+# kernel (PDL); off, as `triton_ops.SILU_LORA_PREFETCH` (not yet timed alone)
 COMBINE_LORA_PREFETCH = False
 # The split on tensor cores (`_split_dot_kernel`): None (the FMA split), "exact" or "native" (see
 # the kernel). "exact" (float32 in three tf32 passes, 5e-8 off) takes 8.1 / 17.7 us per 8B layer at

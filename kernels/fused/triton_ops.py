@@ -180,7 +180,8 @@ SILU_LORA_RSTEP: int | None = 8
 # narrow, +15.0 % narrow with the row split and the combine's, COMBINE_LORA_RSTEP)
 SILU_LORA_BH: int | None = 256
 # with a shrink, each SiLU program's first rows of A load before it waits for the gate|up GEMV
-# (PDL): off until a GPU times it
+# (PDL). Off: timed only together with `triton_lora_tail.RC_ONE_ROW = 4` (slower on its own), not
+# alone (H100, 2026-12-08 00:14 UTC)
 SILU_LORA_PREFETCH = False
 
 

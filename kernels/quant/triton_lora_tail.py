@@ -25,15 +25,19 @@ import triton.language as tl
 RC = 16
 # ... at one row: the epilogue's peak sets the whole GEMV's registers, so its occupancy (sm_90,
 # ptxas: one adapter over 56 partials, Q4_K 137 registers at 16 against 71 at 4 and the base's
-# 64; Q6_K 136 against 96 and 96; tests/perf/lora_kernel_regs.py), for more serial chunks
+# 64; Q6_K 136 against 96 and 96; tests/perf/lora_kernel_regs.py), for more serial chunks. 4 was
+# slower on an H100 (2026-12-08 00:14 UTC, one adapter 327.7 t/s against 344.9): the chunks'
+# round trips cost more than the occupancy gives
 RC_ONE_ROW = 16
 ZC = tl.constexpr(64)  # columns of t the last epilogue zeroes per store
 PC = 1024  # values of t's partials a load takes, [partials, rows, RC] (registers: 32 a thread)
 
 
 # With partials (t whole before the GEMV starts) a split-K GEMV's delta goes into split 0's
-# partial sum, not onto the tile finisher's serial tail (False: the finisher adds it, as before)
-EARLY_TAIL = False
+# partial sum, not onto the tile finisher's serial tail (False: the finisher adds it). On since an
+# H100 timed it (2026-12-08 00:14 UTC, 8B shape, one rank-16 adapter: 354.5 t/s against 344.9,
+# +9.3 % over the base's 387.4 against +12.3 %; tests/perf/results/lora.md)
+EARLY_TAIL = True
 
 SHRINK_K, SHRINK_R = 256, 16  # an inline shrink item: columns of x, rows of A
 SK, SR = tl.constexpr(SHRINK_K), tl.constexpr(SHRINK_R)

@@ -11,8 +11,8 @@ graphs gives a mixed batch each request's alone tokens, and the same tokens as t
 scheme. "epilogue" runs q|k|v's, gate|up's, down's and the output projection's shrinks in the
 norm, SiLU and flash-decoding kernels before them (PRODUCER_SHRINK: no shrink is launched),
 "epilogue-launched" launches every shrink, "epilogue-partials" has those kernels store partial
-shrinks that the GEMVs' epilogues sum (PARTIAL_SHRINK), "epilogue-early-rc4" with those
-partials summed by split 0's programs (EARLY_TAIL), 4 rank rows a chunk (RC_ONE_ROW). The
+shrinks that the GEMVs' epilogues sum (PARTIAL_SHRINK) in the tile finishers,
+"epilogue-early" (the default) summed by split 0's programs (EARLY_TAIL). The
 module-level checks, tighter: tests/lora/test_lora_epilogue_module.py,
 tests/lora/test_lora_producer_shrink.py."""
 
@@ -61,7 +61,7 @@ def _count_tails(monkeypatch) -> list[int]:
     return seen
 
 
-SCHEMES = ["epilogue", "epilogue-partials", "epilogue-early-rc4", "epilogue-launched", "inline"]
+SCHEMES = ["epilogue", "epilogue-partials", "epilogue-early", "epilogue-launched", "inline"]
 
 
 def _scheme(monkeypatch, name: str) -> None:
@@ -95,7 +95,7 @@ def test_epilogue_near_exact_deltas(monkeypatch, scheme):
         # the launched shrinks a forward: every module's, or none (the norm, SiLU and attention
         # kernels run them; a prompt's attention output: its torch form)
         wide = [d for d in deltas if d._tails and d.a.shape[0] > delta.PRODUCER_MAX_RANK]
-        producers = scheme in ("epilogue", "epilogue-partials", "epilogue-early-rc4")
+        producers = scheme in ("epilogue", "epilogue-partials", "epilogue-early")
         want = len(wide) if producers else sum(1 for d in deltas if d._tails)
         for rows in (1, 4, 5):
             _rows_near_exact_deltas(monkeypatch, model, deltas, seen, rows)

@@ -65,6 +65,11 @@ PRODUCER_SHRINK = True
 # R 48 / 32 / 16 for q|k|v / gate|up / down and o, +16.1 % against +22.1 % launched; four,
 # R 64 to 192, +54.1 % against +46.3 %: their loops over A outgrow a launch)
 PRODUCER_MAX_RANK = 48
+# ... and with their shares stored as partials (PARTIAL_SHRINK) up to this: four rank-16 adapters
+# (R 192 / 128 / 64) +40.2 % over the base against +46.9 % launched (H100, 2026-12-07 23:07 UTC,
+# twice; their GPU tests at R 192 and 64 passed in that call). Partials take 1 KB per rank of R
+# a module.
+PARTIAL_MAX_RANK = 192
 # the producers store partial shrinks (the SiLU product's column blocks, the combine's heads)
 # into the module's partials buffer and the GEMVs' epilogues sum them: no atomics, and no
 # counter or zeroing after the epilogues (False: atomics into the scratch, which the last
@@ -187,7 +192,7 @@ class LoraDelta:
         # the kernels' t accumulator, made here: never inside a CUDA-graph capture
         self.scratch = scratch(first, ctx.device) if kern else None
         # (made only with PARTIAL_SHRINK on at load: 1 KB per rank of R a module otherwise idle)
-        small = kern and first <= PRODUCER_MAX_RANK and PARTIAL_SHRINK
+        small = kern and first <= PARTIAL_MAX_RANK and PARTIAL_SHRINK
         self.partials = partials(first, EPILOGUE_ROWS, ctx.device) if small else None
         self._parts = 0  # partials the last producer wrote (`PARTIAL_SHRINK`)
         self._partial_tails: dict[int, list] = {}
@@ -243,13 +248,19 @@ class LoraDelta:
             return False  # (the scratch is on CUDA only; CPU tensors: the triton interpreter)
         return all(k.takes_tail(rows) for k in self._gemvs)
 
+    def producer_max_rank(self) -> int:
+        """The stacked rank up to which this module's input kernel runs its shrink."""
+        if PARTIAL_SHRINK and self.partials is not None:
+            return PARTIAL_MAX_RANK
+        return PRODUCER_MAX_RANK
+
     def producer_shrink(self, rows: int, device: torch.device) -> LoraShrink | None:
         """Under SCHEME "epilogue" (and PRODUCER_SHRINK), where `tails` will take the next call
         of `rows` rows: the shrink for the kernel that makes this module's input to run
         (`kernels.fused.ops`'s `shrink`), after which that call's `tails` launches none. The
         caller must hand it to that kernel and call this module next."""
         self._produced, self._parts = 0, 0
-        if self.a.shape[0] > PRODUCER_MAX_RANK:
+        if self.a.shape[0] > self.producer_max_rank():
             return None
         if not (PRODUCER_SHRINK and SCHEME == "epilogue" and self._takes(rows, device)):
             return None

@@ -94,7 +94,7 @@ def test_epilogue_near_exact_deltas(monkeypatch, scheme):
             assert all(d._inline for d in deltas if d._tails)
         # the launched shrinks a forward: every module's, or none (the norm, SiLU and attention
         # kernels run them; a prompt's attention output: its torch form)
-        wide = [d for d in deltas if d._tails and d.a.shape[0] > delta.PRODUCER_MAX_RANK]
+        wide = [d for d in deltas if d._tails and d.a.shape[0] > d.producer_max_rank()]
         producers = scheme in ("epilogue", "epilogue-partials", "epilogue-early")
         want = len(wide) if producers else sum(1 for d in deltas if d._tails)
         for rows in (1, 4, 5):

@@ -94,13 +94,15 @@ def _scheme_switches(case: str) -> list[str]:
         sets += (
             ["localllm.kernels.quant.triton_lora_tail.EARLY_TAIL=True"] if "early" in case else []
         )
-        return sets + ([D + "PRODUCER_MAX_RANK=1048576"] if "producers" in case else [])
+        lift = [D + "PRODUCER_MAX_RANK=1048576", D + "PARTIAL_MAX_RANK=1048576"]
+        return sets + (lift if "producers" in case else [])
     if "producers" in case or "silu narrow" in case:  # every shrink in the input kernels,
         # whatever its rank ("producers"; one adapter's take them by default); "split": the
         # SiLU's and the attention combine's over more programs (8 rows of A each); "narrow":
         # the SiLU's programs 256 columns wide
         sets = [D + "SCHEME='epilogue'"]
         sets += [D + "PRODUCER_MAX_RANK=1048576"] if "producers" in case else []
+        sets += [D + "PARTIAL_SHRINK=False"]  # (these cases time the atomics)
         if "split" in case:
             sets += ["localllm.kernels.fused.triton_ops.SILU_LORA_RSTEP=8",
                      "localllm.kernels.attention.triton_decode.COMBINE_LORA_RSTEP=8"]  # fmt: skip

@@ -16,6 +16,7 @@ import triton.language as tl
 from localllm.kernels import pdl
 from localllm.kernels.attention.decode_plan import DecodePlan
 from localllm.kernels.attention.triton_split import split_span
+from localllm.kernels.fused.triton_lora import a_rows, shrink_rows
 from localllm.kernels.quant.triton_dp4a import quant_groups
 from localllm.kernels.quant.triton_packed import QuantizedX
 
@@ -183,7 +184,7 @@ def _combine_kernel(
     cols = (hh * DV + dv).to(tl.int64)
     lo = tl.program_id(2) * RSTEP
     if LORA and APF:
-        a0 = _head_a(a_ptr, lo + tl.arange(0, BRS), cols, R, KV * G * DV)
+        a0 = a_rows(a_ptr, lo + tl.arange(0, BRS), cols, dv < DV, KV * G * DV, R)
     pdl.gdc_wait(PDL)
     top = tl.full([1], float("-inf"), tl.float32)
     den = tl.zeros([1], dtype=tl.float32)
@@ -216,32 +217,12 @@ def _combine_kernel(
     if LORA:
         start = lo
         if APF:
-            _head_shrink(y, a0, lo + tl.arange(0, BRS), row, hh, lw_ptr, slw, t_ptr, R, PS, PART)
+            shrink_rows(y, a0, lo + tl.arange(0, BRS), row, hh, lw_ptr, slw, t_ptr, R, PS, PART)
             start = lo + BRS
         for r0 in range(start, tl.minimum(lo + RSTEP, R), BRS):
             r = r0 + tl.arange(0, BRS)
-            a = _head_a(a_ptr, r, cols, R, KV * G * DV)
-            _head_shrink(y, a, r, row, hh, lw_ptr, slw, t_ptr, R, PS, PART)
-
-
-@triton.jit
-def _head_a(a_ptr, r, cols, R, width):
-    """Rows r of the stacked LoRA A over one head's columns, float32 (rows past R: zero)."""
-    return tl.load(a_ptr + r[:, None].to(tl.int64) * width + cols[None, :],
-                   mask=(r < R)[:, None], other=0.0).to(tl.float32)  # fmt: skip
-
-
-@triton.jit
-def _head_shrink(y, a, r, row, hh, lw_ptr, slw, t_ptr, R, PS, PART: tl.constexpr):
-    """The head's share of rows r of the shrink, times W: stored as its partial (PART) or added
-    into t with atomics (zero before)."""
-    rm = r < R
-    part = tl.sum(y[None, :] * a, axis=1)
-    part *= tl.load(lw_ptr + row * slw + r, mask=rm, other=0.0)
-    if PART:
-        tl.store(t_ptr + (row * R + r) * PS + hh, part, mask=rm)
-    else:
-        tl.atomic_add(t_ptr + row * R + r, part, mask=rm, sem="relaxed")
+            a = a_rows(a_ptr, r, cols, dv < DV, KV * G * DV, R)
+            shrink_rows(y, a, r, row, hh, lw_ptr, slw, t_ptr, R, PS, PART)
 
 
 def supports(k_cache: torch.Tensor, k_scales, sinks) -> bool:

@@ -168,3 +168,25 @@ def shrink_expand(x: torch.Tensor, a: torch.Tensor, w: torch.Tensor, parts: list
         *(p.b_t.shape[1] for p in pad), *(p.lo for p in pad), *(p.hi - p.lo for p in pad),
         BT=bt, BR=rank, BN=bn, DOT=dot, ZR=ZR, num_warps=4, **pdl.launch_options(on),
     )  # fmt: skip
+
+
+@triton.jit
+def a_rows(a_ptr, r, cols, cmask, width, R):
+    """Rows r of a stacked LoRA A ([R, width] float16) over columns `cols` (cmask), float32;
+    rows past R read as zero. A producer kernel's share of a shrink (the SiLU's, the combine's)."""
+    return tl.load(a_ptr + r[:, None].to(tl.int64) * width + cols[None, :],
+                   mask=(r < R)[:, None] & cmask[None, :], other=0.0).to(tl.float32)  # fmt: skip
+
+
+@triton.jit
+def shrink_rows(y, a, r, row, slot, lw_ptr, slw, t_ptr, R, PS, PART: tl.constexpr):
+    """(y @ a.T) * W[row, r] for rows r of a producer's shrink: stored as partial `slot` of t
+    (PART, `LoraShrink.ps`; the GEMV epilogue sums them) or added into t with float32 atomics
+    (t zero before)."""
+    rm = r < R
+    acc = tl.sum(y[None, :] * a, axis=1)
+    acc *= tl.load(lw_ptr + row * slw + r, mask=rm, other=0.0)
+    if PART:
+        tl.store(t_ptr + (row * R + r) * PS + slot, acc, mask=rm)
+    else:
+        tl.atomic_add(t_ptr + row * R + r, acc, mask=rm, sem="relaxed")

@@ -14,6 +14,7 @@ import triton.language as tl
 
 from localllm.kernels import pdl
 from localllm.kernels.fused.lora_delta import LoraShrink
+from localllm.kernels.fused.triton_lora import a_rows, shrink_rows
 from localllm.kernels.quant.triton_dp4a import quant_groups
 from localllm.kernels.quant.triton_packed import QuantizedX, empty_quantized
 
@@ -118,7 +119,7 @@ def _silu_mul(
     m = c < H
     lo = tl.program_id(2) * RSTEP
     if LORA and APF:
-        a0 = _a_rows(a_ptr, lo + tl.arange(0, BRS), c, m, H, R)
+        a0 = a_rows(a_ptr, lo + tl.arange(0, BRS), c, m, H, R)
     pdl.gdc_wait(PDL)
     g = tl.load(gu_ptr + row * 2 * H + c, mask=m, other=0.0)
     u = tl.load(gu_ptr + row * 2 * H + H + c, mask=m, other=0.0)
@@ -133,35 +134,14 @@ def _silu_mul(
         gm = (grp < H // 32) & first
         quant_groups(yg, grp, gm, q_row, d_ptr + k32, s16_row, xs_ptr + k32, BH // 32, RN)
     if LORA:  # the next linear's LoRA shrink, split over the programs' columns: float32
-        start = lo
+        slot, start = tl.program_id(1), lo  # (partials: one a column block)
         if APF:
-            _shrink_rows(y, a0, lo + tl.arange(0, BRS), row, lw_ptr, slw, t_ptr, R, PS, PART)
+            shrink_rows(y, a0, lo + tl.arange(0, BRS), row, slot, lw_ptr, slw, t_ptr, R, PS, PART)
             start = lo + BRS
         for r0 in range(start, tl.minimum(lo + RSTEP, R), BRS):
             r = r0 + tl.arange(0, BRS)
-            a = _a_rows(a_ptr, r, c, m, H, R)
-            _shrink_rows(y, a, r, row, lw_ptr, slw, t_ptr, R, PS, PART)
-
-
-@triton.jit
-def _a_rows(a_ptr, r, c, m, H, R):
-    """Rows r of the stacked LoRA A over columns c, float32 (rows past R: zero)."""
-    rm = r < R
-    return tl.load(a_ptr + r[:, None].to(tl.int64) * H + c[None, :],
-                   mask=rm[:, None] & m[None, :], other=0.0).to(tl.float32)  # fmt: skip
-
-
-@triton.jit
-def _shrink_rows(y, a, r, row, lw_ptr, slw, t_ptr, R, PS, PART: tl.constexpr):
-    """(y @ a.T) * W for rows r of the shrink: stored as this column block's partial (PART;
-    the epilogue sums them) or added into t with atomics (zero before)."""
-    rm = r < R
-    acc = tl.sum(y[None, :] * a, axis=1)
-    acc *= tl.load(lw_ptr + row * slw + r, mask=rm, other=0.0)
-    if PART:
-        tl.store(t_ptr + (row * R + r) * PS + tl.program_id(1), acc, mask=rm)
-    else:
-        tl.atomic_add(t_ptr + row * R + r, acc, mask=rm, sem="relaxed")
+            a = a_rows(a_ptr, r, c, m, H, R)
+            shrink_rows(y, a, r, row, slot, lw_ptr, slw, t_ptr, R, PS, PART)
 
 
 # rows of the stacked LoRA A per extra norm program (rank 16: 4 programs beside the norm's), and
@@ -180,8 +160,8 @@ SILU_LORA_RSTEP: int | None = 8
 # narrow, +15.0 % narrow with the row split and the combine's, COMBINE_LORA_RSTEP)
 SILU_LORA_BH: int | None = 256
 # with a shrink, each SiLU program's first rows of A load before it waits for the gate|up GEMV
-# (PDL). Off: timed only together with `triton_lora_tail.RC_ONE_ROW = 4` (slower on its own), not
-# alone (H100, 2026-12-08 00:14 UTC)
+# (PDL). Off: timed only together with 4 rank rows a chunk in the GEMV epilogue (slower on its
+# own, since removed), not alone (H100, 2026-12-08 00:14 UTC)
 SILU_LORA_PREFETCH = False
 
 

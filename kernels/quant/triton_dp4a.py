@@ -162,8 +162,7 @@ def _x_rows(x8_ptr, rows, xm, K4, word0):
 def _finish(acc, out_ptr, part_ptr, cnt_ptr, pn, pk, rows, rmask, cols, cols_ok, PS, N, SPLIT,
             lt_ptr, lb_ptr, lc_ptr, l_r, l_e1, l_e2, l_lo0, l_lo1, l_lo2, l_rk0, l_rk1, l_rk2,
             l_tiles, l_ns, l_np, MP: tl.constexpr, BN: tl.constexpr, LR: tl.constexpr,
-            LS: tl.constexpr, NPC: tl.constexpr, LPS: tl.constexpr, LE: tl.constexpr,
-            LRC: tl.constexpr):  # fmt: skip
+            LS: tl.constexpr, NPC: tl.constexpr, LPS: tl.constexpr, LE: tl.constexpr):  # fmt: skip
     """Store y, or with split K: park this program's partial sums, and let the program that
     finishes its column tile last add all partials in a fixed order (deterministic, no second
     kernel) and reset the tile's counter for the next launch (CUDA-graph replays included).
@@ -177,7 +176,7 @@ def _finish(acc, out_ptr, part_ptr, cnt_ptr, pn, pk, rows, rmask, cols, cols_ok,
             lora_wait(lc_ptr, l_ns, LS)
             acc += lora_tail(lt_ptr, lb_ptr, l_r, rows, rmask, pn * BN, cols, cols_ok, N,
                              l_e1, l_e2, l_lo0, l_lo1, l_lo2, l_rk0, l_rk1, l_rk2,
-                             l_np, MP, BN, LR, NPC, LPS, LRC)  # fmt: skip
+                             l_np, MP, BN, LR, NPC, LPS)  # fmt: skip
         tl.store(out_ptr + yo, acc, mask=m2)
         if LR > 0 and NPC == 0:
             lora_release(lt_ptr, lc_ptr, l_r, rows, rmask, l_tiles, MP)
@@ -186,7 +185,7 @@ def _finish(acc, out_ptr, part_ptr, cnt_ptr, pn, pk, rows, rmask, cols, cols_ok,
             if pk == 0:
                 acc += lora_tail(lt_ptr, lb_ptr, l_r, rows, rmask, pn * BN, cols, cols_ok, N,
                                  l_e1, l_e2, l_lo0, l_lo1, l_lo2, l_rk0, l_rk1, l_rk2,
-                                 l_np, MP, BN, LR, NPC, LPS, LRC)  # fmt: skip
+                                 l_np, MP, BN, LR, NPC, LPS)  # fmt: skip
         tl.store(part_ptr + pk * PS + yo, acc, mask=m2)
         tl.debug_barrier()  # every thread's partial is written before the tile's counter moves
         done = tl.atomic_add(cnt_ptr + pn, 1, sem="acq_rel")
@@ -195,7 +194,7 @@ def _finish(acc, out_ptr, part_ptr, cnt_ptr, pn, pk, rows, rmask, cols, cols_ok,
                 lora_wait(lc_ptr, l_ns, LS)
                 tot = lora_tail(lt_ptr, lb_ptr, l_r, rows, rmask, pn * BN, cols, cols_ok, N,
                                 l_e1, l_e2, l_lo0, l_lo1, l_lo2, l_rk0, l_rk1, l_rk2,
-                                l_np, MP, BN, LR, NPC, LPS, LRC)  # fmt: skip
+                                l_np, MP, BN, LR, NPC, LPS)  # fmt: skip
             else:
                 tot = tl.zeros(acc.shape, dtype=tl.float32)
             for j in range(0, SPLIT):  # L1 is not coherent across SMs: read partials from L2
@@ -234,7 +233,7 @@ def _gemv_q4k_packed(
     LATE: tl.constexpr, lt_ptr, lb_ptr, lc_ptr, l_r, l_e1, l_e2, l_lo0, l_lo1, l_lo2, l_rk0,
     l_rk1, l_rk2, l_tiles, ls_ptr, l_sx, la_ptr, lw_ptr, l_sw, l_ns, l_np,
     LR: tl.constexpr, LS: tl.constexpr, NPC: tl.constexpr, LPS: tl.constexpr,
-    LE: tl.constexpr = False, LRC: tl.constexpr = 16,
+    LE: tl.constexpr = False,
     STAGES: tl.constexpr = 1,
 ):  # fmt: skip
     pn, pk, tk = lora_program(lc_ptr, LS)  # (LS: the LoRA shrink inline, tickets)
@@ -285,7 +284,7 @@ def _gemv_q4k_packed(
         gdc_begin(PDL)
     _finish(acc, out_ptr, part_ptr, cnt_ptr, pn, pk, rows, rmask, cols, cols_ok, ps, N, SPLIT,
             lt_ptr, lb_ptr, lc_ptr, l_r, l_e1, l_e2, l_lo0, l_lo1, l_lo2, l_rk0, l_rk1, l_rk2,
-            l_tiles, l_ns, l_np, MP, BN, LR, LS, NPC, LPS, LE, LRC)  # fmt: skip
+            l_tiles, l_ns, l_np, MP, BN, LR, LS, NPC, LPS, LE)  # fmt: skip
 
 
 @triton.jit
@@ -296,7 +295,7 @@ def _gemv_q6k_packed(
     LATE: tl.constexpr, lt_ptr, lb_ptr, lc_ptr, l_r, l_e1, l_e2, l_lo0, l_lo1, l_lo2, l_rk0,
     l_rk1, l_rk2, l_tiles, ls_ptr, l_sx, la_ptr, lw_ptr, l_sw, l_ns, l_np,
     LR: tl.constexpr, LS: tl.constexpr, NPC: tl.constexpr, LPS: tl.constexpr,
-    LE: tl.constexpr = False, LRC: tl.constexpr = 16,
+    LE: tl.constexpr = False,
     STAGES: tl.constexpr = 1,
 ):  # fmt: skip
     pn, pk, tk = lora_program(lc_ptr, LS)  # (LS: the LoRA shrink inline, tickets)
@@ -358,7 +357,7 @@ def _gemv_q6k_packed(
         gdc_begin(PDL)
     _finish(acc, out_ptr, part_ptr, cnt_ptr, pn, pk, rows, rmask, cols, cols_ok, ps, N, SPLIT,
             lt_ptr, lb_ptr, lc_ptr, l_r, l_e1, l_e2, l_lo0, l_lo1, l_lo2, l_rk0, l_rk1, l_rk2,
-            l_tiles, l_ns, l_np, MP, BN, LR, LS, NPC, LPS, LE, LRC)  # fmt: skip
+            l_tiles, l_ns, l_np, MP, BN, LR, LS, NPC, LPS, LE)  # fmt: skip
 
 
 @triton.jit
@@ -369,7 +368,7 @@ def _gemv_q8_0_packed(
     LATE: tl.constexpr, lt_ptr, lb_ptr, lc_ptr, l_r, l_e1, l_e2, l_lo0, l_lo1, l_lo2, l_rk0,
     l_rk1, l_rk2, l_tiles, ls_ptr, l_sx, la_ptr, lw_ptr, l_sw, l_ns, l_np,
     LR: tl.constexpr, LS: tl.constexpr, NPC: tl.constexpr, LPS: tl.constexpr,
-    LE: tl.constexpr = False, LRC: tl.constexpr = 16,
+    LE: tl.constexpr = False,
     STAGES: tl.constexpr = 1,
 ):  # fmt: skip
     pn, pk, tk = lora_program(lc_ptr, LS)  # (LS: the LoRA shrink inline, tickets)
@@ -414,4 +413,4 @@ def _gemv_q8_0_packed(
         gdc_begin(PDL)
     _finish(acc, out_ptr, part_ptr, cnt_ptr, pn, pk, rows, rmask, cols, cols_ok, ps, N, SPLIT,
             lt_ptr, lb_ptr, lc_ptr, l_r, l_e1, l_e2, l_lo0, l_lo1, l_lo2, l_rk0, l_rk1, l_rk2,
-            l_tiles, l_ns, l_np, MP, BN, LR, LS, NPC, LPS, LE, LRC)  # fmt: skip
+            l_tiles, l_ns, l_np, MP, BN, LR, LS, NPC, LPS, LE)  # fmt: skip

@@ -21,14 +21,10 @@ LR == 0 compiles none of it: the base GEMV as before.
 import triton
 import triton.language as tl
 
-# rank rows per chunk of the epilogue's products (registers: MP x RC x BN values a chunk)
-RC = 16
-# ... at one row: the epilogue's peak sets the whole GEMV's registers, so its occupancy (sm_90,
-# ptxas: one adapter over 56 partials, Q4_K 137 registers at 16 against 71 at 4 and the base's
-# 64; Q6_K 136 against 96 and 96; tests/perf/lora_kernel_regs.py), for more serial chunks. 4 was
-# slower on an H100 (2026-12-08 00:14 UTC, one adapter 327.7 t/s against 344.9): the chunks'
-# round trips cost more than the occupancy gives
-RC_ONE_ROW = 16
+# rank rows per chunk of the epilogue's products (registers: MP x RC x BN values a chunk); 4
+# at one row (71 instead of 137 registers, twice the programs an SM) was slower on an H100
+# (2026-12-08 00:15 UTC, one adapter 327.7 t/s against 344.9): the chunks' round trips cost more
+RC = tl.constexpr(16)
 ZC = tl.constexpr(64)  # columns of t the last epilogue zeroes per store
 PC = 1024  # values of t's partials a load takes, [partials, rows, RC] (registers: 32 a thread)
 
@@ -50,8 +46,8 @@ def tail_args(tail, y, x) -> dict:
         return {"lt_ptr": y, "lb_ptr": y, "lc_ptr": y, "l_r": 0, "l_e1": 0, "l_e2": 0,
                 "l_lo0": 0, "l_lo1": 0, "l_lo2": 0, "l_rk0": 0, "l_rk1": 0, "l_rk2": 0,
                 "l_tiles": 0, "ls_ptr": y, "l_sx": 0, "la_ptr": y, "lw_ptr": y, "l_sw": 0,
-                "l_ns": 0, "l_np": 0, "LR": 0, "LS": False, "NPC": 0, "LPS": 0, "LE": False,
-                "LRC": RC}  # fmt: skip
+                "l_ns": 0, "l_np": 0, "LR": 0, "LS": False, "NPC": 0, "LPS": 0,
+                "LE": False}  # fmt: skip
     lo, rk = tail.lo, tail.rank
     r, k = tail.t.shape[1], x.shape[1]
     inline = tail.a is not None
@@ -66,23 +62,15 @@ def tail_args(tail, y, x) -> dict:
             "l_ns": shrink_items(r, k) if inline else 0, "l_np": tail.np,
             "LR": tail.b.shape[0], "LS": inline,
             "NPC": partial_chunk(tail.np, x.shape[0]), "LPS": tail.ps,
-            "LE": bool(EARLY_TAIL and tail.np and not inline),
-            "LRC": rank_chunk(x.shape[0])}  # fmt: skip
-
-
-def rank_chunk(rows: int) -> int:
-    """Rank rows per chunk of the epilogue's products for a launch of `rows` rows."""
-    return RC_ONE_ROW if rows == 1 else RC
+            "LE": bool(EARLY_TAIL and tail.np and not inline)}  # fmt: skip
 
 
 def partial_chunk(np: int, rows: int) -> int:
     """Partials the epilogue sums per load (a power of two; 0: none, t is whole): all of them
-    where [partials, rows, rank chunk] values fit PC (one round trip of loads at one row), else
-    fewer."""
+    where [partials, rows, RC] values fit PC (one round trip of loads at one row), else fewer."""
     if not np:
         return 0
-    per = triton.next_power_of_2(rows) * rank_chunk(rows)
-    return min(triton.next_power_of_2(np), max(1, PC // per))
+    return min(triton.next_power_of_2(np), max(1, PC // (triton.next_power_of_2(rows) * RC.value)))
 
 
 def shrink_items(r: int, k: int) -> int:
@@ -168,11 +156,10 @@ def _t_chunk(t_ptr, R, rows, rmask, lo, rank, rr, np, NPC: tl.constexpr, PS: tl.
 @triton.jit
 def lora_tail(t_ptr, b_ptr, R, rows, rmask, c0, cols, cols_ok, N, e1, e2, lo0, lo1, lo2, rk0,
               rk1, rk2, np, MP: tl.constexpr, BN: tl.constexpr, LR: tl.constexpr,
-              NPC: tl.constexpr, PS: tl.constexpr, RCH: tl.constexpr):  # fmt: skip
+              NPC: tl.constexpr, PS: tl.constexpr):  # fmt: skip
     """The delta [MP, BN] of output columns `cols` (c0 the first): sum over r of
-        t[row, lo_p + r] * b[r, col], p the column's part (from column e1 on part 1, from e2 on
-        part 2). NPC > 0: t[row, r] is the sum of t's [row, r, :np] (PS per value), NPC a load; RCH
-    rank rows a chunk."""
+    t[row, lo_p + r] * b[r, col], p the column's part (from column e1 on part 1, from e2 on
+    part 2). NPC > 0: t[row, r] is the sum of t's [row, r, :np] (PS per value), NPC a load."""
     d = tl.zeros([MP, BN], dtype=tl.float32)
     last = tl.minimum(c0 + BN, N) - 1
     p0 = (c0 >= e1).to(tl.int32) + (c0 >= e2).to(tl.int32)
@@ -182,8 +169,8 @@ def lora_tail(t_ptr, b_ptr, R, rows, rmask, c0, cols, cols_ok, N, e1, e2, lo0, l
         rank = tl.where(p0 == 0, rk0, tl.where(p0 == 1, rk1, rk2))
         # a loop, not unrolled: unrolled, four rank-16 chunks (LR 64) took the Q4_K GEMV from 163
         # to 243 registers (sm_90, tests/perf/lora_kernel_regs.py), fewer programs per SM
-        for c in range(0, LR, RCH):
-            rr = c + tl.arange(0, RCH)
+        for c in range(0, LR, RC):
+            rr = c + tl.arange(0, RC)
             # rows past a part's rank are zero in b: only the columns need a mask
             b = tl.load(b_ptr + rr[:, None] * N + cols[None, :], mask=cols_ok[None, :], other=0.0)
             t = _t_chunk(t_ptr, R, rows, rmask, lo, rank, rr, np, NPC, PS)
@@ -191,13 +178,13 @@ def lora_tail(t_ptr, b_ptr, R, rows, rmask, c0, cols, cols_ok, N, e1, e2, lo0, l
     else:  # a part boundary inside the tile: each column picks its part (a chunk at a time)
         sel = (cols >= e1).to(tl.int32) + (cols >= e2).to(tl.int32)
         sel3 = sel[None, None, :]
-        for c in range(0, LR, RCH):
-            rr = c + tl.arange(0, RCH)
+        for c in range(0, LR, RC):
+            rr = c + tl.arange(0, RC)
             b = tl.load(b_ptr + rr[:, None] * N + cols[None, :], mask=cols_ok[None, :], other=0.0)
             ta = _t_chunk(t_ptr, R, rows, rmask, lo0, rk0, rr, np, NPC, PS)[:, :, None]
             tb = _t_chunk(t_ptr, R, rows, rmask, lo1, rk1, rr, np, NPC, PS)[:, :, None]
             tc = _t_chunk(t_ptr, R, rows, rmask, lo2, rk2, rr, np, NPC, PS)[:, :, None]
-            t = tl.where(sel3 == 0, ta, tl.where(sel3 == 1, tb, tc))  # [MP, RCH, BN]
+            t = tl.where(sel3 == 0, ta, tl.where(sel3 == 1, tb, tc))  # [MP, RC, BN]
             d += tl.sum(t * b.to(tl.float32)[None, :, :], axis=1)
     return d
 

@@ -73,19 +73,14 @@ def _delta(x, a, w, parts, cols):
     return torch.cat(ys, dim=1)
 
 
-@pytest.mark.parametrize("rc", [16, 4], ids=["rc16", "rc4"])
 @pytest.mark.parametrize("inline", [False, True], ids=["shrink-launched", "shrink-inline"])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-T{c[1]}-{len(c[2])}parts")
-def test_epilogue_matches_reference(case, inline, rc, make_blocks, monkeypatch):
+def test_epilogue_matches_reference(case, inline, make_blocks):
     """The shrink launched before the GEMV, or inline (its items done by the first programs to
-    take a ticket, the tile finishers waiting for them: `SCHEME = "inline"`); one row's
-    products 16 or 4 rank rows a chunk (`RC_ONE_ROW`)."""
+    take a ticket, the tile finishers waiting for them: `SCHEME = "inline"`)."""
     import dataclasses
 
     from localllm.kernels.fused.triton_lora import shrink
-    from localllm.kernels.quant import triton_lora_tail
-
-    monkeypatch.setattr(triton_lora_tail, "RC_ONE_ROW", rc)
     from localllm.kernels.quant.q8x_reference import gemv_q8x_reference
     from localllm.kernels.quant.triton_packed import gemv_packed, split_counters
 
@@ -180,23 +175,20 @@ def test_epilogue_rejects_long_steps(make_blocks):
         gemv_packed(torch.zeros(MAX_ROWS + 1, K, device=DEVICE), p, lora=tail)
 
 
-@pytest.mark.parametrize(("early", "rc"), [(False, 16), (True, 16), (True, 4)],
-                         ids=["finisher", "early", "early-rc4"])  # fmt: skip
+@pytest.mark.parametrize("early", [False, True], ids=["finisher", "early"])
 @pytest.mark.parametrize("np_", [1, 5, 56], ids=lambda n: f"{n}partials")
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-T{c[1]}-{len(c[2])}parts")
-def test_epilogue_sums_partial_shrinks(case, np_, early, rc, make_blocks, monkeypatch):
+def test_epilogue_sums_partial_shrinks(case, np_, early, make_blocks, monkeypatch):
     """`PARTIAL_SHRINK`'s tails: t is the sum of a producer's np partials ([rows, R, PS], the
     ones past np NaN: never read); the epilogue adds that t's delta, counts and zeroes nothing
     (the partials and the scratch's counters are as they were), and a second call gives the
-    same bits. "early" (`EARLY_TAIL`): a split-K GEMV adds it into split 0's partial sum;
-    "rc4": one row's products 4 rank rows a chunk (`RC_ONE_ROW`)."""
+    same bits. "early" (`EARLY_TAIL`): a split-K GEMV adds it into split 0's partial sum."""
     import dataclasses
 
     from localllm.kernels.fused.lora_delta import PARTIALS, partials
     from localllm.kernels.quant import triton_lora_tail
 
     monkeypatch.setattr(triton_lora_tail, "EARLY_TAIL", early)
-    monkeypatch.setattr(triton_lora_tail, "RC_ONE_ROW", rc)
     from localllm.kernels.quant.q8x_reference import gemv_q8x_reference
     from localllm.kernels.quant.triton_packed import gemv_packed, split_counters
 

@@ -71,7 +71,6 @@ def _scheme(monkeypatch, name: str) -> None:
     monkeypatch.setattr(delta, "PRODUCER_SHRINK", "-launched" not in name)
     monkeypatch.setattr(delta, "PARTIAL_SHRINK", "-partials" in name or "-early" in name)
     monkeypatch.setattr(triton_lora_tail, "EARLY_TAIL", "-early" in name)
-    monkeypatch.setattr(triton_lora_tail, "RC_ONE_ROW", 4 if "-rc4" in name else 16)
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)

@@ -63,24 +63,19 @@ GPU_CASES = {
     "4 adapters, producers partials": (4, 1.0),
     "1 adapter, early": (1, 1.0),
     "4 adapters, producers early": (4, 1.0),
-    "1 adapter, rc4": (1, 1.0),
-    "1 adapter, early rc4": (1, 1.0),
-    "4 adapters, producers early rc4": (4, 1.0),
-    "1 adapter, early rc4 apf": (1, 1.0),
-    "4 adapters, producers early rc4 apf": (4, 1.0),
+    "1 adapter, apf": (1, 1.0),
+    "4 adapters, apf": (4, 1.0),
 }
 # `localllm bench` with module switches set, in its own process (tests/perf/with_switches.py)
 D = "localllm.engine.lora.delta."
 
 
 def _switches(case: str) -> list[str]:
-    # "rc4": one row's epilogue products 4 rank rows a chunk (fewer registers, more chunks)
-    rc = ["localllm.kernels.quant.triton_lora_tail.RC_ONE_ROW=4"] if "rc4" in case else []
     # "apf": the SiLU and combine programs' first rows of A loaded before their PDL wait
     apf = ["localllm.kernels.fused.triton_ops.SILU_LORA_PREFETCH=True",
            "localllm.kernels.attention.triton_decode.COMBINE_LORA_PREFETCH=True"]  # fmt: skip
     apf = apf if "apf" in case else []
-    return _scheme_switches(case) + rc + apf
+    return _scheme_switches(case) + apf
 
 
 def _scheme_switches(case: str) -> list[str]:

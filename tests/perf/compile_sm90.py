@@ -129,6 +129,7 @@ def main(pdl: bool = False) -> None:
     for lo in (False, True):  # with the next linear's LoRA shrink (`triton_ops.LoraShrink`)
         for part in (False, True) if lo else (False,):  # its shares stored (`PARTIAL_SHRINK`)
             silu_flags = {"BH": 1024, "QUANT": True, "RN": True, "LORA": lo, "BRS": 8}
+            silu_flags |= {"APF": triton_ops.SILU_LORA_PREFETCH}
             cases.append((triton_ops._silu_mul, silu, silu_flags | {"PART": part}, 4))
         for d, ksel in ((2048, 0), (4096, 0), (2048, 8)):  # 8: a MoE layer's output summed in
             flags = {"BD": d, "ADD": True, "KSEL": ksel, "QUANT": True, "RN": True}
@@ -150,6 +151,7 @@ def main(pdl: bool = False) -> None:
             # the o-proj's quantized rows (`COMBINE_QUANT`), its LoRA shrink (shares: PART)
             geo = {"KV": kv, "G": g, "GP": g, "DV": 128, "CB": 64, "NSP": 64, "QUANT": quant}
             geo |= {"RN": True, "LORA": lo, "BRS": 8, "PART": part}
+            geo |= {"APF": triton_decode.COMBINE_LORA_PREFETCH}
             cases.append((triton_decode._combine_kernel, comb, geo, 4))
     gemv = {"x8_ptr": I32, "xd_ptr": F32, "out_ptr": F32, "part_ptr": F32, "cnt_ptr": I32}
     gemv |= {"ids_ptr": I64} | dict.fromkeys(("M", "N", "K", "nb", "XDIV", "P"), "i32")
@@ -175,6 +177,7 @@ def main(pdl: bool = False) -> None:
                 "LS": False,
                 "NPC": 0,
                 "LPS": 0,
+                "LE": False,
                 "STAGES": 1,
             }
             cases.append((fn, {n: sig[n] for n in order}, geo, warps))

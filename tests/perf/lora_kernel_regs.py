@@ -23,7 +23,7 @@ from triton.compiler import ASTSource
 
 from localllm.kernels.fused import triton_lora, triton_lora_fused
 from localllm.kernels.quant import triton_dp4a
-from localllm.kernels.quant.triton_lora_tail import partial_chunk, rank_chunk
+from localllm.kernels.quant.triton_lora_tail import partial_chunk
 
 W16 = {"a_ptr": "*fp16", **{f"b{i}": "*fp16" for i in range(3)}}
 CONFIGS = [  # (kernel, extra arg types, constexprs)
@@ -91,8 +91,7 @@ def main() -> None:
                 npc = partial_chunk(np, mp)
                 consts = {**geo, "MP": mp, "BN": 64, "ASM": True, "MOE": False, "PF": True,
                           "LATE": True, "LR": lr, "LS": ls, "NPC": npc,
-                          "LPS": 64 if np else 0, "LE": le, "LRC": rank_chunk(mp),
-                          "STAGES": 1}  # fmt: skip
+                          "LPS": 64 if np else 0, "LE": le, "STAGES": 1}  # fmt: skip
                 shown = f"LR={lr}, LS={ls}, MP={mp}, partials {np} ({npc} a load), early {le}"
                 print(f"triton_dp4a.{kernel.fn.__name__} {shown}: {usage(kernel, GEMV, consts, 1)}")
 

@@ -52,8 +52,10 @@ def grouped_gemm(
     elif p.qtype == QuantType.Q6_K:
         planes = (pl["ql"], pl["qh"], pl["sc"], pl["d"])
         _grouped_q6k[grid](x8, xq.scale, *rows, *planes, *tail, **geo)
-    elif p.qtype == QuantType.Q8_0:
-        _grouped_q8_0[grid](x8, xq.scale, *rows, pl["qs"], pl["d"], *tail, **geo)
+    elif p.qtype in (QuantType.Q8_0, QuantType.Q5_0):  # (Q5_0: experts', `widen.NATIVE_Q5_0`)
+        q5 = p.qtype == QuantType.Q5_0
+        planes = (pl["qs"], pl["d"], pl["qh" if q5 else "qs"])
+        _grouped_q8_0[grid](x8, xq.scale, *rows, *planes, *tail, **geo, Q5=q5)
     else:
         raise ValueError(f"no grouped GEMM for {p.qtype.name}")
     return out

@@ -18,7 +18,7 @@ within float rounding.
 import triton
 import triton.language as tl
 
-from localllm.kernels.quant.triton_dp4a import _plane, _q4k_header
+from localllm.kernels.quant.triton_dp4a import _plane, _q4k_header, _q8_words
 from localllm.kernels.quant.triton_unpack import _affine, _q6k_quarter_codes, _split
 
 
@@ -121,20 +121,23 @@ def _grouped_q6k(
 
 @triton.jit
 def _grouped_q8_0(
-    x8_ptr, xd_ptr, sid_ptr, bexp_ptr, qs_ptr, d_ptr, out_ptr, N, K, ADIV,
-    NB: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+    x8_ptr, xd_ptr, sid_ptr, bexp_ptr, qs_ptr, d_ptr, qh_ptr, out_ptr, N, K, ADIV,
+    NB: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, Q5: tl.constexpr,
 ):  # fmt: skip
+    # Q5: Q5_0 planes, whose words `_q8_words` builds (Q8_0's codes, the same sums)
     e, pair, rm, arow = _rows(sid_ptr, bexp_ptr, ADIV, BM)
     if e >= 0:
         e64 = e.to(tl.int64)
-        qs_ptr += e64 * (NB * 8 * N)
+        qs_ptr += e64 * (NB * (4 if Q5 else 8) * N)
         d_ptr += e64 * (NB * N)
+        if Q5:
+            qh_ptr += e64 * (NB * N)
         cols, cm = _cols(N, BN)
         lane = tl.arange(0, 8)
         K32 = K // 32
         acc = tl.zeros([BM, BN], dtype=tl.float32)
         for b in range(0, NB):
-            q = _split(_plane(qs_ptr, b * 8 + lane, cols, N, cm)).to(tl.int8)  # wraps: signed
+            q = _split(_q8_words(qs_ptr, qh_ptr, b, lane, cols, N, cm, Q5)).to(tl.int8)  # signed
             isum = tl.dot(_x8(x8_ptr, arow, rm, K, b * 32), q, out_dtype=tl.int32)
             d = tl.load(d_ptr + b * N + cols, mask=cm, other=0.0).to(tl.float32)
             dx = tl.load(xd_ptr + arow * K32 + b, mask=rm, other=0.0)

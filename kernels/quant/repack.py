@@ -1,4 +1,5 @@
-"""Column-major ("packed") layouts of Q4_K, Q6_K and Q8_0 blocks for the GPU dp4a kernels.
+"""Column-major ("packed") layouts of Q4_K, Q6_K, Q8_0 (and experts' Q5_0) blocks for the GPU
+dp4a kernels.
 
 The bytes stay the GGUF file's (same codes, same scales, same count); only their order changes.
 A GEMV program owns a run of output rows and walks K: with the file's row-major blocks its warps
@@ -12,8 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
+from localllm.kernels.quant import widen
 from localllm.kernels.quant.types import QuantType, block_geometry
-from localllm.kernels.quant.widen import WIDENED, widen_blocks
 
 # Per type: the block's byte fields in order, each (name, start, end, dtype of its words).
 _FIELDS: dict[QuantType, tuple[tuple[str, int, int, torch.dtype], ...]] = {
@@ -28,13 +29,22 @@ _FIELDS: dict[QuantType, tuple[tuple[str, int, int, torch.dtype], ...]] = {
     ),
     # fp16 d, 32 int8 codes
     QuantType.Q8_0: (("d", 0, 2, torch.float16), ("qs", 2, 34, torch.int32)),
+    # fp16 d, the 32 fifth bits, 16 bytes of nibbles (low: elements 0-15, high: 16-31); experts
+    # alone (`widen.NATIVE_Q5_0`): words of 4 bytes at byte 2 and 6 of a 22-byte block
+    QuantType.Q5_0: (
+        ("d", 0, 2, torch.float16),
+        ("qh", 2, 6, torch.int32),
+        ("qs", 6, 22, torch.int32),
+    ),
 }
-PACKED_TYPES = frozenset(_FIELDS)
+# Types every packed kernel takes (dense linears and experts alike)
+PACKED_TYPES = frozenset({QuantType.Q4_K, QuantType.Q6_K, QuantType.Q8_0})
 
 
 def packs(qtype: QuantType, k: int) -> bool:
-    """Whether the packed layout takes rows of `k` values of `qtype` (a whole number of blocks)."""
-    return qtype in PACKED_TYPES and k % block_geometry(qtype)[0] == 0
+    """Whether packed experts take rows of `k` values of `qtype` (a whole number of blocks)."""
+    native = qtype in PACKED_TYPES or (qtype == QuantType.Q5_0 and widen.NATIVE_Q5_0)
+    return native and k % block_geometry(qtype)[0] == 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,10 +101,12 @@ def unpack_blocks(p: PackedBlocks) -> torch.Tensor:
 def pack_expert_blocks(data: torch.Tensor, qtype: QuantType, n: int, k: int) -> PackedBlocks:
     """Stacked expert weights, raw uint8 [E, N, row_bytes] -> PackedBlocks whose planes are
     [E, words, N]: each expert's planes are those `pack_blocks` gives its slice, contiguous.
-    Q4_0 / Q5_0 / IQ4_NL experts are packed as the Q8_0 blocks they widen to, exactly (`widen`)."""
+    Q4_0 / Q5_0 / IQ4_NL experts are packed as the Q8_0 blocks they widen to, exactly (`widen`;
+    Q5_0 as it is with `widen.NATIVE_Q5_0`)."""
     qtype = QuantType(qtype)
-    if qtype in WIDENED:
-        data, qtype = widen_blocks(data.reshape(data.shape[0], n, -1), qtype), WIDENED[qtype]
+    if widen.widened_type(qtype) != qtype:
+        wide = widen.widen_blocks(data.reshape(data.shape[0], n, -1), qtype)
+        data, qtype = wide, widen.widened_type(qtype)
     if qtype not in _FIELDS:
         raise ValueError(f"no packed layout for {qtype.name}")
     block, nbytes = block_geometry(qtype)

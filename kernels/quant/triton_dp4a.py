@@ -1,4 +1,4 @@
-"""Triton dp4a kernels over packed (column-major) Q4_K, Q6_K and Q8_0 blocks on CUDA.
+"""Triton dp4a kernels over packed (column-major) Q4_K, Q6_K and Q8_0 (or Q5_0) blocks on CUDA.
 
 Decode GEMVs are bound by weight bytes, and converting every code to float costs more than the
 bytes allow (int->float runs at a quarter of the FMA rate). So, as llama.cpp's mmvq does, the
@@ -148,6 +148,30 @@ def _q6k_quarter(qla, qlb, qh, k: tl.constexpr):
     else:
         lo = qlb
     return ((lo >> (4 * (k // 2))) & 0x0F0F0F0F) | (((qh >> (2 * k)) & 0x03030303) << 4)
+
+
+@triton.jit
+def _q8_words(qs_ptr, qh_ptr, b, lane, cols, N, cm, Q5: tl.constexpr):
+    """Block b's 32 signed codes as 8 int32 words [8, BN] (4 codes each, K order, byte order the
+    file's) for lane = arange(0, 8): Q8_0's plane as stored, or Q5_0's built from its 4 nibble
+    words and its fifth-bit word (`Q5`). Word w's codes are elements 4w..4w+3: nibbles of qs word
+    w % 4 (low for w < 4, high after), fifth bits 4w..4w+3 of qh; a Q5_0 code q - 16 is the byte
+    nibble | 0xF0 where its fifth bit is clear, the nibble alone where set (two's complement),
+    so the dp4a sums equal those of the widened Q8_0 blocks bit for bit."""
+    if Q5:
+        nib = (
+            _plane(qs_ptr, b * 4 + lane % 4, cols, N, cm) >> (4 * (lane // 4))[:, None]
+        ) & 0x0F0F0F0F
+        h = tl.load(qh_ptr + b * N + cols, mask=cm, other=0)[None, :] >> (4 * lane)[:, None]
+        five = (
+            ((h << 4) & 0x10)
+            | ((h << 11) & 0x1000)
+            | ((h << 18) & 0x100000)
+            | ((h << 25) & 0x10000000)
+        )
+        neg = five ^ 0x10101010  # 0x10 in each byte whose code is negative
+        return nib | neg | (neg << 1) | (neg << 2) | (neg << 3)
+    return _plane(qs_ptr, b * 8 + lane, cols, N, cm)
 
 
 @triton.jit
@@ -362,24 +386,29 @@ def _gemv_q6k_packed(
 
 @triton.jit
 def _gemv_q8_0_packed(
-    x8_ptr, xd_ptr, qs_ptr, d_ptr, out_ptr, part_ptr, cnt_ptr, ids_ptr, M, N, K, nb, XDIV, P,
-    spb: tl.constexpr, SPLIT: tl.constexpr, MP: tl.constexpr, BN: tl.constexpr, ASM: tl.constexpr,
-    MOE: tl.constexpr, PDL: tl.constexpr, PF: tl.constexpr,
+    x8_ptr, xd_ptr, qs_ptr, d_ptr, qh_ptr, out_ptr, part_ptr, cnt_ptr, ids_ptr, M, N, K, nb, XDIV,
+    P, spb: tl.constexpr, SPLIT: tl.constexpr, MP: tl.constexpr, BN: tl.constexpr,
+    ASM: tl.constexpr, MOE: tl.constexpr, PDL: tl.constexpr, PF: tl.constexpr,
     LATE: tl.constexpr, lt_ptr, lb_ptr, lc_ptr, l_r, l_e1, l_e2, l_lo0, l_lo1, l_lo2, l_rk0,
     l_rk1, l_rk2, l_tiles, ls_ptr, l_sx, la_ptr, lw_ptr, l_sw, l_ns, l_np,
     LR: tl.constexpr, LS: tl.constexpr, NPC: tl.constexpr, LPS: tl.constexpr,
     LE: tl.constexpr = False,
     STAGES: tl.constexpr = 1,
+    Q5: tl.constexpr = False,
 ):  # fmt: skip
+    # Q5: Q5_0 planes (qs 4 words a block, qh 1; `_q8_words`), else Q8_0 (qs 8, qh unused)
+    WB: tl.constexpr = 4 if Q5 else 8
     pn, pk, tk = lora_program(lc_ptr, LS)  # (LS: the LoRA shrink inline, tickets)
     if not LATE:  # else once the weights are read: one kernel ahead, not a chain
         gdc_begin(PDL)
     if PF and not MOE:
-        for i in tl.static_range(4):  # up to 4 blocks of 32 values (8 plane rows each)
+        for i in tl.static_range(4):  # up to 4 blocks of 32 values (WB plane rows each)
             if i < spb:
                 b0 = pk * spb + i
-                prefetch_plane(qs_ptr, b0 * 8, 8, pn * BN, N, b0 < nb, BN, PDL)
+                prefetch_plane(qs_ptr, b0 * WB, WB, pn * BN, N, b0 < nb, BN, PDL)
                 prefetch_plane(d_ptr, b0, 1, pn * BN, N, b0 < nb, BN, PDL)
+                if Q5:
+                    prefetch_plane(qh_ptr, b0, 1, pn * BN, N, b0 < nb, BN, PDL)
     gdc_wait(PDL)
     lora_shrink_item(tk, l_ns, ls_ptr, l_sx, la_ptr, lw_ptr, l_sw, lt_ptr, lc_ptr, M, K, l_r, MP,
                      LS, ASM)  # fmt: skip
@@ -390,8 +419,10 @@ def _gemv_q8_0_packed(
     lane = tl.arange(0, 8)
     K4, K32 = K // 4, K // 32
     e, xr, orow, ps, cb = _pair(ids_ptr, XDIV, P, M, N, BN, MOE)
-    qs_ptr += e * (nb * 8 * N)
+    qs_ptr += e * (nb * WB * N)
     d_ptr += e * (nb * N)
+    if Q5:
+        qh_ptr += e * (nb * N)
     x8_ptr += xr * K4
     xd_ptr += xr * K32
     out_ptr += orow * N
@@ -403,7 +434,7 @@ def _gemv_q8_0_packed(
         real = b < nb
         cm = cols_ok & real
         xm = rmask & real
-        w = _plane(qs_ptr, b * 8 + lane, cols, N, cm)
+        w = _q8_words(qs_ptr, qh_ptr, b, lane, cols, N, cm, Q5)
         d = tl.load(d_ptr + b * N + cols, mask=cm, other=0.0).to(tl.float32)
         xw = _x_rows(x8_ptr, rows, xm, K4, b * 8)
         isum = tl.sum(_dp4a(w[None, :, :], xw[:, :, None], True, ASM), axis=1).to(tl.float32)

@@ -219,8 +219,11 @@ def _launch(
     elif p.qtype == QuantType.Q6_K:
         planes = (pl["ql"], pl["qh"], pl["sc"], pl["d"])
         _gemv_q6k_packed[grid](xq.words, xq.scale, xq.sum16, *planes, *tail, **geo)
-    elif p.qtype == QuantType.Q8_0:
-        _gemv_q8_0_packed[grid](xq.words, xq.scale, pl["qs"], pl["d"], *tail, **geo)
+    elif p.qtype == QuantType.Q8_0:  # (qh unused)
+        _gemv_q8_0_packed[grid](xq.words, xq.scale, pl["qs"], pl["d"], pl["qs"], *tail, **geo)
+    elif p.qtype == QuantType.Q5_0:  # experts' (`widen.NATIVE_Q5_0`): Q8_0's kernel, its words
+        planes = (pl["qs"], pl["d"], pl["qh"])
+        _gemv_q8_0_packed[grid](xq.words, xq.scale, *planes, *tail, **geo, Q5=True)
     else:
         raise ValueError(f"no packed GEMV for {p.qtype.name}")
 
@@ -250,10 +253,11 @@ def _dequantize(p: PackedBlocks, out: torch.Tensor, e0: int, ne: int, block_n: i
         grid = (tiles, nb, ne)
         planes = (pl["ql"], pl["qh"], pl["sc"], pl["d"])
         _deq_q6k_packed[grid](*planes, out, p.n, nb, e0, BN=block_n, num_warps=2)
-    elif p.qtype == QuantType.Q8_0:
+    elif p.qtype in (QuantType.Q8_0, QuantType.Q5_0):
         bb = 4 if nb % 4 == 0 else 1
         grid = (tiles, nb // bb, ne)
-        args = (pl["qs"], pl["d"], out, p.n, nb, e0)
-        _deq_q8_0_packed[grid](*args, BN=block_n, BB=bb, num_warps=2)
+        q5 = p.qtype == QuantType.Q5_0
+        args = (pl["qs"], pl["d"], pl["qh" if q5 else "qs"], out, p.n, nb, e0)
+        _deq_q8_0_packed[grid](*args, BN=block_n, BB=bb, Q5=q5, num_warps=2)
     else:
         raise ValueError(f"no packed dequant for {p.qtype.name}")

@@ -1,4 +1,5 @@
-"""Triton dequantization of packed (column-major) Q4_K, Q6_K and Q8_0 blocks to a bf16 W^T.
+"""Triton dequantization of packed (column-major) Q4_K, Q6_K and Q8_0 (or Q5_0) blocks to a bf16
+W^T.
 
 Prefill multiplies many rows at once on tensor cores: the packed weight is expanded once per call
 into W^T [K, N] bf16 (each value rounded once from the float32 value gguf defines) and multiplied
@@ -10,7 +11,13 @@ Layouts: `repack.PackedBlocks`; references: `dequant`.
 import triton
 import triton.language as tl
 
-from localllm.kernels.quant.triton_dp4a import _plane, _q4k_affine, _q4k_header, _q6k_quarter
+from localllm.kernels.quant.triton_dp4a import (
+    _plane,
+    _q4k_affine,
+    _q4k_header,
+    _q6k_quarter,
+    _q8_words,
+)
 
 
 @triton.jit
@@ -70,18 +77,22 @@ def _deq_q6k_packed(ql_ptr, qh_ptr, sc_ptr, d_ptr, out_ptr, N, NB, E0, BN: tl.co
 
 
 @triton.jit
-def _deq_q8_0_packed(qs_ptr, d_ptr, out_ptr, N, NB, E0, BN: tl.constexpr, BB: tl.constexpr):
+def _deq_q8_0_packed(qs_ptr, d_ptr, qh_ptr, out_ptr, N, NB, E0, BN: tl.constexpr,
+                     BB: tl.constexpr, Q5: tl.constexpr):  # fmt: skip
+    # Q5: Q5_0 planes (`triton_dp4a._q8_words` builds Q8_0's words from them)
     j = tl.program_id(2)
     e = (E0 + j).to(tl.int64)
-    qs_ptr += e * (NB * 8 * N)
+    qs_ptr += e * (NB * (4 if Q5 else 8) * N)
     d_ptr += e * (NB * N)
+    if Q5:
+        qh_ptr += e * (NB * N)
     out_ptr += j.to(tl.int64) * (NB * 32 * N)
     cols = tl.program_id(0) * BN + tl.arange(0, BN)
     cm = cols < N
     lane = tl.arange(0, 8)
     for i in tl.static_range(BB):
         blk = tl.program_id(1) * BB + i
-        w = _plane(qs_ptr, blk * 8 + lane, cols, N, cm)
+        w = _q8_words(qs_ptr, qh_ptr, blk, lane, cols, N, cm, Q5)
         d = tl.load(d_ptr + blk * N + cols, mask=cm, other=0.0).to(tl.float32)
         for b in tl.static_range(4):
             code = ((w << (24 - 8 * b)) >> 24).to(tl.float32)

@@ -7,12 +7,20 @@ kernels take Q8_0; a block of one of these types keeps its fp16 scale and its 32
 the signed codes they dequantize to (Q4_0: q - 8, Q5_0: q - 16, IQ4_NL: its table), so the
 Q8_0 block dequantizes to the same floats (d * code, one float32 product either way). The cost
 is bytes: 34 per block instead of 18 / 22 (the bandwidth of that tensor grows 1.9x / 1.5x).
+With NATIVE_Q5_0, experts' Q5_0 blocks are packed as they are (`repack`'s Q5_0 planes, 22 bytes a
+block) and the kernels build the same int8 words in registers (`triton_dp4a._q8_words`).
 """
 
 import torch
 
 from localllm.kernels.quant.dequant_legacy import IQ4_NL_VALUES
 from localllm.kernels.quant.types import QuantType, block_geometry
+
+# Experts' Q5_0 blocks packed natively instead of widened (the packed GEMVs, grouped GEMMs and
+# dequant read 22 bytes a block, not 34: GLM-4.5-Air Q4_K_M's expert bytes fall 9.1 %). Written
+# and tested under the interpreter (bit-equal to the widened path), not yet run on a GPU: off
+# until measured. Dense Q5_0 linears (`linear.TRITON_WIDENED`) are widened either way.
+NATIVE_Q5_0 = False
 
 WIDENED: dict[QuantType, QuantType] = {
     QuantType.Q4_0: QuantType.Q8_0,
@@ -22,12 +30,16 @@ WIDENED: dict[QuantType, QuantType] = {
 
 
 def widened_type(qtype: QuantType) -> QuantType:
-    """The type `widen_blocks` turns `qtype` into (itself where it is not widened)."""
-    return WIDENED.get(QuantType(qtype), QuantType(qtype))
+    """The type packed experts of `qtype` take: the one `widen_blocks` turns it into, or itself
+    (not widened, or Q5_0 with NATIVE_Q5_0)."""
+    qtype = QuantType(qtype)
+    if qtype == QuantType.Q5_0 and NATIVE_Q5_0:
+        return qtype
+    return WIDENED.get(qtype, qtype)
 
 
 def widened_nbytes(qtype: QuantType, nbytes: int) -> int:
-    """Bytes of `nbytes` of `qtype` blocks once widened (the same where it is not widened)."""
+    """Bytes of `nbytes` of `qtype` blocks as packed experts (`widened_type`)."""
     src = block_geometry(qtype)[1]
     return nbytes // src * block_geometry(widened_type(qtype))[1]
 

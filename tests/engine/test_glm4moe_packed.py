@@ -51,3 +51,32 @@ def test_glm_air_block_packs_its_experts(down, tokens):
     assert got.shape == (tokens, D) and want.abs().max() > 0.05
     rel = ((got.double() - want.double()).norm() / want.double().norm()).item()
     assert rel < 5e-2
+
+
+def _glm_block(down: QT) -> tuple[MoEFeedForward, list[QuantWeight]]:
+    routing = Routing(scoring="sigmoid", probs_bias=True)
+    b = MoEFeedForward(1, D, H, E, K_USED, norm_topk_prob=True, routing=routing)
+    ws = [_experts(QT.Q4_K, H, D, 1), _experts(QT.Q4_K, H, D, 2), _experts(down, D, H, 3)]
+    for t, w in zip((b.ffn_gate_exps, b.ffn_up_exps, b.ffn_down_exps), ws, strict=True):
+        t.load_tensor("weight", w)
+    b.fuse()
+    b._to_device(torch.device(DEVICE))
+    return b, ws
+
+
+@pytest.mark.parametrize("tokens", [1, 12])
+def test_native_q5_0_block_equals_the_widened_bit_for_bit(tokens, monkeypatch):
+    """`widen.NATIVE_Q5_0`: the block packs its Q5_0 down experts as they are (fewer bytes),
+    decode (grouped GEMVs) and prompt (grouped GEMMs) rows equal the widened block's."""
+    from localllm.kernels.quant import widen
+
+    wide, _ = _glm_block(QT.Q5_0)
+    monkeypatch.setattr(widen, "NATIVE_Q5_0", True)
+    mine, _ = _glm_block(QT.Q5_0)
+    assert wide.packed.down.qtype == QuantType.Q8_0 and mine.packed.down.qtype == QuantType.Q5_0
+    assert mine.packed.down.nbytes * 34 == wide.packed.down.nbytes * 22 and graph_safe(mine)
+    gen = torch.Generator().manual_seed(tokens)
+    x = torch.randn(tokens, D, generator=gen).to(DEVICE)
+    w, ids = route_scored(torch.randn(tokens, E, generator=gen), K_USED, "sigmoid", None)
+    w, ids = w.to(DEVICE), ids.to(DEVICE)
+    assert torch.equal(mine.forward_routed(x, None, w, ids), wide.forward_routed(x, None, w, ids))

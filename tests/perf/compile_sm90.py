@@ -26,8 +26,8 @@ from triton.compiler import ASTSource
 from localllm.kernels import host_flags
 from localllm.kernels.attention import triton_decode
 from localllm.kernels.fused import triton_ops, triton_rope
-from localllm.kernels.moe import triton_combine
-from localllm.kernels.quant import triton_batch_gemm, triton_dp4a
+from localllm.kernels.moe import triton_combine, triton_grouped
+from localllm.kernels.quant import triton_batch_gemm, triton_dp4a, triton_unpack
 
 F32, I32, I64 = "*fp32", "*i32", "*i64"
 # the packed GEMVs' LoRA epilogue arguments (`kernels/quant/triton_lora_tail.py`)
@@ -159,9 +159,11 @@ def main(pdl: bool = False) -> None:
     q4k = {"x8_ptr": I32, "xd_ptr": F32, "xsum_ptr": F32, "qs_ptr": I32, "hdr_ptr": I32} | gemv
     q6k = {"x8_ptr": I32, "xd_ptr": F32, "s16_ptr": I32, "ql_ptr": I32, "qh_ptr": I32} | gemv
     q6k |= {"sc_ptr": I32, "d_ptr": "*fp16"}
-    q8 = {"x8_ptr": I32, "xd_ptr": F32, "qs_ptr": I32, "d_ptr": "*fp16"} | gemv
-    for fn, sig in ((triton_dp4a._gemv_q4k_packed, q4k), (triton_dp4a._gemv_q6k_packed, q6k),
-                    (triton_dp4a._gemv_q8_0_packed, q8)):  # fmt: skip
+    q8 = {"x8_ptr": I32, "xd_ptr": F32, "qs_ptr": I32, "d_ptr": "*fp16", "qh_ptr": I32} | gemv
+    for fn, sig, q5 in ((triton_dp4a._gemv_q4k_packed, q4k, None),
+                        (triton_dp4a._gemv_q6k_packed, q6k, None),
+                        (triton_dp4a._gemv_q8_0_packed, q8, False),
+                        (triton_dp4a._gemv_q8_0_packed, q8, True)):  # fmt: skip
         order = [n for n in fn.arg_names if n in sig]
         for moe, warps in ((False, 1), (False, 2), (True, 2)):  # `packed_config`'s choices
             geo = {
@@ -180,6 +182,8 @@ def main(pdl: bool = False) -> None:
                 "LE": False,
                 "STAGES": 1,
             }
+            if q5 is not None:  # Q8_0's kernel over Q5_0 planes (`widen.NATIVE_Q5_0`)
+                geo["Q5"] = q5
             cases.append((fn, {n: sig[n] for n in order}, geo, warps))
     comb_sig = {"y_ptr": F32, "w_ptr": F32, "out_ptr": F32, "D": "i32"}
     cases.append((triton_combine._combine, comb_sig, {"KSEL": 8, "BD": 1024}, 4))
@@ -188,14 +192,25 @@ def main(pdl: bool = False) -> None:
     hand |= dict.fromkeys(("T", "D", "K", "G", "sx", "sw", "si"), "i32")
     take = {"yg_ptr": F32, "y_ptr": F32, "out_ptr": F32, "flags_ptr": I32, "i": "i32"}
     take |= {"seq_ptr": I32, "waits_ptr": I32, "errors_ptr": I32, "N": "i32"}
+    # Q8_0's grouped GEMM and bf16 dequant, over Q8_0 and Q5_0 planes (`widen.NATIVE_Q5_0`)
+    grp = {"x8_ptr": "*i8", "xd_ptr": F32, "sid_ptr": I32, "bexp_ptr": I32, "qs_ptr": I32}
+    grp |= {"d_ptr": "*fp16", "qh_ptr": I32, "out_ptr": F32, "N": "i32", "K": "i32"}
+    grp |= {"ADIV": "i32"}
+    deq = {"qs_ptr": I32, "d_ptr": "*fp16", "qh_ptr": I32, "out_ptr": "*bf16", "N": "i32"}
+    deq |= {"NB": "i32", "E0": "i32"}
+    for q5 in (False, True):
+        geo = {"NB": 44, "BM": 32, "BN": 128, "Q5": q5}
+        cases.append((triton_grouped._grouped_q8_0, grp, geo, 4))
+        cases.append((triton_unpack._deq_q8_0_packed, deq, {"BN": 64, "BB": 4, "Q5": q5}, 2))
     cases.append((host_flags._hand_out, hand, {"BLOCK": 1024}, 4))
     cases.append((host_flags._take_back, take, {"LIMIT": 1 << 20, "BLOCK": 2048}, 4))
     for fn, sig, const, warps in cases:
-        if fn.__module__.endswith("host_flags"):  # (no PDL variants)
-            print(f"{fn.__name__} x {warps} warps: {compile_one(fn, sig, const, warps)}")
+        if "PDL" not in fn.arg_names:  # (no PDL variants)
+            shown = {k: v for k, v in const.items() if k == "Q5"}
+            print(f"{fn.__name__} {shown} x {warps} warps: {compile_one(fn, sig, const, warps)}")
             continue
         const = {**const, "PDL": pdl}
-        keys = ("BD", "NQ", "NKV", "G", "BJ", "QUANT", "EXACT", "MOE", "LORA")
+        keys = ("BD", "NQ", "NKV", "G", "BJ", "QUANT", "EXACT", "MOE", "LORA", "Q5")
         shown = {k: v for k, v in const.items() if k in keys}
         print(f"{fn.__name__} {shown} x {warps} warps: {compile_one(fn, sig, const, warps)}")
 

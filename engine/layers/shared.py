@@ -85,17 +85,21 @@ class RMSNorm(nn.Module):
         `feeds`: the linear that reads it next, whose LoRA shrink the norm's kernel may run."""
         return rms_norm_q(x, self.weight, self.eps, shrink=_shrink_for(feeds, x))
 
-    def residual(self, x: torch.Tensor, r: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(x + r, norm(x + r)) in one pass where a fused kernel exists."""
-        return add_rms_norm_q(x, r, self.weight, self.eps, quant=False)[:2]
+    def residual(
+        self, x: torch.Tensor, r: torch.Tensor, scale: float = 1.0
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x + scale * r, its norm) in one pass where a fused kernel exists."""
+        return add_rms_norm_q(x, r, self.weight, self.eps, quant=False, scale=scale)[:2]
 
     def residual_q(
-        self, x: torch.Tensor, r: torch.Tensor, max_rows: int = QUANT_MAX_ROWS, feeds=None
-    ):
-        """(x + r, norm(x + r), the norm's quantized rows or None); `max_rows`: the most rows
-        the reader takes quantized; `feeds`: as `forward_q`'s."""
+        self, x: torch.Tensor, r: torch.Tensor, max_rows: int = QUANT_MAX_ROWS, feeds=None,
+        scale: float = 1.0,
+    ):  # fmt: skip
+        """(x + scale * r, its norm, the norm's quantized rows or None); `max_rows`: the most
+        rows the reader takes quantized; `feeds`: as `forward_q`'s."""
         shrink = _shrink_for(feeds, x)
-        return add_rms_norm_q(x, r, self.weight, self.eps, max_rows=max_rows, shrink=shrink)
+        return add_rms_norm_q(x, r, self.weight, self.eps, max_rows=max_rows, shrink=shrink,
+                              scale=scale)  # fmt: skip
 
 
 def _shrink_for(feeds, x: torch.Tensor):

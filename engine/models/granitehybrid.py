@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from localllm.engine.layers.linear import QuantLinear, dense
+from localllm.engine.layers.linear import FusedLinear, QuantLinear, dense
 from localllm.engine.layers.recurrent import mamba2_decode, short_conv, ssd
 from localllm.engine.layers.shared import DenseParam, GatedMLP, RMSNorm, attention
 from localllm.engine.models.common import arch_key, attention_layers
@@ -34,6 +34,14 @@ from localllm.engine.moe.block import MoEFeedForward, Routing
 from localllm.engine.moe.expert_tensor import EXPERT_TENSORS
 from localllm.kernels.recurrent.gated_norm import skip_gate_norm
 from localllm.kernels.recurrent.ssd import Mamba2Mixer
+
+# llama's block layout for Granite 4.0-H (as `lfm2.FUSED_RESIDUAL`): each residual add, times
+# residual_scale, runs in the next norm's kernel, whose int8 rows go to the linears that read
+# them (ssm_in, q|k|v fused, the shared and routed experts: one activation quantization a norm
+# instead of one a linear); on CUDA five launches fewer a Mamba-2 layer. The torch layers equal
+# the plain blocks bit for bit (tests/engine/test_granite_fused_residual.py); not yet timed on a
+# GPU, so off.
+FUSED_RESIDUAL = False
 
 
 @dataclass(frozen=True)
@@ -166,10 +174,11 @@ class Mamba2(nn.Module):
         self.ssm_norm = DenseParam(a.n_groups, a.d_inner // a.n_groups)
         self.ssm_out = QuantLinear(a.d_inner, a.dim, precise)
 
-    def forward(self, h, A, D, batch, kv) -> torch.Tensor:
+    def forward(self, h, A, D, batch, kv, hq=None) -> torch.Tensor:
+        """`hq`: h's int8 rows from the norm that made it (FUSED_RESIDUAL), or None."""
         a = self.args
         t, hs, p, g, n = h.shape[0], a.n_ssm_heads, a.head_size, a.n_groups, a.d_state
-        zxd = self.ssm_in(h).float()
+        zxd = self.ssm_in(h, hq).float()
         conv = self.ssm_conv1d
         # a CPU decode step: conv, scan, gate and norm in one native call
         mixer = Mamba2Mixer(conv.weight, conv.bias, self.ssm_dt.value, A, D,
@@ -213,6 +222,15 @@ class Block(nn.Module):
             )  # fmt: skip
         else:
             self.mlp = GatedMLP(a.dim, a.hidden_dim, "silu", precise)
+        self.qkv: FusedLinear | None = None  # (FUSED_RESIDUAL, attention layers)
+
+    def fuse(self) -> None:
+        """After loading: the MLP's fused projections; with FUSED_RESIDUAL q|k|v too."""
+        self.mlp.fuse()
+        if FUSED_RESIDUAL and self.kv_layer is not None:
+            parts = [self.attn_q, self.attn_k, self.attn_v]
+            if FusedLinear.fusable(parts, mixed=True):
+                self.qkv = FusedLinear(parts)
 
     # `blk.N.ssm_a` and `blk.N.ssm_d` have no suffix: the loader hands them to the block itself
     def load_tensor(self, suffix: str, w) -> None:
@@ -225,12 +243,16 @@ class Block(nn.Module):
     def loaded(self) -> bool:
         return self.kv_layer is not None or (self.ssm_a is not None and self.ssm_d is not None)
 
-    def attend(self, h, batch, kv) -> torch.Tensor:
+    def attend(self, h, batch, kv, hq=None) -> torch.Tensor:
         a = self.args
         hd = a.head_dim
-        q = self.attn_q(h).reshape(-1, a.n_heads, hd)
-        k = self.attn_k(h).reshape(-1, a.n_kv_heads, hd)
-        v = self.attn_v(h).reshape(-1, a.n_kv_heads, hd)
+        if self.qkv is not None:  # q, k, v side by side in one output: views, no copies
+            q, k, v = self.qkv(h, hq)
+        else:
+            q, k, v = self.attn_q(h, hq), self.attn_k(h, hq), self.attn_v(h, hq)
+        q = q.reshape(-1, a.n_heads, hd)
+        k = k.reshape(-1, a.n_kv_heads, hd)
+        v = v.reshape(-1, a.n_kv_heads, hd)
         o = attention(q, k, v, None, batch, kv, self.kv_layer, a.attn_scale)
         return self.attn_output(o.reshape(-1, a.n_heads * hd))
 
@@ -243,6 +265,27 @@ class Block(nn.Module):
             out = self.attend(h, batch, kv)
         x = x.add(out, alpha=s)  # x + out * s in one launch
         return x.add(self.mlp(self.ffn_norm(x)), alpha=s)
+
+    def forward_fused(self, x, r, batch, kv):
+        """FUSED_RESIDUAL's form: the stream is x + s * r (r: the previous block's output not yet
+        added, or None); returns the new (x, r), this block's MLP output left for the next
+        norm."""
+        s = self.args.residual_scale
+        if self.kv_layer is None:
+            first = self.mamba.ssm_in
+        else:
+            first = self.qkv if self.qkv is not None else self.attn_q
+        if r is None:
+            h, hq = self.attn_norm.forward_q(x, feeds=first)
+        else:
+            x, h, hq = self.attn_norm.residual_q(x, r, feeds=first, scale=s)
+        if self.kv_layer is None:
+            out = self.mamba(h, self.ssm_a, self.ssm_d, batch, kv, hq)
+        else:
+            out = self.attend(h, batch, kv, hq)
+        x, h, hq = self.ffn_norm.residual_q(x, out, feeds=getattr(self.mlp, "first", None),
+                                             scale=s)  # fmt: skip
+        return x, self.mlp(h, hq)
 
 
 class Model(Decoder):
@@ -282,9 +325,14 @@ class Model(Decoder):
         if x is not None:
             return self.output_norm(x)
         x = batch.splice(self.token_embd(ids)) * self.embed_scale
+        if not FUSED_RESIDUAL:
+            for blk in self.blk:
+                x = blk(x, batch, kv)
+            return self.output_norm(x)
+        r = None
         for blk in self.blk:
-            x = blk(x, batch, kv)
-        return self.output_norm(x)
+            x, r = blk.forward_fused(x, r, batch, kv)
+        return self.output_norm.residual(x, r, scale=self.args.residual_scale)[1]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.output(hidden) / self.args.logit_scale
@@ -293,4 +341,4 @@ class Model(Decoder):
         """Called by the loader after every tensor is in place."""
         self.tie_output()
         for blk in self.blk:
-            blk.mlp.fuse()
+            blk.fuse()

@@ -56,10 +56,11 @@ def rms_norm_q(x: torch.Tensor, w: torch.Tensor, eps: float, quant: bool = True,
 
 
 def add_rms_norm(
-    x: torch.Tensor, r: "torch.Tensor | WeightedRows", w: torch.Tensor, eps: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(x + r, rms_norm(x + r)): the residual stream and the next sub-layer's input."""
-    return add_rms_norm_q(x, r, w, eps, quant=False)[:2]
+    x: torch.Tensor, r: "torch.Tensor | WeightedRows", w: torch.Tensor, eps: float,
+    scale: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """(x + scale * r, its rms_norm): the residual stream and the next sub-layer's input."""
+    return add_rms_norm_q(x, r, w, eps, quant=False, scale=scale)[:2]
 
 
 def add_rms_norm_q(
@@ -70,10 +71,12 @@ def add_rms_norm_q(
     quant: bool = True,
     max_rows: int = QUANT_MAX_ROWS,
     shrink=None,
+    scale: float = 1.0,
 ):
-    """(x + r, rms_norm(x + r), the norm's quantized rows or None); `max_rows`: the reader's
-    row limit (a GEMV's, or any number for MoE experts' grouped GEMMs). `r` may be a
-    `WeightedRows` (the kernel sums it). `shrink`: as `rms_norm_q`'s."""
+    """(x + scale * r, its rms_norm, the norm's quantized rows or None); `max_rows`: the
+    reader's row limit (a GEMV's, or any number for MoE experts' grouped GEMMs). `r` may be a
+    `WeightedRows` (the kernel sums it). `shrink`: as `rms_norm_q`'s. `scale`: a residual
+    scale (Granite's); off CUDA x.add(r, alpha=scale), the unfused blocks' very op."""
     rw = None
     if isinstance(r, WeightedRows):
         r, rw = (r.rows, r.weights) if _cuda32(x, r.rows) else (r.total().to(x.dtype), None)
@@ -81,8 +84,9 @@ def add_rms_norm_q(
         from localllm.kernels.fused.triton_ops import add_rms_norm_cuda
 
         rows = x.reshape(-1, x.shape[-1]).shape[0]
-        return add_rms_norm_cuda(x, r, w, eps, quant and rows <= max_rows, rw=rw, shrink=shrink)
-    s = x + r
+        quant = quant and rows <= max_rows
+        return add_rms_norm_cuda(x, r, w, eps, quant, rw=rw, shrink=shrink, scale=scale)
+    s = x + r if scale == 1.0 else x.add(r, alpha=scale)
     y = F.rms_norm(s, w.shape, w, eps)
     if shrink is not None:
         shrink.reference(y)

@@ -20,29 +20,30 @@ from localllm.kernels.quant.triton_packed import QuantizedX, empty_quantized
 
 
 @triton.jit
-def _stream(x_ptr, r_ptr, rw_ptr, row, c, m, D, ADD: tl.constexpr, KSEL: tl.constexpr):
-    """A row of the stream: x, plus r or the weighted sum of KSEL rows of r."""
+def _stream(x_ptr, r_ptr, rw_ptr, row, c, m, D, rs, ADD: tl.constexpr, KSEL: tl.constexpr):
+    """A row of the stream: x, plus rs times r or the weighted sum of KSEL rows of r (rs: a
+    residual scale, Granite's; 1.0 elsewhere, where the product is exact)."""
     v = tl.load(x_ptr + row * D + c, mask=m, other=0.0)
     if ADD:
         if KSEL == 0:
-            v += tl.load(r_ptr + row * D + c, mask=m, other=0.0)
+            v += rs * tl.load(r_ptr + row * D + c, mask=m, other=0.0)
         else:  # r is the weighted sum of KSEL rows per row, in order (`ops.WeightedRows`)
             acc = tl.zeros(v.shape, dtype=tl.float32)
             for j in tl.static_range(KSEL):  # unrolled: the rows' loads go out together
                 rj = row * KSEL + j
                 acc += tl.load(rw_ptr + rj) * tl.load(r_ptr + rj * D + c, mask=m, other=0.0)
-            v += acc
+            v += rs * acc
     return v
 
 
 @triton.jit
 def _norm_row(
-    x_ptr, r_ptr, rw_ptr, s_ptr, w, y_ptr, q_ptr, d_ptr, s16_ptr, xs_ptr, row, c, m, D, eps,
+    x_ptr, r_ptr, rw_ptr, s_ptr, w, y_ptr, q_ptr, d_ptr, s16_ptr, xs_ptr, row, c, m, D, eps, rs,
     BD: tl.constexpr, ADD: tl.constexpr, KSEL: tl.constexpr, QUANT: tl.constexpr,
     RN: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     pdl.gdc_wait(PDL)
-    v = _stream(x_ptr, r_ptr, rw_ptr, row, c, m, D, ADD, KSEL)
+    v = _stream(x_ptr, r_ptr, rw_ptr, row, c, m, D, rs, ADD, KSEL)
     if ADD:
         tl.store(s_ptr + row * D + c, v, mask=m)
     inv = 1.0 / tl.sqrt(tl.sum(v * v, axis=0) / D + eps)
@@ -58,7 +59,7 @@ def _norm_row(
 
 @triton.jit
 def _norm_shrink(
-    x_ptr, r_ptr, rw_ptr, w, a_ptr, lw_ptr, t_ptr, row, c, m, D, eps, slw, R, PS, part,
+    x_ptr, r_ptr, rw_ptr, w, a_ptr, lw_ptr, t_ptr, row, c, m, D, eps, rs, slw, R, PS, part,
     ADD: tl.constexpr, KSEL: tl.constexpr, BRL: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """The next linear's LoRA shrink from this norm: t[row, r] = (y . A[r]) * W[row, r] for BRL
@@ -70,7 +71,7 @@ def _norm_shrink(
     a = tl.load(a_ptr + r[:, None].to(tl.int64) * D + c[None, :], mask=rm[:, None] & m[None, :],
                 other=0.0).to(tl.float32)  # fmt: skip
     pdl.gdc_wait(PDL)
-    v = _stream(x_ptr, r_ptr, rw_ptr, row, c, m, D, ADD, KSEL)
+    v = _stream(x_ptr, r_ptr, rw_ptr, row, c, m, D, rs, ADD, KSEL)
     inv = 1.0 / tl.sqrt(tl.sum(v * v, axis=0) / D + eps)
     y = v * inv * w
     acc = tl.sum(y[None, :] * a, axis=1) * tl.load(lw_ptr + row * slw + r, mask=rm, other=0.0)
@@ -80,7 +81,7 @@ def _norm_shrink(
 @triton.jit
 def _rms_norm(
     x_ptr, r_ptr, rw_ptr, s_ptr, w_ptr, y_ptr, q_ptr, d_ptr, s16_ptr, xs_ptr, a_ptr, lw_ptr,
-    t_ptr, D, eps, slw, R, PS,
+    t_ptr, D, eps, rs, slw, R, PS,
     BD: tl.constexpr, ADD: tl.constexpr, KSEL: tl.constexpr, QUANT: tl.constexpr,
     RN: tl.constexpr, PDL: tl.constexpr, LORA: tl.constexpr, BRL: tl.constexpr,
 ):  # fmt: skip
@@ -89,12 +90,13 @@ def _rms_norm(
     m = c < D
     pdl.gdc_begin(PDL)
     w = tl.load(w_ptr + c, mask=m, other=0.0)  # a weight: no earlier kernel writes it
-    args = (x_ptr, r_ptr, rw_ptr, s_ptr, w, y_ptr, q_ptr, d_ptr, s16_ptr, xs_ptr, row, c, m, D, eps)
+    args = (x_ptr, r_ptr, rw_ptr, s_ptr, w, y_ptr, q_ptr, d_ptr, s16_ptr, xs_ptr, row, c, m, D, eps,
+            rs)  # fmt: skip
     if LORA:  # programs (row, 1..): the LoRA shrink of the linear that reads y
         part = tl.program_id(1)
         if part > 0:
-            _norm_shrink(x_ptr, r_ptr, rw_ptr, w, a_ptr, lw_ptr, t_ptr, row, c, m, D, eps, slw,
-                         R, PS, part, ADD, KSEL, BRL, PDL)  # fmt: skip
+            _norm_shrink(x_ptr, r_ptr, rw_ptr, w, a_ptr, lw_ptr, t_ptr, row, c, m, D, eps, rs,
+                         slw, R, PS, part, ADD, KSEL, BRL, PDL)  # fmt: skip
         else:
             _norm_row(*args, BD, ADD, KSEL, QUANT, RN, PDL)
     else:
@@ -199,7 +201,7 @@ def _lora(shrink: LoraShrink | None, rows: int, d: int, like: torch.Tensor):
     return (a, w, t, w.stride(0), r), r
 
 
-def _norm(x2, r2, rw, w, eps, quant, shrink, add, warps=None):
+def _norm(x2, r2, rw, w, eps, quant, shrink, add, warps=None, scale=1.0):
     s, y = torch.empty_like(x2), torch.empty_like(x2)
     rows, d = x2.shape
     xq, qa = _quant_out(rows, d, quant, y)
@@ -211,8 +213,9 @@ def _norm(x2, r2, rw, w, eps, quant, shrink, add, warps=None):
         raise ValueError(f"{r2.shape[0]} rows do not hold {ksel} per row of {rows}")
     _rms_norm[(rows, 1 + triton.cdiv(r, NORM_LORA_ROWS))](
         x2, r2, x2 if rw is None else rw.float().contiguous(), s, w, y, *qa, *la[:3], d, eps,
-        *la[3:], ps, BD=bd, ADD=add, KSEL=ksel, QUANT=xq is not None, RN=x2.is_cuda, LORA=r > 0,
-        BRL=NORM_LORA_ROWS, num_warps=warps or norm_warps(d), **pdl.launch_options(pdl.enabled(x2)),
+        float(scale), *la[3:], ps, BD=bd, ADD=add, KSEL=ksel, QUANT=xq is not None,
+        RN=x2.is_cuda, LORA=r > 0, BRL=NORM_LORA_ROWS, num_warps=warps or norm_warps(d),
+        **pdl.launch_options(pdl.enabled(x2)),
     )  # fmt: skip
     if shrink is not None:  # (one program a (row, A rows): partial 0 is the whole shrink)
         shrink.wrote(1)
@@ -238,11 +241,12 @@ def add_rms_norm_cuda(
     warps: int | None = None,
     rw: torch.Tensor | None = None,
     shrink: LoraShrink | None = None,
+    scale: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor, QuantizedX | None]:
-    """x + r, its norm and quantized twin; with `rw` [T, k], r [T * k, D] holds k rows per row
-    of x, summed with those weights (`ops.WeightedRows`); `shrink`: the next linear's LoRA
-    shrink into its scratch."""
-    s, y, xq = _norm(_rows(x), _rows(r), rw, w, eps, quant, shrink, True, warps)
+    """x + scale * r, its norm and quantized twin; with `rw` [T, k], r [T * k, D] holds k rows
+    per row of x, summed with those weights (`ops.WeightedRows`); `shrink`: the next linear's
+    LoRA shrink into its scratch."""
+    s, y, xq = _norm(_rows(x), _rows(r), rw, w, eps, quant, shrink, True, warps, scale)
     return s.reshape(x.shape), y.reshape(x.shape), xq
 
 

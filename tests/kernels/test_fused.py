@@ -86,6 +86,30 @@ def test_triton_rms_norm_and_residual(d):
     _assert_same_quant(xq, h_q)
 
 
+@pytest.mark.gpu
+@needs_triton
+@pytest.mark.parametrize("k", [0, 6])
+def test_triton_norm_scales_the_residual(k):
+    """Granite's residual scale (`granitehybrid.FUSED_RESIDUAL`): x + s * r, or s times the
+    weighted sum of k rows, against float64; the CPU path is x.add(r, alpha=s) itself."""
+    from localllm.kernels.fused.triton_ops import add_rms_norm_cuda
+
+    d, rows, sc = 1536, 3, 0.22
+    gen = torch.Generator().manual_seed(k)
+    x, r = torch.randn(rows, d, generator=gen) * 3, torch.randn(rows * max(k, 1), d, generator=gen)
+    wts, w = torch.rand(rows, k, generator=gen), torch.rand(d, generator=gen) + 0.5
+    rw = wts.to(DEVICE) if k else None
+    s, h, xq = add_rms_norm_cuda(x.to(DEVICE), r.to(DEVICE), w.to(DEVICE), 1e-5, True, rw=rw,
+                                 scale=sc)  # fmt: skip
+    summed = torch.einsum("tk,tkd->td", wts.double(), r.double().view(rows, k, d)) if k else r
+    want = x.double() + sc * summed.double()
+    torch.testing.assert_close(s.cpu().double(), want, rtol=1e-6, atol=1e-5)
+    assert torch.allclose(h.cpu(), F.rms_norm(s.cpu(), (d,), w, 1e-5), rtol=1e-5, atol=1e-6)
+    _assert_same_quant(xq, h)
+    cpu = add_rms_norm_q(x, r if not k else WeightedRows(r, wts), w, 1e-5, scale=sc)[0]
+    assert torch.equal(cpu, x.add(r if not k else WeightedRows(r, wts).total(), alpha=sc))
+
+
 def _assert_same_quant(xq, y):
     from localllm.kernels.quant.triton_packed import quantize_x8
 

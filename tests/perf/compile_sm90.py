@@ -98,7 +98,7 @@ def main(pdl: bool = False) -> None:
     norm |= {"q_ptr": I32, "d_ptr": F32, "s16_ptr": I32, "xs_ptr": F32}
     # the LoRA shrink's arguments (`triton_ops._lora`): A, W, the scratch, W's stride, R
     lora = {"a_ptr": "*fp16", "lw_ptr": F32, "t_ptr": F32}
-    norm |= lora | {"D": "i32", "eps": "fp32", "slw": "i32", "R": "i32", "PS": "i32"}
+    norm |= lora | {"D": "i32", "eps": "fp32", "rs": "fp32", "slw": "i32", "R": "i32", "PS": "i32"}
     silu = {"gu_ptr": F32, "y_ptr": F32, "q_ptr": I32, "d_ptr": F32, "s16_ptr": I32, "xs_ptr": F32}
     silu |= lora | {"H": "i32", "slw": "i32", "R": "i32", "RSTEP": "i32", "PS": "i32"}
     rope = dict.fromkeys(("q_ptr", "k_ptr", "v_ptr"), F32) | dict.fromkeys(

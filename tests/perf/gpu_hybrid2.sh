@@ -8,8 +8,9 @@
 #    recurrent triton kernels against their references (test_recurrent_gpu.py: the steps in
 #    place on the state slots too; test_recurrent_triton.py: with qwen3next.FUSED_DECODE too),
 #    the dense graphs' (test_gpu_graphs.py: the rows gained a state-slot column), the hybrid
-#    prompt graphs (test_hybrid_prompt_graphs.py) and lfm2.FUSED_RESIDUAL's tokens
-#    (test_lfm2_fused_residual.py).
+#    prompt graphs (test_hybrid_prompt_graphs.py), lfm2.FUSED_RESIDUAL's tokens
+#    (test_lfm2_fused_residual.py) and granitehybrid.FUSED_RESIDUAL's
+#    (test_granite_fused_residual.py).
 # 2. `localllm bench -p 512 -n 128 -r 3` and llama.cpp's llama-bench on the same real-shape
 #    random-weight Q4_K_M files, made on the device while the tests run: LFM2-1.2B,
 #    Granite-4.0-H-Tiny, Qwen3-Next-80B-A3B (Q3N_LAYERS, default 12 of 48), GLM-4.5-Air
@@ -102,7 +103,8 @@ wait_room() {  # Granite-4.0-H-Small (~19 GiB) waits until at most one file is l
 TESTS=${TESTS-tests/engine/test_hybrid_graphs.py tests/engine/test_hybrid_families_gpu.py \
   tests/engine/test_qwen3next_gpu.py tests/engine/test_gpu_graphs.py \
   tests/kernels/test_recurrent_gpu.py tests/kernels/test_recurrent_triton.py \
-  tests/engine/test_hybrid_prompt_graphs.py tests/engine/test_lfm2_fused_residual.py}
+  tests/engine/test_hybrid_prompt_graphs.py tests/engine/test_lfm2_fused_residual.py \
+  tests/engine/test_granite_fused_residual.py}
 PYTEST=(-m pytest)  # TEST_SW: the tests run with those switches set (with_switches.py)
 [ -z "${TEST_SW:-}" ] || read -ra PYTEST <<<"tests/perf/with_switches.py $TEST_SW -- -m pytest"
 [ "$LLAMA_ONLY" = 1 ] || [ -z "$TESTS" ] || timeout "${TEST_T:-240}" python3 "${PYTEST[@]}" -q \

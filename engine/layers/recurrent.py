@@ -227,6 +227,22 @@ def _finish(y: torch.Tensor, bias: torch.Tensor | None, silu: bool) -> torch.Ten
     return torch.nn.functional.silu(y) if silu else y
 
 
+def mamba2_conv_dt(
+    xbc: torch.Tensor, weight, bias, dt: torch.Tensor, dt_bias, batch: BatchMeta, kv, layer: int
+):  # fmt: skip
+    """Mamba-2's conv step (bias, SiLU; state "conv" in place on the slots) and softplus(dt +
+    dt_bias) in one launch, where the step decodes one token a sequence through the Triton
+    kernels (xbc and dt column slices of the in-projection's rows): (xbc', dt') float32, or
+    None (the caller runs `short_conv` and the softplus)."""
+    if not (use_triton(xbc) and _one_token_each(batch)):
+        return None
+    from localllm.kernels.recurrent.triton_step import conv_step_triton  # (CUDA only)
+
+    st = states_of(kv)
+    conv, slots, fresh = st.tensor(layer, "conv"), st.slots(batch), st.fresh(batch)
+    return conv_step_triton(xbc, weight, conv, bias, True, slots, fresh, dt=dt, dt_bias=dt_bias)
+
+
 def mamba2_decode(zxd: torch.Tensor, mixer: Mamba2Mixer, batch: BatchMeta, kv, layer: int):
     """Mamba-2's mixer between its projections in one native call (`kernels/cpu/recurrent_step.c`)
     where the step decodes one token a sequence on a CPU: zxd [T, Din + Cc + H] the in-projection's

@@ -25,14 +25,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from localllm.engine.layers.linear import FusedLinear, QuantLinear, dense
-from localllm.engine.layers.recurrent import mamba2_decode, short_conv, ssd
+from localllm.engine.layers.recurrent import mamba2_conv_dt, mamba2_decode, short_conv, ssd
 from localllm.engine.layers.shared import DenseParam, GatedMLP, RMSNorm, attention
 from localllm.engine.models.common import arch_key, attention_layers
 from localllm.engine.models.decoder import Decoder
 from localllm.engine.models.hparams import HyperparameterError
 from localllm.engine.moe.block import MoEFeedForward, Routing
 from localllm.engine.moe.expert_tensor import EXPERT_TENSORS
-from localllm.kernels.recurrent.gated_norm import skip_gate_norm
+from localllm.kernels.fused import QUANT_MAX_ROWS
+from localllm.kernels.recurrent.gated_norm import skip_gate_norm, skip_gate_norm_q
 from localllm.kernels.recurrent.ssd import Mamba2Mixer
 
 # llama's block layout for Granite 4.0-H (as `lfm2.FUSED_RESIDUAL`): each residual add, times
@@ -42,6 +43,10 @@ from localllm.kernels.recurrent.ssd import Mamba2Mixer
 # the plain blocks bit for bit (tests/engine/test_granite_fused_residual.py); not yet timed on a
 # GPU, so off.
 FUSED_RESIDUAL = False
+# The Mamba-2 mixer's decode step on CUDA in fewer launches: the conv step and softplus(dt + bias)
+# in one, the gated norm writing ssm_out's int8 rows itself (three launches fewer a layer). Tested
+# under the interpreter against transformers' logits; not yet timed on a GPU, so off.
+FUSED_MIXER = False
 
 
 @dataclass(frozen=True)
@@ -187,13 +192,24 @@ class Mamba2(nn.Module):
         if y is not None:
             return self.ssm_out(y.to(h.dtype))
         z, xbc, dt = zxd.split([a.d_inner, self.conv_dim, hs], dim=-1)
-        xbc = short_conv(xbc, conv.weight, batch, kv, self.layer, "conv", conv.bias, silu=True)
+        fused = None
+        if FUSED_MIXER:  # (decode on CUDA: one launch for both)
+            fused = mamba2_conv_dt(xbc, conv.weight, conv.bias, dt, self.ssm_dt.value, batch,
+                                   kv, self.layer)  # fmt: skip
+        if fused is not None:
+            xbc, dt = fused
+        else:
+            xbc = short_conv(xbc, conv.weight, batch, kv, self.layer, "conv", conv.bias, silu=True)
+            dt = F.softplus(dt + self.ssm_dt.value)
         x, b, c = xbc.split([a.d_inner, g * n, g * n], dim=-1)
         x = x.reshape(t, hs, p)
-        dt = F.softplus(dt + self.ssm_dt.value)
         y = ssd(x, dt, A, b.reshape(t, g, n), c.reshape(t, g, n), batch, kv, self.layer, "ssm")
         # D skip, SiLU(z) gate, RMSNorm per group of d_inner / n_groups channels
         w = self.ssm_norm.value
+        if FUSED_MIXER:  # ssm_out's int8 rows from the same launch
+            quant = self.ssm_out.takes_quantized and t <= QUANT_MAX_ROWS
+            o, oq = skip_gate_norm_q(y, x, D, z, w, a.norm_eps, h.dtype, quant)
+            return self.ssm_out(o, oq)
         return self.ssm_out(skip_gate_norm(y, x, D, z, w, a.norm_eps, h.dtype))
 
 

@@ -34,3 +34,15 @@ def skip_gate_norm(y, x, D, z, weight, eps: float, dtype: torch.dtype) -> torch.
 
         return skip_gate_norm_triton(y, x, D, z, weight, eps, dtype)
     return skip_gate_norm_ref(y, x, D, z, weight, eps, dtype)
+
+
+def skip_gate_norm_q(y, x, D, z, weight, eps: float, dtype: torch.dtype, quant: bool):
+    """(`skip_gate_norm`, its int8 rows for the out-projection's GEMV or None); on CUDA, with
+    `quant`, both from one launch."""
+    if use_triton(y):
+        from localllm.kernels.recurrent.triton_gated_norm import skip_gate_norm_triton
+
+        if quant:
+            return skip_gate_norm_triton(y, x, D, z, weight, eps, dtype, quant=True)
+        return skip_gate_norm_triton(y, x, D, z, weight, eps, dtype), None
+    return skip_gate_norm_ref(y, x, D, z, weight, eps, dtype), None

@@ -24,11 +24,21 @@ def fresh_flags(fresh: torch.Tensor) -> torch.Tensor:
 
 @triton.jit
 def _conv_step_kernel(
-    x_ptr, w_ptr, b_ptr, state_ptr, slot_ptr, fresh_ptr, y_ptr, C, SX,
-    K: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, SLOTS: tl.constexpr,
-    GATED: tl.constexpr, BLOCK_C: tl.constexpr,
+    x_ptr, w_ptr, b_ptr, state_ptr, slot_ptr, fresh_ptr, y_ptr, dt_ptr, dtb_ptr, dto_ptr, C, SX,
+    H, K: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, SLOTS: tl.constexpr,
+    GATED: tl.constexpr, BLOCK_C: tl.constexpr, DT: tl.constexpr, BLOCK_H: tl.constexpr,
 ):  # fmt: skip
     s = tl.program_id(0).to(tl.int64)
+    # Mamba-2's dt = softplus(dt + bias) of the row's H heads, by its first program
+    if DT:  # noqa: SIM102 (a constexpr: compiled out, apart from the runtime test)
+        if tl.program_id(1) == 0:
+            hh = tl.arange(0, BLOCK_H)
+            hm = hh < H
+            v = tl.load(dt_ptr + s * SX + hh, mask=hm, other=0.0).to(tl.float32)
+            v += tl.load(dtb_ptr + hh, mask=hm, other=0.0)
+            # torch's softplus: x past its threshold 20 (as `triton_recurrent`'s)
+            soft = tl.where(v > 20.0, v, tl.log(1.0 + tl.exp(tl.minimum(v, 20.0))))
+            tl.store(dto_ptr + s * H + hh, soft, mask=hm)
     c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     m = c < C
     slot = s
@@ -62,13 +72,15 @@ def _conv_step_kernel(
 
 def conv_step_triton(
     x, weight, state, bias=None, silu: bool = False, slots=None, fresh=None, gated: bool = False,
-    out_dtype: torch.dtype = torch.float32,
-) -> torch.Tensor:  # fmt: skip
+    out_dtype: torch.dtype = torch.float32, dt=None, dt_bias=None,
+):  # fmt: skip
     """x [S, C], weight [C, K], state [S, K - 1, C] float32 contiguous (updated in place), bias
     [C] or None -> y [S, C] float32 (bias added, then SiLU when `silu`). With `slots` [S] int64
     and `fresh` [S] bool: `state` is [any, K - 1, C] and row s steps slot slots[s] (from zeros
     where fresh). `gated` (LFM2's short conv): x is [S, 3C], each row (B, C, x) side by side as
-    the in-projection writes it, the conv's input B * x and y = C * conv; in `out_dtype`."""
+    the in-projection writes it, the conv's input B * x and y = C * conv; in `out_dtype`.
+    `dt` [S, H] (Mamba-2's, a column slice of the same rows as x) and `dt_bias` [H]: returns
+    (y, softplus(dt + dt_bias) float32 [S, H]) from the same launch."""
     s, c = x.shape
     if gated:
         c //= 3
@@ -82,11 +94,17 @@ def conv_step_triton(
     use = slots is not None
     sl = slots.contiguous() if use else y  # (unread without slots)
     fr = fresh_flags(fresh) if use else y
+    h = dt.shape[1] if dt is not None else 1
+    if dt is not None and (dt.stride(0) != x.stride(0) or dt.stride(1) != 1):
+        raise ValueError("dt must be a column slice of x's rows")
+    dto = torch.empty(s, h, dtype=torch.float32, device=x.device) if dt is not None else y
+    dtb = dt_bias.float().contiguous() if dt is not None else y
     _conv_step_kernel[(s, triton.cdiv(c, block))](
-        x, w, b, state, sl, fr, y, c, x.stride(0), K=k, HAS_BIAS=bias is not None, SILU=silu,
-        SLOTS=use, GATED=gated, BLOCK_C=block,
+        x, w, b, state, sl, fr, y, y if dt is None else dt, dtb, dto, c, x.stride(0), h, K=k,
+        HAS_BIAS=bias is not None, SILU=silu, SLOTS=use, GATED=gated, BLOCK_C=block,
+        DT=dt is not None, BLOCK_H=triton.next_power_of_2(h),
     )  # fmt: skip
-    return y
+    return y if dt is None else (y, dto)
 
 
 @triton.jit

@@ -33,3 +33,30 @@ def test_skip_gate_norm_matches_reference(t, h, p, g, dtype):
     assert got.dtype == dtype and got.shape == (t, d)
     tol = 1e-5 if dtype == torch.float32 else 1e-2
     assert (got.float().cpu() - want.float()).abs().max() < tol * want.float().abs().max()
+
+
+@pytest.mark.parametrize(("t", "h", "p", "g"), [(1, 48, 64, 1), (3, 8, 16, 2), (2, 6, 20, 3)])
+def test_skip_gate_norm_writes_the_out_projections_int8_rows(t, h, p, g):
+    """`granitehybrid.FUSED_MIXER`: with `quant` the same output, and its int8 rows exactly what
+    `quantize_x8` makes of it (what ssm_out's GEMV would make itself), groups past the first at
+    their offsets; none where a group is no whole number of 32s (6 x 20 / 3 = 40) or the output
+    is not float32."""
+    from localllm.kernels.quant.triton_packed import quantize_x8
+    from localllm.kernels.recurrent.triton_gated_norm import skip_gate_norm_triton
+
+    gen = torch.Generator().manual_seed(h * p + g)
+    d = h * p
+    wide = torch.randn(t, 2 * d + 7, generator=gen).to(DEVICE)
+    z, x = wide[:, :d], wide[:, d : 2 * d].reshape(t, h, p)
+    y, D = torch.randn(t, h, p, generator=gen).to(DEVICE), torch.randn(h, generator=gen).to(DEVICE)
+    w = (1 + 0.1 * torch.randn(g, d // g, generator=gen)).to(DEVICE)
+    plain = skip_gate_norm_triton(y, x, D, z, w, 1e-5, torch.float32)
+    got, xq = skip_gate_norm_triton(y, x, D, z, w, 1e-5, torch.float32, quant=True)
+    assert torch.equal(got, plain)
+    if (d // g) % 32:
+        assert xq is None
+        return
+    want = quantize_x8(got)
+    for f in ("words", "scale", "sum16", "xsum"):
+        assert torch.equal(getattr(xq, f), getattr(want, f)), f
+    assert skip_gate_norm_triton(y, x, D, z, w, 1e-5, torch.bfloat16, quant=True)[1] is None

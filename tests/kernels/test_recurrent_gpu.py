@@ -93,6 +93,33 @@ def test_conv_step_on_slots_matches_reference(c, k, bias_silu):
         assert torch.equal(got_states.cpu(), ref), step  # moved, not computed; others untouched
 
 
+@pytest.mark.parametrize(("h", "c"), [(48, 3328), (5, 96)])
+def test_conv_step_makes_mamba2_dt_in_the_same_launch(h, c):
+    """`granitehybrid.FUSED_MIXER`: x and dt column slices of the in-projection's rows [z | xBC |
+    dt]; the conv as without dt, dt' = softplus(dt + bias) as torch's (past its threshold 20
+    too, and far below), the slots' states as without."""
+    from localllm.kernels.recurrent.triton_step import conv_step_triton
+
+    gen = torch.Generator().manual_seed(h + c)
+    k = 4
+    w, bias = torch.randn(c, k, generator=gen) / k**0.5, 0.5 * torch.randn(c, generator=gen)
+    dt_bias = torch.randn(h, generator=gen)
+    states = _slotted(torch.randn(3, k - 1, c, generator=gen)).to(DEVICE)
+    again = states.clone()
+    rows = torch.randn(3, 64 + c + h, generator=gen) * 4
+    rows[0, 64 + c] = 30.0  # past softplus' threshold
+    rows[1, 64 + c] = -40.0
+    rows = rows.to(DEVICE)
+    slots, fresh = torch.tensor(SLOTS).to(DEVICE), torch.tensor(FRESH).to(DEVICE)
+    xbc, dt = rows[:, 64 : 64 + c], rows[:, 64 + c :]
+    args = (w.to(DEVICE), states, bias.to(DEVICE), True, slots, fresh)
+    y, dto = conv_step_triton(xbc, *args, dt=dt, dt_bias=dt_bias.to(DEVICE))
+    want = conv_step_triton(xbc, w.to(DEVICE), again, bias.to(DEVICE), True, slots, fresh)
+    assert torch.equal(y, want) and torch.equal(states, again)
+    ref = F.softplus(dt.cpu() + dt_bias)
+    assert dto.shape == (3, h) and (dto.cpu() - ref).abs().max() < 1e-6 * ref.abs().max()
+
+
 @pytest.mark.parametrize(("c", "k"), [(96, 4), (300, 3)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_gated_conv_step_on_slots_matches_reference(c, k, dtype):
@@ -157,15 +184,21 @@ def _on(batch):
 
 
 @pytest.mark.parametrize(
-    ("name", "prompt", "chunked"),
-    [("lfm2", 9, False), ("granitehybrid", 9, False), ("granitehybrid", 37, True)],
-)
-def test_fixture_decodes_through_the_triton_steps(name, prompt, chunked, monkeypatch):
+    ("name", "prompt", "chunked", "fused"),
+    [("lfm2", 9, False, False), ("granitehybrid", 9, False, False),
+     ("granitehybrid", 37, True, False), ("granitehybrid", 9, False, True)],
+)  # fmt: skip
+def test_fixture_decodes_through_the_triton_steps(name, prompt, chunked, fused, monkeypatch):
     """The converted fixtures through the Triton kernels in the model (the layers' wiring: rows,
     slots, bias and SiLU): a prompt (the varlen kernels; `chunked`: Mamba-2's scan in chunks of
     16, `triton_ssd_chunked`, over 3 chunks), then token by token (the steps): transformers'
-    logits, as the torch path gives."""
+    logits, as the torch path gives. `fused`: `granitehybrid.FUSED_MIXER` (the conv step and
+    dt's softplus in one launch) and `FUSED_RESIDUAL` too."""
     import localllm.engine.layers.recurrent as layers
+    from localllm.engine.models import granitehybrid
+
+    monkeypatch.setattr(granitehybrid, "FUSED_MIXER", fused)
+    monkeypatch.setattr(granitehybrid, "FUSED_RESIDUAL", fused)
     import localllm.kernels.recurrent.gated_norm as gated_norm
     import localllm.kernels.recurrent.ssd as ssd
     import localllm.kernels.recurrent.triton_ssd_chunked as chunked_scan

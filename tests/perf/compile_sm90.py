@@ -28,6 +28,7 @@ from localllm.kernels.attention import triton_decode
 from localllm.kernels.fused import triton_ops, triton_rope
 from localllm.kernels.moe import triton_combine, triton_grouped
 from localllm.kernels.quant import triton_batch_gemm, triton_dp4a, triton_unpack
+from localllm.kernels.recurrent import triton_gated_norm, triton_step
 
 F32, I32, I64 = "*fp32", "*i32", "*i64"
 # the packed GEMVs' LoRA epilogue arguments (`kernels/quant/triton_lora_tail.py`)
@@ -202,11 +203,26 @@ def main(pdl: bool = False) -> None:
         geo = {"NB": 44, "BM": 32, "BN": 128, "Q5": q5}
         cases.append((triton_grouped._grouped_q8_0, grp, geo, 4))
         cases.append((triton_unpack._deq_q8_0_packed, deq, {"BN": 64, "BB": 4, "Q5": q5}, 2))
+    # Mamba-2's decode (`granitehybrid.FUSED_MIXER`): the conv step with dt's softplus, the gated
+    # norm writing ssm_out's int8 rows; Granite-4.0-H-Tiny: 3,328 conv channels, 48 heads, 3,072
+    conv = dict.fromkeys(("x_ptr", "w_ptr", "b_ptr", "state_ptr", "y_ptr", "dt_ptr"), F32)
+    conv |= {"dtb_ptr": F32, "dto_ptr": F32, "slot_ptr": I64, "fresh_ptr": "*i8"}
+    conv |= dict.fromkeys(("C", "SX", "H"), "i32")
+    for dt in (False, True):
+        geo = {"K": 4, "HAS_BIAS": True, "SILU": True, "SLOTS": True, "GATED": False}
+        geo |= {"BLOCK_C": 256, "DT": dt, "BLOCK_H": 64}
+        cases.append((triton_step._conv_step_kernel, conv, geo, 4))
+    gate = dict.fromkeys(("y_ptr", "x_ptr", "d_ptr", "z_ptr", "w_ptr", "o_ptr", "qd_ptr"), F32)
+    gate |= {"q_ptr": I32, "s16_ptr": I32, "xs_ptr": F32, "eps": "fp32"}
+    gate |= dict.fromkeys(("SX", "SZ", "P", "W"), "i32")
+    for quant in (False, True):
+        geo = {"BW": 4096, "QUANT": quant, "RN": True}
+        cases.append((triton_gated_norm._skip_gate_norm, gate, geo, 8))
     cases.append((host_flags._hand_out, hand, {"BLOCK": 1024}, 4))
     cases.append((host_flags._take_back, take, {"LIMIT": 1 << 20, "BLOCK": 2048}, 4))
     for fn, sig, const, warps in cases:
         if "PDL" not in fn.arg_names:  # (no PDL variants)
-            shown = {k: v for k, v in const.items() if k == "Q5"}
+            shown = {k: v for k, v in const.items() if k in ("Q5", "DT", "QUANT")}
             print(f"{fn.__name__} {shown} x {warps} warps: {compile_one(fn, sig, const, warps)}")
             continue
         const = {**const, "PDL": pdl}

@@ -142,15 +142,26 @@ def gated_short_conv(
     """LFM2's gated short conv: C * conv(B * x) from the in-projection's rows bcx [T, 3C] (B, C, x
     side by side) -> [T, C] in `dtype`. A CUDA decode step is one launch (the products fused
     into the conv step: no elementwise kernels around it); other steps run `short_conv`."""
+    return gated_short_conv_q(bcx, weight, batch, kv, layer, dtype, quant=False)[0]
+
+
+def gated_short_conv_q(
+    bcx: torch.Tensor, weight: torch.Tensor, batch: BatchMeta, kv, layer: int,
+    dtype: torch.dtype, quant: bool,
+):  # fmt: skip
+    """(`gated_short_conv`, its int8 rows for the out-projection's GEMV or None); a CUDA decode
+    step with `quant` makes both in its one launch."""
     if use_triton(bcx) and _one_token_each(batch):
         from localllm.kernels.recurrent.triton_step import conv_step_triton  # (CUDA only)
 
         st = states_of(kv)
         states, slots, fresh = st.tensor(layer, "conv"), st.slots(batch), st.fresh(batch)
-        return conv_step_triton(bcx, weight, states, slots=slots, fresh=fresh, gated=True,
-                                out_dtype=dtype)  # fmt: skip
+        step = {"slots": slots, "fresh": fresh, "gated": True, "out_dtype": dtype}
+        if quant:
+            return conv_step_triton(bcx, weight, states, **step, quant=True)
+        return conv_step_triton(bcx, weight, states, **step), None
     b, c, x = bcx.split(weight.shape[0], dim=-1)
-    return (c * short_conv(b * x, weight, batch, kv, layer)).to(dtype)
+    return (c * short_conv(b * x, weight, batch, kv, layer)).to(dtype), None
 
 
 def _read(st, layer: int, name: str, batch: BatchMeta) -> torch.Tensor:

@@ -17,12 +17,13 @@ import torch
 from torch import nn
 
 from localllm.engine.layers.linear import FusedLinear, QuantLinear
-from localllm.engine.layers.recurrent import gated_short_conv
+from localllm.engine.layers.recurrent import gated_short_conv, gated_short_conv_q
 from localllm.engine.layers.rope import RopeConfig, Rotary
 from localllm.engine.layers.shared import DenseParam, GatedMLP, RMSNorm, rope_attention_q
 from localllm.engine.models.common import arch_key, attention_layers, rope_scale
 from localllm.engine.models.decoder import Decoder
 from localllm.engine.models.hparams import HyperparameterError
+from localllm.kernels.fused import QUANT_MAX_ROWS
 from localllm.kernels.fused.heads import HeadNorms
 
 # llama's layout for the blocks: each residual add in the next norm's kernel (an MoE block's
@@ -32,6 +33,10 @@ from localllm.kernels.fused.heads import HeadNorms
 # tests/perf/results/hybrid.md: LFM2-8B-A1B tg128 913.4 t/s against 757.6 off, llama.cpp 620.5;
 # off: a norm, the linears' own quantization and a residual add each a kernel).
 FUSED_RESIDUAL = True
+# The short conv's decode step writes out_proj's int8 rows itself (what `quantize_x8` makes of
+# its float32 output: one launch fewer a conv layer). Tested under the interpreter; not yet
+# timed on a GPU, so off.
+CONV_QUANT = False
 
 
 @dataclass(frozen=True)
@@ -106,6 +111,10 @@ class ShortConv(nn.Module):
     def forward(self, h, batch, kv, hq=None) -> torch.Tensor:
         """`hq`: h's int8 rows from the norm that made it (FUSED_RESIDUAL), or None."""
         bcx = self.in_proj(h, hq)
+        if CONV_QUANT:  # out_proj's int8 rows from the conv step's launch
+            quant = self.out_proj.takes_quantized and h.shape[0] <= QUANT_MAX_ROWS
+            y, yq = gated_short_conv_q(bcx, self.conv.value, batch, kv, self.layer, h.dtype, quant)
+            return self.out_proj(y, yq)
         return self.out_proj(gated_short_conv(bcx, self.conv.value, batch, kv, self.layer, h.dtype))
 
 

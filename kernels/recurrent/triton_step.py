@@ -16,6 +16,9 @@ import torch
 import triton
 import triton.language as tl
 
+from localllm.kernels.quant.triton_dp4a import quant_groups
+from localllm.kernels.quant.triton_packed import QuantizedX, empty_quantized
+
 
 def fresh_flags(fresh: torch.Tensor) -> torch.Tensor:
     """The kernels' per-sequence `fresh` flags: the bool tensor viewed as int8 (no launch)."""
@@ -24,9 +27,10 @@ def fresh_flags(fresh: torch.Tensor) -> torch.Tensor:
 
 @triton.jit
 def _conv_step_kernel(
-    x_ptr, w_ptr, b_ptr, state_ptr, slot_ptr, fresh_ptr, y_ptr, dt_ptr, dtb_ptr, dto_ptr, C, SX,
-    H, K: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, SLOTS: tl.constexpr,
-    GATED: tl.constexpr, BLOCK_C: tl.constexpr, DT: tl.constexpr, BLOCK_H: tl.constexpr,
+    x_ptr, w_ptr, b_ptr, state_ptr, slot_ptr, fresh_ptr, y_ptr, dt_ptr, dtb_ptr, dto_ptr, q_ptr,
+    qd_ptr, s16_ptr, xs_ptr, C, SX, H, K: tl.constexpr, HAS_BIAS: tl.constexpr,
+    SILU: tl.constexpr, SLOTS: tl.constexpr, GATED: tl.constexpr, BLOCK_C: tl.constexpr,
+    DT: tl.constexpr, BLOCK_H: tl.constexpr, QUANT: tl.constexpr, RN: tl.constexpr,
 ):  # fmt: skip
     s = tl.program_id(0).to(tl.int64)
     # Mamba-2's dt = softplus(dt + bias) of the row's H heads, by its first program
@@ -68,11 +72,17 @@ def _conv_step_kernel(
     if GATED:
         acc *= tl.load(row_x + C + c, mask=m, other=0.0).to(tl.float32)
     tl.store(y_ptr + s * C + c, acc, mask=m)
+    if QUANT:  # the next GEMV's int8 rows (C a multiple of 32; lanes past C hold zeros)
+        j = tl.program_id(1) * (BLOCK_C // 32) + tl.arange(0, BLOCK_C // 32)
+        k32 = s * (C // 32)
+        quant_groups(tl.reshape(acc, (BLOCK_C // 32, 32)), j, j < C // 32, q_ptr + s * (C // 4),
+                     qd_ptr + k32, s16_ptr + s * (C // 16), xs_ptr + k32, BLOCK_C // 32,
+                     RN)  # fmt: skip
 
 
 def conv_step_triton(
     x, weight, state, bias=None, silu: bool = False, slots=None, fresh=None, gated: bool = False,
-    out_dtype: torch.dtype = torch.float32, dt=None, dt_bias=None,
+    out_dtype: torch.dtype = torch.float32, dt=None, dt_bias=None, quant: bool = False,
 ):  # fmt: skip
     """x [S, C], weight [C, K], state [S, K - 1, C] float32 contiguous (updated in place), bias
     [C] or None -> y [S, C] float32 (bias added, then SiLU when `silu`). With `slots` [S] int64
@@ -80,7 +90,9 @@ def conv_step_triton(
     where fresh). `gated` (LFM2's short conv): x is [S, 3C], each row (B, C, x) side by side as
     the in-projection writes it, the conv's input B * x and y = C * conv; in `out_dtype`.
     `dt` [S, H] (Mamba-2's, a column slice of the same rows as x) and `dt_bias` [H]: returns
-    (y, softplus(dt + dt_bias) float32 [S, H]) from the same launch."""
+    (y, softplus(dt + dt_bias) float32 [S, H]) from the same launch. `quant`: returns (y, its int8
+    rows for the next dp4a GEMV, or None where they cannot be made: y not float32, C not a
+    multiple of 32), what `quantize_x8` makes of y."""
     s, c = x.shape
     if gated:
         c //= 3
@@ -99,11 +111,18 @@ def conv_step_triton(
         raise ValueError("dt must be a column slice of x's rows")
     dto = torch.empty(s, h, dtype=torch.float32, device=x.device) if dt is not None else y
     dtb = dt_bias.float().contiguous() if dt is not None else y
+    xq: QuantizedX | None = None
+    if quant and out_dtype == torch.float32 and c % 32 == 0 and block >= 32:
+        xq = empty_quantized(s, c, x.device)
+    qa = (xq.words, xq.scale, xq.sum16, xq.xsum) if xq is not None else (y,) * 4
     _conv_step_kernel[(s, triton.cdiv(c, block))](
-        x, w, b, state, sl, fr, y, y if dt is None else dt, dtb, dto, c, x.stride(0), h, K=k,
-        HAS_BIAS=bias is not None, SILU=silu, SLOTS=use, GATED=gated, BLOCK_C=block,
-        DT=dt is not None, BLOCK_H=triton.next_power_of_2(h),
+        x, w, b, state, sl, fr, y, y if dt is None else dt, dtb, dto, *qa, c, x.stride(0), h,
+        K=k, HAS_BIAS=bias is not None, SILU=silu, SLOTS=use, GATED=gated, BLOCK_C=block,
+        DT=dt is not None, BLOCK_H=triton.next_power_of_2(h), QUANT=xq is not None,
+        RN=x.is_cuda,
     )  # fmt: skip
+    if quant:
+        return (y, xq) if dt is None else (y, dto, xq)
     return y if dt is None else (y, dto)
 
 

@@ -120,6 +120,35 @@ def test_conv_step_makes_mamba2_dt_in_the_same_launch(h, c):
     assert dto.shape == (3, h) and (dto.cpu() - ref).abs().max() < 1e-6 * ref.abs().max()
 
 
+@pytest.mark.parametrize("c", [2048, 96, 300])
+def test_gated_conv_step_writes_the_out_projections_int8_rows(c):
+    """`lfm2.CONV_QUANT`: LFM2's gated step with `quant`, the same output and states, and its
+    int8 rows exactly what `quantize_x8` makes of it (blocks past the first at their offsets);
+    none where C is no multiple of 32 (300) or the output is not float32."""
+    from localllm.kernels.quant.triton_packed import quantize_x8
+    from localllm.kernels.recurrent.triton_step import conv_step_triton
+
+    gen = torch.Generator().manual_seed(c)
+    k = 3
+    w = (torch.randn(c, k, generator=gen) / k**0.5).to(DEVICE)
+    states = _slotted(torch.randn(3, k - 1, c, generator=gen)).to(DEVICE)
+    again = states.clone()
+    bcx = torch.randn(3, 3 * c, generator=gen).to(DEVICE)
+    slots, fresh = torch.tensor(SLOTS).to(DEVICE), torch.tensor(FRESH).to(DEVICE)
+    step = {"slots": slots, "fresh": fresh, "gated": True}
+    y, yq = conv_step_triton(bcx, w, states, **step, quant=True)
+    assert torch.equal(y, conv_step_triton(bcx, w, again, **step))
+    assert torch.equal(states, again)
+    if c % 32:
+        assert yq is None
+        return
+    want = quantize_x8(y)
+    for f in ("words", "scale", "sum16", "xsum"):
+        assert torch.equal(getattr(yq, f), getattr(want, f)), f
+    half = conv_step_triton(bcx, w, states, **step, out_dtype=torch.float16, quant=True)
+    assert half[1] is None
+
+
 @pytest.mark.parametrize(("c", "k"), [(96, 4), (300, 3)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_gated_conv_step_on_slots_matches_reference(c, k, dtype):
@@ -185,7 +214,7 @@ def _on(batch):
 
 @pytest.mark.parametrize(
     ("name", "prompt", "chunked", "fused"),
-    [("lfm2", 9, False, False), ("granitehybrid", 9, False, False),
+    [("lfm2", 9, False, False), ("lfm2", 9, False, True), ("granitehybrid", 9, False, False),
      ("granitehybrid", 37, True, False), ("granitehybrid", 9, False, True)],
 )  # fmt: skip
 def test_fixture_decodes_through_the_triton_steps(name, prompt, chunked, fused, monkeypatch):
@@ -193,12 +222,14 @@ def test_fixture_decodes_through_the_triton_steps(name, prompt, chunked, fused, 
     slots, bias and SiLU): a prompt (the varlen kernels; `chunked`: Mamba-2's scan in chunks of
     16, `triton_ssd_chunked`, over 3 chunks), then token by token (the steps): transformers'
     logits, as the torch path gives. `fused`: `granitehybrid.FUSED_MIXER` (the conv step and
-    dt's softplus in one launch) and `FUSED_RESIDUAL` too."""
+    dt's softplus in one launch) and `FUSED_RESIDUAL` too; `lfm2.CONV_QUANT` (its wiring: the
+    int8 rows need a GPU's packed out_proj)."""
     import localllm.engine.layers.recurrent as layers
-    from localllm.engine.models import granitehybrid
+    from localllm.engine.models import granitehybrid, lfm2
 
     monkeypatch.setattr(granitehybrid, "FUSED_MIXER", fused)
     monkeypatch.setattr(granitehybrid, "FUSED_RESIDUAL", fused)
+    monkeypatch.setattr(lfm2, "CONV_QUANT", fused)
     import localllm.kernels.recurrent.gated_norm as gated_norm
     import localllm.kernels.recurrent.ssd as ssd
     import localllm.kernels.recurrent.triton_ssd_chunked as chunked_scan

@@ -207,10 +207,15 @@ def main(pdl: bool = False) -> None:
     # norm writing ssm_out's int8 rows; Granite-4.0-H-Tiny: 3,328 conv channels, 48 heads, 3,072
     conv = dict.fromkeys(("x_ptr", "w_ptr", "b_ptr", "state_ptr", "y_ptr", "dt_ptr"), F32)
     conv |= {"dtb_ptr": F32, "dto_ptr": F32, "slot_ptr": I64, "fresh_ptr": "*i8"}
+    conv |= {"q_ptr": I32, "qd_ptr": F32, "s16_ptr": I32, "xs_ptr": F32}
     conv |= dict.fromkeys(("C", "SX", "H"), "i32")
     for dt in (False, True):
         geo = {"K": 4, "HAS_BIAS": True, "SILU": True, "SLOTS": True, "GATED": False}
-        geo |= {"BLOCK_C": 256, "DT": dt, "BLOCK_H": 64}
+        geo |= {"BLOCK_C": 256, "DT": dt, "BLOCK_H": 64, "QUANT": False, "RN": True}
+        cases.append((triton_step._conv_step_kernel, conv, geo, 4))
+    for quant in (False, True):  # LFM2's gated step, out_proj's int8 rows (`lfm2.CONV_QUANT`)
+        geo = {"K": 3, "HAS_BIAS": False, "SILU": False, "SLOTS": True, "GATED": True}
+        geo |= {"BLOCK_C": 256, "DT": False, "BLOCK_H": 1, "QUANT": quant, "RN": True}
         cases.append((triton_step._conv_step_kernel, conv, geo, 4))
     gate = dict.fromkeys(("y_ptr", "x_ptr", "d_ptr", "z_ptr", "w_ptr", "o_ptr", "qd_ptr"), F32)
     gate |= {"q_ptr": I32, "s16_ptr": I32, "xs_ptr": F32, "eps": "fp32"}
@@ -222,7 +227,7 @@ def main(pdl: bool = False) -> None:
     cases.append((host_flags._take_back, take, {"LIMIT": 1 << 20, "BLOCK": 2048}, 4))
     for fn, sig, const, warps in cases:
         if "PDL" not in fn.arg_names:  # (no PDL variants)
-            shown = {k: v for k, v in const.items() if k in ("Q5", "DT", "QUANT")}
+            shown = {k: v for k, v in const.items() if k in ("Q5", "DT", "QUANT", "GATED")}
             print(f"{fn.__name__} {shown} x {warps} warps: {compile_one(fn, sig, const, warps)}")
             continue
         const = {**const, "PDL": pdl}

@@ -42,14 +42,16 @@ from localllm.engine.models.hparams import HyperparameterError
 from localllm.engine.moe.block import MoEFeedForward
 from localllm.engine.moe.expert_tensor import EXPERT_TENSORS
 from localllm.engine.runtime.recurrent_state import states_of
+from localllm.kernels.fused import QUANT_MAX_ROWS
 from localllm.kernels.fused.heads import HeadNorms
-from localllm.kernels.fused.ops import gated_add
+from localllm.kernels.fused.ops import gated_add, gated_add_dot
 from localllm.kernels.recurrent.causal_conv import causal_conv_prefill
 from localllm.kernels.recurrent.decode import (
     conv_decode,
     gated_delta_decode,
     gated_delta_raw,
     norm_gate,
+    norm_gate_q,
 )
 from localllm.kernels.recurrent.delta_rule import delta_rule_chunked, l2_normalize
 
@@ -61,6 +63,11 @@ from localllm.kernels.recurrent.delta_rule import delta_rule_chunked, l2_normali
 # (2026-12-07 21:54 UTC, tests/perf/results/hybrid.md: Qwen3-Next 12 layers tg128 779.0 t/s
 # against 645.9 off, llama.cpp 656.7; off: the torch ops between the kernels).
 FUSED_DECODE = True
+# With FUSED_DECODE, fewer still: the residual add in the FFN's norm, the input norms' int8 rows
+# to the linears (the DeltaNet's one input linear, q, k and v), the gated norm writing ssm_out's
+# int8 rows, the shared expert gate's logit summed in the block end's kernel (about 4 launches
+# fewer a DeltaNet layer). Tested on the CPU and under the interpreter; not yet timed on a GPU.
+FUSED_NORMS = False
 
 
 @dataclass(frozen=True)
@@ -164,7 +171,13 @@ class Block(nn.Module):
     def fuse(self) -> None:
         self.shexp.fuse()
 
-    def ffn(self, x: torch.Tensor) -> torch.Tensor:
+    def ffn(self, x: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+        """The block's FFN half on the stream x + r (r: the mixer's output)."""
+        if FUSED_DECODE and FUSED_NORMS:  # the add in the norm, the gate's logit at the end
+            x, h, hq = self.ffn_norm.residual_q(x, r.to(x.dtype))
+            gw = self.ffn_gate_inp_shexp.value
+            return gated_add_dot(x, self.mlp(h, hq), self.shexp(h, hq), h, gw).to(x.dtype)
+        x = x + r.to(x.dtype)
         if FUSED_DECODE:  # h's int8 rows from the norm for both expert paths; one launch to end
             h, hq = self.ffn_norm.forward_q(x)
             g = h.float() @ self.ffn_gate_inp_shexp.value.t()
@@ -192,15 +205,15 @@ class AttentionBlock(Block):
     def forward(self, x, positions, cos_sin, rotary, batch, kv, layer):
         a = self.args
         t, hd = x.shape[0], a.head_dim
-        h = self.attn_norm(x)
-        qg = self.attn_q(h).view(t, a.n_heads, 2, hd)
+        h, hq = self.attn_norm.forward_q(x) if FUSED_NORMS else (self.attn_norm(x), None)
+        qg = self.attn_q(h, hq).view(t, a.n_heads, 2, hd)
         q, gate = qg[:, :, 0].reshape(t, -1), qg[:, :, 1].reshape(t, -1)
         norms = HeadNorms(self.attn_q_norm.weight, self.attn_k_norm.weight, a.norm_eps)
         lay = rotary.layout(a.n_heads, a.n_kv_heads, hd)
-        o, _ = rope_attention_q(q, self.attn_k(h), self.attn_v(h), lay, cos_sin, rotary, batch,
-                                kv, self.kv_layer, hd**-0.5, norms, quant=False)  # fmt: skip
+        o, _ = rope_attention_q(q, self.attn_k(h, hq), self.attn_v(h, hq), lay, cos_sin, rotary,
+                                batch, kv, self.kv_layer, hd**-0.5, norms, quant=False)  # fmt: skip
         o = o.reshape(t, -1) * torch.sigmoid(gate.to(o.dtype))
-        return self.ffn(x + self.attn_output(o).to(x.dtype))
+        return self.ffn(x, self.attn_output(o))
 
 
 class DeltaNetBlock(Block):
@@ -251,12 +264,15 @@ class DeltaNetBlock(Block):
     def forward(self, x, positions, cos_sin, rotary, batch, kv, layer):
         a = self.args
         t = x.shape[0]
-        h = self.attn_norm(x)
+        if self.in_fused is not None and FUSED_NORMS:  # h's int8 rows for the input linear
+            h, hq = self.attn_norm.forward_q(x, feeds=self.in_fused)
+        else:
+            h, hq = self.attn_norm(x), None
         if self.in_fused is not None:  # (FUSED_DECODE) the three input linears as one
-            qkv, z, ba = self.in_fused(h)
+            qkv, z, ba = self.in_fused(h, hq)
             if batch.query_start[-1] == batch.num_seqs:  # a decode step
                 out = self._fused_decode(qkv, z, ba, h.dtype, batch, kv, layer)
-                return self.ffn(x + out.to(x.dtype))
+                return self.ffn(x, out)
         else:
             (qkv, z), ba = self._project(h), self.ssm_ba(h)
         ba = ba.float().view(t, a.n_k_heads, 2, -1)  # per key head: b then a
@@ -284,7 +300,7 @@ class DeltaNetBlock(Block):
             st.write(layer, "ssm", batch, ssm)
         o = self.ssm_norm(o) * F.silu(z.float().view(t, a.n_v_heads, a.head_v_dim))
         out = self.ssm_out(o.reshape(t, a.value_dim).to(h.dtype))
-        return self.ffn(x + out.to(x.dtype))
+        return self.ffn(x, out)
 
     def _fused_decode(self, qkv, z, ba, dtype, batch, kv, layer: int) -> torch.Tensor:
         """FUSED_DECODE's decode step (one token a sequence, on the state slots) from the one
@@ -296,6 +312,10 @@ class DeltaNetBlock(Block):
         q, k, v = self._split(mixed)
         o = gated_delta_raw(q, k, v, ba, self.ssm_dt.value, self.ssm_a_value,
                             st.tensor(layer, "ssm"), slots, fresh, self.args.norm_eps)  # fmt: skip
+        if FUSED_NORMS:  # ssm_out's int8 rows from the gated norm's launch
+            quant = self.ssm_out.takes_quantized and o.shape[0] <= QUANT_MAX_ROWS
+            y, yq = norm_gate_q(o, z, self.ssm_norm.weight, self.ssm_norm.eps, dtype, quant)
+            return self.ssm_out(y, yq)
         return self.ssm_out(norm_gate(o, z, self.ssm_norm.weight, self.ssm_norm.eps, dtype))
 
     def _padded_prompt(self, qkv, g, beta, batch, kv, layer: int) -> torch.Tensor:

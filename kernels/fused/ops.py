@@ -103,6 +103,16 @@ def gated_add(x: torch.Tensor, y: torch.Tensor, s: torch.Tensor, g: torch.Tensor
     return x + y + torch.sigmoid(g) * s
 
 
+def gated_add_dot(x, y, s, h, gw) -> torch.Tensor:
+    """`gated_add` with the gate's logits h @ gw.T (h [T, D], gw [1, D]: Qwen3-Next's shared
+    expert gate) made in the same launch on CUDA float32; elsewhere the unfused ops."""
+    if _cuda32(x, y, s, h, gw):
+        from localllm.kernels.fused.triton_ops import gated_add_cuda
+
+        return gated_add_cuda(x, y, s, gw, h)
+    return gated_add(x, y, s, h.float() @ gw.t())
+
+
 def silu_mul(gu: torch.Tensor, hidden: int) -> torch.Tensor:
     """silu(g) * u for gu = [g | u] side by side in the last dim ([..., 2 * hidden])."""
     return silu_mul_q(gu, hidden, quant=False)[0]

@@ -275,21 +275,34 @@ def silu_mul_cuda(
 
 
 @triton.jit
-def _gated_add(x_ptr, y_ptr, s_ptr, g_ptr, o_ptr, D, BD: tl.constexpr):
+def _gated_add(x_ptr, y_ptr, s_ptr, g_ptr, o_ptr, h_ptr, D, BD: tl.constexpr, DOT: tl.constexpr):
+    """DOT: the gate's logit is h's row . g (a weight [D]), each program summing it whole."""
     row = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1) * BD + tl.arange(0, BD)
     m = c < D
     at = row * D + c
-    gate = tl.sigmoid(tl.load(g_ptr + row))
+    if DOT:
+        acc = tl.zeros([BD], dtype=tl.float32)
+        for k0 in range(0, D, BD):
+            kk = k0 + tl.arange(0, BD)
+            km = kk < D
+            hv = tl.load(h_ptr + row * D + kk, mask=km, other=0.0)
+            acc += hv * tl.load(g_ptr + kk, mask=km, other=0.0)
+        gate = tl.sigmoid(tl.sum(acc, axis=0))
+    else:
+        gate = tl.sigmoid(tl.load(g_ptr + row))
     v = tl.load(x_ptr + at, mask=m, other=0.0) + tl.load(y_ptr + at, mask=m, other=0.0)
     tl.store(o_ptr + at, v + gate * tl.load(s_ptr + at, mask=m, other=0.0), mask=m)
 
 
-def gated_add_cuda(x, y, s, g) -> torch.Tensor:
-    """`ops.gated_add` in one launch: x, y, s [T, D] float32, g [T, 1] float32."""
+def gated_add_cuda(x, y, s, g, h=None) -> torch.Tensor:
+    """`ops.gated_add` in one launch: x, y, s [T, D] float32, g [T, 1] float32; with `h` [T, D]
+    float32, g is a weight [D] and the gate's logits h @ g are summed in the same launch."""
     x, y, s = (t.reshape(-1, t.shape[-1]).contiguous() for t in (x, y, s))
     t, d = x.shape
     out = torch.empty_like(x)
     bd = min(1024, triton.next_power_of_2(d))
-    _gated_add[(t, triton.cdiv(d, bd))](x, y, s, g.reshape(-1).contiguous(), out, d, BD=bd)
+    hr = x if h is None else h.reshape(-1, d).contiguous()
+    _gated_add[(t, triton.cdiv(d, bd))](x, y, s, g.reshape(-1).float().contiguous(), out, hr, d,
+                                        BD=bd, DOT=h is not None)  # fmt: skip
     return out

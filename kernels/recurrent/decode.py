@@ -97,6 +97,17 @@ def norm_gate(o, z, weight, eps: float, dtype: torch.dtype) -> torch.Tensor:
     return norm_gate_ref(o, z, weight, eps, dtype)
 
 
+def norm_gate_q(o, z, weight, eps: float, dtype: torch.dtype, quant: bool):
+    """(`norm_gate`, its int8 rows for the out-projection's GEMV or None): one launch on CUDA."""
+    if _cuda32(o):
+        from localllm.kernels.recurrent.triton_recurrent import norm_gate_cuda
+
+        if quant:
+            return norm_gate_cuda(o, z, weight, eps, dtype, quant=True)
+        return norm_gate_cuda(o, z, weight, eps, dtype), None
+    return norm_gate_ref(o, z, weight, eps, dtype), None
+
+
 def conv_decode_ref(x, weight, states, slots, fresh) -> torch.Tensor:
     """x [B, C], weight [C, K], states [S, K - 1, C] float32 updated in place; SiLU(conv) [B, C]."""
     s = _read(states, slots, fresh)

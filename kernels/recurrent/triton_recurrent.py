@@ -12,6 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
+from localllm.kernels.quant.triton_dp4a import quant_groups
+from localllm.kernels.quant.triton_packed import empty_quantized
 from localllm.kernels.recurrent.triton_step import fresh_flags
 
 
@@ -86,7 +88,10 @@ def gated_delta_decode_cuda(q, k, v, g, beta, states, slots, fresh, eps: float,
 
 
 @triton.jit
-def _norm_gate(o_ptr, z_ptr, w_ptr, y_ptr, SZ, H, D, eps, BD: tl.constexpr):
+def _norm_gate(
+    o_ptr, z_ptr, w_ptr, y_ptr, q_ptr, qd_ptr, s16_ptr, xs_ptr, SZ, H, D, eps,
+    BD: tl.constexpr, QUANT: tl.constexpr, RN: tl.constexpr,
+):  # fmt: skip
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
     c = tl.arange(0, BD)
@@ -95,19 +100,33 @@ def _norm_gate(o_ptr, z_ptr, w_ptr, y_ptr, SZ, H, D, eps, BD: tl.constexpr):
     z = tl.load(z_ptr + t * SZ + h * D + c, mask=m, other=0.0).to(tl.float32)
     r = tl.rsqrt(tl.sum(o * o, axis=0) / D + eps)
     w = tl.load(w_ptr + c, mask=m, other=0.0)
-    tl.store(y_ptr + (t * H + h) * D + c, o * r * w * (z * tl.sigmoid(z)), mask=m)
+    y = o * r * w * (z * tl.sigmoid(z))
+    tl.store(y_ptr + (t * H + h) * D + c, y, mask=m)
+    if QUANT:  # ssm_out's int8 rows (D a multiple of 32: the head's blocks are whole ones)
+        k = H * D
+        j = h * (D // 32) + tl.arange(0, BD // 32)
+        k32 = t * (k // 32)
+        quant_groups(tl.reshape(y, (BD // 32, 32)), j, tl.arange(0, BD // 32) < D // 32,
+                     q_ptr + t * (k // 4), qd_ptr + k32, s16_ptr + t * (k // 16), xs_ptr + k32,
+                     BD // 32, RN)  # fmt: skip
 
 
-def norm_gate_cuda(o, z, weight, eps: float, dtype: torch.dtype) -> torch.Tensor:
+def norm_gate_cuda(o, z, weight, eps: float, dtype: torch.dtype, quant: bool = False):
     """`decode.norm_gate_ref` in one launch: o [T, H, D] float32, z [T, H * D] (contiguous
-    rows, any row stride), weight [D] -> [T, H * D] in `dtype`."""
+    rows, any row stride), weight [D] -> [T, H * D] in `dtype`; with `quant` (that, its int8
+    rows for ssm_out's GEMV or None where they cannot be made: not float32, D no multiple of
+    32), what `quantize_x8` makes of it."""
     t, h, d = o.shape
     o = o.float().contiguous()
     z = z if z.stride(-1) == 1 else z.contiguous()
     y = torch.empty(t, h * d, dtype=dtype, device=o.device)
-    _norm_gate[(t, h)](o, z, weight.float().contiguous(), y, z.stride(0), h, d, eps,
-                       BD=triton.next_power_of_2(d))  # fmt: skip
-    return y
+    bd = triton.next_power_of_2(d)
+    ok = quant and dtype == torch.float32 and d % 32 == 0
+    xq = empty_quantized(t, h * d, o.device) if ok else None
+    qa = (xq.words, xq.scale, xq.sum16, xq.xsum) if xq is not None else (y,) * 4
+    _norm_gate[(t, h)](o, z, weight.float().contiguous(), y, *qa, z.stride(0), h, d, eps,
+                       BD=bd, QUANT=xq is not None, RN=o.is_cuda)  # fmt: skip
+    return (y, xq) if quant else y
 
 
 @triton.jit

@@ -107,15 +107,18 @@ def test_chunked_prefill_matches_transformers(model, plan):
 
 
 @torch.inference_mode()
-def test_fused_ffn_matches_transformers(monkeypatch):
+@pytest.mark.parametrize("norms", [False, True])
+def test_fused_ffn_matches_transformers(norms, monkeypatch):
     """`qwen3next.FUSED_DECODE`'s FFN (the norm's rows to both expert paths, one gated add at
     its end; on a CPU the torch forms of both) keeps transformers' logits, whole and in decode
-    steps. Its CUDA-only parts (the three input linears as one, g and beta in the rule's
-    launch, the gated norm's launch) are tested under the Triton interpreter
-    (tests/kernels/test_recurrent_triton.py)."""
+    steps; `norms`: with `FUSED_NORMS` (the residual add in the norm, the gate's logit in the
+    end's launch). Its CUDA-only parts (the three input linears as one, g and beta in the rule's
+    launch, the gated norm's launch and int8 rows) are tested under the Triton interpreter
+    (tests/kernels/test_recurrent_triton.py, test_fused.py)."""
     from localllm.engine.models import qwen3next
 
     monkeypatch.setattr(qwen3next, "FUSED_DECODE", True)
+    monkeypatch.setattr(qwen3next, "FUSED_NORMS", norms)
     with open_gguf(path(NAME)) as g:
         fused = build_model(g, precise=True)
     seq, want = ids(), golden_logits(NAME)

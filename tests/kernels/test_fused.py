@@ -110,6 +110,26 @@ def test_triton_norm_scales_the_residual(k):
     assert torch.equal(cpu, x.add(r if not k else WeightedRows(r, wts).total(), alpha=sc))
 
 
+@pytest.mark.gpu
+@needs_triton
+@pytest.mark.parametrize("d", [2048, 576])
+def test_triton_gated_add_sums_the_gate_logit(d):
+    """`qwen3next.FUSED_NORMS`' block end: x + y + sigmoid(h . gw) * s with the logit summed in
+    the kernel (each of a row's programs sums it whole), against float64 and the CPU form."""
+    from localllm.kernels.fused.ops import gated_add_dot
+    from localllm.kernels.fused.triton_ops import gated_add_cuda
+
+    gen = torch.Generator().manual_seed(d)
+    x, y, s, h = (torch.randn(3, d, generator=gen) for _ in range(4))
+    gw = torch.randn(1, d, generator=gen) / d**0.5
+    got = gated_add_cuda(*(t.to(DEVICE) for t in (x, y, s)), gw.to(DEVICE), h.to(DEVICE))
+    g = torch.sigmoid(h.double() @ gw.double().t())
+    want = x.double() + y.double() + g * s.double()
+    torch.testing.assert_close(got.cpu().double(), want, rtol=1e-6, atol=1e-5)
+    cpu = gated_add_dot(x, y, s, h, gw)
+    torch.testing.assert_close(cpu.double(), want, rtol=1e-6, atol=1e-5)
+
+
 def _assert_same_quant(xq, y):
     from localllm.kernels.quant.triton_packed import quantize_x8
 

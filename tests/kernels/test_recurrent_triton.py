@@ -71,6 +71,29 @@ def test_norm_gate_matches_reference(h, d, dtype):
     assert (got.cpu().float() - want.float()).abs().max().item() < tol
 
 
+@pytest.mark.parametrize(("h", "d"), [(32, 128), (3, 96), (3, 40)])
+def test_norm_gate_writes_the_out_projections_int8_rows(h, d):
+    """`qwen3next.FUSED_NORMS`: with `quant` the same output and its int8 rows exactly what
+    `quantize_x8` makes of it (heads past the first at their offsets; 96: a head off the power
+    of two); none where D is no multiple of 32 (40) or the output not float32."""
+    from localllm.kernels.quant.triton_packed import quantize_x8
+    from localllm.kernels.recurrent.triton_recurrent import norm_gate_cuda
+
+    gen = torch.Generator().manual_seed(h * d + 1)
+    o = torch.randn(3, h, d, generator=gen).to(DEVICE)
+    wide = torch.randn(3, h * d + 7, generator=gen).to(DEVICE)
+    z, w = wide[:, 3 : 3 + h * d], (1 + 0.1 * torch.randn(d, generator=gen)).to(DEVICE)
+    got, xq = norm_gate_cuda(o, z, w, EPS, torch.float32, quant=True)
+    assert torch.equal(got, norm_gate_cuda(o, z, w, EPS, torch.float32))
+    if d % 32:
+        assert xq is None
+        return
+    want = quantize_x8(got)
+    for f in ("words", "scale", "sum16", "xsum"):
+        assert torch.equal(getattr(xq, f), getattr(want, f)), f
+    assert norm_gate_cuda(o, z, w, EPS, torch.float16, quant=True)[1] is None
+
+
 @pytest.mark.parametrize(("c", "kk"), [(40, 4), (300, 4), (64, 2)])
 def test_conv_decode_matches_reference(c, kk):
     from localllm.kernels.recurrent.triton_recurrent import conv_decode_cuda
@@ -83,7 +106,7 @@ def test_conv_decode_matches_reference(c, kk):
     assert torch.allclose(states, ref_states, atol=TOL, rtol=0, equal_nan=True)
 
 
-@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize("fused", [False, True, "norms"])
 def test_qwen3next_on_the_kernels_matches_transformers(fused, monkeypatch):
     """The converted Qwen3-Next fixture run with these kernels on its state slots (forced on CPU
     tensors under the interpreter): prompt chunks of 7 and 5 tokens (the chunked rule's scan
@@ -91,11 +114,14 @@ def test_qwen3next_on_the_kernels_matches_transformers(fused, monkeypatch):
     fixture's F16 linears take float32 activations (`HALF_GEMM` off: half ones alone move the
     logits 0.096 through the recurrent state, H100, 2026-12-07). `fused`: the decode steps as
     `qwen3next.FUSED_DECODE` runs them (one input linear, g and beta in the rule's launch, the
-    gated norm's launch)."""
+    gated norm's launch); "norms": with `qwen3next.FUSED_NORMS` too (its wiring; the int8 rows
+    and the fused ends need CUDA tensors, tested in their kernels' tests)."""
     from localllm.engine.models import qwen3next
     from localllm.kernels.quant import linear
 
     monkeypatch.setattr(linear, "HALF_GEMM", False)
+    monkeypatch.setattr(qwen3next, "FUSED_NORMS", fused == "norms")
+    fused = bool(fused)
     monkeypatch.setattr(qwen3next, "FUSED_DECODE", fused)
     import dataclasses
     import itertools

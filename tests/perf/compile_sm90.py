@@ -28,7 +28,7 @@ from localllm.kernels.attention import triton_decode
 from localllm.kernels.fused import triton_ops, triton_rope
 from localllm.kernels.moe import triton_combine, triton_grouped
 from localllm.kernels.quant import triton_batch_gemm, triton_dp4a, triton_unpack
-from localllm.kernels.recurrent import triton_gated_norm, triton_step
+from localllm.kernels.recurrent import triton_gated_norm, triton_recurrent, triton_step
 
 F32, I32, I64 = "*fp32", "*i32", "*i64"
 # the packed GEMVs' LoRA epilogue arguments (`kernels/quant/triton_lora_tail.py`)
@@ -223,11 +223,20 @@ def main(pdl: bool = False) -> None:
     for quant in (False, True):
         geo = {"BW": 4096, "QUANT": quant, "RN": True}
         cases.append((triton_gated_norm._skip_gate_norm, gate, geo, 8))
+    # Qwen3-Next (`qwen3next.FUSED_NORMS`): the gated norm writing ssm_out's int8 rows (heads of
+    # 128), the block end summing the shared expert gate's logit (2,048 wide)
+    ng = dict.fromkeys(("o_ptr", "z_ptr", "w_ptr", "y_ptr", "qd_ptr", "xs_ptr"), F32)
+    ng |= {"q_ptr": I32, "s16_ptr": I32, "SZ": "i32", "H": "i32", "D": "i32", "eps": "fp32"}
+    ga = dict.fromkeys(("x_ptr", "y_ptr", "s_ptr", "g_ptr", "o_ptr", "h_ptr"), F32) | {"D": "i32"}
+    for on in (False, True):
+        cases.append((triton_recurrent._norm_gate, ng, {"BD": 128, "QUANT": on, "RN": True}, 4))
+        cases.append((triton_ops._gated_add, ga, {"BD": 1024, "DOT": on}, 4))
     cases.append((host_flags._hand_out, hand, {"BLOCK": 1024}, 4))
     cases.append((host_flags._take_back, take, {"LIMIT": 1 << 20, "BLOCK": 2048}, 4))
     for fn, sig, const, warps in cases:
         if "PDL" not in fn.arg_names:  # (no PDL variants)
-            shown = {k: v for k, v in const.items() if k in ("Q5", "DT", "QUANT", "GATED")}
+            keys = ("Q5", "DT", "QUANT", "GATED", "DOT")
+            shown = {k: v for k, v in const.items() if k in keys}
             print(f"{fn.__name__} {shown} x {warps} warps: {compile_one(fn, sig, const, warps)}")
             continue
         const = {**const, "PDL": pdl}

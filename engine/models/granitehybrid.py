@@ -241,8 +241,12 @@ class Block(nn.Module):
         self.qkv: FusedLinear | None = None  # (FUSED_RESIDUAL, attention layers)
 
     def fuse(self) -> None:
-        """After loading: the MLP's fused projections; with FUSED_RESIDUAL q|k|v too."""
+        """After loading: the MLP's fused projections; with FUSED_RESIDUAL q|k|v too and the
+        experts' decode rows left for the next norm to sum (`moe.block.SHARED_IN_NORM`: with the
+        shared expert's)."""
         self.mlp.fuse()
+        if FUSED_RESIDUAL and hasattr(self.mlp, "sum_in_norm"):
+            self.mlp.sum_in_norm = True
         if FUSED_RESIDUAL and self.kv_layer is not None:
             parts = [self.attn_q, self.attn_k, self.attn_v]
             if FusedLinear.fusable(parts, mixed=True):

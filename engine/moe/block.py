@@ -51,6 +51,11 @@ ROWS_MAX_T = 8  # decode rows of resident raw experts through one prepared call 
 # tests/perf/results/hybrid.md): LFM2-8B-A1B tg128 589.79 -> 816.05 t/s, its kernel tests
 # passing on an H100 (tests/kernels/test_moe_route.py); False: the torch ops
 SCORED_ROUTE_KERNEL = True
+# Decode rows of a layer with shared experts deferred too (`sum_in_norm`): the shared output
+# rides along as the `WeightedRows`' extra, which the next norm's kernel adds after the routed
+# sum (the combine and the add, two launches a layer, gone: GLM-4.5-Air, Granite 4.0-H). Tested
+# under the interpreter; not yet timed on a GPU, so off.
+SHARED_IN_NORM = False
 
 
 @dataclass(frozen=True)
@@ -283,8 +288,8 @@ class MoEFeedForward(nn.Module):
             y = self._routed_on_host(x, weights, ids)
         else:
             y = self._routed(x.reshape(-1, self.dim), weights, ids, xq, host)
-        if isinstance(y, WeightedRows):  # only without shared experts (`_routed`)
-            return y
+        if isinstance(y, WeightedRows):  # (`_routed`; with shared experts: SHARED_IN_NORM)
+            return y if shared is None else dataclasses.replace(y, extra=shared)
         y = y.reshape(x.shape).to(x.dtype)
         return y + shared if shared is not None else y
 
@@ -336,7 +341,8 @@ class MoEFeedForward(nn.Module):
             # counted as Python runs it: replays of a captured decode graph are not counted
             self.source.stats.lookups += ids.numel()
             self.source.stats.hits += ids.numel()
-            defer = self.sum_in_norm and self.shexp is None and x.dtype == torch.float32
+            alone = self.shexp is None or SHARED_IN_NORM
+            defer = self.sum_in_norm and alone and x.dtype == torch.float32
             return expert_ffn_packed(x, weights, ids, self.packed, self.format, xq, defer)
         pool = getattr(self.source, "packed_pool", None)
         if pool is not None and ids.shape[0] <= pool.max_tokens:

@@ -16,17 +16,20 @@ QUANT_MAX_ROWS = 4
 @dataclass(frozen=True)
 class WeightedRows:
     """A residual not yet summed: row t is the sum over j of weights[t, j] * rows[t * k + j] (a
-    MoE layer's k expert outputs). The norm that adds it to the stream sums it in its kernel on
-    CUDA, which saves decode a launch per layer; elsewhere `total` sums it first."""
+    MoE layer's k expert outputs), plus `extra` [T, D] where given (its shared experts' output).
+    The norm that adds it to the stream sums it in its kernel on CUDA, which saves decode a
+    launch per layer (two with shared experts); elsewhere `total` sums it first."""
 
     rows: torch.Tensor  # [T * k, D]
     weights: torch.Tensor  # [T, k]
+    extra: torch.Tensor | None = None  # [T, D]
 
     def total(self) -> torch.Tensor:
         """The sum as a tensor [T, D] (float32)."""
         t, k = self.weights.shape
         w = self.weights.float().view(t, 1, k)
-        return torch.bmm(w, self.rows.float().view(t, k, -1)).view(t, -1)
+        y = torch.bmm(w, self.rows.float().view(t, k, -1)).view(t, -1)
+        return y if self.extra is None else y + self.extra.float().reshape(t, -1)
 
 
 def _cuda32(*xs: torch.Tensor) -> bool:
@@ -77,15 +80,16 @@ def add_rms_norm_q(
     reader's row limit (a GEMV's, or any number for MoE experts' grouped GEMMs). `r` may be a
     `WeightedRows` (the kernel sums it). `shrink`: as `rms_norm_q`'s. `scale`: a residual
     scale (Granite's); off CUDA x.add(r, alpha=scale), the unfused blocks' very op."""
-    rw = None
+    rw = re = None
     if isinstance(r, WeightedRows):
-        r, rw = (r.rows, r.weights) if _cuda32(x, r.rows) else (r.total().to(x.dtype), None)
+        on = _cuda32(x, r.rows) and (r.extra is None or _cuda32(r.extra))
+        r, rw, re = (r.rows, r.weights, r.extra) if on else (r.total().to(x.dtype), None, None)
     if _cuda32(x, r):
         from localllm.kernels.fused.triton_ops import add_rms_norm_cuda
 
         rows = x.reshape(-1, x.shape[-1]).shape[0]
         quant = quant and rows <= max_rows
-        return add_rms_norm_cuda(x, r, w, eps, quant, rw=rw, shrink=shrink, scale=scale)
+        return add_rms_norm_cuda(x, r, w, eps, quant, rw=rw, shrink=shrink, scale=scale, re=re)
     s = x + r if scale == 1.0 else x.add(r, alpha=scale)
     y = F.rms_norm(s, w.shape, w, eps)
     if shrink is not None:

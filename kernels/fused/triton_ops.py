@@ -20,9 +20,13 @@ from localllm.kernels.quant.triton_packed import QuantizedX, empty_quantized
 
 
 @triton.jit
-def _stream(x_ptr, r_ptr, rw_ptr, row, c, m, D, rs, ADD: tl.constexpr, KSEL: tl.constexpr):
-    """A row of the stream: x, plus rs times r or the weighted sum of KSEL rows of r (rs: a
-    residual scale, Granite's; 1.0 elsewhere, where the product is exact)."""
+def _stream(
+    x_ptr, r_ptr, rw_ptr, e_ptr, row, c, m, D, rs, ADD: tl.constexpr, KSEL: tl.constexpr,
+    EXTRA: tl.constexpr,
+):  # fmt: skip
+    """A row of the stream: x, plus rs times r or the weighted sum of KSEL rows of r (and of
+    EXTRA's row of e: shared experts' output); rs: a residual scale, Granite's; 1.0 elsewhere,
+    where the product is exact."""
     v = tl.load(x_ptr + row * D + c, mask=m, other=0.0)
     if ADD:
         if KSEL == 0:
@@ -32,18 +36,20 @@ def _stream(x_ptr, r_ptr, rw_ptr, row, c, m, D, rs, ADD: tl.constexpr, KSEL: tl.
             for j in tl.static_range(KSEL):  # unrolled: the rows' loads go out together
                 rj = row * KSEL + j
                 acc += tl.load(rw_ptr + rj) * tl.load(r_ptr + rj * D + c, mask=m, other=0.0)
+            if EXTRA:  # (after the sum: the order of `combine` then `+ shared`)
+                acc += tl.load(e_ptr + row * D + c, mask=m, other=0.0)
             v += rs * acc
     return v
 
 
 @triton.jit
 def _norm_row(
-    x_ptr, r_ptr, rw_ptr, s_ptr, w, y_ptr, q_ptr, d_ptr, s16_ptr, xs_ptr, row, c, m, D, eps, rs,
-    BD: tl.constexpr, ADD: tl.constexpr, KSEL: tl.constexpr, QUANT: tl.constexpr,
-    RN: tl.constexpr, PDL: tl.constexpr,
+    x_ptr, r_ptr, rw_ptr, e_ptr, s_ptr, w, y_ptr, q_ptr, d_ptr, s16_ptr, xs_ptr, row, c, m, D,
+    eps, rs, BD: tl.constexpr, ADD: tl.constexpr, KSEL: tl.constexpr, QUANT: tl.constexpr,
+    RN: tl.constexpr, PDL: tl.constexpr, EXTRA: tl.constexpr,
 ):  # fmt: skip
     pdl.gdc_wait(PDL)
-    v = _stream(x_ptr, r_ptr, rw_ptr, row, c, m, D, rs, ADD, KSEL)
+    v = _stream(x_ptr, r_ptr, rw_ptr, e_ptr, row, c, m, D, rs, ADD, KSEL, EXTRA)
     if ADD:
         tl.store(s_ptr + row * D + c, v, mask=m)
     inv = 1.0 / tl.sqrt(tl.sum(v * v, axis=0) / D + eps)
@@ -59,8 +65,9 @@ def _norm_row(
 
 @triton.jit
 def _norm_shrink(
-    x_ptr, r_ptr, rw_ptr, w, a_ptr, lw_ptr, t_ptr, row, c, m, D, eps, rs, slw, R, PS, part,
+    x_ptr, r_ptr, rw_ptr, e_ptr, w, a_ptr, lw_ptr, t_ptr, row, c, m, D, eps, rs, slw, R, PS, part,
     ADD: tl.constexpr, KSEL: tl.constexpr, BRL: tl.constexpr, PDL: tl.constexpr,
+    EXTRA: tl.constexpr,
 ):  # fmt: skip
     """The next linear's LoRA shrink from this norm: t[row, r] = (y . A[r]) * W[row, r] for BRL
     rows r of the stacked A (a weight: loaded before the wait), the norm recomputed from the
@@ -71,7 +78,7 @@ def _norm_shrink(
     a = tl.load(a_ptr + r[:, None].to(tl.int64) * D + c[None, :], mask=rm[:, None] & m[None, :],
                 other=0.0).to(tl.float32)  # fmt: skip
     pdl.gdc_wait(PDL)
-    v = _stream(x_ptr, r_ptr, rw_ptr, row, c, m, D, rs, ADD, KSEL)
+    v = _stream(x_ptr, r_ptr, rw_ptr, e_ptr, row, c, m, D, rs, ADD, KSEL, EXTRA)
     inv = 1.0 / tl.sqrt(tl.sum(v * v, axis=0) / D + eps)
     y = v * inv * w
     acc = tl.sum(y[None, :] * a, axis=1) * tl.load(lw_ptr + row * slw + r, mask=rm, other=0.0)
@@ -80,27 +87,28 @@ def _norm_shrink(
 
 @triton.jit
 def _rms_norm(
-    x_ptr, r_ptr, rw_ptr, s_ptr, w_ptr, y_ptr, q_ptr, d_ptr, s16_ptr, xs_ptr, a_ptr, lw_ptr,
-    t_ptr, D, eps, rs, slw, R, PS,
+    x_ptr, r_ptr, rw_ptr, e_ptr, s_ptr, w_ptr, y_ptr, q_ptr, d_ptr, s16_ptr, xs_ptr, a_ptr,
+    lw_ptr, t_ptr, D, eps, rs, slw, R, PS,
     BD: tl.constexpr, ADD: tl.constexpr, KSEL: tl.constexpr, QUANT: tl.constexpr,
     RN: tl.constexpr, PDL: tl.constexpr, LORA: tl.constexpr, BRL: tl.constexpr,
+    EXTRA: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
     c = tl.arange(0, BD)
     m = c < D
     pdl.gdc_begin(PDL)
     w = tl.load(w_ptr + c, mask=m, other=0.0)  # a weight: no earlier kernel writes it
-    args = (x_ptr, r_ptr, rw_ptr, s_ptr, w, y_ptr, q_ptr, d_ptr, s16_ptr, xs_ptr, row, c, m, D, eps,
-            rs)  # fmt: skip
+    args = (x_ptr, r_ptr, rw_ptr, e_ptr, s_ptr, w, y_ptr, q_ptr, d_ptr, s16_ptr, xs_ptr, row, c,
+            m, D, eps, rs)  # fmt: skip
     if LORA:  # programs (row, 1..): the LoRA shrink of the linear that reads y
         part = tl.program_id(1)
         if part > 0:
-            _norm_shrink(x_ptr, r_ptr, rw_ptr, w, a_ptr, lw_ptr, t_ptr, row, c, m, D, eps, rs,
-                         slw, R, PS, part, ADD, KSEL, BRL, PDL)  # fmt: skip
+            _norm_shrink(x_ptr, r_ptr, rw_ptr, e_ptr, w, a_ptr, lw_ptr, t_ptr, row, c, m, D, eps,
+                         rs, slw, R, PS, part, ADD, KSEL, BRL, PDL, EXTRA)  # fmt: skip
         else:
-            _norm_row(*args, BD, ADD, KSEL, QUANT, RN, PDL)
+            _norm_row(*args, BD, ADD, KSEL, QUANT, RN, PDL, EXTRA)
     else:
-        _norm_row(*args, BD, ADD, KSEL, QUANT, RN, PDL)
+        _norm_row(*args, BD, ADD, KSEL, QUANT, RN, PDL, EXTRA)
 
 
 @triton.jit
@@ -201,7 +209,7 @@ def _lora(shrink: LoraShrink | None, rows: int, d: int, like: torch.Tensor):
     return (a, w, t, w.stride(0), r), r
 
 
-def _norm(x2, r2, rw, w, eps, quant, shrink, add, warps=None, scale=1.0):
+def _norm(x2, r2, rw, w, eps, quant, shrink, add, warps=None, scale=1.0, re=None):
     s, y = torch.empty_like(x2), torch.empty_like(x2)
     rows, d = x2.shape
     xq, qa = _quant_out(rows, d, quant, y)
@@ -211,11 +219,14 @@ def _norm(x2, r2, rw, w, eps, quant, shrink, add, warps=None, scale=1.0):
     ksel = 0 if rw is None else rw.shape[-1]
     if rw is not None and r2.shape[0] != rows * ksel:
         raise ValueError(f"{r2.shape[0]} rows do not hold {ksel} per row of {rows}")
+    if re is not None and (rw is None or re.numel() != rows * d):
+        raise ValueError("an extra residual row comes with weighted rows, one per row of x")
+    e2 = x2 if re is None else _rows(re)
     _rms_norm[(rows, 1 + triton.cdiv(r, NORM_LORA_ROWS))](
-        x2, r2, x2 if rw is None else rw.float().contiguous(), s, w, y, *qa, *la[:3], d, eps,
+        x2, r2, x2 if rw is None else rw.float().contiguous(), e2, s, w, y, *qa, *la[:3], d, eps,
         float(scale), *la[3:], ps, BD=bd, ADD=add, KSEL=ksel, QUANT=xq is not None,
-        RN=x2.is_cuda, LORA=r > 0, BRL=NORM_LORA_ROWS, num_warps=warps or norm_warps(d),
-        **pdl.launch_options(pdl.enabled(x2)),
+        RN=x2.is_cuda, LORA=r > 0, BRL=NORM_LORA_ROWS, EXTRA=re is not None,
+        num_warps=warps or norm_warps(d), **pdl.launch_options(pdl.enabled(x2)),
     )  # fmt: skip
     if shrink is not None:  # (one program a (row, A rows): partial 0 is the whole shrink)
         shrink.wrote(1)
@@ -242,11 +253,12 @@ def add_rms_norm_cuda(
     rw: torch.Tensor | None = None,
     shrink: LoraShrink | None = None,
     scale: float = 1.0,
+    re: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, QuantizedX | None]:
     """x + scale * r, its norm and quantized twin; with `rw` [T, k], r [T * k, D] holds k rows
-    per row of x, summed with those weights (`ops.WeightedRows`); `shrink`: the next linear's
-    LoRA shrink into its scratch."""
-    s, y, xq = _norm(_rows(x), _rows(r), rw, w, eps, quant, shrink, True, warps, scale)
+    per row of x, summed with those weights (`ops.WeightedRows`), and `re` [T, D] added to that
+    sum (its `extra`); `shrink`: the next linear's LoRA shrink into its scratch."""
+    s, y, xq = _norm(_rows(x), _rows(r), rw, w, eps, quant, shrink, True, warps, scale, re)
     return s.reshape(x.shape), y.reshape(x.shape), xq
 
 

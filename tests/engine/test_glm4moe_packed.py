@@ -80,3 +80,36 @@ def test_native_q5_0_block_equals_the_widened_bit_for_bit(tokens, monkeypatch):
     w, ids = route_scored(torch.randn(tokens, E, generator=gen), K_USED, "sigmoid", None)
     w, ids = w.to(DEVICE), ids.to(DEVICE)
     assert torch.equal(mine.forward_routed(x, None, w, ids), wide.forward_routed(x, None, w, ids))
+
+
+def test_shared_expert_rides_with_the_deferred_rows(monkeypatch):
+    """`moe.block.SHARED_IN_NORM`: a decode row of a block with a shared expert (GLM-4.5-Air's
+    layout) comes back unsummed, the shared output as its `extra`; summed (`total`, what the
+    next norm's kernel adds on CUDA: tests/kernels/test_fused.py) it is the block's output
+    without the switch, bit for bit."""
+    from localllm.engine.moe import block as moe_block
+    from localllm.kernels.fused import WeightedRows
+
+    sh = 64
+    routing = Routing(scoring="sigmoid", probs_bias=True)
+    b = MoEFeedForward(1, D, H, E, K_USED, norm_topk_prob=True, routing=routing, shared_hidden=sh)
+    ws = [_experts(QT.Q4_K, H, D, 1), _experts(QT.Q4_K, H, D, 2), _experts(QT.Q5_0, D, H, 3)]
+    for t, w in zip((b.ffn_gate_exps, b.ffn_up_exps, b.ffn_down_exps), ws, strict=True):
+        t.load_tensor("weight", w)
+    rng = np.random.default_rng(4)
+    for name, (rows, cols) in (("ffn_gate", (sh, D)), ("ffn_up", (sh, D)), ("ffn_down", (D, sh))):
+        raw = torch.from_numpy(random_rows(QT.Q8_0, rows, cols, rng))
+        getattr(b.shexp, name).load_tensor("weight", QuantWeight(raw, QuantType.Q8_0, (rows, cols)))
+    b.fuse()
+    b._to_device(torch.device(DEVICE))
+    b.sum_in_norm = True
+    gen = torch.Generator().manual_seed(9)
+    x = torch.randn(2, D, generator=gen).to(DEVICE)
+    w, ids = route_scored(torch.randn(2, E, generator=gen), K_USED, "sigmoid", None)
+    w, ids = w.to(DEVICE), ids.to(DEVICE)
+    plain = b.forward_routed(x, None, w, ids)
+    assert isinstance(plain, torch.Tensor)  # (off: shared experts keep the layer summed)
+    monkeypatch.setattr(moe_block, "SHARED_IN_NORM", True)
+    pending = b.forward_routed(x, None, w, ids)
+    assert isinstance(pending, WeightedRows) and pending.extra is not None
+    assert torch.equal(pending.total(), plain)

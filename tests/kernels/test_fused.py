@@ -41,20 +41,32 @@ def test_weighted_rows_reference_sums_k_rows_per_row():
 @pytest.mark.gpu
 @needs_triton
 @pytest.mark.parametrize(("rows", "k", "d"), [(1, 8, 2048), (3, 2, 576), (2, 4, 4096)])
-def test_triton_norm_adds_weighted_rows(rows, k, d):
+@pytest.mark.parametrize("shared", [False, True])
+def test_triton_norm_adds_weighted_rows(rows, k, d, shared):
     """The norm kernel summing k rows per row itself (decode's MoE output): the sum in the
     order the Triton weighted sum takes, so the stream equals x + `combine_cuda` bit for bit;
-    the norm and its quantized twin as for a plain residual."""
+    the norm and its quantized twin as for a plain residual. `shared`: a shared experts' row
+    added after the sum (`moe.block.SHARED_IN_NORM`), as `combine` then `+ shared` add it."""
     from localllm.kernels.fused.triton_ops import add_rms_norm_cuda
     from localllm.kernels.moe.triton_combine import combine_cuda
 
     gen = torch.Generator().manual_seed(rows * k + d)
     x, y = torch.randn(rows, d, generator=gen) * 3, torch.randn(rows * k, d, generator=gen)
     wts, w = torch.rand(rows, k, generator=gen), torch.rand(d, generator=gen) + 0.5
-    dx, dy, dwts, dw = (t.to(DEVICE) for t in (x, y, wts, w))
-    s, h, xq = add_rms_norm_cuda(dx, dy, dw, 1e-5, quant=True, rw=dwts)
-    assert torch.equal(s, dx + combine_cuda(dy, dwts))
-    want = x.double() + torch.einsum("tk,tkd->td", wts.double(), y.double().view(rows, k, d))
+    e = torch.randn(rows, d, generator=gen) if shared else torch.zeros(rows, d)
+    dx, dy, dwts, dw, de = (t.to(DEVICE) for t in (x, y, wts, w, e))
+    re = de if shared else None
+    s, h, xq = add_rms_norm_cuda(dx, dy, dw, 1e-5, quant=True, rw=dwts, re=re)
+    assert torch.equal(s, dx + (combine_cuda(dy, dwts) + de if shared else combine_cuda(dy, dwts)))
+    if shared:  # and through the CPU-side dispatch of a pending MoE output
+        pending = WeightedRows(dy, dwts, de)
+        got = add_rms_norm_q(dx, pending, dw, 1e-5)[0]  # (CPU tensors: `total`, then the add)
+        if DEVICE == "cuda":
+            assert torch.equal(got, s)
+        torch.testing.assert_close(got, s, rtol=1e-6, atol=1e-5)
+        torch.testing.assert_close(pending.total(), combine_cuda(dy, dwts) + de)
+    want = x.double() + e.double()
+    want += torch.einsum("tk,tkd->td", wts.double(), y.double().view(rows, k, d))
     torch.testing.assert_close(s.cpu().double(), want, rtol=1e-6, atol=1e-5)
     assert torch.allclose(h.cpu(), F.rms_norm(s.cpu(), (d,), w, 1e-5), rtol=1e-5, atol=1e-6)
     _assert_same_quant(xq, h)

@@ -95,7 +95,7 @@ def batch_gemms() -> None:
 
 
 def main(pdl: bool = False) -> None:
-    norm = dict.fromkeys(("x_ptr", "r_ptr", "rw_ptr", "s_ptr", "w_ptr", "y_ptr"), F32)
+    norm = dict.fromkeys(("x_ptr", "r_ptr", "rw_ptr", "e_ptr", "s_ptr", "w_ptr", "y_ptr"), F32)
     norm |= {"q_ptr": I32, "d_ptr": F32, "s16_ptr": I32, "xs_ptr": F32}
     # the LoRA shrink's arguments (`triton_ops._lora`): A, W, the scratch, W's stride, R
     lora = {"a_ptr": "*fp16", "lw_ptr": F32, "t_ptr": F32}
@@ -132,9 +132,11 @@ def main(pdl: bool = False) -> None:
             silu_flags = {"BH": 1024, "QUANT": True, "RN": True, "LORA": lo, "BRS": 8}
             silu_flags |= {"APF": triton_ops.SILU_LORA_PREFETCH}
             cases.append((triton_ops._silu_mul, silu, silu_flags | {"PART": part}, 4))
-        for d, ksel in ((2048, 0), (4096, 0), (2048, 8)):  # 8: a MoE layer's output summed in
+        # 8: a MoE layer's output summed in (extra: with its shared experts', SHARED_IN_NORM)
+        for d, ksel, extra in ((2048, 0, False), (4096, 0, False), (2048, 8, False),
+                               (4096, 8, True)):  # fmt: skip
             flags = {"BD": d, "ADD": True, "KSEL": ksel, "QUANT": True, "RN": True}
-            flags |= {"LORA": lo, "BRL": triton_ops.NORM_LORA_ROWS}
+            flags |= {"LORA": lo, "BRL": triton_ops.NORM_LORA_ROWS, "EXTRA": extra}
             cases.append((triton_ops._rms_norm, norm, flags, triton_ops.norm_warps(d)))
     for kv, g in ((8, 4), (4, 8)):  # Llama-3-8B, Qwen3-30B-A3B
         heads = {"NQ": kv * g, "NKV": kv, "HD": 128, "ROT": 128, "NEOX": kv == 4, "NORM": kv == 4}
@@ -240,7 +242,8 @@ def main(pdl: bool = False) -> None:
             print(f"{fn.__name__} {shown} x {warps} warps: {compile_one(fn, sig, const, warps)}")
             continue
         const = {**const, "PDL": pdl}
-        keys = ("BD", "NQ", "NKV", "G", "BJ", "QUANT", "EXACT", "MOE", "LORA", "Q5")
+        keys = ("BD", "NQ", "NKV", "G", "BJ", "QUANT", "EXACT", "MOE", "LORA", "Q5", "KSEL")
+        keys += ("EXTRA",)
         shown = {k: v for k, v in const.items() if k in keys}
         print(f"{fn.__name__} {shown} x {warps} warps: {compile_one(fn, sig, const, warps)}")
 

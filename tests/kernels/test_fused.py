@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from localllm.kernels.fused import WeightedRows, add_rms_norm, add_rms_norm_q, rms_norm, silu_mul
+from tests.kernels.int8_rows import assert_int8_rows_of
 from tests.triton_env import DEVICE, needs_triton
 
 
@@ -69,7 +70,7 @@ def test_triton_norm_adds_weighted_rows(rows, k, d, shared):
     want += torch.einsum("tk,tkd->td", wts.double(), y.double().view(rows, k, d))
     torch.testing.assert_close(s.cpu().double(), want, rtol=1e-6, atol=1e-5)
     assert torch.allclose(h.cpu(), F.rms_norm(s.cpu(), (d,), w, 1e-5), rtol=1e-5, atol=1e-6)
-    _assert_same_quant(xq, h)
+    assert_int8_rows_of(xq, h)
     with pytest.raises(ValueError, match="do not hold"):
         add_rms_norm_cuda(dx, dy[:-1], dw, 1e-5, rw=dwts)
 
@@ -92,10 +93,10 @@ def test_triton_rms_norm_and_residual(d):
     # with the quantized twin: the same float output, and exactly what quantize_x8 makes of it
     got_q, xq = rms_norm_cuda(dx, dw, 1e-5, quant=True)
     assert torch.equal(got_q, got)
-    _assert_same_quant(xq, got_q)
+    assert_int8_rows_of(xq, got_q)
     s_q, h_q, xq = add_rms_norm_cuda(dx, dr, dw, 1e-5, quant=True)
     assert torch.equal(s_q, s) and torch.equal(h_q, h)
-    _assert_same_quant(xq, h_q)
+    assert_int8_rows_of(xq, h_q)
 
 
 @pytest.mark.gpu
@@ -117,7 +118,7 @@ def test_triton_norm_scales_the_residual(k):
     want = x.double() + sc * summed.double()
     torch.testing.assert_close(s.cpu().double(), want, rtol=1e-6, atol=1e-5)
     assert torch.allclose(h.cpu(), F.rms_norm(s.cpu(), (d,), w, 1e-5), rtol=1e-5, atol=1e-6)
-    _assert_same_quant(xq, h)
+    assert_int8_rows_of(xq, h)
     cpu = add_rms_norm_q(x, r if not k else WeightedRows(r, wts), w, 1e-5, scale=sc)[0]
     assert torch.equal(cpu, x.add(r if not k else WeightedRows(r, wts).total(), alpha=sc))
 
@@ -142,14 +143,6 @@ def test_triton_gated_add_sums_the_gate_logit(d):
     torch.testing.assert_close(cpu.double(), want, rtol=1e-6, atol=1e-5)
 
 
-def _assert_same_quant(xq, y):
-    from localllm.kernels.quant.triton_packed import quantize_x8
-
-    want = quantize_x8(y)
-    for f in ("words", "scale", "sum16", "xsum"):
-        assert torch.equal(getattr(xq, f), getattr(want, f)), f
-
-
 @pytest.mark.gpu
 @needs_triton
 @pytest.mark.parametrize("hidden", [40, 1536, 14336, 1056])
@@ -166,7 +159,7 @@ def test_triton_silu_mul(hidden):
     if hidden % 32:  # rows that do not split into 32-value groups are not quantized
         assert xq is None
     else:
-        _assert_same_quant(xq, got_q)
+        assert_int8_rows_of(xq, got_q)
 
 
 @pytest.mark.gpu

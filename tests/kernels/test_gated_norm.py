@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from localllm.kernels.recurrent.gated_norm import skip_gate_norm_ref
+from tests.kernels.int8_rows import assert_int8_rows_of
 from tests.triton_env import DEVICE, TRITON_MARKS
 
 pytestmark = TRITON_MARKS
@@ -41,7 +42,6 @@ def test_skip_gate_norm_writes_the_out_projections_int8_rows(t, h, p, g):
     `quantize_x8` makes of it (what ssm_out's GEMV would make itself), groups past the first at
     their offsets; none where a group is no whole number of 32s (6 x 20 / 3 = 40) or the output
     is not float32."""
-    from localllm.kernels.quant.triton_packed import quantize_x8
     from localllm.kernels.recurrent.triton_gated_norm import skip_gate_norm_triton
 
     gen = torch.Generator().manual_seed(h * p + g)
@@ -56,7 +56,5 @@ def test_skip_gate_norm_writes_the_out_projections_int8_rows(t, h, p, g):
     if (d // g) % 32:
         assert xq is None
         return
-    want = quantize_x8(got)
-    for f in ("words", "scale", "sum16", "xsum"):
-        assert torch.equal(getattr(xq, f), getattr(want, f)), f
+    assert_int8_rows_of(xq, got)
     assert skip_gate_norm_triton(y, x, D, z, w, 1e-5, torch.bfloat16, quant=True)[1] is None

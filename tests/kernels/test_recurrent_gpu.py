@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from localllm.kernels.recurrent.causal_conv import causal_conv_step
 from localllm.kernels.recurrent.ssd import ssd_step_ref
+from tests.kernels.int8_rows import assert_int8_rows_of
 from tests.triton_env import DEVICE, TRITON_MARKS
 
 pytestmark = TRITON_MARKS
@@ -125,7 +126,6 @@ def test_gated_conv_step_writes_the_out_projections_int8_rows(c):
     """`lfm2.CONV_QUANT`: LFM2's gated step with `quant`, the same output and states, and its
     int8 rows exactly what `quantize_x8` makes of it (blocks past the first at their offsets);
     none where C is no multiple of 32 (300) or the output is not float32."""
-    from localllm.kernels.quant.triton_packed import quantize_x8
     from localllm.kernels.recurrent.triton_step import conv_step_triton
 
     gen = torch.Generator().manual_seed(c)
@@ -142,9 +142,7 @@ def test_gated_conv_step_writes_the_out_projections_int8_rows(c):
     if c % 32:
         assert yq is None
         return
-    want = quantize_x8(y)
-    for f in ("words", "scale", "sum16", "xsum"):
-        assert torch.equal(getattr(yq, f), getattr(want, f)), f
+    assert_int8_rows_of(yq, y)
     half = conv_step_triton(bcx, w, states, **step, out_dtype=torch.float16, quant=True)
     assert half[1] is None
 

@@ -12,6 +12,7 @@ from localllm.kernels.recurrent.decode import (
     gated_delta_raw_ref,
     norm_gate_ref,
 )
+from tests.kernels.int8_rows import assert_int8_rows_of
 from tests.kernels.test_recurrent_decode import EPS, SHAPES, TOL, conv_inputs, delta_inputs
 from tests.triton_env import DEVICE, TRITON_MARKS
 
@@ -76,7 +77,6 @@ def test_norm_gate_writes_the_out_projections_int8_rows(h, d):
     """`qwen3next.FUSED_NORMS`: with `quant` the same output and its int8 rows exactly what
     `quantize_x8` makes of it (heads past the first at their offsets; 96: a head off the power
     of two); none where D is no multiple of 32 (40) or the output not float32."""
-    from localllm.kernels.quant.triton_packed import quantize_x8
     from localllm.kernels.recurrent.triton_recurrent import norm_gate_cuda
 
     gen = torch.Generator().manual_seed(h * d + 1)
@@ -88,9 +88,7 @@ def test_norm_gate_writes_the_out_projections_int8_rows(h, d):
     if d % 32:
         assert xq is None
         return
-    want = quantize_x8(got)
-    for f in ("words", "scale", "sum16", "xsum"):
-        assert torch.equal(getattr(xq, f), getattr(want, f)), f
+    assert_int8_rows_of(xq, got)
     assert norm_gate_cuda(o, z, w, EPS, torch.float16, quant=True)[1] is None
 
 

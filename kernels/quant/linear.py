@@ -33,7 +33,7 @@ from localllm.kernels.quant.linear_half import HALF_DTYPES, HalfGemmLinear
 from localllm.kernels.quant.linear_int4 import Int4PackLinear
 from localllm.kernels.quant.linear_native import MAX_PARTS, NATIVE_TYPES, NativeLinear
 from localllm.kernels.quant.types import QuantType, block_geometry
-from localllm.kernels.quant.widen import WIDENED, widen_blocks
+from localllm.kernels.quant.widen import WIDENED, widen_blocks, widened_type
 
 # Calls with at least this many rows leave the bf16/fp16 kernels for fp32 GEMM on row tiles
 # decoded per call (Zen 3 has no half-precision dot product: half GEMM is slower than fp32).
@@ -73,7 +73,8 @@ TRITON_TYPES = frozenset(
 )
 
 # Types the triton path takes widened to Q8_0 (`widen`: exact; llama.cpp's Q4_K_M writes Q5_0 where
-# rows are no whole K block, as GLM-4.5-Air's 1408-wide shared expert's ffn_down)
+# rows are no whole K block, as GLM-4.5-Air's 1408-wide shared expert's ffn_down); with
+# widen.NATIVE_Q5_0 packed as stored instead (its 9-64-row batches then take the bf16 path)
 TRITON_WIDENED = frozenset({QuantType.Q5_0})
 
 
@@ -144,7 +145,7 @@ def prepare_linear(
             TritonLinear,
         )  # only here: CPU never needs it
 
-        if qtype in TRITON_WIDENED:  # as the Q8_0 blocks it widens to, exactly
+        if qtype in TRITON_WIDENED and widened_type(qtype) != qtype:  # as Q8_0 blocks, exactly
             data, qtype = widen_blocks(data, qtype), WIDENED[qtype]
         return TritonLinear(data, qtype, shape)
     if strategy == "half_gemm":

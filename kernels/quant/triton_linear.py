@@ -167,13 +167,14 @@ class TritonLinear:
 
     def __init__(self, data: torch.Tensor, qtype: QuantType, shape: tuple[int, int]):
         qtype = QuantType(qtype)
-        if qtype not in SUPPORTED:
+        native = qtype == QuantType.Q5_0  # packed as stored (`linear`: with widen.NATIVE_Q5_0)
+        if qtype not in SUPPORTED and not native:
             raise ValueError(f"no triton kernels for {qtype.name}")
         self.qtype, self.shape = qtype, shape
         self.data: torch.Tensor | None = None
         self.packed: PackedBlocks | None = None
         self.shadow: torch.Tensor | None = None
-        if qtype in PACKED_TYPES:
+        if qtype in PACKED_TYPES or native:
             self.packed = pack_blocks(data, qtype, *shape)
             self.cfg = packed_config(qtype, *shape)
             self.counters = split_counters(self.packed, self.cfg)
@@ -202,7 +203,9 @@ class TritonLinear:
     def _batch(self, rows: int) -> bool:
         """Whether `rows` rows take `batch_gemm` (BATCH_MIN_ROWS never below the GEMVs' 4)."""
         low = max(BATCH_MIN_ROWS, PACKED_MAX_ROWS + 1)
-        return BATCH_GEMM and self.packed is not None and low <= rows <= BATCH_MAX_ROWS
+        if self.packed is None or self.packed.qtype not in PACKED_TYPES:  # (Q5_0: no batch GEMM)
+            return False
+        return BATCH_GEMM and low <= rows <= BATCH_MAX_ROWS
 
     def takes_tail(self, rows: int) -> bool:
         """Whether `matmul` of `rows` rows can add a LoRA epilogue (one packed GEMV launch)."""

@@ -7,8 +7,9 @@ kernels take Q8_0; a block of one of these types keeps its fp16 scale and its 32
 the signed codes they dequantize to (Q4_0: q - 8, Q5_0: q - 16, IQ4_NL: its table), so the
 Q8_0 block dequantizes to the same floats (d * code, one float32 product either way). The cost
 is bytes: 34 per block instead of 18 / 22 (the bandwidth of that tensor grows 1.9x / 1.5x).
-With NATIVE_Q5_0, experts' Q5_0 blocks are packed as they are (`repack`'s Q5_0 planes, 22 bytes a
-block) and the kernels build the same int8 words in registers (`triton_dp4a._q8_words`).
+With NATIVE_Q5_0, Q5_0 blocks (experts' and dense linears') are packed as they are (`repack`'s
+Q5_0 planes, 22 bytes a block) and the kernels build the same int8 words in registers
+(`triton_dp4a._q8_words`).
 """
 
 import torch
@@ -19,7 +20,7 @@ from localllm.kernels.quant.types import QuantType, block_geometry
 # Experts' Q5_0 blocks packed natively instead of widened (the packed GEMVs, grouped GEMMs and
 # dequant read 22 bytes a block, not 34: GLM-4.5-Air Q4_K_M's expert bytes fall 9.1 %). Written
 # and tested under the interpreter (bit-equal to the widened path), not yet run on a GPU: off
-# until measured. Dense Q5_0 linears (`linear.TRITON_WIDENED`) are widened either way.
+# until measured. Dense Q5_0 linears (`linear.TRITON_WIDENED`) then pack as stored too.
 NATIVE_Q5_0 = False
 
 WIDENED: dict[QuantType, QuantType] = {

@@ -82,3 +82,30 @@ def test_q5_0_linear_takes_the_triton_path_widened():
     want = x.double() @ w.T
     got = lin.matmul(x.to(DEVICE)).double().cpu()
     assert ((got - want).norm() / want.norm()).item() < 2e-2
+
+
+@pytest.mark.gpu
+@needs_triton
+def test_q5_0_linear_packs_natively_with_the_switch(monkeypatch):
+    """`widen.NATIVE_Q5_0`: a dense Q5_0 linear (GLM-4.5-Air's shared expert down) packs as
+    stored (22 bytes a block), its GEMV rows equal the widened linear's bit for bit; 12 rows (no
+    batch GEMM for Q5_0: the bf16 path) within the int8-free tolerance of the float64 product."""
+    from localllm.kernels.quant import widen
+
+    n, k = 96, 1408
+    raw = _raw("Q5_0", n, k, 8)
+    dev = torch.from_numpy(raw).to(DEVICE)
+    wide = prepare_linear(dev, QuantType.Q5_0, (n, k), strategy="triton")
+    monkeypatch.setattr(widen, "NATIVE_Q5_0", True)
+    lin = prepare_linear(dev, QuantType.Q5_0, (n, k), strategy="triton")
+    assert lin.qtype == QuantType.Q5_0 and lin.packed.qtype == QuantType.Q5_0
+    assert lin.nbytes == raw.nbytes and wide.nbytes == raw.nbytes // 22 * 34
+    w = torch.from_numpy(quants.dequantize(raw, QT.Q5_0)).double()
+    for rows in (1, 3):
+        x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows)).to(DEVICE)
+        assert lin.takes_quantized(rows)
+        assert torch.equal(lin.matmul(x), wide.matmul(x))
+    x = torch.randn(12, k, generator=torch.Generator().manual_seed(12))
+    got = lin.matmul(x.to(DEVICE)).double().cpu()
+    want = x.double() @ w.T
+    assert ((got - want).norm() / want.norm()).item() < 1e-2

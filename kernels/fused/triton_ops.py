@@ -16,7 +16,7 @@ from localllm.kernels import pdl
 from localllm.kernels.fused.lora_delta import LoraShrink
 from localllm.kernels.fused.triton_lora import a_rows, shrink_rows
 from localllm.kernels.quant.triton_dp4a import quant_groups
-from localllm.kernels.quant.triton_packed import QuantizedX, empty_quantized
+from localllm.kernels.quant.triton_packed import QuantizedX, quantized_out
 
 
 @triton.jit
@@ -186,15 +186,6 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(-1, x.shape[-1]).contiguous()
 
 
-def _quant_out(rows: int, d: int, quant: bool, like: torch.Tensor):
-    """QuantizedX buffers when asked for and the row splits into 32-value groups, else None;
-    plus the four kernel arguments (the output itself stands in for absent buffers)."""
-    if not quant or d % 32:
-        return None, (like, like, like, like)
-    xq = empty_quantized(rows, d, like.device)
-    return xq, (xq.words, xq.scale, xq.sum16, xq.xsum)
-
-
 def _lora(shrink: LoraShrink | None, rows: int, d: int, like: torch.Tensor):
     """The kernels' LoRA arguments (a, W, t, W's row stride, R) and R, 0 without a shrink."""
     if shrink is None:
@@ -212,7 +203,7 @@ def _lora(shrink: LoraShrink | None, rows: int, d: int, like: torch.Tensor):
 def _norm(x2, r2, rw, w, eps, quant, shrink, add, warps=None, scale=1.0, re=None):
     s, y = torch.empty_like(x2), torch.empty_like(x2)
     rows, d = x2.shape
-    xq, qa = _quant_out(rows, d, quant, y)
+    xq, qa = quantized_out(rows, d, quant, y)
     la, r = _lora(shrink, rows, d, y)
     ps = shrink.ps if shrink is not None and shrink.ps else 1  # t's stride per value
     bd = triton.next_power_of_2(d)
@@ -269,7 +260,7 @@ def silu_mul_cuda(
     into its scratch (zero before, as every LoRA call leaves it)."""
     g2 = _rows(gu)
     y = torch.empty(g2.shape[0], hidden, dtype=gu.dtype, device=gu.device)
-    xq, qa = _quant_out(g2.shape[0], hidden, quant, y)
+    xq, qa = quantized_out(g2.shape[0], hidden, quant, y)
     la, r = _lora(shrink, g2.shape[0], hidden, y)
     bh = SILU_LORA_BH if r > 0 and SILU_LORA_BH else 1024
     ps = shrink.ps if shrink is not None else 0

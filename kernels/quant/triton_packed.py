@@ -104,6 +104,16 @@ def empty_quantized(m: int, k: int, device: torch.device) -> QuantizedX:
     )
 
 
+def quantized_out(rows: int, d: int, quant: bool, like: torch.Tensor):
+    """For a kernel that quantizes its own output rows [rows, d]: (QuantizedX buffers, or None
+    when not asked or the row splits into no whole 32-value groups; the four kernel arguments,
+    the output `like` standing in for absent buffers)."""
+    if not quant or d % 32:
+        return None, (like, like, like, like)
+    xq = empty_quantized(rows, d, like.device)
+    return xq, (xq.words, xq.scale, xq.sum16, xq.xsum)
+
+
 def quantize_x8(x: torch.Tensor) -> QuantizedX:
     """float32 x [M, K] (K a multiple of 32) -> QuantizedX (round half up, codes in -127..127)."""
     m, k = x.shape

@@ -9,7 +9,7 @@ import triton
 import triton.language as tl
 
 from localllm.kernels.quant.triton_dp4a import quant_groups
-from localllm.kernels.quant.triton_packed import QuantizedX, empty_quantized
+from localllm.kernels.quant.triton_packed import QuantizedX, quantized_out
 
 
 @triton.jit
@@ -52,10 +52,8 @@ def skip_gate_norm_triton(
     out = torch.empty(t, h * p, dtype=dtype, device=y.device)
     bw = triton.next_power_of_2(w)
     warps = 4 if bw <= 1024 else 8 if bw <= 4096 else 16
-    xq = empty_quantized(t, h * p, y.device) if quant and dtype == torch.float32 else None
-    if xq is not None and (w % 32 or bw < 32):
-        xq = None
-    qa = (xq.words, xq.scale, xq.sum16, xq.xsum) if xq is not None else (out,) * 4
+    # (a group's blocks must be whole 32s of the row: its width W, not only H * P)
+    xq, qa = quantized_out(t, h * p, quant and dtype == torch.float32 and w % 32 == 0, out)
     _skip_gate_norm[(t, g)](y, x, D.float().contiguous(), z, weight.float().contiguous(), out,
                             *qa, x.stride(0), z.stride(0), p, w, eps, BW=bw, QUANT=xq is not None,
                             RN=y.is_cuda, num_warps=warps)  # fmt: skip

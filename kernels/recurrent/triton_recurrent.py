@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from localllm.kernels.quant.triton_dp4a import quant_groups
-from localllm.kernels.quant.triton_packed import empty_quantized
+from localllm.kernels.quant.triton_packed import quantized_out
 from localllm.kernels.recurrent.triton_step import fresh_flags
 
 
@@ -121,9 +121,8 @@ def norm_gate_cuda(o, z, weight, eps: float, dtype: torch.dtype, quant: bool = F
     z = z if z.stride(-1) == 1 else z.contiguous()
     y = torch.empty(t, h * d, dtype=dtype, device=o.device)
     bd = triton.next_power_of_2(d)
-    ok = quant and dtype == torch.float32 and d % 32 == 0
-    xq = empty_quantized(t, h * d, o.device) if ok else None
-    qa = (xq.words, xq.scale, xq.sum16, xq.xsum) if xq is not None else (y,) * 4
+    # (a head's blocks must be whole 32s of the row: D, not only H * D, a multiple of 32)
+    xq, qa = quantized_out(t, h * d, quant and dtype == torch.float32 and d % 32 == 0, y)
     _norm_gate[(t, h)](o, z, weight.float().contiguous(), y, *qa, z.stride(0), h, d, eps,
                        BD=bd, QUANT=xq is not None, RN=o.is_cuda)  # fmt: skip
     return (y, xq) if quant else y

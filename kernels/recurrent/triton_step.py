@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from localllm.kernels.quant.triton_dp4a import quant_groups
-from localllm.kernels.quant.triton_packed import QuantizedX, empty_quantized
+from localllm.kernels.quant.triton_packed import quantized_out
 
 
 def fresh_flags(fresh: torch.Tensor) -> torch.Tensor:
@@ -111,10 +111,7 @@ def conv_step_triton(
         raise ValueError("dt must be a column slice of x's rows")
     dto = torch.empty(s, h, dtype=torch.float32, device=x.device) if dt is not None else y
     dtb = dt_bias.float().contiguous() if dt is not None else y
-    xq: QuantizedX | None = None
-    if quant and out_dtype == torch.float32 and c % 32 == 0 and block >= 32:
-        xq = empty_quantized(s, c, x.device)
-    qa = (xq.words, xq.scale, xq.sum16, xq.xsum) if xq is not None else (y,) * 4
+    xq, qa = quantized_out(s, c, quant and out_dtype == torch.float32, y)
     _conv_step_kernel[(s, triton.cdiv(c, block))](
         x, w, b, state, sl, fr, y, y if dt is None else dt, dtb, dto, *qa, c, x.stride(0), h,
         K=k, HAS_BIAS=bias is not None, SILU=silu, SLOTS=use, GATED=gated, BLOCK_C=block,
